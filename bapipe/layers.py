@@ -1,0 +1,370 @@
+"""Layer types: attribute schema, shape inference and per-layer counts.
+
+Counting conventions (docs/models.md):
+- a MAC is one multiply-accumulate; fwd_macs counts only those (conv, dense, matmul,
+  attention, LSTM), so totals match the published "GMAC" figures of torchvision/ptflops;
+- elementwise work (activations, norms, pooling, adds) is counted in ``fwd_ops``;
+- backward = input-grad + weight-grad. For a weighted linear map both equal the forward
+  MACs; activation x activation products (attention scores) need two input grads and no
+  weight grad (Narayanan et al. SC'21 use the same 2x-forward backward rule).
+- shapes are per sample, without the batch dimension: images (C, H, W), sequences (S, F).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable
+
+from .yamlio import Fields
+
+Shape = tuple[int, ...]
+
+
+def prod(shape: Shape) -> int:
+    """Number of elements of a shape."""
+    return math.prod(shape) if shape else 1
+
+
+@dataclass(frozen=True)
+class Layer:
+    """One layer with its shapes and derived counts (per sample)."""
+
+    name: str
+    type: str
+    inputs: tuple[str, ...]
+    in_shapes: tuple[Shape, ...]
+    out_shape: Shape
+    attrs: tuple[tuple[str, object], ...] = ()
+    params: int = 0
+    fwd_macs: int = 0
+    bwd_in_macs: int = 0
+    bwd_w_macs: int = 0
+    fwd_ops: int = 0
+    tied_to: str | None = None
+
+    @property
+    def attr(self) -> dict:
+        """Attributes as a dict (kernel, stride, units, ...)."""
+        return dict(self.attrs)
+
+    @property
+    def in_elems(self) -> int:
+        """Input activation elements (all inputs) per sample."""
+        return sum(prod(s) for s in self.in_shapes)
+
+    @property
+    def out_elems(self) -> int:
+        """Output activation elements per sample."""
+        return prod(self.out_shape)
+
+    @property
+    def bwd_macs(self) -> int:
+        """Backward MACs: input grad plus weight grad."""
+        return self.bwd_in_macs + self.bwd_w_macs
+
+    @property
+    def weight_params(self) -> int:
+        """Parameters this layer stores (0 when tied to another layer's weights)."""
+        return 0 if self.tied_to else self.params
+
+    def to_dict(self) -> dict:
+        """JSON/YAML-friendly record with derived counts."""
+        return {
+            "name": self.name, "type": self.type, "inputs": list(self.inputs),
+            "in_shapes": [list(s) for s in self.in_shapes], "out_shape": list(self.out_shape),
+            **{k: (list(v) if isinstance(v, tuple) else v) for k, v in self.attrs},
+            "params": self.params, "fwd_macs": self.fwd_macs, "bwd_in_macs": self.bwd_in_macs,
+            "bwd_w_macs": self.bwd_w_macs, "fwd_ops": self.fwd_ops,
+            **({"tied_to": self.tied_to} if self.tied_to else {}),
+        }
+
+
+@dataclass
+class _Ctx:
+    """What a layer builder gets: its fields, input shapes and an error helper."""
+
+    f: Fields
+    in_shapes: list[Shape]
+    name: str
+
+    def err(self, key, msg):
+        return self.f.err(key, msg)
+
+    def one_input(self, rank: int | tuple[int, ...] | None = None) -> Shape:
+        if len(self.in_shapes) != 1:
+            raise self.err("inputs", f"expected exactly one input, got {len(self.in_shapes)}")
+        s = self.in_shapes[0]
+        ranks = (rank,) if isinstance(rank, int) else rank
+        if ranks is not None and len(s) not in ranks:
+            raise self.err("inputs", f"expected an input of rank {' or '.join(map(str, ranks))}, got shape {list(s)}")
+        return s
+
+
+@dataclass
+class _Out:
+    shape: Shape
+    attrs: dict = field(default_factory=dict)
+    params: int = 0
+    fwd: int = 0
+    bwd_in: int = 0
+    bwd_w: int = 0
+    ops: int = 0
+
+
+def _pair(c: _Ctx, key: str, default) -> tuple[int, int]:
+    v = c.f.raw(key, default)
+    if isinstance(v, tuple):  # the default
+        return v
+    if isinstance(v, bool) or not (isinstance(v, int) or isinstance(v, list)):
+        raise c.err(key, f"expected an integer or a list of 2 integers, got {v!r}")
+    if isinstance(v, int):
+        v = [v, v]
+    if len(v) != 2 or any(isinstance(x, bool) or not isinstance(x, int) for x in v):
+        raise c.err(key, f"expected an integer or a list of 2 integers, got {v!r}")
+    return int(v[0]), int(v[1])
+
+
+def _window(c: _Ctx, shape: Shape, kernel_default=None, stride_default=None) -> tuple:
+    C, H, W = shape
+    kh, kw = _pair(c, "kernel", kernel_default if kernel_default is not None else ...)
+    sh, sw = _pair(c, "stride", stride_default if stride_default is not None else (kh, kw))
+    ph, pw = _pair(c, "padding", (0, 0))
+    if min(kh, kw, sh, sw) < 1:
+        raise c.err("kernel", "kernel and stride must be >= 1")
+    if min(ph, pw) < 0:
+        raise c.err("padding", "padding must be >= 0")
+    if ph >= kh or pw >= kw:
+        raise c.err("padding", f"padding must be smaller than the kernel ({kh}x{kw})")
+    ho, wo = (H + 2 * ph - kh) // sh + 1, (W + 2 * pw - kw) // sw + 1
+    if ho < 1 or wo < 1 or H + 2 * ph < kh or W + 2 * pw < kw:
+        raise c.err("kernel", f"kernel {kh}x{kw} does not fit the {H}x{W} input (padding {ph},{pw})")
+    return (kh, kw), (sh, sw), (ph, pw), ho, wo
+
+
+def _conv2d(c: _Ctx) -> _Out:
+    C, H, W = c.one_input(3)
+    co = c.f.int("out_channels")
+    groups = c.f.int("groups", 1)
+    bias = c.f.bool("bias", True)
+    (kh, kw), (sh, sw), (ph, pw), ho, wo = _window(c, (C, H, W), stride_default=(1, 1))
+    if C % groups or co % groups:
+        raise c.err("groups", f"groups={groups} must divide in_channels={C} and out_channels={co}")
+    k = (C // groups) * kh * kw
+    macs = co * ho * wo * k
+    return _Out((co, ho, wo), {"out_channels": co, "kernel": (kh, kw), "stride": (sh, sw), "padding": (ph, pw),
+                               "groups": groups, "bias": bias},
+                params=co * k + (co if bias else 0), fwd=macs, bwd_in=macs, bwd_w=macs,
+                ops=co * ho * wo if bias else 0)
+
+
+def _dense(c: _Ctx) -> _Out:
+    s = c.one_input()
+    units = c.f.int("units")
+    bias = c.f.bool("bias", True)
+    rows = prod(s[:-1])
+    macs = rows * s[-1] * units
+    return _Out(s[:-1] + (units,), {"units": units, "bias": bias}, params=s[-1] * units + (units if bias else 0),
+                fwd=macs, bwd_in=macs, bwd_w=macs, ops=rows * units if bias else 0)
+
+
+def _matmul(c: _Ctx) -> _Out:
+    if len(c.in_shapes) != 2:
+        raise c.err("inputs", f"matmul multiplies two activations: expected 2 inputs, got {len(c.in_shapes)}")
+    tb = c.f.bool("transpose_b", False)
+    a, b = c.in_shapes
+    if len(a) < 2 or len(b) < 2:
+        raise c.err("inputs", f"matmul inputs must have rank >= 2, got {list(a)} and {list(b)}")
+    bk, bn = (b[-1], b[-2]) if tb else (b[-2], b[-1])
+    if a[-1] != bk or a[:-2] != b[:-2]:
+        raise c.err("inputs", f"shapes {list(a)} and {list(b)} do not multiply (transpose_b={tb})")
+    macs = prod(a[:-2]) * a[-2] * a[-1] * bn
+    return _Out(a[:-1] + (bn,), {"transpose_b": tb}, fwd=macs, bwd_in=2 * macs)
+
+
+def _attention(c: _Ctx) -> _Out:
+    """Multi-head attention with Q/K/V/O projections (self, or cross with a second input)."""
+    if len(c.in_shapes) not in (1, 2):
+        raise c.err("inputs", f"expected 1 input (self-attention) or 2 (query, memory), got {len(c.in_shapes)}")
+    q = c.in_shapes[0]
+    kv = c.in_shapes[-1]
+    if len(q) != 2 or len(kv) != 2:
+        raise c.err("inputs", f"expected (sequence, features) inputs, got {[list(s) for s in c.in_shapes]}")
+    heads = c.f.int("heads")
+    causal = c.f.bool("causal", False)
+    bias = c.f.bool("bias", True)
+    sq, d = q
+    sk, dk = kv
+    if dk != d:
+        raise c.err("inputs", f"query and memory feature sizes differ ({d} vs {dk})")
+    if d % heads:
+        raise c.err("heads", f"heads={heads} must divide the model width {d}")
+    proj = 2 * sq * d * d + 2 * sk * d * d          # Q and O on the query; K and V on the memory
+    scores = 2 * sq * sk * d                          # Q K^T and P V over all heads
+    return _Out((sq, d), {"heads": heads, "causal": causal, "bias": bias},
+                params=4 * d * d + (4 * d if bias else 0), fwd=proj + scores, bwd_in=proj + 2 * scores,
+                bwd_w=proj, ops=3 * heads * sq * sk)  # scale, exp, normalise
+
+
+def _additive_attention(c: _Ctx) -> _Out:
+    """Bahdanau (additive, normalised) attention as in GNMT: context of the query over memory."""
+    if len(c.in_shapes) != 2:
+        raise c.err("inputs", f"expected 2 inputs (query, memory), got {len(c.in_shapes)}")
+    (sq, dq), (sk, dk) = [s if len(s) == 2 else (0, 0) for s in c.in_shapes]
+    if not sq or not sk:
+        raise c.err("inputs", "expected (sequence, features) inputs")
+    units = c.f.int("units")
+    proj = sq * dq * units + sk * dk * units
+    score = sq * sk * units
+    ctx = sq * sk * dk
+    # params: W_q, W_k (no bias), score vector v, normalisation bias and scalar (GNMT's normalize=True)
+    return _Out((sq, dk), {"units": units}, params=dq * units + dk * units + 2 * units + 1,
+                fwd=proj + score + ctx, bwd_in=proj + score + 2 * ctx, bwd_w=proj + score,
+                ops=sq * sk * (units + 3))
+
+
+def _lstm(c: _Ctx) -> _Out:
+    if not c.in_shapes or any(len(s) != 2 for s in c.in_shapes):
+        raise c.err("inputs", "expected (sequence, features) inputs")
+    seqs = {s[0] for s in c.in_shapes}
+    if len(seqs) != 1:
+        raise c.err("inputs", f"inputs have different sequence lengths {sorted(seqs)}")
+    s = seqs.pop()
+    f_in = sum(x[1] for x in c.in_shapes)  # several inputs are concatenated on features
+    h = c.f.int("hidden")
+    bidir = c.f.bool("bidirectional", False)
+    dirs = 2 if bidir else 1
+    macs = dirs * s * 4 * h * (f_in + h)
+    # PyTorch's LSTM keeps two bias vectors (b_ih, b_hh), so published counts include 8h
+    return _Out((s, dirs * h), {"hidden": h, "bidirectional": bidir},
+                params=dirs * (4 * h * (f_in + h) + 8 * h), fwd=macs, bwd_in=macs, bwd_w=macs,
+                ops=dirs * s * h * 10)
+
+
+def _embedding(c: _Ctx) -> _Out:
+    (s,) = c.one_input(1)
+    vocab = c.f.int("vocab")
+    dim = c.f.int("dim")
+    positions = c.f.int("positions", 0, min=0)
+    token_types = c.f.int("token_types", 0, min=0)
+    if positions and positions < s:
+        raise c.err("positions", f"{positions} positions cannot cover a sequence of {s}")
+    return _Out((s, dim), {"vocab": vocab, "dim": dim, "positions": positions, "token_types": token_types},
+                params=(vocab + positions + token_types) * dim, ops=s * dim * (1 + bool(positions) + bool(token_types)))
+
+
+def _pool(kind: str) -> Callable[[_Ctx], _Out]:
+    def build(c: _Ctx) -> _Out:
+        shape = c.one_input(3)
+        (kh, kw), (sh, sw), (ph, pw), ho, wo = _window(c, shape)
+        return _Out((shape[0], ho, wo), {"kernel": (kh, kw), "stride": (sh, sw), "padding": (ph, pw)},
+                    ops=shape[0] * ho * wo * kh * kw)
+    return build
+
+
+def _global_pool(c: _Ctx) -> _Out:
+    C, H, W = c.one_input(3)
+    return _Out((C,), ops=C * H * W)
+
+
+def _elementwise(ops_per_elem: int) -> Callable[[_Ctx], _Out]:
+    def build(c: _Ctx) -> _Out:
+        s = c.one_input()
+        return _Out(s, ops=ops_per_elem * prod(s))
+    return build
+
+
+def _batchnorm(c: _Ctx) -> _Out:
+    s = c.one_input()
+    ch = s[0] if len(s) == 3 else s[-1]
+    return _Out(s, params=2 * ch, ops=2 * prod(s))  # inference form: scale and shift per channel
+
+
+def _layernorm(c: _Ctx) -> _Out:
+    s = c.one_input()
+    return _Out(s, params=2 * s[-1], ops=5 * prod(s))
+
+
+def _add(c: _Ctx) -> _Out:
+    if len(c.in_shapes) < 2:
+        raise c.err("inputs", f"add (residual) needs at least 2 inputs, got {len(c.in_shapes)}")
+    if len(set(c.in_shapes)) != 1:
+        raise c.err("inputs", f"add inputs must have equal shapes, got {[list(s) for s in c.in_shapes]}")
+    s = c.in_shapes[0]
+    return _Out(s, ops=(len(c.in_shapes) - 1) * prod(s))
+
+
+def _concat(c: _Ctx) -> _Out:
+    if len(c.in_shapes) < 2:
+        raise c.err("inputs", "concat needs at least 2 inputs")
+    ranks = {len(s) for s in c.in_shapes}
+    if len(ranks) != 1:
+        raise c.err("inputs", "concat inputs must have the same rank")
+    r = ranks.pop()
+    axis = c.f.int("axis", r - 1, min=0)
+    if axis >= r:
+        raise c.err("axis", f"expected an axis < {r}")
+    others = {s[:axis] + s[axis + 1:] for s in c.in_shapes}
+    if len(others) != 1:
+        raise c.err("inputs", f"concat inputs differ outside axis {axis}: {[list(s) for s in c.in_shapes]}")
+    s0 = c.in_shapes[0]
+    return _Out(s0[:axis] + (sum(s[axis] for s in c.in_shapes),) + s0[axis + 1:], {"axis": axis})
+
+
+def _flatten(c: _Ctx) -> _Out:
+    s = c.one_input()
+    return _Out((prod(s),))
+
+
+def _take(c: _Ctx) -> _Out:
+    """Pick one position of the first axis (BERT's pooler reads the first token)."""
+    s = c.one_input()
+    if len(s) < 2:
+        raise c.err("inputs", "take needs an input of rank >= 2")
+    idx = c.f.int("index", 0, min=0)
+    if idx >= s[0]:
+        raise c.err("index", f"expected an index < {s[0]}")
+    return _Out(s[1:], {"index": idx})
+
+
+LAYER_TYPES: dict[str, Callable[[_Ctx], _Out]] = {
+    "conv2d": _conv2d,
+    "dense": _dense,
+    "matmul": _matmul,
+    "attention": _attention,
+    "additive_attention": _additive_attention,
+    "lstm": _lstm,
+    "embedding": _embedding,
+    "maxpool": _pool("max"),
+    "avgpool": _pool("avg"),
+    "globalavgpool": _global_pool,
+    "relu": _elementwise(1),
+    "gelu": _elementwise(8),
+    "tanh": _elementwise(4),
+    "sigmoid": _elementwise(4),
+    "softmax": _elementwise(3),
+    "batchnorm": _batchnorm,
+    "layernorm": _layernorm,
+    "add": _add,
+    "concat": _concat,
+    "flatten": _flatten,
+    "take": _take,
+}
+
+#: layer types whose weights are trained
+WEIGHTED = frozenset({"conv2d", "dense", "attention", "additive_attention", "lstm", "embedding", "batchnorm",
+                      "layernorm"})
+#: types that take several inputs
+MULTI_INPUT = frozenset({"matmul", "attention", "additive_attention", "lstm", "add", "concat"})
+
+
+def build_layer(f: Fields, name: str, inputs: tuple[str, ...], in_shapes: list[Shape], type_: str,
+                tied_to: str | None) -> Layer:
+    """Validate one layer's attributes against its input shapes and derive its counts."""
+    out = LAYER_TYPES[type_](_Ctx(f, in_shapes, name))
+    f.done(allowed_extra=("name", "type", "inputs", "tied_to"))
+    if any(d < 1 for d in out.shape):
+        raise f.err(None, f"layer '{name}' would produce an empty tensor {list(out.shape)}")
+    attrs = tuple(sorted(out.attrs.items()))
+    return Layer(name=name, type=type_, inputs=inputs, in_shapes=tuple(in_shapes), out_shape=tuple(out.shape),
+                 attrs=attrs, params=out.params, fwd_macs=out.fwd, bwd_in_macs=out.bwd_in, bwd_w_macs=out.bwd_w,
+                 fwd_ops=out.ops, tied_to=tied_to)
