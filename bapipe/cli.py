@@ -1,0 +1,183 @@
+"""The `bapipe` command line.
+
+Each subcommand's work lives in the module that owns it (planner, fpga_models, codegen,
+host) and is imported lazily; a subcommand is offered only when its module is present.
+A handler module exposes ``run(args) -> dict`` (the ``--json`` object) and optionally
+``show(result) -> str`` for humans. Bad input raises SpecError: one line, exit 2.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import json
+import os
+import sys
+
+from .errors import SpecError
+
+# name -> (handler module, help)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "models": ("fpga_models.cli_info", "list the model zoo"),
+    "boards": ("fpga_models.cli_info", "list the board catalog"),
+    "clusters": ("fpga_models.cli_info", "list the built-in clusters"),
+    "profile": ("fpga_models.cli_info", "per-layer cost of MODEL on each board type of CLUSTER"),
+    "plan": ("planner.cli_plan", "plan pipeline-parallel training/inference of MODEL on CLUSTER"),
+    "sim": ("fpga_models.cli_sim", "cycle-approximate simulation of a plan"),
+    "reshard": ("planner.cli_reshard", "plan one cross-mesh resharding"),
+    "gen": ("codegen.cli_gen", "generate the HLS/RTL project of a plan"),
+    "csim": ("codegen.cli_csim", "g++ C-simulation of every generated stage against numpy"),
+    "rtlsim": ("codegen.cli_rtlsim", "Verilator run of the generated multi-board pipeline"),
+    "synth": ("codegen.cli_synth", "yosys synth_xilinx resource counts of the generated RTL"),
+    "run": ("host.cli_run", "run a plan's schedule on a backend (numpy, verilator, xrt)"),
+    "export": ("bapipe.cli_export", "write a zoo model as ONNX"),
+}
+
+
+def _available(name: str) -> bool:
+    mod = COMMANDS[name][0]
+    try:
+        return importlib.util.find_spec(mod) is not None
+    except ModuleNotFoundError:
+        return False
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports usage errors in one line with exit 2."""
+
+    def error(self, message: str):  # noqa: D401 - argparse hook
+        sys.stderr.write(f"{self.prog}: {message}\n")
+        sys.exit(2)
+
+
+def _add_args(name: str, p: argparse.ArgumentParser) -> None:
+    """Arguments of each subcommand (kept here so the CLI contract reads in one place)."""
+    if name == "profile":
+        p.add_argument("model", help="zoo name or .yaml/.onnx path")
+        p.add_argument("cluster", help="built-in cluster name or .yaml path")
+        p.add_argument("--format", default="fixed16", help="number format (fixed16, int8, fp16, bf16, fp32)")
+        p.add_argument("--batch", type=int, default=1, help="samples per pass (default 1)")
+        p.add_argument("--profile", dest="measured", help="measured per-layer profile (.yaml/.csv)")
+        p.add_argument("--opaque", action="append", default=[], help="ONNX: OP=fwd_s,bwd_s cost for an unsupported op")
+    elif name == "plan":
+        p.add_argument("model")
+        p.add_argument("cluster")
+        p.add_argument("-o", "--output", default="plan.yaml")
+        p.add_argument("--schedule", default="auto", help="auto|gpipe|1f1b|interleaved|eager-1f1b|2bw")
+        p.add_argument("--microbatches", default="auto", help="auto or N")
+        p.add_argument("--global-batch", type=int, default=None, help="samples per iteration")
+        p.add_argument("--mode", default="train", choices=("train", "inference"))
+        p.add_argument("--format", default="fixed16")
+        p.add_argument("--optimizer", default="sgd", choices=("sgd", "adam"))
+        p.add_argument("--cap", type=float, default=0.8, help="resource utilisation cap (default 0.8)")
+        p.add_argument("--no-replication", action="store_true", help="one board per stage")
+        p.add_argument("--boards", type=int, default=None, help="use at most this many boards")
+        p.add_argument("--pareto", action="store_true", help="also list non-dominated plans")
+        p.add_argument("--profile", dest="measured", help="measured per-layer profile (.yaml/.csv)")
+        p.add_argument("--opaque", action="append", default=[], help="ONNX: OP=fwd_s,bwd_s cost for an unsupported op")
+    elif name == "sim":
+        p.add_argument("plan")
+        p.add_argument("--iterations", type=int, default=1)
+        p.add_argument("--trace", help="write a Chrome trace-event JSON")
+        p.add_argument("--gantt", help="write a Gantt chart PNG")
+    elif name == "reshard":
+        p.add_argument("--shape", required=True, help="tensor shape, e.g. 1024,1024,512")
+        p.add_argument("--dtype", default="fp32")
+        p.add_argument("--src-mesh", required=True, help="e.g. 2x4")
+        p.add_argument("--src", required=True, help="source layout, e.g. S0RR")
+        p.add_argument("--dst-mesh", required=True)
+        p.add_argument("--dst", required=True, help="destination layout, e.g. RS0R")
+        p.add_argument("--cluster", help="cluster whose links to use (default: groups of 4, 100 Gb/s)")
+        p.add_argument("--seed", type=int, default=0)
+    elif name == "gen":
+        p.add_argument("plan")
+        p.add_argument("-o", "--output", default="build")
+    elif name in ("csim", "rtlsim", "synth"):
+        p.add_argument("build", nargs="?", default="build")
+        if name == "rtlsim":
+            p.add_argument("--samples", type=int, default=16)
+        if name == "csim":
+            p.add_argument("--seed", type=int, default=0)
+    elif name == "run":
+        p.add_argument("plan")
+        p.add_argument("--backend", default="numpy", choices=("numpy", "verilator", "xrt"))
+        p.add_argument("--epochs", type=int, default=5)
+        p.add_argument("--lr", type=float, default=None)
+        p.add_argument("--seed", type=int, default=0)
+        p.add_argument("--precision", default="float32", choices=("float32", "fixed"))
+        p.add_argument("--log", help="write a per-iteration log (.json or .csv)")
+        p.add_argument("--checkpoint", help="save weights and optimizer state here")
+        p.add_argument("--resume", help="resume from a checkpoint")
+        p.add_argument("--ray", action="store_true", help="run board workers as Ray actors")
+        p.add_argument("--timeout", type=float, default=60.0, help="seconds before a silent worker is declared hung")
+        p.add_argument("--build", default=None, help="generated project (verilator/xrt backends)")
+    elif name == "export":
+        p.add_argument("model")
+        p.add_argument("-o", "--output", required=True)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The full parser, with only the subcommands whose modules exist."""
+    parser = _Parser(prog="bapipe", description="BaPipe: plan, simulate, generate and run pipeline-parallel "
+                                                 "DNN training on FPGA clusters.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    for name, (_, help_) in COMMANDS.items():
+        if not _available(name):
+            continue
+        p = sub.add_parser(name, help=help_, description=help_)
+        _add_args(name, p)
+        p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the `bapipe` console script."""
+    from .toolchain import wire_verilator
+
+    wire_verilator()
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not args.command:
+        parser.print_help()
+        return 2
+    mod = importlib.import_module(COMMANDS[args.command][0])
+    handler = getattr(mod, "cmd_" + args.command.replace("-", "_"), None) or getattr(mod, "run")
+    try:
+        result = handler(args)
+    except SpecError as e:
+        sys.stderr.write(str(e) + "\n")
+        return 2
+    except KeyboardInterrupt:
+        sys.stderr.write("bapipe: interrupted\n")
+        return 130
+    except BrokenPipeError:
+        return 0
+    except Exception as e:  # an internal bug, not bad input: still one line unless debugging
+        if os.environ.get("BAPIPE_DEBUG"):
+            raise
+        sys.stderr.write(f"bapipe {args.command}: internal error: {type(e).__name__}: {e} "
+                         f"(set BAPIPE_DEBUG=1 for the traceback)\n")
+        return 1
+    rc = 0
+    if isinstance(result, tuple):
+        result, rc = result
+    if args.json:
+        sys.stdout.write(json.dumps(result, default=_jsonable) + "\n")
+    else:
+        show = getattr(mod, "show_" + args.command.replace("-", "_"), None) or getattr(mod, "show", None)
+        text = show(result) if show else json.dumps(result, indent=2, default=_jsonable)
+        if text:
+            sys.stdout.write(text.rstrip("\n") + "\n")
+    return rc
+
+
+def _jsonable(o):
+    if hasattr(o, "tolist"):
+        return o.tolist()
+    if hasattr(o, "__dict__"):
+        return o.__dict__
+    return str(o)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,138 @@
+"""Pipeline schedules as per-device op orders.
+
+Every consumer (planner stash counts, the cycle model, the host driver) reads the op order
+from here, so a schedule means the same thing everywhere. Devices are pipeline positions
+0..p-1; with interleaving a device holds ``v`` model chunks and virtual stage ``c*p + d``
+lives on device ``d`` (Narayanan et al., SC'21).
+
+An op is (kind, microbatch, chunk): ``F`` forward, ``B`` backward (input and weight grad
+together) or, with ``split_backward``, ``B`` input grad and ``W`` weight grad.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+SCHEDULES = ("gpipe", "1f1b", "interleaved", "eager-1f1b", "2bw")
+
+
+@dataclass(frozen=True, order=True)
+class Op:
+    """One unit of work on a device."""
+
+    kind: str  # "F" | "B" | "W"
+    mb: int
+    chunk: int = 0
+
+    def __str__(self) -> str:
+        return f"{self.kind}{self.mb}" + (f".{self.chunk}" if self.chunk else "")
+
+
+def warmup_forwards(schedule: str, p: int, d: int, m: int) -> int:
+    """Forwards device ``d`` runs before its first backward (non-interleaved schedules).
+
+    GPipe runs all m; 1F1B and 2BW run p-d (Narayanan et al. SOSP'19); eager-1F1B runs
+    2(p-d)-1 so activation sends overlap compute (Zhuang et al., arXiv 2211.05322).
+    """
+    if schedule == "gpipe":
+        return m
+    if schedule in ("1f1b", "2bw"):
+        return min(p - d, m)
+    if schedule == "eager-1f1b":
+        return min(2 * (p - d) - 1, m)
+    raise ValueError(f"no warm-up rule for {schedule}")
+
+
+def _one_f_one_b(nf: int, m: int, split: bool) -> list[Op]:
+    ops: list[Op] = [Op("F", i) for i in range(nf)]
+    f, b = nf, 0
+    while b < m:
+        ops.append(Op("B", b))
+        if split:
+            ops.append(Op("W", b))
+        b += 1
+        if f < m:
+            ops.append(Op("F", f))
+            f += 1
+    return ops
+
+
+def _interleaved(p: int, d: int, m: int, v: int, split: bool) -> list[Op]:
+    """Megatron-LM's interleaved 1F1B order for device ``d``: groups of p micro-batches per chunk."""
+    if m % p:
+        raise ValueError(f"interleaved schedule needs micro-batches ({m}) to be a multiple of stages ({p})")
+    total = m * v
+
+    def f_op(k: int) -> Op:  # k-th forward on this device
+        group, r = divmod(k, p * v)
+        return Op("F", group * p + r % p, r // p)
+
+    def b_op(k: int) -> Op:  # k-th backward: chunks in reverse
+        group, r = divmod(k, p * v)
+        return Op("B", group * p + r % p, v - 1 - r // p)
+
+    warm = min(total, (p - d - 1) * 2 + (v - 1) * p + 1)
+    ops = [f_op(k) for k in range(warm)]
+    f, b = warm, 0
+    while b < total:
+        bo = b_op(b)
+        ops.append(bo)
+        if split:
+            ops.append(Op("W", bo.mb, bo.chunk))
+        b += 1
+        if f < total:
+            ops.append(f_op(f))
+            f += 1
+    return ops
+
+
+def device_ops(schedule: str, p: int, d: int, m: int, v: int = 1, split_backward: bool = False,
+               forward_only: bool = False) -> list[Op]:
+    """The op order of device ``d`` (0-based) of ``p`` for one iteration of ``m`` micro-batches."""
+    if schedule not in SCHEDULES:
+        raise ValueError(f"unknown schedule {schedule!r}; expected one of {', '.join(SCHEDULES)}")
+    if not (0 <= d < p) or m < 1 or v < 1:
+        raise ValueError("need 0 <= d < p, m >= 1, v >= 1")
+    if forward_only:
+        return [Op("F", i, c) for i in range(m) for c in range(v)] if schedule != "interleaved" else \
+            [op for op in _interleaved(p, d, m, v, False) if op.kind == "F"]
+    if schedule == "interleaved":
+        return _interleaved(p, d, m, v, split_backward)
+    if v != 1:
+        raise ValueError(f"{schedule} has one chunk per device (v=1)")
+    if schedule == "gpipe":
+        ops = [Op("F", i) for i in range(m)]
+        for i in range(m):
+            ops.append(Op("B", i))
+            if split_backward:
+                ops.append(Op("W", i))
+        return ops
+    return _one_f_one_b(warmup_forwards(schedule, p, d, m), m, split_backward)
+
+
+def peak_stash(ops: list[Op]) -> int:
+    """Most micro-batch activations held at once (a forward stashes, its last backward frees)."""
+    live = peak = 0
+    last_back = {}
+    for i, op in enumerate(ops):
+        if op.kind in ("B", "W"):
+            last_back[(op.mb, op.chunk)] = i
+    for i, op in enumerate(ops):
+        if op.kind == "F":
+            live += 1
+            peak = max(peak, live)
+        elif last_back.get((op.mb, op.chunk)) == i:
+            live -= 1
+    return peak
+
+
+def stash_count(schedule: str, p: int, d: int, m: int, v: int = 1) -> int:
+    """Activation stashes device ``d`` holds at its peak (per chunk summed), from the op order.
+
+    Matches the closed forms: GPipe m; 1F1B min(p-d, m); eager-1F1B min(2(p-d)-1, m).
+    """
+    return peak_stash(device_ops(schedule, p, d, m, v))
+
+
+def weight_versions(schedule: str) -> int:
+    """Weight copies a stage keeps: 2BW double-buffers weights (Narayanan et al. ICML'21)."""
+    return 2 if schedule == "2bw" else 1

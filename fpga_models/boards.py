@@ -1,0 +1,385 @@
+"""The board catalog: FPGA and GPU figures the planner and the cost model build on.
+
+Every figure carries a source (see ``Board.sources`` and docs/boards.md). Figures marked
+[verify] in the comments are documented defaults, not truths: override them per board in
+a cluster YAML (``overrides:``) or with :func:`with_overrides`.
+
+Units: counts are plain integers, clocks in Hz, sizes in bytes, bandwidths in bytes/s,
+``peak_flops`` in FLOP/s with 2 FLOP per multiply-accumulate.
+"""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, Mapping
+
+from bapipe.errors import SpecError
+from bapipe.yamlio import Node, _kind
+
+FORMATS = ("fixed16", "int8", "fp16", "bf16", "fp32")
+_BYTES = {"fixed16": 2, "int8": 1, "fp16": 2, "bf16": 2, "fp32": 4}
+
+GiB = 2**30
+BRAM36_BYTES = 36 * 1024 // 8  # one BRAM36 holds 36 Kib
+URAM_BYTES = 288 * 1024 // 8  # one UltraRAM holds 288 Kib
+
+
+def bytes_per_element(fmt: str) -> int:
+    """Storage bytes of one element in number format ``fmt``."""
+    try:
+        return _BYTES[fmt]
+    except (KeyError, TypeError):
+        raise SpecError(None, None, "format", f"unknown number format {fmt!r}; expected one of {', '.join(FORMATS)}") from None
+
+
+class FrozenMap(dict):
+    """A read-only, hashable dict (keeps Board and Cluster hashable and immutable)."""
+
+    def __hash__(self) -> int:  # type: ignore[override]
+        return hash(tuple(sorted(self.items())))
+
+    def _readonly(self, *a: Any, **k: Any) -> None:
+        raise TypeError("FrozenMap is read-only")
+
+    __setitem__ = __delitem__ = clear = pop = popitem = setdefault = update = __ior__ = _readonly  # type: ignore[assignment]
+
+    def __reduce__(self):
+        return (FrozenMap, (dict(self),))
+
+    def __repr__(self) -> str:
+        return f"FrozenMap({dict.__repr__(self)})"
+
+
+@dataclass(frozen=True)
+class Board:
+    """One board type: datasheet totals, what is usable after the shell, memory and I/O."""
+
+    name: str
+    kind: str  # "fpga" | "gpu"
+    description: str
+    lut: int
+    ff: int
+    dsp: int
+    bram36: int
+    uram: int
+    usable_lut: int
+    usable_ff: int
+    usable_dsp: int
+    usable_bram36: int
+    usable_uram: int
+    clock_hz: float
+    offchip_bytes: int
+    offchip_bw_Bps: float
+    network_ports: int
+    port_bw_Bps: float
+    pcie_bw_Bps: float
+    dsp_per_mac: Mapping[str, float] = field(default_factory=FrozenMap)
+    peak_flops: Mapping[str, float] = field(default_factory=FrozenMap)
+    sources: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict:
+        """All fields as plain JSON-friendly values."""
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if isinstance(v, Mapping):
+                v = {k: v[k] for k in sorted(v)}
+            elif isinstance(v, tuple):
+                v = list(v)
+            out[f.name] = v
+        return out
+
+
+def derived_peak_flops(usable_dsp: int, dsp_per_mac: Mapping[str, float], clock_hz: float) -> FrozenMap:
+    """FPGA peak FLOP/s per format: 2 * usable_dsp / dsp_per_mac * clock_hz."""
+    return FrozenMap({fmt: 2.0 * usable_dsp / d * clock_hz for fmt, d in sorted(dsp_per_mac.items())})
+
+
+def on_chip_bytes(board: Board) -> int:
+    """Usable on-chip RAM: BRAM36 x 36 Kib + URAM x 288 Kib, in bytes."""
+    return board.usable_bram36 * BRAM36_BYTES + board.usable_uram * URAM_BYTES
+
+
+# DSP blocks per MAC per cycle on AMD DSP48E2 parts (UG1399 operator tables, WP486):
+# fixed point up to 18x27 bits: 1 DSP per MAC; int8: 2 MACs share a DSP (WP486);
+# floating point [verify]: fp32 fmul 3 + fadd 2 = 5, fp16/bf16 hmul 2 + hadd 1 = 3 DSPs.
+_AMD_DSP_PER_MAC = {"fixed16": 1.0, "int8": 0.5, "fp16": 3.0, "bf16": 3.0, "fp32": 5.0}
+# Intel Stratix 10 variable-precision DSP: two 18x19 multipliers per block, and a hard
+# IEEE-754 single-precision multiply-add per block (Intel Stratix 10 DSP user guide UG-S10-DSP).
+# fp16/bf16 run on the fp32 datapath; int8 counted like 18x19 (no extra packing) [verify].
+_INTEL_DSP_PER_MAC = {"fixed16": 0.5, "int8": 0.5, "fp16": 1.0, "bf16": 1.0, "fp32": 1.0}
+
+_QSFP28_AURORA_Bps = 11.9e9  # Aurora 64B/66B on 4x25.78 Gb/s, ~95 Gb/s payload (AMD PG074)
+_SFP_PLUS_AURORA_Bps = 1.19e9  # Aurora 64B/66B on one 10.3125 Gb/s lane, ~9.5 Gb/s payload [verify]
+_PCIE_GEN3_X16_Bps = 12.0e9  # XDMA effective, of 15.75 GB/s raw (AMD PG195 / UG1393) [verify]
+_ALVEO_KERNEL_CLOCK_HZ = 300e6  # Vitis default kernel clock on Alveo platforms (UG1393, UG1120)
+
+
+def _fpga(name, description, total, usable, clock_hz, offchip_bytes, offchip_bw_Bps,
+          network_ports, port_bw_Bps, pcie_bw_Bps, dsp_per_mac, sources) -> Board:
+    lut, ff, dsp, bram36, uram = total
+    ulut, uff, udsp, ubram, uuram = usable
+    dpm = FrozenMap(sorted(dsp_per_mac.items()))
+    return Board(
+        name=name, kind="fpga", description=description,
+        lut=lut, ff=ff, dsp=dsp, bram36=bram36, uram=uram,
+        usable_lut=ulut, usable_ff=uff, usable_dsp=udsp, usable_bram36=ubram, usable_uram=uuram,
+        clock_hz=float(clock_hz), offchip_bytes=int(offchip_bytes), offchip_bw_Bps=float(offchip_bw_Bps),
+        network_ports=network_ports, port_bw_Bps=float(port_bw_Bps), pcie_bw_Bps=float(pcie_bw_Bps),
+        dsp_per_mac=dpm, peak_flops=derived_peak_flops(udsp, dpm, clock_hz), sources=tuple(sources),
+    )
+
+
+def _gpu(name, description, clock_hz, offchip_bytes, offchip_bw_Bps, network_ports, port_bw_Bps,
+         pcie_bw_Bps, peak_flops, sources) -> Board:
+    return Board(
+        name=name, kind="gpu", description=description,
+        lut=0, ff=0, dsp=0, bram36=0, uram=0,
+        usable_lut=0, usable_ff=0, usable_dsp=0, usable_bram36=0, usable_uram=0,
+        clock_hz=float(clock_hz), offchip_bytes=int(offchip_bytes), offchip_bw_Bps=float(offchip_bw_Bps),
+        network_ports=network_ports, port_bw_Bps=float(port_bw_Bps), pcie_bw_Bps=float(pcie_bw_Bps),
+        dsp_per_mac=FrozenMap(), peak_flops=FrozenMap(sorted(peak_flops.items())), sources=tuple(sources),
+    )
+
+
+# Usable figures for Alveo cards: FINN's per-SLR platform tables (src/finn/util/platforms.py,
+# "observed from Vivado"), summed over SLRs; BRAM_18K / 2 = BRAM36.
+BOARDS: dict[str, Board] = {
+    "U250": _fpga(
+        "U250", "AMD Alveo U250 (XCU250, 4 SLRs), 64 GB DDR4",
+        # DS962: 1,728K LUT, 3,456K FF, 12,288 DSP, 2,688 BRAM36, 1,280 URAM
+        total=(1_728_000, 3_456_000, 12_288, 2_688, 1_280),
+        # FINN Alveo_NxU250_Platform: 4 x [375,000 LUT, 750,000 FF, 576 BRAM36, 320 URAM, 2,880 DSP]
+        usable=(1_500_000, 3_000_000, 11_520, 2_304, 1_280),
+        clock_hz=_ALVEO_KERNEL_CLOCK_HZ,
+        offchip_bytes=64 * GiB,
+        offchip_bw_Bps=4 * 19.2e9,  # 4 x DDR4-2400 x 64 bit = 76.8 GB/s (DS962)
+        network_ports=2, port_bw_Bps=_QSFP28_AURORA_Bps, pcie_bw_Bps=_PCIE_GEN3_X16_Bps,
+        dsp_per_mac=_AMD_DSP_PER_MAC,
+        sources=("AMD DS962 (Alveo U200/U250 data sheet)", "FINN src/finn/util/platforms.py (usable)",
+                 "AMD UG1393 / UG1120 (300 MHz kernel clock)", "AMD PG074 (Aurora 64B/66B)", "AMD WP486 (int8 packing)"),
+    ),
+    "U280": _fpga(
+        "U280", "AMD Alveo U280 (XCU280, 3 SLRs), 8 GB HBM2 + 32 GB DDR4",
+        # DS963: 1,304K LUT, 2,607K FF, 9,024 DSP, 2,016 BRAM36, 960 URAM
+        total=(1_304_000, 2_607_000, 9_024, 2_016, 960),
+        # FINN Alveo_NxU280_Platform: LUT 400,800+382,080+380,640; BRAM36 600+576+576; DSP 2,736+2,880+2,880
+        usable=(1_163_520, 2_327_040, 8_496, 1_752, 960),
+        clock_hz=_ALVEO_KERNEL_CLOCK_HZ,
+        offchip_bytes=(8 + 32) * GiB,
+        offchip_bw_Bps=460e9 + 2 * 19.2e9,  # HBM2 460 GB/s + 2 x DDR4-2400 (DS963)
+        network_ports=2, port_bw_Bps=_QSFP28_AURORA_Bps, pcie_bw_Bps=_PCIE_GEN3_X16_Bps,
+        dsp_per_mac=_AMD_DSP_PER_MAC,
+        sources=("AMD DS963 (Alveo U280 data sheet)", "FINN src/finn/util/platforms.py (usable)",
+                 "AMD UG1393 / UG1120 (300 MHz kernel clock)", "AMD PG074 (Aurora 64B/66B)", "AMD WP486 (int8 packing)"),
+    ),
+    "U55C": _fpga(
+        "U55C", "AMD Alveo U55C (XCU55C), 16 GB HBM2",
+        # DS978: 1,304K LUT, 2,607K FF, 9,024 DSP, 2,016 BRAM36, 960 URAM
+        total=(1_304_000, 2_607_000, 9_024, 2_016, 960),
+        # FINN's U55C entry reuses the U280 per-SLR figures [verify]
+        usable=(1_163_520, 2_327_040, 8_496, 1_752, 960),
+        clock_hz=_ALVEO_KERNEL_CLOCK_HZ,
+        offchip_bytes=16 * GiB,
+        offchip_bw_Bps=460e9,  # HBM2 (DS978)
+        network_ports=2, port_bw_Bps=_QSFP28_AURORA_Bps, pcie_bw_Bps=_PCIE_GEN3_X16_Bps,
+        dsp_per_mac=_AMD_DSP_PER_MAC,
+        sources=("AMD DS978 (Alveo U55C data sheet)", "FINN src/finn/util/platforms.py (usable, as U280) [verify]",
+                 "AMD UG1393 / UG1120 (300 MHz kernel clock)", "AMD PG074 (Aurora 64B/66B)", "AMD WP486 (int8 packing)"),
+    ),
+    "VCU118": _fpga(
+        "VCU118", "AMD VCU118 evaluation kit (Virtex UltraScale+ XCVU9P), 2 x 4 GB DDR4",
+        # DS923 (XCVU9P): 1,182,240 LUT, 2,364,480 FF, 6,840 DSP, 2,160 BRAM36, 960 URAM
+        total=(1_182_240, 2_364_480, 6_840, 2_160, 960),
+        # No Vitis shell, but DDR controllers, Aurora and host DMA take a similar share:
+        # FINN's U200 (same VU9P die) usable figures [verify]
+        usable=(971_520, 1_943_040, 5_856, 1_848, 800),
+        clock_hz=250e6,  # [verify] typical timing closure for a full-chip VU9P design
+        offchip_bytes=8 * GiB,  # two 4 GB DDR4 component banks (UG1224) [verify]
+        offchip_bw_Bps=2 * 19.2e9,  # 2 x DDR4-2400 x 64 bit [verify]
+        network_ports=2, port_bw_Bps=_QSFP28_AURORA_Bps, pcie_bw_Bps=_PCIE_GEN3_X16_Bps,
+        dsp_per_mac=_AMD_DSP_PER_MAC,
+        sources=("AMD DS923 (Virtex UltraScale+ data sheet)", "AMD UG1224 (VCU118 user guide)",
+                 "FINN src/finn/util/platforms.py (U200 usable) [verify]", "AMD PG074 (Aurora 64B/66B)"),
+    ),
+    "ZCU102": _fpga(
+        "ZCU102", "AMD ZCU102 evaluation kit (Zynq UltraScale+ XCZU9EG), 4 GB PS DDR4",
+        # DS891 (XCZU9EG): 274,080 LUT, 548,160 FF, 2,520 DSP, 912 BRAM36, no URAM
+        total=(274_080, 548_160, 2_520, 912, 0),
+        # FINN ZU9EG_Platform: [274,000 LUT, 548,000 FF, 1,824 BRAM18, 0 URAM, 2,520 DSP]
+        usable=(274_000, 548_000, 2_520, 912, 0),
+        clock_hz=200e6,  # [verify] typical PL clock for ZCU102 accelerators
+        offchip_bytes=4 * GiB,  # PS DDR4 (UG1182)
+        offchip_bw_Bps=19.2e9,  # DDR4-2400 x 64 bit, REFERENCES ~19 GB/s [verify]
+        network_ports=4, port_bw_Bps=_SFP_PLUS_AURORA_Bps,  # 4 SFP+ cages (UG1182)
+        pcie_bw_Bps=2.0e9,  # PCIe Gen2 x4 [verify]
+        dsp_per_mac=_AMD_DSP_PER_MAC,
+        sources=("AMD DS891 (Zynq UltraScale+ MPSoC overview)", "AMD UG1182 (ZCU102 user guide)",
+                 "FINN src/finn/util/platforms.py (usable)"),
+    ),
+    "S10MX": _fpga(
+        "S10MX", "Intel Stratix 10 MX 2100 (1SM21B) board, 16 GB HBM2",
+        # Intel Stratix 10 MX product table (MX 2100): 702,720 ALMs, 2,810,880 ALM registers,
+        # 3,960 DSP blocks, 6,847 M20K blocks. lut = 2 x ALMs (two LUT outputs per ALM) [verify].
+        # bram36 = M20K blocks converted to 36 Kib equivalents: 6,847 x 20 / 36 = 3,803.
+        total=(1_405_440, 2_810_880, 3_960, 3_803, 0),
+        # BSP (DMA, HBM and network IP) share assumed 10% of everything [verify]
+        usable=(1_264_896, 2_529_792, 3_564, 3_423, 0),
+        clock_hz=300e6,  # [verify] typical HLS/OpenCL kernel clock on Stratix 10
+        offchip_bytes=16 * GiB,  # HBM2 up to 16 GB, 512 GB/s (Intel Stratix 10 MX overview)
+        offchip_bw_Bps=512e9,
+        network_ports=4, port_bw_Bps=_QSFP28_AURORA_Bps,  # board-dependent, e.g. 4 x QSFP28 [verify]
+        pcie_bw_Bps=_PCIE_GEN3_X16_Bps,
+        dsp_per_mac=_INTEL_DSP_PER_MAC,
+        sources=("Intel Stratix 10 MX FPGA product table", "Intel Stratix 10 variable precision DSP user guide",
+                 "board network ports and BSP share [verify]"),
+    ),
+    "V100": _gpu(
+        "V100", "NVIDIA Tesla V100 SXM2 32 GB",
+        clock_hz=1530e6,  # boost clock (V100 data sheet)
+        offchip_bytes=32 * GiB, offchip_bw_Bps=900e9,  # HBM2 900 GB/s
+        # NVLink 2.0: 6 links x 25 GB/s per direction = 150 GB/s per direction per GPU
+        # (300 GB/s counting both directions). port_bw is one link, one direction.
+        network_ports=6, port_bw_Bps=25e9,
+        pcie_bw_Bps=_PCIE_GEN3_X16_Bps,  # PCIe Gen3 x16, ~12 GB/s effective of 15.75 raw [verify]
+        # fp32 15.7 TFLOPS, fp16 tensor 125 TFLOPS, int8 via dp4a 4 x fp32 rate = 62.8 TOPS [verify];
+        # no bf16 hardware on Volta
+        peak_flops={"fp32": 15.7e12, "fp16": 125e12, "int8": 62.8e12},
+        sources=("NVIDIA Tesla V100 data sheet", "NVIDIA Volta architecture whitepaper (NVLink 2.0)"),
+    ),
+    "A100": _gpu(
+        "A100", "NVIDIA A100 SXM4 40 GB",
+        clock_hz=1410e6,  # boost clock (A100 data sheet)
+        offchip_bytes=40 * GiB, offchip_bw_Bps=1555e9,  # HBM2 1,555 GB/s
+        # NVLink 3: 12 links x 25 GB/s per direction = 300 GB/s per direction (600 GB/s total)
+        network_ports=12, port_bw_Bps=25e9,
+        pcie_bw_Bps=25e9,  # PCIe Gen4 x16, ~25 GB/s effective of 31.5 raw [verify]
+        # dense (no structured sparsity): fp32 19.5T, bf16/fp16 tensor 312T, int8 624 TOPS
+        peak_flops={"fp32": 19.5e12, "fp16": 312e12, "bf16": 312e12, "int8": 624e12},
+        sources=("NVIDIA A100 data sheet", "NVIDIA Ampere GA100 architecture whitepaper"),
+    ),
+}
+
+
+def get_board(name: str) -> Board:
+    """The catalog entry for ``name``; an unknown name is a SpecError listing the known ones."""
+    if isinstance(name, str) and name in BOARDS:
+        return BOARDS[name]
+    shown = repr(name) if isinstance(name, str) else _kind(name)
+    raise SpecError(None, None, "board", f"unknown board type {shown}; expected one of {', '.join(BOARDS)}")
+
+
+# --- overrides ----------------------------------------------------------------------------
+
+INT_FIELDS = ("lut", "ff", "dsp", "bram36", "uram",
+              "usable_lut", "usable_ff", "usable_dsp", "usable_bram36", "usable_uram",
+              "offchip_bytes", "network_ports")
+FLOAT_FIELDS = ("clock_hz", "offchip_bw_Bps", "port_bw_Bps", "pcie_bw_Bps")
+OVERRIDABLE = INT_FIELDS + FLOAT_FIELDS + ("description", "dsp_per_mac", "peak_flops")
+
+# PyYAML (YAML 1.1) reads `12e9` (no dot) as a string: accept such strings as numbers.
+_NUM_RE = re.compile(r"^[-+]?(\d+(\.\d*)?|\.\d+)([eE][-+]?\d+)?$")
+
+
+def read_number(node: Node, key: str, *, positive: bool = True, minimum: float | None = None) -> float:
+    """A finite number at ``node[key]`` (numeric strings like '12e9' accepted)."""
+    v = node[key]
+    if isinstance(v, str) and _NUM_RE.match(v.strip()):
+        v = float(v)
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        raise node.error(key, f"expected a finite number, got {_kind(v)}")
+    if positive and v <= 0:
+        raise node.error(key, f"expected a number > 0, got {v}")
+    if minimum is not None and v < minimum:
+        raise node.error(key, f"expected a number >= {minimum}, got {v}")
+    return float(v)
+
+
+def read_int(node: Node, key: str, *, minimum: int = 0, maximum: int | None = None) -> int:
+    """An integer at ``node[key]`` (integral floats like 1.5e6 accepted)."""
+    v = node[key]
+    if isinstance(v, str) and _NUM_RE.match(v.strip()):
+        v = float(v)
+    if isinstance(v, float) and math.isfinite(v) and v.is_integer():
+        v = int(v)
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise node.error(key, f"expected an integer, got {_kind(v)}")
+    if v < minimum:
+        raise node.error(key, f"expected an integer >= {minimum}, got {v}")
+    if maximum is not None and v > maximum:
+        raise node.error(key, f"expected an integer <= {maximum}, got {v}")
+    return v
+
+
+def _format_map(node: Node, key: str) -> dict[str, float]:
+    m = node[key]
+    if not isinstance(m, Node):
+        raise node.error(key, f"expected a mapping of number format to number, got {_kind(m)}")
+    out = {}
+    for fmt in m:
+        if fmt not in FORMATS:
+            raise m.error(fmt, f"unknown number format '{fmt}'; expected one of {', '.join(FORMATS)}")
+        out[fmt] = read_number(m, fmt)
+    return out
+
+
+def with_overrides(board: Board, node: Any) -> Board:
+    """``board`` with fields replaced from a YAML mapping; SpecError on bad keys or values.
+
+    Any numeric field and ``description`` may be overridden. ``dsp_per_mac`` entries are
+    merged per format (FPGAs only); an FPGA's ``peak_flops`` is always re-derived from
+    usable_dsp, dsp_per_mac and clock_hz, a GPU's ``peak_flops`` entries may be overridden.
+    """
+    if not isinstance(node, Node):
+        line = getattr(node, "line", None)
+        raise SpecError(getattr(node, "file", None), line, getattr(node, "path", None) or "overrides",
+                        f"expected a mapping of board fields, got {_kind(node)}")
+    changes: dict[str, Any] = {}
+    for key in node:
+        if key not in OVERRIDABLE:
+            raise node.error(key, f"unknown board field '{key}'; expected one of {', '.join(OVERRIDABLE)}")
+        if key in INT_FIELDS:
+            changes[key] = read_int(node, key, minimum=1 if key == "network_ports" else 0)
+        elif key in FLOAT_FIELDS:
+            changes[key] = read_number(node, key)
+        elif key == "description":
+            v = node[key]
+            if not isinstance(v, str) or not v.strip():
+                raise node.error(key, f"expected a non-empty string, got {_kind(v)}")
+            changes[key] = v
+        elif key == "dsp_per_mac":
+            if board.kind != "fpga":
+                raise node.error(key, f"only FPGA boards have dsp_per_mac; {board.name} is a {board.kind}")
+            changes[key] = FrozenMap(sorted({**board.dsp_per_mac, **_format_map(node, key)}.items()))
+        elif key == "peak_flops":
+            if board.kind == "fpga":
+                raise node.error(key, "an FPGA's peak_flops is derived from usable_dsp, dsp_per_mac and clock_hz; "
+                                      "override those instead")
+            changes[key] = FrozenMap(sorted({**board.peak_flops, **_format_map(node, key)}.items()))
+    new = replace(board, **changes)
+    for res in ("lut", "ff", "dsp", "bram36", "uram"):
+        if getattr(new, "usable_" + res) > getattr(new, res):
+            key = "usable_" + res if "usable_" + res in node else res
+            raise node.error(key, f"expected usable_{res} ({getattr(new, 'usable_' + res)}) <= {res} "
+                                  f"({getattr(new, res)})")
+    if new.kind == "fpga":
+        new = replace(new, peak_flops=derived_peak_flops(new.usable_dsp, new.dsp_per_mac, new.clock_hz))
+    return new
+
+
+def board_overrides(board: Board) -> dict[str, Any]:
+    """The overrides mapping that turns the catalog entry into ``board`` (plain values)."""
+    base = get_board(board.name)
+    out: dict[str, Any] = {}
+    for key in OVERRIDABLE:
+        a, b = getattr(base, key), getattr(board, key)
+        if key in ("dsp_per_mac", "peak_flops"):
+            if key == "peak_flops" and board.kind == "fpga":
+                continue
+            diff = {f: b[f] for f in sorted(b) if f not in a or a[f] != b[f]}
+            if diff:
+                out[key] = diff
+        elif a != b:
+            out[key] = b
+    return dict(sorted(out.items()))

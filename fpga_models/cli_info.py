@@ -1,0 +1,145 @@
+"""`bapipe models | boards | clusters | profile`: what is built in, and per-layer cost."""
+from __future__ import annotations
+
+from bapipe.errors import SpecError
+from bapipe.spec import load_model
+
+
+def _table(headers: list[str], rows: list[list], title: str | None = None) -> str:
+    """Render a table with rich (to a string, no terminal needed)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=title, show_lines=False)
+    for i, h in enumerate(headers):
+        t.add_column(h, justify="left" if i == 0 else "right")
+    for r in rows:
+        t.add_row(*[str(x) for x in r])
+    con = Console(width=160, record=True, file=open("/dev/null", "w"))
+    con.print(t)
+    return con.export_text()
+
+
+def _si(x: float, unit: str = "") -> str:
+    """Engineering notation: 1.23G, 4.56m, 7.89u."""
+    if x == 0:
+        return f"0{unit}"
+    for div, p in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"), (1.0, ""), (1e-3, "m"), (1e-6, "u"), (1e-9, "n")):
+        if abs(x) >= div:
+            return f"{x / div:.3g}{p}{unit}"
+    return f"{x:.3g}{unit}"
+
+
+def cmd_models(args) -> dict:
+    """The zoo with parameter and MAC totals."""
+    from bapipe import zoo
+
+    out = []
+    for name in zoo.ZOO:
+        m = zoo.get(name)
+        out.append({**m.summary(), "inputs": [{"name": i.name, "shape": list(i.shape)} for i in m.inputs],
+                    "description": m.description})
+    return {"models": out}
+
+
+def show_models(r: dict) -> str:
+    """Zoo table."""
+    rows = [[m["name"], f"{m['params']:,}", _si(m["fwd_macs"]), _si(m["bwd_macs"]), m["layers"],
+             " ".join("x".join(map(str, i["shape"])) for i in m["inputs"])] for m in r["models"]]
+    return _table(["model", "params", "fwd MAC/sample", "bwd MAC/sample", "layers", "input"], rows, "model zoo")
+
+
+def cmd_boards(args) -> dict:
+    """The board catalog."""
+    from fpga_models.boards import BOARDS
+
+    return {"boards": [b.to_dict() for b in BOARDS.values()]}
+
+
+def show_boards(r: dict) -> str:
+    """Board table."""
+    rows = [[b["name"], b["kind"], f"{b['dsp']:,}", f"{b['usable_dsp']:,}", f"{b['bram36']:,}", f"{b['uram']:,}",
+             f"{b['lut']:,}", _si(b["clock_hz"], "Hz"), _si(b["offchip_bytes"], "B"), _si(b["offchip_bw_Bps"], "B/s"),
+             _si(max(b.get("peak_flops", {}).values() or [0]), "FLOP/s")] for b in r["boards"]]
+    return _table(["board", "kind", "DSP", "usable DSP", "BRAM36", "URAM", "LUT", "clock", "off-chip", "bandwidth",
+                   "peak"], rows, "board catalog")
+
+
+def cmd_clusters(args) -> dict:
+    """The built-in clusters."""
+    from fpga_models.cluster import builtin_clusters
+
+    out = []
+    for c in builtin_clusters().values():
+        out.append({"name": c.name, "boards": len(c.boards), "board_types": c.board_types(),
+                    "topology": c.topology, "hosts": len(c.hosts), "links": len(c.links)})
+    return {"clusters": out}
+
+
+def show_clusters(r: dict) -> str:
+    """Cluster table."""
+    rows = [[c["name"], c["boards"], ",".join(c["board_types"]), c["topology"], c["hosts"], c["links"]]
+            for c in r["clusters"]]
+    return _table(["cluster", "boards", "types", "topology", "hosts", "links"], rows, "built-in clusters")
+
+
+def cmd_profile(args) -> dict:
+    """Per-layer counts and cost on each board type of the cluster."""
+    from fpga_models.boards import FORMATS, bytes_per_element
+    from fpga_models.cluster import load_cluster
+    from fpga_models.cost import profile_layer
+
+    if args.format not in FORMATS:
+        raise SpecError(None, None, "--format", f"expected one of {', '.join(FORMATS)}; got {args.format!r}")
+    if args.batch < 1:
+        raise SpecError(None, None, "--batch", "expected an integer >= 1")
+    model = load_model(args.model)
+    cluster = load_cluster(args.cluster)
+    measured = None
+    if getattr(args, "measured", None):
+        from bapipe.profiles import load_profile
+
+        measured = load_profile(args.measured, model)
+    bpe = bytes_per_element(args.format)
+    types = cluster.board_types()
+    boards = {t: next(cb.board for cb in cluster.boards if cb.board.name == t) for t in types}
+    layers = []
+    for layer in model.layers:
+        cost = {}
+        for t, b in boards.items():
+            if measured is not None:
+                m = measured[layer.name]
+                cost[t] = {"fwd_s": m["fwd_s"], "bwd_s": m["bwd_s"], "source": "measured"}
+            else:
+                c = profile_layer(layer, b, args.format, args.batch)
+                cost[t] = {"fwd_s": c["fwd_s"], "bwd_s": c["bwd_s"]}
+        layers.append({
+            "name": layer.name, "type": layer.type, "out_shape": list(layer.out_shape),
+            "params": layer.weight_params, "fwd_macs": layer.fwd_macs, "bwd_macs": layer.bwd_macs,
+            "activation_bytes": layer.out_elems * bpe * args.batch, "weight_bytes": layer.weight_params * bpe,
+            "cost": cost,
+        })
+    totals = {t: {"fwd_s": sum(l["cost"][t]["fwd_s"] for l in layers),
+                  "bwd_s": sum(l["cost"][t]["bwd_s"] for l in layers)} for t in types}
+    return {"model": model.name, "cluster": cluster.name, "format": args.format, "batch": args.batch,
+            "params": model.params, "fwd_macs": model.fwd_macs, "layers": layers, "totals": totals}
+
+
+def show_profile(r: dict) -> str:
+    """Per-layer table: counts and fwd/bwd time per board type."""
+    types = list(r["totals"])
+    headers = ["layer", "type", "out", "params", "fwd MAC", "act bytes"]
+    for t in types:
+        headers += [f"{t} fwd", f"{t} bwd"]
+    rows = []
+    for l in r["layers"]:
+        row = [l["name"], l["type"], "x".join(map(str, l["out_shape"])), f"{l['params']:,}", _si(l["fwd_macs"]),
+               _si(l["activation_bytes"], "B")]
+        for t in types:
+            row += [_si(l["cost"][t]["fwd_s"], "s"), _si(l["cost"][t]["bwd_s"], "s")]
+        rows.append(row)
+    row = ["total", "", "", f"{r['params']:,}", _si(r["fwd_macs"]), ""]
+    for t in types:
+        row += [_si(r["totals"][t]["fwd_s"], "s"), _si(r["totals"][t]["bwd_s"], "s")]
+    rows.append(row)
+    return _table(headers, rows, f"{r['model']} on {r['cluster']} ({r['format']}, batch {r['batch']})")

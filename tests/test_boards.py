@@ -1,0 +1,136 @@
+"""Board catalog: figures match REFERENCES.md, derived peaks, overrides."""
+import json
+
+import pytest
+
+from bapipe.errors import SpecError
+from bapipe.yamlio import loads
+from fpga_models.boards import (BOARDS, FORMATS, Board, bytes_per_element, get_board, on_chip_bytes,
+                                with_overrides)
+
+
+def test_formats_and_bytes():
+    assert FORMATS == ("fixed16", "int8", "fp16", "bf16", "fp32")
+    assert [bytes_per_element(f) for f in FORMATS] == [2, 1, 2, 2, 4]
+    with pytest.raises(SpecError, match="unknown number format 'fp8'"):
+        bytes_per_element("fp8")
+
+
+def test_catalog_has_required_boards():
+    for name in ("U250", "U280", "U55C", "VCU118", "ZCU102", "S10MX", "V100", "A100"):
+        assert BOARDS[name].name == name
+    assert {b.kind for b in BOARDS.values()} == {"fpga", "gpu"}
+
+
+@pytest.mark.parametrize("name,lut,dsp,usable_dsp,bram,usable_bram,uram", [
+    ("U250", 1_728_000, 12_288, 11_520, 2_688, 2_304, 1_280),
+    ("U280", 1_304_000, 9_024, 8_496, 2_016, 1_752, 960),
+    ("U55C", 1_304_000, 9_024, 8_496, 2_016, 1_752, 960),
+    ("VCU118", 1_182_240, 6_840, 5_856, 2_160, 1_848, 960),
+    ("ZCU102", 274_080, 2_520, 2_520, 912, 912, 0),
+])
+def test_fpga_figures_match_references(name, lut, dsp, usable_dsp, bram, usable_bram, uram):
+    b = get_board(name)
+    assert (b.lut, b.dsp, b.usable_dsp, b.bram36, b.usable_bram36, b.uram) == \
+        (lut, dsp, usable_dsp, bram, usable_bram, uram)
+    for res in ("lut", "ff", "dsp", "bram36", "uram"):
+        assert 0 <= getattr(b, "usable_" + res) <= getattr(b, res)
+
+
+def test_memory_and_network_figures():
+    u250, u280, u55c = BOARDS["U250"], BOARDS["U280"], BOARDS["U55C"]
+    assert u250.offchip_bytes == 64 * 2**30 and u250.offchip_bw_Bps == pytest.approx(76.8e9)
+    assert u280.offchip_bytes == 40 * 2**30 and u280.offchip_bw_Bps == pytest.approx(460e9 + 38.4e9)
+    assert u55c.offchip_bytes == 16 * 2**30 and u55c.offchip_bw_Bps == 460e9
+    s10 = BOARDS["S10MX"]
+    assert s10.offchip_bytes == 16 * 2**30 and s10.offchip_bw_Bps == 512e9 and s10.uram == 0
+    assert s10.bram36 == 6_847 * 20 // 36  # M20K -> BRAM36 equivalents
+    for name in ("U250", "U280", "U55C", "VCU118"):
+        assert BOARDS[name].network_ports == 2 and BOARDS[name].port_bw_Bps == 11.9e9
+        assert BOARDS[name].clock_hz == (300e6 if name != "VCU118" else 250e6)
+
+
+def test_fpga_peak_flops_derivation():
+    for b in BOARDS.values():
+        if b.kind != "fpga":
+            continue
+        assert set(b.peak_flops) == set(b.dsp_per_mac) == set(FORMATS)
+        for fmt, d in b.dsp_per_mac.items():
+            assert b.peak_flops[fmt] == pytest.approx(2 * b.usable_dsp / d * b.clock_hz)
+    u250 = BOARDS["U250"]
+    assert u250.dsp_per_mac["int8"] == 0.5  # 2 MACs per DSP48E2 (WP486)
+    assert u250.dsp_per_mac["fixed16"] == 1.0
+    assert u250.peak_flops["fixed16"] == pytest.approx(2 * 11_520 * 300e6)  # 6.912 TFLOP/s
+    assert u250.peak_flops["int8"] == pytest.approx(2 * u250.peak_flops["fixed16"])
+    assert all(u250.dsp_per_mac[f] > 1 for f in ("fp16", "bf16", "fp32"))
+
+
+def test_gpu_figures():
+    v, a = BOARDS["V100"], BOARDS["A100"]
+    assert v.peak_flops["fp32"] == 15.7e12 and v.peak_flops["fp16"] == 125e12 and "bf16" not in v.peak_flops
+    assert a.peak_flops == {"fp32": 19.5e12, "fp16": 312e12, "bf16": 312e12, "int8": 624e12}
+    assert v.network_ports * v.port_bw_Bps == 150e9  # NVLink2 per direction, aggregated
+    assert v.dsp == v.usable_dsp == 0 and v.dsp_per_mac == {} and on_chip_bytes(v) == 0
+
+
+def test_on_chip_bytes():
+    assert on_chip_bytes(BOARDS["U250"]) == 2_304 * 4608 + 1_280 * 36864
+    assert on_chip_bytes(BOARDS["ZCU102"]) == 912 * 4608
+
+
+def test_get_board_unknown():
+    with pytest.raises(SpecError) as e:
+        get_board("U999")
+    assert str(e.value).startswith("<input>: board: unknown board type 'U999'; expected one of U250, U280")
+    with pytest.raises(SpecError):
+        get_board(None)  # not a KeyError/TypeError
+
+
+def test_to_dict_is_json():
+    d = BOARDS["U250"].to_dict()
+    json.dumps(d)
+    assert d["usable_dsp"] == 11_520 and d["dsp_per_mac"]["int8"] == 0.5 and isinstance(d["sources"], list)
+    assert set(d) == {f for f in Board.__dataclass_fields__}
+
+
+def test_boards_are_hashable_and_frozen():
+    b = BOARDS["U250"]
+    assert hash(b) == hash(get_board("U250"))
+    with pytest.raises(TypeError):
+        b.dsp_per_mac["int8"] = 1.0  # type: ignore[index]
+
+
+def test_with_overrides():
+    node = loads("clock_hz: 2.5e+8\nusable_dsp: 10000\ndsp_per_mac: {fp32: 4}\n", "ov.yaml")
+    b = with_overrides(BOARDS["U250"], node)
+    assert b.clock_hz == 250e6 and b.usable_dsp == 10_000
+    assert b.dsp_per_mac["fp32"] == 4 and b.dsp_per_mac["int8"] == 0.5
+    assert b.peak_flops["fp32"] == pytest.approx(2 * 10_000 / 4 * 250e6)
+    assert BOARDS["U250"].clock_hz == 300e6  # catalog untouched
+    # PyYAML reads 12e9 (no dot) as a string; it is accepted as a number
+    assert with_overrides(BOARDS["U250"], loads("pcie_bw_Bps: 12e9\n")).pcie_bw_Bps == 12e9
+    g = with_overrides(BOARDS["V100"], loads("peak_flops: {fp32: 14.0e+12}\n"))
+    assert g.peak_flops["fp32"] == 14e12 and g.peak_flops["fp16"] == 125e12
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("foo: 1\n", "ov.yaml:1: foo: unknown board field 'foo'"),
+    ("dsp: -1\n", "ov.yaml:1: dsp: expected an integer >= 0, got -1"),
+    ("dsp: many\n", "ov.yaml:1: dsp: expected an integer, got the string 'many'"),
+    ("clock_hz: 0\n", "ov.yaml:1: clock_hz: expected a number > 0"),
+    ("clock_hz: [1]\n", "ov.yaml:1: clock_hz: expected a finite number, got a list"),
+    ("\nusable_dsp: 20000\n", "ov.yaml:2: usable_dsp: expected usable_dsp (20000) <= dsp (12288)"),
+    ("dsp_per_mac: {fp8: 1}\n", "ov.yaml:1: dsp_per_mac.fp8: unknown number format 'fp8'"),
+    ("dsp_per_mac: 3\n", "ov.yaml:1: dsp_per_mac: expected a mapping"),
+    ("peak_flops: {fp32: 1.0e+12}\n", "ov.yaml:1: peak_flops: an FPGA's peak_flops is derived"),
+    ("description: null\n", "ov.yaml:1: description: expected a non-empty string, got nothing"),
+])
+def test_with_overrides_errors(text, expected):
+    with pytest.raises(SpecError) as e:
+        with_overrides(BOARDS["U250"], loads(text, "ov.yaml"))
+    assert str(e.value).startswith(expected), str(e.value)
+
+
+def test_with_overrides_not_a_mapping():
+    with pytest.raises(SpecError, match="expected a mapping of board fields, got a list"):
+        with_overrides(BOARDS["U250"], loads("[1, 2]\n"))
