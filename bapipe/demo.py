@@ -1,0 +1,119 @@
+"""`make demo`: the main job end to end on a built-in default, with a short report.
+
+plan -> sim -> gen -> csim -> rtlsim -> run, each step through the real CLI, skipping
+only steps whose command is not part of this build.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from .cli import _available
+from .toolchain import wire_verilator
+
+MODEL = os.environ.get("BAPIPE_DEMO_MODEL", "tiny-cnn")
+BIG_MODEL = os.environ.get("BAPIPE_DEMO_BIG_MODEL", "vgg16")
+CLUSTER = os.environ.get("BAPIPE_DEMO_CLUSTER", "4xU250-ring")
+OUT = Path(os.environ.get("BAPIPE_DEMO_OUT", "build/demo"))
+
+
+def _bapipe(*args: str, json_out: bool = True) -> tuple[int, dict | str, float]:
+    t0 = time.perf_counter()
+    cmd = [sys.executable, "-m", "bapipe.cli", *args] + (["--json"] if json_out else [])
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    dt = time.perf_counter() - t0
+    if r.returncode != 0:
+        return r.returncode, (r.stderr.strip().splitlines() or ["(no message)"])[-1], dt
+    return 0, (json.loads(r.stdout) if json_out else r.stdout), dt
+
+
+def _line(step: str, ok: bool, text: str, dt: float) -> None:
+    mark = "ok  " if ok else "FAIL"
+    print(f"[{mark}] {step:<8} {text}  ({dt:.1f} s)", flush=True)
+
+
+def main() -> int:
+    """Run the demo; exit non-zero if a step fails."""
+    wire_verilator(os.environ)
+    OUT.mkdir(parents=True, exist_ok=True)
+    failed = 0
+    print(f"BaPipe demo: {BIG_MODEL} and {MODEL} on {CLUSTER}  (outputs in {OUT}/)\n", flush=True)
+
+    rc, out, dt = _bapipe("profile", BIG_MODEL, CLUSTER, json_out=False)
+    if rc == 0:
+        print(out)
+    _line("profile", rc == 0, f"{BIG_MODEL}: per-layer cost table above" if rc == 0 else str(out), dt)
+    failed += rc != 0
+
+    if not _available("plan"):
+        print("\n(plan, sim, gen, csim, rtlsim and run arrive with later issues)")
+        return 1 if failed else 0
+
+    for model in (BIG_MODEL, MODEL):
+        plan = OUT / f"{model}.plan.yaml"
+        rc, r, dt = _bapipe("plan", model, CLUSTER, "-o", str(plan))
+        if rc:
+            _line("plan", False, str(r), dt)
+            failed += 1
+            continue
+        dp = r.get("speedup_vs_data_parallel")
+        _line("plan", True, f"{model}: {r['schedule']}, {len(r['stages'])} stages, {r['microbatches']} micro-batches, "
+              f"{r['iteration_time_s'] * 1e3:.3f} ms/iteration, {r['throughput_samples_per_s']:.1f} samples/s"
+              + (f", {dp:.2f}x vs data parallel" if isinstance(dp, (int, float)) else f", data parallel: {dp}"), dt)
+        if _available("sim"):
+            rc, s, dt = _bapipe("sim", str(plan), "--gantt", str(OUT / f"{model}.gantt.png"),
+                                "--trace", str(OUT / f"{model}.trace.json"))
+            if rc:
+                _line("sim", False, str(s), dt)
+                failed += 1
+            else:
+                err = s["iteration_time_s"] / r["iteration_time_s"] - 1
+                _line("sim", True, f"{model}: {s['iteration_time_s'] * 1e3:.3f} ms/iteration "
+                      f"(planner {err * 100:+.2f}%), bubble {s['bubble_fraction'] * 100:.1f}%, "
+                      f"Gantt {OUT / (model + '.gantt.png')}", dt)
+
+    plan = OUT / f"{MODEL}.plan.yaml"
+    build = OUT / "build"
+    if _available("gen") and plan.exists():
+        rc, g, dt = _bapipe("gen", str(plan), "-o", str(build))
+        _line("gen", rc == 0, f"{build}/" if rc == 0 else str(g), dt)
+        failed += rc != 0
+        if rc == 0 and _available("csim"):
+            rc, c, dt = _bapipe("csim", str(build))
+            if rc == 0 or isinstance(c, dict):
+                st = c["stages"]
+                _line("csim", c["passed"], f"{sum(s['passed'] for s in st)}/{len(st)} stages match numpy, "
+                      f"max error {max(s['max_abs_err_lsb'] for s in st)} LSB", dt)
+                failed += not c["passed"]
+            else:
+                _line("csim", False, str(c), dt)
+                failed += 1
+        if rc == 0 and _available("rtlsim"):
+            rc, v, dt = _bapipe("rtlsim", str(build))
+            if isinstance(v, dict):
+                _line("rtlsim", bool(v["outputs_match"]), f"outputs match numpy: {v['outputs_match']}, "
+                      f"{v['cycles_per_sample']:.1f} cycles/sample measured vs {v['predicted_cycles_per_sample']:.1f} "
+                      f"predicted ({v['error'] * 100:+.2f}%)", dt)
+                failed += not v["outputs_match"]
+            else:
+                _line("rtlsim", False, str(v), dt)
+                failed += 1
+    if _available("run") and plan.exists():
+        rc, t, dt = _bapipe("run", str(plan), "--backend", "numpy", "--epochs", "5")
+        if isinstance(t, dict):
+            _line("run", True, f"trained {MODEL} {t['epochs']} epochs on digits: loss {t['final_loss']:.4f}, "
+                  f"test accuracy {t['test_accuracy'] * 100:.1f}%, {t['samples_per_s']:.0f} samples/s, "
+                  f"grad error vs single device {t['grad_max_rel_err_vs_single_device']:.1e}", dt)
+        else:
+            _line("run", False, str(t), dt)
+            failed += 1
+    print(f"\n{'all steps passed' if not failed else f'{failed} step(s) failed'}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
