@@ -19,4 +19,5 @@ class SpecError(Exception):
         """The one-line message shown to the user."""
         loc = f"{self.file}:{self.line}" if self.line else f"{self.file}"
         msg = " ".join(str(self.expected).split())  # always one line
-        return f"{loc}: {self.field}: {msg}"
+        fld = " ".join(str(self.field).split()) or repr(self.field)
+        return f"{loc}: {fld}: {msg}"

@@ -326,6 +326,26 @@ def _take(c: _Ctx) -> _Out:
     return _Out(s[1:], {"index": idx})
 
 
+def _reshape(c: _Ctx) -> _Out:
+    """A view to another per-sample shape (ONNX Reshape/Transpose between layers); no work counted."""
+    s = c.one_input()
+    shape = c.f.ints("shape")
+    if prod(shape) != prod(s):
+        raise c.err("shape", f"{list(shape)} does not hold the {prod(s)} elements of the input {list(s)}")
+    return _Out(tuple(shape), {"shape": tuple(shape)})
+
+
+def _opaque(c: _Ctx) -> _Out:
+    """An op with no cost model (ONNX --opaque OP=fwd_s,bwd_s): fixed measured times, given shape."""
+    if not c.in_shapes:
+        raise c.err("inputs", "an opaque layer needs at least one input")
+    shape = c.f.ints("shape")
+    fwd = c.f.num("fwd_s", positive=False, min=0.0)
+    bwd = c.f.num("bwd_s", positive=False, min=0.0)
+    params = c.f.int("params", 0, min=0)
+    return _Out(tuple(shape), {"shape": tuple(shape), "fwd_s": fwd, "bwd_s": bwd, "params": params}, params=params)
+
+
 LAYER_TYPES: dict[str, Callable[[_Ctx], _Out]] = {
     "conv2d": _conv2d,
     "dense": _dense,
@@ -348,13 +368,15 @@ LAYER_TYPES: dict[str, Callable[[_Ctx], _Out]] = {
     "concat": _concat,
     "flatten": _flatten,
     "take": _take,
+    "reshape": _reshape,  # added by the ONNX issue: views between imported layers
+    "opaque": _opaque,    # added by the ONNX issue: unsupported op with a user-given cost
 }
 
 #: layer types whose weights are trained
 WEIGHTED = frozenset({"conv2d", "dense", "attention", "additive_attention", "lstm", "embedding", "batchnorm",
                       "layernorm"})
 #: types that take several inputs
-MULTI_INPUT = frozenset({"matmul", "attention", "additive_attention", "lstm", "add", "concat"})
+MULTI_INPUT = frozenset({"matmul", "attention", "additive_attention", "lstm", "add", "concat", "opaque"})
 
 
 def build_layer(f: Fields, name: str, inputs: tuple[str, ...], in_shapes: list[Shape], type_: str,

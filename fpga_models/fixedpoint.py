@@ -1,0 +1,335 @@
+"""The numpy fixed-point reference: the layers exactly as the HLS kernels compute them.
+
+The convention (docs/codegen.md, "Fixed-point convention") in one paragraph: a value is its
+raw two's-complement integer ``q`` with ``F`` fraction bits; MAC layers accumulate exactly
+(int64 here, a 2W+16-bit ``acc_t`` in HLS and RTL), add the bias shifted to the
+accumulator's scale, and round once with :func:`requant` (round half toward +infinity,
+saturate). Because the accumulation is exact, the order of summation (the folding) cannot
+change a result: HLS, RTL and numpy agree bit for bit.
+
+All arrays are int64 numpy arrays of raw values. Images are (N, C, H, W) here (the model's
+layout); the stream order on the wire (HWC) is the generator's business.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Fmt:
+    """A signed fixed-point format: ``width`` bits, ``frac`` fraction bits (ap_fixed<width, width-frac>)."""
+
+    name: str
+    width: int
+    frac: int
+
+    @property
+    def int_bits(self) -> int:
+        """Integer bits including the sign (ap_fixed's I)."""
+        return self.width - self.frac
+
+    @property
+    def qmin(self) -> int:
+        """Smallest raw value."""
+        return -(1 << (self.width - 1))
+
+    @property
+    def qmax(self) -> int:
+        """Largest raw value."""
+        return (1 << (self.width - 1)) - 1
+
+    @property
+    def acc_width(self) -> int:
+        """Accumulator width: exact for fewer than 2^16 products."""
+        return 2 * self.width + 16
+
+    @property
+    def acc_frac(self) -> int:
+        """Accumulator fraction bits (those of a product)."""
+        return 2 * self.frac
+
+    @property
+    def hls_type(self) -> str:
+        """The Vitis HLS data type."""
+        return f"ap_fixed<{self.width},{self.int_bits},AP_RND,AP_SAT>"
+
+    @property
+    def hls_acc_type(self) -> str:
+        """The Vitis HLS accumulator type (default truncation/wrap never trigger: it is exact)."""
+        return f"ap_fixed<{self.acc_width},{self.acc_width - self.acc_frac}>"
+
+
+#: plan number_format -> format. fixed16 follows hls4ml's default ap_fixed<16,6>.
+FORMATS: dict[str, Fmt] = {
+    "fixed16": Fmt("fixed16", 16, 10),
+    "int8": Fmt("int8", 8, 4),
+}
+
+#: avgpool reciprocal fraction bits: R = round(2^AVG_BITS / n), an ap_ufixed<AVG_BITS+1, 1>
+AVG_BITS = 18
+
+
+def get_fmt(fmt: str | Fmt) -> Fmt:
+    """A format by plan name (``fixed16``, ``int8``) or passed through; ValueError otherwise."""
+    if isinstance(fmt, Fmt):
+        return fmt
+    try:
+        return FORMATS[fmt]
+    except KeyError:
+        raise ValueError(f"no fixed-point convention for number format {fmt!r}; "
+                         f"expected one of {', '.join(FORMATS)}") from None
+
+
+def saturate(q, fmt: str | Fmt) -> np.ndarray:
+    """Clamp raw values to the format's range (AP_SAT)."""
+    f = get_fmt(fmt)
+    return np.clip(np.asarray(q, dtype=np.int64), f.qmin, f.qmax)
+
+
+def quantize(x, fmt: str | Fmt) -> np.ndarray:
+    """Real values -> raw ints: round half toward +infinity (AP_RND), then saturate."""
+    f = get_fmt(fmt)
+    scaled = np.floor(np.asarray(x, dtype=np.float64) * (1 << f.frac) + 0.5)
+    return saturate(np.clip(scaled, f.qmin, f.qmax).astype(np.int64), f)
+
+
+def dequantize(q, fmt: str | Fmt) -> np.ndarray:
+    """Raw ints -> real values (float64, exact)."""
+    f = get_fmt(fmt)
+    return np.asarray(q, dtype=np.float64) / (1 << f.frac)
+
+
+def requant(acc, fmt: str | Fmt) -> np.ndarray:
+    """Accumulator (2F fraction bits) -> data format: (acc + 2^(F-1)) >> F, then saturate."""
+    f = get_fmt(fmt)
+    acc = np.asarray(acc, dtype=np.int64)
+    return saturate((acc + (1 << (f.frac - 1))) >> f.frac, f)
+
+
+def _bias_acc(b_q, fmt: Fmt) -> np.ndarray:
+    return np.asarray(b_q, dtype=np.int64) << fmt.frac
+
+
+# ---------------------------------------------------------------- dense
+
+def dense_fwd(x_q, w_q, b_q, fmt: str | Fmt) -> np.ndarray:
+    """y = requant(W x + b<<F). x: (..., MW), w: (MH, MW), b: (MH,) or None -> (..., MH)."""
+    f = get_fmt(fmt)
+    acc = np.asarray(x_q, dtype=np.int64) @ np.asarray(w_q, dtype=np.int64).T
+    if b_q is not None:
+        acc = acc + _bias_acc(b_q, f)
+    return requant(acc, f)
+
+
+def dense_bwd_input(dy_q, w_q, fmt: str | Fmt) -> np.ndarray:
+    """dx = requant(W^T dy). dy: (..., MH), w: (MH, MW) -> (..., MW)."""
+    return requant(np.asarray(dy_q, dtype=np.int64) @ np.asarray(w_q, dtype=np.int64), fmt)
+
+
+def dense_bwd_weight(dy_q, x_q, fmt: str | Fmt) -> tuple[np.ndarray, np.ndarray]:
+    """(dW, db) summed over the batch: dW = requant(sum_n dy_n x_n^T), db = sat(sum_n dy_n)."""
+    dy = np.asarray(dy_q, dtype=np.int64).reshape(-1, np.shape(dy_q)[-1])
+    x = np.asarray(x_q, dtype=np.int64).reshape(-1, np.shape(x_q)[-1])
+    return requant(dy.T @ x, fmt), saturate(dy.sum(axis=0), fmt)
+
+
+# ---------------------------------------------------------------- conv2d (sliding window + MVU)
+
+def _pair(v) -> tuple[int, int]:
+    return (int(v), int(v)) if np.isscalar(v) else (int(v[0]), int(v[1]))
+
+
+def conv_out_hw(h: int, w: int, kernel, stride, padding) -> tuple[int, int]:
+    """Output height and width of a sliding window."""
+    (kh, kw), (sh, sw), (ph, pw) = _pair(kernel), _pair(stride), _pair(padding)
+    return (h + 2 * ph - kh) // sh + 1, (w + 2 * pw - kw) // sw + 1
+
+
+def conv_weight_matrix(w_q) -> np.ndarray:
+    """OIHW weights -> the MVU matrix (MH=O, MW=kh*kw*C) with column (ky*kw+kx)*C + c."""
+    w = np.asarray(w_q, dtype=np.int64)
+    o, c, kh, kw = w.shape
+    return w.transpose(0, 2, 3, 1).reshape(o, kh * kw * c)
+
+
+def im2col(x_q, kernel, stride, padding, pad_value: int = 0) -> np.ndarray:
+    """Sliding window: (N, C, H, W) -> (N, Ho*Wo, kh*kw*C), column (ky*kw+kx)*C + c."""
+    x = np.asarray(x_q, dtype=np.int64)
+    n, c, h, w = x.shape
+    (kh, kw), (sh, sw), (ph, pw) = _pair(kernel), _pair(stride), _pair(padding)
+    ho, wo = conv_out_hw(h, w, kernel, stride, padding)
+    xp = np.full((n, c, h + 2 * ph, w + 2 * pw), pad_value, dtype=np.int64)
+    xp[:, :, ph:ph + h, pw:pw + w] = x
+    cols = np.empty((n, ho, wo, kh, kw, c), dtype=np.int64)
+    for ky in range(kh):
+        for kx in range(kw):
+            patch = xp[:, :, ky:ky + sh * (ho - 1) + 1:sh, kx:kx + sw * (wo - 1) + 1:sw]  # (N, C, Ho, Wo)
+            cols[:, :, :, ky, kx, :] = patch.transpose(0, 2, 3, 1)
+    return cols.reshape(n, ho * wo, kh * kw * c)
+
+
+def conv2d_fwd(x_q, w_q, b_q, fmt: str | Fmt, stride=1, padding=0) -> np.ndarray:
+    """Convolution as sliding window + MVU: x (N, C, H, W), w (O, C, kh, kw) -> (N, O, Ho, Wo)."""
+    w = np.asarray(w_q)
+    n, _, h, wd = np.shape(x_q)
+    kernel = w.shape[2:]
+    ho, wo = conv_out_hw(h, wd, kernel, stride, padding)
+    y = dense_fwd(im2col(x_q, kernel, stride, padding), conv_weight_matrix(w), b_q, fmt)  # (N, P, O)
+    return y.transpose(0, 2, 1).reshape(n, w.shape[0], ho, wo)
+
+
+def conv2d_bwd_input(dy_q, w_q, in_hw: tuple[int, int], fmt: str | Fmt, stride=1, padding=0) -> np.ndarray:
+    """dx: the exact col2im of W^T dy, rounded once. dy (N, O, Ho, Wo) -> (N, C, H, W)."""
+    w = np.asarray(w_q, dtype=np.int64)
+    o, c, kh, kw = w.shape
+    dy = np.asarray(dy_q, dtype=np.int64)
+    n, _, ho, wo = dy.shape
+    h, wd = in_hw
+    (sh, sw), (ph, pw) = _pair(stride), _pair(padding)
+    dcol = dy.reshape(n, o, ho * wo).transpose(0, 2, 1) @ conv_weight_matrix(w)   # (N, P, kh*kw*C) exact
+    dcol = dcol.reshape(n, ho, wo, kh, kw, c)
+    acc = np.zeros((n, c, h + 2 * ph, wd + 2 * pw), dtype=np.int64)
+    for ky in range(kh):
+        for kx in range(kw):
+            acc[:, :, ky:ky + sh * (ho - 1) + 1:sh, kx:kx + sw * (wo - 1) + 1:sw] += \
+                dcol[:, :, :, ky, kx, :].transpose(0, 3, 1, 2)
+    return requant(acc[:, :, ph:ph + h, pw:pw + wd], fmt)
+
+
+def conv2d_bwd_weight(dy_q, x_q, kernel, fmt: str | Fmt, stride=1, padding=0) -> tuple[np.ndarray, np.ndarray]:
+    """(dW (O, C, kh, kw), db (O,)) summed over batch and pixels, rounded once."""
+    dy = np.asarray(dy_q, dtype=np.int64)
+    n, o, ho, wo = dy.shape
+    c = np.shape(x_q)[1]
+    kh, kw = _pair(kernel)
+    cols = im2col(x_q, kernel, stride, padding).reshape(n * ho * wo, -1)   # (NP, kh*kw*C)
+    d = dy.transpose(0, 2, 3, 1).reshape(n * ho * wo, o)
+    dwm = requant(d.T @ cols, fmt)                                         # (O, kh*kw*C)
+    return dwm.reshape(o, kh, kw, c).transpose(0, 3, 1, 2), saturate(d.sum(axis=0), fmt)
+
+
+# ---------------------------------------------------------------- elementwise, pooling, adds
+
+def relu_fwd(x_q) -> np.ndarray:
+    """max(q, 0): exact."""
+    return np.maximum(np.asarray(x_q, dtype=np.int64), 0)
+
+
+def relu_bwd(dy_q, x_q) -> np.ndarray:
+    """dy where the forward input was positive, else 0."""
+    return np.where(np.asarray(x_q) > 0, np.asarray(dy_q, dtype=np.int64), 0)
+
+
+def _windows(x_q, kernel, stride, padding, pad_value) -> np.ndarray:
+    """(N, C, H, W) -> (N, C, Ho, Wo, kh*kw)."""
+    n, c, h, w = np.shape(x_q)
+    ho, wo = conv_out_hw(h, w, kernel, stride, padding)
+    kk = _pair(kernel)[0] * _pair(kernel)[1]
+    cols = im2col(x_q, kernel, stride, padding, pad_value).reshape(n, ho, wo, kk, c)
+    return cols.transpose(0, 4, 1, 2, 3)
+
+
+def maxpool_fwd(x_q, kernel, stride=None, padding=0) -> np.ndarray:
+    """Max over each window; padded positions never win (they hold the most negative int)."""
+    stride = kernel if stride is None else stride
+    return _windows(x_q, kernel, stride, padding, np.iinfo(np.int64).min).max(axis=-1)
+
+
+def avg_recip(n: int) -> int:
+    """R = round(2^AVG_BITS / n): the avgpool reciprocal as an integer (ap_ufixed<AVG_BITS+1,1>)."""
+    return ((1 << (AVG_BITS + 1)) + n) // (2 * n)   # floor(2^B/n + 1/2), integers only
+
+
+def avg_of_sums(s, n: int, fmt: str | Fmt) -> np.ndarray:
+    """Window sums (scale F) -> mean: floor((s*R + 2^(B-1)) / 2^B), saturated."""
+    s = np.asarray(s, dtype=np.int64)
+    return saturate((s * avg_recip(n) + (1 << (AVG_BITS - 1))) >> AVG_BITS, fmt)
+
+
+def avgpool_fwd(x_q, kernel, fmt: str | Fmt, stride=None, padding=0) -> np.ndarray:
+    """Mean over each window, padded zeros counted (PyTorch's count_include_pad)."""
+    stride = kernel if stride is None else stride
+    kh, kw = _pair(kernel)
+    return avg_of_sums(_windows(x_q, kernel, stride, padding, 0).sum(axis=-1), kh * kw, fmt)
+
+
+def globalavgpool_fwd(x_q, fmt: str | Fmt) -> np.ndarray:
+    """(N, C, H, W) -> (N, C): the mean of each channel."""
+    x = np.asarray(x_q, dtype=np.int64)
+    return avg_of_sums(x.sum(axis=(2, 3)), x.shape[2] * x.shape[3], fmt)
+
+
+def batchnorm_fwd(x_q, scale_q, shift_q, fmt: str | Fmt) -> np.ndarray:
+    """Folded batchnorm: requant(x*scale + shift<<F) per channel (axis 1 of (N, C, ...))."""
+    f = get_fmt(fmt)
+    x = np.asarray(x_q, dtype=np.int64)
+    shape = (1, -1) + (1,) * (x.ndim - 2)
+    acc = x * np.asarray(scale_q, dtype=np.int64).reshape(shape) + _bias_acc(shift_q, f).reshape(shape)
+    return requant(acc, f)
+
+
+def fold_batchnorm(gamma, beta, mean, var, fmt: str | Fmt, eps: float = 1e-5) -> tuple[np.ndarray, np.ndarray]:
+    """Inference batchnorm -> quantized (scale, shift): scale = gamma/sqrt(var+eps), shift = beta - mean*scale."""
+    scale = np.asarray(gamma, dtype=np.float64) / np.sqrt(np.asarray(var, dtype=np.float64) + eps)
+    shift = np.asarray(beta, dtype=np.float64) - np.asarray(mean, dtype=np.float64) * scale
+    return quantize(scale, fmt), quantize(shift, fmt)
+
+
+def add_fwd(a_q, b_q, fmt: str | Fmt) -> np.ndarray:
+    """Residual add: exact sum, saturated."""
+    return saturate(np.asarray(a_q, dtype=np.int64) + np.asarray(b_q, dtype=np.int64), fmt)
+
+
+# ---------------------------------------------------------------- whole layers
+
+#: layer types the fixed-point reference (and the HLS generator) implement
+SUPPORTED = ("dense", "conv2d", "relu", "maxpool", "avgpool", "globalavgpool", "batchnorm", "add", "flatten")
+
+
+def layer_fwd(layer, inputs: list[np.ndarray], params: dict[str, np.ndarray], fmt: str | Fmt) -> np.ndarray:
+    """Forward of one bapipe ``Layer`` on a batch: inputs are (N, *in_shape) raw arrays.
+
+    ``params``: dense/conv2d ``w`` (dense (MH, MW), conv (O, C, kh, kw)) and ``b`` (or none);
+    batchnorm ``scale`` and ``shift``.
+    """
+    a = layer.attr
+    t = layer.type
+    x = inputs[0]
+    if t == "dense":
+        return dense_fwd(x, params["w"], params.get("b"), fmt)
+    if t == "conv2d":
+        if a.get("groups", 1) != 1:
+            raise ValueError(f"layer '{layer.name}': grouped convolution is not supported")
+        return conv2d_fwd(x, params["w"], params.get("b"), fmt, a["stride"], a["padding"])
+    if t == "relu":
+        return relu_fwd(x)
+    if t == "maxpool":
+        return maxpool_fwd(x, a["kernel"], a["stride"], a["padding"])
+    if t == "avgpool":
+        return avgpool_fwd(x, a["kernel"], fmt, a["stride"], a["padding"])
+    if t == "globalavgpool":
+        return globalavgpool_fwd(x, fmt)
+    if t == "batchnorm":
+        return batchnorm_fwd(x, params["scale"], params["shift"], fmt)
+    if t == "add":
+        out = inputs[0]
+        for other in inputs[1:]:
+            out = add_fwd(out, other, fmt)
+        return out
+    if t == "flatten":
+        return np.asarray(x, dtype=np.int64).reshape(len(x), -1)
+    raise ValueError(f"layer '{layer.name}': type '{t}' has no fixed-point implementation "
+                     f"(supported: {', '.join(SUPPORTED)})")
+
+
+def model_fwd(layers, tensors: dict[str, np.ndarray], params: dict[str, dict], fmt: str | Fmt) -> dict[str, np.ndarray]:
+    """Run ``layers`` in order; ``tensors`` maps names to batches (model inputs, or a stage's inputs).
+
+    Returns the dict extended with every layer's output.
+    """
+    out = dict(tensors)
+    for l in layers:
+        out[l.name] = layer_fwd(l, [out[i] for i in l.inputs], params.get(l.name, {}), fmt)
+    return out

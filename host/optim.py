@@ -1,0 +1,71 @@
+"""Optimizers applied per stage after the pipeline flush: SGD with momentum, and Adam.
+
+State lives beside the weights it updates (same nested dict layout: layer -> name ->
+array), so a stage's worker owns both and a checkpoint stores both.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+Nested = dict[str, dict[str, np.ndarray]]
+
+DEFAULT_LR = {"sgd": 0.1, "adam": 0.003}
+
+
+@dataclass
+class Optimizer:
+    """SGD with momentum (PyTorch's form: v = mu v + g; w -= lr v) or Adam (Kingma & Ba)."""
+
+    kind: str = "sgd"
+    lr: float = 0.1
+    momentum: float = 0.9
+    beta1: float = 0.9
+    beta2: float = 0.999
+    eps: float = 1e-8
+    step_count: int = 0
+    slots: dict[str, Nested] = field(default_factory=dict)
+
+    def step(self, params: Nested, grads: Nested) -> None:
+        """Update ``params`` in place from ``grads``."""
+        self.step_count += 1
+        f32 = np.float32
+        for lname, g_layer in grads.items():
+            for pname, g in g_layer.items():
+                w = params[lname][pname]
+                if self.kind == "sgd":
+                    v = self._slot("v", lname, pname, w)
+                    v *= f32(self.momentum)
+                    v += g
+                    w -= f32(self.lr) * v
+                elif self.kind == "adam":
+                    m = self._slot("m", lname, pname, w)
+                    s = self._slot("s", lname, pname, w)
+                    m *= f32(self.beta1)
+                    m += f32(1 - self.beta1) * g
+                    s *= f32(self.beta2)
+                    s += f32(1 - self.beta2) * g * g
+                    mhat = m / f32(1 - self.beta1 ** self.step_count)
+                    shat = s / f32(1 - self.beta2 ** self.step_count)
+                    w -= (f32(self.lr) * mhat / (np.sqrt(shat) + f32(self.eps))).astype(f32)
+                else:
+                    raise ValueError(f"unknown optimizer {self.kind!r}")
+
+    def _slot(self, slot: str, lname: str, pname: str, like: np.ndarray) -> np.ndarray:
+        layer = self.slots.setdefault(slot, {}).setdefault(lname, {})
+        if pname not in layer:
+            layer[pname] = np.zeros_like(like)
+        return layer[pname]
+
+    def state(self) -> dict:
+        """Picklable state (for checkpoints and worker restarts)."""
+        return {"step_count": self.step_count,
+                "slots": {s: {l: {p: a.copy() for p, a in d.items()} for l, d in v.items()}
+                          for s, v in self.slots.items()}}
+
+    def load(self, st: dict) -> None:
+        """Restore what ``state`` returned."""
+        self.step_count = int(st["step_count"])
+        self.slots = {s: {l: {p: np.array(a, np.float32) for p, a in d.items()} for l, d in v.items()}
+                      for s, v in st["slots"].items()}
