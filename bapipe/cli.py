@@ -66,13 +66,14 @@ def _add_args(name: str, p: argparse.ArgumentParser) -> None:
         p.add_argument("--schedule", default="auto", help="auto|gpipe|1f1b|interleaved|eager-1f1b|2bw")
         p.add_argument("--microbatches", default="auto", help="auto or N")
         p.add_argument("--global-batch", type=int, default=None, help="samples per iteration")
-        p.add_argument("--mode", default="train", choices=("train", "inference"))
+        p.add_argument("--mode", default="train", choices=("train", "inference", "infer"))
         p.add_argument("--format", default="fixed16")
         p.add_argument("--optimizer", default="sgd", choices=("sgd", "adam"))
         p.add_argument("--cap", type=float, default=0.8, help="resource utilisation cap (default 0.8)")
         p.add_argument("--no-replication", action="store_true", help="one board per stage")
         p.add_argument("--boards", type=int, default=None, help="use at most this many boards")
         p.add_argument("--pareto", action="store_true", help="also list non-dominated plans")
+        p.add_argument("--partition", default=None, help="evaluate a given split, e.g. 0-5,6-11,12-36")
         p.add_argument("--profile", dest="measured", help="measured per-layer profile (.yaml/.csv)")
         p.add_argument("--opaque", action="append", default=[], help="ONNX: OP=fwd_s,bwd_s cost for an unsupported op")
     elif name == "sim":
@@ -114,6 +115,8 @@ def _add_args(name: str, p: argparse.ArgumentParser) -> None:
     elif name == "export":
         p.add_argument("model")
         p.add_argument("-o", "--output", required=True)
+        p.add_argument("--weights", default="random", choices=("random", "zero"), help="initial weights (default random)")
+        p.add_argument("--seed", type=int, default=0, help="seed of the random weights")
 
 
 def build_parser() -> argparse.ArgumentParser:

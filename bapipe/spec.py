@@ -252,8 +252,8 @@ def parse_model(doc: Any, file: str = "<input>", source: str | None = None) -> M
                  description=desc, doc=_plain(doc))
 
 
-def load_model(name_or_path: str) -> Model:
-    """A zoo model by name, or a model file (.yaml/.yml; .onnx once the importer exists)."""
+def load_model(name_or_path: str, opaque: dict[str, tuple[float, float]] | None = None) -> Model:
+    """A zoo model by name, or a model file (.yaml/.yml/.onnx); ``opaque``: ONNX op -> (fwd_s, bwd_s)."""
     from . import zoo
 
     if name_or_path in zoo.ZOO:
@@ -266,7 +266,7 @@ def load_model(name_or_path: str) -> Model:
             from .onnx_import import load_onnx  # added by the ONNX issue
         except ImportError:
             raise SpecError(str(p), None, None, "ONNX import is not available in this build") from None
-        return load_onnx(str(p))
+        return load_onnx(str(p), opaque)
     raise SpecError(name_or_path, None, "MODEL",
                     f"expected a zoo model ({', '.join(zoo.ZOO)}) or a .yaml/.onnx file")
 

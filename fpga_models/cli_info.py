@@ -87,19 +87,22 @@ def cmd_profile(args) -> dict:
     """Per-layer counts and cost on each board type of the cluster."""
     from fpga_models.boards import FORMATS, bytes_per_element
     from fpga_models.cluster import load_cluster
-    from fpga_models.cost import profile_layer
 
     if args.format not in FORMATS:
         raise SpecError(None, None, "--format", f"expected one of {', '.join(FORMATS)}; got {args.format!r}")
     if args.batch < 1:
         raise SpecError(None, None, "--batch", "expected an integer >= 1")
-    model = load_model(args.model)
+    from bapipe.onnx_import import parse_opaque
+
+    model = load_model(args.model, opaque=parse_opaque(args.opaque) if args.opaque else None)
     cluster = load_cluster(args.cluster)
-    measured = None
+    measured = {}
     if getattr(args, "measured", None):
         from bapipe.profiles import load_profile
 
-        measured = load_profile(args.measured, model)
+        measured = {t: load_profile(args.measured, model, board=t, batch=args.batch) for t in cluster.board_types()}
+    from fpga_models.cost import profile_layer
+
     bpe = bytes_per_element(args.format)
     types = cluster.board_types()
     boards = {t: next(cb.board for cb in cluster.boards if cb.board.name == t) for t in types}
@@ -107,8 +110,8 @@ def cmd_profile(args) -> dict:
     for layer in model.layers:
         cost = {}
         for t, b in boards.items():
-            if measured is not None:
-                m = measured[layer.name]
+            if measured:
+                m = measured[t][layer.name]
                 cost[t] = {"fwd_s": m["fwd_s"], "bwd_s": m["bwd_s"], "source": "measured"}
             else:
                 c = profile_layer(layer, b, args.format, args.batch)

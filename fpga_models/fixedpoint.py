@@ -262,10 +262,13 @@ def globalavgpool_fwd(x_q, fmt: str | Fmt) -> np.ndarray:
 
 
 def batchnorm_fwd(x_q, scale_q, shift_q, fmt: str | Fmt) -> np.ndarray:
-    """Folded batchnorm: requant(x*scale + shift<<F) per channel (axis 1 of (N, C, ...))."""
+    """Folded batchnorm: requant(x*scale + shift<<F) per channel.
+
+    The channel is axis 1 of images (N, C, H, W) and the last axis otherwise (as in layers.py).
+    """
     f = get_fmt(fmt)
     x = np.asarray(x_q, dtype=np.int64)
-    shape = (1, -1) + (1,) * (x.ndim - 2)
+    shape = (1, -1, 1, 1) if x.ndim == 4 else (1,) * (x.ndim - 1) + (-1,)
     acc = x * np.asarray(scale_q, dtype=np.int64).reshape(shape) + _bias_acc(shift_q, f).reshape(shape)
     return requant(acc, f)
 

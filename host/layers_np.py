@@ -81,6 +81,12 @@ def backward(layer: Layer, params: dict, cache, dy: np.ndarray) -> tuple[list[np
 # ---------------------------------------------------------------- dense
 
 
+def _colsum(a: np.ndarray) -> np.ndarray:
+    """Column sums accumulated in float64: numpy adds rows one by one along axis 0, and the
+    float32 error of that grows with the row count (batch x pixels)."""
+    return a.sum(axis=0, dtype=np.float64).astype(F32)
+
+
 def _dense_f(layer, p, xs, train, state):
     x = xs[0]
     x2 = x.reshape(-1, x.shape[-1])
@@ -95,7 +101,7 @@ def _dense_b(layer, p, cache, dy):
     d2 = dy.reshape(-1, dy.shape[-1])
     g = {"W": x2.T @ d2}
     if "b" in p:
-        g["b"] = d2.sum(axis=0)
+        g["b"] = _colsum(d2)
     return [(d2 @ p["W"].T).reshape(shape)], g
 
 
@@ -158,7 +164,7 @@ def _conv_b(layer, p, cache, dy):
                     dcols[:, :, :, :, i, j].transpose(0, 3, 1, 2)
     grads = {"W": dW}
     if "b" in p:
-        grads["b"] = d2.sum(axis=0)
+        grads["b"] = _colsum(d2)
     dx = dxp[:, :, ph:ph + xshape[2], pw:pw + xshape[3]]
     return [np.ascontiguousarray(dx)], grads
 

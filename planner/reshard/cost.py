@@ -8,9 +8,12 @@ Model (what the strategies are timed against):
 * inside a group devices are joined by a full mesh of directed *intra-group* links
   (``intra_Bps`` each way per pair, e.g. host links or direct cables); a hop inside a group
   holds only its own directed link, so a device can feed all its group peers at once;
-* a transfer is a tree rooted at a holder: cut-through relay, so every hop of the tree is
-  held for ``bytes / (slowest hop bandwidth) + (deepest path latency)``; ports and links
-  carry one transfer at a time.
+* optionally a group has one shared uplink (a host NIC behind a switch): every hop into
+  or out of the group also holds it;
+* a transfer is a tree rooted at a holder with cut-through relay: every port and link of
+  the tree streams for ``bytes / (slowest hop bandwidth)`` and the data is complete at the
+  leaves ``(deepest path latency)`` later; a port or link streams one transfer at a time,
+  but back-to-back transfers overlap their latencies (the wire is pipelined).
 
 Default without a cluster (``default_network``): source and destination devices are
 distinct boards; a mesh's axis 0 indexes groups (a 1-d mesh ``n`` is cut into groups of
@@ -45,12 +48,17 @@ class Network:
     intra_latency_s: float = DEFAULT_INTRA_LATENCY_S
     pair_latency_s: Mapping[tuple[str, str], float] = field(default_factory=dict)  # overrides per hop
     name: str = "default"
+    # per group: one shared uplink (e.g. a host NIC) every inter-group hop in or out of the
+    # group also holds; groups not listed have none (each device's port is its own).
+    uplink_Bps: Mapping[str, float] = field(default_factory=dict)
 
     def hop_bandwidth(self, a: str, b: str) -> float:
         """Bandwidth of one hop a -> b."""
-        if self.group[a] == self.group[b]:
-            return self.intra_Bps[self.group[a]]
-        return min(self.egress_Bps[a], self.ingress_Bps[b])
+        ga, gb = self.group[a], self.group[b]
+        if ga == gb:
+            return self.intra_Bps[ga]
+        return min(self.egress_Bps[a], self.ingress_Bps[b], self.uplink_Bps.get(ga, float("inf")),
+                   self.uplink_Bps.get(gb, float("inf")))
 
     def hop_latency(self, a: str, b: str) -> float:
         """Latency of one hop a -> b."""
@@ -61,9 +69,15 @@ class Network:
 
     def hop_resources(self, a: str, b: str) -> tuple[tuple, ...]:
         """What a hop holds while it runs: the directed link inside a group, else two ports."""
-        if self.group[a] == self.group[b]:
+        ga, gb = self.group[a], self.group[b]
+        if ga == gb:
             return (("link", a, b),)
-        return (("tx", a), ("rx", b))
+        res = [("tx", a), ("rx", b)]
+        if ga in self.uplink_Bps:
+            res.append(("up", ga))
+        if gb in self.uplink_Bps:
+            res.append(("down", gb))
+        return tuple(res)
 
     def min_latency(self) -> float:
         """The smallest hop latency anywhere (a term of the lower bound)."""
@@ -94,7 +108,9 @@ def network_from_cluster(cluster: Any, src_boards, dst_boards) -> Network:
     """A Network from a bapipe Cluster and the board names of the two meshes (row-major).
 
     Groups are the cluster's hosts. A board's inter-group port bandwidth is its board
-    type's ``port_bw_Bps``; the intra-group link bandwidth of a host is the fastest link
+    type's ``port_bw_Bps``, capped by the first link of its route to a board of another
+    group (e.g. PCIe to the host); a host that is itself a routing node (a switch attached to
+    hosts) gets a shared uplink of its links to the outside. The intra-group link bandwidth of a host is the fastest link
     the cluster has between two boards of that host (e.g. NVLink), else the slowest port
     of its boards. Hop latencies are the cluster's routed path latencies. Boards may be
     in both meshes (a resharding in place); a receiver that already holds a box copies it
@@ -112,6 +128,23 @@ def network_from_cluster(cluster: Any, src_boards, dst_boards) -> Network:
         cb = cluster.board(d)  # SpecError for an unknown board
         group[d] = cb.host
         eg[d] = ing[d] = float(cb.board.port_bw_Bps)
+    for d in devs:  # cap a port by the first hop out of its group (PCIe to a host NIC, say)
+        outside = [x for x in devs if group[x] != group[d]]
+        if outside:
+            try:
+                first = cluster.route(d, outside[0])[0]
+                eg[d] = ing[d] = min(eg[d], float(first.bandwidth_Bps))
+            except (SpecError, IndexError):
+                pass
+    nodes = set(cluster.nodes())
+    uplink: dict[str, float] = {}
+    for h in cluster.hosts:
+        if h.name in nodes and h.name in set(group.values()):
+            mine = set(h.boards) | {h.name}
+            up = [ln.bandwidth_Bps for ln in cluster.links if (ln.a == h.name) != (ln.b == h.name)
+                  and not ({ln.a, ln.b} <= mine)]
+            if up:
+                uplink[h.name] = float(sum(up))
     intra: dict[str, float] = {}
     for h in set(group.values()):
         members = {cb.name for cb in cluster.boards if cb.host == h}
@@ -129,4 +162,4 @@ def network_from_cluster(cluster: Any, src_boards, dst_boards) -> Network:
     inter = [v for (a, b), v in lat.items() if group[a] != group[b]] or [DEFAULT_INTER_LATENCY_S]
     intra_l = [v for (a, b), v in lat.items() if group[a] == group[b]] or [DEFAULT_INTRA_LATENCY_S]
     return Network(src_boards, dst_boards, group, eg, ing, intra, min(inter), min(intra_l), lat,
-                   name=getattr(cluster, "name", "cluster"))
+                   name=getattr(cluster, "name", "cluster"), uplink_Bps=uplink)

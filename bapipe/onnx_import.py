@@ -1,0 +1,725 @@
+"""Read an ONNX graph into a Model: op mapping, views, constants and the layer order.
+
+The importer never needs weight values: it reads initializer dims, runs ONNX shape
+inference (batch fixed to 1) and writes the same model document ``parse_model`` reads,
+so validation and per-layer counts are shared with YAML and zoo models.
+
+Mapping (docs/onnx.md has the full table):
+- Conv -> conv2d; Gemm / MatMul with a constant weight -> dense (a following Add of a
+  constant vector becomes its bias); MatMul of two activations -> matmul;
+- Relu/Gelu/Tanh/Sigmoid/Softmax, MaxPool/AveragePool/GlobalAveragePool,
+  BatchNormalization, LayerNormalization, Add/Sum, Concat, Flatten, LSTM -> same-named
+  types; Gather of a constant table -> embedding; Gather of a constant index -> take;
+- Reshape/Transpose/Squeeze/Unsqueeze/Identity/Dropout/Cast are views: they make no
+  layer; a ``reshape`` layer (or ``flatten`` when the target is a vector) is inserted
+  only where a consumer reads a view whose shape differs from its producer's;
+- an Add/Sub/Mul/Div of an activation and a constant that is not a bias (a scale, a mask)
+  is folded away (its elementwise cost is ignored);
+- nodes that only compute on constants (Constant, Shape, Gather/Unsqueeze/Concat on
+  shapes, ...) are constant plumbing and make no layer;
+- nodes tagged ``bapipe:{json}`` in their doc_string (written by onnx_export) are
+  regrouped into one layer of the tagged type;
+- any other op is a SpecError naming the node, or an ``opaque`` layer when its op type
+  has a user-given cost (``--opaque OP=fwd_s,bwd_s``).
+"""
+from __future__ import annotations
+
+import heapq
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import SpecError
+from .layers import Layer, build_layer, prod
+from .spec import Model, parse_model, to_node
+from .yamlio import Fields
+
+TAG = "bapipe:"
+VIEW_OPS = frozenset({"Reshape", "Transpose", "Squeeze", "Unsqueeze", "Identity", "Dropout", "Cast", "Flatten"})
+ELEMENTWISE = {"Relu": "relu", "Gelu": "gelu", "Tanh": "tanh", "Sigmoid": "sigmoid", "Softmax": "softmax"}
+SCALE_OPS = frozenset({"Add", "Sub", "Mul", "Div"})
+INT_TYPES = frozenset({2, 3, 4, 5, 6, 7, 12, 13})  # TensorProto uint8..int64, uint32, uint64
+
+
+@dataclass(frozen=True)
+class _Ref:
+    """An activation tensor: the layer (or model input) it comes from and its per-sample shape."""
+
+    src: str
+    shape: tuple[int, ...]
+    batch: int = 0                # axis of the batch dimension in the full ONNX tensor
+    view: str | None = None       # name of the last view node that gave it this shape
+    full: tuple[int, ...] = ()    # the full ONNX shape (with batch)
+
+
+def _attr(node, name, default=None):
+    for a in node.attribute:
+        if a.name == name:
+            import onnx
+            return onnx.helper.get_attribute_value(a)
+    return default
+
+
+def _str(v):
+    return v.decode() if isinstance(v, bytes) else v
+
+
+class _Importer:
+    """One pass over a shape-inferred graph, producing layer dicts in topological order."""
+
+    def __init__(self, model, file: str, opaque: dict[str, tuple[float, float]] | None):
+        self.file = file
+        self.opaque = dict(opaque or {})
+        self.g = model.graph
+        self.opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 20)
+        # exporters' default graph names say nothing about the model: use the file's name then
+        generic = {"", "main_graph", "torch_jit", "torch-jit-export", "tf2onnx", "graph", "g"}
+        self.name = Path(file).stem if self.g.name in generic else self.g.name
+        self.description = model.doc_string or f"imported from {Path(file).name}"
+        self.dims: dict[str, tuple] = {}
+        self.int_tensors: set[str] = set()
+        self.const: set[str] = set()
+        self.origin: dict[str, frozenset[str]] = {}   # constant -> initializers it derives from
+        self.owner: dict[str, str] = {}               # initializer -> first layer using it
+        self.env: dict[str, _Ref] = {}
+        self.layers: list[dict] = []
+        self.built: dict[str, Layer] = {}
+        self.names: set[str] = set()
+        self.consumers: dict[str, int] = {}
+
+    # -- errors and shapes ---------------------------------------------------------------
+    def err(self, node, expected: str) -> SpecError:
+        """A one-line SpecError naming the node and its op type."""
+        where = f"node '{node.name or node.output[0]}' ({node.op_type})" if node is not None else None
+        return SpecError(self.file, None, where, expected)
+
+    def full_shape(self, t: str, node=None) -> tuple[int, ...]:
+        """The inferred full shape (batch included) of tensor ``t``; symbolic dims are an error."""
+        if t not in self.dims:
+            raise self.err(node, f"shape inference gave no shape for tensor '{t}'; export with static shapes")
+        d = self.dims[t]
+        if any(not isinstance(x, int) or x < 0 for x in d):
+            raise self.err(node, f"tensor '{t}' has a symbolic shape {list(d)}; export with static shapes")
+        return d
+
+    # -- setup ---------------------------------------------------------------------------
+    def read_shapes(self, inferred) -> None:
+        """Collect inferred shapes, int dtypes, initializers and how often each tensor is read."""
+        g = inferred.graph
+        for vi in list(g.input) + list(g.value_info) + list(g.output):
+            tt = vi.type.tensor_type
+            if not tt.HasField("shape"):
+                continue
+            self.dims[vi.name] = tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or "?")
+                                       for d in tt.shape.dim)
+            if tt.elem_type in INT_TYPES:
+                self.int_tensors.add(vi.name)
+        for t in g.initializer:
+            self.dims[t.name] = tuple(t.dims)
+            self.const.add(t.name)
+            self.origin[t.name] = frozenset({t.name})
+        for n in g.node:
+            for o in n.output:
+                self.consumers.setdefault(o, 0)
+            for i in n.input:
+                self.consumers[i] = self.consumers.get(i, 0) + 1
+        for o in g.output:
+            self.consumers[o.name] = self.consumers.get(o.name, 0) + 1
+
+    def mark_constants(self) -> None:
+        """Constant plumbing: nodes whose inputs are all constants (or shapes of tensors)."""
+        for n in self.g.node:
+            ins = [i for i in n.input if i]
+            if n.op_type in ("Constant", "Shape", "Size") or (ins and all(i in self.const for i in ins)) \
+                    or (not ins and n.op_type in ("ConstantOfShape", "RandomNormal", "RandomUniform")):
+                for o in n.output:
+                    self.const.add(o)
+                    self.origin[o] = frozenset().union(*(self.origin.get(i, frozenset()) for i in ins)) \
+                        if n.op_type not in ("Shape", "Size") else frozenset()
+
+    # -- units and order -----------------------------------------------------------------
+    def units(self) -> list[tuple[str | None, list]]:
+        """Tagged groups and single nodes in topological order (ties: first ONNX position)."""
+        groups: dict[str, list] = {}
+        tags: dict[str, dict] = {}
+        keys: list[tuple] = []      # (first index, key)
+        unit_of: dict[int, str] = {}
+        for i, n in enumerate(self.g.node):
+            if all(o in self.const for o in n.output if o):
+                continue
+            doc = n.doc_string or ""
+            if doc.startswith(TAG):
+                try:
+                    tag = json.loads(doc[len(TAG):])
+                    lname = str(tag["layer"])
+                except (ValueError, KeyError, TypeError):
+                    raise self.err(n, "malformed bapipe tag in doc_string (expected bapipe:{\"layer\":..., "
+                                      "\"type\":..., \"attrs\":{...}})") from None
+                key = "tag:" + lname
+                tags.setdefault(key, tag)
+            else:
+                key = f"node:{i}"
+            if key not in groups:
+                groups[key] = []
+                keys.append((i, key))
+            groups[key].append(n)
+            unit_of[i] = key
+        produced: dict[str, str] = {}
+        for key, nodes in groups.items():
+            for n in nodes:
+                for o in n.output:
+                    if o:
+                        produced[o] = key
+        deps: dict[str, set[str]] = {k: set() for k in groups}
+        for key, nodes in groups.items():
+            for n in nodes:
+                for t in n.input:
+                    if t in produced and produced[t] != key:
+                        deps[key].add(produced[t])
+        # keep only units the graph output depends on
+        live: set[str] = set()
+        stack = [produced[o.name] for o in self.g.output if o.name in produced]
+        while stack:
+            k = stack.pop()
+            if k not in live:
+                live.add(k)
+                stack.extend(deps[k])
+        first = {k: i for i, k in keys}
+        users: dict[str, list[str]] = {k: [] for k in groups}
+        indeg = {k: 0 for k in live}
+        for k in live:
+            for d in deps[k]:
+                users[d].append(k)
+                indeg[k] += 1
+        heap = [(first[k], k) for k in live if indeg[k] == 0]
+        heapq.heapify(heap)
+        order = []
+        while heap:
+            _, k = heapq.heappop(heap)
+            order.append(k)
+            for u in users[k]:
+                indeg[u] -= 1
+                if indeg[u] == 0:
+                    heapq.heappush(heap, (first[u], u))
+        if len(order) != len(live):
+            raise SpecError(self.file, None, "graph", "the graph has a cycle")
+        return [(tags.get(k), groups[k]) for k in order]
+
+    # -- layers --------------------------------------------------------------------------
+    def fresh(self, base: str) -> str:
+        """A unique layer name from ``base``."""
+        name = base or "layer"
+        k = 1
+        while name in self.names:
+            k += 1
+            name = f"{base}_{k}"
+        self.names.add(name)
+        return name
+
+    def src_shape(self, src: str) -> tuple[int, ...]:
+        """Per-sample output shape of a layer or model input."""
+        return self.built[src].out_shape if src in self.built else self.input_shapes[src]
+
+    def use(self, t: str, node) -> str:
+        """The layer/input name to read tensor ``t`` from, inserting a reshape for a changed view."""
+        if t not in self.env:
+            raise self.err(node, f"input '{t}' is not an activation the importer knows (constant or missing)")
+        ref = self.env[t]
+        have = self.src_shape(ref.src)
+        if ref.shape == have:
+            return ref.src
+        if prod(ref.shape) != prod(have):
+            raise self.err(node, f"tensor '{t}' has shape {list(ref.shape)} per sample but its producer "
+                                 f"'{ref.src}' gives {list(have)}")
+        base = ref.view or f"{ref.src}_view"
+        if len(ref.shape) == 1:
+            name = self.add_layer(None, base, "flatten", [ref.src], {})
+        else:
+            name = self.add_layer(None, base, "reshape", [ref.src], {"shape": list(ref.shape)})
+        self.env[t] = _Ref(name, ref.shape, ref.batch, None, ref.full)
+        return name
+
+    def add_layer(self, node, base: str, type_: str, inputs: list[str], attrs: dict,
+                  tied_to: str | None = None) -> str:
+        """Append a layer document (validated at once) and return its name."""
+        name = self.fresh(base)
+        d = {"name": name, "type": type_, "inputs": list(inputs), **attrs}
+        if tied_to:
+            d["tied_to"] = tied_to
+        self.built[name] = self.probe(node, d)
+        self.layers.append(d)
+        return name
+
+    def probe(self, node, d: dict) -> Layer:
+        """Build the layer now (shared validation), so later views know its real shape."""
+        f = Fields(to_node(d, self.file, f"layers[{len(self.layers)}]"))
+        f.str("name"), f.str("type"), f.raw("inputs")
+        try:
+            return build_layer(f, d["name"], tuple(d["inputs"]), [self.src_shape(s) for s in d["inputs"]],
+                               d["type"], d.get("tied_to"))
+        except SpecError as e:
+            raise self.err(node, f"as a {d['type']} layer: {e.field}: {e.expected}") from None
+
+    def emit(self, node, out: str, type_: str, inputs: list[str], attrs: dict, consts: list[str] = (),
+             base: str | None = None, tied_ok: bool = False) -> str:
+        """Add a layer for ``node`` writing tensor ``out`` and bind ``out`` to it."""
+        tied = None
+        origins = frozenset().union(*(self.origin.get(c, frozenset()) for c in consts if c))
+        if tied_ok:
+            owners = sorted({self.owner[o] for o in origins if o in self.owner})
+            tied = owners[0] if owners else None
+        name = self.add_layer(node, base or node.name or f"{node.op_type.lower()}_{len(self.layers)}",
+                              type_, inputs, attrs, tied)
+        for o in origins:
+            self.owner.setdefault(o, name)
+        self.bind(node, out, name)
+        return name
+
+    def bind(self, node, out: str, name: str) -> None:
+        """Record the ONNX output of a layer; its ONNX shape may be a view of the layer's."""
+        full = self.full_shape(out, node)
+        shape = full[1:]
+        have = self.built[name].out_shape
+        if shape != have and prod(shape) != prod(have):
+            raise self.err(node, f"ONNX says the output is {list(shape)} per sample, the {self.built[name].type} "
+                                 f"layer gives {list(have)}")
+        self.env[out] = _Ref(name, shape, 0, None, full)
+
+    # -- ops -----------------------------------------------------------------------------
+    def acts(self, node) -> list[str]:
+        """The node's non-constant inputs."""
+        return [i for i in node.input if i and i not in self.const]
+
+    def window(self, node, kernel, in_hw) -> dict:
+        """kernel/stride/padding attributes of a Conv or pooling node."""
+        if any(d != 1 for d in (_attr(node, "dilations") or [1])):
+            raise self.err(node, "dilations other than 1 are not supported")
+        strides = list(_attr(node, "strides") or [1] * len(kernel))
+        auto = _str(_attr(node, "auto_pad", "NOTSET"))
+        if auto in ("SAME_UPPER", "SAME_LOWER"):
+            pads = []
+            for k, s, h in zip(kernel, strides, in_hw):
+                total = max((-(-h // s) - 1) * s + k - h, 0)
+                if total % 2:
+                    raise self.err(node, "asymmetric SAME padding is not supported")
+                pads.append(total // 2)
+        else:
+            p = list(_attr(node, "pads") or [0] * 2 * len(kernel))
+            if auto == "VALID":
+                p = [0] * 2 * len(kernel)
+            if p[: len(kernel)] != p[len(kernel):]:
+                raise self.err(node, f"asymmetric pads {p} are not supported")
+            pads = p[: len(kernel)]
+        if len(kernel) != 2:
+            raise self.err(node, f"only 2-D windows are supported, got kernel {list(kernel)}")
+        return {"kernel": list(kernel), "stride": strides, "padding": pads}
+
+    def check_arity(self, node) -> None:
+        """Input and output counts allowed by the op's ONNX schema (when the op is a standard one)."""
+        import onnx
+
+        try:
+            sch = onnx.defs.get_schema(node.op_type, self.opset, node.domain or "")
+        except Exception:  # noqa: BLE001 - unknown op: the mapping decides (error or opaque)
+            return
+        n_in = len(node.input)
+        if n_in < sch.min_input or n_in > sch.max_input or len(node.output) < sch.min_output:
+            raise self.err(node, f"{node.op_type} takes {sch.min_input}..{sch.max_input} inputs, got {n_in}")
+
+    def op(self, node) -> None:
+        """Map one untagged node to a layer, a view, a fold or an error."""
+        t = node.op_type
+        acts = self.acts(node)
+        out = node.output[0]
+        if not acts:
+            return
+        if t in VIEW_OPS:
+            return self.view(node)
+        if t in ELEMENTWISE:
+            if t == "Softmax":
+                axis = _attr(node, "axis", -1)
+                rank = len(self.full_shape(acts[0], node))
+                if axis not in (-1, rank - 1):
+                    raise self.err(node, f"Softmax over axis {axis} (not the last) is not supported")
+            return self.emit(node, out, ELEMENTWISE[t], [self.use(acts[0], node)], {})
+        if t == "Conv":
+            x, w = node.input[0], node.input[1]
+            wd = self.full_shape(w, node)
+            if len(wd) != 4:
+                raise self.err(node, f"only 2-D Conv is supported (weight {list(wd)})")
+            bias = len(node.input) > 2 and bool(node.input[2])
+            attrs = {"out_channels": wd[0], "groups": _attr(node, "group", 1), "bias": bias,
+                     **self.window(node, _attr(node, "kernel_shape") or wd[2:], self.full_shape(x, node)[2:])}
+            return self.emit(node, out, "conv2d", [self.use(x, node)], attrs, node.input[1:])
+        if t in ("MaxPool", "AveragePool"):
+            if _attr(node, "ceil_mode", 0):
+                raise self.err(node, "ceil_mode=1 is not supported")
+            x = acts[0]
+            attrs = self.window(node, _attr(node, "kernel_shape"), self.full_shape(x, node)[2:])
+            return self.emit(node, out, "maxpool" if t == "MaxPool" else "avgpool", [self.use(x, node)], attrs)
+        if t == "GlobalAveragePool":
+            return self.emit(node, out, "globalavgpool", [self.use(acts[0], node)], {})
+        if t == "BatchNormalization":
+            return self.emit(node, out, "batchnorm", [self.use(node.input[0], node)], {}, node.input[1:3])
+        if t == "LayerNormalization":
+            rank = len(self.full_shape(node.input[0], node))
+            if _attr(node, "axis", -1) not in (-1, rank - 1):
+                raise self.err(node, "LayerNormalization over more than the last axis is not supported")
+            return self.emit(node, out, "layernorm", [self.use(node.input[0], node)], {}, node.input[1:3])
+        if t in ("Gemm", "MatMul"):
+            return self.linear(node, acts)
+        if t in SCALE_OPS and len(acts) == 1:
+            return self.scale(node, acts[0])
+        if t == "Erf":  # PyTorch's exact GELU before opset 20: x * 0.5 * (1 + erf(x / sqrt 2))
+            return self.emit(node, out, "gelu", [self.use(acts[0], node)], {})
+        if t == "Mul" and len(acts) == 2 and self.erf_gelu(node, acts):
+            return None
+        if t in ("Add", "Sum"):
+            if len(acts) != len([i for i in node.input if i]):
+                raise self.err(node, "Sum of activations and constants is not supported")
+            shapes = {self.env[a].shape for a in acts if a in self.env}
+            if len(shapes) > 1:
+                raise self.err(node, f"broadcasting Add of shapes {sorted(map(list, shapes))} is not supported")
+            return self.emit(node, out, "add", [self.use(a, node) for a in acts], {})
+        if t == "Concat":
+            if len(acts) != len(node.input):
+                raise self.err(node, "Concat of activations with constants is not supported")
+            rank = len(self.full_shape(out, node))
+            axis = _attr(node, "axis") % rank
+            b = self.env[acts[0]].batch if acts[0] in self.env else 0
+            if axis == b:
+                raise self.err(node, "Concat along the batch axis is not supported")
+            return self.emit(node, out, "concat", [self.use(a, node) for a in acts], {"axis": axis - (axis > b)})
+        if t == "LSTM":
+            return self.lstm(node)
+        if t == "Gather":
+            return self.gather(node, acts)
+        return self.unsupported(node, acts)
+
+    def erf_gelu(self, node, acts) -> bool:
+        """x * (1 + erf(x/sqrt2)): the gelu layer made at Erf already is the product."""
+        a, b = (self.env.get(x) for x in acts)
+        if a is None or b is None:
+            return False
+        for g, x in ((a, b), (b, a)):
+            lay = self.built.get(g.src)
+            if lay is not None and lay.type == "gelu" and lay.inputs[0] == x.src and g.shape == x.shape:
+                self.env[node.output[0]] = g
+                return True
+        return False
+
+    def unsupported(self, node, acts) -> None:
+        """An op with no mapping: an opaque layer when its cost was given, else a SpecError."""
+        t = node.op_type
+        if t not in self.opaque:
+            raise self.err(node, f"unsupported op type '{t}' (give its cost with --opaque {t}=FWD_S,BWD_S)")
+        if len(node.output) > 1 and any(self.consumers.get(o, 0) for o in node.output[1:] if o):
+            raise self.err(node, "an opaque op may feed only its first output onward")
+        fwd, bwd = self.opaque[t]
+        consts = [i for i in node.input if i and i in self.const]
+        params = sum(prod(self.dims.get(c, ())) for c in consts
+                     if c in {i.name for i in self.g.initializer})
+        shape = list(self.full_shape(node.output[0], node)[1:])
+        if not shape:
+            raise self.err(node, "an opaque op must produce a tensor of rank >= 2 (with batch)")
+        self.emit(node, node.output[0], "opaque", [self.use(a, node) for a in acts],
+                  {"shape": shape, "fwd_s": float(fwd), "bwd_s": float(bwd), "params": int(params)}, consts)
+
+    def view(self, node) -> None:
+        """Reshape-like nodes: the output aliases the input's producer with a new shape."""
+        x = node.input[0]
+        if x not in self.env:
+            raise self.err(node, f"input '{x}' is not an activation")
+        ref = self.env[x]
+        out = node.output[0]
+        full = self.full_shape(out, node)
+        t = node.op_type
+        b = ref.batch
+        if t == "Transpose":
+            perm = list(_attr(node, "perm") or reversed(range(len(ref.full))))
+            nb = perm.index(b)
+        elif t == "Squeeze":
+            axes = self._axes(node, len(ref.full))
+            if b in axes:
+                raise self.err(node, "squeezing the batch axis is not supported")
+            nb = b - sum(a < b for a in axes)
+        elif t == "Unsqueeze":
+            axes = self._axes(node, len(full))
+            kept = [i for i in range(len(full)) if i not in axes]
+            nb = kept[b]
+        elif t == "Flatten":
+            axis = _attr(node, "axis", 1) % max(len(ref.full), 1)
+            if b != 0 or axis != 1:
+                raise self.err(node, "Flatten must keep the batch axis first (axis=1)")
+            nb = 0
+        elif t == "Reshape":
+            nb = b if full[: b + 1] == ref.full[: b + 1] else -1
+            if nb < 0:
+                raise self.err(node, f"cannot tell where the batch axis goes ({list(ref.full)} -> {list(full)})")
+        else:  # Identity, Dropout, Cast
+            nb = b
+        shape = full[:nb] + full[nb + 1:]
+        self.env[out] = _Ref(ref.src, shape, nb, node.name or ref.view, full)
+
+    def _axes(self, node, rank: int) -> list[int]:
+        axes = _attr(node, "axes")
+        if axes is None and len(node.input) > 1 and node.input[1]:
+            axes = self.const_value(node.input[1], node)
+        if axes is None:
+            raise self.err(node, "Squeeze without explicit axes is not supported")
+        return sorted(int(a) % rank for a in axes)
+
+    def const_value(self, t: str, node):
+        """Value of a small constant (Constant node or initializer)."""
+        import onnx
+        for n in self.g.node:
+            if n.op_type == "Constant" and n.output[0] == t:
+                v = _attr(n, "value")
+                if v is not None:
+                    return onnx.numpy_helper.to_array(v).reshape(-1).tolist()
+                for k in ("value_ints", "value_int"):
+                    v = _attr(n, k)
+                    if v is not None:
+                        return list(v) if isinstance(v, (list, tuple)) else [v]
+        for init in self.g.initializer:
+            if init.name == t and init.data_location != onnx.TensorProto.EXTERNAL:
+                return onnx.numpy_helper.to_array(init).reshape(-1).tolist()
+        raise self.err(node, f"'{t}' must be a constant computable without running the graph")
+
+    def scale(self, node, x: str) -> None:
+        """Activation (+-*/) constant: a bias of the layer before it, or a folded scale/mask."""
+        ref = self.env.get(x)
+        if ref is None:
+            raise self.err(node, f"input '{x}' is not an activation")
+        c = next(i for i in node.input if i and i != x)
+        last = self.layers[-1] if self.layers else None
+        cdims = self.dims.get(c, ())
+        if (node.op_type == "Add" and last is not None and ref.src == last["name"]
+                and last["type"] == "dense" and not last.get("bias") and self.consumers.get(x, 0) == 1
+                and prod(cdims) == last["units"] and ref.shape == self.built[last["name"]].out_shape):
+            last["bias"] = True   # MatMul + Add(bias): PyTorch's form of a Linear on sequences
+            self.built[last["name"]] = self.probe(node, last)
+            for o in self.origin.get(c, ()):
+                self.owner.setdefault(o, last["name"])
+            self.env[node.output[0]] = ref
+            return
+        self.env[node.output[0]] = _Ref(ref.src, ref.shape, ref.batch, ref.view, ref.full)
+
+    def linear(self, node, acts) -> None:
+        """Gemm/MatMul: dense with a constant weight, matmul between two activations."""
+        t = node.op_type
+        a, b = node.input[0], node.input[1]
+        out = node.output[0]
+        if a not in self.env:
+            raise self.err(node, "the first input must be an activation")
+        if t == "Gemm" and _attr(node, "transA", 0):
+            raise self.err(node, "Gemm with transA=1 is not supported")
+        if b in self.const:
+            wd = self.full_shape(b, node)
+            if len(wd) != 2:
+                raise self.err(node, f"a {t} weight must be 2-D, got {list(wd)}")
+            trans = t == "Gemm" and _attr(node, "transB", 0)
+            units = wd[0] if trans else wd[1]
+            bias = t == "Gemm" and len(node.input) > 2 and bool(node.input[2])
+            consts = [b] + ([node.input[2]] if bias else [])
+            self.emit(node, out, "dense", [self.use(a, node)], {"units": units, "bias": bias}, consts, tied_ok=True)
+            return
+        if b not in self.env:
+            raise self.err(node, f"input '{b}' is neither a constant nor an activation")
+        tb = bool(t == "Gemm" and _attr(node, "transB", 0))
+        aname = self.use(a, node)   # resolve in input order so inserted views come out in that order
+        rb = self.env[b]
+        src_b = self.src_shape(rb.src)
+        if not tb and len(src_b) >= 2 and rb.shape == src_b[:-2] + (src_b[-1], src_b[-2]) and rb.shape != src_b:
+            tb = True  # MatMul(a, Transpose(b)) on the last two axes: read b directly
+            bname = rb.src
+        else:
+            bname = self.use(b, node)
+        self.emit(node, out, "matmul", [aname, bname], {"transpose_b": tb})
+
+    def lstm(self, node) -> None:
+        """ONNX LSTM -> lstm layer; Y keeps its [S, dirs, N, h] view of the layer's (S, dirs*h)."""
+        x = node.input[0]
+        ref = self.env.get(x)
+        if ref is None:
+            raise self.err(node, "X must be an activation")
+        layout = _attr(node, "layout", 0)
+        if ref.batch != (0 if layout else 1):
+            raise self.err(node, f"X has its batch on axis {ref.batch}, LSTM layout={layout} expects "
+                                 f"{0 if layout else 1}")
+        for extra in node.input[4:]:
+            if extra and extra not in self.const:
+                raise self.err(node, "sequence_lens and initial states must be constants")
+        for o in node.output[1:]:
+            if o and self.consumers.get(o, 0):
+                raise self.err(node, "reading Y_h or Y_c is not supported (only Y)")
+        direction = _str(_attr(node, "direction", "forward"))
+        h = _attr(node, "hidden_size") or self.full_shape(node.input[2], node)[-1]
+        attrs = {"hidden": int(h), "bidirectional": direction == "bidirectional"}
+        name = self.add_layer(node, node.name or f"lstm_{len(self.layers)}", "lstm", [self.use(x, node)], attrs)
+        for o in frozenset().union(*(self.origin.get(c, frozenset()) for c in node.input[1:4] if c)):
+            self.owner.setdefault(o, name)
+        y = node.output[0]
+        full = self.full_shape(y, node)
+        nb = 1 if layout else 2
+        shape = full[:nb] + full[nb + 1:]
+        if prod(shape) != prod(self.built[name].out_shape):
+            raise self.err(node, f"Y {list(full)} does not match the lstm layer {list(self.built[name].out_shape)}")
+        self.env[y] = _Ref(name, shape, nb, node.name or None, full)
+
+    def gather(self, node, acts) -> None:
+        """Gather: embedding (constant table) or take (constant scalar index)."""
+        data, idx = node.input[0], node.input[1]
+        out = node.output[0]
+        axis = _attr(node, "axis", 0)
+        if data in self.const and idx in self.env:
+            wd = self.full_shape(data, node)
+            if len(wd) != 2 or axis != 0:
+                raise self.err(node, "an embedding Gather needs a 2-D table and axis=0")
+            self.emit(node, out, "embedding", [self.use(idx, node)], {"vocab": wd[0], "dim": wd[1]}, [data],
+                      tied_ok=True)
+            return
+        if data in self.env and idx in self.const:
+            ref = self.env[data]
+            iv = self.const_value(idx, node)
+            rank = len(ref.full)
+            if len(iv) != 1 or len(self.full_shape(idx, node)) != 0 or axis % rank != ref.batch + 1:
+                raise self.err(node, "only a scalar Gather on the first axis after the batch is supported (take)")
+            self.emit(node, out, "take", [self.use(data, node)], {"index": int(iv[0]) % ref.full[axis % rank]})
+            return
+        return self.unsupported(node, acts)
+
+    def group(self, tag: dict, nodes: list) -> None:
+        """A tagged subgraph (composite layer) regrouped into one layer."""
+        inside = {o for n in nodes for o in n.output}
+        ins, consts = [], []
+        for n in nodes:
+            for i in n.input:
+                if not i or i in inside:
+                    continue
+                if i in self.const:
+                    consts.append(i)
+                elif i not in ins:
+                    ins.append(i)
+        members = {id(n) for n in nodes}
+        read_outside = {i for m in self.g.node if id(m) not in members for i in m.input}
+        read_outside |= {x.name for x in self.g.output}
+        outs = list(dict.fromkeys(o for n in nodes for o in n.output if o and o in read_outside))
+        if len(outs) != 1:
+            raise self.err(nodes[0], f"tagged layer '{tag.get('layer')}' must have exactly one output, got {outs}")
+        attrs = tag.get("attrs") or {}
+        if not isinstance(attrs, dict) or not isinstance(tag.get("type"), str):
+            raise self.err(nodes[0], "malformed bapipe tag: 'type' must be a string and 'attrs' a mapping")
+        tied = tag.get("tied_to")
+        name = self.add_layer(nodes[0], str(tag["layer"]), tag["type"], [self.use(i, nodes[0]) for i in ins],
+                              dict(attrs), tied if isinstance(tied, str) and tied in self.built else None)
+        for o in frozenset().union(*(self.origin.get(c, frozenset()) for c in consts)):
+            self.owner.setdefault(o, name)
+        self.bind(nodes[0], outs[0], name)
+
+    # -- driver --------------------------------------------------------------------------
+    def run(self) -> dict:
+        """The model document: inputs and layers in topological order."""
+        inits = {t.name for t in self.g.initializer}
+        inputs = []
+        self.input_shapes: dict[str, tuple] = {}
+        for vi in self.g.input:
+            if vi.name in inits:
+                continue
+            full = self.full_shape(vi.name)
+            if len(full) < 2:
+                raise SpecError(self.file, None, f"input '{vi.name}'",
+                                f"expected a batch axis and at least one more, got {list(full)}")
+            shape = full[1:]
+            self.names.add(vi.name)
+            self.input_shapes[vi.name] = shape
+            self.env[vi.name] = _Ref(vi.name, shape, 0, None, full)
+            inputs.append({"name": vi.name, "shape": list(shape),
+                           "dtype": "int" if vi.name in self.int_tensors else "float"})
+        if len(self.g.output) != 1:
+            raise SpecError(self.file, None, "graph.output", f"expected one graph output, got {len(self.g.output)}")
+        for tag, nodes in self.units():
+            try:
+                if tag is not None:
+                    self.group(tag, nodes)
+                else:
+                    self.check_arity(nodes[0])
+                    self.op(nodes[0])
+            except (IndexError, KeyError, TypeError, ValueError, ZeroDivisionError) as e:
+                # a graph shape inference accepted but this importer cannot read: name the node, not a traceback
+                raise self.err(nodes[0], f"malformed or unsupported use of {nodes[0].op_type} "
+                                         f"({type(e).__name__}: {e})"[:300]) from None
+        out = self.g.output[0].name
+        if out not in self.env:
+            raise SpecError(self.file, None, "graph.output", f"output '{out}' does not depend on any input")
+        last = self.use(out, None)
+        if not self.layers or last != self.layers[-1]["name"]:
+            raise SpecError(self.file, None, "graph.output", f"output '{out}' is not produced by the last layer")
+        used = {i for l in self.layers for i in l["inputs"]}
+        inputs = [i for i in inputs if i["name"] in used]
+        return {"name": self.name, "description": self.description, "inputs": inputs, "layers": self.layers}
+
+
+def _fix_batch(model) -> None:
+    """Give every graph input a batch of 1 so shape inference yields concrete shapes."""
+    inits = {t.name for t in model.graph.initializer}
+    for vi in model.graph.input:
+        if vi.name in inits:
+            continue
+        dims = vi.type.tensor_type.shape.dim
+        if dims and not (dims[0].HasField("dim_value") and dims[0].dim_value > 0):
+            dims[0].Clear()
+            dims[0].dim_value = 1
+
+
+def import_model_proto(model, file: str = "<onnx>", opaque: dict[str, tuple[float, float]] | None = None) -> Model:
+    """Import an in-memory ONNX ModelProto (weights need not be loaded)."""
+    import onnx
+    from onnx import shape_inference
+
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    _fix_batch(m)
+    del m.graph.value_info[:]
+    try:
+        inferred = shape_inference.infer_shapes(m, strict_mode=True, data_prop=True)
+    except Exception as e:  # InferenceError, ValidationError: bad or inconsistent graph
+        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise SpecError(file, None, "graph", f"ONNX shape inference failed: {msg[:300]}") from None
+    imp = _Importer(inferred, file, opaque)
+    imp.read_shapes(inferred)
+    imp.mark_constants()
+    doc = imp.run()
+    return parse_model(doc, file, file)
+
+
+def load_onnx(path: str, opaque: dict[str, tuple[float, float]] | None = None) -> Model:
+    """Load an .onnx file as a Model; ``opaque`` maps op types to (fwd_s, bwd_s) costs."""
+    try:
+        import onnx
+    except ImportError:  # pragma: no cover
+        raise SpecError(path, None, None, "the 'onnx' package is not installed") from None
+    p = Path(path)
+    if not p.is_file():
+        raise SpecError(path, None, None, "file not found")
+    try:
+        model = onnx.load(str(p), load_external_data=False)
+    except Exception as e:  # DecodeError and friends: not an ONNX file
+        raise SpecError(path, None, None, f"not a readable ONNX model ({type(e).__name__})") from None
+    return import_model_proto(model, path, opaque)
+
+
+def parse_opaque(items: list[str] | None, file: str = "--opaque") -> dict[str, tuple[float, float]]:
+    """Parse ``OP=fwd_s,bwd_s`` options into {op_type: (fwd_s, bwd_s)}."""
+    out: dict[str, tuple[float, float]] = {}
+    for it in items or []:
+        op, eq, rest = it.partition("=")
+        parts = rest.split(",")
+        try:
+            vals = [float(x) for x in parts]
+        except ValueError:
+            vals = []
+        if not eq or not op.strip() or len(vals) != 2 or any(not (v >= 0 and v < float("inf")) for v in vals):
+            raise SpecError(file, None, it, "expected OP=FWD_S,BWD_S with two non-negative seconds, e.g. Erf=1e-5,2e-5")
+        out[op.strip()] = (vals[0], vals[1])
+    return out

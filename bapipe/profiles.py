@@ -1,0 +1,247 @@
+"""Measured per-layer profiles (YAML or CSV): forward/backward time, activation and weight bytes.
+
+The same four numbers PipeDream's profiler records per layer (forward and backward compute
+time, activation size, parameter size), optionally per board type, so the planner can plan
+from measurements instead of the analytic cost model. Formats are in docs/profiles.md.
+
+YAML::
+
+    model: vgg16            # informational
+    batch: 64               # the samples each time was measured for (default 1)
+    layers:                 # or  boards: {V100: {layers: [...]}, U250: {...}}
+      - {name: conv1, fwd_ms: 1.2, bwd_ms: 2.5, activation_bytes: 205520896, param_bytes: 7168}
+
+CSV (header row; ``#`` comments; optional ``board`` and ``batch`` columns)::
+
+    layer,fwd_ms,bwd_ms,activation_bytes,param_bytes
+    conv1,1.2,2.5,205520896,7168
+
+Times may be given as ``fwd_s``/``fwd_ms``/``fwd_us`` (and ``bwd_*``); PipeDream's column
+names (forward_compute_time and backward_compute_time in ms, activation_size,
+parameter_size) are accepted too. Every layer of the model must appear exactly once.
+"""
+from __future__ import annotations
+
+import csv
+import difflib
+import io
+import math
+from pathlib import Path
+from typing import Any
+
+from .errors import SpecError
+from .spec import Model
+from .yamlio import Node, NodeList, load_file
+
+#: accepted time fields and their factor to seconds
+TIME_FIELDS = {"fwd": {"fwd_s": 1.0, "fwd_ms": 1e-3, "fwd_us": 1e-6, "forward_compute_time": 1e-3},
+               "bwd": {"bwd_s": 1.0, "bwd_ms": 1e-3, "bwd_us": 1e-6, "backward_compute_time": 1e-3}}
+#: accepted byte fields -> canonical name
+BYTE_FIELDS = {"activation_bytes": "activation_bytes", "activation_size": "activation_bytes",
+               "param_bytes": "param_bytes", "parameter_size": "param_bytes"}
+NAME_FIELDS = ("name", "layer")
+
+Entry = dict[str, float]
+
+
+class _Loc:
+    """Where one record sits: file, line and a field prefix for messages."""
+
+    def __init__(self, file: str, line: int | None, prefix: str, lines: dict[str, int] | None = None):
+        self.file, self.line, self.prefix, self.lines = file, line, prefix, lines or {}
+
+    def err(self, key: str | None, expected: str) -> SpecError:
+        """A SpecError at ``key`` of this record (its own line when known)."""
+        field = f"{self.prefix}.{key}" if key and self.prefix else (key or self.prefix or None)
+        return SpecError(self.file, self.lines.get(key, self.line) if key else self.line, field, expected)
+
+
+def _number(loc: _Loc, key: str, v: Any, integer: bool) -> float:
+    if isinstance(v, str):
+        try:
+            v = float(v.strip())
+        except ValueError:
+            raise loc.err(key, f"expected a number, got {v.strip()!r}"[:120]) from None
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        raise loc.err(key, f"expected a finite number, got {v!r}"[:120])
+    if v < 0:
+        raise loc.err(key, f"expected a number >= 0, got {v}")
+    if integer:
+        if v != int(v):
+            raise loc.err(key, f"expected a whole number of bytes, got {v}")
+        return int(v)
+    return float(v)
+
+
+def _entry(loc: _Loc, rec: dict[str, Any]) -> tuple[str, Entry]:
+    """Validate one layer record (YAML mapping or CSV row) into canonical units."""
+    names = [k for k in NAME_FIELDS if k in rec]
+    if len(names) != 1 or not isinstance(rec[names[0]], str) or not rec[names[0]].strip():
+        raise loc.err("name", "expected the layer's name (field 'name' or 'layer')")
+    name = rec[names[0]].strip()
+    out: Entry = {}
+    for kind, fields in TIME_FIELDS.items():
+        given = [k for k in fields if k in rec and rec[k] not in (None, "")]
+        if len(given) != 1:
+            raise loc.err(f"{kind}_s", f"expected exactly one of {', '.join(fields)}"
+                                       + (f"; got {', '.join(given)}" if given else ""))
+        k = given[0]
+        out[f"{kind}_s"] = _number(loc, k, rec[k], False) * fields[k]
+    for k, canon in BYTE_FIELDS.items():
+        if k in rec and rec[k] not in (None, ""):
+            if canon in out:
+                raise loc.err(k, f"give {canon} once")
+            out[canon] = _number(loc, k, rec[k], True)
+    for canon in ("activation_bytes", "param_bytes"):
+        if canon not in out:
+            raise loc.err(canon, f"missing field '{canon}'")
+    known = set(NAME_FIELDS) | set(BYTE_FIELDS) | {k for f in TIME_FIELDS.values() for k in f} | {"board", "batch"}
+    extra = [k for k in rec if k not in known]
+    if extra:
+        raise loc.err(extra[0], f"unknown field '{extra[0]}'; expected name, fwd_s|fwd_ms|fwd_us, "
+                                "bwd_s|bwd_ms|bwd_us, activation_bytes, param_bytes")
+    return name, out
+
+
+def _check_layers(model: Model, file: str, records: list[tuple[_Loc, str, Entry]], where: _Loc) -> dict[str, Entry]:
+    """Every model layer exactly once; nothing else. Returns entries in model order."""
+    seen: dict[str, Entry] = {}
+    for loc, name, e in records:
+        if name not in model.index:
+            close = difflib.get_close_matches(name, list(model.index), n=1)
+            hint = f"; did you mean '{close[0]}'?" if close else ""
+            raise loc.err("name", f"'{name}' is not a layer of model '{model.name}'{hint}")
+        if name in seen:
+            raise loc.err("name", f"layer '{name}' is profiled twice")
+        seen[name] = e
+    missing = [l.name for l in model.layers if l.name not in seen]
+    if missing:
+        more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
+        raise where.err(None, f"no measurement for layer(s) {', '.join(missing[:3])}{more} of model "
+                              f"'{model.name}' ({len(model.layers)} layers)")
+    return {l.name: seen[l.name] for l in model.layers}
+
+
+def _yaml_boards(doc: Any, file: str) -> tuple[dict[str | None, tuple[list, _Loc]], int]:
+    if not isinstance(doc, Node):
+        raise SpecError(file, None, None, "expected a mapping with 'layers' or 'boards'")
+    allowed = {"model", "source", "batch", "layers", "boards", "description"}
+    for k in doc:
+        if k not in allowed:
+            raise doc.error(k, f"unknown field '{k}'; expected one of {', '.join(sorted(allowed))}")
+    batch = doc.get("batch", 1)
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+        raise doc.error("batch", f"expected an integer >= 1, got {batch!r}")
+    if ("layers" in doc) == ("boards" in doc):
+        raise doc.error(None, "give either 'layers' (one profile) or 'boards' (one profile per board type)")
+    out: dict[str | None, tuple[list, _Loc]] = {}
+    if "layers" in doc:
+        out[None] = (doc["layers"], _Loc(file, doc.line_of("layers"), "layers"))
+    else:
+        boards = doc["boards"]
+        if not isinstance(boards, Node) or not boards:
+            raise doc.error("boards", "expected a mapping of board type -> {layers: [...]}")
+        for b, v in boards.items():
+            if not isinstance(v, Node) or set(v) != {"layers"}:
+                raise boards.error(b, "expected a mapping with only 'layers'")
+            out[b] = (v["layers"], _Loc(file, v.line_of("layers"), f"boards.{b}.layers"))
+    return out, batch
+
+
+def _from_yaml(path: Path, model: Model) -> tuple[dict[str | None, dict[str, Entry]], int]:
+    file = str(path)
+    doc = load_file(path)
+    boards, batch = _yaml_boards(doc, file)
+    result = {}
+    for b, (items, where) in boards.items():
+        if not isinstance(items, NodeList) or not items:
+            raise where.err(None, "expected a non-empty list of layer records")
+        recs = []
+        for i, it in enumerate(items):
+            line = items.lines[i] if i < len(items.lines) else items.line
+            loc = _Loc(file, line, f"{where.prefix}[{i}]")
+            if not isinstance(it, Node):
+                raise loc.err(None, "expected a mapping {name, fwd_s, bwd_s, activation_bytes, param_bytes}")
+            loc.line, loc.lines = it.line or line, it.lines
+            name, e = _entry(loc, dict(it))
+            recs.append((loc, name, e))
+        result[b] = _check_layers(model, file, recs, where)
+    return result, batch
+
+
+def _from_csv(path: Path, model: Model) -> tuple[dict[str | None, dict[str, Entry]], int]:
+    file = str(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise SpecError(file, None, None, "file not found") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise SpecError(file, None, None, f"cannot read file ({type(e).__name__})") from None
+    rows = [(i + 1, line) for i, line in enumerate(text.splitlines()) if line.strip() and not line.lstrip().startswith("#")]
+    if not rows:
+        raise SpecError(file, None, None, "expected a header row and one row per layer")
+    header_line, header = rows[0]
+    cols = [c.strip() for c in next(csv.reader(io.StringIO(header)))]
+    if len(set(cols)) != len(cols):
+        raise SpecError(file, header_line, "header", "duplicate column")
+    per_board: dict[str | None, list] = {}
+    batches: set[int] = set()
+    for line, text_row in rows[1:]:
+        vals = next(csv.reader(io.StringIO(text_row)))
+        if len(vals) != len(cols):
+            raise SpecError(file, line, "row", f"expected {len(cols)} values ({', '.join(cols)}), got {len(vals)}")
+        rec = {c: v.strip() for c, v in zip(cols, vals)}
+        loc = _Loc(file, line, "")
+        if "batch" in rec:
+            b = _number(loc, "batch", rec["batch"], True)
+            if b < 1:
+                raise loc.err("batch", "expected an integer >= 1")
+            batches.add(int(b))
+        board = rec.get("board") or None
+        name, e = _entry(loc, rec)
+        per_board.setdefault(board, []).append((loc, name, e))
+    if not per_board:
+        raise SpecError(file, header_line, None, "expected one row per layer after the header")
+    if len(batches) > 1:
+        raise SpecError(file, None, "batch", f"expected one batch size for the whole file, got {sorted(batches)}")
+    if None in per_board and len(per_board) > 1:
+        raise SpecError(file, per_board[None][0][0].line, "board", "either every row names a board or none does")
+    where = _Loc(file, header_line, "")
+    return {b: _check_layers(model, file, recs, where) for b, recs in per_board.items()}, (batches.pop() if batches else 1)
+
+
+def load_profiles(path: str, model: Model, batch: int | None = None) -> dict[str | None, dict[str, Entry]]:
+    """Every board's profile: {board type or None (any board): {layer: {fwd_s, bwd_s, activation_bytes,
+    param_bytes}}}, layers in model order. With ``batch``, times and activation bytes are scaled
+    linearly from the file's batch to ``batch`` samples (an approximation: docs/profiles.md)."""
+    p = Path(path)
+    if p.suffix.lower() in (".yaml", ".yml"):
+        result, file_batch = _from_yaml(p, model)
+    elif p.suffix.lower() == ".csv":
+        result, file_batch = _from_csv(p, model)
+    else:
+        raise SpecError(str(path), None, "--profile", "expected a .yaml, .yml or .csv profile")
+    if batch is not None and batch != file_batch:
+        f = batch / file_batch
+        result = {b: {n: {"fwd_s": e["fwd_s"] * f, "bwd_s": e["bwd_s"] * f,
+                          "activation_bytes": int(round(e["activation_bytes"] * f)), "param_bytes": e["param_bytes"]}
+                      for n, e in prof.items()} for b, prof in result.items()}
+    return result
+
+
+def load_profile(path: str, model: Model, board: str | None = None, batch: int | None = None) -> dict[str, Entry]:
+    """One profile: {layer: {fwd_s, bwd_s, activation_bytes, param_bytes}} in model order.
+
+    A file without boards serves every board. A file with boards needs ``board`` (unless it
+    has exactly one); naming a board it lacks is a SpecError listing the ones it has.
+    """
+    all_ = load_profiles(path, model, batch)
+    if None in all_:
+        return all_[None]
+    if board is None:
+        if len(all_) == 1:
+            return next(iter(all_.values()))
+        raise SpecError(str(path), None, "boards", f"the profile has boards {', '.join(all_)}; say which one")
+    if board not in all_:
+        raise SpecError(str(path), None, "boards", f"no profile for board type '{board}'; it has {', '.join(all_)}")
+    return all_[board]

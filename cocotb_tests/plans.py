@@ -1,0 +1,37 @@
+"""Hand-built plans for the RTL tests and benchmarks (no planner needed).
+
+A plan here is what `bapipe plan` would write for a one-board-per-stage pipeline: the
+model's layers cut into contiguous stages, a folding per MAC layer.
+"""
+from __future__ import annotations
+
+from bapipe.plan import Folding, Plan, Stage
+from bapipe.spec import load_model
+from fpga_models.cluster import load_cluster
+
+
+def hand_plan(model_name: str, cluster_name: str, cuts: list[list[str]],
+              folding: dict[str, tuple[int, int]], mode: str = "inference") -> Plan:
+    """A plan with stage i = the layers ``cuts[i]`` on board i of the cluster."""
+    model = load_model(model_name)
+    cluster = load_cluster(cluster_name)
+    stages = []
+    for i, names in enumerate(cuts):
+        first = model.index[names[0]]
+        stages.append(Stage(index=i, layers=list(names), first=first, last=first + len(names) - 1,
+                            boards=[cluster.boards[i].name], board_type=cluster.boards[i].board.name,
+                            device=i, folding={n: Folding(*folding[n]) for n in names if n in folding}))
+    return Plan(model=model.name, model_fingerprint=model.fingerprint(), cluster=cluster.name,
+                cluster_fingerprint=cluster.fingerprint(), mode=mode, schedule="gpipe", stages=stages)
+
+
+def tiny_mlp_plan(boards: int = 4, cluster: str = "4xU250-ring") -> Plan:
+    """tiny-mlp over 3 or 4 boards with the folding used by the tests and the benchmark."""
+    fold = {"fc1": (8, 8), "fc2": (8, 8), "fc3": (4, 8), "fc4": (2, 4)}
+    if boards == 4:
+        cuts = [["fc1", "relu1"], ["fc2", "relu2"], ["fc3", "relu3"], ["fc4"]]
+    elif boards == 3:
+        cuts = [["fc1", "relu1"], ["fc2", "relu2"], ["fc3", "relu3", "fc4"]]
+    else:
+        raise ValueError("boards must be 3 or 4")
+    return hand_plan("tiny-mlp", cluster, cuts, fold)

@@ -1,0 +1,25 @@
+"""`bapipe csim build/ [--json]`: g++ C-simulation of every generated stage against numpy."""
+from __future__ import annotations
+
+from .csim import csim_project
+
+
+def cmd_csim(args) -> tuple[dict, int]:
+    """CLI handler: the --json object, exit 1 when a stage does not match numpy."""
+    r = csim_project(args.build, samples=getattr(args, "samples", None) or 4, seed=getattr(args, "seed", 0))
+    return r, 0 if r["passed"] else 1
+
+
+def show_csim(r: dict) -> str:
+    """Human table."""
+    lines = [f"{'stage':<10}{'result':>8}{'max err (LSB)':>15}{'compile s':>11}{'run s':>8}"]
+    for s in r["stages"]:
+        err = "-" if s["max_abs_err_lsb"] is None else str(s["max_abs_err_lsb"])
+        comp = "cached" if s.get("cached") else f"{s['compile_s']:.1f}"
+        lines.append(f"{s['name']:<10}{'PASS' if s['passed'] else 'FAIL':>8}{err:>15}{comp:>11}{s['run_s']:>8.2f}"
+                     + (f"  {s['error']}" if s.get("error") else ""))
+    if r.get("model_max_abs_err_lsb") is not None:
+        lines.append(f"whole pipeline vs numpy over {r['samples']} samples: max error "
+                     f"{r['model_max_abs_err_lsb']} LSB ({r['format']})")
+    lines.append("PASSED" if r["passed"] else "FAILED")
+    return "\n".join(lines)

@@ -1,0 +1,560 @@
+"""Everything the HLS templates print, decided here: one plain dataclass tree per project.
+
+``build_project(plan, model, cluster)`` walks the plan once: checks every stage can be
+generated (layer types, folding divisibility) before anything is written, draws the
+weights deterministically from the plan fingerprint, and wires each stage's layers into
+a dataflow graph of streams (fan-out through ``dup2``, pass-through through ``copy``).
+The templates then only loop over the fields.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from bapipe.errors import SpecError
+from bapipe.layers import Layer, prod
+from bapipe.plan import Folding, Plan, Stage
+from fpga_models import fixedpoint as fx
+
+GENERATOR = "bapipe gen"
+VERSION = "0.1.0"
+
+#: layer types the generator can turn into HLS (the same set the numpy reference has)
+SUPPORTED = fx.SUPPORTED
+#: a stage's weights above this many elements are not embedded in the C header (loaded by the testbench)
+EMBED_LIMIT = 1 << 21
+
+#: Vitis platform per board type (the shell a v++ link targets); boards without one get no link cfg
+PLATFORMS = {
+    "U250": "xilinx_u250_gen3x16_xdma_4_1_202210_1",
+    "U280": "xilinx_u280_gen3x16_xdma_1_202211_1",
+    "U55C": "xilinx_u55c_gen3x16_xdma_3_202210_1",
+    "U200": "xilinx_u200_gen3x16_xdma_2_202110_1",
+}
+#: memory bank the data movers use per board type (sp=)
+MEMORY = {"U250": "DDR[0]", "U200": "DDR[0]", "U280": "HBM[0]", "U55C": "HBM[0]"}
+
+
+@dataclass
+class WeightArray:
+    """One constant array of a layer: C name, shape as the kernel indexes it, raw values."""
+
+    name: str
+    shape: tuple[int, ...]          # kernel layout (conv weights: the MVU matrix (O, kh*kw*C))
+    model_shape: tuple[int, ...]    # model layout in weights.bin (conv: OIHW)
+    kernel_q: np.ndarray            # raw ints in kernel layout
+    model_q: np.ndarray             # raw ints in model layout
+    partitions: list[tuple[int, int]] = field(default_factory=list)   # (factor, dim) cyclic
+    offset: int = 0                 # element offset in the stage's weights.bin
+
+    @property
+    def dims(self) -> str:
+        """C array dimensions, e.g. ``[8][9]``."""
+        return "".join(f"[{d}]" for d in self.shape)
+
+    def text(self, frac: int) -> str:
+        """The C initializer: every raw value q written as the exact decimal q / 2^frac."""
+        scale = float(1 << frac)
+
+        def row(vals) -> str:
+            items = [repr(float(v) / scale) for v in vals]
+            lines = [", ".join(items[i:i + 8]) for i in range(0, len(items), 8)]
+            return "{" + ",\n     ".join(lines) + "}"
+
+        q = np.asarray(self.kernel_q).reshape(self.shape[0], -1) if len(self.shape) > 1 else None
+        if q is None:
+            return row(self.kernel_q.reshape(-1))
+        return "{\n    " + ",\n    ".join(row(r) for r in q) + "}"
+
+
+@dataclass
+class LayerCtx:
+    """One layer of a stage: its wrapper function, call and weights."""
+
+    name: str                       # model name
+    ident: str                      # C identifier
+    type: str
+    comment: str
+    func: str                       # library template, e.g. bapipe::conv2d
+    tparams: list[int]
+    n_in: int                       # stream inputs
+    weights: list[WeightArray]
+    cycles: int                     # initiation interval of one sample (folded MVU count or elements)
+    layer: Layer | None = None
+
+
+@dataclass
+class StreamCtx:
+    """An hls::stream inside a stage's top function."""
+
+    name: str
+    elements: int
+    depth: int                      # FIFO depth pragma (2 = default handshake)
+
+
+@dataclass
+class PortCtx:
+    """An AXI4-Stream port of a stage kernel: one tensor crossing the stage boundary."""
+
+    name: str
+    tensor: str
+    shape: tuple[int, ...]
+    elements: int
+
+
+@dataclass
+class StageCtx:
+    """One stage kernel."""
+
+    index: int
+    name: str                       # kernel name: stage<i>
+    boards: list[str]
+    board_type: str
+    style: str
+    dataflow: bool
+    layers: list[LayerCtx]
+    inputs: list[PortCtx]
+    outputs: list[PortCtx]
+    streams: list[StreamCtx]
+    statements: list[str]           # the body of the top function, in order
+    embed_weights: bool
+    weight_elements: int
+
+    @property
+    def weights(self) -> list[WeightArray]:
+        """All weight arrays of the stage in layer order."""
+        return [w for l in self.layers for w in l.weights]
+
+
+@dataclass
+class FormatCtx:
+    """The number format as the C++ types need it."""
+
+    name: str
+    width: int
+    frac: int
+    data_t: str
+    acc_t: str
+    recip_t: str
+    avg_bits: int
+    port_bits: int                  # AXIS TDATA width (byte multiple)
+
+
+@dataclass
+class BoardCtx:
+    """One board's v++ link configuration."""
+
+    name: str
+    board_type: str
+    platform: str | None
+    stages: list[str]               # kernel names placed on this board
+    movers: list[str]               # host data-mover kernels linked in (mm2s, s2mm)
+    connects: list[str]             # stream_connect lines
+    nk: list[str]                   # nk lines
+    sp: list[str]
+    slr: list[str]
+
+    @property
+    def xclbin(self) -> str:
+        """The board's link product (Makefile target)."""
+        return f"link/{self.name}.xclbin"
+
+    @property
+    def deps(self) -> str:
+        """The .xo files linked into the board's xclbin."""
+        return " ".join([f"{k}/{k}.xo" for k in self.stages] + [f"common/{m}.xo" for m in self.movers])
+
+
+@dataclass
+class ProjectCtx:
+    """The whole generated project."""
+
+    plan: Plan
+    fingerprint: str
+    header: list[str]               # comment lines (without comment markers)
+    fmt: FormatCtx
+    stages: list[StageCtx]
+    boards: list[BoardCtx]
+    seed: int
+    skipped: list[str]              # stages not generated (GPU boards), with the reason
+
+
+def ident(name: str) -> str:
+    """A C identifier for a model name (dots, slashes, dashes -> underscores)."""
+    s = re.sub(r"\W", "_", name)
+    return s if s and not s[0].isdigit() else "t_" + s
+
+
+def header_lines(plan: Plan) -> list[str]:
+    """The provenance header every generated file carries."""
+    return [f"Generated by {GENERATOR} {VERSION} - do not edit by hand, regenerate instead.",
+            f"plan fingerprint: {plan.fingerprint()}",
+            f"model: {plan.model}   cluster: {plan.cluster}   format: {plan.number_format}"]
+
+
+def weight_seed(plan: Plan) -> int:
+    """The weights' RNG seed: the first 64 bits of the plan fingerprint."""
+    return int(plan.fingerprint()[:16], 16)
+
+
+def _err(plan_file: str, stage: Stage, fld: str, msg: str) -> SpecError:
+    return SpecError(plan_file, None, f"stages[{stage.index}].{fld}", msg)
+
+
+def check_plan(plan: Plan, model, plan_file: str = "plan.yaml") -> None:
+    """Refuse, with one line, anything the generator cannot build (before anything is written)."""
+    if plan.number_format not in fx.FORMATS:
+        raise SpecError(plan_file, None, "number_format",
+                        f"codegen supports {', '.join(fx.FORMATS)}; got '{plan.number_format}'")
+    for st in plan.stages:
+        if st.style == "gpu":
+            continue
+        for name in st.layers:
+            if name not in model.index:
+                raise _err(plan_file, st, "layers", f"layer '{name}' is not in model '{model.name}'")
+            l = model.layers[model.index[name]]
+            if l.type not in SUPPORTED:
+                raise _err(plan_file, st, "layers",
+                           f"layer '{name}' has type '{l.type}', which codegen cannot generate "
+                           f"(supported: {', '.join(SUPPORTED)})")
+            if l.type == "conv2d" and l.attr.get("groups", 1) != 1:
+                raise _err(plan_file, st, "layers", f"layer '{name}': grouped conv2d (groups={l.attr['groups']}) "
+                           "is not supported")
+            fo = st.folding.get(name, Folding())
+            if fo.pe < 1 or fo.simd < 1:
+                raise _err(plan_file, st, f"folding.{name}", f"expected pe >= 1 and simd >= 1, got pe={fo.pe} simd={fo.simd}")
+            mh, mw = mvu_dims(l)
+            if mh:
+                if mh % fo.pe or mw % fo.simd:
+                    raise _err(plan_file, st, f"folding.{name}",
+                               f"expected PE | MH and SIMD | MW for {l.type} '{name}' (MH={mh}, MW={mw}); "
+                               f"got pe={fo.pe} simd={fo.simd}")
+            elif l.type in ("maxpool", "avgpool", "globalavgpool") and l.in_shapes[0][0] % fo.pe:
+                raise _err(plan_file, st, f"folding.{name}",
+                           f"expected pe to divide the {l.in_shapes[0][0]} channels of {l.type} '{name}'; got pe={fo.pe}")
+
+
+def mvu_dims(l: Layer) -> tuple[int, int]:
+    """(MH, MW) of the layer's matrix-vector unit, (0, 0) for layers without one."""
+    if l.type == "dense":
+        return l.attr["units"], l.in_shapes[0][-1]
+    if l.type == "conv2d":
+        kh, kw = l.attr["kernel"]
+        return l.attr["out_channels"], l.in_shapes[0][0] * kh * kw
+    return 0, 0
+
+
+def make_weights(plan: Plan, model) -> dict[str, dict[str, np.ndarray]]:
+    """Deterministic raw weights (model layout) for every weighted layer of the plan's stages.
+
+    Drawn in stage order, layer order from ``np.random.default_rng(weight_seed(plan))``;
+    uniform He-style ranges so activations neither vanish nor saturate in fixed point.
+    """
+    fmt = fx.get_fmt(plan.number_format)
+    rng = np.random.default_rng(weight_seed(plan))
+    out: dict[str, dict[str, np.ndarray]] = {}
+    for st in plan.stages:
+        if st.style == "gpu":
+            continue
+        for name in st.layers:
+            l = model.layers[model.index[name]]
+            if l.type in ("dense", "conv2d"):
+                mh, mw = mvu_dims(l)
+                a = float(np.sqrt(3.0 / mw))
+                shape = (mh, mw) if l.type == "dense" else (mh, l.in_shapes[0][0]) + tuple(l.attr["kernel"])
+                w = fx.quantize(rng.uniform(-a, a, size=shape), fmt)
+                b = fx.quantize(rng.uniform(-0.1, 0.1, size=mh), fmt) if l.attr.get("bias", True) \
+                    else np.zeros(mh, dtype=np.int64)
+                out[name] = {"w": w, "b": b}
+            elif l.type == "batchnorm":
+                s = l.in_shapes[0]
+                ch = s[0] if len(s) == 3 else s[-1]
+                gamma, beta = rng.uniform(0.5, 1.5, ch), rng.uniform(-0.5, 0.5, ch)
+                mean, var = rng.uniform(-0.5, 0.5, ch), rng.uniform(0.5, 1.5, ch)
+                scale, shift = fx.fold_batchnorm(gamma, beta, mean, var, fmt)
+                out[name] = {"scale": scale, "shift": shift}
+    return out
+
+
+def _fmt_ctx(name: str) -> FormatCtx:
+    f = fx.get_fmt(name)
+    return FormatCtx(name=name, width=f.width, frac=f.frac, data_t=f.hls_type, acc_t=f.hls_acc_type,
+                     recip_t=f"ap_ufixed<{fx.AVG_BITS + 1},1>", avg_bits=fx.AVG_BITS,
+                     port_bits=(f.width + 7) // 8 * 8)
+
+
+def _window_params(l: Layer) -> list[int]:
+    c, h, w = l.in_shapes[0]
+    (kh, kw), (sh, sw), (ph, pw) = l.attr["kernel"], l.attr["stride"], l.attr["padding"]
+    return [c, h, w, kh, kw, sh, sw, ph, pw]
+
+
+def _shape_str(s) -> str:
+    return "x".join(map(str, s))
+
+
+def layer_ctx(l: Layer, fo: Folding, params: dict[str, np.ndarray]) -> LayerCtx:
+    """The call of one layer: library template, its parameters, weights and pragmas."""
+    cid = ident(l.name)
+    t = l.type
+    ins = " + ".join(_shape_str(s) for s in l.in_shapes)
+    desc = f"{l.name}: {t} {ins} -> {_shape_str(l.out_shape)}"
+    weights: list[WeightArray] = []
+    n_in = 1
+    if t in ("dense", "conv2d"):
+        mh, mw = mvu_dims(l)
+        wq = params["w"]
+        km = wq if t == "dense" else fx.conv_weight_matrix(wq)
+        weights = [WeightArray(f"{cid}_w", (mh, mw), tuple(wq.shape), km, wq, [(fo.pe, 1), (fo.simd, 2)]),
+                   WeightArray(f"{cid}_b", (mh,), (mh,), params["b"], params["b"], [(fo.pe, 1)])]
+        folds = (mh // fo.pe) * (mw // fo.simd)
+        if t == "dense":
+            rows = prod(l.in_shapes[0][:-1])
+            func, tp = "bapipe::dense", [mh, mw, fo.pe, fo.simd]
+            cycles = rows * folds
+            desc += f"; MVU MH={mh} MW={mw} PE={fo.pe} SIMD={fo.simd}: {folds} cycles per vector"
+            if rows > 1:
+                desc += f" x {rows} rows"
+                func = "bapipe::dense_rows"
+                tp = [rows] + tp
+        else:
+            c, h, w = l.in_shapes[0]
+            (kh, kw), (sh, sw), (ph, pw) = l.attr["kernel"], l.attr["stride"], l.attr["padding"]
+            func, tp = "bapipe::conv2d", [c, h, w, mh, kh, kw, sh, sw, ph, pw, fo.pe, fo.simd]
+            cycles = folds * l.out_shape[1] * l.out_shape[2]
+            desc += f"; MVU MH={mh} MW={mw} PE={fo.pe} SIMD={fo.simd}: {folds} cycles per pixel"
+    elif t == "relu":
+        func, tp, cycles = "bapipe::relu", [l.out_elems, fo.pe], l.out_elems
+    elif t == "maxpool":
+        func, tp = "bapipe::maxpool", _window_params(l) + [fo.pe]
+        cycles = l.out_elems // fo.pe * prod(l.attr["kernel"])
+    elif t == "avgpool":
+        kk = prod(l.attr["kernel"])
+        func, tp = "bapipe::avgpool", _window_params(l) + [fo.pe, fx.avg_recip(kk)]
+        cycles = l.out_elems // fo.pe * kk
+        desc += f"; 1/{kk} as {fx.avg_recip(kk)}/2^{fx.AVG_BITS}"
+    elif t == "globalavgpool":
+        c, h, w = l.in_shapes[0]
+        func, tp, cycles = "bapipe::globalavgpool", [c, h, w, fo.pe, fx.avg_recip(h * w)], c * h * w
+    elif t == "batchnorm":
+        s = l.in_shapes[0]
+        ch = s[0] if len(s) == 3 else s[-1]
+        func, tp, cycles = "bapipe::batchnorm", [l.out_elems, ch, fo.pe], l.out_elems
+        weights = [WeightArray(f"{cid}_scale", (ch,), (ch,), params["scale"], params["scale"], [(fo.pe, 1)]),
+                   WeightArray(f"{cid}_shift", (ch,), (ch,), params["shift"], params["shift"], [(fo.pe, 1)])]
+    elif t == "add":
+        func, tp, cycles, n_in = "bapipe::add", [l.out_elems, fo.pe], l.out_elems, len(l.inputs)
+        n_in = 2  # the library add is binary; the stage builder chains it for more inputs
+    elif t == "flatten":
+        s = l.in_shapes[0]
+        if len(s) == 3:
+            func, tp = "bapipe::flatten", list(s)
+        else:
+            func, tp = "bapipe::copy", [l.out_elems]
+        cycles = l.out_elems
+    else:  # guarded by check_plan
+        raise ValueError(f"unsupported layer type {t}")
+    return LayerCtx(name=l.name, ident=f"layer_{cid}", type=t, comment=desc, func=func, tparams=tp, n_in=n_in,
+                    weights=weights, cycles=cycles, layer=l)
+
+
+def _tensor_shape(model, name: str) -> tuple[int, ...]:
+    return tuple(model._shapes[name])
+
+
+def stage_ports(model, st: Stage) -> tuple[list[str], list[str]]:
+    """(input tensors, output tensors) of a stage, in the model's cut order."""
+    n = len(model.layers)
+    if st.first == 0:
+        used = {i for l in model.layers[st.first:st.last + 1] for i in l.inputs}
+        later = {i for l in model.layers[st.last + 1:] for i in l.inputs}
+        ins = [i.name for i in model.inputs if i.name in used or i.name in later]
+    else:
+        ins = [t.producer for t in model.cut_tensors(st.first - 1)]
+    outs = [t.producer for t in model.cut_tensors(st.last)] if st.last < n - 1 else [model.layers[-1].name]
+    return ins, outs
+
+
+def build_stage(plan: Plan, model, st: Stage, weights: dict[str, dict[str, np.ndarray]]) -> StageCtx:
+    """Wire one stage: ports, layer calls, fan-out duplication and pass-through copies."""
+    layers = [model.layers[model.index[n]] for n in st.layers]
+    lctx = [layer_ctx(l, st.folding.get(l.name, Folding()), weights.get(l.name, {})) for l in layers]
+    ins, outs = stage_ports(model, st)
+    inputs = [PortCtx(f"in{k}", t, _tensor_shape(model, t), prod(_tensor_shape(model, t))) for k, t in enumerate(ins)]
+    outputs = [PortCtx(f"out{k}", t, _tensor_shape(model, t), prod(_tensor_shape(model, t)))
+               for k, t in enumerate(outs)]
+    out_port = {p.tensor: p.name for p in outputs}
+    in_port = {p.tensor: p.name for p in inputs}
+    elems = {t: prod(_tensor_shape(model, t)) for t in ins + [l.name for l in layers]}
+
+    # consumers of every tensor: ("slot", layer, k) for a layer input, ("port", name) for an output port
+    consumers: dict[str, list[tuple]] = {}
+    for l in layers:
+        for k, src in enumerate(l.inputs):
+            consumers.setdefault(src, []).append(("slot", l.name, k))
+    for t in outs:
+        consumers.setdefault(t, []).append(("port", out_port[t]))
+
+    streams: list[StreamCtx] = []
+    slot_stream: dict[tuple[str, int], str] = {}
+    source: dict[str, str] = {}        # the stream a tensor is first written to
+    fans: dict[str, list[str]] = {}    # tensor -> streams its source must be duplicated into
+    for t, cons in consumers.items():
+        n = elems[t]
+        if len(cons) == 1:
+            c = cons[0]
+            if c[0] == "port":
+                source[t] = in_port.get(t, c[1])
+                if t in in_port:           # pass-through: a tensor this stage only forwards
+                    fans[t] = [c[1]]
+            else:
+                src = in_port.get(t) or f"s_{ident(t)}"
+                if t not in in_port:
+                    streams.append(StreamCtx(src, n, 2))
+                source[t] = src
+                slot_stream[(c[1], c[2])] = src
+            continue
+        src = in_port.get(t) or f"s_{ident(t)}"
+        if t not in in_port:
+            streams.append(StreamCtx(src, n, 2))
+        source[t] = src
+        targets = []
+        for c in cons:
+            if c[0] == "port":
+                targets.append(c[1])
+            else:
+                nm = f"s_{ident(t)}_to_{ident(c[1])}" + (f"_{c[2]}" if c[2] else "")
+                # deep FIFO: the other branch of a fork may hold a whole tensor before this one is read
+                streams.append(StreamCtx(nm, n, n))
+                slot_stream[(c[1], c[2])] = nm
+                targets.append(nm)
+        fans[t] = targets
+
+    statements: list[str] = []
+
+    def fan_out(t: str) -> None:
+        """Copy or duplicate tensor ``t`` from its source stream into its consumers' streams."""
+        targets, n, cur = fans.get(t, []), elems[t], source.get(t)
+        if len(targets) == 1:
+            statements.append(f"bapipe::copy<{n}>({cur}, {targets[0]});")
+            return
+        for i, tgt in enumerate(targets[:-1]):
+            nxt = targets[-1] if i == len(targets) - 2 else f"s_{ident(t)}_fan{i}"
+            if nxt.startswith("s_") and nxt.endswith(f"_fan{i}"):
+                streams.append(StreamCtx(nxt, n, n))
+            statements.append(f"bapipe::dup2<{n}>({cur}, {tgt}, {nxt});")
+            cur = nxt
+
+    for p in inputs:
+        fan_out(p.tensor)
+    for l, lc in zip(layers, lctx):
+        srcs = [slot_stream[(l.name, k)] for k in range(len(l.inputs))]
+        if l.name not in source:
+            raise ValueError(f"layer '{l.name}' output is never used")
+        dst = source[l.name]
+        if l.type == "add" and len(srcs) > 2:
+            acc = srcs[0]
+            for j, s2 in enumerate(srcs[1:]):
+                o = dst if j == len(srcs) - 2 else f"s_{ident(l.name)}_part{j}"
+                if o != dst:
+                    streams.append(StreamCtx(o, l.out_elems, 2))
+                statements.append(f"{lc.ident}({acc}, {s2}, {o});")
+                acc = o
+        else:
+            statements.append(f"{lc.ident}({', '.join(srcs + [dst])});")
+        fan_out(l.name)
+    # sort stream declarations by name for a stable, readable order
+    streams = sorted({s.name: s for s in streams}.values(), key=lambda s: s.name)
+    welems = sum(int(w.kernel_q.size) for lc in lctx for w in lc.weights)
+    off = 0
+    for lc in lctx:
+        for w in lc.weights:
+            w.offset = off
+            off += int(w.model_q.size)
+    return StageCtx(index=st.index, name=f"stage{st.index}", boards=list(st.boards), board_type=st.board_type,
+                    style=st.style, dataflow=st.style == "dataflow", layers=lctx, inputs=inputs, outputs=outputs,
+                    streams=streams, statements=statements, embed_weights=welems <= EMBED_LIMIT,
+                    weight_elements=welems)
+
+
+def _board_type_key(board_type: str) -> str:
+    return board_type.upper().replace("ALVEO", "").replace("-", "").strip()
+
+
+def build_boards(plan: Plan, cluster, stages: list[StageCtx]) -> list[BoardCtx]:
+    """Per board: the stage kernels placed on it and its v++ link lines.
+
+    Each stage kernel streams to/from the board's network kernel (``net_tx``/``net_rx``,
+    one AXIS channel per tensor) or, at the pipeline ends, to the host data movers
+    (``mm2s``/``s2mm``) whose memory port goes to the board's first memory bank.
+    """
+    by_board: dict[str, list[StageCtx]] = {}
+    for s in stages:
+        for b in s.boards:
+            by_board.setdefault(b, []).append(s)
+    producer: dict[str, StageCtx] = {}
+    for s in stages:
+        for p in s.outputs:
+            producer[p.tensor] = s
+    out = []
+    order = [cb.name for cb in cluster.boards] if cluster is not None else sorted(by_board)
+    last = max((s.index for s in stages), default=0)
+    for bname in order:
+        if bname not in by_board:
+            continue
+        sts = by_board[bname]
+        bt = sts[0].board_type
+        key = _board_type_key(bt)
+        kernels: dict[str, list[str]] = {}   # kernel -> instance names (one nk line each)
+        connects, sp, slr = [], [], []
+        mem = MEMORY.get(key, "DDR[0]")
+        for s in sts:
+            kernels.setdefault(s.name, []).append(f"{s.name}_1")
+            slr.append(f"{s.name}_1:SLR0")
+            for p in s.inputs:
+                src = producer.get(p.tensor) if s.index > 0 else None
+                # the previous stage's copy of this tensor (its producer, or a stage passing it on)
+                src = next((x for x in reversed(stages) if x.index < s.index
+                            and any(q.tensor == p.tensor for q in x.outputs)), src)
+                if src is None:
+                    inst = f"mm2s_{s.name}_{p.name}"
+                    kernels.setdefault("mm2s", []).append(inst)
+                    connects.append(f"{inst}.out:{s.name}_1.{p.name}")
+                    sp.append(f"{inst}.mem:{mem}")
+                elif src.boards == s.boards:
+                    q = next(q for q in src.outputs if q.tensor == p.tensor)
+                    connects.append(f"{src.name}_1.{q.name}:{s.name}_1.{p.name}")
+                else:
+                    connects.append(f"net_rx_1.{s.name}_{p.name}:{s.name}_1.{p.name}")
+            for p in s.outputs:
+                dst = next((x for x in stages if x.index > s.index and any(q.tensor == p.tensor for q in x.inputs)),
+                           None)
+                if dst is None or s.index == last:
+                    inst = f"s2mm_{s.name}_{p.name}"
+                    kernels.setdefault("s2mm", []).append(inst)
+                    connects.append(f"{s.name}_1.{p.name}:{inst}.in")
+                    sp.append(f"{inst}.mem:{mem}")
+                elif dst.boards != s.boards:
+                    connects.append(f"{s.name}_1.{p.name}:net_tx_1.{s.name}_{p.name}")
+        nk = [f"{k}:{len(v)}:{'.'.join(v)}" for k, v in kernels.items()]
+        movers = sorted(k for k in kernels if k in ("mm2s", "s2mm"))
+        out.append(BoardCtx(name=bname, board_type=bt, platform=PLATFORMS.get(key), stages=[s.name for s in sts],
+                            movers=movers, connects=connects, nk=nk, sp=sp, slr=slr))
+    return out
+
+
+def build_project(plan: Plan, model, cluster=None, plan_file: str = "plan.yaml") -> ProjectCtx:
+    """Check the plan and precompute everything the templates print."""
+    check_plan(plan, model, plan_file)
+    weights = make_weights(plan, model)
+    stages, skipped = [], []
+    for st in plan.stages:
+        if st.style == "gpu":
+            skipped.append(f"stage{st.index}: runs on GPU boards ({st.board_type}), no HLS kernel")
+            continue
+        stages.append(build_stage(plan, model, st, weights))
+    return ProjectCtx(plan=plan, fingerprint=plan.fingerprint(), header=header_lines(plan),
+                      fmt=_fmt_ctx(plan.number_format), stages=stages, boards=build_boards(plan, cluster, stages),
+                      seed=weight_seed(plan), skipped=skipped)

@@ -1,0 +1,312 @@
+"""C-simulation: compile each generated stage with g++ and check it against the numpy reference.
+
+The comparison is on raw integers. Because every kernel accumulates exactly and rounds
+once with the same rule as fpga_models/fixedpoint.py (docs/codegen.md), the expected
+difference is 0 LSB everywhere; a stage passes at <= ``tolerance_lsb`` (default 0).
+
+Compiled binaries are cached by the sha256 of (compiler, flags, every source and header
+they include), so an unchanged stage is never rebuilt. Cache folder: ``$BAPIPE_CSIM_CACHE``
+or ``<build>/.cache``.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from bapipe import toolchain
+from bapipe.errors import SpecError
+from fpga_models import fixedpoint as fx
+
+CXXFLAGS = ["-std=c++14", "-O2", "-Wall", "-Werror",
+            # the HLS pragmas are for Vitis; g++ would warn about every one of them
+            "-Wno-unknown-pragmas",
+            # Vitis loop labels name the loops in synthesis reports; g++ sees unused labels
+            "-Wno-unused-label",
+            # g++ -O2 raises these inside the vendor ap_private code after inlining it into
+            # ours, where the -isystem exemption no longer reaches (#pragma GCC diagnostic
+            # does not either); "vendor headers excepted" in practice means these two
+            "-Wno-uninitialized", "-Wno-maybe-uninitialized"]
+
+
+@dataclass
+class Compiled:
+    """A built binary and how long building it took (0 when it came from the cache)."""
+
+    path: Path
+    compile_s: float
+    cached: bool
+
+
+def cache_dir(build: Path | None = None) -> Path:
+    """Where compiled binaries are kept."""
+    env = os.environ.get("BAPIPE_CSIM_CACHE")
+    if env:
+        return Path(env)
+    return (build or Path("build")) / ".cache"
+
+
+def _compiler() -> tuple[str, str]:
+    cxx = toolchain.gxx()
+    if cxx is None:
+        raise SpecError(None, None, "g++", "C-simulation needs a C++ compiler (g++ on PATH or $CXX)")
+    ver = subprocess.run([cxx, "--version"], capture_output=True, text=True).stdout.splitlines()[:1]
+    return cxx, (ver[0] if ver else cxx)
+
+
+def _ap_types() -> Path:
+    d = toolchain.ap_types_dir()
+    if d is None:
+        raise SpecError(None, None, "hls4ml", "C-simulation needs the ap_types headers of the hls4ml wheel "
+                        "(pip install hls4ml)")
+    return d
+
+
+def compile_sources(sources: list[Path], include_dirs: list[Path], cache: Path, name: str) -> Compiled:
+    """g++ the sources into one binary, reusing a cached binary with the same content hash."""
+    cxx, version = _compiler()
+    ap = _ap_types()
+    h = hashlib.sha256()
+    h.update(version.encode())
+    h.update(" ".join(CXXFLAGS).encode())
+    for src in sources:
+        h.update(src.name.encode())
+        h.update(src.read_bytes())
+    for d in include_dirs:  # our headers; the vendor headers are fixed by the wheel version
+        for f in sorted(d.glob("*.h")):
+            h.update(f.name.encode())
+            h.update(f.read_bytes())
+    key = h.hexdigest()[:24]
+    out = cache / f"{name}-{key}"
+    if out.exists():
+        return Compiled(out, 0.0, True)
+    cache.mkdir(parents=True, exist_ok=True)
+    tmp = cache / f".{name}-{key}.{os.getpid()}.tmp"
+    cmd = [cxx, *CXXFLAGS, "-isystem", str(ap), *[f"-I{d}" for d in include_dirs], *map(str, sources),
+           "-o", str(tmp)]
+    t0 = time.perf_counter()
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    dt = time.perf_counter() - t0
+    if r.returncode != 0:
+        raise RuntimeError(f"g++ failed for {name}:\n{r.stderr[-4000:]}")
+    os.replace(tmp, out)  # atomic: a parallel run never sees half a binary
+    return Compiled(out, dt, False)
+
+
+# ---------------------------------------------------------------- layouts
+
+def to_stream(x: np.ndarray) -> np.ndarray:
+    """(N, *shape) model layout -> (N, elements) in stream order (HWC for images)."""
+    x = np.asarray(x, dtype=np.int64)
+    if x.ndim == 4:
+        x = x.transpose(0, 2, 3, 1)
+    return x.reshape(len(x), -1)
+
+
+def from_stream(flat: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """(N, elements) stream order -> (N, *shape) model layout."""
+    n = len(flat)
+    if len(shape) == 3:
+        c, h, w = shape
+        return np.asarray(flat).reshape(n, h, w, c).transpose(0, 3, 1, 2)
+    return np.asarray(flat).reshape((n,) + tuple(shape))
+
+
+def random_input(rng: np.random.Generator, n: int, shape: tuple[int, ...], fmt: fx.Fmt, span: float = 2.0) -> np.ndarray:
+    """Raw values uniform in [-span, span) (a range that exercises rounding without saturating everything)."""
+    lim = int(span * (1 << fmt.frac))
+    return rng.integers(-lim, lim, size=(n,) + tuple(shape), dtype=np.int64)
+
+
+# ---------------------------------------------------------------- a generated project
+
+def load_weights(build: Path, stage_cfg: dict, fmt: fx.Fmt) -> dict[str, dict[str, np.ndarray]]:
+    """Per layer {w, b} or {scale, shift} from the stage's weights.bin (model layout)."""
+    dt = np.dtype("<i2") if fmt.width > 8 else np.dtype("i1")
+    raw = np.fromfile(build / stage_cfg["weights_file"], dtype=dt).astype(np.int64)
+    out: dict[str, dict[str, np.ndarray]] = {}
+    for w in stage_cfg["weights"]:
+        key = w["name"][len(_ident_prefix(w)):]
+        arr = raw[w["offset"]:w["offset"] + w["elements"]].reshape(w["shape"])
+        out.setdefault(w["layer"], {})[key] = arr
+    return out
+
+
+def _ident_prefix(w: dict) -> str:
+    # weight arrays are named <ident>_<key>; the key is the part after the last underscore
+    return w["name"].rsplit("_", 1)[0] + "_"
+
+
+def run_binary(binary: Path, inputs: list[np.ndarray], n: int, out_elems: list[int]) -> tuple[list[np.ndarray], float]:
+    """Run a stage testbench: inputs (N, elements) per port in stream order -> outputs likewise."""
+    with tempfile.TemporaryDirectory() as td:
+        fin, fout = Path(td) / "in.txt", Path(td) / "out.txt"
+        parts = [str(n)] + ["\n".join(map(str, a.reshape(-1).tolist())) for a in inputs]
+        fin.write_text("\n".join(parts) + "\n")
+        t0 = time.perf_counter()
+        r = subprocess.run([str(binary), str(fin), str(fout)], capture_output=True, text=True)
+        dt = time.perf_counter() - t0
+        if r.returncode != 0:
+            raise RuntimeError(f"{binary.name} exited {r.returncode}: {r.stderr[-2000:]}")
+        vals = np.array(fout.read_text().split(), dtype=np.int64)
+    outs, pos = [], 0
+    for e in out_elems:
+        outs.append(vals[pos:pos + n * e].reshape(n, e))
+        pos += n * e
+    return outs, dt
+
+
+def csim_project(build: str | Path, samples: int = 4, seed: int = 0, tolerance_lsb: int = 0) -> dict:
+    """Compile and run every stage, chaining stage outputs into the next stage's inputs.
+
+    Each stage is compared with numpy on the very inputs it got; the last stage's outputs
+    are also compared with numpy run over the whole model from the first stage's inputs.
+    """
+    from bapipe.plan import load_plan
+    from bapipe.spec import load_model
+
+    build = Path(build)
+    cfg_path = build / "host_config.json"
+    if not cfg_path.exists():
+        raise SpecError(str(build), None, "host_config.json", "expected a folder written by `bapipe gen`")
+    cfg = json.loads(cfg_path.read_text())
+    plan = load_plan(build / "plan.yaml")
+    model = load_model(plan.model)
+    fmt = fx.get_fmt(cfg["format"]["name"])
+    rng = np.random.default_rng(seed)
+    cache = cache_dir(build)
+    common = build / "common"
+
+    tensors: dict[str, np.ndarray] = {}       # model-layout batches produced by the C stages
+    model_inputs: dict[str, np.ndarray] = {}  # what the first stage (or any) was fed from outside
+    all_params: dict[str, dict] = {}
+    results = []
+    for st in cfg["stages"]:
+        name = st["kernel"]
+        sdir = build / name
+        row = {"name": name, "passed": False, "max_abs_err_lsb": None, "compile_s": 0.0, "run_s": 0.0,
+               "cached": False}
+        if not st["embedded_weights"]:
+            row["error"] = "weights too large to embed: csim skipped"
+            results.append(row)
+            continue
+        comp = compile_sources([sdir / f"{name}.cpp", sdir / f"tb_{name}.cpp"], [sdir, common], cache, name)
+        row["compile_s"], row["cached"] = round(comp.compile_s, 3), comp.cached
+        params = load_weights(build, st, fmt)
+        all_params.update(params)
+        ins = []
+        for p in st["inputs"]:
+            t = p["tensor"]
+            if t not in tensors:
+                tensors[t] = random_input(rng, samples, tuple(p["shape"]), fmt)
+                model_inputs[t] = tensors[t]
+            ins.append(tensors[t])
+        outs, row["run_s"] = run_binary(comp.path, [to_stream(x) for x in ins], samples,
+                                        [p["elements"] for p in st["outputs"]])
+        row["run_s"] = round(row["run_s"], 3)
+        layers = [model.layers[model.index[l["name"]]] for l in st["layers"]]
+        ref = fx.model_fwd(layers, {p["tensor"]: x for p, x in zip(st["inputs"], ins)}, params, fmt)
+        err = 0
+        for p, o in zip(st["outputs"], outs):
+            got = from_stream(o, tuple(p["shape"]))
+            err = max(err, int(np.max(np.abs(got - ref[p["tensor"]]))) if got.size else 0)
+            tensors[p["tensor"]] = got
+        row["max_abs_err_lsb"] = err
+        row["passed"] = err <= tolerance_lsb
+        results.append(row)
+
+    model_err = None
+    if results and all(r.get("max_abs_err_lsb") is not None for r in results) and len(results) == len(cfg["stages"]):
+        first = cfg["stages"][0]["layers"][0]["name"]
+        last = cfg["stages"][-1]
+        lo = model.index[first]
+        hi = model.index[last["layers"][-1]["name"]]
+        full = fx.model_fwd(model.layers[lo:hi + 1], dict(model_inputs), all_params, fmt)
+        model_err = max(int(np.max(np.abs(tensors[p["tensor"]] - full[p["tensor"]]))) for p in last["outputs"])
+    passed = bool(results) and all(r["passed"] for r in results) and (model_err is None or model_err <= tolerance_lsb)
+    return {"stages": results, "passed": passed, "samples": samples, "model_max_abs_err_lsb": model_err,
+            "format": fmt.name, "cache": str(cache)}
+
+
+def clean_cache(build: Path) -> None:
+    """Remove the compile cache (``make clean`` does not touch it)."""
+    shutil.rmtree(cache_dir(build), ignore_errors=True)
+
+
+# ---------------------------------------------------------------- layer harness (tests)
+
+@dataclass
+class HarnessIO:
+    """One array or stream of a harness case: C name, dims (arrays), raw data (inputs) or count."""
+
+    name: str
+    count: int
+    dims: str = ""
+    data: np.ndarray | None = None
+
+
+@dataclass
+class HarnessCase:
+    """One library call with its inputs; outputs are read back in declaration order."""
+
+    name: str
+    call: str
+    repeat: int
+    in_arrays: list[HarnessIO]
+    in_streams: list[HarnessIO]
+    out_streams: list[HarnessIO]
+    out_arrays: list[HarnessIO]
+
+
+def run_harness(cases: list[HarnessCase], fmt: str, workdir: Path, cache: Path | None = None,
+                name: str = "harness") -> tuple[list[list[np.ndarray]], Compiled, float]:
+    """Render all cases into one translation unit, compile once (cached), run once.
+
+    Returns per case the outputs (streams then arrays, flat raw ints), the compile record
+    and the run time.
+    """
+    from .context import _fmt_ctx
+    from .hls import environment
+
+    env = environment()
+    fctx = _fmt_ctx(fmt)
+    workdir = Path(workdir)
+    common = workdir / "common"
+    common.mkdir(parents=True, exist_ok=True)
+    hdr = "// bapipe csim layer harness"
+    files = {
+        common / "bapipe_types.h": env.get_template("bapipe_types.h.j2").render(fmt=fctx, header=hdr),
+        common / "bapipe_layers.h": env.get_template("bapipe_layers.h.j2").render(fmt=fctx, header=hdr),
+        workdir / f"{name}.cpp": env.get_template("harness.cpp.j2").render(fmt=fctx, header=hdr, cases=cases),
+    }
+    for p, text in files.items():
+        p.write_text(text)
+    comp = compile_sources([workdir / f"{name}.cpp"], [common], cache or (workdir / ".cache"), name)
+    feed = []
+    for c in cases:
+        for io in c.in_arrays + c.in_streams:
+            feed.append("\n".join(map(str, np.asarray(io.data, dtype=np.int64).reshape(-1).tolist())))
+    t0 = time.perf_counter()
+    r = subprocess.run([str(comp.path)], input="\n".join(feed) + "\n", capture_output=True, text=True)
+    dt = time.perf_counter() - t0
+    if r.returncode != 0:
+        raise RuntimeError(f"harness exited {r.returncode}: {r.stderr[-2000:]}")
+    vals = np.array(r.stdout.split(), dtype=np.int64)
+    outs, pos = [], 0
+    for c in cases:
+        co = []
+        for io in c.out_streams + c.out_arrays:
+            co.append(vals[pos:pos + io.count])
+            pos += io.count
+        outs.append(co)
+    if pos != len(vals):
+        raise RuntimeError(f"harness printed {len(vals)} values, expected {pos}")
+    return outs, comp, dt

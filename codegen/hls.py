@@ -1,0 +1,154 @@
+"""Render a ProjectCtx into the Vitis project tree (templates in hls_templates/hls/).
+
+Layout of the output folder::
+
+    plan.yaml             the plan the project was generated from
+    host_config.json      stages, ports, shapes, formats and weight offsets for the host driver
+    Makefile              csim / hls / xclbin
+    common/               bapipe_types.h, bapipe_layers.h, mm2s.cpp, s2mm.cpp
+    stage<i>/             stage<i>.{h,cpp}, stage<i>_weights.h, tb_stage<i>.cpp, run_hls.tcl,
+                          hls_config.cfg, weights.bin (raw little-endian ints, model layout)
+    link/<board>.cfg      v++ link config per board
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jinja2
+import numpy as np
+
+from .context import PLATFORMS, ProjectCtx, StageCtx, _board_type_key
+
+TEMPLATES = Path(__file__).resolve().parent.parent / "hls_templates" / "hls"
+
+#: FPGA part per board type (set_part / part=)
+PARTS = {
+    "U250": "xcu250-figd2104-2L-e",
+    "U280": "xcu280-fsvh2892-2L-e",
+    "U55C": "xcu55c-fsvh2892-2L-e",
+    "U200": "xcu200-fsgd2104-2-e",
+    "VCU118": "xcvu9p-flga2104-2L-e",
+    "ZCU102": "xczu9eg-ffvb1156-2-e",
+}
+DEFAULT_CLOCK_HZ = 300e6
+
+
+def environment() -> jinja2.Environment:
+    """The Jinja environment: strict (a missing field is an error), whitespace-tidy."""
+    return jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), undefined=jinja2.StrictUndefined,
+                              trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True,
+                              autoescape=False)
+
+
+def comment(lines: list[str], marker: str) -> str:
+    """The provenance header as comment lines."""
+    return "\n".join(f"{marker} {l}" for l in lines)
+
+
+def _clock_ns(board_type: str, cluster) -> float:
+    hz = DEFAULT_CLOCK_HZ
+    if cluster is not None:
+        for cb in cluster.boards:
+            if cb.board.name == board_type:
+                hz = cb.board.clock_hz
+                break
+    return round(1e9 / hz, 3)
+
+
+def weights_bin(s: StageCtx, width: int) -> bytes:
+    """The stage's weights as raw little-endian ints (int16 or int8), model layout, in layer order."""
+    dt = np.dtype("<i2") if width > 8 else np.dtype("i1")
+    parts = [np.asarray(w.model_q, dtype=np.int64).reshape(-1).astype(dt) for w in s.weights]
+    return b"".join(p.tobytes() for p in parts)
+
+
+def csim_input(ctx: ProjectCtx, s: StageCtx, samples: int = 1) -> bytes:
+    """A deterministic stimulus for the Vitis csim/cosim runs in run_hls.tcl (raw ints, tb format)."""
+    rng = np.random.default_rng([ctx.seed, s.index])
+    lim = 2 << ctx.fmt.frac  # values in [-2, 2)
+    parts = [str(samples)]
+    for p in s.inputs:
+        parts.append("\n".join(map(str, rng.integers(-lim, lim, size=samples * p.elements).tolist())))
+    return ("\n".join(parts) + "\n").encode()
+
+
+def host_config(ctx: ProjectCtx) -> dict:
+    """What the host driver needs: stages, ports, shapes, formats, boards, weight files."""
+    p = ctx.plan
+    return {
+        "generator": "bapipe gen", "plan_fingerprint": ctx.fingerprint, "model": p.model, "cluster": p.cluster,
+        "mode": p.mode, "schedule": p.schedule, "microbatches": p.microbatches, "microbatch_size": p.microbatch_size,
+        "format": {"name": ctx.fmt.name, "width": ctx.fmt.width, "frac": ctx.fmt.frac,
+                   "rounding": "half-up", "saturate": True, "stream_order": "HWC for (C,H,W) images",
+                   "port_bits": ctx.fmt.port_bits},
+        "weight_seed": ctx.seed,
+        "stages": [{
+            "index": s.index, "kernel": s.name, "boards": s.boards, "board_type": s.board_type, "style": s.style,
+            "inputs": [{"port": q.name, "tensor": q.tensor, "shape": list(q.shape), "elements": q.elements}
+                       for q in s.inputs],
+            "outputs": [{"port": q.name, "tensor": q.tensor, "shape": list(q.shape), "elements": q.elements}
+                        for q in s.outputs],
+            "layers": [{"name": l.name, "type": l.type, "func": l.func, "tparams": l.tparams, "cycles": l.cycles}
+                       for l in s.layers],
+            "weights_file": f"{s.name}/weights.bin",
+            "weights": [{"name": w.name, "layer": l.name, "shape": list(w.model_shape), "offset": w.offset,
+                         "elements": int(w.model_q.size)} for l in s.layers for w in l.weights],
+            "embedded_weights": s.embed_weights,
+        } for s in ctx.stages],
+        "boards": [{"name": b.name, "board_type": b.board_type, "platform": b.platform, "kernels": b.stages,
+                    "link_config": f"link/{b.name}.cfg"} for b in ctx.boards],
+        "skipped": ctx.skipped,
+    }
+
+
+def render_files(ctx: ProjectCtx, plan_text: str, cluster=None) -> dict[str, bytes]:
+    """Every file of the project, path -> bytes (nothing touches the disk here)."""
+    env = environment()
+    c_hdr = comment(ctx.header, "//")
+    h_hdr = comment(ctx.header, "#")
+    files: dict[str, bytes] = {}
+
+    def put(path: str, tpl: str, **kw) -> None:
+        files[path] = env.get_template(tpl).render(fmt=ctx.fmt, **kw).encode()
+
+    files["plan.yaml"] = plan_text.encode()
+    files["host_config.json"] = (json.dumps(host_config(ctx), indent=2, sort_keys=False) + "\n").encode()
+    put("common/bapipe_types.h", "bapipe_types.h.j2", header=c_hdr)
+    put("common/bapipe_layers.h", "bapipe_layers.h.j2", header=c_hdr)
+    put("common/mm2s.cpp", "mm2s.cpp.j2", header=c_hdr)
+    put("common/s2mm.cpp", "s2mm.cpp.j2", header=c_hdr)
+    for s in ctx.stages:
+        d = s.name
+        key = _board_type_key(s.board_type)
+        part = PARTS.get(key, PARTS["U250"])
+        clk = _clock_ns(s.board_type, cluster)
+        put(f"{d}/{d}.h", "stage.h.j2", header=c_hdr, s=s)
+        put(f"{d}/{d}.cpp", "stage.cpp.j2", header=c_hdr, s=s)
+        put(f"{d}/{d}_weights.h", "weights.h.j2", header=c_hdr, s=s)
+        put(f"{d}/tb_{d}.cpp", "tb.cpp.j2", header=c_hdr, s=s)
+        put(f"{d}/run_hls.tcl", "run_hls.tcl.j2", header=h_hdr, s=s, part=part, clock_ns=clk)
+        put(f"{d}/hls_config.cfg", "hls_config.cfg.j2", header=h_hdr, s=s, part=part, clock_ns=clk)
+        files[f"{d}/weights.bin"] = weights_bin(s, ctx.fmt.width)
+        files[f"{d}/csim_in.txt"] = csim_input(ctx, s)
+    for b in ctx.boards:
+        if b.platform is None:
+            continue  # no Vitis platform for this board type (e.g. VCU118): RTL flow only
+        put(f"link/{b.name}.cfg", "link.cfg.j2", header=h_hdr, b=b)
+    put("Makefile", "Makefile.j2", header=h_hdr, stages=ctx.stages, boards=[b for b in ctx.boards if b.platform])
+    return files
+
+
+def write_files(files: dict[str, bytes], out_dir: Path) -> list[Path]:
+    """Write the tree; unchanged files are left alone so mtimes (and make) stay quiet."""
+    written = []
+    for rel in sorted(files):
+        path = out_dir / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if not path.exists() or path.read_bytes() != files[rel]:
+            path.write_bytes(files[rel])
+        written.append(path)
+    return written
+
+
+__all__ = ["render_files", "write_files", "host_config", "environment", "PLATFORMS"]

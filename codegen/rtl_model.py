@@ -1,0 +1,490 @@
+"""From a plan to the RTL pipeline's structure, and the cycle model that predicts its timing.
+
+Every hardware decision the Verilog templates need is made here, in Python: which blocks a
+board chains (FIFOs, width converters, sliding-window generators, matrix-vector units,
+ReLUs, link transmitter/receiver), their parameters (folding, widths, FIFO depths, credit
+counts sized from link bandwidth x latency), the weights they bake in, and the predicted
+cycles per sample. ``codegen/rtl.py`` only turns these dataclasses into text.
+
+Cycle model (docs/rtl.md):
+- a matrix-vector unit takes exactly NF*SF cycles per vector, NF = MH/PE, SF = MW/SIMD
+  (conv: one vector per output pixel), plus ``MVU_FILL`` cycles of pipeline fill;
+- every stream moves at most one beat per cycle;
+- a link of ``bw`` bytes/cycle moves a beat of B bytes in max(1, B/bw) cycles; its credits
+  cover the round trip 2*latency + ``LINK_LOOP`` cycles so it never waits for credits;
+- the pipeline's interval (cycles per sample in steady state) is the slowest of all these.
+"""
+from __future__ import annotations
+
+import math
+import zlib
+from dataclasses import dataclass, field
+from fractions import Fraction
+
+import numpy as np
+
+from bapipe.errors import SpecError
+from bapipe.plan import Folding, Plan
+
+#: cycles from the MVU step that completes a row fold to that fold's output beat
+MVU_FILL = 4
+#: cycles a credit spends outside the link's two latencies (rx FIFO, credit register, tx)
+LINK_LOOP = 3
+#: slack credits beyond the round trip, so a one-cycle hiccup never starves the link
+CREDIT_SLACK = 1
+#: (width, fraction bits) per plan number format, as in docs/codegen.md
+FORMATS = {"fixed16": (16, 10), "int8": (8, 4)}
+
+
+def clog2(n: int) -> int:
+    """Address bits for ``n`` entries (at least 1)."""
+    return max(1, (n - 1).bit_length())
+
+
+def count_bits(n: int) -> int:
+    """Bits to hold every value 0..n (at least 1)."""
+    return max(1, int(n).bit_length())
+
+
+def elem_format(number_format: str, plan_file: str = "plan.yaml") -> tuple[int, int]:
+    """(width, fraction bits) of a plan number format; SpecError for formats RTL lacks."""
+    try:
+        return FORMATS[number_format]
+    except KeyError:
+        raise SpecError(plan_file, None, "number_format",
+                        f"expected one of {', '.join(FORMATS)} for RTL generation, got '{number_format}'") from None
+
+
+# ------------------------------------------------------------------ blocks
+
+@dataclass(eq=False)
+class MvuSpec:
+    """One matrix-vector unit: W (MH x MW) raw ints, bias (MH) raw ints, PE x SIMD folding."""
+
+    module: str
+    layer: str
+    mw: int
+    mh: int
+    pe: int
+    simd: int
+    relu: bool
+    elem_w: int
+    frac: int
+    weights: np.ndarray
+    bias: np.ndarray
+
+    @property
+    def sf(self) -> int:
+        """Column folds: input beats per vector."""
+        return self.mw // self.simd
+
+    @property
+    def nf(self) -> int:
+        """Row folds: output beats per vector."""
+        return self.mh // self.pe
+
+    @property
+    def cycles_per_vector(self) -> int:
+        """Exactly (MH/PE)*(MW/SIMD)."""
+        return self.nf * self.sf
+
+    @property
+    def acc_w(self) -> int:
+        """Exact accumulator width 2W+16 (docs/codegen.md)."""
+        return 2 * self.elem_w + 16
+
+    def weight_word(self, addr: int) -> list[int]:
+        """Lanes of weight ROM word ``addr`` = nf*SF + sf: W[nf*PE+p][sf*SIMD+i] at lane p*SIMD+i."""
+        nf, sf = divmod(addr, self.sf)
+        rows = self.weights[nf * self.pe:(nf + 1) * self.pe, sf * self.simd:(sf + 1) * self.simd]
+        return [int(v) for v in rows.reshape(-1)]
+
+    def bias_word(self, nf: int) -> list[int]:
+        """Lanes of bias ROM word ``nf``: b[nf*PE+p] at lane p."""
+        return [int(v) for v in self.bias[nf * self.pe:(nf + 1) * self.pe]]
+
+
+@dataclass(frozen=True)
+class SwgSpec:
+    """Sliding-window generator of a conv layer (square kernel, same stride/pad both axes)."""
+
+    c: int
+    h: int
+    w: int
+    k: int
+    pad: int
+    stride: int
+    simd: int
+
+    @property
+    def out_hw(self) -> tuple[int, int]:
+        """Output height and width."""
+        return ((self.h + 2 * self.pad - self.k) // self.stride + 1,
+                (self.w + 2 * self.pad - self.k) // self.stride + 1)
+
+    @property
+    def frame_beats(self) -> int:
+        """Input beats per image."""
+        return self.h * self.w * self.c // self.simd
+
+    @property
+    def out_beats(self) -> int:
+        """Output beats per image: one im2col column per output pixel."""
+        oh, ow = self.out_hw
+        return oh * ow * self.k * self.k * self.c // self.simd
+
+    def params(self, elem_w: int) -> dict[str, int]:
+        """Verilog parameters."""
+        oh, ow = self.out_hw
+        cnt_w = count_bits(max(self.h, self.w, oh, ow, self.k, self.frame_beats) + self.pad) + 1
+        return {"C": self.c, "IMG_H": self.h, "IMG_W": self.w, "K": self.k, "PAD": self.pad,
+                "STRIDE": self.stride, "OUT_H": oh, "OUT_W": ow, "SIMD": self.simd, "ELEM_W": elem_w,
+                "CNT_W": cnt_w, "ADDR_W": clog2(2 * self.frame_beats)}
+
+
+@dataclass(frozen=True)
+class LinkSpec:
+    """One emulated inter-board link as the hardware sees it (all in cycles of the sim clock)."""
+
+    src: str
+    dst: str
+    beat_bytes: int
+    bw_num: int            # bandwidth = bw_num / bw_den bytes per cycle
+    bw_den: int
+    latency: int           # cycles from acceptance to delivery, each direction
+    credits: int           # receiver FIFO depth = transmitter's initial credits
+
+    @property
+    def bytes_per_cycle(self) -> Fraction:
+        """Configured bandwidth in bytes per cycle."""
+        return Fraction(self.bw_num, self.bw_den)
+
+    @property
+    def beats_per_cycle(self) -> Fraction:
+        """Sustained beat rate: the bandwidth, but never above one beat per cycle."""
+        return min(Fraction(1), self.bytes_per_cycle / self.beat_bytes)
+
+    def emulator_params(self, lanes: int, elem_w: int) -> dict[str, int]:
+        """Verilog parameters of link_emulator."""
+        cost = self.beat_bytes * self.bw_den
+        return {"DATA_W": lanes * elem_w, "BEAT_BYTES": self.beat_bytes, "BW_NUM": self.bw_num,
+                "BW_DEN": self.bw_den, "LATENCY": self.latency, "PTR_W": clog2(self.latency),
+                "TOKEN_W": count_bits(cost + 2 * self.bw_num)}
+
+
+def credit_depth(beats_per_cycle: Fraction, latency: int) -> int:
+    """Receiver FIFO depth (= credits) that keeps a link busy: rate x round trip, plus slack.
+
+    A credit spent in cycle t comes back usable in cycle t + 2*latency + LINK_LOOP.
+    """
+    return max(2, math.ceil(beats_per_cycle * (2 * latency + LINK_LOOP)) + CREDIT_SLACK)
+
+
+def make_link(src: str, dst: str, bandwidth_Bps: float, latency_s: float, clock_hz: float,
+              beat_bytes: int) -> LinkSpec:
+    """Turn a cluster link (bytes/s, seconds) into cycles at ``clock_hz``.
+
+    The bandwidth is kept as a fraction with denominator at most 64 (within 1/64 byte/cycle).
+    """
+    bpc = Fraction(bandwidth_Bps / clock_hz).limit_denominator(64)
+    if bpc <= 0:
+        bpc = Fraction(1, 64)
+    latency = max(1, round(latency_s * clock_hz))
+    rate = min(Fraction(1), bpc / beat_bytes)
+    return LinkSpec(src, dst, beat_bytes, bpc.numerator, bpc.denominator, latency, credit_depth(rate, latency))
+
+
+@dataclass(eq=False)
+class Block:
+    """One instance in a board's chain: s_axis in, m_axis out."""
+
+    kind: str                       # fifo | width_conv | relu | mvu | swg | link_rx | link_tx
+    inst: str
+    module: str
+    params: dict[str, int]
+    in_lanes: int
+    out_lanes: int
+    mvu: MvuSpec | None = None
+    swg: SwgSpec | None = None
+    beats_in: int = 0               # beats per sample on its input
+    cycles: int = 0                 # cycles per sample it needs at best
+
+
+@dataclass(eq=False)
+class BoardRtl:
+    """The RTL of one board: a linear chain of blocks between its input and its output."""
+
+    name: str
+    module: str
+    stage: int
+    blocks: list[Block]
+    in_lanes: int
+    out_lanes: int
+    has_rx: bool
+    has_tx: bool
+
+
+@dataclass(eq=False)
+class Pipeline:
+    """The whole generated pipeline: boards in order, links between, numbers for the model."""
+
+    boards: list[BoardRtl]
+    links: list[LinkSpec]
+    elem_w: int
+    frac: int
+    fmt: str
+    in_elems: int                   # elements per sample into board 0
+    out_elems: int                  # elements per sample out of the last board
+    ops: list[dict] = field(default_factory=list)   # numpy reference: dense/conv/relu in order
+    breakdown: list[tuple[str, int]] = field(default_factory=list)
+    interval: float = 0.0           # predicted cycles per sample (steady state)
+
+    @property
+    def in_lanes(self) -> int:
+        """Elements per input beat."""
+        return self.boards[0].in_lanes
+
+    @property
+    def out_lanes(self) -> int:
+        """Elements per output beat."""
+        return self.boards[-1].out_lanes
+
+
+class Unsupported(Exception):
+    """The plan uses something the RTL pipeline cannot build (message says what)."""
+
+
+# ------------------------------------------------------------------ weights
+
+def layer_params(model, number_format: str, seed: int = 0) -> dict[str, dict[str, np.ndarray]]:
+    """Deterministic raw fixed-point weights for every dense/conv2d layer.
+
+    Uses the HLS generator's ``codegen.weights.model_params`` when it exists so RTL and HLS
+    bake identical numbers; otherwise uniform(+-1/sqrt(fan_in)) seeded by the layer name.
+    """
+    try:  # the HLS helper's generator is the source of truth when present
+        from codegen.weights import model_params  # type: ignore
+        return model_params(model, number_format, seed)
+    except ImportError:
+        pass
+    from fpga_models.fixedpoint import quantize
+    out = {}
+    for layer in model.layers:
+        if layer.type == "dense":
+            mw, mh = layer.in_shapes[0][-1], layer.attr["units"]
+            shape = (mh, mw)
+        elif layer.type == "conv2d":
+            c = layer.in_shapes[0][0]
+            k = _pair(layer.attr["kernel"])
+            shape = (layer.attr["out_channels"], c, k[0], k[1])
+        else:
+            continue
+        fan_in = int(np.prod(shape[1:]))
+        rng = np.random.default_rng([seed, zlib.crc32(layer.name.encode())])
+        lim = 1.0 / math.sqrt(fan_in)
+        w = quantize(rng.uniform(-lim, lim, shape), number_format)
+        b = quantize(rng.uniform(-lim, lim, shape[0]), number_format) if layer.attr.get("bias", True) else None
+        out[layer.name] = {"w": w, "b": b}
+    return out
+
+
+def _pair(v) -> tuple[int, int]:
+    return (int(v), int(v)) if isinstance(v, (int, np.integer)) else (int(v[0]), int(v[1]))
+
+
+# ------------------------------------------------------------------ chains
+
+def _converters(prefix: str, lanes_in: int, lanes_out: int, elem_w: int, beats: int) -> list[Block]:
+    """Width converters from lanes_in to lanes_out (through their gcd when neither divides)."""
+    if lanes_in == lanes_out:
+        return []
+    steps = [lanes_in, lanes_out]
+    if lanes_in % lanes_out and lanes_out % lanes_in:
+        steps = [lanes_in, math.gcd(lanes_in, lanes_out), lanes_out]
+    out = []
+    for i, (a, b) in enumerate(zip(steps, steps[1:])):
+        ratio = max(a, b) // min(a, b)
+        elems = beats * lanes_in
+        out.append(Block("width_conv", f"{prefix}_wc{i}", "axis_width_conv",
+                         {"IN_W": a * elem_w, "OUT_W": b * elem_w, "COUNT_W": count_bits(ratio)},
+                         a, b, beats_in=elems // a, cycles=max(elems // a, elems // b)))
+    return out
+
+
+def _fifo(inst: str, lanes: int, depth: int, elem_w: int, beats: int) -> Block:
+    return Block("fifo", inst, "axis_fifo",
+                 {"DATA_W": lanes * elem_w, "DEPTH": depth, "ADDR_W": clog2(depth), "COUNT_W": count_bits(depth)},
+                 lanes, lanes, beats_in=beats, cycles=beats)
+
+
+def _fold(stage, name: str) -> Folding:
+    return stage.folding.get(name) or Folding(1, 1)
+
+
+def board_chain(plan: Plan, stage, model, params, board_name: str, in_lanes: int | None,
+                link_in: LinkSpec | None, elem_w: int, frac: int, ops: list[dict]) -> BoardRtl:
+    """The block chain of one stage on one board; appends the stage's layers to ``ops``.
+
+    ``in_lanes`` None means the board's input is the host: it takes the first layer's SIMD.
+    Raises Unsupported for layer types or shapes the RTL pipeline does not build.
+    """
+    pre = f"s{stage.index}"
+    layers = [model.layers[model.index[n]] if hasattr(model, "index") and isinstance(model.index, dict)
+              else next(l for l in model.layers if l.name == n) for n in stage.layers]
+    blocks: list[Block] = []
+    lanes = in_lanes
+    elems = None
+    skip = set()
+    for li, layer in enumerate(layers):
+        if layer.name in skip:
+            continue
+        nxt = layers[li + 1] if li + 1 < len(layers) else None
+        fuse_relu = nxt is not None and nxt.type == "relu"
+        if layer.type in ("dense", "conv2d"):
+            f = _fold(stage, layer.name)
+            p = params[layer.name]
+            if layer.type == "dense":
+                if len(layer.in_shapes[0]) != 1:
+                    raise Unsupported(f"layer '{layer.name}': dense on a {len(layer.in_shapes[0])}-D input")
+                mw, mh = layer.in_shapes[0][0], layer.attr["units"]
+                wmat = np.asarray(p["w"], dtype=np.int64)
+                vectors = 1
+                swg = None
+            else:
+                c, h, w = layer.in_shapes[0]
+                k, s, pd = _pair(layer.attr["kernel"]), _pair(layer.attr.get("stride", 1)), _pair(layer.attr.get("padding", 0))
+                if k[0] != k[1] or s[0] != s[1] or pd[0] != pd[1] or layer.attr.get("groups", 1) != 1:
+                    raise Unsupported(f"layer '{layer.name}': only square, ungrouped convolutions")
+                if c % f.simd:
+                    raise Unsupported(f"layer '{layer.name}': SIMD {f.simd} must divide the {c} input channels")
+                swg = SwgSpec(c, h, w, k[0], pd[0], s[0], f.simd)
+                mw, mh = k[0] * k[0] * c, layer.attr["out_channels"]
+                from fpga_models.fixedpoint import conv_weight_matrix
+                wmat = conv_weight_matrix(p["w"])
+                vectors = swg.out_hw[0] * swg.out_hw[1]
+            if mh % f.pe or mw % f.simd:
+                raise SpecError("plan.yaml", None, f"stages[{stage.index}].folding.{layer.name}",
+                                f"expected PE dividing {mh} and SIMD dividing {mw}, got pe={f.pe} simd={f.simd}")
+            if lanes is None:
+                lanes = swg.simd if swg else f.simd
+            in_elems = layer.in_elems
+            blocks += _converters(f"{pre}_{layer.name}", lanes, f.simd, elem_w, in_elems // lanes)
+            if swg:
+                blocks.append(Block("swg", f"{pre}_{layer.name}_swg", "swg", swg.params(elem_w), f.simd, f.simd,
+                                    swg=swg, beats_in=swg.frame_beats,
+                                    cycles=max(swg.frame_beats, swg.out_beats)))
+            else:
+                # Holds a whole input vector so the producer runs ahead while this MVU replays
+                # its buffer for the later row folds: the interval is then the slower of the two.
+                blocks.append(_fifo(f"{pre}_{layer.name}_fifo", f.simd, mw // f.simd + 2, elem_w, mw // f.simd))
+            bias = np.asarray(p["b"], dtype=np.int64) if p.get("b") is not None else np.zeros(mh, dtype=np.int64)
+            mvu = MvuSpec(f"{pre}_{layer.name}_mvu", layer.name, mw, mh, f.pe, f.simd, fuse_relu, elem_w, frac,
+                          wmat, bias)
+            blocks.append(Block("mvu", f"{pre}_{layer.name}_mvu", mvu.module, {}, f.simd, f.pe, mvu=mvu,
+                                beats_in=vectors * mvu.sf, cycles=vectors * mvu.cycles_per_vector))
+            ops.append({"layer": layer.name, "type": layer.type, "relu": fuse_relu,
+                        "w": np.asarray(p["w"], dtype=np.int64), "b": bias,
+                        **({"stride": swg.stride, "padding": swg.pad, "in_shape": [swg.c, swg.h, swg.w]} if swg else {})})
+            if fuse_relu:
+                skip.add(nxt.name)
+            lanes = f.pe
+            elems = layer.out_elems
+        elif layer.type == "relu":
+            if lanes is None:
+                lanes = _fold(stage, layer.name).pe
+            beats = layer.out_elems // lanes
+            blocks.append(Block("relu", f"{pre}_{layer.name}", "axis_relu", {"LANES": lanes, "ELEM_W": elem_w},
+                                lanes, lanes, beats_in=beats, cycles=beats))
+            ops.append({"layer": layer.name, "type": "relu", "relu": True})
+            elems = layer.out_elems
+        elif layer.type == "flatten" and (len(layer.in_shapes[0]) == 1 or layer.in_shapes[0][1:] == (1, 1)):
+            continue  # HWC and CHW orders coincide for a vector or a 1x1 image: nothing to do
+        else:
+            raise Unsupported(f"layer '{layer.name}': type '{layer.type}' has no RTL engine yet "
+                              f"(RTL builds dense, conv2d, relu)")
+        if lanes and elems and elems % lanes:
+            raise Unsupported(f"layer '{layer.name}': {elems} elements do not fill {lanes}-lane beats")
+    if lanes is None:
+        raise Unsupported(f"stage {stage.index} has no layers the RTL can build")
+    in_l = blocks[0].in_lanes if blocks else lanes
+    has_rx = link_in is not None
+    if has_rx:
+        rx = Block("link_rx", f"{pre}_rx", "link_rx",
+                   {"DATA_W": in_l * elem_w, "DEPTH": link_in.credits, "ADDR_W": clog2(link_in.credits),
+                    "COUNT_W": count_bits(link_in.credits)}, in_l, in_l,
+                   beats_in=layers[0].in_elems // in_l, cycles=layers[0].in_elems // in_l)
+        blocks.insert(0, rx)
+    return BoardRtl(board_name, f"{board_name}_top", stage.index, blocks, in_l, lanes, has_rx, False)
+
+
+def build_pipeline(plan: Plan, model, cluster, params=None, plan_file: str = "plan.yaml") -> Pipeline:
+    """The RTL pipeline of a plan: one board per stage, links between consecutive boards.
+
+    Raises Unsupported when the plan needs what the RTL cannot build (several boards per
+    stage, several stages per board, layer types without an engine).
+    """
+    elem_w, frac = elem_format(plan.number_format, plan_file)
+    params = layer_params(model, plan.number_format) if params is None else params
+    if not plan.stages:
+        raise Unsupported("the plan has no stages")
+    seen = set()
+    for s in plan.stages:
+        if len(s.boards) != 1:
+            raise Unsupported(f"stage {s.index} spans {len(s.boards)} boards (RTL builds one board per stage)")
+        if s.boards[0] in seen:
+            raise Unsupported(f"board '{s.boards[0]}' runs several stages (RTL builds one stage per board)")
+        seen.add(s.boards[0])
+    clock = min(cb.board.clock_hz for cb in cluster.boards)
+    boards: list[BoardRtl] = []
+    links: list[LinkSpec] = []
+    ops: list[dict] = []
+    link_in = None
+    lanes = None
+    for s in plan.stages:
+        b = board_chain(plan, s, model, params, s.boards[0], lanes, link_in, elem_w, frac, ops)
+        boards.append(b)
+        if s is not plan.stages[-1]:
+            nxt = plan.stages[s.index + 1].boards[0]
+            beat_bytes = b.out_lanes * elem_w // 8
+            link = make_link(s.boards[0], nxt, cluster.path_bandwidth(s.boards[0], nxt),
+                             cluster.path_latency(s.boards[0], nxt), clock, beat_bytes)
+            links.append(link)
+            b.has_tx = True
+            b.blocks.append(Block("link_tx", f"s{s.index}_tx", "link_tx",
+                                  {"DATA_W": b.out_lanes * elem_w, "CREDITS": link.credits,
+                                   "CREDIT_W": count_bits(link.credits)}, b.out_lanes, b.out_lanes))
+            link_in, lanes = link, b.out_lanes
+    first = model.layers[model.index[plan.stages[0].layers[0]]] if isinstance(getattr(model, "index", None), dict) \
+        else next(l for l in model.layers if l.name == plan.stages[0].layers[0])
+    last = next(l for l in model.layers if l.name == plan.stages[-1].layers[-1])
+    pipe = Pipeline(boards, links, elem_w, frac, plan.number_format, first.in_elems, last.out_elems, ops)
+    pipe.breakdown, pipe.interval = predict_interval(pipe)
+    return pipe
+
+
+def predict_interval(pipe: Pipeline) -> tuple[list[tuple[str, int]], float]:
+    """Cycle model: (per-element cycles per sample, the slowest = predicted interval)."""
+    parts: list[tuple[str, float]] = []
+    for b in pipe.boards:
+        for blk in b.blocks:
+            if blk.cycles:
+                parts.append((f"{b.name}/{blk.inst}", blk.cycles))
+        parts.append((f"{b.name}/in", pipe.in_elems // b.in_lanes if b is pipe.boards[0] else 0))
+    for i, link in enumerate(pipe.links):
+        beats = _link_beats(pipe, i)
+        parts.append((f"link {link.src}->{link.dst}", float(beats / link.beats_per_cycle)))
+    parts.append(("out", pipe.out_elems // pipe.out_lanes))
+    parts = [(n, c) for n, c in parts if c]
+    return parts, max(c for _, c in parts)
+
+
+def _link_beats(pipe: Pipeline, i: int) -> int:
+    b = pipe.boards[i]
+    tx = b.blocks[-1]
+    mvus = [blk for blk in b.blocks if blk.kind in ("mvu", "relu")]
+    last = mvus[-1]
+    # beats per sample leaving the board = its last block's output elements / lanes
+    if last.mvu is not None:
+        vectors = last.beats_in // last.mvu.sf
+        return vectors * last.mvu.nf
+    return last.beats_in * last.in_lanes // tx.in_lanes

@@ -1,0 +1,68 @@
+"""`bapipe sim plan.yaml [--iterations N] [--gantt g.png] [--trace t.json] [--json]`."""
+from __future__ import annotations
+
+from bapipe.errors import SpecError
+
+
+def cmd_sim(args) -> dict:
+    """Simulate the plan; write the Gantt chart / trace if asked; return the --json object."""
+    from bapipe.plan import load_plan, resolve
+
+    from .sim import simulate
+    from .trace import write_gantt, write_trace
+
+    plan = load_plan(args.plan)
+    model, cluster = resolve(plan, args.plan)
+    iterations = getattr(args, "iterations", 1)
+    if iterations is None or iterations < 1:
+        raise SpecError(None, None, "--iterations", f"expected a positive integer, got {iterations}")
+    result = simulate(plan, model, cluster, iterations=iterations)
+    out = result.to_json()
+    predicted = (plan.predicted or {}).get("iteration_time_s")
+    if predicted:
+        out["planner_iteration_time_s"] = float(predicted)
+        out["sim_vs_planner"] = result.iteration_time_s / float(predicted) - 1.0
+    if getattr(args, "gantt", None):
+        out["gantt"] = str(write_gantt(result, args.gantt))
+    if getattr(args, "trace", None):
+        out["trace"] = str(write_trace(result, args.trace))
+    return out
+
+
+def show_sim(r: dict) -> str:
+    """Human table of a simulation."""
+    lines = [f"{r['model']} on {r['cluster']}: {r['schedule']} ({r['mode']}), {r['devices']} pipeline positions"
+             + (f" x {r['chunks']} chunks" if r["chunks"] > 1 else "")
+             + f", {r['microbatches']} micro-batches, {r['iterations']} iteration(s)",
+             f"iteration time  {r['iteration_time_s']:.6g} s ({r['iteration_cycles']} cycles of the first board)",
+             f"throughput      {r['throughput_samples_per_s']:.6g} samples/s",
+             f"bubble          {r['bubble_fraction']:.2%} of board time idle (idle/busy {r['bubble_ratio']:.4f})"]
+    if "planner_iteration_time_s" in r:
+        lines.append(f"planner         {r['planner_iteration_time_s']:.6g} s (sim {r['sim_vs_planner']:+.2%})")
+    lines.append("")
+    lines.append(f"{'board':<12}{'pos':>4}{'busy':>8}{'bubble':>8}{'stall':>8}{'peak memory':>16}{'off-chip':>14}")
+    for b in r["boards"]:
+        lines.append(f"{b['name']:<12}{b['device']:>4}{b['busy']:>8.1%}{b['bubble']:>8.1%}{b['stall']:>8.1%}"
+                     f"{_bytes(b['peak_memory_bytes']):>16}{_bytes(b['peak_offchip_bytes']):>14}")
+    used = [ln for ln in r["links"] if ln["transfers"]]
+    if used:
+        lines.append("")
+        lines.append(f"{'link':<24}{'kind':>9}{'utilisation':>13}{'bytes':>14}")
+        for ln in sorted(used, key=lambda x: -x["utilisation"])[:16]:
+            lines.append(f"{ln['name']:<24}{ln['kind']:>9}{ln['utilisation']:>13.2%}{_bytes(ln['bytes']):>14}")
+        if len(used) > 16:
+            lines.append(f"... {len(used) - 16} more links (see --json)")
+    lines.append("")
+    lines.append(f"{r['events']} events in {r['wall_s']:.3f} s")
+    for k in ("gantt", "trace"):
+        if k in r:
+            lines.append(f"wrote {r[k]}")
+    return "\n".join(lines)
+
+
+def _bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1024
+    return str(n)

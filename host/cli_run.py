@@ -1,0 +1,49 @@
+"""`bapipe run plan.yaml --backend numpy|verilator|xrt`: train the plan's model on a backend."""
+from __future__ import annotations
+
+import sys
+
+from .backends import BackendUnavailable
+from .driver import PipelineFailure, train
+
+
+def cmd_run(args) -> dict | tuple[dict, int]:
+    """Run the plan's schedule; the --json object has backend, epochs, final_loss,
+    test_accuracy, samples_per_s and grad_max_rel_err_vs_single_device.
+
+    A missing tool or board exits 2 with one line; a failed worker exits 1 with one line
+    naming the stage and micro-batch.
+    """
+    try:
+        return train(args.plan, backend=args.backend, epochs=args.epochs, lr=args.lr, seed=args.seed,
+                     precision=args.precision, log=args.log, checkpoint=args.checkpoint, resume=args.resume,
+                     ray=args.ray, timeout=args.timeout, build=args.build,
+                     progress=not getattr(args, "json", False) or sys.stderr.isatty())
+    except BackendUnavailable as e:
+        sys.stderr.write(f"bapipe run: {e}\n")
+        return {"backend": args.backend, "error": str(e)}, 2
+    except PipelineFailure as e:
+        msg = str(e)
+        sys.stderr.write(f"bapipe run: {msg}\n")
+        return {"backend": args.backend, "error": msg}, 1
+
+
+def show_run(r: dict) -> str:
+    """Human summary of a run."""
+    if "error" in r:
+        return ""
+    util = " ".join(f"{u:.0%}" for u in r["stage_utilisation"])
+    err = r["grad_max_rel_err_vs_single_device"]
+    lines = [
+        f"{r['backend']} backend, {r['schedule']} schedule: {r['stages']} stages, {r['devices']} pipeline positions, "
+        f"{r['workers']} board workers, "
+        f"{r['microbatches']} micro-batches of {r['microbatch_size']} (global batch {r['global_batch']}), "
+        f"{r['optimizer']} lr {r['lr']:g}, {r['precision']}",
+        *(f"  epoch {h['epoch'] + 1}: mean loss {h['mean_loss']:.4f}" for h in r["history"] if h["mean_loss"] is not None),
+        f"final loss        {r['final_loss']:.4f}",
+        f"test accuracy     {r['test_accuracy']:.4f} ({r['test_samples']} digits)",
+        f"throughput        {r['samples_per_s']:.0f} samples/s",
+        f"stage utilisation {util}",
+        f"grad rel. error   {err:.2e} vs single device" if err is not None else "grad rel. error   (not checked)",
+    ]
+    return "\n".join(lines)

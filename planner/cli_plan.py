@@ -1,0 +1,132 @@
+"""`bapipe plan MODEL CLUSTER -o plan.yaml`: the handler and its human-readable table."""
+from __future__ import annotations
+
+import importlib.util
+
+from bapipe.errors import SpecError
+from bapipe.schedules import SCHEDULES
+from bapipe.spec import load_model
+from fpga_models.boards import FORMATS
+from fpga_models.cluster import load_cluster
+
+from .planning import make_plan, summary
+from .search import Request
+
+
+def parse_partition(text: str, n: int) -> list[tuple[int, int]]:
+    """'0-5,6-11,12' -> [(0, 5), (6, 11), (12, 12)]; SpecError naming --partition otherwise."""
+    out = []
+    for part in str(text).split(","):
+        part = part.strip()
+        try:
+            if "-" in part:
+                a, b = part.split("-", 1)
+                out.append((int(a), int(b)))
+            else:
+                out.append((int(part), int(part)))
+        except ValueError:
+            raise SpecError(None, None, "--partition", f"expected ranges like 0-5,6-11; got {part!r}") from None
+    for a, b in out:
+        if not 0 <= a <= b < n:
+            raise SpecError(None, None, "--partition", f"range {a}-{b} outside layers 0-{n - 1}")
+    return out
+
+
+def _measured(path: str | None, model):
+    """Per-layer measured times from bapipe.profiles (when that module exists)."""
+    if not path:
+        return None
+    if importlib.util.find_spec("bapipe.profiles") is None:
+        raise SpecError(path, None, "--profile", "measured profiles are not available in this build")
+    from bapipe.profiles import load_profile
+    prof = load_profile(path, model)
+    missing = [l.name for l in model.layers if l.name not in prof]
+    if missing:
+        raise SpecError(path, None, "--profile", f"no times for layer(s) {', '.join(missing[:5])}")
+    return prof
+
+
+def request_from_args(args, model) -> Request:
+    """Validate CLI options into a Request."""
+    sched = getattr(args, "schedule", "auto") or "auto"
+    if sched != "auto" and sched not in SCHEDULES:
+        raise SpecError(None, None, "--schedule", f"expected auto or one of {', '.join(SCHEDULES)}, got {sched!r}")
+    fmt = getattr(args, "format", "fixed16")
+    if fmt not in FORMATS:
+        raise SpecError(None, None, "--format", f"expected one of {', '.join(FORMATS)}, got {fmt!r}")
+    mb = str(getattr(args, "microbatches", "auto") or "auto")
+    if mb == "auto":
+        m = None
+    else:
+        try:
+            m = int(mb)
+        except ValueError:
+            raise SpecError(None, None, "--microbatches", f"expected auto or a positive integer, got {mb!r}") from None
+        if m < 1:
+            raise SpecError(None, None, "--microbatches", f"expected a positive integer, got {m}")
+    gb = getattr(args, "global_batch", None)
+    if gb is not None and gb < 1:
+        raise SpecError(None, None, "--global-batch", f"expected a positive integer, got {gb}")
+    cap = float(getattr(args, "cap", 0.8))
+    if not 0 < cap <= 1:
+        raise SpecError(None, None, "--cap", f"expected a utilisation cap in (0, 1], got {cap}")
+    mode = getattr(args, "mode", "train")
+    mode = "inference" if mode in ("infer", "inference") else mode
+    part = getattr(args, "partition", None)
+    return Request(schedule=sched, microbatches=m, global_batch=gb, fmt=fmt, mode=mode,
+                   optimizer=getattr(args, "optimizer", "sgd"), cap=cap,
+                   replication=not getattr(args, "no_replication", False), max_boards=getattr(args, "boards", None),
+                   partition=parse_partition(part, len(model.layers)) if part else None,
+                   measured=_measured(getattr(args, "measured", None), model))
+
+
+def cmd_plan(args):
+    """Plan MODEL on CLUSTER, write plan.yaml, return the --json object."""
+    model = load_model(args.model)
+    cluster = load_cluster(args.cluster)
+    req = request_from_args(args, model)
+    out = make_plan(model, cluster, args.model, args.cluster, req)
+    if getattr(args, "pareto", False):
+        from .pareto import pareto_plans
+        out.pareto = pareto_plans(model, cluster, req)
+    out.plan.save(args.output)
+    res = summary(out)
+    res["output"] = str(args.output)
+    return res
+
+
+def _t(x) -> str:
+    if x is None:
+        return "-"
+    for unit, f in (("s", 1), ("ms", 1e3), ("us", 1e6)):
+        if x * f >= 1:
+            return f"{x * f:.3g} {unit}"
+    return f"{x * 1e9:.3g} ns"
+
+
+def show_plan(res: dict) -> str:
+    """Human-readable plan table."""
+    lines = [f"plan {res['model']} on {res['cluster']} ({res['mode']}): schedule {res['schedule']}"
+             + (f" v={res['chunks']}" if res['chunks'] > 1 else "")
+             + f", {res['microbatches']} micro-batches of {res['microbatch_size']}, global batch {res['global_batch']}"
+             + (f", {res['replicas']} replicas per stage" if res['replicas'] > 1 else "")
+             + (", activation recomputation" if res['recompute'] else ""),
+             f"{'stage':>5} {'layers':>9} {'boards':<22} {'style':<16} {'fwd':>9} {'bwd':>9} {'send':>9} {'memory':>10}"]
+    for i, s in enumerate(res["stages"]):
+        b = ",".join(s["boards"])
+        lines.append(f"{i:>5} {s['layers'][0]:>4}-{s['layers'][1]:<4} {b[:22]:<22} {s['style']:<16} "
+                     f"{_t(s['fwd_s']):>9} {_t(s['bwd_s']):>9} {_t(s['send_s']):>9} {s['memory_bytes'] / 2**20:>8.1f}MB")
+    lines.append(f"iteration {_t(res['iteration_time_s'])}, {res['throughput_samples_per_s']:.4g} samples/s, "
+                 f"bubble {res['bubble_fraction']:.1%}; lower bound {_t(res['lower_bound_s'])}")
+    for name, b in res["baselines"].items():
+        if "infeasible" in b:
+            lines.append(f"  {name:<15} infeasible: {b['infeasible']}")
+        else:
+            sp = b["iteration_time_s"] / res["iteration_time_s"]
+            lines.append(f"  {name:<15} {_t(b['iteration_time_s']):>9} ({b['schedule']}, m={b['microbatches']}): "
+                         f"plan is {sp:.2f}x faster")
+    for q in res.get("pareto") or []:
+        lines.append(f"  pareto: {_t(q['iteration_time_s'])} peak {q['peak_memory_bytes'] / 2**30:.2f} GiB "
+                     f"{q['boards']} boards ({q['schedule']}, m={q['microbatches']}, r={q['replicas']})")
+    lines.append(f"wrote {res['output']}")
+    return "\n".join(lines)

@@ -1,0 +1,65 @@
+"""`bapipe reshard`: plan one cross-mesh resharding and compare strategies with the bound."""
+from __future__ import annotations
+
+from math import prod
+
+from bapipe.errors import SpecError
+
+from .reshard import best_transfer, default_network, network_from_cluster
+from .reshard.layout import dtype_bytes, mesh_str, parse_layout, parse_mesh, parse_shape
+
+
+def _network(args, src_mesh, dst_mesh):
+    """The default network, or the cluster's first boards (source mesh, then destination mesh)."""
+    if not args.cluster:
+        return default_network(src_mesh, dst_mesh)
+    from fpga_models.cluster import load_cluster
+
+    cluster = load_cluster(args.cluster)
+    names = [cb.name for cb in cluster.boards]
+    ns, nd = prod(src_mesh), prod(dst_mesh)
+    if ns + nd > len(names):
+        raise SpecError(None, None, "--cluster", f"cluster '{cluster.name}' has {len(names)} boards; expected at "
+                                                 f"least {ns + nd} ({ns} source + {nd} destination)")
+    return network_from_cluster(cluster, names[:ns], names[ns:ns + nd])
+
+
+def cmd_reshard(args) -> dict:
+    """The --json object: tasks, lower bound, every strategy's time and ratio, the best."""
+    shape = parse_shape(args.shape, "--shape")
+    nbytes = dtype_bytes(args.dtype, "--dtype")
+    src_mesh = parse_mesh(args.src_mesh, "--src-mesh")
+    dst_mesh = parse_mesh(args.dst_mesh, "--dst-mesh")
+    src = parse_layout(args.src, len(shape), src_mesh, "--src")
+    dst = parse_layout(args.dst, len(shape), dst_mesh, "--dst")
+    net = _network(args, src_mesh, dst_mesh)
+    res = best_transfer(shape, nbytes, src_mesh, src, dst_mesh, dst, net, seed=int(args.seed or 0))
+    delivered = sum(t.nbytes * len(t.receivers) for t in res.tasks)
+    strategies = []
+    for p in res.plans:
+        strategies.append({"name": p.name, "time_s": p.time_s, "ratio_to_bound": res.ratio_to_bound(p),
+                           "effective_Bps": delivered / p.time_s if p.time_s > 0 else 0.0,
+                           "transfers": len(p.transfers)})
+    b = res.bound
+    return {"shape": list(shape), "dtype": args.dtype, "src_mesh": mesh_str(src_mesh), "src": str(src),
+            "dst_mesh": mesh_str(dst_mesh), "dst": str(dst), "network": net.name,
+            "tensor_bytes": res.nbytes, "delivered_bytes": delivered,
+            "tasks": len(res.tasks), "lower_bound_s": res.lower_bound_s,
+            "bound_terms": {"group_ingress_s": b.group_ingress_s, "holder_egress_s": b.holder_egress_s,
+                            "device_ingress_s": b.device_ingress_s, "latency_s": b.latency_s},
+            "strategies": strategies, "best": res.strategy}
+
+
+def show_reshard(r: dict) -> str:
+    """Human table: predicted time, effective bandwidth and ratio to the bound per strategy."""
+    lines = [f"reshard {'x'.join(map(str, r['shape']))} {r['dtype']}: {r['src_mesh']} {r['src']} -> "
+             f"{r['dst_mesh']} {r['dst']}  (network {r['network']}, {r['tasks']} unit tasks, "
+             f"{r['delivered_bytes'] / 1e6:.3f} MB delivered)",
+             f"lower bound {r['lower_bound_s'] * 1e6:.3f} us", "",
+             f"  {'strategy':<16} {'time (us)':>12} {'eff. GB/s':>10} {'x bound':>8}"]
+    for s in r["strategies"]:
+        mark = "*" if s["name"] == r["best"] else " "
+        lines.append(f"{mark} {s['name']:<16} {s['time_s'] * 1e6:>12.3f} {s['effective_Bps'] / 1e9:>10.2f} "
+                     f"{s['ratio_to_bound']:>8.3f}")
+    lines += ["", f"best: {r['best']}  (effective bandwidth = bytes the receivers take in / time)"]
+    return "\n".join(lines)

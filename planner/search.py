@@ -1,0 +1,348 @@
+"""BaPipe exploration: schedules x micro-batching x replication x exact partitions.
+
+For every configuration (schedule, chunks v, replication r, stages p = boards / r,
+micro-batches m, activation recomputation) the exact partition DP (planner.partition)
+minimises the closed-form objective J; the best few by J are replayed op by op
+(planner.pipeline.replay) and the fastest replay is the plan. Configurations are visited
+in order of a lower bound on J and skipped once the bound exceeds the best J found.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from bapipe.errors import SpecError
+from bapipe.schedules import SCHEDULES, stash_count, weight_versions
+from bapipe.spec import Model
+from fpga_models.boards import bytes_per_element
+from fpga_models.cluster import Cluster
+
+from . import partition as part
+from .pipeline import replay, ring_allreduce_s
+from .stagecost import LayerTable, StageModel, cut_bytes, layer_table, stage_model
+
+TOP_K = 6           # configurations replayed per search
+MAX_M_CANDIDATES = 12
+
+
+@dataclass
+class Request:
+    """What the user asked for (CLI options, already validated)."""
+
+    schedule: str = "auto"
+    microbatches: int | None = None      # None = explore
+    global_batch: int | None = None      # None = 8 x boards
+    fmt: str = "fixed16"
+    mode: str = "train"
+    optimizer: str = "sgd"
+    cap: float = 0.8
+    replication: bool = True
+    max_boards: int | None = None
+    partition: list[tuple[int, int]] | None = None
+    measured: dict | None = None
+
+
+@dataclass(frozen=True, order=True)
+class Config:
+    """One point of the search space."""
+
+    schedule: str
+    v: int
+    r: int
+    p: int
+    m: int
+    beta: int
+    recompute: bool
+
+
+@dataclass
+class Candidate:
+    """A configuration with its optimal partition and (after replay) its iteration time."""
+
+    config: Config
+    bounds: list[tuple[int, int]]
+    objective: float
+    exact: bool = True
+    iteration_s: float | None = None
+    bubble: float | None = None
+    stages: list[dict] = field(default_factory=list)
+    boards_used: int = 0
+
+    @property
+    def peak_memory(self) -> int:
+        """Most memory any board holds (device total over its chunks)."""
+        per_dev: dict[int, int] = {}
+        for s in self.stages:
+            per_dev[s["device"]] = per_dev.get(s["device"], 0) + s["memory_bytes"]
+        return max(per_dev.values()) if per_dev else 0
+
+
+class Explorer:
+    """Holds the per-board-type tables of one model on one cluster and searches plans."""
+
+    def __init__(self, model: Model, cluster: Cluster, req: Request):
+        self.model, self.cluster, self.req = model, cluster, req
+        boards = list(cluster.boards)
+        if req.max_boards is not None:
+            if not 1 <= req.max_boards <= len(boards):
+                raise SpecError(None, None, "--boards", f"expected 1..{len(boards)}, got {req.max_boards}")
+            boards = boards[: req.max_boards]
+        self.boards = boards
+        self.N = len(boards)
+        self.G = req.global_batch or 8 * self.N
+        self.bpe = bytes_per_element(req.fmt)
+        self.tables: dict[str, LayerTable] = {}
+        for cb in boards:
+            if cb.board.name not in self.tables:
+                self.tables[cb.board.name] = layer_table(model, cb.board, req.fmt, req.cap, req.measured)
+        self._sm: dict[tuple, StageModel] = {}
+        self._links: dict[tuple, tuple[float, float]] = {}
+        self.n = len(model.layers)
+        self.train = req.mode == "train"
+
+    # ---- building blocks -------------------------------------------------------------
+    def stage_model(self, btype: str, beta: int, recompute: bool, schedule: str) -> StageModel:
+        """Prefix-sum stage model of one board type (cached)."""
+        key = (btype, beta, recompute, weight_versions(schedule))
+        if key not in self._sm:
+            self._sm[key] = stage_model(self.model, self.tables[btype], beta, self.req.fmt, self.req.cap,
+                                        self.req.mode, self.req.optimizer, weight_versions(schedule), recompute)
+        return self._sm[key]
+
+    def group(self, r: int, d: int) -> list:
+        """Boards of replica group d (r consecutive boards in topology order)."""
+        return self.boards[d * r:(d + 1) * r]
+
+    def group_type(self, r: int, d: int) -> str | None:
+        """Board type of group d, or None when the group mixes types."""
+        types = {cb.board.name for cb in self.group(r, d)}
+        return types.pop() if len(types) == 1 else None
+
+    def link(self, r: int, d1: int, d2: int) -> tuple[float, float]:
+        """(effective bandwidth, latency) between groups d1 and d2: replica k talks to replica k;
+        a physical link shared by several replica routes divides its bandwidth among them."""
+        key = (r, d1, d2)
+        if key not in self._links:
+            uses: dict = {}
+            lat = 0.0
+            for a, b in zip(self.group(r, d1), self.group(r, d2)):
+                route = self.cluster.route(a.name, b.name)
+                lat = max(lat, sum(ln.latency_s for ln in route))
+                for ln in route:
+                    uses[ln] = uses.get(ln, 0) + 1
+            bw = min((ln.bandwidth_Bps / c for ln, c in uses.items()), default=math.inf)
+            self._links[key] = (bw, lat)
+        return self._links[key]
+
+    def ring(self, boards) -> tuple[float, float]:
+        """(bandwidth, latency per step) of a ring all-reduce over ``boards`` in order."""
+        if len(boards) < 2:
+            return math.inf, 0.0
+        bw, lat = math.inf, 0.0
+        for a, b in zip(boards, boards[1:] + boards[:1]):
+            bw = min(bw, self.cluster.path_bandwidth(a.name, b.name))
+            lat = max(lat, self.cluster.path_latency(a.name, b.name))
+        return bw, lat
+
+    def stashes(self, c: Config, d: int) -> int:
+        """Micro-batches whose activations virtual stage d's device holds at its peak, per chunk."""
+        if not self.train:
+            return 0
+        sched = c.schedule if c.p > 1 else "1f1b"
+        s = stash_count(sched, c.p, d % c.p, c.m, c.v)
+        return int(math.ceil(s / c.v))
+
+    # ---- problem construction -------------------------------------------------------------
+    def band_length(self, c: Config) -> int:
+        """Longest layer range any stage could hold in memory (bounds the DP band)."""
+        if self.n <= 256:
+            return self.n
+        best = 0
+        smin = min(self.stashes(c, d) for d in range(c.p * c.v))
+        for btype in self.tables:
+            sm = self.stage_model(btype, c.beta, c.recompute, c.schedule)
+            i = np.arange(self.n)
+            ln = best + 1
+            while ln <= self.n:
+                ii = i[: self.n - ln + 1]
+                if not sm.cost(ii, ii + ln - 1, smin)["feasible"].any():
+                    break
+                ln += 1
+            best = max(best, ln - 1)
+        return max(best, 1)
+
+    def problem(self, c: Config, L: int | None = None) -> part.Problem | None:
+        """The partition problem of configuration ``c`` (None when a group mixes board types)."""
+        V = c.p * c.v
+        L = L or self.band_length(c)
+        n = self.n
+        j = np.arange(n)[:, None]
+        k = np.arange(L)[None, :]
+        i = j - k
+        valid = i >= 0
+        ic = np.where(valid, i, 0)
+        jj = np.broadcast_to(j, ic.shape)
+        T = []
+        cache: dict = {}
+        for s in range(V):
+            d = s % c.p
+            btype = self.group_type(c.r, d)
+            if btype is None:
+                return None
+            st = self.stashes(c, s)
+            key = (btype, st)
+            if key not in cache:
+                sm = self.stage_model(btype, c.beta, c.recompute, c.schedule)
+                r = sm.cost(ic, jj, st)
+                cache[key] = np.where(valid & r["feasible"], r["time_s"], math.inf)
+            T.append(cache[key])
+        cb = cut_bytes(self.model, self.req.fmt, c.beta)
+        C = np.zeros((max(V - 1, 0), n))
+        O = np.zeros((max(V - 1, 0), n))
+        ways = 2 if self.train else 1
+        for s in range(V - 1):
+            bw, lat = self.link(c.r, s % c.p, (s + 1) % c.p)
+            occ = np.concatenate([cb / bw, [0.0]])
+            O[s] = occ
+            C[s] = ways * (occ + lat)
+        return part.Problem(n, T, C, O, c.m, c.v)
+
+    def lower_bound(self, c: Config) -> float:
+        """A lower bound on J: all work spread evenly, (m v + V - 1)/(V v) x total."""
+        tot = math.inf
+        for btype in self.tables:
+            sm = self.stage_model(btype, c.beta, c.recompute, c.schedule)
+            tot = min(tot, float(sm.PF[-1] + (sm.PB[-1] if self.train else 0.0)))
+        V = c.p * c.v
+        return tot * (c.m * c.v + V - 1) / (V * c.v) if V else tot
+
+    # ---- configurations -------------------------------------------------------------------
+    def m_candidates(self, r: int, p: int, schedule: str) -> list[int]:
+        """Micro-batch counts to try: divisors of the global batch whose size splits over r replicas."""
+        if self.req.microbatches is not None:
+            ms = [self.req.microbatches]
+        else:
+            ms = [m for m in range(1, self.G + 1) if self.G % m == 0]
+        out = [m for m in ms if self.G % m == 0 and (self.G // m) % r == 0]
+        if schedule == "interleaved":
+            out = [m for m in out if m % p == 0]
+        if len(out) > MAX_M_CANDIDATES:  # keep the largest (smallest bubbles) and a spread of the rest
+            idx = np.unique(np.round(np.linspace(0, len(out) - 1, MAX_M_CANDIDATES)).astype(int))
+            out = [out[i] for i in idx]
+        return out
+
+    def configs(self, schedules: list[str], replicas: list[int], recompute: tuple[bool, ...]) -> list[Config]:
+        """Every configuration of the search space."""
+        out = []
+        for r in replicas:
+            if self.N % r:
+                continue
+            p = self.N // r
+            if p > self.n or any(self.group_type(r, d) is None for d in range(p)):
+                continue
+            for sched in (schedules if p > 1 else ["1f1b"]):
+                vs = [2] if sched == "interleaved" else [1]
+                for v in vs:
+                    if p * v > self.n or (sched == "interleaved" and p == 1):
+                        continue
+                    for m in self.m_candidates(r, p, sched):
+                        for rc in recompute:
+                            out.append(Config(sched, v, r, p, m, self.G // m // r, rc))
+        return sorted(set(out))
+
+    def schedules(self) -> list[str]:
+        """Schedules to explore."""
+        if not self.train:
+            return ["gpipe"]
+        if self.req.schedule == "auto":
+            return list(SCHEDULES)
+        return [self.req.schedule]
+
+    # ---- search ---------------------------------------------------------------------------
+    def solve_config(self, c: Config) -> Candidate | None:
+        """Exact partition of one configuration (None if nothing fits)."""
+        prob = self.problem(c)
+        if prob is None:
+            return None
+        sol = part.solve(prob)
+        if sol is None:
+            return None
+        return Candidate(c, sol.bounds, sol.objective, sol.exact)
+
+    def fixed_config(self, c: Config, bounds: list[tuple[int, int]]) -> Candidate | None:
+        """A user- or baseline-given partition of one configuration (None if it does not fit)."""
+        prob = self.problem(c, L=self.n)
+        if prob is None:
+            return None
+        J, _b, _t = part.evaluate(prob, bounds)
+        if not math.isfinite(J):
+            return None
+        return Candidate(c, list(bounds), J)
+
+    def search(self, configs: list[Config]) -> list[Candidate]:
+        """Exact partitions of the configurations in bound order; the best TOP_K replayed, fastest first."""
+        found: list[Candidate] = []
+        best = math.inf
+        order = sorted(configs, key=lambda c: (self.lower_bound(c), c))
+        feasible_norc: set = set()
+        for c in order:
+            if self.lower_bound(c) >= best * (1 + 1e-9) and len(found) >= TOP_K:
+                break
+            if c.recompute and (c.schedule, c.v, c.r, c.m) in feasible_norc:
+                continue  # recomputation only where the stashes do not fit otherwise
+            cand = self.solve_config(c)
+            if cand is None:
+                continue
+            if not c.recompute:
+                feasible_norc.add((c.schedule, c.v, c.r, c.m))
+            found.append(cand)
+            best = min(best, cand.objective)
+        found.sort(key=lambda x: (x.objective, x.config))
+        top = found[:TOP_K]
+        for cand in top:
+            self.finish(cand)
+        top.sort(key=lambda x: (x.iteration_s, x.objective, x.config))
+        return top + found[TOP_K:]
+
+    # ---- details ---------------------------------------------------------------------------
+    def finish(self, cand: Candidate) -> Candidate:
+        """Per-stage figures, all-reduce, and the replayed iteration time of a candidate."""
+        c = cand.config
+        V = c.p * c.v
+        cb = cut_bytes(self.model, self.req.fmt, c.beta)
+        stages = []
+        for s, (a, b) in enumerate(cand.bounds):
+            d = s % c.p
+            btype = self.group_type(c.r, d)
+            sm = self.stage_model(btype, c.beta, c.recompute, c.schedule)
+            st = self.stashes(c, s)
+            r = {k: float(np.asarray(v)) for k, v in sm.cost(np.array(a), np.array(b), st).items()}
+            if s < V - 1:
+                bw, lat = self.link(c.r, d, (s + 1) % c.p)
+                occ, sb = float(cb[b]) / bw, int(cb[b])
+            else:
+                occ, lat, sb = 0.0, 0.0, 0
+            stages.append({"index": s, "device": d, "chunk": s // c.p, "first": a, "last": b, "board_type": btype,
+                           "boards": [x.name for x in self.group(c.r, d)], "fwd_s": r["fwd_s"], "bwd_s": r["bwd_s"],
+                           "time_s": r["time_s"], "memory_bytes": int(r["memory"]), "weight_bytes": int(r["weight_bytes"]),
+                           "stash_bytes": int(r["stash_bytes"]), "stashes": st, "send_bytes": sb, "send_occ": occ,
+                           "send_lat": lat, "send_s": occ + lat, "compute_f": r["compute_f"],
+                           "compute_b": r["compute_b"], "onchip": sm.onchip})
+        ar = [0.0] * c.p
+        if self.train and c.r > 1:
+            for d in range(c.p):
+                wb = sum(x["weight_bytes"] for x in stages if x["device"] == d)
+                bw, lat = self.ring(self.group(c.r, d))
+                ar[d] = ring_allreduce_s(wb, c.r, bw, lat)
+        for x in stages:
+            x["allreduce_s"] = ar[x["device"]] if x["chunk"] == 0 else 0.0
+        rp = replay(c.schedule if c.p > 1 else "1f1b", c.p, c.m, [x["fwd_s"] for x in stages],
+                    [x["bwd_s"] for x in stages], [x["send_occ"] for x in stages[:-1]],
+                    [x["send_lat"] for x in stages[:-1]], c.v, ar, forward_only=not self.train)
+        cand.iteration_s = rp.iteration_s
+        cand.bubble = rp.bubble_fraction
+        cand.stages = stages
+        cand.boards_used = c.p * c.r
+        return cand

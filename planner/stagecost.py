@@ -1,0 +1,186 @@
+"""Stage costs from per-layer arrays: what a contiguous run of layers costs on one board.
+
+The partition search asks for the cost of many ranges [i, j] at once, so every figure is a
+prefix sum over layers and a range costs O(1) (vectorised with numpy). The model:
+
+- compute: each layer runs at its best folding on the whole budget of the board (the
+  time-multiplexed style: layers take turns on the shared DSPs), cycles from
+  fpga_models.cost; a stage's compute is the sum over its layers;
+- memory per board: weights x copies (gradient, optimizer state, 2BW's second version)
+  + stashed activations (stash count x per-micro-batch bytes) + line buffers;
+  must fit on chip (x cap) + off-chip;
+- spill roofline: on-chip holds weights first, then gradients, then stashes; spilled
+  weights are read once per forward and once per backward, spilled gradients read and
+  written once per backward, spilled stashes written in forward and read in backward.
+  Stage time = max(compute, off-chip traffic / off-chip bandwidth), per pass.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from bapipe.spec import Model
+from fpga_models.boards import Board, bytes_per_element
+from fpga_models.cost import (best_folding, elementwise_work, gpu_layer_cost, matrix_shape, onchip_capacity,
+                              weight_copies)
+
+
+@dataclass
+class LayerTable:
+    """Per-layer arrays of a model on one board type (folding chosen for the whole board)."""
+
+    board: Board
+    fold: list[tuple[int, int]]
+    fwd_work: np.ndarray      # MACs (MVU) or element-ops per sample, forward
+    bwd_work: np.ndarray      # input-grad + weight-grad work per sample
+    lanes: np.ndarray         # PE*SIMD (MVU) or lanes (elementwise)
+    gpu_f: np.ndarray | None  # GPU roofline seconds per sample (None on FPGAs)
+    gpu_b: np.ndarray | None
+    measured_f: np.ndarray | None = None   # measured seconds per sample (profile hook)
+    measured_b: np.ndarray | None = None
+
+
+def layer_table(model: Model, board: Board, fmt: str, cap: float, measured: dict | None = None) -> LayerTable:
+    """Per-layer work and folding of ``model`` on ``board`` (tm style: each layer gets the whole budget)."""
+    n = len(model.layers)
+    fw, bw, lanes = np.zeros(n), np.zeros(n), np.ones(n)
+    fold = []
+    gf = gb = None
+    if board.kind == "gpu":
+        gf, gb = np.zeros(n), np.zeros(n)
+        for k, l in enumerate(model.layers):
+            g = gpu_layer_cost(l, board, fmt, 1)
+            gf[k], gb[k] = g.fwd_s, g.bwd_s
+            fold.append((1, 1))
+    else:
+        for k, l in enumerate(model.layers):
+            pe, simd = best_folding(l, board, fmt, board.usable_dsp * cap, board.usable_lut * cap)
+            fold.append((pe, simd))
+            lanes[k] = pe * simd
+            if matrix_shape(l) is not None:
+                fw[k], bw[k] = l.fwd_macs, l.bwd_macs
+            else:
+                fw[k], bw[k] = elementwise_work(l)
+    t = LayerTable(board, fold, fw, bw, lanes, gf, gb)
+    if measured:
+        t.measured_f = np.array([measured[l.name]["fwd_s"] for l in model.layers], dtype=float)
+        t.measured_b = np.array([measured[l.name]["bwd_s"] for l in model.layers], dtype=float)
+    return t
+
+
+def layer_times(t: LayerTable, beta: int) -> tuple[np.ndarray, np.ndarray]:
+    """(forward, backward) seconds per layer for a micro-batch of ``beta`` samples on one board.
+
+    FPGA: ceil(work * beta / lanes) cycles at the board clock (FINN MVU formula).
+    Measured profiles and GPU rooflines scale linearly with beta (per-sample figures).
+    """
+    if t.measured_f is not None:
+        return t.measured_f * beta, t.measured_b * beta
+    if t.gpu_f is not None:
+        return t.gpu_f * beta, t.gpu_b * beta
+    clk = t.board.clock_hz
+    f = np.ceil(t.fwd_work * beta / t.lanes - 1e-9) / clk
+    b = np.ceil(t.bwd_work * beta / t.lanes - 1e-9) / clk
+    return f, b
+
+
+@dataclass
+class StageModel:
+    """Prefix sums for O(1) stage costs of one board type at one micro-batch size."""
+
+    board: Board
+    beta: int
+    mode: str
+    recompute: bool
+    copies: int
+    onchip: int
+    capacity: int
+    PF: np.ndarray   # prefix forward seconds
+    PB: np.ndarray   # prefix backward seconds
+    PW: np.ndarray   # prefix weight bytes
+    PA: np.ndarray   # prefix stash bytes per micro-batch (inputs of every layer)
+    PBUF: np.ndarray  # prefix line-buffer bytes
+    IN: np.ndarray   # bytes entering a stage that starts at layer i (per micro-batch)
+
+    def cost(self, i, j, stashes):
+        """Vectorised stage figures for layers i..j (inclusive) with ``stashes`` in-flight micro-batches.
+
+        Returns a dict of arrays: fwd_s, bwd_s, time_s, memory, weight_bytes, stash_bytes, feasible.
+        """
+        i = np.asarray(i)
+        j = np.asarray(j)
+        F = self.PF[j + 1] - self.PF[i]
+        Bc = self.PB[j + 1] - self.PB[i]
+        W = self.PW[j + 1] - self.PW[i]
+        A = self.PA[j + 1] - self.PA[i]
+        buf = self.PBUF[j + 1] - self.PBUF[i]
+        train = self.mode == "train"
+        if train and self.recompute:
+            Bc = Bc + F                       # re-run the forward before the backward
+            stash_mb = self.IN[i]
+            stash = stashes * stash_mb + A    # + one micro-batch's activations while it backpropagates
+        elif train:
+            stash_mb = A
+            stash = stashes * A
+        else:
+            stash_mb = np.zeros_like(A)
+            stash = A                         # working activations of one micro-batch
+        mem = W * self.copies + stash + buf
+        feasible = mem <= self.capacity
+        if self.board.kind == "gpu":
+            fs, bs = F, Bc
+        else:
+            on = np.full(np.shape(W), float(self.onchip)) - buf
+            w_on = np.clip(on, 0, None)
+            w_on = np.minimum(W, w_on)
+            w_off = W - w_on
+            on2 = np.clip(on - W, 0, None)
+            if train:
+                g_on = np.minimum(W, on2)
+                g_off = W - g_on
+                on3 = np.clip(on2 - W, 0, None)
+                s_on = np.minimum(stash, on3)
+                phi = np.where(stash > 0, (stash - s_on) / np.maximum(stash, 1), 0.0)
+                tr_f = w_off + phi * stash_mb
+                tr_b = w_off + 2 * g_off + phi * stash_mb
+            else:
+                tr_f = w_off
+                tr_b = np.zeros_like(W)
+            bwb = self.board.offchip_bw_Bps
+            fs = np.maximum(F, tr_f / bwb)
+            bs = np.maximum(Bc, tr_b / bwb) if train else np.zeros_like(F)
+        if not train:
+            bs = np.zeros_like(fs)
+        return {"fwd_s": fs, "bwd_s": bs, "time_s": fs + bs, "memory": mem, "weight_bytes": W,
+                "stash_bytes": stash, "feasible": feasible, "compute_f": F, "compute_b": Bc}
+
+
+def stage_model(model: Model, table: LayerTable, beta: int, fmt: str, cap: float, mode: str, optimizer: str,
+                versions: int, recompute: bool) -> StageModel:
+    """Prefix sums of ``table`` for micro-batches of ``beta`` samples."""
+    bpe = bytes_per_element(fmt)
+    f, b = layer_times(table, beta)
+    n = len(model.layers)
+    w = np.array([l.params * bpe for l in model.layers], dtype=float)
+    a = np.array([l.in_elems * bpe * beta for l in model.layers], dtype=float)
+    buf = np.zeros(n)
+    if table.board.kind == "fpga":
+        for k, l in enumerate(model.layers):
+            if l.type in ("conv2d", "maxpool", "avgpool") and len(l.in_shapes[0]) == 3:
+                c, _h, wd = l.in_shapes[0]
+                buf[k] = l.attr["kernel"][0] * wd * c * bpe
+    cut = model.cut_elements_all
+    first_in = sum(math.prod(i.shape) for i in model.inputs)
+    IN = np.array([first_in] + list(cut), dtype=float) * bpe * beta
+    z = lambda x: np.concatenate([[0.0], np.cumsum(x)])  # noqa: E731
+    board = table.board
+    onchip = onchip_capacity(board, cap) if board.kind == "fpga" else 0
+    return StageModel(board, beta, mode, recompute, weight_copies(optimizer, mode, versions), onchip,
+                      onchip + board.offchip_bytes, z(f), z(b), z(w), z(a), z(buf), IN)
+
+
+def cut_bytes(model: Model, fmt: str, beta: int) -> np.ndarray:
+    """Activation bytes per micro-batch crossing the cut after each layer (length n-1)."""
+    return np.array(model.cut_elements_all, dtype=float) * bytes_per_element(fmt) * beta

@@ -1,0 +1,279 @@
+"""The discrete-event simulator against closed forms, the stash formula and its own invariants."""
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from bapipe.plan import Plan, Stage
+from bapipe.schedules import stash_count
+from bapipe.spec import load_model
+from bapipe.yamlio import loads
+from bapipe.errors import SpecError
+from fpga_models.cluster import load_cluster, parse_cluster
+from fpga_models.sim import SimConfig, simulate
+from fpga_models.trace import trace_events, write_gantt, write_trace
+
+MODEL = load_model("tiny-mlp")
+NO_HOST = SimConfig(host_io=False)
+
+
+def ring(n: int, bw: float = 1e30, lat: float = 1e-30, board: str = "U250"):
+    """A ring of n boards; the defaults make links free (latency must be > 0 in a spec)."""
+    txt = f"name: t\ntopology: ring\nboards: [{{type: {board}, count: {n}}}]\nlink: {{bandwidth: {bw}, latency: {lat}}}\n"
+    return parse_cluster(loads(txt), "t.yaml")
+
+
+def balanced(schedule: str, p: int, m: int, v: int = 1, tf: float = 1.0, tb: float = 2.0, send: int = 0,
+             stash: int = 0, weights: int = 0, replicas: int = 1, mode: str = "train") -> Plan:
+    """p*v equal stages; virtual stage k on device k % p as chunk k // p (each chunk is 1/v of the work)."""
+    stages = []
+    for k in range(p * v):
+        boards = [f"fpga{(k % p) * replicas + r}" for r in range(replicas)]
+        stages.append(Stage(index=k, layers=[f"l{k}"], first=k, last=k, boards=boards, board_type="U250",
+                            replicas=replicas, device=k % p, chunk=k // p, fwd_s=tf / v, bwd_s=tb / v,
+                            send_bytes=send, stash_bytes=stash, weight_bytes=weights))
+    return Plan(model="tiny-mlp", model_fingerprint="", cluster="t", cluster_fingerprint="", schedule=schedule,
+                chunks=v, microbatches=m, stages=stages, mode=mode)
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "eager-1f1b", "2bw"])
+@pytest.mark.parametrize("p,m", [(2, 4), (4, 8), (4, 32), (8, 8), (8, 64)])
+def test_bubble_gpipe_1f1b(schedule, p, m):
+    """Balanced stages, free links: idle / total board time = (p-1)/(m+p-1)."""
+    r = simulate(balanced(schedule, p, m), MODEL, ring(p), config=NO_HOST)
+    expect = (p - 1) / (m + p - 1)
+    assert r.bubble_fraction == pytest.approx(expect, rel=5e-3)
+    assert r.iteration_time_s == pytest.approx((m + p - 1) * 3.0, rel=1e-9)
+
+
+@pytest.mark.parametrize("p,m,v", [(2, 4, 2), (4, 8, 2), (4, 16, 4), (8, 16, 2), (4, 32, 3)])
+def test_bubble_interleaved(p, m, v):
+    """Megatron's measure for interleaving: idle / busy = (p-1)/(v m); as a fraction (p-1)/(v m + p - 1)."""
+    r = simulate(balanced("interleaved", p, m, v), MODEL, ring(p), config=NO_HOST)
+    assert r.bubble_ratio == pytest.approx((p - 1) / (v * m), rel=5e-3)
+    assert r.bubble_fraction == pytest.approx((p - 1) / (v * m + p - 1), rel=5e-3)
+
+
+@pytest.mark.parametrize("schedule,v", [("gpipe", 1), ("1f1b", 1), ("eager-1f1b", 1), ("2bw", 1),
+                                        ("interleaved", 2), ("interleaved", 3)])
+def test_peak_memory_is_stash_formula(schedule, v):
+    """Peak memory per board = weights + stash_count x stash bytes (the planner's formula)."""
+    p, m = 4, 12
+    r = simulate(balanced(schedule, p, m, v, stash=1000, weights=77), MODEL, ring(p), config=NO_HOST)
+    for b in r.boards:
+        assert b.peak_memory_bytes == 77 * v + 1000 * stash_count(schedule, p, b.device, m, v)
+
+
+def test_peak_memory_with_link_latency_unchanged():
+    """Stash peaks come from the op order, so slow links must not change them."""
+    p, m = 4, 8
+    r = simulate(balanced("eager-1f1b", p, m, send=10_000, stash=10), MODEL, ring(p, bw=1e5, lat=0.3))
+    assert [b.peak_memory_bytes for b in r.boards] == [10 * stash_count("eager-1f1b", p, d, m) for d in range(p)]
+
+
+@pytest.mark.parametrize("lat", [0.2, 0.5, 1.0])
+def test_eager_1f1b_beats_1f1b_with_latency(lat):
+    """With link latency eager-1F1B overlaps sends with compute: faster, more memory (Zhuang et al.)."""
+    p, m = 4, 16
+    cl = ring(p, bw=1e4, lat=lat)
+    one = simulate(balanced("1f1b", p, m, send=1000, stash=1), MODEL, cl)
+    eager = simulate(balanced("eager-1f1b", p, m, send=1000, stash=1), MODEL, cl)
+    assert eager.iteration_time_s < one.iteration_time_s * 0.97
+    assert max(b.peak_memory_bytes for b in eager.boards) > max(b.peak_memory_bytes for b in one.boards)
+
+
+def test_link_cost_adds_exactly_on_a_chain():
+    """GPipe, p=2, m=1: F, send, F, B, send back, B: every wire second shows in the makespan."""
+    bw, lat, nbytes = 1000.0, 0.25, 500
+    r = simulate(balanced("gpipe", 2, 1, send=nbytes), MODEL, ring(2, bw=bw, lat=lat), config=NO_HOST)
+    assert r.makespan_s == pytest.approx(2 * 3.0 + 2 * (nbytes / bw + lat))
+    used = {ln.name: ln for ln in r.links if ln.transfers}
+    assert set(used) == {"fpga0->fpga1", "fpga1->fpga0"}
+    assert used["fpga0->fpga1"].busy_s == pytest.approx(nbytes / bw)
+
+
+def test_multi_iteration_flush_and_2bw():
+    """Flush schedules repeat the single-iteration time; 2BW's steady state has no fill or drain."""
+    p, m = 4, 8
+    one = simulate(balanced("1f1b", p, m), MODEL, ring(p), iterations=3, config=NO_HOST)
+    assert one.iteration_time_s == pytest.approx((m + p - 1) * 3.0)
+    bw2 = simulate(balanced("2bw", p, m), MODEL, ring(p), iterations=4, config=NO_HOST)
+    assert bw2.steady_iteration_s == pytest.approx(m * 3.0)
+    assert bw2.makespan_s == pytest.approx((4 * m + p - 1) * 3.0)
+
+
+def test_allreduce_ring_time():
+    """A replicated stage reduces gradients in 2(r-1) ring steps of G/r bytes after its last backward
+    (G = the stage's parameters x bytes per element when the plan gives no weight bytes)."""
+    p, m, r = 1, 2, 4
+    bw, lat = 1e6, 1e-3
+    plan = balanced("1f1b", p, m, replicas=r)
+    plan.stages[0].first, plan.stages[0].last = 0, len(MODEL.layers) - 1
+    plan.stages[0].layers = [l.name for l in MODEL.layers]
+    res = simulate(plan, MODEL, ring(r, bw=bw, lat=lat), config=NO_HOST)
+    grad = MODEL.params * 2  # fixed16
+    compute = m * 3.0       # fwd_s/bwd_s are each replica's time for its share
+    expect = compute + 2 * (r - 1) * (grad / r / bw + lat)
+    assert res.makespan_s == pytest.approx(expect, rel=1e-9)
+    assert len(res.allreduces) == 1
+
+
+def test_backpressure_stalls_a_fast_sender():
+    """A fast stage feeding a slow one with one credit stalls instead of running ahead."""
+    plan = balanced("gpipe", 2, 8)
+    plan.stages[1].fwd_s = 3.0
+    r = simulate(plan, MODEL, ring(2), config=SimConfig(host_io=False, rx_credits=1, tx_slots=1))
+    assert r.boards[0].stall_s > 0
+    free = simulate(plan, MODEL, ring(2), config=SimConfig(host_io=False, rx_credits=64))
+    assert free.boards[0].stall_s == 0
+    assert r.makespan_s == pytest.approx(free.makespan_s)  # the slow stage bounds both
+
+
+def test_inference_forward_only():
+    p, m = 4, 8
+    r = simulate(balanced("gpipe", p, m, mode="inference"), MODEL, ring(p), config=NO_HOST)
+    assert r.iteration_time_s == pytest.approx((m + p - 1) * 1.0)
+    assert all(op[1] == "F" for op in r.ops)
+
+
+def test_heterogeneous_clocks_report_own_cycles():
+    txt = ("name: h\ntopology: chain\nboards: [{type: U250, count: 1}, {type: U280, count: 1}]\n"
+           "link: {bandwidth: 1.0e+30, latency: 1.0e-30}\n")
+    cl = parse_cluster(loads(txt), "h.yaml")
+    r = simulate(balanced("1f1b", 2, 4), MODEL, cl, config=NO_HOST)
+    for b in r.boards:
+        clock = cl.board(b.name).board.clock_hz
+        assert b.to_json()["busy_cycles"] == round(b.busy_s * clock)
+
+
+@settings(max_examples=25, deadline=None)
+@given(schedule=st.sampled_from(["gpipe", "1f1b", "eager-1f1b", "2bw", "interleaved"]),
+       p=st.integers(1, 5), k=st.integers(1, 4), v=st.integers(1, 3),
+       times=st.lists(st.floats(0.1, 3.0), min_size=10, max_size=10),
+       lat=st.sampled_from([1e-30, 0.05, 0.4]), credits=st.integers(2, 4))
+def test_invariants(schedule, p, k, v, times, lat, credits):
+    """Random unbalanced plans: ops never overlap on a device, data dependencies hold, time adds up."""
+    v = v if schedule == "interleaved" else 1
+    m = p * k
+    plan = balanced(schedule, p, m, v, send=100)
+    for i, s in enumerate(plan.stages):
+        s.fwd_s, s.bwd_s = times[i % 10], times[(i + 3) % 10]
+    r = simulate(plan, MODEL, ring(max(p, 2), bw=1000.0, lat=lat), config=SimConfig(rx_credits=credits))
+    by_dev: dict[int, list] = {}
+    end = {}
+    for d, kind, mb, chunk, t0, t1 in r.ops:
+        by_dev.setdefault(d, []).append((t0, t1))
+        end[(kind, mb, chunk * p + d)] = t1
+    for spans in by_dev.values():
+        spans.sort()
+        assert all(a[1] <= b[0] + 1e-12 for a, b in zip(spans, spans[1:]))
+    start = {(kind, mb, chunk * p + d): t0 for d, kind, mb, chunk, t0, t1 in r.ops}
+    S = p * v
+    for (kind, mb, s), t0 in start.items():
+        if kind == "F" and s > 0:
+            assert t0 >= end[("F", mb, s - 1)] + lat * 0.999
+        if kind == "B" and s < S - 1:
+            assert t0 >= end[("B", mb, s + 1)] + lat * 0.999
+        if kind == "B":
+            assert t0 >= end[("F", mb, s)]
+    for b in r.boards:
+        assert b.busy_s + b.bubble_s + b.stall_s == pytest.approx(r.makespan_s)
+        assert b.busy_s == pytest.approx(m * sum(s.fwd_s + s.bwd_s for s in plan.stages if s.device == b.device))
+    # a lower bound: device d cannot start before the upstream forwards of micro-batch 0,
+    # works m x its own time, and its last backward still has to flow back upstream
+    if schedule != "interleaved":
+        f = [s.fwd_s for s in plan.stages]
+        b = [s.bwd_s for s in plan.stages]
+        bound = max(sum(f[:d]) + m * (f[d] + b[d]) + sum(b[:d]) for d in range(p))
+        assert r.makespan_s >= bound - 1e-9
+
+
+def test_deadlock_is_reported_not_hung():
+    """One credit, no transmit slack: eager-1F1B's extra warm-up forwards cannot all be buffered."""
+    plan = balanced("eager-1f1b", 4, 8, send=100)
+    try:
+        simulate(plan, MODEL, ring(4), config=SimConfig(rx_credits=1, tx_slots=1))
+    except SpecError as e:
+        assert "deadlock" in str(e)
+
+
+def test_gantt_and_trace(tmp_path):
+    r = simulate(balanced("1f1b", 4, 8, send=1000, stash=1), MODEL, ring(4, bw=1e4, lat=0.1), iterations=2)
+    png = write_gantt(r, tmp_path / "g.png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    tr = write_trace(r, tmp_path / "t.json")
+    doc = json.loads(tr.read_text())
+    xs = [e for e in doc["traceEvents"] if e["ph"] == "X" and e["pid"] == 0 and e["cat"] in "FB"]
+    assert len(xs) == len(r.ops) == 2 * 2 * 8 * 4
+    assert {e["name"] for e in xs} >= {"F0", "B7", "F15"}
+    assert all(e["dur"] >= 0 and e["ts"] >= 0 for e in doc["traceEvents"] if e["ph"] == "X")
+    assert trace_events(r) == doc  # deterministic
+
+
+def _hand_plan(tmp_path):
+    model = load_model("vgg16")
+    cl = load_cluster("4xU250-ring")
+    cuts = [0, 8, 16, 26, len(model.layers)]
+    stages = [Stage(index=k, layers=[l.name for l in model.layers[cuts[k]:cuts[k + 1]]], first=cuts[k],
+                    last=cuts[k + 1] - 1, boards=[f"fpga{k}"], board_type="U250", device=k, fwd_s=1e-3, bwd_s=2e-3,
+                    send_bytes=2 * model.layers[cuts[k + 1] - 1].out_elems if k < 3 else 0,
+                    stash_bytes=10**6, weight_bytes=10**7) for k in range(4)]
+    plan = Plan(model="vgg16", model_fingerprint=model.fingerprint(), cluster="4xU250-ring",
+                cluster_fingerprint=cl.fingerprint(), schedule="1f1b", microbatches=8, microbatch_size=1,
+                global_batch=8, stages=stages, predicted={"iteration_time_s": 0.033})
+    path = tmp_path / "plan.yaml"
+    plan.save(path)
+    return path
+
+
+def test_cli_json(tmp_path):
+    path = _hand_plan(tmp_path)
+    out = subprocess.run([sys.executable, "-m", "bapipe.cli", "sim", str(path), "--json", "--iterations", "2",
+                          "--gantt", str(tmp_path / "g.png"), "--trace", str(tmp_path / "t.json")],
+                         capture_output=True, text=True, check=True)
+    doc = json.loads(out.stdout)
+    for key in ("iteration_time_s", "throughput_samples_per_s", "bubble_fraction", "boards", "links", "events",
+                "wall_s"):
+        assert key in doc
+    assert set(doc["boards"][0]) >= {"name", "busy", "bubble", "stall", "peak_memory_bytes"}
+    assert set(doc["links"][0]) >= {"name", "utilisation"}
+    # 11 x 3 ms plus link and PCIe terms (see test_comm_on_critical_path)
+    assert 0.033 <= doc["iteration_time_s"] < 0.036
+    assert doc["throughput_samples_per_s"] == pytest.approx(8 / doc["iteration_time_s"])
+    assert (tmp_path / "g.png").exists() and (tmp_path / "t.json").exists()
+
+
+def test_cli_bad_plan_one_line(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model: vgg16\nstages: 3\n")
+    out = subprocess.run([sys.executable, "-m", "bapipe.cli", "sim", str(bad)], capture_output=True, text=True)
+    assert out.returncode == 2
+    assert len(out.stderr.strip().splitlines()) == 1 and "bad.yaml" in out.stderr
+
+
+def test_comm_on_critical_path(tmp_path):
+    """VGG-16 on 4 U250s, balanced 3 ms stages: GPipe and eager-1F1B take exactly (m+p-1) t plus one
+    forward and one backward trip over every cut plus the first PCIe input; 1F1B pays the round trip
+    again in its steady state (only p-d micro-batches in flight), which closed forms miss."""
+    from bapipe.plan import load_plan, resolve
+
+    plan = load_plan(_hand_plan(tmp_path))
+    model, cl = resolve(plan)
+    trips = sum(s.send_bytes / cl.path_bandwidth(f"fpga{k}", f"fpga{k + 1}") + cl.path_latency(f"fpga{k}", f"fpga{k + 1}")
+                for k, s in enumerate(plan.stages[:-1]))
+    host = cl.host_of("fpga0")
+    pcie = 3 * 224 * 224 * 2 / host.pcie_bw_Bps + host.pcie_latency_s
+    expect = 11 * 3e-3 + 2 * trips + pcie
+    times = {}
+    for sched in ("gpipe", "eager-1f1b", "1f1b"):
+        plan.schedule = sched
+        times[sched] = simulate(plan, model, cl).iteration_time_s
+    assert times["gpipe"] == pytest.approx(expect, rel=1e-9)
+    assert times["eager-1f1b"] == pytest.approx(expect, rel=1e-9)
+    assert times["1f1b"] > expect * 1.03
