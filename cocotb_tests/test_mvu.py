@@ -11,15 +11,15 @@ import random
 import numpy as np
 import pytest
 
-from cocotb_tests.common import ELEM_W, build, check, needs_verilator
-from cocotb_tests.harness import tb_config
+from cocotb_tests.common import ELEM_W, build, check, needs_verilator, xdist_group
+from codegen.sim_harness import tb_config
 
 FMT = "fixed16"
 
 try:
     import cocotb
 
-    from cocotb_tests import tb
+    from codegen import sim_tb as tb
 
     def _case(cfg, n_vec):
         from fpga_models.fixedpoint import dense_fwd, relu_fwd
@@ -65,7 +65,7 @@ try:
 except ImportError:
     pass
 
-pytestmark = needs_verilator
+pytestmark = [*needs_verilator, xdist_group("mvu")]
 
 
 def _spec(mw, mh, pe, simd, relu, seed):

@@ -35,7 +35,9 @@ def generate_plan(plan, model, cluster, out_dir: str | Path, plan_text: str | No
         "format": ctx.fmt.name,
         "stages": [{"name": s.name, "layers": len(s.layers), "boards": s.boards, "inputs": len(s.inputs),
                     "outputs": len(s.outputs), "weights": s.weight_elements,
-                    "max_layer_cycles": max((l.cycles for l in s.layers), default=0)} for s in ctx.stages],
+                    # dataflow: the slowest layer sets the interval; time-multiplexed: the layers add up
+                    "cycles_per_sample": (max((l.cycles for l in s.layers), default=0) if s.dataflow
+                                          else sum(l.cycles for l in s.layers))} for s in ctx.stages],
         "boards": [b.name for b in ctx.boards],
         "skipped": ctx.skipped,
     }
@@ -52,7 +54,7 @@ def show_gen(r: dict) -> str:
              + (f" + {r['rtl_files']} RTL files" if r["rtl_files"] else "")]
     lines.append(f"{'stage':<10}{'layers':>7}{'weights':>10}{'cycles/sample':>15}  boards")
     for s in r["stages"]:
-        lines.append(f"{s['name']:<10}{s['layers']:>7}{s['weights']:>10}{s['max_layer_cycles']:>15}  "
+        lines.append(f"{s['name']:<10}{s['layers']:>7}{s['weights']:>10}{s['cycles_per_sample']:>15}  "
                      f"{', '.join(s['boards'])}")
     for sk in r["skipped"]:
         lines.append(f"skipped {sk}")

@@ -145,8 +145,12 @@ def _ident_prefix(w: dict) -> str:
     return w["name"].rsplit("_", 1)[0] + "_"
 
 
-def run_binary(binary: Path, inputs: list[np.ndarray], n: int, out_elems: list[int]) -> tuple[list[np.ndarray], float]:
-    """Run a stage testbench: inputs (N, elements) per port in stream order -> outputs likewise."""
+def run_binary(binary: Path, inputs: list[np.ndarray], n: int,
+               out_elems: list[int]) -> tuple[list[np.ndarray], np.ndarray, float]:
+    """Run a stage testbench: inputs (N, elements) per port in stream order.
+
+    Returns (outputs (N, elements) per port, the values printed after them, run seconds).
+    """
     with tempfile.TemporaryDirectory() as td:
         fin, fout = Path(td) / "in.txt", Path(td) / "out.txt"
         parts = [str(n)] + ["\n".join(map(str, a.reshape(-1).tolist())) for a in inputs]
@@ -161,7 +165,7 @@ def run_binary(binary: Path, inputs: list[np.ndarray], n: int, out_elems: list[i
     for e in out_elems:
         outs.append(vals[pos:pos + n * e].reshape(n, e))
         pos += n * e
-    return outs, dt
+    return outs, vals[pos:], dt   # the tail: whatever follows the ports (backward: weight gradients)
 
 
 def csim_project(build: str | Path, samples: int = 4, seed: int = 0, tolerance_lsb: int = 0) -> dict:
@@ -209,7 +213,7 @@ def csim_project(build: str | Path, samples: int = 4, seed: int = 0, tolerance_l
                 tensors[t] = random_input(rng, samples, tuple(p["shape"]), fmt)
                 model_inputs[t] = tensors[t]
             ins.append(tensors[t])
-        outs, row["run_s"] = run_binary(comp.path, [to_stream(x) for x in ins], samples,
+        outs, _, row["run_s"] = run_binary(comp.path, [to_stream(x) for x in ins], samples,
                                         [p["elements"] for p in st["outputs"]])
         row["run_s"] = round(row["run_s"], 3)
         layers = [model.layers[model.index[l["name"]]] for l in st["layers"]]
@@ -222,9 +226,12 @@ def csim_project(build: str | Path, samples: int = 4, seed: int = 0, tolerance_l
         row["max_abs_err_lsb"] = err
         row["passed"] = err <= tolerance_lsb
         results.append(row)
+        if st.get("backward"):
+            results.append(csim_backward(build, st, model, params, fmt, rng, cache, tolerance_lsb))
 
     model_err = None
-    if results and all(r.get("max_abs_err_lsb") is not None for r in results) and len(results) == len(cfg["stages"]):
+    fwd_rows = [r for r in results if not r["name"].endswith("_bwd")]
+    if fwd_rows and all(r.get("max_abs_err_lsb") is not None for r in fwd_rows) and len(fwd_rows) == len(cfg["stages"]):
         first = cfg["stages"][0]["layers"][0]["name"]
         last = cfg["stages"][-1]
         lo = model.index[first]
@@ -234,6 +241,39 @@ def csim_project(build: str | Path, samples: int = 4, seed: int = 0, tolerance_l
     passed = bool(results) and all(r["passed"] for r in results) and (model_err is None or model_err <= tolerance_lsb)
     return {"stages": results, "passed": passed, "samples": samples, "model_max_abs_err_lsb": model_err,
             "format": fmt.name, "cache": str(cache)}
+
+
+def csim_backward(build: Path, st: dict, model, params: dict, fmt: fx.Fmt, rng: np.random.Generator,
+                  cache: Path, tolerance_lsb: int = 0) -> dict:
+    """Compile and run a stage's backward kernel on one random micro-batch; compare input and
+    weight gradients with fpga_models.fixedpoint.stage_bwd."""
+    b = st["backward"]
+    name = b["kernel"]
+    sdir = build / st["kernel"]
+    comp = compile_sources([sdir / f"{name}.cpp", sdir / f"tb_{name}.cpp"], [sdir, build / "common"], cache, name)
+    mb = b["microbatch"]
+    x_ports = [p for p in b["inputs"] if p["port"].startswith("x_")]
+    dy_ports = [p for p in b["inputs"] if p["port"].startswith("dy_")]
+    xs = {p["tensor"]: random_input(rng, mb, tuple(p["shape"]), fmt) for p in x_ports}
+    dys = {p["tensor"]: random_input(rng, mb, tuple(p["shape"]), fmt, span=1.0) for p in dy_ports}
+    feed = [to_stream(xs[p["tensor"]]) for p in x_ports] + [to_stream(dys[p["tensor"]]) for p in dy_ports]
+    counts = [p["elements"] for p in b["outputs"]]
+    outs, tail, run_s = run_binary(comp.path, feed, mb, counts)
+    layers = [model.layers[model.index[l["name"]]] for l in st["layers"]]
+    g, wg = fx.stage_bwd(layers, xs, dys, params, fmt)
+    err = 0
+    for p, o in zip(b["outputs"], outs):
+        err = max(err, int(np.max(np.abs(from_stream(o, tuple(p["shape"])) - g[p["tensor"]]))))
+    pos = 0
+    for a in b["weight_grads"]:
+        ref = wg[a["layer"]][a["kind"]]
+        if a["kind"] == "dw" and ref.ndim == 4:
+            ref = fx.conv_weight_matrix(ref)
+        got = tail[pos:pos + a["elements"]]
+        pos += a["elements"]
+        err = max(err, int(np.max(np.abs(got - ref.reshape(-1)))) if got.size == ref.size else 1 << 30)
+    return {"name": name, "passed": err <= tolerance_lsb, "max_abs_err_lsb": err, "compile_s": round(comp.compile_s, 3),
+            "run_s": round(run_s, 3), "cached": comp.cached}
 
 
 def clean_cache(build: Path) -> None:
@@ -273,11 +313,11 @@ def run_harness(cases: list[HarnessCase], fmt: str, workdir: Path, cache: Path |
     Returns per case the outputs (streams then arrays, flat raw ints), the compile record
     and the run time.
     """
-    from .context import _fmt_ctx
+    from .context import format_ctx
     from .hls import environment
 
     env = environment()
-    fctx = _fmt_ctx(fmt)
+    fctx = format_ctx(fmt)
     workdir = Path(workdir)
     common = workdir / "common"
     common.mkdir(parents=True, exist_ok=True)

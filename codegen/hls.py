@@ -73,6 +73,17 @@ def csim_input(ctx: ProjectCtx, s: StageCtx, samples: int = 1) -> bytes:
     return ("\n".join(parts) + "\n").encode()
 
 
+def csim_bwd_input(ctx: ProjectCtx, s: StageCtx) -> bytes:
+    """Stimulus of the backward kernel: one micro-batch of stashed inputs and output gradients."""
+    b = s.bwd
+    rng = np.random.default_rng([ctx.seed, s.index, 1])
+    lim = 1 << ctx.fmt.frac  # values in [-1, 1)
+    parts = [str(b.mb)]
+    for p in b.in_ports:
+        parts.append("\n".join(map(str, rng.integers(-lim, lim, size=b.mb * p.elements).tolist())))
+    return ("\n".join(parts) + "\n").encode()
+
+
 def host_config(ctx: ProjectCtx) -> dict:
     """What the host driver needs: stages, ports, shapes, formats, boards, weight files."""
     p = ctx.plan
@@ -95,6 +106,15 @@ def host_config(ctx: ProjectCtx) -> dict:
             "weights": [{"name": w.name, "layer": l.name, "shape": list(w.model_shape), "offset": w.offset,
                          "elements": int(w.model_q.size)} for l in s.layers for w in l.weights],
             "embedded_weights": s.embed_weights,
+            "backward": None if s.bwd is None else {
+                "kernel": s.bwd.name, "microbatch": s.bwd.mb,
+                "inputs": [{"port": q.name, "tensor": q.tensor, "shape": list(q.shape), "elements": q.elements}
+                           for q in s.bwd.in_ports],
+                "outputs": [{"port": q.name, "tensor": q.tensor, "shape": list(q.shape), "elements": q.elements}
+                            for q in s.bwd.out_ports],
+                "weight_grads": [{"name": a.name, "layer": a.layer, "kind": a.key, "elements": a.count,
+                                  "layout": "kernel (conv: MVU matrix O x kh*kw*C)"} for a in s.bwd.grad_arrays],
+            },
         } for s in ctx.stages],
         "boards": [{"name": b.name, "board_type": b.board_type, "platform": b.platform, "kernels": b.stages,
                     "link_config": f"link/{b.name}.cfg"} for b in ctx.boards],
@@ -124,18 +144,34 @@ def render_files(ctx: ProjectCtx, plan_text: str, cluster=None) -> dict[str, byt
         part = PARTS.get(key, PARTS["U250"])
         clk = _clock_ns(s.board_type, cluster)
         put(f"{d}/{d}.h", "stage.h.j2", header=c_hdr, s=s)
+        put(f"{d}/{d}_layers.h", "stage_layers.h.j2", header=c_hdr, s=s)
         put(f"{d}/{d}.cpp", "stage.cpp.j2", header=c_hdr, s=s)
         put(f"{d}/{d}_weights.h", "weights.h.j2", header=c_hdr, s=s)
         put(f"{d}/tb_{d}.cpp", "tb.cpp.j2", header=c_hdr, s=s)
-        put(f"{d}/run_hls.tcl", "run_hls.tcl.j2", header=h_hdr, s=s, part=part, clock_ns=clk)
-        put(f"{d}/hls_config.cfg", "hls_config.cfg.j2", header=h_hdr, s=s, part=part, clock_ns=clk)
+        put(f"{d}/run_hls.tcl", "run_hls.tcl.j2", header=h_hdr, top=d, kernel_file=f"{d}.cpp",
+            tb_file=f"tb_{d}.cpp", part=part, clock_ns=clk, tcl_name="run_hls.tcl", stim="csim_in.txt csim_out.txt")
+        put(f"{d}/hls_config.cfg", "hls_config.cfg.j2", header=h_hdr, top=d, kernel_file=f"{d}.cpp",
+            tb_file=f"tb_{d}.cpp", part=part, clock_ns=clk, cfg_name="hls_config.cfg", stim="csim_in.txt csim_out.txt")
+        if s.bwd is not None:
+            b = s.bwd
+            put(f"{d}/{b.name}.cpp", "stage_bwd.cpp.j2", header=c_hdr, s=s, b=b)
+            put(f"{d}/tb_{b.name}.cpp", "tb_bwd.cpp.j2", header=c_hdr, s=s, b=b)
+            put(f"{d}/run_hls_bwd.tcl", "run_hls.tcl.j2", header=h_hdr, top=b.name, kernel_file=f"{b.name}.cpp",
+                tb_file=f"tb_{b.name}.cpp", part=part, clock_ns=clk, tcl_name="run_hls_bwd.tcl",
+                stim="csim_bwd_in.txt csim_bwd_out.txt")
+            put(f"{d}/hls_config_bwd.cfg", "hls_config.cfg.j2", header=h_hdr, top=b.name,
+                kernel_file=f"{b.name}.cpp", tb_file=f"tb_{b.name}.cpp", part=part, clock_ns=clk,
+                cfg_name="hls_config_bwd.cfg", stim="csim_bwd_in.txt csim_bwd_out.txt")
+            files[f"{d}/csim_bwd_in.txt"] = csim_bwd_input(ctx, s)
         files[f"{d}/weights.bin"] = weights_bin(s, ctx.fmt.width)
         files[f"{d}/csim_in.txt"] = csim_input(ctx, s)
     for b in ctx.boards:
         if b.platform is None:
             continue  # no Vitis platform for this board type (e.g. VCU118): RTL flow only
         put(f"link/{b.name}.cfg", "link.cfg.j2", header=h_hdr, b=b)
-    put("Makefile", "Makefile.j2", header=h_hdr, stages=ctx.stages, boards=[b for b in ctx.boards if b.platform])
+    kernels = [k for s in ctx.stages for k in ([s.name] + ([s.bwd.name] if s.bwd else []))]
+    put("Makefile", "Makefile.j2", header=h_hdr, stages=ctx.stages, kernels=kernels,
+        boards=[b for b in ctx.boards if b.platform])
     return files
 
 

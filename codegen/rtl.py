@@ -20,7 +20,8 @@ from .rtl_model import LinkSpec, MvuSpec, Pipeline, Unsupported, build_pipeline,
 
 TEMPLATE_DIR = Path(__file__).resolve().parent.parent / "hls_templates" / "rtl"
 #: the generic modules every project gets, one per file
-GENERIC = ("axis_fifo", "axis_width_conv", "axis_relu", "link_tx", "link_rx", "link_emulator", "swg")
+GENERIC = ("axis_fifo", "axis_width_conv", "axis_relu", "link_tx", "link_rx", "link_emulator", "swg",
+           "pool_unit")
 GENERATOR_VERSION = "0.1.0"
 
 
@@ -129,12 +130,16 @@ def manifest(pipe: Pipeline, plan, files: list[str]) -> dict:
         "in_lanes": pipe.in_lanes, "out_lanes": pipe.out_lanes,
         "in_elems": pipe.in_elems, "out_elems": pipe.out_elems,
         "boards": [b.name for b in pipe.boards],
+        "replicas": [s.replicas for s in plan.stages],   # the RTL is replica 0 of each stage
+        "first_layer": plan.stages[0].layers[0], "last_layer": plan.stages[-1].layers[-1],
         "links": [{"src": l.src, "dst": l.dst, "bytes_per_cycle": float(l.bytes_per_cycle), "latency": l.latency,
                    "credits": l.credits, "beat_bytes": l.beat_bytes} for l in pipe.links],
         "predicted_cycles_per_sample": pipe.interval,
         "breakdown": [[n, c] for n, c in pipe.breakdown],
         "ops": [{k: v for k, v in op.items() if k not in ("w", "b")} for op in pipe.ops],
         "plan_stage_cycles": [dict(s.cycles) for s in plan.stages],
+        "plan_resources": {s.boards[0]: dict(s.resources) for s in plan.stages},
+        "board_tops": {b.name: b.module for b in pipe.boards},
     }
 
 
@@ -143,9 +148,11 @@ def render_rtl(plan, model, cluster, out_dir: Path, params=None) -> list[Path]:
 
     When the plan needs what the RTL cannot build yet, only the generic glue is written with
     ``manifest.json`` saying ``supported: false`` and why (`bapipe rtlsim` reports it).
-    Returns the paths written, sorted.
+    Returns the paths written, sorted. (An ``out_dir`` already named ``rtl`` is used as is,
+    so callers passing ``build/rtl`` get the same tree.)
     """
-    rtl = Path(out_dir) / "rtl"
+    out_dir = Path(out_dir)
+    rtl = out_dir if out_dir.name == "rtl" else out_dir / "rtl"
     rtl.mkdir(parents=True, exist_ok=True)
     plan_hash = plan.fingerprint()[:16]
     written: dict[str, str] = {}

@@ -222,6 +222,7 @@ class BoardRtl:
     out_lanes: int
     has_rx: bool
     has_tx: bool
+    out_elems: int = 0              # elements per sample leaving the board
 
 
 @dataclass(eq=False)
@@ -257,16 +258,11 @@ class Unsupported(Exception):
 # ------------------------------------------------------------------ weights
 
 def layer_params(model, number_format: str, seed: int = 0) -> dict[str, dict[str, np.ndarray]]:
-    """Deterministic raw fixed-point weights for every dense/conv2d layer.
+    """Deterministic raw fixed-point weights for every dense/conv2d layer, without a plan.
 
-    Uses the HLS generator's ``codegen.weights.model_params`` when it exists so RTL and HLS
-    bake identical numbers; otherwise uniform(+-1/sqrt(fan_in)) seeded by the layer name.
+    uniform(+-1/sqrt(fan_in)) from an RNG seeded by ``seed`` and the layer name (used by
+    callers that have no plan, e.g. the host driver; with a plan see :func:`plan_weights`).
     """
-    try:  # the HLS helper's generator is the source of truth when present
-        from codegen.weights import model_params  # type: ignore
-        return model_params(model, number_format, seed)
-    except ImportError:
-        pass
     from fpga_models.fixedpoint import quantize
     out = {}
     for layer in model.layers:
@@ -286,6 +282,20 @@ def layer_params(model, number_format: str, seed: int = 0) -> dict[str, dict[str
         b = quantize(rng.uniform(-lim, lim, shape[0]), number_format) if layer.attr.get("bias", True) else None
         out[layer.name] = {"w": w, "b": b}
     return out
+
+
+def plan_weights(plan: Plan, model) -> dict[str, dict[str, np.ndarray]]:
+    """The weights of a plan's project: exactly those the HLS kernels bake in.
+
+    ``codegen.context.make_weights`` (seeded by the plan fingerprint) is the one source, so a
+    stage's RTL twin and its HLS kernel compute the same numbers; :func:`layer_params` is
+    the fallback if that generator is absent.
+    """
+    try:
+        from codegen.context import make_weights
+    except ImportError:
+        return layer_params(model, plan.number_format)
+    return make_weights(plan, model)
 
 
 def _pair(v) -> tuple[int, int]:
@@ -317,20 +327,61 @@ def _fifo(inst: str, lanes: int, depth: int, elem_w: int, beats: int) -> Block:
                  lanes, lanes, beats_in=beats, cycles=beats)
 
 
+def _pool(layer, stage, pre: str, lanes: int | None, elem_w: int, blocks: list, ops: list) -> tuple[int, int]:
+    """Window generator + pool_unit for a max/avg pool; returns (lanes, elements) after it."""
+    from fpga_models.fixedpoint import AVG_BITS, avg_recip
+    if len(layer.in_shapes[0]) != 3:
+        raise Unsupported(f"layer '{layer.name}': pooling needs a (C, H, W) input")
+    c, h, w = layer.in_shapes[0]
+    a = layer.attr
+    k = _pair(a["kernel"])
+    s = _pair(a.get("stride") or a["kernel"])
+    pd = _pair(a.get("padding", 0) or 0)
+    if k[0] != k[1] or s[0] != s[1] or pd[0] != pd[1]:
+        raise Unsupported(f"layer '{layer.name}': only square pooling windows")
+    if layer.type == "maxpool" and pd[0]:
+        raise Unsupported(f"layer '{layer.name}': padded maxpool (padding never wins the max) has no RTL engine")
+    f = stage.folding.get(layer.name)
+    # Channels per beat: the plan's PE when it gives one, else what already arrives (if it divides C).
+    lp = f.pe if f is not None and c % f.pe == 0 else math.gcd(lanes or 1, c)
+    if lanes is None:
+        lanes = lp
+    swg = SwgSpec(c, h, w, k[0], pd[0], s[0], lp)
+    blocks += _converters(f"{pre}_{layer.name}", lanes, lp, elem_w, layer.in_elems // lanes)
+    blocks.append(Block("swg", f"{pre}_{layer.name}_swg", "swg", swg.params(elem_w), lp, lp, swg=swg,
+                        beats_in=swg.frame_beats, cycles=max(swg.frame_beats, swg.out_beats)))
+    taps = k[0] * k[0]
+    params = {"C": c, "SIMD": lp, "TAPS": taps, "MODE": 0 if layer.type == "maxpool" else 1, "ELEM_W": elem_w,
+              "ACC_W": elem_w + clog2(taps) + 1, "AVG_R": avg_recip(taps), "AVG_BITS": AVG_BITS,
+              "TAP_W": clog2(taps), "CF_W": clog2(c // lp)}
+    blocks.append(Block("pool", f"{pre}_{layer.name}", "pool_unit", params, lp, lp,
+                        beats_in=swg.out_beats, cycles=swg.out_beats))
+    ops.append({"layer": layer.name, "type": layer.type})
+    return lp, layer.out_elems
+
+
 def _fold(stage, name: str) -> Folding:
     return stage.folding.get(name) or Folding(1, 1)
 
 
+def flatten_perm(c: int, h: int, w: int) -> np.ndarray:
+    """perm[j] = model (CHW) index of the element that is j-th on the HWC stream."""
+    return np.arange(c * h * w).reshape(c, h, w).transpose(1, 2, 0).reshape(-1)
+
+
 def board_chain(plan: Plan, stage, model, params, board_name: str, in_lanes: int | None,
-                link_in: LinkSpec | None, elem_w: int, frac: int, ops: list[dict]) -> BoardRtl:
+                link_in: LinkSpec | None, elem_w: int, frac: int, ops: list[dict],
+                state: dict | None = None) -> BoardRtl:
     """The block chain of one stage on one board; appends the stage's layers to ``ops``.
 
     ``in_lanes`` None means the board's input is the host: it takes the first layer's SIMD.
+    ``state`` carries across boards the image shape a flatten left on the (HWC) stream: the
+    next dense layer's weight columns are permuted to match, so no reorder buffer is needed.
     Raises Unsupported for layer types or shapes the RTL pipeline does not build.
     """
+    state = {} if state is None else state
     pre = f"s{stage.index}"
-    layers = [model.layers[model.index[n]] if hasattr(model, "index") and isinstance(model.index, dict)
-              else next(l for l in model.layers if l.name == n) for n in stage.layers]
+    layers = [model.layers[model.index[n]] for n in stage.layers]
     blocks: list[Block] = []
     lanes = in_lanes
     elems = None
@@ -348,6 +399,8 @@ def board_chain(plan: Plan, stage, model, params, board_name: str, in_lanes: int
                     raise Unsupported(f"layer '{layer.name}': dense on a {len(layer.in_shapes[0])}-D input")
                 mw, mh = layer.in_shapes[0][0], layer.attr["units"]
                 wmat = np.asarray(p["w"], dtype=np.int64)
+                if state.get("hwc"):  # the vector arrives in HWC order after a flatten
+                    wmat = wmat[:, flatten_perm(*state.pop("hwc"))]
                 vectors = 1
                 swg = None
             else:
@@ -355,9 +408,9 @@ def board_chain(plan: Plan, stage, model, params, board_name: str, in_lanes: int
                 k, s, pd = _pair(layer.attr["kernel"]), _pair(layer.attr.get("stride", 1)), _pair(layer.attr.get("padding", 0))
                 if k[0] != k[1] or s[0] != s[1] or pd[0] != pd[1] or layer.attr.get("groups", 1) != 1:
                     raise Unsupported(f"layer '{layer.name}': only square, ungrouped convolutions")
-                if c % f.simd:
-                    raise Unsupported(f"layer '{layer.name}': SIMD {f.simd} must divide the {c} input channels")
-                swg = SwgSpec(c, h, w, k[0], pd[0], s[0], f.simd)
+                # The window generator moves gcd(C, SIMD) channels per beat; a width converter
+                # then packs its column stream (contiguous in the MVU's column order) to SIMD.
+                swg = SwgSpec(c, h, w, k[0], pd[0], s[0], math.gcd(c, f.simd))
                 mw, mh = k[0] * k[0] * c, layer.attr["out_channels"]
                 from fpga_models.fixedpoint import conv_weight_matrix
                 wmat = conv_weight_matrix(p["w"])
@@ -368,12 +421,14 @@ def board_chain(plan: Plan, stage, model, params, board_name: str, in_lanes: int
             if lanes is None:
                 lanes = swg.simd if swg else f.simd
             in_elems = layer.in_elems
-            blocks += _converters(f"{pre}_{layer.name}", lanes, f.simd, elem_w, in_elems // lanes)
             if swg:
-                blocks.append(Block("swg", f"{pre}_{layer.name}_swg", "swg", swg.params(elem_w), f.simd, f.simd,
+                blocks += _converters(f"{pre}_{layer.name}", lanes, swg.simd, elem_w, in_elems // lanes)
+                blocks.append(Block("swg", f"{pre}_{layer.name}_swg", "swg", swg.params(elem_w), swg.simd, swg.simd,
                                     swg=swg, beats_in=swg.frame_beats,
                                     cycles=max(swg.frame_beats, swg.out_beats)))
+                blocks += _converters(f"{pre}_{layer.name}_col", swg.simd, f.simd, elem_w, swg.out_beats)
             else:
+                blocks += _converters(f"{pre}_{layer.name}", lanes, f.simd, elem_w, in_elems // lanes)
                 # Holds a whole input vector so the producer runs ahead while this MVU replays
                 # its buffer for the later row folds: the interval is then the slower of the two.
                 blocks.append(_fifo(f"{pre}_{layer.name}_fifo", f.simd, mw // f.simd + 2, elem_w, mw // f.simd))
@@ -389,6 +444,8 @@ def board_chain(plan: Plan, stage, model, params, board_name: str, in_lanes: int
                 skip.add(nxt.name)
             lanes = f.pe
             elems = layer.out_elems
+        elif layer.type in ("maxpool", "avgpool"):
+            lanes, elems = _pool(layer, stage, pre, lanes, elem_w, blocks, ops)
         elif layer.type == "relu":
             if lanes is None:
                 lanes = _fold(stage, layer.name).pe
@@ -397,11 +454,13 @@ def board_chain(plan: Plan, stage, model, params, board_name: str, in_lanes: int
                                 lanes, lanes, beats_in=beats, cycles=beats))
             ops.append({"layer": layer.name, "type": "relu", "relu": True})
             elems = layer.out_elems
-        elif layer.type == "flatten" and (len(layer.in_shapes[0]) == 1 or layer.in_shapes[0][1:] == (1, 1)):
-            continue  # HWC and CHW orders coincide for a vector or a 1x1 image: nothing to do
+        elif layer.type == "flatten":
+            if len(layer.in_shapes[0]) == 3 and layer.in_shapes[0][1:] != (1, 1):
+                state["hwc"] = tuple(layer.in_shapes[0])
+            continue  # the stream itself is unchanged
         else:
             raise Unsupported(f"layer '{layer.name}': type '{layer.type}' has no RTL engine yet "
-                              f"(RTL builds dense, conv2d, relu)")
+                              f"(RTL builds dense, conv2d, maxpool, avgpool, relu, flatten)")
         if lanes and elems and elems % lanes:
             raise Unsupported(f"layer '{layer.name}': {elems} elements do not fill {lanes}-lane beats")
     if lanes is None:
@@ -414,7 +473,8 @@ def board_chain(plan: Plan, stage, model, params, board_name: str, in_lanes: int
                     "COUNT_W": count_bits(link_in.credits)}, in_l, in_l,
                    beats_in=layers[0].in_elems // in_l, cycles=layers[0].in_elems // in_l)
         blocks.insert(0, rx)
-    return BoardRtl(board_name, f"{board_name}_top", stage.index, blocks, in_l, lanes, has_rx, False)
+    out_elems = layers[-1].out_elems
+    return BoardRtl(board_name, f"{board_name}_top", stage.index, blocks, in_l, lanes, has_rx, False, out_elems)
 
 
 def build_pipeline(plan: Plan, model, cluster, params=None, plan_file: str = "plan.yaml") -> Pipeline:
@@ -424,13 +484,16 @@ def build_pipeline(plan: Plan, model, cluster, params=None, plan_file: str = "pl
     stage, several stages per board, layer types without an engine).
     """
     elem_w, frac = elem_format(plan.number_format, plan_file)
-    params = layer_params(model, plan.number_format) if params is None else params
+    params = plan_weights(plan, model) if params is None else params
     if not plan.stages:
         raise Unsupported("the plan has no stages")
     seen = set()
     for s in plan.stages:
-        if len(s.boards) != 1:
-            raise Unsupported(f"stage {s.index} spans {len(s.boards)} boards (RTL builds one board per stage)")
+        # Data-parallel replicas are identical copies working on other samples: the RTL
+        # pipeline is that of replica 0 (boards[0] of each stage).
+        if math.prod(s.mesh) != 1 or len(s.boards) != s.replicas:
+            raise Unsupported(f"stage {s.index} is split over a {'x'.join(map(str, s.mesh))} mesh "
+                              f"(RTL builds one board per stage replica)")
         if s.boards[0] in seen:
             raise Unsupported(f"board '{s.boards[0]}' runs several stages (RTL builds one stage per board)")
         seen.add(s.boards[0])
@@ -440,8 +503,9 @@ def build_pipeline(plan: Plan, model, cluster, params=None, plan_file: str = "pl
     ops: list[dict] = []
     link_in = None
     lanes = None
+    state: dict = {}
     for s in plan.stages:
-        b = board_chain(plan, s, model, params, s.boards[0], lanes, link_in, elem_w, frac, ops)
+        b = board_chain(plan, s, model, params, s.boards[0], lanes, link_in, elem_w, frac, ops, state)
         boards.append(b)
         if s is not plan.stages[-1]:
             nxt = plan.stages[s.index + 1].boards[0]
@@ -454,9 +518,10 @@ def build_pipeline(plan: Plan, model, cluster, params=None, plan_file: str = "pl
                                   {"DATA_W": b.out_lanes * elem_w, "CREDITS": link.credits,
                                    "CREDIT_W": count_bits(link.credits)}, b.out_lanes, b.out_lanes))
             link_in, lanes = link, b.out_lanes
-    first = model.layers[model.index[plan.stages[0].layers[0]]] if isinstance(getattr(model, "index", None), dict) \
-        else next(l for l in model.layers if l.name == plan.stages[0].layers[0])
-    last = next(l for l in model.layers if l.name == plan.stages[-1].layers[-1])
+    if state.get("hwc"):
+        raise Unsupported("the last flatten is not followed by a dense layer")
+    first = model.layers[model.index[plan.stages[0].layers[0]]]
+    last = model.layers[model.index[plan.stages[-1].layers[-1]]]
     pipe = Pipeline(boards, links, elem_w, frac, plan.number_format, first.in_elems, last.out_elems, ops)
     pipe.breakdown, pipe.interval = predict_interval(pipe)
     return pipe
@@ -479,12 +544,6 @@ def predict_interval(pipe: Pipeline) -> tuple[list[tuple[str, int]], float]:
 
 
 def _link_beats(pipe: Pipeline, i: int) -> int:
+    """Beats per sample leaving board i (its output elements over its output lanes)."""
     b = pipe.boards[i]
-    tx = b.blocks[-1]
-    mvus = [blk for blk in b.blocks if blk.kind in ("mvu", "relu")]
-    last = mvus[-1]
-    # beats per sample leaving the board = its last block's output elements / lanes
-    if last.mvu is not None:
-        vectors = last.beats_in // last.mvu.sf
-        return vectors * last.mvu.nf
-    return last.beats_in * last.in_lanes // tx.in_lanes
+    return b.out_elems // b.out_lanes

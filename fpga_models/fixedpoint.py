@@ -336,3 +336,105 @@ def model_fwd(layers, tensors: dict[str, np.ndarray], params: dict[str, dict], f
     for l in layers:
         out[l.name] = layer_fwd(l, [out[i] for i in l.inputs], params.get(l.name, {}), fmt)
     return out
+
+
+# ---------------------------------------------------------------- backward of the other layers
+
+def maxpool_bwd(x_q, dy_q, kernel, stride=None, padding=0, fmt: str | Fmt = "fixed16") -> np.ndarray:
+    """dy goes to the first maximum of each window (scan order ky, kx; padding never wins);
+    overlapping windows add up exactly, then saturate."""
+    stride = kernel if stride is None else stride
+    x = np.asarray(x_q, dtype=np.int64)
+    dy = np.asarray(dy_q, dtype=np.int64)
+    n, c, h, w = x.shape
+    (kh, kw), (sh, sw), (ph, pw) = _pair(kernel), _pair(stride), _pair(padding)
+    win = _windows(x, kernel, stride, padding, np.iinfo(np.int64).min)     # (N, C, Ho, Wo, kh*kw)
+    arg = win.argmax(axis=-1)                                              # first maximum
+    ho, wo = dy.shape[2:]
+    acc = np.zeros((n, c, h + 2 * ph, w + 2 * pw), dtype=np.int64)
+    oy, ox = np.meshgrid(np.arange(ho), np.arange(wo), indexing="ij")
+    iy = oy[None, None] * sh + arg // kw
+    ix = ox[None, None] * sw + arg % kw
+    nn, cc = np.meshgrid(np.arange(n), np.arange(c), indexing="ij")
+    np.add.at(acc, (nn[:, :, None, None].repeat(ho, 2).repeat(wo, 3), cc[:, :, None, None].repeat(ho, 2).repeat(wo, 3),
+                    iy, ix), dy)
+    return saturate(acc[:, :, ph:ph + h, pw:pw + w], fmt)
+
+
+def avgpool_bwd(dy_q, in_hw: tuple[int, int], kernel, fmt: str | Fmt, stride=None, padding=0) -> np.ndarray:
+    """dx[pos] = round(R/2^B * sum of dy over the windows holding pos): exact sum, one rounding."""
+    stride = kernel if stride is None else stride
+    dy = np.asarray(dy_q, dtype=np.int64)
+    n, c, ho, wo = dy.shape
+    h, w = in_hw
+    (kh, kw), (sh, sw), (ph, pw) = _pair(kernel), _pair(stride), _pair(padding)
+    acc = np.zeros((n, c, h + 2 * ph, w + 2 * pw), dtype=np.int64)
+    for ky in range(kh):
+        for kx in range(kw):
+            acc[:, :, ky:ky + sh * (ho - 1) + 1:sh, kx:kx + sw * (wo - 1) + 1:sw] += dy
+    return avg_of_sums(acc[:, :, ph:ph + h, pw:pw + w], kh * kw, fmt)
+
+
+def globalavgpool_bwd(dy_q, in_hw: tuple[int, int], fmt: str | Fmt) -> np.ndarray:
+    """(N, C) -> (N, C, H, W): every position gets round(dy * R / 2^B)."""
+    h, w = in_hw
+    d = avg_of_sums(np.asarray(dy_q, dtype=np.int64), h * w, fmt)
+    return np.broadcast_to(d[:, :, None, None], d.shape + (h, w)).copy()
+
+
+def batchnorm_bwd(dy_q, scale_q, fmt: str | Fmt) -> np.ndarray:
+    """Frozen (folded) batchnorm: dx = requant(dy * scale)."""
+    dy = np.asarray(dy_q, dtype=np.int64)
+    shape = (1, -1, 1, 1) if dy.ndim == 4 else (1,) * (dy.ndim - 1) + (-1,)
+    return requant(dy * np.asarray(scale_q, dtype=np.int64).reshape(shape), fmt)
+
+
+def layer_bwd(layer, inputs: list[np.ndarray], dy: np.ndarray, params: dict, fmt: str | Fmt):
+    """Backward of one layer on a batch: (input grads in input order, weight grads dict)."""
+    a, t = layer.attr, layer.type
+    x = inputs[0]
+    if t == "dense":
+        dw, db = dense_bwd_weight(dy, x, fmt)
+        return [dense_bwd_input(dy, params["w"], fmt)], {"dw": dw, "db": db}
+    if t == "conv2d":
+        dw, db = conv2d_bwd_weight(dy, x, a["kernel"], fmt, a["stride"], a["padding"])
+        return ([conv2d_bwd_input(dy, params["w"], x.shape[2:], fmt, a["stride"], a["padding"])],
+                {"dw": dw, "db": db})
+    if t == "relu":
+        return [relu_bwd(dy, x)], {}
+    if t == "maxpool":
+        return [maxpool_bwd(x, dy, a["kernel"], a["stride"], a["padding"], fmt)], {}
+    if t == "avgpool":
+        return [avgpool_bwd(dy, x.shape[2:], a["kernel"], fmt, a["stride"], a["padding"])], {}
+    if t == "globalavgpool":
+        return [globalavgpool_bwd(dy, x.shape[2:], fmt)], {}
+    if t == "batchnorm":
+        return [batchnorm_bwd(dy, params["scale"], fmt)], {}
+    if t == "add":
+        return [np.asarray(dy, dtype=np.int64)] * len(inputs), {}
+    if t == "flatten":
+        return [np.asarray(dy, dtype=np.int64).reshape(x.shape)], {}
+    raise ValueError(f"layer '{layer.name}': type '{t}' has no fixed-point backward")
+
+
+def stage_bwd(layers, inputs: dict[str, np.ndarray], out_grads: dict[str, np.ndarray], params: dict,
+              fmt: str | Fmt) -> tuple[dict[str, np.ndarray], dict[str, dict[str, np.ndarray]]]:
+    """Backward of a run of layers over one micro-batch, the way the HLS backward kernel does it.
+
+    Recomputes the forward from ``inputs``; gradients start from ``out_grads`` (per output
+    tensor) and flow in reverse layer order; a tensor read by several layers sums its
+    gradients with a saturating add, in that reverse order. Returns (grads of every
+    tensor reached, including the stage inputs; weight grads per layer).
+    """
+    acts = model_fwd(layers, inputs, params, fmt)
+    g = {t: np.asarray(d, dtype=np.int64) for t, d in out_grads.items()}
+    wgrads = {}
+    for l in reversed(list(layers)):
+        if l.name not in g:
+            continue
+        dxs, wg = layer_bwd(l, [acts[i] for i in l.inputs], g[l.name], params.get(l.name, {}), fmt)
+        if wg:
+            wgrads[l.name] = wg
+        for src, dx in zip(l.inputs, dxs):
+            g[src] = add_fwd(g[src], dx, fmt) if src in g else dx
+    return g, wgrads

@@ -17,7 +17,8 @@ Model, per pipeline position (device) d:
   each micro-batch (so a stage with r replicas computes a micro-batch in time/r, see
   ``op_seconds``); every board of the device shows the same timeline;
 * a channel (stage -> next stage, gradient back, host -> first stage, last stage ->
-  host) has a receive buffer of ``rx_credits`` micro-batches: a transfer needs a credit,
+  host) has a receive buffer of ``rx_credits`` micro-batches (default: the fewest that
+  cover the credit round trip at the consumer's rate, at least 2): a transfer needs a credit,
   the receiver returns it (after the reverse path latency) when the consuming op starts;
   the sender keeps ``tx_slots`` finished outputs waiting for credits and otherwise stalls;
 * a transfer reserves every directed link of its route for bytes / slowest-bandwidth
@@ -52,12 +53,15 @@ _KIND_CODE = {"F": 0, "B": 1, "W": 2}
 class SimConfig:
     """Knobs of the hardware model that the plan does not fix."""
 
-    rx_credits: int = 2                 # receive-buffer slots per channel, in micro-batches
+    rx_credits: int | None = None       # receive-buffer slots per channel (micro-batches); None: auto
     rx_buffer_bytes: int | None = None  # if set: credits = max(1, bytes // message bytes)
     tx_slots: int = 1                   # finished outputs a sender may hold while out of credits
     host_io: bool = True                # model host PCIe input (first stage) and output (inference)
+    prefetch_input: bool = True         # the first receive buffer's worth of input is on the board at t=0
     allreduce: bool = True              # simulate the ring all-reduce of replicated stages
     record: bool = True                 # keep op / transfer records for the Gantt chart and trace
+    allreduce_per: str = "stage"        # "stage": each stage (chunk) reduces after its own last backward;
+                                        # "device": one ring of all the device's weights after its last backward
 
 
 @dataclass
@@ -197,6 +201,32 @@ def op_seconds(stage, kind: str) -> float:
     return 0.0
 
 
+def stash_peak_bytes(schedule: str, p: int, d: int, m: int, v: int, stash_bytes_by_chunk: list[float]) -> float:
+    """Exact peak of live activation stashes on device ``d`` when chunk c stashes
+    ``stash_bytes_by_chunk[c]`` per micro-batch: max over the op order of sum_c live_c x bytes_c.
+
+    With one chunk this is ``stash_count x bytes``; with interleaving the chunks peak at
+    different times and neither ``stash_count`` nor ceil(stash_count / v) per chunk gives it
+    (what the simulator measures, for the planner's memory model).
+    """
+    live = [0] * v
+    last = {}
+    ops = device_ops(schedule, p, d, m, v)
+    for i, o in enumerate(ops):
+        if o.kind != "F":
+            last[(o.mb, o.chunk)] = i
+    cur = best = 0.0
+    for i, o in enumerate(ops):
+        if o.kind == "F":
+            live[o.chunk] += 1
+            cur += stash_bytes_by_chunk[o.chunk]
+            best = max(best, cur)
+        elif last.get((o.mb, o.chunk)) == i:
+            live[o.chunk] -= 1
+            cur -= stash_bytes_by_chunk[o.chunk]
+    return best
+
+
 def _bytes_per_element(fmt: str) -> int:
     from .boards import bytes_per_element
     return bytes_per_element(fmt)
@@ -294,7 +324,7 @@ def simulate(plan, model=None, cluster=None, iterations: int = 1, config: SimCon
         model, cluster = resolve(plan)
     if iterations < 1:
         raise SpecError(None, None, "iterations", f"expected at least 1, got {iterations}")
-    if cfg.rx_credits < 1 or cfg.tx_slots < 1:
+    if (cfg.rx_credits is not None and cfg.rx_credits < 1) or cfg.tx_slots < 1:
         raise SpecError(None, None, "rx_credits", "expected at least one receive credit and one transmit slot")
     stages = sorted(plan.stages, key=lambda s: s.index)
     if not stages:
@@ -334,10 +364,18 @@ def simulate(plan, model=None, cluster=None, iterations: int = 1, config: SimCon
     m = plan.microbatches
     samples = max(plan.global_batch, m * mbs)  # per iteration, over all replicas
 
-    def credits_for(nbytes: int) -> int:
+    def credits_for(nbytes: int, pieces, rate_s: float) -> int:
+        """Receive slots of a channel: fixed by the config, or (auto) the fewest that cover the
+        credit round trip (wire time + latency there and back) at one message per ``rate_s``,
+        as a designer sizes a FIFO to the bandwidth-delay product; at least 2 (double buffer)."""
         if cfg.rx_buffer_bytes is not None and nbytes > 0:
             return max(1, cfg.rx_buffer_bytes // nbytes)
-        return cfg.rx_credits
+        if cfg.rx_credits is not None:
+            return cfg.rx_credits
+        loop = max((pc[1] + 2 * pc[2] for pc in pieces), default=0.0)
+        if rate_s <= 0:
+            return 2 if loop <= 0 else 1 << 20
+        return max(2, math.ceil(loop / rate_s) + 1)
 
     def replica_leads(s) -> list[str]:
         size = max(1, math.prod(s.mesh)) if s.mesh else 1
@@ -363,18 +401,19 @@ def simulate(plan, model=None, cluster=None, iterations: int = 1, config: SimCon
     fwd_out: list[int] = [-1] * S
     bwd_out: list[int] = [-1] * S
 
-    def add(src, dst, pieces, msg_bytes, label) -> int:
+    def add(src, dst, pieces, msg_bytes, label, rate_s) -> int:
         credit_lat = max((pc[2] for pc in pieces), default=0.0)
-        channels.append(_Channel(src, dst, credits_for(msg_bytes), pieces, credit_lat, msg_bytes, label))
+        channels.append(_Channel(src, dst, credits_for(msg_bytes, pieces, rate_s), pieces, credit_lat, msg_bytes,
+                                 label))
         return len(channels) - 1
 
     for k in range(S - 1):
         a, b = stages[k], stages[k + 1]
         nb = int(a.send_bytes)
-        c = add(a.device, b.device, stage_pieces(a, b, nb), nb, f"act {a.index}->{b.index}")
+        c = add(a.device, b.device, stage_pieces(a, b, nb), nb, f"act {a.index}->{b.index}", b.fwd_s)
         fwd_out[k], fwd_in[k + 1] = c, c
         if train:
-            c = add(b.device, a.device, stage_pieces(b, a, nb), nb, f"grad {b.index}->{a.index}")
+            c = add(b.device, a.device, stage_pieces(b, a, nb), nb, f"grad {b.index}->{a.index}", a.bwd_s)
             bwd_out[k + 1], bwd_in[k] = c, c
     if cfg.host_io:
         # every replica of the first (last) stage reads (writes) its share over its own PCIe
@@ -388,11 +427,11 @@ def simulate(plan, model=None, cluster=None, iterations: int = 1, config: SimCon
             return out, int(nb)
 
         pcs, nb = host_pieces(stages[0], _input_bytes(model, plan.number_format), True)
-        fwd_in[0] = add(-1, stages[0].device, pcs, nb, "host input")
+        fwd_in[0] = add(-1, stages[0].device, pcs, nb, "host input", stages[0].fwd_s)
         if not train:
             pcs, nb = host_pieces(stages[-1], model.layers[-1].out_elems * _bytes_per_element(plan.number_format),
                                   False)
-            fwd_out[S - 1] = add(stages[-1].device, -1, pcs, nb, "host output")
+            fwd_out[S - 1] = add(stages[-1].device, -1, pcs, nb, "host output", stages[-1].fwd_s)
 
     # --- op lists per device ----------------------------------------------------------
     N = iterations
@@ -451,14 +490,24 @@ def simulate(plan, model=None, cluster=None, iterations: int = 1, config: SimCon
 
     # --- all-reduce rings -------------------------------------------------------------
     bpe = _bytes_per_element(plan.number_format)
+    if cfg.allreduce_per not in ("stage", "device"):
+        raise SpecError(None, None, "allreduce_per", f"expected 'stage' or 'device', got {cfg.allreduce_per!r}")
+    per_device = cfg.allreduce_per == "device"
+    dev_rep = {}  # device -> its first stage (carries the device's ring in "device" mode)
+    for k, st in enumerate(stages):
+        dev_rep.setdefault(st.device, k)
+
+    def grad_bytes(st) -> float:
+        # the plan's weight bytes are the gradient bytes (same format); else count the params
+        return st.weight_bytes or sum(l.weight_params for l in model.layers[st.first:st.last + 1]) * bpe
+
     rings = []  # per stage: None or (pieces per replica step i -> i+1, steps, replicas)
     for k, st in enumerate(stages):
         r = max(1, st.replicas)
-        if not (train and cfg.allreduce and r > 1):
+        if not (train and cfg.allreduce and r > 1) or (per_device and dev_rep[st.device] != k):
             rings.append(None)
             continue
-        # the plan's weight bytes are the gradient bytes (same format); else count the params
-        grad = st.weight_bytes or sum(l.weight_params for l in model.layers[st.first:st.last + 1]) * bpe
+        grad = sum(grad_bytes(x) for x in stages if x.device == st.device) if per_device else grad_bytes(st)
         share = grad / r
         leads = replica_leads(st)
         hops = []
@@ -471,6 +520,8 @@ def simulate(plan, model=None, cluster=None, iterations: int = 1, config: SimCon
     ar_start: dict[tuple[int, int], float] = {}
     dev_stages = [sum(1 for s in stages if s.device == d) for d in range(p)]
     dev_iter_left: dict[tuple[int, int], int] = {}
+    dev_bwd_left: dict[tuple[int, int], int] = {}
+    dev_stage_ids = [[k for k, s in enumerate(stages) if s.device == d] for d in range(p)]
     dev_iter_done: dict[tuple[int, int], float] = {}
     iter_end = [0.0] * N
 
@@ -651,7 +702,18 @@ def simulate(plan, model=None, cluster=None, iterations: int = 1, config: SimCon
         j = op_iter_end[d][i]
         if j >= 0:
             k = op_stage[d][i]
-            if rings[k] is not None:
+            if per_device:
+                key = (d, j)
+                left = dev_bwd_left.get(key, dev_stages[d]) - 1
+                dev_bwd_left[key] = left
+                if left == 0:
+                    kr = dev_rep[d]
+                    if rings[kr] is not None:
+                        start_allreduce(kr, j, now)
+                    else:
+                        for kk in dev_stage_ids[d]:
+                            stage_done(kk, j, now)
+            elif rings[k] is not None:
                 start_allreduce(k, j, now)
             else:
                 stage_done(k, j, now)
@@ -660,9 +722,18 @@ def simulate(plan, model=None, cluster=None, iterations: int = 1, config: SimCon
     for d in range(p):
         try_start(d, 0.0)
     if cfg.host_io:
+        # the host staged the first inputs during the previous iteration (a training loop
+        # overlaps them), so they sit in the receive buffer at t=0; the rest stream over PCIe
         ci = fwd_in[0]
-        channels[ci].queue.extend(range(m * N))
+        ch = channels[ci]
+        first = min(ch.credits, m * N) if cfg.prefetch_input else 0
+        ch.arrived.update(range(first))
+        ch.credits -= first
+        ch.inflight = ch.peak_inflight = first
+        ch.queue.extend(range(first, m * N))
         try_send(ci, 0.0)
+        for d in range(p):
+            try_start(d, 0.0)
 
     now = 0.0
     while heap:
@@ -698,7 +769,8 @@ def simulate(plan, model=None, cluster=None, iterations: int = 1, config: SimCon
                 if ar_left[(k, j)] == 0:
                     if record:
                         rec_ar.append((stages[k].index, j, ar_start[(k, j)], now))
-                    stage_done(k, j, now)
+                    for kk in (dev_stage_ids[stages[k].device] if per_device else (k,)):
+                        stage_done(kk, j, now)
 
     stuck = [d for d in range(p) if idx[d] < nops[d]]
     if stuck:
@@ -708,14 +780,14 @@ def simulate(plan, model=None, cluster=None, iterations: int = 1, config: SimCon
         raise SpecError(None, None, "sim", f"deadlock at t={now:.6g} s: device {d} cannot start {what} "
                                            f"(rx_credits={cfg.rx_credits}, tx_slots={cfg.tx_slots}); "
                                            "expected larger receive buffers")
-    makespan = now
-    # close waits still open at the end (idle tails count as bubble)
-    for d in range(p):
-        if wait_kind[d] == 2:
+    # the run ends with the last iteration (last backward / all-reduce, or the last output at
+    # the host), not with trailing bookkeeping such as credits flowing back
+    makespan = max(iter_end) if max(iter_end) > 0 else now
+    for d in range(p):  # close waits still open at the end (idle tails count as bubble)
+        if wait_kind[d] == 2 and wait_since[d] < makespan:
             stall_s[d] += makespan - wait_since[d]
             if record:
                 rec_stall.append((d, wait_since[d], makespan))
-    makespan = max(makespan, max(iter_end))
 
     from .boards import on_chip_bytes
     boards_out: list[BoardStats] = []

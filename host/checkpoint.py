@@ -46,8 +46,11 @@ def save(path: str | Path, plan: Plan, state: dict, epoch: int, iteration: int, 
     tmp.replace(path)  # atomic: a crash mid-write leaves the previous checkpoint intact
 
 
-def load(path: str | Path, plan: Plan, model) -> tuple[int, int, dict]:
-    """(epoch, iteration, state by stage of ``plan``) from a checkpoint of the same model."""
+def load(path: str | Path, plan: Plan, model, seed: int | None = None) -> tuple[int, int, dict]:
+    """(epoch, iteration, state by stage of ``plan``) from a checkpoint of the same model.
+
+    ``seed`` must match the checkpoint's when given: it fixes the data order being resumed.
+    """
     try:
         z = np.load(path, allow_pickle=False)
         meta = json.loads(str(z["meta"]))
@@ -56,6 +59,9 @@ def load(path: str | Path, plan: Plan, model) -> tuple[int, int, dict]:
     if meta["model_fingerprint"] != plan.model_fingerprint:
         raise SpecError(str(path), None, "model_fingerprint",
                         f"checkpoint is of model '{meta['model']}' (another version); expected '{plan.model}'")
+    if seed is not None and meta["seed"] != seed:
+        raise SpecError(str(path), None, "--seed", f"checkpoint was trained with --seed {meta['seed']}; "
+                                                   f"resume with the same seed (data order), got {seed}")
     if meta["optimizer"] != plan.optimizer:
         raise SpecError(str(path), None, "optimizer", f"checkpoint has {meta['optimizer']} state; "
                                                       f"the plan trains with {plan.optimizer}")

@@ -18,7 +18,7 @@ def cmd_run(args) -> dict | tuple[dict, int]:
         return train(args.plan, backend=args.backend, epochs=args.epochs, lr=args.lr, seed=args.seed,
                      precision=args.precision, log=args.log, checkpoint=args.checkpoint, resume=args.resume,
                      ray=args.ray, timeout=args.timeout, build=args.build,
-                     progress=not getattr(args, "json", False) or sys.stderr.isatty())
+                     progress=sys.stderr.isatty())  # bars only on a terminal; logs stay clean
     except BackendUnavailable as e:
         sys.stderr.write(f"bapipe run: {e}\n")
         return {"backend": args.backend, "error": str(e)}, 2
@@ -32,6 +32,15 @@ def show_run(r: dict) -> str:
     """Human summary of a run."""
     if "error" in r:
         return ""
+    if "mismatches_vs_numpy" in r:  # a forward pass on generated hardware
+        return "\n".join([
+            f"{r['backend']} backend: {r['samples']} test digits through {r['stages']} stages "
+            f"({r['number_format']}, {r['weights']} weights)",
+            f"outputs differing from numpy fixed point: {r['mismatches_vs_numpy']} "
+            f"(max abs error {r['max_abs_err_vs_numpy']:g})",
+            f"test accuracy     {r['test_accuracy']:.4f} (numpy reference {r['numpy_test_accuracy']:.4f})",
+            f"throughput        {r['samples_per_s']:.1f} samples/s",
+        ])
     util = " ".join(f"{u:.0%}" for u in r["stage_utilisation"])
     err = r["grad_max_rel_err_vs_single_device"]
     lines = [

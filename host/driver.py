@@ -12,7 +12,6 @@ stage or (after a failure) is replayed from the last snapshot: ``train(retries=N
 from __future__ import annotations
 
 import multiprocessing as mp
-import os
 import sys
 import time
 from collections import Counter
@@ -25,7 +24,7 @@ from bapipe.errors import SpecError
 from bapipe.plan import Plan, load_plan, resolve
 from bapipe.schedules import device_ops
 
-from .data import Dataset, epoch_order, load_digits
+from .data import epoch_order, load_digits
 from .optim import default_lr
 from .workers import StageInfo, WorkerSpec, shard_bounds, worker_main
 
@@ -174,7 +173,7 @@ class Pipeline:
                     self.inboxes[w].put(("cmd", "stop"))
                 except (OSError, ValueError):
                     pass
-        deadline = time.monotonic() + 2.0
+        deadline = time.monotonic() + 0.5  # idle workers exit at once; a hung one is killed
         for pr in self.procs:
             pr.join(max(0.0, deadline - time.monotonic()))
             if pr.is_alive():
@@ -417,11 +416,15 @@ def effective_batch(plan: Plan, n_train: int, global_batch: int | None = None) -
     otherwise DEFAULT_GLOBAL_BATCH rounded to a multiple of the plan's micro-batch count.
     """
     m = max(1, plan.microbatches)
+    reps = max(max(1, s.replicas) for s in plan.stages) if plan.stages else 1
     b = global_batch or plan.global_batch
-    if global_batch is None and (b < m or b > n_train // 8):
-        b = max(m, DEFAULT_GLOBAL_BATCH // m * m)
+    if global_batch is None and (b < m * reps or b > n_train // 8):
+        b = max(m * reps, DEFAULT_GLOBAL_BATCH // m * m)
     if b % m or b < m:
         raise SpecError(None, None, "global_batch", f"expected a multiple of the {m} micro-batches, got {b}")
+    if b // m < reps:  # every replica needs at least one row of each micro-batch
+        raise SpecError(None, None, "global_batch", f"expected at least {m * reps} ({m} micro-batches x {reps} "
+                                                    f"replicas), got {b}")
     if b > n_train:
         raise SpecError(None, None, "global_batch", f"expected at most {n_train} (the training set), got {b}")
     return b, b // m
@@ -484,7 +487,8 @@ def train(plan: str | Path | Plan, backend: str = "numpy", epochs: int = 5, lr: 
     weights and activations to the plan's number format. ``retries``: how many worker
     failures to recover from by restarting the workers from the last snapshot (each epoch
     start) and replaying; 0 stops at the first failure with PipelineFailure.
-    ``faults`` ({device: {"iteration", "op", "mode"}}) and ``pipeline_hook`` are test hooks.
+    ``faults`` ({worker: {"iteration", "op", "mode": die|hang|raise}}; workers are numbered
+    device by device, replica by replica) and ``pipeline_hook`` are test hooks.
     The dict has the ``bapipe run --json`` keys plus details (batch, history, utilisation).
     """
     from . import checkpoint as ckpt
@@ -493,8 +497,6 @@ def train(plan: str | Path | Plan, backend: str = "numpy", epochs: int = 5, lr: 
     if not isinstance(plan, Plan):
         plan = load_plan(plan)
     model, _cluster = resolve(plan, plan_file)
-    if plan.mode != "train":
-        raise SpecError(plan_file, None, "mode", "expected a training plan (mode: train)")
     if precision not in ("float32", "fixed"):
         raise SpecError(None, None, "--precision", "expected float32 or fixed")
     if epochs < 0:
@@ -505,6 +507,12 @@ def train(plan: str | Path | Plan, backend: str = "numpy", epochs: int = 5, lr: 
 
         return run_forward(plan, model, backend, build=build, seed=seed, plan_file=plan_file,
                            checkpoint=resume, timeout=timeout)
+    if plan.mode != "train":
+        raise SpecError(plan_file, None, "mode", "expected a training plan (mode: train)")
+    from .program import StageProgram
+
+    for st in plan.stages:  # unsupported layer types fail here, as one line, before any process starts
+        StageProgram(model, st.first, st.last)
     data = load_digits(model.inputs[0].shape, seed)
     B, mbs = effective_batch(plan, data.n_train, global_batch)
     m = B // mbs
@@ -521,7 +529,7 @@ def train(plan: str | Path | Plan, backend: str = "numpy", epochs: int = 5, lr: 
         require_ray()
     start_epoch, start_iter, state0 = 0, 0, None
     if resume:
-        start_epoch, start_iter, state0 = ckpt.load(resume, plan, model)
+        start_epoch, start_iter, state0 = ckpt.load(resume, plan, model, seed)
     opts = dict(backend=backend, backend_options={"build": build}, number_format=number_format,
                 optimizer=plan.optimizer, lr=lr, seed=seed, timeout=timeout)
     history, records = [], []
@@ -571,7 +579,7 @@ def train(plan: str | Path | Plan, backend: str = "numpy", epochs: int = 5, lr: 
                     gi -= i - snapshot[1]
                     i = snapshot[1]
                     records = [rec for rec in records if rec["iteration"] < gi]  # replayed ones are re-logged
-                    ledger[epoch] = [a for a in ledger[epoch][:i]]
+                    ledger[epoch] = ledger[epoch][:i - start_iter]
                     epoch_losses = epoch_losses[:i - start_iter]
                     continue
                 if want_check:
@@ -615,7 +623,9 @@ def train(plan: str | Path | Plan, backend: str = "numpy", epochs: int = 5, lr: 
         _write_log(log, records)
     return {
         "backend": backend, "epochs": epochs,
-        "final_loss": history[-1]["mean_loss"] if history and history[-1]["mean_loss"] is not None else final_loss, "test_accuracy": acc,
+        # mean training loss of the last epoch (None when nothing was trained)
+        "final_loss": history[-1]["mean_loss"] if history and history[-1]["mean_loss"] is not None else
+        (final_loss if records else None), "test_accuracy": acc,
         "samples_per_s": samples / train_wall if train_wall else 0.0,
         "grad_max_rel_err_vs_single_device": grad_err,
         "schedule": plan.schedule, "stages": len(plan.stages), "devices": plan.devices,

@@ -334,9 +334,20 @@ def _copy(nested: dict) -> dict:
     return {l: {n: np.array(a, np.float32) for n, a in d.items()} for l, d in nested.items()}
 
 
+def _one_blas_thread() -> None:
+    """One BLAS thread per worker: a worker is one board, and several workers each spinning a
+    full OpenBLAS thread pool on a few cores made small matmuls 10-100x slower."""
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:
+        return
+    threadpool_limits(1)
+
+
 def worker_main(spec: WorkerSpec, inboxes, results) -> None:
     """Process entry point: build the worker, serve, report any exception as one message."""
     try:
+        _one_blas_thread()
         Worker(spec, inboxes, results).loop()
     except _Stop:
         pass

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import importlib.util
+from dataclasses import replace
 
 from bapipe.errors import SpecError
 from bapipe.schedules import SCHEDULES
@@ -88,7 +89,7 @@ def cmd_plan(args):
     out = make_plan(model, cluster, args.model, args.cluster, req)
     if getattr(args, "pareto", False):
         from .pareto import pareto_plans
-        out.pareto = pareto_plans(model, cluster, req)
+        out.pareto = pareto_plans(model, cluster, replace(req, global_batch=out.plan.global_batch))
     out.plan.save(args.output)
     res = summary(out)
     res["output"] = str(args.output)

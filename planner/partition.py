@@ -3,14 +3,16 @@
 Stages are boards (or replica groups) in topology order; stage ``d`` may be a different
 board type from stage ``d+1``. A problem holds, per stage position ``d``, the band matrix
 ``T[d][j, k]``: the time per micro-batch of stage ``d`` holding layers ``j-k .. j``
-(``inf`` when the range does not fit the board's memory), and per cut the link costs
+(``inf`` when the range does not fit the board's memory), optionally ``X[d][j, k]``, a cost
+added to the objective once but not to the bottleneck (the gradient all-reduce after the
+last backward of device 0, which ends the iteration), and per cut the link costs
 ``C[d][j]`` (full send time of activations + gradients after layer ``j`` from stage ``d``
 to ``d+1``: latency plus bytes/bandwidth, both directions) and ``O[d][j]`` (the link's
 busy time per micro-batch, one direction: what throttles the steady state).
 
 Objective (Alpa, OSDI'22 eq. 2, generalised to links and interleaving with v chunks):
 
-    J = (sum_d T_d + sum_cuts C) / v + (m*v - 1) * max(max_d T_d, max_cuts O)
+    J = (sum_d T_d + sum_cuts C) / v + sum_d X_d + (m*v - 1) * max(max_d T_d, max_cuts O)
 
 For v = 1 this is ``sum t + (m-1) max t``; for balanced interleaved stages it gives
 ``(m v + p - 1) t_chunk`` (Narayanan et al. SC'21). ``solve`` finds the exact minimum:
@@ -42,6 +44,11 @@ class Problem:
     O: np.ndarray         # shape (S-1, n): link busy time per micro-batch
     m: int = 1
     v: int = 1
+    X: list[np.ndarray | None] | None = None   # per stage: (n, L) extra added to the objective only
+
+    def extra(self, d: int) -> np.ndarray | None:
+        """The objective-only extra of stage d (e.g. its share of the final all-reduce), or None."""
+        return None if self.X is None else self.X[d]
 
     @property
     def stages(self) -> int:
@@ -74,10 +81,12 @@ def stage_time(p: Problem, d: int, first: int, last: int) -> float:
 
 
 def evaluate(p: Problem, bounds: list[tuple[int, int]]) -> tuple[float, float, float]:
-    """(J, bottleneck, sum) of a given partition (inf when a stage does not fit)."""
+    """(J, bottleneck, sum) of a given partition (inf when a stage does not fit); sum includes v*X."""
     ts = [stage_time(p, d, a, b) for d, (a, b) in enumerate(bounds)]
+    xs = [0.0 if p.extra(d) is None or not math.isfinite(ts[d]) else float(p.extra(d)[b, b - a])
+          for d, (a, b) in enumerate(bounds)]
     cuts = [(d, b) for d, (_a, b) in enumerate(bounds[:-1])]
-    total = sum(ts) + sum(float(p.C[d, j]) for d, j in cuts)
+    total = sum(ts) + sum(float(p.C[d, j]) for d, j in cuts) + p.v * sum(xs)
     bott = max(ts + [float(p.O[d, j]) for d, j in cuts])
     if not math.isfinite(total):
         return INF, INF, INF
@@ -107,20 +116,34 @@ def _minmax(p: Problem) -> float:
     return float(cur[n - 1])
 
 
+def _band_under(p: Problem, cap: float) -> int:
+    """Longest range length whose stage time can be <= cap on some stage (trims the DP band)."""
+    if not math.isfinite(cap):
+        return p.band
+    ok = np.zeros(p.band, dtype=bool)
+    for T in p.T:
+        ok |= (T <= cap).any(axis=0)
+    idx = np.nonzero(ok)[0]
+    return int(idx[-1]) + 1 if len(idx) else 0
+
+
 def _minsum(p: Problem, cap: float) -> tuple[float, list[tuple[int, int]] | None]:
     """Least sum (stage times + link costs) with every stage and link cost <= cap."""
     n, L, S = p.n, p.band, p.stages
+    Lc = _band_under(p, cap)
     j = np.arange(n)
     cur = np.full(n, INF)
     ok = j < L
     t0 = p.T[0][j[ok], j[ok]]
-    cur[ok] = np.where(t0 <= cap, t0, INF)
+    x0 = 0.0 if p.extra(0) is None else p.v * p.extra(0)[j[ok], j[ok]]
+    cur[ok] = np.where(t0 <= cap, t0 + x0, INF)
     args = []
     for d in range(1, S):
         nxt = np.full(n, INF)
         arg = np.full(n, -1, dtype=np.int64)
         Td = p.T[d]
-        for k in range(L):
+        Xd = p.extra(d)
+        for k in range(min(L, Lc)):
             idx = j - k - 1
             valid = idx >= 0
             if not valid.any():
@@ -129,6 +152,8 @@ def _minsum(p: Problem, cap: float) -> tuple[float, list[tuple[int, int]] | None
             t = Td[valid, k]
             o = p.O[d - 1, ii]
             cand = cur[ii] + p.C[d - 1, ii] + t
+            if Xd is not None:
+                cand = cand + p.v * Xd[valid, k]
             cand = np.where((t <= cap) & (o <= cap), cand, INF)
             better = cand < nxt[valid]
             vi = np.nonzero(valid)[0][better]
@@ -149,10 +174,13 @@ def _minsum(p: Problem, cap: float) -> tuple[float, list[tuple[int, int]] | None
     return total, bounds[::-1]
 
 
-def solve(p: Problem) -> Solution | None:
+def solve(p: Problem, s_floor: float | None = None) -> Solution | None:
     """The exact minimum of J over all partitions into exactly ``p.stages`` non-empty stages.
 
     Returns None when no partition fits (some stage would exceed its board's memory).
+    ``s_floor`` is an optional lower bound on the sum (skips the unconstrained min-sum DP).
+    Cap candidates are searched by bisection: min-sum(cap) is non-increasing in the cap, so
+    when two caps give the same least sum no cap between them can do better than the lower.
     """
     if p.stages > p.n:
         return None
@@ -160,40 +188,61 @@ def solve(p: Problem) -> Solution | None:
     if not math.isfinite(bstar):
         return None
     mv1 = p.m * p.v - 1
-    s_inf, b_inf = _minsum(p, INF)
-    best = None
+    best: Solution | None = None
 
     def consider(bounds):
         nonlocal best
         if bounds is None:
             return
         J, bott, tot = evaluate(p, bounds)
-        key = (J, bott, bounds)
-        if best is None or key < (best.objective, best.bottleneck, best.bounds):
+        if best is None or (J, bott, bounds) < (best.objective, best.bottleneck, best.bounds):
             best = Solution(J, bott, tot, bounds)
 
-    consider(b_inf)
     if mv1 == 0:
+        s_inf, b_inf = _minsum(p, INF)
+        consider(b_inf)
         return best
-    # candidate caps: distinct stage/link costs in [B*, B* + (S(B*) - S_inf) v / (mv-1)]
     s_star, b_star = _minsum(p, bstar)
     consider(b_star)
-    hi = bstar + (s_star - s_inf) / p.v / mv1
+    if s_floor is None:
+        s_floor, b_inf = _minsum(p, INF)
+        consider(b_inf)
+    hi = bstar + (s_star - s_floor) / p.v / mv1
     vals = [t[np.isfinite(t) & (t > bstar) & (t <= hi)] for t in p.T]
     if p.stages > 1:
         o = p.O.ravel()
         vals.append(o[(o > bstar) & (o <= hi)])
-    cands = np.unique(np.concatenate(vals)) if vals else np.array([])
+    cands = np.unique(np.concatenate([np.array([bstar])] + vals))
+    memo: dict[int, float] = {0: s_star}
+
+    def f(i: int) -> float:
+        if i not in memo:
+            s, bnd = _minsum(p, float(cands[i]))
+            memo[i] = s
+            consider(bnd)
+        return memo[i]
+
+    stack = [(0, len(cands) - 1)]
     evaluated = 0
-    for c in cands:
-        if s_inf / p.v + mv1 * c >= best.objective:
-            break
+    while stack:
+        lo, hi_i = stack.pop()
+        if hi_i <= lo:
+            continue
+        # any cap in (lo, hi_i] costs at least f(hi_i)/v + mv1 * cands[lo+1]
+        if s_floor / p.v + mv1 * float(cands[lo + 1]) >= best.objective:
+            continue
         if evaluated >= MAX_CAPS:
             best.exact = False
             break
-        _s, bnd = _minsum(p, float(c))
-        consider(bnd)
+        fh = f(hi_i)
         evaluated += 1
+        if fh / p.v + mv1 * float(cands[lo + 1]) >= best.objective or fh == f(lo) or hi_i == lo + 1:
+            continue
+        mid = (lo + hi_i) // 2
+        f(mid)
+        evaluated += 1
+        stack.append((mid, hi_i))
+        stack.append((lo, mid))
     return best
 
 

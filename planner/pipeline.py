@@ -15,6 +15,7 @@ against). It executes, per device, the op order of ``bapipe.schedules.device_ops
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from bapipe.schedules import device_ops
 
@@ -31,6 +32,11 @@ class Replay:
     def bubble_fraction(self) -> float:
         """1 - (busiest device's work) / iteration time."""
         return 1.0 - max(self.busy_s) / self.iteration_s if self.iteration_s > 0 else 0.0
+
+
+@lru_cache(maxsize=4096)
+def _ops(schedule: str, p: int, d: int, m: int, v: int, forward_only: bool) -> tuple:
+    return tuple(device_ops(schedule, p, d, m, v, forward_only=forward_only))
 
 
 def closed_form_bubble(p: int, m: int, v: int = 1) -> float:
@@ -50,7 +56,7 @@ def replay(schedule: str, p: int, m: int, fwd: list[float], bwd: list[float], se
     ``allreduce`` per device (seconds, after its last backward).
     """
     V = p * v
-    ops = [device_ops(schedule, p, d, m, v, forward_only=forward_only) for d in range(p)]
+    ops = [_ops(schedule, p, d, m, v, forward_only) for d in range(p)]
     f_arr: dict[tuple[int, int], float] = {}   # (virtual stage, mb) -> activations arrived at stage s
     b_arr: dict[tuple[int, int], float] = {}   # (virtual stage, mb) -> gradient arrived at stage s
     link_free: dict[tuple[int, int], float] = {}  # (device, direction) -> time the link is free
@@ -58,48 +64,47 @@ def replay(schedule: str, p: int, m: int, fwd: list[float], bwd: list[float], se
     busy = [0.0] * p
     ptr = [0] * p
     remaining = sum(len(o) for o in ops)
-    while remaining:
-        progressed = False
-        for d in range(p):
-            od = ops[d]
-            while ptr[d] < len(od):
-                op = od[ptr[d]]
-                s = op.chunk * p + d
-                if op.kind == "F":
-                    if s == 0:
-                        ready = 0.0
-                    else:
-                        ready = f_arr.get((s, op.mb))
-                        if ready is None:
-                            break
-                    dur = fwd[s]
-                else:
-                    if s == V - 1:
-                        ready = 0.0
-                    else:
-                        ready = b_arr.get((s, op.mb))
-                        if ready is None:
-                            break
-                    dur = bwd[s]
-                start = max(free[d], ready)
-                end = start + dur
-                free[d] = end
-                busy[d] += dur
-                if op.kind == "F" and s < V - 1:
-                    key = (d, +1)
-                    t0 = max(end, link_free.get(key, 0.0))
-                    link_free[key] = t0 + send_occ[s]
-                    f_arr[(s + 1, op.mb)] = t0 + send_occ[s] + send_lat[s]
-                elif op.kind == "B" and s > 0:
-                    key = (d, -1)
-                    t0 = max(end, link_free.get(key, 0.0))
-                    link_free[key] = t0 + send_occ[s - 1]
-                    b_arr[(s - 1, op.mb)] = t0 + send_occ[s - 1] + send_lat[s - 1]
-                ptr[d] += 1
-                remaining -= 1
-                progressed = True
-        if not progressed:
-            raise RuntimeError(f"schedule {schedule} deadlocked in replay (p={p}, m={m}, v={v})")
+    todo = list(range(p - 1, -1, -1))   # devices that may be able to run their next op
+    queued = [True] * p
+    while todo:
+        d = todo.pop()
+        queued[d] = False
+        od = ops[d]
+        while ptr[d] < len(od):
+            op = od[ptr[d]]
+            s = op.chunk * p + d
+            if op.kind == "F":
+                ready = 0.0 if s == 0 else f_arr.get((s, op.mb))
+                dur = fwd[s]
+            else:
+                ready = 0.0 if s == V - 1 else b_arr.get((s, op.mb))
+                dur = bwd[s]
+            if ready is None:
+                break
+            start = max(free[d], ready)
+            end = start + dur
+            free[d] = end
+            busy[d] += dur
+            wake = None
+            if op.kind == "F" and s < V - 1:
+                key = (d, +1)
+                t0 = max(end, link_free.get(key, 0.0))
+                link_free[key] = t0 + send_occ[s]
+                f_arr[(s + 1, op.mb)] = t0 + send_occ[s] + send_lat[s]
+                wake = (s + 1) % p
+            elif op.kind == "B" and s > 0:
+                key = (d, -1)
+                t0 = max(end, link_free.get(key, 0.0))
+                link_free[key] = t0 + send_occ[s - 1]
+                b_arr[(s - 1, op.mb)] = t0 + send_occ[s - 1] + send_lat[s - 1]
+                wake = (s - 1) % p
+            ptr[d] += 1
+            remaining -= 1
+            if wake is not None and wake != d and not queued[wake]:
+                queued[wake] = True
+                todo.append(wake)
+    if remaining:
+        raise RuntimeError(f"schedule {schedule} deadlocked in replay (p={p}, m={m}, v={v})")
     ar = allreduce or [0.0] * p
     finish = [free[d] + (0.0 if forward_only else ar[d]) for d in range(p)]
     return Replay(max(finish), busy, finish)

@@ -9,21 +9,25 @@ in order of a lower bound on J and skipped once the bound exceeds the best J fou
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from bapipe.errors import SpecError
-from bapipe.schedules import SCHEDULES, stash_count, weight_versions
+from bapipe.schedules import SCHEDULES, stash_count, warmup_forwards, weight_versions
 from bapipe.spec import Model
 from fpga_models.boards import bytes_per_element
 from fpga_models.cluster import Cluster
 
 from . import partition as part
+from fpga_models.allocate import allocate_stage
+
 from .pipeline import replay, ring_allreduce_s
 from .stagecost import LayerTable, StageModel, cut_bytes, layer_table, stage_model
 
-TOP_K = 6           # configurations replayed per search
+SLACK = 0.25        # how far J may be from the replayed time (relative)
+MAX_REPLAYS = 8     # configurations replayed per search
 MAX_M_CANDIDATES = 12
 
 
@@ -79,6 +83,20 @@ class Candidate:
         return max(per_dev.values()) if per_dev else 0
 
 
+@lru_cache(maxsize=None)
+def stashes_at(schedule: str, p: int, d: int, m: int, v: int = 1) -> int:
+    """bapipe.schedules.stash_count, with its closed forms where they exist (the op-order
+    walk is O(m) per call): GPipe m; 1F1B and 2BW min(p-d, m); eager-1F1B min(2(p-d)-1, m);
+    interleaved min(m v, 2(p-d-1) + (v-1) p + 1).
+    tests/test_planner.py checks the closed forms against stash_count."""
+    if v == 1 and schedule in ("gpipe", "1f1b", "2bw", "eager-1f1b"):
+        return warmup_forwards(schedule, p, d, m)
+    if schedule == "interleaved" and m % p == 0:
+        # Megatron's warm-up plus the one in flight: min(m v, 2(p-d-1) + (v-1) p + 1)
+        return min(m * v, 2 * (p - d - 1) + (v - 1) * p + 1)
+    return stash_count(schedule, p, d, m, v)
+
+
 class Explorer:
     """Holds the per-board-type tables of one model on one cluster and searches plans."""
 
@@ -99,6 +117,8 @@ class Explorer:
                 self.tables[cb.board.name] = layer_table(model, cb.board, req.fmt, req.cap, req.measured)
         self._sm: dict[tuple, StageModel] = {}
         self._links: dict[tuple, tuple[float, float]] = {}
+        self._band: dict[tuple, int] = {}
+        self._solved: dict[tuple, Candidate | None] = {}
         self.n = len(model.layers)
         self.train = req.mode == "train"
 
@@ -151,32 +171,51 @@ class Explorer:
         if not self.train:
             return 0
         sched = c.schedule if c.p > 1 else "1f1b"
-        s = stash_count(sched, c.p, d % c.p, c.m, c.v)
+        s = stashes_at(sched, c.p, d % c.p, c.m, c.v)
         return int(math.ceil(s / c.v))
 
     # ---- problem construction -------------------------------------------------------------
-    def band_length(self, c: Config) -> int:
-        """Longest layer range any stage could hold in memory (bounds the DP band)."""
-        if self.n <= 256:
-            return self.n
-        best = 0
+    def band_length(self, c: Config, tmax: float = math.inf) -> int:
+        """Longest layer range any stage could hold in memory, and (when ``tmax`` is finite)
+        whose compute fits in ``tmax`` on the fastest board type (bounds the DP band)."""
         smin = min(self.stashes(c, d) for d in range(c.p * c.v))
-        for btype in self.tables:
-            sm = self.stage_model(btype, c.beta, c.recompute, c.schedule)
-            i = np.arange(self.n)
-            ln = best + 1
-            while ln <= self.n:
-                ii = i[: self.n - ln + 1]
-                if not sm.cost(ii, ii + ln - 1, smin)["feasible"].any():
-                    break
-                ln += 1
-            best = max(best, ln - 1)
-        return max(best, 1)
+        key = (c.beta, c.recompute, weight_versions(c.schedule), smin, c.v)
+        if key not in self._band:
+            best = 0
+            for btype in self.tables:
+                sm = self.stage_model(btype, c.beta, c.recompute, c.schedule)
+                i = np.arange(self.n)
 
-    def problem(self, c: Config, L: int | None = None) -> part.Problem | None:
-        """The partition problem of configuration ``c`` (None when a group mixes board types)."""
+                def fits(ln: int) -> bool:  # some range of ln layers fits (monotone in ln)
+                    ii = i[: self.n - ln + 1]
+                    return bool(sm.cost(ii, ii + ln - 1, smin, c.v)["feasible"].any())
+
+                lo, hi = best, self.n        # fits(lo) known true (or lo = 0), find the largest
+                while lo < hi:
+                    mid = (lo + hi + 1) // 2
+                    if fits(mid):
+                        lo = mid
+                    else:
+                        hi = mid - 1
+                best = max(best, lo)
+            self._band[key] = max(best, 1)
+        L = self._band[key]
+        if math.isfinite(tmax):
+            lt = 1
+            for btype in self.tables:
+                sm = self.stage_model(btype, c.beta, c.recompute, c.schedule)
+                P = sm.PF + (sm.PB if self.train else 0.0)
+                jmax = np.searchsorted(P, P[:-1] + tmax * (1 + 1e-12), side="right") - 1
+                lt = max(lt, int((jmax - np.arange(self.n)).max()))
+            L = max(1, min(L, lt))
+        return L
+
+    def problem(self, c: Config, L: int | None = None, tmax: float = math.inf) -> part.Problem | None:
+        """The partition problem of configuration ``c`` (None when a group mixes board types).
+
+        Stage times above ``tmax`` are treated as infeasible (a search bound)."""
         V = c.p * c.v
-        L = L or self.band_length(c)
+        L = L or self.band_length(c, tmax)
         n = self.n
         j = np.arange(n)[:, None]
         k = np.arange(L)[None, :]
@@ -186,6 +225,7 @@ class Explorer:
         jj = np.broadcast_to(j, ic.shape)
         T = []
         cache: dict = {}
+        rgs: dict = {}
         for s in range(V):
             d = s % c.p
             btype = self.group_type(c.r, d)
@@ -195,9 +235,22 @@ class Explorer:
             key = (btype, st)
             if key not in cache:
                 sm = self.stage_model(btype, c.beta, c.recompute, c.schedule)
-                r = sm.cost(ic, jj, st)
-                cache[key] = np.where(valid & r["feasible"], r["time_s"], math.inf)
+                if btype not in rgs:
+                    rgs[btype] = sm.ranges(ic, jj)
+                r = sm.cost_of(rgs[btype], st, c.v)
+                cache[key] = np.where(valid & r["feasible"] & (r["time_s"] <= tmax), r["time_s"], math.inf)
             T.append(cache[key])
+        X = None
+        if self.train and c.r > 1:
+            # every replicated stage all-reduces its gradients after its last backward; J
+            # charges them all in full (the replay overlaps them with the backward drain)
+            X = [None] * V
+            for s in range(V):
+                d = s % c.p
+                bw, lat = self.ring(self.group(c.r, d))
+                sm = self.stage_model(self.group_type(c.r, d), c.beta, c.recompute, c.schedule)
+                W = np.where(valid, sm.PW[jj + 1] - sm.PW[ic], 0.0)
+                X[s] = 2 * (c.r - 1) / c.r * W / bw + (2 * (c.r - 1) * lat if s < c.p else 0.0)
         cb = cut_bytes(self.model, self.req.fmt, c.beta)
         C = np.zeros((max(V - 1, 0), n))
         O = np.zeros((max(V - 1, 0), n))
@@ -207,7 +260,7 @@ class Explorer:
             occ = np.concatenate([cb / bw, [0.0]])
             O[s] = occ
             C[s] = ways * (occ + lat)
-        return part.Problem(n, T, C, O, c.m, c.v)
+        return part.Problem(n, T, C, O, c.m, c.v, X)
 
     def lower_bound(self, c: Config) -> float:
         """A lower bound on J: all work spread evenly, (m v + V - 1)/(V v) x total."""
@@ -236,13 +289,17 @@ class Explorer:
     def configs(self, schedules: list[str], replicas: list[int], recompute: tuple[bool, ...]) -> list[Config]:
         """Every configuration of the search space."""
         out = []
+        pairs = []
         for r in replicas:
             if self.N % r:
                 continue
-            p = self.N // r
+            # every board in use, or (for models with fewer layers than boards) one layer per stage
+            for p in sorted({self.N // r, min(self.n, self.N // r)}):
+                pairs.append((r, p))
+        for r, p in pairs:
             if p > self.n or any(self.group_type(r, d) is None for d in range(p)):
                 continue
-            for sched in (schedules if p > 1 else ["1f1b"]):
+            for sched in (schedules if p > 1 else [self.single_stage_schedule]):
                 vs = [2] if sched == "interleaved" else [1]
                 for v in vs:
                     if p * v > self.n or (sched == "interleaved" and p == 1):
@@ -251,6 +308,11 @@ class Explorer:
                         for rc in recompute:
                             out.append(Config(sched, v, r, p, m, self.G // m // r, rc))
         return sorted(set(out))
+
+    @property
+    def single_stage_schedule(self) -> str:
+        """One stage: 1F1B with p = 1 is gradient accumulation (one stash); forward-only: gpipe."""
+        return "1f1b" if self.train else "gpipe"
 
     def schedules(self) -> list[str]:
         """Schedules to explore."""
@@ -261,19 +323,40 @@ class Explorer:
         return [self.req.schedule]
 
     # ---- search ---------------------------------------------------------------------------
-    def solve_config(self, c: Config) -> Candidate | None:
-        """Exact partition of one configuration (None if nothing fits)."""
-        prob = self.problem(c)
-        if prob is None:
-            return None
-        sol = part.solve(prob)
-        if sol is None:
-            return None
-        return Candidate(c, sol.bounds, sol.objective, sol.exact)
+    def solve_config(self, c: Config, jmax: float = math.inf) -> Candidate | None:
+        """Exact partition of one configuration (None if nothing fits, or nothing beats ``jmax``)."""
+        if c.v == 1 and c.p > 1 and c.schedule != "1f1b":
+            # J does not depend on the schedule when v = 1; 1F1B stashes the least, so its
+            # optimum is also optimal for a schedule with more memory whenever it still fits
+            base = self.solve_config(Config("1f1b", 1, c.r, c.p, c.m, c.beta, c.recompute), jmax)
+            if base is not None:
+                mine = self.fixed_config(c, base.bounds)
+                if mine is not None and abs(mine.objective - base.objective) <= 1e-12 * base.objective:
+                    mine.exact = base.exact
+                    return mine
+        if c in self._solved:
+            cand = self._solved[c]
+            return Candidate(c, list(cand.bounds), cand.objective, cand.exact) if cand else None
+        # a partition with J <= jmax has every stage time <= jmax / (m v - 1 + 1/v)
+        tmax = jmax / (c.m * c.v - 1 + 1 / c.v) if math.isfinite(jmax) else math.inf
+        prob = self.problem(c, tmax=tmax)
+        sol = part.solve(prob, self.sum_floor(c)) if prob is not None else None
+        cand = Candidate(c, sol.bounds, sol.objective, sol.exact) if sol else None
+        if cand is not None or not math.isfinite(tmax):
+            self._solved[c] = cand   # a bounded miss may succeed under a looser bound: not cached
+        return Candidate(c, list(cand.bounds), cand.objective, cand.exact) if cand else None
+
+    def sum_floor(self, c: Config) -> float:
+        """A lower bound on a partition's sum of stage times: all layers' compute on the fastest type."""
+        tot = math.inf
+        for btype in self.tables:
+            sm = self.stage_model(btype, c.beta, c.recompute, c.schedule)
+            tot = min(tot, float(sm.PF[-1] + (sm.PB[-1] if self.train else 0.0)))
+        return tot
 
     def fixed_config(self, c: Config, bounds: list[tuple[int, int]]) -> Candidate | None:
         """A user- or baseline-given partition of one configuration (None if it does not fit)."""
-        prob = self.problem(c, L=self.n)
+        prob = self.problem(c, L=max(b - a + 1 for a, b in bounds))
         if prob is None:
             return None
         J, _b, _t = part.evaluate(prob, bounds)
@@ -282,29 +365,39 @@ class Explorer:
         return Candidate(c, list(bounds), J)
 
     def search(self, configs: list[Config]) -> list[Candidate]:
-        """Exact partitions of the configurations in bound order; the best TOP_K replayed, fastest first."""
+        """Exact partitions of the configurations in bound order; replayed fastest first.
+
+        J approximates the replayed time (GPipe's replay is at most J, 1F1B's may exceed it
+        by the round-trip stalls), so configurations within SLACK of the best J are kept and
+        replayed in J order until J exceeds the best replayed time by SLACK.
+        """
         found: list[Candidate] = []
         best = math.inf
         order = sorted(configs, key=lambda c: (self.lower_bound(c), c))
         feasible_norc: set = set()
         for c in order:
-            if self.lower_bound(c) >= best * (1 + 1e-9) and len(found) >= TOP_K:
+            if self.lower_bound(c) >= best * (1 + SLACK):
                 break
-            if c.recompute and (c.schedule, c.v, c.r, c.m) in feasible_norc:
+            if c.recompute and (c.schedule, c.v, c.r, c.p, c.m) in feasible_norc:
                 continue  # recomputation only where the stashes do not fit otherwise
-            cand = self.solve_config(c)
+            cand = self.solve_config(c, best * (1 + SLACK))
             if cand is None:
                 continue
             if not c.recompute:
-                feasible_norc.add((c.schedule, c.v, c.r, c.m))
+                feasible_norc.add((c.schedule, c.v, c.r, c.p, c.m))
             found.append(cand)
             best = min(best, cand.objective)
         found.sort(key=lambda x: (x.objective, x.config))
-        top = found[:TOP_K]
-        for cand in top:
+        best_t = math.inf
+        done = []
+        for cand in found:
+            if len(done) >= MAX_REPLAYS or cand.objective > best_t * (1 + SLACK):
+                break
             self.finish(cand)
-        top.sort(key=lambda x: (x.iteration_s, x.objective, x.config))
-        return top + found[TOP_K:]
+            best_t = min(best_t, cand.iteration_s)
+            done.append(cand)
+        done.sort(key=lambda x: (x.iteration_s, x.objective, x.config))
+        return done + found[len(done):]
 
     # ---- details ---------------------------------------------------------------------------
     def finish(self, cand: Candidate) -> Candidate:
@@ -318,7 +411,22 @@ class Explorer:
             btype = self.group_type(c.r, d)
             sm = self.stage_model(btype, c.beta, c.recompute, c.schedule)
             st = self.stashes(c, s)
-            r = {k: float(np.asarray(v)) for k, v in sm.cost(np.array(a), np.array(b), st).items()}
+            r = {k: float(np.asarray(v)) for k, v in sm.cost(np.array(a), np.array(b), st, c.v).items()}
+            table = self.tables[btype]
+            fold = {self.model.layers[x].name: table.fold[x] for x in range(a, b + 1)}
+            style = "gpu" if table.board.kind == "gpu" else "time-multiplexed"
+            if table.board.kind == "fpga" and table.measured_f is None:
+                alloc = allocate_stage(list(self.model.layers[a:b + 1]), table.board, self.req.fmt, c.beta,
+                                       self.req.cap, self.train)
+                if alloc.style == "dataflow":
+                    # the layer-pipelined engines are faster: same memory and spill traffic
+                    cf = alloc.fwd_s
+                    cb_ = alloc.bwd_s + (cf if c.recompute and self.train else 0.0)
+                    r["fwd_s"] = max(cf, r["traffic_f"])
+                    r["bwd_s"] = max(cb_, r["traffic_b"]) if self.train else 0.0
+                    r["time_s"] = r["fwd_s"] + r["bwd_s"]
+                    r["compute_f"], r["compute_b"] = cf, cb_
+                    fold, style = dict(alloc.folding), "dataflow"
             if s < V - 1:
                 bw, lat = self.link(c.r, d, (s + 1) % c.p)
                 occ, sb = float(cb[b]) / bw, int(cb[b])
@@ -329,7 +437,7 @@ class Explorer:
                            "time_s": r["time_s"], "memory_bytes": int(r["memory"]), "weight_bytes": int(r["weight_bytes"]),
                            "stash_bytes": int(r["stash_bytes"]), "stashes": st, "send_bytes": sb, "send_occ": occ,
                            "send_lat": lat, "send_s": occ + lat, "compute_f": r["compute_f"],
-                           "compute_b": r["compute_b"], "onchip": sm.onchip})
+                           "compute_b": r["compute_b"], "onchip": sm.onchip, "folding": fold, "style": style})
         ar = [0.0] * c.p
         if self.train and c.r > 1:
             for d in range(c.p):
@@ -338,7 +446,7 @@ class Explorer:
                 ar[d] = ring_allreduce_s(wb, c.r, bw, lat)
         for x in stages:
             x["allreduce_s"] = ar[x["device"]] if x["chunk"] == 0 else 0.0
-        rp = replay(c.schedule if c.p > 1 else "1f1b", c.p, c.m, [x["fwd_s"] for x in stages],
+        rp = replay(c.schedule, c.p, c.m, [x["fwd_s"] for x in stages],
                     [x["bwd_s"] for x in stages], [x["send_occ"] for x in stages[:-1]],
                     [x["send_lat"] for x in stages[:-1]], c.v, ar, forward_only=not self.train)
         cand.iteration_s = rp.iteration_s

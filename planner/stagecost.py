@@ -104,22 +104,28 @@ class StageModel:
     PBUF: np.ndarray  # prefix line-buffer bytes
     IN: np.ndarray   # bytes entering a stage that starts at layer i (per micro-batch)
 
-    def cost(self, i, j, stashes):
+    def cost(self, i, j, stashes, share: int = 1):
         """Vectorised stage figures for layers i..j (inclusive) with ``stashes`` in-flight micro-batches.
 
+        ``share``: the stage gets 1/share of the board's memory (interleaved: v chunks per board).
         Returns a dict of arrays: fwd_s, bwd_s, time_s, memory, weight_bytes, stash_bytes, feasible.
         """
+        return self.cost_of(self.ranges(i, j), stashes, share)
+
+    def ranges(self, i, j) -> dict:
+        """The stash-independent sums over layers i..j (reuse them for several stash counts)."""
         i = np.asarray(i)
         j = np.asarray(j)
-        F = self.PF[j + 1] - self.PF[i]
-        Bc = self.PB[j + 1] - self.PB[i]
-        W = self.PW[j + 1] - self.PW[i]
-        A = self.PA[j + 1] - self.PA[i]
-        buf = self.PBUF[j + 1] - self.PBUF[i]
+        return {"F": self.PF[j + 1] - self.PF[i], "B": self.PB[j + 1] - self.PB[i], "W": self.PW[j + 1] - self.PW[i],
+                "A": self.PA[j + 1] - self.PA[i], "buf": self.PBUF[j + 1] - self.PBUF[i], "IN": self.IN[i]}
+
+    def cost_of(self, rg: dict, stashes, share: int = 1):
+        """:meth:`cost` from precomputed :meth:`ranges`."""
+        F, Bc, W, A, buf = rg["F"], rg["B"], rg["W"], rg["A"], rg["buf"]
         train = self.mode == "train"
         if train and self.recompute:
             Bc = Bc + F                       # re-run the forward before the backward
-            stash_mb = self.IN[i]
+            stash_mb = rg["IN"]
             stash = stashes * stash_mb + A    # + one micro-batch's activations while it backpropagates
         elif train:
             stash_mb = A
@@ -128,11 +134,12 @@ class StageModel:
             stash_mb = np.zeros_like(A)
             stash = A                         # working activations of one micro-batch
         mem = W * self.copies + stash + buf
-        feasible = mem <= self.capacity
+        feasible = mem <= self.capacity / share
         if self.board.kind == "gpu":
             fs, bs = F, Bc
+            tr_f = tr_b = np.zeros_like(F)
         else:
-            on = np.full(np.shape(W), float(self.onchip)) - buf
+            on = np.full(np.shape(W), float(self.onchip) / share) - buf
             w_on = np.clip(on, 0, None)
             w_on = np.minimum(W, w_on)
             w_off = W - w_on
@@ -149,12 +156,14 @@ class StageModel:
                 tr_f = w_off
                 tr_b = np.zeros_like(W)
             bwb = self.board.offchip_bw_Bps
-            fs = np.maximum(F, tr_f / bwb)
-            bs = np.maximum(Bc, tr_b / bwb) if train else np.zeros_like(F)
+            tr_f, tr_b = tr_f / bwb, tr_b / bwb
+            fs = np.maximum(F, tr_f)
+            bs = np.maximum(Bc, tr_b) if train else np.zeros_like(F)
         if not train:
             bs = np.zeros_like(fs)
         return {"fwd_s": fs, "bwd_s": bs, "time_s": fs + bs, "memory": mem, "weight_bytes": W,
-                "stash_bytes": stash, "feasible": feasible, "compute_f": F, "compute_b": Bc}
+                "stash_bytes": stash, "feasible": feasible, "compute_f": F, "compute_b": Bc,
+                "traffic_f": tr_f, "traffic_b": tr_b}
 
 
 def stage_model(model: Model, table: LayerTable, beta: int, fmt: str, cap: float, mode: str, optimizer: str,

@@ -8,7 +8,7 @@ from fpga_models.cluster import load_cluster
 
 def make_plan(model_name: str = "tiny-cnn", cluster_name: str = "4xU250-ring",
               cuts: tuple[int, ...] = (3, 6), folding: dict | None = None, fmt: str = "fixed16",
-              style: str = "dataflow") -> tuple[Plan, object, object]:
+              style: str = "dataflow", mode: str = "train", microbatch_size: int = 2) -> tuple[Plan, object, object]:
     """A plan splitting the model after the given layer positions, one stage per board."""
     model = load_model(model_name)
     cluster = load_cluster(cluster_name)
@@ -23,7 +23,8 @@ def make_plan(model_name: str = "tiny-cnn", cluster_name: str = "4xU250-ring",
                             board_type=cb.board.name, device=i, style=style,
                             folding={n: Folding(*folding[n]) for n in names if n in folding}))
     plan = Plan(model=model_name, model_fingerprint=model.fingerprint(), cluster=cluster_name,
-                cluster_fingerprint=cluster.fingerprint(), number_format=fmt, stages=stages)
+                cluster_fingerprint=cluster.fingerprint(), number_format=fmt, stages=stages,
+                mode=mode, microbatch_size=microbatch_size)
     return plan, model, cluster
 
 

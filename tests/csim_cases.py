@@ -147,6 +147,23 @@ def conv_bwd_w(rng, c, h, wd, o, k, s, p, pe, simd, n=2, fmt=FMT):
     return case, [fx.conv_weight_matrix(dw).reshape(-1), db.reshape(-1)]
 
 
+def pool_bwd(rng, kind, c, h, wd, k, s, p, n=2, fmt=FMT):
+    """Backward of max/avg pooling with overlapping, padded windows."""
+    ho, wo = fx.conv_out_hw(h, wd, k, s, p)
+    x, dy = _r(rng, (n, c, h, wd)), _r(rng, (n, c, ho, wo), 1.0)
+    x[:, :, 0, :2] = 5                                        # ties: the first maximum wins
+    tp = _tp(c, h, wd, k, k, s, s, p, p)
+    if kind == "max":
+        case = HarnessCase(f"maxpool_bwd {c}x{h}x{wd} k{k} s{s} p{p}", f"bapipe::maxpool_bwd<{tp}>(x, dy, dx)", n, [],
+                           [HarnessIO("x", x.size, data=to_stream(x)), HarnessIO("dy", dy.size, data=to_stream(dy))],
+                           [HarnessIO("dx", x.size)], [])
+        return case, [to_stream(fx.maxpool_bwd(x, dy, k, s, p, fmt)).reshape(-1)]
+    case = HarnessCase(f"avgpool_bwd {c}x{h}x{wd} k{k} s{s} p{p}",
+                       f"bapipe::avgpool_bwd<{tp}, {fx.avg_recip(k * k)}>(dy, dx)", n, [],
+                       [HarnessIO("dy", dy.size, data=to_stream(dy))], [HarnessIO("dx", x.size)], [])
+    return case, [to_stream(fx.avgpool_bwd(dy, (h, wd), k, fmt, s, p)).reshape(-1)]
+
+
 def all_cases(seed: int = 1):
     """Every layer type x at least 3 foldings, forward; dense and conv2d also backward."""
     rng = np.random.default_rng(seed)
@@ -175,4 +192,7 @@ def all_cases(seed: int = 1):
     out.append(batchnorm(rng, (12,), 3))                     # vector input
     out.append(add(rng, (16,), 1, span=30.0))                # saturation
     out.append(flatten(rng, 3, 2, 4))
+    for kind in ("max", "avg"):
+        out.append(pool_bwd(rng, kind, 3, 7, 7, 3, 2, 1))
+        out.append(pool_bwd(rng, kind, 2, 6, 6, 2, 2, 0))
     return out

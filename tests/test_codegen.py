@@ -51,7 +51,7 @@ def test_weights_depend_only_on_the_plan(tmp_path):
 def test_folding_drives_pragmas(tmp_path):
     plan, model, cluster = make_plan(folding=FOLD)
     generate_plan(plan, model, cluster, tmp_path)
-    k0 = (tmp_path / "stage0/stage0.cpp").read_text()
+    k0 = (tmp_path / "stage0/stage0_layers.h").read_text() + (tmp_path / "stage0/stage0.cpp").read_text()
     assert "#pragma HLS ARRAY_PARTITION variable=conv2_w cyclic factor=4 dim=1" in k0
     assert "#pragma HLS ARRAY_PARTITION variable=conv2_w cyclic factor=8 dim=2" in k0
     assert "bapipe::conv2d<8, 8, 8, 8, 3, 3, 1, 1, 1, 1, 4, 8>" in k0
@@ -60,6 +60,28 @@ def test_folding_drives_pragmas(tmp_path):
     assert "#pragma HLS PIPELINE II=1" in lib and "#pragma HLS UNROLL" in lib
     # (MH/PE)(MW/SIMD) = (8/4)(72/8) = 18 cycles per pixel
     assert "18 cycles per pixel" in k0
+
+
+def test_inference_plans_have_no_backward_kernels(tmp_path):
+    plan, model, cluster = make_plan(mode="inference")
+    generate_plan(plan, model, cluster, tmp_path)
+    assert not list(tmp_path.rglob("*_bwd*"))
+    assert all(s["backward"] is None for s in json.loads((tmp_path / "host_config.json").read_text())["stages"])
+
+
+def test_backward_kernel_structure(tmp_path):
+    plan, model, cluster = make_plan(folding=FOLD, microbatch_size=4)
+    generate_plan(plan, model, cluster, tmp_path)
+    b0 = (tmp_path / "stage0/stage0_bwd.cpp").read_text()
+    assert "#define MB 4" in b0
+    assert "void stage0_bwd(hls::stream<data_t> &x_in0, hls::stream<data_t> &dy_out0, data_t dw_conv1[8][9]" in b0
+    assert "dx_in0" not in b0                      # the model input needs no gradient
+    assert "bapipe::conv2d_bwd_w<8, 8, 8, 8, 3, 3, 1, 1, 1, 1, 4, 8, MB>(xs, dy2, dw_conv2, db_conv2);" in b0
+    assert b0.index("backward: relu2") < b0.index("backward: conv2") < b0.index("backward: conv1")
+    cfg = json.loads((tmp_path / "host_config.json").read_text())
+    bw = cfg["stages"][1]["backward"]
+    assert bw["microbatch"] == 4 and [p["port"] for p in bw["outputs"]] == ["dx_in0"]
+    assert [(g["name"], g["elements"]) for g in bw["weight_grads"]] == [("dw_conv3", 16 * 72), ("db_conv3", 16)]
 
 
 def test_time_multiplexed_stage_has_no_dataflow(tmp_path):
@@ -100,7 +122,11 @@ def test_link_configs_follow_vitis_conventions(tmp_path):
     k2 = (tmp_path / "b/stage2/stage2.cpp").read_text()
     assert "bapipe::copy<144>(in0, out0);" in k2        # bn1 passes through stage 2 to the residual add
     mk = (tmp_path / "b/Makefile").read_text()
-    assert "link/fpga0.xclbin: stage0/stage0.xo stage4/stage4.xo common/mm2s.xo common/s2mm.xo" in mk
+    assert ("link/fpga0.xclbin: stage0/stage0.xo stage4/stage4.xo stage0/stage0_bwd.xo stage4/stage4_bwd.xo "
+            "common/mm2s.xo common/s2mm.xo") in mk
+    # training: backward kernels with their weight gradients in memory and gradients over the network
+    assert "nk=stage2_bwd:1:stage2_bwd_1" in mid and "sp=stage2_bwd_1.dw_c2:DDR[0]" in mid
+    assert "stream_connect=stage2_bwd_1.dx_in0:net_tx_1.stage2_bwd_dx_in0" in mid
     tcl = (tmp_path / "b/stage0/run_hls.tcl").read_text()
     for step in ("csim_design", "csynth_design", "cosim_design", "export_design -format xo"):
         assert step in tcl

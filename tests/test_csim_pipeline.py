@@ -37,7 +37,8 @@ def test_tiny_cnn_three_stages_chained_match_numpy(tmp_path, capsys):
     rc = main(["csim", str(tmp_path / "build"), "--json"])
     r = json.loads(capsys.readouterr().out)
     assert rc == 0 and r["passed"], r
-    assert [s["name"] for s in r["stages"]] == ["stage0", "stage1", "stage2"]
+    # training plan: each stage has a forward and a backward kernel
+    assert [s["name"] for s in r["stages"]] == ["stage0", "stage0_bwd", "stage1", "stage1_bwd", "stage2", "stage2_bwd"]
     for s in r["stages"]:
         assert s["passed"] and s["max_abs_err_lsb"] == 0
         assert set(s) >= {"name", "passed", "max_abs_err_lsb", "compile_s", "run_s"}
@@ -49,7 +50,7 @@ def test_whole_model_reference_is_independent_of_the_chain(tmp_path):
     from codegen.csim import csim_project, load_weights
     from fpga_models import fixedpoint as fx
 
-    plan, model, cluster = make_plan(folding={"conv2": (8, 72)})
+    plan, model, cluster = make_plan(folding={"conv2": (8, 72)}, mode="inference")
     generate_plan(plan, model, cluster, tmp_path)
     r = csim_project(tmp_path, samples=3, seed=7)
     assert r["passed"] and r["model_max_abs_err_lsb"] == 0
@@ -68,18 +69,20 @@ def test_whole_model_reference_is_independent_of_the_chain(tmp_path):
 def test_residual_model_with_skips_across_cuts(tmp_path):
     from codegen.csim import csim_project
 
-    plan, model, cluster = make_plan(residual_model_file(tmp_path), cuts=(1, 2, 3, 5),
+    CACHE.mkdir(parents=True, exist_ok=True)   # a stable model path keeps the plan (and the cache key) stable
+    plan, model, cluster = make_plan(residual_model_file(CACHE), cuts=(1, 2, 3, 5),
                                      folding={"c1": (2, 6), "c3": (4, 9), "mp": (2, 1), "gap": (4, 1)})
     generate_plan(plan, model, cluster, tmp_path / "b")
     r = csim_project(tmp_path / "b", samples=2)
     assert r["passed"], r
-    assert len(r["stages"]) == 5 and r["model_max_abs_err_lsb"] == 0
+    assert len(r["stages"]) == 10 and r["model_max_abs_err_lsb"] == 0   # 5 forward + 5 backward kernels
+    assert all(s["max_abs_err_lsb"] == 0 for s in r["stages"])
 
 
 def test_int8_format(tmp_path):
     from codegen.csim import csim_project
 
-    plan, model, cluster = make_plan(fmt="int8", cuts=(4,), folding={"conv2": (2, 9)})
+    plan, model, cluster = make_plan(fmt="int8", cuts=(4,), folding={"conv2": (2, 9)}, mode="inference")
     generate_plan(plan, model, cluster, tmp_path)
     assert "ap_fixed<8,4,AP_RND,AP_SAT>" in (tmp_path / "common/bapipe_types.h").read_text()
     r = csim_project(tmp_path, samples=2)
@@ -89,8 +92,44 @@ def test_int8_format(tmp_path):
 def test_second_run_uses_the_cache(tmp_path):
     from codegen.csim import csim_project
 
-    plan, model, cluster = make_plan()
+    plan, model, cluster = make_plan(mode="inference")
     generate_plan(plan, model, cluster, tmp_path)
     csim_project(tmp_path, samples=1)
     r = csim_project(tmp_path, samples=1)
     assert all(s["cached"] and s["compile_s"] == 0.0 for s in r["stages"])
+
+
+def test_backward_reference_gradients_are_not_trivial():
+    """The backward comparison means something: numpy gradients of a tiny-CNN stage are mostly nonzero."""
+    from fpga_models import fixedpoint as fx
+    from codegen.context import make_weights
+    from codegen.csim import random_input
+
+    plan, model, cluster = make_plan()
+    params = make_weights(plan, model)
+    rng = np.random.default_rng(0)
+    f = fx.FORMATS["fixed16"]
+    layers = model.layers[:4]
+    x = random_input(rng, 2, (1, 8, 8), f)
+    dy = random_input(rng, 2, (8, 8, 8), f, span=1.0)
+    g, wg = fx.stage_bwd(layers, {"input": x}, {"relu2": dy}, params, f)
+    assert np.count_nonzero(g["input"]) > 0.5 * g["input"].size
+    assert np.count_nonzero(wg["conv2"]["dw"]) > 0.5 * wg["conv2"]["dw"].size
+    assert np.count_nonzero(wg["conv1"]["db"]) == 8
+
+
+def test_a_wrong_weight_is_caught(tmp_path, capsys):
+    """The comparison is live: numpy reads weights.bin, the kernel its header; change one weight."""
+    from bapipe.cli import main
+
+    plan, model, cluster = make_plan(mode="inference")
+    generate_plan(plan, model, cluster, tmp_path)
+    wb = tmp_path / "stage2/weights.bin"
+    raw = bytearray(wb.read_bytes())
+    raw[0] ^= 0x40                      # fc weight [0][0] changes by 64 LSB
+    wb.write_bytes(bytes(raw))
+    rc = main(["csim", str(tmp_path), "--seed", "3"])
+    out = capsys.readouterr().out
+    assert rc == 1 and "FAILED" in out
+    assert out.splitlines()[1].split()[:3] == ["stage0", "PASS", "0"]
+    assert "stage2" in out and " FAIL" in out.split("stage2")[1].splitlines()[0]

@@ -7,6 +7,8 @@ import time
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from host.driver import Pipeline, PipelineFailure, train
 from host.handplan import hand_plan
@@ -27,12 +29,6 @@ def test_cnn_gradients_equal_single_device_adam():
                      microbatch_size=16)
     r = train(plan, epochs=1, max_iterations=1)
     assert r["grad_max_rel_err_vs_single_device"] < 1e-6
-
-
-def _final_state(plan, **kw):
-    states = {}
-    r = train(plan, pipeline_hook=lambda p: states.setdefault("pipe", p), **kw)
-    return r
 
 
 def test_tiny_mlp_reaches_stated_accuracy_and_schedules_agree(tmp_path):
@@ -119,6 +115,13 @@ def test_dead_worker_recovered_without_losing_or_repeating_microbatches():
     assert (healed["final_loss"], healed["test_accuracy"]) == (clean["final_loss"], clean["test_accuracy"])
 
 
+def test_worker_exception_names_stage_and_error():
+    plan = hand_plan("tiny-mlp", cuts=(1, 3, 5))
+    with pytest.raises(PipelineFailure, match=r"stage 3 .*forward of micro-batch 1 .*raised RuntimeError: "
+                                              r"injected fault"):
+        train(plan, epochs=1, check_grads=False, faults={3: {"iteration": 0, "op": 2, "mode": "raise"}})
+
+
 def test_2bw_trains_with_stale_weights():
     """2BW updates with one-step-stale gradients: not equal to synchronous SGD, but it learns."""
     plan = hand_plan("tiny-mlp", cuts=(1, 3, 5), schedule="2bw")
@@ -144,3 +147,23 @@ def test_replicated_stages_reshard_and_allreduce():
     with pytest.raises(PipelineFailure, match=r"stage 2 \(device 2, replica 1, board fpga4\) during backward "
                                               r"of micro-batch 0 .*died"):
         train(plan, epochs=1, check_grads=False, faults={4: {"iteration": 1, "op": 1, "mode": "die"}})
+
+
+@settings(max_examples=8, deadline=None)
+@given(st.data())
+def test_property_any_cut_schedule_and_replication_matches_single_device(data):
+    """Random partitions, synchronous schedules, micro-batch counts and replica counts."""
+    model = data.draw(st.sampled_from(["tiny-mlp", "tiny-cnn"]))
+    n = 7 if model == "tiny-mlp" else 10
+    schedule = data.draw(st.sampled_from(["gpipe", "1f1b", "eager-1f1b", "interleaved"]))
+    if schedule == "interleaved":
+        cuts = tuple(sorted(data.draw(st.sets(st.integers(0, n - 2), min_size=3, max_size=3))))
+        chunks, m, reps = 2, data.draw(st.sampled_from([2, 4])), None
+    else:
+        cuts = tuple(sorted(data.draw(st.sets(st.integers(0, n - 2), max_size=3))))
+        chunks, m = 1, data.draw(st.sampled_from([1, 2, 4]))
+        reps = tuple(data.draw(st.integers(1, 2)) for _ in range(len(cuts) + 1))
+    plan = hand_plan(model, "8xU280-ring", cuts=cuts, schedule=schedule, chunks=chunks, microbatches=m,
+                     microbatch_size=32 // m, replicas=reps)
+    r = train(plan, epochs=1, max_iterations=1)
+    assert r["grad_max_rel_err_vs_single_device"] < 1e-6

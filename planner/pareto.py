@@ -1,0 +1,45 @@
+"""Non-dominated plans over (iteration time, peak memory per board, boards used) (TensorOpt-style)."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from bapipe.spec import Model
+from fpga_models.cluster import Cluster
+
+from .search import Explorer, Request
+
+
+def non_dominated(points: list[dict], keys=("iteration_time_s", "peak_memory_bytes", "boards")) -> list[dict]:
+    """Points no other point beats or equals on every key while beating on one (sorted by the keys)."""
+    out = []
+    for a in points:
+        dominated = any(all(b[k] <= a[k] for k in keys) and any(b[k] < a[k] for k in keys) for b in points)
+        if not dominated and not any(all(o[k] == a[k] for k in keys) for o in out):
+            out.append(a)
+    return sorted(out, key=lambda x: tuple(x[k] for k in keys))
+
+
+def pareto_plans(model: Model, cluster: Cluster, req: Request) -> list[dict]:
+    """Best replayed plan per (board count, schedule, replication), reduced to the Pareto set.
+
+    Board counts are the divisors of the cluster's size (a prefix of the boards in topology
+    order); every schedule is searched on its own so low-memory schedules are not pruned away
+    by faster, hungrier ones.
+    """
+    N = len(cluster.boards) if req.max_boards is None else req.max_boards
+    points = []
+    for nb in [k for k in range(1, N + 1) if N % k == 0]:
+        ex = Explorer(model, cluster, replace(req, max_boards=nb, partition=None))
+        rc = (False, True) if ex.train else (False,)
+        replicas = [r for r in range(1, nb + 1) if nb % r == 0] if req.replication else [1]
+        for sched in ex.schedules():
+            for r in replicas:
+                found = ex.search(ex.configs([sched], [r], rc))
+                if not found or found[0].iteration_s is None:
+                    continue
+                c = found[0]
+                points.append({"iteration_time_s": c.iteration_s, "peak_memory_bytes": c.peak_memory,
+                               "boards": c.boards_used, "schedule": c.config.schedule, "microbatches": c.config.m,
+                               "replicas": c.config.r, "stages": c.config.p * c.config.v,
+                               "recompute": c.config.recompute})
+    return non_dominated(points)

@@ -1,0 +1,157 @@
+"""Pipeline timing, stash counts, and `bapipe plan` end to end."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from bapipe.plan import load_plan
+from bapipe.schedules import SCHEDULES, stash_count
+from bapipe.spec import load_model
+from fpga_models.cluster import load_cluster
+from planner.cli_plan import parse_partition
+from planner.pipeline import closed_form_bubble, flowshop_time, replay, ring_allreduce_s
+from planner.planning import equal_bounds, make_plan, summary
+from planner.search import Request, stashes_at
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "eager-1f1b", "2bw"])
+@pytest.mark.parametrize("p,m", [(2, 1), (4, 4), (4, 16), (8, 3)])
+def test_balanced_bubble_closed_form(schedule, p, m):
+    f, b = 1.0, 2.0
+    r = replay(schedule, p, m, [f] * p, [b] * p, [0.0] * (p - 1), [0.0] * (p - 1))
+    assert r.iteration_s == pytest.approx((m + p - 1) * (f + b))
+    assert r.bubble_fraction == pytest.approx((p - 1) / (m + p - 1))
+    assert closed_form_bubble(p, m) == pytest.approx((p - 1) / (m + p - 1))
+
+
+@pytest.mark.parametrize("p,m,v", [(2, 4, 2), (4, 8, 2), (4, 16, 4)])
+def test_interleaved_bubble(p, m, v):
+    # per-chunk times f/v, b/v: T = (m + (p-1)/v) (f + b); bubble/ideal = (p-1)/(v m)
+    f, b = 1.0, 2.0
+    V = p * v
+    r = replay("interleaved", p, m, [f / v] * V, [b / v] * V, [0.0] * (V - 1), [0.0] * (V - 1), v=v)
+    ideal = m * (f + b)
+    assert (r.iteration_s - ideal) / ideal == pytest.approx((p - 1) / (v * m))
+    assert r.bubble_fraction == pytest.approx(closed_form_bubble(p, m, v))
+
+
+def test_gpipe_replay_is_the_flow_shop_time():
+    f, b = [1.0, 3.0, 2.0], [2.0, 1.0, 5.0]
+    m = 6
+    r = replay("gpipe", 3, m, f, b, [0.0, 0.0], [0.0, 0.0])
+    assert r.iteration_s == pytest.approx(flowshop_time(f, m) + flowshop_time(b[::-1], m))
+
+
+def test_link_latency_and_bandwidth():
+    # 2 stages, 1 micro-batch: F0, send, F1, B1, send back, B0
+    r = replay("1f1b", 2, 1, [1.0, 1.0], [2.0, 2.0], [0.25], [0.5])
+    assert r.iteration_s == pytest.approx(1 + 0.75 + 1 + 2 + 0.75 + 2)
+    # all-reduce after the last backward of each device
+    r2 = replay("1f1b", 2, 1, [1.0, 1.0], [2.0, 2.0], [0.25], [0.5], allreduce=[0.1, 10.0])
+    assert r2.iteration_s == pytest.approx(1 + 0.75 + 1 + 2 + 10.0)
+
+
+def test_eager_beats_1f1b_with_link_latency():
+    p, m = 4, 16
+    lat = [0.8] * (p - 1)
+    t1 = replay("1f1b", p, m, [1.0] * p, [2.0] * p, [0.1] * (p - 1), lat).iteration_s
+    te = replay("eager-1f1b", p, m, [1.0] * p, [2.0] * p, [0.1] * (p - 1), lat).iteration_s
+    assert te < t1
+    assert stash_count("eager-1f1b", p, 0, m) > stash_count("1f1b", p, 0, m)
+
+
+def test_stash_closed_forms_match_op_orders():
+    for s in SCHEDULES:
+        for p in range(1, 6):
+            for m in range(1, 13):
+                if s == "interleaved" and m % p:
+                    continue
+                for v in ((2, 3) if s == "interleaved" else (1,)):
+                    for d in range(p):
+                        assert stashes_at(s, p, d, m, v) == stash_count(s, p, d, m, v), (s, p, d, m, v)
+    assert stash_count("gpipe", 4, 0, 8) == 8
+    assert stash_count("1f1b", 4, 1, 8) == 3
+    assert stash_count("eager-1f1b", 4, 0, 8) == 7
+
+
+def test_ring_allreduce():
+    assert ring_allreduce_s(8e9, 4, 1e9, 0.0) == pytest.approx(2 * 3 / 4 * 8)
+    assert ring_allreduce_s(8e9, 1, 1e9, 1.0) == 0.0
+
+
+def _plan(model, cluster="4xU250-ring", **kw):
+    return make_plan(load_model(model), load_cluster(cluster), model, cluster, Request(**kw))
+
+
+def test_tiny_plans_have_codegen_ready_foldings():
+    for name in ("tiny-mlp", "tiny-cnn"):
+        out = _plan(name)
+        model = load_model(name)
+        for st in out.plan.stages:
+            for lname, fold in st.folding.items():
+                l = model.layers[model.index[lname]]
+                if l.type == "dense":
+                    mh, mw = l.attr["units"], l.in_shapes[0][-1]
+                elif l.type == "conv2d":
+                    kh, kw = l.attr["kernel"]
+                    mh, mw = l.attr["out_channels"], l.in_shapes[0][0] * kh * kw
+                else:
+                    continue
+                assert mh % fold.pe == 0 and mw % fold.simd == 0, (name, lname, fold)
+        assert out.plan.stages[-1].last == len(model.layers) - 1
+
+
+def test_plan_beats_equal_split_and_user_partitions():
+    out = _plan("vgg16")
+    t = out.best.iteration_s
+    assert t <= out.baselines["equal_split"]["iteration_time_s"] + 1e-15
+    assert t <= out.baselines["data_parallel"]["iteration_time_s"] + 1e-15
+    assert out.lower_bound_s < t
+    n = 37
+    for spec in ("0-9,10-19,20-29,30-36", "0-3,4-12,13-30,31-36", "0-20,21-36"):
+        user = _plan("vgg16", partition=parse_partition(spec, n))
+        assert t <= user.best.iteration_s + 1e-15
+
+
+def test_equal_bounds():
+    assert equal_bounds(10, 4) == [(0, 2), (3, 5), (6, 7), (8, 9)]
+
+
+def test_inference_and_gpu():
+    inf = summary(_plan("vgg16", mode="inference"))
+    assert all(s["bwd_s"] == 0 for s in inf["stages"]) and inf["latency_s"] > 0
+    gpu = summary(_plan("resnet50", "16xV100"))
+    assert gpu["stages"][0]["style"] == "gpu" and gpu["iteration_time_s"] > 0
+
+
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "bapipe.cli", *args], capture_output=True, text=True, timeout=300)
+
+
+def test_cli_contract_and_determinism(tmp_path):
+    a, b = tmp_path / "a.yaml", tmp_path / "b.yaml"
+    r = _cli("plan", "tiny-cnn", "4xU250-ring", "-o", str(a), "--json")
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    for k in ("iteration_time_s", "throughput_samples_per_s", "schedule", "microbatches", "stages", "baselines",
+              "lower_bound_s", "speedup_vs_data_parallel"):
+        assert k in d
+    for s in d["stages"]:
+        assert {"layers", "boards", "time_s", "memory_bytes"} <= set(s)
+    assert "iteration_time_s" in d["baselines"]["equal_split"]
+    assert _cli("plan", "tiny-cnn", "4xU250-ring", "-o", str(b)).returncode == 0
+    assert a.read_bytes() == b.read_bytes()
+    plan = load_plan(a)
+    assert plan.predicted["iteration_time_s"] == pytest.approx(d["iteration_time_s"])
+    assert plan.model == "tiny-cnn" and plan.microbatches == d["microbatches"]
+
+
+def test_cli_infeasible_is_one_line(tmp_path):
+    r = _cli("plan", "gpt3-175b", "4xU250-ring", "-o", str(tmp_path / "x.yaml"))
+    assert r.returncode == 2
+    assert len(r.stderr.strip().splitlines()) == 1 and "GB" in r.stderr
+    r = _cli("plan", "tiny-mlp", "4xU250-ring", "--schedule", "zigzag")
+    assert r.returncode == 2 and "--schedule" in r.stderr
+    r = _cli("plan", "tiny-mlp", "4xU250-ring", "--partition", "0-2,5-6")
+    assert r.returncode == 2 and "--partition" in r.stderr

