@@ -45,3 +45,10 @@ def conv_mini_plan(cluster: str = "4xU250-ring") -> Plan:
     fold = {"conv1": (2, 2), "conv2": (4, 4), "fc": (3, 8)}
     cuts = [["conv1"], ["relu1", "conv2", "relu2", "flatten"], ["fc"]]
     return hand_plan(CONV_MINI, cluster, cuts, fold)
+
+
+def tiny_cnn_plan(cluster: str = "4xU250-ring") -> Plan:
+    """tiny-cnn over 3 boards with small foldings (pools, flatten and a width change inside)."""
+    fold = {"conv1": (4, 3), "conv2": (4, 8), "pool1": (2, 1), "conv3": (8, 4), "pool2": (4, 1), "fc": (2, 16)}
+    cuts = [["conv1", "relu1", "conv2", "relu2"], ["pool1", "conv3", "relu3"], ["pool2", "flatten", "fc"]]
+    return hand_plan("tiny-cnn", cluster, cuts, fold)

@@ -18,7 +18,6 @@ from codegen.sim_harness import tb_config
 
 try:
     import cocotb
-    from cocotb.triggers import ClockCycles
 
     from codegen import sim_tb as tb
 

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import subprocess
 
-import pytest
-
 from cocotb_tests.common import needs_verilator, xdist_group
 from codegen.sim_harness import CACHE
 
@@ -14,11 +12,11 @@ pytestmark = [*needs_verilator, xdist_group("lint")]
 
 def _projects():
     from bapipe.plan import resolve
-    from cocotb_tests.plans import conv_mini_plan, tiny_mlp_plan
+    from cocotb_tests.plans import conv_mini_plan, tiny_cnn_plan, tiny_mlp_plan
     from codegen.rtl import render_router, render_rtl
     out = CACHE / "lint"
     dirs = []
-    for name, plan in (("tiny-mlp-4", tiny_mlp_plan(4)), ("conv-mini", conv_mini_plan())):
+    for name, plan in (("tiny-mlp-4", tiny_mlp_plan(4)), ("conv-mini", conv_mini_plan()), ("tiny-cnn", tiny_cnn_plan())):
         model, cluster = resolve(plan)
         render_rtl(plan, model, cluster, out / name)
         dirs.append(out / name / "rtl")

@@ -49,3 +49,11 @@ def test_conv_mini_3_boards():
     r = _rtlsim(_gen(conv_mini_plan(), "conv-mini"), samples=4)
     assert r["outputs_match"]
     assert abs(r["error"]) <= 0.02, r
+
+
+@pytest.mark.slow
+def test_tiny_cnn_3_boards():
+    from cocotb_tests.plans import tiny_cnn_plan
+    r = _rtlsim(_gen(tiny_cnn_plan(), "tiny-cnn"), samples=4)
+    assert r["outputs_match"]
+    assert abs(r["error"]) <= 0.02, r

@@ -13,8 +13,8 @@ Model, per pipeline position (device) d:
 * one compute engine runs d's ops in order; an op starts when the previous one ended,
   its input (activation from the previous virtual stage, gradient from the next, or the
   host's input batch) has arrived, and its output channel has a free transmit slot;
-* replicas of a stage and the boards of a replica's mesh work in lock-step on shares of
-  each micro-batch (so a stage with r replicas computes a micro-batch in time/r, see
+* replicas of a stage and the boards of a replica's mesh work in lock-step, each on its
+  share of every micro-batch, in the plan's per-replica ``fwd_s``/``bwd_s`` (see
   ``op_seconds``); every board of the device shows the same timeline;
 * a channel (stage -> next stage, gradient back, host -> first stage, last stage ->
   host) has a receive buffer of ``rx_credits`` micro-batches (default: the fewest that
@@ -23,8 +23,10 @@ Model, per pipeline position (device) d:
   the sender keeps ``tx_slots`` finished outputs waiting for credits and otherwise stalls;
 * a transfer reserves every directed link of its route for bytes / slowest-bandwidth
   seconds (cut-through, first come first served) and arrives after the route latency;
-* a replicated stage all-reduces its gradients (params x bytes per element) in a ring of
-  2(r-1) steps of 1/r of the bytes once its last backward ends; schedules with a flush
+* a replicated stage all-reduces its gradients (its ``weight_bytes``) in a ring of
+  2(r-1) steps of 1/r of the bytes once its last backward ends (or, with
+  ``allreduce_per="device"``, the planner's rule: one ring per device after its last
+  backward); schedules with a flush
   start the next iteration on a device only when all of its stages have reduced;
   PipeDream-2BW runs iterations back to back (1F1B over N*m micro-batches, no flush) and
   needs iteration k's reduction only before iteration k+2 starts.
@@ -38,7 +40,6 @@ import math
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
 
 from bapipe.errors import SpecError
 from bapipe.schedules import device_ops
@@ -356,7 +357,6 @@ def simulate(plan, model=None, cluster=None, iterations: int = 1, config: SimCon
                 dev_boards[s.device].append(b)
     if any(not bl for bl in dev_boards):
         raise SpecError(None, None, "stages.boards", "every stage needs at least one board")
-    lead = [s.boards[0] for s in stages]  # board that sends and receives for the stage
 
     # --- channels -------------------------------------------------------------------
     net = _Net(cluster)
@@ -438,6 +438,8 @@ def simulate(plan, model=None, cluster=None, iterations: int = 1, config: SimCon
     two_bw = sched == "2bw"
     op_kind, op_mb, op_chunk, op_stage, op_dur, op_in, op_out, op_free, op_iter_end, op_gate = \
         ([] for _ in range(10))
+    if sched == "interleaved" and m % p:
+        raise SpecError(None, None, "microbatches", f"interleaved needs a multiple of {p} micro-batches, got {m}")
     for d in range(p):
         if not train:
             seq = [(o, 0) for o in device_ops(sched, p, d, m * N, v, forward_only=True)]

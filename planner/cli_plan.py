@@ -34,17 +34,16 @@ def parse_partition(text: str, n: int) -> list[tuple[int, int]]:
 
 
 def _measured(path: str | None, model):
-    """Per-layer measured times from bapipe.profiles (when that module exists)."""
+    """Per-board-type measured per-sample times from bapipe.profiles (when that module exists).
+
+    Returns {board type or None (any board): {layer: {fwd_s, bwd_s, ...}}}, scaled to 1 sample.
+    """
     if not path:
         return None
     if importlib.util.find_spec("bapipe.profiles") is None:
         raise SpecError(path, None, "--profile", "measured profiles are not available in this build")
-    from bapipe.profiles import load_profile
-    prof = load_profile(path, model)
-    missing = [l.name for l in model.layers if l.name not in prof]
-    if missing:
-        raise SpecError(path, None, "--profile", f"no times for layer(s) {', '.join(missing[:5])}")
-    return prof
+    from bapipe.profiles import load_profiles
+    return load_profiles(path, model, batch=1)
 
 
 def request_from_args(args, model) -> Request:

@@ -10,7 +10,9 @@ from .reshard.layout import dtype_bytes, mesh_str, parse_layout, parse_mesh, par
 
 
 def _network(args, src_mesh, dst_mesh):
-    """The default network, or the cluster's first boards (source mesh, then destination mesh)."""
+    """The default network, or a cluster's boards: the source mesh on the first ones, the
+    destination mesh on the next ones; when the cluster is too small for both, the
+    destination mesh takes the last boards and the meshes share boards (in place)."""
     if not args.cluster:
         return default_network(src_mesh, dst_mesh)
     from fpga_models.cluster import load_cluster
@@ -18,10 +20,11 @@ def _network(args, src_mesh, dst_mesh):
     cluster = load_cluster(args.cluster)
     names = [cb.name for cb in cluster.boards]
     ns, nd = prod(src_mesh), prod(dst_mesh)
-    if ns + nd > len(names):
+    if max(ns, nd) > len(names):
         raise SpecError(None, None, "--cluster", f"cluster '{cluster.name}' has {len(names)} boards; expected at "
-                                                 f"least {ns + nd} ({ns} source + {nd} destination)")
-    return network_from_cluster(cluster, names[:ns], names[ns:ns + nd])
+                                                 f"least {max(ns, nd)} for a {max(ns, nd)}-board mesh")
+    dst = names[ns:ns + nd] if ns + nd <= len(names) else names[len(names) - nd:]
+    return network_from_cluster(cluster, names[:ns], dst)
 
 
 def cmd_reshard(args) -> dict:

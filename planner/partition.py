@@ -93,26 +93,31 @@ def evaluate(p: Problem, bounds: list[tuple[int, int]]) -> tuple[float, float, f
     return total / p.v + (p.m * p.v - 1) * bott, bott, total
 
 
-def _minmax(p: Problem) -> float:
-    """Least achievable bottleneck max(T_d, O_cut) over all partitions."""
-    n, L = p.n, p.band
-    j = np.arange(n)
-    prev = p.T[0][:, :].copy()
-    cur = np.full(n, INF)
+def _index(n: int, L: int) -> tuple[np.ndarray, np.ndarray]:
+    """(idx, valid): idx[j, k] = j - k - 1, the last layer of the previous stage (clipped to 0)."""
+    idx = np.arange(n)[:, None] - np.arange(L)[None, :] - 1
+    valid = idx >= 0
+    return np.where(valid, idx, 0), valid
+
+
+def _first_stage(p: Problem, L: int) -> np.ndarray:
+    """T of stage 0 covering layers 0..j (inf beyond the band)."""
+    j = np.arange(p.n)
+    cur = np.full(p.n, INF)
     ok = j < L
-    cur[ok] = prev[j[ok], j[ok]]
+    cur[ok] = p.T[0][j[ok], j[ok]]
+    return cur
+
+
+def _minmax(p: Problem) -> float:
+    """Least achievable bottleneck max(T_d, O_cut) over all partitions (vectorised over j and k)."""
+    n, L = p.n, p.band
+    idx, valid = _index(n, L)
+    cur = _first_stage(p, L)
     for d in range(1, p.stages):
-        nxt = np.full(n, INF)
-        Td = p.T[d]
-        for k in range(L):
-            idx = j - k - 1
-            valid = idx >= 0
-            if not valid.any():
-                break
-            ii = idx[valid]
-            cand = np.maximum(np.maximum(cur[ii], p.O[d - 1, ii]), Td[valid, k])
-            nxt[valid] = np.minimum(nxt[valid], cand)
-        cur = nxt
+        prev = np.maximum(cur, p.O[d - 1])[idx]
+        prev[~valid] = INF
+        cur = np.maximum(prev, p.T[d]).min(axis=1)
     return float(cur[n - 1])
 
 
@@ -130,36 +135,22 @@ def _band_under(p: Problem, cap: float) -> int:
 def _minsum(p: Problem, cap: float) -> tuple[float, list[tuple[int, int]] | None]:
     """Least sum (stage times + link costs) with every stage and link cost <= cap."""
     n, L, S = p.n, p.band, p.stages
-    Lc = _band_under(p, cap)
-    j = np.arange(n)
-    cur = np.full(n, INF)
-    ok = j < L
-    t0 = p.T[0][j[ok], j[ok]]
-    x0 = 0.0 if p.extra(0) is None else p.v * p.extra(0)[j[ok], j[ok]]
-    cur[ok] = np.where(t0 <= cap, t0 + x0, INF)
+    Lc = max(1, min(L, _band_under(p, cap)))
+    idx, valid = _index(n, Lc)
+    t0 = _first_stage(p, L)
+    x0 = np.zeros(n) if p.extra(0) is None else p.v * np.array([p.extra(0)[j, j] if j < L else 0.0 for j in range(n)])
+    cur = np.where(t0 <= cap, t0 + x0, INF)
     args = []
     for d in range(1, S):
-        nxt = np.full(n, INF)
-        arg = np.full(n, -1, dtype=np.int64)
-        Td = p.T[d]
-        Xd = p.extra(d)
-        for k in range(min(L, Lc)):
-            idx = j - k - 1
-            valid = idx >= 0
-            if not valid.any():
-                break
-            ii = idx[valid]
-            t = Td[valid, k]
-            o = p.O[d - 1, ii]
-            cand = cur[ii] + p.C[d - 1, ii] + t
-            if Xd is not None:
-                cand = cand + p.v * Xd[valid, k]
-            cand = np.where((t <= cap) & (o <= cap), cand, INF)
-            better = cand < nxt[valid]
-            vi = np.nonzero(valid)[0][better]
-            nxt[vi] = cand[better]
-            arg[vi] = k
-        cur = nxt
+        base = np.where(p.O[d - 1] <= cap, cur + p.C[d - 1], INF)[idx]
+        base[~valid] = INF
+        t = p.T[d][:, :Lc]
+        cand = base + t
+        if p.extra(d) is not None:
+            cand = cand + p.v * p.extra(d)[:, :Lc]
+        cand[t > cap] = INF
+        arg = cand.argmin(axis=1)          # first (shortest) range on ties
+        cur = cand[np.arange(n), arg]
         args.append(arg)
     total = float(cur[n - 1])
     if not math.isfinite(total):

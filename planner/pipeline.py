@@ -36,7 +36,9 @@ class Replay:
 
 @lru_cache(maxsize=4096)
 def _ops(schedule: str, p: int, d: int, m: int, v: int, forward_only: bool) -> tuple:
-    return tuple(device_ops(schedule, p, d, m, v, forward_only=forward_only))
+    """Device d's op order as (is_forward, micro-batch, virtual stage) triples."""
+    return tuple((op.kind == "F", op.mb, op.chunk * p + d)
+                 for op in device_ops(schedule, p, d, m, v, forward_only=forward_only))
 
 
 def closed_form_bubble(p: int, m: int, v: int = 1) -> float:
@@ -57,52 +59,54 @@ def replay(schedule: str, p: int, m: int, fwd: list[float], bwd: list[float], se
     """
     V = p * v
     ops = [_ops(schedule, p, d, m, v, forward_only) for d in range(p)]
-    f_arr: dict[tuple[int, int], float] = {}   # (virtual stage, mb) -> activations arrived at stage s
-    b_arr: dict[tuple[int, int], float] = {}   # (virtual stage, mb) -> gradient arrived at stage s
-    link_free: dict[tuple[int, int], float] = {}  # (device, direction) -> time the link is free
+    f_arr = [[None] * m for _ in range(V)]   # [stage][mb]: activations arrived at that stage
+    b_arr = [[None] * m for _ in range(V)]   # [stage][mb]: gradient arrived at that stage
+    up_free = [0.0] * p                      # link direction d -> d+1 free at
+    down_free = [0.0] * p                    # link direction d -> d-1 free at
     free = [0.0] * p
     busy = [0.0] * p
     ptr = [0] * p
     remaining = sum(len(o) for o in ops)
     todo = list(range(p - 1, -1, -1))   # devices that may be able to run their next op
     queued = [True] * p
+    last = V - 1
     while todo:
         d = todo.pop()
         queued[d] = False
         od = ops[d]
-        while ptr[d] < len(od):
-            op = od[ptr[d]]
-            s = op.chunk * p + d
-            if op.kind == "F":
-                ready = 0.0 if s == 0 else f_arr.get((s, op.mb))
-                dur = fwd[s]
+        k = ptr[d]
+        t = free[d]
+        while k < len(od):
+            is_f, mb, s = od[k]
+            if is_f:
+                ready = 0.0 if s == 0 else f_arr[s][mb]
             else:
-                ready = 0.0 if s == V - 1 else b_arr.get((s, op.mb))
-                dur = bwd[s]
+                ready = 0.0 if s == last else b_arr[s][mb]
             if ready is None:
                 break
-            start = max(free[d], ready)
-            end = start + dur
-            free[d] = end
+            dur = fwd[s] if is_f else bwd[s]
+            end = (t if t > ready else ready) + dur
             busy[d] += dur
-            wake = None
-            if op.kind == "F" and s < V - 1:
-                key = (d, +1)
-                t0 = max(end, link_free.get(key, 0.0))
-                link_free[key] = t0 + send_occ[s]
-                f_arr[(s + 1, op.mb)] = t0 + send_occ[s] + send_lat[s]
-                wake = (s + 1) % p
-            elif op.kind == "B" and s > 0:
-                key = (d, -1)
-                t0 = max(end, link_free.get(key, 0.0))
-                link_free[key] = t0 + send_occ[s - 1]
-                b_arr[(s - 1, op.mb)] = t0 + send_occ[s - 1] + send_lat[s - 1]
+            t = end
+            wake = -1
+            if is_f:
+                if s < last:
+                    t0 = end if end > up_free[d] else up_free[d]
+                    up_free[d] = t0 + send_occ[s]
+                    f_arr[s + 1][mb] = t0 + send_occ[s] + send_lat[s]
+                    wake = (s + 1) % p
+            elif s > 0:
+                t0 = end if end > down_free[d] else down_free[d]
+                down_free[d] = t0 + send_occ[s - 1]
+                b_arr[s - 1][mb] = t0 + send_occ[s - 1] + send_lat[s - 1]
                 wake = (s - 1) % p
-            ptr[d] += 1
+            k += 1
             remaining -= 1
-            if wake is not None and wake != d and not queued[wake]:
+            if wake >= 0 and wake != d and not queued[wake]:
                 queued[wake] = True
                 todo.append(wake)
+        ptr[d] = k
+        free[d] = t
     if remaining:
         raise RuntimeError(f"schedule {schedule} deadlocked in replay (p={p}, m={m}, v={v})")
     ar = allreduce or [0.0] * p

@@ -26,8 +26,16 @@ class Outcome:
 
 
 def lower_bound_s(model: Model, explorer: Explorer) -> float:
-    """Total MAC work of one iteration / aggregate peak MAC rate of the boards used."""
+    """Total MAC work of one iteration / aggregate peak MAC rate of the boards used
+    (with a measured profile: G samples over the boards' summed per-sample rates)."""
     G = explorer.G
+    if any(t.measured_f is not None for t in explorer.tables.values()):
+        # measured profile: each board's per-sample time of the whole model, boards in parallel
+        speed = 0.0
+        for cb in explorer.boards:
+            t = explorer.tables[cb.board.name]
+            speed += 1.0 / float(t.measured_f.sum() + (t.measured_b.sum() if explorer.train else 0.0))
+        return G / speed
     work = model.fwd_macs + (model.bwd_macs if explorer.train else 0)
     rate = 0.0
     for cb in explorer.boards:
@@ -124,7 +132,7 @@ def _user_partition(ex: Explorer, bounds, scheds, rc) -> Candidate:
     return best
 
 
-def _best_of(ex: Explorer, configs: list[Config], bounds_fn=None, replays: int = 3) -> Candidate | None:
+def _best_of(ex: Explorer, configs: list[Config], bounds_fn=None, replays: int = 2) -> Candidate | None:
     """The fastest replayed candidate among the ``replays`` best by J of ``configs``."""
     found = []
     for c in configs:

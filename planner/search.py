@@ -27,7 +27,7 @@ from .pipeline import replay, ring_allreduce_s
 from .stagecost import LayerTable, StageModel, cut_bytes, layer_table, stage_model
 
 SLACK = 0.25        # how far J may be from the replayed time (relative)
-MAX_REPLAYS = 8     # configurations replayed per search
+MAX_REPLAYS = 2     # configurations replayed per search
 MAX_M_CANDIDATES = 12
 
 
@@ -45,7 +45,7 @@ class Request:
     replication: bool = True
     max_boards: int | None = None
     partition: list[tuple[int, int]] | None = None
-    measured: dict | None = None
+    measured: dict | None = None         # {board type or None: {layer: {fwd_s, bwd_s}}} per sample
 
 
 @dataclass(frozen=True, order=True)
@@ -113,8 +113,15 @@ class Explorer:
         self.bpe = bytes_per_element(req.fmt)
         self.tables: dict[str, LayerTable] = {}
         for cb in boards:
-            if cb.board.name not in self.tables:
-                self.tables[cb.board.name] = layer_table(model, cb.board, req.fmt, req.cap, req.measured)
+            name = cb.board.name
+            if name not in self.tables:
+                meas = None
+                if req.measured is not None:   # {board type or None: {layer: times}} (bapipe.profiles)
+                    meas = req.measured.get(name, req.measured.get(None))
+                    if meas is None:
+                        raise SpecError(None, None, "--profile", f"the profile has no times for board type {name} "
+                                        f"(it has {', '.join(str(k) for k in req.measured)})")
+                self.tables[name] = layer_table(model, cb.board, req.fmt, req.cap, meas)
         self._sm: dict[tuple, StageModel] = {}
         self._links: dict[tuple, tuple[float, float]] = {}
         self._band: dict[tuple, int] = {}
@@ -223,23 +230,24 @@ class Explorer:
         valid = i >= 0
         ic = np.where(valid, i, 0)
         jj = np.broadcast_to(j, ic.shape)
-        T = []
-        cache: dict = {}
-        rgs: dict = {}
+        # stage s -> (board type, stash count); every stash count of a type in one numpy pass
+        keys = []
         for s in range(V):
-            d = s % c.p
-            btype = self.group_type(c.r, d)
+            btype = self.group_type(c.r, s % c.p)
             if btype is None:
                 return None
-            st = self.stashes(c, s)
-            key = (btype, st)
-            if key not in cache:
-                sm = self.stage_model(btype, c.beta, c.recompute, c.schedule)
-                if btype not in rgs:
-                    rgs[btype] = sm.ranges(ic, jj)
-                r = sm.cost_of(rgs[btype], st, c.v)
-                cache[key] = np.where(valid & r["feasible"] & (r["time_s"] <= tmax), r["time_s"], math.inf)
-            T.append(cache[key])
+            keys.append((btype, self.stashes(c, s)))
+        cache: dict = {}
+        for btype in sorted({b for b, _ in keys}):
+            svals = sorted({st for b, st in keys if b == btype})
+            sm = self.stage_model(btype, c.beta, c.recompute, c.schedule)
+            r = sm.cost_of(sm.ranges(ic, jj), np.array(svals, dtype=float)[:, None, None], c.v)
+            tt = np.broadcast_to(r["time_s"], (len(svals), n, L))
+            ok = valid & r["feasible"] & (tt <= tmax)
+            arr = np.where(ok, tt, math.inf)
+            for q, st in enumerate(svals):
+                cache[(btype, st)] = arr[q]
+        T = [cache[k] for k in keys]
         X = None
         if self.train and c.r > 1:
             # every replicated stage all-reduces its gradients after its last backward; J
@@ -339,12 +347,49 @@ class Explorer:
             return Candidate(c, list(cand.bounds), cand.objective, cand.exact) if cand else None
         # a partition with J <= jmax has every stage time <= jmax / (m v - 1 + 1/v)
         tmax = jmax / (c.m * c.v - 1 + 1 / c.v) if math.isfinite(jmax) else math.inf
+        if not self.may_fit(c, tmax):
+            if not math.isfinite(tmax):
+                self._solved[c] = None
+            return None
         prob = self.problem(c, tmax=tmax)
         sol = part.solve(prob, self.sum_floor(c)) if prob is not None else None
         cand = Candidate(c, sol.bounds, sol.objective, sol.exact) if sol else None
         if cand is not None or not math.isfinite(tmax):
             self._solved[c] = cand   # a bounded miss may succeed under a looser bound: not cached
         return Candidate(c, list(cand.bounds), cand.objective, cand.exact) if cand else None
+
+    def may_fit(self, c: Config, tmax: float = math.inf) -> bool:
+        """A quick necessary condition for a partition to exist: greedy left-to-right packing
+        under monotone relaxations of the constraints (compute <= tmax, memory with every
+        stage's own stash count; with recomputation the stage input is bounded below by the
+        smallest cut). Both relaxed costs only grow when a range grows, so greedy packing
+        covers the layers whenever any partition does; False means provably infeasible."""
+        pos = 0
+        for s in range(c.p * c.v):
+            btype = self.group_type(c.r, s % c.p)
+            if btype is None:
+                return False
+            sm = self.stage_model(btype, c.beta, c.recompute, c.schedule)
+            st = self.stashes(c, s)
+            cap = sm.capacity / c.v
+            if self.train and c.recompute:
+                Q = sm.PW * sm.copies + sm.PA + sm.PBUF
+                cap -= st * float(sm.IN.min())
+            elif self.train:
+                Q = sm.PW * sm.copies + st * sm.PA + sm.PBUF
+            else:
+                Q = sm.PW * sm.copies + sm.PA + sm.PBUF
+            jm = int(np.searchsorted(Q, Q[pos] + cap * (1 + 1e-12), side="right")) - 1   # last prefix index
+            if math.isfinite(tmax):
+                P = sm.PF + (sm.PB if self.train else 0.0)
+                jt = int(np.searchsorted(P, P[pos] + tmax * (1 + 1e-12), side="right")) - 1
+                jm = min(jm, jt)
+            if jm <= pos:
+                return False
+            pos = jm
+            if pos >= self.n:
+                return True
+        return pos >= self.n
 
     def sum_floor(self, c: Config) -> float:
         """A lower bound on a partition's sum of stage times: all layers' compute on the fastest type."""
@@ -388,16 +433,26 @@ class Explorer:
             found.append(cand)
             best = min(best, cand.objective)
         found.sort(key=lambda x: (x.objective, x.config))
-        best_t = math.inf
-        done = []
+        # replay the best few per schedule (schedules share J when v = 1 but not their
+        # replayed time), skipping candidates identical to one already replayed
+        best_j = found[0].objective if found else math.inf
+        per: dict[str, int] = {}
+        seen: set = set()
+        done, rest = [], []
         for cand in found:
-            if len(done) >= MAX_REPLAYS or cand.objective > best_t * (1 + SLACK):
-                break
-            self.finish(cand)
-            best_t = min(best_t, cand.iteration_s)
-            done.append(cand)
+            c = cand.config
+            key = (c.schedule, c.v, c.r, c.p, c.beta * c.m, c.recompute, tuple(cand.bounds)) if c.p == 1 else \
+                (c, tuple(cand.bounds))
+            if (per.get(c.schedule, 0) < MAX_REPLAYS and cand.objective <= best_j * (1 + SLACK)
+                    and key not in seen):
+                seen.add(key)
+                per[c.schedule] = per.get(c.schedule, 0) + 1
+                self.finish(cand)
+                done.append(cand)
+            else:
+                rest.append(cand)
         done.sort(key=lambda x: (x.iteration_s, x.objective, x.config))
-        return done + found[len(done):]
+        return done + rest
 
     # ---- details ---------------------------------------------------------------------------
     def finish(self, cand: Candidate) -> Candidate:

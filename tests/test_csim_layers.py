@@ -1,6 +1,7 @@
 """Every library layer in g++ C-simulation against the numpy fixed-point reference, bit-exact."""
 from __future__ import annotations
 
+import os
 import tempfile
 from pathlib import Path
 
@@ -15,7 +16,7 @@ pytestmark = [pytest.mark.csim,
               pytest.mark.skipif(toolchain.gxx() is None or toolchain.ap_types_dir() is None,
                                  reason="needs g++ and the hls4ml ap_types headers")]
 
-CACHE = Path(tempfile.gettempdir()) / "bapipe-csim-cache"
+CACHE = Path(os.environ.get("BAPIPE_TEST_CSIM_CACHE", Path(tempfile.gettempdir()) / "bapipe-csim-cache"))
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,6 @@ import json
 import subprocess
 import sys
 from dataclasses import replace
-from math import prod
 
 import numpy as np
 import pytest
@@ -174,10 +173,28 @@ def test_cli_json_contract():
 
 
 @pytest.mark.parametrize("bad", [["--src", "S0S0"], ["--dst-mesh", "2x"], ["--dtype", "int3"],
-                                 ["--cluster", "4xU250-ring"]])
+                                 ["--cluster", "nope"], ["--src-mesh", "4x4"]])
 def test_cli_bad_input_exits_2(bad):
     args = {"--shape": "64,64", "--dtype": "int32", "--src-mesh": "2x2", "--src": "S0R", "--dst-mesh": "2x2",
             "--dst": "RS1"}
     args[bad[0]] = bad[1]
+    if bad[0] == "--src-mesh":
+        args["--cluster"] = "4xU250-ring"  # 16 boards do not fit
     r = _cli(*[x for kv in args.items() for x in kv])
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
+
+
+def test_hop_records_for_the_simulator():
+    res = best_transfer((4096, 4096), 4, "1", "RR", "2x4", "RR")
+    hops = res.hop_records()
+    assert {h["dst"] for h in hops} == set(default_network((1,), (2, 4)).dst_devices)
+    assert all(h["finish_s"] <= res.time_s + 1e-15 and h["bytes"] > 0 for h in hops)
+
+
+def test_cli_small_cluster_shares_boards():
+    # 4 boards, two 2x2 meshes: the destination mesh reuses the boards (a reshard in place)
+    r = _cli("--shape", "256,256", "--dtype", "fp32", "--src-mesh", "2x2", "--src", "S0R", "--dst-mesh", "2x2",
+             "--dst", "RS1", "--cluster", "4xU250-ring", "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["network"] == "4xU250-ring" and out["tasks"] == 4

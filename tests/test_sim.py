@@ -14,7 +14,6 @@ from bapipe.plan import Plan, Stage
 from bapipe.schedules import stash_count
 from bapipe.spec import load_model
 from bapipe.yamlio import loads
-from bapipe.errors import SpecError
 from fpga_models.cluster import load_cluster, parse_cluster
 from fpga_models.sim import SimConfig, simulate
 from fpga_models.trace import trace_events, write_gantt, write_trace
@@ -380,3 +379,45 @@ def test_interleaved_peak_with_unequal_chunks():
     # device 0 holds 4 micro-batches of chunk 0 at once, more than ceil(stash_count / v) = 3
     assert stash_peak_bytes("interleaved", p, 0, m, v, [1000, 10]) == 4 * 1000 + 10
     assert math.ceil(stash_count("interleaved", p, 0, m, v) / v) == 3
+
+
+def test_bad_plan_is_a_spec_error():
+    from bapipe.errors import SpecError
+
+    with pytest.raises(SpecError, match="multiple of 4"):
+        simulate(balanced("interleaved", 4, 6, 2), MODEL, ring(4))
+    plan = balanced("1f1b", 2, 4)
+    plan.stages[1].device = 5
+    with pytest.raises(SpecError, match="pipeline positions"):
+        simulate(plan, MODEL, ring(2))
+
+
+def test_cuts_share_a_switch_downlink():
+    """16xV100: hosts of 4 GPUs on a switch. The activations of cut 3 (gpu3 -> gpu4) and the gradients
+    of cut 7 (gpu8 -> gpu7) both enter host1 over switch0->host1, so that link carries 2m messages
+    and bounds the iteration; a per-cut link model misses it."""
+    model = load_model("tiny-mlp")
+    cl = load_cluster("16xV100")
+    p, m, nbytes = 16, 8, 12_000_000     # 1 ms per message at 12 GB/s
+    stages = [Stage(index=k, layers=[f"l{k}"], first=k, last=k, boards=[f"gpu{k}"], board_type="V100", device=k,
+                    fwd_s=1e-4, bwd_s=2e-4, send_bytes=nbytes if k < p - 1 else 0) for k in range(p)]
+    plan = Plan(model="tiny-mlp", model_fingerprint="", cluster="16xV100", cluster_fingerprint="",
+                schedule="1f1b", microbatches=m, stages=stages)
+    r = simulate(plan, model, cl, config=NO_HOST)
+    down = next(ln for ln in r.links if ln.name == "switch0->host1")
+    assert down.transfers == 2 * m
+    assert down.busy_s == pytest.approx(2 * m * nbytes / 12e9)
+    assert r.makespan_s >= down.busy_s
+    assert all(ln.busy_s <= r.makespan_s * (1 + 1e-12) for ln in r.links)
+
+
+def test_auto_credits_cover_the_credit_loop():
+    """Default receive buffers cover the bandwidth-delay product: as fast as unbounded ones, while a
+    fixed double buffer throttles 0.2 us stages behind 0.5 us links (GPipe runs ahead)."""
+    plan = balanced("gpipe", 4, 32, tf=0.2e-6, tb=0.4e-6, send=100)
+    cl = ring(4, bw=1.19e10, lat=0.5e-6)
+    auto = simulate(plan, MODEL, cl, config=NO_HOST).makespan_s
+    unbounded = simulate(plan, MODEL, cl, config=SimConfig(host_io=False, rx_credits=10**6)).makespan_s
+    double = simulate(plan, MODEL, cl, config=SimConfig(host_io=False, rx_credits=2)).makespan_s
+    assert auto == pytest.approx(unbounded, rel=1e-12)
+    assert double > 1.4 * auto

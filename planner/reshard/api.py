@@ -37,6 +37,17 @@ class Result:
         """The best plan's transfers (what a simulator replays)."""
         return self.best.transfers
 
+    def hop_records(self, plan: Plan | None = None) -> list[dict]:
+        """Every hop of a plan (default: the best) for a simulator to replay: src, dst, bytes,
+        start_s, finish_s (data complete at the leaves), transfer index, waits_for (indices)."""
+        plan = plan or self.best
+        out = []
+        for i, tr in enumerate(plan.transfers):
+            for a, b in tr.edges:
+                out.append({"transfer": i, "src": a, "dst": b, "bytes": tr.nbytes, "start_s": plan.start_s[i],
+                            "finish_s": plan.finish_s[i], "waits_for": list(tr.after)})
+        return out
+
     def ratio_to_bound(self, plan: Plan | None = None) -> float:
         """time / lower bound (1.0 when nothing moves)."""
         t = (plan or self.best).time_s

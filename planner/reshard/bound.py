@@ -144,10 +144,6 @@ def lower_bound(net: Network, tasks: list[UnitTask]) -> Bound:
     moving = [t for t in tasks if t.receivers]
     if not moving:
         return Bound(0.0, 0.0, 0.0, 0.0, 0.0)
-    members: dict[str, list[str]] = {}
-    for d in dict.fromkeys(net.src_devices + net.dst_devices):
-        members.setdefault(net.group[d], []).append(d)
-
     # group ingress
     need_g: dict[str, int] = {}
     for t in moving:
@@ -155,22 +151,14 @@ def lower_bound(net: Network, tasks: list[UnitTask]) -> Bound:
         for g in {net.group[r] for r in t.receivers}:
             if g not in hold_groups:
                 need_g[g] = need_g.get(g, 0) + t.nbytes
-    def group_in(g: str) -> float:
-        return min(sum(net.ingress_Bps[d] for d in members[g]), net.uplink_Bps.get(g, float("inf")))
-
-    group_s = max((b / group_in(g) for g, b in need_g.items()), default=0.0)
+    group_s = max((b / net.group_in_cap(g) for g, b in need_g.items()), default=0.0)
 
     # device ingress
     need_d: dict[str, int] = {}
     for t in moving:
         for r in t.receivers:
             need_d[r] = need_d.get(r, 0) + t.nbytes
-
-    def in_cap(d: str) -> float:
-        g = net.group[d]
-        return net.ingress_Bps[d] + net.intra_Bps[g] * (len(members[g]) - 1)
-
-    device_s = max(b / in_cap(d) for d, b in need_d.items())
+    device_s = max(b / net.device_in_cap(d) for d, b in need_d.items())
 
     # holder egress (fractional split)
     recv_groups = {net.group[r] for t in moving for r in t.receivers}
@@ -180,11 +168,15 @@ def lower_bound(net: Network, tasks: list[UnitTask]) -> Bound:
         key = tuple(sorted(t.holders))
         demands[key] = demands.get(key, 0.0) + t.nbytes
         for h in key:
-            g = net.group[h]
-            rate[h] = net.egress_Bps[h] + (net.intra_Bps[g] * (len(members[g]) - 1) if g in recv_groups else 0.0)
-    # A holder group with a shared uplink and no receiver inside sends through that uplink.
-    caps = {net.group[h]: net.uplink_Bps[net.group[h]] for h in rate
-            if net.group[h] in net.uplink_Bps and net.group[h] not in recv_groups}
+            rate[h] = net.device_out_cap(h, net.group[h] in recv_groups)
+    # A holder group with no receiver inside must send through the group's way out.
+    caps = {}
+    for h in rate:
+        g = net.group[h]
+        if g not in recv_groups and g not in caps:
+            cap = net.group_out_cap(g)
+            if cap is not None:
+                caps[g] = cap
     egress_s = fractional_makespan(demands, rate, {h: net.group[h] for h in rate if net.group[h] in caps}, caps)
     # Latency: the last byte through the bottleneck still has a hop to cross. Into a group
     # that holds none of it, that hop is an inter-group one.

@@ -3,18 +3,23 @@
 Patterns (how a task reaches its receivers):
 
 * ``p2p``    - one copy from a holder to every receiver;
-* ``gather`` - per receiving group, the task is cut into one chunk per receiver in the
-  group; each chunk crosses once into the group, then the receivers all-gather the
-  chunks over the group's links (store and forward: the gather waits for its chunk);
-* ``chain``  - the task is cut into one chunk per receiver of its largest group; each
-  chunk is a cut-through broadcast that enters every receiving group once, fans out on
-  the group's links and relays on to the next group; chunk i enters each group at that
-  group's i-th receiver so the chunks use different ports.
+* ``gather`` - per receiving group, the task is cut into chunks; each chunk crosses once
+  into the group, then the receivers all-gather the chunks over the group's links (store
+  and forward: the gather waits for its chunk);
+* ``chain``  - the task is cut into chunks; each chunk is a cut-through broadcast that
+  enters every receiving group once, fans out on the group's links and relays on to the
+  next group; chunk i enters each group at that group's (i mod size)-th receiver so the
+  chunks use different ports.
 
-Sender choice (``chooser``): ``first`` holder; ``greedy`` least-loaded holder (largest
-pieces first); ``ordered``: ordering-aware greedy that places pieces one at a time at the
-holder giving the earliest finish on the current schedule, with seeded random restarts
-over the order; ``exact``: every holder assignment for small cases (fixed order).
+Chunks: one per receiver of the (largest) group, refined to a common multiple of the
+holder count and up to 4x finer while the plan stays small (``_chunks``).
+
+Sender choice (``chooser``): ``first`` holder in task order; ``greedy`` least-loaded
+sending port, largest pieces first; ``ordered``: ordering-aware - repeatedly place the
+piece that can start earliest at the holder that starts (then finishes) it earliest,
+with ties broken by several ranks and seeded random restarts within a deterministic
+work budget; ``exact``: every holder assignment when there are few (in the ``ordered``
+order).
 
 Timing is list scheduling on the ports and links of ``cost.Network``.
 """
@@ -34,7 +39,7 @@ PATTERNS = ("p2p", "gather", "chain")
 CHOOSERS = ("first", "greedy", "ordered", "exact")
 EXACT_MAX_ASSIGNMENTS = 1024
 EXACT_MAX_WORK = 16_384  # assignments x pieces
-ORDERED_WORK_BUDGET = 150_000  # holder placements tried across the restarts
+ORDERED_WORK_BUDGET = 300_000  # hops placed (holder x piece x hops) across the restarts
 ORDERED_MAX_RESTARTS = 24
 MAX_CHOICES = 1536  # finer chunking stops at this many (piece, holder) pairs
 MAX_CHUNKS = 24
@@ -283,7 +288,12 @@ def _ordered_pass(timer, pieces, order) -> tuple[float, list[str]]:
     return makespan, holders
 
 
-def _dense_pass(timer, pieces, rank, counter=None) -> tuple[float, list[str], list[int]]:
+def _touches(p: _Piece) -> int:
+    """Hops of a piece's transfers: the work unit of the ordering-aware budget."""
+    return sum(len(edges) for edges, _ in expand(p, p.holders[0]))
+
+
+def _dense_pass(timer, pieces, rank, counter=None, limit: float = math.inf) -> tuple[float, list[str], list[int]]:
     """One ordering-aware pass: repeatedly place the piece that can start earliest, at its best holder.
 
     Ports only ever get busier, so a piece's earliest start never decreases: a lazy heap
@@ -300,7 +310,7 @@ def _dense_pass(timer, pieces, rank, counter=None) -> tuple[float, list[str], li
         p = pieces[i]
         best = None
         if counter is not None:
-            counter[0] += len(p.holders)
+            counter[0] += len(p.holders) * cost[i]
         for h in p.holders:
             end, times = _place(timer, free, finish, expand(p, h), p.nbytes, False)
             key = (times[0][0], end)  # the holder: earliest start, then earliest finish
@@ -312,6 +322,7 @@ def _dense_pass(timer, pieces, rank, counter=None) -> tuple[float, list[str], li
     # (uneven array_split chunks) are ordered by rank, not by a sliver of time.
     durs = sorted(p.nbytes / timer.shape(expand(p, p.holders[0])[0][0])[0] for p in pieces)
     quantum = max(durs[len(durs) // 2] * 0.1, 1e-15) if durs else 1.0
+    cost = [_touches(p) for p in pieces]
     heap = []
     for i in range(len(pieces)):
         key, h = best_of(i)
@@ -319,6 +330,8 @@ def _dense_pass(timer, pieces, rank, counter=None) -> tuple[float, list[str], li
     heapq.heapify(heap)
     makespan = 0.0
     while heap:
+        if counter is not None and counter[0] > limit:
+            return math.inf, holders, order  # over budget: this pass is dropped
         s0, r, i = heapq.heappop(heap)
         (s1, e1), h = best_of(i)
         q = math.floor(s1 / quantum)
@@ -346,12 +359,17 @@ def choose_ordered(net, timer, pieces, seed: int = 0,
     best = (span, holders, _size_order(pieces))
     ranks = [size_rank, list(range(len(pieces))), [len(pieces) - 1 - k for k in size_rank]]
     counter = [0]  # placements tried: a deterministic work budget (no wall clock)
+    choices = sum(len(p.holders) * _touches(p) for p in pieces)
+    if choices * 8 > ORDERED_WORK_BUDGET:  # too big for earliest-start passes: keep the static one
+        ranks, max_restarts = [], 0
     for k in range(len(ranks) + max_restarts):
         if k >= len(ranks):
             r = list(range(len(pieces)))
             rng.shuffle(r)
             ranks.append(r)
-        span, holders, order = _dense_pass(timer, pieces, ranks[k], counter)
+        # the first pass may use several budgets' worth: a big case still gets one
+        span, holders, order = _dense_pass(timer, pieces, ranks[k], counter,
+                                           ORDERED_WORK_BUDGET * (4 if k == 0 else 1))
         if span < best[0] - 1e-15:
             best = (span, holders, order)
         if counter[0] >= ORDERED_WORK_BUDGET:
