@@ -145,6 +145,17 @@ def _ident_prefix(w: dict) -> str:
     return w["name"].rsplit("_", 1)[0] + "_"
 
 
+def _check_streams(name: str, stdout: str) -> None:
+    """hls_stream.h returns T() on an empty read and only warns (on stdout): make it an error.
+
+    A read of an empty stream or data left in one means the kernel's beat counts are wrong,
+    which would hang the RTL even when the numbers happen to match.
+    """
+    bad = [l for l in stdout.splitlines() if l.startswith("WARNING: Hls::stream")]
+    if bad:
+        raise RuntimeError(f"{name}: stream protocol error: {bad[0]}" + (f" (+{len(bad) - 1} more)" if len(bad) > 1 else ""))
+
+
 def run_binary(binary: Path, inputs: list[np.ndarray], n: int,
                out_elems: list[int]) -> tuple[list[np.ndarray], np.ndarray, float]:
     """Run a stage testbench: inputs (N, elements) per port in stream order.
@@ -160,6 +171,7 @@ def run_binary(binary: Path, inputs: list[np.ndarray], n: int,
         dt = time.perf_counter() - t0
         if r.returncode != 0:
             raise RuntimeError(f"{binary.name} exited {r.returncode}: {r.stderr[-2000:]}")
+        _check_streams(binary.name, r.stdout)
         vals = np.array(fout.read_text().split(), dtype=np.int64)
     outs, pos = [], 0
     for e in out_elems:
@@ -213,8 +225,13 @@ def csim_project(build: str | Path, samples: int = 4, seed: int = 0, tolerance_l
                 tensors[t] = random_input(rng, samples, tuple(p["shape"]), fmt)
                 model_inputs[t] = tensors[t]
             ins.append(tensors[t])
-        outs, _, row["run_s"] = run_binary(comp.path, [to_stream(x) for x in ins], samples,
-                                        [p["elements"] for p in st["outputs"]])
+        try:
+            outs, _, row["run_s"] = run_binary(comp.path, [to_stream(x) for x in ins], samples,
+                                               [p["elements"] for p in st["outputs"]])
+        except RuntimeError as e:
+            row["error"] = str(e).splitlines()[0]
+            results.append(row)
+            break   # later stages would have no inputs
         row["run_s"] = round(row["run_s"], 3)
         layers = [model.layers[model.index[l["name"]]] for l in st["layers"]]
         ref = fx.model_fwd(layers, {p["tensor"]: x for p, x in zip(st["inputs"], ins)}, params, fmt)
@@ -258,7 +275,13 @@ def csim_backward(build: Path, st: dict, model, params: dict, fmt: fx.Fmt, rng: 
     dys = {p["tensor"]: random_input(rng, mb, tuple(p["shape"]), fmt, span=1.0) for p in dy_ports}
     feed = [to_stream(xs[p["tensor"]]) for p in x_ports] + [to_stream(dys[p["tensor"]]) for p in dy_ports]
     counts = [p["elements"] for p in b["outputs"]]
-    outs, tail, run_s = run_binary(comp.path, feed, mb, counts)
+    row = {"name": name, "passed": False, "max_abs_err_lsb": None, "compile_s": round(comp.compile_s, 3),
+           "run_s": 0.0, "cached": comp.cached}
+    try:
+        outs, tail, run_s = run_binary(comp.path, feed, mb, counts)
+    except RuntimeError as e:
+        row["error"] = str(e).splitlines()[0]
+        return row
     layers = [model.layers[model.index[l["name"]]] for l in st["layers"]]
     g, wg = fx.stage_bwd(layers, xs, dys, params, fmt)
     err = 0
@@ -339,6 +362,7 @@ def run_harness(cases: list[HarnessCase], fmt: str, workdir: Path, cache: Path |
     dt = time.perf_counter() - t0
     if r.returncode != 0:
         raise RuntimeError(f"harness exited {r.returncode}: {r.stderr[-2000:]}")
+    _check_streams(name, r.stdout)
     vals = np.array(r.stdout.split(), dtype=np.int64)
     outs, pos = [], 0
     for c in cases:

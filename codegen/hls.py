@@ -149,19 +149,19 @@ def render_files(ctx: ProjectCtx, plan_text: str, cluster=None) -> dict[str, byt
         put(f"{d}/{d}_weights.h", "weights.h.j2", header=c_hdr, s=s)
         put(f"{d}/tb_{d}.cpp", "tb.cpp.j2", header=c_hdr, s=s)
         put(f"{d}/run_hls.tcl", "run_hls.tcl.j2", header=h_hdr, top=d, kernel_file=f"{d}.cpp",
-            tb_file=f"tb_{d}.cpp", part=part, clock_ns=clk, tcl_name="run_hls.tcl", stim="csim_in.txt csim_out.txt")
+            tb_file=f"tb_{d}.cpp", part=part, clock_ns=clk, tcl_name="run_hls.tcl", stim="csim_in.txt csim_out.txt", stim_file="csim_in.txt")
         put(f"{d}/hls_config.cfg", "hls_config.cfg.j2", header=h_hdr, top=d, kernel_file=f"{d}.cpp",
-            tb_file=f"tb_{d}.cpp", part=part, clock_ns=clk, cfg_name="hls_config.cfg", stim="csim_in.txt csim_out.txt")
+            tb_file=f"tb_{d}.cpp", part=part, clock_ns=clk, cfg_name="hls_config.cfg", stim="csim_in.txt csim_out.txt", stim_file="csim_in.txt")
         if s.bwd is not None:
             b = s.bwd
             put(f"{d}/{b.name}.cpp", "stage_bwd.cpp.j2", header=c_hdr, s=s, b=b)
             put(f"{d}/tb_{b.name}.cpp", "tb_bwd.cpp.j2", header=c_hdr, s=s, b=b)
             put(f"{d}/run_hls_bwd.tcl", "run_hls.tcl.j2", header=h_hdr, top=b.name, kernel_file=f"{b.name}.cpp",
                 tb_file=f"tb_{b.name}.cpp", part=part, clock_ns=clk, tcl_name="run_hls_bwd.tcl",
-                stim="csim_bwd_in.txt csim_bwd_out.txt")
+                stim="csim_bwd_in.txt csim_bwd_out.txt", stim_file="csim_bwd_in.txt")
             put(f"{d}/hls_config_bwd.cfg", "hls_config.cfg.j2", header=h_hdr, top=b.name,
                 kernel_file=f"{b.name}.cpp", tb_file=f"tb_{b.name}.cpp", part=part, clock_ns=clk,
-                cfg_name="hls_config_bwd.cfg", stim="csim_bwd_in.txt csim_bwd_out.txt")
+                cfg_name="hls_config_bwd.cfg", stim="csim_bwd_in.txt csim_bwd_out.txt", stim_file="csim_bwd_in.txt")
             files[f"{d}/csim_bwd_in.txt"] = csim_bwd_input(ctx, s)
         files[f"{d}/weights.bin"] = weights_bin(s, ctx.fmt.width)
         files[f"{d}/csim_in.txt"] = csim_input(ctx, s)

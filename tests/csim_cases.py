@@ -38,6 +38,17 @@ def dense(rng, mh, mw, pe, simd, n=3, span=2.0, fmt=FMT):
     return case, [fx.dense_fwd(x, w, b, fmt).reshape(-1)]
 
 
+def dense_ties(fmt=FMT):
+    """Every output an exact half LSB: w = 0.5, one input, odd raw x of both signs (AP_RND ties)."""
+    x = np.array([[-7], [-5], [-3], [-1], [1], [3], [5], [7]], dtype=np.int64)
+    w, b = np.array([[ONE // 2]], dtype=np.int64), np.zeros(1, dtype=np.int64)
+    case = HarnessCase("dense ties 1x1 pe=1 simd=1 (half-LSB ties)", "bapipe::dense<1, 1, 1, 1>(x, y, w, b)", len(x),
+                       [_arr("w", w), _arr("b", b)], [HarnessIO("x", x.size, data=x)], [HarnessIO("y", len(x))], [])
+    y = fx.dense_fwd(x, w, b, fmt).reshape(-1)
+    assert y.tolist() == [-3, -2, -1, 0, 1, 2, 3, 4]      # x/2 rounded half toward +infinity
+    return case, [y]
+
+
 def conv(rng, c, h, wd, o, k, s, p, pe, simd, n=2, fmt=FMT):
     """Forward conv2d: sliding window + MVU, HWC streams."""
     w, b, x = _r(rng, (o, c, k, k), 0.5), _r(rng, (o,), 0.25), _r(rng, (n, c, h, wd))
@@ -173,6 +184,7 @@ def all_cases(seed: int = 1):
         out.append(dense_bwd_in(rng, 16, 24, pe, simd))
         out.append(dense_bwd_w(rng, 16, 24, pe, simd))
     out.append(dense(rng, 8, 12, 2, 4, span=24.0))          # saturation on the output
+    out.append(dense_ties())
     for pe, simd in ((1, 1), (2, 9), (4, 27)):
         out.append(conv(rng, 3, 6, 5, 4, 3, 1, 1, pe, simd))
         out.append(conv_bwd_in(rng, 3, 6, 5, 4, 3, 1, 1, pe, simd))

@@ -5,6 +5,8 @@ import json
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from bapipe.errors import SpecError
 from codegen.cli_gen import generate_plan
@@ -189,3 +191,38 @@ def test_cli_gen_json_and_error_exit(tmp_path, capsys):
     assert main(["gen", str(bf), "-o", str(tmp_path / "bad")]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "folding.fc" in err
+
+
+def test_csim_on_a_folder_without_a_project_is_one_line(tmp_path, capsys):
+    from bapipe.cli import main
+
+    assert main(["csim", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "host_config.json: expected a folder written by `bapipe gen`" in err
+
+
+@settings(max_examples=40, deadline=None)
+@given(pe=st.integers(1, 12), simd=st.integers(1, 70))
+def test_folding_check_accepts_exactly_the_divisors(pe, simd):
+    plan, model, cluster = make_plan(folding={"fc": (pe, simd)})
+    ok = 10 % pe == 0 and 64 % simd == 0
+    try:
+        build_project(plan, model, cluster)
+        assert ok
+    except SpecError:
+        assert not ok
+
+
+def test_identical_across_processes_and_hash_seeds(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    plan, _, _ = make_plan(folding=FOLD)
+    pf = tmp_path / "plan.yaml"
+    plan.save(pf)
+    for seed in ("1", "2"):
+        env = dict(os.environ, PYTHONHASHSEED=seed)
+        subprocess.run([sys.executable, "-m", "bapipe.cli", "gen", str(pf), "-o", str(tmp_path / seed)],
+                       check=True, env=env, capture_output=True)
+    assert _tree(tmp_path / "1") == _tree(tmp_path / "2")

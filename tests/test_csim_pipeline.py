@@ -134,3 +134,17 @@ def test_a_wrong_weight_is_caught(tmp_path, capsys):
     assert rc == 1 and "FAILED" in out
     assert out.splitlines()[1].split()[:3] == ["stage0", "PASS", "0"]
     assert "stage2" in out and " FAIL" in out.split("stage2")[1].splitlines()[0]
+
+
+def test_wrong_beat_counts_fail_the_stage(tmp_path):
+    """An empty-stream read only warns in hls_stream.h; csim turns it into a failure."""
+    from codegen.csim import csim_project
+
+    plan, model, cluster = make_plan(mode="inference")
+    generate_plan(plan, model, cluster, tmp_path)
+    k = tmp_path / "stage2/stage2_layers.h"
+    k.write_text(k.read_text().replace("bapipe::flatten<16, 2, 2>", "bapipe::flatten<16, 2, 1>"))
+    r = csim_project(tmp_path, samples=1)
+    row = r["stages"][2]
+    assert not r["passed"] and not row["passed"]
+    assert "stream protocol error" in row["error"] and "read while empty" in row["error"]

@@ -149,10 +149,27 @@ def test_network_from_v100_cluster():
     net = network_from_cluster(cl, names[:4], names[4:8])
     assert net.group["gpu0"] == "host0" and net.group["gpu4"] == "host1"
     assert net.intra_Bps["host0"] == 50e9  # NVLink full mesh inside a host
-    assert net.uplink_Bps["host0"] == 12e9  # one NIC per host behind the switch
-    assert net.hop_bandwidth("gpu0", "gpu4") == 12e9
+    assert net.hop_bandwidth("gpu0", "gpu4") == 12e9  # PCIe, the host NIC, the switch
+    # every GPU of host0 shares host0's NIC: a hop holds the routed links
+    assert ("wire", "host0", "switch0") in net.hop_resources("gpu1", "gpu5")
+    assert net.hop_resources("gpu0", "gpu1") == (("wire", "gpu0", "gpu1"),)
+    assert net.group_in_cap("host1") == 12e9
     with pytest.raises(SpecError):
         network_from_cluster(cl, ["gpu0", "nope"], ["gpu4"])
+
+
+def test_ring_cluster_shares_the_links_between_hosts():
+    from fpga_models.cluster import load_cluster
+
+    cl = load_cluster("8xU280-ring")
+    names = [cb.name for cb in cl.boards]
+    net = network_from_cluster(cl, names[:4], names[4:])
+    # two hosts of four on a ring: only fpga3-fpga4 and fpga7-fpga0 cross between them
+    bw = cl.boards[0].board.port_bw_Bps
+    assert net.group_in_cap("host1") == pytest.approx(2 * bw)
+    res = best_transfer((4096, 4096), 4, "1x4", "RR", "1x4", "RR", net)
+    assert res.lower_bound_s >= 4096 * 4096 * 4 / (2 * bw)
+    assert res.ratio_to_bound() <= 1.10
 
 
 def _cli(*argv):

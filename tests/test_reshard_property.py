@@ -6,7 +6,7 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from planner.reshard import Layout, Network, best_transfer, default_network
+from planner.reshard import Layout, Network, best_transfer, default_network, network_from_cluster
 from planner.reshard.execute import check_delivery
 
 
@@ -36,14 +36,26 @@ def cases(draw):
     rank = draw(st.integers(1, 3))
     shape = tuple(draw(st.lists(st.integers(1, 9), min_size=rank, max_size=rank)))
     sm, dm = draw(meshes()), draw(meshes())
-    return shape, sm, draw(layouts(rank, sm)), dm, draw(layouts(rank, dm)), draw(st.integers(0, 2)), draw(
+    return shape, sm, draw(layouts(rank, sm)), dm, draw(layouts(rank, dm)), draw(st.integers(0, 3)), draw(
         st.integers(0, 3))
 
 
+CLUSTERS = ("8xU280-ring", "16xV100", "16xVCU118-torus", "hetero-mix")
+
+
 def _network(sm, dm, overlap: int, group: int) -> Network:
-    """The default network, or (overlap > 0) one whose meshes share boards, grouped in `group`s."""
+    """The default network; (overlap 1, 2) one whose meshes share boards, grouped in `group`s;
+    (overlap 3) a built-in cluster in route mode, meshes on consecutive boards."""
     if overlap == 0:
         return default_network(sm, dm)
+    if overlap == 3:
+        from fpga_models.cluster import load_cluster
+
+        ns, nd = prod(sm), prod(dm)
+        cl = load_cluster(CLUSTERS[group] if max(ns, nd) <= 6 else "16xV100")
+        names = [cb.name for cb in cl.boards]
+        dst = names[ns:ns + nd] if ns + nd <= len(names) else names[len(names) - nd:]
+        return network_from_cluster(cl, names[:ns], dst)
     ns, nd = prod(sm), prod(dm)
     src = tuple(f"b{i}" for i in range(ns))
     start = max(0, ns - (ns if overlap == 2 else ns // 2))  # overlap 2: the same boards first

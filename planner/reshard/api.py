@@ -76,7 +76,7 @@ def best_transfer(shape, dtype_bytes: int, src_mesh, src_layout, dst_mesh, dst_l
             raise SpecError(None, None, what, f"mesh has {prod(mesh)} devices but the network lists {len(devs)}")
     tasks = make_tasks(shape, dtype_bytes, src_mesh, src, dst_mesh, dst, net.src_devices, net.dst_devices)
     if fast:
-        plans = run_strategies(net, tasks, dtype_bytes, seed, choosers=("first", "greedy", "ordered"), max_restarts=0)
+        plans = run_strategies(net, tasks, dtype_bytes, seed, only=("first", "greedy", "ordered"), max_restarts=0)
     else:
         plans = run_strategies(net, tasks, dtype_bytes, seed)
     bound = lower_bound(net, tasks)

@@ -11,6 +11,10 @@ Patterns (how a task reaches its receivers):
   next group; chunk i enters each group at that group's (i mod size)-th receiver so the
   chunks use different ports.
 
+* ``relay``  - like ``chain``, but a chunk may enter a group by any destination device of
+  it (a receiver or not), which then fans it out; the chooser picks the entry with the
+  sender, so on a routed cluster the chunks spread over the links between groups.
+
 Chunks: one per receiver of the (largest) group, refined to a common multiple of the
 holder count and up to 4x finer while the plan stays small (``_chunks``).
 
@@ -35,8 +39,10 @@ from .cost import Network
 from .layout import Box, box_size
 from .tasks import UnitTask
 
-PATTERNS = ("p2p", "gather", "chain")
+PATTERNS = ("p2p", "gather", "chain", "relay")
 CHOOSERS = ("first", "greedy", "ordered", "exact")
+# relay only pays where routes are uneven: it is tried with the better choosers only
+PLAN_SET = tuple((p, CHOOSERS) for p in PATTERNS[:3]) + (("relay", ("greedy", "ordered")),)
 EXACT_MAX_ASSIGNMENTS = 1024
 EXACT_MAX_WORK = 16_384  # assignments x pieces
 ORDERED_WORK_BUDGET = 300_000  # hops placed (holder x piece x hops) across the restarts
@@ -78,10 +84,11 @@ class _Piece:
     task: int
     box: Box
     nbytes: int
-    holders: tuple[str, ...]
+    holders: tuple  # the sender options: holder names (relay: (holder, entry index) pairs)
     pattern: str
-    targets: tuple[tuple[str, ...], ...]  # p2p: ((r,),); gather: (group receivers, chunk i); chain: groups
+    targets: tuple[tuple[str, ...], ...]  # p2p: ((r,),); gather: (group receivers,); chain, relay: groups
     chunk: int = 0
+    relays: tuple[tuple[str, ...], ...] = ()  # relay: per group, the devices a chunk may enter by
 
 
 def split_box(box: Box, k: int) -> list[Box]:
@@ -129,6 +136,9 @@ def make_pieces(net: Network, tasks: list[UnitTask], pattern: str, dtype_bytes: 
     pieces: list[_Piece] = []
     # room for finer chunks (a multiple of the holder count) while the plan stays small
     budget = MAX_CHOICES // max(1, sum(len(t.receivers) * len(t.holders) for t in tasks))
+    dst_by_group: dict[str, list[str]] = {}
+    for d in net.dst_devices:
+        dst_by_group.setdefault(net.group[d], []).append(d)
     for t in tasks:
         if not t.receivers:
             continue
@@ -146,6 +156,17 @@ def make_pieces(net: Network, tasks: list[UnitTask], pattern: str, dtype_bytes: 
             for i, cb in enumerate(chunks):
                 pieces.append(_Piece(t.index, cb, box_size(cb) * dtype_bytes, t.holders, "chain",
                                      tuple(groups), i))
+        elif pattern == "relay":
+            groups = _groups(net, t.receivers)
+            hs = set(t.holders)
+            relays = tuple(tuple(d for d in dst_by_group[net.group[g[0]]] if d not in hs) or g for g in groups)
+            chunks = split_box(t.box, _chunks(max(len(r) for r in relays), len(t.holders), budget))
+            # the chooser picks (holder, entry) together: entry k enters group g by relays[g][k % size]
+            ways = max(len(r) for r in relays)
+            options = tuple((h, k) for h in t.holders for k in range(ways))
+            for i, cb in enumerate(chunks):
+                pieces.append(_Piece(t.index, cb, box_size(cb) * dtype_bytes, options, "relay",
+                                     tuple(groups), i, relays))
         else:
             raise ValueError(f"unknown pattern {pattern!r}")
     return pieces
@@ -163,11 +184,16 @@ def expand(piece: _Piece, holder: str) -> list[tuple[tuple[tuple[str, str], ...]
         if rest:
             out.append((rest, (0,)))
         return out
-    # chain: enter each group at its (chunk)-th receiver, fan out, relay to the next group
+    # chain: enter each group at its (chunk)-th receiver, fan out, relay to the next group;
+    # relay: the same, entering by any destination device of the group (receiver or not)
     edges: list[tuple[str, str]] = []
+    k = piece.chunk
+    if piece.pattern == "relay":
+        holder, k = holder  # an option: (holder, entry index)
     prev = holder
-    for grp in piece.targets:
-        entry = grp[piece.chunk % len(grp)]
+    for gi, grp in enumerate(piece.targets):
+        ways = piece.relays[gi] if piece.relays else grp
+        entry = ways[k % len(ways)]
         edges.append((prev, entry))
         edges += [(entry, r) for r in grp if r != entry]
         prev = entry
@@ -312,11 +338,15 @@ def _dense_pass(timer, pieces, rank, counter=None, limit: float = math.inf) -> t
         if counter is not None:
             counter[0] += len(p.holders) * cost[i]
         for h in p.holders:
-            end, times = _place(timer, free, finish, expand(p, h), p.nbytes, False)
-            key = (times[0][0], end)  # the holder: earliest start, then earliest finish
+            items = expand(p, h)
+            end, times = _place(timer, free, finish, items, p.nbytes, False)
+            # the option: earliest start, then the fewest ports and links held (leaves the
+            # most room for the pieces still to come), then earliest finish
+            nres = sum(len(timer.shape(edges)[2]) for edges, _ in items)
+            key = (math.floor(times[0][0] / quantum), nres, end)
             if best is None or key < best[0]:
-                best = (key, h)
-        return best
+                best = (key, h, (times[0][0], end))
+        return best[2], best[1]
 
     # Starts closer than a tenth of a typical piece count as equal, so near-equal pieces
     # (uneven array_split chunks) are ordered by rank, not by a sliver of time.
@@ -399,14 +429,17 @@ def choose_exact(net, timer, pieces, order=None) -> Plan | None:
 
 
 def run_strategies(net: Network, tasks: list[UnitTask], dtype_bytes: int, seed: int = 0,
-                   patterns=PATTERNS, choosers=CHOOSERS, max_restarts: int = ORDERED_MAX_RESTARTS) -> list[Plan]:
-    """Every (pattern, chooser) plan, named ``pattern/chooser``; exact only where small enough."""
+                   plan_set=PLAN_SET, only=None, max_restarts: int = ORDERED_MAX_RESTARTS) -> list[Plan]:
+    """The (pattern, chooser) plans of ``plan_set``, named ``pattern/chooser`` (choosers
+    limited to ``only`` when given); exact only where small enough."""
     timer = _Timer(net)
     out: list[Plan] = []
-    for pat in patterns:
+    for pat, choosers in plan_set:
         pieces = make_pieces(net, tasks, pat, dtype_bytes)
         ordered_order = None
         for ch in choosers:
+            if only is not None and ch not in only:
+                continue
             if ch == "first":
                 plan = choose_first(net, timer, pieces)
             elif ch == "greedy":
