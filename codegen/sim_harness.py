@@ -14,7 +14,8 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-CACHE = ROOT / "build" / "cocotb"
+#: compiled simulations, keyed by source hash (override with BAPIPE_COCOTB_CACHE)
+CACHE = Path(os.environ.get("BAPIPE_COCOTB_CACHE", ROOT / "build" / "cocotb"))
 
 
 def verilator_available() -> bool:

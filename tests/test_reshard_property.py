@@ -3,6 +3,7 @@ exactly, and the lower bound never exceeds any strategy's time."""
 from math import prod
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -68,6 +69,7 @@ def _network(sm, dm, overlap: int, group: int) -> Network:
                    {x: fast for x in set(grp.values())}, name="overlap")
 
 
+@pytest.mark.slow  # ~5-20 s: 500 examples, every plan executed
 @settings(max_examples=500, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
 @given(cases())
 def test_every_plan_delivers_and_bound_holds(case):

@@ -14,6 +14,10 @@ else the smallest hop latency); the bound is the largest:
   a binary search on T over a max-flow we compute ourselves (Dinic);
 * **device ingress**: each receiver must take in every byte it lacks through its
   inter-group port and its intra-group links.
+
+On a routed cluster network (route mode) the two ingress terms use the max flow (min cut)
+of the links that routes between the devices use, from the bytes' holders into the group
+or the device, instead of summed ports.
 """
 from __future__ import annotations
 
@@ -139,6 +143,42 @@ def fractional_makespan(demands: dict[tuple[str, ...], float], rate: dict[str, f
     return lo
 
 
+def _used_links(net: Network) -> dict[tuple[str, str], float]:
+    """Route mode: the directed links some route between two devices uses (no other link
+    can carry a byte of any plan, since every hop follows a route)."""
+    used = {}
+    for path in net.routes.values():
+        for ln in path:
+            used[ln] = net.link_Bps[ln]
+    return used
+
+
+def _cut_term(net: Network, moving: list[UnitTask], inside: set[str]) -> float:
+    """Route mode: bytes the receivers in ``inside`` need and nobody inside holds, over the
+    max flow of the used links from those bytes' holders into ``inside`` (a min cut every
+    such byte crosses at least once)."""
+    need = 0
+    sources: set[str] = set()
+    for t in moving:
+        if any(r in inside for r in t.receivers) and not any(h in inside for h in t.holders):
+            need += t.nbytes
+            sources.update(t.holders)
+    if need == 0:
+        return 0.0
+    links = _used_links(net)
+    nodes = sorted({u for u, _ in links} | {v for _, v in links} | sources | inside)
+    idx = {n: i + 2 for i, n in enumerate(nodes)}  # 0: super source, 1: super sink
+    g = _MaxFlow(len(nodes) + 2)
+    for (u, v), bw in links.items():
+        g.add(idx[u], idx[v], bw)
+    for s in sources:
+        g.add(0, idx[s], float("inf"))
+    for d in inside:
+        g.add(idx[d], 1, float("inf"))
+    cap = g.run(0, 1, 1e-9)
+    return need / cap if cap > 0 else float("inf")
+
+
 def lower_bound(net: Network, tasks: list[UnitTask]) -> Bound:
     """The lower bound of any plan moving ``tasks`` on ``net`` (see the module docstring)."""
     moving = [t for t in tasks if t.receivers]
@@ -151,14 +191,21 @@ def lower_bound(net: Network, tasks: list[UnitTask]) -> Bound:
         for g in {net.group[r] for r in t.receivers}:
             if g not in hold_groups:
                 need_g[g] = need_g.get(g, 0) + t.nbytes
-    group_s = max((b / net.group_in_cap(g) for g, b in need_g.items()), default=0.0)
+    if net.routes:  # route mode: the min cut of the routed links from the holders into the group
+        group_s = max((_cut_term(net, moving, {d for d in net.dst_devices + net.src_devices if net.group[d] == g})
+                       for g in need_g), default=0.0)
+    else:
+        group_s = max((b / net.group_in_cap(g) for g, b in need_g.items()), default=0.0)
 
     # device ingress
     need_d: dict[str, int] = {}
     for t in moving:
         for r in t.receivers:
             need_d[r] = need_d.get(r, 0) + t.nbytes
-    device_s = max(b / net.device_in_cap(d) for d, b in need_d.items())
+    if net.routes:
+        device_s = max(_cut_term(net, moving, {d}) for d in need_d)
+    else:
+        device_s = max(b / net.device_in_cap(d) for d, b in need_d.items())
 
     # holder egress (fractional split)
     recv_groups = {net.group[r] for t in moving for r in t.receivers}

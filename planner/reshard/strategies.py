@@ -435,6 +435,8 @@ def run_strategies(net: Network, tasks: list[UnitTask], dtype_bytes: int, seed: 
     timer = _Timer(net)
     out: list[Plan] = []
     for pat, choosers in plan_set:
+        if pat == "relay" and not net.routes:
+            continue  # with a port per device, entering by a non-receiver only adds a hop
         pieces = make_pieces(net, tasks, pat, dtype_bytes)
         ordered_order = None
         for ch in choosers:

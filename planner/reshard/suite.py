@@ -40,7 +40,7 @@ SUITE: tuple[Case, ...] = (
     Case("v100-issue-3d", (1024, 1024, 512), "int32", "2x4", "S0RR", "2x4", "RS0R", "16xV100",
          note="hosts behind one NIC each"),
     Case("u280-ring-transpose", (4096, 4096), "fp32", "1x4", "S1R", "1x4", "RS1", "8xU280-ring",
-         note="FPGA ring, one host"),
+         note="FPGA ring: two hosts joined by two links"),
 )
 
 
