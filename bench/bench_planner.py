@@ -58,6 +58,7 @@ def _fmt(x) -> str:
 
 
 def main(argv=None) -> int:
+    """Run the sweep, print the table, write the JSON."""
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--models", default=",".join(ZOO))
     ap.add_argument("--clusters", default=",".join(builtin_clusters()))

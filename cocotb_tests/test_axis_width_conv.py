@@ -54,7 +54,7 @@ def _build(a: int, b: int):
                  {"IN_W": a * ELEM_W, "OUT_W": b * ELEM_W, "COUNT_W": count_bits(max(a, b) // min(a, b))})
 
 
-@pytest.mark.parametrize("a,b", [(1, 4), (4, 1), (2, 6)])
+@pytest.mark.parametrize("a,b", [(1, 4), (4, 1)])
 def test_width_conv_short(a, b):
     d = _build(a, b)
     check(d, "axis_width_conv", "cocotb_tests.test_axis_width_conv", "wc_timing", lanes_in=a, lanes_out=b, beats=300)

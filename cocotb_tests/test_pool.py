@@ -61,7 +61,7 @@ def _build(c, simd, k, mode):
                   "AVG_R": avg_recip(taps), "AVG_BITS": AVG_BITS, "TAP_W": clog2(taps), "CF_W": clog2(c // simd)})
 
 
-@pytest.mark.parametrize("mode,k,simd", [(0, 2, 2), (1, 2, 2), (1, 3, 1)])
+@pytest.mark.parametrize("mode,k,simd", [(0, 2, 2), (1, 3, 1)])
 def test_pool_short(mode, k, simd):
     d = _build(4, simd, k, mode)
     env = dict(c=4, h=6, w=6, k=k, pad=0, mode=mode, simd=simd)
@@ -71,7 +71,7 @@ def test_pool_short(mode, k, simd):
 
 @pytest.mark.slow
 def test_pool_100k():
-    d = _build(4, 2, 2, 1)
-    # 72 window beats per 6x6x4 image: 1400 images = 100.8k beats in
-    check(d, "pool_unit", "cocotb_tests.test_pool", "pool_random", c=4, h=6, w=6, k=2, pad=0, mode=1, simd=2,
-          images=1400, seed=3, p_idle=0.1, p_stall=0.1)
+    d = _build(4, 1, 3, 1)
+    # 3x3 windows of a 6x6x4 image, 1 channel per beat: 144 beats per image, 700 images = 100.8k beats
+    check(d, "pool_unit", "cocotb_tests.test_pool", "pool_random", c=4, h=6, w=6, k=3, pad=0, mode=1, simd=1,
+          images=700, seed=3, p_idle=0.1, p_stall=0.1)

@@ -90,6 +90,6 @@ def test_router_table_literal():
 
 @pytest.mark.slow
 def test_router_100k():
-    d = _build(1)
-    check(d, "reshard_router", "cocotb_tests.test_reshard_router", "router_random", lanes=1, beats=100_002, seed=8,
+    d = _build(2)
+    check(d, "reshard_router", "cocotb_tests.test_reshard_router", "router_random", lanes=2, beats=100_002, seed=8,
           p_idle=0.1, p_stall=0.1)

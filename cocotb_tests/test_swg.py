@@ -1,4 +1,5 @@
-"""Sliding-window generator: im2col of HWC images bit-exact against fpga_models.fixedpoint.im2col.
+"""Sliding-window generator: im2col of HWC images bit-exact against fpga_models.fixedpoint.im2col
+(one tap per beat, or several taps of whole pixels per beat).
 
 Timing model: the first column leaves one cycle after the image's last beat arrived (the
 whole image is buffered); with back-to-back images and a ready consumer, one image takes
@@ -35,7 +36,8 @@ try:
         rng = random.Random(cfg["seed"])
         await tb.start(dut)
         words, expect = _case(cfg, cfg["images"], cfg["seed"])
-        await tb.stream_check(dut, words, cfg["simd"], expect, cfg["simd"], ELEM_W, rng, cfg["p_idle"], cfg["p_stall"])
+        await tb.stream_check(dut, words, cfg["simd"], expect, cfg["simd"] * cfg["taps"], ELEM_W, rng,
+                             cfg["p_idle"], cfg["p_stall"])
 
     @cocotb.test()
     async def swg_timing(dut):
@@ -44,7 +46,7 @@ try:
         await tb.start(dut)
         n = cfg["images"]
         words, expect = _case(cfg, n, 1)
-        hin, hout = await tb.stream_check(dut, words, cfg["simd"], expect, cfg["simd"], ELEM_W)
+        hin, hout = await tb.stream_check(dut, words, cfg["simd"], expect, cfg["simd"] * cfg["taps"], ELEM_W)
         frame, outb = cfg["frame_beats"], cfg["out_beats"]
         latency = hout.cycles[0] - hin.cycles[frame - 1]
         per_img = (hout.cycles[-1] - hout.cycles[outb - 1]) / (n - 1)
@@ -57,9 +59,9 @@ except ImportError:
 pytestmark = [*needs_verilator, xdist_group("swg")]
 
 
-def _spec(c, h, w, k, pad, stride, simd):
+def _spec(c, h, w, k, pad, stride, simd, taps=1):
     from codegen.rtl_model import SwgSpec
-    return SwgSpec(c, h, w, k, pad, stride, simd)
+    return SwgSpec(c, h, w, k, pad, stride, simd, taps)
 
 
 def _build(s):
@@ -68,13 +70,14 @@ def _build(s):
 
 
 def _env(s, **kw):
-    return dict(c=s.c, h=s.h, w=s.w, k=s.k, pad=s.pad, stride=s.stride, simd=s.simd,
+    return dict(c=s.c, h=s.h, w=s.w, k=s.k, pad=s.pad, stride=s.stride, simd=s.simd, taps=s.taps,
                 frame_beats=s.frame_beats, out_beats=s.out_beats, **kw)
 
 
-@pytest.mark.parametrize("c,h,w,k,pad,stride,simd", [(4, 5, 6, 3, 1, 1, 2), (2, 7, 7, 3, 0, 2, 1)])
-def test_swg_short(c, h, w, k, pad, stride, simd):
-    s = _spec(c, h, w, k, pad, stride, simd)
+@pytest.mark.parametrize("c,h,w,k,pad,stride,simd,taps", [(4, 5, 6, 3, 1, 1, 2, 1), (2, 7, 7, 3, 0, 2, 1, 1),
+                                                          (2, 5, 5, 3, 1, 1, 2, 3)])
+def test_swg_short(c, h, w, k, pad, stride, simd, taps):
+    s = _spec(c, h, w, k, pad, stride, simd, taps)
     d = _build(s)
     check(d, "swg", "cocotb_tests.test_swg", "swg_timing", **_env(s, images=4))
     check(d, "swg", "cocotb_tests.test_swg", "swg_random", **_env(s, images=6, seed=c + h, p_idle=0.3, p_stall=0.3))

@@ -23,8 +23,13 @@ VERSION = "0.1.0"
 
 #: layer types the generator can turn into HLS (the same set the numpy reference has)
 SUPPORTED = fx.SUPPORTED
-#: a stage's weights above this many elements are not embedded in the C header (loaded by the testbench)
-EMBED_LIMIT = 1 << 21
+#: The weight rule (docs/codegen.md, "Where the weights live"): a stage whose weight arrays hold
+#: at most this many elements in all keeps them on chip as ROM, written into <stage>_weights.h
+#: as C initialisers (128 KB at 16 bits: what a small stage would really keep in BRAM, and what
+#: g++ compiles in seconds). A bigger stage takes every weight array as an m_axi kernel argument
+#: (off-chip memory, as a Vitis kernel for VGG-sized layers would), and its testbench fills those
+#: arrays from weights.bin at run time: a 16 MB initialiser made g++ run for over 15 minutes at 12 GB.
+EMBED_LIMIT = 1 << 16
 
 #: Vitis platform per board type (the shell a v++ link targets); boards without one get no link cfg
 PLATFORMS = {
@@ -83,6 +88,17 @@ class LayerCtx:
     weights: list[WeightArray]
     cycles: int                     # initiation interval of one sample (folded MVU count or elements)
     layer: Layer | None = None
+    external: bool = False          # weights arrive as kernel arguments (m_axi), not as on-chip ROM
+
+    @property
+    def wargs(self) -> list[str]:
+        """Weight arrays passed to the layer wrapper (external weights only)."""
+        return [w.name for w in self.weights] if self.external else []
+
+    @property
+    def wparams(self) -> str:
+        """The wrapper's weight parameters, each with a leading comma (external weights only)."""
+        return "".join(f", const data_t {w.name}{w.dims}" for w in self.weights) if self.external else ""
 
 
 @dataclass
@@ -128,6 +144,22 @@ class StageCtx:
         """All weight arrays of the stage in layer order."""
         return [w for l in self.layers for w in l.weights]
 
+    @property
+    def weight_params(self) -> list[str]:
+        """The top function's weight parameters (m_axi arrays; empty when the weights are on-chip ROM)."""
+        return [] if self.embed_weights else [f"const data_t {w.name}{w.dims}" for w in self.weights]
+
+    @property
+    def params(self) -> list[str]:
+        """The forward top function's C parameter list."""
+        return [f"hls::stream<data_t> &{p.name}" for p in self.inputs + self.outputs] + self.weight_params
+
+    @property
+    def args(self) -> list[str]:
+        """The forward call's argument list (testbench)."""
+        return [p.name for p in self.inputs + self.outputs] + ([] if self.embed_weights else
+                                                                [w.name for w in self.weights])
+
 
 @dataclass
 class FormatCtx:
@@ -141,6 +173,7 @@ class FormatCtx:
     recip_t: str
     avg_bits: int
     port_bits: int                  # AXIS TDATA width (byte multiple)
+    raw_t: str                      # C integer type of one raw value in weights.bin
 
 
 @dataclass
@@ -285,7 +318,7 @@ def format_ctx(name: str) -> FormatCtx:
     f = fx.get_fmt(name)
     return FormatCtx(name=name, width=f.width, frac=f.frac, data_t=f.hls_type, acc_t=f.hls_acc_type,
                      recip_t=f"ap_ufixed<{fx.AVG_BITS + 1},1>", avg_bits=fx.AVG_BITS,
-                     port_bits=(f.width + 7) // 8 * 8)
+                     port_bits=(f.width + 7) // 8 * 8, raw_t="short" if f.width > 8 else "signed char")
 
 
 def _window_params(l: Layer) -> list[int]:
@@ -386,6 +419,10 @@ def build_stage(plan: Plan, model, st: Stage, weights: dict[str, dict[str, np.nd
     """Wire one stage: ports, layer calls, fan-out duplication and pass-through copies."""
     layers = [model.layers[model.index[n]] for n in st.layers]
     lctx = [layer_ctx(l, st.folding.get(l.name, Folding()), weights.get(l.name, {})) for l in layers]
+    welems = sum(int(w.kernel_q.size) for lc in lctx for w in lc.weights)
+    embed = welems <= EMBED_LIMIT
+    for lc in lctx:
+        lc.external = not embed
     ins, outs = stage_ports(model, st)
     inputs = [PortCtx(f"in{k}", t, _tensor_shape(model, t), prod(_tensor_shape(model, t))) for k, t in enumerate(ins)]
     outputs = [PortCtx(f"out{k}", t, _tensor_shape(model, t), prod(_tensor_shape(model, t)))
@@ -468,11 +505,10 @@ def build_stage(plan: Plan, model, st: Stage, weights: dict[str, dict[str, np.nd
                 statements.append(f"{lc.ident}({acc}, {s2}, {o});")
                 acc = o
         else:
-            statements.append(f"{lc.ident}({', '.join(srcs + [dst])});")
+            statements.append(f"{lc.ident}({', '.join(srcs + [dst] + lc.wargs)});")
         fan_out(l.name)
     # sort stream declarations by name for a stable, readable order
     streams = sorted({s.name: s for s in streams}.values(), key=lambda s: s.name)
-    welems = sum(int(w.kernel_q.size) for lc in lctx for w in lc.weights)
     off = 0
     for lc in lctx:
         for w in lc.weights:
@@ -480,7 +516,7 @@ def build_stage(plan: Plan, model, st: Stage, weights: dict[str, dict[str, np.nd
             off += int(w.model_q.size)
     return StageCtx(index=st.index, name=f"stage{st.index}", boards=list(st.boards), board_type=st.board_type,
                     style=st.style, dataflow=st.style == "dataflow", layers=lctx, inputs=inputs, outputs=outputs,
-                    streams=streams, statements=statements, embed_weights=welems <= EMBED_LIMIT,
+                    streams=streams, statements=statements, embed_weights=embed,
                     weight_elements=welems)
 
 
@@ -518,6 +554,8 @@ def build_boards(plan: Plan, cluster, stages: list[StageCtx]) -> list[BoardCtx]:
         for s in sts:
             kernels.setdefault(s.name, []).append(f"{s.name}_1")
             slr.append(f"{s.name}_1:SLR0")
+            if not s.embed_weights:   # m_axi weight ports (stages too big for on-chip ROM)
+                sp.extend(f"{s.name}_1.{w.name}:{mem}" for w in s.weights)
             for p in s.inputs:
                 src = producer.get(p.tensor) if s.index > 0 else None
                 # the previous stage's copy of this tensor (its producer, or a stage passing it on)
@@ -549,6 +587,7 @@ def build_boards(plan: Plan, cluster, stages: list[StageCtx]) -> list[BoardCtx]:
                 slr.append(f"{bk}_1:SLR0")
                 for a in s.bwd.grad_arrays:
                     sp.append(f"{bk}_1.{a.name}:{mem}")
+                sp.extend(f"{bk}_1.{w.name}:{mem}" for w in s.bwd.weights)
                 for p in s.bwd.in_ports:
                     if p.name.startswith("x_") or s.index == last:
                         # stashed activations are replayed from memory; the loss gradient comes from the host
@@ -597,6 +636,7 @@ class ArrayCtx:
     dims: str = ""
     layer: str = ""
     key: str = ""                   # dw | db for weight gradients
+    per_sample: int = 0             # micro-batch buffers: elements per sample (the C size is MB * this)
 
 
 @dataclass
@@ -610,6 +650,7 @@ class BwdCtx:
     grad_arrays: list[ArrayCtx]
     buffers: list[ArrayCtx]
     statements: list[str]
+    weights: list[WeightArray] = field(default_factory=list)   # m_axi weight inputs (external weights only)
 
     @property
     def stream_ports(self) -> list[str]:
@@ -620,12 +661,13 @@ class BwdCtx:
     def params(self) -> list[str]:
         """The C parameter list of the top function."""
         return ([f"hls::stream<data_t> &{p}" for p in self.stream_ports]
-                + [f"data_t {a.name}{a.dims}" for a in self.grad_arrays])
+                + [f"data_t {a.name}{a.dims}" for a in self.grad_arrays]
+                + [f"const data_t {w.name}{w.dims}" for w in self.weights])
 
     @property
     def args(self) -> list[str]:
         """The call's argument list (testbench)."""
-        return self.stream_ports + [a.name for a in self.grad_arrays]
+        return self.stream_ports + [a.name for a in self.grad_arrays] + [w.name for w in self.weights]
 
 
 def build_stage_bwd(model, st: Stage, sc: StageCtx, mb: int) -> BwdCtx:
@@ -644,14 +686,14 @@ def build_stage_bwd(model, st: Stage, sc: StageCtx, mb: int) -> BwdCtx:
     stmts: list[str] = []
 
     def buf(name: str, count: int) -> str:
-        buffers.setdefault(name, ArrayCtx(name, count))
+        buffers.setdefault(name, ArrayCtx(name, mb * count, per_sample=count))
         return name
 
     def act(t: str) -> str:
-        return buf(f"a_{ident(t)}", mb * elems[t])
+        return buf(f"a_{ident(t)}", elems[t])
 
     def grad(t: str) -> str:
-        return buf(f"g_{ident(t)}", mb * elems[t])
+        return buf(f"g_{ident(t)}", elems[t])
 
     def block(title: str, streams: list[tuple[str, int]], body: list[str]) -> None:
         stmts.append(f"// {title}")
@@ -664,12 +706,12 @@ def build_stage_bwd(model, st: Stage, sc: StageCtx, mb: int) -> BwdCtx:
 
     # 1. stashed inputs and output gradients into buffers
     for p in x_ports:
-        stmts.append(f"bapipe::pull<{mb * p.elements}>({p.name}, {act(p.tensor)});")
+        stmts.append(f"bapipe::pull<MB * {p.elements}>({p.name}, {act(p.tensor)});")
     # 2. forward recompute
     for l in layers:
         lc = lc_of[l.name]
         ins = [(f"i{k}", mb * elems[src]) for k, src in enumerate(l.inputs)]
-        body = [f"bapipe::push<{mb * elems[src]}>({act(src)}, i{k});" for k, src in enumerate(l.inputs)]
+        body = [f"bapipe::push<MB * {elems[src]}>({act(src)}, i{k});" for k, src in enumerate(l.inputs)]
         if l.type == "add" and len(l.inputs) > 2:
             parts = [(f"p{j}", elems[l.name]) for j in range(len(l.inputs) - 2)]
             chain, cur = [], "i0"
@@ -680,14 +722,14 @@ def build_stage_bwd(model, st: Stage, sc: StageCtx, mb: int) -> BwdCtx:
             body.append(f"for (int n = 0; n < MB; n++) {{ {' '.join(chain)} }}")
             streams = ins + parts + [("o", mb * l.out_elems)]
         else:
-            body.append(f"for (int n = 0; n < MB; n++) {lc.ident}({', '.join(s for s, _ in ins)}, o);")
+            body.append(f"for (int n = 0; n < MB; n++) {lc.ident}({', '.join([s for s, _ in ins] + ['o'] + lc.wargs)});")
             streams = ins + [("o", mb * l.out_elems)]
-        body.append(f"bapipe::pull<{mb * l.out_elems}>(o, {act(l.name)});")
+        body.append(f"bapipe::pull<MB * {l.out_elems}>(o, {act(l.name)});")
         block(f"forward recompute: {l.name}", streams, body)
     # 3. gradients of the outputs
     have: set[str] = set()
     for p in dy_ports:
-        stmts.append(f"bapipe::pull<{mb * p.elements}>({p.name}, {grad(p.tensor)});")
+        stmts.append(f"bapipe::pull<MB * {p.elements}>({p.name}, {grad(p.tensor)});")
         have.add(p.tensor)
     # 4. backward in reverse layer order
     for l in reversed(layers):
@@ -696,6 +738,7 @@ def build_stage_bwd(model, st: Stage, sc: StageCtx, mb: int) -> BwdCtx:
         lc = lc_of[l.name]
         a = l.attr
         n_out = mb * l.out_elems
+        c_out = f"MB * {l.out_elems}"      # C expression: csim may rebuild with -DMB=1
         if l.type not in ("dense", "conv2d") and all(i in model_inputs for i in l.inputs):
             continue                 # nothing to learn and no gradient to pass on
         body = []
@@ -710,10 +753,11 @@ def build_stage_bwd(model, st: Stage, sc: StageCtx, mb: int) -> BwdCtx:
             grads.extend([dw, db])
             src = l.inputs[0]
             n_in = mb * elems[src]
+            c_in = f"MB * {elems[src]}"
             streams = [("dy", n_out), ("dx", n_in), ("xs", n_in), ("dy2", n_out)]
             need_dx = src not in model_inputs    # no input gradient for the model's own input
             if need_dx:
-                body.append(f"bapipe::push<{n_out}>({grad(l.name)}, dy);")
+                body.append(f"bapipe::push<{c_out}>({grad(l.name)}, dy);")
             else:
                 streams = [("xs", n_in), ("dy2", n_out)]
             if l.type == "dense":
@@ -722,15 +766,15 @@ def build_stage_bwd(model, st: Stage, sc: StageCtx, mb: int) -> BwdCtx:
                 if need_dx:
                     body.append(f"for (int n = 0; n < MB * {rows}; n++) "
                                 f"bapipe::dense_bwd_in<{mh}, {mw}, {pe}, {simd}>(dy, dx, {w});")
-                body.append(f"bapipe::push<{n_in}>({act(src)}, xs);")
-                body.append(f"bapipe::push<{n_out}>({grad(l.name)}, dy2);")
+                body.append(f"bapipe::push<{c_in}>({act(src)}, xs);")
+                body.append(f"bapipe::push<{c_out}>({grad(l.name)}, dy2);")
                 body.append(f"bapipe::dense_bwd_w<{mh}, {mw}, {pe}, {simd}, MB * {rows}>(xs, dy2, {dw.name}, {db.name});")
             else:
                 tp = ", ".join(map(str, fo))
                 if need_dx:
                     body.append(f"for (int n = 0; n < MB; n++) bapipe::conv2d_bwd_in<{tp}>(dy, dx, {w});")
-                body.append(f"bapipe::push<{n_in}>({act(src)}, xs);")
-                body.append(f"bapipe::push<{n_out}>({grad(l.name)}, dy2);")
+                body.append(f"bapipe::push<{c_in}>({act(src)}, xs);")
+                body.append(f"bapipe::push<{c_out}>({grad(l.name)}, dy2);")
                 body.append(f"bapipe::conv2d_bwd_w<{tp}, MB>(xs, dy2, {dw.name}, {db.name});")
             dx_of = ["dx" if need_dx else "-"]
         elif l.type == "add":
@@ -738,15 +782,16 @@ def build_stage_bwd(model, st: Stage, sc: StageCtx, mb: int) -> BwdCtx:
         else:
             src = l.inputs[0]
             n_in = mb * elems[src]
+            c_in = f"MB * {elems[src]}"
             streams = [("dy", n_out), ("dx", n_in)]
-            body.append(f"bapipe::push<{n_out}>({grad(l.name)}, dy);")
+            body.append(f"bapipe::push<{c_out}>({grad(l.name)}, dy);")
             if l.type == "relu":
                 streams.append(("xs", n_in))
-                body.append(f"bapipe::push<{n_in}>({act(src)}, xs);")
+                body.append(f"bapipe::push<{c_in}>({act(src)}, xs);")
                 body.append(f"for (int n = 0; n < MB; n++) bapipe::relu_bwd<{l.out_elems}>(xs, dy, dx);")
             elif l.type == "maxpool":
                 streams.append(("xs", n_in))
-                body.append(f"bapipe::push<{n_in}>({act(src)}, xs);")
+                body.append(f"bapipe::push<{c_in}>({act(src)}, xs);")
                 tp = ", ".join(map(str, _window_params(l)))
                 body.append(f"for (int n = 0; n < MB; n++) bapipe::maxpool_bwd<{tp}>(xs, dy, dx);")
             elif l.type == "avgpool":
@@ -766,37 +811,40 @@ def build_stage_bwd(model, st: Stage, sc: StageCtx, mb: int) -> BwdCtx:
                 if len(s) == 3:
                     body.append(f"for (int n = 0; n < MB; n++) bapipe::unflatten<{s[0]}, {s[1]}, {s[2]}>(dy, dx);")
                 else:
-                    body.append(f"bapipe::copy<{n_out}>(dy, dx);")
+                    body.append(f"bapipe::copy<{c_out}>(dy, dx);")
             dx_of = ["dx"]
         # route each input's gradient: the first write fills g_src, later ones add (saturating)
         for k, src in enumerate(l.inputs):
             n_in = mb * elems[src]
+            c_in = f"MB * {elems[src]}"
+            c_in = f"MB * {elems[src]}"
             if src in model_inputs:  # gradients stop at the model input
                 continue
             if dx_of[k] is None:     # add: the gradient passes unchanged
                 if src in have:
-                    body.append(f"bapipe::accumulate<{n_in}>({grad(src)}, {grad(l.name)});")
+                    body.append(f"bapipe::accumulate<{c_in}>({grad(src)}, {grad(l.name)});")
                 else:
-                    body.append(f"bapipe::push<{n_in}>({grad(l.name)}, t{k});")
-                    body.append(f"bapipe::pull<{n_in}>(t{k}, {grad(src)});")
+                    body.append(f"bapipe::push<{c_in}>({grad(l.name)}, t{k});")
+                    body.append(f"bapipe::pull<{c_in}>(t{k}, {grad(src)});")
                     streams.append((f"t{k}", n_in))
             elif src in have:
-                tmp = buf(f"d_tmp{mb * elems[src]}", n_in)
-                body.append(f"bapipe::pull<{n_in}>({dx_of[k]}, {tmp});")
-                body.append(f"bapipe::accumulate<{n_in}>({grad(src)}, {tmp});")
+                tmp = buf(f"d_tmp{elems[src]}", elems[src])
+                body.append(f"bapipe::pull<{c_in}>({dx_of[k]}, {tmp});")
+                body.append(f"bapipe::accumulate<{c_in}>({grad(src)}, {tmp});")
             else:
-                body.append(f"bapipe::pull<{n_in}>({dx_of[k]}, {grad(src)});")
+                body.append(f"bapipe::pull<{c_in}>({dx_of[k]}, {grad(src)});")
             have.add(src)
         block(f"backward: {l.name} ({l.type})", streams, body)
     # 5. input gradients out
     for p in dx_ports:
         if p.tensor in have:
-            stmts.append(f"bapipe::push<{mb * p.elements}>({grad(p.tensor)}, {p.name});")
+            stmts.append(f"bapipe::push<MB * {p.elements}>({grad(p.tensor)}, {p.name});")
         else:  # nothing in the stage reads it (cannot happen for a valid cut); keep the port's beat count
-            z = buf(f"z_{ident(p.tensor)}", mb * p.elements)
-            stmts.append(f"bapipe::zero<{mb * p.elements}>({z});")
-            stmts.append(f"bapipe::push<{mb * p.elements}>({z}, {p.name});")
+            z = buf(f"z_{ident(p.tensor)}", p.elements)
+            stmts.append(f"bapipe::zero<MB * {p.elements}>({z});")
+            stmts.append(f"bapipe::push<MB * {p.elements}>({z}, {p.name});")
     pos = {l.name: i for i, l in enumerate(layers)}
     grads.sort(key=lambda a: (pos[a.layer], a.key != "dw"))   # layer order: dw, db
     return BwdCtx(name=f"{sc.name}_bwd", mb=mb, in_ports=x_ports + dy_ports, out_ports=dx_ports,
-                  grad_arrays=grads, buffers=sorted(buffers.values(), key=lambda b: b.name), statements=stmts)
+                  grad_arrays=grads, buffers=sorted(buffers.values(), key=lambda b: b.name), statements=stmts,
+                  weights=[] if sc.embed_weights else list(sc.weights))

@@ -70,13 +70,18 @@ def _ap_types() -> Path:
     return d
 
 
-def compile_sources(sources: list[Path], include_dirs: list[Path], cache: Path, name: str) -> Compiled:
-    """g++ the sources into one binary, reusing a cached binary with the same content hash."""
+def compile_sources(sources: list[Path], include_dirs: list[Path], cache: Path, name: str,
+                    extra_flags: tuple[str, ...] = ()) -> Compiled:
+    """g++ the sources into one binary, reusing a cached binary with the same content hash.
+
+    ``extra_flags`` (e.g. ``-DMB=1``, ``-DBAPIPE_AP_MAC``) are part of the hash.
+    """
     cxx, version = _compiler()
     ap = _ap_types()
+    flags = [*CXXFLAGS, *extra_flags]
     h = hashlib.sha256()
     h.update(version.encode())
-    h.update(" ".join(CXXFLAGS).encode())
+    h.update(" ".join(flags).encode())
     for src in sources:
         h.update(src.name.encode())
         h.update(src.read_bytes())
@@ -90,7 +95,7 @@ def compile_sources(sources: list[Path], include_dirs: list[Path], cache: Path, 
         return Compiled(out, 0.0, True)
     cache.mkdir(parents=True, exist_ok=True)
     tmp = cache / f".{name}-{key}.{os.getpid()}.tmp"
-    cmd = [cxx, *CXXFLAGS, "-isystem", str(ap), *[f"-I{d}" for d in include_dirs], *map(str, sources),
+    cmd = [cxx, *flags, "-isystem", str(ap), *[f"-I{d}" for d in include_dirs], *map(str, sources),
            "-o", str(tmp)]
     t0 = time.perf_counter()
     r = subprocess.run(cmd, capture_output=True, text=True)
@@ -156,23 +161,26 @@ def _check_streams(name: str, stdout: str) -> None:
         raise RuntimeError(f"{name}: stream protocol error: {bad[0]}" + (f" (+{len(bad) - 1} more)" if len(bad) > 1 else ""))
 
 
-def run_binary(binary: Path, inputs: list[np.ndarray], n: int,
-               out_elems: list[int]) -> tuple[list[np.ndarray], np.ndarray, float]:
+def run_binary(binary: Path, inputs: list[np.ndarray], n: int, out_elems: list[int],
+               weights: Path | None = None) -> tuple[list[np.ndarray], np.ndarray, float]:
     """Run a stage testbench: inputs (N, elements) per port in stream order.
 
-    Returns (outputs (N, elements) per port, the values printed after them, run seconds).
+    The files are little-endian int32 (count, then values; see tb_<stage>_io.h). ``weights``:
+    the stage's weights.bin, for kernels whose weights are m_axi arguments.
+    Returns (outputs (N, elements) per port, the values written after them, run seconds).
     """
     with tempfile.TemporaryDirectory() as td:
-        fin, fout = Path(td) / "in.txt", Path(td) / "out.txt"
-        parts = [str(n)] + ["\n".join(map(str, a.reshape(-1).tolist())) for a in inputs]
-        fin.write_text("\n".join(parts) + "\n")
+        fin, fout = Path(td) / "in.bin", Path(td) / "out.bin"
+        parts = [np.array([n], dtype="<i4")] + [np.asarray(a).reshape(-1).astype("<i4") for a in inputs]
+        fin.write_bytes(b"".join(p.tobytes() for p in parts))
+        cmd = [str(binary), str(fin), str(fout)] + ([str(weights)] if weights is not None else [])
         t0 = time.perf_counter()
-        r = subprocess.run([str(binary), str(fin), str(fout)], capture_output=True, text=True)
+        r = subprocess.run(cmd, capture_output=True, text=True)
         dt = time.perf_counter() - t0
         if r.returncode != 0:
             raise RuntimeError(f"{binary.name} exited {r.returncode}: {r.stderr[-2000:]}")
         _check_streams(binary.name, r.stdout)
-        vals = np.array(fout.read_text().split(), dtype=np.int64)
+        vals = np.fromfile(fout, dtype="<i4").astype(np.int64)
     outs, pos = [], 0
     for e in out_elems:
         outs.append(vals[pos:pos + n * e].reshape(n, e))
@@ -180,11 +188,44 @@ def run_binary(binary: Path, inputs: list[np.ndarray], n: int,
     return outs, vals[pos:], dt   # the tail: whatever follows the ports (backward: weight gradients)
 
 
+#: Budgets of `bapipe csim` (docs/codegen.md, "C-simulation budgets"); MACs per kernel run.
+#: Kernels up to AP_MAC_LIMIT simulate the acc_t arithmetic itself (-DBAPIPE_AP_MAC, ~8 ns per
+#: MAC); bigger ones keep the same exact sum in a 64-bit integer (bapipe_layers.h, mac_t).
+AP_MAC_LIMIT = 50_000_000
+#: A stage above this many forward MACs per sample is "big": the whole pipeline runs on 1 sample
+#: and its backward kernel is rebuilt with -DMB=1 (one sample of the micro-batch).
+BIG_STAGE_MACS = 200_000_000
+#: A kernel run above this many MACs is not run at all: reported as "skipped" with the reason
+#: (~2-3 minutes at the measured ~1 ns per MAC of the int64 path).
+RUN_LIMIT_MACS = 150_000_000_000
+#: -O1 for big kernels: the same code, and g++ is the cost driver there, not the run.
+BIG_OPT = "-O1"
+
+
+def stage_macs(layers) -> tuple[int, int]:
+    """(forward, backward-kernel) MACs per sample of a stage's layers; the backward kernel
+    recomputes the forward, then runs input and weight gradients."""
+    fwd = sum(l.fwd_macs for l in layers)
+    return fwd, fwd + sum(l.bwd_in_macs + l.bwd_w_macs for l in layers)
+
+
+def build_flags(macs: int) -> tuple[str, ...]:
+    """Compiler flags of a kernel run of ``macs`` MACs (see AP_MAC_LIMIT, BIG_OPT)."""
+    return ("-DBAPIPE_AP_MAC",) if macs <= AP_MAC_LIMIT else (BIG_OPT,)
+
+
+def _skip_row(name: str, reason: str) -> dict:
+    return {"name": name, "passed": None, "max_abs_err_lsb": None, "compile_s": 0.0, "run_s": 0.0,
+            "cached": False, "skipped": reason}
+
+
 def csim_project(build: str | Path, samples: int = 4, seed: int = 0, tolerance_lsb: int = 0) -> dict:
     """Compile and run every stage, chaining stage outputs into the next stage's inputs.
 
     Each stage is compared with numpy on the very inputs it got; the last stage's outputs
     are also compared with numpy run over the whole model from the first stage's inputs.
+    Big plans run on one sample (BIG_STAGE_MACS); a kernel beyond RUN_LIMIT_MACS is reported
+    as skipped (``"passed": null``, ``"skipped": reason``) and the project then does not pass.
     """
     from bapipe.plan import load_plan
     from bapipe.spec import load_model
@@ -200,24 +241,34 @@ def csim_project(build: str | Path, samples: int = 4, seed: int = 0, tolerance_l
     rng = np.random.default_rng(seed)
     cache = cache_dir(build)
     common = build / "common"
+    stage_layers = {st["kernel"]: [model.layers[model.index[l["name"]]] for l in st["layers"]] for st in cfg["stages"]}
+    big = max((stage_macs(ls)[0] for ls in stage_layers.values()), default=0) > BIG_STAGE_MACS
+    if big:
+        samples = 1   # VGG-sized stages: one sample through the whole pipeline
 
     tensors: dict[str, np.ndarray] = {}       # model-layout batches produced by the C stages
     model_inputs: dict[str, np.ndarray] = {}  # what the first stage (or any) was fed from outside
     all_params: dict[str, dict] = {}
     results = []
+    chain_ok = True
     for st in cfg["stages"]:
         name = st["kernel"]
         sdir = build / name
+        layers = stage_layers[name]
+        fwd_macs, bwd_macs = stage_macs(layers)
         row = {"name": name, "passed": False, "max_abs_err_lsb": None, "compile_s": 0.0, "run_s": 0.0,
-               "cached": False}
-        if not st["embedded_weights"]:
-            row["error"] = "weights too large to embed: csim skipped"
-            results.append(row)
-            continue
-        comp = compile_sources([sdir / f"{name}.cpp", sdir / f"tb_{name}.cpp"], [sdir, common], cache, name)
-        row["compile_s"], row["cached"] = round(comp.compile_s, 3), comp.cached
+               "cached": False, "samples": samples, "macs": fwd_macs * samples}
         params = load_weights(build, st, fmt)
         all_params.update(params)
+        if fwd_macs * samples > RUN_LIMIT_MACS:
+            results.append(_skip_row(name, f"{fwd_macs * samples} MACs exceed the csim budget of "
+                                     f"{RUN_LIMIT_MACS} per kernel run"))
+            chain_ok = False
+            break   # later stages would have no inputs
+        flags = build_flags(fwd_macs * samples)
+        row["mac"] = "acc_t" if "-DBAPIPE_AP_MAC" in flags else "int64"
+        comp = compile_sources([sdir / f"{name}.cpp", sdir / f"tb_{name}.cpp"], [sdir, common], cache, name, flags)
+        row["compile_s"], row["cached"] = round(comp.compile_s, 3), comp.cached
         ins = []
         for p in st["inputs"]:
             t = p["tensor"]
@@ -225,50 +276,71 @@ def csim_project(build: str | Path, samples: int = 4, seed: int = 0, tolerance_l
                 tensors[t] = random_input(rng, samples, tuple(p["shape"]), fmt)
                 model_inputs[t] = tensors[t]
             ins.append(tensors[t])
+        wfile = None if st["embedded_weights"] else build / st["weights_file"]
         try:
             outs, _, row["run_s"] = run_binary(comp.path, [to_stream(x) for x in ins], samples,
-                                               [p["elements"] for p in st["outputs"]])
+                                               [p["elements"] for p in st["outputs"]], wfile)
         except RuntimeError as e:
             row["error"] = str(e).splitlines()[0]
             results.append(row)
+            chain_ok = False
             break   # later stages would have no inputs
         row["run_s"] = round(row["run_s"], 3)
-        layers = [model.layers[model.index[l["name"]]] for l in st["layers"]]
+        t0 = time.perf_counter()
         ref = fx.model_fwd(layers, {p["tensor"]: x for p, x in zip(st["inputs"], ins)}, params, fmt)
+        row["numpy_s"] = round(time.perf_counter() - t0, 3)
         err = 0
         for p, o in zip(st["outputs"], outs):
             got = from_stream(o, tuple(p["shape"]))
             err = max(err, int(np.max(np.abs(got - ref[p["tensor"]]))) if got.size else 0)
             tensors[p["tensor"]] = got
+        del ref
         row["max_abs_err_lsb"] = err
         row["passed"] = err <= tolerance_lsb
         results.append(row)
         if st.get("backward"):
-            results.append(csim_backward(build, st, model, params, fmt, rng, cache, tolerance_lsb))
+            mb = st["backward"]["microbatch"]
+            if big and mb > 1:
+                mb = 1
+            if mb * bwd_macs > RUN_LIMIT_MACS:
+                results.append(_skip_row(st["backward"]["kernel"], f"{mb * bwd_macs} MACs exceed the csim budget "
+                                         f"of {RUN_LIMIT_MACS} per kernel run"))
+                continue
+            results.append(csim_backward(build, st, model, params, fmt, rng, cache, tolerance_lsb, mb=mb,
+                                         macs=mb * bwd_macs))
 
     model_err = None
     fwd_rows = [r for r in results if not r["name"].endswith("_bwd")]
-    if fwd_rows and all(r.get("max_abs_err_lsb") is not None for r in fwd_rows) and len(fwd_rows) == len(cfg["stages"]):
+    if chain_ok and fwd_rows and all(r.get("max_abs_err_lsb") is not None for r in fwd_rows) \
+            and len(fwd_rows) == len(cfg["stages"]):
         first = cfg["stages"][0]["layers"][0]["name"]
         last = cfg["stages"][-1]
         lo = model.index[first]
         hi = model.index[last["layers"][-1]["name"]]
         full = fx.model_fwd(model.layers[lo:hi + 1], dict(model_inputs), all_params, fmt)
         model_err = max(int(np.max(np.abs(tensors[p["tensor"]] - full[p["tensor"]]))) for p in last["outputs"])
-    passed = bool(results) and all(r["passed"] for r in results) and (model_err is None or model_err <= tolerance_lsb)
+    skipped = [r["name"] for r in results if r.get("skipped")]
+    passed = (bool(results) and not skipped and chain_ok and all(r["passed"] for r in results)
+              and (model_err is None or model_err <= tolerance_lsb))
     return {"stages": results, "passed": passed, "samples": samples, "model_max_abs_err_lsb": model_err,
-            "format": fmt.name, "cache": str(cache)}
+            "format": fmt.name, "cache": str(cache), "skipped": skipped}
 
 
 def csim_backward(build: Path, st: dict, model, params: dict, fmt: fx.Fmt, rng: np.random.Generator,
-                  cache: Path, tolerance_lsb: int = 0) -> dict:
+                  cache: Path, tolerance_lsb: int = 0, mb: int | None = None, macs: int = 0) -> dict:
     """Compile and run a stage's backward kernel on one random micro-batch; compare input and
-    weight gradients with fpga_models.fixedpoint.stage_bwd."""
+    weight gradients with fpga_models.fixedpoint.stage_bwd.
+
+    ``mb`` below the plan's micro-batch rebuilds the kernel with ``-DMB=mb`` (big stages).
+    """
     b = st["backward"]
     name = b["kernel"]
     sdir = build / st["kernel"]
-    comp = compile_sources([sdir / f"{name}.cpp", sdir / f"tb_{name}.cpp"], [sdir, build / "common"], cache, name)
-    mb = b["microbatch"]
+    plan_mb = b["microbatch"]
+    mb = plan_mb if mb is None else mb
+    flags = build_flags(macs) + ((f"-DMB={mb}",) if mb != plan_mb else ())
+    comp = compile_sources([sdir / f"{name}.cpp", sdir / f"tb_{name}.cpp"], [sdir, build / "common"], cache, name,
+                           flags)
     x_ports = [p for p in b["inputs"] if p["port"].startswith("x_")]
     dy_ports = [p for p in b["inputs"] if p["port"].startswith("dy_")]
     xs = {p["tensor"]: random_input(rng, mb, tuple(p["shape"]), fmt) for p in x_ports}
@@ -276,14 +348,21 @@ def csim_backward(build: Path, st: dict, model, params: dict, fmt: fx.Fmt, rng: 
     feed = [to_stream(xs[p["tensor"]]) for p in x_ports] + [to_stream(dys[p["tensor"]]) for p in dy_ports]
     counts = [p["elements"] for p in b["outputs"]]
     row = {"name": name, "passed": False, "max_abs_err_lsb": None, "compile_s": round(comp.compile_s, 3),
-           "run_s": 0.0, "cached": comp.cached}
+           "run_s": 0.0, "cached": comp.cached, "samples": mb, "macs": macs,
+           "mac": "acc_t" if "-DBAPIPE_AP_MAC" in flags else "int64"}
+    if mb != plan_mb:
+        row["note"] = f"micro-batch {mb} of the plan's {plan_mb} (-DMB={mb}): the csim run-time budget"
+    wfile = None if st["embedded_weights"] else build / st["weights_file"]
     try:
-        outs, tail, run_s = run_binary(comp.path, feed, mb, counts)
+        outs, tail, run_s = run_binary(comp.path, feed, mb, counts, wfile)
     except RuntimeError as e:
         row["error"] = str(e).splitlines()[0]
         return row
+    row["run_s"] = round(run_s, 3)
     layers = [model.layers[model.index[l["name"]]] for l in st["layers"]]
+    t0 = time.perf_counter()
     g, wg = fx.stage_bwd(layers, xs, dys, params, fmt)
+    row["numpy_s"] = round(time.perf_counter() - t0, 3)
     err = 0
     for p, o in zip(b["outputs"], outs):
         err = max(err, int(np.max(np.abs(from_stream(o, tuple(p["shape"])) - g[p["tensor"]]))))
@@ -295,8 +374,9 @@ def csim_backward(build: Path, st: dict, model, params: dict, fmt: fx.Fmt, rng: 
         got = tail[pos:pos + a["elements"]]
         pos += a["elements"]
         err = max(err, int(np.max(np.abs(got - ref.reshape(-1)))) if got.size == ref.size else 1 << 30)
-    return {"name": name, "passed": err <= tolerance_lsb, "max_abs_err_lsb": err, "compile_s": round(comp.compile_s, 3),
-            "run_s": round(run_s, 3), "cached": comp.cached}
+    row["max_abs_err_lsb"] = err
+    row["passed"] = err <= tolerance_lsb
+    return row
 
 
 def clean_cache(build: Path) -> None:
@@ -330,8 +410,11 @@ class HarnessCase:
 
 
 def run_harness(cases: list[HarnessCase], fmt: str, workdir: Path, cache: Path | None = None,
-                name: str = "harness") -> tuple[list[list[np.ndarray]], Compiled, float]:
+                name: str = "harness", ap_mac: bool = True) -> tuple[list[list[np.ndarray]], Compiled, float]:
     """Render all cases into one translation unit, compile once (cached), run once.
+
+    ``ap_mac``: simulate the acc_t arithmetic synthesis uses (-DBAPIPE_AP_MAC); False tests the
+    64-bit integer MAC path big stages run with.
 
     Returns per case the outputs (streams then arrays, flat raw ints), the compile record
     and the run time.
@@ -352,7 +435,8 @@ def run_harness(cases: list[HarnessCase], fmt: str, workdir: Path, cache: Path |
     }
     for p, text in files.items():
         p.write_text(text)
-    comp = compile_sources([workdir / f"{name}.cpp"], [common], cache or (workdir / ".cache"), name)
+    comp = compile_sources([workdir / f"{name}.cpp"], [common], cache or (workdir / ".cache"), name,
+                           ("-DBAPIPE_AP_MAC",) if ap_mac else ())
     feed = []
     for c in cases:
         for io in c.in_arrays + c.in_streams:

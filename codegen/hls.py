@@ -6,8 +6,9 @@ Layout of the output folder::
     host_config.json      stages, ports, shapes, formats and weight offsets for the host driver
     Makefile              csim / hls / xclbin
     common/               bapipe_types.h, bapipe_layers.h, mm2s.cpp, s2mm.cpp
-    stage<i>/             stage<i>.{h,cpp}, stage<i>_weights.h, tb_stage<i>.cpp, run_hls.tcl,
-                          hls_config.cfg, weights.bin (raw little-endian ints, model layout)
+    stage<i>/             stage<i>.{h,cpp}, stage<i>_weights.h, tb_stage<i>.cpp, tb_stage<i>_io.h,
+                          run_hls.tcl, hls_config.cfg, weights.bin (raw little-endian ints, model
+                          layout), csim_in.bin (testbench stimulus: little-endian int32)
     link/<board>.cfg      v++ link config per board
 """
 from __future__ import annotations
@@ -18,7 +19,7 @@ from pathlib import Path
 import jinja2
 import numpy as np
 
-from .context import PLATFORMS, ProjectCtx, StageCtx, _board_type_key
+from .context import EMBED_LIMIT, PLATFORMS, ProjectCtx, StageCtx, _board_type_key
 
 TEMPLATES = Path(__file__).resolve().parent.parent / "hls_templates" / "hls"
 
@@ -63,14 +64,17 @@ def weights_bin(s: StageCtx, width: int) -> bytes:
     return b"".join(p.tobytes() for p in parts)
 
 
+def tb_file(count: int, arrays: list[np.ndarray]) -> bytes:
+    """A testbench input file: int32 count, then every array's raw values (little-endian int32)."""
+    parts = [np.array([count], dtype="<i4")] + [np.asarray(a).reshape(-1).astype("<i4") for a in arrays]
+    return b"".join(p.tobytes() for p in parts)
+
+
 def csim_input(ctx: ProjectCtx, s: StageCtx, samples: int = 1) -> bytes:
     """A deterministic stimulus for the Vitis csim/cosim runs in run_hls.tcl (raw ints, tb format)."""
     rng = np.random.default_rng([ctx.seed, s.index])
     lim = 2 << ctx.fmt.frac  # values in [-2, 2)
-    parts = [str(samples)]
-    for p in s.inputs:
-        parts.append("\n".join(map(str, rng.integers(-lim, lim, size=samples * p.elements).tolist())))
-    return ("\n".join(parts) + "\n").encode()
+    return tb_file(samples, [rng.integers(-lim, lim, size=samples * p.elements) for p in s.inputs])
 
 
 def csim_bwd_input(ctx: ProjectCtx, s: StageCtx) -> bytes:
@@ -78,10 +82,7 @@ def csim_bwd_input(ctx: ProjectCtx, s: StageCtx) -> bytes:
     b = s.bwd
     rng = np.random.default_rng([ctx.seed, s.index, 1])
     lim = 1 << ctx.fmt.frac  # values in [-1, 1)
-    parts = [str(b.mb)]
-    for p in b.in_ports:
-        parts.append("\n".join(map(str, rng.integers(-lim, lim, size=b.mb * p.elements).tolist())))
-    return ("\n".join(parts) + "\n").encode()
+    return tb_file(b.mb, [rng.integers(-lim, lim, size=b.mb * p.elements) for p in b.in_ports])
 
 
 def host_config(ctx: ProjectCtx) -> dict:
@@ -146,25 +147,30 @@ def render_files(ctx: ProjectCtx, plan_text: str, cluster=None) -> dict[str, byt
         put(f"{d}/{d}.h", "stage.h.j2", header=c_hdr, s=s)
         put(f"{d}/{d}_layers.h", "stage_layers.h.j2", header=c_hdr, s=s)
         put(f"{d}/{d}.cpp", "stage.cpp.j2", header=c_hdr, s=s)
-        put(f"{d}/{d}_weights.h", "weights.h.j2", header=c_hdr, s=s)
+        put(f"{d}/{d}_weights.h", "weights.h.j2", header=c_hdr, s=s, embed_limit=EMBED_LIMIT)
+        put(f"{d}/tb_{d}_io.h", "tb_io.h.j2", header=c_hdr, s=s)
         put(f"{d}/tb_{d}.cpp", "tb.cpp.j2", header=c_hdr, s=s)
+        # external weights: the testbench reads weights.bin from the csim run folder
+        wb = [] if s.embed_weights else ["weights.bin"]
+        stim, stim_files = " ".join(["csim_in.bin", "csim_out.bin"] + wb), ["csim_in.bin"] + wb
         put(f"{d}/run_hls.tcl", "run_hls.tcl.j2", header=h_hdr, top=d, kernel_file=f"{d}.cpp",
-            tb_file=f"tb_{d}.cpp", part=part, clock_ns=clk, tcl_name="run_hls.tcl", stim="csim_in.txt csim_out.txt", stim_file="csim_in.txt")
+            tb_file=f"tb_{d}.cpp", part=part, clock_ns=clk, tcl_name="run_hls.tcl", stim=stim, stim_files=stim_files)
         put(f"{d}/hls_config.cfg", "hls_config.cfg.j2", header=h_hdr, top=d, kernel_file=f"{d}.cpp",
-            tb_file=f"tb_{d}.cpp", part=part, clock_ns=clk, cfg_name="hls_config.cfg", stim="csim_in.txt csim_out.txt", stim_file="csim_in.txt")
+            tb_file=f"tb_{d}.cpp", part=part, clock_ns=clk, cfg_name="hls_config.cfg", stim=stim, stim_files=stim_files)
         if s.bwd is not None:
             b = s.bwd
             put(f"{d}/{b.name}.cpp", "stage_bwd.cpp.j2", header=c_hdr, s=s, b=b)
             put(f"{d}/tb_{b.name}.cpp", "tb_bwd.cpp.j2", header=c_hdr, s=s, b=b)
+            stim, stim_files = " ".join(["csim_bwd_in.bin", "csim_bwd_out.bin"] + wb), ["csim_bwd_in.bin"] + wb
             put(f"{d}/run_hls_bwd.tcl", "run_hls.tcl.j2", header=h_hdr, top=b.name, kernel_file=f"{b.name}.cpp",
                 tb_file=f"tb_{b.name}.cpp", part=part, clock_ns=clk, tcl_name="run_hls_bwd.tcl",
-                stim="csim_bwd_in.txt csim_bwd_out.txt", stim_file="csim_bwd_in.txt")
+                stim=stim, stim_files=stim_files)
             put(f"{d}/hls_config_bwd.cfg", "hls_config.cfg.j2", header=h_hdr, top=b.name,
                 kernel_file=f"{b.name}.cpp", tb_file=f"tb_{b.name}.cpp", part=part, clock_ns=clk,
-                cfg_name="hls_config_bwd.cfg", stim="csim_bwd_in.txt csim_bwd_out.txt", stim_file="csim_bwd_in.txt")
-            files[f"{d}/csim_bwd_in.txt"] = csim_bwd_input(ctx, s)
+                cfg_name="hls_config_bwd.cfg", stim=stim, stim_files=stim_files)
+            files[f"{d}/csim_bwd_in.bin"] = csim_bwd_input(ctx, s)
         files[f"{d}/weights.bin"] = weights_bin(s, ctx.fmt.width)
-        files[f"{d}/csim_in.txt"] = csim_input(ctx, s)
+        files[f"{d}/csim_in.bin"] = csim_input(ctx, s)
     for b in ctx.boards:
         if b.platform is None:
             continue  # no Vitis platform for this board type (e.g. VCU118): RTL flow only

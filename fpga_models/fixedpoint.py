@@ -114,10 +114,28 @@ def _bias_acc(b_q, fmt: Fmt) -> np.ndarray:
 
 # ---------------------------------------------------------------- dense
 
+def imatmul(a, b) -> np.ndarray:
+    """Exact integer ``a @ b`` as int64.
+
+    numpy's int64 matmul has no BLAS (~1 GMAC/s); float64 BLAS is exact whenever every partial
+    sum is an integer below 2^53, which max|a| * max|b| * K < 2^53 guarantees (raw 16-bit
+    values: K up to 2^23). Otherwise the int64 product is used.
+    """
+    a = np.asarray(a)
+    b = np.asarray(b)
+    k = a.shape[-1]
+    if a.size == 0 or b.size == 0:
+        return np.asarray(a, dtype=np.int64) @ np.asarray(b, dtype=np.int64)
+    bound = float(np.max(np.abs(a))) * float(np.max(np.abs(b))) * k
+    if bound < 2.0 ** 53:
+        return np.rint(np.asarray(a, dtype=np.float64) @ np.asarray(b, dtype=np.float64)).astype(np.int64)
+    return np.asarray(a, dtype=np.int64) @ np.asarray(b, dtype=np.int64)
+
+
 def dense_fwd(x_q, w_q, b_q, fmt: str | Fmt) -> np.ndarray:
     """y = requant(W x + b<<F). x: (..., MW), w: (MH, MW), b: (MH,) or None -> (..., MH)."""
     f = get_fmt(fmt)
-    acc = np.asarray(x_q, dtype=np.int64) @ np.asarray(w_q, dtype=np.int64).T
+    acc = imatmul(x_q, np.asarray(w_q).T)
     if b_q is not None:
         acc = acc + _bias_acc(b_q, f)
     return requant(acc, f)
@@ -125,14 +143,14 @@ def dense_fwd(x_q, w_q, b_q, fmt: str | Fmt) -> np.ndarray:
 
 def dense_bwd_input(dy_q, w_q, fmt: str | Fmt) -> np.ndarray:
     """dx = requant(W^T dy). dy: (..., MH), w: (MH, MW) -> (..., MW)."""
-    return requant(np.asarray(dy_q, dtype=np.int64) @ np.asarray(w_q, dtype=np.int64), fmt)
+    return requant(imatmul(dy_q, w_q), fmt)
 
 
 def dense_bwd_weight(dy_q, x_q, fmt: str | Fmt) -> tuple[np.ndarray, np.ndarray]:
     """(dW, db) summed over the batch: dW = requant(sum_n dy_n x_n^T), db = sat(sum_n dy_n)."""
     dy = np.asarray(dy_q, dtype=np.int64).reshape(-1, np.shape(dy_q)[-1])
     x = np.asarray(x_q, dtype=np.int64).reshape(-1, np.shape(x_q)[-1])
-    return requant(dy.T @ x, fmt), saturate(dy.sum(axis=0), fmt)
+    return requant(imatmul(dy.T, x), fmt), saturate(dy.sum(axis=0), fmt)
 
 
 # ---------------------------------------------------------------- conv2d (sliding window + MVU)
@@ -188,7 +206,7 @@ def conv2d_bwd_input(dy_q, w_q, in_hw: tuple[int, int], fmt: str | Fmt, stride=1
     n, _, ho, wo = dy.shape
     h, wd = in_hw
     (sh, sw), (ph, pw) = _pair(stride), _pair(padding)
-    dcol = dy.reshape(n, o, ho * wo).transpose(0, 2, 1) @ conv_weight_matrix(w)   # (N, P, kh*kw*C) exact
+    dcol = imatmul(dy.reshape(n, o, ho * wo).transpose(0, 2, 1), conv_weight_matrix(w))   # (N, P, kh*kw*C) exact
     dcol = dcol.reshape(n, ho, wo, kh, kw, c)
     acc = np.zeros((n, c, h + 2 * ph, wd + 2 * pw), dtype=np.int64)
     for ky in range(kh):
@@ -206,7 +224,7 @@ def conv2d_bwd_weight(dy_q, x_q, kernel, fmt: str | Fmt, stride=1, padding=0) ->
     kh, kw = _pair(kernel)
     cols = im2col(x_q, kernel, stride, padding).reshape(n * ho * wo, -1)   # (NP, kh*kw*C)
     d = dy.transpose(0, 2, 3, 1).reshape(n * ho * wo, o)
-    dwm = requant(d.T @ cols, fmt)                                         # (O, kh*kw*C)
+    dwm = requant(imatmul(d.T, cols), fmt)                                 # (O, kh*kw*C)
     return dwm.reshape(o, kh, kw, c).transpose(0, 3, 1, 2), saturate(d.sum(axis=0), fmt)
 
 

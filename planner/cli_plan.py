@@ -89,7 +89,10 @@ def cmd_plan(args):
     if getattr(args, "pareto", False):
         from .pareto import pareto_plans
         out.pareto = pareto_plans(model, cluster, replace(req, global_batch=out.plan.global_batch))
-    out.plan.save(args.output)
+    try:
+        out.plan.save(args.output)
+    except OSError as e:
+        raise SpecError(str(args.output), None, "-o", f"cannot write the plan: {e.strerror or e}") from None
     res = summary(out)
     res["output"] = str(args.output)
     return res

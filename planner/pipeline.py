@@ -14,6 +14,7 @@ against). It executes, per device, the op order of ``bapipe.schedules.device_ops
 """
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -52,65 +53,134 @@ def closed_form_bubble(p: int, m: int, v: int = 1) -> float:
 
 def replay(schedule: str, p: int, m: int, fwd: list[float], bwd: list[float], send_occ: list[float],
            send_lat: list[float], v: int = 1, allreduce: list[float] | None = None,
-           forward_only: bool = False) -> Replay:
+           forward_only: bool = False, routes: list | None = None, rings: list | None = None) -> Replay:
     """Replay one iteration. ``fwd``/``bwd`` per virtual stage s (device s % p, chunk s // p);
     ``send_occ``/``send_lat`` per virtual link s -> s+1 (len p*v - 1), same both directions;
-    ``allreduce`` per device (seconds, after its last backward).
+    ``allreduce`` per virtual stage: seconds of its gradient ring, which starts after that
+    stage's last backward; a device runs its stages' rings one after another.
+
+    ``routes`` (optional, per virtual link): (forward pieces, backward pieces), a piece being
+    (directed link ids, busy seconds, latency); a transfer reserves every link of every piece
+    first come first served at the time its op ends (cut-through), so transfers of different
+    cuts sharing a physical link queue behind each other. Without routes each device has one
+    private link per direction with ``send_occ``/``send_lat``.
+
+    ``rings`` (optional, per virtual stage): (hops, steps) simulates the all-reduce on the
+    links instead of charging ``allreduce``: after the stage's last backward, replica i sends
+    a 1/r share to replica i+1 over hop i, and each replica forwards the next step as soon as
+    the previous one arrives, for 2(r-1) steps (the ring reserves links like any transfer).
     """
     V = p * v
+    last = V - 1
+    if routes is None:
+        routes = []
+        for s in range(V - 1):
+            up = (((s % p, 1),), send_occ[s], send_lat[s])
+            down = ((((s + 1) % p, -1),), send_occ[s], send_lat[s])
+            routes.append(((up,), (down,)))
     ops = [_ops(schedule, p, d, m, v, forward_only) for d in range(p)]
     f_arr = [[None] * m for _ in range(V)]   # [stage][mb]: activations arrived at that stage
     b_arr = [[None] * m for _ in range(V)]   # [stage][mb]: gradient arrived at that stage
-    up_free = [0.0] * p                      # link direction d -> d+1 free at
-    down_free = [0.0] * p                    # link direction d -> d-1 free at
+    link_free: dict = {}
     free = [0.0] * p
     busy = [0.0] * p
     ptr = [0] * p
-    remaining = sum(len(o) for o in ops)
-    todo = list(range(p - 1, -1, -1))   # devices that may be able to run their next op
-    queued = [True] * p
-    last = V - 1
-    while todo:
-        d = todo.pop()
-        queued[d] = False
-        od = ops[d]
-        k = ptr[d]
-        t = free[d]
-        while k < len(od):
-            is_f, mb, s = od[k]
-            if is_f:
-                ready = 0.0 if s == 0 else f_arr[s][mb]
+    idle = [True] * p
+    heap: list = []
+    seq = 0
+
+    def try_start(d: int) -> None:
+        nonlocal seq
+        if not idle[d] or ptr[d] >= len(ops[d]):
+            return
+        is_f, mb, s = ops[d][ptr[d]]
+        if is_f:
+            ready = 0.0 if s == 0 else f_arr[s][mb]
+        else:
+            ready = 0.0 if s == last else b_arr[s][mb]
+        if ready is None:
+            return
+        dur = fwd[s] if is_f else bwd[s]
+        idle[d] = False
+        busy[d] += dur
+        seq += 1
+        heapq.heappush(heap, ((free[d] if free[d] > ready else ready) + dur, seq, 0, d))
+
+    def send(pieces, now: float) -> float:
+        arrive = now
+        for ids, occ, lat in pieces:
+            t0 = now
+            for i in ids:
+                f = link_free.get(i, 0.0)
+                if f > t0:
+                    t0 = f
+            for i in ids:
+                link_free[i] = t0 + occ
+            if t0 + occ + lat > arrive:
+                arrive = t0 + occ + lat
+        return arrive
+
+    last_b = [0.0] * V          # end of each stage's last backward
+    b_left = [m] * V            # backwards still to run per stage
+    ar_left = [0] * V           # replicas whose ring has not finished
+    ar_end = [0.0] * V
+
+    def ring_step(s: int, step: int, y: int, now: float) -> None:
+        nonlocal seq
+        seq += 1
+        heapq.heappush(heap, (send((rings[s][0][y],), now), seq, 1, (s, step, (y + 1) % len(rings[s][0]))))
+
+    for d in range(p):
+        try_start(d)
+    done = 0
+    while heap:
+        end, _, kind, d = heapq.heappop(heap)
+        if kind == 1:   # a ring step arrived at replica y
+            s, step, y = d
+            if step + 1 < rings[s][1]:
+                ring_step(s, step + 1, y, end)
             else:
-                ready = 0.0 if s == last else b_arr[s][mb]
-            if ready is None:
-                break
-            dur = fwd[s] if is_f else bwd[s]
-            end = (t if t > ready else ready) + dur
-            busy[d] += dur
-            t = end
-            wake = -1
-            if is_f:
-                if s < last:
-                    t0 = end if end > up_free[d] else up_free[d]
-                    up_free[d] = t0 + send_occ[s]
-                    f_arr[s + 1][mb] = t0 + send_occ[s] + send_lat[s]
-                    wake = (s + 1) % p
-            elif s > 0:
-                t0 = end if end > down_free[d] else down_free[d]
-                down_free[d] = t0 + send_occ[s - 1]
-                b_arr[s - 1][mb] = t0 + send_occ[s - 1] + send_lat[s - 1]
-                wake = (s - 1) % p
-            k += 1
-            remaining -= 1
-            if wake >= 0 and wake != d and not queued[wake]:
-                queued[wake] = True
-                todo.append(wake)
-        ptr[d] = k
-        free[d] = t
-    if remaining:
+                ar_left[s] -= 1
+                if ar_left[s] == 0:
+                    ar_end[s] = end
+            continue
+        is_f, mb, s = ops[d][ptr[d]]
+        ptr[d] += 1
+        done += 1
+        free[d] = end
+        idle[d] = True
+        wake = -1
+        if is_f and s < last:
+            f_arr[s + 1][mb] = send(routes[s][0], end)
+            wake = (s + 1) % p
+        elif not is_f and s > 0:
+            b_arr[s - 1][mb] = send(routes[s - 1][1], end)
+            wake = (s - 1) % p
+        if not is_f:
+            last_b[s] = end
+            b_left[s] -= 1
+            # the gradient for the previous stage leaves first, then the ring starts
+            if b_left[s] == 0 and rings is not None and rings[s] is not None and not forward_only:
+                hops = rings[s][0]
+                ar_left[s] = len(hops)
+                for i in range(len(hops)):
+                    ring_step(s, 0, i, end)
+        if wake >= 0 and wake != d:
+            try_start(wake)
+        try_start(d)
+    if done != sum(len(o) for o in ops):
         raise RuntimeError(f"schedule {schedule} deadlocked in replay (p={p}, m={m}, v={v})")
-    ar = allreduce or [0.0] * p
-    finish = [free[d] + (0.0 if forward_only else ar[d]) for d in range(p)]
+    finish = list(free)
+    if rings is not None and not forward_only:
+        for s in range(V):
+            finish[s % p] = max(finish[s % p], ar_end[s])
+    elif allreduce and not forward_only:
+        for d in range(p):
+            t = 0.0
+            for s in sorted(range(d, V, p), key=lambda x: (last_b[x], x)):
+                if allreduce[s] > 0:
+                    t = max(t, last_b[s]) + allreduce[s]
+            finish[d] = max(free[d], t)
     return Replay(max(finish), busy, finish)
 
 

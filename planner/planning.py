@@ -1,7 +1,6 @@
 """From a model and a cluster to a Plan: best plan, baselines, lower bound, Pareto set."""
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 from bapipe.errors import SpecError
@@ -99,7 +98,10 @@ def make_plan(model: Model, cluster: Cluster, model_arg: str, cluster_arg: str, 
     if req.partition is None:
         # the baselines lie in the search space: never report a plan slower than one of them
         for alt in alts:
-            if alt is not None and (alt.iteration_s, alt.config) < (best.iteration_s, best.config):
+            if alt is None or (alt.config.r > 1 and not req.replication) or \
+                    (req.schedule != "auto" and alt.config.p > 1 and alt.config.schedule != req.schedule):
+                continue
+            if (alt.iteration_s, alt.config) < (best.iteration_s, best.config):
                 best = alt
     lb = lower_bound_s(model, ex)
     plan = to_plan(model, cluster, model_arg, cluster_arg, ex, best, baselines, lb)
@@ -229,7 +231,10 @@ def to_plan(model: Model, cluster: Cluster, model_arg: str, cluster_arg: str, ex
                  "link_latency_s": [s["send_lat"] for s in best.stages[:-1]],
                  "link_occupancy_s": [s["send_occ"] for s in best.stages[:-1]],
                  "exact_partition": best.exact,
-                 "latency_s": sum(s["fwd_s"] + s["send_s"] for s in best.stages)}
+                 "latency_s": sum(s["fwd_s"] + s["send_s"] for s in best.stages),
+                 # memory_bytes = fixed_bytes + stashes x stash_bytes_per_microbatch, per stage
+                 "stash_bytes_per_microbatch": [s["stash_mb_bytes"] for s in best.stages],
+                 "fixed_bytes": [s["fixed_bytes"] for s in best.stages]}
     return Plan(model=model_arg, model_fingerprint=model.fingerprint(), cluster=cluster_arg,
                 cluster_fingerprint=cluster.fingerprint(), mode=ex.req.mode, schedule=c.schedule, chunks=c.v,
                 microbatches=c.m, microbatch_size=c.beta * c.r, global_batch=ex.G, number_format=ex.req.fmt,

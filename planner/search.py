@@ -27,7 +27,7 @@ from .pipeline import replay, ring_allreduce_s
 from .stagecost import LayerTable, StageModel, cut_bytes, layer_table, stage_model
 
 SLACK = 0.25        # how far J may be from the replayed time (relative)
-MAX_REPLAYS = 2     # configurations replayed per search
+MAX_REPLAYS = 2     # distinct candidates replayed per schedule per search
 MAX_M_CANDIDATES = 12
 
 
@@ -125,6 +125,7 @@ class Explorer:
         self._sm: dict[tuple, StageModel] = {}
         self._links: dict[tuple, tuple[float, float]] = {}
         self._band: dict[tuple, int] = {}
+        self._link_index: dict = {}
         self._solved: dict[tuple, Candidate | None] = {}
         self.n = len(model.layers)
         self.train = req.mode == "train"
@@ -147,19 +148,56 @@ class Explorer:
         types = {cb.board.name for cb in self.group(r, d)}
         return types.pop() if len(types) == 1 else None
 
-    def link(self, r: int, d1: int, d2: int) -> tuple[float, float]:
-        """(effective bandwidth, latency) between groups d1 and d2: replica k talks to replica k;
-        a physical link shared by several replica routes divides its bandwidth among them."""
-        key = (r, d1, d2)
+    def hop(self, a: str, b: str) -> tuple:
+        """(directed link ids, slowest bandwidth, latency) of the route from board a to board b."""
+        key = ("hop", a, b)
         if key not in self._links:
-            uses: dict = {}
-            lat = 0.0
-            for a, b in zip(self.group(r, d1), self.group(r, d2)):
-                route = self.cluster.route(a.name, b.name)
-                lat = max(lat, sum(ln.latency_s for ln in route))
-                for ln in route:
-                    uses[ln] = uses.get(ln, 0) + 1
-            bw = min((ln.bandwidth_Bps / c for ln, c in uses.items()), default=math.inf)
+            if not self._link_index:
+                self._link_index.update({ln: i for i, ln in enumerate(self.cluster.links)})
+            ids, cur = [], a
+            route = self.cluster.route(a, b)
+            for ln in route:
+                fwd = ln.a == cur
+                ids.append((self._link_index[ln], fwd))
+                cur = ln.b if fwd else ln.a
+            bw = min((ln.bandwidth_Bps for ln in route), default=math.inf)
+            self._links[key] = (tuple(ids), bw, sum(ln.latency_s for ln in route))
+        return self._links[key]
+
+    def pieces(self, r: int, d1: int, d2: int) -> tuple:
+        """One transfer between groups d1 -> d2: replica k talks to replica k. Per replica a
+        piece (directed link ids of the route, slowest bandwidth, route latency)."""
+        return tuple(self.hop(a.name, b.name) for a, b in zip(self.group(r, d1), self.group(r, d2)))
+
+    def loads(self, c: Config) -> dict:
+        """How many transfers of one micro-batch use each directed link (all cuts, both ways)."""
+        key = ("loads", c.r, c.p, c.v, self.train)
+        if key not in self._links:
+            cnt: dict = {}
+            V = c.p * c.v
+            for s in range(V - 1):
+                d1, d2 = s % c.p, (s + 1) % c.p
+                pairs = [(d1, d2), (d2, d1)] if self.train else [(d1, d2)]
+                for x, y in pairs:
+                    for ids, _bw, _lat in self.pieces(c.r, x, y):
+                        for i in ids:
+                            cnt[i] = cnt.get(i, 0) + 1
+            self._links[key] = cnt
+        return self._links[key]
+
+    def link(self, c: Config, d1: int, d2: int) -> tuple[float, float]:
+        """(effective bandwidth, latency) from group d1 to d2 under configuration c: a
+        directed link carrying k transfers per micro-batch (replicas, other cuts, the
+        gradients coming back) gives each 1/k of its bandwidth."""
+        key = ("eff", c.r, c.p, c.v, self.train, d1, d2)
+        if key not in self._links:
+            load = self.loads(c)
+            bw, lat = math.inf, 0.0
+            links = self.cluster.links
+            for ids, _b, plat in self.pieces(c.r, d1, d2):
+                lat = max(lat, plat)
+                for i in ids:
+                    bw = min(bw, links[i[0]].bandwidth_Bps / load.get(i, 1))
             self._links[key] = (bw, lat)
         return self._links[key]
 
@@ -264,7 +302,7 @@ class Explorer:
         O = np.zeros((max(V - 1, 0), n))
         ways = 2 if self.train else 1
         for s in range(V - 1):
-            bw, lat = self.link(c.r, s % c.p, (s + 1) % c.p)
+            bw, lat = self.link(c, s % c.p, (s + 1) % c.p)
             occ = np.concatenate([cb / bw, [0.0]])
             O[s] = occ
             C[s] = ways * (occ + lat)
@@ -483,27 +521,46 @@ class Explorer:
                     r["compute_f"], r["compute_b"] = cf, cb_
                     fold, style = dict(alloc.folding), "dataflow"
             if s < V - 1:
-                bw, lat = self.link(c.r, d, (s + 1) % c.p)
+                bw, lat = self.link(c, d, (s + 1) % c.p)
                 occ, sb = float(cb[b]) / bw, int(cb[b])
             else:
                 occ, lat, sb = 0.0, 0.0, 0
             stages.append({"index": s, "device": d, "chunk": s // c.p, "first": a, "last": b, "board_type": btype,
                            "boards": [x.name for x in self.group(c.r, d)], "fwd_s": r["fwd_s"], "bwd_s": r["bwd_s"],
                            "time_s": r["time_s"], "memory_bytes": int(r["memory"]), "weight_bytes": int(r["weight_bytes"]),
-                           "stash_bytes": int(r["stash_bytes"]), "stashes": st, "send_bytes": sb, "send_occ": occ,
+                           "stash_bytes": int(r["stash_bytes"]), "stashes": st,
+                           "stash_mb_bytes": int(r["stash_mb"]), "fixed_bytes": int(r["fixed_bytes"]), "send_bytes": sb, "send_occ": occ,
                            "send_lat": lat, "send_s": occ + lat, "compute_f": r["compute_f"],
                            "compute_b": r["compute_b"], "onchip": sm.onchip, "folding": fold, "style": style})
-        ar = [0.0] * c.p
+        ar = [0.0] * V          # per stage (chunk): its own ring after its last backward
         if self.train and c.r > 1:
-            for d in range(c.p):
-                wb = sum(x["weight_bytes"] for x in stages if x["device"] == d)
-                bw, lat = self.ring(self.group(c.r, d))
-                ar[d] = ring_allreduce_s(wb, c.r, bw, lat)
+            for x in stages:
+                bw, lat = self.ring(self.group(c.r, x["device"]))
+                ar[x["index"]] = ring_allreduce_s(x["weight_bytes"], c.r, bw, lat)
         for x in stages:
-            x["allreduce_s"] = ar[x["device"]] if x["chunk"] == 0 else 0.0
+            x["allreduce_s"] = ar[x["index"]]
+        # the replay shares physical links between transfers: per cut, the forward and
+        # backward pieces (directed link ids, busy seconds, route latency)
+        routes = []
+        for x in stages[:-1]:
+            d1, d2 = x["device"], (x["index"] + 1) % c.p
+            routes.append(tuple(tuple((ids, x["send_bytes"] / bw, lat) for ids, bw, lat in self.pieces(c.r, a_, b_))
+                                for a_, b_ in ((d1, d2), (d2, d1))))
+        rings = None
+        if self.train and c.r > 1:
+            # ring all-reduce per stage over its replicas, hop i: replica i -> i+1, 1/r of the bytes
+            rings = []
+            for x in stages:
+                g = self.group(c.r, x["device"])
+                hops = []
+                for i in range(c.r):
+                    ids, bw, lat = self.hop(g[i].name, g[(i + 1) % c.r].name)
+                    hops.append((ids, x["weight_bytes"] / c.r / bw if ids else 0.0, lat))
+                rings.append((tuple(hops), 2 * (c.r - 1)))
         rp = replay(c.schedule, c.p, c.m, [x["fwd_s"] for x in stages],
                     [x["bwd_s"] for x in stages], [x["send_occ"] for x in stages[:-1]],
-                    [x["send_lat"] for x in stages[:-1]], c.v, ar, forward_only=not self.train)
+                    [x["send_lat"] for x in stages[:-1]], c.v, ar, forward_only=not self.train, routes=routes,
+                    rings=rings)
         cand.iteration_s = rp.iteration_s
         cand.bubble = rp.bubble_fraction
         cand.stages = stages

@@ -163,7 +163,8 @@ class StageModel:
             bs = np.zeros_like(fs)
         return {"fwd_s": fs, "bwd_s": bs, "time_s": fs + bs, "memory": mem, "weight_bytes": W,
                 "stash_bytes": stash, "feasible": feasible, "compute_f": F, "compute_b": Bc,
-                "traffic_f": tr_f, "traffic_b": tr_b}
+                "traffic_f": tr_f, "traffic_b": tr_b, "stash_mb": stash_mb,
+                "fixed_bytes": W * self.copies + buf + (A if (not train or self.recompute) else 0 * A)}
 
 
 def stage_model(model: Model, table: LayerTable, beta: int, fmt: str, cap: float, mode: str, optimizer: str,

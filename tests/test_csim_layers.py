@@ -55,3 +55,15 @@ def test_outputs_are_not_trivial(harness_run):
     flat = np.concatenate([g for o in outs for g in o])
     assert np.count_nonzero(flat) > 0.5 * flat.size
     assert (flat == 32767).any() and (flat == -32768).any()   # saturation cases hit both rails
+
+
+def test_int64_mac_path_equals_numpy(tmp_path):
+    """The 64-bit integer MAC path (big stages in csim) is bit-exact too, on every MAC layer."""
+    from codegen.csim import run_harness
+
+    cases = [(c, e) for c, e in all_cases() if c.name.startswith(("dense", "conv2d"))]
+    outs, _, _ = run_harness([c for c, _ in cases], "fixed16", tmp_path, cache=CACHE, name="layers_int64",
+                             ap_mac=False)
+    for (case, expected), got in zip(cases, outs):
+        for e, g in zip(expected, got):
+            assert np.array_equal(e, g), case.name

@@ -155,3 +155,75 @@ def test_cli_infeasible_is_one_line(tmp_path):
     assert r.returncode == 2 and "--schedule" in r.stderr
     r = _cli("plan", "tiny-mlp", "4xU250-ring", "--partition", "0-2,5-6")
     assert r.returncode == 2 and "--partition" in r.stderr
+
+
+def test_measured_profile_hook(tmp_path):
+    prof = tmp_path / "p.yaml"
+    names = [l.name for l in load_model("tiny-mlp").layers]
+    rows = "\n".join(f"  - {{name: {n}, fwd_us: {10 * (i + 1)}, bwd_us: {20 * (i + 1)}, activation_bytes: 64, "
+                     f"param_bytes: 0}}" for i, n in enumerate(names))
+    prof.write_text(f"model: tiny-mlp\nbatch: 1\nlayers:\n{rows}\n")
+    from planner.cli_plan import _measured
+    out = _plan("tiny-mlp", measured=_measured(str(prof), load_model("tiny-mlp")), replication=False)
+    assert all(st.replicas == 1 for st in out.plan.stages)
+    for st in out.plan.stages:
+        beta = out.plan.microbatch_size // st.replicas   # samples per replica per micro-batch
+        want = sum(10e-6 * (i + 1) for i in range(st.first, st.last + 1)) * beta
+        assert st.fwd_s == pytest.approx(want)
+        assert st.bwd_s == pytest.approx(2 * want)
+
+
+def test_pareto_set_is_non_dominated():
+    from planner.pareto import non_dominated, pareto_plans
+    pts = [{"iteration_time_s": 1.0, "peak_memory_bytes": 5, "boards": 4},
+           {"iteration_time_s": 2.0, "peak_memory_bytes": 3, "boards": 4},
+           {"iteration_time_s": 2.5, "peak_memory_bytes": 6, "boards": 4},   # dominated by the first
+           {"iteration_time_s": 3.0, "peak_memory_bytes": 9, "boards": 1}]
+    assert [p["iteration_time_s"] for p in non_dominated(pts)] == [1.0, 2.0, 3.0]
+    front = pareto_plans(load_model("tiny-cnn"), load_cluster("4xU250-ring"), Request(global_batch=32))
+    assert front and {p["boards"] for p in front} <= {1, 2, 4}
+    for a in front:
+        assert not any(b is not a and b["iteration_time_s"] <= a["iteration_time_s"]
+                       and b["peak_memory_bytes"] <= a["peak_memory_bytes"] and b["boards"] <= a["boards"]
+                       for b in front)
+
+
+def test_memory_is_fixed_plus_stashes():
+    """What a simulator checks its peak memory against: fixed + stashes x per-micro-batch bytes."""
+    for model, cluster in (("vgg16", "4xU250-ring"), ("tiny-cnn", "hetero-mix")):
+        out = _plan(model, cluster)
+        pr = out.plan.predicted
+        for st, mb, fixed in zip(out.plan.stages, pr["stash_bytes_per_microbatch"], pr["fixed_bytes"]):
+            assert abs(st.memory_bytes - (fixed + st.stashes * mb)) <= 2
+            assert st.stashes == stashes_at(out.plan.schedule, out.plan.devices, st.device, out.plan.microbatches,
+                                            out.plan.chunks) // out.plan.chunks or out.plan.chunks > 1
+
+
+def test_replay_queues_transfers_sharing_a_link():
+    # 3 stages whose two forward cuts both cross directed link "L": the second transfer of a
+    # micro-batch waits for the first when they overlap
+    up0 = ((("L",), 1.0, 0.0),)
+    up1 = ((("L",), 1.0, 0.0),)
+    down = ((("D",), 0.0, 0.0),)
+    routes = [(up0, down), (up1, down)]
+    shared = replay("gpipe", 3, 1, [1.0, 0.0, 0.0], [0.0, 0.0, 0.0], [1.0, 1.0], [0.0, 0.0], routes=routes,
+                    forward_only=True)
+    assert shared.iteration_s == pytest.approx(3.0)   # F0 1 s, link 1 s, F1 0 s, link 1 s
+    # two micro-batches: the link, busy 2 s per micro-batch, is the bottleneck
+    two = replay("gpipe", 3, 2, [1.0, 0.0, 0.0], [0.0, 0.0, 0.0], [1.0, 1.0], [0.0, 0.0], routes=routes,
+                 forward_only=True)
+    assert two.iteration_s == pytest.approx(5.0)
+
+
+def test_stage_resources_within_the_capped_budget():
+    for model, cluster in (("vgg16", "4xU250-ring"), ("resnet50", "hetero-mix"), ("tiny-cnn", "8xU280-ring")):
+        out = _plan(model, cluster)
+        cl = load_cluster(cluster)
+        for st in out.plan.stages:
+            b = cl.board(st.boards[0]).board
+            cap = out.plan.utilisation_cap
+            assert st.style in ("dataflow", "time-multiplexed")
+            assert st.resources["dsp"] <= b.usable_dsp * cap + 1
+            assert st.resources["lut"] <= b.usable_lut * cap + 1
+            assert st.resources["uram"] <= b.usable_uram * cap + 1
+            assert st.resources["bram36"] <= b.usable_bram36 * cap + 2

@@ -111,9 +111,9 @@ def test_tiny_cnn_structure_and_model():
     pipe = rm.build_pipeline(plan, model, cluster)
     kinds = [[b.kind for b in brd.blocks] for brd in pipe.boards]
     assert kinds[1][:5] == ["link_rx", "width_conv", "swg", "pool", "width_conv"]
-    # conv1: 64 pixels, SWG at gcd(1, 3) = 1 lane -> 576 column beats; MVU 64 x (8/4)(9/3) = 384
+    # conv1 (C = 1, SIMD 3): the SWG puts 3 taps per beat -> 64 pixels x 3 beats; MVU 64 x (8/4)(9/3)
     terms = dict(pipe.breakdown)
-    assert terms["fpga0/s0_conv1_swg"] == 576 and terms["fpga0/s0_conv1_mvu"] == 384
+    assert terms["fpga0/s0_conv1_swg"] == 192 and terms["fpga0/s0_conv1_mvu"] == 384
     assert pipe.interval == max(terms.values())
 
 
