@@ -90,6 +90,7 @@ class Plan:
     predicted: dict[str, Any] = field(default_factory=dict)   # iteration_time_s, throughput_samples_per_s, ...
     baselines: dict[str, Any] = field(default_factory=dict)
     lower_bound_s: float = 0.0
+    opaque: dict[str, list[float]] = field(default_factory=dict)  # ONNX op -> [fwd_s, bwd_s] given at plan time
     version: int = PLAN_VERSION
 
     @property
@@ -164,6 +165,17 @@ def _strs(f: Fields, key: str) -> list[str]:
     return v
 
 
+def _opaque(node: Node) -> dict[str, list[float]]:
+    out = {}
+    for k, v in node.items():
+        ok = isinstance(v, list) and len(v) == 2 and all(
+            isinstance(x, (int, float)) and not isinstance(x, bool) and x >= 0 for x in v)
+        if not ok:
+            raise node.error(k, "expected [fwd_s, bwd_s], two non-negative numbers")
+        out[str(k)] = [float(x) for x in v]
+    return out
+
+
 def parse_plan(node: Any, file: str) -> Plan:
     """Validate a plan document."""
     if not isinstance(node, Node):
@@ -185,6 +197,7 @@ def parse_plan(node: Any, file: str) -> Plan:
                 for i, s in enumerate(stages_node)],
         predicted=dict(f.mapping("predicted", Node())), baselines=dict(f.mapping("baselines", Node())),
         lower_bound_s=f.num("lower_bound_s", 0.0, positive=False, min=0), version=version,
+        opaque=_opaque(f.mapping("opaque", Node())),
     )
     f.done()
     prev_last = -1
@@ -212,7 +225,7 @@ def resolve(plan: Plan, plan_file: str = "plan.yaml"):
     from .spec import load_model
     from fpga_models.cluster import load_cluster  # lazy: the spine does not import below at load time
 
-    model = load_model(plan.model)
+    model = load_model(plan.model, opaque={k: tuple(v) for k, v in plan.opaque.items()} or None)
     if model.fingerprint() != plan.model_fingerprint:
         raise SpecError(plan_file, None, "model_fingerprint",
                         f"the model '{plan.model}' has changed since this plan was made; re-run `bapipe plan`")

@@ -82,10 +82,15 @@ def request_from_args(args, model) -> Request:
 
 def cmd_plan(args):
     """Plan MODEL on CLUSTER, write plan.yaml, return the --json object."""
-    model = load_model(args.model)
+    from bapipe.onnx_import import parse_opaque
+
+    opaque = parse_opaque(args.opaque) if getattr(args, "opaque", None) else None
+    model = load_model(args.model, opaque=opaque)
     cluster = load_cluster(args.cluster)
     req = request_from_args(args, model)
     out = make_plan(model, cluster, args.model, args.cluster, req)
+    if opaque:  # the plan must reload the same model (resolve() checks the fingerprint)
+        out.plan.opaque = {k: list(v) for k, v in sorted(opaque.items())}
     if getattr(args, "pareto", False):
         from .pareto import pareto_plans
         out.pareto = pareto_plans(model, cluster, replace(req, global_batch=out.plan.global_batch))
