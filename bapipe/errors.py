@@ -9,7 +9,7 @@ class SpecError(Exception):
     """
 
     def __init__(self, file: str | None, line: int | None, field: str | None, expected: str):
-        self.file = file or "<input>"
+        self.file = file or "command line"
         self.line = line
         self.field = field or "(document)"
         self.expected = expected

@@ -91,7 +91,7 @@ def make_plan(model: Model, cluster: Cluster, model_arg: str, cluster_arg: str, 
         found = ex.search(configs)
         searched = len(found)
         if not found:
-            raise SpecError(None, None, "memory", f"{model.name} does not fit {cluster.name}: "
+            raise SpecError(model.name, None, "memory", f"{model.name} does not fit {cluster.name}: "
                                                   + infeasible_reason(model, ex, ex.N, 1))
         best = found[0]
     baselines, alts = baselines_of(model, ex, best)
