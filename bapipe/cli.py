@@ -76,6 +76,8 @@ def _add_args(name: str, p: argparse.ArgumentParser) -> None:
         p.add_argument("--partition", default=None, help="evaluate a given split, e.g. 0-5,6-11,12-36")
         p.add_argument("--profile", dest="measured", help="measured per-layer profile (.yaml/.csv)")
         p.add_argument("--opaque", action="append", default=[], help="ONNX: OP=fwd_s,bwd_s cost for an unsupported op")
+        p.add_argument("--mesh", default="1", help="tensor-parallel boards per stage: auto (1 and the host size), "
+                                                   "or N, or a list 1,4 (default 1)")
     elif name == "sim":
         p.add_argument("plan")
         p.add_argument("--iterations", type=int, default=1)

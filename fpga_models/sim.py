@@ -407,13 +407,34 @@ def simulate(plan, model=None, cluster=None, iterations: int = 1, config: SimCon
                                  label))
         return len(channels) - 1
 
+    reshard_cache: list = []
+
+    def mesh_pieces(src, dst, cut):
+        """A resharding between meshes (``cut``: the stage whose output crosses): the best
+        plan of planner.reshard for the cut's (rows, features) tensor in ``cut.layout`` on both
+        meshes, replayed as one timed transfer holding every link its hops route over."""
+        from planner.mesh import Resharder, cut_shape
+        if not reshard_cache:
+            reshard_cache.append(Resharder(cluster, _bytes_per_element(plan.number_format)))
+        beta = max(1, plan.microbatch_size // max(1, cut.replicas))
+        t, pairs, moved = reshard_cache[0].transfer(src.boards, dst.boards, cut_shape(model, cut.last, beta),
+                                                    cut.layout, cut.layout)
+        ids = sorted({i for x, y in pairs for i in net.path(x, y)[0]})
+        return [(tuple(ids), t, 0.0, moved)]
+
+    def is_mesh_cut(a, b) -> bool:
+        return a.layout is not None and (math.prod(a.mesh or [1]) > 1 or math.prod(b.mesh or [1]) > 1)
+
     for k in range(S - 1):
         a, b = stages[k], stages[k + 1]
         nb = int(a.send_bytes)
-        c = add(a.device, b.device, stage_pieces(a, b, nb), nb, f"act {a.index}->{b.index}", b.fwd_s)
+        mesh_cut = is_mesh_cut(a, b)
+        pcs = mesh_pieces(a, b, a) if mesh_cut else stage_pieces(a, b, nb)
+        c = add(a.device, b.device, pcs, nb, f"act {a.index}->{b.index}", b.fwd_s)
         fwd_out[k], fwd_in[k + 1] = c, c
         if train:
-            c = add(b.device, a.device, stage_pieces(b, a, nb), nb, f"grad {b.index}->{a.index}", a.bwd_s)
+            pcs = mesh_pieces(b, a, a) if mesh_cut else stage_pieces(b, a, nb)
+            c = add(b.device, a.device, pcs, nb, f"grad {b.index}->{a.index}", a.bwd_s)
             bwd_out[k + 1], bwd_in[k] = c, c
     if cfg.host_io:
         # every replica of the first (last) stage reads (writes) its share over its own PCIe

@@ -77,7 +77,22 @@ def request_from_args(args, model) -> Request:
                    optimizer=getattr(args, "optimizer", "sgd"), cap=cap,
                    replication=not getattr(args, "no_replication", False), max_boards=getattr(args, "boards", None),
                    partition=parse_partition(part, len(model.layers)) if part else None,
-                   measured=_measured(getattr(args, "measured", None), model))
+                   measured=_measured(getattr(args, "measured", None), model),
+                   meshes=parse_meshes(getattr(args, "mesh", "1")))
+
+
+def parse_meshes(text) -> tuple[int, ...] | None:
+    """--mesh: "auto" -> None (explore 1 and the host size), "4" or "1,4" -> sizes."""
+    text = str(text if text is not None else "1").strip()
+    if text == "auto":
+        return None
+    try:
+        ks = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        ks = ()
+    if not ks or any(k < 1 for k in ks):
+        raise SpecError(None, None, "--mesh", f"expected auto, a positive board count or a list like 1,4, got {text!r}")
+    return ks
 
 
 def cmd_plan(args):

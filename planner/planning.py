@@ -98,7 +98,7 @@ def make_plan(model: Model, cluster: Cluster, model_arg: str, cluster_arg: str, 
     if req.partition is None:
         # the baselines lie in the search space: never report a plan slower than one of them
         for alt in alts:
-            if alt is None or (alt.config.r > 1 and not req.replication) or \
+            if alt is None or (alt.config.r > 1 and not req.replication) or 1 not in ex.mesh_sizes() or \
                     (req.schedule != "auto" and alt.config.p > 1 and alt.config.schedule != req.schedule):
                 continue
             if (alt.iteration_s, alt.config) < (best.iteration_s, best.config):
@@ -219,7 +219,7 @@ def to_plan(model: Model, cluster: Cluster, model_arg: str, cluster_arg: str, ex
         clk = board.clock_hz
         stages.append(Stage(
             index=s["index"], layers=[l.name for l in layers], first=s["first"], last=s["last"], boards=s["boards"],
-            board_type=s["board_type"], replicas=c.r, mesh=[1], layout=None, chunk=s["chunk"], device=s["device"],
+            board_type=s["board_type"], replicas=c.r, mesh=[1, c.k] if c.k > 1 else [1], layout=s.get("layout"), chunk=s["chunk"], device=s["device"],
             style=s["style"], folding=folding, fwd_s=s["fwd_s"],
             bwd_s=s["bwd_s"], time_s=s["time_s"], send_bytes=s["send_bytes"], send_s=s["send_s"],
             allreduce_s=s["allreduce_s"], memory_bytes=s["memory_bytes"], weight_bytes=s["weight_bytes"],

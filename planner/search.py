@@ -24,6 +24,7 @@ from . import partition as part
 from fpga_models.allocate import allocate_stage
 
 from .pipeline import replay, ring_allreduce_s
+from .mesh import Resharder, cut_layouts, cut_shape, tp_stage_model
 from .stagecost import LayerTable, StageModel, cut_bytes, layer_table, stage_model
 
 SLACK = 0.25        # how far J may be from the replayed time (relative)
@@ -46,6 +47,7 @@ class Request:
     max_boards: int | None = None
     partition: list[tuple[int, int]] | None = None
     measured: dict | None = None         # {board type or None: {layer: {fwd_s, bwd_s}}} per sample
+    meshes: tuple[int, ...] | None = (1,)   # tensor-parallel mesh sizes to explore (None = auto)
 
 
 @dataclass(frozen=True, order=True)
@@ -59,6 +61,7 @@ class Config:
     m: int
     beta: int
     recompute: bool
+    k: int = 1          # boards of each stage's tensor-parallel mesh (1 x k, one host; r = 1 when k > 1)
 
 
 @dataclass
@@ -129,14 +132,22 @@ class Explorer:
         self._solved: dict[tuple, Candidate | None] = {}
         self.n = len(model.layers)
         self.train = req.mode == "train"
+        self.layouts = cut_layouts(model)
+        self.resharder = Resharder(cluster, self.bpe)
 
     # ---- building blocks -------------------------------------------------------------
-    def stage_model(self, btype: str, beta: int, recompute: bool, schedule: str) -> StageModel:
-        """Prefix-sum stage model of one board type (cached)."""
-        key = (btype, beta, recompute, weight_versions(schedule))
+    def stage_model(self, btype: str, beta: int, recompute: bool, schedule: str, k: int = 1) -> StageModel:
+        """Prefix-sum stage model of one board type (cached); k > 1: a 1 x k tensor-parallel
+        mesh (planner.mesh) whose collectives run on the first k boards' ring."""
+        key = (btype, beta, recompute, weight_versions(schedule), k)
         if key not in self._sm:
-            self._sm[key] = stage_model(self.model, self.tables[btype], beta, self.req.fmt, self.req.cap,
-                                        self.req.mode, self.req.optimizer, weight_versions(schedule), recompute)
+            if k > 1:
+                base = self.stage_model(btype, beta, recompute, schedule, 1)
+                bw, lat = self.ring(self.boards[:k])
+                self._sm[key] = tp_stage_model(base, self.model, k, self.req.fmt, bw, lat)
+            else:
+                self._sm[key] = stage_model(self.model, self.tables[btype], beta, self.req.fmt, self.req.cap,
+                                            self.req.mode, self.req.optimizer, weight_versions(schedule), recompute)
         return self._sm[key]
 
     def group(self, r: int, d: int) -> list:
@@ -224,11 +235,11 @@ class Explorer:
         """Longest layer range any stage could hold in memory, and (when ``tmax`` is finite)
         whose compute fits in ``tmax`` on the fastest board type (bounds the DP band)."""
         smin = min(self.stashes(c, d) for d in range(c.p * c.v))
-        key = (c.beta, c.recompute, weight_versions(c.schedule), smin, c.v)
+        key = (c.beta, c.recompute, weight_versions(c.schedule), smin, c.v, c.k)
         if key not in self._band:
             best = 0
             for btype in self.tables:
-                sm = self.stage_model(btype, c.beta, c.recompute, c.schedule)
+                sm = self.stage_model(btype, c.beta, c.recompute, c.schedule, c.k)
                 i = np.arange(self.n)
 
                 def fits(ln: int) -> bool:  # some range of ln layers fits (monotone in ln)
@@ -248,7 +259,7 @@ class Explorer:
         if math.isfinite(tmax):
             lt = 1
             for btype in self.tables:
-                sm = self.stage_model(btype, c.beta, c.recompute, c.schedule)
+                sm = self.stage_model(btype, c.beta, c.recompute, c.schedule, c.k)
                 P = sm.PF + (sm.PB if self.train else 0.0)
                 jmax = np.searchsorted(P, P[:-1] + tmax * (1 + 1e-12), side="right") - 1
                 lt = max(lt, int((jmax - np.arange(self.n)).max()))
@@ -271,14 +282,14 @@ class Explorer:
         # stage s -> (board type, stash count); every stash count of a type in one numpy pass
         keys = []
         for s in range(V):
-            btype = self.group_type(c.r, s % c.p)
+            btype = self.group_type(c.r * c.k, s % c.p)
             if btype is None:
                 return None
             keys.append((btype, self.stashes(c, s)))
         cache: dict = {}
         for btype in sorted({b for b, _ in keys}):
             svals = sorted({st for b, st in keys if b == btype})
-            sm = self.stage_model(btype, c.beta, c.recompute, c.schedule)
+            sm = self.stage_model(btype, c.beta, c.recompute, c.schedule, c.k)
             r = sm.cost_of(sm.ranges(ic, jj), np.array(svals, dtype=float)[:, None, None], c.v)
             tt = np.broadcast_to(r["time_s"], (len(svals), n, L))
             ok = valid & r["feasible"] & (tt <= tmax)
@@ -294,7 +305,7 @@ class Explorer:
             for s in range(V):
                 d = s % c.p
                 bw, lat = self.ring(self.group(c.r, d))
-                sm = self.stage_model(self.group_type(c.r, d), c.beta, c.recompute, c.schedule)
+                sm = self.stage_model(self.group_type(c.r, d), c.beta, c.recompute, c.schedule, c.k)
                 W = np.where(valid, sm.PW[jj + 1] - sm.PW[ic], 0.0)
                 X[s] = 2 * (c.r - 1) / c.r * W / bw + (2 * (c.r - 1) * lat if s < c.p else 0.0)
         cb = cut_bytes(self.model, self.req.fmt, c.beta)
@@ -302,17 +313,52 @@ class Explorer:
         O = np.zeros((max(V - 1, 0), n))
         ways = 2 if self.train else 1
         for s in range(V - 1):
+            if c.k > 1:
+                # resharding between the two stages' meshes, per cut position (cached)
+                tf, tb = self.mesh_cut_times(c, s % c.p, (s + 1) % c.p)
+                O[s] = np.maximum(tf, tb)
+                C[s] = tf + (tb if self.train else 0.0)
+                continue
             bw, lat = self.link(c, s % c.p, (s + 1) % c.p)
             occ = np.concatenate([cb / bw, [0.0]])
             O[s] = occ
             C[s] = ways * (occ + lat)
         return part.Problem(n, T, C, O, c.m, c.v, X)
 
+    def mesh_transfer(self, c: Config, d1: int, d2: int, j: int, backward: bool = False):
+        """(time_s, directed board pairs, bytes) of the resharding of the activation after
+        layer j from device d1's mesh to d2's (``backward``: its gradient from d2 to d1)."""
+        a = [b.name for b in self.group(c.r * c.k, d1)]
+        b = [x.name for x in self.group(c.r * c.k, d2)]
+        lay = self.layouts[j]
+        shape = cut_shape(self.model, j, c.beta)
+        if backward:
+            a, b = b, a
+        return self.resharder.transfer(a, b, shape, lay, lay)
+
+    def mesh_piece(self, time_s: float, pairs) -> tuple:
+        """A replay piece (directed link ids, busy seconds, latency 0) for a resharding that
+        holds the union of its hops' routes for its whole predicted time."""
+        ids = sorted({i for a, b in pairs for i in self.hop(a, b)[0]})
+        return (tuple(ids), time_s, 0.0)
+
+    def mesh_cut_times(self, c: Config, d1: int, d2: int) -> tuple[np.ndarray, np.ndarray]:
+        """Forward and backward resharding seconds for every cut position (0 after the last layer)."""
+        key = ("mesh", c.k, c.r, c.beta, d1, d2, self.train)
+        if key not in self._links:
+            tf, tb = np.zeros(self.n), np.zeros(self.n)
+            for j in range(self.n - 1):
+                tf[j] = self.mesh_transfer(c, d1, d2, j)[0]
+                if self.train:
+                    tb[j] = self.mesh_transfer(c, d1, d2, j, backward=True)[0]
+            self._links[key] = (tf, tb)
+        return self._links[key]
+
     def lower_bound(self, c: Config) -> float:
         """A lower bound on J: all work spread evenly, (m v + V - 1)/(V v) x total."""
         tot = math.inf
         for btype in self.tables:
-            sm = self.stage_model(btype, c.beta, c.recompute, c.schedule)
+            sm = self.stage_model(btype, c.beta, c.recompute, c.schedule, c.k)
             tot = min(tot, float(sm.PF[-1] + (sm.PB[-1] if self.train else 0.0)))
         V = c.p * c.v
         return tot * (c.m * c.v + V - 1) / (V * c.v) if V else tot
@@ -342,8 +388,12 @@ class Explorer:
             # every board in use, or (for models with fewer layers than boards) one layer per stage
             for p in sorted({self.N // r, min(self.n, self.N // r)}):
                 pairs.append((r, p))
-        for r, p in pairs:
-            if p > self.n or any(self.group_type(r, d) is None for d in range(p)):
+        pairs = [(r, p, 1) for r, p in pairs] if 1 in self.mesh_sizes() else []
+        for k in self.mesh_sizes():
+            if k > 1:
+                pairs.append((1, self.N // k, k))   # tensor-parallel meshes are not replicated
+        for r, p, k in pairs:
+            if p > self.n or any(self.group_type(r * k, d) is None for d in range(p)):
                 continue
             for sched in (schedules if p > 1 else [self.single_stage_schedule]):
                 vs = [2] if sched == "interleaved" else [1]
@@ -352,8 +402,27 @@ class Explorer:
                         continue
                     for m in self.m_candidates(r, p, sched):
                         for rc in recompute:
-                            out.append(Config(sched, v, r, p, m, self.G // m // r, rc))
+                            out.append(Config(sched, v, r, p, m, self.G // m // r, rc, k))
         return sorted(set(out))
+
+    def mesh_sizes(self) -> list[int]:
+        """Tensor-parallel mesh sizes to explore: the requested ones that divide the boards
+        and fit inside every host (a mesh's boards share one host, in pipeline order); auto:
+        1 and the size of the smallest host."""
+        hosts = {}
+        for cb in self.boards:
+            hosts[cb.host] = hosts.get(cb.host, 0) + 1
+        hmin = min(hosts.values())
+        ks = self.req.meshes if self.req.meshes is not None else (1, hmin)
+        out = []
+        for k in sorted(set(ks)):
+            if k == 1 or (self.N % k == 0 and k <= hmin and
+                          all(len({cb.host for cb in self.boards[i:i + k]}) == 1 for i in range(0, self.N, k))):
+                out.append(k)
+            elif self.req.meshes is not None:
+                raise SpecError(None, None, "--mesh", f"expected a mesh size dividing {self.N} boards whose meshes "
+                                                      f"each lie in one host (smallest host: {hmin}), got {k}")
+        return out
 
     @property
     def single_stage_schedule(self) -> str:
@@ -374,7 +443,7 @@ class Explorer:
         if c.v == 1 and c.p > 1 and c.schedule != "1f1b":
             # J does not depend on the schedule when v = 1; 1F1B stashes the least, so its
             # optimum is also optimal for a schedule with more memory whenever it still fits
-            base = self.solve_config(Config("1f1b", 1, c.r, c.p, c.m, c.beta, c.recompute), jmax)
+            base = self.solve_config(Config("1f1b", 1, c.r, c.p, c.m, c.beta, c.recompute, c.k), jmax)
             if base is not None:
                 mine = self.fixed_config(c, base.bounds)
                 if mine is not None and abs(mine.objective - base.objective) <= 1e-12 * base.objective:
@@ -404,10 +473,10 @@ class Explorer:
         covers the layers whenever any partition does; False means provably infeasible."""
         pos = 0
         for s in range(c.p * c.v):
-            btype = self.group_type(c.r, s % c.p)
+            btype = self.group_type(c.r * c.k, s % c.p)
             if btype is None:
                 return False
-            sm = self.stage_model(btype, c.beta, c.recompute, c.schedule)
+            sm = self.stage_model(btype, c.beta, c.recompute, c.schedule, c.k)
             st = self.stashes(c, s)
             cap = sm.capacity / c.v
             if self.train and c.recompute:
@@ -433,7 +502,7 @@ class Explorer:
         """A lower bound on a partition's sum of stage times: all layers' compute on the fastest type."""
         tot = math.inf
         for btype in self.tables:
-            sm = self.stage_model(btype, c.beta, c.recompute, c.schedule)
+            sm = self.stage_model(btype, c.beta, c.recompute, c.schedule, c.k)
             tot = min(tot, float(sm.PF[-1] + (sm.PB[-1] if self.train else 0.0)))
         return tot
 
@@ -501,14 +570,14 @@ class Explorer:
         stages = []
         for s, (a, b) in enumerate(cand.bounds):
             d = s % c.p
-            btype = self.group_type(c.r, d)
-            sm = self.stage_model(btype, c.beta, c.recompute, c.schedule)
+            btype = self.group_type(c.r * c.k, d)
+            sm = self.stage_model(btype, c.beta, c.recompute, c.schedule, c.k)
             st = self.stashes(c, s)
             r = {k: float(np.asarray(v)) for k, v in sm.cost(np.array(a), np.array(b), st, c.v).items()}
             table = self.tables[btype]
             fold = {self.model.layers[x].name: table.fold[x] for x in range(a, b + 1)}
             style = "gpu" if table.board.kind == "gpu" else "time-multiplexed"
-            if table.board.kind == "fpga" and table.measured_f is None:
+            if table.board.kind == "fpga" and table.measured_f is None and c.k == 1:
                 alloc = allocate_stage(list(self.model.layers[a:b + 1]), table.board, self.req.fmt, c.beta,
                                        self.req.cap, self.train)
                 if alloc.style == "dataflow":
@@ -520,18 +589,21 @@ class Explorer:
                     r["time_s"] = r["fwd_s"] + r["bwd_s"]
                     r["compute_f"], r["compute_b"] = cf, cb_
                     fold, style = dict(alloc.folding), "dataflow"
-            if s < V - 1:
+            if s < V - 1 and c.k > 1:
+                occ, lat, sb = self.mesh_transfer(c, d, (s + 1) % c.p, b)[0], 0.0, int(cb[b])
+            elif s < V - 1:
                 bw, lat = self.link(c, d, (s + 1) % c.p)
                 occ, sb = float(cb[b]) / bw, int(cb[b])
             else:
                 occ, lat, sb = 0.0, 0.0, 0
             stages.append({"index": s, "device": d, "chunk": s // c.p, "first": a, "last": b, "board_type": btype,
-                           "boards": [x.name for x in self.group(c.r, d)], "fwd_s": r["fwd_s"], "bwd_s": r["bwd_s"],
+                           "boards": [x.name for x in self.group(c.r * c.k, d)], "fwd_s": r["fwd_s"], "bwd_s": r["bwd_s"],
                            "time_s": r["time_s"], "memory_bytes": int(r["memory"]), "weight_bytes": int(r["weight_bytes"]),
                            "stash_bytes": int(r["stash_bytes"]), "stashes": st,
                            "stash_mb_bytes": int(r["stash_mb"]), "fixed_bytes": int(r["fixed_bytes"]), "send_bytes": sb, "send_occ": occ,
                            "send_lat": lat, "send_s": occ + lat, "compute_f": r["compute_f"],
-                           "compute_b": r["compute_b"], "onchip": sm.onchip, "folding": fold, "style": style})
+                           "compute_b": r["compute_b"], "onchip": sm.onchip, "folding": fold, "style": style,
+                           "mesh": c.k, "layout": self.layouts[b] if c.k > 1 else None})
         ar = [0.0] * V          # per stage (chunk): its own ring after its last backward
         if self.train and c.r > 1:
             for x in stages:
@@ -544,6 +616,11 @@ class Explorer:
         routes = []
         for x in stages[:-1]:
             d1, d2 = x["device"], (x["index"] + 1) % c.p
+            if c.k > 1:
+                # one timed transfer per direction holding every link its hops use
+                routes.append(tuple((self.mesh_piece(*self.mesh_transfer(c, d1, d2, x["last"], bw_)[:2]),)
+                                    for bw_ in (False, True)))
+                continue
             routes.append(tuple(tuple((ids, x["send_bytes"] / bw, lat) for ids, bw, lat in self.pieces(c.r, a_, b_))
                                 for a_, b_ in ((d1, d2), (d2, d1))))
         rings = None
@@ -564,5 +641,5 @@ class Explorer:
         cand.iteration_s = rp.iteration_s
         cand.bubble = rp.bubble_fraction
         cand.stages = stages
-        cand.boards_used = c.p * c.r
+        cand.boards_used = c.p * c.r * c.k
         return cand
