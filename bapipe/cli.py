@@ -77,7 +77,7 @@ def _add_args(name: str, p: argparse.ArgumentParser) -> None:
         p.add_argument("--profile", dest="measured", help="measured per-layer profile (.yaml/.csv)")
         p.add_argument("--opaque", action="append", default=[], help="ONNX: OP=fwd_s,bwd_s cost for an unsupported op")
         p.add_argument("--mesh", default="1", help="tensor-parallel boards per stage: auto (1 and the host size), "
-                                                   "or N, or a list 1,4 (default 1)")
+                                                   "N, a list 1,4 to explore, or per stage 4+1+1+1+1 (default 1)")
     elif name == "sim":
         p.add_argument("plan")
         p.add_argument("--iterations", type=int, default=1)

@@ -16,10 +16,14 @@ def show_csim(r: dict) -> str:
     for s in r["stages"]:
         err = "-" if s["max_abs_err_lsb"] is None else str(s["max_abs_err_lsb"])
         comp = "cached" if s.get("cached") else f"{s['compile_s']:.1f}"
-        lines.append(f"{s['name']:<10}{'PASS' if s['passed'] else 'FAIL':>8}{err:>15}{comp:>11}{s['run_s']:>8.2f}"
-                     + (f"  {s['error']}" if s.get("error") else ""))
+        res = "SKIP" if s.get("skipped") else ("PASS" if s["passed"] else "FAIL")
+        extra = s.get("error") or s.get("skipped") or s.get("note") or ""
+        lines.append(f"{s['name']:<10}{res:>8}{err:>15}{comp:>11}{s['run_s']:>8.2f}"
+                     + (f"  samples={s['samples']}" if "samples" in s else "") + (f"  {extra}" if extra else ""))
     if r.get("model_max_abs_err_lsb") is not None:
         lines.append(f"whole pipeline vs numpy over {r['samples']} samples: max error "
                      f"{r['model_max_abs_err_lsb']} LSB ({r['format']})")
+    if r.get("skipped"):
+        lines.append(f"not simulated (over the csim budget): {', '.join(r['skipped'])}")
     lines.append("PASSED" if r["passed"] else "FAILED")
     return "\n".join(lines)

@@ -82,15 +82,16 @@ def request_from_args(args, model) -> Request:
 
 
 def parse_meshes(text) -> tuple[int, ...] | None:
-    """--mesh: "auto" -> None (explore 1 and the host size), "4" or "1,4" -> sizes."""
+    """--mesh: "auto" -> None (explore 1 and the host size), "4" or "1,4" -> sizes to explore
+    (uniform over the stages), "4+1+1+1+1" -> one per-stage vector (a tuple in the result)."""
     text = str(text if text is not None else "1").strip()
     if text == "auto":
         return None
     try:
-        ks = tuple(int(x) for x in text.split(","))
+        ks = tuple(tuple(int(y) for y in x.split("+")) if "+" in x else int(x) for x in text.split(","))
     except ValueError:
         ks = ()
-    if not ks or any(k < 1 for k in ks):
+    if not ks or any(min(k) < 1 if isinstance(k, tuple) else k < 1 for k in ks):
         raise SpecError(None, None, "--mesh", f"expected auto, a positive board count or a list like 1,4, got {text!r}")
     return ks
 
@@ -133,7 +134,9 @@ def show_plan(res: dict) -> str:
              + (f" v={res['chunks']}" if res['chunks'] > 1 else "")
              + f", {res['microbatches']} micro-batches of {res['microbatch_size']}, global batch {res['global_batch']}"
              + (f", {res['replicas']} replicas per stage" if res['replicas'] > 1 else "")
-             + (", activation recomputation" if res['recompute'] else ""),
+             + (", activation recomputation" if res['recompute'] else "")
+             + (f", tensor-parallel meshes {'x'.join(map(str, res['stages'][0]['mesh']))}"
+                if res['stages'] and res['stages'][0].get('mesh', [1]) != [1] else ""),
              f"{'stage':>5} {'layers':>9} {'boards':<22} {'style':<16} {'fwd':>9} {'bwd':>9} {'send':>9} {'memory':>10}"]
     for i, s in enumerate(res["stages"]):
         b = ",".join(s["boards"])
@@ -150,6 +153,7 @@ def show_plan(res: dict) -> str:
                          f"plan is {sp:.2f}x faster")
     for q in res.get("pareto") or []:
         lines.append(f"  pareto: {_t(q['iteration_time_s'])} peak {q['peak_memory_bytes'] / 2**30:.2f} GiB "
-                     f"{q['boards']} boards ({q['schedule']}, m={q['microbatches']}, r={q['replicas']})")
+                     f"{q['boards']} boards ({q['schedule']}, m={q['microbatches']}, r={q['replicas']}"
+                     + (f", mesh {q['mesh']}" if q.get("mesh", 1) != 1 else "") + ")")
     lines.append(f"wrote {res['output']}")
     return "\n".join(lines)

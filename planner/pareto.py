@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from bapipe.errors import SpecError
 from bapipe.spec import Model
 from fpga_models.cluster import Cluster
 
@@ -30,6 +31,10 @@ def pareto_plans(model: Model, cluster: Cluster, req: Request) -> list[dict]:
     points = []
     for nb in [k for k in range(1, N + 1) if N % k == 0]:
         ex = Explorer(model, cluster, replace(req, max_boards=nb, partition=None))
+        try:
+            ex.mesh_sizes(), ex.mesh_vectors()
+        except SpecError:   # the requested meshes do not fit this many boards: one board per stage
+            ex = Explorer(model, cluster, replace(req, max_boards=nb, partition=None, meshes=(1,)))
         rc = (False, True) if ex.train else (False,)
         replicas = [r for r in range(1, nb + 1) if nb % r == 0] if req.replication else [1]
         for sched in ex.schedules():
@@ -41,5 +46,6 @@ def pareto_plans(model: Model, cluster: Cluster, req: Request) -> list[dict]:
                 points.append({"iteration_time_s": c.iteration_s, "peak_memory_bytes": c.peak_memory,
                                "boards": c.boards_used, "schedule": c.config.schedule, "microbatches": c.config.m,
                                "replicas": c.config.r, "stages": c.config.p * c.config.v,
-                               "recompute": c.config.recompute})
+                               "recompute": c.config.recompute,
+                               "mesh": list(c.config.kv) if c.config.kv else c.config.k})
     return non_dominated(points)

@@ -219,7 +219,8 @@ def to_plan(model: Model, cluster: Cluster, model_arg: str, cluster_arg: str, ex
         clk = board.clock_hz
         stages.append(Stage(
             index=s["index"], layers=[l.name for l in layers], first=s["first"], last=s["last"], boards=s["boards"],
-            board_type=s["board_type"], replicas=c.r, mesh=[1, c.k] if c.k > 1 else [1], layout=s.get("layout"), chunk=s["chunk"], device=s["device"],
+            board_type=s["board_type"], replicas=c.r, mesh=[1, s["mesh"]] if s["mesh"] > 1 else [1],
+            layout=s.get("layout"), chunk=s["chunk"], device=s["device"],
             style=s["style"], folding=folding, fwd_s=s["fwd_s"],
             bwd_s=s["bwd_s"], time_s=s["time_s"], send_bytes=s["send_bytes"], send_s=s["send_s"],
             allreduce_s=s["allreduce_s"], memory_bytes=s["memory_bytes"], weight_bytes=s["weight_bytes"],
@@ -256,7 +257,7 @@ def summary(out: Outcome) -> dict:
         "stages": [{"layers": [s.first, s.last], "boards": s.boards, "board_type": s.board_type,
                     "device": s.device, "chunk": s.chunk, "style": s.style, "time_s": s.time_s, "fwd_s": s.fwd_s,
                     "bwd_s": s.bwd_s, "send_s": s.send_s, "allreduce_s": s.allreduce_s,
-                    "memory_bytes": s.memory_bytes} for s in p.stages],
+                    "memory_bytes": s.memory_bytes, "mesh": s.mesh, "layout": s.layout} for s in p.stages],
         "baselines": out.baselines, "lower_bound_s": out.lower_bound_s,
         "speedup_vs_data_parallel": (dp["iteration_time_s"] / it) if "iteration_time_s" in dp else None,
         "pareto": out.pareto,

@@ -62,6 +62,7 @@ class Config:
     beta: int
     recompute: bool
     k: int = 1          # boards of each stage's tensor-parallel mesh (1 x k, one host; r = 1 when k > 1)
+    kv: tuple[int, ...] = ()   # per pipeline position mesh sizes when they differ (then k = max, r = 1)
 
 
 @dataclass
@@ -235,11 +236,11 @@ class Explorer:
         """Longest layer range any stage could hold in memory, and (when ``tmax`` is finite)
         whose compute fits in ``tmax`` on the fastest board type (bounds the DP band)."""
         smin = min(self.stashes(c, d) for d in range(c.p * c.v))
-        key = (c.beta, c.recompute, weight_versions(c.schedule), smin, c.v, c.k)
+        key = (c.beta, c.recompute, weight_versions(c.schedule), smin, c.v, c.k, c.kv)
         if key not in self._band:
             best = 0
-            for btype in self.tables:
-                sm = self.stage_model(btype, c.beta, c.recompute, c.schedule, c.k)
+            for btype, kk in ((b, x) for b in self.tables for x in self.mesh_ks(c)):
+                sm = self.stage_model(btype, c.beta, c.recompute, c.schedule, kk)
                 i = np.arange(self.n)
 
                 def fits(ln: int) -> bool:  # some range of ln layers fits (monotone in ln)
@@ -258,8 +259,8 @@ class Explorer:
         L = self._band[key]
         if math.isfinite(tmax):
             lt = 1
-            for btype in self.tables:
-                sm = self.stage_model(btype, c.beta, c.recompute, c.schedule, c.k)
+            for btype, kk in ((b, x) for b in self.tables for x in self.mesh_ks(c)):
+                sm = self.stage_model(btype, c.beta, c.recompute, c.schedule, kk)
                 P = sm.PF + (sm.PB if self.train else 0.0)
                 jmax = np.searchsorted(P, P[:-1] + tmax * (1 + 1e-12), side="right") - 1
                 lt = max(lt, int((jmax - np.arange(self.n)).max()))
@@ -282,20 +283,20 @@ class Explorer:
         # stage s -> (board type, stash count); every stash count of a type in one numpy pass
         keys = []
         for s in range(V):
-            btype = self.group_type(c.r * c.k, s % c.p)
+            btype = self.stage_type(c, s % c.p)
             if btype is None:
                 return None
-            keys.append((btype, self.stashes(c, s)))
+            keys.append((btype, self.kd(c, s % c.p), self.stashes(c, s)))
         cache: dict = {}
-        for btype in sorted({b for b, _ in keys}):
-            svals = sorted({st for b, st in keys if b == btype})
-            sm = self.stage_model(btype, c.beta, c.recompute, c.schedule, c.k)
+        for btype, kk in sorted({(b, x) for b, x, _ in keys}):
+            svals = sorted({st for b, x, st in keys if (b, x) == (btype, kk)})
+            sm = self.stage_model(btype, c.beta, c.recompute, c.schedule, kk)
             r = sm.cost_of(sm.ranges(ic, jj), np.array(svals, dtype=float)[:, None, None], c.v)
             tt = np.broadcast_to(r["time_s"], (len(svals), n, L))
             ok = valid & r["feasible"] & (tt <= tmax)
             arr = np.where(ok, tt, math.inf)
             for q, st in enumerate(svals):
-                cache[(btype, st)] = arr[q]
+                cache[(btype, kk, st)] = arr[q]
         T = [cache[k] for k in keys]
         X = None
         if self.train and c.r > 1:
@@ -313,7 +314,7 @@ class Explorer:
         O = np.zeros((max(V - 1, 0), n))
         ways = 2 if self.train else 1
         for s in range(V - 1):
-            if c.k > 1:
+            if self.meshy(c):
                 # resharding between the two stages' meshes, per cut position (cached)
                 tf, tb = self.mesh_cut_times(c, s % c.p, (s + 1) % c.p)
                 O[s] = np.maximum(tf, tb)
@@ -328,8 +329,8 @@ class Explorer:
     def mesh_transfer(self, c: Config, d1: int, d2: int, j: int, backward: bool = False):
         """(time_s, directed board pairs, bytes) of the resharding of the activation after
         layer j from device d1's mesh to d2's (``backward``: its gradient from d2 to d1)."""
-        a = [b.name for b in self.group(c.r * c.k, d1)]
-        b = [x.name for x in self.group(c.r * c.k, d2)]
+        a = [b.name for b in self.stage_boards(c, d1)]
+        b = [x.name for x in self.stage_boards(c, d2)]
         lay = self.layouts[j]
         shape = cut_shape(self.model, j, c.beta)
         if backward:
@@ -343,22 +344,36 @@ class Explorer:
         return (tuple(ids), time_s, 0.0)
 
     def mesh_cut_times(self, c: Config, d1: int, d2: int) -> tuple[np.ndarray, np.ndarray]:
-        """Forward and backward resharding seconds for every cut position (0 after the last layer)."""
-        key = ("mesh", c.k, c.r, c.beta, d1, d2, self.train)
+        """Forward and backward resharding seconds for every cut position (0 after the last
+        layer), for the partition search: per layout and direction, best_transfer of a tiny
+        and of a large reference tensor, interpolated linearly in bytes (large transfers are
+        bandwidth-bound, so this is close; the chosen cuts are then priced exactly by
+        :meth:`mesh_transfer` in the replay)."""
+        key = ("mesh", c.k, c.kv, c.r, c.beta, d1, d2, self.train)
         if key not in self._links:
+            a = [b.name for b in self.stage_boards(c, d1)]
+            b = [x.name for x in self.stage_boards(c, d2)]
+            nbytes = np.array(self.model.cut_elements_all + (0,), dtype=float) * self.bpe * c.beta
             tf, tb = np.zeros(self.n), np.zeros(self.n)
-            for j in range(self.n - 1):
-                tf[j] = self.mesh_transfer(c, d1, d2, j)[0]
-                if self.train:
-                    tb[j] = self.mesh_transfer(c, d1, d2, j, backward=True)[0]
+            for lay in sorted(set(self.layouts)):
+                sel = np.array([x == lay for x in self.layouts[:-1]] + [False])
+                for out, (u, w) in ((tf, (a, b)), (tb, (b, a))):
+                    if out is tb and not self.train:
+                        continue
+                    k = max(len(a), len(b))
+                    small = self.resharder.transfer(u, w, (k, k), lay, lay)[0]
+                    ref = (256 * k, 1024 * k)
+                    big = self.resharder.transfer(u, w, ref, lay, lay)[0]
+                    slope = (big - small) / (math.prod(ref) * self.bpe - k * k * self.bpe)
+                    out[sel] = small + slope * np.maximum(nbytes[sel] - k * k * self.bpe, 0.0)
             self._links[key] = (tf, tb)
         return self._links[key]
 
     def lower_bound(self, c: Config) -> float:
         """A lower bound on J: all work spread evenly, (m v + V - 1)/(V v) x total."""
         tot = math.inf
-        for btype in self.tables:
-            sm = self.stage_model(btype, c.beta, c.recompute, c.schedule, c.k)
+        for btype, kk in ((b, x) for b in self.tables for x in self.mesh_ks(c)):
+            sm = self.stage_model(btype, c.beta, c.recompute, c.schedule, kk)
             tot = min(tot, float(sm.PF[-1] + (sm.PB[-1] if self.train else 0.0)))
         V = c.p * c.v
         return tot * (c.m * c.v + V - 1) / (V * c.v) if V else tot
@@ -392,8 +407,13 @@ class Explorer:
         for k in self.mesh_sizes():
             if k > 1:
                 pairs.append((1, self.N // k, k))   # tensor-parallel meshes are not replicated
+        for kv in self.mesh_vectors():
+            pairs.append((1, len(kv), kv))
         for r, p, k in pairs:
-            if p > self.n or any(self.group_type(r * k, d) is None for d in range(p)):
+            kv = k if isinstance(k, tuple) else ()
+            k = max(kv) if kv else k
+            probe = Config("1f1b", 1, r, p, 1, 1, False, k, kv)
+            if p > self.n or any(self.stage_type(probe, d) is None for d in range(p)):
                 continue
             for sched in (schedules if p > 1 else [self.single_stage_schedule]):
                 vs = [2] if sched == "interleaved" else [1]
@@ -402,8 +422,52 @@ class Explorer:
                         continue
                     for m in self.m_candidates(r, p, sched):
                         for rc in recompute:
-                            out.append(Config(sched, v, r, p, m, self.G // m // r, rc, k))
+                            out.append(Config(sched, v, r, p, m, self.G // m // r, rc, k, kv))
         return sorted(set(out))
+
+    def mesh_vectors(self) -> list[tuple[int, ...]]:
+        """Requested per-stage mesh sizes (``--mesh 4+1+1+1+1``): they must cover the boards in
+        pipeline order with every mesh inside one host."""
+        out = []
+        for kv in (self.req.meshes or ()):
+            if isinstance(kv, int):
+                continue
+            kv = tuple(int(x) for x in kv)
+            ok = sum(kv) == self.N and all(x >= 1 for x in kv)
+            off = 0
+            for x in kv if ok else ():
+                ok = ok and len({cb.host for cb in self.boards[off:off + x]}) == 1
+                off += x
+            if not ok:
+                raise SpecError(None, None, "--mesh", f"expected per-stage mesh sizes summing to {self.N} "
+                                                      f"boards, each mesh inside one host, got "
+                                                      f"{'+'.join(map(str, kv))}")
+            out.append(kv)
+        return out
+
+    def kd(self, c: Config, d: int) -> int:
+        """Mesh size of pipeline position d under configuration c."""
+        return c.kv[d] if c.kv else c.k
+
+    def mesh_ks(self, c: Config) -> list[int]:
+        """The distinct mesh sizes of configuration c."""
+        return sorted(set(c.kv)) if c.kv else [c.k]
+
+    def meshy(self, c: Config) -> bool:
+        """Whether c has a tensor-parallel mesh stage (its cuts are priced as reshardings)."""
+        return c.k > 1 or any(x > 1 for x in c.kv)
+
+    def stage_boards(self, c: Config, d: int) -> list:
+        """Boards of pipeline position d: its replicas (r consecutive boards) or its mesh."""
+        if not c.kv:
+            return self.group(c.r * c.k, d)
+        off = sum(c.kv[:d])
+        return self.boards[off:off + c.kv[d]]
+
+    def stage_type(self, c: Config, d: int) -> str | None:
+        """Board type of position d's boards (None when they mix types)."""
+        types = {cb.board.name for cb in self.stage_boards(c, d)}
+        return types.pop() if len(types) == 1 else None
 
     def mesh_sizes(self) -> list[int]:
         """Tensor-parallel mesh sizes to explore: the requested ones that divide the boards
@@ -413,7 +477,7 @@ class Explorer:
         for cb in self.boards:
             hosts[cb.host] = hosts.get(cb.host, 0) + 1
         hmin = min(hosts.values())
-        ks = self.req.meshes if self.req.meshes is not None else (1, hmin)
+        ks = [k for k in self.req.meshes if isinstance(k, int)] if self.req.meshes is not None else (1, hmin)
         out = []
         for k in sorted(set(ks)):
             if k == 1 or (self.N % k == 0 and k <= hmin and
@@ -443,7 +507,7 @@ class Explorer:
         if c.v == 1 and c.p > 1 and c.schedule != "1f1b":
             # J does not depend on the schedule when v = 1; 1F1B stashes the least, so its
             # optimum is also optimal for a schedule with more memory whenever it still fits
-            base = self.solve_config(Config("1f1b", 1, c.r, c.p, c.m, c.beta, c.recompute, c.k), jmax)
+            base = self.solve_config(Config("1f1b", 1, c.r, c.p, c.m, c.beta, c.recompute, c.k, c.kv), jmax)
             if base is not None:
                 mine = self.fixed_config(c, base.bounds)
                 if mine is not None and abs(mine.objective - base.objective) <= 1e-12 * base.objective:
@@ -473,10 +537,10 @@ class Explorer:
         covers the layers whenever any partition does; False means provably infeasible."""
         pos = 0
         for s in range(c.p * c.v):
-            btype = self.group_type(c.r * c.k, s % c.p)
+            btype = self.stage_type(c, s % c.p)
             if btype is None:
                 return False
-            sm = self.stage_model(btype, c.beta, c.recompute, c.schedule, c.k)
+            sm = self.stage_model(btype, c.beta, c.recompute, c.schedule, self.kd(c, s % c.p))
             st = self.stashes(c, s)
             cap = sm.capacity / c.v
             if self.train and c.recompute:
@@ -501,8 +565,8 @@ class Explorer:
     def sum_floor(self, c: Config) -> float:
         """A lower bound on a partition's sum of stage times: all layers' compute on the fastest type."""
         tot = math.inf
-        for btype in self.tables:
-            sm = self.stage_model(btype, c.beta, c.recompute, c.schedule, c.k)
+        for btype, kk in ((b, x) for b in self.tables for x in self.mesh_ks(c)):
+            sm = self.stage_model(btype, c.beta, c.recompute, c.schedule, kk)
             tot = min(tot, float(sm.PF[-1] + (sm.PB[-1] if self.train else 0.0)))
         return tot
 
@@ -550,10 +614,10 @@ class Explorer:
             c = cand.config
             key = (c.schedule, c.v, c.r, c.p, c.beta * c.m, c.recompute, tuple(cand.bounds)) if c.p == 1 else \
                 (c, tuple(cand.bounds))
-            if (per.get(c.schedule, 0) < MAX_REPLAYS and cand.objective <= best_j * (1 + SLACK)
+            if (per.get((c.schedule, c.k, c.kv), 0) < MAX_REPLAYS and cand.objective <= best_j * (1 + SLACK)
                     and key not in seen):
                 seen.add(key)
-                per[c.schedule] = per.get(c.schedule, 0) + 1
+                per[(c.schedule, c.k, c.kv)] = per.get((c.schedule, c.k, c.kv), 0) + 1
                 self.finish(cand)
                 done.append(cand)
             else:
@@ -570,14 +634,14 @@ class Explorer:
         stages = []
         for s, (a, b) in enumerate(cand.bounds):
             d = s % c.p
-            btype = self.group_type(c.r * c.k, d)
-            sm = self.stage_model(btype, c.beta, c.recompute, c.schedule, c.k)
+            btype = self.stage_type(c, d)
+            sm = self.stage_model(btype, c.beta, c.recompute, c.schedule, self.kd(c, d))
             st = self.stashes(c, s)
             r = {k: float(np.asarray(v)) for k, v in sm.cost(np.array(a), np.array(b), st, c.v).items()}
             table = self.tables[btype]
             fold = {self.model.layers[x].name: table.fold[x] for x in range(a, b + 1)}
             style = "gpu" if table.board.kind == "gpu" else "time-multiplexed"
-            if table.board.kind == "fpga" and table.measured_f is None and c.k == 1:
+            if table.board.kind == "fpga" and table.measured_f is None and self.kd(c, d) == 1:
                 alloc = allocate_stage(list(self.model.layers[a:b + 1]), table.board, self.req.fmt, c.beta,
                                        self.req.cap, self.train)
                 if alloc.style == "dataflow":
@@ -589,7 +653,7 @@ class Explorer:
                     r["time_s"] = r["fwd_s"] + r["bwd_s"]
                     r["compute_f"], r["compute_b"] = cf, cb_
                     fold, style = dict(alloc.folding), "dataflow"
-            if s < V - 1 and c.k > 1:
+            if s < V - 1 and self.meshy(c):
                 occ, lat, sb = self.mesh_transfer(c, d, (s + 1) % c.p, b)[0], 0.0, int(cb[b])
             elif s < V - 1:
                 bw, lat = self.link(c, d, (s + 1) % c.p)
@@ -597,13 +661,14 @@ class Explorer:
             else:
                 occ, lat, sb = 0.0, 0.0, 0
             stages.append({"index": s, "device": d, "chunk": s // c.p, "first": a, "last": b, "board_type": btype,
-                           "boards": [x.name for x in self.group(c.r * c.k, d)], "fwd_s": r["fwd_s"], "bwd_s": r["bwd_s"],
+                           "boards": [x.name for x in self.stage_boards(c, d)], "fwd_s": r["fwd_s"],
+                           "bwd_s": r["bwd_s"],
                            "time_s": r["time_s"], "memory_bytes": int(r["memory"]), "weight_bytes": int(r["weight_bytes"]),
                            "stash_bytes": int(r["stash_bytes"]), "stashes": st,
                            "stash_mb_bytes": int(r["stash_mb"]), "fixed_bytes": int(r["fixed_bytes"]), "send_bytes": sb, "send_occ": occ,
                            "send_lat": lat, "send_s": occ + lat, "compute_f": r["compute_f"],
                            "compute_b": r["compute_b"], "onchip": sm.onchip, "folding": fold, "style": style,
-                           "mesh": c.k, "layout": self.layouts[b] if c.k > 1 else None})
+                           "mesh": self.kd(c, d), "layout": self.layouts[b] if self.meshy(c) else None})
         ar = [0.0] * V          # per stage (chunk): its own ring after its last backward
         if self.train and c.r > 1:
             for x in stages:
@@ -616,7 +681,7 @@ class Explorer:
         routes = []
         for x in stages[:-1]:
             d1, d2 = x["device"], (x["index"] + 1) % c.p
-            if c.k > 1:
+            if self.meshy(c):
                 # one timed transfer per direction holding every link its hops use
                 routes.append(tuple((self.mesh_piece(*self.mesh_transfer(c, d1, d2, x["last"], bw_)[:2]),)
                                     for bw_ in (False, True)))
@@ -641,5 +706,5 @@ class Explorer:
         cand.iteration_s = rp.iteration_s
         cand.bubble = rp.bubble_fraction
         cand.stages = stages
-        cand.boards_used = c.p * c.r * c.k
+        cand.boards_used = sum(c.kv) if c.kv else c.p * c.r * c.k
         return cand

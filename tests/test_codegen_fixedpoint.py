@@ -115,3 +115,18 @@ def test_unsupported_type_raises():
 
     with pytest.raises(ValueError, match="type 'softmax' has no fixed-point implementation"):
         fx.layer_fwd(Layer("sm", "softmax", ("x",), ((4,),), (4,)), [np.zeros((1, 4))], {}, F16)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(1, 40), st.integers(1, 300), st.integers(1, 20), st.sampled_from([8, 16, 24]),
+       st.integers(0, 2**31 - 1))
+def test_imatmul_is_exact(m, k, n, bits, seed):
+    """The float64 BLAS shortcut equals int64 matmul, and wide values fall back to int64."""
+    from fpga_models.fixedpoint import imatmul
+
+    rng = np.random.default_rng(seed)
+    lim = 1 << (bits - 1)
+    a = rng.integers(-lim, lim, size=(m, k), dtype=np.int64)
+    b = rng.integers(-lim, lim, size=(k, n), dtype=np.int64)
+    got = imatmul(a, b)
+    assert got.dtype == np.int64 and np.array_equal(got, a @ b)

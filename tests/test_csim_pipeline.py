@@ -148,3 +148,39 @@ def test_wrong_beat_counts_fail_the_stage(tmp_path):
     row = r["stages"][2]
     assert not r["passed"] and not row["passed"]
     assert "stream protocol error" in row["error"] and "read while empty" in row["error"]
+
+
+def test_big_stage_path_external_weights_one_sample_mb1(tmp_path, monkeypatch):
+    """The path VGG-16/ResNet-50 take, on tiny-cnn: weights as m_axi arguments read from weights.bin
+    by the testbench, the int64 MAC, one sample, backward rebuilt with -DMB=1; still 0 LSB."""
+    import codegen.context as cx
+    import codegen.csim as cs
+
+    monkeypatch.setattr(cx, "EMBED_LIMIT", 0)
+    monkeypatch.setattr(cs, "BIG_STAGE_MACS", 0)
+    monkeypatch.setattr(cs, "AP_MAC_LIMIT", 0)
+    plan, model, cluster = make_plan(cuts=(4,), folding={"conv2": (4, 8), "fc": (2, 16)})
+    generate_plan(plan, model, cluster, tmp_path)
+    assert "static const data_t" not in (tmp_path / "stage0/stage0_weights.h").read_text()
+    top = (tmp_path / "stage1/stage1.cpp").read_text()
+    assert "mode=m_axi port=fc_w" in top and "mode=s_axilite port=return" in top
+    assert "stage1_1.fc_w:DDR[0]" in (tmp_path / "link/fpga1.cfg").read_text()
+    assert "add_files -tb weights.bin" in (tmp_path / "stage1/run_hls.tcl").read_text()
+    r = cs.csim_project(tmp_path, samples=4)
+    assert r["passed"] and r["samples"] == 1 and r["model_max_abs_err_lsb"] == 0, r
+    assert [s["name"] for s in r["stages"]] == ["stage0", "stage0_bwd", "stage1", "stage1_bwd"]
+    for s in r["stages"]:
+        assert s["max_abs_err_lsb"] == 0 and s["samples"] == 1 and s["mac"] == "int64"
+    assert "-DMB=1" in r["stages"][1]["note"]
+
+
+def test_over_budget_kernels_are_reported_skipped(tmp_path, monkeypatch):
+    """A kernel beyond the run budget is listed as skipped and the project does not pass."""
+    import codegen.csim as cs
+
+    plan, model, cluster = make_plan(mode="inference")
+    generate_plan(plan, model, cluster, tmp_path)
+    monkeypatch.setattr(cs, "RUN_LIMIT_MACS", 1000)
+    r = cs.csim_project(tmp_path, samples=1)
+    assert not r["passed"] and r["skipped"] == ["stage0"]
+    assert r["stages"][0]["passed"] is None and "csim budget" in r["stages"][0]["skipped"]
