@@ -136,7 +136,8 @@ def random_input(rng: np.random.Generator, n: int, shape: tuple[int, ...], fmt: 
 def load_weights(build: Path, stage_cfg: dict, fmt: fx.Fmt) -> dict[str, dict[str, np.ndarray]]:
     """Per layer {w, b} or {scale, shift} from the stage's weights.bin (model layout)."""
     dt = np.dtype("<i2") if fmt.width > 8 else np.dtype("i1")
-    raw = np.fromfile(build / stage_cfg["weights_file"], dtype=dt).astype(np.int64)
+    # int32, not int64: VGG-16 has 138 M weights; the reference widens per layer as it goes
+    raw = np.fromfile(build / stage_cfg["weights_file"], dtype=dt).astype(np.int32)
     out: dict[str, dict[str, np.ndarray]] = {}
     for w in stage_cfg["weights"]:
         key = w["name"][len(_ident_prefix(w)):]
