@@ -101,6 +101,7 @@ def _add_args(name: str, p: argparse.ArgumentParser) -> None:
             p.add_argument("--samples", type=int, default=16)
         if name == "csim":
             p.add_argument("--seed", type=int, default=0)
+            p.add_argument("--samples", type=int, default=4, help="random inputs per stage (big stages run 1)")
     elif name == "run":
         p.add_argument("plan")
         p.add_argument("--backend", default="numpy", choices=("numpy", "verilator", "xrt"))

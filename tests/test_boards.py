@@ -81,7 +81,7 @@ def test_on_chip_bytes():
 def test_get_board_unknown():
     with pytest.raises(SpecError) as e:
         get_board("U999")
-    assert str(e.value).startswith("<input>: board: unknown board type 'U999'; expected one of U250, U280")
+    assert str(e.value).startswith("command line: board: unknown board type 'U999'; expected one of U250, U280")
     with pytest.raises(SpecError):
         get_board(None)  # not a KeyError/TypeError
 
