@@ -6,7 +6,7 @@ from .csim import csim_project
 
 def cmd_csim(args) -> tuple[dict, int]:
     """CLI handler: the --json object, exit 1 when a stage does not match numpy."""
-    r = csim_project(args.build, samples=getattr(args, "samples", None) or 4, seed=getattr(args, "seed", 0))
+    r = csim_project(args.build, samples=getattr(args, "samples", 4), seed=getattr(args, "seed", 0))
     return r, 0 if r["passed"] else 1
 
 

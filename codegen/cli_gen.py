@@ -5,6 +5,7 @@ import importlib
 import importlib.util
 from pathlib import Path
 
+from bapipe.errors import SpecError
 from bapipe.plan import load_plan, resolve
 
 from .context import build_project
@@ -45,7 +46,12 @@ def generate_plan(plan, model, cluster, out_dir: str | Path, plan_text: str | No
 
 def cmd_gen(args) -> dict:
     """CLI handler: returns the --json object."""
-    return generate(args.plan, args.output)
+    out = Path(args.output)
+    try:
+        return generate(args.plan, out)
+    except (FileExistsError, NotADirectoryError, IsADirectoryError, PermissionError, FileNotFoundError) as e:
+        # the output folder cannot be made or written: bad -o, not a bug
+        raise SpecError(str(out), None, "-o", f"expected a writable folder: {e.strerror or e}") from None
 
 
 def show_gen(r: dict) -> str:

@@ -91,7 +91,7 @@ def cmd_rtlsim(args):
     man = _load_manifest(build)
     samples = int(args.samples)
     if samples < 2:
-        raise SpecError("--samples", None, "samples", f"expected at least 2 samples, got {samples}")
+        raise SpecError(None, None, "--samples", f"expected at least 2 samples, got {samples}")
     params = json.loads((build / "rtl" / "params.json").read_text())
     from bapipe.spec import load_model
     model = load_model(man["model"])

@@ -137,7 +137,14 @@ def load_weights(build: Path, stage_cfg: dict, fmt: fx.Fmt) -> dict[str, dict[st
     """Per layer {w, b} or {scale, shift} from the stage's weights.bin (model layout)."""
     dt = np.dtype("<i2") if fmt.width > 8 else np.dtype("i1")
     # int32, not int64: VGG-16 has 138 M weights; the reference widens per layer as it goes
-    raw = np.fromfile(build / stage_cfg["weights_file"], dtype=dt).astype(np.int32)
+    wpath = build / stage_cfg["weights_file"]
+    if not wpath.is_file():
+        raise SpecError(str(wpath), None, "weights", "expected the weights file written by `bapipe gen`; re-run it")
+    raw = np.fromfile(wpath, dtype=dt).astype(np.int32)
+    need = max((w["offset"] + w["elements"] for w in stage_cfg["weights"]), default=0)
+    if raw.size < need:  # truncated or from another plan: refuse rather than reshape garbage
+        raise SpecError(str(wpath), None, "weights", f"expected at least {need * dt.itemsize} bytes, got "
+                        f"{raw.size * dt.itemsize}; re-run `bapipe gen`")
     out: dict[str, dict[str, np.ndarray]] = {}
     for w in stage_cfg["weights"]:
         key = w["name"][len(_ident_prefix(w)):]
@@ -231,12 +238,23 @@ def csim_project(build: str | Path, samples: int = 4, seed: int = 0, tolerance_l
     from bapipe.plan import load_plan
     from bapipe.spec import load_model
 
+    if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
+        raise SpecError(None, None, "--samples", f"expected a positive integer, got {samples}")
     build = Path(build)
     cfg_path = build / "host_config.json"
     if not cfg_path.exists():
         raise SpecError(str(build), None, "host_config.json", "expected a folder written by `bapipe gen`")
-    cfg = json.loads(cfg_path.read_text())
+    try:
+        cfg = json.loads(cfg_path.read_text())
+        if not isinstance(cfg, dict) or not isinstance(cfg.get("stages"), list) or "format" not in cfg:
+            raise ValueError("not a host configuration")
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise SpecError(str(cfg_path), None, "(document)",
+                        f"expected the JSON written by `bapipe gen` ({e}); re-run it") from None
     plan = load_plan(build / "plan.yaml")
+    if cfg.get("plan_fingerprint") != plan.fingerprint():  # plan.yaml swapped or edited after gen
+        raise SpecError(str(build / "plan.yaml"), None, "plan_fingerprint",
+                        "expected the plan this folder was generated from; re-run `bapipe gen`")
     model = load_model(plan.model)
     fmt = fx.get_fmt(cfg["format"]["name"])
     rng = np.random.default_rng(seed)

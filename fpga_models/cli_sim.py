@@ -22,10 +22,13 @@ def cmd_sim(args) -> dict:
     if predicted:
         out["planner_iteration_time_s"] = float(predicted)
         out["sim_vs_planner"] = result.iteration_time_s / float(predicted) - 1.0
-    if getattr(args, "gantt", None):
-        out["gantt"] = str(write_gantt(result, args.gantt))
-    if getattr(args, "trace", None):
-        out["trace"] = str(write_trace(result, args.trace))
+    for opt, write in (("gantt", write_gantt), ("trace", write_trace)):
+        path = getattr(args, opt, None)
+        if path:
+            try:
+                out[opt] = str(write(result, path))
+            except OSError as e:  # unwritable path or a directory: bad input, not a bug
+                raise SpecError(str(path), None, f"--{opt}", f"cannot write the file: {e.strerror or e}") from None
     return out
 
 

@@ -82,6 +82,8 @@ def write_gantt(result, path: str | Path, max_labels: int = 600) -> Path:
     from matplotlib.patches import Patch
 
     path = Path(path)
+    if path.is_dir():
+        raise IsADirectoryError(21, "Is a directory", str(path))
     path.parent.mkdir(parents=True, exist_ok=True)
     rows: list[tuple[int, str]] = [(d, b) for d, boards in enumerate(result.device_boards) for b in boards]
     rows_of: dict[int, list[int]] = {}
@@ -130,8 +132,11 @@ def write_gantt(result, path: str | Path, max_labels: int = 600) -> Path:
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.002, 1.0), fontsize=8)
     ax.grid(axis="x", alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    try:
+        # format given so matplotlib writes exactly `path` (it would append .png to a bare name)
+        fig.savefig(path, format="png")
+    finally:
+        plt.close(fig)
     return path
 
 
