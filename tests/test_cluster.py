@@ -13,6 +13,7 @@ from bapipe.yamlio import loads
 from fpga_models.boards import BOARDS
 from fpga_models.cluster import (Cluster, builtin_clusters, dump_cluster_yaml, load_cluster, parse_cluster,
                                  torus_position)
+from docpaths import doc_paths
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "clusters"
 BUILTINS = builtin_clusters()
@@ -364,21 +365,13 @@ _values = st.recursive(
 )
 
 
-def _paths(obj, prefix=()):
-    yield prefix
-    if isinstance(obj, dict):
-        for k, v in obj.items():
-            yield from _paths(v, prefix + (k,))
-    elif isinstance(obj, list):
-        for i, v in enumerate(obj):
-            yield from _paths(v, prefix + (i,))
 
 
 @st.composite
 def _mutated(draw):
     doc = copy.deepcopy(draw(st.sampled_from(_SEEDS)))
     for _ in range(draw(st.integers(min_value=1, max_value=3))):
-        paths = list(_paths(doc))
+        paths = list(doc_paths(doc))
         path = draw(st.sampled_from(paths))
         op = draw(st.sampled_from(["replace", "delete", "insert"]))
         if not path:

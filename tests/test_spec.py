@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from bapipe import zoo
 from bapipe.errors import SpecError
 from bapipe.spec import model_from_text
+from docpaths import doc_paths
 
 GOOD = textwrap.dedent("""\
     name: small
@@ -70,21 +71,13 @@ _VALUES = st.recursive(_SCALARS, lambda c: st.lists(c, max_size=3) | st.dictiona
 _BASES = [yaml.safe_load(GOOD)] + [zoo.ZOO[n]() for n in ("tiny-mlp", "tiny-cnn", "gnmt8")]
 
 
-def _paths(obj, prefix=()):
-    yield prefix
-    if isinstance(obj, dict):
-        for k, v in obj.items():
-            yield from _paths(v, prefix + (k,))
-    elif isinstance(obj, list):
-        for i, v in enumerate(obj):
-            yield from _paths(v, prefix + (i,))
 
 
 @st.composite
 def mutated_docs(draw):
     doc = copy.deepcopy(draw(st.sampled_from(_BASES)))
     for _ in range(draw(st.integers(1, 3))):
-        paths = [p for p in _paths(doc) if p]
+        paths = [p for p in doc_paths(doc) if p]
         path = draw(st.sampled_from(paths))
         parent = doc
         for k in path[:-1]:
