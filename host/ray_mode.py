@@ -1,19 +1,40 @@
 """Optional Ray execution: each board worker a Ray actor (as Alpa runs its meshes on Ray).
 
-Install with ``pip install 'bapipe[ray]'``. The actors run the same ``host.workers.Worker``
-loop as the local processes; their inboxes and the result queue are
-``ray.util.queue.Queue`` actors, so workers on different machines of a Ray cluster talk
-directly. ``ray.init(address=...)`` is taken from the RAY_ADDRESS environment variable
-(default: a local Ray instance). Everything else (feeding, watching, accounting,
-checkpoints) is the local driver's, unchanged.
+Ray (>= 2.40) is one of bapipe's dependencies. Each actor runs the same ``host.workers.Worker``
+loop as a local worker process. Messaging is built for few round trips, because on a
+small machine every blocking Ray call costs about a millisecond:
+
+* inbox: a ``queue.Queue`` inside the actor, filled by the fire-and-forget method
+  ``deliver`` (its own one-thread concurrency group, so it runs while ``run`` blocks).
+  Workers send activations and gradients to their neighbours' actors directly, so on a
+  Ray cluster tensors go board host to board host, not through the driver.
+  Ray does not promise the order of calls into a threaded actor; the worker keys every
+  data message by (kind, iteration, stage, micro-batch, source) and buffers it, and the
+  driver sends a command only after every worker answered the previous one, so order
+  does not matter.
+* results: a second in-actor queue that the driver long-polls (``drain``), one pending
+  poll per actor, so reports come back in batches.
+
+A dead actor (``ray.kill``, a crashed process) shows as a failed ``run`` reference, which
+the driver's watchdog turns into the usual one-line ``PipelineFailure`` naming the stage
+and micro-batch. ``ray.init`` joins RAY_ADDRESS when set, else starts a quiet local
+instance (2 CPUs, no dashboard, loopback only, worker output not forwarded to stdout)
+that ``close`` shuts down again; a session the caller started is left running.
 """
 from __future__ import annotations
 
+import logging
 import os
+import queue
+import time
+from collections import deque
 
 from .backends import BackendUnavailable
 from .driver import Pipeline
 from .workers import worker_main
+
+#: how long one result poll waits inside an actor before answering "nothing yet"
+DRAIN_S = 0.5
 
 
 def require_ray():
@@ -21,34 +42,185 @@ def require_ray():
     try:
         import ray
     except ImportError:
-        raise BackendUnavailable("--ray needs Ray, which is not installed: pip install 'bapipe[ray]'") from None
+        raise BackendUnavailable("--ray needs Ray, which is not installed: pip install 'ray>=2.40'") from None
     return ray
+
+
+def init_ray(num_cpus: int | None = None) -> bool:
+    """Connect to Ray (RAY_ADDRESS) or start a local instance; True when this call started it.
+
+    The settings make a local start quick and quiet on a small offline machine: no
+    dashboard, no usage-stats report, loopback address, a small object store, warnings
+    only, and workers' stdout kept out of the driver's (so ``--json`` stays one object).
+    """
+    ray = require_ray()
+    if ray.is_initialized():
+        return False
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # no network call, no prompt
+    address = os.environ.get("RAY_ADDRESS")
+    kwargs = dict(include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING,
+                  configure_logging=True)
+    if not address:
+        kwargs.update(num_cpus=num_cpus or min(2, os.cpu_count() or 1), _node_ip_address="127.0.0.1",
+                      object_store_memory=128 << 20)
+    _errors_to_stderr()
+    ray.init(address=address, **kwargs)
+    return True
+
+
+def _errors_to_stderr() -> None:
+    """Route the driver's "(raylet) A worker died ..." notices to stderr.
+
+    Ray's error-listener thread prints them as non-error output, i.e. to stdout, where they
+    would break ``--json``'s single object. The thread looks the printer up by module
+    name on every message, so wrapping it once is enough; a Ray without it is left alone.
+    """
+    try:
+        from ray._private import worker as rw
+    except ImportError:
+        return
+    orig = getattr(rw, "print_to_stdstream", None)
+    if orig is None or getattr(orig, "_bapipe_stderr", False):
+        return
+
+    def to_stderr(data, *args, **kwargs):
+        return orig({**data, "is_err": True}, *args, **kwargs)
+
+    to_stderr._bapipe_stderr = True
+    rw.print_to_stdstream = to_stderr
+
+
+_ACTOR_CLASS = None
+
+
+def _actor_class(ray):
+    """The BoardWorker actor class (built on first use so importing this module needs no Ray)."""
+    global _ACTOR_CLASS
+    if _ACTOR_CLASS is not None:
+        return _ACTOR_CLASS
+
+    # num_cpus=0: a board worker mostly waits for its neighbours, and a pipeline needs all
+    # its workers alive at once even when there are more boards than CPUs
+    @ray.remote(num_cpus=0, concurrency_groups={"inbox": 1, "outbox": 1})
+    class BoardWorker:
+        """One board worker: the worker loop plus its inbox and result queues."""
+
+        def __init__(self):
+            self.inbox: queue.Queue = queue.Queue()
+            self.outbox: queue.Queue = queue.Queue()
+
+        @ray.method(concurrency_group="inbox")
+        def deliver(self, msg) -> None:
+            """Put one message into this worker's inbox."""
+            self.inbox.put(msg)
+
+        @ray.method(concurrency_group="inbox")
+        def deliver_many(self, msgs: list) -> None:
+            """Put several messages into the inbox, in order (the driver's batched feed)."""
+            for msg in msgs:
+                self.inbox.put(msg)
+
+        @ray.method(concurrency_group="outbox")
+        def drain(self, timeout: float) -> list:
+            """Every result reported since the last drain, waiting up to ``timeout`` for the first."""
+            try:
+                out = [self.outbox.get(timeout=timeout)]
+            except queue.Empty:
+                return []
+            while True:
+                try:
+                    out.append(self.outbox.get_nowait())
+                except queue.Empty:
+                    return out
+
+        @ray.method(concurrency_group="outbox")
+        def pid(self) -> int:
+            """The actor's process id."""
+            return os.getpid()
+
+        def run(self, spec, peers: list) -> None:
+            """Serve the worker loop until told to stop (or it fails and reports why)."""
+            spec.parent_check = False  # Ray, not the parent process, owns the actor's lifetime
+            inboxes = [self.inbox if w == spec.worker else _ActorInbox(h) for w, h in enumerate(peers)]
+            worker_main(spec, inboxes, self.outbox)
+
+    _ACTOR_CLASS = BoardWorker
+    return BoardWorker
+
+
+class _ActorInbox:
+    """A worker actor's inbox as seen from elsewhere: ``put`` is a fire-and-forget call."""
+
+    def __init__(self, actor):
+        self.actor = actor
+
+    def put(self, msg) -> None:
+        """Deliver ``msg`` (does not wait for the actor)."""
+        self.actor.deliver.remote(msg)
+
+
+class _DriverInbox(_ActorInbox):
+    """The driver's view of an inbox: data messages wait and go with the next command.
+
+    The driver always follows an iteration's inputs and labels with a command (``iter``,
+    ``eval``), so sending them together in one call saves a Ray call per micro-batch.
+    """
+
+    def __init__(self, actor):
+        super().__init__(actor)
+        self.held: list = []
+
+    def put(self, msg) -> None:
+        """Hold a data message; send the held ones and a command in one call."""
+        self.held.append(msg)
+        if msg[0] == "cmd":
+            self.actor.deliver_many.remote(self.held)
+            self.held = []
 
 
 class _ActorHandle:
     """Makes a Ray actor look like a multiprocessing.Process to the driver's watchdog."""
 
-    def __init__(self, ray, actor, done_ref, worker: int):
-        self.ray, self.actor, self.done_ref, self.worker = ray, actor, done_ref, worker
-        self.pid = None
+    def __init__(self, ray, actor, done_ref):
+        self.ray, self.actor, self.done_ref = ray, actor, done_ref
         self.exitcode = None
+        self.death = None
+        self._pid = None
+
+    @property
+    def pid(self) -> int | None:
+        """The actor's process id (asked once), or None if it is gone."""
+        if self._pid is None:
+            try:
+                self._pid = self.ray.get(self.actor.pid.remote(), timeout=10)
+            except Exception:
+                return None
+        return self._pid
 
     def is_alive(self) -> bool:
+        """False once the actor's ``run`` has ended, normally or by the actor dying."""
         ready, _ = self.ray.wait([self.done_ref], timeout=0)
-        if ready:
+        if not ready:
+            return True
+        if self.exitcode is None:
             try:
                 self.ray.get(self.done_ref)
                 self.exitcode = 0
-            except Exception:  # the actor died (RayActorError) or its loop raised
+            except Exception as e:  # ActorDiedError / RayActorError: killed or crashed
                 self.exitcode = -1
-            return False
-        return True
+                self.death = "Ray actor killed" if "ray.kill" in str(e) else "Ray actor died"
+        return False
 
     def join(self, timeout=None) -> None:
+        """Wait up to ``timeout`` seconds for ``run`` to end."""
         self.ray.wait([self.done_ref], timeout=timeout)
 
     def kill(self) -> None:
-        self.ray.kill(self.actor)
+        """End the actor's process."""
+        try:
+            self.ray.kill(self.actor)
+        except Exception:  # already gone
+            pass
 
 
 class RayPipeline(Pipeline):
@@ -56,46 +228,71 @@ class RayPipeline(Pipeline):
 
     def _start(self, faults: dict) -> None:
         ray = require_ray()
-        from ray.util.queue import Queue
-
-        if not ray.is_initialized():
-            ray.init(address=os.environ.get("RAY_ADDRESS"), include_dashboard=False, log_to_driver=False)
-
-        @ray.remote(num_cpus=0)
-        class BoardWorker:
-            def run(self, spec, inboxes, results):
-                spec.parent_check = False
-                worker_main(spec, inboxes, results)
-
-        self.inboxes = [Queue() for _ in range(self.n)]
-        self.results = Queue()
-        self.procs = []
-        for w in range(self.n):
-            actor = BoardWorker.remote()
-            ref = actor.run.remote(self._spec(w, faults.get(w)), self.inboxes, self.results)
-            self.procs.append(_ActorHandle(ray, actor, ref, w))
+        if not hasattr(self, "_owns_ray"):
+            self._owns_ray = init_ray()
+        self.ray = ray
+        cls = _actor_class(ray)
+        actors = [cls.remote() for _ in range(self.n)]
+        self.inboxes = [_DriverInbox(a) for a in actors]
+        self.procs = [_ActorHandle(ray, a, a.run.remote(self._spec(w, faults.get(w)), actors))
+                      for w, a in enumerate(actors)]
+        self._polls = [None] * self.n
+        self._buf: deque = deque()
         ready = set()
-        self._collect(lambda msg: msg[0] == "ready" and ready.add(msg[1]) is None and len(ready) == self.n,
-                      what="start-up", ops=None, key=None)
+        try:
+            self._collect(lambda msg: msg[0] == "ready" and ready.add(msg[1]) is None and len(ready) == self.n,
+                          what="start-up", ops=None, key=None)
+        except BaseException:  # train() never sees this pipeline, so release the actors and Ray here
+            self.close()
+            raise
 
     def _next_result(self, timeout: float):
-        """The next message from the shared Ray result queue, or None."""
-        try:
-            return self.results.get(timeout=timeout)
-        except Exception:  # ray.util.queue.Empty
+        """The next worker report, or None after ``timeout``: keeps one pending poll per live actor."""
+        if self._buf:
+            return self._buf.popleft()
+        ray = self.ray
+        for w, pr in enumerate(self.procs):
+            if self._polls[w] is None and pr.exitcode is None:
+                self._polls[w] = pr.actor.drain.remote(DRAIN_S)
+        pending = [r for r in self._polls if r is not None]
+        if not pending:
+            time.sleep(timeout)
             return None
+        ready, _ = ray.wait(pending, num_returns=1, timeout=timeout)
+        if ready:  # take every poll that has answered, not just the first
+            ready, _ = ray.wait(pending, num_returns=len(pending), timeout=0)
+        done = {r for r in ready}
+        for w, ref in enumerate(self._polls):
+            if ref is not None and ref in done:
+                self._polls[w] = None
+                try:
+                    self._buf.extend(ray.get(ref))
+                except Exception:  # the actor is gone; is_alive() reports it
+                    self.procs[w].is_alive()
+        return self._buf.popleft() if self._buf else None
+
+    def _stop_actors(self) -> None:
+        for w, pr in enumerate(self.procs):
+            if pr.is_alive():
+                self.inboxes[w].put(("cmd", "stop"))
+        deadline = time.monotonic() + 2.0
+        for pr in self.procs:
+            pr.join(max(0.0, deadline - time.monotonic()))
+            pr.kill()
+        self.procs = []
+        self._polls = []
+        self._buf = deque()
+
+    def restart(self, state: dict) -> None:
+        """Replace every actor with a fresh one holding ``state`` (after a failure); Ray stays up."""
+        self._stop_actors()
+        self._start({})
+        self.set_state(state)
 
     def close(self) -> None:
-        """Stop the actors and their queues."""
-        for w, pr in enumerate(self.procs):
-            try:
-                self.inboxes[w].put(("cmd", "stop"))
-            except Exception:
-                pass
-        for pr in self.procs:
-            pr.join(2.0)
-            pr.kill()
-        for q in getattr(self, "inboxes", []) + [getattr(self, "results", None)]:
-            if q is not None and hasattr(q, "shutdown"):
-                q.shutdown()
-        self.procs = []
+        """Stop the actors; shut Ray down if this pipeline started it."""
+        if self.procs:
+            self._stop_actors()
+        if getattr(self, "_owns_ray", False):
+            self._owns_ray = False
+            self.ray.shutdown()
