@@ -50,6 +50,17 @@ class _Parser(argparse.ArgumentParser):
         sys.exit(2)
 
 
+def _seed(text: str) -> int:
+    """argparse type of --seed: numpy's generators take only non-negative integers."""
+    try:
+        v = int(text)
+    except ValueError:
+        v = -1
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got '{text}'")
+    return v
+
+
 def _add_args(name: str, p: argparse.ArgumentParser) -> None:
     """Arguments of each subcommand (kept here so the CLI contract reads in one place)."""
     if name == "profile":
@@ -91,7 +102,7 @@ def _add_args(name: str, p: argparse.ArgumentParser) -> None:
         p.add_argument("--dst-mesh", required=True)
         p.add_argument("--dst", required=True, help="destination layout, e.g. RS0R")
         p.add_argument("--cluster", help="cluster whose links to use (default: groups of 4, 100 Gb/s)")
-        p.add_argument("--seed", type=int, default=0)
+        p.add_argument("--seed", type=_seed, default=0)
     elif name == "gen":
         p.add_argument("plan")
         p.add_argument("-o", "--output", default="build")
@@ -100,17 +111,17 @@ def _add_args(name: str, p: argparse.ArgumentParser) -> None:
         if name == "rtlsim":
             p.add_argument("--samples", type=int, default=16)
         if name == "csim":
-            p.add_argument("--seed", type=int, default=0)
+            p.add_argument("--seed", type=_seed, default=0)
             p.add_argument("--samples", type=int, default=4, help="random inputs per stage (big stages run 1)")
         if name == "synth":
             p.add_argument("--board", action="append", help="synthesise only this board (repeatable)")
-            p.add_argument("--timeout", type=float, default=900.0, help="wall-time limit per board, seconds")
+            p.add_argument("--timeout", type=float, default=600.0, help="wall-time limit per board, seconds")
     elif name == "run":
         p.add_argument("plan")
         p.add_argument("--backend", default="numpy", choices=("numpy", "verilator", "xrt"))
         p.add_argument("--epochs", type=int, default=5)
         p.add_argument("--lr", type=float, default=None)
-        p.add_argument("--seed", type=int, default=0)
+        p.add_argument("--seed", type=_seed, default=0)
         p.add_argument("--precision", default="float32", choices=("float32", "fixed"))
         p.add_argument("--log", help="write a per-iteration log (.json or .csv)")
         p.add_argument("--checkpoint", help="save weights and optimizer state here")
@@ -122,7 +133,7 @@ def _add_args(name: str, p: argparse.ArgumentParser) -> None:
         p.add_argument("model")
         p.add_argument("-o", "--output", required=True)
         p.add_argument("--weights", default="random", choices=("random", "zero"), help="initial weights (default random)")
-        p.add_argument("--seed", type=int, default=0, help="seed of the random weights")
+        p.add_argument("--seed", type=_seed, default=0, help="seed of the random weights")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -153,6 +164,14 @@ def main(argv: list[str] | None = None) -> int:
     handler = getattr(mod, "cmd_" + args.command.replace("-", "_"), None) or getattr(mod, "run")
     try:
         result = handler(args)
+        rc = 0
+        if isinstance(result, tuple):
+            result, rc = result
+        if args.json:
+            text = json.dumps(result, default=_jsonable)
+        else:  # formatting is inside the try too: a show_* bug must not print a traceback
+            show = getattr(mod, "show_" + args.command.replace("-", "_"), None) or getattr(mod, "show", None)
+            text = show(result) if show else json.dumps(result, indent=2, default=_jsonable)
     except SpecError as e:
         sys.stderr.write(str(e) + "\n")
         return 2
@@ -167,16 +186,8 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write(f"bapipe {args.command}: internal error: {type(e).__name__}: {e} "
                          f"(set BAPIPE_DEBUG=1 for the traceback)\n")
         return 1
-    rc = 0
-    if isinstance(result, tuple):
-        result, rc = result
-    if args.json:
-        sys.stdout.write(json.dumps(result, default=_jsonable) + "\n")
-    else:
-        show = getattr(mod, "show_" + args.command.replace("-", "_"), None) or getattr(mod, "show", None)
-        text = show(result) if show else json.dumps(result, indent=2, default=_jsonable)
-        if text:
-            sys.stdout.write(text.rstrip("\n") + "\n")
+    if text:
+        sys.stdout.write(text.rstrip("\n") + "\n")
     return rc
 
 

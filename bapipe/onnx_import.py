@@ -701,7 +701,7 @@ def load_onnx(path: str, opaque: dict[str, tuple[float, float]] | None = None) -
         raise SpecError(path, None, None, "the 'onnx' package is not installed") from None
     p = Path(path)
     if not p.is_file():
-        raise SpecError(path, None, None, "file not found")
+        raise SpecError(path, None, None, "expected an ONNX file, got a folder" if p.is_dir() else "file not found")
     try:
         model = onnx.load(str(p), load_external_data=False)
     except Exception as e:  # DecodeError and friends: not an ONNX file

@@ -240,6 +240,8 @@ def csim_project(build: str | Path, samples: int = 4, seed: int = 0, tolerance_l
 
     if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
         raise SpecError(None, None, "--samples", f"expected a positive integer, got {samples}")
+    if seed < 0:  # numpy refuses negative seeds with a bare ValueError
+        raise SpecError(None, None, "--seed", f"expected a non-negative integer, got {seed}")
     build = Path(build)
     cfg_path = build / "host_config.json"
     if not cfg_path.exists():

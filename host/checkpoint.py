@@ -42,8 +42,12 @@ def save(path: str | Path, plan: Plan, state: dict, epoch: int, iteration: int, 
     arrays["meta"] = np.array(json.dumps(meta))
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp.npz")
-    np.savez(tmp, **arrays)
-    tmp.replace(path)  # atomic: a crash mid-write leaves the previous checkpoint intact
+    try:
+        np.savez(tmp, **arrays)
+        tmp.replace(path)  # atomic: a crash mid-write leaves the previous checkpoint intact
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise SpecError(str(path), None, "--checkpoint", f"cannot write the checkpoint: {e.strerror or e}") from None
 
 
 def load(path: str | Path, plan: Plan, model, seed: int | None = None) -> tuple[int, int, dict]:

@@ -49,7 +49,7 @@ def show_run(r: dict) -> str:
         f"{r['microbatches']} micro-batches of {r['microbatch_size']} (global batch {r['global_batch']}), "
         f"{r['optimizer']} lr {r['lr']:g}, {r['precision']}",
         *(f"  epoch {h['epoch'] + 1}: mean loss {h['mean_loss']:.4f}" for h in r["history"] if h["mean_loss"] is not None),
-        f"final loss        {r['final_loss']:.4f}",
+        f"final loss        {r['final_loss']:.4f}" if r["final_loss"] is not None else "final loss        (no training)",
         f"test accuracy     {r['test_accuracy']:.4f} ({r['test_samples']} digits)",
         f"throughput        {r['samples_per_s']:.0f} samples/s",
         f"stage utilisation {util}",

