@@ -62,7 +62,7 @@ def _construct_mapping(loader: _Loader, node: yaml.MappingNode) -> Node:
     loader.flatten_mapping(node)
     for key_node, value_node in node.value:
         key = loader.construct_object(key_node, deep=True)
-        if not isinstance(key, (str, int, float, bool)) or isinstance(key, bool) and False:
+        if not isinstance(key, (str, int, float, bool)):
             raise SpecError(loader.name, key_node.start_mark.line + 1, None, "mapping keys must be plain scalars")
         key = str(key)
         if key in out:

@@ -1,6 +1,8 @@
 """`bapipe models | boards | clusters | profile`: what is built in, and per-layer cost."""
 from __future__ import annotations
 
+import io
+
 from bapipe.errors import SpecError
 from bapipe.spec import load_model
 
@@ -15,9 +17,9 @@ def _table(headers: list[str], rows: list[list], title: str | None = None) -> st
         t.add_column(h, justify="left" if i == 0 else "right")
     for r in rows:
         t.add_row(*[str(x) for x in r])
-    con = Console(width=160, record=True, file=open("/dev/null", "w"))
+    con = Console(width=160, file=io.StringIO())
     con.print(t)
-    return con.export_text()
+    return con.file.getvalue()
 
 
 def _si(x: float, unit: str = "") -> str:
