@@ -109,7 +109,12 @@ def _add_args(name: str, p: argparse.ArgumentParser) -> None:
     elif name in ("csim", "rtlsim", "synth"):
         p.add_argument("build", nargs="?", default="build")
         if name == "rtlsim":
-            p.add_argument("--samples", type=int, default=16)
+            p.add_argument("--samples", type=int, default=None,
+                           help="inputs to stream (default 16; fewer, at least 3, when boards take turns "
+                                "between layers, to keep the run near 4M simulated cycles)")
+            p.add_argument("--engine", default="cpp", choices=("cpp", "cocotb"),
+                           help="C++ Verilator harness (fast) or the cocotb testbench")
+            p.add_argument("--threads", type=int, default=1, help="Verilator model threads (cpp engine)")
         if name == "csim":
             p.add_argument("--seed", type=_seed, default=0)
             p.add_argument("--samples", type=int, default=4, help="random inputs per stage (big stages run 1)")

@@ -2,7 +2,8 @@
 
 1. Simulation speed of the 4-board tiny-mlp pipeline (cluster_top with 3 link emulators):
    simulated cycles per second of a plain Verilator C++ harness (input always valid, output
-   always ready), and of the cocotb-driven `bapipe rtlsim` run (Python drives every beat).
+   always ready), of the cocotb-driven `bapipe rtlsim --engine cocotb` run (Python drives every
+   beat) and of `bapipe rtlsim --engine cpp` (codegen/rtlsim_cpp.py, outputs checked too).
 2. Link utilisation: link_tx -> link_emulator -> link_rx with a source that never idles and
    a sink that never stalls; beats x beat bytes per cycle against the configured bandwidth
    (target >= 98%), for links slower than, equal to and faster than the stream.
@@ -124,7 +125,10 @@ def bench_pipeline(cycles: int, samples: int) -> dict:
     measured = (r["last_out"] - r["first_out"] + 1) / (r["out_beats"] / out_per_sample) if r["out_beats"] else None
     proj = CACHE / "tiny-mlp-4"
     render_rtl(plan, model, cluster, proj)
-    res, _ = cmd_rtlsim(ap.Namespace(build=str(proj), samples=samples, json=True))
+    res, _ = cmd_rtlsim(ap.Namespace(build=str(proj), samples=samples, json=True, engine="cocotb"))
+    # the C++ harness of `bapipe rtlsim --engine cpp` over about as many cycles as the free run
+    cpp_samples = max(2, cycles // max(1, int(pipe.interval)))
+    cpp, _ = cmd_rtlsim(ap.Namespace(build=str(proj), samples=cpp_samples, json=True, engine="cpp"))
     return {
         "boards": len(pipe.boards), "links": len(pipe.links),
         "verilator_cycles": r["cycles"], "verilator_s": r["seconds"],
@@ -133,6 +137,8 @@ def bench_pipeline(cycles: int, samples: int) -> dict:
         "overflow": bool(r["overflow"]),
         "cocotb_cycles_per_s": res["sim_cycles_per_s"], "cocotb_outputs_match": res["outputs_match"],
         "cocotb_cycles_per_sample": res["cycles_per_sample"], "cocotb_samples": samples,
+        "cpp_cycles_per_s": cpp["sim_cycles_per_s"], "cpp_outputs_match": cpp["outputs_match"],
+        "cpp_cycles_per_sample": cpp["cycles_per_sample"], "cpp_samples": cpp_samples, "cpp_compile_s": cpp["compile_s"],
     }
 
 
@@ -170,6 +176,8 @@ def main(argv=None) -> int:
           f"({pipe['verilator_cycles']:,} cycles in {pipe['verilator_s']:.2f} s)")
     print(f"  cocotb (bapipe rtlsim): {pipe['cocotb_cycles_per_s']:>12,.0f} simulated cycles/s, outputs "
           f"{'bit-exact' if pipe['cocotb_outputs_match'] else 'MISMATCH'}")
+    print(f"  rtlsim --engine cpp   : {pipe['cpp_cycles_per_s']:>12,.0f} simulated cycles/s, outputs "
+          f"{'bit-exact' if pipe['cpp_outputs_match'] else 'MISMATCH'} ({pipe['cpp_samples']:,} samples)")
     print(f"  cycles/sample         : {pipe['free_run_cycles_per_sample']:.2f} free-running, "
           f"{pipe['cocotb_cycles_per_sample']:.2f} rtlsim, {pipe['predicted_cycles_per_sample']:.2f} predicted")
     print()
@@ -178,7 +186,8 @@ def main(argv=None) -> int:
     for r in links:
         print(f"{r['beat_bytes']:>7} {r['bandwidth_B_per_cycle']:>9.3f} {r['latency']:>8} {r['credits']:>8} "
               f"{r['offered_B_per_cycle']:>8.3f} {r['moved_B_per_cycle']:>8.3f} {100 * r['utilisation']:>7.2f}%  {r['limit']}")
-    ok = all(r["utilisation"] >= 0.98 and not r["overflow"] for r in links) and pipe["cocotb_outputs_match"]
+    ok = (all(r["utilisation"] >= 0.98 and not r["overflow"] for r in links) and pipe["cocotb_outputs_match"]
+          and pipe["cpp_outputs_match"])
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / "bench_rtl.json").write_text(json.dumps({"pipeline": pipe, "links": links, "ok": ok}, indent=1) + "\n")
     print(f"\nwrote {OUT / 'bench_rtl.json'}; links >= 98% utilised: {ok}")

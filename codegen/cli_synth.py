@@ -92,10 +92,12 @@ def parse_stat_json(text: str) -> dict[str, int]:
 
 
 def synth_files(workdir: Path, sources: list[str], top: str, tag: str | None = None,
-                timeout_s: float = DEFAULT_TIMEOUT_S) -> dict:
+                timeout_s: float = DEFAULT_TIMEOUT_S, mem_dir: str | None = None) -> dict:
     """Synthesise ``sources`` (paths relative to ``workdir``) with ``top`` as top module.
 
-    Writes ``<tag>.log`` and ``<tag>.stat.json`` in ``workdir`` (tag defaults to the top).
+    ``mem_dir`` (relative to ``workdir``, e.g. ``"../rtl"``) is where the MVUs' ``$readmemh``
+    images are, passed as the ``BAPIPE_MEM_DIR`` macro; without it yosys looks next to the
+    source that reads them. Writes ``<tag>.log`` and ``<tag>.stat.json`` in ``workdir`` (tag defaults to the top).
     Returns ``{"status": "ok"|"timeout"|"error", "wall_s", "cells", **resources(cells)}``;
     on error ``"message"`` holds yosys's last error line.
     """
@@ -103,7 +105,8 @@ def synth_files(workdir: Path, sources: list[str], top: str, tag: str | None = N
     tag = tag or top
     log, stat = f"{tag}.log", f"{tag}.stat.json"
     (workdir / stat).unlink(missing_ok=True)
-    script = (f"read_verilog {' '.join(sources)}; "
+    define = "" if mem_dir is None else f'-DBAPIPE_MEM_DIR="{mem_dir.rstrip("/")}/" '
+    script = (f"read_verilog {define}{' '.join(sources)}; "
               f"synth_xilinx -family xcup -top {top} -flatten -noiopad; "
               f"tee -q -o {stat} stat -json")
     t0 = time.perf_counter()
@@ -122,8 +125,8 @@ def synth_files(workdir: Path, sources: list[str], top: str, tag: str | None = N
 
 def board_sources(rtl: Path, files: list[str], top: str) -> list[str]:
     """Files (relative to ``build/synth``) for one board top: the generic blocks, the top, and
-    only the per-layer modules (``*_mvu.v``) it instantiates (parsing the other boards' large
-    weight ROMs took a third of a board's synthesis time)."""
+    only the per-layer modules (``*_mvu.v``) it instantiates (the others would load their
+    weight images for nothing)."""
     text = (Path(rtl) / f"{top}.v").read_text()
     used = set(re.findall(r"^\s*(\w+)\b", text, re.M))
     keep = [f for f in files if f.endswith(".v") and not f.endswith("_top.v")
@@ -172,7 +175,7 @@ def cmd_synth(args):
     rows, t0 = [], time.perf_counter()
     for board in wanted:
         s = synth_files(out_dir, board_sources(build / "rtl", man["files"], tops[board]), tops[board], tag=board,
-                        timeout_s=timeout_s)
+                        timeout_s=timeout_s, mem_dir="../rtl")
         planned = dict(man.get("plan_resources", {}).get(board, {}))
         rows.append({"board": board, "top": tops[board], "synth": s, "planned": planned, "ratio": ratios(s, planned)})
     res = {"tool": TOOL, "timeout_s": timeout_s, "boards": rows, "total_wall_s": round(time.perf_counter() - t0, 1)}

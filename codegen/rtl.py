@@ -16,12 +16,14 @@ from pathlib import Path
 import jinja2
 import numpy as np
 
-from .rtl_model import LinkSpec, MvuSpec, Pipeline, Unsupported, build_pipeline, clog2, count_bits
+from .rtl_model import (LinkSpec, MvuSpec, Pipeline, Unsupported, build_pipeline, clog2, count_bits,
+                        timing_model)
+from .rtl_mem import mvu_memory_files
 
 TEMPLATE_DIR = Path(__file__).resolve().parent.parent / "hls_templates" / "rtl"
 #: the generic modules every project gets, one per file
-GENERIC = ("axis_fifo", "axis_width_conv", "axis_relu", "link_tx", "link_rx", "link_emulator", "swg",
-           "pool_unit")
+GENERIC = ("axis_fifo", "axis_width_conv", "axis_relu", "axis_gate", "link_tx", "link_rx", "link_emulator", "swg",
+           "pool_unit", "tm_sequencer")
 GENERATOR_VERSION = "0.1.0"
 
 
@@ -54,14 +56,13 @@ def verilog_hex(lanes: list[int], elem_w: int) -> str:
 
 
 def render_mvu(spec: MvuSpec, plan_hash: str = "none") -> str:
-    """Verilog of one matrix-vector unit with its weights and biases baked into ROMs."""
-    words = spec.cycles_per_vector
+    """Verilog of one matrix-vector unit; its weights and biases are not in the text but in
+    ``<module>_w.hex`` / ``<module>_b.hex`` (``codegen.rtl_mem.mvu_memory_files(spec)``),
+    loaded with $readmemh from the ``BAPIPE_MEM_DIR`` macro's directory."""
     return render_template(
         "mvu", plan_hash, module=spec.module, layer=spec.layer, relu=spec.relu,
         mw=spec.mw, mh=spec.mh, pe=spec.pe, simd=spec.simd, elem_w=spec.elem_w, frac=spec.frac,
-        acc_w=spec.acc_w, sf_w=clog2(spec.sf), nf_w=clog2(spec.nf), waddr_w=clog2(words),
-        weight_rows=[(a, verilog_hex(spec.weight_word(a), spec.elem_w)) for a in range(words)],
-        bias_rows=[(n, verilog_hex(spec.bias_word(n), spec.elem_w)) for n in range(spec.nf)],
+        acc_w=spec.acc_w, sf_w=clog2(spec.sf), nf_w=clog2(spec.nf), waddr_w=clog2(spec.cycles_per_vector),
     )
 
 
@@ -87,13 +88,53 @@ def render_router(module: str, n_out: int, dests: list[list[int]], plan_hash: st
                            idx_w=clog2(len(dests)), table=router_table(dests, n_out))
 
 
-def _board_ctx(b, elem_w: int) -> dict:
+def pack_unsigned(values: list[int], width: int) -> str:
+    """Sized Verilog literal packing unsigned ``values`` of ``width`` bits, values[0] lowest."""
+    v = 0
+    for i, x in enumerate(values):
+        if not 0 <= x < (1 << width):
+            raise ValueError(f"{x} does not fit {width} bits")
+        v |= int(x) << (i * width)
+    total = len(values) * width
+    return f"{total}'h{v:0{(total + 3) // 4}x}"
+
+
+def _sequencer_ctx(b) -> dict | None:
+    """tm_sequencer parameters and the handshakes it watches, for a board with units."""
+    tm = [st for st in b.stages if st.units]
+    if not tm:
+        return None
+    units = b.units
+    cnt_w = count_bits(max([u.out_beats for u in units] + [st.in_beats for st in tm]))
+    unit_w = clog2(len(units))
     return {
-        "board": b.name, "module": b.module, "stage": b.stage, "has_rx": b.has_rx, "has_tx": b.has_tx,
-        "in_w": b.in_lanes * elem_w, "out_w": b.out_lanes * elem_w,
-        "blocks": [{"kind": k.kind, "inst": k.inst, "module": k.module, "params": list(k.params.items()),
-                    "in_w": k.in_lanes * elem_w} for k in b.blocks],
+        "n_units": len(units), "n_stages": len(tm),
+        "units": [f"{u.layer}" for u in units],
+        "unit_fire": [f"s{st.index}_c{u.out_wire}" for st in tm for u in st.units],
+        "in_fire": [f"s{st.index}_c{st.in_wire}" for st in tm],
+        "params": [("N_UNITS", len(units)), ("N_STAGES", len(tm)), ("UNIT_W", unit_w),
+                   ("STAGE_W", clog2(len(tm))), ("CNT_W", cnt_w), ("FRAMES_W", 2),
+                   ("OUT_BEATS", pack_unsigned([u.out_beats for u in units], cnt_w)),
+                   ("FIRST", pack_unsigned([st.units[0].index for st in tm], unit_w)),
+                   ("LAST", pack_unsigned([st.units[-1].index for st in tm], unit_w)),
+                   ("IN_BEATS", pack_unsigned([st.in_beats for st in tm], cnt_w))],
     }
+
+
+def _stage_ctx(st, elem_w: int, first: bool, last: bool) -> dict:
+    return {
+        "index": st.index, "board": st.board, "style": st.style, "has_rx": st.has_rx, "has_tx": st.has_tx,
+        "from_host": first, "to_host": last,
+        "in_w": st.in_lanes * elem_w, "out_w": st.out_lanes * elem_w,
+        "blocks": [{"kind": k.kind, "inst": k.inst, "module": k.module, "params": list(k.params.items()),
+                    "in_w": k.in_lanes * elem_w, "unit": k.unit} for k in st.blocks],
+    }
+
+
+def _board_ctx(b, pipe) -> dict:
+    first, last = pipe.stages[0], pipe.stages[-1]
+    return {"board": b.name, "module": b.module, "seq": _sequencer_ctx(b),
+            "stages": [_stage_ctx(st, pipe.elem_w, st is first, st is last) for st in b.stages]}
 
 
 def _link_ctx(link: LinkSpec, lanes: int, elem_w: int) -> dict:
@@ -107,21 +148,31 @@ def render_pipeline(pipe: Pipeline, cluster_name: str, plan_hash: str) -> dict[s
     """File name -> Verilog text for every module of the pipeline (generic ones included)."""
     files = {f"{name}.v": render_template(name, plan_hash) for name in GENERIC}
     for b in pipe.boards:
-        for blk in b.blocks:
-            if blk.mvu is not None:
-                files[f"{blk.module}.v"] = render_mvu(blk.mvu, plan_hash)
-        files[f"{b.module}.v"] = render_template("board_top", plan_hash, **_board_ctx(b, pipe.elem_w))
+        for st in b.stages:
+            for blk in st.blocks:
+                if blk.mvu is not None:
+                    files[f"{blk.module}.v"] = render_mvu(blk.mvu, plan_hash)
+        files[f"{b.module}.v"] = render_template("board_top", plan_hash, **_board_ctx(b, pipe))
+    ew = pipe.elem_w
     files["cluster_top.v"] = render_template(
         "cluster_top", plan_hash, module="cluster_top", cluster=cluster_name,
-        in_w=pipe.in_lanes * pipe.elem_w, out_w=pipe.out_lanes * pipe.elem_w, last=len(pipe.boards) - 1,
-        boards=[{"name": b.name, "module": b.module, "has_rx": b.has_rx, "has_tx": b.has_tx,
-                 "in_w": b.in_lanes * pipe.elem_w, "out_w": b.out_lanes * pipe.elem_w} for b in pipe.boards],
-        links=[_link_ctx(l, pipe.boards[i].out_lanes, pipe.elem_w) for i, l in enumerate(pipe.links)],
+        in_w=pipe.in_lanes * ew, out_w=pipe.out_lanes * ew,
+        first=pipe.stages[0].index, last=pipe.stages[-1].index,
+        stages=[_stage_ctx(st, ew, False, False) for st in pipe.stages],
+        boards=[{"name": b.name, "module": b.module, "stages": [_stage_ctx(st, ew, False, False) for st in b.stages]}
+                for b in pipe.boards],
+        links=[_link_ctx(l, pipe.stages[i].out_lanes, ew) if l is not None else None
+               for i, l in enumerate(pipe.links)],
     )
     return files
 
 
-def manifest(pipe: Pipeline, plan, files: list[str]) -> dict:
+def mvu_specs(pipe: Pipeline) -> list:
+    """Every matrix-vector unit of the pipeline, in stage order."""
+    return [blk.mvu for st in pipe.stages for blk in st.blocks if blk.mvu is not None]
+
+
+def manifest(pipe: Pipeline, plan, files: list[str], mem_files: list[str] = ()) -> dict:
     """What `bapipe rtlsim` needs to drive the cluster top and check it (no re-derivation)."""
     return {
         "generator": f"bapipe {GENERATOR_VERSION}", "plan": plan.fingerprint(), "model": plan.model,
@@ -130,21 +181,58 @@ def manifest(pipe: Pipeline, plan, files: list[str]) -> dict:
         "in_lanes": pipe.in_lanes, "out_lanes": pipe.out_lanes,
         "in_elems": pipe.in_elems, "out_elems": pipe.out_elems,
         "boards": [b.name for b in pipe.boards],
+        "stage_boards": [[st.index, st.board, st.style] for st in pipe.stages],
+        "timing": timing_model(pipe),
         "replicas": [s.replicas for s in plan.stages],   # the RTL is replica 0 of each stage
         "first_layer": plan.stages[0].layers[0], "last_layer": plan.stages[-1].layers[-1],
         "links": [{"src": l.src, "dst": l.dst, "bytes_per_cycle": float(l.bytes_per_cycle), "latency": l.latency,
-                   "credits": l.credits, "beat_bytes": l.beat_bytes} for l in pipe.links],
+                   "credits": l.credits, "beat_bytes": l.beat_bytes} for l in pipe.links if l is not None],
         "predicted_cycles_per_sample": pipe.interval,
+        "time_multiplexed": pipe.time_multiplexed,
         "breakdown": [[n, c] for n, c in pipe.breakdown],
         "ops": [{k: v for k, v in op.items() if k not in ("w", "b")} for op in pipe.ops],
         "plan_stage_cycles": [dict(s.cycles) for s in plan.stages],
         "plan_resources": {s.boards[0]: dict(s.resources) for s in plan.stages},
         "board_tops": {b.name: b.module for b in pipe.boards},
+        "mem_files": list(mem_files),
+        "param_layers": [op["layer"] for op in pipe.ops if "w" in op],
     }
 
 
+def _param_dtype(a: np.ndarray):
+    """The narrowest of int16/int32/int64 holding every value of ``a`` (exact)."""
+    for dt in (np.int16, np.int32):
+        info = np.iinfo(dt)
+        if a.size == 0 or (a.min() >= info.min and a.max() <= info.max):
+            return dt
+    return np.int64
+
+
+def write_params(rtl: Path, pipe: Pipeline) -> list[Path]:
+    """The pipeline's raw weights and biases as ``params/<layer>.{w,b}.npy`` (what `bapipe
+    rtlsim` checks against: the numpy reference runs on exactly these)."""
+    d = rtl / "params"
+    d.mkdir(exist_ok=True)
+    paths = []
+    for op in pipe.ops:
+        if "w" not in op:
+            continue
+        for key in ("w", "b"):
+            a = np.asarray(op[key], dtype=np.int64)
+            path = d / f"{op['layer']}.{key}.npy"
+            np.save(path, a.astype(_param_dtype(a)))
+            paths.append(path)
+    return paths
+
+
+def read_params(rtl: Path, layers: list[str]) -> dict[str, dict[str, np.ndarray]]:
+    """Inverse of :func:`write_params` for the named layers (int64 arrays)."""
+    return {n: {k: np.load(rtl / "params" / f"{n}.{k}.npy").astype(np.int64) for k in ("w", "b")} for n in layers}
+
+
 def render_rtl(plan, model, cluster, out_dir: Path, params=None) -> list[Path]:
-    """Write ``out_dir/rtl/``: every module, board tops, cluster top, manifest.json, params.json.
+    """Write ``out_dir/rtl/``: every module, board tops, cluster top, the MVUs' weight memory
+    images (.hex), manifest.json and params/ (raw weights for the reference).
 
     When the plan needs what the RTL cannot build yet, only the generic glue is written with
     ``manifest.json`` saying ``supported: false`` and why (`bapipe rtlsim` reports it).
@@ -156,6 +244,7 @@ def render_rtl(plan, model, cluster, out_dir: Path, params=None) -> list[Path]:
     rtl.mkdir(parents=True, exist_ok=True)
     plan_hash = plan.fingerprint()[:16]
     written: dict[str, str] = {}
+    paths = []
     try:
         pipe = build_pipeline(plan, model, cluster, params)
     except Unsupported as e:
@@ -167,16 +256,21 @@ def render_rtl(plan, model, cluster, out_dir: Path, params=None) -> list[Path]:
         written = render_pipeline(pipe, plan.cluster, plan_hash)
         # Order matters to some tools: leaves first, tops last.
         order = sorted(written, key=lambda n: (n == "cluster_top.v", n.endswith("_top.v"), n))
-        written["manifest.json"] = json.dumps(manifest(pipe, plan, order), indent=1, sort_keys=True) + "\n"
-        written["params.json"] = json.dumps(
-            {op["layer"]: {"w": np.asarray(op["w"]).tolist(), "b": np.asarray(op["b"]).tolist()}
-             for op in pipe.ops if "w" in op}, sort_keys=True) + "\n"
-    paths = []
+        mem_names = []
+        for spec in mvu_specs(pipe):
+            # Written one MVU at a time: VGG-16's images total ~0.7 GB.
+            for name, data in mvu_memory_files(spec).items():
+                (rtl / name).write_bytes(data)
+                paths.append(rtl / name)
+                mem_names.append(name)
+        written["manifest.json"] = json.dumps(manifest(pipe, plan, order, sorted(mem_names)), indent=1,
+                                              sort_keys=True) + "\n"
+        paths += write_params(rtl, pipe)
     for name in sorted(written):
         p = rtl / name
         p.write_text(written[name], encoding="utf-8")
         paths.append(p)
-    return paths
+    return sorted(paths)
 
 
 __all__ = ["render_rtl", "render_template", "render_mvu", "render_router", "render_pipeline", "rtl_env",

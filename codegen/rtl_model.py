@@ -34,6 +34,11 @@ MVU_FILL = 4
 LINK_LOOP = 3
 #: slack credits beyond the round trip, so a one-cycle hiccup never starves the link
 CREDIT_SLACK = 1
+#: cycles a board's sequencer idles between two stage jobs (the grant drops for one cycle;
+#: within a job the next unit is granted in the cycle after the last beat) - measured
+TM_SWITCH = 1
+#: fill cycles of a pool unit's turn beyond its window generator's replay - measured
+POOL_FILL = 1
 #: (width, fraction bits) per plan number format, as in docs/codegen.md
 FORMATS = {"fixed16": (16, 10), "int8": (8, 4)}
 
@@ -208,9 +213,9 @@ def make_link(src: str, dst: str, bandwidth_Bps: float, latency_s: float, clock_
 
 @dataclass(eq=False)
 class Block:
-    """One instance in a board's chain: s_axis in, m_axis out."""
+    """One instance in a stage's chain: s_axis in, m_axis out."""
 
-    kind: str                       # fifo | width_conv | relu | mvu | swg | pool | link_rx | link_tx
+    kind: str                       # fifo | width_conv | relu | mvu | swg | pool | gate | link_rx | link_tx
     inst: str
     module: str
     params: dict[str, int]
@@ -220,34 +225,76 @@ class Block:
     swg: SwgSpec | None = None
     beats_in: int = 0               # beats per sample on its input
     cycles: int = 0                 # cycles per sample it needs at best
+    unit: int | None = None         # gate: the board-level unit it opens for
 
 
 @dataclass(eq=False)
-class BoardRtl:
-    """The RTL of one board: a linear chain of blocks between its input and its output."""
+class Unit:
+    """One layer engine of a time-multiplexed stage: it runs only while the sequencer grants it."""
 
-    name: str
-    module: str
-    stage: int
+    layer: str
+    index: int                      # board-level unit number (sequencer port)
+    out_wire: int                   # chain wire (c<j>) that carries the unit's output
+    out_beats: int                  # beats per sample on that wire
+    cycles: int                     # predicted cycles per sample, fill included
+
+
+@dataclass(eq=False)
+class StageRtl:
+    """The RTL of one pipeline stage on one board: a linear chain of blocks, input to output.
+
+    Wire ``c<j>`` is the input of block j; the last wire is the stage output. Time-multiplexed
+    stages also list their units and the wire on which whole input frames are counted.
+    """
+
+    index: int
+    board: str
+    style: str                      # dataflow | time-multiplexed
     blocks: list[Block]
     in_lanes: int
     out_lanes: int
     has_rx: bool
     has_tx: bool
-    out_elems: int = 0              # elements per sample leaving the board
+    in_elems: int = 0               # elements per sample entering the stage
+    out_elems: int = 0              # elements per sample leaving the stage
+    units: list[Unit] = field(default_factory=list)
+    in_wire: int | None = None      # time-multiplexed: frame beats are counted on this wire
+    in_beats: int = 0               # ... this many per sample
+
+    @property
+    def job_cycles(self) -> float:
+        """Cycles one sample keeps this stage busy (time-multiplexed: units in turn)."""
+        if self.units:
+            return sum(u.cycles for u in self.units) + TM_SWITCH
+        return max((b.cycles for b in self.blocks), default=0)
+
+
+@dataclass(eq=False)
+class BoardRtl:
+    """The RTL of one board: every stage it runs (several under interleaved schedules)."""
+
+    name: str
+    module: str
+    stages: list[StageRtl]
+
+    @property
+    def units(self) -> list[Unit]:
+        """The board's time-multiplexed units in sequencer order."""
+        return [u for s in self.stages for u in s.units]
 
 
 @dataclass(eq=False)
 class Pipeline:
-    """The whole generated pipeline: boards in order, links between, numbers for the model."""
+    """The whole generated pipeline: stages in order, the boards that hold them, links between."""
 
     boards: list[BoardRtl]
-    links: list[LinkSpec]
+    stages: list[StageRtl]
+    links: list[LinkSpec | None]    # links[i] joins stage i to stage i+1 (None: same board)
     elem_w: int
     frac: int
     fmt: str
-    in_elems: int                   # elements per sample into board 0
-    out_elems: int                  # elements per sample out of the last board
+    in_elems: int                   # elements per sample into stage 0
+    out_elems: int                  # elements per sample out of the last stage
     ops: list[dict] = field(default_factory=list)   # numpy reference: dense/conv/relu in order
     breakdown: list[tuple[str, int]] = field(default_factory=list)
     interval: float = 0.0           # predicted cycles per sample (steady state)
@@ -255,12 +302,17 @@ class Pipeline:
     @property
     def in_lanes(self) -> int:
         """Elements per input beat."""
-        return self.boards[0].in_lanes
+        return self.stages[0].in_lanes
 
     @property
     def out_lanes(self) -> int:
         """Elements per output beat."""
-        return self.boards[-1].out_lanes
+        return self.stages[-1].out_lanes
+
+    @property
+    def time_multiplexed(self) -> bool:
+        """True when some stage runs its layers in turns (the replay model then applies)."""
+        return any(s.units for s in self.stages)
 
 
 class Unsupported(Exception):
@@ -339,8 +391,11 @@ def _fifo(inst: str, lanes: int, depth: int, elem_w: int, beats: int) -> Block:
                  lanes, lanes, beats_in=beats, cycles=beats)
 
 
-def _pool(layer, stage, pre: str, lanes: int | None, elem_w: int, blocks: list, ops: list) -> tuple[int, int]:
-    """Window generator + pool_unit for a max/avg pool; returns (lanes, elements) after it."""
+def _pool(layer, stage, pre: str, lanes: int | None, elem_w: int, blocks: list, ops: list,
+          lp: int | None = None) -> tuple[int, int]:
+    """Window generator + pool_unit for a max/avg pool; returns (lanes, elements) after it.
+
+    ``lp`` forces the channels per beat (time-multiplexed stages take the plan's PE*SIMD)."""
     from fpga_models.fixedpoint import AVG_BITS, avg_recip
     if len(layer.in_shapes[0]) != 3:
         raise Unsupported(f"layer '{layer.name}': pooling needs a (C, H, W) input")
@@ -355,7 +410,8 @@ def _pool(layer, stage, pre: str, lanes: int | None, elem_w: int, blocks: list, 
         raise Unsupported(f"layer '{layer.name}': padded maxpool (padding never wins the max) has no RTL engine")
     f = stage.folding.get(layer.name)
     # Channels per beat: the plan's PE when it gives one, else what already arrives (if it divides C).
-    lp = f.pe if f is not None and c % f.pe == 0 else math.gcd(lanes or 1, c)
+    if lp is None:
+        lp = f.pe if f is not None and c % f.pe == 0 else math.gcd(lanes or 1, c)
     if lanes is None:
         lanes = lp
     swg = SwgSpec(c, h, w, k[0], pd[0], s[0], lp)
@@ -381,10 +437,45 @@ def flatten_perm(c: int, h: int, w: int) -> np.ndarray:
     return np.arange(c * h * w).reshape(c, h, w).transpose(1, 2, 0).reshape(-1)
 
 
-def board_chain(plan: Plan, stage, model, params, board_name: str, in_lanes: int | None,
-                link_in: LinkSpec | None, elem_w: int, frac: int, ops: list[dict],
-                state: dict | None = None) -> BoardRtl:
-    """The block chain of one stage on one board; appends the stage's layers to ``ops``.
+def _matrix_layer(stage, layer, p: dict, f: Folding, state: dict):
+    """A dense/conv2d layer as an MVU job: (window generator or None, MW, MH, weight matrix in
+    the stream's column order, vectors per sample). Checks that the folding divides."""
+    if layer.type == "dense":
+        if len(layer.in_shapes[0]) != 1:
+            raise Unsupported(f"layer '{layer.name}': dense on a {len(layer.in_shapes[0])}-D input")
+        mw, mh = layer.in_shapes[0][0], layer.attr["units"]
+        wmat = np.asarray(p["w"], dtype=np.int64)
+        if state.get("hwc"):  # the vector arrives in HWC order after a flatten
+            wmat = wmat[:, flatten_perm(*state.pop("hwc"))]
+        vectors = 1
+        swg = None
+    else:
+        c, h, w = layer.in_shapes[0]
+        k, s, pd = _pair(layer.attr["kernel"]), _pair(layer.attr.get("stride", 1)), _pair(layer.attr.get("padding", 0))
+        if k[0] != k[1] or s[0] != s[1] or pd[0] != pd[1] or layer.attr.get("groups", 1) != 1:
+            raise Unsupported(f"layer '{layer.name}': only square, ungrouped convolutions")
+        # The window generator emits whole pixels of several taps per beat when SIMD is a
+        # multiple of C, else gcd(C, SIMD) channels of one tap; a width converter then
+        # packs its column stream (contiguous in the MVU's column order) to SIMD.
+        if f.simd % c == 0:
+            swg = SwgSpec(c, h, w, k[0], pd[0], s[0], c, math.gcd(f.simd // c, k[0] * k[0]))
+        else:
+            swg = SwgSpec(c, h, w, k[0], pd[0], s[0], math.gcd(c, f.simd))
+        mw, mh = k[0] * k[0] * c, layer.attr["out_channels"]
+        from fpga_models.fixedpoint import conv_weight_matrix
+        wmat = conv_weight_matrix(p["w"])
+        vectors = swg.out_hw[0] * swg.out_hw[1]
+    if mh % f.pe or mw % f.simd:
+        raise SpecError("plan.yaml", None, f"stages[{stage.index}].folding.{layer.name}",
+                        f"expected PE dividing {mh} and SIMD dividing {mw}, got pe={f.pe} simd={f.simd}")
+    return swg, mw, mh, wmat, vectors
+
+
+def dataflow_chain(plan: Plan, stage, model, params, board_name: str, in_lanes: int | None,
+                   link_in: LinkSpec | None, elem_w: int, frac: int, ops: list[dict],
+                   state: dict | None = None) -> StageRtl:
+    """The block chain of a dataflow stage (every layer its own engine, all running at once);
+    appends the stage's layers to ``ops``.
 
     ``in_lanes`` None means the board's input is the host: it takes the first layer's SIMD.
     ``state`` carries across boards the image shape a flatten left on the (HWC) stream: the
@@ -406,34 +497,7 @@ def board_chain(plan: Plan, stage, model, params, board_name: str, in_lanes: int
         if layer.type in ("dense", "conv2d"):
             f = _fold(stage, layer.name)
             p = params[layer.name]
-            if layer.type == "dense":
-                if len(layer.in_shapes[0]) != 1:
-                    raise Unsupported(f"layer '{layer.name}': dense on a {len(layer.in_shapes[0])}-D input")
-                mw, mh = layer.in_shapes[0][0], layer.attr["units"]
-                wmat = np.asarray(p["w"], dtype=np.int64)
-                if state.get("hwc"):  # the vector arrives in HWC order after a flatten
-                    wmat = wmat[:, flatten_perm(*state.pop("hwc"))]
-                vectors = 1
-                swg = None
-            else:
-                c, h, w = layer.in_shapes[0]
-                k, s, pd = _pair(layer.attr["kernel"]), _pair(layer.attr.get("stride", 1)), _pair(layer.attr.get("padding", 0))
-                if k[0] != k[1] or s[0] != s[1] or pd[0] != pd[1] or layer.attr.get("groups", 1) != 1:
-                    raise Unsupported(f"layer '{layer.name}': only square, ungrouped convolutions")
-                # The window generator emits whole pixels of several taps per beat when SIMD is a
-                # multiple of C, else gcd(C, SIMD) channels of one tap; a width converter then
-                # packs its column stream (contiguous in the MVU's column order) to SIMD.
-                if f.simd % c == 0:
-                    swg = SwgSpec(c, h, w, k[0], pd[0], s[0], c, math.gcd(f.simd // c, k[0] * k[0]))
-                else:
-                    swg = SwgSpec(c, h, w, k[0], pd[0], s[0], math.gcd(c, f.simd))
-                mw, mh = k[0] * k[0] * c, layer.attr["out_channels"]
-                from fpga_models.fixedpoint import conv_weight_matrix
-                wmat = conv_weight_matrix(p["w"])
-                vectors = swg.out_hw[0] * swg.out_hw[1]
-            if mh % f.pe or mw % f.simd:
-                raise SpecError("plan.yaml", None, f"stages[{stage.index}].folding.{layer.name}",
-                                f"expected PE dividing {mh} and SIMD dividing {mw}, got pe={f.pe} simd={f.simd}")
+            swg, mw, mh, wmat, vectors = _matrix_layer(stage, layer, p, f, state)
             if lanes is None:
                 lanes = swg.simd if swg else f.simd
             in_elems = layer.in_elems
@@ -489,77 +553,339 @@ def board_chain(plan: Plan, stage, model, params, board_name: str, in_lanes: int
                     "COUNT_W": count_bits(link_in.credits)}, in_l, in_l,
                    beats_in=layers[0].in_elems // in_l, cycles=layers[0].in_elems // in_l)
         blocks.insert(0, rx)
-    out_elems = layers[-1].out_elems
-    return BoardRtl(board_name, f"{board_name}_top", stage.index, blocks, in_l, lanes, has_rx, False, out_elems)
+    return StageRtl(stage.index, board_name, "dataflow", blocks, in_l, lanes, has_rx, False,
+                    layers[0].in_elems, layers[-1].out_elems)
+
+
+def _ew_lanes(f: Folding | None, dim: int) -> int:
+    """Lanes of an element-wise engine: the plan's PE*SIMD, cut down to divide ``dim``."""
+    return math.gcd(f.pe * f.simd if f is not None else 1, dim)
+
+
+def _tm_engine(stage, layer, params, state: dict, pre: str, elem_w: int, frac: int, ops: list):
+    """One layer's engine in a time-multiplexed stage.
+
+    Returns (window generator block or None, the blocks after it, input lanes, output lanes,
+    output beats per sample, cycles of its turn excluding fill, fill cycles), or None for
+    layers that leave the stream as it is (flatten). ReLU is not fused: the plan gives it its
+    own turn, and so does the RTL.
+    """
+    f = stage.folding.get(layer.name)
+    if layer.type in ("dense", "conv2d"):
+        f = f or Folding(1, 1)
+        p = params[layer.name]
+        swg, mw, mh, wmat, vectors = _matrix_layer(stage, layer, p, f, state)
+        blocks: list[Block] = []
+        sblk = None
+        fill = MVU_FILL
+        lin = f.simd
+        if swg:
+            sblk = Block("swg", f"{pre}_{layer.name}_swg", "swg", swg.params(elem_w), swg.simd, swg.out_lanes,
+                         swg=swg, beats_in=swg.frame_beats, cycles=swg.out_beats)
+            col = _converters(f"{pre}_{layer.name}_col", swg.out_lanes, f.simd, elem_w, swg.out_beats)
+            blocks += col
+            lin = swg.simd
+            fill += len(col)
+        bias = np.asarray(p["b"], dtype=np.int64) if p.get("b") is not None else np.zeros(mh, dtype=np.int64)
+        mvu = MvuSpec(f"{pre}_{layer.name}_mvu", layer.name, mw, mh, f.pe, f.simd, False, elem_w, frac, wmat, bias)
+        blocks.append(Block("mvu", f"{pre}_{layer.name}_mvu", mvu.module, {}, f.simd, f.pe, mvu=mvu,
+                            beats_in=vectors * mvu.sf, cycles=vectors * mvu.cycles_per_vector))
+        ops.append({"layer": layer.name, "type": layer.type, "relu": False,
+                    "w": np.asarray(p["w"], dtype=np.int64), "b": bias,
+                    **({"stride": swg.stride, "padding": swg.pad, "in_shape": [swg.c, swg.h, swg.w]} if swg else {})})
+        busy = max([b.cycles for b in blocks] + ([sblk.cycles] if sblk else []))
+        return sblk, blocks, lin, f.pe, vectors * mvu.nf, busy, fill
+    if layer.type in ("maxpool", "avgpool"):
+        if len(layer.in_shapes[0]) != 3:
+            raise Unsupported(f"layer '{layer.name}': pooling needs a (C, H, W) input")
+        lp = _ew_lanes(f, layer.in_shapes[0][0])
+        blocks = []
+        _pool(layer, stage, pre, lp, elem_w, blocks, ops, lp=lp)
+        sblk = blocks.pop(0)
+        sblk.cycles = sblk.swg.out_beats
+        return sblk, blocks, lp, lp, layer.out_elems // lp, max(b.cycles for b in blocks + [sblk]), POOL_FILL
+    if layer.type == "relu":
+        lanes = _ew_lanes(f, layer.out_elems)
+        beats = layer.out_elems // lanes
+        ops.append({"layer": layer.name, "type": "relu", "relu": True})
+        return (None, [Block("relu", f"{pre}_{layer.name}", "axis_relu", {"LANES": lanes, "ELEM_W": elem_w},
+                             lanes, lanes, beats_in=beats, cycles=beats)], lanes, lanes, beats, beats, 0)
+    if layer.type == "flatten":
+        if len(layer.in_shapes[0]) == 3 and layer.in_shapes[0][1:] != (1, 1):
+            state["hwc"] = tuple(layer.in_shapes[0])
+        return None
+    raise Unsupported(f"layer '{layer.name}': type '{layer.type}' has no RTL engine yet "
+                      f"(RTL builds dense, conv2d, maxpool, avgpool, relu, flatten)")
+
+
+def _rx(pre: str, link: LinkSpec, lanes: int, elem_w: int, beats: int) -> Block:
+    return Block("link_rx", f"{pre}_rx", "link_rx",
+                 {"DATA_W": lanes * elem_w, "DEPTH": link.credits, "ADDR_W": clog2(link.credits),
+                  "COUNT_W": count_bits(link.credits)}, lanes, lanes, beats_in=beats, cycles=beats)
+
+
+def _gate(inst: str, lanes: int, beats: int, elem_w: int, unit: int) -> Block:
+    return Block("gate", inst, "axis_gate", {"DATA_W": lanes * elem_w, "BEATS": beats, "CNT_W": count_bits(beats)},
+                 lanes, lanes, beats_in=beats, unit=unit)
+
+
+def tm_chain(plan: Plan, stage, model, params, board_name: str, in_lanes: int | None,
+             link_in: LinkSpec | None, elem_w: int, frac: int, ops: list[dict], state: dict,
+             unit0: int) -> StageRtl:
+    """The block chain of a time-multiplexed stage: its layers take turns, one sample at a time.
+
+    Each layer's engine sits behind a frame buffer and a gate that the board's
+    ``tm_sequencer`` opens for one frame when the layer's turn comes, so a sample's stage
+    time is the sum of its layers' times, as the planner costs it. Conv and pool layers use
+    their window generator's two image banks as the frame buffer (the gate sits on its
+    output, so a turn costs only the replay); others get a FIFO. The stage's input buffer
+    holds two frames (the previous board sends the next sample while this one is worked
+    on), as does the output buffer (the link drains while the next job runs). Width
+    converters run in the producer's turn when they widen or feed a window generator, else
+    after the gate in the consumer's. ``unit0`` numbers the units on the board.
+    """
+    pre = f"s{stage.index}"
+    layers = [model.layers[model.index[n]] for n in stage.layers]
+    blocks: list[Block] = []
+    lanes = in_lanes
+    if link_in is not None:
+        blocks.append(_rx(pre, link_in, lanes, elem_w, layers[0].in_elems // lanes))
+    units: list[Unit] = []
+    pending: list[list] = []        # [layer, out_wire, out_beats, busy, fill] of the unit being built
+    in_wire, in_beats = None, 0
+
+    def close(extra: list[Block]) -> None:
+        # Converters placed in the producer's turn count towards that turn.
+        if pending:
+            name, wire, beats, busy, fill = pending.pop()
+            busy = max([busy] + [b.cycles for b in extra])
+            units.append(Unit(name, unit0 + len(units), wire, beats, busy + fill))
+
+    for layer in layers:
+        eng = _tm_engine(stage, layer, params, state, pre, elem_w, frac, ops)
+        if eng is None:
+            continue
+        sblk, e_blocks, lin, lout, out_beats, busy, fill = eng
+        if lanes is None:
+            lanes = lin
+        in_elems = layer.in_elems
+        first = not units and not pending
+        u = unit0 + len(units) + (1 if pending else 0)
+        if sblk is not None:
+            pre_conv = _converters(f"{pre}_{layer.name}", lanes, lin, elem_w, in_elems // lanes)
+            blocks += pre_conv
+            close(pre_conv)
+            fill += len(pre_conv)   # the image is complete only once they have drained
+            if first:
+                in_wire, in_beats = len(blocks), sblk.swg.frame_beats
+            blocks.append(sblk)
+            blocks.append(_gate(f"{pre}_{layer.name}_gate", sblk.out_lanes, sblk.swg.out_beats, elem_w, u))
+        else:
+            if lin > lanes:
+                pre_conv, post, fl = _converters(f"{pre}_{layer.name}", lanes, lin, elem_w, in_elems // lanes), [], lin
+            else:
+                pre_conv, post, fl = [], _converters(f"{pre}_{layer.name}", lanes, lin, elem_w, in_elems // lanes), lanes
+            blocks += pre_conv
+            close(pre_conv)
+            frame = in_elems // fl
+            if first:
+                in_wire, in_beats = len(blocks), frame
+            blocks.append(_fifo(f"{pre}_{layer.name}_buf", fl, frame * (2 if first else 1), elem_w, frame))
+            blocks.append(_gate(f"{pre}_{layer.name}_gate", fl, frame, elem_w, u))
+            blocks += post
+            busy = max([busy] + [b.cycles for b in post])
+            fill += len(post)
+        blocks += e_blocks
+        pending.append([layer.name, len(blocks), out_beats, busy, fill])
+        lanes = lout
+    close([])
+    if not units:
+        raise Unsupported(f"stage {stage.index} has no layers the RTL can build")
+    out_beats = layers[-1].out_elems // lanes
+    blocks.append(_fifo(f"{pre}_out_buf", lanes, 2 * out_beats, elem_w, out_beats))
+    return StageRtl(stage.index, board_name, "time-multiplexed", blocks, blocks[0].in_lanes, lanes,
+                    link_in is not None, False, layers[0].in_elems, layers[-1].out_elems, units, in_wire, in_beats)
 
 
 def build_pipeline(plan: Plan, model, cluster, params=None, plan_file: str = "plan.yaml") -> Pipeline:
-    """The RTL pipeline of a plan: one board per stage, links between consecutive boards.
+    """The RTL pipeline of a plan: replica 0 of every stage, links between consecutive stages.
 
-    Raises Unsupported when the plan needs what the RTL cannot build (several boards per
-    stage, several stages per board, layer types without an engine).
+    A board that runs several stages (interleaved schedules) gets all of them; time-multiplexed
+    stages on a board share its sequencer, so they take turns as the plan assumes. Raises
+    Unsupported when the plan needs what the RTL cannot build (stages split over meshes,
+    layer types without an engine).
     """
     elem_w, frac = elem_format(plan.number_format, plan_file)
     params = plan_weights(plan, model) if params is None else params
     if not plan.stages:
         raise Unsupported("the plan has no stages")
-    seen = set()
     for s in plan.stages:
         # Data-parallel replicas are identical copies working on other samples: the RTL
         # pipeline is that of replica 0 (boards[0] of each stage).
         if math.prod(s.mesh) != 1 or len(s.boards) != s.replicas:
             raise Unsupported(f"stage {s.index} is split over a {'x'.join(map(str, s.mesh))} mesh "
                               f"(RTL builds one board per stage replica)")
-        if s.boards[0] in seen:
-            raise Unsupported(f"board '{s.boards[0]}' runs several stages (RTL builds one stage per board)")
-        seen.add(s.boards[0])
     clock = min(cb.board.clock_hz for cb in cluster.boards)
-    boards: list[BoardRtl] = []
-    links: list[LinkSpec] = []
+    stages: list[StageRtl] = []
+    links: list[LinkSpec | None] = []
     ops: list[dict] = []
     link_in = None
     lanes = None
     state: dict = {}
+    units_on: dict[str, int] = {}
     for s in plan.stages:
-        b = board_chain(plan, s, model, params, s.boards[0], lanes, link_in, elem_w, frac, ops, state)
-        boards.append(b)
+        bname = s.boards[0]
+        if s.style == "time-multiplexed":
+            st = tm_chain(plan, s, model, params, bname, lanes, link_in, elem_w, frac, ops, state,
+                          units_on.get(bname, 0))
+            units_on[bname] = units_on.get(bname, 0) + len(st.units)
+        else:
+            st = dataflow_chain(plan, s, model, params, bname, lanes, link_in, elem_w, frac, ops, state)
+        stages.append(st)
         if s is not plan.stages[-1]:
             nxt = plan.stages[s.index + 1].boards[0]
-            beat_bytes = b.out_lanes * elem_w // 8
-            link = make_link(s.boards[0], nxt, cluster.path_bandwidth(s.boards[0], nxt),
-                             cluster.path_latency(s.boards[0], nxt), clock, beat_bytes)
-            links.append(link)
-            b.has_tx = True
-            b.blocks.append(Block("link_tx", f"s{s.index}_tx", "link_tx",
-                                  {"DATA_W": b.out_lanes * elem_w, "CREDITS": link.credits,
-                                   "CREDIT_W": count_bits(link.credits)}, b.out_lanes, b.out_lanes))
-            link_in, lanes = link, b.out_lanes
+            link_in = None
+            if nxt != bname:
+                beat_bytes = st.out_lanes * elem_w // 8
+                link_in = make_link(bname, nxt, cluster.path_bandwidth(bname, nxt),
+                                    cluster.path_latency(bname, nxt), clock, beat_bytes)
+                st.has_tx = True
+                st.blocks.append(Block("link_tx", f"s{s.index}_tx", "link_tx",
+                                       {"DATA_W": st.out_lanes * elem_w, "CREDITS": link_in.credits,
+                                        "CREDIT_W": count_bits(link_in.credits)}, st.out_lanes, st.out_lanes))
+            links.append(link_in)
+            lanes = st.out_lanes
     if state.get("hwc"):
         raise Unsupported("the last flatten is not followed by a dense layer")
+    boards: list[BoardRtl] = []
+    for st in stages:
+        b = next((b for b in boards if b.name == st.board), None)
+        if b is None:
+            boards.append(BoardRtl(st.board, f"{st.board}_top", [st]))
+        else:
+            b.stages.append(st)
     first = model.layers[model.index[plan.stages[0].layers[0]]]
     last = model.layers[model.index[plan.stages[-1].layers[-1]]]
-    pipe = Pipeline(boards, links, elem_w, frac, plan.number_format, first.in_elems, last.out_elems, ops)
+    pipe = Pipeline(boards, stages, links, elem_w, frac, plan.number_format, first.in_elems, last.out_elems, ops)
     pipe.breakdown, pipe.interval = predict_interval(pipe)
     return pipe
 
 
-def predict_interval(pipe: Pipeline) -> tuple[list[tuple[str, int]], float]:
-    """Cycle model: (per-element cycles per sample, the slowest = predicted interval)."""
+def predict_interval(pipe: Pipeline) -> tuple[list[tuple[str, float]], float]:
+    """Cycle model: (per-element cycles per sample, the slowest = predicted steady-state interval).
+
+    Dataflow stages: every block of every stage works at once, so the slowest block sets the
+    pace. Time-multiplexed stages: a board's stages take turns, so a board costs the sum of
+    its stages' jobs (each the sum of its units).
+    """
     parts: list[tuple[str, float]] = []
     for b in pipe.boards:
-        for blk in b.blocks:
-            if blk.cycles:
-                parts.append((f"{b.name}/{blk.inst}", blk.cycles))
-        parts.append((f"{b.name}/in", pipe.in_elems // b.in_lanes if b is pipe.boards[0] else 0))
+        tm = [st for st in b.stages if st.units]
+        if tm:
+            parts.append((f"{b.name}/jobs", float(sum(st.job_cycles for st in tm))))
+        for st in b.stages:
+            if st.units:
+                continue
+            for blk in st.blocks:
+                if blk.cycles:
+                    parts.append((f"{b.name}/{blk.inst}", blk.cycles))
+    parts.append(("host in", pipe.in_elems // pipe.in_lanes))
     for i, link in enumerate(pipe.links):
-        beats = _link_beats(pipe, i)
-        parts.append((f"link {link.src}->{link.dst}", float(beats / link.beats_per_cycle)))
+        if link is not None:
+            parts.append((f"link {link.src}->{link.dst}", float(_link_beats(pipe, i) / link.beats_per_cycle)))
     parts.append(("out", pipe.out_elems // pipe.out_lanes))
     parts = [(n, c) for n, c in parts if c]
     return parts, max(c for _, c in parts)
 
 
 def _link_beats(pipe: Pipeline, i: int) -> int:
-    """Beats per sample leaving board i (its output elements over its output lanes)."""
-    b = pipe.boards[i]
-    return b.out_elems // b.out_lanes
+    """Beats per sample leaving stage i (its output elements over its output lanes)."""
+    st = pipe.stages[i]
+    return st.out_elems // st.out_lanes
+
+
+# ------------------------------------------------------------------ replay of turn-taking boards
+
+#: cycles from a stage's last beat entering the next stage's input buffer to that job's start
+TM_START = 2
+#: cycles from a link's last beat leaving the transmitter to entering the receiver's buffer
+LINK_RX_DELAY = 2
+
+
+def timing_model(pipe: Pipeline) -> dict:
+    """What :func:`replay_outputs` needs, JSON-able (written into the manifest by ``bapipe gen``)."""
+    out = []
+    for i, st in enumerate(pipe.stages):
+        link = pipe.links[i] if i < len(pipe.links) else None
+        out.append({
+            "stage": st.index, "board": st.board,
+            "units": [u.cycles for u in st.units] if st.units else [st.job_cycles],
+            "in_beats": st.in_beats or (st.in_elems // st.in_lanes),
+            "out_beats": st.out_elems // st.out_lanes,
+            "link": None if link is None else {"beats_per_cycle": float(link.beats_per_cycle),
+                                               "latency": link.latency},
+        })
+    return {"stages": out, "switch": TM_SWITCH, "start": TM_START, "rx_delay": LINK_RX_DELAY,
+            "host_beats": pipe.in_elems // pipe.in_lanes}
+
+
+def replay_outputs(model: dict, n: int) -> list[float]:
+    """Cycle of each sample's last output beat (from the first input beat) for n samples sent
+    back to back, replaying the boards' turn-taking: a board runs one stage job at a time,
+    the latest stage among those whose whole input frame has arrived first (as
+    ``tm_sequencer`` does); a link forwards a job's output while its last layer produces it.
+    """
+    st = model["stages"]
+    sw, start_d, rx_d = model["switch"], model["start"], model["rx_delay"]
+    ns = len(st)
+    ready = [[None] * n for _ in st]
+    host = model["host_beats"]
+    ready[0][0] = float(host)
+    if n > 1:
+        ready[0][1] = 2.0 * host
+    nxt = [0] * ns                                  # next sample each stage will take
+    free = {s["board"]: 0.0 for s in st}
+    link_free = [0.0] * ns
+    outs = [0.0] * n
+    done = 0
+    while done < ns * n:
+        best = None
+        for b in free:
+            cands = [j for j in range(ns) if st[j]["board"] == b and nxt[j] < n and ready[j][nxt[j]] is not None]
+            if not cands:
+                continue
+            t = max(free[b], min(ready[j][nxt[j]] + start_d for j in cands))
+            if best is None or t < best[0]:
+                j = max(j for j in cands if ready[j][nxt[j]] + start_d <= t)
+                best = (t, j)
+        if best is None:
+            raise RuntimeError("replay stuck: a stage waits for input that never comes")
+        t, j = best
+        k = nxt[j]
+        nxt[j] += 1
+        units = st[j]["units"]
+        end = t + sum(units) + sw
+        free[st[j]["board"]] = end
+        if j == 0 and k + 2 < n:
+            # The host refills stage 0's two-frame buffer as this job's first layer drains it.
+            ready[0][k + 2] = max(ready[0][k + 1] + host, t + units[0])
+        last_start = end - units[-1]
+        if j + 1 < ns:
+            link = st[j]["link"]
+            if link is None:
+                ready[j + 1][k] = end
+            else:
+                send0 = max(last_start, link_free[j])
+                send1 = max(end, send0 + st[j]["out_beats"] / link["beats_per_cycle"])
+                link_free[j] = send1
+                ready[j + 1][k] = send1 + link["latency"] + rx_d
+        else:
+            outs[k] = end
+        done += 1
+    return outs
+
+
+def predicted_cycles_per_sample(model: dict, n: int) -> float:
+    """What `bapipe rtlsim` measures, predicted: (last sample's output - first's) / (n - 1)."""
+    outs = replay_outputs(model, n)
+    return (outs[-1] - outs[0]) / (n - 1)

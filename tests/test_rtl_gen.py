@@ -86,7 +86,7 @@ def test_conv_pipeline_structure():
     plan = conv_mini_plan()
     model, cluster = resolve(plan)
     pipe = rm.build_pipeline(plan, model, cluster)
-    kinds = [[b.kind for b in brd.blocks] for brd in pipe.boards]
+    kinds = [[b.kind for b in st.blocks] for st in pipe.stages]
     assert kinds[0] == ["swg", "mvu", "link_tx"]
     assert kinds[1] == ["link_rx", "relu", "width_conv", "swg", "mvu", "link_tx"]
     assert pipe.interval == 36 * (4 // 2) * (18 // 2)    # conv1: 36 pixels x NF*SF
@@ -109,12 +109,53 @@ def test_tiny_cnn_structure_and_model():
     plan = tiny_cnn_plan()
     model, cluster = resolve(plan)
     pipe = rm.build_pipeline(plan, model, cluster)
-    kinds = [[b.kind for b in brd.blocks] for brd in pipe.boards]
+    kinds = [[b.kind for b in st.blocks] for st in pipe.stages]
     assert kinds[1][:5] == ["link_rx", "width_conv", "swg", "pool", "width_conv"]
     # conv1 (C = 1, SIMD 3): the SWG puts 3 taps per beat -> 64 pixels x 3 beats; MVU 64 x (8/4)(9/3)
     terms = dict(pipe.breakdown)
     assert terms["fpga0/s0_conv1_swg"] == 192 and terms["fpga0/s0_conv1_mvu"] == 384
     assert pipe.interval == max(terms.values())
+
+
+def test_time_multiplexed_units_cost_what_the_planner_says():
+    """VGG-16 on 4xU250-ring (interleaved, time-multiplexed): every layer's turn in the RTL
+    takes the planner's cycles for that layer plus a documented fill, and each board's jobs
+    add up to its stages' planned forward cycles per sample."""
+    from bapipe.plan import load_plan
+    from fpga_models.boards import get_board
+    from fpga_models.cost import layer_cost
+    path = _vgg_plan()
+    plan = load_plan(path)
+    model, cluster = resolve(plan)
+    pipe = rm.build_pipeline(plan, model, cluster, params=_zero_params(model))
+    board = get_board("U250")
+    for st, ps in zip(pipe.stages, plan.stages):
+        assert st.style == "time-multiplexed" and st.board == ps.boards[0]
+        for u in st.units:
+            f = ps.folding[u.layer]
+            planned = layer_cost(model.layers[model.index[u.layer]], board, f.pe, f.simd, plan.number_format).fwd_cycles
+            assert 0 <= u.cycles - planned <= rm.MVU_FILL + 1, (u.layer, u.cycles, planned)
+        # per replica the stage sees microbatch / replicas samples
+        per_sample = ps.cycles["fwd"] * ps.replicas / plan.microbatch_size
+        assert abs(sum(u.cycles for u in st.units) - per_sample) <= 5 * len(st.units)
+    # interleaved: fpga0 runs stages 0 and 2, fpga2 stages 1 and 3, one sequencer each
+    assert [[s.index for s in b.stages] for b in pipe.boards] == [[0, 2], [1, 3]]
+    assert pipe.interval == max(sum(s.job_cycles for s in b.stages) for b in pipe.boards)
+
+
+def test_replay_matches_hand_timeline():
+    """Two boards, two single-unit stages each way: the replay's timeline by hand."""
+    link = {"beats_per_cycle": 1.0, "latency": 10}
+    model = {"stages": [{"stage": 0, "board": "a", "units": [100], "in_beats": 8, "out_beats": 4, "link": link},
+                        {"stage": 1, "board": "b", "units": [300], "in_beats": 4, "out_beats": 2, "link": None}],
+             "switch": 1, "start": 2, "rx_delay": 2, "host_beats": 8}
+    outs = rm.replay_outputs(model, 3)
+    # a: job k starts when frame k is in (8, 16, then as the buffer frees) + 2; b is the bottleneck (301)
+    a0 = 8 + 2
+    b0 = (a0 + 101) + 10 + 2 + 2          # link carries 4 beats while the last unit runs: ends with it
+    assert outs[0] == b0 + 301
+    assert outs[1] - outs[0] == 301 and outs[2] - outs[1] == 301
+    assert rm.predicted_cycles_per_sample(model, 3) == 301
 
 
 def test_bad_folding_is_refused():
@@ -155,3 +196,26 @@ def test_rtlsim_cli_bad_input_is_one_line(tmp_path):
                        capture_output=True, text=True)
     assert r.returncode == 2 and r.stdout == ""
     assert len(r.stderr.strip().splitlines()) == 1 and "manifest.json" in r.stderr
+
+
+def _vgg_plan() -> str:
+    import subprocess
+    import sys
+    import tempfile
+    from pathlib import Path
+    d = Path(tempfile.mkdtemp(prefix="bapipe-vgg-"))
+    subprocess.run([sys.executable, "-m", "bapipe.cli", "plan", "vgg16", "4xU250-ring", "-o", str(d / "plan.yaml")],
+                   check=True, capture_output=True)
+    return str(d / "plan.yaml")
+
+
+def _zero_params(model):
+    """Cheap stand-in weights (the structure test needs shapes only)."""
+    out = {}
+    for l in model.layers:
+        if l.type == "dense":
+            out[l.name] = {"w": np.zeros((l.attr["units"], l.in_shapes[0][0]), dtype=np.int64), "b": None}
+        elif l.type == "conv2d":
+            k = l.attr["kernel"] if isinstance(l.attr["kernel"], int) else l.attr["kernel"][0]
+            out[l.name] = {"w": np.zeros((l.attr["out_channels"], l.in_shapes[0][0], k, k), dtype=np.int64), "b": None}
+    return out

