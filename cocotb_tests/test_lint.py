@@ -1,5 +1,6 @@
-"""`verilator --lint-only -Wall` is clean on every generated module (generic glue, MVUs with
-baked weights, routers, board tops and cluster tops of an MLP and a CNN pipeline)."""
+"""`verilator --lint-only -Wall` is clean on every generated module (generic glue, MVUs,
+routers, board tops and cluster tops of MLP and CNN pipelines, dataflow and time-multiplexed
+with two stages per board)."""
 from __future__ import annotations
 
 import subprocess
@@ -12,11 +13,12 @@ pytestmark = [*needs_verilator, xdist_group("lint")]
 
 def _projects():
     from bapipe.plan import resolve
-    from cocotb_tests.plans import conv_mini_plan, tiny_cnn_plan, tiny_mlp_plan
+    from cocotb_tests.plans import conv_mini_plan, tiny_cnn_interleaved_plan, tiny_cnn_plan, tiny_mlp_plan
     from codegen.rtl import render_router, render_rtl
     out = CACHE / "lint"
     dirs = []
-    for name, plan in (("tiny-mlp-4", tiny_mlp_plan(4)), ("conv-mini", conv_mini_plan()), ("tiny-cnn", tiny_cnn_plan())):
+    for name, plan in (("tiny-mlp-4", tiny_mlp_plan(4)), ("conv-mini", conv_mini_plan()), ("tiny-cnn", tiny_cnn_plan()),
+                       ("tiny-cnn-tm", tiny_cnn_interleaved_plan())):
         model, cluster = resolve(plan)
         render_rtl(plan, model, cluster, out / name)
         dirs.append(out / name / "rtl")

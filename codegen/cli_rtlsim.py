@@ -147,6 +147,7 @@ def cmd_rtlsim(args):
         "sim_cycles": out["sim_cycles"], "compile_s": round(out["compile_s"], 2), "overflow": bool(out["overflow"]),
         "bottleneck": max(man["breakdown"], key=lambda t: t[1])[0],
         "steady_state_cycles_per_sample": steady, "engine": getattr(args, "engine", "cpp"),
+        "stages": [f"stage {i} on {b}" for i, b, _style in man.get("stage_boards", [])] or man["boards"],
     }
     return result, (0 if match else 1)
 
@@ -154,11 +155,12 @@ def cmd_rtlsim(args):
 def show_rtlsim(r: dict) -> str:
     """Human summary."""
     lines = [
-        f"RTL pipeline over {len(r['boards'])} boards ({' -> '.join(r['boards'])}), {r['samples']} samples",
+        f"RTL pipeline over {len(r['boards'])} boards ({' -> '.join(r['stages'])}), {r['samples']} samples",
         f"  outputs vs numpy     : {'bit-exact' if r['outputs_match'] else 'MISMATCH'}"
         f" (max |err| {r['max_abs_err_lsb']} LSB)",
         f"  cycles per sample    : {r['cycles_per_sample']:.2f} measured, {r['predicted_cycles_per_sample']:.2f} "
-        f"predicted ({100 * r['error']:+.2f}%), bottleneck {r['bottleneck']}",
+        f"predicted over the same {r['samples']} samples ({100 * r['error']:+.2f}%), bottleneck {r['bottleneck']}",
+        f"  steady state         : {r['steady_state_cycles_per_sample']:.0f} cycles per sample (cycle model)",
         f"  first-sample latency : {r['latency_cycles']} cycles",
         f"  simulation           : {r['sim_cycles']} cycles at {r['sim_cycles_per_s']:.0f} cycles/s "
         f"(compile {r['compile_s']} s)",

@@ -29,6 +29,8 @@ HARNESS_VERSION = "1"
 RESET_CYCLES = 5
 #: cycles run after the last expected output beat to catch extra beats (codegen/rtlsim_tb.py)
 TAIL_CYCLES = 10
+#: long runs report progress on stderr every so many seconds
+PROGRESS_S = 30.0
 #: C++ optimisation of the verilated model: -O2 builds ~as fast as the default -Os and runs faster
 CXX_OPT = "-O2"
 #: manifest files that are memory images for $readmemh, not Verilog
@@ -100,6 +102,7 @@ def harness_context(man: dict) -> dict:
             "in_width": in_w, "out_width": out_w, "in_ctype": port_ctype(in_w), "out_ctype": port_ctype(out_w),
             "in_wide": in_w > 64, "out_wide": out_w > 64, "in_words": in_words, "out_words": out_words,
             "out_lanes_pieces": out_lanes_pieces, "reset_cycles": RESET_CYCLES, "tail_cycles": TAIL_CYCLES,
+            "progress_s": PROGRESS_S,
             "version": HARNESS_VERSION}
 
 
@@ -190,7 +193,8 @@ def simulate_cpp(rtl_dir: Path, man: dict, x_stream: np.ndarray, cache: Path, th
 
     Returns the cocotb path's result dict: outputs (signed, in order), in_cycles (cycle of
     every input beat), out_cycles (cycle of every output beat), overflow, sim_cycles,
-    wall_s (simulation loop only), extra_beats, compile_s (0 when the binary was cached).
+    wall_s (reset and cycles, after the weight images are loaded), extra_beats, compile_s (0
+    when the binary was cached).
     Raises RuntimeError when no beat moves on either port for ``max_idle_cycles`` cycles
     before every output arrived (default: :func:`default_max_idle`).
     """
@@ -207,11 +211,13 @@ def simulate_cpp(rtl_dir: Path, man: dict, x_stream: np.ndarray, cache: Path, th
     with tempfile.TemporaryDirectory(prefix="bapipe-rtlsim-") as tmp:
         tmp = Path(tmp)
         words.tofile(tmp / "in.bin")
+        # stderr passes through: long runs print a progress line every PROGRESS_S seconds
         r = subprocess.run([str(exe), str(tmp / "in.bin"), str(n_in), str(tmp), str(n_out), str(idle)],
-                           cwd=rtl_dir, capture_output=True, text=True)
+                           cwd=rtl_dir, stdout=subprocess.PIPE, text=True)
         if not (tmp / "result.json").exists():
-            msg = (r.stderr or r.stdout).strip().splitlines()
-            raise RuntimeError(f"the C++ RTL simulation exited {r.returncode}: {msg[-1] if msg else 'no output'}")
+            msg = r.stdout.strip().splitlines()
+            how = f"was killed by signal {-r.returncode}" if r.returncode < 0 else f"exited {r.returncode}"
+            raise RuntimeError(f"the C++ RTL simulation {how}" + (f": {msg[-1]}" if msg else ""))
         res = json.loads((tmp / "result.json").read_text())
         if res["status"] == "deadlock":
             raise RuntimeError(f"RTL simulation stuck: no beat moved for {idle} cycles, stopped at cycle "

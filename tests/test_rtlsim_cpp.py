@@ -139,11 +139,12 @@ def test_pipeline_cpp_matches_numpy_and_cocotb(name, samples):
 
     from bapipe.spec import load_model
     from codegen.cli_rtlsim import reference, simulate, stream_order
+    from codegen.rtl import read_params
     from fpga_models.fixedpoint import quantize
 
     build = _gen(_plan(name), name)
     man = json.loads((build / "rtl" / "manifest.json").read_text())
-    params = json.loads((build / "rtl" / "params.json").read_text())
+    params = read_params(build / "rtl", man["param_layers"])
     model = load_model(man["model"])
     x = quantize(np.random.default_rng(3).uniform(-1, 1, (samples, *model.layers[model.index[man["first_layer"]]]
                                                           .in_shapes[0])), man["number_format"])
