@@ -138,7 +138,8 @@ def bench_pipeline(cycles: int, samples: int) -> dict:
         "cocotb_cycles_per_s": res["sim_cycles_per_s"], "cocotb_outputs_match": res["outputs_match"],
         "cocotb_cycles_per_sample": res["cycles_per_sample"], "cocotb_samples": samples,
         "cpp_cycles_per_s": cpp["sim_cycles_per_s"], "cpp_outputs_match": cpp["outputs_match"],
-        "cpp_cycles_per_sample": cpp["cycles_per_sample"], "cpp_samples": cpp_samples, "cpp_compile_s": cpp["compile_s"],
+        "cpp_cycles_per_sample": cpp["cycles_per_sample"], "cpp_samples": cpp_samples,
+        "cpp_compile_s": cpp["compile_s"],
     }
 
 
