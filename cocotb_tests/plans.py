@@ -64,3 +64,26 @@ def tiny_cnn_interleaved_plan(cluster: str = "4xU250-ring") -> Plan:
             "relu3": (1, 16), "pool2": (2, 4), "fc": (2, 16)}
     cuts = [["conv1", "relu1"], ["conv2", "relu2", "pool1"], ["conv3", "relu3"], ["pool2", "flatten", "fc"]]
     return hand_plan("tiny-cnn", cluster, cuts, fold, boards=[0, 1, 0, 1], style="time-multiplexed")
+
+
+SMALL_RESNET = "examples/models/small-resnet.yaml"
+#: small-resnet folding: the 3x3 convs take 3072 cycles per sample (32x32: 3 cycles per pixel,
+#: 16x16: 12), SIMD a multiple of C so the window generators move whole pixels; batchnorm,
+#: relu and add run on the conv's PE lanes
+SMALL_RESNET_FOLD = {"stem": (16, 9), "b1_conv1": (16, 48), "b1_conv2": (16, 48), "b2_conv1": (8, 48),
+                     "b2_conv2": (8, 96), "b2_down": (4, 16), "fc": (2, 8)}
+
+
+def small_resnet_plan(style: str = "dataflow", cluster: str = "4xU250-ring", boards: int = 2) -> Plan:
+    """small-resnet over 2 boards, cut after block 1 (block 2's input forks into its main
+    path and its 1x1 projection right at the second board's input), or over 3 boards, also
+    cut after the stem (block 1's identity skip then forks at the second board's input)."""
+    names = [l.name for l in load_model(SMALL_RESNET).layers]
+    cuts = [names.index("b1_relu") + 1] if boards == 2 else [names.index("stem_relu") + 1, names.index("b1_relu") + 1]
+    fold = dict(SMALL_RESNET_FOLD)
+    if style == "time-multiplexed":
+        # element-wise layers take their own turns at PE*SIMD lanes
+        fold.update({n: (1, 16) for n in names if n.endswith(("bn", "bn1", "bn2", "relu", "relu1", "add"))
+                     or n == "pool"})
+    bounds = [0, *cuts, len(names)]
+    return hand_plan(SMALL_RESNET, cluster, [names[a:b] for a, b in zip(bounds, bounds[1:])], fold, style=style)

@@ -38,7 +38,7 @@ def reference(man: dict, params: dict, x: np.ndarray) -> np.ndarray:
     model = load_model(man["model"])
     i0, i1 = model.index[man["first_layer"]], model.index[man["last_layer"]]
     layers = model.layers[i0:i1 + 1]
-    p = {k: {"w": np.array(v["w"], dtype=np.int64), "b": np.array(v["b"], dtype=np.int64)} for k, v in params.items()}
+    p = {k: {n: np.array(a, dtype=np.int64) for n, a in v.items()} for k, v in params.items()}
     out = model_fwd(layers, {layers[0].inputs[0]: x}, p, man["number_format"])
     return out[layers[-1].name]
 

@@ -23,7 +23,7 @@ from .rtl_mem import mvu_memory_files
 TEMPLATE_DIR = Path(__file__).resolve().parent.parent / "hls_templates" / "rtl"
 #: the generic modules every project gets, one per file
 GENERIC = ("axis_fifo", "axis_width_conv", "axis_relu", "axis_gate", "link_tx", "link_rx", "link_emulator", "swg",
-           "pool_unit", "tm_sequencer")
+           "pool_unit", "tm_sequencer", "axis_batchnorm", "axis_fork", "axis_add")
 GENERATOR_VERSION = "0.1.0"
 
 
@@ -121,13 +121,49 @@ def _sequencer_ctx(b) -> dict | None:
     }
 
 
+def stage_wiring(st) -> tuple[list[tuple[list[str], list[str]]], str, str]:
+    """Wire names (suffixes of ``s<i>_c``) of every block's inputs and outputs, the stage's
+    input and output wire.
+
+    A block without explicit ``ins`` reads the previous block's first output (the stage
+    input for block 0) and without explicit ``outs`` writes wire ``<j+1>``, so a linear chain
+    is c0 -> block 0 -> c1 -> ... as before; forks, adds and skip paths name their wires.
+    The stage output is the last block's first output.
+    """
+    out, prev = [], "0"
+    for j, b in enumerate(st.blocks):
+        ins = list(b.ins) if b.ins is not None else [prev]
+        outs = list(b.outs) if b.outs is not None else [str(j + 1)]
+        out.append((ins, outs))
+        prev = outs[0]
+    return out, "0", prev
+
+
+#: AXI-Stream port prefixes of blocks with more than one input or output
+_PORTS = {"fork": (["s_axis"], ["m0_axis", "m1_axis"]), "add": (["s0_axis", "s1_axis"], ["m_axis"])}
+
+
 def _stage_ctx(st, elem_w: int, first: bool, last: bool) -> dict:
+    wiring, w_in, w_out = stage_wiring(st)
+    widths: dict[str, int] = {w_in: st.in_lanes * elem_w}
+    blocks = []
+    for k, (ins, outs) in zip(st.blocks, wiring):
+        for w in ins:
+            widths.setdefault(w, k.in_lanes * elem_w)
+        for w in outs:
+            widths.setdefault(w, k.out_lanes * elem_w)
+        pin, pout = _PORTS.get(k.kind, (["s_axis"], ["m_axis"]))
+        blocks.append({"kind": k.kind, "inst": k.inst, "module": k.module, "params": list(k.params.items()),
+                       "in_w": k.in_lanes * elem_w, "unit": k.unit,
+                       "ports": list(zip(pin, ins)) + list(zip(pout, outs))})
+    widths.setdefault(w_out, st.out_lanes * elem_w)
     return {
         "index": st.index, "board": st.board, "style": st.style, "has_rx": st.has_rx, "has_tx": st.has_tx,
         "from_host": first, "to_host": last,
         "in_w": st.in_lanes * elem_w, "out_w": st.out_lanes * elem_w,
-        "blocks": [{"kind": k.kind, "inst": k.inst, "module": k.module, "params": list(k.params.items()),
-                    "in_w": k.in_lanes * elem_w, "unit": k.unit} for k in st.blocks],
+        "wire_in": w_in, "wire_out": w_out,
+        "wires": [{"name": n, "width": w} for n, w in widths.items()],
+        "blocks": blocks,
     }
 
 
@@ -190,12 +226,12 @@ def manifest(pipe: Pipeline, plan, files: list[str], mem_files: list[str] = ()) 
         "predicted_cycles_per_sample": pipe.interval,
         "time_multiplexed": pipe.time_multiplexed,
         "breakdown": [[n, c] for n, c in pipe.breakdown],
-        "ops": [{k: v for k, v in op.items() if k not in ("w", "b")} for op in pipe.ops],
+        "ops": [{k: v for k, v in op.items() if k not in PARAM_KEYS} for op in pipe.ops],
         "plan_stage_cycles": [dict(s.cycles) for s in plan.stages],
         "plan_resources": {s.boards[0]: dict(s.resources) for s in plan.stages},
         "board_tops": {b.name: b.module for b in pipe.boards},
         "mem_files": list(mem_files),
-        "param_layers": [op["layer"] for op in pipe.ops if "w" in op],
+        "param_layers": [op["layer"] for op in pipe.ops if any(k in op for k in PARAM_KEYS)],
     }
 
 
@@ -208,16 +244,21 @@ def _param_dtype(a: np.ndarray):
     return np.int64
 
 
+#: per-layer parameter arrays the RTL bakes in: dense/conv weights and biases, batchnorm scale/shift
+PARAM_KEYS = ("w", "b", "scale", "shift")
+
+
 def write_params(rtl: Path, pipe: Pipeline) -> list[Path]:
-    """The pipeline's raw weights and biases as ``params/<layer>.{w,b}.npy`` (what `bapipe
-    rtlsim` checks against: the numpy reference runs on exactly these)."""
+    """The pipeline's raw parameters as ``params/<layer>.<key>.npy`` (key: w, b for dense/conv,
+    scale, shift for batchnorm); what `bapipe rtlsim` checks against: the numpy reference
+    runs on exactly these."""
     d = rtl / "params"
     d.mkdir(exist_ok=True)
     paths = []
     for op in pipe.ops:
-        if "w" not in op:
-            continue
-        for key in ("w", "b"):
+        for key in PARAM_KEYS:
+            if key not in op:
+                continue
             a = np.asarray(op[key], dtype=np.int64)
             path = d / f"{op['layer']}.{key}.npy"
             np.save(path, a.astype(_param_dtype(a)))
@@ -226,8 +267,12 @@ def write_params(rtl: Path, pipe: Pipeline) -> list[Path]:
 
 
 def read_params(rtl: Path, layers: list[str]) -> dict[str, dict[str, np.ndarray]]:
-    """Inverse of :func:`write_params` for the named layers (int64 arrays)."""
-    return {n: {k: np.load(rtl / "params" / f"{n}.{k}.npy").astype(np.int64) for k in ("w", "b")} for n in layers}
+    """Inverse of :func:`write_params` for the named layers (int64 arrays, the keys each has)."""
+    out = {}
+    for n in layers:
+        out[n] = {k: np.load(rtl / "params" / f"{n}.{k}.npy").astype(np.int64) for k in PARAM_KEYS
+                  if (rtl / "params" / f"{n}.{k}.npy").exists()}
+    return out
 
 
 def render_rtl(plan, model, cluster, out_dir: Path, params=None) -> list[Path]:

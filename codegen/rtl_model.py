@@ -39,6 +39,8 @@ CREDIT_SLACK = 1
 TM_SWITCH = 1
 #: fill cycles of a pool unit's turn beyond its window generator's replay - measured
 POOL_FILL = 1
+#: cycles of a batchnorm unit's turn beyond its beats (its output register)
+BN_FILL = 1
 #: (width, fraction bits) per plan number format, as in docs/codegen.md
 FORMATS = {"fixed16": (16, 10), "int8": (8, 4)}
 
@@ -226,6 +228,8 @@ class Block:
     beats_in: int = 0               # beats per sample on its input
     cycles: int = 0                 # cycles per sample it needs at best
     unit: int | None = None         # gate: the board-level unit it opens for
+    ins: list[str] | None = None    # input wires (None: the previous block's output; see rtl.stage_wiring)
+    outs: list[str] | None = None   # output wires (None: wire <j+1>)
 
 
 @dataclass(eq=False)
@@ -406,8 +410,8 @@ def _pool(layer, stage, pre: str, lanes: int | None, elem_w: int, blocks: list, 
     pd = _pair(a.get("padding", 0) or 0)
     if k[0] != k[1] or s[0] != s[1] or pd[0] != pd[1]:
         raise Unsupported(f"layer '{layer.name}': only square pooling windows")
-    if layer.type == "maxpool" and pd[0]:
-        raise Unsupported(f"layer '{layer.name}': padded maxpool (padding never wins the max) has no RTL engine")
+    if layer.type == "maxpool" and pd[0] >= k[0]:
+        raise Unsupported(f"layer '{layer.name}': maxpool padding {pd[0]} >= kernel {k[0]} (a window of padding only)")
     f = stage.folding.get(layer.name)
     # Channels per beat: the plan's PE when it gives one, else what already arrives (if it divides C).
     if lp is None:
@@ -416,7 +420,10 @@ def _pool(layer, stage, pre: str, lanes: int | None, elem_w: int, blocks: list, 
         lanes = lp
     swg = SwgSpec(c, h, w, k[0], pd[0], s[0], lp)
     blocks += _converters(f"{pre}_{layer.name}", lanes, lp, elem_w, layer.in_elems // lanes)
-    blocks.append(Block("swg", f"{pre}_{layer.name}_swg", "swg", swg.params(elem_w), lp, lp, swg=swg,
+    # A padded max pool pads with the most negative value, so padding never wins the max
+    # (fixedpoint.maxpool_fwd pads with -inf: equal, as every window holds a real pixel).
+    sp = {**swg.params(elem_w), **({"PAD_MIN": 1} if layer.type == "maxpool" and pd[0] else {})}
+    blocks.append(Block("swg", f"{pre}_{layer.name}_swg", "swg", sp, lp, lp, swg=swg,
                         beats_in=swg.frame_beats, cycles=max(swg.frame_beats, swg.out_beats)))
     taps = k[0] * k[0]
     params = {"C": c, "SIMD": lp, "TAPS": taps, "MODE": 0 if layer.type == "maxpool" else 1, "ELEM_W": elem_w,
@@ -485,64 +492,22 @@ def dataflow_chain(plan: Plan, stage, model, params, board_name: str, in_lanes: 
     state = {} if state is None else state
     pre = f"s{stage.index}"
     layers = [model.layers[model.index[n]] for n in stage.layers]
+    tin, cons = stage_graph(stage, model, layers)
+    if is_dag(layers, cons):
+        return _dag_dataflow(stage, layers, tin, cons, params, state, pre, board_name, in_lanes, link_in, elem_w,
+                             frac, ops)
     blocks: list[Block] = []
     lanes = in_lanes
-    elems = None
     skip = set()
     for li, layer in enumerate(layers):
         if layer.name in skip:
             continue
         nxt = layers[li + 1] if li + 1 < len(layers) else None
-        fuse_relu = nxt is not None and nxt.type == "relu"
-        if layer.type in ("dense", "conv2d"):
-            f = _fold(stage, layer.name)
-            p = params[layer.name]
-            swg, mw, mh, wmat, vectors = _matrix_layer(stage, layer, p, f, state)
-            if lanes is None:
-                lanes = swg.simd if swg else f.simd
-            in_elems = layer.in_elems
-            if swg:
-                blocks += _converters(f"{pre}_{layer.name}", lanes, swg.simd, elem_w, in_elems // lanes)
-                blocks.append(Block("swg", f"{pre}_{layer.name}_swg", "swg", swg.params(elem_w), swg.simd,
-                                    swg.out_lanes, swg=swg, beats_in=swg.frame_beats,
-                                    cycles=max(swg.frame_beats, swg.out_beats)))
-                blocks += _converters(f"{pre}_{layer.name}_col", swg.out_lanes, f.simd, elem_w, swg.out_beats)
-            else:
-                blocks += _converters(f"{pre}_{layer.name}", lanes, f.simd, elem_w, in_elems // lanes)
-                # Holds a whole input vector so the producer runs ahead while this MVU replays
-                # its buffer for the later row folds: the interval is then the slower of the two.
-                blocks.append(_fifo(f"{pre}_{layer.name}_fifo", f.simd, mw // f.simd + 2, elem_w, mw // f.simd))
-            bias = np.asarray(p["b"], dtype=np.int64) if p.get("b") is not None else np.zeros(mh, dtype=np.int64)
-            mvu = MvuSpec(f"{pre}_{layer.name}_mvu", layer.name, mw, mh, f.pe, f.simd, fuse_relu, elem_w, frac,
-                          wmat, bias)
-            blocks.append(Block("mvu", f"{pre}_{layer.name}_mvu", mvu.module, {}, f.simd, f.pe, mvu=mvu,
-                                beats_in=vectors * mvu.sf, cycles=vectors * mvu.cycles_per_vector))
-            ops.append({"layer": layer.name, "type": layer.type, "relu": fuse_relu,
-                        "w": np.asarray(p["w"], dtype=np.int64), "b": bias,
-                        **({"stride": swg.stride, "padding": swg.pad, "in_shape": [swg.c, swg.h, swg.w]} if swg else {})})
-            if fuse_relu:
-                skip.add(nxt.name)
-            lanes = f.pe
-            elems = layer.out_elems
-        elif layer.type in ("maxpool", "avgpool"):
-            lanes, elems = _pool(layer, stage, pre, lanes, elem_w, blocks, ops)
-        elif layer.type == "relu":
-            if lanes is None:
-                lanes = _fold(stage, layer.name).pe
-            beats = layer.out_elems // lanes
-            blocks.append(Block("relu", f"{pre}_{layer.name}", "axis_relu", {"LANES": lanes, "ELEM_W": elem_w},
-                                lanes, lanes, beats_in=beats, cycles=beats))
-            ops.append({"layer": layer.name, "type": "relu", "relu": True})
-            elems = layer.out_elems
-        elif layer.type == "flatten":
-            if len(layer.in_shapes[0]) == 3 and layer.in_shapes[0][1:] != (1, 1):
-                state["hwc"] = tuple(layer.in_shapes[0])
-            continue  # the stream itself is unchanged
-        else:
-            raise Unsupported(f"layer '{layer.name}': type '{layer.type}' has no RTL engine yet "
-                              f"(RTL builds dense, conv2d, maxpool, avgpool, relu, flatten)")
-        if lanes and elems and elems % lanes:
-            raise Unsupported(f"layer '{layer.name}': {elems} elements do not fill {lanes}-lane beats")
+        fuse_relu = nxt is not None and nxt.type == "relu" and layer.type in ("dense", "conv2d")
+        new, lanes = _df_engine(stage, layer, fuse_relu, params, state, pre, lanes, elem_w, frac, ops)
+        blocks += new
+        if fuse_relu:
+            skip.add(nxt.name)
     if lanes is None:
         raise Unsupported(f"stage {stage.index} has no layers the RTL can build")
     in_l = blocks[0].in_lanes if blocks else lanes
@@ -555,6 +520,262 @@ def dataflow_chain(plan: Plan, stage, model, params, board_name: str, in_lanes: 
         blocks.insert(0, rx)
     return StageRtl(stage.index, board_name, "dataflow", blocks, in_l, lanes, has_rx, False,
                     layers[0].in_elems, layers[-1].out_elems)
+
+
+def _df_engine(stage, layer, fuse_relu: bool, params, state: dict, pre: str, lanes: int | None, elem_w: int,
+               frac: int, ops: list[dict]) -> tuple[list[Block], int | None]:
+    """One layer's engine in a dataflow stage: (its blocks in stream order, lanes after it).
+
+    ``fuse_relu``: a dense/conv2d layer applies the next layer's ReLU in its MVU. Appends the
+    layer to ``ops``. No blocks for a flatten (the stream is unchanged).
+    """
+    blocks: list[Block] = []
+    elems = None
+    if layer.type in ("dense", "conv2d"):
+        f = _fold(stage, layer.name)
+        p = params[layer.name]
+        swg, mw, mh, wmat, vectors = _matrix_layer(stage, layer, p, f, state)
+        if lanes is None:
+            lanes = swg.simd if swg else f.simd
+        in_elems = layer.in_elems
+        if swg:
+            blocks += _converters(f"{pre}_{layer.name}", lanes, swg.simd, elem_w, in_elems // lanes)
+            blocks.append(Block("swg", f"{pre}_{layer.name}_swg", "swg", swg.params(elem_w), swg.simd,
+                                swg.out_lanes, swg=swg, beats_in=swg.frame_beats,
+                                cycles=max(swg.frame_beats, swg.out_beats)))
+            blocks += _converters(f"{pre}_{layer.name}_col", swg.out_lanes, f.simd, elem_w, swg.out_beats)
+        else:
+            blocks += _converters(f"{pre}_{layer.name}", lanes, f.simd, elem_w, in_elems // lanes)
+            # Holds a whole input vector so the producer runs ahead while this MVU replays
+            # its buffer for the later row folds: the interval is then the slower of the two.
+            blocks.append(_fifo(f"{pre}_{layer.name}_fifo", f.simd, mw // f.simd + 2, elem_w, mw // f.simd))
+        bias = np.asarray(p["b"], dtype=np.int64) if p.get("b") is not None else np.zeros(mh, dtype=np.int64)
+        mvu = MvuSpec(f"{pre}_{layer.name}_mvu", layer.name, mw, mh, f.pe, f.simd, fuse_relu, elem_w, frac,
+                      wmat, bias)
+        blocks.append(Block("mvu", f"{pre}_{layer.name}_mvu", mvu.module, {}, f.simd, f.pe, mvu=mvu,
+                            beats_in=vectors * mvu.sf, cycles=vectors * mvu.cycles_per_vector))
+        ops.append({"layer": layer.name, "type": layer.type, "relu": fuse_relu,
+                    "w": np.asarray(p["w"], dtype=np.int64), "b": bias,
+                    **({"stride": swg.stride, "padding": swg.pad, "in_shape": [swg.c, swg.h, swg.w]} if swg else {})})
+        lanes = f.pe
+        elems = layer.out_elems
+    elif layer.type in ("maxpool", "avgpool"):
+        lanes, elems = _pool(layer, stage, pre, lanes, elem_w, blocks, ops)
+    elif layer.type == "relu":
+        if lanes is None:
+            lanes = _fold(stage, layer.name).pe
+        beats = layer.out_elems // lanes
+        blocks.append(Block("relu", f"{pre}_{layer.name}", "axis_relu", {"LANES": lanes, "ELEM_W": elem_w},
+                            lanes, lanes, beats_in=beats, cycles=beats))
+        ops.append({"layer": layer.name, "type": "relu", "relu": True})
+        elems = layer.out_elems
+    elif layer.type == "batchnorm":
+        new, lanes = _bn(layer, pre, lanes, elem_w, frac, params, ops)
+        blocks += new
+        elems = layer.out_elems
+    elif layer.type == "globalavgpool":
+        new, lanes = _gap(layer, stage, pre, lanes, elem_w, ops)
+        blocks += new
+        elems = layer.out_elems
+    elif layer.type == "flatten":
+        if len(layer.in_shapes[0]) == 3 and layer.in_shapes[0][1:] != (1, 1):
+            state["hwc"] = tuple(layer.in_shapes[0])
+        return [], lanes  # the stream itself is unchanged
+    else:
+        raise Unsupported(f"layer '{layer.name}': type '{layer.type}' has no RTL engine yet "
+                          f"(RTL builds dense, conv2d, maxpool, avgpool, globalavgpool, batchnorm, add, relu, flatten)")
+    if lanes and elems and elems % lanes:
+        raise Unsupported(f"layer '{layer.name}': {elems} elements do not fill {lanes}-lane beats")
+    return blocks, lanes
+
+
+# ------------------------------------------------------------------ residual CNN engines and stage graphs
+
+def pack_lanes(values, elem_w: int) -> str:
+    """Sized Verilog literal of signed ``values`` as elem_w-bit lanes, values[0] lowest."""
+    mask = (1 << elem_w) - 1
+    v = 0
+    for i, x in enumerate(values):
+        v |= (int(x) & mask) << (i * elem_w)
+    width = len(values) * elem_w
+    return f"{width}'h{v:0{(width + 3) // 4}x}"
+
+
+def _channels(layer) -> int:
+    """Channels of a batchnorm's input: axis 0 of images (C, H, W), the last axis otherwise."""
+    s = layer.in_shapes[0]
+    return s[0] if len(s) == 3 else s[-1]
+
+
+def _bn(layer, pre: str, lanes: int | None, elem_w: int, frac: int, params, ops: list,
+        lb: int | None = None) -> tuple[list[Block], int]:
+    """Folded batchnorm: width converters to ``lb`` lanes (default gcd(lanes, C)) + axis_batchnorm
+    with the per-channel scale/shift baked in as ROM parameters."""
+    c = _channels(layer)
+    p = params.get(layer.name) or {}
+    if "scale" not in p or "shift" not in p:
+        raise Unsupported(f"layer '{layer.name}': batchnorm without scale/shift parameters")
+    scale, shift = np.asarray(p["scale"], dtype=np.int64), np.asarray(p["shift"], dtype=np.int64)
+    if lanes is None:
+        lanes = lb or 1
+    lb = lb or math.gcd(lanes, c)
+    if c % lb:
+        raise Unsupported(f"layer '{layer.name}': {lb} lanes do not divide {c} channels")
+    blocks = _converters(f"{pre}_{layer.name}", lanes, lb, elem_w, layer.in_elems // lanes)
+    beats = layer.out_elems // lb
+    blocks.append(Block("bn", f"{pre}_{layer.name}", "axis_batchnorm",
+                        {"LANES": lb, "ELEM_W": elem_w, "FRAC": frac, "C": c, "CF_W": clog2(c // lb),
+                         "SCALE": pack_lanes(scale, elem_w), "SHIFT": pack_lanes(shift, elem_w)},
+                        lb, lb, beats_in=beats, cycles=beats))
+    ops.append({"layer": layer.name, "type": "batchnorm", "scale": scale, "shift": shift})
+    return blocks, lb
+
+
+def _gap(layer, stage, pre: str, lanes: int | None, elem_w: int, ops: list,
+         lg: int | None = None) -> tuple[list[Block], int]:
+    """Global average pool = pool_unit with TAPS = H*W on the bare HWC stream (no window
+    generator: the whole image is one window, tap-major, channel folds inner)."""
+    from fpga_models.fixedpoint import AVG_BITS, avg_recip
+    if len(layer.in_shapes[0]) != 3:
+        raise Unsupported(f"layer '{layer.name}': globalavgpool needs a (C, H, W) input")
+    c, h, w = layer.in_shapes[0]
+    f = stage.folding.get(layer.name)
+    if lanes is None:
+        lanes = lg or (f.pe if f is not None and c % f.pe == 0 else 1)
+    lg = lg or math.gcd(lanes, c)
+    taps = h * w
+    blocks = _converters(f"{pre}_{layer.name}", lanes, lg, elem_w, layer.in_elems // lanes)
+    beats = layer.in_elems // lg
+    blocks.append(Block("pool", f"{pre}_{layer.name}", "pool_unit",
+                        {"C": c, "SIMD": lg, "TAPS": taps, "MODE": 1, "ELEM_W": elem_w,
+                         "ACC_W": elem_w + clog2(taps) + 1, "AVG_R": avg_recip(taps), "AVG_BITS": AVG_BITS,
+                         "TAP_W": clog2(taps), "CF_W": clog2(c // lg)}, lg, lg, beats_in=beats, cycles=beats))
+    ops.append({"layer": layer.name, "type": "globalavgpool"})
+    return blocks, lg
+
+
+def stage_graph(stage, model, layers) -> tuple[str, dict[str, list[str]]]:
+    """(the stage's input tensor, consumers inside the stage of every tensor it sees).
+
+    A stage streams one tensor in and one out; a skip connection left open across a cut
+    (a layer reading an earlier stage's tensor other than the input, or a tensor leaving
+    the stage besides its output) raises Unsupported naming the tensor.
+    """
+    names = set(stage.layers)
+    tin = layers[0].inputs[0]
+    cons: dict[str, list[str]] = {tin: []}
+    for l in layers:
+        cons.setdefault(l.name, [])
+        for t in l.inputs:
+            if t not in names and t != tin:
+                raise Unsupported(f"stage {stage.index}: layer '{l.name}' reads tensor '{t}' from before the stage "
+                                  f"(a skip connection open across the cut; RTL stages stream one tensor in)")
+            cons[t].append(l.name)
+    last = layers[-1].name
+    for l in model.layers:
+        if l.name in names:
+            continue
+        for t in l.inputs:
+            if t in names and t != last:
+                raise Unsupported(f"stage {stage.index}: tensor '{t}' leaves the stage for layer '{l.name}' besides "
+                                  f"the stage output '{last}' (a skip connection open across the cut)")
+    return tin, cons
+
+
+def is_dag(layers, cons: dict[str, list[str]]) -> bool:
+    """True when the stage is not a plain chain (a tensor with several consumers, an add)."""
+    return any(len(l.inputs) != 1 for l in layers) or any(len(v) > 1 for v in cons.values())
+
+
+def _wire_chain(blocks: list[Block], new: list[Block], win: str, fresh) -> str:
+    """Append ``new`` (a linear chain) reading wire ``win``; returns its output wire."""
+    for b in new:
+        b.ins, b.outs = [win], [fresh()]
+        win = b.outs[0]
+        blocks.append(b)
+    return win
+
+
+def _fork_to(blocks: list[Block], pre: str, t: str, w: str, lanes: int, beats: int, k: int, elem_w: int,
+             fresh) -> list[str]:
+    """``k`` branches of wire ``w`` (a chain of k-1 two-way forks); branch i feeds consumer i."""
+    ends = [w]
+    while len(ends) < k:
+        src = ends.pop()
+        a, b = fresh(), fresh()
+        blocks.append(Block("fork", f"{pre}_{t}_fork{len(ends)}", "axis_fork", {"DATA_W": lanes * elem_w},
+                            lanes, lanes, beats_in=beats, cycles=beats, ins=[src], outs=[a, b]))
+        ends += [a, b]
+    return ends
+
+
+def _dag_dataflow(stage, layers, tin, cons, params, state, pre, board_name, in_lanes, link_in, elem_w, frac,
+                  ops) -> StageRtl:
+    """A dataflow stage whose layers form a DAG (residual blocks): every layer its own engine,
+    an ``axis_fork`` where a tensor has several consumers, an ``axis_add`` joining two streams.
+
+    The skip input of an add (the one behind fewer frame-buffering engines: window generators)
+    gets a FIFO of (difference + 1) whole frames: each window generator on the main path
+    holds back about one frame while the fork keeps feeding both branches, so the skip
+    branch never stalls the fork and the stage runs at its slowest engine.
+    """
+    blocks: list[Block] = []
+    count = [0]
+
+    def fresh() -> str:
+        count[0] += 1
+        return f"k{count[0]}"
+
+    w, lanes = "0", in_lanes
+    if link_in is not None:
+        w = _wire_chain(blocks, [_rx(pre, link_in, lanes, elem_w, layers[0].in_elems // lanes)], w, fresh)
+    avail: dict[str, list[tuple[str, int | None, int]]] = {}
+
+    def emit(t: str, w: str, ln: int | None, depth: int, elems: int) -> None:
+        k = max(1, len(cons.get(t, [])))
+        if k > 1 and ln is None:
+            raise Unsupported(f"stage {stage.index}: tensor '{t}' forks straight from the host input")
+        ends = _fork_to(blocks, pre, t, w, ln, elems // ln, k, elem_w, fresh) if k > 1 else [w]
+        avail[t] = [(e, ln, depth) for e in ends]
+
+    emit(tin, w, lanes, 0, layers[0].in_elems)
+    fused: set[str] = set()
+    for li, layer in enumerate(layers):
+        if layer.name in fused:
+            continue
+        ins = [avail[t].pop(0) for t in layer.inputs]
+        if layer.type == "add":
+            if len(ins) != 2:
+                raise Unsupported(f"layer '{layer.name}': add of {len(ins)} tensors (RTL adds two)")
+            (wm, lm, dm), (wk, lk, dk) = sorted(ins, key=lambda e: -e[2])    # main first, skip second
+            beats = layer.out_elems // lm
+            new = _converters(f"{pre}_{layer.name}_skip", lk, lm, elem_w, layer.out_elems // lk)
+            frames = dm - dk + 1
+            new.append(_fifo(f"{pre}_{layer.name}_skip_fifo", lm, frames * beats + 2, elem_w, beats))
+            wk = _wire_chain(blocks, new, wk, fresh)
+            add = Block("add", f"{pre}_{layer.name}", "axis_add", {"LANES": lm, "ELEM_W": elem_w}, lm, lm,
+                        beats_in=beats, cycles=beats, ins=[wm, wk], outs=[fresh()])
+            blocks.append(add)
+            ops.append({"layer": layer.name, "type": "add"})
+            emit(layer.name, add.outs[0], lm, dm, layer.out_elems)
+            continue
+        (wi, li_lanes, d), = ins
+        nxt = layers[li + 1] if li + 1 < len(layers) else None
+        fuse = (layer.type in ("dense", "conv2d") and nxt is not None and nxt.type == "relu"
+                and cons[layer.name] == [nxt.name])
+        new, lo = _df_engine(stage, layer, fuse, params, state, pre, li_lanes, elem_w, frac, ops)
+        d += sum(1 for b in new if b.kind == "swg")
+        wo = _wire_chain(blocks, new, wi, fresh) if new else wi
+        if fuse:
+            fused.add(nxt.name)
+            emit(nxt.name, wo, lo, d, nxt.out_elems)
+        else:
+            emit(layer.name, wo, lo, d, layer.out_elems)
+    (wout, lanes, _), = avail[layers[-1].name]
+    if not blocks or blocks[-1].outs[0] != wout:
+        raise Unsupported(f"stage {stage.index}: its output is not produced by its last engine")
+    return StageRtl(stage.index, board_name, "dataflow", blocks, blocks[0].in_lanes, lanes, link_in is not None,
+                    False, layers[0].in_elems, layers[-1].out_elems)
 
 
 def _ew_lanes(f: Folding | None, dim: int) -> int:
@@ -610,12 +831,23 @@ def _tm_engine(stage, layer, params, state: dict, pre: str, elem_w: int, frac: i
         ops.append({"layer": layer.name, "type": "relu", "relu": True})
         return (None, [Block("relu", f"{pre}_{layer.name}", "axis_relu", {"LANES": lanes, "ELEM_W": elem_w},
                              lanes, lanes, beats_in=beats, cycles=beats)], lanes, lanes, beats, beats, 0)
+    if layer.type == "batchnorm":
+        lb = _ew_lanes(f, _channels(layer))
+        blocks, _ = _bn(layer, pre, lb, elem_w, frac, params, ops, lb=lb)
+        beats = layer.out_elems // lb
+        return None, blocks, lb, lb, beats, beats, BN_FILL
+    if layer.type == "globalavgpool":
+        if len(layer.in_shapes[0]) != 3:
+            raise Unsupported(f"layer '{layer.name}': globalavgpool needs a (C, H, W) input")
+        lg = _ew_lanes(f, layer.in_shapes[0][0])
+        blocks, _ = _gap(layer, stage, pre, lg, elem_w, ops, lg=lg)
+        return None, blocks, lg, lg, layer.out_elems // lg, layer.in_elems // lg, POOL_FILL
     if layer.type == "flatten":
         if len(layer.in_shapes[0]) == 3 and layer.in_shapes[0][1:] != (1, 1):
             state["hwc"] = tuple(layer.in_shapes[0])
         return None
     raise Unsupported(f"layer '{layer.name}': type '{layer.type}' has no RTL engine yet "
-                      f"(RTL builds dense, conv2d, maxpool, avgpool, relu, flatten)")
+                      f"(RTL builds dense, conv2d, maxpool, avgpool, globalavgpool, batchnorm, add, relu, flatten)")
 
 
 def _rx(pre: str, link: LinkSpec, lanes: int, elem_w: int, beats: int) -> Block:
@@ -646,6 +878,10 @@ def tm_chain(plan: Plan, stage, model, params, board_name: str, in_lanes: int | 
     """
     pre = f"s{stage.index}"
     layers = [model.layers[model.index[n]] for n in stage.layers]
+    tin, cons = stage_graph(stage, model, layers)
+    if is_dag(layers, cons):
+        return _dag_tm(stage, layers, tin, cons, params, state, pre, board_name, in_lanes, link_in, elem_w, frac,
+                       ops, unit0)
     blocks: list[Block] = []
     lanes = in_lanes
     if link_in is not None:
@@ -703,6 +939,110 @@ def tm_chain(plan: Plan, stage, model, params, board_name: str, in_lanes: int | 
         raise Unsupported(f"stage {stage.index} has no layers the RTL can build")
     out_beats = layers[-1].out_elems // lanes
     blocks.append(_fifo(f"{pre}_out_buf", lanes, 2 * out_beats, elem_w, out_beats))
+    return StageRtl(stage.index, board_name, "time-multiplexed", blocks, blocks[0].in_lanes, lanes,
+                    link_in is not None, False, layers[0].in_elems, layers[-1].out_elems, units, in_wire, in_beats)
+
+
+def _dag_tm(stage, layers, tin, cons, params, state, pre, board_name, in_lanes, link_in, elem_w, frac, ops,
+            unit0: int) -> StageRtl:
+    """A time-multiplexed stage whose layers form a DAG (residual blocks).
+
+    Units take turns in the stage's topological order, each behind its frame buffer and
+    gate as in :func:`tm_chain`. A tensor with several consumers goes through ``axis_fork``
+    in its producer's turn into each consumer's frame buffer; the add is a unit too: both
+    of its inputs wait in one-frame FIFOs (two frames when fed straight from the stage
+    input, which the previous board refills during the job) and its gate opens the first, so
+    the skip frame waits while the main path's units take turns.
+    """
+    blocks: list[Block] = []
+    count = [0]
+
+    def fresh() -> str:
+        count[0] += 1
+        return f"k{count[0]}"
+
+    def chain(new: list[Block], w: str) -> str:
+        return _wire_chain(blocks, new, w, fresh)
+
+    w, lanes = "0", in_lanes
+    if link_in is not None:
+        w = chain([_rx(pre, link_in, lanes, elem_w, layers[0].in_elems // lanes)], w)
+    recs: list[list] = []            # [layer, out_wire, out_beats, busy, fill] per unit, in turn order
+    avail: dict[str, list[tuple[str, int | None, int | None]]] = {}    # tensor -> [(wire, lanes, producer)]
+    in_wire, in_beats = None, 0
+
+    def emit(t: str, w: str, ln: int | None, elems: int, producer: int | None) -> None:
+        k = max(1, len(cons.get(t, [])))
+        if k > 1 and ln is None:
+            raise Unsupported(f"stage {stage.index}: tensor '{t}' forks straight from the host input")
+        ends = _fork_to(blocks, pre, t, w, ln, elems // ln, k, elem_w, fresh) if k > 1 else [w]
+        avail[t] = [(e, ln, producer) for e in ends]
+
+    def bump(producer: int | None, extra: list[Block]) -> None:
+        # Converters in front of a consumer's buffer run in the producer's turn.
+        if producer is not None:
+            recs[producer][3] = max([recs[producer][3]] + [b.cycles for b in extra])
+
+    if len(cons[tin]) > 1 and lanes is not None:
+        in_wire, in_beats = w, layers[0].in_elems // lanes      # whole frames counted before the fork
+    emit(tin, w, lanes, layers[0].in_elems, None)
+    for layer in layers:
+        u = unit0 + len(recs)
+        if layer.type == "add":
+            if len(layer.inputs) != 2:
+                raise Unsupported(f"layer '{layer.name}': add of {len(layer.inputs)} tensors (RTL adds two)")
+            (wa, la, pa), (wb, lb, pb) = [avail[t].pop(0) for t in layer.inputs]
+            beats = layer.out_elems // la
+            conv = _converters(f"{pre}_{layer.name}_in1", lb, la, elem_w, layer.in_elems // lb)
+            bump(pb, conv)
+            wa = chain([_fifo(f"{pre}_{layer.name}_buf0", la, beats * (2 if pa is None else 1), elem_w, beats),
+                        _gate(f"{pre}_{layer.name}_gate", la, beats, elem_w, u)], wa)
+            wb = chain(conv + [_fifo(f"{pre}_{layer.name}_buf1", la, beats * (2 if pb is None else 1), elem_w,
+                                     beats)], wb)
+            add = Block("add", f"{pre}_{layer.name}", "axis_add", {"LANES": la, "ELEM_W": elem_w}, la, la,
+                        beats_in=beats, cycles=beats, ins=[wa, wb], outs=[fresh()])
+            blocks.append(add)
+            ops.append({"layer": layer.name, "type": "add"})
+            recs.append([layer.name, add.outs[0], beats, beats, 0])
+            emit(layer.name, add.outs[0], la, layer.out_elems, len(recs) - 1)
+            continue
+        eng = _tm_engine(stage, layer, params, state, pre, elem_w, frac, ops)
+        wi, ln, pi = avail[layer.inputs[0]].pop(0)
+        if eng is None:   # flatten: the stream is unchanged
+            emit(layer.name, wi, ln, layer.out_elems, pi)
+            continue
+        sblk, e_blocks, lin, lout, out_beats, busy, fill = eng
+        ln = lin if ln is None else ln
+        first = pi is None        # reads the stage input: its buffer holds two frames
+        if sblk is not None:
+            pre_conv = _converters(f"{pre}_{layer.name}", ln, lin, elem_w, layer.in_elems // ln)
+            bump(pi, pre_conv)
+            fill += len(pre_conv)   # the image is complete only once they have drained
+            wi = chain(pre_conv, wi)
+            if first and in_wire is None:
+                in_wire, in_beats = wi, sblk.swg.frame_beats
+            wi = chain([sblk, _gate(f"{pre}_{layer.name}_gate", sblk.out_lanes, sblk.swg.out_beats, elem_w, u)], wi)
+        else:
+            conv = _converters(f"{pre}_{layer.name}", ln, lin, elem_w, layer.in_elems // ln)
+            pre_conv, post, fl = (conv, [], lin) if lin > ln else ([], conv, ln)
+            bump(pi, pre_conv)
+            wi = chain(pre_conv, wi)
+            frame = layer.in_elems // fl
+            if first and in_wire is None:
+                in_wire, in_beats = wi, frame
+            wi = chain([_fifo(f"{pre}_{layer.name}_buf", fl, frame * (2 if first else 1), elem_w, frame),
+                        _gate(f"{pre}_{layer.name}_gate", fl, frame, elem_w, u)] + post, wi)
+            busy = max([busy] + [b.cycles for b in post])
+            fill += len(post)
+        wo = chain(e_blocks, wi)
+        recs.append([layer.name, wo, out_beats, busy, fill])
+        emit(layer.name, wo, lout, layer.out_elems, len(recs) - 1)
+    if not recs or in_wire is None:
+        raise Unsupported(f"stage {stage.index} has no layers the RTL can build")
+    units = [Unit(name, unit0 + i, wire, beats, busy + fill) for i, (name, wire, beats, busy, fill) in enumerate(recs)]
+    (wout, lanes, _), = avail[layers[-1].name]
+    out_beats = layers[-1].out_elems // lanes
+    chain([_fifo(f"{pre}_out_buf", lanes, 2 * out_beats, elem_w, out_beats)], wout)
     return StageRtl(stage.index, board_name, "time-multiplexed", blocks, blocks[0].in_lanes, lanes,
                     link_in is not None, False, layers[0].in_elems, layers[-1].out_elems, units, in_wire, in_beats)
 

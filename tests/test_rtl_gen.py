@@ -92,16 +92,68 @@ def test_conv_pipeline_structure():
     assert pipe.interval == 36 * (4 // 2) * (18 // 2)    # conv1: 36 pixels x NF*SF
 
 
-def test_unsupported_layers_are_reported(tmp_path):
+def test_open_skip_across_a_cut_is_reported(tmp_path):
+    """A cut inside a residual block leaves its skip tensor crossing the boundary: refused,
+    naming the tensor; the generic glue is still written."""
     from bapipe.spec import load_model
     path = "examples/models/small-resnet.yaml"
     names = [l.name for l in load_model(path).layers]
-    plan = hand_plan(path, "4xU250-ring", [names], {})
+    cut = names.index("b1_conv2")
+    plan = hand_plan(path, "4xU250-ring", [names[:cut], names[cut:]], {})
     model, cluster = resolve(plan)
     render_rtl(plan, model, cluster, tmp_path)
     man = json.loads((tmp_path / "rtl" / "manifest.json").read_text())
-    assert man["supported"] is False and "has no RTL engine" in man["reason"]
-    assert (tmp_path / "rtl" / "axis_fifo.v").exists()
+    assert man["supported"] is False and "'stem_relu'" in man["reason"] and "skip" in man["reason"]
+    assert (tmp_path / "rtl" / "axis_fifo.v").exists() and (tmp_path / "rtl" / "axis_fork.v").exists()
+
+
+def test_resnet_dataflow_structure(tmp_path):
+    """Forks where a tensor has two consumers, a skip FIFO of (main-path window generators -
+    skip-path ones + 1) frames before each add, batchnorm on the conv's PE lanes, global
+    average pool as a pool_unit of H*W taps; batchnorm parameters written for the reference."""
+    from codegen.rtl import read_params, write_params
+    from cocotb_tests.plans import small_resnet_plan
+    plan = small_resnet_plan("dataflow")
+    model, cluster = resolve(plan)
+    pipe = rm.build_pipeline(plan, model, cluster)
+    s0, s1 = pipe.stages
+    by = {b.inst: b for st in pipe.stages for b in st.blocks}
+    assert by["s0_stem_relu_fork0"].kind == "fork" and by["s1_b1_relu_fork0"].ins == ["k1"]
+    # identity skip: two window generators on the main path -> 3 frames of 32*32*16/16 beats
+    assert by["s0_b1_add_skip_fifo"].params["DEPTH"] == 3 * 1024 + 2
+    # projection: the 1x1 conv's generator on the skip path -> 2 frames of 16*16*32/4 beats (b2_down PE 4 -> 8)
+    assert by["s1_b2_add_skip_fifo"].params["DEPTH"] == 2 * 256 * 32 // 8 + 2
+    assert [b.kind for b in s1.blocks if b.inst.startswith("s1_b2_add_skip")] == ["width_conv", "fifo"]
+    assert by["s0_stem_bn"].params["LANES"] == 16 and by["s0_stem_bn"].params["C"] == 16
+    gap = by["s1_pool"]
+    assert (gap.module, gap.params["TAPS"], gap.params["SIMD"], gap.cycles) == ("pool_unit", 256, 8, 16 * 16 * 32 // 8)
+    add = by["s0_b1_add"]
+    assert add.ins[1] == by["s0_b1_add_skip_fifo"].outs[0] and add.cycles == 1024
+    assert pipe.interval == 3072
+    write_params(tmp_path, pipe)
+    p = read_params(tmp_path, ["stem_bn", "stem"])
+    assert set(p["stem_bn"]) == {"scale", "shift"} and p["stem_bn"]["scale"].shape == (16,)
+    assert set(p["stem"]) == {"w", "b"}
+
+
+def test_resnet_time_multiplexed_units():
+    """Every layer but flatten is a unit: batchnorm beats + 1, add beats, global average pool
+    in-beats + 1, convs as in the linear chain; the stage job is their sum + TM_SWITCH."""
+    from cocotb_tests.plans import small_resnet_plan
+    plan = small_resnet_plan("time-multiplexed", boards=3)
+    model, cluster = resolve(plan)
+    pipe = rm.build_pipeline(plan, model, cluster)
+    units = {u.layer: u.cycles for st in pipe.stages for u in st.units}
+    assert units["b1_bn1"] == 32 * 32 * 16 // 16 + rm.BN_FILL
+    assert units["b1_add"] == 32 * 32 * 16 // 16
+    assert units["pool"] == 16 * 16 * 32 // 16 + rm.POOL_FILL
+    assert units["b1_conv1"] == 1024 * 1 * 3 + rm.MVU_FILL
+    st1 = pipe.stages[1]
+    assert [u.layer for u in st1.units] == ["b1_conv1", "b1_bn1", "b1_relu1", "b1_conv2", "b1_bn2", "b1_add", "b1_relu"]
+    assert st1.job_cycles == sum(u.cycles for u in st1.units) + rm.TM_SWITCH
+    # the stage input forks (counted before the fork); the skip waits in a two-frame buffer
+    assert st1.in_wire == "k1" and st1.in_beats == 32 * 32 * 16 // 16
+    assert next(b for b in st1.blocks if b.inst == "s1_b1_add_buf1").params["DEPTH"] == 2 * 1024
 
 
 def test_tiny_cnn_structure_and_model():

@@ -1,0 +1,39 @@
+"""small-resnet (batchnorm, identity and projection skips, global average pool) through
+`bapipe rtlsim`: bit-exact against fpga_models.fixedpoint.model_fwd, cycles per sample
+within 2% of the cycle model (measured: equal), dataflow and time-multiplexed."""
+from __future__ import annotations
+
+import pytest
+
+from cocotb_tests.common import needs_verilator, xdist_group
+from cocotb_tests.test_pipeline import _gen, _rtlsim
+
+pytestmark = [*needs_verilator, xdist_group("resnet_pipeline")]
+
+
+def _run(style: str, boards: int, samples: int) -> dict:
+    from cocotb_tests.plans import small_resnet_plan
+    r = _rtlsim(_gen(small_resnet_plan(style, boards=boards), f"small-resnet-{style}-{boards}"), samples=samples)
+    assert r["outputs_match"] and r["max_abs_err_lsb"] == 0 and len(r["boards"]) == boards
+    assert abs(r["error"]) <= 0.02, r
+    return r
+
+
+def test_small_resnet_dataflow_2_boards():
+    """Identity skip inside fpga0's stage, projection skip forking at fpga1's input; every
+    3x3 conv is folded to 3072 cycles per sample, which is then the interval."""
+    r = _run("dataflow", 2, 8)
+    assert r["predicted_cycles_per_sample"] == 3072
+
+
+def test_small_resnet_time_multiplexed_3_boards():
+    """Units (batchnorm, add and global average pool among them) in turns; block 1's identity
+    skip forks at fpga1's input and waits in a frame buffer while the main path runs."""
+    r = _run("time-multiplexed", 3, 5)
+    assert r["bottleneck"] == "fpga2/jobs"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("style,boards", [("dataflow", 3), ("time-multiplexed", 2)])
+def test_small_resnet_other_cuts(style, boards):
+    _run(style, boards, 5)
