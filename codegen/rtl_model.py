@@ -10,11 +10,17 @@ Cycle model (docs/rtl.md):
 - a matrix-vector unit takes exactly NF*SF cycles per vector, NF = MH/PE, SF = MW/SIMD
   (conv: one vector per output pixel), plus ``MVU_FILL`` cycles of pipeline fill;
 - a window generator takes max(image beats, window beats) cycles per image, a pool unit
-  one cycle per window beat;
+  (also the global average pool, TAPS = H*W) one cycle per window beat; batchnorm, fork
+  and add one cycle per beat;
 - every stream moves at most one beat per cycle;
 - a link of ``bw`` bytes/cycle moves a beat of B bytes in max(1, B/bw) cycles; its credits
   cover the round trip 2*latency + ``LINK_LOOP`` cycles so it never waits for credits;
 - the pipeline's interval (cycles per sample in steady state) is the slowest of all these.
+
+Residual stages (a DAG of layers, ``stage_graph``): a tensor with several consumers goes
+through ``axis_fork``; ``axis_add`` joins the main path and the skip path, which waits in a
+FIFO (dataflow: as many frames as the main path holds back; time-multiplexed: the add's
+frame buffer). Blocks then name their wires (``Block.ins``/``outs``, ``rtl.stage_wiring``).
 """
 from __future__ import annotations
 
@@ -217,7 +223,7 @@ def make_link(src: str, dst: str, bandwidth_Bps: float, latency_s: float, clock_
 class Block:
     """One instance in a stage's chain: s_axis in, m_axis out."""
 
-    kind: str                       # fifo | width_conv | relu | mvu | swg | pool | gate | link_rx | link_tx
+    kind: str                       # fifo | width_conv | relu | mvu | swg | pool | bn | fork | add | gate | link_rx | link_tx
     inst: str
     module: str
     params: dict[str, int]
