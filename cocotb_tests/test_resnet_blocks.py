@@ -114,6 +114,20 @@ try:
         assert snk.empty(), "extra beats after the end"
         if cfg["p_idle"] == 0 and cfg["p_stall"] == 0:
             _full_rate(h0, hout, 0)
+    @cocotb.test()
+    async def swg_pad_min(dut):
+        """Window generator with PAD_MIN = 1 (ResNet's padded 3x3/2 max pool): padding is the
+        most negative value, as fixedpoint.maxpool_fwd's -inf padding never wins either."""
+        from fpga_models.fixedpoint import im2col
+        cfg = tb_config()
+        rng = random.Random(cfg["seed"])
+        c, h = cfg["c"], cfg["h"]
+        await tb.start(dut)
+        x = np.random.default_rng(cfg["seed"]).integers(-32768, 32768, (cfg["images"], c, h, h))
+        cols = im2col(x, 3, 2, 1, pad_value=-32768)
+        words = tb.to_unsigned(x.transpose(0, 2, 3, 1).reshape(-1), ELEM_W)
+        await tb.stream_check(dut, words, cfg["simd"], tb.to_unsigned(cols.reshape(-1), ELEM_W), cfg["simd"], ELEM_W,
+                              rng, cfg["p_idle"], cfg["p_stall"])
 except ImportError:  # imported by pytest without cocotb's simulator context
     pass
 
@@ -171,3 +185,11 @@ def test_fork_add_100k():
           p_idle=0.1, p_stall=0.1)
     check(_glue("axis_add", {"LANES": 3, "ELEM_W": ELEM_W}), "axis_add", MOD, "add_random", lanes=3, beats=100_000,
           seed=6, p_idle=0.1, p_stall=0.1)
+
+
+def test_swg_pad_min():
+    from codegen.rtl import render_template
+    from codegen.rtl_model import SwgSpec
+    spec = SwgSpec(4, 7, 7, 3, 1, 2, 2)
+    d = build("swg", {"swg.v": render_template("swg")}, {**spec.params(ELEM_W), "PAD_MIN": 1})
+    check(d, "swg", MOD, "swg_pad_min", c=4, h=7, simd=2, images=3, seed=2, p_idle=0.2, p_stall=0.2)

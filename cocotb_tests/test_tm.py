@@ -85,7 +85,7 @@ def gate_model(ens: list[int], beats: int, n: int) -> list[int]:
 
 try:
     import cocotb
-    from cocotb.triggers import ClockCycles, FallingEdge, RisingEdge
+    from cocotb.triggers import FallingEdge, RisingEdge, with_timeout
 
     from codegen import sim_tb as tb
 
@@ -124,6 +124,10 @@ try:
                         d.en.value = 1
                         state = "high"
 
+    async def _bounded(coro, beats: int):
+        """Fail instead of hanging when the gate never reopens: 20 cycles a beat is plenty."""
+        return await with_timeout(coro, (20 * beats + 1000) * 10, "ns")
+
     def _periods(trace) -> list[int]:
         """Output beats in every en-high period of the trace."""
         out, prev = [], 0
@@ -145,7 +149,8 @@ try:
         await tb.start(dut)
         drv = EnDriver(dut, beats, rng, cfg["max_hold"], cfg["max_low"])
         words = [rng.randrange(1 << ELEM_W) for _ in range(cfg["beats"] * lanes)]
-        await tb.stream_check(dut, words, lanes, words, lanes, ELEM_W, rng, cfg["p_idle"], cfg["p_stall"])
+        await _bounded(tb.stream_check(dut, words, lanes, words, lanes, ELEM_W, rng, cfg["p_idle"], cfg["p_stall"]),
+                       cfg["beats"])
         trace = list(drv.trace)
         assert all(en or not hs for en, _, hs in trace), "a beat passed while en was low"
         assert all(i == o for _, i, o in trace), "input and output handshakes differ (the gate has no buffer)"
@@ -166,7 +171,7 @@ try:
         await tb.start(dut)
         drv = EnDriver(dut, beats, rng, cfg["max_hold"], cfg["max_low"])
         words = [rng.randrange(1 << ELEM_W) for _ in range(n * lanes)]
-        await tb.stream_check(dut, words, lanes, words, lanes, ELEM_W)
+        await _bounded(tb.stream_check(dut, words, lanes, words, lanes, ELEM_W), n)
         trace = list(drv.trace)
         first = next(i for i, (_, _, hs) in enumerate(trace) if hs)
         ens = [en for en, _, _ in trace[first:]]
