@@ -6,6 +6,7 @@ of each key, so validation can say ``model.yaml:12: layers[3].kernel: expected .
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -54,6 +55,14 @@ class NodeList(list):
 
 class _Loader(yaml.SafeLoader):
     pass
+
+
+# YAML 1.1 (PyYAML) wants a dot in a float, so `12e9` would load as a string; people write
+# bandwidths and clocks that way (and YAML 1.2 reads them as floats), so this loader does too.
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    list("-+0123456789"))
 
 
 def _construct_mapping(loader: _Loader, node: yaml.MappingNode) -> Node:

@@ -37,3 +37,23 @@ def test_small_resnet_time_multiplexed_3_boards():
 @pytest.mark.parametrize("style,boards", [("dataflow", 3), ("time-multiplexed", 2)])
 def test_small_resnet_other_cuts(style, boards):
     _run(style, boards, 5)
+
+
+def test_small_resnet_lint_clean():
+    """`verilator --lint-only -Wall` on the residual board tops (forks, adds, named wires) and
+    the batchnorm instances with their baked parameters, dataflow and time-multiplexed."""
+    import os
+    import subprocess
+
+    from bapipe.toolchain import verilator_bin, wire_verilator
+    env = wire_verilator(dict(os.environ))
+    exe = str(verilator_bin() / "verilator")
+    from cocotb_tests.plans import small_resnet_plan
+    failures = []
+    for style, boards in (("dataflow", 2), ("time-multiplexed", 3)):
+        rtl = _gen(small_resnet_plan(style, boards=boards), f"small-resnet-{style}-{boards}") / "rtl"
+        r = subprocess.run([exe, "--lint-only", "-Wall", f"-I{rtl}", "--top-module", "cluster_top",
+                            str(rtl / "cluster_top.v")], capture_output=True, text=True, env=env)
+        if r.returncode or r.stderr.strip():
+            failures.append(f"{rtl}: {r.stderr[:1500]}")
+    assert not failures, "\n".join(failures)

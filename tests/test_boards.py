@@ -107,7 +107,7 @@ def test_with_overrides():
     assert b.dsp_per_mac["fp32"] == 4 and b.dsp_per_mac["int8"] == 0.5
     assert b.peak_flops["fp32"] == pytest.approx(2 * 10_000 / 4 * 250e6)
     assert BOARDS["U250"].clock_hz == 300e6  # catalog untouched
-    # PyYAML reads 12e9 (no dot) as a string; it is accepted as a number
+    # YAML 1.1 would read 12e9 (no dot) as a string; bapipe.yamlio reads it as a float
     assert with_overrides(BOARDS["U250"], loads("pcie_bw_Bps: 12e9\n")).pcie_bw_Bps == 12e9
     g = with_overrides(BOARDS["V100"], loads("peak_flops: {fp32: 14.0e+12}\n"))
     assert g.peak_flops["fp32"] == 14e12 and g.peak_flops["fp16"] == 125e12
@@ -134,3 +134,12 @@ def test_with_overrides_errors(text, expected):
 def test_with_overrides_not_a_mapping():
     with pytest.raises(SpecError, match="expected a mapping of board fields, got a list"):
         with_overrides(BOARDS["U250"], loads("[1, 2]\n"))
+
+
+def test_yaml_reads_exponent_floats_everywhere():
+    """Model, cluster and plan files read `12e9`, `-3E2`, `1.5e-3` as floats (YAML 1.2 style);
+    things that only look alike stay strings."""
+    from bapipe.yamlio import loads
+    d = loads("a: 12e9\nb: -3E2\nc: 1.5e-3\nd: 12\ne: 1e\nf: e9\ng: 1_000\n")
+    assert d == {"a": 12e9, "b": -300.0, "c": 1.5e-3, "d": 12, "e": "1e", "f": "e9", "g": 1000}
+    assert isinstance(d["a"], float) and isinstance(d["d"], int)
