@@ -82,6 +82,9 @@ def _add_args(name: str, p: argparse.ArgumentParser) -> None:
         p.add_argument("--optimizer", default="sgd", choices=("sgd", "adam"))
         p.add_argument("--cap", type=float, default=0.8, help="resource utilisation cap (default 0.8)")
         p.add_argument("--no-replication", action="store_true", help="one board per stage")
+        p.add_argument("--whole-blocks", action="store_true",
+                       help="cut only where one tensor crosses (never inside a residual block): "
+                            "plans whose every stage the RTL can build")
         p.add_argument("--boards", type=int, default=None, help="use at most this many boards")
         p.add_argument("--pareto", action="store_true", help="also list non-dominated plans")
         p.add_argument("--partition", default=None, help="evaluate a given split, e.g. 0-5,6-11,12-36")

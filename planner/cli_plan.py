@@ -78,7 +78,8 @@ def request_from_args(args, model) -> Request:
                    replication=not getattr(args, "no_replication", False), max_boards=getattr(args, "boards", None),
                    partition=parse_partition(part, len(model.layers)) if part else None,
                    measured=_measured(getattr(args, "measured", None), model),
-                   meshes=parse_meshes(getattr(args, "mesh", "1")))
+                   meshes=parse_meshes(getattr(args, "mesh", "1")),
+                   whole_blocks=bool(getattr(args, "whole_blocks", False)))
 
 
 def parse_meshes(text) -> tuple[int, ...] | None:

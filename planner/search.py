@@ -48,6 +48,7 @@ class Request:
     partition: list[tuple[int, int]] | None = None
     measured: dict | None = None         # {board type or None: {layer: {fwd_s, bwd_s}}} per sample
     meshes: tuple[int, ...] | None = (1,)   # tensor-parallel mesh sizes to explore (None = auto)
+    whole_blocks: bool = False           # cut only where one tensor crosses (no open skip)
 
 
 @dataclass(frozen=True, order=True)
@@ -324,7 +325,20 @@ class Explorer:
             occ = np.concatenate([cb / bw, [0.0]])
             O[s] = occ
             C[s] = ways * (occ + lat)
+        if self.req.whole_blocks and V > 1:
+            # a cut that leaves a skip connection open costs infinity: no stage boundary falls
+            # inside a residual block (what the RTL and simple links can carry)
+            C[:, self.open_cuts] = math.inf
+            O[:, self.open_cuts] = math.inf
         return part.Problem(n, T, C, O, c.m, c.v, X)
+
+    @property
+    def open_cuts(self) -> np.ndarray:
+        """Boolean mask over cut positions: True where more than one tensor crosses."""
+        if getattr(self, "_open_cuts", None) is None:
+            n = len(self.model.layers)
+            self._open_cuts = np.array([len(self.model.cut_tensors(k)) > 1 for k in range(n - 1)] + [False])
+        return self._open_cuts
 
     def mesh_transfer(self, c: Config, d1: int, d2: int, j: int, backward: bool = False):
         """(time_s, directed board pairs, bytes) of the resharding of the activation after

@@ -227,3 +227,25 @@ def test_stage_resources_within_the_capped_budget():
             assert st.resources["lut"] <= b.usable_lut * cap + 1
             assert st.resources["uram"] <= b.usable_uram * cap + 1
             assert st.resources["bram36"] <= b.usable_bram36 * cap + 2
+
+
+@pytest.mark.parametrize("model_name", ["resnet50", "examples/models/small-resnet.yaml"])
+def test_whole_blocks_never_cuts_inside_a_residual_block(model_name):
+    """--whole-blocks: every stage boundary carries exactly one tensor (no open skip), where
+    the free plan of the same pipeline (4 stages, no replication) cuts inside a block."""
+    import json
+    import subprocess
+    import sys
+    from bapipe.spec import load_model
+
+    def cuts(*extra):
+        r = subprocess.run([sys.executable, "-m", "bapipe.cli", "plan", model_name, "4xU250-ring", "--json",
+                            "--no-replication", "-o", "/dev/null", *extra], capture_output=True, text=True,
+                           check=True)
+        stages = json.loads(r.stdout)["stages"]          # layers: [first, last] positions
+        return [len(model.cut_tensors(s["layers"][1])) for s in stages[:-1]]
+
+    model = load_model(model_name)
+    whole, free = cuts("--whole-blocks"), cuts()
+    assert len(whole) == 3 and whole == [1, 1, 1]
+    assert max(free) > 1          # why the option exists: the free optimum leaves a skip open
