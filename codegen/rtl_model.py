@@ -597,8 +597,8 @@ def _df_engine(stage, layer, fuse_relu: bool, params, state: dict, pre: str, lan
 
 # ------------------------------------------------------------------ residual CNN engines and stage graphs
 
-def pack_lanes(values, elem_w: int) -> str:
-    """Sized Verilog literal of signed ``values`` as elem_w-bit lanes, values[0] lowest."""
+def verilog_hex(values, elem_w: int) -> str:
+    """Sized Verilog literal packing ``values`` (two's complement) as elem_w-bit lanes, values[0] lowest."""
     mask = (1 << elem_w) - 1
     v = 0
     for i, x in enumerate(values):
@@ -631,7 +631,7 @@ def _bn(layer, pre: str, lanes: int | None, elem_w: int, frac: int, params, ops:
     beats = layer.out_elems // lb
     blocks.append(Block("bn", f"{pre}_{layer.name}", "axis_batchnorm",
                         {"LANES": lb, "ELEM_W": elem_w, "FRAC": frac, "C": c, "CF_W": clog2(c // lb),
-                         "SCALE": pack_lanes(scale, elem_w), "SHIFT": pack_lanes(shift, elem_w)},
+                         "SCALE": verilog_hex(scale, elem_w), "SHIFT": verilog_hex(shift, elem_w)},
                         lb, lb, beats_in=beats, cycles=beats))
     ops.append({"layer": layer.name, "type": "batchnorm", "scale": scale, "shift": shift})
     return blocks, lb

