@@ -45,8 +45,15 @@ MAX_LANES = 256
 _GPU_FMT = {"fixed16": "fp16"}
 
 
+#: trial division stops here: no board has this many MAC lanes, so for n > DIVISOR_SEARCH_LIMIT**2
+#: the divisors strictly between the limit and n / limit (all unusable as PE or SIMD) are not
+#: listed, and a dimension like out_channels 1e20 costs 2**20 steps instead of 1e10 (a hang)
+DIVISOR_SEARCH_LIMIT = 1 << 20
+
+
 def divisors(n: int) -> tuple[int, ...]:
-    """All positive divisors of ``n`` in increasing order."""
+    """Positive divisors of ``n`` in increasing order: all of them when n <= 2**40, else the
+    ones up to DIVISOR_SEARCH_LIMIT and their cofactors n // d (bounded work)."""
     return _divisors(int(n))
 
 
@@ -54,7 +61,7 @@ def divisors(n: int) -> tuple[int, ...]:
 def _divisors(n: int) -> tuple[int, ...]:
     small, large = [], []
     i = 1
-    while i * i <= n:
+    while i * i <= n and i <= DIVISOR_SEARCH_LIMIT:
         if n % i == 0:
             small.append(i)
             if i != n // i:

@@ -70,8 +70,28 @@ def write_trace(result, path: str | Path) -> Path:
     return path
 
 
+#: file suffix -> matplotlib format of the Gantt chart (the suffix names what is written)
+GANTT_FORMATS = {".png": "png", ".pdf": "pdf", ".svg": "svg"}
+
+
+def gantt_format(path: str | Path) -> str:
+    """The chart format named by ``path``'s suffix; SpecError for any other suffix.
+
+    Writing PNG bytes into ``chart.pdf`` would be a silent wrong answer, so a suffix that
+    is not one of GANTT_FORMATS is refused rather than guessed.
+    """
+    from bapipe.errors import SpecError
+
+    fmt = GANTT_FORMATS.get(Path(path).suffix.lower())
+    if fmt is None:
+        raise SpecError(str(path), None, "--gantt",
+                        f"expected a file name ending {', '.join(GANTT_FORMATS)} (the suffix sets the format)")
+    return fmt
+
+
 def write_gantt(result, path: str | Path, max_labels: int = 600) -> Path:
-    """Write a Gantt chart PNG: one row per board, ops coloured by kind, labelled by micro-batch.
+    """Write a Gantt chart (PNG, PDF or SVG by suffix): one row per board, ops coloured by
+    kind, labelled by micro-batch.
 
     Labels are drawn only when there are at most ``max_labels`` ops (else they would
     overlap into noise); stalls are grey, all-reduces red on every board of their stage.
@@ -84,6 +104,7 @@ def write_gantt(result, path: str | Path, max_labels: int = 600) -> Path:
     path = Path(path)
     if path.is_dir():
         raise IsADirectoryError(21, "Is a directory", str(path))
+    fmt = gantt_format(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     rows: list[tuple[int, str]] = [(d, b) for d, boards in enumerate(result.device_boards) for b in boards]
     rows_of: dict[int, list[int]] = {}
@@ -133,8 +154,8 @@ def write_gantt(result, path: str | Path, max_labels: int = 600) -> Path:
     ax.grid(axis="x", alpha=0.3)
     fig.tight_layout()
     try:
-        # format given so matplotlib writes exactly `path` (it would append .png to a bare name)
-        fig.savefig(path, format="png")
+        # format given so matplotlib writes exactly `path`, in the format its suffix names
+        fig.savefig(path, format=fmt)
     finally:
         plt.close(fig)
     return path
