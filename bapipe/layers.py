@@ -346,6 +346,50 @@ def _opaque(c: _Ctx) -> _Out:
     return _Out(tuple(shape), {"shape": tuple(shape), "fwd_s": fwd, "bwd_s": bwd, "params": params}, params=params)
 
 
+def _mul(c: _Ctx) -> _Out:
+    """Elementwise product of activations, broadcasting to the largest (squeeze-excite scaling)."""
+    if len(c.in_shapes) < 2:
+        raise c.err("inputs", f"mul needs at least 2 inputs, got {len(c.in_shapes)}")
+    out = max(c.in_shapes, key=prod)
+    for s in c.in_shapes:
+        pad = (1,) * (len(out) - len(s)) + tuple(s)
+        if len(s) > len(out) or any(a not in (1, b) for a, b in zip(pad, out)):
+            raise c.err("inputs", f"mul inputs {[list(x) for x in c.in_shapes]} do not broadcast to {list(out)}")
+    return _Out(out, ops=(len(c.in_shapes) - 1) * prod(out))
+
+
+def _slice(c: _Ctx) -> _Out:
+    """Positions [start, end) of one axis (a Split/Slice of an activation, e.g. GPT-2's fused QKV)."""
+    s = c.one_input()
+    axis = c.f.int("axis", min=0)
+    if axis >= len(s):
+        raise c.err("axis", f"expected an axis < {len(s)}")
+    start = c.f.int("start", min=0)
+    end = c.f.int("end", min=1)
+    if not start < end <= s[axis]:
+        raise c.err("end", f"expected 0 <= start < end <= {s[axis]}, got {start}..{end}")
+    return _Out(s[:axis] + (end - start,) + s[axis + 1:], {"axis": axis, "start": start, "end": end})
+
+
+def _add_param(c: _Ctx) -> _Out:
+    """Add a learned tensor broadcast over the input (ViT's position embedding)."""
+    s = c.one_input()
+    shape = c.f.ints("param_shape")
+    core = tuple(shape)
+    while len(core) > len(s) and core[0] == 1:   # leading unit axes (the batch) broadcast away
+        core = core[1:]
+    if len(core) > len(s) or any(a not in (1, b) for a, b in zip(core, s[len(s) - len(core):])):
+        raise c.err("param_shape", f"{list(shape)} does not broadcast onto the input {list(s)}")
+    return _Out(s, {"param_shape": tuple(shape)}, params=prod(shape), ops=prod(s))
+
+
+def _concat_param(c: _Ctx) -> _Out:
+    """Prepend ``size`` learned rows on the first axis (ViT's class token)."""
+    s = c.one_input()
+    size = c.f.int("size", min=1)
+    return _Out((s[0] + size,) + s[1:], {"size": size}, params=size * prod(s[1:]))
+
+
 LAYER_TYPES: dict[str, Callable[[_Ctx], _Out]] = {
     "conv2d": _conv2d,
     "dense": _dense,
@@ -370,13 +414,18 @@ LAYER_TYPES: dict[str, Callable[[_Ctx], _Out]] = {
     "take": _take,
     "reshape": _reshape,  # added by the ONNX issue: views between imported layers
     "opaque": _opaque,    # added by the ONNX issue: unsupported op with a user-given cost
+    # added by issue 20 (ONNX import of PyTorch exports)
+    "mul": _mul,
+    "slice": _slice,
+    "add_param": _add_param,
+    "concat_param": _concat_param,
 }
 
 #: layer types whose weights are trained
 WEIGHTED = frozenset({"conv2d", "dense", "attention", "additive_attention", "lstm", "embedding", "batchnorm",
-                      "layernorm"})
+                      "layernorm", "add_param", "concat_param"})
 #: types that take several inputs
-MULTI_INPUT = frozenset({"matmul", "attention", "additive_attention", "lstm", "add", "concat", "opaque"})
+MULTI_INPUT = frozenset({"matmul", "attention", "additive_attention", "lstm", "add", "concat", "opaque", "mul"})
 
 
 def build_layer(f: Fields, name: str, inputs: tuple[str, ...], in_shapes: list[Shape], type_: str,

@@ -38,6 +38,9 @@ TAG = "bapipe:"
 VIEW_OPS = frozenset({"Reshape", "Transpose", "Squeeze", "Unsqueeze", "Identity", "Dropout", "Cast", "Flatten"})
 ELEMENTWISE = {"Relu": "relu", "Gelu": "gelu", "Tanh": "tanh", "Sigmoid": "sigmoid", "Softmax": "softmax"}
 SCALE_OPS = frozenset({"Add", "Sub", "Mul", "Div"})
+#: ops whose result is a boolean mask of their inputs: no layer, Where reads them
+BOOL_OPS = frozenset({"IsNaN", "IsInf", "Not", "Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual",
+                      "And", "Or", "Xor"})
 INT_TYPES = frozenset({2, 3, 4, 5, 6, 7, 12, 13})  # TensorProto uint8..int64, uint32, uint64
 
 
@@ -60,6 +63,40 @@ def _attr(node, name, default=None):
     return default
 
 
+def _batch_after_reshape(before: tuple, b: int, after: tuple) -> int:
+    """Where a Reshape puts the batch axis (size 1): the unit axis with the same number of
+    elements before it, or -1 when the reshape merged it away (or it had none)."""
+    if b < 0:
+        return after.index(1) if 1 in after else -1
+    pre = prod(before[:b])
+    for p, d in enumerate(after):
+        if d == 1 and prod(after[:p]) == pre:
+            return p
+    return -1
+
+
+def _squeezed(shape: tuple) -> tuple:
+    """A shape without its unit axes (shapes equal up to unit axes describe the same data)."""
+    return tuple(d for d in shape if d != 1)
+
+
+def _first_unit(shape: tuple) -> int:
+    return shape.index(1) if 1 in shape else -1
+
+
+def _meta(node, key: str) -> str | None:
+    """A node's metadata property (the dynamo exporter records rewrites and the FX node there)."""
+    for p in getattr(node, "metadata_props", ()):
+        if p.key == key:
+            return p.value
+    return None
+
+
+def _dropped_bias(node) -> bool:
+    """dynamo's optimizer removed this node's all-zero bias (a parameter all the same)."""
+    return "RemoveOptionalBias" in (_meta(node, "pkg.onnxscript.rewriter.rule_name") or "")
+
+
 def _str(v):
     return v.decode() if isinstance(v, bytes) else v
 
@@ -67,8 +104,14 @@ def _str(v):
 class _Importer:
     """One pass over a shape-inferred graph, producing layer dicts in topological order."""
 
-    def __init__(self, model, file: str, opaque: dict[str, tuple[float, float]] | None):
+    def __init__(self, model, file: str, opaque: dict[str, tuple[float, float]] | None, folded=None):
         self.file = file
+        self.fold_origin: dict[str, frozenset[str]] = dict(folded.origin) if folded is not None else {}
+        self.originals: frozenset[str] = folded.originals if folded is not None else frozenset(
+            t.name for t in model.graph.initializer)
+        self.sig_params = folded.params if folded is not None else None
+        self.masks: set[str] = set()          # boolean/mask tensors derived from activations (no layer)
+        self.weight_hash: dict[tuple, str] = {}   # value fingerprint of a layer's weight -> that layer
         self.opaque = dict(opaque or {})
         self.g = model.graph
         self.opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 20)
@@ -81,6 +124,8 @@ class _Importer:
         self.const: set[str] = set()
         self.origin: dict[str, frozenset[str]] = {}   # constant -> initializers it derives from
         self.owner: dict[str, str] = {}               # initializer -> first layer using it
+        self.weight_owner: dict[str, str] = {}        # initializer -> first layer using it as its weight
+        self.order: dict[str, int] = {}               # layer name -> position
         self.env: dict[str, _Ref] = {}
         self.layers: list[dict] = []
         self.built: dict[str, Layer] = {}
@@ -114,10 +159,13 @@ class _Importer:
                                        for d in tt.shape.dim)
             if tt.elem_type in INT_TYPES:
                 self.int_tensors.add(vi.name)
+        self.init_type: dict[str, int] = {}
+        self.inits = {t.name: t for t in g.initializer}
         for t in g.initializer:
             self.dims[t.name] = tuple(t.dims)
             self.const.add(t.name)
-            self.origin[t.name] = frozenset({t.name})
+            self.init_type[t.name] = t.data_type
+            self.origin[t.name] = self.fold_origin.get(t.name, frozenset({t.name}))
         for n in g.node:
             for o in n.output:
                 self.consumers.setdefault(o, 0)
@@ -184,6 +232,7 @@ class _Importer:
             if k not in live:
                 live.add(k)
                 stack.extend(deps[k])
+        self.live_reads = {i for k in live for n in groups[k] for i in n.input if i} | {o.name for o in self.g.output}
         first = {k: i for i, k in keys}
         users: dict[str, list[str]] = {k: [] for k in groups}
         indeg = {k: 0 for k in live}
@@ -247,6 +296,7 @@ class _Importer:
         if tied_to:
             d["tied_to"] = tied_to
         self.built[name] = self.probe(node, d)
+        self.order[name] = len(self.layers)
         self.layers.append(d)
         return name
 
@@ -260,30 +310,88 @@ class _Importer:
         except SpecError as e:
             raise self.err(node, f"as a {d['type']} layer: {e.field}: {e.expected}") from None
 
+
     def emit(self, node, out: str, type_: str, inputs: list[str], attrs: dict, consts: list[str] = (),
-             base: str | None = None, tied_ok: bool = False) -> str:
-        """Add a layer for ``node`` writing tensor ``out`` and bind ``out`` to it."""
-        tied = None
-        origins = frozenset().union(*(self.origin.get(c, frozenset()) for c in consts if c))
-        if tied_ok:
-            owners = sorted({self.owner[o] for o in origins if o in self.owner})
-            tied = owners[0] if owners else None
+             base: str | None = None, weight: str | None = None, like: str | None = None) -> str:
+        """Add a layer for ``node`` writing tensor ``out`` and bind ``out`` to it.
+
+        ``weight`` is the layer's main weight tensor: only it can make the layer tied to an
+        earlier one (biases and norm parameters never do: exporters merge equal ones).
+        ``like`` is the input whose batch axis the output keeps.
+        """
+        tied = self.tie_of(weight) if weight else None
         name = self.add_layer(node, base or node.name or f"{node.op_type.lower()}_{len(self.layers)}",
                               type_, inputs, attrs, tied)
-        for o in origins:
-            self.owner.setdefault(o, name)
-        self.bind(node, out, name)
+        if weight:
+            self.claim(weight, name)
+        for c in consts:
+            for o in self.origin.get(c, frozenset()) if c else ():
+                self.owner.setdefault(o, name)
+        self.bind(node, out, name, like)
         return name
 
-    def bind(self, node, out: str, name: str) -> None:
-        """Record the ONNX output of a layer; its ONNX shape may be a view of the layer's."""
+    def value(self, t: str):
+        """The numpy value of an in-file initializer, or None (external data, not an initializer)."""
+        init = self.inits.get(t)
+        if init is None or init.data_location == 1 or any(e.key == "location" for e in init.external_data):
+            return None
+        from onnx import numpy_helper
+        return numpy_helper.to_array(init)
+
+    def _weight_keys(self, t: str) -> list[tuple]:
+        """Fingerprints of a 2-D weight's values and of its transpose (a tie the exporter folded)."""
+        v = self.value(t)
+        if v is None or v.ndim != 2 or v.size < 2 or (v == v.flat[0]).all():
+            return []   # constant-valued tensors (zeros at init) say nothing about sharing
+        import hashlib
+        import numpy as np
+        return [(v.shape, hashlib.sha1(np.ascontiguousarray(v).tobytes()).hexdigest()),
+                (v.T.shape, hashlib.sha1(np.ascontiguousarray(v.T).tobytes()).hexdigest())]
+
+    def tie_of(self, weight: str) -> str | None:
+        """The earlier layer whose weight this one reuses: the same initializer (directly or through
+        constant ops such as Transpose), or the same values transposed (the exporter folded it)."""
+        owners = [self.weight_owner[o] for o in sorted(self.origin.get(weight, ())) if o in self.weight_owner]
+        if owners:
+            return min(owners, key=lambda n: self.order[n])
+        keys = self._weight_keys(weight)
+        return self.weight_hash.get(keys[0]) if keys else None
+
+    def claim(self, weight: str, name: str) -> None:
+        """Record ``name`` as the first user of ``weight`` (for later ties)."""
+        for o in self.origin.get(weight, ()):
+            self.weight_owner.setdefault(o, name)
+            self.owner.setdefault(o, name)
+        for k in self._weight_keys(weight)[:1]:
+            self.weight_hash.setdefault(k, name)
+
+
+
+    def bind(self, node, out: str, name: str, like: str | None = None) -> None:
+        """Record the ONNX output of a layer; its ONNX shape may be a view of the layer's.
+
+        The batch axis of the output is found, not assumed: it is where the input ``like``
+        had it (sequence-first layouts keep it on axis 1), else axis 0, else any unit axis
+        whose removal gives the layer's shape; a tensor whose batch axis a Reshape merged
+        away (batch 1) keeps its full shape.
+        """
         full = self.full_shape(out, node)
-        shape = full[1:]
         have = self.built[name].out_shape
-        if shape != have and prod(shape) != prod(have):
-            raise self.err(node, f"ONNX says the output is {list(shape)} per sample, the {self.built[name].type} "
-                                 f"layer gives {list(have)}")
-        self.env[out] = _Ref(name, shape, 0, None, full)
+        b = self.env[like].batch if like in self.env else 0
+        order = [x for x in dict.fromkeys([b, 0] + list(range(len(full)))) if 0 <= x < len(full) and full[x] == 1]
+        for nb in order:
+            if full[:nb] + full[nb + 1:] == have:
+                self.env[out] = _Ref(name, have, nb, None, full)
+                return
+        if full == have:
+            self.env[out] = _Ref(name, have, -1, None, full)
+            return
+        if prod(full) != prod(have):
+            raise self.err(node, f"ONNX says the output is {list(full)}, the {self.built[name].type} "
+                                 f"layer gives {list(have)} per sample")
+        nb = order[0] if order else -1
+        shape = full[:nb] + full[nb + 1:] if nb >= 0 else full
+        self.env[out] = _Ref(name, shape, nb, None, full)
 
     # -- ops -----------------------------------------------------------------------------
     def acts(self, node) -> list[str]:
@@ -326,6 +434,7 @@ class _Importer:
         if n_in < sch.min_input or n_in > sch.max_input or len(node.output) < sch.min_output:
             raise self.err(node, f"{node.op_type} takes {sch.min_input}..{sch.max_input} inputs, got {n_in}")
 
+
     def op(self, node) -> None:
         """Map one untagged node to a layer, a view, a fold or an error."""
         t = node.op_type
@@ -333,100 +442,302 @@ class _Importer:
         out = node.output[0]
         if not acts:
             return
+        if t in self.opaque:   # the user's cost wins over any mapping (and over a refusal)
+            return self.unsupported(node, acts)
         if t in VIEW_OPS:
             return self.view(node)
+        if all(a in self.masks for a in acts) or t in BOOL_OPS:
+            return self.mask(node, acts)
         if t in ELEMENTWISE:
             if t == "Softmax":
                 axis = _attr(node, "axis", -1)
                 rank = len(self.full_shape(acts[0], node))
                 if axis not in (-1, rank - 1):
                     raise self.err(node, f"Softmax over axis {axis} (not the last) is not supported")
-            return self.emit(node, out, ELEMENTWISE[t], [self.use(acts[0], node)], {})
+            return self.emit(node, out, ELEMENTWISE[t], [self.use(acts[0], node)], {}, like=acts[0])
+        if t == "Clip":   # ReLU6 and friends: a clamp costs what a relu costs
+            return self.emit(node, out, "relu", [self.use(acts[0], node)], {}, like=acts[0])
         if t == "Conv":
-            x, w = node.input[0], node.input[1]
-            wd = self.full_shape(w, node)
-            if len(wd) != 4:
-                raise self.err(node, f"only 2-D Conv is supported (weight {list(wd)})")
-            bias = len(node.input) > 2 and bool(node.input[2])
-            attrs = {"out_channels": wd[0], "groups": _attr(node, "group", 1), "bias": bias,
-                     **self.window(node, _attr(node, "kernel_shape") or wd[2:], self.full_shape(x, node)[2:])}
-            return self.emit(node, out, "conv2d", [self.use(x, node)], attrs, node.input[1:])
+            return self.conv(node)
         if t in ("MaxPool", "AveragePool"):
-            if _attr(node, "ceil_mode", 0):
-                raise self.err(node, "ceil_mode=1 is not supported")
             x = acts[0]
             attrs = self.window(node, _attr(node, "kernel_shape"), self.full_shape(x, node)[2:])
-            return self.emit(node, out, "maxpool" if t == "MaxPool" else "avgpool", [self.use(x, node)], attrs)
+            if _attr(node, "ceil_mode", 0):
+                attrs["padding"] = self.ceil_pads(node, attrs, self.full_shape(x, node)[2:])
+            return self.emit(node, out, "maxpool" if t == "MaxPool" else "avgpool", [self.use(x, node)], attrs,
+                             like=x)
         if t == "GlobalAveragePool":
-            return self.emit(node, out, "globalavgpool", [self.use(acts[0], node)], {})
+            return self.emit(node, out, "globalavgpool", [self.use(acts[0], node)], {}, like=acts[0])
+        if t == "ReduceMean":
+            return self.reduce_mean(node, acts[0])
         if t == "BatchNormalization":
-            return self.emit(node, out, "batchnorm", [self.use(node.input[0], node)], {}, node.input[1:3])
+            return self.emit(node, out, "batchnorm", [self.use(node.input[0], node)], {}, node.input[1:3],
+                             like=node.input[0])
         if t == "LayerNormalization":
             rank = len(self.full_shape(node.input[0], node))
             if _attr(node, "axis", -1) not in (-1, rank - 1):
                 raise self.err(node, "LayerNormalization over more than the last axis is not supported")
-            return self.emit(node, out, "layernorm", [self.use(node.input[0], node)], {}, node.input[1:3])
+            return self.emit(node, out, "layernorm", [self.use(node.input[0], node)], {}, node.input[1:3],
+                             like=node.input[0])
         if t in ("Gemm", "MatMul"):
             return self.linear(node, acts)
+        if t == "Pow" and node.input[0] in self.env and node.input[1] in self.const:
+            return self.alias(node, node.input[0])   # x**3 inside tanh-GELU: part of the activation
         if t in SCALE_OPS and len(acts) == 1:
             return self.scale(node, acts[0])
-        if t == "Erf":  # PyTorch's exact GELU before opset 20: x * 0.5 * (1 + erf(x / sqrt 2))
-            return self.emit(node, out, "gelu", [self.use(acts[0], node)], {})
-        if t == "Mul" and len(acts) == 2 and self.erf_gelu(node, acts):
-            return None
-        if t in ("Add", "Sum"):
-            if len(acts) != len([i for i in node.input if i]):
-                raise self.err(node, "Sum of activations and constants is not supported")
-            shapes = {self.env[a].shape for a in acts if a in self.env}
-            if len(shapes) > 1:
-                raise self.err(node, f"broadcasting Add of shapes {sorted(map(list, shapes))} is not supported")
-            return self.emit(node, out, "add", [self.use(a, node) for a in acts], {})
+        if t == "Erf":  # PyTorch's exact GELU below opset 20: x * 0.5 * (1 + erf(x / sqrt 2))
+            return self.emit(node, out, "gelu", [self.use(acts[0], node)], {}, like=acts[0])
+        if t in ("Mul", "Add", "Sum", "Sub", "Div") and len(acts) >= 2:
+            return self.binary(node, acts)
+        if t == "Where":
+            return self.where(node, acts)
         if t == "Concat":
-            if len(acts) != len(node.input):
-                raise self.err(node, "Concat of activations with constants is not supported")
-            rank = len(self.full_shape(out, node))
-            axis = _attr(node, "axis") % rank
-            b = self.env[acts[0]].batch if acts[0] in self.env else 0
-            if axis == b:
-                raise self.err(node, "Concat along the batch axis is not supported")
-            return self.emit(node, out, "concat", [self.use(a, node) for a in acts], {"axis": axis - (axis > b)})
+            return self.concat(node, acts)
+        if t == "Split":
+            return self.split(node, acts[0])
+        if t == "Slice":
+            return self.slice(node, acts[0])
         if t == "LSTM":
             return self.lstm(node)
         if t == "Gather":
             return self.gather(node, acts)
         return self.unsupported(node, acts)
 
-    def erf_gelu(self, node, acts) -> bool:
-        """x * (1 + erf(x/sqrt2)): the gelu layer made at Erf already is the product."""
-        a, b = (self.env.get(x) for x in acts)
-        if a is None or b is None:
-            return False
+    def alias(self, node, x: str) -> None:
+        """The node's output is the input's data for costing (an elementwise part folded away)."""
+        ref = self.env[x]
+        full = self.full_shape(node.output[0], node)
+        if full == ref.full:
+            self.env[node.output[0]] = ref
+        else:   # a broadcast (x * scale of another shape): keep the batch axis where it was
+            nb = ref.batch if 0 <= ref.batch < len(full) and full[ref.batch] == 1 else _first_unit(full)
+            self.env[node.output[0]] = _Ref(ref.src, full[:nb] + full[nb + 1:] if nb >= 0 else full, nb,
+                                            ref.view, full)
+
+    def mask(self, node, acts) -> None:
+        """Comparisons, IsNaN, Not, ...: a boolean mask of activations, no layer (Where reads it)."""
+        self.alias(node, acts[0])
+        for o in node.output:
+            self.masks.add(o)
+
+    def where(self, node, acts) -> None:
+        """Where(cond, a, b): a mask applied to one activation (causal mask, NaN guard)."""
+        data = [i for i in node.input[1:] if i in self.env and i not in self.masks]
+        srcs = {self.env[i].src for i in data}
+        if len(srcs) != 1:
+            raise self.err(node, "Where must select between one activation and constants")
+        self.alias(node, data[0])
+
+    def _is_mask(self, x: str, out_full: tuple) -> bool:
+        """An operand that is a mask: boolean-derived, or read from a model input and broadcast."""
+        ref = self.env[x]
+        return x in self.masks or (ref.src in self.input_shapes and prod(ref.full) < prod(out_full))
+
+    def binary(self, node, acts) -> None:
+        """Add/Mul/Sub/Div of activations: residual add, gating product, or a folded pattern."""
+        t = node.op_type
+        out = node.output[0]
+        full = self.full_shape(out, node)
+        if len(acts) != len([i for i in node.input if i]):
+            live = [a for a in acts if not self._is_mask(a, full)]
+            if t in ("Add", "Sum") and len(live) > 1:
+                raise self.err(node, "Sum of activations and constants is not supported")
+        real = [a for a in acts if not self._is_mask(a, full)]
+        if not real:
+            return self.mask(node, acts)
+        if len(real) == 1:   # attention mask added (or multiplied) onto the scores: no layer
+            return self.alias(node, real[0])
+        refs = [self.env[a] for a in real]
+        if len({r.src for r in refs}) == 1:   # x + 0.044715 x^3, x * x: parts of one activation
+            return self.alias(node, real[0])
+        if t == "Mul" and len(real) == 2 and self.gated(node, real):
+            return None
+        if t in ("Sub", "Div"):
+            raise self.err(node, f"{t} of two activations is not supported")
+        if t == "Mul":
+            return self.emit(node, out, "mul", [self.use(a, node) for a in real], {},
+                             like=max(real, key=lambda a: prod(self.env[a].full)))
+        shapes = {_squeezed(r.shape) for r in refs}
+        if len(shapes) > 1:
+            raise self.err(node, f"broadcasting Add of shapes {sorted(map(list, (r.shape for r in refs)))} "
+                                 "is not supported")
+        names = [self.use(a, node) for a in real]
+        first = self.src_shape(names[0])
+        names = [n if self.src_shape(n) == first else self.add_layer(None, f"{n}_view", "reshape", [n],
+                                                                      {"shape": list(first)}) for n in names]
+        return self.emit(node, out, "add", names, {}, like=real[0])
+
+    def gated(self, node, acts) -> bool:
+        """x * act(x): SiLU (sigmoid), tanh-GELU (tanh becomes gelu) and erf-GELU are one layer."""
+        a, b = (self.env[x] for x in acts)
         for g, x in ((a, b), (b, a)):
             lay = self.built.get(g.src)
-            if lay is not None and lay.type == "gelu" and lay.inputs[0] == x.src and g.shape == x.shape:
-                self.env[node.output[0]] = g
-                return True
+            if lay is None or lay.type not in ("gelu", "sigmoid", "tanh") or lay.inputs[0] != x.src:
+                continue
+            if lay.type == "tanh":   # 0.5 x (1 + tanh(c (x + 0.044715 x^3))): GPT-2's GELU
+                d = self.layers[self.order[g.src]]
+                d["type"] = "gelu"
+                self.built[g.src] = self.probe(node, d)
+            self.alias(node, acts[0] if g is a else acts[1])
+            return True
         return False
+
+    def conv(self, node) -> None:
+        """Conv -> conv2d; a BatchNormalization the exporter folded into it comes back as a layer."""
+        x, w = node.input[0], node.input[1]
+        out = node.output[0]
+        wd = self.full_shape(w, node)
+        if len(wd) != 4:
+            raise self.err(node, f"only 2-D Conv is supported (weight {list(wd)})")
+        bias = len(node.input) > 2 and bool(node.input[2])
+        bn = self.folded_bn(node)
+        if bn or _dropped_bias(node):
+            bias = not bn
+        attrs = {"out_channels": wd[0], "groups": _attr(node, "group", 1), "bias": bias,
+                 **self.window(node, _attr(node, "kernel_shape") or wd[2:], self.full_shape(x, node)[2:])}
+        name = self.emit(node, out, "conv2d", [self.use(x, node)], attrs, node.input[1:], like=x)
+        if bn:
+            self.emit(node, out, "batchnorm", [name], {}, base=bn, like=out)
+
+    def folded_bn(self, node) -> str | None:
+        """Name for the batchnorm an exporter folded into this Conv (eval mode), or None.
+
+        dynamo marks the Conv with its FuseBatchNormIntoConv rewrite; the legacy exporter
+        gives the folded weight a generated name (``onnx::Conv_N``) instead of the
+        parameter's, which only its BatchNorm folding does to a Conv weight.
+        """
+        rules = _meta(node, "pkg.onnxscript.rewriter.rule_name") or ""
+        base = node.name or f"conv_{len(self.layers)}"
+        if "FuseBatchNormIntoConv" in rules:
+            return base + "_bn"
+        w = node.input[1]
+        srcs = self.origin.get(w, frozenset({w})) or frozenset({w})
+        if len(node.input) > 2 and node.input[2] and all(o.startswith("onnx::Conv_") for o in srcs):
+            return base.removesuffix("/Conv") + "/bn" if base.endswith("/Conv") else base + "_bn"
+        return None
+
+    def ceil_pads(self, node, attrs: dict, hw) -> list[int]:
+        """ceil_mode=1: the symmetric padding whose floor-mode output has ONNX's (ceil) size."""
+        want = self.full_shape(node.output[0], node)[2:]
+        pads = []
+        for h, k, s, p, o in zip(hw, attrs["kernel"], attrs["stride"], attrs["padding"], want):
+            q = next((q for q in range(p, k) if (h + 2 * q - k) // s + 1 == o), None)
+            if q is None:
+                raise self.err(node, f"ceil_mode=1 output {list(want)} has no symmetric-padding equivalent")
+            pads.append(q)
+        return pads
+
+    def reduce_mean(self, node, x: str) -> None:
+        """ReduceMean over H and W (AdaptiveAvgPool2d(1), dynamo's form) -> globalavgpool."""
+        ref = self.env[x]
+        axes = _attr(node, "axes")
+        if axes is None and len(node.input) > 1 and node.input[1]:
+            axes = self.const_value(node.input[1], node)
+        rank = len(ref.full)
+        if axes is None or rank != 4 or ref.batch != 0 or sorted(int(a) % rank for a in axes) != [2, 3]:
+            raise self.err(node, "only ReduceMean over H and W of an NCHW tensor is mapped (globalavgpool); "
+                                 "give its cost with --opaque ReduceMean=FWD_S,BWD_S")
+        self.emit(node, node.output[0], "globalavgpool", [self.use(x, node)], {}, like=x)
+
+    def concat(self, node, acts) -> None:
+        """Concat of activations; a constant parameter in front of them is a class token."""
+        out = node.output[0]
+        rank = len(self.full_shape(out, node))
+        axis = _attr(node, "axis") % rank
+        b = self.env[acts[0]].batch
+        if axis == b:
+            raise self.err(node, "Concat along the batch axis is not supported")
+        pa = axis - (0 <= b < axis) if b >= 0 else axis
+        consts = [i for i in node.input if i and i not in self.env]
+        if consts:
+            if len(acts) != 1 or pa != 0:
+                raise self.err(node, "Concat of constants is supported only as one learned block on the "
+                                     "first axis after the batch (a class token)")
+            size = sum(self.full_shape(c, node)[axis] for c in consts)
+            return self.emit(node, out, "concat_param", [self.use(acts[0], node)], {"size": size}, consts,
+                             like=acts[0])
+        return self.emit(node, out, "concat", [self.use(a, node) for a in acts], {"axis": pa}, like=acts[0])
+
+    def _per_sample_axis(self, node, x: str, axis: int) -> int:
+        ref = self.env[x]
+        axis %= len(ref.full)
+        if axis == ref.batch:
+            raise self.err(node, "slicing the batch axis is not supported")
+        return axis - (0 <= ref.batch < axis)
+
+    def split(self, node, x: str) -> None:
+        """Split of an activation (GPT-2's fused QKV): one slice layer per output that is read."""
+        ref = self.env[x]
+        axis = _attr(node, "axis", 0) % len(ref.full)
+        pa = self._per_sample_axis(node, x, axis)
+        sizes = [self.full_shape(o, node)[axis] for o in node.output]
+        src = self.use(x, node)
+        start = 0
+        for o, n in zip(node.output, sizes):
+            if o and o in self.live_reads:
+                name = self.add_layer(node, f"{node.name or 'split'}_{len(self.layers)}" if not node.name
+                                      else f"{node.name}_{start}", "slice", [src],
+                                      {"axis": pa, "start": start, "end": start + n})
+                self.bind(node, o, name, like=x)
+            start += n
+
+    def slice(self, node, x: str) -> None:
+        """Slice of an activation with constant bounds: a view when it keeps everything, else a slice."""
+        ref = self.env[x]
+        full = self.full_shape(node.output[0], node)
+        if full == ref.full:
+            return self.alias(node, x)
+        starts = self.const_value(node.input[1], node)
+        axes = self.const_value(node.input[3], node) if len(node.input) > 3 and node.input[3] \
+            else list(range(len(starts)))
+        steps = self.const_value(node.input[4], node) if len(node.input) > 4 and node.input[4] else [1] * len(starts)
+        changed = [(int(a) % len(ref.full), int(s), int(st)) for a, s, st in zip(axes, starts, steps)
+                   if full[int(a) % len(ref.full)] != ref.full[int(a) % len(ref.full)]]
+        if len(changed) != 1 or changed[0][2] != 1:
+            raise self.err(node, "only a step-1 Slice of one axis of an activation is mapped")
+        axis, start, _ = changed[0]
+        dim = ref.full[axis]
+        start = max(0, min(dim, start + dim if start < 0 else start))
+        pa = self._per_sample_axis(node, x, axis)
+        name = self.add_layer(node, node.name or f"slice_{len(self.layers)}", "slice", [self.use(x, node)],
+                              {"axis": pa, "start": start, "end": start + full[axis]})
+        self.bind(node, node.output[0], name, like=x)
+
+
+
 
     def unsupported(self, node, acts) -> None:
         """An op with no mapping: an opaque layer when its cost was given, else a SpecError."""
         t = node.op_type
         if t not in self.opaque:
             raise self.err(node, f"unsupported op type '{t}' (give its cost with --opaque {t}=FWD_S,BWD_S)")
-        if len(node.output) > 1 and any(self.consumers.get(o, 0) for o in node.output[1:] if o):
-            raise self.err(node, "an opaque op may feed only its first output onward")
+        if len(node.output) > 1 and any(o in self.live_reads for o in node.output[1:] if o):
+            raise self.err(node, f"an opaque op may feed only its first output onward (give {t} a mapping or "
+                                 "export without reading its other outputs)")
         fwd, bwd = self.opaque[t]
         consts = [i for i in node.input if i and i in self.const]
-        params = sum(prod(self.dims.get(c, ())) for c in consts
-                     if c in {i.name for i in self.g.initializer})
+        # trainable tensors only: Clip's bounds, ReduceMean's axes, shapes are not parameters
+        srcs = sorted({o for c in consts for o in self.origin.get(c, ()) if self.is_param(o) and o not in self.owner})
+        params = sum(prod(self.dims.get(o, ())) for o in srcs)
         shape = list(self.full_shape(node.output[0], node)[1:])
         if not shape:
             raise self.err(node, "an opaque op must produce a tensor of rank >= 2 (with batch)")
-        self.emit(node, node.output[0], "opaque", [self.use(a, node) for a in acts],
-                  {"shape": shape, "fwd_s": float(fwd), "bwd_s": float(bwd), "params": int(params)}, consts)
+        name = self.add_layer(node, node.name or f"{t.lower()}_{len(self.layers)}", "opaque",
+                              [self.use(a, node) for a in dict.fromkeys(a for a in acts if a in self.env)],
+                              {"shape": shape, "fwd_s": float(fwd), "bwd_s": float(bwd), "params": int(params)})
+        for o in srcs:
+            self.owner.setdefault(o, name)
+        full = self.full_shape(node.output[0], node)
+        self.env[node.output[0]] = _Ref(name, full[1:], 0, None, full)
 
     def view(self, node) -> None:
-        """Reshape-like nodes: the output aliases the input's producer with a new shape."""
+        """Reshape-like nodes: the output aliases the input's producer with a new shape.
+
+        The batch axis (size 1) is followed through the view. A Reshape that merges it into
+        another axis ([1,S,E] -> [S,E], [S,1,H*D] -> [S,H,D]) leaves a tensor without a batch
+        axis (batch -1): its per-sample shape is its full shape, which is exact at batch 1.
+        A later view that brings back a unit axis gives the batch its place again.
+        """
         x = node.input[0]
         if x not in self.env:
             raise self.err(node, f"input '{x}' is not an activation")
@@ -437,29 +748,28 @@ class _Importer:
         b = ref.batch
         if t == "Transpose":
             perm = list(_attr(node, "perm") or reversed(range(len(ref.full))))
-            nb = perm.index(b)
+            nb = perm.index(b) if b >= 0 else -1
         elif t == "Squeeze":
             axes = self._axes(node, len(ref.full))
-            if b in axes:
-                raise self.err(node, "squeezing the batch axis is not supported")
-            nb = b - sum(a < b for a in axes)
+            nb = -1 if b < 0 or b in axes else b - sum(a < b for a in axes)
         elif t == "Unsqueeze":
             axes = self._axes(node, len(full))
-            kept = [i for i in range(len(full)) if i not in axes]
-            nb = kept[b]
+            if b < 0:
+                nb = axes[0]
+            else:
+                kept = [i for i in range(len(full)) if i not in axes]
+                nb = kept[b]
         elif t == "Flatten":
             axis = _attr(node, "axis", 1) % max(len(ref.full), 1)
-            if b != 0 or axis != 1:
-                raise self.err(node, "Flatten must keep the batch axis first (axis=1)")
-            nb = 0
+            nb = 0 if b == 0 and axis == 1 else (0 if full[0] == 1 else -1)
         elif t == "Reshape":
-            nb = b if full[: b + 1] == ref.full[: b + 1] else -1
-            if nb < 0:
-                raise self.err(node, f"cannot tell where the batch axis goes ({list(ref.full)} -> {list(full)})")
+            nb = _batch_after_reshape(ref.full, b, full)
         else:  # Identity, Dropout, Cast
             nb = b
-        shape = full[:nb] + full[nb + 1:]
+        shape = full[:nb] + full[nb + 1:] if nb >= 0 else full
         self.env[out] = _Ref(ref.src, shape, nb, node.name or ref.view, full)
+        if x in self.masks:
+            self.masks.add(out)
 
     def _axes(self, node, rank: int) -> list[int]:
         axes = _attr(node, "axes")
@@ -486,8 +796,10 @@ class _Importer:
                 return onnx.numpy_helper.to_array(init).reshape(-1).tolist()
         raise self.err(node, f"'{t}' must be a constant computable without running the graph")
 
+
     def scale(self, node, x: str) -> None:
-        """Activation (+-*/) constant: a bias of the layer before it, or a folded scale/mask."""
+        """Activation (+-*/) constant: a bias of the layer before it, a learned tensor (positions,
+        counted), or a folded scale/mask (its elementwise cost ignored)."""
         ref = self.env.get(x)
         if ref is None:
             raise self.err(node, f"input '{x}' is not an activation")
@@ -503,7 +815,46 @@ class _Importer:
                 self.owner.setdefault(o, last["name"])
             self.env[node.output[0]] = ref
             return
-        self.env[node.output[0]] = _Ref(ref.src, ref.shape, ref.batch, ref.view, ref.full)
+        params = [o for o in sorted(self.origin.get(c, ())) if self.is_param(o) and o not in self.owner]
+        if params and node.op_type in ("Add", "Sub"):
+            return self.param_add(node, x, c, params)
+        self.alias(node, x)
+
+    def is_param(self, t: str) -> bool:
+        """A trainable tensor of the file: a float initializer with more than one element that the
+        exporter did not make up (and, when dynamo recorded them, one of the PARAMETERs)."""
+        if t not in self.originals or t not in self.inits:
+            return False
+        if self.init_type.get(t) not in (1, 10, 11, 16) or prod(self.dims.get(t, ())) < 2:
+            return False
+        if self.sig_params is not None:
+            return t in self.sig_params
+        return not t.startswith("onnx::")
+
+    def param_add(self, node, x: str, c: str, params: list[str]) -> None:
+        """x + a learned tensor: position / token-type tables on an embedding, else add_param."""
+        ref = self.env[x]
+        lay = self.built.get(ref.src)
+        tables = [self.dims[p] for p in params]
+        if lay is not None and lay.type == "embedding" and ref.shape == lay.out_shape \
+                and all(len(d) == 2 and d[1] == lay.out_shape[-1] for d in tables):
+            d = self.layers[self.order[ref.src]]
+            for rows, _ in tables:
+                if not d.get("positions") and rows >= lay.out_shape[0]:
+                    d["positions"] = rows
+                else:
+                    d["token_types"] = d.get("token_types", 0) + rows
+            self.built[ref.src] = self.probe(node, d)
+            for p in params:
+                self.owner.setdefault(p, ref.src)
+            return self.alias(node, x)
+        shape = list(tables[0]) if len(tables) == 1 else list(self.full_shape(c, node))
+        name = self.add_layer(node, node.name or f"add_param_{len(self.layers)}", "add_param", [self.use(x, node)],
+                              {"param_shape": shape})
+        for p in params:
+            self.owner.setdefault(p, name)
+        self.bind(node, node.output[0], name, like=x)
+
 
     def linear(self, node, acts) -> None:
         """Gemm/MatMul: dense with a constant weight, matmul between two activations."""
@@ -521,8 +872,10 @@ class _Importer:
             trans = t == "Gemm" and _attr(node, "transB", 0)
             units = wd[0] if trans else wd[1]
             bias = t == "Gemm" and len(node.input) > 2 and bool(node.input[2])
-            consts = [b] + ([node.input[2]] if bias else [])
-            self.emit(node, out, "dense", [self.use(a, node)], {"units": units, "bias": bias}, consts, tied_ok=True)
+            bias = bias or _dropped_bias(node) or "_bias" in (_meta(node, "pkg.torch.onnx.fx_node") or "")
+            consts = [b] + ([node.input[2]] if len(node.input) > 2 and node.input[2] else [])
+            self.emit(node, out, "dense", [self.use(a, node)], {"units": units, "bias": bias}, consts, weight=b,
+                      like=a)
             return
         if b not in self.env:
             raise self.err(node, f"input '{b}' is neither a constant nor an activation")
@@ -535,10 +888,21 @@ class _Importer:
             bname = rb.src
         else:
             bname = self.use(b, node)
-        self.emit(node, out, "matmul", [aname, bname], {"transpose_b": tb})
+        sa, sb = self.src_shape(aname), self.src_shape(bname)
+        if len(sa) != len(sb) and _squeezed(sa[:-2]) == _squeezed(sb[:-2]):
+            # one side lost its unit batch axis in a reshape: give both the longer rank
+            tgt, n = (sa, bname) if len(sa) > len(sb) else (sb, aname)
+            other = self.src_shape(n)
+            want = tgt[:-2] + other[-2:]
+            v = self.add_layer(None, f"{n}_view", "reshape", [n], {"shape": list(want)})
+            aname, bname = (aname, v) if n == bname else (v, bname)
+        self.emit(node, out, "matmul", [aname, bname], {"transpose_b": tb}, like=a)
+
 
     def lstm(self, node) -> None:
-        """ONNX LSTM -> lstm layer; Y keeps its [S, dirs, N, h] view of the layer's (S, dirs*h)."""
+        """ONNX LSTM -> lstm layer; Y keeps its [S, dirs, N, h] view of the layer's (S, dirs*h);
+        Y_h (h_n) is the last step's output, a take layer (the reverse direction's final state
+        sits at step 0: same size, so the counts and shapes hold)."""
         x = node.input[0]
         ref = self.env.get(x)
         if ref is None:
@@ -550,9 +914,8 @@ class _Importer:
         for extra in node.input[4:]:
             if extra and extra not in self.const:
                 raise self.err(node, "sequence_lens and initial states must be constants")
-        for o in node.output[1:]:
-            if o and self.consumers.get(o, 0):
-                raise self.err(node, "reading Y_h or Y_c is not supported (only Y)")
+        if len(node.output) > 2 and node.output[2] and node.output[2] in self.live_reads:
+            raise self.err(node, "reading Y_c (the cell state) is not supported (only Y and Y_h)")
         direction = _str(_attr(node, "direction", "forward"))
         h = _attr(node, "hidden_size") or self.full_shape(node.input[2], node)[-1]
         attrs = {"hidden": int(h), "bidirectional": direction == "bidirectional"}
@@ -560,15 +923,22 @@ class _Importer:
         for o in frozenset().union(*(self.origin.get(c, frozenset()) for c in node.input[1:4] if c)):
             self.owner.setdefault(o, name)
         y = node.output[0]
-        full = self.full_shape(y, node)
-        nb = 1 if layout else 2
-        shape = full[:nb] + full[nb + 1:]
-        if prod(shape) != prod(self.built[name].out_shape):
-            raise self.err(node, f"Y {list(full)} does not match the lstm layer {list(self.built[name].out_shape)}")
-        self.env[y] = _Ref(name, shape, nb, node.name or None, full)
+        if y and self.dims.get(y):
+            full = self.full_shape(y, node)
+            nb = 1 if layout else 2
+            shape = full[:nb] + full[nb + 1:]
+            if prod(shape) != prod(self.built[name].out_shape):
+                raise self.err(node, f"Y {list(full)} does not match the lstm layer "
+                                     f"{list(self.built[name].out_shape)}")
+            self.env[y] = _Ref(name, shape, nb, node.name or None, full)
+        if len(node.output) > 1 and node.output[1] in self.live_reads:
+            steps = self.built[name].out_shape[0]
+            hn = self.add_layer(node, f"{node.name or name}_h_n", "take", [name], {"index": steps - 1})
+            self.bind(node, node.output[1], hn, like=x if layout else None)
+
 
     def gather(self, node, acts) -> None:
-        """Gather: embedding (constant table) or take (constant scalar index)."""
+        """Gather: embedding (constant table), take (scalar index on the first axis), or a slice."""
         data, idx = node.input[0], node.input[1]
         out = node.output[0]
         axis = _attr(node, "axis", 0)
@@ -577,15 +947,25 @@ class _Importer:
             if len(wd) != 2 or axis != 0:
                 raise self.err(node, "an embedding Gather needs a 2-D table and axis=0")
             self.emit(node, out, "embedding", [self.use(idx, node)], {"vocab": wd[0], "dim": wd[1]}, [data],
-                      tied_ok=True)
+                      weight=data, like=idx)
             return
         if data in self.env and idx in self.const:
             ref = self.env[data]
-            iv = self.const_value(idx, node)
+            iv = [int(i) for i in self.const_value(idx, node)]
             rank = len(ref.full)
-            if len(iv) != 1 or len(self.full_shape(idx, node)) != 0 or axis % rank != ref.batch + 1:
-                raise self.err(node, "only a scalar Gather on the first axis after the batch is supported (take)")
-            self.emit(node, out, "take", [self.use(data, node)], {"index": int(iv[0]) % ref.full[axis % rank]})
+            ax = axis % rank
+            pa = self._per_sample_axis(node, data, ax)
+            dim = ref.full[ax]
+            iv = [i % dim for i in iv]
+            scalar = len(self.full_shape(idx, node)) == 0
+            if scalar and pa == 0 and len(ref.shape) >= 2:
+                self.emit(node, out, "take", [self.use(data, node)], {"index": iv[0]}, like=data)
+                return
+            if iv != list(range(iv[0], iv[0] + len(iv))):
+                raise self.err(node, "a Gather of an activation needs a contiguous run of constant indices")
+            name = self.add_layer(node, node.name or f"gather_{len(self.layers)}", "slice", [self.use(data, node)],
+                                  {"axis": pa, "start": iv[0], "end": iv[0] + len(iv)})
+            self.bind(node, out, name, like=data)
             return
         return self.unsupported(node, acts)
 
@@ -615,7 +995,8 @@ class _Importer:
                               dict(attrs), tied if isinstance(tied, str) and tied in self.built else None)
         for o in frozenset().union(*(self.origin.get(c, frozenset()) for c in consts)):
             self.owner.setdefault(o, name)
-        self.bind(nodes[0], outs[0], name)
+            self.weight_owner.setdefault(o, name)   # our own exporter's tags: sharing there is a real tie
+        self.bind(nodes[0], outs[0], name, ins[0] if ins else None)
 
     # -- driver --------------------------------------------------------------------------
     def run(self) -> dict:
@@ -636,8 +1017,6 @@ class _Importer:
             self.env[vi.name] = _Ref(vi.name, shape, 0, None, full)
             inputs.append({"name": vi.name, "shape": list(shape),
                            "dtype": "int" if vi.name in self.int_tensors else "float"})
-        if len(self.g.output) != 1:
-            raise SpecError(self.file, None, "graph.output", f"expected one graph output, got {len(self.g.output)}")
         for tag, nodes in self.units():
             try:
                 if tag is not None:
@@ -649,12 +1028,19 @@ class _Importer:
                 # a graph shape inference accepted but this importer cannot read: name the node, not a traceback
                 raise self.err(nodes[0], f"malformed or unsupported use of {nodes[0].op_type} "
                                          f"({type(e).__name__}: {e})"[:300]) from None
-        out = self.g.output[0].name
-        if out not in self.env:
-            raise SpecError(self.file, None, "graph.output", f"output '{out}' does not depend on any input")
-        last = self.use(out, None)
+        outs = [o.name for o in self.g.output if o.name in self.env and o.name not in self.masks]
+        if not outs:
+            raise SpecError(self.file, None, "graph.output",
+                            f"output '{self.g.output[0].name}' does not depend on any input")
+        lasts = list(dict.fromkeys(self.use(o, None) for o in outs))
+        if len(lasts) > 1:
+            # several results (BERT's sequence and pooled outputs): carried to the end side by side
+            flat = [n if len(self.src_shape(n)) == 1 else self.add_layer(None, f"{n}_flat", "flatten", [n], {})
+                    for n in lasts]
+            lasts = [self.add_layer(None, "outputs", "concat", flat, {"axis": 0})]
+        last = lasts[0]
         if not self.layers or last != self.layers[-1]["name"]:
-            raise SpecError(self.file, None, "graph.output", f"output '{out}' is not produced by the last layer")
+            raise SpecError(self.file, None, "graph.output", f"output '{outs[0]}' is not produced by the last layer")
         used = {i for l in self.layers for i in l["inputs"]}
         inputs = [i for i in inputs if i["name"] in used]
         return {"name": self.name, "description": self.description, "inputs": inputs, "layers": self.layers}
@@ -672,21 +1058,35 @@ def _fix_batch(model) -> None:
             dims[0].dim_value = 1
 
 
+def _infer(file: str):
+    """Shape inference with batch 1; strict failures become one-line SpecErrors."""
+    from onnx import shape_inference
+
+    def infer(m, strict: bool = True):
+        try:
+            return shape_inference.infer_shapes(m, strict_mode=strict, data_prop=True)
+        except Exception as e:  # InferenceError, ValidationError: bad or inconsistent graph
+            if not strict:
+                return m
+            msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise SpecError(file, None, "graph", f"ONNX shape inference failed: {msg[:300]}") from None
+    return infer
+
+
 def import_model_proto(model, file: str = "<onnx>", opaque: dict[str, tuple[float, float]] | None = None) -> Model:
     """Import an in-memory ONNX ModelProto (weights need not be loaded)."""
     import onnx
-    from onnx import shape_inference
+
+    from .onnx_fold import fold_constants
 
     m = onnx.ModelProto()
     m.CopyFrom(model)
     _fix_batch(m)
     del m.graph.value_info[:]
-    try:
-        inferred = shape_inference.infer_shapes(m, strict_mode=True, data_prop=True)
-    except Exception as e:  # InferenceError, ValidationError: bad or inconsistent graph
-        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise SpecError(file, None, "graph", f"ONNX shape inference failed: {msg[:300]}") from None
-    imp = _Importer(inferred, file, opaque)
+    infer = _infer(file)
+    folded = fold_constants(m, infer)
+    inferred = infer(folded.model)
+    imp = _Importer(inferred, file, opaque, folded)
     imp.read_shapes(inferred)
     imp.mark_constants()
     doc = imp.run()

@@ -313,7 +313,7 @@ def test_example_models_load_and_round_trip(path):
 def test_pytorch_style_dynamic_flatten_dropout_and_initializers_as_inputs():
     """x.view(x.size(0), -1) as Shape/Gather/Unsqueeze/Concat, Dropout, Identity, initializers listed as inputs."""
     g = G()
-    x = g.n("Conv", ["x", g.w("onnx::Conv_7", 4, 3, 3, 3), g.w("onnx::Conv_8", 4)], "/features/0/Conv",
+    x = g.n("Conv", ["x", g.w("features.0.weight", 4, 3, 3, 3), g.w("features.0.bias", 4)], "/features/0/Conv",
             kernel_shape=[3, 3], pads=[1, 1, 1, 1], strides=[2, 2])
     x = g.n("Relu", [x], "/features/1/Relu")
     x = g.n("AveragePool", [x], "/features/2/AveragePool", kernel_shape=[2, 2], strides=[2, 2])
