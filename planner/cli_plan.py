@@ -14,20 +14,34 @@ from .planning import make_plan, summary
 from .search import Request
 
 
-def parse_partition(text: str, n: int) -> list[tuple[int, int]]:
-    """'0-5,6-11,12' -> [(0, 5), (6, 11), (12, 12)]; SpecError naming --partition otherwise."""
+def parse_partition(text: str, n: int) -> list[tuple]:
+    """'0-5,6-11,12' -> [(0, 5, None, None), ...]; a range may carry replicas and boards:
+    '0-16x12,17-24x3,25-38' (12, 3 and 1 replicas) or '0-5@fpga0+fpga1,6-11x1@fpga3'
+    (the listed boards; xR must then equal their count). SpecError naming --partition otherwise."""
     out = []
     for part in str(text).split(","):
         part = part.strip()
+        rng, _, boards = part.partition("@")
+        rng, _, reps = rng.partition("x")
         try:
-            if "-" in part:
-                a, b = part.split("-", 1)
-                out.append((int(a), int(b)))
+            if "-" in rng:
+                a, b = rng.split("-", 1)
+                a, b = int(a), int(b)
             else:
-                out.append((int(part), int(part)))
+                a = b = int(rng)
+            r = int(reps) if reps else None
         except ValueError:
-            raise SpecError(None, None, "--partition", f"expected ranges like 0-5,6-11; got {part!r}") from None
-    for a, b in out:
+            raise SpecError(None, None, "--partition", f"expected ranges like 0-5,6-11 (optionally 0-5x2 or "
+                                                       f"0-5@board+board); got {part!r}") from None
+        bl = tuple(x.strip() for x in boards.split("+")) if boards else None
+        if r is not None and r < 1:
+            raise SpecError(None, None, "--partition", f"expected at least 1 replica in {part!r}")
+        if bl is not None and (not all(bl) or len(set(bl)) != len(bl)):
+            raise SpecError(None, None, "--partition", f"expected distinct board names joined by '+' in {part!r}")
+        if bl is not None and r is not None and r != len(bl):
+            raise SpecError(None, None, "--partition", f"{part!r} asks for {r} replicas but lists {len(bl)} boards")
+        out.append((a, b, r, bl))
+    for a, b, _r, _bl in out:
         if not 0 <= a <= b < n:
             raise SpecError(None, None, "--partition", f"range {a}-{b} outside layers 0-{n - 1}")
     return out
@@ -134,7 +148,11 @@ def show_plan(res: dict) -> str:
     lines = [f"plan {res['model']} on {res['cluster']} ({res['mode']}): schedule {res['schedule']}"
              + (f" v={res['chunks']}" if res['chunks'] > 1 else "")
              + f", {res['microbatches']} micro-batches of {res['microbatch_size']}, global batch {res['global_batch']}"
-             + (f", {res['replicas']} replicas per stage" if res['replicas'] > 1 else "")
+             + (f", {res['replicas']} replicas per stage" if isinstance(res['replicas'], int) and res['replicas'] > 1
+                else f", replicas per stage {'-'.join(map(str, res['replicas']))}" if isinstance(res['replicas'], list)
+                else "")
+             + (f", {res['boards_used']} of {res['boards_total']} boards" if res.get('boards_used', 0)
+                < res.get('boards_total', 0) else "")
              + (", activation recomputation" if res['recompute'] else "")
              + (f", tensor-parallel meshes {'x'.join(map(str, res['stages'][0]['mesh']))}"
                 if res['stages'] and res['stages'][0].get('mesh', [1]) != [1] else ""),

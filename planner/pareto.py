@@ -23,23 +23,23 @@ def non_dominated(points: list[dict], keys=("iteration_time_s", "peak_memory_byt
 def pareto_plans(model: Model, cluster: Cluster, req: Request) -> list[dict]:
     """Best replayed plan per (board count, schedule, replication), reduced to the Pareto set.
 
-    Board counts are the divisors of the cluster's size (a prefix of the boards in topology
-    order); every schedule is searched on its own so low-memory schedules are not pruned away
+    Board counts are 1..N (a prefix of the boards in topology order); every schedule is searched on its own so low-memory schedules are not pruned away
     by faster, hungrier ones.
     """
     N = len(cluster.boards) if req.max_boards is None else req.max_boards
     points = []
-    for nb in [k for k in range(1, N + 1) if N % k == 0]:
+    for nb in range(1, N + 1):
         ex = Explorer(model, cluster, replace(req, max_boards=nb, partition=None))
         try:
             ex.mesh_sizes(), ex.mesh_vectors()
         except SpecError:   # the requested meshes do not fit this many boards: one board per stage
             ex = Explorer(model, cluster, replace(req, max_boards=nb, partition=None, meshes=(1,)))
         rc = (False, True) if ex.train else (False,)
-        replicas = [r for r in range(1, nb + 1) if nb % r == 0] if req.replication else [1]
+        replicas = list(range(1, nb + 1)) if req.replication else [1]
         for sched in ex.schedules():
             for r in replicas:
-                found = ex.search(ex.configs([sched], [r], rc))
+                # exactly nb boards (fewer are the smaller counts' points)
+                found = ex.search([c for c in ex.configs([sched], [r], rc) if ex.boards_used(c) == nb])
                 if not found or found[0].iteration_s is None:
                     continue
                 c = found[0]

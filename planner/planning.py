@@ -1,7 +1,7 @@
 """From a model and a cluster to a Plan: best plan, baselines, lower bound, Pareto set."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from bapipe.errors import SpecError
 from bapipe.plan import Folding, Plan, Stage
@@ -22,6 +22,7 @@ class Outcome:
     lower_bound_s: float
     pareto: list[dict] = field(default_factory=list)
     searched: int = 0
+    boards_total: int = 0
 
 
 def lower_bound_s(model: Model, explorer: Explorer) -> float:
@@ -47,10 +48,16 @@ def lower_bound_s(model: Model, explorer: Explorer) -> float:
     return G * work / rate
 
 
+def replicas_of(c: Candidate) -> int | list[int]:
+    """The replica count of every stage: one number when they agree, else per stage."""
+    rs = [s["replicas"] for s in c.stages] if c.stages else [c.config.r]
+    return rs[0] if len(set(rs)) == 1 else rs
+
+
 def _result(c: Candidate, G: int) -> dict:
     return {"iteration_time_s": c.iteration_s, "throughput_samples_per_s": G / c.iteration_s,
             "schedule": c.config.schedule, "microbatches": c.config.m, "stages": len(c.stages),
-            "replicas": c.config.r, "recompute": c.config.recompute}
+            "replicas": replicas_of(c), "boards": c.boards_used, "recompute": c.config.recompute}
 
 
 def infeasible_reason(model: Model, ex: Explorer, p: int, r: int) -> str:
@@ -80,9 +87,13 @@ def make_plan(model: Model, cluster: Cluster, model_arg: str, cluster_arg: str, 
         raise SpecError(None, None, "--global-batch", "expected a positive global batch")
     if req.microbatches is not None and ex.G % req.microbatches:
         raise SpecError(None, None, "--microbatches", f"{req.microbatches} does not divide the global batch {ex.G}")
-    replicas = [r for r in range(1, ex.N + 1) if ex.N % r == 0] if req.replication else [1]
+    replicas = list(range(1, ex.N + 1)) if req.replication else [1]
     rc = (False, True) if ex.train else (False,)
     scheds = ex.schedules()
+    if ex.train and req.schedule == "interleaved" and min(ex.N, ex.n) < 2:
+        raise SpecError(None, None, "--schedule", f"interleaved needs at least 2 boards and 2 layers "
+                                                  f"(v = 2 chunks on each of p >= 2 boards); got {ex.N} board(s), "
+                                                  f"{ex.n} layer(s)")
     if req.partition is not None:
         best = _user_partition(ex, req.partition, scheds, rc)
         searched = 1
@@ -91,37 +102,94 @@ def make_plan(model: Model, cluster: Cluster, model_arg: str, cluster_arg: str, 
         found = ex.search(configs)
         searched = len(found)
         if not found:
-            raise SpecError(model.name, None, "memory", f"{model.name} does not fit {cluster.name}: "
+            how = "" if req.schedule == "auto" else f" with schedule {req.schedule}"
+            raise SpecError(model.name, None, "memory", f"{model.name} does not fit {cluster.name}{how}: "
                                                   + infeasible_reason(model, ex, ex.N, 1))
         best = found[0]
     baselines, alts = baselines_of(model, ex, best)
     if req.partition is None:
         # the baselines lie in the search space: never report a plan slower than one of them
         for alt in alts:
+            # a baseline replaces the plan only when it is what was asked for (its schedule)
             if alt is None or (alt.config.r > 1 and not req.replication) or 1 not in ex.mesh_sizes() or \
-                    (req.schedule != "auto" and alt.config.p > 1 and alt.config.schedule != req.schedule):
+                    (req.schedule != "auto" and ex.train and alt.config.schedule != req.schedule):
                 continue
             if (alt.iteration_s, alt.config) < (best.iteration_s, best.config):
                 best = alt
     lb = lower_bound_s(model, ex)
     plan = to_plan(model, cluster, model_arg, cluster_arg, ex, best, baselines, lb)
-    return Outcome(plan, best, baselines, lb, searched=searched)
+    return Outcome(plan, best, baselines, lb, searched=searched, boards_total=ex.N)
 
 
-def _user_partition(ex: Explorer, bounds, scheds, rc) -> Candidate:
-    p = len(bounds)
+def user_groups(ex: Explorer, spec) -> tuple[tuple[int, ...], ...] | None:
+    """Boards of every stage of a ``--partition`` (ranges with optional ``xR`` replicas and
+    ``@board+board`` lists): listed boards as given, the others the next unused boards in
+    topology order. None when no stage names replicas or boards (one board each, in order)."""
+    if all(r is None and bl is None for _a, _b, r, bl in spec):
+        return None
+    names = {cb.name: i for i, cb in enumerate(ex.boards)}
+    taken: set[int] = set()
+    for _a, _b, r, bl in spec:
+        for b in bl or ():
+            if b not in names:
+                raise SpecError(None, None, "--partition", f"board '{b}' is not among the {ex.N} boards planned on "
+                                                           f"({', '.join(list(names)[:4])}...)")
+            if names[b] in taken:
+                raise SpecError(None, None, "--partition", f"board '{b}' is given to two stages")
+            taken.add(names[b])
+    free = [i for i in range(ex.N) if i not in taken]
+    need = sum(r or 1 for _a, _b, r, bl in spec if bl is None)
+    if need > len(free):
+        raise SpecError(None, None, "--partition", f"the stages need {need + len(taken)} boards but only "
+                                                   f"{ex.N} are planned on")
+    out = []
+    for _a, _b, r, bl in spec:
+        if bl is not None:
+            out.append(tuple(names[b] for b in bl))
+        else:
+            out.append(tuple(free[:r or 1]))
+            free = free[r or 1:]
+    return tuple(out)
+
+
+def _user_partition(ex: Explorer, spec, scheds, rc) -> Candidate:
+    """Price a given partition (with optional per-stage replicas and boards): the best
+    micro-batch count and recomputation for each requested schedule, fastest replay wins."""
+    spec = [tuple(x) + (None, None) if len(x) == 2 else tuple(x) for x in spec]
+    bounds = [(a, b) for a, b, _r, _bl in spec]
+    S = len(bounds)
     if bounds[0][0] != 0 or bounds[-1][1] != ex.n - 1 or any(b[0] != a[1] + 1 for a, b in zip(bounds, bounds[1:])) \
             or any(a > b for a, b in bounds):
         raise SpecError(None, None, "--partition", f"expected contiguous ranges covering layers 0-{ex.n - 1}")
-    if p > ex.N:
-        raise SpecError(None, None, "--partition", f"{p} stages but only {ex.N} boards")
+    groups = user_groups(ex, spec)
+    interleaved = ex.train and scheds == ["interleaved"]
+    if interleaved:
+        # the ranges are the p x v chunks in pipeline order; chunk s runs on board s mod p
+        if groups is not None or S % 2 or S < 4:
+            raise SpecError(None, None, "--partition", f"interleaved takes an even number (>= 4) of ranges without "
+                                                       f"replicas or boards: v = 2 chunks on each of {S}/2 "
+                                                       f"boards; got {S} range(s)")
+        if S // 2 > ex.N:
+            raise SpecError(None, None, "--partition", f"{S} chunks need {S // 2} boards but only {ex.N} are "
+                                                       "planned on")
+    elif groups is None and S > ex.N:
+        raise SpecError(None, None, "--partition", f"{S} stages but only {ex.N} boards")
+    v = 2 if interleaved else 1
+    p = S // v
     best = None
-    for sched in (scheds if p > 1 else [ex.single_stage_schedule]):
-        if sched == "interleaved":
-            continue  # a user partition names one range per board
+    tried = []
+    for sched in (scheds if p > 1 else ex.one_stage_schedules(scheds)):
+        tried.append(sched)
         for m in ex.m_candidates(1, p, sched):
+            if groups is not None and max(len(g) for g in groups) > ex.G // m:
+                continue   # a replica would get no sample
             for r in rc:
-                c = Config(sched, 1, 1, p, m, ex.G // m, r)
+                c = Config(sched, v, 1, p, m, ex.G // m, r, groups=groups or ())
+                if groups is not None and c.groups == tuple((d,) for d in range(p)):
+                    c = replace(c, groups=())   # one board per stage in topology order: the plain layout
+                if any(ex.stage_type(c, d) is None for d in range(p)):
+                    raise SpecError(None, None, "--partition", "a stage's replicas mix board types; give each "
+                                                               "stage boards of one type")
                 cand = ex.fixed_config(c, bounds)
                 if cand is None:
                     continue
@@ -129,7 +197,8 @@ def _user_partition(ex: Explorer, bounds, scheds, rc) -> Candidate:
                 if best is None or (cand.iteration_s, cand.config) < (best.iteration_s, best.config):
                     best = cand
     if best is None:
-        raise SpecError(None, None, "--partition", "the given partition does not fit the boards' memory: "
+        how = f" with schedule {'/'.join(tried)}" if ex.req.schedule != "auto" else ""
+        raise SpecError(None, None, "--partition", f"the given partition does not fit the boards' memory{how}: "
                         + infeasible_reason(ex.model, ex, p, 1))
     return best
 
@@ -184,14 +253,24 @@ def baselines_of(model: Model, ex: Explorer, best: Candidate) -> tuple[dict, lis
     eq = _best_of(ex, eq_cfg, lambda c: equal_bounds(ex.n, c.p))
     out["equal_split"] = _result(eq, ex.G) if eq else {"infeasible": "equal-layer split: "
                                                        + infeasible_reason(model, ex, p, 1)}
-    if best.config.r == 1:
+    scheds = ex.schedules()
+    if replicas_of(best) == 1:
         out["no_replication"] = _result(best, ex.G)
     else:
-        scheds = ex.schedules()
         found = ex.search(ex.configs(scheds, [1], rc))
         nr = found[0] if found else None
         out["no_replication"] = _result(nr, ex.G) if nr else {"infeasible": infeasible_reason(model, ex, N, 1)}
-    return out, [dp, eq, nr]
+    few = None
+    if N > 1:
+        # the best plan that leaves at least one board idle (the search's own space, cut down)
+        if best.boards_used < N:
+            few = best
+        else:
+            reps = list(range(1, N)) if ex.req.replication else [1]
+            found = ex.search([c for c in ex.configs(scheds, reps, rc) if ex.boards_used(c) < N])
+            few = found[0] if found and found[0].iteration_s is not None else None
+        out["fewer_boards"] = _result(few, ex.G) if few else {"infeasible": f"no plan fits fewer than {N} boards"}
+    return out, [dp, eq, nr, few]
 
 
 def to_plan(model: Model, cluster: Cluster, model_arg: str, cluster_arg: str, ex: Explorer, best: Candidate,
@@ -207,7 +286,7 @@ def to_plan(model: Model, cluster: Cluster, model_arg: str, cluster_arg: str, ex
             pe, simd = s["folding"][l.name]
             folding[l.name] = Folding(pe, simd)
             if board.kind == "fpga":
-                lc = layer_cost(l, board, pe, simd, ex.req.fmt, c.beta)
+                lc = layer_cost(l, board, pe, simd, ex.req.fmt, s["beta"])
                 if s["style"] == "dataflow":   # every layer has its own engine
                     dsp, lut = dsp + lc.dsp, lut + lc.lut
                 else:                          # one shared engine: the largest layer's
@@ -219,7 +298,7 @@ def to_plan(model: Model, cluster: Cluster, model_arg: str, cluster_arg: str, ex
         clk = board.clock_hz
         stages.append(Stage(
             index=s["index"], layers=[l.name for l in layers], first=s["first"], last=s["last"], boards=s["boards"],
-            board_type=s["board_type"], replicas=c.r, mesh=[1, s["mesh"]] if s["mesh"] > 1 else [1],
+            board_type=s["board_type"], replicas=s["replicas"], mesh=[1, s["mesh"]] if s["mesh"] > 1 else [1],
             layout=s.get("layout"), chunk=s["chunk"], device=s["device"],
             style=s["style"], folding=folding, fwd_s=s["fwd_s"],
             bwd_s=s["bwd_s"], time_s=s["time_s"], send_bytes=s["send_bytes"], send_s=s["send_s"],
@@ -252,7 +331,8 @@ def summary(out: Outcome) -> dict:
         "model": p.model, "cluster": p.cluster, "mode": p.mode,
         "iteration_time_s": it, "throughput_samples_per_s": p.global_batch / it, "schedule": p.schedule,
         "chunks": p.chunks, "microbatches": p.microbatches, "microbatch_size": p.microbatch_size,
-        "global_batch": p.global_batch, "replicas": out.best.config.r, "recompute": out.best.config.recompute,
+        "global_batch": p.global_batch, "replicas": replicas_of(out.best), "boards_used": out.best.boards_used,
+        "boards_total": out.boards_total, "recompute": out.best.config.recompute,
         "bubble_fraction": out.best.bubble, "latency_s": p.predicted["latency_s"],
         "stages": [{"layers": [s.first, s.last], "boards": s.boards, "board_type": s.board_type,
                     "device": s.device, "chunk": s.chunk, "style": s.style, "time_s": s.time_s, "fwd_s": s.fwd_s,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from functools import lru_cache
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -64,6 +64,10 @@ class Config:
     recompute: bool
     k: int = 1          # boards of each stage's tensor-parallel mesh (1 x k, one host; r = 1 when k > 1)
     kv: tuple[int, ...] = ()   # per pipeline position mesh sizes when they differ (then k = max, r = 1)
+    # explicit boards (indices into Explorer.boards) of each pipeline position, its replicas in
+    # ring order; () = r consecutive boards per position from board 0. With groups, r = 1 and
+    # beta is the whole micro-batch: position d's replicas take ceil(beta / len(groups[d])) each.
+    groups: tuple[tuple[int, ...], ...] = ()
 
 
 @dataclass
@@ -161,6 +165,36 @@ class Explorer:
         types = {cb.board.name for cb in self.group(r, d)}
         return types.pop() if len(types) == 1 else None
 
+    def dev_idx(self, c: Config, d: int) -> tuple[int, ...]:
+        """Indices (into self.boards) of every board of pipeline position d: its replicas
+        (each a mesh of kd boards), in the order their ring all-reduce visits them."""
+        if c.groups:
+            return c.groups[d]
+        if c.kv:
+            off = sum(c.kv[:d])
+            return tuple(range(off, off + c.kv[d]))
+        w = c.r * c.k
+        return tuple(range(d * w, (d + 1) * w))
+
+    def reps(self, c: Config, d: int) -> int:
+        """Data-parallel replicas of pipeline position d (the boards of a mesh are one replica)."""
+        return len(self.dev_idx(c, d)) // self.kd(c, d)
+
+    def beta_at(self, c: Config, d: int) -> int:
+        """Samples one replica of position d computes per micro-batch: the micro-batch
+        (beta x r samples) split over its replicas, the first ones taking the remainder."""
+        return -(-(c.beta * c.r) // self.reps(c, d))
+
+    def replica_boards(self, c: Config, d: int) -> list:
+        """The first board of every replica of position d (what transfers and rings connect)."""
+        idx = self.dev_idx(c, d)
+        k = self.kd(c, d)
+        return [self.boards[idx[i * k]] for i in range(len(idx) // k)]
+
+    def boards_used(self, c: Config) -> int:
+        """Distinct boards a configuration occupies."""
+        return len({i for d in range(c.p) for i in self.dev_idx(c, d)})
+
     def hop(self, a: str, b: str) -> tuple:
         """(directed link ids, slowest bandwidth, latency) of the route from board a to board b."""
         key = ("hop", a, b)
@@ -177,14 +211,31 @@ class Explorer:
             self._links[key] = (tuple(ids), bw, sum(ln.latency_s for ln in route))
         return self._links[key]
 
-    def pieces(self, r: int, d1: int, d2: int) -> tuple:
-        """One transfer between groups d1 -> d2: replica k talks to replica k. Per replica a
-        piece (directed link ids of the route, slowest bandwidth, route latency)."""
-        return tuple(self.hop(a.name, b.name) for a, b in zip(self.group(r, d1), self.group(r, d2)))
+    def pieces(self, c: Config, d1: int, d2: int) -> tuple:
+        """One transfer between positions d1 -> d2, as bapipe sim carries it: with r1 == r2
+        replica k talks to replica k; otherwise max(r1, r2) pieces, piece i from replica
+        i mod r1 to replica i mod r2. Per piece (directed link ids of the route, slowest
+        bandwidth, route latency, share): ``share`` x the sending replica's bytes of the
+        position that sends the forward activation (min(d1, d2) in pipeline order of the
+        cut) travel in the piece, so the pieces together carry the whole micro-batch."""
+        a, b = self.replica_boards(c, d1), self.replica_boards(c, d2)
+        n = max(len(a), len(b))
+        # the activation's sender holds 1/r of the micro-batch; the gradient coming back is
+        # the same tensor, so both directions move r_sender x per-replica bytes in total
+        r_sender = len(a) if self._forward(c, d1, d2) else len(b)
+        return tuple(self.hop(a[i % len(a)].name, b[i % len(b)].name) + (r_sender / n,) for i in range(n))
+
+    @staticmethod
+    def _forward(c: Config, d1: int, d2: int) -> bool:
+        """Whether d1 -> d2 is the activation direction of a cut (interleaved cut p-1 -> 0 included)."""
+        return d2 == (d1 + 1) % c.p
+
+    def _cfg_key(self, c: Config) -> tuple:
+        return (c.r, c.k, c.kv, c.groups, c.p, c.v, self.train)
 
     def loads(self, c: Config) -> dict:
         """How many transfers of one micro-batch use each directed link (all cuts, both ways)."""
-        key = ("loads", c.r, c.p, c.v, self.train)
+        key = ("loads",) + self._cfg_key(c)
         if key not in self._links:
             cnt: dict = {}
             V = c.p * c.v
@@ -192,25 +243,26 @@ class Explorer:
                 d1, d2 = s % c.p, (s + 1) % c.p
                 pairs = [(d1, d2), (d2, d1)] if self.train else [(d1, d2)]
                 for x, y in pairs:
-                    for ids, _bw, _lat in self.pieces(c.r, x, y):
+                    for ids, _bw, _lat, _sh in self.pieces(c, x, y):
                         for i in ids:
                             cnt[i] = cnt.get(i, 0) + 1
             self._links[key] = cnt
         return self._links[key]
 
     def link(self, c: Config, d1: int, d2: int) -> tuple[float, float]:
-        """(effective bandwidth, latency) from group d1 to d2 under configuration c: a
-        directed link carrying k transfers per micro-batch (replicas, other cuts, the
-        gradients coming back) gives each 1/k of its bandwidth."""
-        key = ("eff", c.r, c.p, c.v, self.train, d1, d2)
+        """(effective bandwidth, latency) from position d1 to d2 under configuration c, for
+        the sending replica's bytes: a directed link carrying k transfers per micro-batch
+        (replicas, other cuts, the gradients coming back) gives each 1/k of its bandwidth,
+        and a piece carrying ``share`` x the bytes needs ``share`` x the time."""
+        key = ("eff",) + self._cfg_key(c) + (d1, d2)
         if key not in self._links:
             load = self.loads(c)
             bw, lat = math.inf, 0.0
             links = self.cluster.links
-            for ids, _b, plat in self.pieces(c.r, d1, d2):
+            for ids, _b, plat, share in self.pieces(c, d1, d2):
                 lat = max(lat, plat)
                 for i in ids:
-                    bw = min(bw, links[i[0]].bandwidth_Bps / load.get(i, 1))
+                    bw = min(bw, links[i[0]].bandwidth_Bps / load.get(i, 1) / share)
             self._links[key] = (bw, lat)
         return self._links[key]
 
@@ -228,8 +280,9 @@ class Explorer:
         """Micro-batches whose activations virtual stage d's device holds at its peak, per chunk."""
         if not self.train:
             return 0
-        sched = c.schedule if c.p > 1 else "1f1b"
-        s = stashes_at(sched, c.p, d % c.p, c.m, c.v)
+        # one stage too follows its schedule's op order: GPipe's gradient accumulation runs
+        # all m forwards first (m stashes), 1F1B alternates (one)
+        s = stashes_at(c.schedule, c.p, d % c.p, c.m, c.v)
         return int(math.ceil(s / c.v))
 
     # ---- problem construction -------------------------------------------------------------
@@ -237,11 +290,12 @@ class Explorer:
         """Longest layer range any stage could hold in memory, and (when ``tmax`` is finite)
         whose compute fits in ``tmax`` on the fastest board type (bounds the DP band)."""
         smin = min(self.stashes(c, d) for d in range(c.p * c.v))
-        key = (c.beta, c.recompute, weight_versions(c.schedule), smin, c.v, c.k, c.kv)
+        kinds = self.kinds(c)
+        key = (kinds, c.recompute, weight_versions(c.schedule), smin, c.v)
         if key not in self._band:
             best = 0
-            for btype, kk in ((b, x) for b in self.tables for x in self.mesh_ks(c)):
-                sm = self.stage_model(btype, c.beta, c.recompute, c.schedule, kk)
+            for btype, kk, beta in kinds:
+                sm = self.stage_model(btype, beta, c.recompute, c.schedule, kk)
                 i = np.arange(self.n)
 
                 def fits(ln: int) -> bool:  # some range of ln layers fits (monotone in ln)
@@ -260,8 +314,8 @@ class Explorer:
         L = self._band[key]
         if math.isfinite(tmax):
             lt = 1
-            for btype, kk in ((b, x) for b in self.tables for x in self.mesh_ks(c)):
-                sm = self.stage_model(btype, c.beta, c.recompute, c.schedule, kk)
+            for btype, kk, beta in kinds:
+                sm = self.stage_model(btype, beta, c.recompute, c.schedule, kk)
                 P = sm.PF + (sm.PB if self.train else 0.0)
                 jmax = np.searchsorted(P, P[:-1] + tmax * (1 + 1e-12), side="right") - 1
                 lt = max(lt, int((jmax - np.arange(self.n)).max()))
@@ -287,30 +341,33 @@ class Explorer:
             btype = self.stage_type(c, s % c.p)
             if btype is None:
                 return None
-            keys.append((btype, self.kd(c, s % c.p), self.stashes(c, s)))
+            keys.append((btype, self.kd(c, s % c.p), self.beta_at(c, s % c.p), self.stashes(c, s)))
         cache: dict = {}
-        for btype, kk in sorted({(b, x) for b, x, _ in keys}):
-            svals = sorted({st for b, x, st in keys if (b, x) == (btype, kk)})
-            sm = self.stage_model(btype, c.beta, c.recompute, c.schedule, kk)
+        for btype, kk, beta in sorted({x[:3] for x in keys}):
+            svals = sorted({x[3] for x in keys if x[:3] == (btype, kk, beta)})
+            sm = self.stage_model(btype, beta, c.recompute, c.schedule, kk)
             r = sm.cost_of(sm.ranges(ic, jj), np.array(svals, dtype=float)[:, None, None], c.v)
             tt = np.broadcast_to(r["time_s"], (len(svals), n, L))
             ok = valid & r["feasible"] & (tt <= tmax)
             arr = np.where(ok, tt, math.inf)
             for q, st in enumerate(svals):
-                cache[(btype, kk, st)] = arr[q]
+                cache[(btype, kk, beta, st)] = arr[q]
         T = [cache[k] for k in keys]
         X = None
-        if self.train and c.r > 1:
+        if self.train and any(self.reps(c, d) > 1 for d in range(c.p)):
             # every replicated stage all-reduces its gradients after its last backward; J
             # charges them all in full (the replay overlaps them with the backward drain)
             X = [None] * V
             for s in range(V):
                 d = s % c.p
-                bw, lat = self.ring(self.group(c.r, d))
-                sm = self.stage_model(self.group_type(c.r, d), c.beta, c.recompute, c.schedule, c.k)
+                r = self.reps(c, d)
+                if r == 1:
+                    X[s] = np.zeros((n, L))
+                    continue
+                bw, lat = self.ring(self.replica_boards(c, d))
+                sm = self.stage_model(keys[s][0], keys[s][2], c.recompute, c.schedule, keys[s][1])
                 W = np.where(valid, sm.PW[jj + 1] - sm.PW[ic], 0.0)
-                X[s] = 2 * (c.r - 1) / c.r * W / bw + (2 * (c.r - 1) * lat if s < c.p else 0.0)
-        cb = cut_bytes(self.model, self.req.fmt, c.beta)
+                X[s] = 2 * (r - 1) / r * W / bw + (2 * (r - 1) * lat if s < c.p else 0.0)
         C = np.zeros((max(V - 1, 0), n))
         O = np.zeros((max(V - 1, 0), n))
         ways = 2 if self.train else 1
@@ -322,6 +379,7 @@ class Explorer:
                 C[s] = tf + (tb if self.train else 0.0)
                 continue
             bw, lat = self.link(c, s % c.p, (s + 1) % c.p)
+            cb = cut_bytes(self.model, self.req.fmt, self.beta_at(c, s % c.p))
             occ = np.concatenate([cb / bw, [0.0]])
             O[s] = occ
             C[s] = ways * (occ + lat)
@@ -385,10 +443,7 @@ class Explorer:
 
     def lower_bound(self, c: Config) -> float:
         """A lower bound on J: all work spread evenly, (m v + V - 1)/(V v) x total."""
-        tot = math.inf
-        for btype, kk in ((b, x) for b in self.tables for x in self.mesh_ks(c)):
-            sm = self.stage_model(btype, c.beta, c.recompute, c.schedule, kk)
-            tot = min(tot, float(sm.PF[-1] + (sm.PB[-1] if self.train else 0.0)))
+        tot = self.sum_floor(c)
         V = c.p * c.v
         return tot * (c.m * c.v + V - 1) / (V * c.v) if V else tot
 
@@ -412,13 +467,7 @@ class Explorer:
     def configs(self, schedules: list[str], replicas: list[int], recompute: tuple[bool, ...]) -> list[Config]:
         """Every configuration of the search space."""
         out = []
-        pairs = []
-        for r in replicas:
-            if self.N % r:
-                continue
-            # every board in use, or (for models with fewer layers than boards) one layer per stage
-            for p in sorted({self.N // r, min(self.n, self.N // r)}):
-                pairs.append((r, p))
+        pairs = [(r, p) for r, p in self.shapes(replicas)]
         pairs = [(r, p, 1) for r, p in pairs] if 1 in self.mesh_sizes() else []
         for k in self.mesh_sizes():
             if k > 1:
@@ -431,7 +480,7 @@ class Explorer:
             probe = Config("1f1b", 1, r, p, 1, 1, False, k, kv)
             if p > self.n or any(self.stage_type(probe, d) is None for d in range(p)):
                 continue
-            for sched in (schedules if p > 1 else [self.single_stage_schedule]):
+            for sched in (schedules if p > 1 else self.one_stage_schedules(schedules)):
                 vs = [2] if sched == "interleaved" else [1]
                 for v in vs:
                     if p * v > self.n or (sched == "interleaved" and p == 1):
@@ -474,11 +523,8 @@ class Explorer:
         return c.k > 1 or any(x > 1 for x in c.kv)
 
     def stage_boards(self, c: Config, d: int) -> list:
-        """Boards of pipeline position d: its replicas (r consecutive boards) or its mesh."""
-        if not c.kv:
-            return self.group(c.r * c.k, d)
-        off = sum(c.kv[:d])
-        return self.boards[off:off + c.kv[d]]
+        """Boards of pipeline position d: its replicas (each a mesh of kd boards)."""
+        return [self.boards[i] for i in self.dev_idx(c, d)]
 
     def stage_type(self, c: Config, d: int) -> str | None:
         """Board type of position d's boards (None when they mix types)."""
@@ -504,6 +550,34 @@ class Explorer:
                                                       f"each lie in one host (smallest host: {hmin}), got {k}")
         return out
 
+    def shapes(self, replicas: list[int]) -> list[tuple[int, int]]:
+        """(replicas r, stages p) with p x r <= N boards (the first p x r in topology order):
+        a plan may leave boards idle when fewer are faster (links, all-reduce, bubbles).
+        Up to 16 boards every shape; beyond, r and p each a divisor of N or a power of two
+        (the space grows as N log N otherwise), plus p = n for models with fewer layers."""
+        N = self.N
+        small = N <= 16
+        pick = (lambda x, lim: True) if small else \
+            (lambda x, lim: lim % x == 0 or x & (x - 1) == 0 or x == lim)
+        out = set()
+        for r in replicas:
+            if not 1 <= r <= N or not pick(r, N):
+                continue
+            top = N // r
+            for p in range(1, min(top, self.n) + 1):
+                if pick(p, top) or p == min(top, self.n):
+                    out.add((r, p))
+        return sorted(out)
+
+    def one_stage_schedules(self, schedules: list[str]) -> list[str]:
+        """Schedules a one-stage plan runs: the requested one (interleaving needs two
+        positions), or with auto 1F1B's gradient accumulation (GPipe's takes more memory)."""
+        if not self.train:
+            return ["gpipe"]
+        if self.req.schedule == "auto":
+            return [self.single_stage_schedule]
+        return [x for x in schedules if x != "interleaved"]
+
     @property
     def single_stage_schedule(self) -> str:
         """One stage: 1F1B with p = 1 is gradient accumulation (one stash); forward-only: gpipe."""
@@ -523,7 +597,7 @@ class Explorer:
         if c.v == 1 and c.p > 1 and c.schedule != "1f1b":
             # J does not depend on the schedule when v = 1; 1F1B stashes the least, so its
             # optimum is also optimal for a schedule with more memory whenever it still fits
-            base = self.solve_config(Config("1f1b", 1, c.r, c.p, c.m, c.beta, c.recompute, c.k, c.kv), jmax)
+            base = self.solve_config(replace(c, schedule="1f1b"), jmax)
             if base is not None:
                 mine = self.fixed_config(c, base.bounds)
                 if mine is not None and abs(mine.objective - base.objective) <= 1e-12 * base.objective:
@@ -556,7 +630,7 @@ class Explorer:
             btype = self.stage_type(c, s % c.p)
             if btype is None:
                 return False
-            sm = self.stage_model(btype, c.beta, c.recompute, c.schedule, self.kd(c, s % c.p))
+            sm = self.stage_model(btype, self.beta_at(c, s % c.p), c.recompute, c.schedule, self.kd(c, s % c.p))
             st = self.stashes(c, s)
             cap = sm.capacity / c.v
             if self.train and c.recompute:
@@ -579,12 +653,29 @@ class Explorer:
         return pos >= self.n
 
     def sum_floor(self, c: Config) -> float:
-        """A lower bound on a partition's sum of stage times: all layers' compute on the fastest type."""
-        tot = math.inf
-        for btype, kk in ((b, x) for b in self.tables for x in self.mesh_ks(c)):
-            sm = self.stage_model(btype, c.beta, c.recompute, c.schedule, kk)
-            tot = min(tot, float(sm.PF[-1] + (sm.PB[-1] if self.train else 0.0)))
-        return tot
+        """A lower bound on a partition's sum of stage times: every layer's compute on the
+        fastest (board type, mesh, samples per replica) the configuration's stages have
+        (a stage's time is at least its layers' compute)."""
+        kinds = self.kinds(c)
+        key = ("floor", kinds, c.recompute, weight_versions(c.schedule))
+        if key not in self._links:
+            per = None
+            for btype, kk, beta in kinds:
+                sm = self.stage_model(btype, beta, c.recompute, c.schedule, kk)
+                t = np.diff(sm.PF) + (np.diff(sm.PB) if self.train else 0.0)
+                per = t if per is None else np.minimum(per, t)
+            self._links[key] = float(per.sum())
+        return self._links[key]
+
+    def kinds(self, c: Config) -> tuple:
+        """Distinct (board type, mesh size, samples per replica) of the configuration's positions
+        (mixed-type positions are skipped: such a configuration has no partition)."""
+        out = set()
+        for d in range(c.p):
+            t = self.stage_type(c, d)
+            if t is not None:
+                out.add((t, self.kd(c, d), self.beta_at(c, d)))
+        return tuple(sorted(out))
 
     def fixed_config(self, c: Config, bounds: list[tuple[int, int]]) -> Candidate | None:
         """A user- or baseline-given partition of one configuration (None if it does not fit)."""
@@ -610,13 +701,13 @@ class Explorer:
         for c in order:
             if self.lower_bound(c) >= best * (1 + SLACK):
                 break
-            if c.recompute and (c.schedule, c.v, c.r, c.p, c.m) in feasible_norc:
+            if c.recompute and replace(c, recompute=False) in feasible_norc:
                 continue  # recomputation only where the stashes do not fit otherwise
             cand = self.solve_config(c, best * (1 + SLACK))
             if cand is None:
                 continue
             if not c.recompute:
-                feasible_norc.add((c.schedule, c.v, c.r, c.p, c.m))
+                feasible_norc.add(c)
             found.append(cand)
             best = min(best, cand.objective)
         found.sort(key=lambda x: (x.objective, x.config))
@@ -628,8 +719,8 @@ class Explorer:
         done, rest = [], []
         for cand in found:
             c = cand.config
-            key = (c.schedule, c.v, c.r, c.p, c.beta * c.m, c.recompute, tuple(cand.bounds)) if c.p == 1 else \
-                (c, tuple(cand.bounds))
+            key = (c.schedule, c.v, c.r, c.p, c.groups, c.beta * c.m, c.recompute, tuple(cand.bounds)) if c.p == 1 \
+                else (c, tuple(cand.bounds))
             if (per.get((c.schedule, c.k, c.kv), 0) < MAX_REPLAYS and cand.objective <= best_j * (1 + SLACK)
                     and key not in seen):
                 seen.add(key)
@@ -646,19 +737,20 @@ class Explorer:
         """Per-stage figures, all-reduce, and the replayed iteration time of a candidate."""
         c = cand.config
         V = c.p * c.v
-        cb = cut_bytes(self.model, self.req.fmt, c.beta)
         stages = []
         for s, (a, b) in enumerate(cand.bounds):
             d = s % c.p
             btype = self.stage_type(c, d)
-            sm = self.stage_model(btype, c.beta, c.recompute, c.schedule, self.kd(c, d))
+            beta = self.beta_at(c, d)
+            cb = cut_bytes(self.model, self.req.fmt, beta)
+            sm = self.stage_model(btype, beta, c.recompute, c.schedule, self.kd(c, d))
             st = self.stashes(c, s)
             r = {k: float(np.asarray(v)) for k, v in sm.cost(np.array(a), np.array(b), st, c.v).items()}
             table = self.tables[btype]
             fold = {self.model.layers[x].name: table.fold[x] for x in range(a, b + 1)}
             style = "gpu" if table.board.kind == "gpu" else "time-multiplexed"
             if table.board.kind == "fpga" and table.measured_f is None and self.kd(c, d) == 1:
-                alloc = allocate_stage(list(self.model.layers[a:b + 1]), table.board, self.req.fmt, c.beta,
+                alloc = allocate_stage(list(self.model.layers[a:b + 1]), table.board, self.req.fmt, beta,
                                        self.req.cap, self.train)
                 if alloc.style == "dataflow":
                     # the layer-pipelined engines are faster: same memory and spill traffic
@@ -684,12 +776,14 @@ class Explorer:
                            "stash_mb_bytes": int(r["stash_mb"]), "fixed_bytes": int(r["fixed_bytes"]), "send_bytes": sb, "send_occ": occ,
                            "send_lat": lat, "send_s": occ + lat, "compute_f": r["compute_f"],
                            "compute_b": r["compute_b"], "onchip": sm.onchip, "folding": fold, "style": style,
-                           "mesh": self.kd(c, d), "layout": self.layouts[b] if self.meshy(c) else None})
+                           "mesh": self.kd(c, d), "layout": self.layouts[b] if self.meshy(c) else None,
+                           "replicas": self.reps(c, d), "beta": beta})
         ar = [0.0] * V          # per stage (chunk): its own ring after its last backward
-        if self.train and c.r > 1:
+        if self.train:
             for x in stages:
-                bw, lat = self.ring(self.group(c.r, x["device"]))
-                ar[x["index"]] = ring_allreduce_s(x["weight_bytes"], c.r, bw, lat)
+                if x["replicas"] > 1:
+                    bw, lat = self.ring(self.replica_boards(c, x["device"]))
+                    ar[x["index"]] = ring_allreduce_s(x["weight_bytes"], x["replicas"], bw, lat)
         for x in stages:
             x["allreduce_s"] = ar[x["index"]]
         # the replay shares physical links between transfers: per cut, the forward and
@@ -702,19 +796,22 @@ class Explorer:
                 routes.append(tuple((self.mesh_piece(*self.mesh_transfer(c, d1, d2, x["last"], bw_)[:2]),)
                                     for bw_ in (False, True)))
                 continue
-            routes.append(tuple(tuple((ids, x["send_bytes"] / bw, lat) for ids, bw, lat in self.pieces(c.r, a_, b_))
+            routes.append(tuple(tuple((ids, x["send_bytes"] * sh / bw, lat) for ids, bw, lat, sh in self.pieces(c, a_, b_))
                                 for a_, b_ in ((d1, d2), (d2, d1))))
         rings = None
-        if self.train and c.r > 1:
+        if self.train and any(x["replicas"] > 1 for x in stages):
             # ring all-reduce per stage over its replicas, hop i: replica i -> i+1, 1/r of the bytes
             rings = []
             for x in stages:
-                g = self.group(c.r, x["device"])
+                g, r = self.replica_boards(c, x["device"]), x["replicas"]
+                if r == 1:
+                    rings.append(None)
+                    continue
                 hops = []
-                for i in range(c.r):
-                    ids, bw, lat = self.hop(g[i].name, g[(i + 1) % c.r].name)
-                    hops.append((ids, x["weight_bytes"] / c.r / bw if ids else 0.0, lat))
-                rings.append((tuple(hops), 2 * (c.r - 1)))
+                for i in range(r):
+                    ids, bw, lat = self.hop(g[i].name, g[(i + 1) % r].name)
+                    hops.append((ids, x["weight_bytes"] / r / bw if ids else 0.0, lat))
+                rings.append((tuple(hops), 2 * (r - 1)))
         rp = replay(c.schedule, c.p, c.m, [x["fwd_s"] for x in stages],
                     [x["bwd_s"] for x in stages], [x["send_occ"] for x in stages[:-1]],
                     [x["send_lat"] for x in stages[:-1]], c.v, ar, forward_only=not self.train, routes=routes,
@@ -722,5 +819,5 @@ class Explorer:
         cand.iteration_s = rp.iteration_s
         cand.bubble = rp.bubble_fraction
         cand.stages = stages
-        cand.boards_used = sum(c.kv) if c.kv else c.p * c.r * c.k
+        cand.boards_used = self.boards_used(c)
         return cand

@@ -181,7 +181,7 @@ def test_pareto_set_is_non_dominated():
            {"iteration_time_s": 3.0, "peak_memory_bytes": 9, "boards": 1}]
     assert [p["iteration_time_s"] for p in non_dominated(pts)] == [1.0, 2.0, 3.0]
     front = pareto_plans(load_model("tiny-cnn"), load_cluster("4xU250-ring"), Request(global_batch=32))
-    assert front and {p["boards"] for p in front} <= {1, 2, 4}
+    assert front and {p["boards"] for p in front} <= {1, 2, 3, 4}
     for a in front:
         assert not any(b is not a and b["iteration_time_s"] <= a["iteration_time_s"]
                        and b["peak_memory_bytes"] <= a["peak_memory_bytes"] and b["boards"] <= a["boards"]
@@ -232,7 +232,7 @@ def test_stage_resources_within_the_capped_budget():
 @pytest.mark.parametrize("model_name", ["resnet50", "examples/models/small-resnet.yaml"])
 def test_whole_blocks_never_cuts_inside_a_residual_block(model_name):
     """--whole-blocks: every stage boundary carries exactly one tensor (no open skip), where
-    the free plan of the same pipeline (4 stages, no replication) cuts inside a block."""
+    the free plan (no replication) cuts inside a block."""
     import json
     import subprocess
     import sys
@@ -247,5 +247,6 @@ def test_whole_blocks_never_cuts_inside_a_residual_block(model_name):
 
     model = load_model(model_name)
     whole, free = cuts("--whole-blocks"), cuts()
-    assert len(whole) == 3 and whole == [1, 1, 1]
+    # the planner may leave boards idle (3 stages here can beat 4): every cut it makes is whole
+    assert whole and all(x == 1 for x in whole)
     assert max(free) > 1          # why the option exists: the free optimum leaves a skip open
