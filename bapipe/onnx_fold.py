@@ -88,6 +88,7 @@ def fold_constants(model, infer) -> Folded:
         if d is not None:
             dims[vi.name] = d
     keep, added = [], []
+    copies: set[str] = set()
     folded_any = False
     for n in g.node:
         ins = [i for i in n.input if i]
@@ -108,8 +109,14 @@ def fold_constants(model, infer) -> Folded:
             keep.append(n)
             continue
         folded_any = True
-        src = frozenset().union(*(origin.get(i, frozenset()) for i in ins)) if n.op_type not in ("Shape", "Size") \
-            else frozenset()
+        if n.op_type in ("Shape", "Size"):
+            src = frozenset()
+        elif n.op_type == "Identity" and ins[0] in originals:
+            # the legacy exporter's de-duplication of equal-valued tensors: a copy, not a shared weight
+            src = frozenset(o for o in n.output if o)
+            copies.update(src)
+        else:
+            src = frozenset().union(*(origin.get(i, frozenset()) for i in ins))
         for o, v in zip(n.output, vals):
             if o:
                 known[o] = np.asarray(v)
@@ -117,6 +124,7 @@ def fold_constants(model, infer) -> Folded:
                 added.append(o)
     if not folded_any:
         return Folded(m, origin, originals, _signature_params(model))
+    originals = originals | copies
     read = {i for n in keep for i in n.input} | {o.name for o in g.output}
     del g.node[:]
     g.node.extend(keep)

@@ -92,6 +92,15 @@ def _meta(node, key: str) -> str | None:
     return None
 
 
+def _fx_param(node) -> str | None:
+    """The first parameter (``%p_...``) of the FX node dynamo exported this node from, or None."""
+    import re
+
+    fx = _meta(node, "pkg.torch.onnx.fx_node") if node is not None else None
+    m = re.search(r"%(p_\w+)", fx or "")
+    return m.group(1) if m else None
+
+
 def _dropped_bias(node) -> bool:
     """dynamo's optimizer removed this node's all-zero bias (a parameter all the same)."""
     return "RemoveOptionalBias" in (_meta(node, "pkg.onnxscript.rewriter.rule_name") or "")
@@ -126,6 +135,7 @@ class _Importer:
         self.owner: dict[str, str] = {}               # initializer -> first layer using it
         self.weight_owner: dict[str, str] = {}        # initializer -> first layer using it as its weight
         self.order: dict[str, int] = {}               # layer name -> position
+        self.fx_param: dict[str, str | None] = {}     # layer -> the PyTorch parameter dynamo says it reads
         self.env: dict[str, _Ref] = {}
         self.layers: list[dict] = []
         self.built: dict[str, Layer] = {}
@@ -319,11 +329,12 @@ class _Importer:
         earlier one (biases and norm parameters never do: exporters merge equal ones).
         ``like`` is the input whose batch axis the output keeps.
         """
-        tied = self.tie_of(weight) if weight else None
+        tied = self.tie_of(weight, node) if weight else None
         name = self.add_layer(node, base or node.name or f"{node.op_type.lower()}_{len(self.layers)}",
                               type_, inputs, attrs, tied)
         if weight:
             self.claim(weight, name)
+            self.fx_param[name] = _fx_param(node)
         for c in consts:
             for o in self.origin.get(c, frozenset()) if c else ():
                 self.owner.setdefault(o, name)
@@ -348,14 +359,20 @@ class _Importer:
         return [(v.shape, hashlib.sha1(np.ascontiguousarray(v).tobytes()).hexdigest()),
                 (v.T.shape, hashlib.sha1(np.ascontiguousarray(v.T).tobytes()).hexdigest())]
 
-    def tie_of(self, weight: str) -> str | None:
+    def tie_of(self, weight: str, node=None) -> str | None:
         """The earlier layer whose weight this one reuses: the same initializer (directly or through
         constant ops such as Transpose), or the same values transposed (the exporter folded it)."""
         owners = [self.weight_owner[o] for o in sorted(self.origin.get(weight, ())) if o in self.weight_owner]
+        mine = _fx_param(node)
+        if mine is not None:   # dynamo names the PyTorch parameter: merged equal tensors are not ties
+            owners = [o for o in owners if self.fx_param.get(o) in (None, mine)]
         if owners:
             return min(owners, key=lambda n: self.order[n])
         keys = self._weight_keys(weight)
-        return self.weight_hash.get(keys[0]) if keys else None
+        # only a transposed copy of an embedding table is a tie by value (an LM head whose Transpose the
+        # exporter folded); equal values in the same orientation are copies (nn.TransformerEncoder clones)
+        hit = self.weight_hash.get(keys[1]) if len(keys) > 1 else None
+        return hit if hit is not None and self.built[hit].type == "embedding" else None
 
     def claim(self, weight: str, name: str) -> None:
         """Record ``name`` as the first user of ``weight`` (for later ties)."""
@@ -816,6 +833,11 @@ class _Importer:
             self.env[node.output[0]] = ref
             return
         params = [o for o in sorted(self.origin.get(c, ())) if self.is_param(o) and o not in self.owner]
+        lay = self.built.get(ref.src)
+        if not params and node.op_type == "Add" and lay is not None and lay.type == "embedding" \
+                and self.init_type.get(c) in (1, 10, 11, 16) and self.dims.get(c, (0,))[-1] == lay.out_shape[-1] \
+                and c not in self.owner and not self.origin.get(c, frozenset()) & set(self.owner):
+            params = [c]   # a position table the exporter already looked up (folded Gather): its rows
         if params and node.op_type in ("Add", "Sub"):
             return self.param_add(node, x, c, params)
         self.alias(node, x)
@@ -835,7 +857,8 @@ class _Importer:
         """x + a learned tensor: position / token-type tables on an embedding, else add_param."""
         ref = self.env[x]
         lay = self.built.get(ref.src)
-        tables = [self.dims[p] for p in params]
+        tables = [(prod(self.dims[p]) // self.dims[p][-1], self.dims[p][-1]) if len(self.dims[p]) > 2
+                  and lay is not None and lay.type == "embedding" else self.dims[p] for p in params]
         if lay is not None and lay.type == "embedding" and ref.shape == lay.out_shape \
                 and all(len(d) == 2 and d[1] == lay.out_shape[-1] for d in tables):
             d = self.layers[self.order[ref.src]]
@@ -872,7 +895,7 @@ class _Importer:
             trans = t == "Gemm" and _attr(node, "transB", 0)
             units = wd[0] if trans else wd[1]
             bias = t == "Gemm" and len(node.input) > 2 and bool(node.input[2])
-            bias = bias or _dropped_bias(node) or "_bias" in (_meta(node, "pkg.torch.onnx.fx_node") or "")
+            bias = bias or _dropped_bias(node)
             consts = [b] + ([node.input[2]] if len(node.input) > 2 and node.input[2] else [])
             self.emit(node, out, "dense", [self.use(a, node)], {"units": units, "bias": bias}, consts, weight=b,
                       like=a)
@@ -934,7 +957,9 @@ class _Importer:
         if len(node.output) > 1 and node.output[1] in self.live_reads:
             steps = self.built[name].out_shape[0]
             hn = self.add_layer(node, f"{node.name or name}_h_n", "take", [name], {"index": steps - 1})
-            self.bind(node, node.output[1], hn, like=x if layout else None)
+            full = self.full_shape(node.output[1], node)          # [dirs, N, h] (layout 0) or [N, dirs, h]
+            nb = 0 if layout else 1
+            self.env[node.output[1]] = _Ref(hn, full[:nb] + full[nb + 1:], nb, None, full)
 
 
     def gather(self, node, acts) -> None:
