@@ -497,7 +497,9 @@ def train(plan: str | Path | Plan, backend: str = "numpy", epochs: int = 5, lr: 
     plan_file = str(plan) if not isinstance(plan, Plan) else "<plan>"
     if not isinstance(plan, Plan):
         plan = load_plan(plan)
-    model, _cluster = resolve(plan, plan_file)
+        model, _cluster = resolve(plan, plan_file)  # a file: checked in full
+    else:
+        model, _cluster = resolve(plan)  # built in memory (tests): structural checks
     if precision not in ("float32", "fixed"):
         raise SpecError(None, None, "--precision", "expected float32 or fixed")
     if epochs < 0:

@@ -24,7 +24,7 @@ def make_plan(model_name: str = "tiny-cnn", cluster_name: str = "4xU250-ring",
                             folding={n: Folding(*folding[n]) for n in names if n in folding}))
     plan = Plan(model=model_name, model_fingerprint=model.fingerprint(), cluster=cluster_name,
                 cluster_fingerprint=cluster.fingerprint(), number_format=fmt, stages=stages,
-                mode=mode, microbatch_size=microbatch_size)
+                mode=mode, microbatch_size=microbatch_size, global_batch=microbatch_size)
     return plan, model, cluster
 
 
