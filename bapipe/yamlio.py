@@ -104,13 +104,45 @@ def _annotate(obj: Any, file: str, path: str) -> None:
             _annotate(v, file, f"{path}[{i}]")
 
 
+#: most values a document may hold once its aliases are expanded: a few hundred bytes of
+#: nested aliases (a "billion laughs" bomb) would otherwise expand to 10**9 values and hang
+#: every walk over the tree; real models, clusters and plans hold far fewer
+MAX_EXPANDED_NODES = 1_000_000
+
+
+def expanded_size(node: yaml.Node, memo: dict[int, int] | None = None) -> int:
+    """Values in the composed ``node`` once every alias is expanded (linear time: memoised)."""
+    memo = {} if memo is None else memo
+    key = id(node)
+    if key in memo:
+        return memo[key]
+    memo[key] = 1  # a recursive alias counts once here; the constructor rejects cycles later
+    if isinstance(node, yaml.MappingNode):
+        n = 1 + sum(expanded_size(k, memo) + expanded_size(v, memo) for k, v in node.value)
+    elif isinstance(node, yaml.SequenceNode):
+        n = 1 + sum(expanded_size(v, memo) for v in node.value)
+    else:
+        n = 1
+    memo[key] = min(n, MAX_EXPANDED_NODES + 1)  # capped so the sums stay small integers
+    return memo[key]
+
+
 def loads(text: str, file: str = "<input>") -> Any:
-    """Parse YAML text into Node/NodeList trees; syntax errors become SpecError."""
+    """Parse YAML text into Node/NodeList trees; syntax errors become SpecError.
+
+    Aliases are allowed, but a document that expands to more than MAX_EXPANDED_NODES values
+    is refused before it is built (an alias bomb).
+    """
     try:
         loader = _Loader(text)
         loader.name = file
         try:
-            data = loader.get_single_data()
+            root = loader.get_single_node()
+            if root is not None and expanded_size(root) > MAX_EXPANDED_NODES:
+                raise SpecError(file, root.start_mark.line + 1, None,
+                                f"expected at most {MAX_EXPANDED_NODES:,} values once aliases are expanded "
+                                "(the document's anchors and aliases nest too deeply)")
+            data = loader.construct_document(root) if root is not None else None
         finally:
             loader.dispose()
     except SpecError:
