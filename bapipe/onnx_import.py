@@ -130,6 +130,7 @@ class _Importer:
         self.description = model.doc_string or f"imported from {Path(file).name}"
         self.dims: dict[str, tuple] = {}
         self.int_tensors: set[str] = set()
+        self.index_tensors: set[str] = set()   # int or bool tensors: ids, indices, masks
         self.const: set[str] = set()
         self.origin: dict[str, frozenset[str]] = {}   # constant -> initializers it derives from
         self.owner: dict[str, str] = {}               # initializer -> first layer using it
@@ -169,6 +170,8 @@ class _Importer:
                                        for d in tt.shape.dim)
             if tt.elem_type in INT_TYPES:
                 self.int_tensors.add(vi.name)
+            if tt.elem_type in INT_TYPES or tt.elem_type == 9:   # 9: bool
+                self.index_tensors.add(vi.name)
         self.init_type: dict[str, int] = {}
         self.inits = {t.name: t for t in g.initializer}
         for t in g.initializer:
@@ -465,6 +468,8 @@ class _Importer:
             return self.view(node)
         if all(a in self.masks for a in acts) or t in BOOL_OPS:
             return self.mask(node, acts)
+        if not (t == "Gather" and node.input[0] in self.const) and all(o in self.index_tensors for o in node.output if o):
+            return self.mask(node, acts)   # integer/boolean plumbing on inputs (mask indexing): no layer
         if t in ELEMENTWISE:
             if t == "Softmax":
                 axis = _attr(node, "axis", -1)
@@ -788,6 +793,17 @@ class _Importer:
         if x in self.masks:
             self.masks.add(out)
 
+    def prune(self, last: str) -> None:
+        """Drop layers nothing reads that hold no weights and do no MACs: pieces of a mask
+        computed from an input (HF BERT's attention mask), which no layer consumes."""
+        while True:
+            used = {i for l in self.layers for i in l["inputs"]} | {last}
+            dead = {l["name"] for l in self.layers if l["name"] not in used and not self.built[l["name"]].params
+                    and not self.built[l["name"]].fwd_macs}
+            if not dead:
+                return
+            self.layers = [l for l in self.layers if l["name"] not in dead]
+
     def _axes(self, node, rank: int) -> list[int]:
         axes = _attr(node, "axes")
         if axes is None and len(node.input) > 1 and node.input[1]:
@@ -1064,6 +1080,7 @@ class _Importer:
                     for n in lasts]
             lasts = [self.add_layer(None, "outputs", "concat", flat, {"axis": 0})]
         last = lasts[0]
+        self.prune(last)
         if not self.layers or last != self.layers[-1]["name"]:
             raise SpecError(self.file, None, "graph.output", f"output '{outs[0]}' is not produced by the last layer")
         used = {i for l in self.layers for i in l["inputs"]}
