@@ -12,9 +12,16 @@ import importlib
 import importlib.util
 import json
 import os
+import signal
 import sys
+from pathlib import Path
 
 from .errors import SpecError
+
+#: --schedule of `bapipe plan` (auto lets the planner pick)
+SCHEDULE_CHOICES = ("auto", "gpipe", "1f1b", "interleaved", "eager-1f1b", "2bw")
+#: commands whose -o names one file that is not overwritten without --force
+_FILE_OUTPUTS = ("plan", "export")
 
 # name -> (handler module, help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -67,20 +74,23 @@ def _add_args(name: str, p: argparse.ArgumentParser) -> None:
         p.add_argument("model", help="zoo name or .yaml/.onnx path")
         p.add_argument("cluster", help="built-in cluster name or .yaml path")
         p.add_argument("--format", default="fixed16", help="number format (fixed16, int8, fp16, bf16, fp32)")
-        p.add_argument("--batch", type=int, default=1, help="samples per pass (default 1)")
+        p.add_argument("--batch", type=int, default=1, help="samples per pass")
         p.add_argument("--profile", dest="measured", help="measured per-layer profile (.yaml/.csv)")
         p.add_argument("--opaque", action="append", default=[], help="ONNX: OP=fwd_s,bwd_s cost for an unsupported op")
     elif name == "plan":
-        p.add_argument("model")
-        p.add_argument("cluster")
-        p.add_argument("-o", "--output", default="plan.yaml")
-        p.add_argument("--schedule", default="auto", help="auto|gpipe|1f1b|interleaved|eager-1f1b|2bw")
+        p.add_argument("model", help="zoo name or .yaml/.onnx path")
+        p.add_argument("cluster", help="built-in cluster name or .yaml path")
+        p.add_argument("-o", "--output", default="plan.yaml", help="plan file to write")
+        p.add_argument("--force", action="store_true", help="overwrite an existing output file")
+        # choices, so that a typo or an empty string is refused rather than read as auto
+        p.add_argument("--schedule", default="auto", choices=SCHEDULE_CHOICES, metavar="SCHEDULE",
+                       help="auto|gpipe|1f1b|interleaved|eager-1f1b|2bw")
         p.add_argument("--microbatches", default="auto", help="auto or N")
         p.add_argument("--global-batch", type=int, default=None, help="samples per iteration")
-        p.add_argument("--mode", default="train", choices=("train", "inference", "infer"))
-        p.add_argument("--format", default="fixed16")
-        p.add_argument("--optimizer", default="sgd", choices=("sgd", "adam"))
-        p.add_argument("--cap", type=float, default=0.8, help="resource utilisation cap (default 0.8)")
+        p.add_argument("--mode", default="train", choices=("train", "inference", "infer"), help="what to plan for")
+        p.add_argument("--format", default="fixed16", help="number format (fixed16, int8, fp16, bf16, fp32)")
+        p.add_argument("--optimizer", default="sgd", choices=("sgd", "adam"), help="optimizer whose state is stored")
+        p.add_argument("--cap", type=float, default=0.8, help="resource utilisation cap, a fraction in (0, 1]")
         p.add_argument("--no-replication", action="store_true", help="one board per stage")
         p.add_argument("--whole-blocks", action="store_true",
                        help="cut only where one tensor crosses (never inside a residual block): "
@@ -93,24 +103,25 @@ def _add_args(name: str, p: argparse.ArgumentParser) -> None:
         p.add_argument("--mesh", default="1", help="tensor-parallel boards per stage: auto (1 and the host size), "
                                                    "N, a list 1,4 to explore, or per stage 4+1+1+1+1 (default 1)")
     elif name == "sim":
-        p.add_argument("plan")
-        p.add_argument("--iterations", type=int, default=1)
+        p.add_argument("plan", help="plan.yaml written by `bapipe plan`")
+        p.add_argument("--iterations", type=int, default=1, help="training iterations to simulate")
         p.add_argument("--trace", help="write a Chrome trace-event JSON")
-        p.add_argument("--gantt", help="write a Gantt chart PNG")
+        p.add_argument("--gantt", help="write a Gantt chart (.png, .pdf or .svg: the suffix sets the format)")
     elif name == "reshard":
         p.add_argument("--shape", required=True, help="tensor shape, e.g. 1024,1024,512")
-        p.add_argument("--dtype", default="fp32")
+        p.add_argument("--dtype", default="fp32", help="element type of the tensor (sets its bytes)")
         p.add_argument("--src-mesh", required=True, help="e.g. 2x4")
         p.add_argument("--src", required=True, help="source layout, e.g. S0RR")
-        p.add_argument("--dst-mesh", required=True)
+        p.add_argument("--dst-mesh", required=True, help="destination mesh, e.g. 2x4")
         p.add_argument("--dst", required=True, help="destination layout, e.g. RS0R")
         p.add_argument("--cluster", help="cluster whose links to use (default: groups of 4, 100 Gb/s)")
-        p.add_argument("--seed", type=_seed, default=0)
+        p.add_argument("--seed", type=_seed, default=0, help="seed of the randomised strategies")
     elif name == "gen":
-        p.add_argument("plan")
-        p.add_argument("-o", "--output", default="build")
+        p.add_argument("plan", help="plan.yaml written by `bapipe plan`")
+        p.add_argument("-o", "--output", default="build", help="project folder to write")
+        p.add_argument("--force", action="store_true", help="replace a non-empty output folder")
     elif name in ("csim", "rtlsim", "synth"):
-        p.add_argument("build", nargs="?", default="build")
+        p.add_argument("build", nargs="?", default="build", help="project folder written by `bapipe gen`")
         if name == "rtlsim":
             p.add_argument("--samples", type=int, default=None,
                            help="inputs to stream (default 16; fewer, at least 3, when boards take turns "
@@ -119,18 +130,21 @@ def _add_args(name: str, p: argparse.ArgumentParser) -> None:
                            help="C++ Verilator harness (fast) or the cocotb testbench")
             p.add_argument("--threads", type=int, default=1, help="Verilator model threads (cpp engine)")
         if name == "csim":
-            p.add_argument("--seed", type=_seed, default=0)
+            p.add_argument("--seed", type=_seed, default=0, help="seed of the random inputs")
             p.add_argument("--samples", type=int, default=4, help="random inputs per stage (big stages run 1)")
         if name == "synth":
             p.add_argument("--board", action="append", help="synthesise only this board (repeatable)")
             p.add_argument("--timeout", type=float, default=600.0, help="wall-time limit per board, seconds")
     elif name == "run":
-        p.add_argument("plan")
-        p.add_argument("--backend", default="numpy", choices=("numpy", "verilator", "xrt"))
-        p.add_argument("--epochs", type=int, default=5)
-        p.add_argument("--lr", type=float, default=None)
-        p.add_argument("--seed", type=_seed, default=0)
-        p.add_argument("--precision", default="float32", choices=("float32", "fixed"))
+        p.add_argument("plan", help="plan.yaml written by `bapipe plan`")
+        p.add_argument("--backend", default="numpy", choices=("numpy", "verilator", "xrt"),
+                       help="numpy trains; verilator and xrt run the generated forward pass")
+        p.add_argument("--epochs", type=int, default=5, help="training epochs (numpy backend)")
+        p.add_argument("--lr", type=float, default=None,
+                       help="learning rate (default: the optimizer's rule for the plan's batch)")
+        p.add_argument("--seed", type=_seed, default=0, help="seed of the weights and the data order")
+        p.add_argument("--precision", default="float32", choices=("float32", "fixed"),
+                       help="float32, or fixed to round to the plan's number format")
         p.add_argument("--log", help="write a per-iteration log (.json or .csv)")
         p.add_argument("--checkpoint", help="save weights and optimizer state here")
         p.add_argument("--resume", help="resume from a checkpoint")
@@ -138,21 +152,42 @@ def _add_args(name: str, p: argparse.ArgumentParser) -> None:
         p.add_argument("--timeout", type=float, default=60.0, help="seconds before a silent worker is declared hung")
         p.add_argument("--build", default=None, help="generated project (verilator/xrt backends)")
     elif name == "export":
-        p.add_argument("model")
-        p.add_argument("-o", "--output", required=True)
+        p.add_argument("model", help="zoo name or .yaml path")
+        p.add_argument("-o", "--output", required=True, help=".onnx file to write")
+        p.add_argument("--force", action="store_true", help="overwrite an existing output file")
         p.add_argument("--weights", default="random", choices=("random", "zero"), help="initial weights (default random)")
         p.add_argument("--seed", type=_seed, default=0, help="seed of the random weights")
+
+
+def version() -> str:
+    """The installed package's version (the source tree's when not installed)."""
+    from importlib.metadata import PackageNotFoundError, version as _version
+
+    try:
+        return _version("bapipe")
+    except PackageNotFoundError:
+        return "0+unknown"
+
+
+class _Formatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows every option's default, except where it is None or a flag's False (nothing to say)."""
+
+    def _get_help_string(self, action):
+        if action.default in (None, False, argparse.SUPPRESS) or action.default == []:
+            return action.help
+        return super()._get_help_string(action)
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The full parser, with only the subcommands whose modules exist."""
     parser = _Parser(prog="bapipe", description="BaPipe: plan, simulate, generate and run pipeline-parallel "
                                                  "DNN training on FPGA clusters.")
+    parser.add_argument("--version", action="version", version=f"bapipe {version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for name, (_, help_) in COMMANDS.items():
         if not _available(name):
             continue
-        p = sub.add_parser(name, help=help_, description=help_)
+        p = sub.add_parser(name, help=help_, description=help_, formatter_class=_Formatter)
         _add_args(name, p)
         p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     return parser
@@ -170,7 +205,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     mod = importlib.import_module(COMMANDS[args.command][0])
     handler = getattr(mod, "cmd_" + args.command.replace("-", "_"), None) or getattr(mod, "run")
+    previous = _handle_sigterm()
     try:
+        _check_new_output(args)
         result = handler(args)
         rc = 0
         if isinstance(result, tuple):
@@ -183,8 +220,11 @@ def main(argv: list[str] | None = None) -> int:
     except SpecError as e:
         sys.stderr.write(str(e) + "\n")
         return 2
+    except Terminated:
+        sys.stderr.write(f"bapipe {args.command}: terminated (SIGTERM)\n")
+        return 143
     except KeyboardInterrupt:
-        sys.stderr.write("bapipe: interrupted\n")
+        sys.stderr.write(f"bapipe {args.command}: interrupted\n")
         return 130
     except BrokenPipeError:
         return 0
@@ -194,9 +234,41 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write(f"bapipe {args.command}: internal error: {type(e).__name__}: {e} "
                          f"(set BAPIPE_DEBUG=1 for the traceback)\n")
         return 1
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     if text:
         sys.stdout.write(text.rstrip("\n") + "\n")
     return rc
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised in the main process like Ctrl-C so the same cleanup runs (child
+    processes such as yosys or the board workers are killed, temporary folders removed)."""
+
+
+def _handle_sigterm():
+    """Turn SIGTERM into Terminated in this process; returns the previous handler."""
+    main_pid = os.getpid()
+
+    def on_term(signum, frame):
+        if os.getpid() != main_pid:  # a forked worker inherited this: die as it would have
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
+            return
+        raise Terminated()
+
+    return signal.signal(signal.SIGTERM, on_term)
+
+
+def _check_new_output(args) -> None:
+    """plan and export never replace an existing file unless --force is given."""
+    if args.command not in _FILE_OUTPUTS:
+        return
+    out = getattr(args, "output", None)
+    if out is not None and not str(out).strip():
+        raise SpecError(None, None, "-o", "expected a file name, got an empty string")
+    if out and Path(out).is_file() and not getattr(args, "force", False):
+        raise SpecError(str(out), None, "-o", "expected a new file: it exists (add --force to overwrite it)")
 
 
 def _jsonable(o):
