@@ -3,19 +3,31 @@ from __future__ import annotations
 
 from bapipe.errors import SpecError
 
+#: most compute ops one `bapipe sim` replays (~400k events/s: about half a minute); a plan
+#: with 10**9 micro-batches would otherwise run for days before printing anything
+MAX_SIM_OPS = 10_000_000
+
 
 def cmd_sim(args) -> dict:
     """Simulate the plan; write the Gantt chart / trace if asked; return the --json object."""
     from bapipe.plan import load_plan, resolve
 
     from .sim import simulate
-    from .trace import write_gantt, write_trace
+    from .trace import gantt_format, write_gantt, write_trace
 
-    plan = load_plan(args.plan)
-    model, cluster = resolve(plan, args.plan)
     iterations = getattr(args, "iterations", 1)
     if iterations is None or iterations < 1:
         raise SpecError(None, None, "--iterations", f"expected a positive integer, got {iterations}")
+    if getattr(args, "gantt", None):
+        gantt_format(args.gantt)  # a wrong suffix is refused before the simulation, not after
+    plan = load_plan(args.plan)
+    model, cluster = resolve(plan, args.plan)
+    ops = iterations * plan.microbatches * len(plan.stages) * (2 if plan.mode == "train" else 1)
+    if ops > MAX_SIM_OPS:
+        raise SpecError(args.plan, None, "microbatches",
+                        f"expected at most {MAX_SIM_OPS:,} simulated ops (iterations {iterations} x "
+                        f"micro-batches {plan.microbatches} x stages {len(plan.stages)} x passes), got {ops:,}; "
+                        "simulate fewer --iterations or plan fewer micro-batches")
     result = simulate(plan, model, cluster, iterations=iterations)
     out = result.to_json()
     predicted = (plan.predicted or {}).get("iteration_time_s")
