@@ -382,14 +382,16 @@ def simulate(plan, model=None, cluster=None, iterations: int = 1, config: SimCon
         r = max(1, s.replicas)
         return [s.boards[min(i * size, len(s.boards) - 1)] for i in range(r)]
 
-    def stage_pieces(a, b, nbytes: int):
+    def stage_pieces(a, b, nbytes: int, holders: int | None = None):
         """Each replica of ``a`` sends its ``nbytes`` (its share of the micro-batch); with
         r_a == r_b replica i talks to replica i; otherwise the r_a x nbytes are spread over
-        max(r_a, r_b) pieces, piece i from replica i mod r_a to replica i mod r_b."""
+        max(r_a, r_b) pieces, piece i from replica i mod r_a to replica i mod r_b.
+        ``holders``: how many replicas ``nbytes`` is the share of (a gradient going back is
+        the activation's tensor: the forward sender's replica count), default r_a."""
         ra, rb = replica_leads(a), replica_leads(b)
         n = max(len(ra), len(rb))
         out = []
-        share = nbytes * len(ra) / n
+        share = nbytes * (holders or len(ra)) / n
         for i in range(n):
             ids, bw, lat = net.path(ra[i % len(ra)], rb[i % len(rb)])
             out.append((ids, share / bw if ids else 0.0, lat, share))
@@ -433,7 +435,7 @@ def simulate(plan, model=None, cluster=None, iterations: int = 1, config: SimCon
         c = add(a.device, b.device, pcs, nb, f"act {a.index}->{b.index}", b.fwd_s)
         fwd_out[k], fwd_in[k + 1] = c, c
         if train:
-            pcs = mesh_pieces(b, a, a) if mesh_cut else stage_pieces(b, a, nb)
+            pcs = mesh_pieces(b, a, a) if mesh_cut else stage_pieces(b, a, nb, len(replica_leads(a)))
             c = add(b.device, a.device, pcs, nb, f"grad {b.index}->{a.index}", a.bwd_s)
             bwd_out[k + 1], bwd_in[k] = c, c
     if cfg.host_io:

@@ -30,6 +30,7 @@ from .stagecost import LayerTable, StageModel, cut_bytes, layer_table, stage_mod
 SLACK = 0.25        # how far J may be from the replayed time (relative)
 MAX_REPLAYS = 2     # distinct candidates replayed per schedule per search
 MAX_M_CANDIDATES = 12
+GROUP_BOARDS = 8    # clusters up to this size search every per-position replica vector
 
 
 @dataclass
@@ -92,6 +93,12 @@ class Candidate:
         return max(per_dev.values()) if per_dev else 0
 
 
+def _ckey(c: Config) -> tuple:
+    """Config's sort key as a plain tuple (sorting tens of thousands of configurations with
+    the dataclass's generated comparisons costs seconds)."""
+    return (c.schedule, c.v, c.r, c.p, c.m, c.beta, c.recompute, c.k, c.kv, c.groups)
+
+
 @lru_cache(maxsize=None)
 def stashes_at(schedule: str, p: int, d: int, m: int, v: int = 1) -> int:
     """bapipe.schedules.stash_count, with its closed forms where they exist (the op-order
@@ -136,6 +143,9 @@ class Explorer:
         self._band: dict[tuple, int] = {}
         self._link_index: dict = {}
         self._solved: dict[tuple, Candidate | None] = {}
+        self._lb: dict[Config, float] = {}
+        self._types: dict[tuple, str | None] = {}
+        self._kinds: dict[tuple, tuple] = {}
         self.n = len(model.layers)
         self.train = req.mode == "train"
         self.layouts = cut_layouts(model)
@@ -443,9 +453,12 @@ class Explorer:
 
     def lower_bound(self, c: Config) -> float:
         """A lower bound on J: all work spread evenly, (m v + V - 1)/(V v) x total."""
-        tot = self.sum_floor(c)
-        V = c.p * c.v
-        return tot * (c.m * c.v + V - 1) / (V * c.v) if V else tot
+        lb = self._lb.get(c)
+        if lb is None:
+            tot = self.sum_floor(c)
+            V = c.p * c.v
+            lb = self._lb[c] = tot * (c.m * c.v + V - 1) / (V * c.v) if V else tot
+        return lb
 
     # ---- configurations -------------------------------------------------------------------
     def m_candidates(self, r: int, p: int, schedule: str) -> list[int]:
@@ -488,7 +501,68 @@ class Explorer:
                     for m in self.m_candidates(r, p, sched):
                         for rc in recompute:
                             out.append(Config(sched, v, r, p, m, self.G // m // r, rc, k, kv))
-        return sorted(set(out))
+        if 1 in self.mesh_sizes() and max(replicas, default=1) > 1:
+            for groups in self.replica_layouts(max(replicas)):
+                p = len(groups)
+                for sched in (schedules if p > 1 else self.one_stage_schedules(schedules)):
+                    if sched == "interleaved" or (sched == "2bw" and self.req.schedule == "auto"):
+                        # per-position replica counts: one chunk per board; 2BW (flushed) runs
+                        # 1F1B's op order with more memory, so under auto it never wins
+                        continue
+                    for m in self.m_candidates(1, p, sched):
+                        if max(len(g) for g in groups) <= self.G // m:   # every replica gets a sample
+                            for rc in recompute:
+                                out.append(Config(sched, 1, 1, p, m, self.G // m, rc, groups=groups))
+        return sorted(set(out), key=_ckey)
+
+    def orders(self) -> list[tuple[int, ...]]:
+        """Board orders whose consecutive blocks are the stages' replica groups: topology
+        order (a stage's replicas share a host, the pipeline crosses the uplinks) and, with
+        several hosts, host-interleaved order (board i of every host in turn: replicas
+        spread over hosts, so the all-reduce crosses the uplinks and the pipeline stays
+        inside a host)."""
+        hosts: dict = {}
+        for i, cb in enumerate(self.boards):
+            hosts.setdefault(cb.host, []).append(i)
+        out = [tuple(range(self.N))]
+        if len(hosts) > 1:
+            cols = list(hosts.values())
+            out.append(tuple(h[i] for i in range(max(map(len, cols))) for h in cols if i < len(h)))
+        return out
+
+    def replica_layouts(self, rmax: int) -> list[tuple[tuple[int, ...], ...]]:
+        """Per-position replica groups beyond the uniform ones: every vector (r_1..r_p),
+        r_d <= rmax, sum <= N, p <= layers, cut from each of :meth:`orders` as consecutive
+        blocks. Exhaustive up to GROUP_BOARDS boards; beyond, uniform replication only
+        (the vectors grow as 2^N)."""
+        if self.N > GROUP_BOARDS or not self.train:
+            return []
+        uniform = {tuple(tuple(range(d * r, (d + 1) * r)) for d in range(p)) for r in range(1, self.N + 1)
+                   for p in range(1, self.N // r + 1)}
+        out = set()
+
+        def vectors(left: int, p_left: int):
+            yield ()
+            if p_left == 0:
+                return
+            for r in range(1, min(left, rmax) + 1):
+                for rest in vectors(left - r, p_left - 1):
+                    yield (r,) + rest
+
+        vecs = [v for v in vectors(self.N, min(self.n, self.N)) if v]
+        for order in self.orders():
+            for vec in vecs:
+                groups, off = [], 0
+                for r in vec:
+                    groups.append(tuple(order[off:off + r]))
+                    off += r
+                g = tuple(groups)
+                if g in uniform:
+                    continue   # the plain (r, p) configuration
+                probe = Config("1f1b", 1, 1, len(g), 1, 1, False, groups=g)
+                if all(self.stage_type(probe, d) is not None for d in range(len(g))):
+                    out.add(g)
+        return sorted(out)
 
     def mesh_vectors(self) -> list[tuple[int, ...]]:
         """Requested per-stage mesh sizes (``--mesh 4+1+1+1+1``): they must cover the boards in
@@ -528,8 +602,11 @@ class Explorer:
 
     def stage_type(self, c: Config, d: int) -> str | None:
         """Board type of position d's boards (None when they mix types)."""
-        types = {cb.board.name for cb in self.stage_boards(c, d)}
-        return types.pop() if len(types) == 1 else None
+        key = (c.r, c.k, c.kv, c.groups, d)
+        if key not in self._types:
+            types = {cb.board.name for cb in self.stage_boards(c, d)}
+            self._types[key] = types.pop() if len(types) == 1 else None
+        return self._types[key]
 
     def mesh_sizes(self) -> list[int]:
         """Tensor-parallel mesh sizes to explore: the requested ones that divide the boards
@@ -670,22 +747,62 @@ class Explorer:
     def kinds(self, c: Config) -> tuple:
         """Distinct (board type, mesh size, samples per replica) of the configuration's positions
         (mixed-type positions are skipped: such a configuration has no partition)."""
-        out = set()
-        for d in range(c.p):
-            t = self.stage_type(c, d)
-            if t is not None:
-                out.add((t, self.kd(c, d), self.beta_at(c, d)))
-        return tuple(sorted(out))
+        key = (c.r, c.k, c.kv, c.groups, c.p, c.beta)
+        if key not in self._kinds:
+            out = set()
+            for d in range(c.p):
+                t = self.stage_type(c, d)
+                if t is not None:
+                    out.add((t, self.kd(c, d), self.beta_at(c, d)))
+            self._kinds[key] = tuple(sorted(out))
+        return self._kinds[key]
 
     def fixed_config(self, c: Config, bounds: list[tuple[int, int]]) -> Candidate | None:
         """A user- or baseline-given partition of one configuration (None if it does not fit)."""
-        prob = self.problem(c, L=max(b - a + 1 for a, b in bounds))
-        if prob is None:
-            return None
-        J, _b, _t = part.evaluate(prob, bounds)
+        J = self.objective(c, bounds)
         if not math.isfinite(J):
             return None
         return Candidate(c, list(bounds), J)
+
+    def objective(self, c: Config, bounds: list[tuple[int, int]]) -> float:
+        """J of one partition of configuration c (inf when a stage does not fit): the same
+        figures :meth:`problem` tabulates and partition.evaluate combines, computed for the
+        given ranges only (O(stages) instead of O(stages x n x L))."""
+        V = c.p * c.v
+        if len(bounds) != V:
+            return math.inf
+        ts, xs, cs, os_ = [], [], [], []
+        meshy = self.meshy(c)
+        for s, (a, b) in enumerate(bounds):
+            d = s % c.p
+            btype = self.stage_type(c, d)
+            if btype is None:
+                return math.inf
+            beta = self.beta_at(c, d)
+            sm = self.stage_model(btype, beta, c.recompute, c.schedule, self.kd(c, d))
+            r = sm.cost(np.array([a]), np.array([b]), float(self.stashes(c, s)), c.v)
+            if not bool(r["feasible"][0]):
+                return math.inf
+            ts.append(float(r["time_s"][0]))
+            rr = self.reps(c, d)
+            if self.train and rr > 1:
+                bw, lat = self.ring(self.replica_boards(c, d))
+                W = float(sm.PW[b + 1] - sm.PW[a])
+                xs.append(2 * (rr - 1) / rr * W / bw + (2 * (rr - 1) * lat if s < c.p else 0.0))
+            if s < V - 1:
+                if self.req.whole_blocks and self.open_cuts[b]:
+                    return math.inf
+                if meshy:
+                    tf, tb = self.mesh_cut_times(c, d, (s + 1) % c.p)
+                    os_.append(float(max(tf[b], tb[b])))
+                    cs.append(float(tf[b] + (tb[b] if self.train else 0.0)))
+                else:
+                    bw, lat = self.link(c, d, (s + 1) % c.p)
+                    occ = float(cut_bytes(self.model, self.req.fmt, beta)[b]) / bw
+                    os_.append(occ)
+                    cs.append((2 if self.train else 1) * (occ + lat))
+        total = sum(ts) + sum(cs) + c.v * sum(xs)
+        return total / c.v + (c.m * c.v - 1) * max(ts + os_)
 
     def search(self, configs: list[Config]) -> list[Candidate]:
         """Exact partitions of the configurations in bound order; replayed fastest first.
@@ -696,7 +813,7 @@ class Explorer:
         """
         found: list[Candidate] = []
         best = math.inf
-        order = sorted(configs, key=lambda c: (self.lower_bound(c), c))
+        order = sorted(configs, key=lambda c: (self.lower_bound(c), _ckey(c)))
         feasible_norc: set = set()
         for c in order:
             if self.lower_bound(c) >= best * (1 + SLACK):

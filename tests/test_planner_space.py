@@ -99,3 +99,47 @@ def test_1f1b_round_trip_cycle(occ):
     assert per("gpipe") == pytest.approx(max(1.0, occ) + max(2.0, occ))
     # eager-1F1B's two extra warm-up forwards put three micro-batches on the cycle
     assert per("eager-1f1b") == pytest.approx(max(3.0, (3 + 3 + 2 * occ) / 3))
+
+
+def test_partition_per_stage_replicas_round_trip(tmp_path):
+    """A peer's 12-3-1 plan can be priced: replicas per stage, boards in topology order,
+    written to plan.yaml and read back unchanged; bapipe sim replays it to the same time."""
+    from bapipe.plan import load_plan
+    from fpga_models.sim import SimConfig, simulate
+
+    spec = parse_partition("0-16x12,17-24x3,25-36x1", 37)
+    assert spec == [(0, 16, 12, None), (17, 24, 3, None), (25, 36, 1, None)]
+    out = _plan("vgg16", "16xV100", partition=spec, schedule="1f1b", microbatches=8, global_batch=128)
+    st = out.plan.stages
+    assert [s.replicas for s in st] == [12, 3, 1]
+    assert st[0].boards == [f"gpu{i}" for i in range(12)] and st[2].boards == ["gpu15"]
+    assert out.plan.microbatch_size == 16
+    path = tmp_path / "plan.yaml"
+    out.plan.save(path)
+    back = load_plan(path)
+    assert [(s.replicas, s.boards) for s in back.stages] == [(s.replicas, s.boards) for s in st]
+    r = simulate(back, load_model("vgg16"), load_cluster("16xV100"), config=SimConfig(record=False))
+    assert r.iteration_time_s == pytest.approx(out.best.iteration_s, rel=1e-6)
+
+
+def test_partition_board_lists_place_replicas_across_hosts():
+    """'@gpu0+gpu4+gpu8+gpu12' puts a stage's replicas on four hosts; the ring all-reduce then
+    crosses the uplinks while the pipeline cut stays inside each host."""
+    spec = parse_partition("0-20@gpu0+gpu4+gpu8+gpu12,21-36@gpu1+gpu5+gpu9+gpu13", 37)
+    out = _plan("vgg16", "16xV100", partition=spec, schedule="gpipe", microbatches=4, global_batch=64)
+    assert [s.boards for s in out.plan.stages] == [["gpu0", "gpu4", "gpu8", "gpu12"], ["gpu1", "gpu5", "gpu9", "gpu13"]]
+    same = _plan("vgg16", "16xV100", partition=parse_partition("0-20x4,21-36x4", 37), schedule="gpipe",
+                 microbatches=4, global_batch=64)
+    assert same.plan.stages[0].boards == ["gpu0", "gpu1", "gpu2", "gpu3"]
+    # the same stages and micro-batches: only the links differ
+    assert [s.fwd_s for s in out.plan.stages] == [s.fwd_s for s in same.plan.stages]
+    assert out.best.iteration_s != same.best.iteration_s
+
+
+@pytest.mark.parametrize("text,needle", [("0-3x0,4-6", "replica"), ("0-3@fpga0+fpga0,4-6", "distinct"),
+                                          ("0-3x2@fpga0,4-6", "lists 1"), ("0-3@fpga9,4-6", "fpga9"),
+                                          ("0-3@fpga0,4-6@fpga0", "two stages"), ("0-3x3,4-6x2", "boards")])
+def test_partition_replica_errors_are_one_line(text, needle, tmp_path):
+    r = _cli("plan", "tiny-mlp", "4xU250-ring", "--partition", text, "-o", str(tmp_path / "p.yaml"))
+    assert r.returncode == 2, r.stdout
+    assert len(r.stderr.strip().splitlines()) == 1 and "--partition" in r.stderr and needle in r.stderr
