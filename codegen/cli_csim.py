@@ -5,7 +5,13 @@ from .csim import csim_project
 
 
 def cmd_csim(args) -> tuple[dict, int]:
-    """CLI handler: the --json object, exit 1 when a stage does not match numpy."""
+    """CLI handler: the --json object, exit 1 when a stage does not match numpy.
+
+    The folder must be exactly what `bapipe gen` wrote (see cli_gen.check_build).
+    """
+    from .cli_gen import check_build
+
+    check_build(args.build)
     r = csim_project(args.build, samples=getattr(args, "samples", 4), seed=getattr(args, "seed", 0))
     return r, 0 if r["passed"] else 1
 

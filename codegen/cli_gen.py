@@ -1,8 +1,20 @@
-"""`bapipe gen plan.yaml -o build/`: render the plan's HLS project (and RTL, when present)."""
+"""`bapipe gen plan.yaml -o build/`: render the plan's HLS project (and RTL, when present).
+
+The project is written into a temporary sibling folder and swapped in whole, so an
+interrupted or refused gen leaves the previous folder as it was and a finished one holds no
+stale file of an earlier, larger plan. ``bapipe-build.json`` in the folder records the
+plan's fingerprint and the sha256 of every generated file; csim, rtlsim, synth and run
+call :func:`check_build` and refuse a folder whose plan or Design changed since gen.
+"""
 from __future__ import annotations
 
+import hashlib
 import importlib
 import importlib.util
+import json
+import os
+import shutil
+import sys
 from pathlib import Path
 
 from bapipe.errors import SpecError
@@ -31,6 +43,7 @@ def generate_plan(plan, model, cluster, out_dir: str | Path, plan_text: str | No
     if importlib.util.find_spec("codegen.rtl") is not None:
         rtl = importlib.import_module("codegen.rtl")
         rtl_files = list(rtl.render_rtl(plan, model, cluster, out / "rtl") or [])
+    write_stamp(out, ctx.fingerprint, [*paths, *rtl_files])
     return {
         "output": str(out), "fingerprint": ctx.fingerprint, "files": len(paths), "rtl_files": len(rtl_files),
         "format": ctx.fmt.name,
@@ -44,14 +57,116 @@ def generate_plan(plan, model, cluster, out_dir: str | Path, plan_text: str | No
     }
 
 
-def cmd_gen(args) -> dict:
-    """CLI handler: returns the --json object."""
-    out = Path(args.output)
+#: the build's record of its plan and files (written last, so a half-written folder has none)
+STAMP = "bapipe-build.json"
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def write_stamp(out: Path, plan_fingerprint: str, paths: list[Path]) -> Path:
+    """Record the plan fingerprint and every generated file's size and sha256 in ``out/STAMP``."""
+    out = Path(out)
+    files = {}
+    for p in sorted(set(Path(x) for x in paths)):
+        if p.is_file():
+            files[p.relative_to(out).as_posix()] = [p.stat().st_size, _sha256(p)]
+    stamp = out / STAMP
+    stamp.write_text(json.dumps({"generator": "bapipe gen", "plan_fingerprint": plan_fingerprint, "files": files},
+                                indent=1, sort_keys=True), encoding="utf-8")
+    return stamp
+
+
+def check_build(build: str | Path, plan_fingerprint: str | None = None, option: str = "BUILD") -> dict:
+    """Refuse (SpecError, one line) a folder that is not exactly what `bapipe gen` wrote.
+
+    Checks the stamp, that ``plan.yaml`` in the folder still has the fingerprint the files
+    were generated from, that every generated file is present with its size and sha256
+    (a replaced plan, an edited Design, a truncated weight file or a half-copied folder all
+    fail here), and, given ``plan_fingerprint``, that the build is of that plan. Returns the stamp.
+    """
+    from bapipe.plan import load_plan
+
+    build = Path(build)
+    if not build.is_dir():
+        raise SpecError(str(build), None, option, "expected a folder written by `bapipe gen`"
+                        + (" (it does not exist)" if not build.exists() else " (it is a file)"))
+    path = build / STAMP
     try:
-        return generate(args.plan, out)
+        stamp = json.loads(path.read_text(encoding="utf-8"))
+        if not isinstance(stamp, dict) or not isinstance(stamp.get("files"), dict) \
+                or not isinstance(stamp.get("plan_fingerprint"), str):
+            raise ValueError("not a build stamp")
+    except FileNotFoundError:
+        raise SpecError(str(build), None, STAMP, "expected a folder written by `bapipe gen` "
+                                                 f"(no {STAMP}); run `bapipe gen PLAN -o {build}`") from None
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise SpecError(str(path), None, "(document)", f"expected the JSON written by `bapipe gen` "
+                                                       f"({type(e).__name__}); re-run it") from None
+    plan_path = build / "plan.yaml"
+    plan = load_plan(plan_path)
+    if plan.fingerprint() != stamp["plan_fingerprint"]:
+        raise SpecError(str(plan_path), None, "plan_fingerprint",
+                        "expected the plan this folder was generated from (it was replaced or edited); "
+                        "re-run `bapipe gen`")
+    if plan_fingerprint is not None and plan_fingerprint != stamp["plan_fingerprint"]:
+        raise SpecError(str(build), None, option, "expected a build of this plan (it was generated from another "
+                                                   "plan or an earlier version); re-run `bapipe gen`")
+    for rel, entry in sorted(stamp["files"].items()):
+        f = build / rel
+        ok = isinstance(entry, list) and len(entry) == 2 and f.is_file()
+        if ok and f.stat().st_size == entry[0]:
+            ok = _sha256(f) == entry[1]
+        elif ok:
+            ok = False
+        if not ok:
+            what = "missing" if not f.is_file() else "changed"
+            raise SpecError(str(f), None, "sha256", f"expected the file `bapipe gen` wrote (it is {what} since); "
+                                                    "re-run `bapipe gen`")
+    return stamp
+
+
+def cmd_gen(args) -> dict:
+    """CLI handler: generate into a temporary sibling folder, then swap it in whole.
+
+    An existing non-empty ``-o`` folder is replaced only with ``--force``.
+    """
+    text = str(args.output)
+    if not text.strip():
+        raise SpecError(None, None, "-o", "expected a folder name, got an empty string")
+    out = Path(text)
+    if out.exists() and not out.is_dir():
+        raise SpecError(text, None, "-o", "expected a writable folder: it is a file")
+    target = out.resolve()
+    if target == Path.cwd().resolve() or target in Path.cwd().resolve().parents or target.parent == target:
+        raise SpecError(text, None, "-o", "expected a project folder, not the current folder or one above it")
+    if out.is_dir() and any(out.iterdir()) and not getattr(args, "force", False):
+        raise SpecError(text, None, "-o", "expected an empty or new folder (add --force to replace it)")
+    if not target.parent.is_dir():
+        raise SpecError(text, None, "-o", f"expected a writable folder: '{target.parent}' does not exist")
+    tmp = target.with_name(f".{target.name}.gen-{os.getpid()}")
+    old = target.with_name(f".{target.name}.old-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        result = generate(args.plan, tmp)
+        if sys.stderr.isatty():
+            sys.stderr.write(f"bapipe gen: swapping {tmp.name} into {text}\n")
+        if target.exists():
+            target.rename(old)  # the previous build stays whole until the new one is in place
+        tmp.rename(target)
     except (FileExistsError, NotADirectoryError, IsADirectoryError, PermissionError, FileNotFoundError) as e:
         # the output folder cannot be made or written: bad -o, not a bug
-        raise SpecError(str(out), None, "-o", f"expected a writable folder: {e.strerror or e}") from None
+        raise SpecError(text, None, "-o", f"expected a writable folder: {e.strerror or e}") from None
+    finally:  # interrupted, refused or done: no half-written folder is left behind
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(old, ignore_errors=True)
+    result["output"] = text
+    return result
 
 
 def show_gen(r: dict) -> str:
