@@ -139,7 +139,10 @@ def _add_args(name: str, p: argparse.ArgumentParser) -> None:
         p.add_argument("plan", help="plan.yaml written by `bapipe plan`")
         p.add_argument("--backend", default="numpy", choices=("numpy", "verilator", "xrt"),
                        help="numpy trains; verilator and xrt run the generated forward pass")
-        p.add_argument("--epochs", type=int, default=5, help="training epochs (numpy backend)")
+        p.add_argument("--epochs", type=int, default=None,
+                       help="training epochs, counted from the start of training (numpy backend; default 5)")
+        p.add_argument("--global-batch", type=int, default=None,
+                       help="samples per iteration instead of the plan's (a multiple of its micro-batches)")
         p.add_argument("--lr", type=float, default=None,
                        help="learning rate (default: the optimizer's rule for the plan's batch)")
         p.add_argument("--seed", type=_seed, default=0, help="seed of the weights and the data order")

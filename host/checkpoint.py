@@ -8,6 +8,8 @@ position (epoch, iteration in epoch), the optimizer step count, seed and fingerp
 from __future__ import annotations
 
 import json
+import zipfile
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -50,6 +52,10 @@ def save(path: str | Path, plan: Plan, state: dict, epoch: int, iteration: int, 
         raise SpecError(str(path), None, "--checkpoint", f"cannot write the checkpoint: {e.strerror or e}") from None
 
 
+#: metadata every checkpoint carries (save() writes them)
+_META_KEYS = ("epoch", "iteration", "step_count", "seed", "model", "model_fingerprint", "optimizer")
+
+
 def load(path: str | Path, plan: Plan, model, seed: int | None = None) -> tuple[int, int, dict]:
     """(epoch, iteration, state by stage of ``plan``) from a checkpoint of the same model.
 
@@ -58,8 +64,13 @@ def load(path: str | Path, plan: Plan, model, seed: int | None = None) -> tuple[
     try:
         z = np.load(path, allow_pickle=False)
         meta = json.loads(str(z["meta"]))
-    except (OSError, KeyError, ValueError) as e:
-        raise SpecError(str(path), None, "--resume", f"expected a bapipe checkpoint (.npz): {e}") from None
+        if not isinstance(meta, dict) or not all(k in meta for k in _META_KEYS):
+            raise ValueError("no bapipe metadata")
+        arrays = {k: np.array(z[k], np.float32) for k in z.files if k != "meta"}  # reads every member now
+    except (OSError, KeyError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as e:
+        # a truncated or foreign file is bad input: one line, not a BadZipFile traceback
+        raise SpecError(str(path), None, "--resume", f"expected a bapipe checkpoint (.npz): "
+                                                     f"{type(e).__name__}: {e}") from None
     if meta["model_fingerprint"] != plan.model_fingerprint:
         raise SpecError(str(path), None, "model_fingerprint",
                         f"checkpoint is of model '{meta['model']}' (another version); expected '{plan.model}'")
@@ -70,13 +81,13 @@ def load(path: str | Path, plan: Plan, model, seed: int | None = None) -> tuple[
         raise SpecError(str(path), None, "optimizer", f"checkpoint has {meta['optimizer']} state; "
                                                       f"the plan trains with {plan.optimizer}")
     nested: dict[str, dict] = {}
-    for k in z.files:
-        if k == "meta":
-            continue
+    for k, a in arrays.items():
         parts = k.split("/")
+        if len(parts) < 3:
+            raise SpecError(str(path), None, "--resume", f"expected a bapipe checkpoint: unknown array '{k}'")
         kind, (l, n) = parts[0], parts[-2:]
         slot = parts[1] if kind == "o" else None
-        nested.setdefault((kind, slot), {}).setdefault(l, {})[n] = np.array(z[k], np.float32)
+        nested.setdefault((kind, slot), {}).setdefault(l, {})[n] = a
     state = {}
     for st in plan.stages:
         names = set(st.layers)

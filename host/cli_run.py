@@ -4,7 +4,7 @@ from __future__ import annotations
 import sys
 
 from .backends import BackendUnavailable
-from .driver import PipelineFailure, train
+from .driver import PipelineFailure, TrainingDiverged, train
 
 
 def cmd_run(args) -> dict | tuple[dict, int]:
@@ -14,11 +14,17 @@ def cmd_run(args) -> dict | tuple[dict, int]:
     A missing tool or board exits 2 with one line; a failed worker exits 1 with one line
     naming the stage and micro-batch.
     """
+    if args.backend == "verilator":
+        _check_rtl_folder(args.plan, args.build)
     try:
         return train(args.plan, backend=args.backend, epochs=args.epochs, lr=args.lr, seed=args.seed,
                      precision=args.precision, log=args.log, checkpoint=args.checkpoint, resume=args.resume,
                      ray=args.ray, timeout=args.timeout, build=args.build,
+                     global_batch=getattr(args, "global_batch", None),
                      progress=sys.stderr.isatty())  # bars only on a terminal; logs stay clean
+    except TrainingDiverged as e:  # a finished run with a NaN loss would be a silent wrong answer
+        sys.stderr.write(f"bapipe run: {e}\n")
+        return {"backend": args.backend, "error": str(e)}, 1
     except BackendUnavailable as e:
         sys.stderr.write(f"bapipe run: {e}\n")
         return {"backend": args.backend, "error": str(e)}, 2
@@ -26,6 +32,30 @@ def cmd_run(args) -> dict | tuple[dict, int]:
         msg = str(e)
         sys.stderr.write(f"bapipe run: {msg}\n")
         return {"backend": args.backend, "error": msg}, 1
+
+
+def _check_rtl_folder(plan_file: str, build: str | None) -> None:
+    """The verilator backend writes its RTL (~100 MB for big plans) into ``BUILD/host_rtl``:
+    BUILD must be new, empty, a `bapipe gen` build of this very plan, or a folder holding only
+    an earlier ``host_rtl``; any other folder is refused rather than written into."""
+    from pathlib import Path
+
+    from bapipe.errors import SpecError
+    from bapipe.plan import load_plan
+    from codegen.cli_gen import STAMP, check_build
+
+    folder = Path(build or "build")
+    if not folder.is_dir():
+        if folder.exists():
+            raise SpecError(str(folder), None, "--build", "expected a folder (the RTL is generated into it)")
+        return
+    names = {p.name for p in folder.iterdir()}
+    if names <= {"host_rtl"}:
+        return
+    if STAMP not in names:
+        raise SpecError(str(folder), None, "--build", "expected a new or empty folder, or a `bapipe gen` build "
+                                                      "of this plan (the RTL would be written into it)")
+    check_build(folder, load_plan(plan_file).fingerprint(), "--build")
 
 
 def show_run(r: dict) -> str:

@@ -48,6 +48,10 @@ class PipelineFailure(Exception):
     """A worker died, hung or raised: one line naming the stage and micro-batch."""
 
 
+class TrainingDiverged(Exception):
+    """The loss became NaN or infinite: training stops (continuing would only spread NaNs)."""
+
+
 @dataclass
 class Layout:
     """Where the plan's stages run: pipeline depth, chunks, and the worker of every replica.
@@ -413,21 +417,26 @@ def split_microbatches(idx: np.ndarray, m: int) -> list[np.ndarray]:
 def effective_batch(plan: Plan, n_train: int, global_batch: int | None = None) -> tuple[int, int]:
     """(global batch, micro-batch size) used for training.
 
-    The plan's global batch is used when it leaves at least 8 iterations per epoch;
-    otherwise DEFAULT_GLOBAL_BATCH rounded to a multiple of the plan's micro-batch count.
+    The plan's own batch fields are used (global_batch = microbatches x microbatch_size),
+    unless ``global_batch`` (``bapipe run --global-batch``) asks for another multiple of
+    the micro-batch count. A batch the data set cannot fill is refused, never rewritten.
     """
     m = max(1, plan.microbatches)
     reps = max(max(1, s.replicas) for s in plan.stages) if plan.stages else 1
-    b = global_batch or plan.global_batch
-    if global_batch is None and (b < m * reps or b > n_train // 8):
-        b = max(m * reps, DEFAULT_GLOBAL_BATCH // m * m)
+    b = plan.global_batch if global_batch is None else global_batch
+    if global_batch is not None and (isinstance(b, bool) or not isinstance(b, int) or b < 1):
+        raise SpecError(None, None, "--global-batch", f"expected a positive integer, got {b}")
+    if b > n_train:
+        src = "--global-batch" if global_batch is not None else "global_batch"
+        raise SpecError(None, None, src, f"expected at most {n_train} (the training set), got {b}; "
+                                         + ("pass a smaller one" if global_batch is not None else
+                                            "run with --global-batch N (a multiple of the "
+                                            f"{m} micro-batches) or plan a smaller batch"))
     if b % m or b < m:
         raise SpecError(None, None, "global_batch", f"expected a multiple of the {m} micro-batches, got {b}")
     if b // m < reps:  # every replica needs at least one row of each micro-batch
         raise SpecError(None, None, "global_batch", f"expected at least {m * reps} ({m} micro-batches x {reps} "
                                                     f"replicas), got {b}")
-    if b > n_train:
-        raise SpecError(None, None, "global_batch", f"expected at most {n_train} (the training set), got {b}")
     return b, b // m
 
 
@@ -476,7 +485,7 @@ def _merge(state_by_stage: dict, part: str) -> dict:
     return out
 
 
-def train(plan: str | Path | Plan, backend: str = "numpy", epochs: int = 5, lr: float | None = None, seed: int = 0,
+def train(plan: str | Path | Plan, backend: str = "numpy", epochs: int | None = None, lr: float | None = None, seed: int = 0,
           precision: str = "float32", log: str | None = None, checkpoint: str | None = None,
           resume: str | None = None, ray: bool = False, timeout: float = 60.0, build: str | None = None,
           global_batch: int | None = None, progress: bool = False, check_grads: bool = True,
@@ -502,8 +511,13 @@ def train(plan: str | Path | Plan, backend: str = "numpy", epochs: int = 5, lr: 
         model, _cluster = resolve(plan)  # built in memory (tests): structural checks
     if precision not in ("float32", "fixed"):
         raise SpecError(None, None, "--precision", "expected float32 or fixed")
-    if epochs < 0:
-        raise SpecError(None, None, "--epochs", "expected >= 0")
+    if backend != "numpy" and epochs:
+        # the generated hardware computes the forward pass only: training epochs cannot be honoured
+        raise SpecError(None, None, "--epochs", f"the {backend} backend runs the forward pass only; train with "
+                                                "--backend numpy --checkpoint ck.npz, then run it with --resume ck.npz")
+    epochs = 5 if epochs is None else epochs
+    if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 0:
+        raise SpecError(None, None, "--epochs", f"expected an integer >= 0, got {epochs}")
     if lr is not None and not (np.isfinite(lr) and lr > 0):
         raise SpecError(None, None, "--lr", f"expected a positive learning rate, got {lr}")
     if not (timeout > 0 and np.isfinite(timeout)):
@@ -539,6 +553,10 @@ def train(plan: str | Path | Plan, backend: str = "numpy", epochs: int = 5, lr: 
     start_epoch, start_iter, state0 = 0, 0, None
     if resume:
         start_epoch, start_iter, state0 = ckpt.load(resume, plan, model, seed)
+        if epochs and epochs <= start_epoch:  # the loop would train nothing and report success
+            raise SpecError(str(resume), None, "--epochs",
+                            f"expected more than the {start_epoch} epoch(s) the checkpoint has completed "
+                            f"(--epochs counts from the start of training), got {epochs}")
     opts = dict(backend=backend, backend_options={"build": build}, number_format=number_format,
                 optimizer=plan.optimizer, lr=lr, seed=seed, timeout=timeout)
     history, records = [], []
@@ -599,6 +617,9 @@ def train(plan: str | Path | Plan, backend: str = "numpy", epochs: int = 5, lr: 
                                           quant, m)
                     got = _merge({s: {"g": g} for s, g in pipe.last_grads().items()}, "g")
                     grad_err = grad_rel_err(got, ref)
+                if not np.isfinite(r["loss"]):
+                    raise TrainingDiverged(f"training diverged: loss {r['loss']} at epoch {epoch + 1}, "
+                                           f"iteration {i} (lr {lr:g}); lower --lr")
                 ledger[epoch].append(idx)
                 train_wall += r["wall_s"]
                 samples += r["samples"]

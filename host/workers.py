@@ -348,6 +348,9 @@ def worker_main(spec: WorkerSpec, inboxes, results) -> None:
     """Process entry point: build the worker, serve, report any exception as one message."""
     try:
         _one_blas_thread()
+        # overflow/NaN in a diverging run is reported once by the driver (TrainingDiverged),
+        # not as numpy RuntimeWarnings from every worker
+        np.seterr(over="ignore", invalid="ignore", divide="ignore")
         Worker(spec, inboxes, results).loop()
     except _Stop:
         pass
