@@ -8,13 +8,13 @@ The templates then only loop over the fields.
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from bapipe.errors import SpecError
 from bapipe.layers import Layer, prod
+from bapipe.names import legal
 from bapipe.plan import Folding, Plan, Stage
 from fpga_models import fixedpoint as fx
 
@@ -217,9 +217,9 @@ class ProjectCtx:
 
 
 def ident(name: str) -> str:
-    """A C identifier for a model name (dots, slashes, dashes -> underscores)."""
-    s = re.sub(r"\W", "_", name)
-    return s if s and not s[0].isdigit() else "t_" + s
+    """A C identifier for a layer or tensor name: itself when legal, else a unique sanitised form
+    (``bapipe.names.legal``: imported names such as ``/features/features.0/Conv``)."""
+    return legal(name)
 
 
 def header_lines(plan: Plan) -> list[str]:

@@ -16,6 +16,8 @@ from pathlib import Path
 import jinja2
 import numpy as np
 
+from bapipe.names import legal
+
 from .rtl_model import (LinkSpec, MvuSpec, Pipeline, Unsupported, build_pipeline, clog2, count_bits,
                         timing_model, verilog_hex)
 from .rtl_mem import mvu_memory_files
@@ -237,7 +239,7 @@ PARAM_KEYS = ("w", "b", "scale", "shift")
 
 def write_params(rtl: Path, pipe: Pipeline) -> list[Path]:
     """The pipeline's raw parameters as ``params/<layer>.<key>.npy`` (key: w, b for dense/conv,
-    scale, shift for batchnorm); what `bapipe rtlsim` checks against: the numpy reference
+    scale, shift for batchnorm; <layer> made a file name by ``bapipe.names.legal``); what `bapipe rtlsim` checks against: the numpy reference
     runs on exactly these."""
     d = rtl / "params"
     d.mkdir(exist_ok=True)
@@ -247,7 +249,7 @@ def write_params(rtl: Path, pipe: Pipeline) -> list[Path]:
             if key not in op:
                 continue
             a = np.asarray(op[key], dtype=np.int64)
-            path = d / f"{op['layer']}.{key}.npy"
+            path = d / f"{legal(op['layer'])}.{key}.npy"   # imported layer names hold '/' and '.'
             np.save(path, a.astype(_param_dtype(a)))
             paths.append(path)
     return paths
@@ -257,8 +259,8 @@ def read_params(rtl: Path, layers: list[str]) -> dict[str, dict[str, np.ndarray]
     """Inverse of :func:`write_params` for the named layers (int64 arrays, the keys each has)."""
     out = {}
     for n in layers:
-        out[n] = {k: np.load(rtl / "params" / f"{n}.{k}.npy").astype(np.int64) for k in PARAM_KEYS
-                  if (rtl / "params" / f"{n}.{k}.npy").exists()}
+        out[n] = {k: np.load(rtl / "params" / f"{legal(n)}.{k}.npy").astype(np.int64) for k in PARAM_KEYS
+                  if (rtl / "params" / f"{legal(n)}.{k}.npy").exists()}
     return out
 
 

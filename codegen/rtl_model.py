@@ -32,6 +32,7 @@ from fractions import Fraction
 import numpy as np
 
 from bapipe.errors import SpecError
+from bapipe.names import legal  # layer names -> Verilog identifiers (imported models: "/features/features.0/Conv")
 from bapipe.plan import Folding, Plan
 
 #: cycles from the MVU step that completes a row fold to that fold's output beat
@@ -425,17 +426,17 @@ def _pool(layer, stage, pre: str, lanes: int | None, elem_w: int, blocks: list, 
     if lanes is None:
         lanes = lp
     swg = SwgSpec(c, h, w, k[0], pd[0], s[0], lp)
-    blocks += _converters(f"{pre}_{layer.name}", lanes, lp, elem_w, layer.in_elems // lanes)
+    blocks += _converters(f"{pre}_{legal(layer.name)}", lanes, lp, elem_w, layer.in_elems // lanes)
     # A padded max pool pads with the most negative value, so padding never wins the max
     # (fixedpoint.maxpool_fwd pads with -inf: equal, as every window holds a real pixel).
     sp = {**swg.params(elem_w), **({"PAD_MIN": 1} if layer.type == "maxpool" and pd[0] else {})}
-    blocks.append(Block("swg", f"{pre}_{layer.name}_swg", "swg", sp, lp, lp, swg=swg,
+    blocks.append(Block("swg", f"{pre}_{legal(layer.name)}_swg", "swg", sp, lp, lp, swg=swg,
                         beats_in=swg.frame_beats, cycles=max(swg.frame_beats, swg.out_beats)))
     taps = k[0] * k[0]
     params = {"C": c, "SIMD": lp, "TAPS": taps, "MODE": 0 if layer.type == "maxpool" else 1, "ELEM_W": elem_w,
               "ACC_W": elem_w + clog2(taps) + 1, "AVG_R": avg_recip(taps), "AVG_BITS": AVG_BITS,
               "TAP_W": clog2(taps), "CF_W": clog2(c // lp)}
-    blocks.append(Block("pool", f"{pre}_{layer.name}", "pool_unit", params, lp, lp,
+    blocks.append(Block("pool", f"{pre}_{legal(layer.name)}", "pool_unit", params, lp, lp,
                         beats_in=swg.out_beats, cycles=swg.out_beats))
     ops.append({"layer": layer.name, "type": layer.type})
     return lp, layer.out_elems
@@ -545,20 +546,20 @@ def _df_engine(stage, layer, fuse_relu: bool, params, state: dict, pre: str, lan
             lanes = swg.simd if swg else f.simd
         in_elems = layer.in_elems
         if swg:
-            blocks += _converters(f"{pre}_{layer.name}", lanes, swg.simd, elem_w, in_elems // lanes)
-            blocks.append(Block("swg", f"{pre}_{layer.name}_swg", "swg", swg.params(elem_w), swg.simd,
+            blocks += _converters(f"{pre}_{legal(layer.name)}", lanes, swg.simd, elem_w, in_elems // lanes)
+            blocks.append(Block("swg", f"{pre}_{legal(layer.name)}_swg", "swg", swg.params(elem_w), swg.simd,
                                 swg.out_lanes, swg=swg, beats_in=swg.frame_beats,
                                 cycles=max(swg.frame_beats, swg.out_beats)))
-            blocks += _converters(f"{pre}_{layer.name}_col", swg.out_lanes, f.simd, elem_w, swg.out_beats)
+            blocks += _converters(f"{pre}_{legal(layer.name)}_col", swg.out_lanes, f.simd, elem_w, swg.out_beats)
         else:
-            blocks += _converters(f"{pre}_{layer.name}", lanes, f.simd, elem_w, in_elems // lanes)
+            blocks += _converters(f"{pre}_{legal(layer.name)}", lanes, f.simd, elem_w, in_elems // lanes)
             # Holds a whole input vector so the producer runs ahead while this MVU replays
             # its buffer for the later row folds: the interval is then the slower of the two.
-            blocks.append(_fifo(f"{pre}_{layer.name}_fifo", f.simd, mw // f.simd + 2, elem_w, mw // f.simd))
+            blocks.append(_fifo(f"{pre}_{legal(layer.name)}_fifo", f.simd, mw // f.simd + 2, elem_w, mw // f.simd))
         bias = np.asarray(p["b"], dtype=np.int64) if p.get("b") is not None else np.zeros(mh, dtype=np.int64)
-        mvu = MvuSpec(f"{pre}_{layer.name}_mvu", layer.name, mw, mh, f.pe, f.simd, fuse_relu, elem_w, frac,
+        mvu = MvuSpec(f"{pre}_{legal(layer.name)}_mvu", layer.name, mw, mh, f.pe, f.simd, fuse_relu, elem_w, frac,
                       wmat, bias)
-        blocks.append(Block("mvu", f"{pre}_{layer.name}_mvu", mvu.module, {}, f.simd, f.pe, mvu=mvu,
+        blocks.append(Block("mvu", f"{pre}_{legal(layer.name)}_mvu", mvu.module, {}, f.simd, f.pe, mvu=mvu,
                             beats_in=vectors * mvu.sf, cycles=vectors * mvu.cycles_per_vector))
         ops.append({"layer": layer.name, "type": layer.type, "relu": fuse_relu,
                     "w": np.asarray(p["w"], dtype=np.int64), "b": bias,
@@ -571,7 +572,7 @@ def _df_engine(stage, layer, fuse_relu: bool, params, state: dict, pre: str, lan
         if lanes is None:
             lanes = _fold(stage, layer.name).pe
         beats = layer.out_elems // lanes
-        blocks.append(Block("relu", f"{pre}_{layer.name}", "axis_relu", {"LANES": lanes, "ELEM_W": elem_w},
+        blocks.append(Block("relu", f"{pre}_{legal(layer.name)}", "axis_relu", {"LANES": lanes, "ELEM_W": elem_w},
                             lanes, lanes, beats_in=beats, cycles=beats))
         ops.append({"layer": layer.name, "type": "relu", "relu": True})
         elems = layer.out_elems
@@ -627,9 +628,9 @@ def _bn(layer, pre: str, lanes: int | None, elem_w: int, frac: int, params, ops:
     lb = lb or math.gcd(lanes, c)
     if c % lb:
         raise Unsupported(f"layer '{layer.name}': {lb} lanes do not divide {c} channels")
-    blocks = _converters(f"{pre}_{layer.name}", lanes, lb, elem_w, layer.in_elems // lanes)
+    blocks = _converters(f"{pre}_{legal(layer.name)}", lanes, lb, elem_w, layer.in_elems // lanes)
     beats = layer.out_elems // lb
-    blocks.append(Block("bn", f"{pre}_{layer.name}", "axis_batchnorm",
+    blocks.append(Block("bn", f"{pre}_{legal(layer.name)}", "axis_batchnorm",
                         {"LANES": lb, "ELEM_W": elem_w, "FRAC": frac, "C": c, "CF_W": clog2(c // lb),
                          "SCALE": verilog_hex(scale, elem_w), "SHIFT": verilog_hex(shift, elem_w)},
                         lb, lb, beats_in=beats, cycles=beats))
@@ -650,9 +651,9 @@ def _gap(layer, stage, pre: str, lanes: int | None, elem_w: int, ops: list,
         lanes = lg or (f.pe if f is not None and c % f.pe == 0 else 1)
     lg = lg or math.gcd(lanes, c)
     taps = h * w
-    blocks = _converters(f"{pre}_{layer.name}", lanes, lg, elem_w, layer.in_elems // lanes)
+    blocks = _converters(f"{pre}_{legal(layer.name)}", lanes, lg, elem_w, layer.in_elems // lanes)
     beats = layer.in_elems // lg
-    blocks.append(Block("pool", f"{pre}_{layer.name}", "pool_unit",
+    blocks.append(Block("pool", f"{pre}_{legal(layer.name)}", "pool_unit",
                         {"C": c, "SIMD": lg, "TAPS": taps, "MODE": 1, "ELEM_W": elem_w,
                          "ACC_W": elem_w + clog2(taps) + 1, "AVG_R": avg_recip(taps), "AVG_BITS": AVG_BITS,
                          "TAP_W": clog2(taps), "CF_W": clog2(c // lg)}, lg, lg, beats_in=beats, cycles=beats))
@@ -709,7 +710,7 @@ def _fork_to(blocks: list[Block], pre: str, t: str, w: str, lanes: int, beats: i
     while len(ends) < k:
         src = ends.pop()
         a, b = fresh(), fresh()
-        blocks.append(Block("fork", f"{pre}_{t}_fork{len(ends)}", "axis_fork", {"DATA_W": lanes * elem_w},
+        blocks.append(Block("fork", f"{pre}_{legal(t)}_fork{len(ends)}", "axis_fork", {"DATA_W": lanes * elem_w},
                             lanes, lanes, beats_in=beats, cycles=beats, ins=[src], outs=[a, b]))
         ends += [a, b]
     return ends
@@ -755,11 +756,11 @@ def _dag_dataflow(stage, layers, tin, cons, params, state, pre, board_name, in_l
                 raise Unsupported(f"layer '{layer.name}': add of {len(ins)} tensors (RTL adds two)")
             (wm, lm, dm), (wk, lk, dk) = sorted(ins, key=lambda e: -e[2])    # main first, skip second
             beats = layer.out_elems // lm
-            new = _converters(f"{pre}_{layer.name}_skip", lk, lm, elem_w, layer.out_elems // lk)
+            new = _converters(f"{pre}_{legal(layer.name)}_skip", lk, lm, elem_w, layer.out_elems // lk)
             frames = dm - dk + 1
-            new.append(_fifo(f"{pre}_{layer.name}_skip_fifo", lm, frames * beats + 2, elem_w, beats))
+            new.append(_fifo(f"{pre}_{legal(layer.name)}_skip_fifo", lm, frames * beats + 2, elem_w, beats))
             wk = _wire_chain(blocks, new, wk, fresh)
-            add = Block("add", f"{pre}_{layer.name}", "axis_add", {"LANES": lm, "ELEM_W": elem_w}, lm, lm,
+            add = Block("add", f"{pre}_{legal(layer.name)}", "axis_add", {"LANES": lm, "ELEM_W": elem_w}, lm, lm,
                         beats_in=beats, cycles=beats, ins=[wm, wk], outs=[fresh()])
             blocks.append(add)
             ops.append({"layer": layer.name, "type": "add"})
@@ -807,15 +808,15 @@ def _tm_engine(stage, layer, params, state: dict, pre: str, elem_w: int, frac: i
         fill = MVU_FILL
         lin = f.simd
         if swg:
-            sblk = Block("swg", f"{pre}_{layer.name}_swg", "swg", swg.params(elem_w), swg.simd, swg.out_lanes,
+            sblk = Block("swg", f"{pre}_{legal(layer.name)}_swg", "swg", swg.params(elem_w), swg.simd, swg.out_lanes,
                          swg=swg, beats_in=swg.frame_beats, cycles=swg.out_beats)
-            col = _converters(f"{pre}_{layer.name}_col", swg.out_lanes, f.simd, elem_w, swg.out_beats)
+            col = _converters(f"{pre}_{legal(layer.name)}_col", swg.out_lanes, f.simd, elem_w, swg.out_beats)
             blocks += col
             lin = swg.simd
             fill += len(col)
         bias = np.asarray(p["b"], dtype=np.int64) if p.get("b") is not None else np.zeros(mh, dtype=np.int64)
-        mvu = MvuSpec(f"{pre}_{layer.name}_mvu", layer.name, mw, mh, f.pe, f.simd, False, elem_w, frac, wmat, bias)
-        blocks.append(Block("mvu", f"{pre}_{layer.name}_mvu", mvu.module, {}, f.simd, f.pe, mvu=mvu,
+        mvu = MvuSpec(f"{pre}_{legal(layer.name)}_mvu", layer.name, mw, mh, f.pe, f.simd, False, elem_w, frac, wmat, bias)
+        blocks.append(Block("mvu", f"{pre}_{legal(layer.name)}_mvu", mvu.module, {}, f.simd, f.pe, mvu=mvu,
                             beats_in=vectors * mvu.sf, cycles=vectors * mvu.cycles_per_vector))
         ops.append({"layer": layer.name, "type": layer.type, "relu": False,
                     "w": np.asarray(p["w"], dtype=np.int64), "b": bias,
@@ -835,7 +836,7 @@ def _tm_engine(stage, layer, params, state: dict, pre: str, elem_w: int, frac: i
         lanes = _ew_lanes(f, layer.out_elems)
         beats = layer.out_elems // lanes
         ops.append({"layer": layer.name, "type": "relu", "relu": True})
-        return (None, [Block("relu", f"{pre}_{layer.name}", "axis_relu", {"LANES": lanes, "ELEM_W": elem_w},
+        return (None, [Block("relu", f"{pre}_{legal(layer.name)}", "axis_relu", {"LANES": lanes, "ELEM_W": elem_w},
                              lanes, lanes, beats_in=beats, cycles=beats)], lanes, lanes, beats, beats, 0)
     if layer.type == "batchnorm":
         lb = _ew_lanes(f, _channels(layer))
@@ -914,26 +915,26 @@ def tm_chain(plan: Plan, stage, model, params, board_name: str, in_lanes: int | 
         first = not units and not pending
         u = unit0 + len(units) + (1 if pending else 0)
         if sblk is not None:
-            pre_conv = _converters(f"{pre}_{layer.name}", lanes, lin, elem_w, in_elems // lanes)
+            pre_conv = _converters(f"{pre}_{legal(layer.name)}", lanes, lin, elem_w, in_elems // lanes)
             blocks += pre_conv
             close(pre_conv)
             fill += len(pre_conv)   # the image is complete only once they have drained
             if first:
                 in_wire, in_beats = len(blocks), sblk.swg.frame_beats
             blocks.append(sblk)
-            blocks.append(_gate(f"{pre}_{layer.name}_gate", sblk.out_lanes, sblk.swg.out_beats, elem_w, u))
+            blocks.append(_gate(f"{pre}_{legal(layer.name)}_gate", sblk.out_lanes, sblk.swg.out_beats, elem_w, u))
         else:
             if lin > lanes:
-                pre_conv, post, fl = _converters(f"{pre}_{layer.name}", lanes, lin, elem_w, in_elems // lanes), [], lin
+                pre_conv, post, fl = _converters(f"{pre}_{legal(layer.name)}", lanes, lin, elem_w, in_elems // lanes), [], lin
             else:
-                pre_conv, post, fl = [], _converters(f"{pre}_{layer.name}", lanes, lin, elem_w, in_elems // lanes), lanes
+                pre_conv, post, fl = [], _converters(f"{pre}_{legal(layer.name)}", lanes, lin, elem_w, in_elems // lanes), lanes
             blocks += pre_conv
             close(pre_conv)
             frame = in_elems // fl
             if first:
                 in_wire, in_beats = len(blocks), frame
-            blocks.append(_fifo(f"{pre}_{layer.name}_buf", fl, frame * (2 if first else 1), elem_w, frame))
-            blocks.append(_gate(f"{pre}_{layer.name}_gate", fl, frame, elem_w, u))
+            blocks.append(_fifo(f"{pre}_{legal(layer.name)}_buf", fl, frame * (2 if first else 1), elem_w, frame))
+            blocks.append(_gate(f"{pre}_{legal(layer.name)}_gate", fl, frame, elem_w, u))
             blocks += post
             busy = max([busy] + [b.cycles for b in post])
             fill += len(post)
@@ -999,13 +1000,13 @@ def _dag_tm(stage, layers, tin, cons, params, state, pre, board_name, in_lanes, 
                 raise Unsupported(f"layer '{layer.name}': add of {len(layer.inputs)} tensors (RTL adds two)")
             (wa, la, pa), (wb, lb, pb) = [avail[t].pop(0) for t in layer.inputs]
             beats = layer.out_elems // la
-            conv = _converters(f"{pre}_{layer.name}_in1", lb, la, elem_w, layer.in_elems // lb)
+            conv = _converters(f"{pre}_{legal(layer.name)}_in1", lb, la, elem_w, layer.in_elems // lb)
             bump(pb, conv)
-            wa = chain([_fifo(f"{pre}_{layer.name}_buf0", la, beats * (2 if pa is None else 1), elem_w, beats),
-                        _gate(f"{pre}_{layer.name}_gate", la, beats, elem_w, u)], wa)
-            wb = chain(conv + [_fifo(f"{pre}_{layer.name}_buf1", la, beats * (2 if pb is None else 1), elem_w,
+            wa = chain([_fifo(f"{pre}_{legal(layer.name)}_buf0", la, beats * (2 if pa is None else 1), elem_w, beats),
+                        _gate(f"{pre}_{legal(layer.name)}_gate", la, beats, elem_w, u)], wa)
+            wb = chain(conv + [_fifo(f"{pre}_{legal(layer.name)}_buf1", la, beats * (2 if pb is None else 1), elem_w,
                                      beats)], wb)
-            add = Block("add", f"{pre}_{layer.name}", "axis_add", {"LANES": la, "ELEM_W": elem_w}, la, la,
+            add = Block("add", f"{pre}_{legal(layer.name)}", "axis_add", {"LANES": la, "ELEM_W": elem_w}, la, la,
                         beats_in=beats, cycles=beats, ins=[wa, wb], outs=[fresh()])
             blocks.append(add)
             ops.append({"layer": layer.name, "type": "add"})
@@ -1021,23 +1022,23 @@ def _dag_tm(stage, layers, tin, cons, params, state, pre, board_name, in_lanes, 
         ln = lin if ln is None else ln
         first = pi is None        # reads the stage input: its buffer holds two frames
         if sblk is not None:
-            pre_conv = _converters(f"{pre}_{layer.name}", ln, lin, elem_w, layer.in_elems // ln)
+            pre_conv = _converters(f"{pre}_{legal(layer.name)}", ln, lin, elem_w, layer.in_elems // ln)
             bump(pi, pre_conv)
             fill += len(pre_conv)   # the image is complete only once they have drained
             wi = chain(pre_conv, wi)
             if first and in_wire is None:
                 in_wire, in_beats = wi, sblk.swg.frame_beats
-            wi = chain([sblk, _gate(f"{pre}_{layer.name}_gate", sblk.out_lanes, sblk.swg.out_beats, elem_w, u)], wi)
+            wi = chain([sblk, _gate(f"{pre}_{legal(layer.name)}_gate", sblk.out_lanes, sblk.swg.out_beats, elem_w, u)], wi)
         else:
-            conv = _converters(f"{pre}_{layer.name}", ln, lin, elem_w, layer.in_elems // ln)
+            conv = _converters(f"{pre}_{legal(layer.name)}", ln, lin, elem_w, layer.in_elems // ln)
             pre_conv, post, fl = (conv, [], lin) if lin > ln else ([], conv, ln)
             bump(pi, pre_conv)
             wi = chain(pre_conv, wi)
             frame = layer.in_elems // fl
             if first and in_wire is None:
                 in_wire, in_beats = wi, frame
-            wi = chain([_fifo(f"{pre}_{layer.name}_buf", fl, frame * (2 if first else 1), elem_w, frame),
-                        _gate(f"{pre}_{layer.name}_gate", fl, frame, elem_w, u)] + post, wi)
+            wi = chain([_fifo(f"{pre}_{legal(layer.name)}_buf", fl, frame * (2 if first else 1), elem_w, frame),
+                        _gate(f"{pre}_{legal(layer.name)}_gate", fl, frame, elem_w, u)] + post, wi)
             busy = max([busy] + [b.cycles for b in post])
             fill += len(post)
         wo = chain(e_blocks, wi)

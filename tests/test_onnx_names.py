@@ -1,0 +1,61 @@
+"""Imported layer names downstream: legal, unique identifiers (bapipe.names) and gen on a torch export."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from bapipe.names import RESERVED, is_legal, legal, name_map, original
+
+FIX = Path(__file__).resolve().parent / "fixtures" / "onnx"
+IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+
+
+def test_legal_names_unchanged_and_imported_names_sanitised():
+    assert legal("conv1") == "conv1" and legal("h0_attn") == "h0_attn"
+    s = legal("/features/features.0/Conv")
+    assert s.startswith("features_features_0_Conv_") and IDENT.match(s) and len(s) == len("features_features_0_Conv") + 9
+    # names that differ only in punctuation stay apart; keywords and leading digits are fixed
+    assert legal("a.b") != legal("a/b") != legal("a::b")
+    assert legal("module") != "module" and IDENT.match(legal("0.weight")) and not legal("0.weight")[0].isdigit()
+    assert legal("__x") != "__x"                     # reserved for the C++ implementation
+    assert not is_legal("always") and "class" in RESERVED
+
+
+def test_name_map_goes_back():
+    names = ["/features/features.0/Conv", "encoder.layer.0::attn", "fc", "a.b", "a/b"]
+    back = name_map(names)
+    assert sorted(back.values()) == sorted(names) and all(IDENT.match(k) for k in back)
+    assert original(legal("encoder.layer.0::attn"), names) == "encoder.layer.0::attn"
+    assert original("not_a_layer", names) == "not_a_layer"
+
+
+@given(st.lists(st.text(min_size=1, max_size=30), min_size=1, max_size=30, unique=True))
+def test_legal_is_an_identifier_and_injective(names):
+    ids = [legal(n) for n in names]
+    assert all(IDENT.match(i) and i not in RESERVED for i in ids)
+    assert len(set(ids)) == len(names)
+
+
+@pytest.mark.csim
+def test_gen_and_csim_on_a_legacy_torch_export(tmp_path):
+    """A legacy export names layers '/layer1/layer1.0/conv1/Conv': plan, gen and csim all work."""
+    pytest.importorskip("onnx")
+    import shutil
+
+    from bapipe.cli import main
+
+    if shutil.which("g++") is None:
+        pytest.skip("csim needs g++")
+    plan = tmp_path / "plan.yaml"
+    assert main(["plan", str(FIX / "resnet.legacy.onnx"), "4xU250-ring", "-o", str(plan)]) == 0
+    build = tmp_path / "build"
+    assert main(["gen", str(plan), "-o", str(build)]) == 0
+    files = [p for p in (build / "rtl").rglob("*") if p.is_file()]
+    assert all(IDENT.match(p.name.split(".")[0]) for p in files)
+    mods = {p.stem for p in (build / "rtl").glob("*.v")}
+    assert any(m.endswith("_mvu") and "conv1_Conv" in m for m in mods)
+    assert main(["csim", str(build)]) == 0
