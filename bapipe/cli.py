@@ -153,6 +153,8 @@ def _add_args(name: str, p: argparse.ArgumentParser) -> None:
         p.add_argument("--resume", help="resume from a checkpoint")
         p.add_argument("--ray", action="store_true", help="run board workers as Ray actors")
         p.add_argument("--timeout", type=float, default=60.0, help="seconds before a silent worker is declared hung")
+        p.add_argument("--retries", type=int, default=0,
+                       help="worker failures to recover from by restarting the workers and replaying the epoch")
         p.add_argument("--build", default=None, help="generated project (verilator/xrt backends)")
     elif name == "export":
         p.add_argument("model", help="zoo name or .yaml path")

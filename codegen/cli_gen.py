@@ -29,6 +29,11 @@ def generate(plan_path: str | Path, out_dir: str | Path) -> dict:
     plan_file = str(plan_path)
     plan = load_plan(plan_file)
     model, cluster = resolve(plan, plan_file)
+    gpu = [s for s in plan.stages if s.style == "gpu"]
+    if gpu:  # the generators build FPGA kernels; a GPU stage has no hardware to generate
+        raise SpecError(plan_file, None, f"stages[{gpu[0].index}].style",
+                        f"expected FPGA stages: stage {gpu[0].index} runs on {gpu[0].board_type} GPUs, "
+                        "which `bapipe gen` does not generate for")
     return generate_plan(plan, model, cluster, out_dir, Path(plan_file).read_text(encoding="utf-8"), plan_file)
 
 
@@ -49,9 +54,12 @@ def generate_plan(plan, model, cluster, out_dir: str | Path, plan_text: str | No
         "format": ctx.fmt.name,
         "stages": [{"name": s.name, "layers": len(s.layers), "boards": s.boards, "inputs": len(s.inputs),
                     "outputs": len(s.outputs), "weights": s.weight_elements,
-                    # dataflow: the slowest layer sets the interval; time-multiplexed: the layers add up
-                    "cycles_per_sample": (max((l.cycles for l in s.layers), default=0) if s.dataflow
-                                          else sum(l.cycles for l in s.layers))} for s in ctx.stages],
+                    # the HLS kernel's forward loop count per sample (codegen's estimate of what it
+                    # built; dataflow: the slowest layer sets the interval, time-multiplexed: the layers
+                    # add up), next to the planner's forward cycles per sample for the same stage
+                    "hls_cycles_per_sample": (max((l.cycles for l in s.layers), default=0) if s.dataflow
+                                              else sum(l.cycles for l in s.layers)),
+                    "plan_fwd_cycles_per_sample": _plan_cycles(plan, s.index)} for s in ctx.stages],
         "boards": [b.name for b in ctx.boards],
         "skipped": ctx.skipped,
     }
@@ -169,14 +177,25 @@ def cmd_gen(args) -> dict:
     return result
 
 
+def _plan_cycles(plan, index: int) -> float | None:
+    """The planner's forward cycles per sample of stage ``index`` (None when the plan has none)."""
+    st = next((x for x in plan.stages if x.index == index), None)
+    fwd = (st.cycles or {}).get("fwd") if st is not None else None
+    return None if fwd is None else fwd / max(1, plan.microbatch_size)
+
+
 def show_gen(r: dict) -> str:
-    """Human summary."""
+    """Human summary: per stage the HLS kernel's loop-count estimate next to the plan's cycles."""
     lines = [f"generated {r['files']} files in {r['output']} ({r['format']}, plan {r['fingerprint'][:12]})"
              + (f" + {r['rtl_files']} RTL files" if r["rtl_files"] else "")]
-    lines.append(f"{'stage':<10}{'layers':>7}{'weights':>10}{'cycles/sample':>15}  boards")
+    lines.append(f"{'stage':<10}{'layers':>7}{'weights':>10}{'HLS fwd cyc/sample':>20}{'plan fwd cyc/sample':>21}"
+                 "  boards")
     for s in r["stages"]:
-        lines.append(f"{s['name']:<10}{s['layers']:>7}{s['weights']:>10}{s['cycles_per_sample']:>15}  "
-                     f"{', '.join(s['boards'])}")
+        planned = "-" if s["plan_fwd_cycles_per_sample"] is None else f"{s['plan_fwd_cycles_per_sample']:g}"
+        lines.append(f"{s['name']:<10}{s['layers']:>7}{s['weights']:>10}{s['hls_cycles_per_sample']:>20}"
+                     f"{planned:>21}  {', '.join(s['boards'])}")
+    lines.append("HLS: loop counts of the generated forward kernel; plan: the planner's cycle model "
+                 "(per sample, from the plan's per-micro-batch cycles)")
     for sk in r["skipped"]:
         lines.append(f"skipped {sk}")
     return "\n".join(lines)

@@ -20,7 +20,7 @@ def cmd_run(args) -> dict | tuple[dict, int]:
         return train(args.plan, backend=args.backend, epochs=args.epochs, lr=args.lr, seed=args.seed,
                      precision=args.precision, log=args.log, checkpoint=args.checkpoint, resume=args.resume,
                      ray=args.ray, timeout=args.timeout, build=args.build,
-                     global_batch=getattr(args, "global_batch", None),
+                     global_batch=getattr(args, "global_batch", None), retries=_retries(args),
                      progress=sys.stderr.isatty())  # bars only on a terminal; logs stay clean
     except TrainingDiverged as e:  # a finished run with a NaN loss would be a silent wrong answer
         sys.stderr.write(f"bapipe run: {e}\n")
@@ -32,6 +32,16 @@ def cmd_run(args) -> dict | tuple[dict, int]:
         msg = str(e)
         sys.stderr.write(f"bapipe run: {msg}\n")
         return {"backend": args.backend, "error": msg}, 1
+
+
+def _retries(args) -> int:
+    """--retries: a non-negative integer."""
+    from bapipe.errors import SpecError
+
+    n = getattr(args, "retries", 0) or 0
+    if n < 0:
+        raise SpecError(None, None, "--retries", f"expected an integer >= 0, got {n}")
+    return n
 
 
 def _check_rtl_folder(plan_file: str, build: str | None) -> None:

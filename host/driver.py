@@ -646,6 +646,13 @@ def train(plan: str | Path | Plan, backend: str = "numpy", epochs: int | None = 
         logits = pipe.predict(0, np.array_split(data.x_test, m))
         acc = float(np.mean(np.argmax(logits.reshape(len(data.y_test), -1), axis=1) == data.y_test))
         utilisation = [b / train_wall if train_wall else 0.0 for b in pipe.busy]
+    except (PipelineFailure, TrainingDiverged):
+        if log:  # the iterations that did run are what a failure is debugged from
+            try:
+                _write_log(log, records)
+            except OSError:
+                pass  # the failure itself is the message worth printing
+        raise
     finally:
         bar.close()
         pipe.close()
