@@ -1,26 +1,29 @@
 """Read an ONNX graph into a Model: op mapping, views, constants and the layer order.
 
-The importer never needs weight values: it reads initializer dims, runs ONNX shape
-inference (batch fixed to 1) and writes the same model document ``parse_model`` reads,
-so validation and per-layer counts are shared with YAML and zoo models.
+The importer reads initializer dims (and, where a value decides something, in-file
+values), folds constant subgraphs with numpy (``onnx_fold``), runs ONNX shape inference
+with batch 1 and writes the same model document ``parse_model`` reads, so validation and
+per-layer counts are shared with YAML and zoo models.
 
-Mapping (docs/onnx.md has the full table):
-- Conv -> conv2d; Gemm / MatMul with a constant weight -> dense (a following Add of a
-  constant vector becomes its bias); MatMul of two activations -> matmul;
-- Relu/Gelu/Tanh/Sigmoid/Softmax, MaxPool/AveragePool/GlobalAveragePool,
-  BatchNormalization, LayerNormalization, Add/Sum, Concat, Flatten, LSTM -> same-named
-  types; Gather of a constant table -> embedding; Gather of a constant index -> take;
-- Reshape/Transpose/Squeeze/Unsqueeze/Identity/Dropout/Cast are views: they make no
-  layer; a ``reshape`` layer (or ``flatten`` when the target is a vector) is inserted
+Mapping (docs/onnx.md has the full table, with the PyTorch exporters' patterns):
+- Conv -> conv2d (+ batchnorm when the exporter folded one in); Gemm / MatMul with a
+  constant weight -> dense (a following Add of a constant vector becomes its bias);
+  MatMul of two activations -> matmul;
+- Relu/Gelu/Tanh/Sigmoid/Softmax/Clip, MaxPool/AveragePool (ceil_mode via padding),
+  GlobalAveragePool and ReduceMean over H, W, BatchNormalization, LayerNormalization,
+  Add/Sum, Mul of activations, Concat, Split/Slice, LSTM (Y and Y_h) -> layers;
+  Gather of a constant table -> embedding; Gather of constant indices -> take or slice;
+  erf/tanh GELU and SiLU patterns -> one activation layer;
+- Reshape/Transpose/Squeeze/Unsqueeze/Identity/Dropout/Cast/Flatten are views: they make
+  no layer; a ``reshape`` layer (or ``flatten`` when the target is a vector) is inserted
   only where a consumer reads a view whose shape differs from its producer's;
-- an Add/Sub/Mul/Div of an activation and a constant that is not a bias (a scale, a mask)
-  is folded away (its elementwise cost is ignored);
-- nodes that only compute on constants (Constant, Shape, Gather/Unsqueeze/Concat on
-  shapes, ...) are constant plumbing and make no layer;
+- an Add/Sub/Mul/Div of an activation and a constant is a bias, a learned tensor
+  (positions, counted) or a folded scale/mask; masks (comparisons, Where, integer
+  plumbing on inputs) make no layer;
 - nodes tagged ``bapipe:{json}`` in their doc_string (written by onnx_export) are
   regrouped into one layer of the tagged type;
-- any other op is a SpecError naming the node, or an ``opaque`` layer when its op type
-  has a user-given cost (``--opaque OP=fwd_s,bwd_s``).
+- any op type given with ``--opaque OP=fwd_s,bwd_s`` becomes an ``opaque`` layer; any
+  other op without a mapping is a one-line SpecError naming the node.
 """
 from __future__ import annotations
 
