@@ -424,18 +424,18 @@ def effective_batch(plan: Plan, n_train: int, global_batch: int | None = None) -
     m = max(1, plan.microbatches)
     reps = max(max(1, s.replicas) for s in plan.stages) if plan.stages else 1
     b = plan.global_batch if global_batch is None else global_batch
+    src = "--global-batch" if global_batch is not None else "global_batch"
     if global_batch is not None and (isinstance(b, bool) or not isinstance(b, int) or b < 1):
-        raise SpecError(None, None, "--global-batch", f"expected a positive integer, got {b}")
+        raise SpecError(None, None, src, f"expected a positive integer, got {b}")
     if b > n_train:
-        src = "--global-batch" if global_batch is not None else "global_batch"
         raise SpecError(None, None, src, f"expected at most {n_train} (the training set), got {b}; "
                                          + ("pass a smaller one" if global_batch is not None else
                                             "run with --global-batch N (a multiple of the "
                                             f"{m} micro-batches) or plan a smaller batch"))
     if b % m or b < m:
-        raise SpecError(None, None, "global_batch", f"expected a multiple of the {m} micro-batches, got {b}")
+        raise SpecError(None, None, src, f"expected a multiple of the {m} micro-batches, got {b}")
     if b // m < reps:  # every replica needs at least one row of each micro-batch
-        raise SpecError(None, None, "global_batch", f"expected at least {m * reps} ({m} micro-batches x {reps} "
+        raise SpecError(None, None, src, f"expected at least {m * reps} ({m} micro-batches x {reps} "
                                                     f"replicas), got {b}")
     return b, b // m
 

@@ -1,0 +1,415 @@
+"""Replays of the broken cases of issue 21, each recreated from its description.
+
+Every case is bad or unusual input that once crashed, hung, or was accepted with a wrong
+answer. Now each is either refused with one line on stderr naming the file and the field
+(exit 2), stopped with a clear message (exit 1), or honoured as documented. Most cases run
+`bapipe.cli.main` in-process (fast); the ones that used to hang run as a subprocess with a
+time limit, so a regression fails instead of hanging the suite.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from bapipe.cli import main
+
+BAPIPE = str(Path(sys.executable).with_name("bapipe"))
+
+
+def _cli(capsys, *args: str) -> tuple[int, str, str]:
+    """Run one command in-process: (exit code, stdout, stderr)."""
+    rc = main([str(a) for a in args])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def _refused(capsys, args, *names: str) -> str:
+    """The command exits 2 with one stderr line that contains every one of ``names``."""
+    rc, out, err = _cli(capsys, *args)
+    lines = err.splitlines()
+    assert rc == 2, (rc, err)
+    assert len(lines) == 1 and "Traceback" not in err and "internal error" not in err, err
+    for n in names:
+        assert n in lines[0], (n, lines[0])
+    return lines[0]
+
+
+def _sub(args, cwd, timeout=60) -> tuple[subprocess.CompletedProcess, float]:
+    """A subprocess run of the console script and its wall time (for the cases that hung)."""
+    env = {k: v for k, v in os.environ.items() if k != "BAPIPE_DEBUG"}
+    t0 = time.perf_counter()
+    r = subprocess.run([BAPIPE, *map(str, args)], cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env)
+    return r, time.perf_counter() - t0
+
+
+def _edit(src: Path, dst: Path, fn) -> Path:
+    """Apply ``fn`` (an in-place edit) to the plan dict of ``src`` and write it to ``dst``."""
+    doc = yaml.safe_load(src.read_text())
+    fn(doc)
+    dst.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return dst
+
+
+@pytest.fixture(scope="module")
+def ws(tmp_path_factory) -> Path:
+    """A 4-stage tiny-mlp plan (GPipe, no replication), its build, and a tiny-cnn plan."""
+    d = tmp_path_factory.mktemp("cases")
+    cwd = os.getcwd()
+    os.chdir(d)
+    try:
+        assert main(["plan", "tiny-mlp", "4xU250-ring", "-o", "p.yaml", "--schedule", "gpipe",
+                     "--no-replication", "--microbatches", "8", "--partition", "0-1,2-3,4-5,6-6"]) == 0
+        assert main(["plan", "tiny-cnn", "4xU250-ring", "-o", "pc.yaml", "--schedule", "gpipe",
+                     "--no-replication"]) == 0
+        assert main(["gen", "p.yaml", "-o", "build"]) == 0
+    finally:
+        os.chdir(cwd)
+    return d
+
+
+@pytest.fixture()
+def at(ws, monkeypatch, capsys):
+    """Run the case in the workspace; drop the fixture's own output."""
+    monkeypatch.chdir(ws)
+    capsys.readouterr()
+    return ws
+
+
+# ---- 1. plan.yaml validated against its model and cluster --------------------------------
+
+
+def test_truncated_plan_is_refused_not_simulated_as_the_whole_model(at, capsys):
+    text = (at / "pc.yaml").read_text().splitlines(keepends=True)
+    # cut at the line that starts the third stage: a well-formed YAML with 2 of the stages
+    cut = [i for i, l in enumerate(text) if l.startswith("- index:")][2]
+    (at / "trunc.yaml").write_text("".join(text[:cut]))
+    line = _refused(capsys, ["sim", "trunc.yaml"], "trunc.yaml", "stages")
+    assert "10 layers" in line or "layers" in line
+    _refused(capsys, ["run", "trunc.yaml", "--epochs", "1"], "trunc.yaml")   # was IndexError in a worker
+    _refused(capsys, ["gen", "trunc.yaml", "-o", "tb"], "trunc.yaml")
+    assert not (at / "tb").exists()
+
+
+def test_layer_the_model_lacks_is_refused(at, capsys):
+    def edit(doc):
+        doc["stages"][0]["layers"][0] = "fc99"
+        doc["stages"][0]["folding"]["fc99"] = doc["stages"][0]["folding"].pop("fc1")
+    _edit(at / "p.yaml", at / "nolayer.yaml", edit)
+    _refused(capsys, ["sim", "nolayer.yaml"], "nolayer.yaml", "stages[0].layers[0]", "fc1", "fc99")
+
+
+def test_plan_moved_to_another_cluster_is_refused(at, capsys):
+    from fpga_models.cluster import load_cluster
+
+    def edit(doc):  # a careful mover also rewrites the fingerprint: the board types still differ
+        doc["cluster"] = "8xU280-ring"
+        doc["cluster_fingerprint"] = load_cluster("8xU280-ring").fingerprint()
+    _edit(at / "p.yaml", at / "moved.yaml", edit)
+    _refused(capsys, ["sim", "moved.yaml"], "moved.yaml", "board_type", "U280", "U250")
+    _edit(at / "p.yaml", at / "moved2.yaml", lambda d: d.update(cluster="8xU280-ring"))
+    _refused(capsys, ["sim", "moved2.yaml"], "moved2.yaml", "cluster_fingerprint")
+
+
+def test_inconsistent_batch_fields_are_refused(at, capsys):
+    _edit(at / "p.yaml", at / "batch.yaml", lambda d: d.update(global_batch=d["global_batch"] * 31))
+    line = _refused(capsys, ["sim", "batch.yaml"], "batch.yaml", "global_batch")
+    assert "microbatches x microbatch_size" in line
+
+
+def test_peak_memory_beyond_the_board_is_refused(at, capsys):
+    _edit(at / "p.yaml", at / "pb.yaml", lambda d: d["stages"][0].update(memory_bytes=10 ** 15))
+    _refused(capsys, ["sim", "pb.yaml"], "pb.yaml", "stages[0].memory_bytes", "U250")
+    _edit(at / "p.yaml", at / "dsp.yaml", lambda d: d["stages"][1]["resources"].update(dsp=10 ** 6))
+    _refused(capsys, ["sim", "dsp.yaml"], "dsp.yaml", "stages[1].resources.dsp")
+
+
+def test_wrong_board_type_is_refused_not_dropped_from_the_build(at, capsys):
+    _edit(at / "p.yaml", at / "bt.yaml", lambda d: d["stages"][0].update(board_type="U280"))
+    _refused(capsys, ["gen", "bt.yaml", "-o", "btb"], "bt.yaml", "stages[0].board_type")
+    assert not (at / "btb").exists()
+
+
+def test_missing_or_illegal_folding_is_refused(at, capsys):
+    _edit(at / "p.yaml", at / "nofold.yaml", lambda d: d["stages"][0]["folding"].pop("fc1"))
+    _refused(capsys, ["gen", "nofold.yaml", "-o", "nfb"], "nofold.yaml", "stages[0].folding", "fc1")
+    _refused(capsys, ["sim", "nofold.yaml"], "nofold.yaml", "fc1")
+    _edit(at / "p.yaml", at / "badfold.yaml", lambda d: d["stages"][0]["folding"].update(fc1={"pe": 7, "simd": 1}))
+    _refused(capsys, ["sim", "badfold.yaml"], "badfold.yaml", "stages[0].folding.fc1", "legal folding", "7")
+
+
+def test_board_count_and_layout_are_checked(at, capsys):
+    _edit(at / "p.yaml", at / "reps.yaml", lambda d: d["stages"][0].update(replicas=2))
+    _refused(capsys, ["sim", "reps.yaml"], "reps.yaml", "stages[0].boards", "replicas 2")
+    _edit(at / "p.yaml", at / "share.yaml", lambda d: d["stages"][1].update(boards=["fpga0"]))
+    _refused(capsys, ["sim", "share.yaml"], "share.yaml", "stages[1].boards", "fpga0")
+
+
+def test_gpu_style_on_an_fpga_is_refused(at, capsys):
+    _edit(at / "p.yaml", at / "gpu.yaml", lambda d: d["stages"][0].update(style="gpu"))
+    _refused(capsys, ["gen", "gpu.yaml", "-o", "gpub"], "gpu.yaml", "stages[0].style")   # was KeyError
+
+
+def test_gen_of_a_gpu_cluster_plan_is_one_line(at, capsys):
+    assert main(["plan", "tiny-mlp", "16xV100", "-o", "v100.yaml"]) == 0
+    capsys.readouterr()
+    _refused(capsys, ["gen", "v100.yaml", "-o", "vb"], "v100.yaml", "style", "GPU")
+
+
+# ---- 2. no hang, no internal error -------------------------------------------------------
+
+
+def test_profile_with_huge_out_channels_finishes(at):
+    (at / "huge.yaml").write_text("name: huge\ninputs: [{name: x, shape: [3, 8, 8]}]\nlayers:\n"
+                                  "  - {name: c1, type: conv2d, inputs: [x], out_channels: "
+                                  "100000000000000000000, kernel: 3}\n")
+    r, wall = _sub(["profile", "huge.yaml", "4xU250-ring", "--json"], at)
+    assert r.returncode == 0, r.stderr
+    assert wall < 20
+    assert json.loads(r.stdout)
+
+
+def test_divisor_search_is_bounded_and_exact_below_the_limit():
+    from fpga_models.cost import DIVISOR_SEARCH_LIMIT, divisors
+
+    assert divisors(36) == (1, 2, 3, 4, 6, 9, 12, 18, 36)
+    n = 10 ** 20
+    d = divisors(n)
+    assert d[0] == 1 and d[-1] == n and all(n % x == 0 for x in d)
+    assert 2 ** 20 in d and 5 ** 8 in d          # small divisors all found
+    assert all(x <= DIVISOR_SEARCH_LIMIT or n // x <= DIVISOR_SEARCH_LIMIT for x in d)
+
+
+def test_yaml_alias_bomb_is_refused_fast(at):
+    lines = ['a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
+    prev = "a"
+    for c in "bcdefghi":
+        lines.append(f"{c}: &{c} [{','.join(['*' + prev] * 9)}]")
+        prev = c
+    (at / "bomb.yaml").write_text("\n".join(lines) + "\n")
+    assert len((at / "bomb.yaml").read_bytes()) < 400
+    for args in (["sim", "bomb.yaml"], ["plan", "bomb.yaml", "4xU250-ring", "-o", "bomb-plan.yaml"]):
+        r, wall = _sub(args, at, timeout=30)
+        assert r.returncode == 2 and "bomb.yaml" in r.stderr and "aliases" in r.stderr, r.stderr
+        assert len(r.stderr.splitlines()) == 1 and wall < 10
+
+
+def test_yaml_aliases_within_bounds_still_load():
+    from bapipe.yamlio import loads
+
+    doc = loads("link: &l {bandwidth: 1.0e10}\na: *l\nb: *l\n")
+    assert doc["a"] == doc["b"] == {"bandwidth": 1.0e10}
+
+
+def test_sim_of_absurd_times_and_words_is_refused(at, capsys):
+    _edit(at / "p.yaml", at / "t300.yaml", lambda d: d["stages"][0].update(fwd_s=1e300, time_s=1e300))
+    _refused(capsys, ["sim", "t300.yaml"], "t300.yaml", "stages[0].fwd_s")       # was OverflowError
+    _edit(at / "p.yaml", at / "fast.yaml", lambda d: d["predicted"].update(iteration_time_s="fast"))
+    _refused(capsys, ["sim", "fast.yaml"], "fast.yaml", "predicted.iteration_time_s")  # was ValueError
+
+
+def test_a_billion_microbatches_is_refused_fast(at):
+    _edit(at / "p.yaml", at / "m1e9.yaml",
+          lambda d: d.update(microbatches=10 ** 9, global_batch=10 ** 9 * d["microbatch_size"]))
+    r, wall = _sub(["sim", "m1e9.yaml"], at, timeout=30)
+    assert r.returncode == 2 and "m1e9.yaml" in r.stderr and "microbatches" in r.stderr, r.stderr
+    assert wall < 10
+
+
+def test_truncated_checkpoint_is_one_line(at, capsys):
+    assert main(["run", "p.yaml", "--epochs", "1", "--checkpoint", "ck.npz"]) == 0
+    capsys.readouterr()
+    data = (at / "ck.npz").read_bytes()
+    (at / "ck-trunc.npz").write_bytes(data[: len(data) // 2])
+    _refused(capsys, ["run", "p.yaml", "--epochs", "3", "--resume", "ck-trunc.npz"], "ck-trunc.npz", "--resume")
+
+
+def test_corrupt_manifest_is_one_line(at, capsys):
+    shutil.copytree(at / "build", at / "bman", dirs_exist_ok=True)
+    (at / "bman" / "rtl" / "manifest.json").write_text("{")
+    for cmd in ("rtlsim", "synth", "csim"):
+        _refused(capsys, [cmd, "bman"], "bman/rtl/manifest.json")
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "nan", "inf"])
+def test_synth_timeout_must_be_finite_and_positive(at, capsys, value):
+    _refused(capsys, ["synth", "build", f"--timeout={value}"], "--timeout")
+
+
+# ---- 3. a build is tied to its plan; gen is atomic ---------------------------------------
+
+
+def test_build_whose_plan_was_replaced_is_refused(at, capsys):
+    shutil.copytree(at / "build", at / "bswap", dirs_exist_ok=True)
+    shutil.copy(at / "pc.yaml", at / "bswap" / "plan.yaml")
+    for cmd in ("csim", "rtlsim", "synth"):
+        _refused(capsys, [cmd, "bswap"], "bswap/plan.yaml", "plan_fingerprint")
+
+
+def test_build_with_an_edited_design_or_weights_is_refused(at, capsys):
+    shutil.copytree(at / "build", at / "bedit", dirs_exist_ok=True)
+    design = at / "bedit" / "design.json"
+    victim = design if design.exists() else at / "bedit" / "host_config.json"
+    victim.write_text(victim.read_text() + " ")
+    _refused(capsys, ["rtlsim", "bedit"], f"bedit/{victim.name}", "sha256")
+
+
+def test_gen_refuses_a_non_empty_folder_and_replaces_it_whole_with_force(at, capsys):
+    # a build of the bigger plan first, then the 4-stage one over it
+    assert main(["plan", "tiny-mlp", "4xU250-ring", "-o", "p2.yaml", "--partition", "0-3,4-6"]) == 0
+    assert main(["gen", "p2.yaml", "-o", "bforce"]) == 0
+    capsys.readouterr()
+    (at / "bforce" / "stage9").mkdir()
+    (at / "bforce" / "stage9" / "stale.cpp").write_text("// stale")
+    _refused(capsys, ["gen", "p.yaml", "-o", "bforce"], "bforce", "--force")
+    assert (at / "bforce" / "stage9" / "stale.cpp").exists()  # refused: untouched
+    assert main(["gen", "p.yaml", "-o", "bforce", "--force"]) == 0
+    capsys.readouterr()
+    assert not (at / "bforce" / "stage9").exists()
+    assert sorted(p.name for p in (at / "bforce").glob("stage*")) == sorted(
+        p.name for p in (at / "build").glob("stage*"))
+    assert not [p for p in at.iterdir() if p.name.startswith(".bforce.")]  # no temporary left
+
+
+def test_interrupted_gen_leaves_the_previous_build_whole(at, capsys, monkeypatch):
+    import codegen.cli_gen as cg
+
+    shutil.copytree(at / "build", at / "bint", dirs_exist_ok=True)
+    before = sorted(p.relative_to(at / "bint").as_posix() for p in (at / "bint").rglob("*"))
+    real = cg.generate
+
+    def interrupted(plan, out):
+        real(plan, out)  # everything written into the temporary folder ...
+        raise KeyboardInterrupt  # ... then Ctrl-C before the swap
+
+    monkeypatch.setattr(cg, "generate", interrupted)
+    rc, _, err = _cli(capsys, "gen", "pc.yaml", "-o", "bint", "--force")
+    assert rc == 130 and "interrupted" in err
+    after = sorted(p.relative_to(at / "bint").as_posix() for p in (at / "bint").rglob("*"))
+    assert after == before
+    assert not [p for p in at.iterdir() if p.name.startswith(".bint.")]
+    assert main(["csim", "bint", "--samples", "1"]) in (0, 1)  # still a whole, checkable build
+    capsys.readouterr()
+
+
+def test_gen_empty_output_is_refused(at, capsys):
+    _refused(capsys, ["gen", "p.yaml", "-o", ""], "-o")
+    _refused(capsys, ["gen", "p.yaml", "-o", "."], "-o")
+
+
+# ---- 4. options honoured or refused -------------------------------------------------------
+
+
+def test_empty_schedule_is_refused(at, capsys):
+    rc, _, err = _cli_exit(capsys, ["plan", "tiny-mlp", "4xU250-ring", "-o", "s.yaml", "--schedule", ""])
+    assert rc == 2 and "--schedule" in err and len(err.splitlines()) == 1
+
+
+def _cli_exit(capsys, args):
+    """main() for argparse errors, which exit through SystemExit."""
+    try:
+        rc = main(args)
+    except SystemExit as e:
+        rc = e.code
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def test_run_keeps_the_plans_batch_fields(at, capsys):
+    plan = yaml.safe_load((at / "p.yaml").read_text())
+    rc, out, _ = _cli(capsys, "run", "p.yaml", "--epochs", "1", "--json")
+    r = json.loads(out)
+    assert rc == 0
+    assert (r["global_batch"], r["microbatches"], r["microbatch_size"]) == (
+        plan["global_batch"], plan["microbatches"], plan["microbatch_size"])
+    rc, out, _ = _cli(capsys, "run", "p.yaml", "--epochs", "1", "--json", "--global-batch",
+                      str(plan["microbatches"] * 4))
+    r = json.loads(out)
+    assert (r["global_batch"], r["microbatch_size"]) == (plan["microbatches"] * 4, 4)
+    _refused(capsys, ["run", "p.yaml", "--global-batch", "3"], "--global-batch")
+
+
+def test_nan_loss_stops_the_run_with_exit_1(at, capsys):
+    rc, out, err = _cli(capsys, "run", "p.yaml", "--epochs", "2", "--lr", "1e10", "--log", "nan.json")
+    assert rc == 1 and out == ""
+    assert len(err.splitlines()) == 1 and "diverged" in err and "loss nan" in err, err
+    log = json.loads((at / "nan.json").read_text())  # written on failure: the iterations that ran
+    assert log and all(np.isfinite(rec["loss"]) for rec in log)
+    assert f"iteration {len(log)} " in err  # the first non-finite one is the one named
+
+
+def test_gantt_writes_the_format_its_suffix_names(at, capsys):
+    for suffix, magic in ((".pdf", b"%PDF"), (".svg", b"<?xml"), (".png", b"\x89PNG")):
+        assert main(["sim", "p.yaml", "--gantt", f"g{suffix}"]) == 0
+        assert (at / f"g{suffix}").read_bytes()[:len(magic)] == magic
+    capsys.readouterr()
+    _refused(capsys, ["sim", "p.yaml", "--gantt", "g.jpg"], "g.jpg", "--gantt")
+    _refused(capsys, ["sim", "p.yaml", "--gantt", "gantt"], "gantt", "--gantt")
+
+
+def test_resume_with_fewer_epochs_is_refused(at, capsys):
+    assert main(["run", "p.yaml", "--epochs", "2", "--checkpoint", "ck2.npz"]) == 0
+    capsys.readouterr()
+    line = _refused(capsys, ["run", "p.yaml", "--epochs", "1", "--resume", "ck2.npz"], "ck2.npz", "--epochs")
+    assert "2 epoch" in line
+    rc, out, _ = _cli(capsys, "run", "p.yaml", "--epochs", "3", "--resume", "ck2.npz", "--json")
+    assert rc == 0 and json.loads(out)["iterations"] > 0
+
+
+def test_verilator_backend_refuses_epochs_and_foreign_build_folders(at, capsys):
+    _refused(capsys, ["run", "p.yaml", "--backend", "verilator", "--epochs", "3"], "--epochs")
+    (at / "other").mkdir(exist_ok=True)
+    (at / "other" / "keep.txt").write_text("mine")
+    _refused(capsys, ["run", "p.yaml", "--backend", "verilator", "--build", "other"], "other", "--build")
+    _refused(capsys, ["run", "pc.yaml", "--backend", "verilator", "--build", "build"], "build", "--build")
+
+
+# ---- 6. CLI conventions -------------------------------------------------------------------
+
+
+def test_version(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["--version"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith("bapipe ") and out.split()[1][0].isdigit()
+
+
+def test_every_option_has_help():
+    from bapipe.cli import build_parser
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.dest == "command")
+    missing = [f"{name} {a.option_strings or a.dest}" for name, p in sub.choices.items()
+               for a in p._actions if not a.help and a.dest != "help"]
+    assert missing == []
+
+
+def test_plan_and_export_do_not_overwrite_without_force(at, capsys):
+    before = (at / "p.yaml").read_text()
+    _refused(capsys, ["plan", "tiny-cnn", "4xU250-ring", "-o", "p.yaml"], "p.yaml", "--force")
+    assert (at / "p.yaml").read_text() == before
+    assert main(["export", "tiny-mlp", "-o", "m.onnx"]) == 0
+    capsys.readouterr()
+    _refused(capsys, ["export", "tiny-mlp", "-o", "m.onnx"], "m.onnx", "--force")
+    assert main(["export", "tiny-mlp", "-o", "m.onnx", "--force"]) == 0
+
+
+def test_sigterm_is_handled_like_ctrl_c(at):
+    env = {k: v for k, v in os.environ.items() if k != "BAPIPE_DEBUG"}
+    proc = subprocess.Popen([BAPIPE, "run", "p.yaml", "--epochs", "500"], cwd=at, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(3)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 143
+    assert err.strip().splitlines()[-1] == "bapipe run: terminated (SIGTERM)"
