@@ -64,24 +64,58 @@ def _evaluate(node, values: list, opset: int) -> list | None:
         return None
 
 
-def fold_constants(model, infer) -> Folded:
-    """Evaluate every node whose inputs are known constants, in graph order; ``infer(m)`` runs
-    shape inference (the caller's, with its error handling). Returns the folded model."""
+def light_copy(model, limit: int = 4096):
+    """A copy of ``model`` for shape inference: initializers over ``limit`` elements become
+    typed graph inputs (inference needs their dims, not their bytes; a 500 MB VGG would
+    otherwise be serialised for the C++ inference more than once)."""
+    import onnx
+    from onnx import helper
+
+    m = onnx.ModelProto()
+    g = model.graph
+    m.ir_version = model.ir_version
+    m.opset_import.extend(model.opset_import)
+    m.functions.extend(model.functions)
+    g2 = m.graph
+    g2.name = g.name
+    for part in ("node", "input", "output", "value_info"):
+        getattr(g2, part).extend(getattr(g, part))
+    saved = g.initializer
+    listed = {i.name for i in m.graph.input}
+    for t in saved:
+        n = 1
+        for d in t.dims:
+            n *= d
+        if n <= limit:
+            m.graph.initializer.append(t)
+        elif t.name not in listed:
+            m.graph.input.append(helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
+    return m
+
+
+def fold_constants(m, infer) -> Folded:
+    """Evaluate every node of ``m`` whose inputs are known constants, in graph order, and
+    replace it by its value (``m`` is changed in place); ``infer(m, strict)`` runs shape
+    inference (the caller's, with its error handling)."""
     import numpy as np
     import onnx
     from onnx import numpy_helper
 
-    m = onnx.ModelProto()
-    m.CopyFrom(model)
+    model = m
     g = m.graph
     originals = frozenset(t.name for t in g.initializer)
     opset = next((o.version for o in m.opset_import if o.domain in ("", "ai.onnx")), 20)
     origin: dict[str, frozenset[str]] = {t.name: frozenset({t.name}) for t in g.initializer}
-    known: dict[str, object] = {}
-    for t in g.initializer:
-        if t.data_location != onnx.TensorProto.EXTERNAL and not any(e.key == "location" for e in t.external_data):
-            known[t.name] = numpy_helper.to_array(t)
-    shaped = infer(m, strict=False)
+    known: dict[str, object] = {}          # values computed here
+    stored = {t.name: t for t in g.initializer
+              if t.data_location != onnx.TensorProto.EXTERNAL and not any(e.key == "location" for e in t.external_data)}
+
+    def value(name):   # an initializer's array only when a node to fold reads it (weights stay bytes)
+        if name not in known:
+            known[name] = numpy_helper.to_array(stored[name])
+        return known[name]
+
+    shaped = infer(light_copy(m), strict=False)
     dims = {}
     for vi in list(shaped.graph.input) + list(shaped.graph.value_info) + list(shaped.graph.output):
         d = _static_dims(vi)
@@ -103,8 +137,8 @@ def fold_constants(model, infer) -> Folded:
                 start = next((a.i for a in n.attribute if a.name == "start"), 0)
                 end = next((a.i for a in n.attribute if a.name == "end"), None)
                 vals = [np.array(d[start:end], dtype=np.int64)]
-        elif n.op_type == "Constant" or (ins and all(i in known for i in ins)):
-            vals = _evaluate(n, [known[i] for i in ins], opset)
+        elif n.op_type == "Constant" or (ins and all(i in known or i in stored for i in ins)):
+            vals = _evaluate(n, [value(i) for i in ins], opset)
         if vals is None or any(getattr(v, "size", 0) > _MAX_ELEMS for v in vals):
             keep.append(n)
             continue

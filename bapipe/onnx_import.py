@@ -122,6 +122,8 @@ class _Importer:
         self.originals: frozenset[str] = folded.originals if folded is not None else frozenset(
             t.name for t in model.graph.initializer)
         self.sig_params = folded.params if folded is not None else None
+        # the graph with every initializer (inference ran on a copy without the big ones' bytes)
+        self.full_graph = folded.model.graph if folded is not None else model.graph
         self.masks: set[str] = set()          # boolean/mask tensors derived from activations (no layer)
         self.weight_hash: dict[tuple, str] = {}   # value fingerprint of a layer's weight -> that layer
         self.opaque = dict(opaque or {})
@@ -176,8 +178,9 @@ class _Importer:
             if tt.elem_type in INT_TYPES or tt.elem_type == 9:   # 9: bool
                 self.index_tensors.add(vi.name)
         self.init_type: dict[str, int] = {}
-        self.inits = {t.name: t for t in g.initializer}
-        for t in g.initializer:
+        full = self.full_graph
+        self.inits = {t.name: t for t in full.initializer}
+        for t in full.initializer:
             self.dims[t.name] = tuple(t.dims)
             self.const.add(t.name)
             self.init_type[t.name] = t.data_type
@@ -374,19 +377,22 @@ class _Importer:
             owners = [o for o in owners if self.fx_param.get(o) in (None, mine)]
         if owners:
             return min(owners, key=lambda n: self.order[n])
+        dims = self.dims.get(weight, ())
+        if not any(k[0] == tuple(reversed(dims)) for k in self.weight_hash):
+            return None   # no embedding table of the transposed shape: nothing to compare (and no hashing)
         keys = self._weight_keys(weight)
         # only a transposed copy of an embedding table is a tie by value (an LM head whose Transpose the
         # exporter folded); equal values in the same orientation are copies (nn.TransformerEncoder clones)
-        hit = self.weight_hash.get(keys[1]) if len(keys) > 1 else None
-        return hit if hit is not None and self.built[hit].type == "embedding" else None
+        return self.weight_hash.get(keys[1]) if len(keys) > 1 else None
 
     def claim(self, weight: str, name: str) -> None:
         """Record ``name`` as the first user of ``weight`` (for later ties)."""
         for o in self.origin.get(weight, ()):
             self.weight_owner.setdefault(o, name)
             self.owner.setdefault(o, name)
-        for k in self._weight_keys(weight)[:1]:
-            self.weight_hash.setdefault(k, name)
+        if self.built[name].type == "embedding":   # the only layer a weight can be tied to by value
+            for k in self._weight_keys(weight)[:1]:
+                self.weight_hash.setdefault(k, name)
 
 
 
@@ -827,9 +833,9 @@ class _Importer:
                     v = _attr(n, k)
                     if v is not None:
                         return list(v) if isinstance(v, (list, tuple)) else [v]
-        for init in self.g.initializer:
-            if init.name == t and init.data_location != onnx.TensorProto.EXTERNAL:
-                return onnx.numpy_helper.to_array(init).reshape(-1).tolist()
+        init = self.inits.get(t)
+        if init is not None and init.data_location != onnx.TensorProto.EXTERNAL:
+            return onnx.numpy_helper.to_array(init).reshape(-1).tolist()
         raise self.err(node, f"'{t}' must be a constant computable without running the graph")
 
 
@@ -1045,7 +1051,7 @@ class _Importer:
     # -- driver --------------------------------------------------------------------------
     def run(self) -> dict:
         """The model document: inputs and layers in topological order."""
-        inits = {t.name for t in self.g.initializer}
+        inits = set(self.inits)
         inputs = []
         self.input_shapes: dict[str, tuple] = {}
         for vi in self.g.input:
@@ -1122,7 +1128,7 @@ def import_model_proto(model, file: str = "<onnx>", opaque: dict[str, tuple[floa
     """Import an in-memory ONNX ModelProto (weights need not be loaded)."""
     import onnx
 
-    from .onnx_fold import fold_constants
+    from .onnx_fold import fold_constants, light_copy
 
     m = onnx.ModelProto()
     m.CopyFrom(model)
@@ -1130,7 +1136,7 @@ def import_model_proto(model, file: str = "<onnx>", opaque: dict[str, tuple[floa
     del m.graph.value_info[:]
     infer = _infer(file)
     folded = fold_constants(m, infer)
-    inferred = infer(folded.model)
+    inferred = infer(light_copy(folded.model))
     imp = _Importer(inferred, file, opaque, folded)
     imp.read_shapes(inferred)
     imp.mark_constants()
