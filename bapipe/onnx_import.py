@@ -554,6 +554,8 @@ class _Importer:
     def where(self, node, acts) -> None:
         """Where(cond, a, b): a mask applied to one activation (causal mask, NaN guard)."""
         data = [i for i in node.input[1:] if i in self.env and i not in self.masks]
+        if not data:   # a mask turned into numbers (a padding mask into -inf/0): still a mask
+            return self.mask(node, acts)
         srcs = {self.env[i].src for i in data}
         if len(srcs) != 1:
             raise self.err(node, "Where must select between one activation and constants")

@@ -261,17 +261,18 @@ class MiniViT(nn.Module):
 class TorchEncoder(nn.Module):
     """nn.TransformerEncoder, sequence-first (batch_first=False, PyTorch's default), then a head."""
 
-    def __init__(self, d=32, heads=4, layers=2, classes=10, batch_first=False):
+    def __init__(self, d=32, heads=4, layers=2, classes=10, batch_first=False, padding_mask=False):
         super().__init__()
         self.batch_first = batch_first
+        self.padding_mask = padding_mask
         layer = nn.TransformerEncoderLayer(d, heads, 64, dropout=0.0, batch_first=batch_first)
         self.encoder = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
         self.head = nn.Linear(d, classes)
 
-    def forward(self, x):          # x: [N, S, d]
+    def forward(self, x, pad=None):          # x: [N, S, d]; pad: [N, S] True where padded
         if not self.batch_first:
             x = x.transpose(0, 1)  # [S, N, d]
-        y = self.encoder(x)
+        y = self.encoder(x, src_key_padding_mask=pad) if self.padding_mask else self.encoder(x)
         if not self.batch_first:
             y = y.transpose(0, 1)
         return self.head(y)
@@ -426,6 +427,8 @@ def catalogue():
         "vit": (MiniViT, img(), ["x"]),
         "transformer_encoder": (TorchEncoder, (torch.randn(1, 10, 32),), ["x"]),
         "transformer_encoder_bf": (lambda: TorchEncoder(batch_first=True), (torch.randn(1, 10, 32),), ["x"]),
+        "transformer_encoder_mask": (lambda: TorchEncoder(batch_first=True, padding_mask=True),
+                                     (torch.randn(1, 10, 32), torch.zeros(1, 10, dtype=torch.bool)), ["x", "pad"]),
         "gpt": (MiniGPT, tokens(), ["input_ids"]),
         "bert": (lambda: MiniBert(mask=False), tokens(), ["input_ids"]),
         "bert_mask": (MiniBert, mask, ["input_ids", "attention_mask"]),
@@ -440,30 +443,35 @@ def hf_catalogue():
         import transformers as tf
     except ImportError:
         return {}
-    gcfg = tf.GPT2Config(vocab_size=100, n_positions=32, n_embd=32, n_layer=2, n_head=4,
-                         attn_implementation="eager")
-    bcfg = tf.BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                         intermediate_size=64, max_position_embeddings=32, attn_implementation="eager")
+    def gcfg(attn):
+        return tf.GPT2Config(vocab_size=100, n_positions=32, n_embd=32, n_layer=2, n_head=4, attn_implementation=attn)
+
+    def bcfg(attn):
+        return tf.BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                             intermediate_size=64, max_position_embeddings=32, attn_implementation=attn)
 
     class HFGPT2(nn.Module):
-        def __init__(self):
+        def __init__(self, attn="eager"):
             super().__init__()
-            self.m = tf.GPT2LMHeadModel(gcfg)
+            self.m = tf.GPT2LMHeadModel(gcfg(attn))
 
         def forward(self, input_ids):
             return self.m(input_ids=input_ids, use_cache=False).logits
 
     class HFBert(nn.Module):
-        def __init__(self):
+        def __init__(self, attn="eager"):
             super().__init__()
-            self.m = tf.BertModel(bcfg)
+            self.m = tf.BertModel(bcfg(attn))
 
         def forward(self, input_ids, attention_mask):
             o = self.m(input_ids=input_ids, attention_mask=attention_mask)
             return o.last_hidden_state, o.pooler_output
 
     mask = (torch.randint(0, 100, (1, 16)), torch.ones(1, 16, dtype=torch.long))
-    return {"hf_gpt2": (HFGPT2, tokens(), ["input_ids"]), "hf_bert": (HFBert, mask, ["input_ids", "attention_mask"])}
+    # eager: attention written out; sdpa (the library's default): F.scaled_dot_product_attention
+    return {"hf_gpt2": (HFGPT2, tokens(), ["input_ids"]), "hf_bert": (HFBert, mask, ["input_ids", "attention_mask"]),
+            "hf_gpt2_sdpa": (lambda: HFGPT2("sdpa"), tokens(), ["input_ids"]),
+            "hf_bert_sdpa": (lambda: HFBert("sdpa"), mask, ["input_ids", "attention_mask"])}
 
 
 def lstm_macs(model, args) -> int:

@@ -29,6 +29,8 @@ FOLDED_TABLES = {
     "bert_mask.dynamo.onnx": -48 * 32 + (16 - 2) * 32,
     "hf_bert.dynamo.onnx": -16 * 32 + (16 - 2) * 32,    # 32 positions (16 read), 2 token types
     "hf_gpt2.dynamo.onnx": -16 * 32,                    # 32 positions (16 read)
+    "hf_bert_sdpa.dynamo.onnx": -16 * 32 + (16 - 2) * 32,
+    "hf_gpt2_sdpa.dynamo.onnx": -16 * 32,
 }
 
 
@@ -106,6 +108,9 @@ def test_transformer_patterns(exp):
         m, t = _types(f)
         mm = [l for l in m.layers if l.type == "matmul"]
         assert len(mm) == 4 and mm[0].out_shape == (4, 10, 10) and not any(l.tied_to for l in m.layers)
+    # a key padding mask input (bool) is plumbing: no layer reads it
+    m, t = _types(f"transformer_encoder_mask.{exp}.onnx")
+    assert [i.name for i in m.inputs] == ["x"] and t.count("matmul") == 4
 
 
 @pytest.mark.parametrize("exp", ["legacy", "dynamo"])
