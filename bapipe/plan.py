@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -159,6 +159,18 @@ def _stage(node: Any, file: str, i: int, line: int | None) -> Stage:
     return st
 
 
+def _whole_stage(node: Any, file: str, i: int) -> Any:
+    """Every stage field must be present: `bapipe plan` (and Plan.save) always write them all,
+    so a missing one means a truncated or hand-cut file, whose defaults (zero times, no
+    cycles) would otherwise be simulated as if they were the plan's."""
+    if isinstance(node, Node):
+        missing = [f.name for f in fields(Stage) if f.name not in node]
+        if missing:
+            raise node.error(None, f"missing field '{missing[0]}' of stage {i} (a plan written by "
+                                   "`bapipe plan` has every field; is the file truncated?)")
+    return node
+
+
 def _strs(f: Fields, key: str) -> list[str]:
     v = f.list(key)
     if not all(isinstance(x, str) for x in v):
@@ -194,7 +206,7 @@ def parse_plan(node: Any, file: str) -> Plan:
         global_batch=f.int("global_batch", 1), number_format=f.str("number_format", "fixed16", choices=FORMATS),
         optimizer=f.str("optimizer", "sgd", choices=("sgd", "adam")),
         utilisation_cap=f.num("utilisation_cap", 0.8),
-        stages=[_stage(s, file, i, stages_node.lines[i] if i < len(stages_node.lines) else None)
+        stages=[_stage(_whole_stage(s, file, i), file, i, stages_node.lines[i] if i < len(stages_node.lines) else None)
                 for i, s in enumerate(stages_node)],
         predicted=dict(f.mapping("predicted", Node())), baselines=dict(f.mapping("baselines", Node())),
         lower_bound_s=f.num("lower_bound_s", 0.0, positive=False, min=0), version=version,

@@ -111,8 +111,11 @@ def check_build(build: str | Path, plan_fingerprint: str | None = None, option: 
                 or not isinstance(stamp.get("plan_fingerprint"), str):
             raise ValueError("not a build stamp")
     except FileNotFoundError:
-        raise SpecError(str(build), None, STAMP, "expected a folder written by `bapipe gen` "
-                                                 f"(no {STAMP}); run `bapipe gen PLAN -o {build}`") from None
+        if not (build / "host_config.json").exists():  # not a project at all
+            raise SpecError(str(build), None, "host_config.json", "expected a folder written by `bapipe gen`; "
+                                                                  f"run `bapipe gen PLAN -o {build}`") from None
+        raise SpecError(str(build), None, STAMP, "expected a folder written whole by `bapipe gen` "
+                                                 f"(no {STAMP}); re-run `bapipe gen PLAN -o {build} --force`") from None
     except (OSError, UnicodeDecodeError, ValueError) as e:
         raise SpecError(str(path), None, "(document)", f"expected the JSON written by `bapipe gen` "
                                                        f"({type(e).__name__}); re-run it") from None
