@@ -57,7 +57,8 @@ def main() -> int:
     # per stage) so gen, csim, rtlsim and run exercise stages chained across boards
     for model, extra in ((BIG_MODEL, ()), (MODEL, ("--no-replication",))):
         plan = OUT / f"{model}.plan.yaml"
-        rc, r, dt = _bapipe("plan", model, CLUSTER, "-o", str(plan), *extra)
+        # --force: the demo owns its output folder and rewrites it on every run
+        rc, r, dt = _bapipe("plan", model, CLUSTER, "-o", str(plan), "--force", *extra)
         if rc:
             _line("plan", False, str(r), dt)
             failed += 1
@@ -81,7 +82,7 @@ def main() -> int:
     plan = OUT / f"{MODEL}.plan.yaml"
     build = OUT / "build"
     if _available("gen") and plan.exists():
-        rc, g, dt = _bapipe("gen", str(plan), "-o", str(build))
+        rc, g, dt = _bapipe("gen", str(plan), "-o", str(build), "--force")
         _line("gen", rc == 0, f"{build}/" if rc == 0 else str(g), dt)
         failed += rc != 0
         if rc == 0 and _available("csim"):

@@ -47,7 +47,7 @@ def main(argv=None) -> int:
 
     work = Path(tempfile.mkdtemp(prefix="bapipe-bench-rtl-zoo-"))
     bapipe = [sys.executable, "-m", "bapipe.cli"]
-    subprocess.run([*bapipe, "plan", a.model, a.cluster, "-o", str(work / "plan.yaml")], check=True,
+    subprocess.run([*bapipe, "plan", a.model, a.cluster, "-o", str(work / "plan.yaml"), "--force"], check=True,
                    capture_output=True)
     plan = load_plan(str(work / "plan.yaml"))
     model, cluster = resolve(plan)

@@ -38,7 +38,7 @@ def have_planner() -> bool:
 
 def make_plan(model: str, cluster: str, out: Path, extra: list[str] | None = None) -> tuple[Path | None, str]:
     """Run `bapipe plan`; (plan path, '') or (None, reason)."""
-    cmd = [str(ROOT / ".venv" / "bin" / "bapipe"), "plan", model, cluster, "-o", str(out), *(extra or [])]
+    cmd = [str(ROOT / ".venv" / "bin" / "bapipe"), "plan", model, cluster, "-o", str(out), "--force", *(extra or [])]
     try:
         r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=PLAN_TIMEOUT_S)
     except subprocess.TimeoutExpired:
