@@ -405,9 +405,14 @@ def _check_stage(plan: Plan, s: Stage, model, boards: dict, owner: dict, err, st
             if not _finite_number(v):
                 raise err(f"{at}.{name}.{k}", f"expected a finite number >= 0, got {v!r}")
     for k, attr in _RESOURCE_LIMITS.items():
-        cap = getattr(board, attr)
+        usable = getattr(board, attr)
+        # on-chip resources are budgeted under the plan's utilisation cap (rounded up to whole
+        # blocks); off-chip memory is not capped
+        cap = usable if k == "offchip_bytes" else math.ceil(usable * plan.utilisation_cap - 1e-9)
         if s.resources.get(k, 0) > cap:
-            raise err(f"{at}.resources.{k}", f"expected at most {cap} (usable on a {board.name}), "
+            why = f"{usable} usable" if k == "offchip_bytes" else \
+                f"utilisation_cap {plan.utilisation_cap:g} of {usable} usable"
+            raise err(f"{at}.resources.{k}", f"expected at most {cap} ({why} on a {board.name}), "
                                              f"got {s.resources[k]}")
     mem_cap = on_chip_bytes(board) + board.offchip_bytes
     if s.memory_bytes > mem_cap:
