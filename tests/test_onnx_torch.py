@@ -148,3 +148,15 @@ def test_refusal_is_one_line_exit_2(tmp_path, capsys):
     assert err.count("\n") == 1 and "Softplus" in err
     m = import_model_proto(proto, "r.onnx", opaque=parse_opaque(["Softplus=1e-6,1e-6"]))
     assert m.params == COUNTS["resnet"]["params"]
+
+
+@pytest.mark.parametrize("file", ["efficientnet.dynamo.onnx", "vit.legacy.onnx", "gpt.dynamo.onnx",
+                                  "bert_mask.legacy.onnx", "lstm_bidir.dynamo.onnx"])
+def test_imported_models_plan(file, tmp_path, capsys):
+    """The new layer types (mul, slice, add_param, concat_param) and imported names go through the planner."""
+    out = tmp_path / "plan.yaml"
+    assert main(["plan", str(FIX / file), "4xU250-ring", "-o", str(out), "--json"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert out.exists() and r["output"] == str(out)
+    text = out.read_text()
+    assert load_onnx(str(FIX / file)).layers[0].name in text
