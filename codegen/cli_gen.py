@@ -160,13 +160,13 @@ def cmd_gen(args) -> dict:
         raise SpecError(text, None, "-o", "expected an empty or new folder (add --force to replace it)")
     if not target.parent.is_dir():
         raise SpecError(text, None, "-o", f"expected a writable folder: '{target.parent}' does not exist")
+    if sys.stderr.isatty():  # big plans take tens of seconds and write gigabytes: say so first
+        sys.stderr.write(f"bapipe gen: rendering {args.plan} into {text} (VGG-sized plans: ~1 minute, ~1.5 GB)\n")
     tmp = target.with_name(f".{target.name}.gen-{os.getpid()}")
     old = target.with_name(f".{target.name}.old-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         result = generate(args.plan, tmp)
-        if sys.stderr.isatty():
-            sys.stderr.write(f"bapipe gen: swapping {tmp.name} into {text}\n")
         if target.exists():
             target.rename(old)  # the previous build stays whole until the new one is in place
         tmp.rename(target)

@@ -91,8 +91,9 @@ def show_run(r: dict) -> str:
         *(f"  epoch {h['epoch'] + 1}: mean loss {h['mean_loss']:.4f}" for h in r["history"] if h["mean_loss"] is not None),
         f"final loss        {r['final_loss']:.4f}" if r["final_loss"] is not None else "final loss        (no training)",
         f"test accuracy     {r['test_accuracy']:.4f} ({r['test_samples']} digits)",
-        f"throughput        {r['samples_per_s']:.0f} samples/s",
+        f"throughput        {r['samples_per_s']:.0f} samples/s (measured on this host's {r['backend']} workers)",
         f"stage utilisation {util}",
-        f"grad rel. error   {err:.2e} vs single device" if err is not None else "grad rel. error   (not checked)",
+        f"grad rel. error   {err:.2e} vs single device (measured on the first iteration)" if err is not None
+        else "grad rel. error   (not checked)",
     ]
     return "\n".join(lines)
