@@ -12,6 +12,7 @@ non-trained buffers (batch-norm running statistics) and is updated in place.
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
 from typing import Callable
 
 import numpy as np
@@ -19,10 +20,23 @@ import numpy as np
 from bapipe.errors import SpecError
 from bapipe.layers import Layer
 
+#: the layers' float type: float32, what the pipeline computes in; float64 only while
+#: :func:`float_type` says so (the single-device gradient reference of host.driver)
 F32 = np.float32
 BN_EPS = 1e-5
 BN_MOMENTUM = 0.1
 LN_EPS = 1e-5
+
+
+@contextmanager
+def float_type(t):
+    """Compute every layer in ``t`` (np.float64 for a reference) inside the ``with`` block."""
+    global F32
+    old, F32 = F32, t
+    try:
+        yield
+    finally:
+        F32 = old
 
 
 def init_params(layer: Layer, rng: np.random.Generator) -> dict[str, np.ndarray]:

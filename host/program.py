@@ -98,11 +98,11 @@ class StageProgram:
         for layer in reversed(self.layers):
             dy = genv.pop(layer.name, None)
             if dy is None:  # output read by nobody downstream: no gradient flows
-                dy = np.zeros((next(iter(in_shapes.values()))[0],) + layer.out_shape, np.float32)
+                dy = np.zeros((next(iter(in_shapes.values()))[0],) + layer.out_shape, L.F32)
             dxs, grads[layer.name] = L.backward(layer, w[layer.name], caches[layer.name], dy)
             for name, dx in zip(layer.inputs, dxs):
                 genv[name] = genv[name] + dx if name in genv else dx
-        dx_in = {n: genv[n] if n in genv else np.zeros(in_shapes[n], np.float32) for n in self.inputs}
+        dx_in = {n: genv[n] if n in genv else np.zeros(in_shapes[n], L.F32) for n in self.inputs}
         return dx_in, grads
 
 

@@ -9,6 +9,7 @@ import pytest
 
 from bapipe.cli import main
 from host.handplan import hand_plan
+from tolerances import grad_tolerance
 
 KEYS = {"backend", "epochs", "final_loss", "test_accuracy", "samples_per_s", "grad_max_rel_err_vs_single_device"}
 
@@ -27,7 +28,8 @@ def test_run_json_contract(plan_file, capsys, tmp_path):
     assert rc == 0
     r = json.loads(out.out)
     assert KEYS <= set(r) and r["backend"] == "numpy" and r["epochs"] == 1
-    assert r["grad_max_rel_err_vs_single_device"] < 1e-6 and 0.5 < r["test_accuracy"] <= 1
+    # float32 vs float64 reference, norm-wise: bound from tests/tolerances.py (global batch <= 64)
+    assert r["grad_max_rel_err_vs_single_device"] < grad_tolerance("tiny-mlp", 64) and 0.5 < r["test_accuracy"] <= 1
     assert r["samples_per_s"] > 0 and r["final_loss"] < 2.3
     assert len(json.loads(log.read_text())) == r["iterations"]
 

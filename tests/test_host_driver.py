@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from host.driver import Pipeline, PipelineFailure, train
 from host.handplan import hand_plan
+from tolerances import grad_tolerance
 
 SYNC = [("gpipe", 1, (1, 3, 5)), ("1f1b", 1, (1, 3, 5)), ("eager-1f1b", 1, (1, 3, 5)), ("interleaved", 2, (1, 3, 5))]
 
@@ -21,14 +22,17 @@ def test_pipelined_gradients_equal_single_device(schedule, chunks, cuts):
     """One iteration of tiny-mlp on 4 stages: weight gradients vs the whole model on one device."""
     plan = hand_plan("tiny-mlp", cuts=cuts, schedule=schedule, chunks=chunks, microbatches=4, microbatch_size=16)
     r = train(plan, epochs=1, max_iterations=1)
-    assert r["grad_max_rel_err_vs_single_device"] < 1e-6
+    # float32 pipeline vs float64 reference: measured 1.6e-7 on numpy 2.4; bound 3.3e-6 (tests/tolerances.py)
+    assert r["grad_max_rel_err_vs_single_device"] < grad_tolerance("tiny-mlp", 64)
 
 
 def test_cnn_gradients_equal_single_device_adam():
+    """The pipeline's float32 gradients against the float64 single-device reference, norm-wise:
+    2.5e-7 measured (numpy 2.4); a dropped or doubled micro-batch would be >= 0.25."""
     plan = hand_plan("tiny-cnn", cuts=(1, 4, 7), schedule="1f1b", optimizer="adam", microbatches=4,
                      microbatch_size=16)
     r = train(plan, epochs=1, max_iterations=1)
-    assert r["grad_max_rel_err_vs_single_device"] < 1e-6
+    assert r["grad_max_rel_err_vs_single_device"] < grad_tolerance("tiny-cnn", 64)
 
 
 def test_tiny_mlp_reaches_stated_accuracy_and_schedules_agree(tmp_path):
@@ -143,7 +147,7 @@ def test_replicated_stages_reshard_and_allreduce():
     plan = hand_plan("tiny-cnn", "8xU280-ring", cuts=(2, 6), schedule="1f1b", microbatches=2, microbatch_size=16,
                      replicas=(2, 1, 3))
     r = train(plan, epochs=2, max_iterations=3)
-    assert r["workers"] == 6 and r["grad_max_rel_err_vs_single_device"] < 1e-6
+    assert r["workers"] == 6 and r["grad_max_rel_err_vs_single_device"] < grad_tolerance("tiny-cnn", 32)
     with pytest.raises(PipelineFailure, match=r"stage 2 \(device 2, replica 1, board fpga4\) during backward "
                                               r"of micro-batch 0 .*died"):
         train(plan, epochs=1, check_grads=False, faults={4: {"iteration": 1, "op": 1, "mode": "die"}})
@@ -166,4 +170,4 @@ def test_property_any_cut_schedule_and_replication_matches_single_device(data):
     plan = hand_plan(model, "8xU280-ring", cuts=cuts, schedule=schedule, chunks=chunks, microbatches=m,
                      microbatch_size=32 // m, replicas=reps)
     r = train(plan, epochs=1, max_iterations=1)
-    assert r["grad_max_rel_err_vs_single_device"] < 1e-6
+    assert r["grad_max_rel_err_vs_single_device"] < grad_tolerance(model, 32)
