@@ -165,11 +165,13 @@ def _minsum(p: Problem, cap: float) -> tuple[float, list[tuple[int, int]] | None
     return total, bounds[::-1]
 
 
-def solve(p: Problem, s_floor: float | None = None) -> Solution | None:
+def solve(p: Problem, s_floor: float | None = None, jmax: float = INF) -> Solution | None:
     """The exact minimum of J over all partitions into exactly ``p.stages`` non-empty stages.
 
     Returns None when no partition fits (some stage would exceed its board's memory).
     ``s_floor`` is an optional lower bound on the sum (skips the unconstrained min-sum DP).
+    ``jmax``: a search bound; None as soon as no partition can have J below it (every J is
+    at least s_floor / v + (m v - 1) B*).
     Cap candidates are searched by bisection: min-sum(cap) is non-increasing in the cap, so
     when two caps give the same least sum no cap between them can do better than the lower.
     """
@@ -179,6 +181,8 @@ def solve(p: Problem, s_floor: float | None = None) -> Solution | None:
     if not math.isfinite(bstar):
         return None
     mv1 = p.m * p.v - 1
+    if s_floor is not None and s_floor / p.v + mv1 * bstar >= jmax:
+        return None
     best: Solution | None = None
 
     def consider(bounds):

@@ -7,9 +7,11 @@ from bapipe.errors import SpecError
 from bapipe.plan import Folding, Plan, Stage
 from bapipe.spec import Model
 from fpga_models.cluster import Cluster
-from fpga_models.cost import layer_cost, onchip_blocks, weight_copies
+from fpga_models.cost import layer_cost, matrix_shape, onchip_blocks, weight_copies
 
 from .search import Candidate, Config, Explorer, Request
+
+BASELINE_SLACK = 0.05   # baselines replay fewer near-optimal candidates than the plan itself
 
 
 @dataclass
@@ -257,7 +259,7 @@ def baselines_of(model: Model, ex: Explorer, best: Candidate) -> tuple[dict, lis
     if replicas_of(best) == 1:
         out["no_replication"] = _result(best, ex.G)
     else:
-        found = ex.search(ex.configs(scheds, [1], rc))
+        found = ex.search(ex.configs(scheds, [1], rc), BASELINE_SLACK)
         nr = found[0] if found else None
         out["no_replication"] = _result(nr, ex.G) if nr else {"infeasible": infeasible_reason(model, ex, N, 1)}
     few = None
@@ -267,10 +269,25 @@ def baselines_of(model: Model, ex: Explorer, best: Candidate) -> tuple[dict, lis
             few = best
         else:
             reps = list(range(1, N)) if ex.req.replication else [1]
-            found = ex.search([c for c in ex.configs(scheds, reps, rc) if ex.boards_used(c) < N])
+            found = ex.search([c for c in ex.configs(scheds, reps, rc) if ex.boards_used(c) < N], BASELINE_SLACK)
             few = found[0] if found and found[0].iteration_s is not None else None
         out["fewer_boards"] = _result(few, ex.G) if few else {"infeasible": f"no plan fits fewer than {N} boards"}
     return out, [dp, eq, nr, few]
+
+
+def _stage_cycles(s: dict, clk: float, slowest: int) -> dict[str, float]:
+    """fwd/bwd cycles per micro-batch and ``fwd_interval``: forward cycles per sample in steady
+    state (a long stream of samples), what `bapipe rtlsim` measures per stage.
+
+    Dataflow stages overlap their layers, so the slowest layer's cycles set the interval
+    (unless off-chip traffic is slower); time-multiplexed stages take every layer's turn for
+    every sample, so the interval is the micro-batch's cycles over its samples.
+    """
+    fwd = int(round(s["fwd_s"] * clk))
+    interval = fwd / s["beta"]
+    if s["style"] == "dataflow" and s["fwd_s"] <= s["compute_f"] * (1 + 1e-9):
+        interval = float(slowest)
+    return {"fwd": fwd, "bwd": int(round(s["bwd_s"] * clk)), "fwd_interval": round(interval, 3)}
 
 
 def to_plan(model: Model, cluster: Cluster, model_arg: str, cluster_arg: str, ex: Explorer, best: Candidate,
@@ -281,14 +298,16 @@ def to_plan(model: Model, cluster: Cluster, model_arg: str, cluster_arg: str, ex
     for s in best.stages:
         layers = model.layers[s["first"]: s["last"] + 1]
         board = ex.tables[s["board_type"]].board
-        folding, dsp, lut = {}, 0, 0
+        folding, dsp, lut, slowest = {}, 0, 0, 0
         for l in layers:
             pe, simd = s["folding"][l.name]
-            folding[l.name] = Folding(pe, simd)
+            # element-wise engines carry lanes; the search keeps them as (1, lanes)
+            folding[l.name] = Folding(pe, simd) if matrix_shape(l) is not None else Folding(lanes=pe * simd)
             if board.kind == "fpga":
                 lc = layer_cost(l, board, pe, simd, ex.req.fmt, s["beta"])
                 if s["style"] == "dataflow":   # every layer has its own engine
                     dsp, lut = dsp + lc.dsp, lut + lc.lut
+                    slowest = max(slowest, layer_cost(l, board, pe, simd, ex.req.fmt, 1).fwd_cycles)
                 else:                          # one shared engine: the largest layer's
                     dsp, lut = max(dsp, lc.dsp), max(lut, lc.lut)
         res = {"dsp": dsp, "lut": lut}
@@ -304,7 +323,7 @@ def to_plan(model: Model, cluster: Cluster, model_arg: str, cluster_arg: str, ex
             bwd_s=s["bwd_s"], time_s=s["time_s"], send_bytes=s["send_bytes"], send_s=s["send_s"],
             allreduce_s=s["allreduce_s"], memory_bytes=s["memory_bytes"], weight_bytes=s["weight_bytes"],
             stash_bytes=s["stash_bytes"], stashes=s["stashes"], resources=res,
-            cycles={"fwd": int(round(s["fwd_s"] * clk)), "bwd": int(round(s["bwd_s"] * clk))}))
+            cycles=_stage_cycles(s, clk, slowest)))
     predicted = {"iteration_time_s": best.iteration_s, "throughput_samples_per_s": ex.G / best.iteration_s,
                  "bubble_fraction": best.bubble, "objective_s": best.objective, "recompute": c.recompute,
                  "peak_memory_bytes": best.peak_memory, "boards_used": best.boards_used,

@@ -25,11 +25,12 @@ from fpga_models.allocate import allocate_stage
 
 from .pipeline import replay, ring_allreduce_s
 from .mesh import Resharder, cut_layouts, cut_shape, tp_stage_model
-from .stagecost import LayerTable, StageModel, cut_bytes, layer_table, stage_model
+from .stagecost import LayerTable, StageModel, cut_bytes, layer_table, layer_times, stage_model
 
 SLACK = 0.25        # how far J may be from the replayed time (relative)
 MAX_REPLAYS = 2     # distinct candidates replayed per schedule per search
 MAX_M_CANDIDATES = 12
+DEPTH_SLACK = 1.0   # how far above the best J the first candidate of a pipeline depth may be
 GROUP_BOARDS = 8    # clusters up to this size search every per-position replica vector
 
 
@@ -452,13 +453,65 @@ class Explorer:
         return self._links[key]
 
     def lower_bound(self, c: Config) -> float:
-        """A lower bound on J: all work spread evenly, (m v + V - 1)/(V v) x total."""
+        """A lower bound on J = (sum T + sum C)/v + sum X + (m v - 1) max(T, O): sum T is at
+        least the floor of :meth:`sum_floor` and max T at least floor / V; each cut costs at
+        least its cheapest position (C and O); when every position is replicated, the rings
+        move at least 2 (r_min - 1)/r_min of all weights at the fastest ring's bandwidth."""
         lb = self._lb.get(c)
         if lb is None:
             tot = self.sum_floor(c)
             V = c.p * c.v
-            lb = self._lb[c] = tot * (c.m * c.v + V - 1) / (V * c.v) if V else tot
+            csum, omax = 0.0, 0.0
+            if V > 1 and not self.meshy(c):
+                for s in range(V - 1):
+                    cmin, omin = self.cut_floor(c, s % c.p, (s + 1) % c.p)
+                    csum += cmin
+                    omax = max(omax, omin)
+            xs = 0.0
+            rmin = min(self.reps(c, d) for d in range(c.p))
+            if self.train and rmin > 1:
+                bw = max(self.ring(self.replica_boards(c, d))[0] for d in range(c.p))
+                w = float(self.model.params * self.bpe)
+                xs = 2 * (rmin - 1) / rmin * w / bw
+            bott = max(tot / V, omax)
+            if not self.meshy(c):
+                # stage s computes beta_s samples at no less than the per-sample rate u:
+                # sum_s T_s / beta_s >= U, so max_s T_s >= U / sum_s 1 / beta_s
+                inv = sum(1.0 / self.beta_at(c, s % c.p) for s in range(V))
+                types = {t for t, _k, _b in self.kinds(c)}
+                bott = max(bott, self.rate_floor(types, c.recompute) / inv)
+            lb = self._lb[c] = (tot + csum) / c.v + xs + (c.m * c.v - 1) * bott
         return lb
+
+    def rate_floor(self, types, recompute: bool) -> float:
+        """Seconds per sample of all layers at the fastest of ``types`` per layer, a lower
+        bound linear in the samples (FPGA: work / lanes / clock, the ceiling dropped)."""
+        key = ("rate", tuple(sorted(types)), recompute)
+        if key not in self._links:
+            per = None
+            for t in types:
+                tb = self.tables[t]
+                if tb.measured_f is not None or tb.gpu_f is not None:
+                    f, b = layer_times(tb, 1)
+                else:
+                    f = tb.fwd_work / tb.lanes / tb.board.clock_hz
+                    b = tb.bwd_work / tb.lanes / tb.board.clock_hz
+                u = f + ((b + (f if recompute else 0.0)) if self.train else 0.0)
+                per = u if per is None else np.minimum(per, u)
+            self._links[key] = float(per.sum()) if per is not None else 0.0
+        return self._links[key]
+
+    def cut_floor(self, c: Config, d1: int, d2: int) -> tuple[float, float]:
+        """(least C, least O) of a cut from position d1 to d2 over every cut position."""
+        key = ("cutfloor",) + self._cfg_key(c) + (c.beta, d1, d2)
+        if key not in self._links:
+            bw, lat = self.link(c, d1, d2)
+            cb = cut_bytes(self.model, self.req.fmt, self.beta_at(c, d1))
+            if self.req.whole_blocks:
+                cb = np.where(self.open_cuts[:-1], math.inf, cb)
+            occ = float(cb.min()) / bw if len(cb) else 0.0
+            self._links[key] = ((2 if self.train else 1) * (occ + lat), occ)
+        return self._links[key]
 
     # ---- configurations -------------------------------------------------------------------
     def m_candidates(self, r: int, p: int, schedule: str) -> list[int]:
@@ -501,15 +554,18 @@ class Explorer:
                     for m in self.m_candidates(r, p, sched):
                         for rc in recompute:
                             out.append(Config(sched, v, r, p, m, self.G // m // r, rc, k, kv))
-        if 1 in self.mesh_sizes() and max(replicas, default=1) > 1:
-            for groups in self.replica_layouts(max(replicas)):
+        if 1 in self.mesh_sizes():
+            for groups in self.replica_layouts(max(replicas, default=1)):
                 p = len(groups)
+                ru = self.uniform_r(groups)
                 for sched in (schedules if p > 1 else self.one_stage_schedules(schedules)):
                     if sched == "interleaved" or (sched == "2bw" and self.req.schedule == "auto"):
                         # per-position replica counts: one chunk per board; 2BW (flushed) runs
                         # 1F1B's op order with more memory, so under auto it never wins
                         continue
                     for m in self.m_candidates(1, p, sched):
+                        if ru and (self.G // m) % ru == 0:
+                            continue   # the plain (r, p) configuration, added above
                         if max(len(g) for g in groups) <= self.G // m:   # every replica gets a sample
                             for rc in recompute:
                                 out.append(Config(sched, 1, 1, p, m, self.G // m, rc, groups=groups))
@@ -530,15 +586,20 @@ class Explorer:
             out.append(tuple(h[i] for i in range(max(map(len, cols))) for h in cols if i < len(h)))
         return out
 
+    def uniform_r(self, groups) -> int:
+        """r when ``groups`` is the plain layout (r consecutive boards per position from board
+        0 in topology order), else 0."""
+        r = len(groups[0])
+        ok = all(g == tuple(range(d * r, (d + 1) * r)) for d, g in enumerate(groups))
+        return r if ok else 0
+
     def replica_layouts(self, rmax: int) -> list[tuple[tuple[int, ...], ...]]:
-        """Per-position replica groups beyond the uniform ones: every vector (r_1..r_p),
-        r_d <= rmax, sum <= N, p <= layers, cut from each of :meth:`orders` as consecutive
-        blocks. Exhaustive up to GROUP_BOARDS boards; beyond, uniform replication only
-        (the vectors grow as 2^N)."""
-        if self.N > GROUP_BOARDS or not self.train:
+        """Per-position replica groups: every vector (r_1..r_p), r_d <= rmax, sum <= N,
+        p <= layers, cut from each of :meth:`orders` as consecutive blocks (positions whose
+        boards mix types dropped). Exhaustive up to GROUP_BOARDS boards; beyond, only the
+        plain (r, p) shapes of :meth:`shapes` (the vectors grow as 2^N)."""
+        if self.N > GROUP_BOARDS:
             return []
-        uniform = {tuple(tuple(range(d * r, (d + 1) * r)) for d in range(p)) for r in range(1, self.N + 1)
-                   for p in range(1, self.N // r + 1)}
         out = set()
 
         def vectors(left: int, p_left: int):
@@ -557,8 +618,6 @@ class Explorer:
                     groups.append(tuple(order[off:off + r]))
                     off += r
                 g = tuple(groups)
-                if g in uniform:
-                    continue   # the plain (r, p) configuration
                 probe = Config("1f1b", 1, 1, len(g), 1, 1, False, groups=g)
                 if all(self.stage_type(probe, d) is not None for d in range(len(g))):
                     out.add(g)
@@ -672,9 +731,13 @@ class Explorer:
     def solve_config(self, c: Config, jmax: float = math.inf) -> Candidate | None:
         """Exact partition of one configuration (None if nothing fits, or nothing beats ``jmax``)."""
         if c.v == 1 and c.p > 1 and c.schedule != "1f1b":
-            # J does not depend on the schedule when v = 1; 1F1B stashes the least, so its
-            # optimum is also optimal for a schedule with more memory whenever it still fits
+            # J does not depend on the schedule when v = 1 except through memory; 1F1B
+            # stashes the least (and 2BW's second weight copy only adds memory), so no
+            # partition does better under another schedule: 1F1B's optimum is also theirs
+            # whenever it still fits, and when 1F1B has nothing below jmax neither do they
             base = self.solve_config(replace(c, schedule="1f1b"), jmax)
+            if base is None:
+                return None
             if base is not None:
                 mine = self.fixed_config(c, base.bounds)
                 if mine is not None and abs(mine.objective - base.objective) <= 1e-12 * base.objective:
@@ -690,7 +753,7 @@ class Explorer:
                 self._solved[c] = None
             return None
         prob = self.problem(c, tmax=tmax)
-        sol = part.solve(prob, self.sum_floor(c)) if prob is not None else None
+        sol = part.solve(prob, self.sum_floor(c), jmax) if prob is not None else None
         cand = Candidate(c, sol.bounds, sol.objective, sol.exact) if sol else None
         if cand is not None or not math.isfinite(tmax):
             self._solved[c] = cand   # a bounded miss may succeed under a looser bound: not cached
@@ -700,8 +763,9 @@ class Explorer:
         """A quick necessary condition for a partition to exist: greedy left-to-right packing
         under monotone relaxations of the constraints (compute <= tmax, memory with every
         stage's own stash count; with recomputation the stage input is bounded below by the
-        smallest cut). Both relaxed costs only grow when a range grows, so greedy packing
-        covers the layers whenever any partition does; False means provably infeasible."""
+        smallest cut), stages allowed to stay empty. Both relaxed costs only grow when a range
+        grows, so greedy packing (each stage as far as it goes) covers the layers whenever any
+        partition does; False means provably infeasible."""
         pos = 0
         for s in range(c.p * c.v):
             btype = self.stage_type(c, s % c.p)
@@ -722,9 +786,10 @@ class Explorer:
                 P = sm.PF + (sm.PB if self.train else 0.0)
                 jt = int(np.searchsorted(P, P[pos] + tmax * (1 + 1e-12), side="right")) - 1
                 jm = min(jm, jt)
-            if jm <= pos:
-                return False
-            pos = jm
+            # a stage that cannot take the next layer is left empty in the relaxation: a
+            # later stage (another board type, fewer stashes) may take it, and a partition
+            # whose stages are all non-empty covers no more than one allowing empty ones
+            pos = max(pos, jm)
             if pos >= self.n:
                 return True
         return pos >= self.n
@@ -804,44 +869,64 @@ class Explorer:
         total = sum(ts) + sum(cs) + c.v * sum(xs)
         return total / c.v + (c.m * c.v - 1) * max(ts + os_)
 
-    def search(self, configs: list[Config]) -> list[Candidate]:
+    def explore(self, configs: list[Config], slack: float = SLACK) -> list[Candidate]:
+        """Exact partitions of the configurations in lower-bound order, sorted by J: every
+        configuration whose J is within ``slack`` of the least J has its optimum in the list
+        (the others are skipped once their bound exceeds (1 + slack) x the best J so far)."""
+        found: list[Candidate] = []
+        best = math.inf
+        order = sorted(configs, key=lambda c: (self.lower_bound(c), _ckey(c)))
+        depths: set = set()
+        for c in order:
+            lb = self.lower_bound(c)
+            if lb >= best * (1 + DEPTH_SLACK):
+                break
+            # J prices FPGA stages time-multiplexed; the replay may run them as dataflow
+            # pipelines, which favours few deep stages: until a pipeline depth has a
+            # candidate (per depth and boards used), its configurations are kept up to
+            # DEPTH_SLACK above the best J
+            shape = (c.p, self.boards_used(c))
+            lim = best * (1 + (slack if shape in depths else max(slack, DEPTH_SLACK)))
+            if lb >= lim:
+                continue
+            cand = self.solve_config(c, lim)
+            if cand is None:
+                continue
+            found.append(cand)
+            depths.add(shape)
+            best = min(best, cand.objective)
+        found.sort(key=lambda x: (x.objective, _ckey(x.config)))
+        return found
+
+    def search(self, configs: list[Config], slack: float = SLACK) -> list[Candidate]:
         """Exact partitions of the configurations in bound order; replayed fastest first.
 
         J approximates the replayed time (GPipe's replay is at most J, 1F1B's may exceed it
         by the round-trip stalls), so configurations within SLACK of the best J are kept and
         replayed in J order until J exceeds the best replayed time by SLACK.
         """
-        found: list[Candidate] = []
-        best = math.inf
-        order = sorted(configs, key=lambda c: (self.lower_bound(c), _ckey(c)))
-        feasible_norc: set = set()
-        for c in order:
-            if self.lower_bound(c) >= best * (1 + SLACK):
-                break
-            if c.recompute and replace(c, recompute=False) in feasible_norc:
-                continue  # recomputation only where the stashes do not fit otherwise
-            cand = self.solve_config(c, best * (1 + SLACK))
-            if cand is None:
-                continue
-            if not c.recompute:
-                feasible_norc.add(c)
-            found.append(cand)
-            best = min(best, cand.objective)
-        found.sort(key=lambda x: (x.objective, x.config))
+        found = self.explore(configs, slack)
         # replay the best few per schedule (schedules share J when v = 1 but not their
         # replayed time), skipping candidates identical to one already replayed
         best_j = found[0].objective if found else math.inf
         per: dict[str, int] = {}
         seen: set = set()
         done, rest = [], []
+        depth: set = set()
         for cand in found:
             c = cand.config
             key = (c.schedule, c.v, c.r, c.p, c.groups, c.beta * c.m, c.recompute, tuple(cand.bounds)) if c.p == 1 \
                 else (c, tuple(cand.bounds))
-            if (per.get((c.schedule, c.k, c.kv), 0) < MAX_REPLAYS and cand.objective <= best_j * (1 + SLACK)
-                    and key not in seen):
+            # J prices FPGA stages time-multiplexed while the replay may use the faster
+            # dataflow style (section 2), which favours few deep stages: the best candidate
+            # of every (pipeline depth, boards used) that explore kept is replayed too
+            regular = per.get((c.schedule, c.k, c.kv), 0) < MAX_REPLAYS and cand.objective <= best_j * (1 + slack)
+            shape = (c.schedule, c.p, self.boards_used(c))
+            if (regular or shape not in depth) and key not in seen:
                 seen.add(key)
-                per[(c.schedule, c.k, c.kv)] = per.get((c.schedule, c.k, c.kv), 0) + 1
+                depth.add(shape)
+                if regular:
+                    per[(c.schedule, c.k, c.kv)] = per.get((c.schedule, c.k, c.kv), 0) + 1
                 self.finish(cand)
                 done.append(cand)
             else:

@@ -232,21 +232,27 @@ def test_stage_resources_within_the_capped_budget():
 @pytest.mark.parametrize("model_name", ["resnet50", "examples/models/small-resnet.yaml"])
 def test_whole_blocks_never_cuts_inside_a_residual_block(model_name):
     """--whole-blocks: every stage boundary carries exactly one tensor (no open skip), where
-    the free plan (no replication) cuts inside a block."""
+    the free optimum of the same 4-stage pipeline (no replication) cuts inside a block."""
     import json
     import subprocess
     import sys
     from bapipe.spec import load_model
-
-    def cuts(*extra):
-        r = subprocess.run([sys.executable, "-m", "bapipe.cli", "plan", model_name, "4xU250-ring", "--json",
-                            "--no-replication", "-o", "/dev/null", *extra], capture_output=True, text=True,
-                           check=True)
-        stages = json.loads(r.stdout)["stages"]          # layers: [first, last] positions
-        return [len(model.cut_tensors(s["layers"][1])) for s in stages[:-1]]
+    from planner.search import Explorer
 
     model = load_model(model_name)
-    whole, free = cuts("--whole-blocks"), cuts()
-    # the planner may leave boards idle (3 stages here can beat 4): every cut it makes is whole
-    assert whole and all(x == 1 for x in whole)
+    cluster = load_cluster("4xU250-ring")
+
+    def cuts(whole: bool):
+        ex = Explorer(model, cluster, Request(replication=False, whole_blocks=whole))
+        found = ex.search([c for c in ex.configs(ex.schedules(), [1], (False, True)) if c.p == 4])
+        return [len(model.cut_tensors(b)) for _a, b in found[0].bounds[:-1]]
+
+    whole, free = cuts(True), cuts(False)
+    assert len(whole) == 3 and whole == [1, 1, 1]
     assert max(free) > 1          # why the option exists: the free optimum leaves a skip open
+    # the CLI plan (any depth, boards may stay idle) never cuts inside a block either
+    r = subprocess.run([sys.executable, "-m", "bapipe.cli", "plan", model_name, "4xU250-ring", "--json",
+                        "--no-replication", "--whole-blocks", "-o", "/dev/null"], capture_output=True, text=True,
+                       check=True)
+    stages = json.loads(r.stdout)["stages"]
+    assert all(len(model.cut_tensors(s["layers"][1])) == 1 for s in stages[:-1])
