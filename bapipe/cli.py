@@ -129,6 +129,11 @@ def _add_args(name: str, p: argparse.ArgumentParser) -> None:
             p.add_argument("--engine", default="cpp", choices=("cpp", "cocotb"),
                            help="C++ Verilator harness (fast) or the cocotb testbench")
             p.add_argument("--threads", type=int, default=1, help="Verilator model threads (cpp engine)")
+            p.add_argument("--no-stages", dest="stages", action="store_false",
+                           help="skip running each stage alone (the per-stage plan vs measured report)")
+            p.add_argument("--stage-samples", type=int, default=None,
+                           help="samples each stage runs alone (default 3-16, to keep all stages near "
+                                "2M simulated cycles)")
         if name == "csim":
             p.add_argument("--seed", type=_seed, default=0, help="seed of the random inputs")
             p.add_argument("--samples", type=int, default=4, help="random inputs per stage (big stages run 1)")

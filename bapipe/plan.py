@@ -27,10 +27,21 @@ FORMATS = ("fixed16", "int8", "fp16", "bf16", "fp32")
 
 @dataclass
 class Folding:
-    """Parallelism of one layer on its board: PE output rows x SIMD input lanes (FINN)."""
+    """Parallelism of one layer's engine on its board: PE output rows x SIMD input lanes of a
+    matrix-vector unit (FINN), or ``lanes`` elements a cycle of an element-wise engine."""
 
     pe: int = 1
     simd: int = 1
+    lanes: int | None = None        # element-wise engines only (plan.yaml: {lanes: n})
+
+    @property
+    def ew_lanes(self) -> int:
+        """Elements an element-wise engine takes a cycle: ``lanes`` (older plans: pe x simd)."""
+        return self.lanes if self.lanes is not None else self.pe * self.simd
+
+    def to_yaml(self) -> dict:
+        """{lanes} for element-wise engines, {pe, simd} for matrix-vector units."""
+        return {"lanes": self.lanes} if self.lanes is not None else {"pe": self.pe, "simd": self.simd}
 
 
 @dataclass
@@ -101,7 +112,10 @@ class Plan:
 
     def to_dict(self) -> dict:
         """Plain dict (the YAML form)."""
-        return asdict(self)
+        d = asdict(self)
+        for st, s in zip(d["stages"], self.stages):
+            st["folding"] = {k: f.to_yaml() for k, f in s.folding.items()}
+        return d
 
     def dumps(self) -> str:
         """Deterministic YAML text."""
@@ -137,7 +151,10 @@ def _stage(node: Any, file: str, i: int, line: int | None) -> Stage:
         if not isinstance(fv, Node):
             raise fold_node.error(lname, "expected {pe, simd}")
         ff = Fields(fv)
-        folding[lname] = Folding(ff.int("pe", 1), ff.int("simd", 1))
+        if "lanes" in fv:
+            folding[lname] = Folding(lanes=ff.int("lanes", min=1))
+        else:
+            folding[lname] = Folding(ff.int("pe", 1), ff.int("simd", 1))
         ff.done()
     st = Stage(
         index=f.int("index", min=0), layers=list(_strs(f, "layers")), first=f.int("first", min=0),
@@ -391,7 +408,7 @@ def _check_stage(plan: Plan, s: Stage, model, boards: dict, owner: dict, err, st
                 raise err(f"{at}.folding", f"missing folding of layer '{l.name}' (expected {{pe, simd}})")
             if not _legal_folding(l, f):
                 raise err(f"{at}.folding.{l.name}", f"expected a legal folding of {l.type} layer '{l.name}' "
-                                                    f"({_folding_rule(l)}), got pe {f.pe}, simd {f.simd}")
+                                                    f"({_folding_rule(l)}), got {f.to_yaml()}")
     train = plan.mode == "train"
     for k in ("fwd_s", "bwd_s", "time_s", "send_s", "allreduce_s"):
         if getattr(s, k) > MAX_SECONDS:
@@ -428,9 +445,11 @@ def _legal_folding(layer, f: Folding) -> bool:
 
     ms = matrix_shape(layer)
     if ms is not None:
-        return ms[0] % f.pe == 0 and ms[1] % f.simd == 0
+        return f.lanes is None and ms[0] % f.pe == 0 and ms[1] % f.simd == 0
     d = lane_dim(layer)
-    return d % f.pe == 0 and d % f.simd == 0
+    if f.lanes is not None:
+        return d % f.lanes == 0
+    return d % f.pe == 0 and d % f.simd == 0 and d % f.ew_lanes == 0
 
 
 def _folding_rule(layer) -> str:
@@ -439,4 +458,4 @@ def _folding_rule(layer) -> str:
     ms = matrix_shape(layer)
     if ms is not None:
         return f"PE divides MH={ms[0]}, SIMD divides MW={ms[1]}"
-    return f"PE and SIMD divide its {lane_dim(layer)} lanes"
+    return f"lanes divide its {lane_dim(layer)} channels or features"

@@ -162,15 +162,34 @@ def cmd_rtlsim(args):
         "sim_cycles": out["sim_cycles"], "compile_s": round(out["compile_s"], 2), "overflow": bool(out["overflow"]),
         "bottleneck": max(man["breakdown"], key=lambda t: t[1])[0],
         "steady_state_cycles_per_sample": steady, "engine": getattr(args, "engine", "cpp"),
-        "stages": [f"stage {i} on {b}" for i, b, _style in man.get("stage_boards", [])] or man["boards"],
+        "stage_boards": [f"stage {i} on {b}" for i, b, _style in man.get("stage_boards", [])] or man["boards"],
     }
+    if getattr(args, "stages", True):
+        result.update(stage_agreement(build, params, getattr(args, "stage_samples", None),
+                                      getattr(args, "threads", 1)))
     return result, (0 if match else 1)
+
+
+def stage_agreement(build: Path, params: dict, samples: int | None = None, threads: int = 1) -> dict:
+    """``stages`` (per stage: plan, design and measured cycles per sample, each stage run alone)
+    and ``plan_error`` (worst |measured / plan - 1|); see codegen/agreement.py."""
+    from bapipe.plan import load_plan, resolve
+
+    from .agreement import measure_stages, plan_error
+    from .rtl_model import build_pipeline
+
+    plan_path = build / "plan.yaml"
+    plan = load_plan(plan_path)
+    model, cluster = resolve(plan, str(plan_path))
+    full = build_pipeline(plan, model, cluster, params, str(plan_path))
+    rows = measure_stages(build, plan, model, cluster, params, full, samples, threads)
+    return {"stages": rows, "plan_error": plan_error(rows)}
 
 
 def show_rtlsim(r: dict) -> str:
     """Human summary."""
     lines = [
-        f"RTL pipeline over {len(r['boards'])} boards ({' -> '.join(r['stages'])}), {r['samples']} samples",
+        f"RTL pipeline over {len(r['boards'])} boards ({' -> '.join(r['stage_boards'])}), {r['samples']} samples",
         f"  outputs vs numpy     : {'bit-exact' if r['outputs_match'] else 'MISMATCH'}"
         f" (max |err| {r['max_abs_err_lsb']} LSB)",
         f"  cycles per sample    : {r['cycles_per_sample']:.2f} measured, {r['predicted_cycles_per_sample']:.2f} "
@@ -180,6 +199,15 @@ def show_rtlsim(r: dict) -> str:
         f"  simulation           : {r['sim_cycles']} cycles at {r['sim_cycles_per_s']:.0f} cycles/s "
         f"(compile {r['compile_s']} s)",
     ]
+    if r.get("stages"):
+        lines.append("  per stage, forward cycles per sample in steady state (each stage alone in Verilator):")
+        lines.append(f"    {'stage':<7}{'board':<10}{'style':<18}{'plan':>12}{'design':>12}{'measured':>12}{'vs plan':>9}")
+        for s in r["stages"]:
+            err = f"{100 * s['error']:+.2f}%" if s["error"] is not None else "-"
+            lines.append(f"    {s['index']:<7}{s['board']:<10}{s['style']:<18}{s['plan_cycles_per_sample']:>12.1f}"
+                         f"{s['design_cycles_per_sample']:>12.1f}{s['measured_cycles_per_sample']:>12.1f}{err:>9}")
+        if r.get("plan_error") is not None:
+            lines.append(f"  plan error           : {100 * r['plan_error']:.2f}% (worst stage, measured vs plan)")
     if r["overflow"]:
         lines.append("  WARNING: a link receiver overflowed (credit accounting error)")
     return "\n".join(lines)

@@ -266,9 +266,10 @@ def check_plan(plan: Plan, model, plan_file: str = "plan.yaml") -> None:
                     raise _err(plan_file, st, f"folding.{name}",
                                f"expected PE | MH and SIMD | MW for {l.type} '{name}' (MH={mh}, MW={mw}); "
                                f"got pe={fo.pe} simd={fo.simd}")
-            elif l.type in ("maxpool", "avgpool", "globalavgpool") and l.in_shapes[0][0] % fo.pe:
+            elif l.type in ("maxpool", "avgpool", "globalavgpool") and l.in_shapes[0][0] % fo.ew_lanes:
                 raise _err(plan_file, st, f"folding.{name}",
-                           f"expected pe to divide the {l.in_shapes[0][0]} channels of {l.type} '{name}'; got pe={fo.pe}")
+                           f"expected lanes to divide the {l.in_shapes[0][0]} channels of {l.type} '{name}'; "
+                           f"got lanes={fo.ew_lanes}")
 
 
 def mvu_dims(l: Layer) -> tuple[int, int]:
@@ -362,26 +363,26 @@ def layer_ctx(l: Layer, fo: Folding, params: dict[str, np.ndarray]) -> LayerCtx:
             cycles = folds * l.out_shape[1] * l.out_shape[2]
             desc += f"; MVU MH={mh} MW={mw} PE={fo.pe} SIMD={fo.simd}: {folds} cycles per pixel"
     elif t == "relu":
-        func, tp, cycles = "bapipe::relu", [l.out_elems, fo.pe], l.out_elems
+        func, tp, cycles = "bapipe::relu", [l.out_elems, fo.ew_lanes], l.out_elems
     elif t == "maxpool":
-        func, tp = "bapipe::maxpool", _window_params(l) + [fo.pe]
-        cycles = l.out_elems // fo.pe * prod(l.attr["kernel"])
+        func, tp = "bapipe::maxpool", _window_params(l) + [fo.ew_lanes]
+        cycles = l.out_elems // fo.ew_lanes * prod(l.attr["kernel"])
     elif t == "avgpool":
         kk = prod(l.attr["kernel"])
-        func, tp = "bapipe::avgpool", _window_params(l) + [fo.pe, fx.avg_recip(kk)]
-        cycles = l.out_elems // fo.pe * kk
+        func, tp = "bapipe::avgpool", _window_params(l) + [fo.ew_lanes, fx.avg_recip(kk)]
+        cycles = l.out_elems // fo.ew_lanes * kk
         desc += f"; 1/{kk} as {fx.avg_recip(kk)}/2^{fx.AVG_BITS}"
     elif t == "globalavgpool":
         c, h, w = l.in_shapes[0]
-        func, tp, cycles = "bapipe::globalavgpool", [c, h, w, fo.pe, fx.avg_recip(h * w)], c * h * w
+        func, tp, cycles = "bapipe::globalavgpool", [c, h, w, fo.ew_lanes, fx.avg_recip(h * w)], c * h * w
     elif t == "batchnorm":
         s = l.in_shapes[0]
         ch = s[0] if len(s) == 3 else s[-1]
-        func, tp, cycles = "bapipe::batchnorm", [l.out_elems, ch, fo.pe], l.out_elems
-        weights = [WeightArray(f"{cid}_scale", (ch,), (ch,), params["scale"], params["scale"], [(fo.pe, 1)]),
-                   WeightArray(f"{cid}_shift", (ch,), (ch,), params["shift"], params["shift"], [(fo.pe, 1)])]
+        func, tp, cycles = "bapipe::batchnorm", [l.out_elems, ch, fo.ew_lanes], l.out_elems
+        weights = [WeightArray(f"{cid}_scale", (ch,), (ch,), params["scale"], params["scale"], [(fo.ew_lanes, 1)]),
+                   WeightArray(f"{cid}_shift", (ch,), (ch,), params["shift"], params["shift"], [(fo.ew_lanes, 1)])]
     elif t == "add":
-        func, tp, cycles, n_in = "bapipe::add", [l.out_elems, fo.pe], l.out_elems, len(l.inputs)
+        func, tp, cycles, n_in = "bapipe::add", [l.out_elems, fo.ew_lanes], l.out_elems, len(l.inputs)
         n_in = 2  # the library add is binary; the stage builder chains it for more inputs
     elif t == "flatten":
         s = l.in_shapes[0]

@@ -34,20 +34,13 @@ import numpy as np
 from bapipe.errors import SpecError
 from bapipe.names import legal  # layer names -> Verilog identifiers (imported models: "/features/features.0/Conv")
 from bapipe.plan import Folding, Plan
+from fpga_models.engines import (BN_FILL, MVU_FILL, POOL_FILL, TM_SWITCH, link_beat_cycles,  # noqa: F401 (re-exported)
+                                 mvu_vector_cycles, swg_beats, width_conv_cycles)
 
-#: cycles from the MVU step that completes a row fold to that fold's output beat
-MVU_FILL = 4
 #: cycles a credit spends outside the link's two latencies (rx FIFO, credit register, tx)
 LINK_LOOP = 3
 #: slack credits beyond the round trip, so a one-cycle hiccup never starves the link
 CREDIT_SLACK = 1
-#: cycles a board's sequencer idles between two stage jobs (the grant drops for one cycle;
-#: within a job the next unit is granted in the cycle after the last beat) - measured
-TM_SWITCH = 1
-#: fill cycles of a pool unit's turn beyond its window generator's replay - measured
-POOL_FILL = 1
-#: cycles of a batchnorm unit's turn beyond its beats (its output register)
-BN_FILL = 1
 #: (width, fraction bits) per plan number format, as in docs/codegen.md
 FORMATS = {"fixed16": (16, 10), "int8": (8, 4)}
 
@@ -101,8 +94,8 @@ class MvuSpec:
 
     @property
     def cycles_per_vector(self) -> int:
-        """Exactly (MH/PE)*(MW/SIMD)."""
-        return self.nf * self.sf
+        """Exactly (MH/PE)*(MW/SIMD) (fpga_models.engines)."""
+        return mvu_vector_cycles(self.mh, self.mw, self.pe, self.simd)
 
     @property
     def acc_w(self) -> int:
@@ -150,14 +143,13 @@ class SwgSpec:
 
     @property
     def frame_beats(self) -> int:
-        """Input beats per image."""
-        return self.h * self.w * self.c // self.simd
+        """Input beats per image (fpga_models.engines.swg_beats)."""
+        return swg_beats(self.c, self.h, self.w, self.k, self.pad, self.stride, self.simd, self.taps)[0]
 
     @property
     def out_beats(self) -> int:
-        """Output beats per image: one im2col column per output pixel."""
-        oh, ow = self.out_hw
-        return oh * ow * self.k * self.k * self.c // (self.simd * self.taps)
+        """Output beats per image: one im2col column per output pixel (fpga_models.engines.swg_beats)."""
+        return swg_beats(self.c, self.h, self.w, self.k, self.pad, self.stride, self.simd, self.taps)[1]
 
     def params(self, elem_w: int) -> dict[str, int]:
         """Verilog parameters."""
@@ -392,7 +384,7 @@ def _converters(prefix: str, lanes_in: int, lanes_out: int, elem_w: int, beats: 
         elems = beats * lanes_in
         out.append(Block("width_conv", f"{prefix}_wc{i}", "axis_width_conv",
                          {"IN_W": a * elem_w, "OUT_W": b * elem_w, "COUNT_W": count_bits(ratio)},
-                         a, b, beats_in=elems // a, cycles=max(elems // a, elems // b)))
+                         a, b, beats_in=elems // a, cycles=width_conv_cycles(elems, a, b)))
     return out
 
 
@@ -420,9 +412,9 @@ def _pool(layer, stage, pre: str, lanes: int | None, elem_w: int, blocks: list, 
     if layer.type == "maxpool" and pd[0] >= k[0]:
         raise Unsupported(f"layer '{layer.name}': maxpool padding {pd[0]} >= kernel {k[0]} (a window of padding only)")
     f = stage.folding.get(layer.name)
-    # Channels per beat: the plan's PE when it gives one, else what already arrives (if it divides C).
+    # Channels per beat: the plan's lanes when they divide C, else what already arrives.
     if lp is None:
-        lp = f.pe if f is not None and c % f.pe == 0 else math.gcd(lanes or 1, c)
+        lp = _planned_lanes(f, c) or math.gcd(lanes or 1, c)
     if lanes is None:
         lanes = lp
     swg = SwgSpec(c, h, w, k[0], pd[0], s[0], lp)
@@ -569,15 +561,20 @@ def _df_engine(stage, layer, fuse_relu: bool, params, state: dict, pre: str, lan
     elif layer.type in ("maxpool", "avgpool"):
         lanes, elems = _pool(layer, stage, pre, lanes, elem_w, blocks, ops)
     elif layer.type == "relu":
+        planned = _planned_lanes(stage.folding.get(layer.name), layer.out_elems)
         if lanes is None:
-            lanes = _fold(stage, layer.name).pe
+            lanes = planned or 1
+        elif planned and planned != lanes:   # run at the plan's lanes, not at what arrives
+            blocks += _converters(f"{pre}_{legal(layer.name)}", lanes, planned, elem_w, layer.in_elems // lanes)
+            lanes = planned
         beats = layer.out_elems // lanes
         blocks.append(Block("relu", f"{pre}_{legal(layer.name)}", "axis_relu", {"LANES": lanes, "ELEM_W": elem_w},
                             lanes, lanes, beats_in=beats, cycles=beats))
         ops.append({"layer": layer.name, "type": "relu", "relu": True})
         elems = layer.out_elems
     elif layer.type == "batchnorm":
-        new, lanes = _bn(layer, pre, lanes, elem_w, frac, params, ops)
+        new, lanes = _bn(layer, pre, lanes, elem_w, frac, params, ops,
+                         lb=_planned_lanes(stage.folding.get(layer.name), _channels(layer)))
         blocks += new
         elems = layer.out_elems
     elif layer.type == "globalavgpool":
@@ -647,8 +644,9 @@ def _gap(layer, stage, pre: str, lanes: int | None, elem_w: int, ops: list,
         raise Unsupported(f"layer '{layer.name}': globalavgpool needs a (C, H, W) input")
     c, h, w = layer.in_shapes[0]
     f = stage.folding.get(layer.name)
+    lg = lg or _planned_lanes(f, c)
     if lanes is None:
-        lanes = lg or (f.pe if f is not None and c % f.pe == 0 else 1)
+        lanes = lg or 1
     lg = lg or math.gcd(lanes, c)
     taps = h * w
     blocks = _converters(f"{pre}_{legal(layer.name)}", lanes, lg, elem_w, layer.in_elems // lanes)
@@ -754,7 +752,11 @@ def _dag_dataflow(stage, layers, tin, cons, params, state, pre, board_name, in_l
         if layer.type == "add":
             if len(ins) != 2:
                 raise Unsupported(f"layer '{layer.name}': add of {len(ins)} tensors (RTL adds two)")
-            (wm, lm, dm), (wk, lk, dk) = sorted(ins, key=lambda e: -e[2])    # main first, skip second
+            (wm, lm0, dm), (wk, lk, dk) = sorted(ins, key=lambda e: -e[2])    # main first, skip second
+            lm = _planned_lanes(stage.folding.get(layer.name), _channels(layer)) or lm0
+            if lm != lm0:   # the add runs at the plan's lanes
+                wm = _wire_chain(blocks, _converters(f"{pre}_{legal(layer.name)}_main", lm0, lm, elem_w,
+                                                     layer.out_elems // lm0), wm, fresh)
             beats = layer.out_elems // lm
             new = _converters(f"{pre}_{legal(layer.name)}_skip", lk, lm, elem_w, layer.out_elems // lk)
             frames = dm - dk + 1
@@ -786,8 +788,15 @@ def _dag_dataflow(stage, layers, tin, cons, params, state, pre, board_name, in_l
 
 
 def _ew_lanes(f: Folding | None, dim: int) -> int:
-    """Lanes of an element-wise engine: the plan's PE*SIMD, cut down to divide ``dim``."""
-    return math.gcd(f.pe * f.simd if f is not None else 1, dim)
+    """Lanes of an element-wise engine: the plan's lanes, cut down to divide ``dim``."""
+    return math.gcd(f.ew_lanes if f is not None else 1, dim)
+
+
+def _planned_lanes(f: Folding | None, dim: int) -> int | None:
+    """The plan's lanes of an element-wise engine when they divide ``dim``, else None."""
+    if f is None or dim % f.ew_lanes:
+        return None
+    return f.ew_lanes
 
 
 def _tm_engine(stage, layer, params, state: dict, pre: str, elem_w: int, frac: int, ops: list):
@@ -1054,13 +1063,18 @@ def _dag_tm(stage, layers, tin, cons, params, state, pre, board_name, in_lanes, 
                     link_in is not None, False, layers[0].in_elems, layers[-1].out_elems, units, in_wire, in_beats)
 
 
-def build_pipeline(plan: Plan, model, cluster, params=None, plan_file: str = "plan.yaml") -> Pipeline:
+def build_pipeline(plan: Plan, model, cluster, params=None, plan_file: str = "plan.yaml",
+                   in_lanes: int | None = None, partial: bool = False) -> Pipeline:
     """The RTL pipeline of a plan: replica 0 of every stage, links between consecutive stages.
 
     A board that runs several stages (interleaved schedules) gets all of them; time-multiplexed
     stages on a board share its sequencer, so they take turns as the plan assumes. Raises
     Unsupported when the plan needs what the RTL cannot build (stages split over meshes,
     layer types without an engine).
+
+    ``in_lanes`` sets the lanes of the first stage's input (None: its first engine's), and
+    ``partial`` builds a slice of a plan (codegen.agreement runs one stage alone): a flatten
+    left open at its end is then fine.
     """
     elem_w, frac = elem_format(plan.number_format, plan_file)
     params = plan_weights(plan, model) if params is None else params
@@ -1077,7 +1091,7 @@ def build_pipeline(plan: Plan, model, cluster, params=None, plan_file: str = "pl
     links: list[LinkSpec | None] = []
     ops: list[dict] = []
     link_in = None
-    lanes = None
+    lanes = in_lanes
     state: dict = {}
     units_on: dict[str, int] = {}
     for s in plan.stages:
@@ -1102,7 +1116,7 @@ def build_pipeline(plan: Plan, model, cluster, params=None, plan_file: str = "pl
                                         "CREDIT_W": count_bits(link_in.credits)}, st.out_lanes, st.out_lanes))
             links.append(link_in)
             lanes = st.out_lanes
-    if state.get("hwc"):
+    if state.get("hwc") and not partial:
         raise Unsupported("the last flatten is not followed by a dense layer")
     boards: list[BoardRtl] = []
     for st in stages:

@@ -21,7 +21,8 @@ from functools import lru_cache
 from bapipe.layers import Layer
 
 from .boards import Board
-from .cost import (LUT_PER_LANE_OP, LUT_PER_LAYER, LUT_PER_MAC, MAX_LANES, best_folding, divisors, layer_cost,
+from .engines import LUT_PER_LANE_OP, LUT_PER_LAYER, LUT_PER_MAC, MAX_LANES, TM_SWITCH, engine_kind, turn_fill
+from .cost import (best_folding, divisors, layer_cost,
                    matrix_shape, lane_dim)
 
 
@@ -50,15 +51,22 @@ class Allocation:
 
 def time_multiplexed(layers: list[Layer], board: Board, fmt: str = "fixed16", batch: int = 1,
                      cap: float = 0.8, train: bool = True) -> Allocation:
-    """Each layer at its fastest folding on the whole capped budget; times add up."""
+    """Each layer at its fastest folding on the whole capped budget; times add up.
+
+    Every sample costs each layer's turn (its cycles plus the engine's fill) and the
+    sequencer's switch between jobs (fpga_models.engines), as the generated RTL runs it.
+    """
     fold, fc, bc, dsp, lut = {}, 0, 0, 0, 0
     for l in layers:
         pe, simd = best_folding(l, board, fmt, board.usable_dsp * cap, board.usable_lut * cap)
         c = layer_cost(l, board, pe, simd, fmt, batch)
+        fill = turn_fill(engine_kind(l.type)) * batch
         fold[l.name] = (pe, simd)
-        fc += c.fwd_cycles
-        bc += c.bwd_cycles if train else 0
+        fc += c.fwd_cycles + (fill if c.fwd_cycles else 0)
+        bc += (c.bwd_cycles + (fill if c.bwd_cycles else 0)) if train else 0
         dsp, lut = max(dsp, c.dsp), max(lut, c.lut)
+    fc += TM_SWITCH * batch if fc else 0
+    bc += TM_SWITCH * batch if bc else 0
     return Allocation("time-multiplexed", fold, fc, bc, dsp, lut, board.clock_hz)
 
 

@@ -28,19 +28,11 @@ from bapipe.errors import SpecError
 from bapipe.layers import Layer
 
 from .boards import BRAM36_BYTES, URAM_BYTES, Board, bytes_per_element
+from .engines import (LUT_PER_LANE_OP, LUT_PER_LAYER, LUT_PER_MAC, MAX_LANES, MVU_TYPES,  # noqa: F401 (re-exported)
+                      elementwise_lut, line_buffer_bytes, mvu_cycles, mvu_dsp, mvu_lut, stream_cycles)
 
-#: layer types computed on a matrix-vector unit (PE x SIMD folding)
-MVU_TYPES = frozenset({"conv2d", "dense", "lstm", "attention", "additive_attention", "matmul"})
 #: elementwise work per output element in backward relative to forward (norms recompute statistics)
 _BWD_WORK = {"layernorm": 2.0, "batchnorm": 2.0, "softmax": 2.0, "gelu": 2.0, "tanh": 1.0, "sigmoid": 1.0}
-#: LUTs per MAC lane of an MVU (adder tree + accumulator, fixed point) [estimate, FINN-R Table 2 order]
-LUT_PER_MAC = 24
-#: LUTs per elementwise lane and per op of work per element [estimate]
-LUT_PER_LANE_OP = 40
-#: fixed LUT overhead of one layer's engine (control, FIFOs, AXI-Stream glue) [estimate]
-LUT_PER_LAYER = 1500
-#: widest elementwise stream (256 lanes x 16 bit = 4096-bit AXI-Stream) [design choice]
-MAX_LANES = 256
 #: GPU formats: fixed16 has no GPU datapath, run it as fp16; bf16 falls back to fp32 where absent
 _GPU_FMT = {"fixed16": "fp16"}
 
@@ -158,11 +150,6 @@ class LayerCost:
         return self.bwd_s_override if self.bwd_s_override is not None else self.bwd_cycles / self.clock_hz
 
 
-def mvu_cycles(macs: float, pe: int, simd: int, batch: int = 1) -> int:
-    """ceil(macs * batch / (PE*SIMD)): equals (MH/PE)(MW/SIMD)*pixels*batch when PE|MH, SIMD|MW."""
-    return int(math.ceil(macs * batch / (pe * simd) - 1e-9))
-
-
 def layer_cost(layer: Layer, board: Board, pe: int, simd: int, fmt: str = "fixed16", batch: int = 1) -> LayerCost:
     """Cost of ``layer`` on an FPGA ``board`` with folding (pe, simd) for ``batch`` samples."""
     bpe = bytes_per_element(fmt)
@@ -174,27 +161,36 @@ def layer_cost(layer: Layer, board: Board, pe: int, simd: int, fmt: str = "fixed
         fc = mvu_cycles(layer.fwd_macs, pe, simd, batch)
         bic = mvu_cycles(layer.bwd_in_macs, pe, simd, batch)
         bwc = mvu_cycles(layer.bwd_w_macs, pe, simd, batch)
-        dsp = int(math.ceil(pe * simd * board.dsp_per_mac.get(fmt, 1.0)))
-        lut = LUT_PER_LAYER + LUT_PER_MAC * pe * simd
+        dsp = mvu_dsp(pe, simd, board.dsp_per_mac.get(fmt, 1.0))
+        lut = mvu_lut(pe, simd)
         buf = 0
         if layer.type == "conv2d":  # sliding-window line buffer: kh rows of the input (FINN SWG)
             c, _h, w = layer.in_shapes[0]
-            buf = layer.attr["kernel"][0] * w * c * bpe
+            buf = line_buffer_bytes(layer.attr["kernel"][0], w, c, bpe)
     else:
+        # element-wise engines: ``lanes`` elements a cycle (plans store it as simd with pe 1)
         fw, bw = elementwise_work(layer)
         lanes = pe * simd
-        fc = int(math.ceil(fw * batch / lanes))
-        bic = int(math.ceil(bw * batch / lanes))
+        fc = stream_cycles(fw, lanes, batch)
+        bic = stream_cycles(bw, lanes, batch)
         bwc = 0
         dsp = 0
         ops = max(1.0, layer.fwd_ops / max(1, layer.out_elems))
-        lut = (LUT_PER_LAYER + int(LUT_PER_LANE_OP * lanes * min(ops, 8))) if fw else 0
+        lut = elementwise_lut(lanes, ops) if fw else 0
         buf = 0
         if layer.type in ("maxpool", "avgpool") and len(layer.in_shapes[0]) == 3:
             c, _h, w = layer.in_shapes[0]
-            buf = layer.attr["kernel"][0] * w * c * bpe
+            buf = line_buffer_bytes(layer.attr["kernel"][0], w, c, bpe)
     return LayerCost(layer.name, layer.type, pe, simd, fc, bic, bwc, dsp, lut, wbytes, in_b, out_b, buf,
                      board.clock_hz)
+
+
+def folding_cost(layer: Layer, board: Board, folding, fmt: str = "fixed16", batch: int = 1) -> LayerCost:
+    """:func:`layer_cost` at a plan's folding (bapipe.plan.Folding): PE x SIMD of a
+    matrix-vector unit, ``lanes`` of an element-wise engine."""
+    if folding.lanes is not None:
+        return layer_cost(layer, board, 1, folding.lanes, fmt, batch)
+    return layer_cost(layer, board, folding.pe, folding.simd, fmt, batch)
 
 
 def folding_candidates(layer: Layer) -> list[tuple[int, int]]:

@@ -23,6 +23,7 @@ import numpy as np
 
 from bapipe.spec import Model
 from fpga_models.boards import Board, bytes_per_element
+from fpga_models.engines import TM_SWITCH, engine_kind, turn_fill
 from fpga_models.cost import (best_folding, elementwise_work, gpu_layer_cost, matrix_shape, onchip_capacity,
                               weight_copies)
 
@@ -40,6 +41,7 @@ class LayerTable:
     gpu_b: np.ndarray | None
     measured_f: np.ndarray | None = None   # measured seconds per sample (profile hook)
     measured_b: np.ndarray | None = None
+    fill: np.ndarray | None = None         # FPGA: cycles each layer's turn adds per sample (engine fill)
 
 
 def layer_table(model: Model, board: Board, fmt: str, cap: float, measured: dict | None = None) -> LayerTable:
@@ -63,7 +65,10 @@ def layer_table(model: Model, board: Board, fmt: str, cap: float, measured: dict
                 fw[k], bw[k] = l.fwd_macs, l.bwd_macs
             else:
                 fw[k], bw[k] = elementwise_work(l)
-    t = LayerTable(board, fold, fw, bw, lanes, gf, gb)
+    fill = None
+    if board.kind != "gpu":
+        fill = np.array([turn_fill(engine_kind(l.type)) for l in model.layers], dtype=float)
+    t = LayerTable(board, fold, fw, bw, lanes, gf, gb, fill=fill)
     if measured:
         t.measured_f = np.array([measured[l.name]["fwd_s"] for l in model.layers], dtype=float)
         t.measured_b = np.array([measured[l.name]["bwd_s"] for l in model.layers], dtype=float)
@@ -73,7 +78,8 @@ def layer_table(model: Model, board: Board, fmt: str, cap: float, measured: dict
 def layer_times(t: LayerTable, beta: int) -> tuple[np.ndarray, np.ndarray]:
     """(forward, backward) seconds per layer for a micro-batch of ``beta`` samples on one board.
 
-    FPGA: ceil(work * beta / lanes) cycles at the board clock (FINN MVU formula).
+    FPGA: ceil(work * beta / lanes) cycles at the board clock (FINN MVU formula) plus the
+    engine's fill for every sample's turn (fpga_models.engines.turn_fill).
     Measured profiles and GPU rooflines scale linearly with beta (per-sample figures).
     """
     if t.measured_f is not None:
@@ -81,8 +87,9 @@ def layer_times(t: LayerTable, beta: int) -> tuple[np.ndarray, np.ndarray]:
     if t.gpu_f is not None:
         return t.gpu_f * beta, t.gpu_b * beta
     clk = t.board.clock_hz
-    f = np.ceil(t.fwd_work * beta / t.lanes - 1e-9) / clk
-    b = np.ceil(t.bwd_work * beta / t.lanes - 1e-9) / clk
+    fill = t.fill * beta if t.fill is not None else 0.0   # every turn's fill, per sample
+    f = (np.ceil(t.fwd_work * beta / t.lanes - 1e-9) + np.where(t.fwd_work > 0, fill, 0.0)) / clk
+    b = (np.ceil(t.bwd_work * beta / t.lanes - 1e-9) + np.where(t.bwd_work > 0, fill, 0.0)) / clk
     return f, b
 
 
@@ -103,6 +110,7 @@ class StageModel:
     PA: np.ndarray   # prefix stash bytes per micro-batch (inputs of every layer)
     PBUF: np.ndarray  # prefix line-buffer bytes
     IN: np.ndarray   # bytes entering a stage that starts at layer i (per micro-batch)
+    switch_s: float = 0.0  # FPGA: the sequencer's switch between jobs, per micro-batch
 
     def cost(self, i, j, stashes, share: int = 1):
         """Vectorised stage figures for layers i..j (inclusive) with ``stashes`` in-flight micro-batches.
@@ -123,6 +131,9 @@ class StageModel:
         """:meth:`cost` from precomputed :meth:`ranges`."""
         F, Bc, W, A, buf = rg["F"], rg["B"], rg["W"], rg["A"], rg["buf"]
         train = self.mode == "train"
+        if self.switch_s:
+            F = F + self.switch_s
+            Bc = Bc + np.where(Bc > 0, self.switch_s, 0.0)
         if train and self.recompute:
             Bc = Bc + F                       # re-run the forward before the backward
             stash_mb = rg["IN"]
@@ -188,7 +199,8 @@ def stage_model(model: Model, table: LayerTable, beta: int, fmt: str, cap: float
     board = table.board
     onchip = onchip_capacity(board, cap) if board.kind == "fpga" else 0
     return StageModel(board, beta, mode, recompute, weight_copies(optimizer, mode, versions), onchip,
-                      onchip + board.offchip_bytes, z(f), z(b), z(w), z(a), z(buf), IN)
+                      onchip + board.offchip_bytes, z(f), z(b), z(w), z(a), z(buf), IN,
+                      TM_SWITCH * beta / board.clock_hz if board.kind == "fpga" and table.measured_f is None else 0.0)
 
 
 def cut_bytes(model: Model, fmt: str, beta: int) -> np.ndarray:

@@ -15,17 +15,20 @@ def _small_board(dsp):
 
 
 def test_time_multiplexed_is_the_sum_of_best_layers():
+    """Every sample takes every layer's turn: its cycles plus its engine's fill (MVU 4, pool 1,
+    element-wise 0; fpga_models.engines), and one sequencer switch per job."""
     layers = list(load_model("tiny-cnn").layers)
     u250 = get_board("U250")
     a = time_multiplexed(layers, u250, batch=4, cap=0.8)
     want_f = want_b = 0
+    fill = {"conv2d": 4, "dense": 4, "maxpool": 1, "avgpool": 1, "relu": 0, "flatten": 0}
     for l in layers:
         pe, simd = best_folding(l, u250, "fixed16", u250.usable_dsp * 0.8, u250.usable_lut * 0.8)
         c = layer_cost(l, u250, pe, simd, batch=4)
-        want_f += c.fwd_cycles
-        want_b += c.bwd_cycles
+        want_f += c.fwd_cycles + (4 * fill[l.type] if c.fwd_cycles else 0)
+        want_b += c.bwd_cycles + (4 * fill[l.type] if c.bwd_cycles else 0)
         assert a.folding[l.name] == (pe, simd)
-    assert (a.fwd_cycles, a.bwd_cycles) == (want_f, want_b)
+    assert (a.fwd_cycles, a.bwd_cycles) == (want_f + 4, want_b + 4)   # + TM_SWITCH per sample
     assert a.style == "time-multiplexed"
 
 

@@ -137,7 +137,7 @@ def test_link_configs_follow_vitis_conventions(tmp_path):
 @pytest.mark.parametrize("folding, needle", [
     ({"conv2": (3, 8)}, "folding.conv2: expected PE | MH and SIMD | MW for conv2d 'conv2' (MH=8, MW=72)"),
     ({"fc": (2, 5)}, "folding.fc: expected PE | MH and SIMD | MW for dense 'fc' (MH=10, MW=64)"),
-    ({"pool1": (3, 1)}, "folding.pool1: expected pe to divide the 8 channels"),
+    ({"pool1": (3, 1)}, "folding.pool1: expected lanes to divide the 8 channels"),
 ])
 def test_bad_folding_is_refused_before_writing(tmp_path, folding, needle):
     plan, model, cluster = make_plan(folding=folding)

@@ -175,7 +175,7 @@ def test_time_multiplexed_units_cost_what_the_planner_says():
     add up to its stages' planned forward cycles per sample."""
     from bapipe.plan import load_plan
     from fpga_models.boards import get_board
-    from fpga_models.cost import layer_cost
+    from fpga_models.cost import folding_cost
     path = _vgg_plan()
     plan = load_plan(path)
     model, cluster = resolve(plan)
@@ -185,7 +185,7 @@ def test_time_multiplexed_units_cost_what_the_planner_says():
         assert st.style == "time-multiplexed" and st.board == ps.boards[0]
         for u in st.units:
             f = ps.folding[u.layer]
-            planned = layer_cost(model.layers[model.index[u.layer]], board, f.pe, f.simd, plan.number_format).fwd_cycles
+            planned = folding_cost(model.layers[model.index[u.layer]], board, f, plan.number_format).fwd_cycles
             assert 0 <= u.cycles - planned <= rm.MVU_FILL + 1, (u.layer, u.cycles, planned)
         # per replica the stage sees microbatch / replicas samples
         per_sample = ps.cycles["fwd"] * ps.replicas / plan.microbatch_size

@@ -1,0 +1,133 @@
+"""Hardware engines: the one home of what each engine costs.
+
+Every engine the generators build is described here once: its legal foldings, its cycles
+per sample, its fill (turn overhead), its DSP/LUT and its buffers. The planner prices
+layers with these (through ``fpga_models.cost`` and ``fpga_models.allocate``), the RTL
+lowering (``codegen.rtl_model``) sizes its blocks and predicts its timing with the same
+functions, and ``bapipe rtlsim`` sets the plan against what Verilator measures. If a number
+below is wrong, the plan and the hardware are wrong together, and the per-stage agreement
+report shows it.
+
+Engines (FINN's streaming dataflow style, Umuroglu et al. FPGA'17, Blott et al. TRETS'18):
+
+- ``mvu`` matrix-vector unit: PE output rows x SIMD input lanes over an MH x MW matrix,
+  NF*SF cycles per vector (NF = MH/PE, SF = MW/SIMD), one vector per output pixel;
+- ``swg`` sliding-window generator: line buffers of K rows, max(image beats, window beats)
+  cycles per image;
+- ``pool`` window reduction (max/avg; global average pool is one H x W window): one cycle
+  per window beat;
+- ``elementwise`` (relu, gelu, ...), ``norm`` (batchnorm, layernorm), ``add`` (residual
+  join), ``fork``: ``lanes`` elements per cycle, one beat per cycle;
+- ``width_conv``: repacks lanes, max(input beats, output beats) cycles;
+- ``fifo``: one beat per cycle;
+- ``link``: beats of B bytes at bw bytes per cycle, max(1, B/bw) cycles a beat.
+
+Element-wise engines carry an explicit ``lanes``; matrix engines ``pe`` and ``simd``.
+"""
+from __future__ import annotations
+
+import math
+
+#: layer types computed on a matrix-vector unit (PE x SIMD folding)
+MVU_TYPES = frozenset({"conv2d", "dense", "lstm", "attention", "additive_attention", "matmul"})
+#: layer types reduced over windows by a pool engine (after a window generator, except global)
+POOL_TYPES = frozenset({"maxpool", "avgpool", "globalavgpool"})
+#: LUTs per MAC lane of an MVU (adder tree + accumulator, fixed point) [estimate, FINN-R Table 2 order]
+LUT_PER_MAC = 24
+#: LUTs per elementwise lane and per op of work per element [estimate]
+LUT_PER_LANE_OP = 40
+#: fixed LUT overhead of one layer's engine (control, FIFOs, AXI-Stream glue) [estimate]
+LUT_PER_LAYER = 1500
+#: widest elementwise stream (256 lanes x 16 bit = 4096-bit AXI-Stream) [design choice]
+MAX_LANES = 256
+
+# Fill and turn overheads of the generated RTL (hls_templates/rtl), measured in Verilator by
+# cocotb_tests (test_mvu, test_pool, test_tm) and held there to these values.
+#: cycles from the MVU step that completes a row fold to that fold's output beat
+MVU_FILL = 4
+#: fill cycles of a pool unit's turn beyond its window generator's replay
+POOL_FILL = 1
+#: cycles of a batchnorm unit's turn beyond its beats (its output register)
+BN_FILL = 1
+#: cycles a board's sequencer idles between two stage jobs (the grant drops for one cycle)
+TM_SWITCH = 1
+
+
+def engine_kind(layer_type: str) -> str:
+    """The engine that computes a layer type: mvu | pool | norm | add | reshape | lookup | elementwise."""
+    if layer_type in MVU_TYPES:
+        return "mvu"
+    if layer_type in POOL_TYPES:
+        return "pool"
+    if layer_type in ("batchnorm", "layernorm"):
+        return "norm"
+    if layer_type == "add":
+        return "add"
+    if layer_type == "flatten":
+        return "reshape"
+    if layer_type == "embedding":
+        return "lookup"
+    return "elementwise"
+
+
+def mvu_cycles(macs: float, pe: int, simd: int, batch: int = 1) -> int:
+    """ceil(macs * batch / (PE*SIMD)): equals NF*SF*vectors*batch when PE | MH and SIMD | MW."""
+    return int(math.ceil(macs * batch / (pe * simd) - 1e-9))
+
+
+def mvu_vector_cycles(mh: int, mw: int, pe: int, simd: int) -> int:
+    """NF * SF cycles per input vector of an MH x MW MVU (PE | MH, SIMD | MW)."""
+    return (mh // pe) * (mw // simd)
+
+
+def stream_cycles(elems: float, lanes: int, batch: int = 1) -> int:
+    """Cycles to move ``elems`` elements per sample at ``lanes`` elements per beat, one beat a cycle."""
+    return int(math.ceil(elems * batch / lanes - 1e-9))
+
+
+def width_conv_cycles(elems: int, lanes_in: int, lanes_out: int) -> int:
+    """A width converter takes the slower of its input and output beat counts."""
+    return max(elems // lanes_in, elems // lanes_out)
+
+
+def swg_beats(c: int, h: int, w: int, k: int, pad: int, stride: int, simd: int, taps: int = 1) -> tuple[int, int]:
+    """(input beats, output beats) per image of a window generator: ``simd`` channels per input
+    beat; ``taps`` kernel taps per output beat (> 1 only when simd == c)."""
+    oh = (h + 2 * pad - k) // stride + 1
+    ow = (w + 2 * pad - k) // stride + 1
+    return h * w * c // simd, oh * ow * k * k * c // (simd * taps)
+
+
+def swg_cycles(c: int, h: int, w: int, k: int, pad: int, stride: int, simd: int, taps: int = 1) -> int:
+    """Cycles per image of a window generator: the slower of reading the image and emitting windows."""
+    return max(swg_beats(c, h, w, k, pad, stride, simd, taps))
+
+
+def mvu_dsp(pe: int, simd: int, dsp_per_mac: float) -> int:
+    """DSP slices of a PE x SIMD MVU (AMD WP486: int8 packs two MACs per DSP48E2)."""
+    return int(math.ceil(pe * simd * dsp_per_mac))
+
+
+def mvu_lut(pe: int, simd: int) -> int:
+    """LUTs of a PE x SIMD MVU [estimate]."""
+    return LUT_PER_LAYER + LUT_PER_MAC * pe * simd
+
+
+def elementwise_lut(lanes: int, ops_per_elem: float) -> int:
+    """LUTs of an element-wise engine of ``lanes`` lanes doing ``ops_per_elem`` ops each [estimate]."""
+    return LUT_PER_LAYER + int(LUT_PER_LANE_OP * lanes * min(ops_per_elem, 8))
+
+
+def line_buffer_bytes(k: int, w: int, c: int, bytes_per_elem: int) -> int:
+    """A window generator buffers K rows of the input (FINN SWG)."""
+    return k * w * c * bytes_per_elem
+
+
+def turn_fill(kind: str) -> int:
+    """Cycles a time-multiplexed unit's turn takes beyond its beats (pipeline fill)."""
+    return {"mvu": MVU_FILL, "pool": POOL_FILL, "norm": BN_FILL}.get(kind, 0)
+
+
+def link_beat_cycles(beat_bytes: float, bytes_per_cycle: float) -> float:
+    """Cycles a link needs per beat: one beat a cycle at most, else bytes over bandwidth."""
+    return max(1.0, beat_bytes / bytes_per_cycle)
