@@ -125,6 +125,7 @@ class _Importer:
         # the graph with every initializer (inference ran on a copy without the big ones' bytes)
         self.full_graph = folded.model.graph if folded is not None else model.graph
         self.masks: set[str] = set()          # boolean/mask tensors derived from activations (no layer)
+        self.ln_parts: dict[str, str] = {}    # layernorm made from a decomposed pattern -> its input
         self.weight_hash: dict[tuple, str] = {}   # value fingerprint of a layer's weight -> that layer
         self.opaque = dict(opaque or {})
         self.g = model.graph
@@ -516,6 +517,8 @@ class _Importer:
             return self.alias(node, node.input[0])   # x**3 inside tanh-GELU: part of the activation
         if t in SCALE_OPS and len(acts) == 1:
             return self.scale(node, acts[0])
+        if t in ("Sqrt", "Reciprocal") and self.env[acts[0]].src in self.ln_parts:
+            return self.alias(node, acts[0])   # the standard deviation of a decomposed layernorm
         if t == "Erf":  # PyTorch's exact GELU below opset 20: x * 0.5 * (1 + erf(x / sqrt 2))
             return self.emit(node, out, "gelu", [self.use(acts[0], node)], {}, like=acts[0])
         if t in ("Mul", "Add", "Sum", "Sub", "Div") and len(acts) >= 2:
@@ -581,6 +584,11 @@ class _Importer:
         if len(real) == 1:   # attention mask added (or multiplied) onto the scores: no layer
             return self.alias(node, real[0])
         refs = [self.env[a] for a in real]
+        lns = [a for a in real if self.env[a].src in self.ln_parts]
+        if len(real) == 2 and lns:   # x - mean(x) of a decomposed layernorm: the layernorm's work
+            other = real[1] if real[0] == lns[0] else real[0]
+            if self.env[other].src in (self.ln_parts[self.env[lns[0]].src], self.env[lns[0]].src):
+                return self.alias(node, lns[0])
         if len({r.src for r in refs}) == 1:   # x + 0.044715 x^3, x * x: parts of one activation
             return self.alias(node, real[0])
         if t == "Mul" and len(real) == 2 and self.gated(node, real):
@@ -667,10 +675,26 @@ class _Importer:
         if axes is None and len(node.input) > 1 and node.input[1]:
             axes = self.const_value(node.input[1], node)
         rank = len(ref.full)
+        if axes is not None and [int(a) % rank for a in axes] == [rank - 1] and _attr(node, "keepdims", 1):
+            return self.decomposed_layernorm(node, x)
         if axes is None or rank != 4 or ref.batch != 0 or sorted(int(a) % rank for a in axes) != [2, 3]:
             raise self.err(node, "only ReduceMean over H and W of an NCHW tensor is mapped (globalavgpool); "
                                  "give its cost with --opaque ReduceMean=FWD_S,BWD_S")
         self.emit(node, node.output[0], "globalavgpool", [self.use(x, node)], {}, like=x)
+
+    def decomposed_layernorm(self, node, x: str) -> None:
+        """LayerNorm below opset 17: ReduceMean, Sub, Pow, ReduceMean, Add eps, Sqrt, Div, Mul
+        gamma, Add beta. The first mean becomes a layernorm layer; every later piece of the
+        pattern (and gamma, beta: its 2d parameters) folds into it."""
+        ref = self.env[x]
+        full = self.full_shape(node.output[0], node)
+        if ref.src in self.ln_parts:       # the variance: a mean of (x - mean)^2
+            self.env[node.output[0]] = _Ref(ref.src, ref.shape[:-1] + (1,), ref.batch, None, full)
+            return
+        name = self.add_layer(node, node.name or f"layernorm_{len(self.layers)}", "layernorm", [self.use(x, node)],
+                              {})
+        self.ln_parts[name] = ref.src
+        self.env[node.output[0]] = _Ref(name, ref.shape[:-1] + (1,), ref.batch, None, full)
 
     def concat(self, node, acts) -> None:
         """Concat of activations; a constant parameter in front of them is a class token."""
@@ -860,6 +884,10 @@ class _Importer:
             self.env[node.output[0]] = ref
             return
         params = [o for o in sorted(self.origin.get(c, ())) if self.is_param(o) and o not in self.owner]
+        if ref.src in self.ln_parts and node.op_type in ("Mul", "Add"):
+            for o in params:   # gamma and beta: already counted by the layernorm layer (2d)
+                self.owner.setdefault(o, ref.src)
+            return self.alias(node, x)
         lay = self.built.get(ref.src)
         if not params and node.op_type == "Add" and lay is not None and lay.type == "embedding" \
                 and self.init_type.get(c) in (1, 10, 11, 16) and self.dims.get(c, (0,))[-1] == lay.out_shape[-1] \

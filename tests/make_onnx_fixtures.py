@@ -513,11 +513,15 @@ def true_counts(model, args) -> dict:
             **({"lstm_macs_added": extra} if extra else {})}
 
 
-def export(model, args, names, path: Path, dynamo: bool) -> str | None:
+#: extra legacy exports at an older opset (LayerNorm is decomposed below opset 17)
+OLD_OPSETS = {"vit": [14]}
+
+
+def export(model, args, names, path: Path, dynamo: bool, opset: int = 17) -> str | None:
     """Export one model; returns an error text instead of raising (dynamo does not export everything)."""
     try:
         torch.onnx.export(model, args, str(path), input_names=names, dynamo=dynamo,
-                          **({} if dynamo else {"opset_version": 17}))
+                          **({} if dynamo else {"opset_version": opset}))
     except Exception as e:  # noqa: BLE001 - record and go on with the other exporter
         path.unlink(missing_ok=True)
         return f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
@@ -549,6 +553,9 @@ def main(argv: list[str]) -> int:
             err = export(model, args, names, OUT / f"{name}.{exp}.onnx", exp == "dynamo")
             rec["exports"][exp] = "ok" if err is None else err
             print(f"{name:24s} {exp:7s} {'ok' if err is None else err}", file=sys.stderr)
+        for op in OLD_OPSETS.get(name, []):
+            err = export(model, args, names, OUT / f"{name}.legacy{op}.onnx", False, op)
+            rec["exports"][f"legacy{op}"] = "ok" if err is None else err
         counts[name] = rec
     counts_path.write_text(json.dumps(counts, indent=1, sort_keys=True) + "\n")
     return 0

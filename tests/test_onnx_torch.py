@@ -93,6 +93,9 @@ def test_transformer_patterns(exp):
     assert (ct.out_shape, ct.params, pe.params) == ((17, 32), 32, 17 * 32)
     # nn.MultiheadAttention's packed in_proj: one dense, Q/K/V picked with Gather (take)
     assert t.count("take") == 1 + 3 * 2 and t.count("softmax") == 2 and t.count("matmul") == 4
+    if exp == "legacy":   # opset 14: LayerNorm written out (ReduceMean, Sub, Pow, Sqrt, Div, Mul, Add)
+        m14, t14 = _types("vit.legacy14.onnx")
+        assert t14 == t and m14.params == m.params
     # GPT: fused c_attn split in three slices, tanh-GELU is one gelu layer, LM head tied to wte
     m, t = _types(f"gpt.{exp}.onnx")
     assert t.count("slice") == 6 and t.count("gelu") == 2 and "tanh" not in t
