@@ -393,3 +393,29 @@ def test_mutated_graphs_import_or_fail_in_one_line(data):
 _FUZZ_BASES = {"tiny-cnn": build_onnx(zoo.get("tiny-cnn"), "none"),
                "gnmt-small": build_onnx(parse_model(SMALL["gnmt-small"]()), "none"),
                "gpt-small": build_onnx(parse_model(SMALL["gpt-small"]()), "none")}
+
+
+def test_equal_valued_initializers_are_not_ties():
+    """The legacy exporter merges equal tensors (zero biases at init) through Identity copies:
+    LayerNorm + Linear whose biases are both zero keep their own parameters, no tied_to."""
+    g = G()
+    g.inits.append(numpy_helper.from_array(np.zeros(16, np.float32), "ln.bias"))
+    x = g.n("LayerNormalization", ["x", g.w("ln.weight", 16), "ln.bias"], "/ln/LayerNormalization", axis=-1)
+    g.nodes.insert(0, helper.make_node("Identity", ["ln.bias"], ["fc.bias"], name="Identity_0"))
+    g.n("Gemm", [x, g.w("fc.weight", 16, 16), "fc.bias"], "/fc/Gemm", transB=1)
+    m = import_model_proto(g.model([("x", TensorProto.FLOAT, ["N", 16])], "/fc/Gemm", ["N", 16]), "ln.onnx")
+    assert [(l.type, l.params, l.tied_to) for l in m.layers] == [("layernorm", 32, None), ("dense", 272, None)]
+    assert m.params == 2 * 16 + 16 * 16 + 16
+
+
+def test_constant_subgraphs_are_folded_before_shape_inference():
+    """Expand(ConstantOfShape(Shape(x)))-style plumbing on constants: evaluated, so shapes are concrete."""
+    g = G()
+    shp = g.n("Shape", ["x"], "/Shape")
+    ones = g.n("ConstantOfShape", [shp], "/ConstantOfShape", value=numpy_helper.from_array(np.ones(1, np.float32)))
+    mask = g.n("Equal", [ones, g.c(0.0, np.float32)], "/Equal")
+    x = g.n("Where", [mask, g.c(-1e9, np.float32), "x"], "/Where")
+    x = g.n("Softmax", [x], "/Softmax", axis=-1)
+    g.n("MatMul", [x, g.w("w", 8, 4)], "out")
+    m = import_model_proto(g.model([("x", TensorProto.FLOAT, ["N", 3, 8])], "out", ["N", 3, 4]), "f.onnx")
+    assert [(l.type, l.out_shape) for l in m.layers] == [("softmax", (3, 8)), ("dense", (3, 4))]
