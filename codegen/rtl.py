@@ -16,7 +16,7 @@ from pathlib import Path
 import jinja2
 import numpy as np
 
-from bapipe.names import legal
+from bapipe.names import legal, name_map
 
 from .rtl_model import (LinkSpec, MvuSpec, Pipeline, Unsupported, build_pipeline, clog2, count_bits,
                         timing_model, verilog_hex)
@@ -221,6 +221,8 @@ def manifest(pipe: Pipeline, plan, files: list[str], mem_files: list[str] = ()) 
         "board_tops": {b.name: b.module for b in pipe.boards},
         "mem_files": list(mem_files),
         "param_layers": [op["layer"] for op in pipe.ops if any(k in op for k in PARAM_KEYS)],
+        # generated identifier -> layer name, for names that had to be sanitised (imported models)
+        "identifiers": {k: v for k, v in name_map(dict.fromkeys(op["layer"] for op in pipe.ops)).items() if k != v},
     }
 
 

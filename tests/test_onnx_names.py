@@ -58,4 +58,7 @@ def test_gen_and_csim_on_a_legacy_torch_export(tmp_path):
     assert all(IDENT.match(p.name.split(".")[0]) for p in files)
     mods = {p.stem for p in (build / "rtl").glob("*.v")}
     assert any(m.endswith("_mvu") and "conv1_Conv" in m for m in mods)
+    import json
+    ids = json.loads((build / "rtl" / "manifest.json").read_text())["identifiers"]
+    assert ids[legal("/conv1/Conv")] == "/conv1/Conv" and all(legal(v) == k for k, v in ids.items())
     assert main(["csim", str(build)]) == 0
