@@ -1103,7 +1103,15 @@ class _Importer:
                     self.group(tag, nodes)
                 else:
                     self.check_arity(nodes[0])
-                    self.op(nodes[0])
+                    try:
+                        self.op(nodes[0])
+                    except SpecError as e:
+                        t = nodes[0].op_type
+                        if "--opaque" in e.expected or not e.field.startswith("node "):
+                            raise
+                        # every refusal says what would make it work: a mapping, or the user's cost
+                        raise SpecError(e.file, e.line, e.field, f"{e.expected} (or give its cost with "
+                                                                 f"--opaque {t}=FWD_S,BWD_S)") from None
             except (IndexError, KeyError, TypeError, ValueError, ZeroDivisionError) as e:
                 # a graph shape inference accepted but this importer cannot read: name the node, not a traceback
                 raise self.err(nodes[0], f"malformed or unsupported use of {nodes[0].op_type} "
