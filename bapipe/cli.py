@@ -68,6 +68,40 @@ def _seed(text: str) -> int:
     return v
 
 
+#: most micro-batches `bapipe plan` searches or simulates per iteration: the search and the
+#: replay are linear in it, and 10**9 ran for hours; no pipeline needs more than a few thousand
+MAX_MICROBATCHES = 16384
+
+
+def _microbatches(text: str) -> str:
+    """argparse type of `plan --microbatches`: auto, or an integer 1..MAX_MICROBATCHES."""
+    if text.strip() == "auto":
+        return "auto"
+    try:
+        v = int(text)
+    except ValueError:
+        return text  # the planner names a non-number in its own words
+    if v > MAX_MICROBATCHES:
+        raise argparse.ArgumentTypeError(f"expected at most {MAX_MICROBATCHES} micro-batches, got {v}")
+    return text
+
+
+#: most samples per iteration `bapipe plan` accepts: its search grows with the batch (65536
+#: takes about half a minute, 10**9 ran for hours)
+MAX_GLOBAL_BATCH = 65536
+
+
+def _global_batch(text: str) -> int:
+    """argparse type of `plan --global-batch`: an integer 1..MAX_GLOBAL_BATCH."""
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got '{text}'") from None
+    if v > MAX_GLOBAL_BATCH:
+        raise argparse.ArgumentTypeError(f"expected at most {MAX_GLOBAL_BATCH} samples per iteration, got {v}")
+    return v
+
+
 def _add_args(name: str, p: argparse.ArgumentParser) -> None:
     """Arguments of each subcommand (kept here so the CLI contract reads in one place)."""
     if name == "profile":
@@ -85,8 +119,10 @@ def _add_args(name: str, p: argparse.ArgumentParser) -> None:
         # choices, so that a typo or an empty string is refused rather than read as auto
         p.add_argument("--schedule", default="auto", choices=SCHEDULE_CHOICES, metavar="SCHEDULE",
                        help="auto|gpipe|1f1b|interleaved|eager-1f1b|2bw")
-        p.add_argument("--microbatches", default="auto", help="auto or N")
-        p.add_argument("--global-batch", type=int, default=None, help="samples per iteration")
+        p.add_argument("--microbatches", default="auto", type=_microbatches,
+                       help=f"auto or N (at most {MAX_MICROBATCHES})")
+        p.add_argument("--global-batch", type=_global_batch, default=None,
+                       help=f"samples per iteration (at most {MAX_GLOBAL_BATCH})")
         p.add_argument("--mode", default="train", choices=("train", "inference", "infer"), help="what to plan for")
         p.add_argument("--format", default="fixed16", help="number format (fixed16, int8, fp16, bf16, fp32)")
         p.add_argument("--optimizer", default="sgd", choices=("sgd", "adam"), help="optimizer whose state is stored")
