@@ -163,3 +163,15 @@ def test_imported_models_plan(file, tmp_path, capsys):
     assert out.exists() and r["output"] == str(out)
     text = out.read_text()
     assert load_onnx(str(FIX / file)).layers[0].name in text
+
+
+def test_refused_mapped_op_names_the_opaque_way_out():
+    proto = onnx.load(str(FIX / "resnet.legacy.onnx"))
+    pool = next(n for n in proto.graph.node if n.op_type == "MaxPool")
+    next(a for a in pool.attribute if a.name == "pads").ints[:] = [0, 0, 1, 1]
+    with pytest.raises(SpecError) as e:
+        import_model_proto(proto, "r.onnx")
+    assert str(e.value) == ("r.onnx: node '/maxpool/MaxPool' (MaxPool): asymmetric pads [0, 0, 1, 1] are not "
+                            "supported (or give its cost with --opaque MaxPool=FWD_S,BWD_S)")
+    m = import_model_proto(proto, "r.onnx", opaque=parse_opaque(["MaxPool=1e-6,1e-6"]))
+    assert [l.out_shape for l in m.layers if l.type == "opaque"] == [(8, 8, 8)] and m.params == 6226
