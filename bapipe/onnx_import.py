@@ -1091,10 +1091,13 @@ class _Importer:
             if len(full) < 2:
                 raise SpecError(self.file, None, f"input '{vi.name}'",
                                 f"expected a batch axis and at least one more, got {list(full)}")
-            shape = full[1:]
+            # [S, 1, F] with a static S > 1: PyTorch's sequence-first layout (nn.LSTM, nn.Transformer*)
+            # exported at batch 1; anything else is batch-first
+            b = 1 if len(full) == 3 and full[0] > 1 and full[1] == 1 else 0
+            shape = full[:b] + full[b + 1:]
             self.names.add(vi.name)
             self.input_shapes[vi.name] = shape
-            self.env[vi.name] = _Ref(vi.name, shape, 0, None, full)
+            self.env[vi.name] = _Ref(vi.name, shape, b, None, full)
             inputs.append({"name": vi.name, "shape": list(shape),
                            "dtype": "int" if vi.name in self.int_tensors else "float"})
         for tag, nodes in self.units():

@@ -261,8 +261,9 @@ class MiniViT(nn.Module):
 class TorchEncoder(nn.Module):
     """nn.TransformerEncoder, sequence-first (batch_first=False, PyTorch's default), then a head."""
 
-    def __init__(self, d=32, heads=4, layers=2, classes=10, batch_first=False, padding_mask=False):
+    def __init__(self, d=32, heads=4, layers=2, classes=10, batch_first=False, padding_mask=False, seq_input=False):
         super().__init__()
+        self.seq_input = seq_input   # the graph input itself is [S, N, d] (PyTorch's default layout)
         self.batch_first = batch_first
         self.padding_mask = padding_mask
         layer = nn.TransformerEncoderLayer(d, heads, 64, dropout=0.0, batch_first=batch_first)
@@ -270,10 +271,10 @@ class TorchEncoder(nn.Module):
         self.head = nn.Linear(d, classes)
 
     def forward(self, x, pad=None):          # x: [N, S, d]; pad: [N, S] True where padded
-        if not self.batch_first:
+        if not self.batch_first and not self.seq_input:
             x = x.transpose(0, 1)  # [S, N, d]
         y = self.encoder(x, src_key_padding_mask=pad) if self.padding_mask else self.encoder(x)
-        if not self.batch_first:
+        if not self.batch_first and not self.seq_input:
             y = y.transpose(0, 1)
         return self.head(y)
 
@@ -392,9 +393,9 @@ class MiniBert(nn.Module):
 class LSTMClassifier(nn.Module):
     """Two-layer LSTM (batch_first) classifying from the last layer's h_n."""
 
-    def __init__(self, f=12, h=16, classes=5, bidirectional=False):
+    def __init__(self, f=12, h=16, classes=5, bidirectional=False, batch_first=True):
         super().__init__()
-        self.lstm = nn.LSTM(f, h, num_layers=2, batch_first=True, bidirectional=bidirectional)
+        self.lstm = nn.LSTM(f, h, num_layers=2, batch_first=batch_first, bidirectional=bidirectional)
         self.fc = nn.Linear(h * (2 if bidirectional else 1), classes)
 
     def forward(self, x):
@@ -434,6 +435,9 @@ def catalogue():
         "bert_mask": (MiniBert, mask, ["input_ids", "attention_mask"]),
         "lstm": (LSTMClassifier, (torch.randn(1, 10, 12),), ["x"]),
         "lstm_bidir": (lambda: LSTMClassifier(bidirectional=True), (torch.randn(1, 10, 12),), ["x"]),
+        # sequence-first graph inputs [S, 1, F]: nn.LSTM and nn.TransformerEncoder with their default layout
+        "lstm_seqfirst": (lambda: LSTMClassifier(batch_first=False), (torch.randn(10, 1, 12),), ["x"]),
+        "transformer_encoder_seqfirst": (lambda: TorchEncoder(seq_input=True), (torch.randn(10, 1, 32),), ["x"]),
     }
 
 

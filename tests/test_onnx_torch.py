@@ -120,6 +120,11 @@ def test_transformer_patterns(exp):
 def test_lstm_reading_h_n(exp):
     m, t = _types(f"lstm.{exp}.onnx")
     assert t.count("lstm") == 2 and t[-1] == "dense" and m.output_shape == (5,)
+    # a sequence-first graph input [S, 1, F] (nn.LSTM's default layout) at batch 1
+    m, t = _types(f"lstm_seqfirst.{exp}.onnx")
+    assert m.inputs[0].shape == (10, 12) and t.count("lstm") == 2 and m.output_shape == (5,)
+    m, t = _types(f"transformer_encoder_seqfirst.{exp}.onnx")
+    assert m.inputs[0].shape == (10, 32) and m.output_shape == (10, 10) and t.count("matmul") == 4
     m, t = _types(f"lstm_bidir.{exp}.onnx")
     assert [l.attr["bidirectional"] for l in m.layers if l.type == "lstm"] == [True, True]
 
