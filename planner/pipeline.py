@@ -194,3 +194,123 @@ def ring_allreduce_s(nbytes: float, r: int, bandwidth: float, latency: float) ->
     if r <= 1:
         return 0.0
     return 2 * (r - 1) / r * nbytes / bandwidth + 2 * (r - 1) * latency
+
+
+def replay_2bw(p: int, m: int, fwd: list[float], bwd: list[float], routes: list, rings: list | None,
+               iterations: int = 5) -> tuple[float, float]:
+    """PipeDream-2BW without a flush: (steady seconds per iteration, first iteration's end).
+
+    ``iterations`` x m micro-batches run as one 1F1B stream per device (v = 1). A stage's
+    ring all-reduce of iteration j starts after its last backward of iteration j; the
+    device's first op of iteration j + 2 waits until every ring of its stages for
+    iteration j has ended (the second weight version covers iteration j + 1) - the
+    simulator's gating. Transfers and rings reserve links as in :func:`replay`. The steady
+    figure is the mean gap between successive iteration ends, the last one left out (an
+    iteration ends when every device has run its ops of it and its rings have ended).
+    """
+    K = iterations
+    M = m * K
+    last = p - 1
+    ops = [_ops("2bw", p, d, M, 1, False) for d in range(p)]
+    first_of = [{} for _ in range(p)]           # device -> {op index: iteration it opens}
+    for d in range(p):
+        seen = set()
+        for i, (_f, mb, _s) in enumerate(ops[d]):
+            j = mb // m
+            if j not in seen:
+                seen.add(j)
+                first_of[d][i] = j
+    f_arr = [[None] * M for _ in range(p)]
+    b_arr = [[None] * M for _ in range(p)]
+    link_free: dict = {}
+    free = [0.0] * p
+    ptr = [0] * p
+    idle = [True] * p
+    heap: list = []
+    seq = 0
+    b_left = {(s, j): m for s in range(p) for j in range(K)}
+    ar_left: dict = {}
+    done_at: dict = {}                          # (device, iteration) -> its rings' (or backwards') end
+    ops_end = [[0.0] * K for _ in range(p)]
+
+    def send(pieces, now: float) -> float:
+        arrive = now
+        for ids, occ, lat in pieces:
+            t0 = now
+            for i in ids:
+                t0 = max(t0, link_free.get(i, 0.0))
+            for i in ids:
+                link_free[i] = t0 + occ
+            arrive = max(arrive, t0 + occ + lat)
+        return arrive
+
+    def try_start(d: int) -> None:
+        nonlocal seq
+        if not idle[d] or ptr[d] >= len(ops[d]):
+            return
+        i = ptr[d]
+        is_f, mb, s = ops[d][i]
+        ready = (0.0 if s == 0 else f_arr[s][mb]) if is_f else (0.0 if s == last else b_arr[s][mb])
+        if ready is None:
+            return
+        j = first_of[d].get(i)
+        if j is not None and j >= 2:
+            g = done_at.get((d, j - 2))
+            if g is None:
+                return
+            ready = max(ready, g)
+        idle[d] = False
+        seq += 1
+        heapq.heappush(heap, (max(free[d], ready) + (fwd[s] if is_f else bwd[s]), seq, 0, d))
+
+    def ring_step(s: int, j: int, step: int, y: int, now: float) -> None:
+        nonlocal seq
+        seq += 1
+        hops = rings[s][0]
+        heapq.heappush(heap, (send((hops[y],), now), seq, 1, (s, j, step, (y + 1) % len(hops))))
+
+    for d in range(p):
+        try_start(d)
+    while heap:
+        end, _, kind, d = heapq.heappop(heap)
+        if kind == 1:
+            s, j, step, y = d
+            if step + 1 < rings[s][1]:
+                ring_step(s, j, step + 1, y, end)
+            else:
+                ar_left[(s, j)] -= 1
+                if ar_left[(s, j)] == 0:
+                    done_at[(s, j)] = end
+                    try_start(s)
+            continue
+        is_f, mb, s = ops[d][ptr[d]]
+        ptr[d] += 1
+        free[d] = end
+        idle[d] = True
+        j = mb // m
+        ops_end[d][j] = max(ops_end[d][j], end)
+        wake = -1
+        if is_f and s < last:
+            f_arr[s + 1][mb] = send(routes[s][0], end)
+            wake = s + 1
+        elif not is_f and s > 0:
+            b_arr[s - 1][mb] = send(routes[s - 1][1], end)
+            wake = s - 1
+        if not is_f:
+            b_left[(s, j)] -= 1
+            if b_left[(s, j)] == 0:
+                if rings is not None and rings[s] is not None:
+                    ar_left[(s, j)] = len(rings[s][0])
+                    for y in range(len(rings[s][0])):
+                        ring_step(s, j, 0, y, end)
+                else:
+                    done_at[(s, j)] = end
+        if wake >= 0:
+            try_start(wake)
+        try_start(d)
+    if any(ptr[d] < len(ops[d]) for d in range(p)):
+        raise RuntimeError(f"2bw deadlocked in replay (p={p}, m={m})")
+    ends = [max(max(ops_end[d][j], done_at.get((d, j), 0.0)) for d in range(p)) for j in range(K)]
+    # the last iteration ends early (nothing after it waits on its rings): mean gap between
+    # the ends of the first K - 1 iterations
+    return (ends[-2] - ends[0]) / (K - 2), ends[0]

@@ -182,6 +182,10 @@ def _user_partition(ex: Explorer, spec, scheds, rc) -> Candidate:
     tried = []
     for sched in (scheds if p > 1 else ex.one_stage_schedules(scheds)):
         tried.append(sched)
+        if not ex.m_candidates(1, p, sched) and ex.req.schedule != "auto":
+            need = "a multiple of" if sched == "interleaved" else "at least"
+            raise SpecError(None, None, "--microbatches", f"{sched} on {p} boards needs {need} {p} micro-batches "
+                                                          f"dividing the global batch {ex.G}")
         for m in ex.m_candidates(1, p, sched):
             if groups is not None and max(len(g) for g in groups) > ex.G // m:
                 continue   # a replica would get no sample
@@ -324,7 +328,12 @@ def to_plan(model: Model, cluster: Cluster, model_arg: str, cluster_arg: str, ex
             allreduce_s=s["allreduce_s"], memory_bytes=s["memory_bytes"], weight_bytes=s["weight_bytes"],
             stash_bytes=s["stash_bytes"], stashes=s["stashes"], resources=res,
             cycles=_stage_cycles(s, clk, slowest)))
-    predicted = {"iteration_time_s": best.iteration_s, "throughput_samples_per_s": ex.G / best.iteration_s,
+    # iteration_time_s: one iteration from an empty pipeline (what `bapipe sim` replays with
+    # one iteration); steady_iteration_time_s: per iteration once running, what plans are
+    # ranked by (equal for flushed schedules, lower for PipeDream-2BW)
+    first = best.first_iteration_s if best.first_iteration_s is not None else best.iteration_s
+    predicted = {"iteration_time_s": first, "steady_iteration_time_s": best.iteration_s,
+                 "throughput_samples_per_s": ex.G / best.iteration_s,
                  "bubble_fraction": best.bubble, "objective_s": best.objective, "recompute": c.recompute,
                  "peak_memory_bytes": best.peak_memory, "boards_used": best.boards_used,
                  "link_latency_s": [s["send_lat"] for s in best.stages[:-1]],
@@ -349,6 +358,7 @@ def summary(out: Outcome) -> dict:
     return {
         "model": p.model, "cluster": p.cluster, "mode": p.mode,
         "iteration_time_s": it, "throughput_samples_per_s": p.global_batch / it, "schedule": p.schedule,
+        "first_iteration_time_s": p.predicted["iteration_time_s"],
         "chunks": p.chunks, "microbatches": p.microbatches, "microbatch_size": p.microbatch_size,
         "global_batch": p.global_batch, "replicas": replicas_of(out.best), "boards_used": out.best.boards_used,
         "boards_total": out.boards_total, "recompute": out.best.config.recompute,

@@ -23,7 +23,7 @@ from fpga_models.cluster import Cluster
 from . import partition as part
 from fpga_models.allocate import allocate_stage
 
-from .pipeline import replay, ring_allreduce_s
+from .pipeline import replay, replay_2bw, ring_allreduce_s
 from .mesh import Resharder, cut_layouts, cut_shape, tp_stage_model
 from .stagecost import LayerTable, StageModel, cut_bytes, layer_table, layer_times, stage_model
 
@@ -80,7 +80,8 @@ class Candidate:
     bounds: list[tuple[int, int]]
     objective: float
     exact: bool = True
-    iteration_s: float | None = None
+    iteration_s: float | None = None          # per iteration in steady state (what ranks plans)
+    first_iteration_s: float | None = None    # one iteration from an empty pipeline (= iteration_s with a flush)
     bubble: float | None = None
     stages: list[dict] = field(default_factory=list)
     boards_used: int = 0
@@ -525,6 +526,10 @@ class Explorer:
         out = [m for m in ms if self.G % m == 0 and (self.G // m) % r == 0]
         if schedule == "interleaved":
             out = [m for m in out if m % p == 0]
+        if schedule == "2bw" and self.train:
+            # 2BW's first op of iteration j + 2 waits for iteration j's weight update, which
+            # needs a full 1F1B warm-up of iteration j: m >= p (Narayanan et al. ICML'21)
+            out = [m for m in out if m >= p]
         if len(out) > MAX_M_CANDIDATES:  # keep the largest (smallest bubbles) and a spread of the rest
             idx = np.unique(np.round(np.linspace(0, len(out) - 1, MAX_M_CANDIDATES)).astype(int))
             out = [out[i] for i in idx]
@@ -1018,8 +1023,17 @@ class Explorer:
                     [x["bwd_s"] for x in stages], [x["send_occ"] for x in stages[:-1]],
                     [x["send_lat"] for x in stages[:-1]], c.v, ar, forward_only=not self.train, routes=routes,
                     rings=rings)
+        cand.first_iteration_s = rp.iteration_s
         cand.iteration_s = rp.iteration_s
         cand.bubble = rp.bubble_fraction
+        if self.train and c.schedule == "2bw" and c.p > 1:
+            # PipeDream-2BW never flushes: iterations follow each other in one 1F1B stream
+            # and iteration j's all-reduce only has to end before iteration j+2 starts (the
+            # second weight version covers j+1): priced in steady state over 5 iterations
+            cand.iteration_s, _first = replay_2bw(c.p, c.m, [x["fwd_s"] for x in stages],
+                                                  [x["bwd_s"] for x in stages], routes, rings)
+            cand.bubble = 1.0 - max(sum(x["fwd_s"] + x["bwd_s"] for x in stages if x["device"] == d)
+                                    for d in range(c.p)) * c.m / cand.iteration_s
         cand.stages = stages
         cand.boards_used = self.boards_used(c)
         return cand

@@ -113,8 +113,8 @@ def _brute(ex: Explorer, schedule: str, m: int) -> float:
                 groups.append(order[off:off + r])
                 off += r
             p = len(vec)
-            if p == 1 and schedule == "interleaved":
-                continue
+            if (p == 1 and schedule == "interleaved") or (schedule == "2bw" and m < p):
+                continue   # 2BW needs m >= p (its weight update gates iteration j + 2)
             for rc in (False, True):
                 if schedule == "interleaved":
                     # v = 2 chunks per board: uniform replicas in topology order only

@@ -143,3 +143,21 @@ def test_partition_replica_errors_are_one_line(text, needle, tmp_path):
     r = _cli("plan", "tiny-mlp", "4xU250-ring", "--partition", text, "-o", str(tmp_path / "p.yaml"))
     assert r.returncode == 2, r.stdout
     assert len(r.stderr.strip().splitlines()) == 1 and "--partition" in r.stderr and needle in r.stderr
+
+
+@pytest.mark.parametrize("model_name,cluster_name", [("gnmt8", "8xU280-ring"), ("tiny-cnn", "8xU280-ring")])
+def test_2bw_is_priced_without_a_flush(model_name, cluster_name):
+    """PipeDream-2BW's iteration is its steady state (no fill or drain; the all-reduce of
+    iteration j gates iteration j + 2), which bapipe sim reaches over several iterations;
+    plan.yaml's iteration_time_s stays the first iteration from an empty pipeline."""
+    from fpga_models.sim import SimConfig, simulate
+
+    out = _plan(model_name, cluster_name, schedule="2bw")
+    assert out.plan.schedule == "2bw" and len(out.plan.stages) > 1
+    model, cl = load_model(model_name), load_cluster(cluster_name)
+    ends = simulate(out.plan, model, cl, iterations=6, config=SimConfig(record=False)).iteration_ends_s
+    steady = (ends[-2] - ends[0]) / (len(ends) - 2)   # the last iteration ends early: nothing waits on it
+    assert out.best.iteration_s == pytest.approx(steady, rel=0.005)
+    first = simulate(out.plan, model, cl, config=SimConfig(record=False)).iteration_time_s
+    assert out.plan.predicted["iteration_time_s"] == pytest.approx(first, rel=0.03)   # sim adds host I/O
+    assert out.plan.predicted["steady_iteration_time_s"] == out.best.iteration_s < first
