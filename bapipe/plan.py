@@ -417,6 +417,12 @@ def _check_stage(plan: Plan, s: Stage, model, boards: dict, owner: dict, err, st
     if s.time_s and not math.isclose(s.time_s, expect, rel_tol=_REL_TOL, abs_tol=1e-15):
         raise err(f"{at}.time_s", f"expected {'fwd_s + bwd_s' if train else 'fwd_s'} = {expect:.6g} s, "
                                   f"got {s.time_s:.6g}")
+    if not gpu:  # an FPGA stage's times are its cycles at the board clock: an edit of one is caught
+        for k, t in (("fwd", s.fwd_s), ("bwd", s.bwd_s)):
+            c = s.cycles.get(k)
+            if _finite_number(c) and abs(t * board.clock_hz - c) > 1 + 1e-6 * c:
+                raise err(f"{at}.{k}_s", f"expected cycles.{k} / clock = {c} / {board.clock_hz:g} Hz = "
+                                         f"{c / board.clock_hz:.6g} s, got {t:.6g}")
     for name, table in (("resources", s.resources), ("cycles", s.cycles)):
         for k, v in table.items():
             if not _finite_number(v):
