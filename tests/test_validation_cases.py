@@ -147,6 +147,32 @@ def test_missing_or_illegal_folding_is_refused(at, capsys):
     _refused(capsys, ["sim", "badfold.yaml"], "badfold.yaml", "stages[0].folding.fc1", "legal folding", "7")
 
 
+def test_edited_times_and_a_stage_cut_mid_way_are_refused(at, capsys):
+    def faster(doc):  # 10x faster than its cycles say: sim would replay the fiction
+        st = doc["stages"][0]
+        st["fwd_s"], st["bwd_s"], st["time_s"] = st["fwd_s"] / 10, st["bwd_s"] / 10, st["time_s"] / 10
+    _edit(at / "p.yaml", at / "fast10.yaml", faster)
+    _refused(capsys, ["sim", "fast10.yaml"], "fast10.yaml", "stages[0].fwd_s", "cycles.fwd")
+    lines = (at / "pc.yaml").read_text().splitlines(keepends=True)
+    cut = max(i for i, l in enumerate(lines) if l.startswith("  fwd_s:"))
+    (at / "midstage.yaml").write_text("".join(lines[:cut]))  # the last stage loses its times
+    _refused(capsys, ["sim", "midstage.yaml"], "midstage.yaml", "missing field 'fwd_s'")
+
+
+def test_plan_above_its_utilisation_cap_is_refused(at, capsys):
+    assert main(["plan", "tiny-mlp", "4xU250-ring", "-o", "cap.yaml", "--cap", "1e-9"]) == 0
+    capsys.readouterr()
+    _refused(capsys, ["sim", "cap.yaml"], "cap.yaml", "resources", "utilisation_cap")
+
+
+def test_plan_microbatches_and_global_batch_are_bounded(at, capsys):
+    rc, _, err = _cli_exit(capsys, ["plan", "tiny-mlp", "4xU250-ring", "-o", "m.yaml",
+                                    "--microbatches", "1000000000", "--global-batch", "1000000000"])
+    assert rc == 2 and "--microbatches" in err and len(err.splitlines()) == 1
+    rc, _, err = _cli_exit(capsys, ["plan", "tiny-mlp", "4xU250-ring", "-o", "m.yaml", "--global-batch", "1000000000"])
+    assert rc == 2 and "--global-batch" in err and len(err.splitlines()) == 1
+
+
 def test_board_count_and_layout_are_checked(at, capsys):
     _edit(at / "p.yaml", at / "reps.yaml", lambda d: d["stages"][0].update(replicas=2))
     _refused(capsys, ["sim", "reps.yaml"], "reps.yaml", "stages[0].boards", "replicas 2")
