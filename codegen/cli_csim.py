@@ -1,6 +1,8 @@
 """`bapipe csim build/ [--json]`: g++ C-simulation of every generated stage against numpy."""
 from __future__ import annotations
 
+import sys
+
 from .csim import csim_project
 
 
@@ -12,6 +14,9 @@ def cmd_csim(args) -> tuple[dict, int]:
     from .cli_gen import check_build
 
     check_build(args.build)
+    if sys.stderr.isatty():  # g++ takes seconds to a minute per stage the first time
+        sys.stderr.write(f"bapipe csim: compiling and running each stage of {args.build} "
+                         "(first run ~1 min for small plans; compiled stages are cached)\n")
     r = csim_project(args.build, samples=getattr(args, "samples", 4), seed=getattr(args, "seed", 0))
     return r, 0 if r["passed"] else 1
 

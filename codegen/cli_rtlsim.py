@@ -10,6 +10,7 @@ and the last sample) and set against the cycle model's prediction from the manif
 from __future__ import annotations
 
 import json
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -145,6 +146,9 @@ def cmd_rtlsim(args):
     rng = np.random.default_rng(0)
     x = quantize(rng.uniform(-1.0, 1.0, (samples, *in_shape)), man["number_format"])
     ref = stream_order(reference(man, params, x))
+    if sys.stderr.isatty():  # Verilator compiles the whole pipeline once (minutes), then it is cached
+        sys.stderr.write(f"bapipe rtlsim: compiling {len(man['boards'])} boards with Verilator (first run "
+                         f"1-3 min for small plans, cached after), then {samples} samples\n")
     out = simulate(build, man, stream_order(x), engine=getattr(args, "engine", "cpp"),
                    threads=getattr(args, "threads", 1))
     got = np.array(out["outputs"], dtype=np.int64).reshape(samples, -1)
