@@ -159,6 +159,23 @@ def _load_manifest(build: Path) -> dict:
     return man
 
 
+def _replica_hint(build: Path, board: str, tops: dict) -> str:
+    """Why a board of the plan has no top of its own: data-parallel replicas share the RTL of
+    their stage's first replica, which is the one generated (and synthesised)."""
+    from bapipe.plan import load_plan
+
+    try:
+        plan = load_plan(build / "plan.yaml")
+    except SpecError:
+        return ""
+    for st in plan.stages:
+        if board in st.boards:
+            same = next((b for b in st.boards if b in tops), None)
+            if same:
+                return f" ({board} is a replica of stage {st.index}, built from the same RTL as {same}: use --board {same})"
+    return ""
+
+
 def cmd_synth(args):
     """Synthesise every board top (or ``--board`` ones).
 
@@ -174,7 +191,8 @@ def cmd_synth(args):
     wanted = list(getattr(args, "board", None) or tops)
     for b in wanted:
         if b not in tops:
-            raise SpecError(str(build / "rtl" / "manifest.json"), None, "board", f"expected one of {', '.join(tops)}, got {b!r}")
+            raise SpecError(str(build / "rtl" / "manifest.json"), None, "--board",
+                            f"expected one of {', '.join(tops)}, got {b!r}{_replica_hint(build, b, tops)}")
     timeout_s = getattr(args, "timeout", None)
     timeout_s = DEFAULT_TIMEOUT_S if timeout_s is None else float(timeout_s)
     if not (math.isfinite(timeout_s) and timeout_s > 0):  # 0, negative, nan and inf are all refused
