@@ -408,10 +408,12 @@ class LSTMClassifier(nn.Module):
 # --- the catalogue -------------------------------------------------------------------------
 
 def img(c=3, s=32):
+    """One random image batch of 1."""
     return (torch.randn(1, c, s, s),)
 
 
 def tokens(vocab=100, seq=16):
+    """One random token-id sequence, batch 1."""
     return (torch.randint(0, vocab, (1, seq)),)
 
 
@@ -455,6 +457,8 @@ def hf_catalogue():
                              intermediate_size=64, max_position_embeddings=32, attn_implementation=attn)
 
     class HFGPT2(nn.Module):
+        """GPT2LMHeadModel returning the logits only (no cache)."""
+
         def __init__(self, attn="eager"):
             super().__init__()
             self.m = tf.GPT2LMHeadModel(gcfg(attn))
@@ -463,6 +467,8 @@ def hf_catalogue():
             return self.m(input_ids=input_ids, use_cache=False).logits
 
     class HFBert(nn.Module):
+        """BertModel returning (last_hidden_state, pooler_output): two graph outputs."""
+
         def __init__(self, attn="eager"):
             super().__init__()
             self.m = tf.BertModel(bcfg(attn))
