@@ -122,13 +122,16 @@ def _check_layers(model: Model, file: str, records: list[tuple[_Loc, str, Entry]
     return {l.name: seen[l.name] for l in model.layers}
 
 
-def _yaml_boards(doc: Any, file: str) -> tuple[dict[str | None, tuple[list, _Loc]], int]:
+def _yaml_boards(doc: Any, file: str, require_batch: bool = False) -> tuple[dict[str | None, tuple[list, _Loc]], int]:
     if not isinstance(doc, Node):
         raise SpecError(file, None, None, "expected a mapping with 'layers' or 'boards'")
     allowed = {"model", "source", "batch", "layers", "boards", "description"}
     for k in doc:
         if k not in allowed:
             raise doc.error(k, f"unknown field '{k}'; expected one of {', '.join(sorted(allowed))}")
+    if require_batch and "batch" not in doc:
+        # a silent batch 1 would scale a batch-64 profile's times 64x when planning
+        raise SpecError(file, None, "batch", "missing: the samples each time was measured for (e.g. batch: 64)")
     batch = doc.get("batch", 1)
     if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
         raise doc.error("batch", f"expected an integer >= 1, got {batch!r}")
@@ -148,10 +151,10 @@ def _yaml_boards(doc: Any, file: str) -> tuple[dict[str | None, tuple[list, _Loc
     return out, batch
 
 
-def _from_yaml(path: Path, model: Model) -> tuple[dict[str | None, dict[str, Entry]], int]:
+def _from_yaml(path: Path, model: Model, require_batch: bool = False) -> tuple[dict[str | None, dict[str, Entry]], int]:
     file = str(path)
     doc = load_file(path)
-    boards, batch = _yaml_boards(doc, file)
+    boards, batch = _yaml_boards(doc, file, require_batch)
     result = {}
     for b, (items, where) in boards.items():
         if not isinstance(items, NodeList) or not items:
@@ -169,7 +172,7 @@ def _from_yaml(path: Path, model: Model) -> tuple[dict[str | None, dict[str, Ent
     return result, batch
 
 
-def _from_csv(path: Path, model: Model) -> tuple[dict[str | None, dict[str, Entry]], int]:
+def _from_csv(path: Path, model: Model, require_batch: bool = False) -> tuple[dict[str | None, dict[str, Entry]], int]:
     file = str(path)
     try:
         text = path.read_text(encoding="utf-8")
@@ -184,6 +187,8 @@ def _from_csv(path: Path, model: Model) -> tuple[dict[str | None, dict[str, Entr
     cols = [c.strip() for c in next(csv.reader(io.StringIO(header)))]
     if len(set(cols)) != len(cols):
         raise SpecError(file, header_line, "header", "duplicate column")
+    if require_batch and "batch" not in cols:
+        raise SpecError(file, header_line, "batch", "missing column: the samples each time was measured for")
     per_board: dict[str | None, list] = {}
     batches: set[int] = set()
     for line, text_row in rows[1:]:
@@ -210,15 +215,18 @@ def _from_csv(path: Path, model: Model) -> tuple[dict[str | None, dict[str, Entr
     return {b: _check_layers(model, file, recs, where) for b, recs in per_board.items()}, (batches.pop() if batches else 1)
 
 
-def load_profiles(path: str, model: Model, batch: int | None = None) -> dict[str | None, dict[str, Entry]]:
+def load_profiles(path: str, model: Model, batch: int | None = None,
+                  require_batch: bool = False) -> dict[str | None, dict[str, Entry]]:
     """Every board's profile: {board type or None (any board): {layer: {fwd_s, bwd_s, activation_bytes,
     param_bytes}}}, layers in model order. With ``batch``, times and activation bytes are scaled
-    linearly from the file's batch to ``batch`` samples (an approximation: docs/profiles.md)."""
+    linearly from the file's batch to ``batch`` samples (an approximation: docs/profiles.md).
+    ``require_batch``: a file that does not say its batch is an error (the planner's use),
+    instead of meaning batch 1."""
     p = Path(path)
     if p.suffix.lower() in (".yaml", ".yml"):
-        result, file_batch = _from_yaml(p, model)
+        result, file_batch = _from_yaml(p, model, require_batch)
     elif p.suffix.lower() == ".csv":
-        result, file_batch = _from_csv(p, model)
+        result, file_batch = _from_csv(p, model, require_batch)
     else:
         raise SpecError(str(path), None, "--profile", "expected a .yaml, .yml or .csv profile")
     if batch is not None and batch != file_batch:
@@ -245,3 +253,162 @@ def load_profile(path: str, model: Model, board: str | None = None, batch: int |
     if board not in all_:
         raise SpecError(str(path), None, "boards", f"no profile for board type '{board}'; it has {', '.join(all_)}")
     return all_[board]
+
+
+# --- PipeDream profiler output (graph.txt) -------------------------------------------------
+#: one node line: "nodeK -- Description -- forward_compute_time=F, backward_compute_time=B,
+#: activation_size=A, parameter_size=P[ -- stage_id=S]" (times in ms, sizes in bytes for
+#: the profiled batch); edge lines start with a tab: "\tnodeA -- nodeB"
+_PD_FIELDS = ("forward_compute_time", "backward_compute_time", "activation_size", "parameter_size")
+
+
+def _pd_node(file: str, line: int, text: str) -> tuple[str, str, dict[str, float]]:
+    parts = [x.strip() for x in text.split(" -- ")]
+    if len(parts) < 3:
+        raise SpecError(file, line, "node", "expected 'nodeK -- Description -- forward_compute_time=..., "
+                                            "backward_compute_time=..., activation_size=..., parameter_size=...'")
+    vals: dict[str, float] = {}
+    for item in parts[2].split(","):
+        k, _, v = item.strip().partition("=")
+        if k in _PD_FIELDS:
+            try:
+                vals[k] = float(v)
+            except ValueError:
+                raise SpecError(file, line, k, f"expected a number, got {v!r}") from None
+            if not math.isfinite(vals[k]) or vals[k] < 0:
+                raise SpecError(file, line, k, f"expected a finite number >= 0, got {v}")
+    missing = [k for k in _PD_FIELDS if k not in vals]
+    if missing:
+        raise SpecError(file, line, missing[0], f"missing field '{missing[0]}'")
+    return parts[0], parts[1], vals
+
+
+def import_pipedream_graph(path: str, batch: int, bytes_per_element: int = 4,
+                           name: str | None = None) -> tuple[str, str]:
+    """PipeDream's profiler graph (graph.txt) -> (model YAML text, profile YAML text).
+
+    Every node but the inputs becomes an ``opaque`` layer (its per-sample output size from
+    activation_size / batch / ``bytes_per_element``, its parameters from parameter_size)
+    reading its graph predecessors, in a deterministic topological order (node number on
+    ties). Input nodes become model inputs and carry no compute (their profiled time is
+    data loading). The profile keeps the measured times and bytes as given, for ``batch``
+    samples. ``batch`` is required: graph.txt does not record it.
+    """
+    file = str(path)
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+        raise SpecError(file, None, "batch", f"expected the profiled batch size (an integer >= 1), got {batch!r}")
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise SpecError(file, None, None, "file not found") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise SpecError(file, None, None, f"cannot read file ({type(e).__name__})") from None
+    nodes: dict[str, tuple[str, dict[str, float], int]] = {}
+    edges: list[tuple[str, str, int]] = []
+    for i, raw in enumerate(text.splitlines(), 1):
+        if not raw.strip():
+            continue
+        if raw.startswith("\t") or raw.startswith("    "):
+            a, sep, b = raw.strip().partition(" -- ")
+            if not sep or not a or not b:
+                raise SpecError(file, i, "edge", f"expected '<tab>nodeA -- nodeB', got {raw.strip()!r}"[:120])
+            edges.append((a.strip(), b.strip(), i))
+            continue
+        nid, desc, vals = _pd_node(file, i, raw)
+        if nid in nodes:
+            raise SpecError(file, i, "node", f"node '{nid}' is listed twice")
+        nodes[nid] = (desc, vals, i)
+    if not nodes:
+        raise SpecError(file, None, None, "expected node lines 'nodeK -- Description -- forward_compute_time=...'")
+    preds: dict[str, list[str]] = {n: [] for n in nodes}
+    succs: dict[str, list[str]] = {n: [] for n in nodes}
+    for a, b, line in edges:
+        for x in (a, b):
+            if x not in nodes:
+                raise SpecError(file, line, "edge", f"'{x}' is not a node of the graph")
+        preds[b].append(a)
+        succs[a].append(b)
+
+    def key(n: str) -> tuple:
+        digits = "".join(ch for ch in n if ch.isdigit())
+        return (int(digits) if digits else 0, n)
+
+    inputs = sorted((n for n in nodes if nodes[n][0].split("(")[0].strip().lower().startswith("input")
+                     and not preds[n]), key=key)
+    if not inputs:
+        raise SpecError(file, None, "Input", "expected an Input node (a node described 'Input' with no predecessor)")
+    # Kahn's algorithm, smallest node number first: a deterministic topological order
+    indeg = {n: len(preds[n]) for n in nodes}
+    ready = sorted((n for n in nodes if indeg[n] == 0), key=key)
+    order = []
+    while ready:
+        n = ready.pop(0)
+        order.append(n)
+        for s in succs[n]:
+            indeg[s] -= 1
+            if indeg[s] == 0:
+                ready.append(s)
+                ready.sort(key=key)
+    if len(order) != len(nodes):
+        raise SpecError(file, None, "edge", "the graph has a cycle")
+    stray = [n for n in order if not preds[n] and n not in inputs]
+    if stray:
+        raise SpecError(file, nodes[stray[0]][2], "node", f"'{stray[0]}' has no predecessor and is not an Input node")
+
+    def elems(nbytes: float) -> int:
+        return max(1, int(round(nbytes / batch / bytes_per_element)))
+
+    mname = name or Path(path).stem
+    mlines = [f"# imported from PipeDream profiler output {Path(path).name} (batch {batch}, "
+              f"{bytes_per_element} bytes per element) by bapipe.profiles.import_pipedream_graph",
+              f"name: {mname}", "inputs:"]
+    for n in inputs:
+        mlines.append(f"  - {{name: {n}, shape: [{elems(nodes[n][1]['activation_size'])}]}}")
+    mlines.append("layers:")
+    plines = [f"# measured times and bytes from {Path(path).name}, as PipeDream recorded them",
+              f"model: {mname}", f"batch: {batch}", "layers:"]
+    for n in order:
+        if n in inputs:
+            continue
+        desc, v, _line = nodes[n]
+        params = int(round(v["parameter_size"] / bytes_per_element))
+        # the per-sample fwd_s/bwd_s of the opaque layer are informational: the profile's
+        # measured times (for the whole batch) are what the planner uses
+        mlines.append(f"  - {{name: {n}, type: opaque, inputs: [{', '.join(preds[n])}], "
+                      f"shape: [{elems(v['activation_size'])}], params: {params}, "
+                      f"fwd_s: {v['forward_compute_time'] * 1e-3 / batch:.6g}, "
+                      f"bwd_s: {v['backward_compute_time'] * 1e-3 / batch:.6g}}}  # {desc}")
+        plines.append(f"  - {{name: {n}, fwd_ms: {v['forward_compute_time']:g}, "
+                      f"bwd_ms: {v['backward_compute_time']:g}, activation_bytes: {int(round(v['activation_size']))}, "
+                      f"param_bytes: {int(round(v['parameter_size']))}}}")
+    return "\n".join(mlines) + "\n", "\n".join(plines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m bapipe.profiles graph.txt --batch 64 -o DIR``: write DIR/model.yaml and
+    DIR/profile.yaml (then ``bapipe plan DIR/model.yaml CLUSTER --profile DIR/profile.yaml``)."""
+    import argparse
+    import sys
+
+    ap = argparse.ArgumentParser(prog="python -m bapipe.profiles",
+                                 description="import PipeDream profiler output (graph.txt) as a model + profile pair")
+    ap.add_argument("graph")
+    ap.add_argument("--batch", type=int, required=True, help="the batch size the graph was profiled with")
+    ap.add_argument("--bytes-per-element", type=int, default=4)
+    ap.add_argument("-o", "--output", required=True, help="directory for model.yaml and profile.yaml")
+    args = ap.parse_args(argv)
+    try:
+        model_text, prof_text = import_pipedream_graph(args.graph, args.batch, args.bytes_per_element)
+        out = Path(args.output)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "model.yaml").write_text(model_text, encoding="utf-8")
+        (out / "profile.yaml").write_text(prof_text, encoding="utf-8")
+    except SpecError as e:
+        print(f"python -m bapipe.profiles: {e}", file=sys.stderr)
+        return 2
+    print(f"wrote {out / 'model.yaml'} and {out / 'profile.yaml'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -57,7 +57,7 @@ def _measured(path: str | None, model):
     if importlib.util.find_spec("bapipe.profiles") is None:
         raise SpecError(path, None, "--profile", "measured profiles are not available in this build")
     from bapipe.profiles import load_profiles
-    return load_profiles(path, model, batch=1)
+    return load_profiles(path, model, batch=1, require_batch=True)
 
 
 def request_from_args(args, model) -> Request:

@@ -95,6 +95,24 @@ class Candidate:
         return max(per_dev.values()) if per_dev else 0
 
 
+def profile_bytes(model: Model, meas: dict, bpe: int) -> dict | None:
+    """Per-sample byte arrays from a measured profile ({layer: {activation_bytes,
+    param_bytes, ...}} at batch 1): ``param`` per layer, ``in`` (the inputs every layer's
+    backward needs), ``cut`` (bytes crossing the cut after each layer: every open tensor)
+    and ``first_in`` (the model inputs entering stage 0). Model inputs, which a profile does
+    not cover, count their elements x ``bpe``. None when the profile gives no bytes."""
+    names = [l.name for l in model.layers]
+    if not all("activation_bytes" in meas[n] and "param_bytes" in meas[n] for n in names):
+        return None
+    size = {i.name: float(math.prod(i.shape) * bpe) for i in model.inputs}
+    size.update({n: float(meas[n]["activation_bytes"]) for n in names})
+    param = np.array([float(meas[n]["param_bytes"]) for n in names])
+    inn = np.array([sum(size[t] for t in l.inputs) for l in model.layers])
+    cut = np.array([sum(size[t.producer] for t in model.cut_tensors(k)) for k in range(len(names) - 1)])
+    first = sum(size[i.name] for i in model.inputs)
+    return {"param": param, "in": inn, "cut": cut, "first_in": first}
+
+
 def _ckey(c: Config) -> tuple:
     """Config's sort key as a plain tuple (sorting tens of thousands of configurations with
     the dataclass's generated comparisons costs seconds)."""
@@ -130,6 +148,7 @@ class Explorer:
         self.G = req.global_batch or 8 * self.N
         self.bpe = bytes_per_element(req.fmt)
         self.tables: dict[str, LayerTable] = {}
+        self.prof_bytes: dict[str, dict | None] = {}   # per board type: bytes a measured profile gives
         for cb in boards:
             name = cb.board.name
             if name not in self.tables:
@@ -140,6 +159,7 @@ class Explorer:
                         raise SpecError(None, None, "--profile", f"the profile has no times for board type {name} "
                                         f"(it has {', '.join(str(k) for k in req.measured)})")
                 self.tables[name] = layer_table(model, cb.board, req.fmt, req.cap, meas)
+                self.prof_bytes[name] = profile_bytes(model, meas, self.bpe_of_fmt(req.fmt)) if meas else None
         self._sm: dict[tuple, StageModel] = {}
         self._links: dict[tuple, tuple[float, float]] = {}
         self._band: dict[tuple, int] = {}
@@ -164,9 +184,33 @@ class Explorer:
                 bw, lat = self.ring(self.boards[:k])
                 self._sm[key] = tp_stage_model(base, self.model, k, self.req.fmt, bw, lat)
             else:
-                self._sm[key] = stage_model(self.model, self.tables[btype], beta, self.req.fmt, self.req.cap,
-                                            self.req.mode, self.req.optimizer, weight_versions(schedule), recompute)
+                sm = stage_model(self.model, self.tables[btype], beta, self.req.fmt, self.req.cap,
+                                 self.req.mode, self.req.optimizer, weight_versions(schedule), recompute)
+                pb = self.prof_bytes.get(btype)
+                if pb is not None:
+                    # a measured profile's bytes are used as given (a fp32 GPU profile planned
+                    # in fixed16 still moves and stashes fp32 tensors): weights, every layer's
+                    # stashed inputs and the bytes entering a stage
+                    z = lambda x: np.concatenate([[0.0], np.cumsum(x)])  # noqa: E731
+                    sm = replace(sm, PW=z(pb["param"]), PA=z(pb["in"] * beta),
+                                 IN=np.concatenate([[pb["first_in"]], pb["cut"]]) * beta)
+                self._sm[key] = sm
         return self._sm[key]
+
+    @staticmethod
+    def bpe_of_fmt(fmt: str) -> int:
+        """Bytes per element of a number format (model inputs a profile does not cover)."""
+        return bytes_per_element(fmt)
+
+    def cut_bytes_at(self, c: Config, d: int) -> np.ndarray:
+        """Bytes per replica crossing each cut when position d sends (length n - 1): the
+        profile's activation bytes when position d's board type has them, else the model's
+        cut elements x bytes per element."""
+        beta = self.beta_at(c, d)
+        pb = self.prof_bytes.get(self.stage_type(c, d) or "")
+        if pb is not None:
+            return pb["cut"] * beta
+        return cut_bytes(self.model, self.req.fmt, beta)
 
     def group(self, r: int, d: int) -> list:
         """Boards of replica group d (r consecutive boards in topology order)."""
@@ -391,7 +435,7 @@ class Explorer:
                 C[s] = tf + (tb if self.train else 0.0)
                 continue
             bw, lat = self.link(c, s % c.p, (s + 1) % c.p)
-            cb = cut_bytes(self.model, self.req.fmt, self.beta_at(c, s % c.p))
+            cb = self.cut_bytes_at(c, s % c.p)
             occ = np.concatenate([cb / bw, [0.0]])
             O[s] = occ
             C[s] = ways * (occ + lat)
@@ -472,7 +516,7 @@ class Explorer:
             rmin = min(self.reps(c, d) for d in range(c.p))
             if self.train and rmin > 1:
                 bw = max(self.ring(self.replica_boards(c, d))[0] for d in range(c.p))
-                w = float(self.model.params * self.bpe)
+                w = min(float(self.stage_model(t, b, c.recompute, c.schedule, k).PW[-1]) for t, k, b in self.kinds(c))
                 xs = 2 * (rmin - 1) / rmin * w / bw
             bott = max(tot / V, omax)
             if not self.meshy(c):
@@ -507,7 +551,7 @@ class Explorer:
         key = ("cutfloor",) + self._cfg_key(c) + (c.beta, d1, d2)
         if key not in self._links:
             bw, lat = self.link(c, d1, d2)
-            cb = cut_bytes(self.model, self.req.fmt, self.beta_at(c, d1))
+            cb = self.cut_bytes_at(c, d1)
             if self.req.whole_blocks:
                 cb = np.where(self.open_cuts[:-1], math.inf, cb)
             occ = float(cb.min()) / bw if len(cb) else 0.0
@@ -868,7 +912,7 @@ class Explorer:
                     cs.append(float(tf[b] + (tb[b] if self.train else 0.0)))
                 else:
                     bw, lat = self.link(c, d, (s + 1) % c.p)
-                    occ = float(cut_bytes(self.model, self.req.fmt, beta)[b]) / bw
+                    occ = float(self.cut_bytes_at(c, d)[b]) / bw
                     os_.append(occ)
                     cs.append((2 if self.train else 1) * (occ + lat))
         total = sum(ts) + sum(cs) + c.v * sum(xs)
@@ -949,7 +993,7 @@ class Explorer:
             d = s % c.p
             btype = self.stage_type(c, d)
             beta = self.beta_at(c, d)
-            cb = cut_bytes(self.model, self.req.fmt, beta)
+            cb = self.cut_bytes_at(c, d)
             sm = self.stage_model(btype, beta, c.recompute, c.schedule, self.kd(c, d))
             st = self.stashes(c, s)
             r = {k: float(np.asarray(v)) for k, v in sm.cost(np.array(a), np.array(b), st, c.v).items()}
