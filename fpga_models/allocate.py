@@ -21,7 +21,8 @@ from functools import lru_cache
 from bapipe.layers import Layer
 
 from .boards import Board
-from .engines import LUT_PER_LANE_OP, LUT_PER_LAYER, LUT_PER_MAC, MAX_LANES, TM_SWITCH, engine_kind, turn_fill
+from .engines import (MAX_LANES, TM_SWITCH, elementwise_lut, engine_kind, mvu_dsp, mvu_lut,
+                      turn_fill)
 from .cost import (best_folding, divisors, layer_cost,
                    matrix_shape, lane_dim)
 
@@ -102,27 +103,27 @@ def dataflow(layers: list[Layer], board: Board, fmt: str = "fixed16", batch: int
     """
     dsp_b, lut_b = board.usable_dsp * cap, board.usable_lut * cap
     dpm = board.dsp_per_mac.get(fmt, 1.0)
-    work, opts, lane_lut = [], [], []
+    work, opts, mvu = [], [], []
     for l in layers:
         c1 = layer_cost(l, board, 1, 1, fmt, 1)
         w = c1.fwd_cycles + (c1.bwd_cycles if train else 0)   # one engine does F and B: balance both
         work.append(w)
         opts.append(_layer_options(l))
-        if matrix_shape(l) is not None:
-            lane_lut.append((dpm, LUT_PER_MAC))
-        else:
-            ops = max(1.0, l.fwd_ops / max(1, l.out_elems))
-            lane_lut.append((0.0, LUT_PER_LANE_OP * min(ops, 8)))
+        mvu.append(None if matrix_shape(l) is None else True)
+    ew_ops = [max(1.0, l.fwd_ops / max(1, l.out_elems)) for l in layers]
 
     def pick(tau: float):
         choice, dsp, lut = [], 0.0, 0.0
-        for w, op, (d1, l1) in zip(work, opts, lane_lut):
+        for w, op, is_mvu, ops in zip(work, opts, mvu, ew_ops):
             need = w / tau
             sel = next((o for o in op if o[0] >= need - 1e-9), op[-1])
             choice.append(sel)
-            if w:
-                dsp += math.ceil(sel[0] * d1)
-                lut += LUT_PER_LAYER + sel[0] * l1
+            if w:  # resources of the engine at that many lanes (fpga_models.engines)
+                if is_mvu:
+                    dsp += mvu_dsp(sel[1], sel[2], dpm)
+                    lut += mvu_lut(sel[1], sel[2])
+                else:
+                    lut += elementwise_lut(sel[0], ops)
         return choice, dsp, lut
 
     lo, hi = 1.0, float(max(work) or 1)

@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 #: layer types computed on a matrix-vector unit (PE x SIMD folding)
 MVU_TYPES = frozenset({"conv2d", "dense", "lstm", "attention", "additive_attention", "matmul"})
 #: layer types reduced over windows by a pool engine (after a window generator, except global)
@@ -70,9 +72,15 @@ def engine_kind(layer_type: str) -> str:
     return "elementwise"
 
 
+def work_cycles(work, lanes, batch: int = 1):
+    """ceil(work * batch / lanes), element-wise over numpy arrays too: an engine doing
+    ``lanes`` units of work a cycle (MACs on a PE x SIMD MVU, elements on a stream engine)."""
+    return np.ceil(np.asarray(work, dtype=float) * batch / lanes - 1e-9)
+
+
 def mvu_cycles(macs: float, pe: int, simd: int, batch: int = 1) -> int:
     """ceil(macs * batch / (PE*SIMD)): equals NF*SF*vectors*batch when PE | MH and SIMD | MW."""
-    return int(math.ceil(macs * batch / (pe * simd) - 1e-9))
+    return int(work_cycles(macs, pe * simd, batch))
 
 
 def mvu_vector_cycles(mh: int, mw: int, pe: int, simd: int) -> int:
@@ -82,7 +90,7 @@ def mvu_vector_cycles(mh: int, mw: int, pe: int, simd: int) -> int:
 
 def stream_cycles(elems: float, lanes: int, batch: int = 1) -> int:
     """Cycles to move ``elems`` elements per sample at ``lanes`` elements per beat, one beat a cycle."""
-    return int(math.ceil(elems * batch / lanes - 1e-9))
+    return int(work_cycles(elems, lanes, batch))
 
 
 def width_conv_cycles(elems: int, lanes_in: int, lanes_out: int) -> int:

@@ -409,20 +409,12 @@ def simulate(plan, model=None, cluster=None, iterations: int = 1, config: SimCon
                                  label))
         return len(channels) - 1
 
-    reshard_cache: list = []
-
     def mesh_pieces(src, dst, cut):
-        """A resharding between meshes (``cut``: the stage whose output crosses): the best
-        plan of planner.reshard for the cut's (rows, features) tensor in ``cut.layout`` on both
-        meshes, replayed as one timed transfer holding every link its hops route over."""
-        from planner.mesh import Resharder, cut_shape
-        if not reshard_cache:
-            reshard_cache.append(Resharder(cluster, _bytes_per_element(plan.number_format)))
-        beta = max(1, plan.microbatch_size // max(1, cut.replicas))
-        t, pairs, moved = reshard_cache[0].transfer(src.boards, dst.boards, cut_shape(model, cut.last, beta),
-                                                    cut.layout, cut.layout)
-        ids = sorted({i for x, y in pairs for i in net.path(x, y)[0]})
-        return [(tuple(ids), t, 0.0, moved)]
+        """A resharding between meshes (``cut``: the stage whose output crosses), replayed as
+        the planner priced it (``cut.send_s``, the best transfer of planner.reshard): one timed
+        transfer holding every link on the routes between the two meshes' boards."""
+        ids = sorted({i for x in src.boards for y in dst.boards if x != y for i in net.path(x, y)[0]})
+        return [(tuple(ids), cut.send_s, 0.0, int(cut.send_bytes))]
 
     def is_mesh_cut(a, b) -> bool:
         return a.layout is not None and (math.prod(a.mesh or [1]) > 1 or math.prod(b.mesh or [1]) > 1)

@@ -23,7 +23,7 @@ import numpy as np
 
 from bapipe.spec import Model
 from fpga_models.boards import Board, bytes_per_element
-from fpga_models.engines import TM_SWITCH, engine_kind, turn_fill
+from fpga_models.engines import TM_SWITCH, engine_kind, line_buffer_bytes, turn_fill, work_cycles
 from fpga_models.cost import (best_folding, elementwise_work, gpu_layer_cost, matrix_shape, onchip_capacity,
                               weight_copies)
 
@@ -88,8 +88,8 @@ def layer_times(t: LayerTable, beta: int) -> tuple[np.ndarray, np.ndarray]:
         return t.gpu_f * beta, t.gpu_b * beta
     clk = t.board.clock_hz
     fill = t.fill * beta if t.fill is not None else 0.0   # every turn's fill, per sample
-    f = (np.ceil(t.fwd_work * beta / t.lanes - 1e-9) + np.where(t.fwd_work > 0, fill, 0.0)) / clk
-    b = (np.ceil(t.bwd_work * beta / t.lanes - 1e-9) + np.where(t.bwd_work > 0, fill, 0.0)) / clk
+    f = (work_cycles(t.fwd_work, t.lanes, beta) + np.where(t.fwd_work > 0, fill, 0.0)) / clk
+    b = (work_cycles(t.bwd_work, t.lanes, beta) + np.where(t.bwd_work > 0, fill, 0.0)) / clk
     return f, b
 
 
@@ -191,7 +191,7 @@ def stage_model(model: Model, table: LayerTable, beta: int, fmt: str, cap: float
         for k, l in enumerate(model.layers):
             if l.type in ("conv2d", "maxpool", "avgpool") and len(l.in_shapes[0]) == 3:
                 c, _h, wd = l.in_shapes[0]
-                buf[k] = l.attr["kernel"][0] * wd * c * bpe
+                buf[k] = line_buffer_bytes(l.attr["kernel"][0], wd, c, bpe)
     cut = model.cut_elements_all
     first_in = sum(math.prod(i.shape) for i in model.inputs)
     IN = np.array([first_in] + list(cut), dtype=float) * bpe * beta
