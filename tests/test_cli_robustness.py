@@ -233,6 +233,7 @@ def plan_doc(ws):
     return yaml.safe_load((ws / "p.yaml").read_text())
 
 
+@pytest.mark.slow  # 300 cases of ~50 ms; tests/test_validation_fuzz.py has the fast run
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_mutated_plan_only_spec_error(plan_doc, tmp_path_factory, data):
