@@ -3,7 +3,12 @@ from __future__ import annotations
 
 import sys
 
+from bapipe.errors import SpecError
+
 from .csim import csim_project
+
+#: most random inputs per stage `csim` runs
+MAX_SAMPLES = 4096
 
 
 def cmd_csim(args) -> tuple[dict, int]:
@@ -13,6 +18,9 @@ def cmd_csim(args) -> tuple[dict, int]:
     """
     from .cli_gen import check_build
 
+    samples = getattr(args, "samples", 4)
+    if isinstance(samples, int) and samples > MAX_SAMPLES:  # each runs through every compiled stage
+        raise SpecError(None, None, "--samples", f"expected at most {MAX_SAMPLES} samples, got {samples}")
     check_build(args.build)
     if sys.stderr.isatty():  # g++ takes seconds to a minute per stage the first time
         sys.stderr.write(f"bapipe csim: compiling and running each stage of {args.build} "

@@ -113,6 +113,11 @@ def measure(man: dict, out: dict, samples: int) -> float:
     return (last[-1] - last[0]) / (samples - 1)
 
 
+#: most inputs one rtlsim streams (each is simulated cycle by cycle; 10**9 would never end)
+MAX_SAMPLES = 4096
+#: most Verilator model threads (more than the machine has only slows the simulation)
+MAX_THREADS = 64
+
 #: simulated cycles `rtlsim` aims for by default on pipelines of turn-taking boards
 SAMPLE_BUDGET_CYCLES = 4_000_000
 
@@ -137,8 +142,11 @@ def cmd_rtlsim(args):
     steady = float(man["predicted_cycles_per_sample"])
     samples = getattr(args, "samples", None)
     samples = default_samples(man) if samples is None else int(samples)
-    if samples < 2:
-        raise SpecError(None, None, "--samples", f"expected at least 2 samples, got {samples}")
+    if samples < 2 or samples > MAX_SAMPLES:
+        raise SpecError(None, None, "--samples", f"expected 2..{MAX_SAMPLES} samples, got {samples}")
+    threads = getattr(args, "threads", 1)
+    if threads is not None and not 1 <= threads <= MAX_THREADS:
+        raise SpecError(None, None, "--threads", f"expected 1..{MAX_THREADS} Verilator threads, got {threads}")
     params = read_params(build / "rtl", man["param_layers"])
     from bapipe.spec import load_model
     model = load_model(man["model"])
