@@ -437,6 +437,12 @@ def _check_stage(plan: Plan, s: Stage, model, boards: dict, owner: dict, err, st
                 f"utilisation_cap {plan.utilisation_cap:g} of {usable} usable"
             raise err(f"{at}.resources.{k}", f"expected at most {cap} ({why} on a {board.name}), "
                                              f"got {s.resources[k]}")
+    if s.weight_bytes + s.stash_bytes > s.memory_bytes:  # parts of the peak cannot exceed it
+        raise err(f"{at}.memory_bytes", f"expected at least weight_bytes + stash_bytes = "
+                                        f"{s.weight_bytes + s.stash_bytes}, got {s.memory_bytes}")
+    if s.stashes > plan.microbatches * max(1, plan.chunks):  # a stage holds at most every micro-batch
+        raise err(f"{at}.stashes", f"expected at most {plan.microbatches * max(1, plan.chunks)} "
+                                   f"(micro-batches x chunks), got {s.stashes}")
     mem_cap = on_chip_bytes(board) + board.offchip_bytes
     if s.memory_bytes > mem_cap:
         raise err(f"{at}.memory_bytes", f"expected at most {mem_cap} bytes (on-chip + off-chip of a "
