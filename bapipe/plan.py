@@ -437,7 +437,8 @@ def _check_stage(plan: Plan, s: Stage, model, boards: dict, owner: dict, err, st
                 f"utilisation_cap {plan.utilisation_cap:g} of {usable} usable"
             raise err(f"{at}.resources.{k}", f"expected at most {cap} ({why} on a {board.name}), "
                                              f"got {s.resources[k]}")
-    if s.weight_bytes + s.stash_bytes > s.memory_bytes:  # parts of the peak cannot exceed it
+    # parts of the peak cannot exceed it (a hand-made plan leaving memory_bytes 0 states none)
+    if s.memory_bytes and s.weight_bytes + s.stash_bytes > s.memory_bytes:
         raise err(f"{at}.memory_bytes", f"expected at least weight_bytes + stash_bytes = "
                                         f"{s.weight_bytes + s.stash_bytes}, got {s.memory_bytes}")
     if s.stashes > plan.microbatches * max(1, plan.chunks):  # a stage holds at most every micro-batch
