@@ -39,7 +39,9 @@ from .yamlio import Fields
 
 TAG = "bapipe:"
 VIEW_OPS = frozenset({"Reshape", "Transpose", "Squeeze", "Unsqueeze", "Identity", "Dropout", "Cast", "Flatten"})
-ELEMENTWISE = {"Relu": "relu", "Gelu": "gelu", "Tanh": "tanh", "Sigmoid": "sigmoid", "Softmax": "softmax"}
+ELEMENTWISE = {"Relu": "relu", "Gelu": "gelu", "Tanh": "tanh", "Sigmoid": "sigmoid", "Softmax": "softmax",
+               # piecewise-linear relatives, costed like the activation they approximate (MobileNetV3, GANs)
+               "LeakyRelu": "relu", "HardSigmoid": "sigmoid", "HardSwish": "sigmoid"}
 SCALE_OPS = frozenset({"Add", "Sub", "Mul", "Div"})
 #: ops whose result is a boolean mask of their inputs: no layer, Where reads them
 BOOL_OPS = frozenset({"IsNaN", "IsInf", "Not", "Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual",

@@ -419,3 +419,13 @@ def test_constant_subgraphs_are_folded_before_shape_inference():
     g.n("MatMul", [x, g.w("w", 8, 4)], "out")
     m = import_model_proto(g.model([("x", TensorProto.FLOAT, ["N", 3, 8])], "out", ["N", 3, 4]), "f.onnx")
     assert [(l.type, l.out_shape) for l in m.layers] == [("softmax", (3, 8)), ("dense", (3, 4))]
+
+
+@pytest.mark.parametrize("op,typ", [("LeakyRelu", "relu"), ("HardSigmoid", "sigmoid"), ("HardSwish", "sigmoid"),
+                                    ("Clip", "relu")])
+def test_activation_relatives(op, typ):
+    g = G()
+    x = g.n("Conv", ["x", g.w("w", 4, 3, 1, 1)], "conv", kernel_shape=[1, 1])
+    g.n(op, [x], "act")
+    m = import_model_proto(g.model([("x", TensorProto.FLOAT, ["N", 3, 4, 4])], "act", ["N", 4, 4, 4]), "a.onnx")
+    assert [(l.type, l.out_shape, l.params) for l in m.layers] == [("conv2d", (4, 4, 4), 12), (typ, (4, 4, 4), 0)]
