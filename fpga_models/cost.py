@@ -29,7 +29,8 @@ from bapipe.layers import Layer
 
 from .boards import BRAM36_BYTES, URAM_BYTES, Board, bytes_per_element
 from .engines import (LUT_PER_LANE_OP, LUT_PER_LAYER, LUT_PER_MAC, MAX_LANES, MVU_TYPES,  # noqa: F401 (re-exported)
-                      elementwise_lut, line_buffer_bytes, mvu_cycles, mvu_dsp, mvu_lut, stream_cycles)
+                      elementwise_lut, line_buffer_bytes, mvu_cycles, mvu_dsp, mvu_lut, stream_cycles,
+                      stream_elements)
 
 #: elementwise work per output element in backward relative to forward (norms recompute statistics)
 _BWD_WORK = {"layernorm": 2.0, "batchnorm": 2.0, "softmax": 2.0, "gelu": 2.0, "tanh": 1.0, "sigmoid": 1.0}
@@ -103,14 +104,10 @@ def lane_dim(layer: Layer) -> int:
 
 
 def elementwise_work(layer: Layer) -> tuple[float, float]:
-    """(forward, backward) element-operations per sample of a non-MVU layer."""
-    t = layer.type
-    if t == "flatten":
-        return 0.0, 0.0  # a reshape: free on a stream
-    if t == "embedding":
-        return float(layer.out_elems), float(layer.out_elems)  # lookup; scatter-add of gradients
-    f = float(max(layer.fwd_ops, layer.out_elems))
-    return f, f * _BWD_WORK.get(t, 1.0)
+    """(forward, backward) elements a non-MVU layer's engine streams per sample, each lane
+    taking one a cycle (fpga_models.engines.stream_elements; backward x _BWD_WORK)."""
+    f = float(stream_elements(layer))
+    return f, f * _BWD_WORK.get(layer.type, 1.0)
 
 
 @dataclass(frozen=True)

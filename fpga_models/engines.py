@@ -83,6 +83,27 @@ def mvu_cycles(macs: float, pe: int, simd: int, batch: int = 1) -> int:
     return int(work_cycles(macs, pe * simd, batch))
 
 
+#: passes an element-wise engine makes over its input (statistics first, then normalise)
+_PASSES = {"layernorm": 2, "softmax": 2}
+
+
+def stream_elements(layer) -> int:
+    """Elements a non-MVU layer's engine streams per sample, one a lane a cycle.
+
+    Element-wise engines are pipelined at II=1, so a lane takes one element a cycle however
+    many operations it applies (those cost LUTs, not cycles); a pool reads every window
+    element once (its ``fwd_ops``: windows x taps; the global average pool: C x H x W); a
+    batchnorm is the folded inference form (scale and shift, one pass); layer norm and
+    softmax pass twice (statistics, then normalise); a flatten is free on a stream.
+    """
+    t = layer.type
+    if t == "flatten":
+        return 0
+    if t in POOL_TYPES:
+        return max(int(layer.fwd_ops), int(layer.out_elems))
+    return _PASSES.get(t, 1) * int(layer.out_elems)
+
+
 def mvu_vector_cycles(mh: int, mw: int, pe: int, simd: int) -> int:
     """NF * SF cycles per input vector of an MH x MW MVU (PE | MH, SIMD | MW)."""
     return (mh // pe) * (mw // simd)

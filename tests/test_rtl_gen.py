@@ -38,7 +38,8 @@ def test_manifest_cycle_model(tmp_path):
     assert man["predicted_cycles_per_sample"] == 64
     link = man["links"][0]
     assert link["latency"] == 150                      # 0.5 us at 300 MHz
-    assert abs(link["bytes_per_cycle"] - 1.19e10 / 3e8) < 1 / 64
+    # limit_denominator(64) is at least as close as the nearest multiple of 1/64: half of 1/64
+    assert abs(link["bytes_per_cycle"] - 1.19e10 / 3e8) <= 1 / 128
     assert link["credits"] == rm.credit_depth(Fraction(1), 150) == 2 * 150 + rm.LINK_LOOP + rm.CREDIT_SLACK
 
 
@@ -187,9 +188,11 @@ def test_time_multiplexed_units_cost_what_the_planner_says():
             f = ps.folding[u.layer]
             planned = folding_cost(model.layers[model.index[u.layer]], board, f, plan.number_format).fwd_cycles
             assert 0 <= u.cycles - planned <= rm.MVU_FILL + 1, (u.layer, u.cycles, planned)
-        # per replica the stage sees microbatch / replicas samples
-        per_sample = ps.cycles["fwd"] * ps.replicas / plan.microbatch_size
-        assert abs(sum(u.cycles for u in st.units) - per_sample) <= 5 * len(st.units)
+        # the stage's job (every unit's turn + the sequencer's switch) against the plan's
+        # forward cycles per sample, fills included on both sides: a conv's column width
+        # converter adds one cycle of fill to its turn that the plan does not count
+        convs = sum(1 for u in st.units if model.layers[model.index[u.layer]].type == "conv2d")
+        assert 0 <= st.job_cycles - ps.cycles["fwd_interval"] <= convs, (st.index, st.job_cycles, ps.cycles)
     # interleaved: fpga0 runs stages 0 and 2, fpga2 stages 1 and 3, one sequencer each
     assert [[s.index for s in b.stages] for b in pipe.boards] == [[0, 2], [1, 3]]
     assert pipe.interval == max(sum(s.job_cycles for s in b.stages) for b in pipe.boards)
@@ -256,8 +259,8 @@ def _vgg_plan() -> str:
     import tempfile
     from pathlib import Path
     d = Path(tempfile.mkdtemp(prefix="bapipe-vgg-"))
-    subprocess.run([sys.executable, "-m", "bapipe.cli", "plan", "vgg16", "4xU250-ring", "-o", str(d / "plan.yaml")],
-                   check=True, capture_output=True)
+    subprocess.run([sys.executable, "-m", "bapipe.cli", "plan", "vgg16", "4xU250-ring", "--schedule", "interleaved",
+                    "-o", str(d / "plan.yaml")], check=True, capture_output=True)
     return str(d / "plan.yaml")
 
 
