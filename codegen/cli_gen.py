@@ -93,6 +93,9 @@ def write_stamp(out: Path, plan_fingerprint: str, paths: list[Path]) -> Path:
 def check_build(build: str | Path, plan_fingerprint: str | None = None, option: str = "BUILD") -> dict:
     """Refuse (SpecError, one line) a folder that is not exactly what `bapipe gen` wrote.
 
+    A folder without ``plan.yaml`` and stamp (RTL rendered through the Python API) has
+    nothing to be tied to: ``{}`` is returned and the command's own checks apply.
+
     Checks the stamp, that ``plan.yaml`` in the folder still has the fingerprint the files
     were generated from, that every generated file is present with its size and sha256
     (a replaced plan, an edited Design, a truncated weight file or a half-copied folder all
@@ -111,9 +114,10 @@ def check_build(build: str | Path, plan_fingerprint: str | None = None, option: 
                 or not isinstance(stamp.get("plan_fingerprint"), str):
             raise ValueError("not a build stamp")
     except FileNotFoundError:
-        if not (build / "host_config.json").exists():  # not a project at all
-            raise SpecError(str(build), None, "host_config.json", "expected a folder written by `bapipe gen`; "
-                                                                  f"run `bapipe gen PLAN -o {build}`") from None
+        if not (build / "plan.yaml").exists():
+            # no plan to be tied to: an RTL folder rendered through the Python API (codegen.rtl),
+            # or not a project at all, which the command's own checks then name
+            return {}
         raise SpecError(str(build), None, STAMP, "expected a folder written whole by `bapipe gen` "
                                                  f"(no {STAMP}); re-run `bapipe gen PLAN -o {build} --force`") from None
     except (OSError, UnicodeDecodeError, ValueError) as e:
