@@ -661,7 +661,7 @@ def train(plan: str | Path | Plan, backend: str = "numpy", epochs: int | None = 
         logits = pipe.predict(0, np.array_split(data.x_test, m))
         acc = float(np.mean(np.argmax(logits.reshape(len(data.y_test), -1), axis=1) == data.y_test))
         utilisation = [b / train_wall if train_wall else 0.0 for b in pipe.busy]
-    except (PipelineFailure, TrainingDiverged):
+    except (PipelineFailure, TrainingDiverged, KeyboardInterrupt):  # KeyboardInterrupt: also SIGTERM
         if log:  # the iterations that did run are what a failure is debugged from
             try:
                 _write_log(log, records)
