@@ -263,11 +263,13 @@ def resolve(plan: Plan, plan_file: str | None = None):
     model = load_model(plan.model, opaque={k: tuple(v) for k, v in plan.opaque.items()} or None)
     if model.fingerprint() != plan.model_fingerprint:
         raise SpecError(plan_file, None, "model_fingerprint",
-                        f"the model '{plan.model}' has changed since this plan was made; re-run `bapipe plan`")
+                        f"expected the fingerprint of model '{plan.model}': this plan was made for another "
+                        "model or an earlier version of it; re-run `bapipe plan`")
     cluster = load_cluster(plan.cluster)
     if cluster.fingerprint() != plan.cluster_fingerprint:
         raise SpecError(plan_file, None, "cluster_fingerprint",
-                        f"the cluster '{plan.cluster}' differs from the one this plan was made for; re-run `bapipe plan`")
+                        f"expected the fingerprint of cluster '{plan.cluster}': this plan was made for another "
+                        "cluster or an earlier version of it; re-run `bapipe plan`")
     validate(plan, model, cluster, plan_file, strict=strict)
     return model, cluster
 
