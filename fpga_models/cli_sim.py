@@ -24,7 +24,7 @@ def cmd_sim(args) -> dict:
     model, cluster = resolve(plan, args.plan)
     ops = iterations * plan.microbatches * len(plan.stages) * (2 if plan.mode == "train" else 1)
     if ops > MAX_SIM_OPS:
-        raise SpecError(args.plan, None, "microbatches",
+        raise SpecError(args.plan, None, "microbatches" if iterations == 1 else "--iterations",
                         f"expected at most {MAX_SIM_OPS:,} simulated ops (iterations {iterations} x "
                         f"micro-batches {plan.microbatches} x stages {len(plan.stages)} x passes), got {ops:,}; "
                         "simulate fewer --iterations or plan fewer micro-batches")
