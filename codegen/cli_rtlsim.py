@@ -177,24 +177,16 @@ def cmd_rtlsim(args):
         "stage_boards": [f"stage {i} on {b}" for i, b, _style in man.get("stage_boards", [])] or man["boards"],
     }
     if getattr(args, "stages", True):
-        result.update(stage_agreement(build, params, getattr(args, "stage_samples", None),
-                                      getattr(args, "threads", 1)))
+        result.update(stage_agreement(build, getattr(args, "stage_samples", None), getattr(args, "threads", 1)))
     return result, (0 if match else 1)
 
 
-def stage_agreement(build: Path, params: dict, samples: int | None = None, threads: int = 1) -> dict:
-    """``stages`` (per stage: plan, design and measured cycles per sample, each stage run alone)
-    and ``plan_error`` (worst |measured / plan - 1|); see codegen/agreement.py."""
-    from bapipe.plan import load_plan, resolve
+def stage_agreement(build: Path, samples: int | None = None, threads: int = 1) -> dict:
+    """``stages`` (per stage: plan, design and measured cycles per sample, each stage's bench
+    run alone) and ``plan_error`` (worst |measured / plan - 1|); see codegen/agreement.py."""
+    from .agreement import load_design, measure_stages, plan_error
 
-    from .agreement import measure_stages, plan_error
-    from .rtl_model import build_pipeline
-
-    plan_path = build / "plan.yaml"
-    plan = load_plan(plan_path)
-    model, cluster = resolve(plan, str(plan_path))
-    full = build_pipeline(plan, model, cluster, params, str(plan_path))
-    rows = measure_stages(build, plan, model, cluster, params, full, samples, threads)
+    rows = measure_stages(build, load_design(build), samples, threads)
     return {"stages": rows, "plan_error": plan_error(rows)}
 
 

@@ -18,8 +18,9 @@ import numpy as np
 
 from bapipe.names import legal, name_map
 
+from .design import design_dict, stage_bench_files
 from .rtl_model import (LinkSpec, MvuSpec, Pipeline, Unsupported, build_pipeline, clog2, count_bits,
-                        timing_model, verilog_hex)
+                        plan_weights, timing_model, verilog_hex)
 from .rtl_mem import mvu_memory_files
 
 TEMPLATE_DIR = Path(__file__).resolve().parent.parent / "hls_templates" / "rtl"
@@ -282,6 +283,7 @@ def render_rtl(plan, model, cluster, out_dir: Path, params=None) -> list[Path]:
     written: dict[str, str] = {}
     paths = []
     try:
+        params = plan_weights(plan, model) if params is None else params
         pipe = build_pipeline(plan, model, cluster, params)
     except Unsupported as e:
         written = {f"{name}.v": render_template(name, plan_hash) for name in GENERIC}
@@ -302,6 +304,13 @@ def render_rtl(plan, model, cluster, out_dir: Path, params=None) -> list[Path]:
         written["manifest.json"] = json.dumps(manifest(pipe, plan, order, sorted(mem_names)), indent=1,
                                               sort_keys=True) + "\n"
         paths += write_params(rtl, pipe)
+        written.update(stage_bench_files(plan, model, cluster, params, pipe, plan_hash, dict(written)))
+        (rtl / "stages").mkdir(exist_ok=True)
+        for i in range(len(pipe.stages)):
+            (rtl / "stages" / f"s{i}").mkdir(exist_ok=True)
+        design = rtl.parent / "design.json"
+        design.write_text(json.dumps(design_dict(pipe, plan), indent=1, sort_keys=True) + "\n", encoding="utf-8")
+        paths.append(design)
     for name in sorted(written):
         p = rtl / name
         p.write_text(written[name], encoding="utf-8")

@@ -117,12 +117,16 @@ def render_harness(man: dict) -> str:
     return _env().get_template("rtlsim_main.cpp.j2").render(**harness_context(man))
 
 
-def verilator_flags(rtl_dir: Path, top: str, threads: int = 1) -> list[str]:
-    """Verilator options of the build (everything but the source files and -Mdir)."""
+def verilator_flags(rtl_dir: Path, top: str, threads: int = 1, mem_dir: Path | None = None) -> list[str]:
+    """Verilator options of the build (everything but the source files and -Mdir).
+
+    ``mem_dir``: where the MVUs' $readmemh images are (default ``rtl_dir``; a single-stage
+    bench reads the main build's)."""
+    mem = Path(mem_dir if mem_dir is not None else rtl_dir).resolve()
     flags = ["--cc", "--exe", "--build", "-O3", "-Wno-fatal", "-Wno-lint", "-Wno-style", "--top-module", top,
              "--prefix", "Vtop", "-CFLAGS", CXX_OPT, "--build-jobs", "2",
              # $readmemh files of the MVUs are found through this absolute prefix
-             f'+define+BAPIPE_MEM_DIR="{Path(rtl_dir).resolve()}/"', f"+incdir+{Path(rtl_dir).resolve()}"]
+             f'+define+BAPIPE_MEM_DIR="{mem}/"', f"+incdir+{Path(rtl_dir).resolve()}"]
     if threads > 1:
         flags += ["--threads", str(int(threads))]
     return flags
@@ -153,7 +157,8 @@ def compile_harness(rtl_dir: Path, man: dict, cache: Path, threads: int = 1) -> 
     from bapipe.toolchain import verilator_bin, wire_verilator, with_pch_makeflag
 
     harness = render_harness(man)
-    flags = verilator_flags(rtl_dir, man["top"], threads)
+    mem_dir = Path(rtl_dir) / man["mem_dir"] if man.get("mem_dir") else None
+    flags = verilator_flags(rtl_dir, man["top"], threads, mem_dir)
     d = Path(cache).resolve() / f"cpp-{man['top']}-{build_key(rtl_dir, man, harness, flags)}"
     exe = d / "obj" / "Vtop"
     if exe.exists():

@@ -1,0 +1,91 @@
+"""The Design: a plan lowered once to hardware, written by `bapipe gen` as build/design.json.
+
+``codegen.rtl_model.build_pipeline`` is the lowering (small named steps per stage: fused
+activations, width converters, window generators, forks and skip FIFOs, gates and the
+sequencer of time-multiplexed stages, link credits, weights); this module writes its result
+as data: boards -> stages -> nodes (engine kind, module, parameters, lanes, cycles per
+sample), the wires between them, FIFO depths, links with their credits, and per stage the
+plan's and the Design's cycles per sample. ``bapipe rtlsim`` reads the Design and the
+single-stage benches written beside it instead of deriving anything again.
+
+Every cycle figure here comes from ``fpga_models.engines`` through the lowering.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+DESIGN_VERSION = 1
+
+
+def plan_cycles_per_sample(plan, index: int) -> float:
+    """The planner's forward cycles per sample in steady state for stage ``index``
+    (``cycles.fwd_interval``; plans written before it existed: ``cycles.fwd`` per sample)."""
+    s = plan.stages[index]
+    if "fwd_interval" in s.cycles:
+        return float(s.cycles["fwd_interval"])
+    return float(s.cycles.get("fwd", 0)) / max(1, plan.microbatch_size)
+
+
+def _node(blk) -> dict:
+    return {"name": blk.inst, "engine": blk.kind, "module": blk.module, "params": dict(blk.params),
+            "in_lanes": blk.in_lanes, "out_lanes": blk.out_lanes, "beats_in": blk.beats_in, "cycles": blk.cycles,
+            **({"layer": blk.mvu.layer, "pe": blk.mvu.pe, "simd": blk.mvu.simd, "mh": blk.mvu.mh, "mw": blk.mvu.mw}
+               if blk.mvu is not None else {}),
+            **({"ins": list(blk.ins)} if blk.ins else {}), **({"outs": list(blk.outs)} if blk.outs else {})}
+
+
+def design_dict(pipe, plan) -> dict:
+    """The JSON form of a lowered pipeline (see the module docstring)."""
+    stages = []
+    for i, st in enumerate(pipe.stages):
+        stages.append({
+            "index": st.index, "board": st.board, "style": st.style, "layers": list(plan.stages[i].layers),
+            "in_lanes": st.in_lanes, "out_lanes": st.out_lanes, "in_elems": st.in_elems, "out_elems": st.out_elems,
+            "plan_cycles_per_sample": plan_cycles_per_sample(plan, i),
+            "design_cycles_per_sample": float(st.job_cycles),
+            "nodes": [_node(b) for b in st.blocks],
+            "units": [{"layer": u.layer, "index": u.index, "cycles": u.cycles} for u in st.units],
+            "bench": f"rtl/stages/s{i}",
+        })
+    return {
+        "version": DESIGN_VERSION, "plan": plan.fingerprint(), "model": plan.model, "cluster": plan.cluster,
+        "number_format": pipe.fmt, "elem_w": pipe.elem_w, "frac": pipe.frac,
+        "boards": [{"name": b.name, "module": b.module, "stages": [s.index for s in b.stages]} for b in pipe.boards],
+        "stages": stages,
+        "links": [None if l is None else {"src": l.src, "dst": l.dst, "beat_bytes": l.beat_bytes,
+                                          "bytes_per_cycle": float(l.bytes_per_cycle), "latency": l.latency,
+                                          "credits": l.credits} for l in pipe.links],
+        "interval": float(pipe.interval),
+    }
+
+
+def stage_bench_files(plan, model, cluster, params, pipe, plan_hash: str,
+                      main_files: dict[str, str] | None = None) -> dict[str, str]:
+    """Single-stage RTL builds, one per stage, as ``stages/s<i>/<file>`` -> text (manifest included).
+
+    Each is the stage exactly as the whole pipeline builds it (same blocks, names and weight
+    images, read from the main rtl/ folder: ``mem_dir``), fed straight from the host at the
+    lanes the previous stage delivers, with nothing after it: run alone, it shows the stage's
+    own pace, which the whole pipeline (moving at its bottleneck's) cannot. Modules identical
+    to the main build's (``main_files``: the generic glue, the MVUs) are named from there.
+    """
+    main_files = main_files or {}
+    from .rtl import manifest, render_pipeline
+    from .rtl_model import build_pipeline
+
+    out: dict[str, str] = {}
+    for i, st in enumerate(pipe.stages):
+        sub = replace(plan, stages=[plan.stages[i]])
+        one = build_pipeline(sub, model, cluster, params, in_lanes=st.in_lanes if i else None, partial=True)
+        files = render_pipeline(one, plan.cluster, plan_hash)
+        own = {n: t for n, t in files.items() if main_files.get(n) != t}
+        names = {n: (n if n in own else f"../../{n}") for n in files}
+        order = sorted(files, key=lambda n: (n == "cluster_top.v", n.endswith("_top.v"), n))
+        man = manifest(one, sub, [names[n] for n in order])
+        man["mem_dir"] = "../.."      # the MVU images of the main build (rtl/)
+        man["stage"] = st.index
+        for name, text in own.items():
+            out[f"stages/s{i}/{name}"] = text
+        out[f"stages/s{i}/manifest.json"] = json.dumps(man, indent=1, sort_keys=True) + "\n"
+    return out
