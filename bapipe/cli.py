@@ -17,9 +17,10 @@ import sys
 from pathlib import Path
 
 from .errors import SpecError
+from .schedules import SCHEDULES
 
 #: --schedule of `bapipe plan` (auto lets the planner pick)
-SCHEDULE_CHOICES = ("auto", "gpipe", "1f1b", "interleaved", "eager-1f1b", "2bw")
+SCHEDULE_CHOICES = ("auto", *SCHEDULES)
 #: commands whose -o names one file that is not overwritten without --force
 _FILE_OUTPUTS = ("plan", "export")
 
@@ -118,7 +119,7 @@ def _add_args(name: str, p: argparse.ArgumentParser) -> None:
         p.add_argument("--force", action="store_true", help="overwrite an existing output file")
         # choices, so that a typo or an empty string is refused rather than read as auto
         p.add_argument("--schedule", default="auto", choices=SCHEDULE_CHOICES, metavar="SCHEDULE",
-                       help="auto|gpipe|1f1b|interleaved|eager-1f1b|2bw")
+                       help="|".join(SCHEDULE_CHOICES))
         p.add_argument("--microbatches", default="auto", type=_microbatches,
                        help=f"auto or N (at most {MAX_MICROBATCHES})")
         p.add_argument("--global-batch", type=_global_batch, default=None,
