@@ -8,7 +8,7 @@ import json
 import pytest
 
 from bapipe.cli import main
-from host.handplan import hand_plan
+from handplan import hand_plan
 from tolerances import grad_tolerance
 
 KEYS = {"backend", "epochs", "final_loss", "test_accuracy", "samples_per_s", "grad_max_rel_err_vs_single_device"}

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from host.driver import Pipeline, PipelineFailure, train
-from host.handplan import hand_plan
+from handplan import hand_plan
 from tolerances import grad_tolerance
 
 SYNC = [("gpipe", 1, (1, 3, 5)), ("1f1b", 1, (1, 3, 5)), ("eager-1f1b", 1, (1, 3, 5)), ("interleaved", 2, (1, 3, 5))]

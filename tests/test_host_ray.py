@@ -17,7 +17,7 @@ import pytest
 ray = pytest.importorskip("ray")
 
 from host.driver import PipelineFailure, train  # noqa: E402
-from host.handplan import hand_plan  # noqa: E402
+from handplan import hand_plan  # noqa: E402
 from host.ray_mode import init_ray  # noqa: E402
 from tolerances import grad_tolerance  # noqa: E402
 
