@@ -197,7 +197,7 @@ def ring_allreduce_s(nbytes: float, r: int, bandwidth: float, latency: float) ->
 
 
 def replay_2bw(p: int, m: int, fwd: list[float], bwd: list[float], routes: list, rings: list | None,
-               iterations: int = 5) -> tuple[float, float]:
+               iterations: int = 4) -> tuple[float, float]:
     """PipeDream-2BW without a flush: (steady seconds per iteration, first iteration's end).
 
     ``iterations`` x m micro-batches run as one 1F1B stream per device (v = 1). A stage's

@@ -30,7 +30,8 @@ from .stagecost import LayerTable, StageModel, cut_bytes, layer_table, layer_tim
 SLACK = 0.25        # how far J may be from the replayed time (relative)
 MAX_REPLAYS = 2     # distinct candidates replayed per schedule per search
 MAX_M_CANDIDATES = 12
-DEPTH_SLACK = 1.0   # how far above the best J the first candidate of a pipeline depth may be
+DEPTH_SLACK = 1.0
+REPLAY_M = 128      # micro-batches replayed exactly before the replay is extrapolated (finish)   # how far above the best J the first candidate of a pipeline depth may be
 GROUP_BOARDS = 8    # clusters up to this size search every per-position replica vector
 
 
@@ -970,7 +971,7 @@ class Explorer:
             # dataflow style (section 2), which favours few deep stages: the best candidate
             # of every (pipeline depth, boards used) that explore kept is replayed too
             regular = per.get((c.schedule, c.k, c.kv), 0) < MAX_REPLAYS and cand.objective <= best_j * (1 + slack)
-            shape = (c.schedule, c.p, self.boards_used(c))
+            shape = (c.p, self.boards_used(c))
             if (regular or shape not in depth) and key not in seen:
                 seen.add(key)
                 depth.add(shape)
@@ -984,6 +985,20 @@ class Explorer:
         return done + rest
 
     # ---- details ---------------------------------------------------------------------------
+    @staticmethod
+    def replayed(fn, c: Config) -> float:
+        """``fn(m)`` (a replay of m micro-batches), exactly up to 2 x REPLAY_M micro-batches;
+        beyond, extrapolated linearly from m1 and 2 m1 (m1 <= REPLAY_M, a multiple of p for
+        interleaving): once its warm-up is over a replay of identical micro-batches repeats
+        a fixed pattern, so its time grows by the same amount per micro-batch (the replay is
+        O(m p) and --global-batch 100000 would replay 10^5 micro-batches per candidate)."""
+        if c.m <= 2 * REPLAY_M:
+            return fn(c.m)
+        m1 = REPLAY_M - REPLAY_M % c.p if c.schedule == "interleaved" else REPLAY_M
+        m1 = max(m1, c.p)
+        t1, t2 = fn(m1), fn(2 * m1)
+        return t2 + (c.m - 2 * m1) * (t2 - t1) / m1
+
     def finish(self, cand: Candidate) -> Candidate:
         """Per-stage figures, all-reduce, and the replayed iteration time of a candidate."""
         c = cand.config
@@ -1063,21 +1078,26 @@ class Explorer:
                     ids, bw, lat = self.hop(g[i].name, g[(i + 1) % r].name)
                     hops.append((ids, x["weight_bytes"] / r / bw if ids else 0.0, lat))
                 rings.append((tuple(hops), 2 * (r - 1)))
-        rp = replay(c.schedule, c.p, c.m, [x["fwd_s"] for x in stages],
-                    [x["bwd_s"] for x in stages], [x["send_occ"] for x in stages[:-1]],
-                    [x["send_lat"] for x in stages[:-1]], c.v, ar, forward_only=not self.train, routes=routes,
-                    rings=rings)
-        cand.first_iteration_s = rp.iteration_s
-        cand.iteration_s = rp.iteration_s
-        cand.bubble = rp.bubble_fraction
+        fw, bw_ = [x["fwd_s"] for x in stages], [x["bwd_s"] for x in stages]
+        occ, lat_ = [x["send_occ"] for x in stages[:-1]], [x["send_lat"] for x in stages[:-1]]
+
+        def once(m: int) -> float:
+            return replay(c.schedule, c.p, m, fw, bw_, occ, lat_, c.v, ar, forward_only=not self.train,
+                          routes=routes, rings=rings).iteration_s
+
+        def steady(m: int) -> float:
+            return replay_2bw(c.p, m, fw, bw_, routes, rings)[0]
+
+        cand.first_iteration_s = self.replayed(once, c)
+        cand.iteration_s = cand.first_iteration_s
         if self.train and c.schedule == "2bw" and c.p > 1:
             # PipeDream-2BW never flushes: iterations follow each other in one 1F1B stream
             # and iteration j's all-reduce only has to end before iteration j+2 starts (the
-            # second weight version covers j+1): priced in steady state over 5 iterations
-            cand.iteration_s, _first = replay_2bw(c.p, c.m, [x["fwd_s"] for x in stages],
-                                                  [x["bwd_s"] for x in stages], routes, rings)
-            cand.bubble = 1.0 - max(sum(x["fwd_s"] + x["bwd_s"] for x in stages if x["device"] == d)
-                                    for d in range(c.p)) * c.m / cand.iteration_s
+            # second weight version covers j+1): priced in steady state over 4 iterations
+            cand.iteration_s = self.replayed(steady, c)
+        # busy time is linear in m: the busiest device's ops over the iteration
+        busy = max(sum((x["fwd_s"] + x["bwd_s"]) for x in stages if x["device"] == d) for d in range(c.p)) * c.m
+        cand.bubble = 1.0 - busy / cand.iteration_s if cand.iteration_s > 0 else 0.0
         cand.stages = stages
         cand.boards_used = self.boards_used(c)
         return cand
