@@ -1,7 +1,9 @@
 """Planner benchmark: every zoo model on every built-in cluster.
 
-Prints a table (plan vs data parallel, equal-layer GPipe, best without replication, lower
-bound; planner wall time and peak Python memory) and writes bench/results/planner.json.
+Prints a table (plan vs data parallel, equal-layer GPipe, best without replication, best on
+fewer boards, lower bound; planner wall time and peak Python memory) and writes
+bench/results/planner.json. The plan's time is its steady iteration (PipeDream-2BW runs
+without a flush; the other schedules' steady and first iterations are equal).
 Usage: python bench/bench_planner.py [--models a,b] [--clusters x,y]
 """
 from __future__ import annotations
@@ -47,9 +49,10 @@ def run_one(model_name: str, cluster_name: str, cluster, trace: bool = False) ->
     row.update({k: res[k] for k in ("iteration_time_s", "throughput_samples_per_s", "schedule", "microbatches",
                                    "replicas", "recompute", "lower_bound_s", "speedup_vs_data_parallel")})
     row["stages"] = len(res["stages"])
+    row["boards_used"] = res.get("boards_used", len({x for s in res["stages"] for x in s["boards"]}))
     row["styles"] = sorted({s["style"] for s in res["stages"]})
-    for k in ("data_parallel", "equal_split", "no_replication"):
-        row[k] = b[k].get("iteration_time_s", "infeasible")
+    for k in ("data_parallel", "equal_split", "no_replication", "fewer_boards"):
+        row[k] = b[k].get("iteration_time_s", "infeasible") if k in b else "n/a"
     return row
 
 
@@ -66,8 +69,8 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     clusters = builtin_clusters()
     rows = []
-    hdr = (f"{'model':<12} {'cluster':<16} {'plan s':>10} {'sched':<11} {'m':>4} {'r':>3} {'vs DP':>7} "
-           f"{'vs equal':>8} {'vs norep':>8} {'LB/plan':>7} {'wall s':>7} {'cpu s':>6}")
+    hdr = (f"{'model':<12} {'cluster':<16} {'plan s':>10} {'sched':<11} {'m':>4} {'r':>8} {'bds':>3} {'vs DP':>7} "
+           f"{'vs equal':>8} {'vs norep':>8} {'vs fewer':>8} {'LB/plan':>7} {'wall s':>7} {'cpu s':>6}")
     print(hdr)
     t_all = time.perf_counter()
     for mn in args.models.split(","):
@@ -78,9 +81,11 @@ def main(argv=None) -> int:
                 print(f"{mn:<12} {cn:<16} infeasible: {r['infeasible'][:90]} ({r['wall_s']:.2f} s)")
                 continue
             t = r["iteration_time_s"]
-            ratio = lambda k: f"{r[k] / t:.2f}x" if isinstance(r[k], float) else "inf"  # noqa: E731
-            print(f"{mn:<12} {cn:<16} {t:>10.4g} {r['schedule']:<11} {r['microbatches']:>4} {r['replicas']:>3} "
-                  f"{ratio('data_parallel'):>7} {ratio('equal_split'):>8} {ratio('no_replication'):>8} "
+            ratio = lambda k: f"{r[k] / t:.2f}x" if isinstance(r[k], float) else "-"  # noqa: E731
+            reps = r["replicas"] if isinstance(r["replicas"], int) else "-".join(map(str, r["replicas"]))
+            print(f"{mn:<12} {cn:<16} {t:>10.4g} {r['schedule']:<11} {r['microbatches']:>4} {str(reps)[:8]:>8} "
+                  f"{r['boards_used']:>3} {ratio('data_parallel'):>7} {ratio('equal_split'):>8} "
+                  f"{ratio('no_replication'):>8} {ratio('fewer_boards'):>8} "
                   f"{r['lower_bound_s'] / t:>7.2f} {r['wall_s']:>7.2f} {r['cpu_s']:>6.2f}",
                   flush=True)
     total = time.perf_counter() - t_all

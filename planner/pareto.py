@@ -23,12 +23,16 @@ def non_dominated(points: list[dict], keys=("iteration_time_s", "peak_memory_byt
 def pareto_plans(model: Model, cluster: Cluster, req: Request) -> list[dict]:
     """Best replayed plan per (board count, schedule, replication), reduced to the Pareto set.
 
-    Board counts are 1..N (a prefix of the boards in topology order); every schedule is searched on its own so low-memory schedules are not pruned away
+    Board counts are 1..N (up to 16 boards; beyond, divisors of N and powers of two), a
+    prefix of the boards in topology order; every schedule is searched on its own so low-memory schedules are not pruned away
     by faster, hungrier ones.
     """
     N = len(cluster.boards) if req.max_boards is None else req.max_boards
     points = []
-    for nb in range(1, N + 1):
+    # every board count up to 16; beyond, the divisors of N and the powers of two (a full
+    # search per count)
+    counts = [k for k in range(1, N + 1) if N <= 16 or N % k == 0 or k & (k - 1) == 0]
+    for nb in counts:
         ex = Explorer(model, cluster, replace(req, max_boards=nb, partition=None))
         try:
             ex.mesh_sizes(), ex.mesh_vectors()

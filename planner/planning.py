@@ -92,6 +92,9 @@ def make_plan(model: Model, cluster: Cluster, model_arg: str, cluster_arg: str, 
     replicas = list(range(1, ex.N + 1)) if req.replication else [1]
     rc = (False, True) if ex.train else (False,)
     scheds = ex.schedules()
+    if not ex.train and req.schedule not in ("auto", "gpipe"):
+        raise SpecError(None, None, "--schedule", f"inference runs forward passes only (planned as gpipe); expected "
+                                                  f"auto or gpipe, got {req.schedule}")
     if ex.train and req.schedule == "interleaved" and min(ex.N, ex.n) < 2:
         raise SpecError(None, None, "--schedule", f"interleaved needs at least 2 boards and 2 layers "
                                                   f"(v = 2 chunks on each of p >= 2 boards); got {ex.N} board(s), "

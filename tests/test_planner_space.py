@@ -161,3 +161,15 @@ def test_2bw_is_priced_without_a_flush(model_name, cluster_name):
     first = simulate(out.plan, model, cl, config=SimConfig(record=False)).iteration_time_s
     assert out.plan.predicted["iteration_time_s"] == pytest.approx(first, rel=0.03)   # sim adds host I/O
     assert out.plan.predicted["steady_iteration_time_s"] == out.best.iteration_s < first
+
+
+def test_inference_with_a_training_schedule_is_one_line(tmp_path):
+    r = _cli("plan", "tiny-mlp", "4xU250-ring", "--mode", "inference", "--schedule", "1f1b",
+             "-o", str(tmp_path / "p.yaml"))
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "--schedule" in r.stderr
+
+
+def test_interleaved_on_one_board_is_one_line(tmp_path):
+    r = _cli("plan", "tiny-mlp", "4xU250-ring", "--boards", "1", "--schedule", "interleaved",
+             "-o", str(tmp_path / "p.yaml"))
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "interleaved" in r.stderr
