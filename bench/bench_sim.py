@@ -154,6 +154,7 @@ def main() -> int:
                   f"{r['diff_bare']:>+8.2%}")
         ok = [r for r in out["matrix"] if "error" not in r]
         for key in ("diff", "diff_rule", "diff_bare"):
+            # issue 4's planner-vs-simulator criterion (3%), a model-accuracy bound, not rounding
             within = sum(1 for r in ok if abs(r[key]) <= 0.03)
             print(f"{key}: within 3% on {within}/{len(ok)} plans")
         print("diff: simulation as is; rule: all-reduce per device as the planner does; "

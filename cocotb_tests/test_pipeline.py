@@ -38,6 +38,8 @@ def test_tiny_mlp_3_boards():
     from cocotb_tests.plans import tiny_mlp_plan
     r = _rtlsim(_gen(tiny_mlp_plan(3), "tiny-mlp-3"), samples=12)
     assert r["outputs_match"] and len(r["boards"]) == 3
+    # error = measured / predicted cycles per sample - 1: a model-accuracy criterion (docs/rtl.md:
+    # throughput within 2%), not a rounding bound; the cycle counts themselves are exact integers
     assert abs(r["error"]) <= 0.02, r
     assert set(r) >= {"outputs_match", "samples", "cycles_per_sample", "predicted_cycles_per_sample", "error",
                       "sim_cycles_per_s"}

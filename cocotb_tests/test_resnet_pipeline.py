@@ -15,7 +15,7 @@ def _run(style: str, boards: int, samples: int) -> dict:
     from cocotb_tests.plans import small_resnet_plan
     r = _rtlsim(_gen(small_resnet_plan(style, boards=boards), f"small-resnet-{style}-{boards}"), samples=samples)
     assert r["outputs_match"] and r["max_abs_err_lsb"] == 0 and len(r["boards"]) == boards
-    assert abs(r["error"]) <= 0.02, r
+    assert abs(r["error"]) <= 0.02, r   # docs/rtl.md's throughput criterion (2%), not a rounding bound
     return r
 
 

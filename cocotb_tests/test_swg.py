@@ -52,7 +52,8 @@ try:
         per_img = (hout.cycles[-1] - hout.cycles[outb - 1]) / (n - 1)
         dut._log.info("latency %d (model 1), cycles/image %.2f (model %d)", latency, per_img, max(frame, outb))
         assert latency == 1
-        assert abs(per_img - max(frame, outb)) <= 0.02 * max(frame, outb)
+        # without stalls every image runs the same schedule: whole cycles per image, exactly
+        assert per_img == max(frame, outb)
 except ImportError:
     pass
 

@@ -39,8 +39,9 @@ def test_fpga_figures_match_references(name, lut, dsp, usable_dsp, bram, usable_
 
 def test_memory_and_network_figures():
     u250, u280, u55c = BOARDS["U250"], BOARDS["U280"], BOARDS["U55C"]
-    assert u250.offchip_bytes == 64 * 2**30 and u250.offchip_bw_Bps == pytest.approx(76.8e9)
-    assert u280.offchip_bytes == 40 * 2**30 and u280.offchip_bw_Bps == pytest.approx(460e9 + 38.4e9)
+    # bandwidths are whole bytes per second, integers below 2**53: every sum and product exact
+    assert u250.offchip_bytes == 64 * 2**30 and u250.offchip_bw_Bps == 76.8e9
+    assert u280.offchip_bytes == 40 * 2**30 and u280.offchip_bw_Bps == 460e9 + 38.4e9
     assert u55c.offchip_bytes == 16 * 2**30 and u55c.offchip_bw_Bps == 460e9
     s10 = BOARDS["S10MX"]
     assert s10.offchip_bytes == 16 * 2**30 and s10.offchip_bw_Bps == 512e9 and s10.uram == 0
@@ -56,12 +57,14 @@ def test_fpga_peak_flops_derivation():
             continue
         assert set(b.peak_flops) == set(b.dsp_per_mac) == set(FORMATS)
         for fmt, d in b.dsp_per_mac.items():
-            assert b.peak_flops[fmt] == pytest.approx(2 * b.usable_dsp / d * b.clock_hz)
+            # the catalog's formula, evaluated in the same order: the same roundings, exact
+            assert b.peak_flops[fmt] == 2 * b.usable_dsp / d * b.clock_hz
     u250 = BOARDS["U250"]
     assert u250.dsp_per_mac["int8"] == 0.5  # 2 MACs per DSP48E2 (WP486)
     assert u250.dsp_per_mac["fixed16"] == 1.0
-    assert u250.peak_flops["fixed16"] == pytest.approx(2 * 11_520 * 300e6)  # 6.912 TFLOP/s
-    assert u250.peak_flops["int8"] == pytest.approx(2 * u250.peak_flops["fixed16"])
+    # integers below 2**53 and a division by 1 or 0.5: exact
+    assert u250.peak_flops["fixed16"] == 2 * 11_520 * 300e6  # 6.912 TFLOP/s
+    assert u250.peak_flops["int8"] == 2 * u250.peak_flops["fixed16"]
     assert all(u250.dsp_per_mac[f] > 1 for f in ("fp16", "bf16", "fp32"))
 
 
@@ -105,7 +108,7 @@ def test_with_overrides():
     b = with_overrides(BOARDS["U250"], node)
     assert b.clock_hz == 250e6 and b.usable_dsp == 10_000
     assert b.dsp_per_mac["fp32"] == 4 and b.dsp_per_mac["int8"] == 0.5
-    assert b.peak_flops["fp32"] == pytest.approx(2 * 10_000 / 4 * 250e6)
+    assert b.peak_flops["fp32"] == 2 * 10_000 / 4 * 250e6   # integers below 2**53: exact
     assert BOARDS["U250"].clock_hz == 300e6  # catalog untouched
     # YAML 1.1 would read 12e9 (no dot) as a string; bapipe.yamlio reads it as a float
     assert with_overrides(BOARDS["U250"], loads("pcie_bw_Bps: 12e9\n")).pcie_bw_Bps == 12e9

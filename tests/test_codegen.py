@@ -213,6 +213,7 @@ def test_folding_check_accepts_exactly_the_divisors(pe, simd):
         assert not ok
 
 
+@pytest.mark.slow  # generates in fresh processes: about 4-8 s
 def test_identical_across_processes_and_hash_seeds(tmp_path):
     import os
     import subprocess

@@ -11,6 +11,7 @@ from bapipe.zoo import get
 from host import layers_np as L
 from host.optim import Optimizer
 from host.program import StageProgram, init_stage_params
+from tolerances import U32
 
 F64 = np.float64
 
@@ -46,7 +47,11 @@ def test_conv2d_forward_matches_naive_loops():
     x = rng.standard_normal((2, 4, 7, 6)).astype(np.float32)
     y, _ = L.forward(layer, p, [x], True, {})
     assert y.shape == (2,) + layer.out_shape
-    np.testing.assert_allclose(y, _conv_naive(x, p["W"], p["b"], 2, 1, 2), rtol=1e-5, atol=1e-5)
+    # float32 dot products of K = 2 x 3 x 3 terms plus the bias against float64 loops: the
+    # componentwise worst case (K + 1) u32 times the same sums of absolute values (Higham, 3.1)
+    want = _conv_naive(x, p["W"], p["b"], 2, 1, 2)
+    scale = _conv_naive(np.abs(x), np.abs(p["W"]), np.abs(p["b"]), 2, 1, 2)
+    assert np.all(np.abs(y - want) <= (2 * 3 * 3 + 1) * U32 * scale)
 
 
 def test_pools_match_naive():
@@ -58,7 +63,10 @@ def test_pools_match_naive():
     z, _ = L.forward(m.layers[1], {}, [y], True, {})
     yp = np.pad(y, ((0, 0), (0, 0), (1, 1), (1, 1)))
     want = sum(yp[:, :, i:i + 3, j:j + 3] for i in range(3) for j in range(3)) / 9
-    np.testing.assert_allclose(z, want, rtol=1e-6, atol=1e-6)
+    # a float32 sum of 9 terms and the division by 9: at most 10 roundings (worst case),
+    # relative to the mean of the absolute values
+    scale = sum(np.abs(yp[:, :, i:i + 3, j:j + 3]) for i in range(3) for j in range(3)) / 9
+    assert np.all(np.abs(z - want) <= 10 * U32 * scale)
 
 
 # every layer type: directional finite difference of <y, r> against <backward, u>
@@ -105,6 +113,10 @@ def test_backward_matches_finite_differences(layers, shapes):
         o, _ = prog.forward(pv, {"input": xv}, True, {k: dict(v) for k, v in state.items()})
         return float((o[name].astype(F64) * r).sum())
 
+    # Central differences with eps = 1e-2 in float32: truncation eps^2 / 6 x the third
+    # derivative and rounding u32 |f| / eps are both about 1e-5 here; the bound 2e-2 (relative,
+    # or absolute below 1) is for a direction that crosses a kink of relu or maxpool (an O(eps)
+    # jump), and it still catches a wrong backward, whose error is O(1)
     eps = 1e-2
     u = rng.standard_normal(x.shape).astype(np.float32)
     num = (f(x + eps * u, params) - f(x - eps * u, params)) / (2 * eps)
@@ -129,10 +141,20 @@ def test_softmax_cross_entropy_value_and_gradient():
     loss, g = L.softmax_cross_entropy(z, y, 0.25)
     zz = z.astype(F64)
     want = (np.log(np.exp(zz).sum(1)) - zz[np.arange(5), y]).sum() * 0.25
-    assert loss == pytest.approx(want, rel=1e-6)
-    p = np.exp(zz) / np.exp(zz).sum(1, keepdims=True)
+    # per sample in float32: log of a sum of K = 10 exponentials <= 1 (K + 2 roundings of a
+    # value of size 1, plus log K), minus the shifted target logit (one rounding of its size),
+    # minus again (one rounding of nll's size); the sum over samples is float64
+    K = z.shape[1]
+    shifted = zz - zz.max(1, keepdims=True)
+    nll = np.log(np.exp(shifted).sum(1)) - shifted[np.arange(5), y]
+    err = 0.25 * U32 * (K + 2 + np.log(K) + np.abs(shifted[np.arange(5), y]) + nll).sum()
+    assert loss == pytest.approx(want, rel=0, abs=err)
+    prob = np.exp(zz) / np.exp(zz).sum(1, keepdims=True)
+    p = prob.copy()
     p[np.arange(5), y] -= 1
-    np.testing.assert_allclose(g, p * 0.25, atol=1e-6)
+    # softmax in float32: each probability within (K + 4) u32 relative (exp, the sum of K,
+    # the division), the target's - 1 one more rounding, times 0.25 exact
+    assert np.all(np.abs(g - p * 0.25) <= 0.25 * U32 * ((K + 4) * prob + 1))
 
 
 def test_sgd_momentum_two_steps():
@@ -143,14 +165,23 @@ def test_sgd_momentum_two_steps():
     opt.step(w, {"l": {"W": g2}})
     v1 = g1
     v2 = 0.9 * v1 + g2
-    np.testing.assert_allclose(w["l"]["W"], np.array([1.0, -2.0]) - 0.1 * v1 - 0.1 * v2, rtol=1e-6)
+    # float32: 0.1 and 0.9 rounded (2), v *= , v += , lr x v and w -= per step (4 each):
+    # 10 roundings, each at most the size of the largest term |w0| + 0.1 (|v1| + |v2|)
+    want = np.array([1.0, -2.0]) - 0.1 * v1 - 0.1 * v2
+    scale = np.array([1.0, 2.0]) + 0.1 * (np.abs(v1) + np.abs(v2))
+    assert np.all(np.abs(w["l"]["W"] - want) <= 10 * U32 * scale)
 
 
 def test_adam_first_step_is_lr_times_sign():
     w = {"l": {"W": np.zeros(3, np.float32)}}
     opt = Optimizer("adam", lr=0.01)
-    opt.step(w, {"l": {"W": np.array([3.0, -0.2, 1e-3], np.float32)}})
-    np.testing.assert_allclose(w["l"]["W"], [-0.01, 0.01, -0.01], rtol=1e-4)
+    g = np.array([3.0, -0.2, 1e-3], np.float32)
+    opt.step(w, {"l": {"W": g}})
+    # exactly -lr g / (|g| + eps) (eps = 1e-8 moves the 1e-3 entry by 1e-5 relative), through
+    # about 12 float32 roundings (beta, 1 - beta, m, s, bias corrections, sqrt, +, /, x, -=)
+    want = -0.01 * g.astype(F64) / (np.abs(g.astype(F64)) + 1e-8)
+    np.testing.assert_allclose(w["l"]["W"], want, rtol=12 * U32, atol=0)
+    np.testing.assert_allclose(w["l"]["W"], [-0.01, 0.01, -0.01], rtol=2e-5)  # lr x sign, within eps / |g|
     st = opt.state()
     opt2 = Optimizer("adam", lr=0.01)
     opt2.load(st)
@@ -193,7 +224,9 @@ def test_stage_chain_equals_whole_model(data):
         progs.append(pr)
         caches.append(c)
         tensors = out
-    np.testing.assert_allclose(tensors[whole.outputs[0]], y[whole.outputs[0]], rtol=1e-6, atol=1e-6)
+    # the chained stages run the same float32 operations on the same arrays as the whole model:
+    # bit-identical
+    np.testing.assert_array_equal(tensors[whole.outputs[0]], y[whole.outputs[0]])
     grads = {whole.outputs[0]: r}
     got = {}
     for pr, c in zip(reversed(progs), reversed(caches)):
@@ -202,7 +235,7 @@ def test_stage_chain_equals_whole_model(data):
         grads = gin
     for lname, d in gw.items():
         for pname, g in d.items():
-            np.testing.assert_allclose(got[lname][pname], g, rtol=1e-5, atol=1e-6)
+            np.testing.assert_array_equal(got[lname][pname], g)  # same operations: bit-identical
 
 
 def test_unsupported_layer_is_a_spec_error():

@@ -8,9 +8,13 @@ from hypothesis import strategies as st
 from bapipe import zoo
 from bapipe.errors import SpecError
 from bapipe.profiles import load_profile, load_profiles
+from tolerances import f64_sum
 
 MLP = zoo.get("tiny-mlp")   # fc1 relu1 fc2 relu2 fc3 relu3 fc4
 NAMES = [l.name for l in MLP.layers]
+# a time read as value x unit (1e-3, 1e-6: themselves rounded) x batch ratio, against a literal:
+# at most 3 float64 roundings plus the literal's one
+UNIT = f64_sum(4)
 
 
 def write(tmp_path, name, text):
@@ -38,7 +42,7 @@ def test_yaml_units_in_seconds_and_model_order(tmp_path):
     p = load_profile(write(tmp_path, "p.yaml", yaml_rows()), MLP)
     assert list(p) == NAMES
     assert p["fc1"] == {"fwd_s": 0.5e-3, "bwd_s": 0.0, "activation_bytes": 64 * 4, "param_bytes": (64 * 64 + 64) * 4}
-    assert p["relu1"]["fwd_s"] == pytest.approx(1.5e-3)
+    assert p["relu1"]["fwd_s"] == pytest.approx(1.5e-3, rel=UNIT)
 
 
 def test_csv_with_pipedream_column_names_and_us(tmp_path):
@@ -46,11 +50,11 @@ def test_csv_with_pipedream_column_names_and_us(tmp_path):
     path = write(tmp_path, "p.csv", "# PipeDream export\nlayer,forward_compute_time,backward_compute_time,"
                                     f"activation_size,parameter_size\n{rows}\n")
     p = load_profile(path, MLP)
-    assert p["relu1"] == {"fwd_s": pytest.approx(2e-3), "bwd_s": pytest.approx(4e-3), "activation_bytes": 100,
+    assert p["relu1"] == {"fwd_s": pytest.approx(2e-3, rel=UNIT), "bwd_s": pytest.approx(4e-3, rel=UNIT), "activation_bytes": 100,
                           "param_bytes": 8}
     rows = "\n".join(f"{n},{i},{i},0,0" for i, n in enumerate(NAMES))
     p = load_profile(write(tmp_path, "q.csv", f"name,fwd_us,bwd_s,activation_bytes,param_bytes\n{rows}\n"), MLP)
-    assert p["fc2"]["fwd_s"] == pytest.approx(2e-6) and p["fc2"]["bwd_s"] == 2.0
+    assert p["fc2"]["fwd_s"] == pytest.approx(2e-6, rel=UNIT) and p["fc2"]["bwd_s"] == 2.0
 
 
 def test_per_board_yaml_and_csv(tmp_path):
@@ -74,7 +78,7 @@ def test_per_board_yaml_and_csv(tmp_path):
 def test_batch_scaling(tmp_path):
     path = write(tmp_path, "p.yaml", yaml_rows().replace("model: tiny-mlp", "model: tiny-mlp\nbatch: 4"))
     p = load_profile(path, MLP, batch=8)
-    assert p["fc1"]["fwd_s"] == pytest.approx(1e-3) and p["fc1"]["activation_bytes"] == 2 * 256
+    assert p["fc1"]["fwd_s"] == pytest.approx(1e-3, rel=UNIT) and p["fc1"]["activation_bytes"] == 2 * 256
     assert p["fc1"]["param_bytes"] == (64 * 64 + 64) * 4
 
 

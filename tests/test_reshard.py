@@ -15,6 +15,13 @@ from planner.reshard.execute import ExecutionError, check_delivery
 from planner.reshard.layout import device_tiles, parse_mesh
 from planner.reshard.strategies import Plan
 from planner.reshard.suite import SUITE, run_case
+from tolerances import f64_sum
+
+
+def slack(res, plan) -> float:
+    """Relative rounding between a plan's makespan and the lower bound when the plan meets it:
+    each is a float64 sum over at most one term per transfer and task, 2 roundings each."""
+    return f64_sum(2 * (len(plan.transfers) + len(res.tasks)))
 
 
 def test_layout_string_and_yaml_forms():
@@ -85,16 +92,23 @@ def test_fractional_split_matches_brute_force(seed):
         demands[key] = demands.get(key, 0.0) + float(rng.integers(1, 100))
     got = fractional_makespan(demands, rate)
     want = _brute_fractional(demands, rate)
-    assert got == pytest.approx(want, rel=1e-8) and got <= want * (1 + 1e-12)
+    # the bisection stops within rel_tol = 1e-10 below the optimum, its max flow accepts 1e-12
+    # of the total short; both sides round sums of at most 6 demands and 5 rates (f64_sum)
+    rounding = f64_sum(2 * (len(demands) + len(rate) + 1))
+    assert got == pytest.approx(want, rel=1e-10 + 1e-12 + rounding) and got <= want * (1 + rounding)
 
 
 def test_broadcast_bound_by_hand():
     # 1-to-8 broadcast of 64 MiB: the single holder sends it once at 12.5 GB/s, plus one inter hop
     res = best_transfer((4096, 4096), 4, "1", "RR", "2x4", "RR")
-    assert res.lower_bound_s == pytest.approx(4096 * 4096 * 4 / 12.5e9 + 0.5e-6)
+    # bytes / rate + latency, one sender: 3 roundings each side
+    assert res.lower_bound_s == pytest.approx(4096 * 4096 * 4 / 12.5e9 + 0.5e-6, rel=f64_sum(6))
+    # a pipelined chain pays one chunk's fill per extra hop (1.4e-4 here), not a rounding
+    # margin: within 0.1% of the bound
     assert res.strategy.startswith("chain") and res.ratio_to_bound() < 1.001
     p2p = next(p for p in res.plans if p.name == "p2p/first")
-    assert p2p.time_s == pytest.approx(8 * 4096 * 4096 * 4 / 12.5e9 + 0.5e-6)
+    # 8 sends one after another: a float64 sum of 8 terms of 2 roundings each, plus the latency
+    assert p2p.time_s == pytest.approx(8 * 4096 * 4096 * 4 / 12.5e9 + 0.5e-6, rel=f64_sum(2 * 8 + 4))
 
 
 def test_executor_catches_broken_plans():
@@ -122,12 +136,18 @@ def test_executor_catches_broken_plans():
         check_delivery(bad, a, sm, src, dm, dst, net.src_devices, net.dst_devices)
 
 
-@pytest.mark.parametrize("case", SUITE, ids=lambda c: c.name)
+# the two largest cases take 3-7 s each: `make test` runs them, `make test-fast` does not
+_SLOW_CASES = {"repl-to-shard", "v100-issue-3d"}
+
+
+@pytest.mark.parametrize("case", [pytest.param(c, marks=pytest.mark.slow) if c.name in _SLOW_CASES else c
+                                  for c in SUITE], ids=lambda c: c.name)
 def test_suite_best_within_ten_percent_of_bound(case):
     res = run_case(case)
     assert len(res.tasks) > 0
     for p in res.plans:
-        assert res.lower_bound_s <= p.time_s * (1 + 1e-9)
+        assert res.lower_bound_s <= p.time_s * (1 + slack(res, p))   # many plans meet the bound
+    # not a rounding bound: the suite's acceptance criterion (best within 10% of the bound)
     assert res.ratio_to_bound() <= 1.10, (res.strategy, res.ratio_to_bound())
 
 
@@ -166,10 +186,10 @@ def test_ring_cluster_shares_the_links_between_hosts():
     net = network_from_cluster(cl, names[:4], names[4:])
     # two hosts of four on a ring: only fpga3-fpga4 and fpga7-fpga0 cross between them
     bw = cl.boards[0].board.port_bw_Bps
-    assert net.group_in_cap("host1") == pytest.approx(2 * bw)
+    assert net.group_in_cap("host1") == 2 * bw   # bw + bw: doubling is exact
     res = best_transfer((4096, 4096), 4, "1x4", "RR", "1x4", "RR", net)
     assert res.lower_bound_s >= 4096 * 4096 * 4 / (2 * bw)
-    assert res.ratio_to_bound() <= 1.10
+    assert res.ratio_to_bound() <= 1.10   # the suite's criterion, not a rounding bound
 
 
 def _cli(*argv):
@@ -186,7 +206,8 @@ def test_cli_json_contract():
     assert out["best"] in names and "p2p/first" in names
     best = next(s for s in out["strategies"] if s["name"] == out["best"])
     assert best["time_s"] == min(s["time_s"] for s in out["strategies"])
-    assert all(s["ratio_to_bound"] >= 1 - 1e-9 for s in out["strategies"])
+    # 4 tasks on 2 x 2 meshes, at most 16 transfers per plan (slack); JSON keeps floats exactly
+    assert all(s["ratio_to_bound"] >= 1 - f64_sum(2 * (16 + 4)) for s in out["strategies"])
 
 
 @pytest.mark.parametrize("bad", [["--src", "S0S0"], ["--dst-mesh", "2x"], ["--dtype", "int3"],
@@ -205,7 +226,8 @@ def test_hop_records_for_the_simulator():
     res = best_transfer((4096, 4096), 4, "1", "RR", "2x4", "RR")
     hops = res.hop_records()
     assert {h["dst"] for h in hops} == set(default_network((1,), (2, 4)).dst_devices)
-    assert all(h["finish_s"] <= res.time_s + 1e-15 and h["bytes"] > 0 for h in hops)
+    # time_s is the max of the same finish times: exact
+    assert all(h["finish_s"] <= res.time_s and h["bytes"] > 0 for h in hops)
 
 
 def test_cli_small_cluster_shares_boards():

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from planner.reshard import Layout, Network, best_transfer, default_network, network_from_cluster
 from planner.reshard.execute import check_delivery
+from tolerances import f64_sum
 
 
 @st.composite
@@ -79,7 +80,10 @@ def test_every_plan_delivers_and_bound_holds(case):
     array = np.arange(prod(shape), dtype=np.int64).reshape(shape) * 7 + 3
     for plan in res.plans:
         check_delivery(plan, array, sm, sl, dm, dl, net.src_devices, net.dst_devices)
-        assert res.lower_bound_s <= plan.time_s * (1 + 1e-9) + 1e-15, (plan.name, plan.time_s, res.bound)
+        # a plan may meet the bound: each is a float64 sum over at most one term per transfer and
+        # task, 2 roundings each
+        rel = f64_sum(2 * (len(plan.transfers) + len(res.tasks)))
+        assert res.lower_bound_s <= plan.time_s * (1 + rel), (plan.name, plan.time_s, res.bound)
     assert res.time_s == min(p.time_s for p in res.plans)
     # the unit tasks partition every destination tile
     need = sum(t.nbytes * (len(t.receivers) + len(t.local)) for t in res.tasks)

@@ -170,6 +170,7 @@ def test_tiny_cnn_structure_and_model():
     assert pipe.interval == max(terms.values())
 
 
+@pytest.mark.slow  # plans VGG-16 and builds its pipeline model: 5-10 s
 def test_time_multiplexed_units_cost_what_the_planner_says():
     """VGG-16 on 4xU250-ring (interleaved, time-multiplexed): every layer's turn in the RTL
     takes the planner's cycles for that layer plus a documented fill, and each board's jobs

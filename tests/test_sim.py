@@ -17,9 +17,17 @@ from bapipe.yamlio import loads
 from fpga_models.cluster import load_cluster, parse_cluster
 from fpga_models.sim import SimConfig, simulate
 from fpga_models.trace import trace_events, write_gantt, write_trace
+from tolerances import U64, f64_sum
 
 MODEL = load_model("tiny-mlp")
 NO_HOST = SimConfig(host_io=False)
+
+
+def sim_rel(*results) -> float:
+    """Relative error of a time the simulator reports: a float64 sum along a chain of at most
+    r.events events, each adding its duration with at most two roundings (the duration's own
+    and the sum's), so 2 * events * u (worst case, float64 u = 2**-53)."""
+    return 2 * f64_sum(max(r.events for r in results))
 
 
 def ring(n: int, bw: float = 1e30, lat: float = 1e-30, board: str = "U250"):
@@ -47,16 +55,24 @@ def test_bubble_gpipe_1f1b(schedule, p, m):
     """Balanced stages, free links: idle / total board time = (p-1)/(m+p-1)."""
     r = simulate(balanced(schedule, p, m), MODEL, ring(p), config=NO_HOST)
     expect = (p - 1) / (m + p - 1)
-    assert r.bubble_fraction == pytest.approx(expect, rel=5e-3)
-    assert r.iteration_time_s == pytest.approx((m + p - 1) * 3.0, rel=1e-9)
+    # 1 - busy / (p x makespan): busy and makespan each within sim_rel, so the fraction within
+    # 2 sim_rel absolute (observed: a few ULPs)
+    assert r.bubble_fraction == pytest.approx(expect, rel=0, abs=2 * sim_rel(r))
+    # integer stage times (1 s, 2 s) and free links (1e-30 s is below half an ULP of any event
+    # time >= 1): every event time is an exact small integer
+    assert r.iteration_time_s == (m + p - 1) * 3.0
 
 
 @pytest.mark.parametrize("p,m,v", [(2, 4, 2), (4, 8, 2), (4, 16, 4), (8, 16, 2), (4, 32, 3)])
 def test_bubble_interleaved(p, m, v):
     """Megatron's measure for interleaving: idle / busy = (p-1)/(v m); as a fraction (p-1)/(v m + p - 1)."""
     r = simulate(balanced("interleaved", p, m, v), MODEL, ring(p), config=NO_HOST)
-    assert r.bubble_ratio == pytest.approx((p - 1) / (v * m), rel=5e-3)
-    assert r.bubble_fraction == pytest.approx((p - 1) / (v * m + p - 1), rel=5e-3)
+    # stage times 1/v, 2/v are not exact binary fractions for v = 3: both measures are ratios of
+    # simulated times, each within sim_rel, so within 2 sim_rel absolute of the closed form
+    # (the ratio idle / busy = (1 + ratio) x the fraction's error)
+    ratio = (p - 1) / (v * m)
+    assert r.bubble_ratio == pytest.approx(ratio, rel=0, abs=2 * sim_rel(r) * (1 + ratio))
+    assert r.bubble_fraction == pytest.approx((p - 1) / (v * m + p - 1), rel=0, abs=2 * sim_rel(r))
 
 
 @pytest.mark.parametrize("schedule,v", [("gpipe", 1), ("1f1b", 1), ("eager-1f1b", 1), ("2bw", 1),
@@ -83,6 +99,8 @@ def test_eager_1f1b_beats_1f1b_with_latency(lat):
     cl = ring(p, bw=1e4, lat=lat)
     one = simulate(balanced("1f1b", p, m, send=1000, stash=1), MODEL, cl)
     eager = simulate(balanced("eager-1f1b", p, m, send=1000, stash=1), MODEL, cl)
+    # a real effect, not a rounding margin: eager is 10-28% faster here; 3% is the smallest
+    # gain the claim is meant to make
     assert eager.iteration_time_s < one.iteration_time_s * 0.97
     assert max(b.peak_memory_bytes for b in eager.boards) > max(b.peak_memory_bytes for b in one.boards)
 
@@ -91,20 +109,23 @@ def test_link_cost_adds_exactly_on_a_chain():
     """GPipe, p=2, m=1: F, send, F, B, send back, B: every wire second shows in the makespan."""
     bw, lat, nbytes = 1000.0, 0.25, 500
     r = simulate(balanced("gpipe", 2, 1, send=nbytes), MODEL, ring(2, bw=bw, lat=lat), config=NO_HOST)
-    assert r.makespan_s == pytest.approx(2 * 3.0 + 2 * (nbytes / bw + lat))
+    # every term (3.0, 0.5, 0.25) is an exact binary fraction, so the makespan is exact
+    assert r.makespan_s == 2 * 3.0 + 2 * (nbytes / bw + lat)
     used = {ln.name: ln for ln in r.links if ln.transfers}
     assert set(used) == {"fpga0->fpga1", "fpga1->fpga0"}
-    assert used["fpga0->fpga1"].busy_s == pytest.approx(nbytes / bw)
+    assert used["fpga0->fpga1"].busy_s == nbytes / bw
 
 
 def test_multi_iteration_flush_and_2bw():
     """Flush schedules repeat the single-iteration time; 2BW's steady state has no fill or drain."""
     p, m = 4, 8
+    # integer stage times on free links: exact integer event times (see test_bubble_gpipe_1f1b),
+    # and 3 x 33 / 3, (105 - 9) / 4 divide exactly
     one = simulate(balanced("1f1b", p, m), MODEL, ring(p), iterations=3, config=NO_HOST)
-    assert one.iteration_time_s == pytest.approx((m + p - 1) * 3.0)
+    assert one.iteration_time_s == (m + p - 1) * 3.0
     bw2 = simulate(balanced("2bw", p, m), MODEL, ring(p), iterations=4, config=NO_HOST)
-    assert bw2.steady_iteration_s == pytest.approx(m * 3.0)
-    assert bw2.makespan_s == pytest.approx((4 * m + p - 1) * 3.0)
+    assert bw2.steady_iteration_s == m * 3.0
+    assert bw2.makespan_s == (4 * m + p - 1) * 3.0
 
 
 def test_allreduce_ring_time():
@@ -119,7 +140,9 @@ def test_allreduce_ring_time():
     grad = MODEL.params * 2  # fixed16
     compute = m * 3.0       # fwd_s/bwd_s are each replica's time for its share
     expect = compute + 2 * (r - 1) * (grad / r / bw + lat)
-    assert res.makespan_s == pytest.approx(expect, rel=1e-9)
+    # 1e-3 s and G/r/bw are not binary fractions: the simulator's chain of events and this
+    # closed form (about 4 roundings per ring step) each within sim_rel
+    assert res.makespan_s == pytest.approx(expect, rel=2 * sim_rel(res))
     assert len(res.allreduces) == 1
 
 
@@ -131,13 +154,13 @@ def test_backpressure_stalls_a_fast_sender():
     assert r.boards[0].stall_s > 0
     free = simulate(plan, MODEL, ring(2), config=SimConfig(host_io=False, rx_credits=64))
     assert free.boards[0].stall_s == 0
-    assert r.makespan_s == pytest.approx(free.makespan_s)  # the slow stage bounds both
+    assert r.makespan_s == free.makespan_s  # the slow stage bounds both (integer times: exact)
 
 
 def test_inference_forward_only():
     p, m = 4, 8
     r = simulate(balanced("gpipe", p, m, mode="inference"), MODEL, ring(p), config=NO_HOST)
-    assert r.iteration_time_s == pytest.approx((m + p - 1) * 1.0)
+    assert r.iteration_time_s == (m + p - 1) * 1.0  # integer times on free links: exact
     assert all(op[1] == "F" for op in r.ops)
 
 
@@ -171,10 +194,14 @@ def test_invariants(schedule, p, k, v, times, lat, credits):
         end[(kind, mb, chunk * p + d)] = t1
     for spans in by_dev.values():
         spans.sort()
-        assert all(a[1] <= b[0] + 1e-12 for a, b in zip(spans, spans[1:]))
+        # ops on one device are ordered by construction (an op starts at the previous op's end
+        # or later), so the comparison is exact
+        assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:]))
     start = {(kind, mb, chunk * p + d): t0 for d, kind, mb, chunk, t0, t1 in r.ops}
     S = p * v
     lat = lat if p > 1 else 0.0  # chunks on one board talk without a link
+    # a transfer of 100 B at 1000 B/s plus lat arrives at end + 0.1 + lat, computed in float64;
+    # 0.999 lat leaves the 0.1 s of the transfer as slack for the rounding (lat <= 0.4 s)
     for (kind, mb, s), t0 in start.items():
         if kind == "F" and s > 0:
             assert t0 >= end[("F", mb, s - 1)] + lat * 0.999
@@ -183,15 +210,21 @@ def test_invariants(schedule, p, k, v, times, lat, credits):
         if kind == "B":
             assert t0 >= end[("F", mb, s)]
     for b in r.boards:
-        assert b.busy_s + b.bubble_s + b.stall_s == pytest.approx(r.makespan_s)
-        assert b.busy_s == pytest.approx(m * sum(s.fwd_s + s.bwd_s for s in plan.stages if s.device == b.device))
+        # bubble = max(0, makespan - busy - stall) and the sum back: 4 roundings of the makespan's
+        # size, or, when the clip acts (a device never idle), busy's own error sim_rel
+        assert b.busy_s + b.bubble_s + b.stall_s == pytest.approx(r.makespan_s, rel=4 * U64 + sim_rel(r))
+        # busy is a float64 sum of the device's op durations (each t1 - t0 of event times
+        # within sim_rel of the makespan), the expectation a sum of 2v products: sim_rel of the makespan
+        want = m * sum(s.fwd_s + s.bwd_s for s in plan.stages if s.device == b.device)
+        assert b.busy_s == pytest.approx(want, rel=0, abs=2 * sim_rel(r) * r.makespan_s)
     # a lower bound: device d cannot start before the upstream forwards of micro-batch 0,
     # works m x its own time, and its last backward still has to flow back upstream
     if schedule != "interleaved":
         f = [s.fwd_s for s in plan.stages]
         b = [s.bwd_s for s in plan.stages]
         bound = max(sum(f[:d]) + m * (f[d] + b[d]) + sum(b[:d]) for d in range(p))
-        assert r.makespan_s >= bound - 1e-9
+        # the bound may be tight (p = 1, no links): the makespan's own rounding, sim_rel
+        assert r.makespan_s >= bound * (1 - sim_rel(r))
 
 
 @pytest.mark.parametrize("schedule,v", [("gpipe", 1), ("1f1b", 1), ("eager-1f1b", 1), ("2bw", 1),
@@ -207,7 +240,8 @@ def test_one_credit_still_finishes(schedule, v):
     tight = simulate(plan, MODEL, cl, config=SimConfig(rx_credits=1, tx_slots=1))
     roomy = simulate(plan, MODEL, cl, config=SimConfig(rx_credits=64))
     assert len(tight.ops) == len(roomy.ops) == 2 * m * p * v
-    assert tight.makespan_s >= roomy.makespan_s - 1e-9
+    # the two may be equal when the slow last stage bounds both: each within sim_rel
+    assert tight.makespan_s >= roomy.makespan_s * (1 - 2 * sim_rel(tight, roomy))
 
 
 def test_gantt_and_trace(tmp_path):
@@ -250,9 +284,11 @@ def test_cli_json(tmp_path):
         assert key in doc
     assert set(doc["boards"][0]) >= {"name", "busy", "bubble", "stall", "peak_memory_bytes"}
     assert set(doc["links"][0]) >= {"name", "utilisation"}
-    # 11 x 3 ms plus link and PCIe terms (see test_comm_on_critical_path)
+    # a range, not a tolerance: 11 x 3 ms of compute is the floor; the cut transfers (2 x 0.42 ms,
+    # test_comm_on_critical_path) and PCIe keep it below 0.036 s
     assert 0.033 <= doc["iteration_time_s"] < 0.036
-    assert doc["throughput_samples_per_s"] == pytest.approx(8 / doc["iteration_time_s"])
+    # throughput is computed as samples / iteration time: the same float64 division, exact
+    assert doc["throughput_samples_per_s"] == 8 / doc["iteration_time_s"]
     assert (tmp_path / "g.png").exists() and (tmp_path / "t.json").exists()
 
 
@@ -275,12 +311,17 @@ def test_comm_on_critical_path(tmp_path):
     trips = sum(s.send_bytes / cl.path_bandwidth(f"fpga{k}", f"fpga{k + 1}") + cl.path_latency(f"fpga{k}", f"fpga{k + 1}")
                 for k, s in enumerate(plan.stages[:-1]))
     expect = 11 * 3e-3 + 2 * trips
-    times = {}
+    runs = {}
     for sched in ("gpipe", "eager-1f1b", "1f1b"):
         plan.schedule = sched
-        times[sched] = simulate(plan, model, cl).iteration_time_s
-    assert times["gpipe"] == pytest.approx(expect, rel=1e-9)
-    assert times["eager-1f1b"] == pytest.approx(expect, rel=1e-9)
+        runs[sched] = simulate(plan, model, cl)
+    times = {k: r.iteration_time_s for k, r in runs.items()}
+    # a closed form of 11 compute steps and 6 trips (a few roundings) against a chain of events
+    # (sim_rel): not exact, since the two sum in different orders
+    rel = 2 * sim_rel(*runs.values())
+    assert times["gpipe"] == pytest.approx(expect, rel=rel)
+    assert times["eager-1f1b"] == pytest.approx(expect, rel=rel)
+    # a real effect, not a rounding margin: 1F1B pays about 5% more here
     assert times["1f1b"] > expect * 1.03
 
 
@@ -301,7 +342,7 @@ AGREE = [
     ("tiny-cnn", "hetero-mix", {}),
     ("tiny-cnn", "8xU280-ring", {"schedule": "gpipe", "replication": False}),
     ("tiny-cnn", "8xU280-ring", {"schedule": "eager-1f1b", "replication": False}),
-    ("gnmt8", "8xU280-ring", {}),
+    pytest.param("gnmt8", "8xU280-ring", {}, marks=pytest.mark.slow),   # planning gnmt8: about 8 s
     ("resnet50", "4xU250-ring", {}),
 ]
 
@@ -312,12 +353,15 @@ def test_planner_prediction_within_3_percent(model_name, cluster_name, req):
     plan, model, cl = _planned(model_name, cluster_name, **req)
     r = simulate(plan, model, cl, config=SimConfig(record=False))
     pred = plan.predicted["iteration_time_s"]
+    # not a rounding bound: issue 4's acceptance criterion (the planner's closed forms may miss
+    # contention and credit stalls the simulator sees by up to 3%)
     assert r.iteration_time_s == pytest.approx(pred, rel=0.03)
-    # and the plan's per-board memory is what the simulation's peaks reach (non-interleaved plans)
+    # and the plan's per-board memory is what the simulation's peaks reach (non-interleaved plans):
+    # byte counts, integers, so exact
     if plan.schedule != "interleaved" and plan.mode == "train":
         for b in r.boards:
             mine = sum(s.memory_bytes for s in plan.stages if s.device == b.device)
-            assert b.peak_memory_bytes == pytest.approx(mine, rel=1e-6)
+            assert b.peak_memory_bytes == mine
 
 
 def test_allreduce_per_chunk_matches_planner_and_beats_per_device():
@@ -330,8 +374,11 @@ def test_allreduce_per_chunk_matches_planner_and_beats_per_device():
     pred = plan.predicted["iteration_time_s"]
     per_chunk = simulate(plan, model, cl, config=SimConfig(record=False))
     per_device = simulate(plan, model, cl, config=SimConfig(record=False, allreduce_per="device"))
+    # planner and simulator model the same per-chunk reduction; 0.5% is the agreement this test
+    # claims (tighter than issue 4's 3%), not a rounding bound
     assert per_chunk.iteration_time_s == pytest.approx(pred, rel=0.005)
-    assert per_device.iteration_time_s >= per_chunk.iteration_time_s * (1 - 1e-9)
+    # may be equal (nothing to overlap): each within sim_rel
+    assert per_device.iteration_time_s >= per_chunk.iteration_time_s * (1 - 2 * sim_rel(per_chunk, per_device))
 
 
 def test_host_input_without_prefetch_costs_one_pcie_trip(tmp_path):
@@ -343,9 +390,12 @@ def test_host_input_without_prefetch_costs_one_pcie_trip(tmp_path):
     model, cl = resolve(plan)
     host = cl.host_of("fpga0")
     pcie = 3 * 224 * 224 * 2 / host.pcie_bw_Bps + host.pcie_latency_s
-    pre = simulate(plan, model, cl).iteration_time_s
-    cold = simulate(plan, model, cl, config=SimConfig(prefetch_input=False)).iteration_time_s
-    assert cold - pre == pytest.approx(pcie, rel=1e-6)
+    warm = simulate(plan, model, cl)
+    cold_r = simulate(plan, model, cl, config=SimConfig(prefetch_input=False))
+    pre, cold = warm.iteration_time_s, cold_r.iteration_time_s
+    # a difference of two times (each within sim_rel of about 35 ms) against 26 us: the bound
+    # is absolute, 2 sim_rel of the larger time, plus the closed form's 3 roundings
+    assert cold - pre == pytest.approx(pcie, rel=3 * U64, abs=2 * sim_rel(warm, cold_r) * cold)
 
 
 def test_allreduce_per_device_waits_for_all_chunks():
@@ -359,7 +409,8 @@ def test_allreduce_per_device_waits_for_all_chunks():
     assert dev.makespan_s > stage.makespan_s
     assert len(stage.allreduces) == p * v and len(dev.allreduces) == p
     for _, _, t0, t1 in stage.allreduces:
-        assert t1 - t0 >= ring_s * (1 - 1e-9)
+        # equal when nothing delays the ring; t0, t1 within sim_rel of the makespan
+        assert t1 - t0 >= ring_s - 2 * sim_rel(stage) * stage.makespan_s
 
 
 def test_interleaved_peak_with_unequal_chunks():
@@ -406,9 +457,12 @@ def test_cuts_share_a_switch_downlink():
     r = simulate(plan, model, cl, config=NO_HOST)
     down = next(ln for ln in r.links if ln.name == "switch0->host1")
     assert down.transfers == 2 * m
-    assert down.busy_s == pytest.approx(2 * m * nbytes / 12e9)
+    # busy is a float64 sum of 2m = 16 transfer times of 1 ms (each t1 - t0 of event times
+    # within sim_rel of the makespan)
+    assert down.busy_s == pytest.approx(2 * m * nbytes / 12e9, rel=0, abs=2 * sim_rel(r) * r.makespan_s)
     assert r.makespan_s >= down.busy_s
-    assert all(ln.busy_s <= r.makespan_s * (1 + 1e-12) for ln in r.links)
+    # a link busy the whole run: its sum of transfer times may round above the makespan
+    assert all(ln.busy_s <= r.makespan_s * (1 + 2 * sim_rel(r)) for ln in r.links)
 
 
 def test_auto_credits_cover_the_credit_loop():
@@ -419,5 +473,8 @@ def test_auto_credits_cover_the_credit_loop():
     auto = simulate(plan, MODEL, cl, config=NO_HOST).makespan_s
     unbounded = simulate(plan, MODEL, cl, config=SimConfig(host_io=False, rx_credits=10**6)).makespan_s
     double = simulate(plan, MODEL, cl, config=SimConfig(host_io=False, rx_credits=2)).makespan_s
-    assert auto == pytest.approx(unbounded, rel=1e-12)
+    # the same events in the same order once no sender waits for a credit: the same float64 sums
+    assert auto == unbounded
+    # a real effect, not a rounding margin: two credits do not cover the 1 us credit loop of
+    # 0.2 us stages (about 1.5x slower here)
     assert double > 1.4 * auto

@@ -96,6 +96,7 @@ def mutated_docs(draw):
     return text
 
 
+@pytest.mark.slow  # 1200 examples, 13-14 s: `make test` runs it, `make test-fast` does not
 @settings(max_examples=1200, deadline=None, suppress_health_check=list(HealthCheck))
 @given(mutated_docs())
 def test_fuzzed_documents_never_traceback(text):

