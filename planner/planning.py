@@ -9,7 +9,7 @@ from bapipe.spec import Model
 from fpga_models.cluster import Cluster
 from fpga_models.cost import layer_cost, matrix_shape, onchip_blocks, weight_copies
 
-from .search import Candidate, Config, Explorer, Request
+from .search import Candidate, Config, Explorer, Request, _ckey
 
 BASELINE_SLACK = 0.05   # baselines replay fewer near-optimal candidates than the plan itself
 
@@ -99,6 +99,7 @@ def make_plan(model: Model, cluster: Cluster, model_arg: str, cluster_arg: str, 
         raise SpecError(None, None, "--schedule", f"interleaved needs at least 2 boards and 2 layers "
                                                   f"(v = 2 chunks on each of p >= 2 boards); got {ex.N} board(s), "
                                                   f"{ex.n} layer(s)")
+    found = None
     if req.partition is not None:
         best = _user_partition(ex, req.partition, scheds, rc)
         searched = 1
@@ -111,7 +112,7 @@ def make_plan(model: Model, cluster: Cluster, model_arg: str, cluster_arg: str, 
             raise SpecError(model.name, None, "memory", f"{model.name} does not fit {cluster.name}{how}: "
                                                   + infeasible_reason(model, ex, ex.N, 1))
         best = found[0]
-    baselines, alts = baselines_of(model, ex, best)
+    baselines, alts = baselines_of(model, ex, best, found if req.partition is None else None)
     if req.partition is None:
         # the baselines lie in the search space: never report a plan slower than one of them
         for alt in alts:
@@ -239,8 +240,25 @@ def equal_bounds(n: int, p: int) -> list[tuple[int, int]]:
     return out
 
 
-def baselines_of(model: Model, ex: Explorer, best: Candidate) -> tuple[dict, list]:
-    """Data parallel on every board, equal-layer GPipe, best without replication (and their candidates)."""
+def _best_among(ex: Explorer, found: list[Candidate] | None, keep) -> Candidate | None:
+    """The fastest replay among the two best by J of the explored candidates ``keep`` accepts
+    (None when the exploration kept none of them)."""
+    cands = [x for x in (found or []) if keep(x)]
+    cands.sort(key=lambda x: (x.objective, _ckey(x.config)))
+    best = None
+    for cand in cands[:2]:
+        if cand.iteration_s is None:
+            ex.finish(cand)
+        if best is None or (cand.iteration_s, _ckey(cand.config)) < (best.iteration_s, _ckey(best.config)):
+            best = cand
+    return best
+
+
+def baselines_of(model: Model, ex: Explorer, best: Candidate,
+                 found: list[Candidate] | None = None) -> tuple[dict, list]:
+    """Data parallel on every board, equal-layer GPipe, best without replication, best on
+    fewer boards (and their candidates). ``found``: the plan's own exploration, whose
+    candidates serve the last two when it kept any (else they are searched on their own)."""
     out: dict = {}
     nr = None
     rc = (False, True) if ex.train else (False,)
@@ -266,8 +284,10 @@ def baselines_of(model: Model, ex: Explorer, best: Candidate) -> tuple[dict, lis
     if replicas_of(best) == 1:
         out["no_replication"] = _result(best, ex.G)
     else:
-        found = ex.search(ex.configs(scheds, [1], rc), BASELINE_SLACK)
-        nr = found[0] if found else None
+        nr = _best_among(ex, found, lambda x: all(ex.reps(x.config, d) == 1 for d in range(x.config.p)))
+        if nr is None:
+            got = ex.search(ex.configs(scheds, [1], rc), BASELINE_SLACK)
+            nr = got[0] if got else None
         out["no_replication"] = _result(nr, ex.G) if nr else {"infeasible": infeasible_reason(model, ex, N, 1)}
     few = None
     if N > 1:
@@ -275,9 +295,11 @@ def baselines_of(model: Model, ex: Explorer, best: Candidate) -> tuple[dict, lis
         if best.boards_used < N:
             few = best
         else:
-            reps = list(range(1, N)) if ex.req.replication else [1]
-            found = ex.search([c for c in ex.configs(scheds, reps, rc) if ex.boards_used(c) < N], BASELINE_SLACK)
-            few = found[0] if found and found[0].iteration_s is not None else None
+            few = _best_among(ex, found, lambda x: ex.boards_used(x.config) < N)
+            if few is None:
+                reps = list(range(1, N)) if ex.req.replication else [1]
+                got = ex.search([c for c in ex.configs(scheds, reps, rc) if ex.boards_used(c) < N], BASELINE_SLACK)
+                few = got[0] if got and got[0].iteration_s is not None else None
         out["fewer_boards"] = _result(few, ex.G) if few else {"infeasible": f"no plan fits fewer than {N} boards"}
     return out, [dp, eq, nr, few]
 

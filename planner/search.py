@@ -31,6 +31,7 @@ SLACK = 0.25        # how far J may be from the replayed time (relative)
 MAX_REPLAYS = 2     # distinct candidates replayed per schedule per search
 MAX_M_CANDIDATES = 12
 DEPTH_SLACK = 1.0
+GROUP_SLACK = 0.05  # explore's slack for per-position replica groups (see explore)
 REPLAY_M = 128      # micro-batches replayed exactly before the replay is extrapolated (finish)   # how far above the best J the first candidate of a pipeline depth may be
 GROUP_BOARDS = 8    # clusters up to this size search every per-position replica vector
 
@@ -936,7 +937,12 @@ class Explorer:
             # candidate (per depth and boards used), its configurations are kept up to
             # DEPTH_SLACK above the best J
             shape = (c.p, self.boards_used(c))
-            lim = best * (1 + (slack if shape in depths else max(slack, DEPTH_SLACK)))
+            if c.groups:
+                # per-position groups: hundreds of near-equal vectors; only those whose bound is
+                # near the best J are solved (the least J stays exact: slack only widens the set)
+                lim = best * (1 + min(slack, GROUP_SLACK))
+            else:
+                lim = best * (1 + (slack if shape in depths else max(slack, DEPTH_SLACK)))
             if lb >= lim:
                 continue
             cand = self.solve_config(c, lim)
