@@ -64,9 +64,9 @@ def stage_bench_files(plan, model, cluster, params, pipe, plan_hash: str,
                       main_files: dict[str, str] | None = None) -> dict[str, str]:
     """Single-stage RTL builds, one per stage, as ``stages/s<i>/<file>`` -> text (manifest included).
 
-    Each is the stage exactly as the whole pipeline builds it (same blocks, names and weight
-    images, read from the main rtl/ folder: ``mem_dir``), fed straight from the host at the
-    lanes the previous stage delivers, with nothing after it: run alone, it shows the stage's
+    Each is the stage's engines exactly as the whole pipeline builds them (same blocks, names
+    and weight images, read from the main rtl/ folder: ``mem_dir``), fed straight from the
+    host at its first engine's width, with nothing after it: run alone, it shows the stage's
     own pace, which the whole pipeline (moving at its bottleneck's) cannot. Modules identical
     to the main build's (``main_files``: the generic glue, the MVUs) are named from there.
     """
@@ -77,7 +77,10 @@ def stage_bench_files(plan, model, cluster, params, pipe, plan_hash: str,
     out: dict[str, str] = {}
     for i, st in enumerate(pipe.stages):
         sub = replace(plan, stages=[plan.stages[i]])
-        one = build_pipeline(sub, model, cluster, params, in_lanes=st.in_lanes if i else None, partial=True)
+        # fed at its first engine's own width, so the bench shows the stage's engines' pace
+        # (the width of the link into it is the previous stage's and the link's affair,
+        # measured by the whole-pipeline run)
+        one = build_pipeline(sub, model, cluster, params, partial=True)
         files = render_pipeline(one, plan.cluster, plan_hash)
         own = {n: t for n, t in files.items() if main_files.get(n) != t}
         names = {n: (n if n in own else f"../../{n}") for n in files}
