@@ -106,7 +106,7 @@ def bench_pipeline(cycles: int, samples: int) -> dict:
     """4-board tiny-mlp: Verilator C++ speed, and the cocotb rtlsim run (speed, check, cycles/sample)."""
     import argparse as ap
 
-    from bapipe.plan import resolve
+    from fpga_models.plancheck import resolve
     from cocotb_tests.plans import tiny_mlp_plan
     from codegen.cli_rtlsim import cmd_rtlsim
     from codegen.rtl import render_pipeline, render_rtl

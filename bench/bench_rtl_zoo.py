@@ -40,7 +40,8 @@ def main(argv=None) -> int:
     p.add_argument("--samples", type=int, default=None, help="default: rtlsim's own (3 for VGG-16)")
     a = p.parse_args(argv)
 
-    from bapipe.plan import load_plan, resolve
+    from bapipe.plan import load_plan
+    from fpga_models.plancheck import resolve
     from codegen.cli_rtlsim import cmd_rtlsim
     from codegen.rtl import render_rtl
     from codegen.rtl_model import build_pipeline

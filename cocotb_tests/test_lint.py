@@ -12,7 +12,7 @@ pytestmark = [*needs_verilator, xdist_group("lint")]
 
 
 def _projects():
-    from bapipe.plan import resolve
+    from fpga_models.plancheck import resolve
     from cocotb_tests.plans import conv_mini_plan, tiny_cnn_interleaved_plan, tiny_cnn_plan, tiny_mlp_plan
     from codegen.rtl import render_router, render_rtl
     out = CACHE / "lint"

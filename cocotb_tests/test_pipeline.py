@@ -18,7 +18,7 @@ pytestmark = [*needs_verilator, xdist_group("pipeline")]
 
 
 def _gen(plan, name: str) -> Path:
-    from bapipe.plan import resolve
+    from fpga_models.plancheck import resolve
     from codegen.rtl import render_rtl
     out = CACHE / f"pipeline-{name}"
     model, cluster = resolve(plan)

@@ -18,7 +18,8 @@ import sys
 from pathlib import Path
 
 from bapipe.errors import SpecError
-from bapipe.plan import load_plan, resolve
+from bapipe.plan import load_plan
+from fpga_models.plancheck import resolve
 
 from .context import build_project
 from .hls import render_files, write_files

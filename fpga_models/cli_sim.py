@@ -10,7 +10,8 @@ MAX_SIM_OPS = 10_000_000
 
 def cmd_sim(args) -> dict:
     """Simulate the plan; write the Gantt chart / trace if asked; return the --json object."""
-    from bapipe.plan import load_plan, resolve
+    from bapipe.plan import load_plan
+    from fpga_models.plancheck import resolve
 
     from .sim import simulate
     from .trace import gantt_format, write_gantt, write_trace

@@ -315,13 +315,13 @@ class _Channel:
 def simulate(plan, model=None, cluster=None, iterations: int = 1, config: SimConfig | None = None) -> SimResult:
     """Simulate ``iterations`` training (or inference) iterations of ``plan``.
 
-    ``model`` and ``cluster`` default to ``bapipe.plan.resolve(plan)``. Raises SpecError
+    ``model`` and ``cluster`` default to ``fpga_models.plancheck.resolve(plan)``. Raises SpecError
     when the plan cannot run (unknown boards, a deadlock from too few credits).
     """
     t_wall = time.perf_counter()
     cfg = config or SimConfig()
     if model is None or cluster is None:
-        from bapipe.plan import resolve
+        from fpga_models.plancheck import resolve
         model, cluster = resolve(plan)
     if iterations < 1:
         raise SpecError(None, None, "iterations", f"expected at least 1, got {iterations}")

@@ -22,7 +22,8 @@ from pathlib import Path
 import numpy as np
 
 from bapipe.errors import SpecError
-from bapipe.plan import Plan, load_plan, resolve
+from bapipe.plan import Plan, load_plan
+from fpga_models.plancheck import resolve
 from bapipe.schedules import device_ops
 
 from .data import epoch_order, load_digits

@@ -22,7 +22,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from bapipe.errors import SpecError
-from bapipe.plan import load_plan, resolve
+from bapipe.plan import load_plan
+from fpga_models.plancheck import resolve
 
 BAPIPE = str(Path(sys.executable).with_name("bapipe"))
 

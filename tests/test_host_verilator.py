@@ -16,7 +16,7 @@ def test_trained_weights_on_rtl_match_numpy_fixed_point(tmp_path):
     from cocotb_tests.plans import tiny_mlp_plan
     from host.driver import train
     from host.forward import run_forward
-    from host.handplan import hand_plan
+    from handplan import hand_plan
 
     ck = tmp_path / "w.npz"
     r = train(hand_plan("tiny-mlp", cuts=(1, 3, 5)), epochs=2, precision="fixed", checkpoint=str(ck),

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from bapipe.errors import SpecError
-from bapipe.plan import resolve
+from fpga_models.plancheck import resolve
 from codegen import rtl_model as rm
 from codegen.rtl import render_rtl, router_table, verilog_hex
 from cocotb_tests.plans import conv_mini_plan, hand_plan, tiny_mlp_plan

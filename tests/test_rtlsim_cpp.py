@@ -115,7 +115,7 @@ def test_echo_wide_ports_and_deadlock_guard(echo_dir):
 
 def _gen(plan, name: str) -> Path:
     """The plan's RTL project (shared with cocotb_tests/test_pipeline.py, whose cocotb builds it reuses)."""
-    from bapipe.plan import resolve
+    from fpga_models.plancheck import resolve
     from codegen.rtl import render_rtl
     out = CACHE / f"pipeline-{name}"
     model, cluster = resolve(plan)
@@ -138,7 +138,7 @@ def test_pipeline_cpp_matches_numpy_and_cocotb(name, samples):
     import json
 
     from bapipe.spec import load_model
-    from codegen.cli_rtlsim import reference, simulate, stream_order
+    from codegen.rtlsim import reference, simulate, stream_order
     from codegen.rtl import read_params
     from fpga_models.fixedpoint import quantize
 

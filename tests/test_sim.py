@@ -304,7 +304,8 @@ def test_comm_on_critical_path(tmp_path):
     """VGG-16 on 4 U250s, balanced 3 ms stages: GPipe and eager-1F1B take exactly (m+p-1) t plus one
     forward and one backward trip over every cut (the first inputs are prefetched); 1F1B pays the round trip
     again in its steady state (only p-d micro-batches in flight), which closed forms miss."""
-    from bapipe.plan import load_plan, resolve
+    from bapipe.plan import load_plan
+    from fpga_models.plancheck import resolve
 
     plan = load_plan(_hand_plan(tmp_path))
     model, cl = resolve(plan)
@@ -383,7 +384,8 @@ def test_allreduce_per_chunk_matches_planner_and_beats_per_device():
 
 def test_host_input_without_prefetch_costs_one_pcie_trip(tmp_path):
     """Without prefetching, the first micro-batch's input crosses PCIe before stage 0 can start."""
-    from bapipe.plan import load_plan, resolve
+    from bapipe.plan import load_plan
+    from fpga_models.plancheck import resolve
 
     plan = load_plan(_hand_plan(tmp_path))
     plan.schedule = "gpipe"

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from bapipe.errors import SpecError
-from bapipe.plan import resolve
+from fpga_models.plancheck import resolve
 from codegen import cli_synth
 from codegen import rtl_model as rm
 from codegen.rtl import render_mvu, render_rtl

@@ -15,7 +15,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from bapipe.errors import SpecError
-from bapipe.plan import load_plan, parse_plan, resolve
+from bapipe.plan import load_plan, parse_plan
+from fpga_models.plancheck import resolve
 from bapipe.yamlio import loads
 
 #: per-case wall-time limit: a load + validation takes milliseconds; a hang fails here

