@@ -28,7 +28,7 @@ from .mesh import Resharder, cut_layouts, cut_shape, tp_stage_model
 from .stagecost import LayerTable, StageModel, cut_bytes, layer_table, layer_times, stage_model
 
 SLACK = 0.25        # how far J may be from the replayed time (relative)
-MAX_REPLAYS = 2     # distinct candidates replayed per schedule per search
+MAX_REPLAYS = 3     # distinct candidates replayed per schedule per search (recomputation variants compete too)
 MAX_M_CANDIDATES = 12
 DEPTH_SLACK = 1.0
 GROUP_SLACK = 0.05  # explore's slack for per-position replica groups (see explore)
@@ -49,7 +49,7 @@ class Request:
     cap: float = 0.8
     replication: bool = True
     max_boards: int | None = None
-    partition: list[tuple[int, int]] | None = None
+    partition: list[tuple] | None = None   # (first, last, replicas or None, board names or None) per stage
     measured: dict | None = None         # {board type or None: {layer: {fwd_s, bwd_s}}} per sample
     meshes: tuple[int, ...] | None = (1,)   # tensor-parallel mesh sizes to explore (None = auto)
     whole_blocks: bool = False           # cut only where one tensor crosses (no open skip)
