@@ -72,15 +72,19 @@ def stage_bench_files(plan, model, cluster, params, pipe, plan_hash: str,
     """
     main_files = main_files or {}
     from .rtl import manifest, render_pipeline
-    from .rtl_model import build_pipeline
+    from .rtl_model import Unsupported, build_pipeline
 
     out: dict[str, str] = {}
     for i, st in enumerate(pipe.stages):
         sub = replace(plan, stages=[plan.stages[i]])
         # fed at its first engine's own width, so the bench shows the stage's engines' pace
         # (the width of the link into it is the previous stage's and the link's affair,
-        # measured by the whole-pipeline run)
-        one = build_pipeline(sub, model, cluster, params, partial=True)
+        # measured by the whole-pipeline run); a stage that forks its input at once takes
+        # the width the previous stage delivers
+        try:
+            one = build_pipeline(sub, model, cluster, params, partial=True)
+        except Unsupported:
+            one = build_pipeline(sub, model, cluster, params, in_lanes=st.in_lanes, partial=True)
         files = render_pipeline(one, plan.cluster, plan_hash)
         own = {n: t for n, t in files.items() if main_files.get(n) != t}
         names = {n: (n if n in own else f"../../{n}") for n in files}

@@ -25,7 +25,6 @@ frame buffer). Blocks then name their wires (``Block.ins``/``outs``, ``rtl.stage
 from __future__ import annotations
 
 import math
-import zlib
 from dataclasses import dataclass, field
 from fractions import Fraction
 
@@ -324,44 +323,12 @@ class Unsupported(Exception):
 
 # ------------------------------------------------------------------ weights
 
-def layer_params(model, number_format: str, seed: int = 0) -> dict[str, dict[str, np.ndarray]]:
-    """Deterministic raw fixed-point weights for every dense/conv2d layer, without a plan.
-
-    uniform(+-1/sqrt(fan_in)) from an RNG seeded by ``seed`` and the layer name (used by
-    callers that have no plan, e.g. the host driver; with a plan see :func:`plan_weights`).
-    """
-    from fpga_models.fixedpoint import quantize
-    out = {}
-    for layer in model.layers:
-        if layer.type == "dense":
-            mw, mh = layer.in_shapes[0][-1], layer.attr["units"]
-            shape = (mh, mw)
-        elif layer.type == "conv2d":
-            c = layer.in_shapes[0][0]
-            k = _pair(layer.attr["kernel"])
-            shape = (layer.attr["out_channels"], c, k[0], k[1])
-        else:
-            continue
-        fan_in = int(np.prod(shape[1:]))
-        rng = np.random.default_rng([seed, zlib.crc32(layer.name.encode())])
-        lim = 1.0 / math.sqrt(fan_in)
-        w = quantize(rng.uniform(-lim, lim, shape), number_format)
-        b = quantize(rng.uniform(-lim, lim, shape[0]), number_format) if layer.attr.get("bias", True) else None
-        out[layer.name] = {"w": w, "b": b}
-    return out
-
-
 def plan_weights(plan: Plan, model) -> dict[str, dict[str, np.ndarray]]:
-    """The weights of a plan's project: exactly those the HLS kernels bake in.
+    """The weights of a plan's project: exactly those the HLS kernels bake in
+    (``codegen.context.make_weights``, seeded by the plan fingerprint), so a stage's RTL twin,
+    its HLS kernel and the host's reference compute the same numbers."""
+    from codegen.context import make_weights
 
-    ``codegen.context.make_weights`` (seeded by the plan fingerprint) is the one source, so a
-    stage's RTL twin and its HLS kernel compute the same numbers; :func:`layer_params` is
-    the fallback if that generator is absent.
-    """
-    try:
-        from codegen.context import make_weights
-    except ImportError:
-        return layer_params(model, plan.number_format)
     return make_weights(plan, model)
 
 

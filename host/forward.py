@@ -3,7 +3,7 @@
 The generated stage kernels compute the forward pass in the plan's fixed-point format with
 weights baked in at generation time. This runs the test digits through them and compares
 every output with ``fpga_models.fixedpoint`` (the bit-exact numpy reference of the same
-kernels). Weights: the generator's (``codegen.rtl_model.layer_params``) or, with
+kernels). Weights: the ones the kernels bake in (``codegen.rtl_model.plan_weights``) or, with
 ``--resume ckpt.npz``, weights trained on the numpy backend, rounded to the format.
 """
 from __future__ import annotations
@@ -64,9 +64,9 @@ def run_forward(plan, model, backend: str, build: str | None = None, seed: int =
     if checkpoint:
         params = trained_params(checkpoint, plan, model)
     else:
-        from codegen.rtl_model import layer_params
+        from codegen.rtl_model import plan_weights
 
-        params = layer_params(model, plan.number_format)
+        params = plan_weights(plan, model)   # what `bapipe gen` bakes into the kernels
     data = load_digits(model.inputs[0].shape, seed)
     x, y = data.x_test, data.y_test
     if limit is not None:
