@@ -36,6 +36,9 @@ REPLAY_M = 128      # micro-batches replayed exactly before the replay is extrap
 GROUP_BOARDS = 8    # clusters up to this size search every per-position replica vector
 
 
+#: schedules that change training semantics (stale weights): never chosen by auto
+ASYNC_SCHEDULES = ("2bw",)
+
 @dataclass
 class Request:
     """What the user asked for (CLI options, already validated)."""
@@ -775,7 +778,9 @@ class Explorer:
         if not self.train:
             return ["gpipe"]
         if self.req.schedule == "auto":
-            return list(SCHEDULES)
+            # synchronous schedules only: PipeDream-2BW trains with one step of weight
+            # staleness, which changes what the user trains, so it runs only when asked for
+            return [x for x in SCHEDULES if x not in ASYNC_SCHEDULES]
         return [self.req.schedule]
 
     # ---- search ---------------------------------------------------------------------------
