@@ -33,8 +33,8 @@ import numpy as np
 from bapipe.errors import SpecError
 from bapipe.names import legal  # layer names -> Verilog identifiers (imported models: "/features/features.0/Conv")
 from bapipe.plan import Folding, Plan
-from fpga_models.engines import (BN_FILL, MVU_FILL, POOL_FILL, TM_SWITCH, link_beat_cycles,  # noqa: F401 (re-exported)
-                                 mvu_vector_cycles, swg_beats, width_conv_cycles)
+from fpga_models.engines import (BN_FILL, MVU_FILL, POOL_FILL, TM_SWITCH, conv_window_lanes,  # noqa: F401
+                                 link_beat_cycles, mvu_vector_cycles, swg_beats, width_conv_cycles)
 
 #: cycles a credit spends outside the link's two latencies (rx FIFO, credit register, tx)
 LINK_LOOP = 3
@@ -430,10 +430,7 @@ def _matrix_layer(stage, layer, p: dict, f: Folding, state: dict):
         # The window generator emits whole pixels of several taps per beat when SIMD is a
         # multiple of C, else gcd(C, SIMD) channels of one tap; a width converter then
         # packs its column stream (contiguous in the MVU's column order) to SIMD.
-        if f.simd % c == 0:
-            swg = SwgSpec(c, h, w, k[0], pd[0], s[0], c, math.gcd(f.simd // c, k[0] * k[0]))
-        else:
-            swg = SwgSpec(c, h, w, k[0], pd[0], s[0], math.gcd(c, f.simd))
+        swg = SwgSpec(c, h, w, k[0], pd[0], s[0], *conv_window_lanes(c, k[0], f.simd))
         mw, mh = k[0] * k[0] * c, layer.attr["out_channels"]
         from fpga_models.fixedpoint import conv_weight_matrix
         wmat = conv_weight_matrix(p["w"])

@@ -29,6 +29,7 @@ from bapipe.layers import Layer
 
 from .boards import BRAM36_BYTES, URAM_BYTES, Board, bytes_per_element
 from .engines import (LUT_PER_LANE_OP, LUT_PER_LAYER, LUT_PER_MAC, MAX_LANES, MVU_TYPES,  # noqa: F401 (re-exported)
+                      conv_window_cycles,
                       elementwise_lut, line_buffer_bytes, mvu_cycles, mvu_dsp, mvu_lut, stream_cycles,
                       stream_elements)
 
@@ -147,6 +148,18 @@ class LayerCost:
         return self.bwd_s_override if self.bwd_s_override is not None else self.bwd_cycles / self.clock_hz
 
 
+def _first(v) -> int:
+    return int(v) if isinstance(v, (int, float)) else int(v[0])
+
+
+def _square_conv(layer: Layer) -> bool:
+    """A conv the window generator builds: square kernel, stride and padding, no groups."""
+    a = layer.attr
+    pair = lambda v: (v, v) if isinstance(v, (int, float)) else tuple(v)  # noqa: E731
+    return (len(layer.in_shapes[0]) == 3 and a.get("groups", 1) == 1 and len(set(pair(a["kernel"]))) == 1
+            and len(set(pair(a.get("stride", 1)))) == 1 and len(set(pair(a.get("padding", 0)))) == 1)
+
+
 def layer_cost(layer: Layer, board: Board, pe: int, simd: int, fmt: str = "fixed16", batch: int = 1) -> LayerCost:
     """Cost of ``layer`` on an FPGA ``board`` with folding (pe, simd) for ``batch`` samples."""
     bpe = bytes_per_element(fmt)
@@ -156,6 +169,11 @@ def layer_cost(layer: Layer, board: Board, pe: int, simd: int, fmt: str = "fixed
     wbytes = layer.params * bpe
     if ms is not None:
         fc = mvu_cycles(layer.fwd_macs, pe, simd, batch)
+        if layer.type == "conv2d" and _square_conv(layer):   # its window generator may be slower
+            c, h, w = layer.in_shapes[0]
+            a = layer.attr
+            fc = max(fc, batch * conv_window_cycles(c, h, w, _first(a["kernel"]), _first(a.get("padding", 0)),
+                                                    _first(a.get("stride", 1)), simd))
         bic = mvu_cycles(layer.bwd_in_macs, pe, simd, batch)
         bwc = mvu_cycles(layer.bwd_w_macs, pe, simd, batch)
         dsp = mvu_dsp(pe, simd, board.dsp_per_mac.get(fmt, 1.0))

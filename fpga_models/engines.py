@@ -127,6 +127,23 @@ def swg_beats(c: int, h: int, w: int, k: int, pad: int, stride: int, simd: int, 
     return h * w * c // simd, oh * ow * k * k * c // (simd * taps)
 
 
+def conv_window_lanes(c: int, k: int, simd: int) -> tuple[int, int]:
+    """(channels per beat, taps per beat) of the window generator feeding a conv MVU of
+    ``simd`` lanes over ``c`` input channels and a k x k kernel: whole pixels and
+    gcd(SIMD/C, K*K) taps a beat when SIMD is a multiple of C, else gcd(C, SIMD) channels
+    of one tap (the generated RTL's rule)."""
+    if simd % c == 0:
+        return c, math.gcd(simd // c, k * k)
+    return math.gcd(c, simd), 1
+
+
+def conv_window_cycles(c: int, h: int, w: int, k: int, pad: int, stride: int, simd: int) -> int:
+    """Cycles per image of the window generator in front of a conv MVU of ``simd`` lanes: it
+    reads at most one pixel a cycle, so a conv is never faster than its input image's pixels."""
+    lanes, taps = conv_window_lanes(c, k, simd)
+    return swg_cycles(c, h, w, k, pad, stride, lanes, taps)
+
+
 def swg_cycles(c: int, h: int, w: int, k: int, pad: int, stride: int, simd: int, taps: int = 1) -> int:
     """Cycles per image of a window generator: the slower of reading the image and emitting windows."""
     return max(swg_beats(c, h, w, k, pad, stride, simd, taps))

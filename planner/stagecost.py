@@ -24,7 +24,7 @@ import numpy as np
 from bapipe.spec import Model
 from fpga_models.boards import Board, bytes_per_element
 from fpga_models.engines import TM_SWITCH, engine_kind, line_buffer_bytes, turn_fill, work_cycles
-from fpga_models.cost import (best_folding, elementwise_work, gpu_layer_cost, matrix_shape, onchip_capacity,
+from fpga_models.cost import (best_folding, layer_cost, elementwise_work, gpu_layer_cost, matrix_shape, onchip_capacity,
                               weight_copies)
 
 
@@ -63,6 +63,8 @@ def layer_table(model: Model, board: Board, fmt: str, cap: float, measured: dict
             lanes[k] = pe * simd
             if matrix_shape(l) is not None:
                 fw[k], bw[k] = l.fwd_macs, l.bwd_macs
+                if l.type == "conv2d":   # a window generator slower than the MVU bounds the layer
+                    fw[k] = max(fw[k], layer_cost(l, board, pe, simd, fmt).fwd_cycles * lanes[k])
             else:
                 fw[k], bw[k] = elementwise_work(l)
     fill = None
