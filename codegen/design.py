@@ -35,15 +35,19 @@ def _node(blk) -> dict:
             **({"ins": list(blk.ins)} if blk.ins else {}), **({"outs": list(blk.outs)} if blk.outs else {})}
 
 
-def design_dict(pipe, plan) -> dict:
-    """The JSON form of a lowered pipeline (see the module docstring)."""
+def design_dict(pipe, plan, alone: list[float] | None = None) -> dict:
+    """The JSON form of a lowered pipeline (see the module docstring). ``alone``: each stage's
+    cycles per sample on its own (its bench, fed at its first engine's width), the figure
+    set against the plan; ``pipeline_cycles_per_sample`` is the stage as wired in the whole
+    pipeline (its input at the width the previous stage delivers)."""
     stages = []
     for i, st in enumerate(pipe.stages):
         stages.append({
             "index": st.index, "board": st.board, "style": st.style, "layers": list(plan.stages[i].layers),
             "in_lanes": st.in_lanes, "out_lanes": st.out_lanes, "in_elems": st.in_elems, "out_elems": st.out_elems,
             "plan_cycles_per_sample": plan_cycles_per_sample(plan, i),
-            "design_cycles_per_sample": float(st.job_cycles),
+            "design_cycles_per_sample": float(alone[i] if alone else st.job_cycles),
+            "pipeline_cycles_per_sample": float(st.job_cycles),
             "nodes": [_node(b) for b in st.blocks],
             "units": [{"layer": u.layer, "index": u.index, "cycles": u.cycles} for u in st.units],
             "bench": f"rtl/stages/s{i}",
@@ -61,7 +65,7 @@ def design_dict(pipe, plan) -> dict:
 
 
 def stage_bench_files(plan, model, cluster, params, pipe, plan_hash: str,
-                      main_files: dict[str, str] | None = None) -> dict[str, str]:
+                      main_files: dict[str, str] | None = None) -> tuple[dict[str, str], list[float]]:
     """Single-stage RTL builds, one per stage, as ``stages/s<i>/<file>`` -> text (manifest included).
 
     Each is the stage's engines exactly as the whole pipeline builds them (same blocks, names
@@ -69,12 +73,14 @@ def stage_bench_files(plan, model, cluster, params, pipe, plan_hash: str,
     host at its first engine's width, with nothing after it: run alone, it shows the stage's
     own pace, which the whole pipeline (moving at its bottleneck's) cannot. Modules identical
     to the main build's (``main_files``: the generic glue, the MVUs) are named from there.
+    Returns the files and each bench's predicted cycles per sample.
     """
     main_files = main_files or {}
     from .rtl import manifest, render_pipeline
     from .rtl_model import Unsupported, build_pipeline
 
     out: dict[str, str] = {}
+    alone: list[float] = []
     for i, st in enumerate(pipe.stages):
         sub = replace(plan, stages=[plan.stages[i]])
         # fed at its first engine's own width, so the bench shows the stage's engines' pace
@@ -95,4 +101,5 @@ def stage_bench_files(plan, model, cluster, params, pipe, plan_hash: str,
         for name, text in own.items():
             out[f"stages/s{i}/{name}"] = text
         out[f"stages/s{i}/manifest.json"] = json.dumps(man, indent=1, sort_keys=True) + "\n"
-    return out
+        alone.append(float(one.interval))
+    return out, alone

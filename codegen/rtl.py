@@ -304,12 +304,13 @@ def render_rtl(plan, model, cluster, out_dir: Path, params=None) -> list[Path]:
         written["manifest.json"] = json.dumps(manifest(pipe, plan, order, sorted(mem_names)), indent=1,
                                               sort_keys=True) + "\n"
         paths += write_params(rtl, pipe)
-        written.update(stage_bench_files(plan, model, cluster, params, pipe, plan_hash, dict(written)))
+        benches, alone = stage_bench_files(plan, model, cluster, params, pipe, plan_hash, dict(written))
+        written.update(benches)
         (rtl / "stages").mkdir(exist_ok=True)
         for i in range(len(pipe.stages)):
             (rtl / "stages" / f"s{i}").mkdir(exist_ok=True)
         design = rtl.parent / "design.json"
-        design.write_text(json.dumps(design_dict(pipe, plan), indent=1, sort_keys=True) + "\n", encoding="utf-8")
+        design.write_text(json.dumps(design_dict(pipe, plan, alone), indent=1, sort_keys=True) + "\n", encoding="utf-8")
         paths.append(design)
     for name in sorted(written):
         p = rtl / name

@@ -1,0 +1,81 @@
+"""The plan's promise, checked against Verilator: every stage's forward cycles per sample as
+measured (the stage's engines alone, codegen/agreement.py) within 2% of what the planner
+put in plan.yaml, on plans `bapipe plan` writes.
+
+2% is the product's promise (docs/architecture.md); the engines' fills and per-image
+turnarounds are the only cycles the plan may miss.
+"""
+from __future__ import annotations
+
+import subprocess
+import sys
+from dataclasses import replace
+
+import pytest
+
+from bapipe.plan import load_plan
+from codegen.agreement import load_design, measure_stages, plan_error
+from codegen.cli_gen import generate
+
+pytestmark = [pytest.mark.verilator, pytest.mark.xdist_group("agreement")]
+
+#: every stage within this of the plan
+PLAN_TOLERANCE = 0.02
+
+
+def _plan(tmp_path, name: str, *args: str) -> str:
+    out = tmp_path / f"{name}.plan.yaml"
+    subprocess.run([sys.executable, "-m", "bapipe.cli", "plan", *args, "-o", str(out)], check=True,
+                   capture_output=True)
+    return str(out)
+
+
+def _agree(plan_file: str, build) -> list[dict]:
+    generate(plan_file, build)
+    rows = measure_stages(build, load_design(build))
+    for r in rows:   # the Design (the lowering's cycle model) says the same as Verilator
+        assert r["measured_cycles_per_sample"] == pytest.approx(r["design_cycles_per_sample"], rel=PLAN_TOLERANCE), r
+    return rows
+
+
+def test_demo_plan_every_stage_meets_the_plan(tmp_path):
+    """The demo's tiny-cnn pipeline (one board per stage; pools and ReLUs at their planned lanes)."""
+    rows = _agree(_plan(tmp_path, "cnn", "tiny-cnn", "4xU250-ring", "--no-replication"), tmp_path / "cnn")
+    assert len(rows) >= 2 and plan_error(rows) <= PLAN_TOLERANCE, rows
+
+
+def test_tiny_mlp_pipeline_every_stage_meets_the_plan(tmp_path):
+    rows = _agree(_plan(tmp_path, "mlp", "tiny-mlp", "4xU250-ring", "--partition", "0-1,2-3,4-5,6"),
+                  tmp_path / "mlp")
+    assert len(rows) == 4 and plan_error(rows) <= PLAN_TOLERANCE, rows
+
+
+def test_time_multiplexed_stage_meets_the_plan(tmp_path):
+    """tiny-cnn cut in four, its third stage (pool1, conv3, relu3, pool2, flatten) run as one
+    shared engine per layer in turns, priced by the planner's time-multiplexed model
+    (fpga_models.allocate.time_multiplexed: turns with their fills and the switch)."""
+    from fpga_models.allocate import time_multiplexed
+    from fpga_models.boards import get_board
+    from fpga_models.plancheck import resolve
+    from bapipe.plan import Folding
+    from fpga_models.cost import matrix_shape
+
+    path = _plan(tmp_path, "cnn4", "tiny-cnn", "4xU250-ring", "--partition", "0-1,2-3,4-8,9")
+    plan = load_plan(path)
+    model, _cluster = resolve(plan, path)
+    s = plan.stages[2]
+    board = get_board(s.board_type)
+    layers = [model.layers[model.index[n]] for n in s.layers]
+    beta = plan.microbatch_size // s.replicas
+    a = time_multiplexed(layers, board, plan.number_format, beta, plan.utilisation_cap, plan.mode == "train")
+    fold = {l.name: Folding(*a.folding[l.name]) if matrix_shape(l) is not None else Folding(lanes=a.folding[l.name][1])
+            for l in layers}
+    fwd_s, bwd_s = a.fwd_cycles / board.clock_hz, a.bwd_cycles / board.clock_hz
+    tm = replace(s, style="time-multiplexed", folding=fold, fwd_s=fwd_s, bwd_s=bwd_s, time_s=fwd_s + bwd_s,
+                 cycles={"fwd": a.fwd_cycles, "bwd": a.bwd_cycles, "fwd_interval": a.fwd_cycles / beta},
+                 resources={**s.resources, "dsp": a.dsp, "lut": a.lut})
+    plan = replace(plan, stages=[*plan.stages[:2], tm, plan.stages[3]])
+    plan.save(path)
+    rows = _agree(path, tmp_path / "tm")
+    assert rows[2]["style"] == "time-multiplexed"
+    assert plan_error(rows) <= PLAN_TOLERANCE, rows
