@@ -170,7 +170,14 @@ BAD = [
 ]
 
 
-@pytest.mark.parametrize("args,names", BAD, ids=[" ".join(a) for a, _ in BAD])
+def _slow_runs(cases, args_of):
+    """`bapipe run` cases start worker processes (~3 s each): they run in `make test`, not test-fast."""
+    return [pytest.param(*c if isinstance(c, tuple) else (c,), marks=pytest.mark.slow)
+            if args_of(c)[0] == "run" and any(a in ("--resume", "--epochs") for a in args_of(c)) else c
+            for c in cases]
+
+
+@pytest.mark.parametrize("args,names", _slow_runs(BAD, lambda c: c[0]), ids=[" ".join(a) for a, _ in BAD])
 def test_bad_input_is_one_line_exit_2(ws, args, names):
     r = _run(args, ws)
     lines = r.stderr.splitlines()
@@ -192,7 +199,7 @@ GOOD = [
 ]
 
 
-@pytest.mark.parametrize("args", GOOD, ids=[" ".join(a) for a in GOOD])
+@pytest.mark.parametrize("args", _slow_runs(GOOD, lambda c: c), ids=[" ".join(a) for a in GOOD])
 def test_json_is_one_object(ws, args):
     # csim compiles every stage with g++ on first use: minutes on a loaded 2-core machine
     r = _run([*args, "--json"], ws, timeout=600)
@@ -202,6 +209,7 @@ def test_json_is_one_object(ws, args):
     assert r.stdout.count("\n") == 1
 
 
+@pytest.mark.slow  # a bapipe run subprocess: ~3 s
 def test_human_output_of_zero_epochs(ws):
     r = _run(["run", "p.yaml", "--epochs", "0"], ws)
     assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr

@@ -21,6 +21,7 @@ def plan_file(tmp_path_factory):
     return p
 
 
+@pytest.mark.slow  # trains through worker processes: ~3 s
 def test_run_json_contract(plan_file, capsys, tmp_path):
     log = tmp_path / "log.json"
     rc = main(["run", str(plan_file), "--backend", "numpy", "--epochs", "1", "--json", "--log", str(log)])
@@ -34,6 +35,7 @@ def test_run_json_contract(plan_file, capsys, tmp_path):
     assert len(json.loads(log.read_text())) == r["iterations"]
 
 
+@pytest.mark.slow  # trains through worker processes: ~3 s
 def test_run_human_table(plan_file, capsys):
     assert main(["run", str(plan_file), "--epochs", "1", "--precision", "fixed"]) == 0
     out = capsys.readouterr().out
@@ -48,6 +50,7 @@ def test_xrt_without_pyxrt_is_one_line_exit_2(plan_file, capsys):
     assert "\n" not in err and "pyxrt" in err
 
 
+@pytest.mark.slow  # trains through worker processes: ~3 s
 def test_bad_plan_and_checkpoint_are_one_line_exit_2(plan_file, tmp_path, capsys):
     bad = tmp_path / "bad.yaml"
     bad.write_text("model: tiny-mlp\nstages: 3\n")
@@ -60,6 +63,7 @@ def test_bad_plan_and_checkpoint_are_one_line_exit_2(plan_file, tmp_path, capsys
     assert "junk.npz" in err and "\n" not in err
 
 
+@pytest.mark.slow  # a training run whose worker dies: ~3 s
 def test_failed_worker_exits_1_with_one_line(plan_file, capsys, monkeypatch):
     import host.driver as drv
 

@@ -35,6 +35,7 @@ def test_cnn_gradients_equal_single_device_adam():
     assert r["grad_max_rel_err_vs_single_device"] < grad_tolerance("tiny-cnn", 64)
 
 
+@pytest.mark.slow  # worker processes over several epochs: ~2.5 s
 def test_tiny_mlp_reaches_stated_accuracy_and_schedules_agree(tmp_path):
     """Stated in docs/host.md: tiny-mlp, 4 stages, 1F1B, SGD, 5 epochs -> test accuracy >= 0.93.
 
@@ -67,6 +68,7 @@ def test_checkpoint_resume_is_exact(tmp_path):
             np.testing.assert_array_equal(a[k], b[k], err_msg=k)
 
 
+@pytest.mark.slow  # two training runs: ~2 s
 def test_resume_under_another_partition(tmp_path):
     """Checkpoints are keyed by layer, so a 2-stage run resumes on a 4-stage plan."""
     ck = tmp_path / "c.npz"
@@ -95,6 +97,7 @@ def test_worker_killed_by_signal_names_stage_and_microbatch():
     assert "\n" not in msg
 
 
+@pytest.mark.slow  # waits out a worker timeout: ~2 s
 def test_hung_worker_times_out_naming_stage():
     plan = hand_plan("tiny-mlp", cuts=(1, 3, 5))
     t0 = time.monotonic()
@@ -106,6 +109,7 @@ def test_hung_worker_times_out_naming_stage():
     assert "stage 1" in msg and "hung" in msg and "backward of micro-batch 0" in msg and "iteration 2" in msg
 
 
+@pytest.mark.slow  # worker processes over several epochs: ~2.5 s
 def test_dead_worker_recovered_without_losing_or_repeating_microbatches():
     """Kill stage 2 mid-iteration; with one retry the run replays from the epoch snapshot and
     ends bit-identical to an undisturbed run (every sample trained exactly once)."""
@@ -126,6 +130,7 @@ def test_worker_exception_names_stage_and_error():
         train(plan, epochs=1, check_grads=False, faults={3: {"iteration": 0, "op": 2, "mode": "raise"}})
 
 
+@pytest.mark.slow  # worker processes over iterations: ~2 s
 def test_2bw_trains_with_stale_weights():
     """2BW updates with one-step-stale gradients: not equal to synchronous SGD, but it learns."""
     plan = hand_plan("tiny-mlp", cuts=(1, 3, 5), schedule="2bw")
@@ -153,6 +158,7 @@ def test_replicated_stages_reshard_and_allreduce():
         train(plan, epochs=1, check_grads=False, faults={4: {"iteration": 1, "op": 1, "mode": "die"}})
 
 
+@pytest.mark.slow  # 8 pipelines of worker processes: ~3 s
 @settings(max_examples=8, deadline=None)
 @given(st.data())
 def test_property_any_cut_schedule_and_replication_matches_single_device(data):

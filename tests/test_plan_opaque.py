@@ -4,6 +4,7 @@ import subprocess
 import sys
 
 import onnx
+import pytest
 from onnx import TensorProto, helper
 
 
@@ -23,6 +24,7 @@ def run(*args):
     return subprocess.run([sys.executable, "-m", "bapipe.cli", *args], capture_output=True, text=True)
 
 
+@pytest.mark.slow  # plan + reload subprocesses: ~2 s
 def test_opaque_op_planned_and_reloaded(tmp_path):
     m = tmp_path / "m.onnx"
     _model(str(m))

@@ -215,6 +215,7 @@ def test_replay_queues_transfers_sharing_a_link():
     assert two.iteration_s == pytest.approx(5.0)
 
 
+@pytest.mark.slow  # plans every zoo model: ~2.5 s
 def test_stage_resources_within_the_capped_budget():
     for model, cluster in (("vgg16", "4xU250-ring"), ("resnet50", "hetero-mix"), ("tiny-cnn", "8xU280-ring")):
         out = _plan(model, cluster)

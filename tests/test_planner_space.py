@@ -145,7 +145,8 @@ def test_partition_replica_errors_are_one_line(text, needle, tmp_path):
     assert len(r.stderr.strip().splitlines()) == 1 and "--partition" in r.stderr and needle in r.stderr
 
 
-@pytest.mark.parametrize("model_name,cluster_name", [("gnmt8", "8xU280-ring"), ("tiny-cnn", "8xU280-ring")])
+@pytest.mark.parametrize("model_name,cluster_name", [pytest.param("gnmt8", "8xU280-ring", marks=pytest.mark.slow),
+                                                     ("tiny-cnn", "8xU280-ring")])   # gnmt8: ~2 s
 def test_2bw_is_priced_without_a_flush(model_name, cluster_name):
     """PipeDream-2BW's iteration is its steady state (no fill or drain; the all-reduce of
     iteration j gates iteration j + 2), which bapipe sim reaches over several iterations;

@@ -306,6 +306,7 @@ def test_gen_refuses_a_non_empty_folder_and_replaces_it_whole_with_force(at, cap
     assert not [p for p in at.iterdir() if p.name.startswith(".bforce.")]  # no temporary left
 
 
+@pytest.mark.slow  # a whole gen interrupted and rerun: ~40 s
 def test_interrupted_gen_leaves_the_previous_build_whole(at, capsys, monkeypatch):
     import codegen.cli_gen as cg
 
@@ -350,6 +351,7 @@ def _cli_exit(capsys, args):
     return rc, out, err
 
 
+@pytest.mark.slow  # a training run: ~2 s
 def test_run_keeps_the_plans_batch_fields(at, capsys):
     plan = yaml.safe_load((at / "p.yaml").read_text())
     rc, out, _ = _cli(capsys, "run", "p.yaml", "--epochs", "1", "--json")
@@ -373,6 +375,7 @@ def test_nan_loss_stops_the_run_with_exit_1(at, capsys):
     assert f"iteration {len(log)} " in err  # the first non-finite one is the one named
 
 
+@pytest.mark.slow  # three sim runs rendering charts: ~3 s
 def test_gantt_writes_the_format_its_suffix_names(at, capsys):
     for suffix, magic in ((".pdf", b"%PDF"), (".svg", b"<?xml"), (".png", b"\x89PNG")):
         assert main(["sim", "p.yaml", "--gantt", f"g{suffix}"]) == 0
@@ -382,6 +385,7 @@ def test_gantt_writes_the_format_its_suffix_names(at, capsys):
     _refused(capsys, ["sim", "p.yaml", "--gantt", "gantt"], "gantt", "--gantt")
 
 
+@pytest.mark.slow  # trains to make a checkpoint: ~2 s
 def test_resume_with_fewer_epochs_is_refused(at, capsys):
     assert main(["run", "p.yaml", "--epochs", "2", "--checkpoint", "ck2.npz"]) == 0
     capsys.readouterr()
@@ -430,6 +434,7 @@ def test_plan_and_export_do_not_overwrite_without_force(at, capsys):
     assert main(["export", "tiny-mlp", "-o", "m.onnx", "--force"]) == 0
 
 
+@pytest.mark.slow  # starts a training run to kill it: ~3 s
 def test_sigterm_is_handled_like_ctrl_c(at):
     env = {k: v for k, v in os.environ.items() if k != "BAPIPE_DEBUG"}
     proc = subprocess.Popen([BAPIPE, "run", "p.yaml", "--epochs", "500"], cwd=at, env=env,
