@@ -12,7 +12,7 @@ BIN := $(VENV)/bin
 UV := $(VENV)/uv/bin/uv
 STAMP := $(VENV)/.installed
 
-.PHONY: setup lock demo test test-fast bench clean
+.PHONY: setup lock demo test test-all test-fast bench clean
 
 $(UV):
 	@test -x $(BIN)/python || $(shell command -v $(PY) || echo python3) -m venv $(VENV)
@@ -35,11 +35,15 @@ lock: | $(UV)
 demo: $(STAMP)
 	$(BIN)/python -m bapipe.demo
 
+# the whole suite but the soak runs (under 10 minutes on 2 cores); test-all adds them
 test: $(STAMP)
+	$(BIN)/python -m pytest -q -n 2 --dist loadgroup -p no:cacheprovider -m "not soak"
+
+test-all: $(STAMP)
 	$(BIN)/python -m pytest -q -n 2 --dist loadgroup -p no:cacheprovider
 
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -q -n 2 --dist loadgroup -p no:cacheprovider -m "not slow and not verilator and not csim"
+	$(BIN)/python -m pytest -q -n 2 --dist loadgroup -p no:cacheprovider -m "not slow and not soak and not verilator and not csim"
 
 bench: $(STAMP)
 	@for b in bench/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done

@@ -80,6 +80,7 @@ def test_fifo_short(depth, lanes):
 
 
 @pytest.mark.slow
+@pytest.mark.soak  # 100k random beats: make test-all (the short directed runs stay in make test)
 def test_fifo_100k():
     d = _build(5, 2)
     check(d, "axis_fifo", "cocotb_tests.test_axis_fifo", "fifo_random", lanes=2, beats=100_000, seed=7,

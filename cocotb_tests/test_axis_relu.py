@@ -49,6 +49,7 @@ def test_relu_short():
 
 
 @pytest.mark.slow
+@pytest.mark.soak  # 100k random beats: make test-all (the short directed runs stay in make test)
 def test_relu_100k():
     d = _build(3)
     check(d, "axis_relu", "cocotb_tests.test_axis_relu", "relu_random", lanes=3, beats=100_000, seed=2,

@@ -65,6 +65,7 @@ def test_width_conv_short(a, b):
 
 
 @pytest.mark.slow
+@pytest.mark.soak  # 100k random beats: make test-all (the short directed runs stay in make test)
 def test_width_conv_100k():
     d = _build(4, 1)
     check(d, "axis_width_conv", "cocotb_tests.test_axis_width_conv", "wc_random", lanes_in=4, lanes_out=1,

@@ -106,6 +106,7 @@ def test_link_credit_starved():
 
 
 @pytest.mark.slow
+@pytest.mark.soak  # 100k random beats: make test-all (the short directed runs stay in make test)
 def test_link_100k():
     params, _ = link_params(4, Fraction(5), 20)
     d = build("link_chain", link_files(), params)

@@ -99,6 +99,7 @@ def test_mvu_short(mw, mh, pe, simd, relu):
 
 
 @pytest.mark.slow
+@pytest.mark.soak  # 100k random beats: make test-all (the short directed runs stay in make test)
 def test_mvu_100k():
     spec = _spec(8, 6, 2, 4, True, seed=48)
     d = _build(spec)

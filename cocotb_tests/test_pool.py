@@ -71,6 +71,7 @@ def test_pool_short(mode, k, simd):
 
 
 @pytest.mark.slow
+@pytest.mark.soak  # 100k random beats: make test-all (the short directed runs stay in make test)
 def test_pool_100k():
     d = _build(4, 1, 3, 1)
     # 3x3 windows of a 6x6x4 image, 1 channel per beat: 144 beats per image, 700 images = 100.8k beats

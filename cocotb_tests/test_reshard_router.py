@@ -90,6 +90,7 @@ def test_router_table_literal():
 
 
 @pytest.mark.slow
+@pytest.mark.soak  # 100k random beats: make test-all (the short directed runs stay in make test)
 def test_router_100k():
     d = _build(2)
     check(d, "reshard_router", "cocotb_tests.test_reshard_router", "router_random", lanes=2, beats=100_002, seed=8,

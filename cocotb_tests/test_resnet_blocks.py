@@ -182,6 +182,7 @@ def test_add():
 
 
 @pytest.mark.slow
+@pytest.mark.soak  # 100k random beats: make test-all (the short directed runs stay in make test)
 def test_fork_add_100k():
     check(_glue("axis_fork", {"DATA_W": 3 * ELEM_W}), "axis_fork", MOD, "fork_random", lanes=3, beats=100_000, seed=5,
           p_idle=0.1, p_stall=0.1)

@@ -34,6 +34,7 @@ def test_small_resnet_time_multiplexed_3_boards():
 
 
 @pytest.mark.slow
+@pytest.mark.soak  # two more cuts of the pipelines above: make test-all
 @pytest.mark.parametrize("style,boards", [("dataflow", 3), ("time-multiplexed", 2)])
 def test_small_resnet_other_cuts(style, boards):
     _run(style, boards, 5)

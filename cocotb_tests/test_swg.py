@@ -85,6 +85,7 @@ def test_swg_short(c, h, w, k, pad, stride, simd, taps):
 
 
 @pytest.mark.slow
+@pytest.mark.soak  # 100k random beats: make test-all (the short directed runs stay in make test)
 def test_swg_100k():
     s = _spec(4, 5, 6, 3, 1, 1, 2)            # 60 beats in, 540 out per image: 102k beats in all
     d = _build(s)

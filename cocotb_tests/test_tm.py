@@ -318,6 +318,7 @@ def test_gate_timing():
     check(d, "axis_gate", MOD, "gate_timing", **env, beats=700, seed=2, max_hold=3, max_low=5)
 
 
+@pytest.mark.soak  # 100k random beats: make test-all (the short directed runs stay in make test)
 def test_gate_100k():
     d = _build_gate()
     check(d, "axis_gate", MOD, "gate_random", gate_beats=GATE_BEATS, lanes=GATE_LANES, beats=100_000, seed=3,

@@ -66,6 +66,7 @@ def test_gen_and_csim_on_a_legacy_torch_export(tmp_path):
 
 @pytest.mark.verilator
 @pytest.mark.slow
+@pytest.mark.soak  # a ResNet-shaped export through Verilator (~3 min): make test-all; gen + csim run in make test
 def test_rtlsim_on_a_legacy_torch_export(tmp_path, capsys):
     """The RTL built from '/layer1/layer1.0/conv1/Conv'-named layers simulates bit-exactly."""
     pytest.importorskip("onnx")

@@ -159,6 +159,7 @@ def test_search_equals_exhaustive_fast(block):
 
 
 @pytest.mark.slow
+@pytest.mark.soak  # 300 instances (~3 min): make test-all; 30 run in make test
 @pytest.mark.parametrize("block", range(30))
 def test_search_equals_exhaustive(block):
     """300 more instances (seeds 1000..1299), 10 per block."""

@@ -133,6 +133,7 @@ def test_mutated_plan_is_refused_or_consistent(plan_text, tmp_path_factory, data
     _mutated(plan_text, tmp_path_factory, data)
 
 
+@pytest.mark.soak  # hundreds of mutated plans: make test-all
 @pytest.mark.slow
 @settings(max_examples=MANY, deadline=CASE_DEADLINE_MS, suppress_health_check=_HC)
 @given(data=st.data())
@@ -140,6 +141,7 @@ def test_truncated_plan_is_refused_or_whole_many(plan_text, data):
     _truncated(plan_text, data)
 
 
+@pytest.mark.soak  # hundreds of mutated plans: make test-all
 @pytest.mark.slow
 @settings(max_examples=MANY, deadline=CASE_DEADLINE_MS, suppress_health_check=_HC)
 @given(data=st.data())
