@@ -56,7 +56,7 @@ def _build(a: int, b: int):
                  {"IN_W": a * ELEM_W, "OUT_W": b * ELEM_W, "COUNT_W": count_bits(max(a, b) // min(a, b))})
 
 
-@pytest.mark.parametrize("a,b", [(1, 4), (4, 1)])
+@pytest.mark.parametrize("a,b", [(1, 4), pytest.param(4, 1, marks=pytest.mark.soak)])
 def test_width_conv_short(a, b):
     d = _build(a, b)
     check(d, "axis_width_conv", "cocotb_tests.test_axis_width_conv", "wc_timing", lanes_in=a, lanes_out=b, beats=300)

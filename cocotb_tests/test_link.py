@@ -83,7 +83,7 @@ def link_params(lanes: int, bw: Fraction, latency: int, credits: int | None = No
     return p, link
 
 
-@pytest.mark.parametrize("lanes,bw,latency", [(4, Fraction(5), 20), (1, Fraction(3, 4), 3)])
+@pytest.mark.parametrize("lanes,bw,latency", [(4, Fraction(5), 20), pytest.param(1, Fraction(3, 4), 3, marks=pytest.mark.soak)])
 def test_link_short(lanes, bw, latency):
     from codegen.rtl_model import LINK_LOOP
     params, link = link_params(lanes, bw, latency)

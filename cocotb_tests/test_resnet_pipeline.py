@@ -26,6 +26,7 @@ def test_small_resnet_dataflow_2_boards():
     assert r["predicted_cycles_per_sample"] == 3072
 
 
+@pytest.mark.soak  # residual units in turns, three boards (~90 s): make test-all; test_tm and test_agreement cover turns
 def test_small_resnet_time_multiplexed_3_boards():
     """Units (batchnorm, add and global average pool among them) in turns; block 1's identity
     skip forks at fpga1's input and waits in a frame buffer while the main path runs."""

@@ -44,6 +44,7 @@ def test_demo_plan_every_stage_meets_the_plan(tmp_path):
     assert len(rows) >= 2 and plan_error(rows) <= PLAN_TOLERANCE, rows
 
 
+@pytest.mark.soak  # four more benches (~40 s): make test-all
 def test_tiny_mlp_pipeline_every_stage_meets_the_plan(tmp_path):
     rows = _agree(_plan(tmp_path, "mlp", "tiny-mlp", "4xU250-ring", "--partition", "0-1,2-3,4-5,6"),
                   tmp_path / "mlp")

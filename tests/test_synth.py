@@ -51,6 +51,7 @@ def test_unknown_board_is_spec_error(tmp_path, monkeypatch):
         cli_synth.cmd_synth(argparse.Namespace(build=str(tmp_path), board=["fpga9"], timeout=10, json=True))
 
 
+@pytest.mark.soak  # yosys synth_xilinx (~1 min): make test-all
 @needs_yosys
 def test_mvu_maps_one_dsp_per_lane(tmp_path):
     """MVU PE=2, SIMD=2, 4x4: exactly PE*SIMD = 4 DSP48E2.
@@ -74,6 +75,7 @@ def test_mvu_maps_one_dsp_per_lane(tmp_path):
     assert (tmp_path / "mvu_s.log").exists() and r["wall_s"] > 0
 
 
+@pytest.mark.soak  # yosys synth of a board (~1 min): make test-all
 @needs_yosys
 def test_cli_synth_one_board(tmp_path):
     """fpga3 of the 4-board tiny-mlp test plan: fc4 (32 -> 10) at PE=2, SIMD=4 -> 8 DSPs."""
