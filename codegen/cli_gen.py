@@ -21,6 +21,9 @@ from bapipe.errors import SpecError
 from bapipe.plan import load_plan
 from fpga_models.plancheck import resolve
 
+from .design import plan_cycles_per_sample
+from .hls import kernel_cycles_per_sample
+
 from .context import build_project
 from .hls import render_files, write_files
 
@@ -58,8 +61,7 @@ def generate_plan(plan, model, cluster, out_dir: str | Path, plan_text: str | No
                     # the HLS kernel's forward loop count per sample (codegen's estimate of what it
                     # built; dataflow: the slowest layer sets the interval, time-multiplexed: the layers
                     # add up), next to the planner's forward cycles per sample for the same stage
-                    "hls_cycles_per_sample": (max((l.cycles for l in s.layers), default=0) if s.dataflow
-                                              else sum(l.cycles for l in s.layers)),
+                    "hls_cycles_per_sample": kernel_cycles_per_sample([l.cycles for l in s.layers], s.dataflow),
                     "plan_fwd_cycles_per_sample": _plan_cycles(plan, s.index)} for s in ctx.stages],
         "boards": [b.name for b in ctx.boards],
         "skipped": ctx.skipped,
@@ -186,10 +188,12 @@ def cmd_gen(args) -> dict:
 
 
 def _plan_cycles(plan, index: int) -> float | None:
-    """The planner's forward cycles per sample of stage ``index`` (None when the plan has none)."""
-    st = next((x for x in plan.stages if x.index == index), None)
-    fwd = (st.cycles or {}).get("fwd") if st is not None else None
-    return None if fwd is None else fwd / max(1, plan.microbatch_size)
+    """The planner's forward cycles per sample in steady state of stage ``index`` (None when
+    the plan has no cycles: hand-made plans)."""
+    pos = next((i for i, x in enumerate(plan.stages) if x.index == index), None)
+    if pos is None or not plan.stages[pos].cycles:
+        return None
+    return plan_cycles_per_sample(plan, pos)
 
 
 def show_gen(r: dict) -> str:

@@ -278,12 +278,13 @@ def csim_project(build: str | Path, samples: int = 4, seed: int = 0, tolerance_l
         layers = stage_layers[name]
         fwd_macs, bwd_macs = stage_macs(layers)
         row = {"name": name, "passed": False, "max_abs_err_lsb": None, "compile_s": 0.0, "run_s": 0.0,
-               "cached": False, "samples": samples, "macs": fwd_macs * samples}
+               "cached": False, "samples": samples, "macs": fwd_macs * samples,
+               **_cycles(build, st)}
         params = load_weights(build, st, fmt)
         all_params.update(params)
         if fwd_macs * samples > RUN_LIMIT_MACS:
-            results.append(_skip_row(name, f"{fwd_macs * samples} MACs exceed the csim budget of "
-                                     f"{RUN_LIMIT_MACS} per kernel run"))
+            results.append({**_skip_row(name, f"{fwd_macs * samples} MACs exceed the csim budget of "
+                                            f"{RUN_LIMIT_MACS} per kernel run"), **_cycles(build, st)})
             chain_ok = False
             break   # later stages would have no inputs
         flags = build_flags(fwd_macs * samples)
@@ -324,11 +325,11 @@ def csim_project(build: str | Path, samples: int = 4, seed: int = 0, tolerance_l
             if big and mb > 1:
                 mb = 1
             if mb * bwd_macs > RUN_LIMIT_MACS:
-                results.append(_skip_row(st["backward"]["kernel"], f"{mb * bwd_macs} MACs exceed the csim budget "
-                                         f"of {RUN_LIMIT_MACS} per kernel run"))
+                results.append({**_skip_row(st["backward"]["kernel"], f"{mb * bwd_macs} MACs exceed the csim "
+                                                f"budget of {RUN_LIMIT_MACS} per kernel run"), **_NO_BWD_CYCLES})
                 continue
-            results.append(csim_backward(build, st, model, params, fmt, rng, cache, tolerance_lsb, mb=mb,
-                                         macs=mb * bwd_macs))
+            results.append({**csim_backward(build, st, model, params, fmt, rng, cache, tolerance_lsb, mb=mb,
+                                            macs=mb * bwd_macs), **_NO_BWD_CYCLES})
 
     model_err = None
     fwd_rows = [r for r in results if not r["name"].endswith("_bwd")]
@@ -345,6 +346,27 @@ def csim_project(build: str | Path, samples: int = 4, seed: int = 0, tolerance_l
               and (model_err is None or model_err <= tolerance_lsb))
     return {"stages": results, "passed": passed, "samples": samples, "model_max_abs_err_lsb": model_err,
             "format": fmt.name, "cache": str(cache), "skipped": skipped}
+
+
+#: backward kernels have no cycle count yet (issue #16 counts loop iterations in csim)
+_NO_BWD_CYCLES = {"cycles_per_sample": None, "plan_cycles_per_sample": None,
+                  "cycles_source": "not counted for backward kernels yet"}
+
+
+def _cycles(build: Path, st: dict) -> dict:
+    """The kernel's forward cycles per sample (static loop counts of the generated code, not
+    yet counted in C-simulation: issue #16) beside the plan's (plan.yaml fwd_interval)."""
+    from bapipe.plan import load_plan
+
+    from .design import plan_cycles_per_sample
+    from .hls import kernel_cycles_per_sample
+
+    plan = load_plan(Path(build) / "plan.yaml")
+    pos = next((i for i, x in enumerate(plan.stages) if x.index == st.get("index")), None)
+    return {"cycles_per_sample": kernel_cycles_per_sample([int(l.get("cycles") or 0) for l in st["layers"]],
+                                                          st.get("style") == "dataflow"),
+            "plan_cycles_per_sample": plan_cycles_per_sample(plan, pos) if pos is not None else None,
+            "cycles_source": "static loop counts of the generated kernel"}
 
 
 def csim_backward(build: Path, st: dict, model, params: dict, fmt: fx.Fmt, rng: np.random.Generator,

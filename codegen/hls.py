@@ -181,6 +181,14 @@ def render_files(ctx: ProjectCtx, plan_text: str, cluster=None) -> dict[str, byt
     return files
 
 
+def kernel_cycles_per_sample(layer_cycles: list[int], dataflow: bool) -> int:
+    """The generated HLS kernel's forward loop count per sample, read off its loop structure
+    (codegen.context's per-layer counts): dataflow stages overlap their layers (the slowest
+    sets the interval), time-multiplexed ones run them one after another. A static count of
+    the code, not an iteration count from C-simulation (issue #16)."""
+    return max(layer_cycles, default=0) if dataflow else sum(layer_cycles)
+
+
 def write_files(files: dict[str, bytes], out_dir: Path) -> list[Path]:
     """Write the tree; unchanged files are left alone so mtimes (and make) stay quiet."""
     written = []
