@@ -18,6 +18,7 @@ from bapipe.errors import SpecError
 from bapipe.plan import load_plan, parse_plan
 from fpga_models.plancheck import resolve
 from bapipe.yamlio import loads
+from docpaths import doc_paths
 
 #: per-case wall-time limit: a load + validation takes milliseconds; a hang fails here
 CASE_DEADLINE_MS = 2000
@@ -51,19 +52,6 @@ def _check_whole(plan, original) -> None:
     assert [s.layers for s in plan.stages] == [s.layers for s in original.stages]
 
 
-def _paths(doc, prefix=()):
-    out = []
-    if isinstance(doc, dict):
-        for k, v in doc.items():
-            out.append(prefix + (k,))
-            out.extend(_paths(v, prefix + (k,)))
-    elif isinstance(doc, list):
-        for i, v in enumerate(doc):
-            out.append(prefix + (i,))
-            out.extend(_paths(v, prefix + (i,)))
-    return out
-
-
 #: examples per run: the default run stays near 5 s (a case parses ~40 KB of YAML in pure
 #: Python); the `slow` variants below run many more
 FAST, MANY = 25, 400
@@ -86,7 +74,7 @@ def _truncated(plan_text, data):
 def _mutated(plan_text, tmp_path_factory, data):
     doc = yaml.safe_load(plan_text)
     original = parse_plan(loads(plan_text, "p.yaml"), "p.yaml")
-    paths = _paths(doc)
+    paths = list(doc_paths(doc))[1:]   # every node but the root
     for _ in range(data.draw(st.integers(1, 3))):
         path = data.draw(st.sampled_from(paths))
         parent = doc
