@@ -474,6 +474,7 @@ def run_harness(cases: list[HarnessCase], fmt: str, workdir: Path, cache: Path |
     files = {
         common / "bapipe_types.h": env.get_template("bapipe_types.h.j2").render(fmt=fctx, header=hdr),
         common / "bapipe_layers.h": env.get_template("bapipe_layers.h.j2").render(fmt=fctx, header=hdr),
+        common / "bapipe_layers_bwd.h": env.get_template("bapipe_layers_bwd.h.j2").render(fmt=fctx, header=hdr),
         workdir / f"{name}.cpp": env.get_template("harness.cpp.j2").render(fmt=fctx, header=hdr, cases=cases),
     }
     for p, text in files.items():

@@ -137,6 +137,8 @@ def render_files(ctx: ProjectCtx, plan_text: str, cluster=None) -> dict[str, byt
     files["host_config.json"] = (json.dumps(host_config(ctx), indent=2, sort_keys=False) + "\n").encode()
     put("common/bapipe_types.h", "bapipe_types.h.j2", header=c_hdr)
     put("common/bapipe_layers.h", "bapipe_layers.h.j2", header=c_hdr)
+    if any(s.bwd is not None for s in ctx.stages):
+        put("common/bapipe_layers_bwd.h", "bapipe_layers_bwd.h.j2", header=c_hdr)
     put("common/mm2s.cpp", "mm2s.cpp.j2", header=c_hdr)
     put("common/s2mm.cpp", "s2mm.cpp.j2", header=c_hdr)
     for s in ctx.stages:
