@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import importlib.util
+import re
 from dataclasses import replace
 
 from bapipe.errors import SpecError
@@ -143,8 +144,34 @@ def _t(x) -> str:
     return f"{x * 1e9:.3g} ns"
 
 
+def board_list(names) -> str:
+    """Boards of a stage, consecutive numbers of one prefix as a range:
+    [fpga0, fpga1, fpga2, fpga3, fpga6] -> 'fpga0-3,fpga6'."""
+    runs: list[list] = []   # [prefix, first, last] or [name, None, None]
+    for n in names:
+        m = re.fullmatch(r"(.*?)(\d+)", n)
+        if m and runs and runs[-1][1] is not None and runs[-1][0] == m.group(1) \
+                and int(m.group(2)) == runs[-1][2] + 1 and m.group(2) == str(int(m.group(2))):
+            runs[-1][2] += 1
+        elif m and m.group(2) == str(int(m.group(2))):
+            runs.append([m.group(1), int(m.group(2)), int(m.group(2))])
+        else:
+            runs.append([n, None, None])
+    return ",".join(p if a is None else f"{p}{a}" if a == b else f"{p}{a}-{b}" for p, a, b in runs)
+
+
+def compare(plan_s: float, other_s: float) -> str:
+    """The plan's time against another as a factor above 1: 'plan is 1.62x faster',
+    'plan is 3.45x slower', or 'same time' when the two agree to the 2 printed decimals."""
+    r = other_s / plan_s
+    if f"{r:.2f}" == "1.00" or f"{1 / r:.2f}" == "1.00":
+        return "plan takes the same time (1.00x)"
+    return f"plan is {r:.2f}x faster" if r > 1 else f"plan is {1 / r:.2f}x slower"
+
+
 def show_plan(res: dict) -> str:
     """Human-readable plan table."""
+    bw = max([22] + [len(board_list(s["boards"])) for s in res["stages"]])
     lines = [f"plan {res['model']} on {res['cluster']} ({res['mode']}): schedule {res['schedule']}"
              + (f" v={res['chunks']}" if res['chunks'] > 1 else "")
              + f", {res['microbatches']} micro-batches of {res['microbatch_size']}, global batch {res['global_batch']}"
@@ -156,10 +183,10 @@ def show_plan(res: dict) -> str:
              + (", activation recomputation" if res['recompute'] else "")
              + (f", tensor-parallel meshes {'x'.join(map(str, res['stages'][0]['mesh']))}"
                 if res['stages'] and res['stages'][0].get('mesh', [1]) != [1] else ""),
-             f"{'stage':>5} {'layers':>9} {'boards':<22} {'style':<16} {'fwd':>9} {'bwd':>9} {'send':>9} {'memory':>10}"]
+             f"{'stage':>5} {'layers':>9} {'boards':<{bw}} {'style':<16} {'fwd':>9} {'bwd':>9} {'send':>9} {'memory':>10}"]
     for i, s in enumerate(res["stages"]):
-        b = ",".join(s["boards"])
-        lines.append(f"{i:>5} {s['layers'][0]:>4}-{s['layers'][1]:<4} {b[:22]:<22} {s['style']:<16} "
+        b = board_list(s["boards"])
+        lines.append(f"{i:>5} {s['layers'][0]:>4}-{s['layers'][1]:<4} {b:<{bw}} {s['style']:<16} "
                      f"{_t(s['fwd_s']):>9} {_t(s['bwd_s']):>9} {_t(s['send_s']):>9} {s['memory_bytes'] / 2**20:>8.1f}MB")
     lines.append(f"iteration {_t(res['iteration_time_s'])}, {res['throughput_samples_per_s']:.4g} samples/s, "
                  f"bubble {res['bubble_fraction']:.1%}; lower bound {_t(res['lower_bound_s'])}")
@@ -167,9 +194,8 @@ def show_plan(res: dict) -> str:
         if "infeasible" in b:
             lines.append(f"  {name:<15} infeasible: {b['infeasible']}")
         else:
-            sp = b["iteration_time_s"] / res["iteration_time_s"]
             lines.append(f"  {name:<15} {_t(b['iteration_time_s']):>9} ({b['schedule']}, m={b['microbatches']}): "
-                         f"plan is {sp:.2f}x faster")
+                         + compare(res["iteration_time_s"], b["iteration_time_s"]))
     for q in res.get("pareto") or []:
         lines.append(f"  pareto: {_t(q['iteration_time_s'])} peak {q['peak_memory_bytes'] / 2**30:.2f} GiB "
                      f"{q['boards']} boards ({q['schedule']}, m={q['microbatches']}, r={q['replicas']}"

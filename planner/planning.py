@@ -1,6 +1,7 @@
 """From a model and a cluster to a Plan: best plan, baselines, lower bound, Pareto set."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 
 from bapipe.errors import SpecError
@@ -124,6 +125,7 @@ def make_plan(model: Model, cluster: Cluster, model_arg: str, cluster_arg: str, 
                 best = alt
     lb = lower_bound_s(model, ex)
     plan = to_plan(model, cluster, model_arg, cluster_arg, ex, best, baselines, lb)
+    check_cap(plan, ex)
     return Outcome(plan, best, baselines, lb, searched=searched, boards_total=ex.N)
 
 
@@ -317,6 +319,30 @@ def _stage_cycles(s: dict, clk: float, slowest: int) -> dict[str, float]:
     if s["style"] == "dataflow" and s["fwd_s"] <= s["compute_f"] * (1 + 1e-9):
         interval = float(slowest)
     return {"fwd": fwd, "bwd": int(round(s["bwd_s"] * clk)), "fwd_interval": round(interval, 3)}
+
+
+_CAPPED = (("dsp", "usable_dsp", "DSP"), ("lut", "usable_lut", "LUT"))
+
+
+def check_cap(plan: Plan, ex: Explorer) -> None:
+    """Refuse (SpecError naming --cap) a plan whose engines exceed the utilisation cap.
+
+    The smallest folding of a layer (one PE, one SIMD lane) still needs its DSPs and LUTs, so
+    a tiny cap leaves no plan; the search's styles fall back to that folding rather than fail,
+    and this says so instead of writing a plan that every later command refuses. The bound is
+    the one plan validation applies on load (fpga_models.plancheck: ceil(usable x cap))."""
+    for s in plan.stages:
+        board = ex.tables[s.board_type].board
+        if board.kind != "fpga":
+            continue
+        for key, attr, label in _CAPPED:
+            usable, need = getattr(board, attr), s.resources.get(key, 0)
+            allowed = math.ceil(usable * plan.utilisation_cap - 1e-9)
+            if need > allowed:
+                raise SpecError(None, None, "--cap", f"no plan fits within --cap {plan.utilisation_cap:g}: stage "
+                                                     f"{s.index} on a {board.name} needs {need} {label} at its "
+                                                     f"smallest folding, the cap allows {allowed} of {usable}; "
+                                                     f"expected --cap >= {need / usable:.3g}")
 
 
 def to_plan(model: Model, cluster: Cluster, model_arg: str, cluster_arg: str, ex: Explorer, best: Candidate,

@@ -1,0 +1,66 @@
+"""`bapipe plan`'s printed table and its option checks (issue 21): ratios read as faster or
+slower, board lists never cut off, a utilisation cap no plan fits is refused in one line."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from bapipe.errors import SpecError
+from bapipe.spec import load_model
+from fpga_models.cluster import load_cluster
+from planner.cli_plan import board_list, compare, show_plan
+from planner.planning import make_plan, summary
+from planner.search import Request
+
+
+def test_board_list_ranges():
+    assert board_list(["fpga0", "fpga1", "fpga2", "fpga3"]) == "fpga0-3"
+    assert board_list(["fpga0", "fpga1", "fpga3", "gpu4", "gpu5"]) == "fpga0-1,fpga3,gpu4-5"
+    assert board_list(["fpga7"]) == "fpga7"
+    # names without a trailing number, and zero-padded numbers, are kept as written
+    assert board_list(["left", "right", "b01", "b02"]) == "left,right,b01,b02"
+
+
+@pytest.mark.parametrize("plan_s, other_s, text", [
+    (1.0, 1.62, "plan is 1.62x faster"),
+    (1.0, 0.29, "plan is 3.45x slower"),          # was "plan is 0.29x faster"
+    (1.0, 1.004, "plan takes the same time (1.00x)"),
+    (1.0, 0.996, "plan takes the same time (1.00x)"),
+])
+def test_compare_reads_as_a_factor_above_one(plan_s, other_s, text):
+    assert compare(plan_s, other_s) == text
+
+
+def test_tiny_cap_is_refused_naming_cap():
+    """At --cap 1e-9 a U250 allows 1 LUT; the smallest engine of tiny-mlp needs 1540. The
+    planner used to write that plan anyway (every later command refused it on load)."""
+    with pytest.raises(SpecError) as e:
+        make_plan(load_model("tiny-mlp"), load_cluster("4xU250-ring"), "tiny-mlp", "4xU250-ring",
+                  Request(cap=1e-9))
+    msg = str(e.value)
+    assert "--cap" in msg and "needs 1540 LUT" in msg and "allows 1 of 1500000" in msg and "0.00103" in msg
+    # the cap it names is enough
+    out = make_plan(load_model("tiny-mlp"), load_cluster("4xU250-ring"), "tiny-mlp", "4xU250-ring",
+                    Request(cap=0.00103))
+    assert max(s.resources["lut"] for s in out.plan.stages) <= 0.00103 * 1_500_000
+
+
+def test_cli_cap_exit_2_one_line(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "bapipe.cli", "plan", "tiny-mlp", "4xU250-ring", "--cap", "1e-9",
+                        "-o", str(tmp_path / "p.yaml")], capture_output=True, text=True)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "--cap" in r.stderr
+    assert not (tmp_path / "p.yaml").exists()
+
+
+def test_table_shows_every_board():
+    """64 data-parallel replicas: the boards column used to stop at 22 characters."""
+    out = make_plan(load_model("tiny-mlp"), load_cluster("64xU55C"), "tiny-mlp", "64xU55C",
+                    Request(schedule="gpipe", partition=[(0, 2, 40, None), (3, 6, 24, None)]))
+    res = summary(out)
+    res["output"] = "p.yaml"
+    text = show_plan(res)
+    rows = [ln for ln in text.splitlines() if ln.startswith("    0 ") or ln.startswith("    1 ")]
+    assert len(rows) == 2
+    assert "fpga0-39" in rows[0] and "fpga40-63" in rows[1]
