@@ -5,7 +5,9 @@ Layout of the output folder::
     plan.yaml             the plan the project was generated from
     host_config.json      stages, ports, shapes, formats and weight offsets for the host driver
     Makefile              csim / hls / xclbin
-    common/               bapipe_types.h, bapipe_layers.h, mm2s.cpp, s2mm.cpp
+    common/               bapipe_types.h, bapipe_layers.h, bapipe_csim.h (dataflow/loop-count macros,
+                          bounded csim streams), mm2s.cpp, s2mm.cpp
+    common/csim/          hls_stream.h: csim-only shadow of the vendor header (bapipe csim)
     stage<i>/             stage<i>.{h,cpp}, stage<i>_weights.h, tb_stage<i>.cpp, tb_stage<i>_io.h,
                           run_hls.tcl, hls_config.cfg, weights.bin (raw little-endian ints, model
                           layout), csim_in.bin (testbench stimulus: little-endian int32)
@@ -137,6 +139,8 @@ def render_files(ctx: ProjectCtx, plan_text: str, cluster=None) -> dict[str, byt
     files["host_config.json"] = (json.dumps(host_config(ctx), indent=2, sort_keys=False) + "\n").encode()
     put("common/bapipe_types.h", "bapipe_types.h.j2", header=c_hdr)
     put("common/bapipe_layers.h", "bapipe_layers.h.j2", header=c_hdr)
+    put("common/bapipe_csim.h", "bapipe_csim.h.j2", header=c_hdr)
+    put("common/csim/hls_stream.h", "hls_stream_csim.h.j2", header=c_hdr)
     if any(s.bwd is not None for s in ctx.stages):
         put("common/bapipe_layers_bwd.h", "bapipe_layers_bwd.h.j2", header=c_hdr)
     put("common/mm2s.cpp", "mm2s.cpp.j2", header=c_hdr)
