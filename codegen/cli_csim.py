@@ -26,6 +26,8 @@ def cmd_csim(args) -> tuple[dict, int]:
         sys.stderr.write(f"bapipe csim: compiling and running each stage of {args.build} "
                          "(first run ~1 min for small plans; compiled stages are cached)\n")
     r = csim_project(args.build, samples=getattr(args, "samples", 4), seed=getattr(args, "seed", 0))
+    for d in r.get("deadlocks", []):   # one line each: kernel, process, stream, occupancy/depth
+        sys.stderr.write(f"bapipe csim: deadlock: {d}\n")
     return r, 0 if r["passed"] else 1
 
 
@@ -37,6 +39,9 @@ def show_csim(r: dict) -> str:
         comp = "cached" if s.get("cached") else f"{s['compile_s']:.1f}"
         res = "SKIP" if s.get("skipped") else ("PASS" if s["passed"] else "FAIL")
         extra = s.get("error") or s.get("skipped") or s.get("note") or ""
+        if s.get("cycles_per_sample") is not None:
+            extra = (f"cycles/sample {s['cycles_per_sample']:g} counted vs {s['plan_cycles_per_sample']:g} plan  "
+                     + extra).rstrip()
         lines.append(f"{s['name']:<10}{res:>8}{err:>15}{comp:>11}{s['run_s']:>8.2f}"
                      + (f"  samples={s['samples']}" if "samples" in s else "") + (f"  {extra}" if extra else ""))
     if r.get("model_max_abs_err_lsb") is not None:

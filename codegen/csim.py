@@ -37,6 +37,17 @@ CXXFLAGS = ["-std=c++14", "-O2", "-Wall", "-Werror",
             "-Wno-uninitialized", "-Wno-maybe-uninitialized"]
 
 
+#: Every C-simulation build: the bounded streams, dataflow threads and loop counters of
+#: bapipe_csim.h (docs/codegen.md, "Bounded C-simulation").
+CSIM_FLAGS = ["-DBAPIPE_CSIM", "-pthread"]
+#: Exit statuses of a csim binary (bapipe_csim.h): every process blocked / data left in a stream
+DEADLOCK_EXIT, LEFTOVER_EXIT = 86, 87
+
+
+class Deadlock(RuntimeError):
+    """A csim run stopped because every process was blocked on a stream (the message names them)."""
+
+
 @dataclass
 class Compiled:
     """A built binary and how long building it took (0 when it came from the cache)."""
@@ -78,7 +89,9 @@ def compile_sources(sources: list[Path], include_dirs: list[Path], cache: Path, 
     """
     cxx, version = _compiler()
     ap = _ap_types()
-    flags = [*CXXFLAGS, *extra_flags]
+    flags = [*CXXFLAGS, *CSIM_FLAGS, *extra_flags]
+    # the csim-only hls_stream.h (bounded streams, bapipe_csim.h) goes before every other folder
+    include_dirs = [d / "csim" for d in include_dirs if (d / "csim" / "hls_stream.h").is_file()] + list(include_dirs)
     h = hashlib.sha256()
     h.update(version.encode())
     h.update(" ".join(flags).encode())
@@ -169,13 +182,34 @@ def _check_streams(name: str, stdout: str) -> None:
         raise RuntimeError(f"{name}: stream protocol error: {bad[0]}" + (f" (+{len(bad) - 1} more)" if len(bad) > 1 else ""))
 
 
+def read_stats(path: Path) -> dict:
+    """The counts a csim run wrote ($BAPIPE_CSIM_STATS): cycles, per stream depth/peak, per loop."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {"cycles": None, "streams": {}, "loops": {}}
+
+
+def _run(cmd: list[str], stats: Path, **kw) -> subprocess.CompletedProcess:
+    """Run a csim binary with $BAPIPE_CSIM_STATS set; a deadlock or leftover data raises."""
+    env = {**os.environ, "BAPIPE_CSIM_STATS": str(stats)}
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env, **kw)
+    if r.returncode in (DEADLOCK_EXIT, LEFTOVER_EXIT):
+        line = next((l for l in r.stderr.splitlines() if l.startswith(("BAPIPE_DEADLOCK", "BAPIPE_LEFTOVER"))),
+                    r.stderr.strip()[-500:])
+        raise Deadlock(f"{Path(cmd[0]).name}: {line}")
+    return r
+
+
 def run_binary(binary: Path, inputs: list[np.ndarray], n: int, out_elems: list[int],
-               weights: Path | None = None) -> tuple[list[np.ndarray], np.ndarray, float]:
+               weights: Path | None = None, stats_out: dict | None = None) -> tuple[list[np.ndarray], np.ndarray, float]:
     """Run a stage testbench: inputs (N, elements) per port in stream order.
 
     The files are little-endian int32 (count, then values; see tb_<stage>_io.h). ``weights``:
     the stage's weights.bin, for kernels whose weights are m_axi arguments.
-    Returns (outputs (N, elements) per port, the values written after them, run seconds).
+    Returns (outputs (N, elements) per port, the values written after them, run seconds);
+    ``stats_out`` (when given) is filled with the run's counts (read_stats). Raises Deadlock
+    when the run deadlocked.
     """
     with tempfile.TemporaryDirectory() as td:
         fin, fout = Path(td) / "in.bin", Path(td) / "out.bin"
@@ -183,11 +217,13 @@ def run_binary(binary: Path, inputs: list[np.ndarray], n: int, out_elems: list[i
         fin.write_bytes(b"".join(p.tobytes() for p in parts))
         cmd = [str(binary), str(fin), str(fout)] + ([str(weights)] if weights is not None else [])
         t0 = time.perf_counter()
-        r = subprocess.run(cmd, capture_output=True, text=True)
+        r = _run(cmd, Path(td) / "stats.json")
         dt = time.perf_counter() - t0
         if r.returncode != 0:
             raise RuntimeError(f"{binary.name} exited {r.returncode}: {r.stderr[-2000:]}")
         _check_streams(binary.name, r.stdout)
+        if stats_out is not None:
+            stats_out.update(read_stats(Path(td) / "stats.json"))
         vals = np.fromfile(fout, dtype="<i4").astype(np.int64)
     outs, pos = [], 0
     for e in out_elems:
@@ -279,12 +315,12 @@ def csim_project(build: str | Path, samples: int = 4, seed: int = 0, tolerance_l
         fwd_macs, bwd_macs = stage_macs(layers)
         row = {"name": name, "passed": False, "max_abs_err_lsb": None, "compile_s": 0.0, "run_s": 0.0,
                "cached": False, "samples": samples, "macs": fwd_macs * samples,
-               **_cycles(build, st)}
+               **_cycles(build, st, None, samples)}
         params = load_weights(build, st, fmt)
         all_params.update(params)
         if fwd_macs * samples > RUN_LIMIT_MACS:
             results.append({**_skip_row(name, f"{fwd_macs * samples} MACs exceed the csim budget of "
-                                            f"{RUN_LIMIT_MACS} per kernel run"), **_cycles(build, st)})
+                                            f"{RUN_LIMIT_MACS} per kernel run"), **_cycles(build, st, None, samples)})
             chain_ok = False
             break   # later stages would have no inputs
         flags = build_flags(fwd_macs * samples)
@@ -299,15 +335,18 @@ def csim_project(build: str | Path, samples: int = 4, seed: int = 0, tolerance_l
                 model_inputs[t] = tensors[t]
             ins.append(tensors[t])
         wfile = None if st["embedded_weights"] else build / st["weights_file"]
+        stats: dict = {}
         try:
             outs, _, row["run_s"] = run_binary(comp.path, [to_stream(x) for x in ins], samples,
-                                               [p["elements"] for p in st["outputs"]], wfile)
+                                               [p["elements"] for p in st["outputs"]], wfile, stats)
         except RuntimeError as e:
             row["error"] = str(e).splitlines()[0]
+            row["deadlock"] = isinstance(e, Deadlock)
             results.append(row)
             chain_ok = False
             break   # later stages would have no inputs
         row["run_s"] = round(row["run_s"], 3)
+        row.update(_cycles(build, st, stats, samples))
         t0 = time.perf_counter()
         ref = fx.model_fwd(layers, {p["tensor"]: x for p, x in zip(st["inputs"], ins)}, params, fmt)
         row["numpy_s"] = round(time.perf_counter() - t0, 3)
@@ -342,10 +381,11 @@ def csim_project(build: str | Path, samples: int = 4, seed: int = 0, tolerance_l
         full = fx.model_fwd(model.layers[lo:hi + 1], dict(model_inputs), all_params, fmt)
         model_err = max(int(np.max(np.abs(tensors[p["tensor"]] - full[p["tensor"]]))) for p in last["outputs"])
     skipped = [r["name"] for r in results if r.get("skipped")]
+    deadlocks = [r["error"] for r in results if r.get("deadlock")]
     passed = (bool(results) and not skipped and chain_ok and all(r["passed"] for r in results)
               and (model_err is None or model_err <= tolerance_lsb))
     return {"stages": results, "passed": passed, "samples": samples, "model_max_abs_err_lsb": model_err,
-            "format": fmt.name, "cache": str(cache), "skipped": skipped}
+            "format": fmt.name, "cache": str(cache), "skipped": skipped, "deadlocks": deadlocks}
 
 
 #: backward kernels have no cycle count yet (issue #16 counts loop iterations in csim)
@@ -353,20 +393,24 @@ _NO_BWD_CYCLES = {"cycles_per_sample": None, "plan_cycles_per_sample": None,
                   "cycles_source": "not counted for backward kernels yet"}
 
 
-def _cycles(build: Path, st: dict) -> dict:
-    """The kernel's forward cycles per sample (static loop counts of the generated code, not
-    yet counted in C-simulation: issue #16) beside the plan's (plan.yaml fwd_interval)."""
+def _cycles(build: Path, st: dict, stats: dict | None, samples: int) -> dict:
+    """The kernel's forward cycles per sample counted in C-simulation (bapipe_csim.h: per
+    process the sum over its pipelined loops of trips x II + entries x depth, the max over the
+    processes of a DATAFLOW region) beside the plan's (plan.yaml fwd_interval), and each
+    declared-depth stream's peak occupancy. Before the run (or when it failed): None."""
     from bapipe.plan import load_plan
 
     from .design import plan_cycles_per_sample
-    from .hls import kernel_cycles_per_sample
 
     plan = load_plan(Path(build) / "plan.yaml")
     pos = next((i for i, x in enumerate(plan.stages) if x.index == st.get("index")), None)
-    return {"cycles_per_sample": kernel_cycles_per_sample([int(l.get("cycles") or 0) for l in st["layers"]],
-                                                          st.get("style") == "dataflow"),
+    counted = None if not stats or stats.get("cycles") is None else stats["cycles"] / samples
+    return {"cycles_per_sample": counted,
             "plan_cycles_per_sample": plan_cycles_per_sample(plan, pos) if pos is not None else None,
-            "cycles_source": "static loop counts of the generated kernel"}
+            "cycles_source": "counted in C-simulation: loop trips x II + entries x pipeline depth, "
+                             "max over DATAFLOW processes (BAPIPE_LOOP/BAPIPE_TRIP)",
+            "streams": {k: {"depth": v["depth"], "peak": v["peak"]}
+                        for k, v in sorted(((stats or {}).get("streams") or {}).items())}}
 
 
 def csim_backward(build: Path, st: dict, model, params: dict, fmt: fx.Fmt, rng: np.random.Generator,
@@ -400,6 +444,7 @@ def csim_backward(build: Path, st: dict, model, params: dict, fmt: fx.Fmt, rng: 
         outs, tail, run_s = run_binary(comp.path, feed, mb, counts, wfile)
     except RuntimeError as e:
         row["error"] = str(e).splitlines()[0]
+        row["deadlock"] = isinstance(e, Deadlock)
         return row
     row["run_s"] = round(run_s, 3)
     layers = [model.layers[model.index[l["name"]]] for l in st["layers"]]
@@ -486,7 +531,7 @@ def run_harness(cases: list[HarnessCase], fmt: str, workdir: Path, cache: Path |
         for io in c.in_arrays + c.in_streams:
             feed.append("\n".join(map(str, np.asarray(io.data, dtype=np.int64).reshape(-1).tolist())))
     t0 = time.perf_counter()
-    r = subprocess.run([str(comp.path)], input="\n".join(feed) + "\n", capture_output=True, text=True)
+    r = _run([str(comp.path)], workdir / f"{name}.stats.json", input="\n".join(feed) + "\n")
     dt = time.perf_counter() - t0
     if r.returncode != 0:
         raise RuntimeError(f"harness exited {r.returncode}: {r.stderr[-2000:]}")
