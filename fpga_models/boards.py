@@ -77,6 +77,8 @@ class Board:
     dsp_per_mac: Mapping[str, float] = field(default_factory=FrozenMap)
     peak_flops: Mapping[str, float] = field(default_factory=FrozenMap)
     sources: tuple[str, ...] = ()
+    slrs: tuple["Slr", ...] = ()        # super logic regions (FPGAs; monolithic dies have one)
+    banks: tuple["Bank", ...] = ()      # off-chip memory banks as v++ names them (sp=)
 
     def to_dict(self) -> dict:
         """All fields as plain JSON-friendly values."""
@@ -86,9 +88,56 @@ class Board:
             if isinstance(v, Mapping):
                 v = {k: v[k] for k in sorted(v)}
             elif isinstance(v, tuple):
-                v = list(v)
+                v = [x.to_dict() if hasattr(x, "to_dict") else x for x in v]
             out[f.name] = v
         return out
+
+    def bank(self, name: str) -> "Bank | None":
+        """The memory bank called ``name`` (``DDR[1]``, ``HBM[7]``), or None."""
+        return next((b for b in self.banks if b.name == name), None)
+
+
+RESOURCES = ("lut", "ff", "dsp", "bram36", "uram")
+
+
+@dataclass(frozen=True)
+class Slr:
+    """One super logic region: its resources in total and what the shell leaves usable."""
+
+    index: int
+    lut: int
+    ff: int
+    dsp: int
+    bram36: int
+    uram: int
+    usable_lut: int
+    usable_ff: int
+    usable_dsp: int
+    usable_bram36: int
+    usable_uram: int
+
+    def to_dict(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @property
+    def on_chip_bytes(self) -> int:
+        """Usable BRAM36 x 36 Kib + URAM x 288 Kib of this SLR, in bytes."""
+        return self.usable_bram36 * BRAM36_BYTES + self.usable_uram * URAM_BYTES
+
+
+@dataclass(frozen=True)
+class Bank:
+    """One off-chip memory bank: its v++ name (``sp=<cu>.<port>:<name>``), size, bandwidth and
+    the SLR its controller (DDR) or switch (HBM) sits in."""
+
+    name: str
+    kind: str            # "ddr" | "hbm"
+    bytes: int
+    bw_Bps: float
+    slr: int
+
+    def to_dict(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
 def derived_peak_flops(usable_dsp: int, dsp_per_mac: Mapping[str, float], clock_hz: float) -> FrozenMap:
@@ -116,8 +165,20 @@ _PCIE_GEN3_X16_Bps = 12.0e9  # XDMA effective, of 15.75 GB/s raw (AMD PG195 / UG
 _ALVEO_KERNEL_CLOCK_HZ = 300e6  # Vitis default kernel clock on Alveo platforms (UG1393, UG1120)
 
 
+def slr_table(total_rows, usable_rows) -> tuple[Slr, ...]:
+    """SLRs from per-SLR rows of (LUT, FF, DSP, BRAM36, URAM), totals and usable."""
+    return tuple(Slr(i, *t, *u) for i, (t, u) in enumerate(zip(total_rows, usable_rows, strict=True)))
+
+
+def bank_table(kind: str, count: int, each_bytes: int, each_bw_Bps: float, slrs, first: int = 0) -> tuple[Bank, ...]:
+    """``count`` equal banks ``DDR[first..]`` / ``HBM[first..]``; ``slrs``: one SLR index, or one per bank."""
+    slr_of = list(slrs) if isinstance(slrs, (list, tuple)) else [slrs] * count
+    return tuple(Bank(f"{kind.upper()}[{first + k}]", kind, int(each_bytes), float(each_bw_Bps), slr_of[k])
+                 for k in range(count))
+
+
 def _fpga(name, description, total, usable, clock_hz, offchip_bytes, offchip_bw_Bps,
-          network_ports, port_bw_Bps, pcie_bw_Bps, dsp_per_mac, sources) -> Board:
+          network_ports, port_bw_Bps, pcie_bw_Bps, dsp_per_mac, sources, slrs=(), banks=()) -> Board:
     lut, ff, dsp, bram36, uram = total
     ulut, uff, udsp, ubram, uuram = usable
     dpm = FrozenMap(sorted(dsp_per_mac.items()))
@@ -128,7 +189,24 @@ def _fpga(name, description, total, usable, clock_hz, offchip_bytes, offchip_bw_
         clock_hz=float(clock_hz), offchip_bytes=int(offchip_bytes), offchip_bw_Bps=float(offchip_bw_Bps),
         network_ports=network_ports, port_bw_Bps=float(port_bw_Bps), pcie_bw_Bps=float(pcie_bw_Bps),
         dsp_per_mac=dpm, peak_flops=derived_peak_flops(udsp, dpm, clock_hz), sources=tuple(sources),
+        slrs=tuple(slrs), banks=tuple(banks),
     )
+
+
+# Per-SLR tables: (LUT, FF, DSP, BRAM36, URAM). Totals split the die's datasheet figures over
+# its SLRs (AMD DS923: the Virtex UltraScale+ HBM/VU9P/VU13P dies are stacks of equal SLRs);
+# usable rows are FINN's per-SLR platform tables (src/finn/util/platforms.py, "observed from
+# Vivado"; UG1120's per-SLR "available" tables are a few percent lower), BRAM_18K / 2 = BRAM36.
+_U250_SLRS = slr_table([(432_000, 864_000, 3_072, 672, 320)] * 4,
+                       [(375_000, 750_000, 2_880, 576, 320)] * 4)
+_VU37P_SLRS_TOTAL = [(434_560, 869_120, 3_008, 672, 320)] * 3   # XCU280 / XCU55C: 1,303,680 LUT in 3 SLRs
+_U280_USABLE = [(400_800, 801_600, 2_736, 600, 320), (382_080, 764_160, 2_880, 576, 320),
+                (380_640, 761_280, 2_880, 576, 320)]
+_U280_SLRS = slr_table(_VU37P_SLRS_TOTAL, _U280_USABLE)
+# VU9P (VCU118, U200): 3 equal SLRs; usable: FINN Alveo_NxU200_Platform (SLR1 holds the static shell)
+_VU9P_SLRS = slr_table([(394_080, 788_160, 2_280, 720, 320)] * 3,
+                       [(385_920, 771_840, 2_268, 714, 320), (199_680, 399_360, 1_320, 420, 160),
+                        (385_920, 771_840, 2_268, 714, 320)])
 
 
 def _gpu(name, description, clock_hz, offchip_bytes, offchip_bw_Bps, network_ports, port_bw_Bps,
@@ -159,11 +237,15 @@ BOARDS: dict[str, Board] = {
         dsp_per_mac=_AMD_DSP_PER_MAC,
         sources=("AMD DS962 (Alveo U200/U250 data sheet)", "FINN src/finn/util/platforms.py (usable)",
                  "AMD UG1393 / UG1120 (300 MHz kernel clock)", "AMD PG074 (Aurora 64B/66B)", "AMD WP486 (int8 packing)"),
+        slrs=_U250_SLRS,
+        # UG1120 (U250 platform): four DDR4 channels, DDR[k] attached to SLR k, 16 GB and 19.2 GB/s each
+        banks=bank_table("ddr", 4, 16 * GiB, 19.2e9, [0, 1, 2, 3]),
     ),
     "U280": _fpga(
         "U280", "AMD Alveo U280 (XCU280, 3 SLRs), 8 GB HBM2 + 32 GB DDR4",
-        # DS963: 1,304K LUT, 2,607K FF, 9,024 DSP, 2,016 BRAM36, 960 URAM
-        total=(1_304_000, 2_607_000, 9_024, 2_016, 960),
+        # DS963: 1,304K LUT, 2,607K FF, 9,024 DSP, 2,016 BRAM36, 960 URAM; the exact LUT/FF
+        # counts of the XCVU37P die (DS923): 1,303,680 LUT, 2,607,360 FF
+        total=(1_303_680, 2_607_360, 9_024, 2_016, 960),
         # FINN Alveo_NxU280_Platform: LUT 400,800+382,080+380,640; BRAM36 600+576+576; DSP 2,736+2,880+2,880
         usable=(1_163_520, 2_327_040, 8_496, 1_752, 960),
         clock_hz=_ALVEO_KERNEL_CLOCK_HZ,
@@ -173,11 +255,17 @@ BOARDS: dict[str, Board] = {
         dsp_per_mac=_AMD_DSP_PER_MAC,
         sources=("AMD DS963 (Alveo U280 data sheet)", "FINN src/finn/util/platforms.py (usable)",
                  "AMD UG1393 / UG1120 (300 MHz kernel clock)", "AMD PG074 (Aurora 64B/66B)", "AMD WP486 (int8 packing)"),
+        slrs=_U280_SLRS,
+        # UG1120 (U280 platform): 32 HBM2 pseudo-channels of 256 MB behind the HBM switch in SLR0
+        # (460 GB/s / 32 = 14.375 GB/s each); DDR[0] in SLR0, DDR[1] in SLR1 (16 GB, 19.2 GB/s)
+        banks=bank_table("hbm", 32, 8 * GiB // 32, 460e9 / 32, 0)
+        + bank_table("ddr", 2, 16 * GiB, 19.2e9, [0, 1]),
     ),
     "U55C": _fpga(
         "U55C", "AMD Alveo U55C (XCU55C), 16 GB HBM2",
-        # DS978: 1,304K LUT, 2,607K FF, 9,024 DSP, 2,016 BRAM36, 960 URAM
-        total=(1_304_000, 2_607_000, 9_024, 2_016, 960),
+        # DS978: 1,304K LUT, 2,607K FF, 9,024 DSP, 2,016 BRAM36, 960 URAM (exact: 1,303,680 / 2,607,360,
+        # the XCU280's die, DS923)
+        total=(1_303_680, 2_607_360, 9_024, 2_016, 960),
         # FINN's U55C entry reuses the U280 per-SLR figures [verify]
         usable=(1_163_520, 2_327_040, 8_496, 1_752, 960),
         clock_hz=_ALVEO_KERNEL_CLOCK_HZ,
@@ -187,6 +275,9 @@ BOARDS: dict[str, Board] = {
         dsp_per_mac=_AMD_DSP_PER_MAC,
         sources=("AMD DS978 (Alveo U55C data sheet)", "FINN src/finn/util/platforms.py (usable, as U280) [verify]",
                  "AMD UG1393 / UG1120 (300 MHz kernel clock)", "AMD PG074 (Aurora 64B/66B)", "AMD WP486 (int8 packing)"),
+        slrs=_U280_SLRS,
+        # UG1120 (U55C platform): 32 HBM2 pseudo-channels of 512 MB in SLR0, no DDR
+        banks=bank_table("hbm", 32, 16 * GiB // 32, 460e9 / 32, 0),
     ),
     "VCU118": _fpga(
         "VCU118", "AMD VCU118 evaluation kit (Virtex UltraScale+ XCVU9P), 2 x 4 GB DDR4",
@@ -202,6 +293,9 @@ BOARDS: dict[str, Board] = {
         dsp_per_mac=_AMD_DSP_PER_MAC,
         sources=("AMD DS923 (Virtex UltraScale+ data sheet)", "AMD UG1224 (VCU118 user guide)",
                  "FINN src/finn/util/platforms.py (U200 usable) [verify]", "AMD PG074 (Aurora 64B/66B)"),
+        slrs=_VU9P_SLRS,
+        # UG1224: two DDR4 component banks (C1, C2) of 4 GB; the SLRs their I/O banks sit in [verify]
+        banks=bank_table("ddr", 2, 4 * GiB, 19.2e9, [0, 1]),
     ),
     "ZCU102": _fpga(
         "ZCU102", "AMD ZCU102 evaluation kit (Zynq UltraScale+ XCZU9EG), 4 GB PS DDR4",
@@ -217,6 +311,9 @@ BOARDS: dict[str, Board] = {
         dsp_per_mac=_AMD_DSP_PER_MAC,
         sources=("AMD DS891 (Zynq UltraScale+ MPSoC overview)", "AMD UG1182 (ZCU102 user guide)",
                  "FINN src/finn/util/platforms.py (usable)"),
+        # one die, no stacked SLRs (DS891): one region holding everything
+        slrs=slr_table([(274_080, 548_160, 2_520, 912, 0)], [(274_000, 548_000, 2_520, 912, 0)]),
+        banks=bank_table("ddr", 1, 4 * GiB, 19.2e9, 0),   # PS DDR4 (UG1182)
     ),
     "S10MX": _fpga(
         "S10MX", "Intel Stratix 10 MX 2100 (1SM21B) board, 16 GB HBM2",
@@ -234,6 +331,10 @@ BOARDS: dict[str, Board] = {
         dsp_per_mac=_INTEL_DSP_PER_MAC,
         sources=("Intel Stratix 10 MX FPGA product table", "Intel Stratix 10 variable precision DSP user guide",
                  "board network ports and BSP share [verify]"),
+        # monolithic core fabric (HBM2 stacks attach through EMIB): one region [verify];
+        # 2 HBM2 stacks x 16 pseudo-channels = 32 of 512 MB, 16 GB/s each (512 GB/s / 32)
+        slrs=slr_table([(1_405_440, 2_810_880, 3_960, 3_803, 0)], [(1_264_896, 2_529_792, 3_564, 3_423, 0)]),
+        banks=bank_table("hbm", 32, 16 * GiB // 32, 512e9 / 32, 0),
     ),
     "V100": _gpu(
         "V100", "NVIDIA Tesla V100 SXM2 32 GB",
@@ -365,7 +466,44 @@ def with_overrides(board: Board, node: Any) -> Board:
                                   f"({getattr(new, res)})")
     if new.kind == "fpga":
         new = replace(new, peak_flops=derived_peak_flops(new.usable_dsp, new.dsp_per_mac, new.clock_hz))
-    return new
+    return replace(new, slrs=rescale_slrs(new), banks=rescale_banks(new))
+
+
+def _split(total: int, weights: list[int]) -> list[int]:
+    """``total`` split over ``len(weights)`` parts in proportion to ``weights`` (equal parts when
+    they are all 0), largest remainder first, ties to the lower index: the parts sum to ``total``."""
+    n = len(weights)
+    w = weights if sum(weights) > 0 else [1] * n
+    raw = [total * x / sum(w) for x in w]
+    parts = [int(math.floor(r)) for r in raw]
+    for i in sorted(range(n), key=lambda i: (-(raw[i] - parts[i]), i))[: total - sum(parts)]:
+        parts[i] += 1
+    return parts
+
+
+def rescale_slrs(board: Board) -> tuple[Slr, ...]:
+    """The board's SLRs with every resource rescaled (in proportion) so that the SLR sums equal
+    the board's totals and usable figures again (after an override of a board figure)."""
+    if not board.slrs:
+        return board.slrs
+    cols: dict[str, list[int]] = {}
+    for res in RESOURCES:
+        for key in (res, "usable_" + res):
+            old = [getattr(s, key) for s in board.slrs]
+            cols[key] = old if sum(old) == getattr(board, key) else _split(getattr(board, key), old)
+    return tuple(replace(s, **{k: v[i] for k, v in cols.items()}) for i, s in enumerate(board.slrs))
+
+
+def rescale_banks(board: Board) -> tuple[Bank, ...]:
+    """The board's banks with sizes and bandwidths rescaled to its (overridden) off-chip figures."""
+    if not board.banks:
+        return board.banks
+    sizes = [b.bytes for b in board.banks]
+    if sum(sizes) != board.offchip_bytes:
+        sizes = _split(board.offchip_bytes, sizes)
+    bw = sum(b.bw_Bps for b in board.banks)
+    scale = 1.0 if bw == board.offchip_bw_Bps else board.offchip_bw_Bps / bw
+    return tuple(replace(b, bytes=n, bw_Bps=b.bw_Bps * scale) for b, n in zip(board.banks, sizes))
 
 
 def board_overrides(board: Board) -> dict[str, Any]:

@@ -5,7 +5,7 @@ import pytest
 
 from bapipe.errors import SpecError
 from bapipe.yamlio import loads
-from fpga_models.boards import (BOARDS, FORMATS, Board, bytes_per_element, get_board, on_chip_bytes,
+from fpga_models.boards import (BOARDS, FORMATS, RESOURCES, Board, bytes_per_element, get_board, on_chip_bytes,
                                 with_overrides)
 
 
@@ -24,8 +24,8 @@ def test_catalog_has_required_boards():
 
 @pytest.mark.parametrize("name,lut,dsp,usable_dsp,bram,usable_bram,uram", [
     ("U250", 1_728_000, 12_288, 11_520, 2_688, 2_304, 1_280),
-    ("U280", 1_304_000, 9_024, 8_496, 2_016, 1_752, 960),
-    ("U55C", 1_304_000, 9_024, 8_496, 2_016, 1_752, 960),
+    ("U280", 1_303_680, 9_024, 8_496, 2_016, 1_752, 960),
+    ("U55C", 1_303_680, 9_024, 8_496, 2_016, 1_752, 960),
     ("VCU118", 1_182_240, 6_840, 5_856, 2_160, 1_848, 960),
     ("ZCU102", 274_080, 2_520, 2_520, 912, 912, 0),
 ])
@@ -146,3 +146,53 @@ def test_yaml_reads_exponent_floats_everywhere():
     d = loads("a: 12e9\nb: -3E2\nc: 1.5e-3\nd: 12\ne: 1e\nf: e9\ng: 1_000\n")
     assert d == {"a": 12e9, "b": -300.0, "c": 1.5e-3, "d": 12, "e": "1e", "f": "e9", "g": 1000}
     assert isinstance(d["a"], float) and isinstance(d["d"], int)
+
+
+# --- per-SLR resources and memory banks (issue 16) ---------------------------------------------
+
+@pytest.mark.parametrize("name", [n for n, b in BOARDS.items() if b.kind == "fpga"])
+def test_slr_sums_equal_board_totals(name):
+    b = BOARDS[name]
+    assert b.slrs and [s.index for s in b.slrs] == list(range(len(b.slrs)))
+    for res in RESOURCES:
+        for key in (res, "usable_" + res):
+            assert sum(getattr(s, key) for s in b.slrs) == getattr(b, key), key
+        for s in b.slrs:
+            assert 0 <= getattr(s, "usable_" + res) <= getattr(s, res)
+    # integers: the banks' bytes add up exactly; bandwidths are sums of <= 34 floats of whole
+    # bytes/s (or x/32 of them): within 1 B/s of the board's figure
+    assert sum(k.bytes for k in b.banks) == b.offchip_bytes
+    assert abs(sum(k.bw_Bps for k in b.banks) - b.offchip_bw_Bps) <= 1.0
+    assert all(0 <= k.slr < len(b.slrs) for k in b.banks)
+    assert len({k.name for k in b.banks}) == len(b.banks)
+
+
+def test_slr_and_bank_figures():
+    u250, u280, u55c = BOARDS["U250"], BOARDS["U280"], BOARDS["U55C"]
+    assert [s.usable_dsp for s in u250.slrs] == [2_880] * 4 and [s.dsp for s in u250.slrs] == [3_072] * 4
+    assert [(k.name, k.slr, k.bytes) for k in u250.banks] == [(f"DDR[{i}]", i, 16 * 2**30) for i in range(4)]
+    assert [s.usable_dsp for s in u280.slrs] == [2_736, 2_880, 2_880]
+    assert [s.usable_bram36 for s in u280.slrs] == [600, 576, 576]
+    hbm = [k for k in u280.banks if k.kind == "hbm"]
+    assert [k.name for k in hbm] == [f"HBM[{i}]" for i in range(32)] and {k.slr for k in hbm} == {0}
+    assert hbm[0].bytes == 256 * 2**20 and hbm[0].bw_Bps == 14.375e9
+    assert [(k.name, k.slr) for k in u280.banks if k.kind == "ddr"] == [("DDR[0]", 0), ("DDR[1]", 1)]
+    assert [k.name for k in u55c.banks] == [f"HBM[{i}]" for i in range(32)] and u55c.banks[0].bytes == 2**29
+    assert u250.bank("DDR[3]").slr == 3 and u250.bank("HBM[0]") is None
+    # one SLR's usable on-chip RAM: 576 BRAM36 x 4,608 B + 320 URAM x 36,864 B
+    assert u250.slrs[0].on_chip_bytes == 576 * 4608 + 320 * 36864
+    for g in ("V100", "A100"):
+        assert BOARDS[g].slrs == () and BOARDS[g].banks == ()
+    d = u280.to_dict()
+    json.dumps(d)
+    assert d["slrs"][0]["usable_dsp"] == 2_736 and d["banks"][-1] == {"name": "DDR[1]", "kind": "ddr",
+                                                                       "bytes": 16 * 2**30, "bw_Bps": 19.2e9, "slr": 1}
+
+
+def test_overrides_rescale_slrs_and_banks():
+    b = with_overrides(BOARDS["U280"], loads("usable_dsp: 8000\noffchip_bytes: 1000\n"))
+    assert sum(s.usable_dsp for s in b.slrs) == 8_000 and sum(s.dsp for s in b.slrs) == 9_024
+    # 8000 in proportion to 2736 : 2880 : 2880 = 2576.27, 2711.86, 2711.86; largest remainders round up
+    assert [s.usable_dsp for s in b.slrs] == [2_576, 2_712, 2_712]
+    assert sum(k.bytes for k in b.banks) == 1_000
+    assert BOARDS["U280"].slrs[0].usable_dsp == 2_736  # catalog untouched
