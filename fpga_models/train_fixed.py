@@ -106,10 +106,12 @@ def rescale(x, from_frac: int, to: fx.Fmt) -> np.ndarray:
 def acc_width(terms: int, a_width: int = 16, b_width: int = 16) -> int:
     """Bits of a signed accumulator that sums ``terms`` products of a_width x b_width signed values exactly.
 
-    |a b| <= 2^(a_width + b_width - 2), so the sum of T products stays within
-    T 2^(a_width + b_width - 2) <= 2^(a_width + b_width + ceil(log2 T) - 2) < 2^(width - 1) - 1.
+    A product lies in (-2^(a+b-2), 2^(a+b-2)] (the top only for (-2^(a-1)) (-2^(b-1))), so a sum
+    of T products lies in (-T 2^(a+b-2), T 2^(a+b-2)], inside a signed n-bit register when
+    T 2^(a+b-2) <= 2^(n-1) - 1, i.e. T < 2^(n-a-b+1): n = a + b - 1 + ceil(log2(T + 1)),
+    the fewest bits that never wrap (tests/test_train_fixed.py checks both sides).
     """
-    return a_width + b_width + max(0, math.ceil(math.log2(max(1, terms))))
+    return a_width + b_width - 1 + math.ceil(math.log2(max(1, terms) + 1))
 
 
 def quantize(x, fmt: fx.Fmt) -> np.ndarray:
