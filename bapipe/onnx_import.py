@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import heapq
 import json
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -127,6 +128,7 @@ class _Importer:
         # the graph with every initializer (inference ran on a copy without the big ones' bytes)
         self.full_graph = folded.model.graph if folded is not None else model.graph
         self.masks: set[str] = set()          # boolean/mask tensors derived from activations (no layer)
+        self.folded_tables: list[tuple[str, tuple]] = []   # dynamo-folded lookups counted as rows read
         self.ln_parts: dict[str, str] = {}    # layernorm made from a decomposed pattern -> its input
         self.weight_hash: dict[tuple, str] = {}   # value fingerprint of a layer's weight -> that layer
         self.opaque = dict(opaque or {})
@@ -895,6 +897,8 @@ class _Importer:
                 and self.init_type.get(c) in (1, 10, 11, 16) and self.dims.get(c, (0,))[-1] == lay.out_shape[-1] \
                 and c not in self.owner and not self.origin.get(c, frozenset()) & set(self.owner):
             params = [c]   # a position table the exporter already looked up (folded Gather): its rows
+            if self.sig_params is not None:   # dynamo: the table itself is not in the file
+                self.folded_tables.append((c, tuple(self.dims.get(c, ()))))
         if params and node.op_type in ("Add", "Sub"):
             return self.param_add(node, x, c, params)
         self.alias(node, x)
@@ -1137,7 +1141,20 @@ class _Importer:
             raise SpecError(self.file, None, "graph.output", f"output '{outs[0]}' is not produced by the last layer")
         used = {i for l in self.layers for i in l["inputs"]}
         inputs = [i for i in inputs if i["name"] in used]
-        return {"name": self.name, "description": self.description, "inputs": inputs, "layers": self.layers}
+        desc = self.description
+        if self.folded_tables:
+            desc = f"{desc}; {folded_note(self.folded_tables)}"
+        return {"name": self.name, "description": desc, "inputs": inputs, "layers": self.layers}
+
+
+def folded_note(tables: list[tuple[str, tuple]]) -> str:
+    """What a dynamo export with its default optimizer lost: an embedding lookup with constant
+    indices (positions, token types) is stored as the rows it read, not as the table, so the
+    table's size is not in the file and the count holds the rows read instead."""
+    what = ", ".join(f"'{n}' {list(d)}" for n, d in tables)
+    return (f"the exporter folded constant-index embedding lookups into {what}: the table sizes are not "
+            f"in the file, so parameters count the {sum(prod(d) for _n, d in tables)} values read; export with "
+            f"torch.onnx.export(..., dynamo=True, optimize=False) for exact counts")
 
 
 def _fix_batch(model) -> None:
@@ -1184,7 +1201,10 @@ def import_model_proto(model, file: str = "<onnx>", opaque: dict[str, tuple[floa
     imp.read_shapes(inferred)
     imp.mark_constants()
     doc = imp.run()
-    return parse_model(doc, file, file)
+    model = parse_model(doc, file, file)
+    if imp.folded_tables:   # counted, but the user must know the count is not torch's
+        print(f"{file}: note: {folded_note(imp.folded_tables)}", file=sys.stderr)
+    return model
 
 
 def load_onnx(path: str, opaque: dict[str, tuple[float, float]] | None = None) -> Model:

@@ -525,13 +525,17 @@ def true_counts(model, args) -> dict:
 
 #: extra legacy exports at an older opset (LayerNorm is decomposed below opset 17)
 OLD_OPSETS = {"vit": [14]}
+#: extra dynamo exports without the exporter's optimizer (``<name>.dynamo-noopt.onnx``): by default
+#: it folds an embedding lookup with constant indices (positions, token types) into the rows read,
+#: and the table's size leaves the file; with optimize=False the tables stay and counts are exact
+NOOPT = ("bert",)
 
 
-def export(model, args, names, path: Path, dynamo: bool, opset: int = 17) -> str | None:
+def export(model, args, names, path: Path, dynamo: bool, opset: int = 17, optimize: bool = True) -> str | None:
     """Export one model; returns an error text instead of raising (dynamo does not export everything)."""
     try:
         torch.onnx.export(model, args, str(path), input_names=names, dynamo=dynamo,
-                          **({} if dynamo else {"opset_version": opset}))
+                          **({"optimize": optimize} if dynamo else {"opset_version": opset}))
     except Exception as e:  # noqa: BLE001 - record and go on with the other exporter
         path.unlink(missing_ok=True)
         return f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
@@ -542,6 +546,19 @@ def export(model, args, names, path: Path, dynamo: bool, opset: int = 17) -> str
         onnx.save(m, str(path), save_as_external_data=False)
         data.unlink()
     return None
+
+
+def strip_stack_traces(path: Path) -> None:
+    """Drop the per-node Python stack traces (a third of an unoptimised export's bytes; the
+    importer reads the FX node text and the graph signature, which stay)."""
+    import onnx
+    m = onnx.load(str(path))
+    for n in m.graph.node:
+        keep = [(p.key, p.value) for p in n.metadata_props if p.key != "pkg.torch.onnx.stack_trace"]
+        del n.metadata_props[:]
+        for k, v in keep:
+            n.metadata_props.add(key=k, value=v)
+    onnx.save(m, str(path))
 
 
 def main(argv: list[str]) -> int:
@@ -566,6 +583,11 @@ def main(argv: list[str]) -> int:
         for op in OLD_OPSETS.get(name, []):
             err = export(model, args, names, OUT / f"{name}.legacy{op}.onnx", False, op)
             rec["exports"][f"legacy{op}"] = "ok" if err is None else err
+        if name in NOOPT:
+            err = export(model, args, names, OUT / f"{name}.dynamo-noopt.onnx", True, optimize=False)
+            if err is None:
+                strip_stack_traces(OUT / f"{name}.dynamo-noopt.onnx")
+            rec["exports"]["dynamo-noopt"] = "ok" if err is None else err
         counts[name] = rec
     counts_path.write_text(json.dumps(counts, indent=1, sort_keys=True) + "\n")
     return 0
