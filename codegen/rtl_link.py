@@ -1,0 +1,136 @@
+"""The board-to-board transport's sizing: every parameter of net_pack, net_tx, net_channel,
+net_rx and net_unpack (hls_templates/rtl/net_*.v.j2), decided once from a link.
+
+A link (``rtl_model.LinkSpec``: bandwidth and latency in cycles, from the cluster via
+``rtl_model.make_link``) carries a stage's DATA_W-bit words packed into BEAT_W-bit network
+beats, the XUP VNx network layer's AXI4-Stream width (docs/network.md). Each beat has a
+HDR_W-bit header in its top bits (SEQ_W sequence number, CNT_W word count, spare bits) and
+``words = (BEAT_W - HDR_W) // DATA_W`` payload words.
+
+Sizing (docs/network.md, "RTL transport"):
+- round trip = 2 * latency + ACK_PERIOD + ``NET_LOOP``: from a beat leaving net_tx's output
+  register to its acknowledgement (or the credit its buffer slot frees) being usable there;
+- window = ceil(line beats/cycle x round trip) + ``WINDOW_SLACK``: both net_rx's buffer (the
+  credits) and net_tx's retransmit buffer (rounded up to a power of two) hold this many
+  beats, so neither ever throttles a fault-free link;
+- timeout = round trip + 2 * ACK_PERIOD + FRAME_BEATS: no fault-free beat waits that long
+  for its acknowledgement (a lost acknowledgement is replaced ACK_PERIOD cycles later).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from fractions import Fraction
+
+from .rtl_model import LinkSpec, Unsupported, clog2, count_bits
+
+#: XUP VNx network layer stream width (NetLayers/README.md of Xilinx/xup_vitis_network_example)
+BEAT_W = 512
+#: XUP VNx TDEST width: the socket index
+DEST_W = 16
+SEQ_W = 16
+CNT_W = 8
+HDR_W = 32
+#: beats per datagram: 1 KiB of payload + 8 B UDP + 20 B IPv4 headers fits a 1500-byte MTU
+FRAME_BEATS = 16
+#: cycles between two acknowledgements from net_rx
+ACK_PERIOD = 8
+#: cycles of a round trip outside the two latencies and the ack period (tx output register,
+#: rx buffer write, ack register, ack use)
+NET_LOOP = 4
+#: spare window beats beyond the round trip
+WINDOW_SLACK = 2
+
+
+@dataclass(frozen=True)
+class Faults:
+    """Channel fault injection: probabilities per frame (forward) / per message (acks)."""
+
+    p_loss: float = 0.0
+    p_reorder: float = 0.0
+    p_ack_loss: float = 0.0
+    seed: int = 1
+
+
+def _p16(p: float, what: str) -> int:
+    """A probability as a 16-bit threshold (the LFSR draw is below it with probability p)."""
+    if not 0.0 <= p < 1.0:
+        raise ValueError(f"{what}: expected a probability in [0, 1), got {p}")
+    return round(p * 65536)
+
+
+@dataclass(frozen=True)
+class TransportSpec:
+    """One direction of a board-to-board transport, every number the RTL needs."""
+
+    data_w: int             # stage word width (lanes x element width)
+    sample_words: int       # stage words per sample (a beat closes at a sample's end)
+    bw_num: int             # line rate = bw_num / bw_den bytes per cycle
+    bw_den: int
+    latency: int            # cycles, each direction
+    dest: int = 0           # TDEST: the socket index of this link
+    faults: Faults = Faults()
+
+    @property
+    def words(self) -> int:
+        """Stage words per network beat."""
+        return (BEAT_W - HDR_W) // self.data_w
+
+    @property
+    def line_beats_per_cycle(self) -> Fraction:
+        """Network beats the line moves per cycle (at most one)."""
+        return min(Fraction(1), Fraction(self.bw_num, self.bw_den) / (BEAT_W // 8))
+
+    @property
+    def round_trip(self) -> int:
+        return 2 * self.latency + ACK_PERIOD + NET_LOOP
+
+    @property
+    def window(self) -> int:
+        """Credits = net_rx buffer beats; net_tx's buffer is this rounded up to 2**k."""
+        return math.ceil(self.line_beats_per_cycle * self.round_trip) + WINDOW_SLACK
+
+    @property
+    def timeout(self) -> int:
+        return self.round_trip + 2 * ACK_PERIOD + FRAME_BEATS
+
+    @property
+    def hold_max(self) -> int:
+        """Cycles the channel holds a reordered frame at most when no frame follows it."""
+        return self.timeout // 2
+
+    def pack_params(self) -> dict[str, int]:
+        return {"DATA_W": self.data_w, "BEAT_W": BEAT_W, "SEQ_W": SEQ_W, "CNT_W": CNT_W, "WORDS": self.words,
+                "SAMPLE_WORDS": self.sample_words, "SAMPLE_W": clog2(self.sample_words)}
+
+    def tx_params(self) -> dict[str, int]:
+        return {"BEAT_W": BEAT_W, "SEQ_W": SEQ_W, "ADDR_W": clog2(self.window), "CREDITS": self.window,
+                "FRAME_BEATS": FRAME_BEATS, "FRAME_W": clog2(FRAME_BEATS), "TIMEOUT": self.timeout,
+                "TIMER_W": count_bits(self.timeout), "DEST_W": DEST_W, "DEST": self.dest}
+
+    def rx_params(self) -> dict[str, int]:
+        return {"BEAT_W": BEAT_W, "SEQ_W": SEQ_W, "DEPTH": self.window, "ADDR_W": clog2(self.window),
+                "ACK_PERIOD": ACK_PERIOD, "ACK_W": clog2(ACK_PERIOD), "DEST_W": DEST_W}
+
+    def unpack_params(self) -> dict[str, int]:
+        return {"DATA_W": self.data_w, "BEAT_W": BEAT_W, "SEQ_W": SEQ_W, "CNT_W": CNT_W}
+
+    def channel_params(self) -> dict[str, int]:
+        cost = (BEAT_W // 8) * self.bw_den
+        f = self.faults
+        return {"BEAT_W": BEAT_W, "DEST_W": DEST_W, "ACK_W": 2 * SEQ_W, "BEAT_BYTES": BEAT_W // 8,
+                "BW_NUM": self.bw_num, "BW_DEN": self.bw_den, "TOKEN_W": count_bits(cost + 2 * self.bw_num),
+                "LATENCY": self.latency, "PTR_W": clog2(self.latency),
+                "HOLD_W": count_bits(FRAME_BEATS), "HOLD_MAX": self.hold_max,
+                "P_LOSS": _p16(f.p_loss, "p_loss"), "P_REORDER": _p16(f.p_reorder, "p_reorder"),
+                "P_ACK_LOSS": _p16(f.p_ack_loss, "p_ack_loss"), "SEED": f.seed & 0xFFFFFFFF}
+
+
+def transport(link: LinkSpec, data_w: int, sample_words: int, dest: int = 0, faults: Faults = Faults()) -> TransportSpec:
+    """The transport carrying ``data_w``-bit stage words over ``link`` (bandwidth, latency)."""
+    if data_w > BEAT_W - HDR_W:
+        raise Unsupported(f"link {link.src}->{link.dst}: a {data_w}-bit stage word does not fit a "
+                          f"{BEAT_W}-bit network beat beside its {HDR_W}-bit header")
+    if link.latency < 2:
+        raise Unsupported(f"link {link.src}->{link.dst}: the channel model needs a latency of 2 cycles or more")
+    return TransportSpec(data_w, sample_words, link.bw_num, link.bw_den, link.latency, dest, faults)
