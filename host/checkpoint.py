@@ -66,7 +66,8 @@ def load(path: str | Path, plan: Plan, model, seed: int | None = None) -> tuple[
         meta = json.loads(str(z["meta"]))
         if not isinstance(meta, dict) or not all(k in meta for k in _META_KEYS):
             raise ValueError("no bapipe metadata")
-        arrays = {k: np.array(z[k], np.float32) for k in z.files if k != "meta"}  # reads every member now
+        arrays = {k: np.array(z[k], np.int64 if np.issubdtype(z[k].dtype, np.integer) else np.float32)
+                  for k in z.files if k != "meta"}  # reads every member now; raw fixed-point stays int64
     except (OSError, KeyError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as e:
         # a truncated or foreign file is bad input: one line, not a BadZipFile traceback
         raise SpecError(str(path), None, "--resume", f"expected a bapipe checkpoint (.npz): "

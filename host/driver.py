@@ -479,6 +479,17 @@ def _reference_grads(model, params: dict, bufs: dict, x: np.ndarray, y: np.ndarr
     return total
 
 
+def fixed_reference_grads(model, master: dict, x: np.ndarray, y: np.ndarray, tf, microbatches: int) -> dict:
+    """Single-device weight gradients of fixed-point training (fpga_models.train_fixed): the exact
+    integer batch sums a pipeline of any partition, schedule and replication must reproduce."""
+    from fpga_models import train_fixed as T
+
+    _, _, info = T.train_step(model, master, {}, T.quantize(x, tf.act), y, T.sgd_constants(1.0, 0.0, 1, tf), tf,
+                              microbatches)
+    return {l: {n: info["grads"].get(l, {}).get(n, np.zeros_like(a)) for n, a in d.items()}
+            for l, d in master.items()}
+
+
 def grad_rel_err(pipe: dict, ref: dict) -> float:
     """Norm-wise relative error of the pipeline's gradients against the float64 reference:
     max over weight tensors of ||g_pipe - g_ref||_2 / ||g_ref||_2 (0 for an all-zero g_ref
@@ -561,6 +572,15 @@ def train(plan: str | Path | Plan, backend: str = "numpy", epochs: int | None = 
         from .fixed import make_quant
 
         quant = make_quant(number_format)
+    fixed_tf = getattr(quant, "tf", None)  # integer training (fpga_models.train_fixed): fixed16
+    if fixed_tf is not None:
+        from .program import FixedStageProgram
+
+        for st in plan.stages:
+            FixedStageProgram(model, st.first, st.last, fixed_tf)
+        if plan.optimizer != "sgd":
+            raise SpecError(plan_file, None, "optimizer", f"fixed-point training implements sgd (with momentum), "
+                                                          f"got {plan.optimizer}; use --precision float32")
     iters_per_epoch = data.n_train // B
     if ray:
         from .ray_mode import require_ray
@@ -573,8 +593,9 @@ def train(plan: str | Path | Plan, backend: str = "numpy", epochs: int | None = 
             raise SpecError(str(resume), None, "--epochs",
                             f"expected more than the {start_epoch} epoch(s) the checkpoint has completed "
                             f"(--epochs counts from the start of training), got {epochs}")
+    # fixed point: the optimizer's rate applies to the batch-summed gradient (docs/training.md)
     opts = dict(backend=backend, backend_options={"build": build}, number_format=number_format,
-                optimizer=plan.optimizer, lr=lr, seed=seed, timeout=timeout)
+                optimizer=plan.optimizer, lr=lr / B if fixed_tf is not None else lr, seed=seed, timeout=timeout)
     history, records = [], []
     ledger: dict[int, list[np.ndarray]] = {}
     grad_err = None
@@ -628,10 +649,14 @@ def train(plan: str | Path | Plan, backend: str = "numpy", epochs: int | None = 
                 if want_check:
                     pstate = before
                     weights = {s: (v["shadow"] or v["params"]) for s, v in pstate.items()}
-                    ref = reference_grads(model, _merge({s: {"p": w} for s, w in weights.items()}, "p"),
-                                          _merge(pstate, "bufs"), data.x_train[idx], data.y_train[idx], 1.0 / B,
-                                          quant, m)
                     got = _merge({s: {"g": g} for s, g in pipe.last_grads().items()}, "g")
+                    if fixed_tf is not None:  # the exact single-device sums: the pipeline must equal them
+                        ref = fixed_reference_grads(model, _merge({s: {"p": w} for s, w in weights.items()}, "p"),
+                                                    data.x_train[idx], data.y_train[idx], fixed_tf, m)
+                    else:
+                        ref = reference_grads(model, _merge({s: {"p": w} for s, w in weights.items()}, "p"),
+                                              _merge(pstate, "bufs"), data.x_train[idx], data.y_train[idx], 1.0 / B,
+                                              quant, m)
                     grad_err = grad_rel_err(got, ref)
                 if not np.isfinite(r["loss"]):
                     raise TrainingDiverged(f"training diverged: loss {r['loss']} at epoch {epoch + 1}, "

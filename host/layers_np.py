@@ -445,7 +445,20 @@ def softmax_cross_entropy(logits: np.ndarray, labels: np.ndarray, scale: float) 
 
     The driver passes ``scale = 1 / global_batch`` so the micro-batch gradients add up to
     the gradient of the mean loss over the whole batch.
+
+    Integer logits are raw fixed-point values (fixed-point training, docs/training.md): the
+    gradient is then the raw per-sample ``p - onehot`` of fpga_models.train_fixed (the
+    1 / batch lives in the learning-rate constant), the loss is still scaled.
     """
+    if np.issubdtype(np.asarray(logits).dtype, np.integer):
+        from fpga_models import train_fixed as T
+
+        from .fixed import int_formats
+
+        tf = int_formats()
+        z = np.asarray(logits, np.int64).reshape(len(labels), -1)
+        return (T.softmax_xent_loss(z, labels, tf) * scale,
+                T.softmax_xent_grad(z, labels, tf).reshape(np.shape(logits)))
     z = logits.reshape(len(labels), -1).astype(F32)
     shifted = z - z.max(axis=1, keepdims=True)
     logsum = np.log(np.exp(shifted).sum(axis=1))

@@ -41,7 +41,15 @@ class Optimizer:
     slots: dict[str, Nested] = field(default_factory=dict)
 
     def step(self, params: Nested, grads: Nested) -> None:
-        """Update ``params`` in place from ``grads``."""
+        """Update ``params`` in place from ``grads``.
+
+        Integer params are raw fixed-point master weights (host.fixed.FixedTraining): the
+        update is fpga_models.train_fixed.sgd_update, and ``lr`` is then the rate per
+        batch-summed gradient (the driver passes lr / global batch; docs/training.md).
+        """
+        if any(np.issubdtype(w.dtype, np.integer) for d in params.values() for w in d.values()):
+            self._step_fixed(params, grads)
+            return
         self.step_count += 1
         f32 = np.float32
         for lname, g_layer in grads.items():
@@ -65,6 +73,25 @@ class Optimizer:
                 else:
                     raise ValueError(f"unknown optimizer {self.kind!r}")
 
+    def _step_fixed(self, params: Nested, grads: Nested) -> None:
+        """SGD(+momentum) on raw master weights: every parameter steps (a missing gradient is 0)."""
+        from fpga_models import train_fixed as T
+
+        from .fixed import int_formats
+
+        if self.kind != "sgd":
+            raise ValueError(f"fixed-point training implements sgd (with momentum), not {self.kind!r}")
+        tf = int_formats()
+        c = T.sgd_constants(self.lr, self.momentum, 1, tf)
+        self.step_count += 1
+        for lname, d in params.items():
+            for pname, w in d.items():
+                g = grads.get(lname, {}).get(pname)
+                v = self._slot("v", lname, pname, w)
+                w_new, v_new = T.sgd_update(w, v, np.zeros_like(w) if g is None else g, c, tf)
+                w[...] = w_new
+                v[...] = v_new
+
     def _slot(self, slot: str, lname: str, pname: str, like: np.ndarray) -> np.ndarray:
         layer = self.slots.setdefault(slot, {}).setdefault(lname, {})
         if pname not in layer:
@@ -80,5 +107,11 @@ class Optimizer:
     def load(self, st: dict) -> None:
         """Restore what ``state`` returned."""
         self.step_count = int(st["step_count"])
-        self.slots = {s: {l: {p: np.array(a, np.float32) for p, a in d.items()} for l, d in v.items()}
+        self.slots = {s: {l: {p: _keep(a) for p, a in d.items()} for l, d in v.items()}
                       for s, v in st["slots"].items()}
+
+
+def _keep(a) -> np.ndarray:
+    """A copy: raw fixed-point (integer) state stays int64, anything else becomes float32."""
+    a = np.asarray(a)
+    return np.array(a, np.int64) if np.issubdtype(a.dtype, np.integer) else np.array(a, np.float32)

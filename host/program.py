@@ -106,6 +106,92 @@ class StageProgram:
         return dx_in, grads
 
 
+def fixed_master_params(model: Model, first: int, last: int, seed: int, tf) -> dict[str, Arrays]:
+    """Initial master weights (raw, ``tf.master``) of layers first..last for fixed-point training.
+
+    The same float draws as :func:`init_stage_params`, rounded once to the master format, in
+    the hardware's layout and names: dense ``w`` (units, in) and ``b``; conv2d ``w`` (O, C, kh,
+    kw) and ``b``; batchnorm ``scale`` (gamma) and ``shift`` (beta).
+    """
+    from fpga_models import train_fixed as T
+
+    params, _ = init_stage_params(model, first, last, seed)
+    out = {}
+    for pos in range(first, last + 1):
+        layer = model.layers[pos]
+        p = params[layer.name]
+        if layer.type == "dense":
+            p = {"w": p["W"].T, **({"b": p["b"]} if "b" in p else {})}
+        elif layer.type == "conv2d":
+            p = {"w": p["W"], **({"b": p["b"]} if "b" in p else {})}
+        elif layer.type == "batchnorm":
+            p = {"scale": p["gamma"], "shift": p["beta"]}
+        out[layer.name] = {n: T.quantize(np.asarray(a, np.float64), tf.master) for n, a in p.items()}
+    return out
+
+
+@dataclass
+class FixedStageProgram:
+    """A stage in the plan's fixed-point training arithmetic (fpga_models.train_fixed, docs/training.md).
+
+    Parameters are raw master weights (int64 arrays, ``tf.master``), activations raw ``tf.act``
+    values, gradients raw ``tf.grad`` values, and the weight gradients returned by backward the
+    exact integer sums the hardware accumulates; float inputs (the first stage's samples) are
+    rounded to ``tf.act`` on entry.
+    """
+
+    model: Model
+    first: int
+    last: int
+    tf: object
+    inputs: list[str] = field(init=False)
+    outputs: list[str] = field(init=False)
+
+    def __post_init__(self):
+        from fpga_models import train_fixed as T
+
+        self.layers = self.model.layers[self.first:self.last + 1]
+        self.inputs = stage_inputs(self.model, self.first)
+        self.outputs = stage_outputs(self.model, self.last)
+        self.is_last = self.last == len(self.model.layers) - 1
+        for layer in self.layers:
+            if layer.type not in T.SUPPORTED:
+                from bapipe.errors import SpecError
+
+                raise SpecError(None, None, f"layers.{layer.name}.type",
+                                f"fixed-point training supports {', '.join(T.SUPPORTED)}; '{layer.type}' is not "
+                                "supported (use --precision float32)")
+
+    def init_params(self, seed: int) -> tuple[dict[str, Arrays], dict[str, Arrays]]:
+        """Master weights of this stage's layers and (empty) buffers."""
+        return (fixed_master_params(self.model, self.first, self.last, seed, self.tf),
+                {l.name: {} for l in self.layers})
+
+    def _raw(self, a: np.ndarray) -> np.ndarray:
+        from fpga_models import train_fixed as T
+
+        return np.asarray(a, np.int64) if np.issubdtype(np.asarray(a).dtype, np.integer) else \
+            T.quantize(a, self.tf.act)
+
+    def forward(self, params: dict[str, Arrays], x: Arrays, train: bool, state: dict[str, Arrays]):
+        """Raw outputs by tensor name and the cache backward needs (every forward tensor)."""
+        from fpga_models import train_fixed as T
+
+        wq = T.forward_weights({l.name: params.get(l.name, {}) for l in self.layers}, self.tf)
+        acts = T.layers_fwd(self.layers, {n: self._raw(x[n]) for n in self.inputs}, wq, self.tf)
+        return {n: acts[n] for n in self.outputs}, (wq, acts)
+
+    def backward(self, cache, grad_out: Arrays) -> tuple[Arrays, dict[str, Arrays]]:
+        """Raw gradients of the stage inputs and the exact weight-gradient sums of this micro-batch."""
+        from fpga_models import train_fixed as T
+
+        wq, acts = cache
+        g, wgrads = T.layers_bwd(self.layers, acts, {n: np.asarray(d, np.int64) for n, d in grad_out.items()},
+                                 wq, self.tf)
+        dx_in = {n: g[n] if n in g else np.zeros(acts[n].shape, np.int64) for n in self.inputs}
+        return dx_in, wgrads
+
+
 def quantizer(number_format: str) -> Quant:
     """Round-trip through the plan's fixed-point format (fpga_models.fixedpoint)."""
     from .fixed import make_quant

@@ -118,7 +118,9 @@ class Worker:
         for st in spec.stages:
             self.progs[st.index] = backend.make_stage(spec.model, st.first, st.last, quant, spec.backend_options)
             # every replica draws the same initial weights (seeded by layer position)
-            self.params[st.index], self.bufs[st.index] = init_stage_params(spec.model, st.first, st.last, spec.seed)
+            init = getattr(self.progs[st.index], "init_params", None)  # fixed-point programs: raw master weights
+            self.params[st.index], self.bufs[st.index] = (init(spec.seed) if init else
+                                                          init_stage_params(spec.model, st.first, st.last, spec.seed))
             self.opts[st.index] = Optimizer(spec.optimizer, spec.lr)
         self.by_chunk = {st.chunk: st.index for st in spec.stages}
         self.pending: dict[tuple, tuple] = {}
@@ -327,11 +329,17 @@ def _accumulate(acc: dict, grads: dict) -> None:
     for lname, g in grads.items():
         dst = acc.setdefault(lname, {})
         for pname, a in g.items():
-            dst[pname] = dst[pname] + a if pname in dst else np.array(a, np.float32)
+            dst[pname] = dst[pname] + a if pname in dst else _own(a)
 
 
 def _copy(nested: dict) -> dict:
-    return {l: {n: np.array(a, np.float32) for n, a in d.items()} for l, d in nested.items()}
+    return {l: {n: _own(a) for n, a in d.items()} for l, d in nested.items()}
+
+
+def _own(a) -> np.ndarray:
+    """A copy; raw fixed-point (integer) arrays stay int64 (exact sums), others become float32."""
+    a = np.asarray(a)
+    return np.array(a, np.int64) if np.issubdtype(a.dtype, np.integer) else np.array(a, np.float32)
 
 
 def _one_blas_thread() -> None:

@@ -140,10 +140,57 @@ def test_2bw_trains_with_stale_weights():
     assert r["history"][-1]["mean_loss"] < 0.5 * r["history"][0]["mean_loss"] and r["test_accuracy"] > 0.7
 
 
-def test_fixed_point_precision_trains():
+@pytest.mark.slow  # 5 epochs of 4 worker processes: ~8 s
+def test_fixed16_training_reaches_093():
+    """Issue 17: tiny-mlp trained in fixed16 integer arithmetic (docs/training.md) on digits,
+    4 stages, 1F1B: measured 0.953 test accuracy after 5 epochs; the gradients equal the
+    single-device integer sums exactly."""
     plan = hand_plan("tiny-mlp", cuts=(1, 3, 5), number_format="fixed16")
-    r = train(plan, epochs=3, precision="fixed")
-    assert r["number_format"] == "fixed16" and r["test_accuracy"] > 0.75
+    r = train(plan, epochs=5, precision="fixed")
+    assert r["number_format"] == "fixed16" and r["test_accuracy"] >= 0.93
+    assert r["grad_max_rel_err_vs_single_device"] == 0.0
+
+
+def _train_fixed_reference(model, plan, iterations: int, lr: float, seed: int = 0):
+    """The same iterations by fpga_models.train_fixed.train_step on one device."""
+    from fpga_models import train_fixed as T
+    from host.data import epoch_order, load_digits
+    from host.program import fixed_master_params
+
+    tf = T.get_formats("fixed16")
+    master = fixed_master_params(model, 0, len(model.layers) - 1, seed, tf)
+    vel: dict = {}
+    data = load_digits(model.inputs[0].shape, seed)
+    b = plan.global_batch
+    order = epoch_order(data.n_train, seed, 0)
+    consts = T.sgd_constants(lr, 0.9, b, tf)
+    for i in range(iterations):
+        idx = order[i * b:(i + 1) * b]
+        master, vel, _ = T.train_step(model, master, vel, T.quantize(data.x_train[idx], tf.act), data.y_train[idx],
+                                      consts, tf, plan.microbatches)
+    return master, vel
+
+
+def test_fixed16_pipeline_weights_bit_identical_to_train_step(tmp_path):
+    """tiny-cnn (conv, maxpool, avgpool, flatten, dense) on 3 stages with 2, 1 and 3 replicas in
+    fixed16: after 3 iterations every master weight and velocity equals train_step's."""
+    from bapipe.zoo import get
+    from host.checkpoint import load
+
+    plan = hand_plan("tiny-cnn", "8xU280-ring", cuts=(2, 6), schedule="gpipe", microbatches=2, microbatch_size=16,
+                     replicas=(2, 1, 3))
+    ck = tmp_path / "ck.npz"
+    r = train(plan, epochs=1, precision="fixed", max_iterations=3, checkpoint=str(ck), lr=0.05)
+    assert r["iterations"] == 3 and r["grad_max_rel_err_vs_single_device"] == 0.0
+    _, _, state = load(str(ck), plan, get("tiny-cnn"))
+    want_m, want_v = _train_fixed_reference(get("tiny-cnn"), plan, 3, 0.05)
+    got_m = {l: d for st in state.values() for l, d in st["params"].items()}
+    got_v = {l: d for st in state.values() for l, d in st["opt"]["slots"]["v"].items()}
+    assert set(got_m) == set(want_m) and got_m["conv1"]["w"].dtype == np.int64
+    for l in want_m:
+        for n in want_m[l]:
+            assert np.array_equal(got_m[l][n], want_m[l][n]), (l, n)
+            assert np.array_equal(got_v[l][n], want_v[l][n]), (l, n)
 
 
 def test_replicated_stages_reshard_and_allreduce():
