@@ -157,6 +157,9 @@ def _add_args(name: str, p: argparse.ArgumentParser) -> None:
         p.add_argument("plan", help="plan.yaml written by `bapipe plan`")
         p.add_argument("-o", "--output", default="build", help="project folder to write")
         p.add_argument("--force", action="store_true", help="replace a non-empty output folder")
+        p.add_argument("--engines", default="hls", choices=("hls", "rtl"),
+                       help="stage kernels the Makefile and link configs build: Vitis HLS (default) or the "
+                            "packaged RTL kernels (rtl/kernels/)")
     elif name in ("csim", "rtlsim", "synth"):
         p.add_argument("build", nargs="?", default="build", help="project folder written by `bapipe gen`")
         if name == "rtlsim":

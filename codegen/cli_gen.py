@@ -15,6 +15,7 @@ import json
 import os
 import shutil
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from bapipe.errors import SpecError
@@ -28,7 +29,7 @@ from .context import build_project
 from .hls import render_files, write_files
 
 
-def generate(plan_path: str | Path, out_dir: str | Path) -> dict:
+def generate(plan_path: str | Path, out_dir: str | Path, engines: str = "hls") -> dict:
     """Check, render in memory, then write: a refused plan leaves the output folder untouched."""
     plan_file = str(plan_path)
     plan = load_plan(plan_file)
@@ -38,21 +39,43 @@ def generate(plan_path: str | Path, out_dir: str | Path) -> dict:
         raise SpecError(plan_file, None, f"stages[{gpu[0].index}].style",
                         f"expected FPGA stages: stage {gpu[0].index} runs on {gpu[0].board_type} GPUs, "
                         "which `bapipe gen` does not generate for")
-    return generate_plan(plan, model, cluster, out_dir, Path(plan_file).read_text(encoding="utf-8"), plan_file)
+    return generate_plan(plan, model, cluster, out_dir, Path(plan_file).read_text(encoding="utf-8"), plan_file,
+                         engines)
 
 
 def generate_plan(plan, model, cluster, out_dir: str | Path, plan_text: str | None = None,
-                  plan_file: str = "plan.yaml") -> dict:
-    """Generate from in-memory objects (tests build plans by hand)."""
+                  plan_file: str = "plan.yaml", engines: str = "hls") -> dict:
+    """Generate from in-memory objects (tests build plans by hand). ``engines``: which kernels
+    the Makefile and link configs build, the HLS ones or the packaged RTL ones (codegen.package)."""
+    from . import package
+
     ctx = build_project(plan, model, cluster, plan_file)
-    files = render_files(ctx, plan_text if plan_text is not None else plan.dumps(), cluster)
+    package.check_engines(engines, ctx, True, None)
     out = Path(out_dir)
-    paths = write_files(files, out)
     rtl_files: list[Path] = []
+    kernels = []
     if importlib.util.find_spec("codegen.rtl") is not None:
         rtl = importlib.import_module("codegen.rtl")
-        rtl_files = list(rtl.render_rtl(plan, model, cluster, out / "rtl") or [])
-    write_stamp(out, ctx.fingerprint, [*paths, *rtl_files])
+        params = rtl.plan_weights(plan, model) if engines == "rtl" else None
+        rtl_files = list(rtl.render_rtl(plan, model, cluster, out / "rtl", params=params) or [])
+        if engines == "rtl":
+            man = json.loads((out / "rtl" / "manifest.json").read_text(encoding="utf-8"))
+            package.check_engines(engines, ctx, bool(man.get("supported")), man.get("reason"))
+            main = {p.name: p.read_text(encoding="utf-8") for p in (out / "rtl").glob("*.v")}
+            kernels, kfiles = package.rtl_kernels(plan, model, cluster, params, ctx.stages, main)
+            rtl_files += write_files({n: t.encode() for n, t in kfiles.items()}, out)
+    elif engines == "rtl":
+        package.check_engines(engines, ctx, False, "the RTL generator is not installed")
+    if engines == "rtl":   # RTL kernels hold their weights on chip: no m_axi weight ports to wire
+        ctx = replace(ctx, boards=package.strip_rtl_weight_ports(ctx.boards, ctx.stages))
+    files = render_files(ctx, plan_text if plan_text is not None else plan.dumps(), cluster, engines=engines)
+    if engines == "hls":   # the m_axi weight arrays as the kernels read them, for the xrt backend
+        for s in ctx.stages:
+            if not s.embed_weights:
+                files[package.weight_image_path(s)] = package.weight_image(s, ctx.fmt.width)
+    paths = write_files(files, out)
+    write_stamp(out, ctx.fingerprint, [*paths, *rtl_files], {"engines": engines,
+                                                           "xrt": package.xrt_manifest(ctx, engines)})
     return {
         "output": str(out), "fingerprint": ctx.fingerprint, "files": len(paths), "rtl_files": len(rtl_files),
         "format": ctx.fmt.name,
@@ -65,6 +88,7 @@ def generate_plan(plan, model, cluster, out_dir: str | Path, plan_text: str | No
                     "plan_fwd_cycles_per_sample": _plan_cycles(plan, s.index)} for s in ctx.stages],
         "boards": [b.name for b in ctx.boards],
         "skipped": ctx.skipped,
+        "engines": engines, "rtl_kernels": [k.name for k in kernels],
     }
 
 
@@ -80,15 +104,17 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def write_stamp(out: Path, plan_fingerprint: str, paths: list[Path]) -> Path:
-    """Record the plan fingerprint and every generated file's size and sha256 in ``out/STAMP``."""
+def write_stamp(out: Path, plan_fingerprint: str, paths: list[Path], extra: dict | None = None) -> Path:
+    """Record the plan fingerprint and every generated file's size and sha256 in ``out/STAMP``
+    (``extra``: more top-level keys, e.g. the engines and the xrt section of codegen.package)."""
     out = Path(out)
     files = {}
     for p in sorted(set(Path(x) for x in paths)):
         if p.is_file():
             files[p.relative_to(out).as_posix()] = [p.stat().st_size, _sha256(p)]
     stamp = out / STAMP
-    stamp.write_text(json.dumps({"generator": "bapipe gen", "plan_fingerprint": plan_fingerprint, "files": files},
+    stamp.write_text(json.dumps({"generator": "bapipe gen", "plan_fingerprint": plan_fingerprint, "files": files,
+                                 **(extra or {})},
                                 indent=1, sort_keys=True), encoding="utf-8")
     return stamp
 
@@ -173,7 +199,7 @@ def cmd_gen(args) -> dict:
     old = target.with_name(f".{target.name}.old-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     try:
-        result = generate(args.plan, tmp)
+        result = generate(args.plan, tmp, getattr(args, "engines", "hls"))
         if target.exists():
             target.rename(old)  # the previous build stays whole until the new one is in place
         tmp.rename(target)

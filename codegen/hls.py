@@ -125,8 +125,9 @@ def host_config(ctx: ProjectCtx) -> dict:
     }
 
 
-def render_files(ctx: ProjectCtx, plan_text: str, cluster=None) -> dict[str, bytes]:
-    """Every file of the project, path -> bytes (nothing touches the disk here)."""
+def render_files(ctx: ProjectCtx, plan_text: str, cluster=None, engines: str = "hls") -> dict[str, bytes]:
+    """Every file of the project, path -> bytes (nothing touches the disk here). ``engines``:
+    which stage kernels the Makefile builds (hls: Vitis HLS; rtl: codegen.package's RTL kernels)."""
     env = environment()
     c_hdr = comment(ctx.header, "//")
     h_hdr = comment(ctx.header, "#")
@@ -183,7 +184,7 @@ def render_files(ctx: ProjectCtx, plan_text: str, cluster=None) -> dict[str, byt
         put(f"link/{b.name}.cfg", "link.cfg.j2", header=h_hdr, b=b)
     kernels = [k for s in ctx.stages for k in ([s.name] + ([s.bwd.name] if s.bwd else []))]
     put("Makefile", "Makefile.j2", header=h_hdr, stages=ctx.stages, kernels=kernels,
-        boards=[b for b in ctx.boards if b.platform])
+        boards=[b for b in ctx.boards if b.platform], engines=engines)
     return files
 
 
