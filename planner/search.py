@@ -34,6 +34,7 @@ DEPTH_SLACK = 1.0
 GROUP_SLACK = 0.05  # explore's slack for per-position replica groups (see explore)
 REPLAY_M = 128      # micro-batches replayed exactly before the replay is extrapolated (finish)   # how far above the best J the first candidate of a pipeline depth may be
 GROUP_BOARDS = 8    # clusters up to this size search every per-position replica vector
+STAGE_TIMES_BYTES = 64 << 20   # stage-time tables kept between problem() calls (planner memory budget 500 MB)
 
 
 #: schedules that change training semantics (stale weights): never chosen by auto
@@ -170,6 +171,8 @@ class Explorer:
         self._band: dict[tuple, int] = {}
         self._link_index: dict = {}
         self._solved: dict[tuple, Candidate | None] = {}
+        self._stage_times: dict[tuple, np.ndarray] = {}   # problem(): stage-time tables (before tmax)
+        self._stage_times_bytes = 0
         self._lb: dict[Config, float] = {}
         self._types: dict[tuple, str | None] = {}
         self._kinds: dict[tuple, tuple] = {}
@@ -383,6 +386,17 @@ class Explorer:
             L = max(1, min(L, lt))
         return L
 
+    def _remember_times(self, key: tuple, arr: np.ndarray) -> None:
+        """Keep a stage-time table (same board type, fold key, micro-batch, recomputation,
+        schedule, chunks, band and stash count give the same table) within STAGE_TIMES_BYTES;
+        the oldest go first."""
+        arr.setflags(write=False)   # shared by later problems: never changed in place
+        self._stage_times[key] = arr
+        self._stage_times_bytes += arr.nbytes
+        while self._stage_times_bytes > STAGE_TIMES_BYTES and len(self._stage_times) > 1:
+            old = next(iter(self._stage_times))
+            self._stage_times_bytes -= self._stage_times.pop(old).nbytes
+
     def problem(self, c: Config, L: int | None = None, tmax: float = math.inf) -> part.Problem | None:
         """The partition problem of configuration ``c`` (None when a group mixes board types).
 
@@ -406,13 +420,18 @@ class Explorer:
         cache: dict = {}
         for btype, kk, beta in sorted({x[:3] for x in keys}):
             svals = sorted({x[3] for x in keys if x[:3] == (btype, kk, beta)})
-            sm = self.stage_model(btype, beta, c.recompute, c.schedule, kk)
-            r = sm.cost_of(sm.ranges(ic, jj), np.array(svals, dtype=float)[:, None, None], c.v)
-            tt = np.broadcast_to(r["time_s"], (len(svals), n, L))
-            ok = valid & r["feasible"] & (tt <= tmax)
-            arr = np.where(ok, tt, math.inf)
-            for q, st in enumerate(svals):
-                cache[(btype, kk, beta, st)] = arr[q]
+            base = (btype, kk, beta, c.recompute, c.schedule, c.v, L)
+            todo = [st for st in svals if base + (st,) not in self._stage_times]
+            if todo:
+                sm = self.stage_model(btype, beta, c.recompute, c.schedule, kk)
+                r = sm.cost_of(sm.ranges(ic, jj), np.array(todo, dtype=float)[:, None, None], c.v)
+                tt = np.broadcast_to(r["time_s"], (len(todo), n, L))
+                full = np.where(valid & r["feasible"], tt, math.inf)
+                for q, st in enumerate(todo):
+                    self._remember_times(base + (st,), full[q])
+            for st in svals:
+                full = self._stage_times[base + (st,)]
+                cache[(btype, kk, beta, st)] = full if tmax == math.inf else np.where(full <= tmax, full, math.inf)
         T = [cache[k] for k in keys]
         X = None
         if self.train and any(self.reps(c, d) > 1 for d in range(c.p)):
