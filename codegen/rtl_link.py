@@ -22,12 +22,18 @@ import math
 from dataclasses import dataclass
 from fractions import Fraction
 
-from .rtl_model import LinkSpec, Unsupported, clog2, count_bits
+from .netnames import DEST_BITS as DEST_W, LINE_BITS as BEAT_W  # XUP VNx: 512-bit data, 16-bit TDEST
 
-#: XUP VNx network layer stream width (NetLayers/README.md of Xilinx/xup_vitis_network_example)
-BEAT_W = 512
-#: XUP VNx TDEST width: the socket index
-DEST_W = 16
+
+def clog2(n: int) -> int:
+    """Address bits for ``n`` entries (at least 1); as codegen.rtl_model.clog2."""
+    return max(1, (n - 1).bit_length())
+
+
+def count_bits(n: int) -> int:
+    """Bits to hold every value 0..n (at least 1); as codegen.rtl_model.count_bits."""
+    return max(1, int(n).bit_length())
+
 SEQ_W = 16
 CNT_W = 8
 HDR_W = 32
@@ -115,6 +121,13 @@ class TransportSpec:
     def unpack_params(self) -> dict[str, int]:
         return {"DATA_W": self.data_w, "BEAT_W": BEAT_W, "SEQ_W": SEQ_W, "CNT_W": CNT_W}
 
+    def link_params(self) -> dict[str, int]:
+        """Verilog parameters of net_link (send side, channel, receive side)."""
+        p = {**self.pack_params(), **self.tx_params(), **self.channel_params()}
+        rx = self.rx_params()
+        p.update(ACK_PERIOD=rx["ACK_PERIOD"], ACK_W=rx["ACK_W"])   # net_recv's DEPTH is net_link's CREDITS
+        return p
+
     def channel_params(self) -> dict[str, int]:
         cost = (BEAT_W // 8) * self.bw_den
         f = self.faults
@@ -126,8 +139,10 @@ class TransportSpec:
                 "P_ACK_LOSS": _p16(f.p_ack_loss, "p_ack_loss"), "SEED": f.seed & 0xFFFFFFFF}
 
 
-def transport(link: LinkSpec, data_w: int, sample_words: int, dest: int = 0, faults: Faults = Faults()) -> TransportSpec:
-    """The transport carrying ``data_w``-bit stage words over ``link`` (bandwidth, latency)."""
+def transport(link, data_w: int, sample_words: int, dest: int = 0, faults: Faults = Faults()) -> TransportSpec:
+    """The transport carrying ``data_w``-bit stage words over ``link`` (a rtl_model.LinkSpec:
+    bandwidth and latency in cycles)."""
+    from .rtl_model import Unsupported
     if data_w > BEAT_W - HDR_W:
         raise Unsupported(f"link {link.src}->{link.dst}: a {data_w}-bit stage word does not fit a "
                           f"{BEAT_W}-bit network beat beside its {HDR_W}-bit header")
