@@ -4,7 +4,9 @@ Prints a table (plan vs data parallel, equal-layer GPipe, best without replicati
 fewer boards, lower bound; planner wall time and peak Python memory) and writes
 bench/results/planner.json. The plan's time is its steady iteration (PipeDream-2BW runs
 without a flush; the other schedules' steady and first iterations are equal).
-Usage: python bench/bench_planner.py [--models a,b] [--clusters x,y]
+"vs old" divides the plan time recorded before issue 19 (bench/planner_before.json, the
+2026-11-22 table to 4 digits) by today's: above 1.00x today's plan is faster.
+Usage: python bench/bench_planner.py [--models a,b] [--clusters x,y] [--before FILE]
 """
 from __future__ import annotations
 
@@ -66,11 +68,14 @@ def main(argv=None) -> int:
     ap.add_argument("--models", default=",".join(ZOO))
     ap.add_argument("--clusters", default=",".join(builtin_clusters()))
     ap.add_argument("-o", "--output", default=str(ROOT / "bench" / "results" / "planner.json"))
+    ap.add_argument("--before", default=str(ROOT / "bench" / "planner_before.json"),
+                    help="earlier plan times to compare with ('vs old': old time / new time); '' for none")
     args = ap.parse_args(argv)
+    before = json.loads(Path(args.before).read_text())["plans"] if args.before else {}
     clusters = builtin_clusters()
     rows = []
-    hdr = (f"{'model':<12} {'cluster':<16} {'plan s':>10} {'sched':<11} {'m':>4} {'r':>8} {'bds':>3} {'vs DP':>7} "
-           f"{'vs equal':>8} {'vs norep':>8} {'vs fewer':>8} {'LB/plan':>7} {'wall s':>7} {'cpu s':>6}")
+    hdr = (f"{'model':<12} {'cluster':<16} {'plan s':>10} {'sched':<11} {'m':>4} {'r':>11} {'bds':>3} {'vs old':>7} "
+           f"{'vs DP':>7} {'vs equal':>8} {'vs norep':>8} {'vs fewer':>8} {'LB/plan':>7} {'wall s':>7} {'cpu s':>6}")
     print(hdr)
     t_all = time.perf_counter()
     for mn in args.models.split(","):
@@ -83,8 +88,11 @@ def main(argv=None) -> int:
             t = r["iteration_time_s"]
             ratio = lambda k: f"{r[k] / t:.2f}x" if isinstance(r[k], float) else "-"  # noqa: E731
             reps = r["replicas"] if isinstance(r["replicas"], int) else "-".join(map(str, r["replicas"]))
-            print(f"{mn:<12} {cn:<16} {t:>10.4g} {r['schedule']:<11} {r['microbatches']:>4} {str(reps)[:8]:>8} "
-                  f"{r['boards_used']:>3} {ratio('data_parallel'):>7} {ratio('equal_split'):>8} "
+            old = (before.get(f"{mn} {cn}") or {}).get("iteration_time_s")
+            r["before_s"] = old
+            vs_old = f"{old / t:.2f}x" if old else "-"
+            print(f"{mn:<12} {cn:<16} {t:>10.4g} {r['schedule']:<11} {r['microbatches']:>4} {str(reps):>11} "
+                  f"{r['boards_used']:>3} {vs_old:>7} {ratio('data_parallel'):>7} {ratio('equal_split'):>8} "
                   f"{ratio('no_replication'):>8} {ratio('fewer_boards'):>8} "
                   f"{r['lower_bound_s'] / t:>7.2f} {r['wall_s']:>7.2f} {r['cpu_s']:>6.2f}",
                   flush=True)
