@@ -22,7 +22,7 @@ from bapipe.errors import SpecError
 from bapipe.plan import load_plan
 from fpga_models.plancheck import resolve
 
-from .design import plan_cycles_per_sample
+from .design import merge_placement, plan_cycles_per_sample
 from .hls import kernel_cycles_per_sample
 
 from .context import build_project
@@ -74,6 +74,7 @@ def generate_plan(plan, model, cluster, out_dir: str | Path, plan_text: str | No
             if not s.embed_weights:
                 files[package.weight_image_path(s)] = package.weight_image(s, ctx.fmt.width)
     paths = write_files(files, out)
+    merge_placement(out)   # design.json gets the placement pass's section (codegen.placement)
     write_stamp(out, ctx.fingerprint, [*paths, *rtl_files], {"engines": engines,
                                                            "xrt": package.xrt_manifest(ctx, engines)})
     return {

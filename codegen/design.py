@@ -64,6 +64,20 @@ def design_dict(pipe, plan, alone: list[float] | None = None) -> dict:
     }
 
 
+def merge_placement(out_dir) -> None:
+    """Copy the placement pass's result (``placement.json``, codegen.placement: SLRs, banks,
+    network channels) into build/design.json as its ``placement`` section, when the Design
+    was written (the RTL lowering supports the plan)."""
+    from pathlib import Path
+    out = Path(out_dir)
+    src, dst = out / "placement.json", out / "design.json"
+    if not src.is_file() or not dst.is_file():
+        return
+    d = json.loads(dst.read_text(encoding="utf-8"))
+    d["placement"] = json.loads(src.read_text(encoding="utf-8"))
+    dst.write_text(json.dumps(d, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+
+
 def stage_bench_files(plan, model, cluster, params, pipe, plan_hash: str,
                       main_files: dict[str, str] | None = None) -> tuple[dict[str, str], list[float]]:
     """Single-stage RTL builds, one per stage, as ``stages/s<i>/<file>`` -> text (manifest included).

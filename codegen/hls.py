@@ -22,6 +22,7 @@ import jinja2
 import numpy as np
 
 from .context import EMBED_LIMIT, PLATFORMS, ProjectCtx, StageCtx, _board_type_key
+from .placement import link_lines, place_project
 
 TEMPLATES = Path(__file__).resolve().parent.parent / "hls_templates" / "hls"
 
@@ -178,10 +179,13 @@ def render_files(ctx: ProjectCtx, plan_text: str, cluster=None, engines: str = "
             files[f"{d}/csim_bwd_in.bin"] = csim_bwd_input(ctx, s)
         files[f"{d}/weights.bin"] = weights_bin(s, ctx.fmt.width)
         files[f"{d}/csim_in.bin"] = csim_input(ctx, s)
+    pl = place_project(ctx, cluster)   # SLRs, banks, network glue (codegen.placement; design.json)
+    files["placement.json"] = (json.dumps(pl, indent=1, sort_keys=True) + "\n").encode()
     for b in ctx.boards:
         if b.platform is None:
             continue  # no Vitis platform for this board type (e.g. VCU118): RTL flow only
-        put(f"link/{b.name}.cfg", "link.cfg.j2", header=h_hdr, b=b)
+        put(f"link/{b.name}.cfg", "link.cfg.j2", header=h_hdr, b=b,
+            link=link_lines(b, pl["boards"][b.name], pl["channels"], pl["local"]))
     kernels = [k for s in ctx.stages for k in ([s.name] + ([s.bwd.name] if s.bwd else []))]
     put("Makefile", "Makefile.j2", header=h_hdr, stages=ctx.stages, kernels=kernels,
         boards=[b for b in ctx.boards if b.platform], engines=engines)

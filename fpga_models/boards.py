@@ -79,6 +79,7 @@ class Board:
     sources: tuple[str, ...] = ()
     slrs: tuple["Slr", ...] = ()        # super logic regions (FPGAs; monolithic dies have one)
     banks: tuple["Bank", ...] = ()      # off-chip memory banks as v++ names them (sp=)
+    qsfp_slr: int = 0                   # SLR holding the QSFP28 transceivers (network kernels go there)
 
     def to_dict(self) -> dict:
         """All fields as plain JSON-friendly values."""
@@ -178,7 +179,7 @@ def bank_table(kind: str, count: int, each_bytes: int, each_bw_Bps: float, slrs,
 
 
 def _fpga(name, description, total, usable, clock_hz, offchip_bytes, offchip_bw_Bps,
-          network_ports, port_bw_Bps, pcie_bw_Bps, dsp_per_mac, sources, slrs=(), banks=()) -> Board:
+          network_ports, port_bw_Bps, pcie_bw_Bps, dsp_per_mac, sources, slrs=(), banks=(), qsfp_slr=0) -> Board:
     lut, ff, dsp, bram36, uram = total
     ulut, uff, udsp, ubram, uuram = usable
     dpm = FrozenMap(sorted(dsp_per_mac.items()))
@@ -189,7 +190,7 @@ def _fpga(name, description, total, usable, clock_hz, offchip_bytes, offchip_bw_
         clock_hz=float(clock_hz), offchip_bytes=int(offchip_bytes), offchip_bw_Bps=float(offchip_bw_Bps),
         network_ports=network_ports, port_bw_Bps=float(port_bw_Bps), pcie_bw_Bps=float(pcie_bw_Bps),
         dsp_per_mac=dpm, peak_flops=derived_peak_flops(udsp, dpm, clock_hz), sources=tuple(sources),
-        slrs=tuple(slrs), banks=tuple(banks),
+        slrs=tuple(slrs), banks=tuple(banks), qsfp_slr=qsfp_slr,
     )
 
 
@@ -240,6 +241,7 @@ BOARDS: dict[str, Board] = {
         slrs=_U250_SLRS,
         # UG1120 (U250 platform): four DDR4 channels, DDR[k] attached to SLR k, 16 GB and 19.2 GB/s each
         banks=bank_table("ddr", 4, 16 * GiB, 19.2e9, [0, 1, 2, 3]),
+        qsfp_slr=2,   # XUP VNx config_files: cmac/networklayer in SLR2 (FINN's table says SLR3 [verify])
     ),
     "U280": _fpga(
         "U280", "AMD Alveo U280 (XCU280, 3 SLRs), 8 GB HBM2 + 32 GB DDR4",
@@ -260,6 +262,7 @@ BOARDS: dict[str, Board] = {
         # (460 GB/s / 32 = 14.375 GB/s each); DDR[0] in SLR0, DDR[1] in SLR1 (16 GB, 19.2 GB/s)
         banks=bank_table("hbm", 32, 8 * GiB // 32, 460e9 / 32, 0)
         + bank_table("ddr", 2, 16 * GiB, 19.2e9, [0, 1]),
+        qsfp_slr=2,   # XUP VNx config_files (slr=cmac_0:SLR2); FINN Alveo_NxU280_Platform eth_slr=2
     ),
     "U55C": _fpga(
         "U55C", "AMD Alveo U55C (XCU55C), 16 GB HBM2",
@@ -278,6 +281,7 @@ BOARDS: dict[str, Board] = {
         slrs=_U280_SLRS,
         # UG1120 (U55C platform): 32 HBM2 pseudo-channels of 512 MB in SLR0, no DDR
         banks=bank_table("hbm", 32, 16 * GiB // 32, 460e9 / 32, 0),
+        qsfp_slr=2,   # as U280 (same die and QSFP28 quads) [verify]
     ),
     "VCU118": _fpga(
         "VCU118", "AMD VCU118 evaluation kit (Virtex UltraScale+ XCVU9P), 2 x 4 GB DDR4",
@@ -296,6 +300,7 @@ BOARDS: dict[str, Board] = {
         slrs=_VU9P_SLRS,
         # UG1224: two DDR4 component banks (C1, C2) of 4 GB; the SLRs their I/O banks sit in [verify]
         banks=bank_table("ddr", 2, 4 * GiB, 19.2e9, [0, 1]),
+        qsfp_slr=2,   # [verify]: no Vitis shell, QSFP28 quads per UG1224
     ),
     "ZCU102": _fpga(
         "ZCU102", "AMD ZCU102 evaluation kit (Zynq UltraScale+ XCZU9EG), 4 GB PS DDR4",
