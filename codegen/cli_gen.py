@@ -23,6 +23,7 @@ from bapipe.plan import load_plan
 from fpga_models.plancheck import resolve
 
 from .design import merge_placement, plan_cycles_per_sample
+from .package import BUILD_STAMP
 from .hls import kernel_cycles_per_sample
 
 from .context import build_project
@@ -49,6 +50,7 @@ def generate_plan(plan, model, cluster, out_dir: str | Path, plan_text: str | No
     the Makefile and link configs build, the HLS ones or the packaged RTL ones (codegen.package)."""
     from . import package
 
+    package.check_engines_plan(engines, plan)
     ctx = build_project(plan, model, cluster, plan_file)
     package.check_engines(engines, ctx, True, None)
     out = Path(out_dir)
@@ -94,7 +96,7 @@ def generate_plan(plan, model, cluster, out_dir: str | Path, plan_text: str | No
 
 
 #: the build's record of its plan and files (written last, so a half-written folder has none)
-STAMP = "bapipe-build.json"
+STAMP = BUILD_STAMP
 
 
 def _sha256(path: Path) -> str:

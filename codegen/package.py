@@ -148,14 +148,19 @@ def _part(board_type: str) -> str:
     return PARTS.get(_board_type_key(board_type), PARTS["U250"])
 
 
-def check_engines(engines: str, ctx, rtl_supported: bool, reason: str | None) -> None:
-    """``--engines rtl`` needs the RTL of every stage, forward-only, one stream in and out."""
+def check_engines_plan(engines: str, plan) -> None:
+    """What the plan alone decides: a known engines value; RTL kernels are forward-only."""
     if engines not in ENGINES:
         raise SpecError(None, None, "--engines", f"expected one of {', '.join(ENGINES)}, got {engines!r}")
+    if engines == "rtl" and plan.mode == "train":
+        raise SpecError(None, None, "--engines", "expected hls for a training plan (RTL kernels are forward-only)")
+
+
+def check_engines(engines: str, ctx, rtl_supported: bool, reason: str | None) -> None:
+    """``--engines rtl`` needs the RTL of every stage, forward-only, one stream in and out."""
+    check_engines_plan(engines, ctx.plan)
     if engines == "hls":
         return
-    if ctx.plan.mode == "train":
-        raise SpecError(None, None, "--engines", "expected hls for a training plan (RTL kernels are forward-only)")
     if not rtl_supported:
         raise SpecError(None, None, "--engines", f"expected hls: the RTL cannot build this plan ({reason})")
     for s in ctx.stages:
@@ -203,6 +208,9 @@ def xrt_manifest(ctx, engines: str) -> dict:
             if engines == "rtl":
                 control, starts = "hs", "once"
                 args = streams + [{"index": len(streams), "name": "samples", "kind": "samples"}]
+            elif getattr(s, "engine", None) is not None:   # HLS engine kernels: n samples per call
+                control, starts = "hs", "once"
+                args = streams + [{"index": len(streams), "name": "n", "kind": "samples"}]
             elif s.embed_weights:
                 control, starts, args = "none", "never", streams
             else:
@@ -229,5 +237,31 @@ def xrt_manifest(ctx, engines: str) -> dict:
     return {"engines": engines, "elem_bytes": elem_bytes, "boards": boards}
 
 
-__all__ = ["ENGINES", "RtlKernel", "rtl_kernels", "check_engines", "strip_rtl_weight_ports", "weight_image",
+#: the build's record (codegen/cli_gen.py writes it as STAMP)
+BUILD_STAMP = "bapipe-build.json"
+
+
+def read_xrt_manifest(build: Path, plan_fingerprint: str) -> dict:
+    """The ``xrt`` section of a build's stamp; SpecError (one line) when the folder is not a
+    `bapipe gen` build of the plan with that fingerprint, or predates the section."""
+    path = Path(build) / BUILD_STAMP
+    try:
+        stamp = json.loads(path.read_text(encoding="utf-8"))
+        if not isinstance(stamp, dict):
+            raise ValueError("not a JSON object")
+    except FileNotFoundError:
+        raise SpecError(str(path), None, "--build", "expected a folder written by `bapipe gen` (no "
+                                                    f"{BUILD_STAMP}); run `bapipe gen PLAN -o {build}`") from None
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise SpecError(str(path), None, "(document)", f"expected the JSON written by `bapipe gen` "
+                                                       f"({type(e).__name__}); re-run it") from None
+    if stamp.get("plan_fingerprint") != plan_fingerprint:
+        raise SpecError(str(path), None, "plan_fingerprint", "expected a build of this plan (it was generated from "
+                                                             "another plan or an earlier version); re-run `bapipe gen`")
+    if not isinstance(stamp.get("xrt"), dict):
+        raise SpecError(str(path), None, "xrt", "expected the xrt section of a current `bapipe gen`; re-run it")
+    return stamp["xrt"]
+
+
+__all__ = ["read_xrt_manifest", "ENGINES", "RtlKernel", "rtl_kernels", "check_engines", "strip_rtl_weight_ports", "weight_image",
            "xrt_manifest"]

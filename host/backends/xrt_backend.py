@@ -8,14 +8,22 @@ kernel.group_id(arg))`` allocates a buffer in the memory bank the argument is wi
 ``bo.sync(XCL_BO_SYNC_BO_TO_DEVICE/FROM_DEVICE, nbytes, 0)`` moves it, and a
 ``pyxrt.run`` with ``set_arg``/``start``/``wait`` executes a kernel.
 
-Board k of the plan runs ``build/<board>.xclbin`` (bapipe gen's link cfg): free-running
-stage kernels (ap_ctrl_none) joined board to board by the network kernels. The host only
-touches the ends: ``mm2s`` data movers on the first board, ``s2mm`` on the last. The
-output DMAs are started before the input ones, so the last board is draining before the
-first one is fed and no stream stalls on a full FIFO.
+Everything it does is read from the build's ``bapipe-build.json`` (the ``xrt`` section,
+written by ``codegen.package.xrt_manifest``): per board the device index and the xclbin
+the Makefile links (``link/<board>.xclbin``), one ``pyxrt.device`` per board however
+many stages it runs; per kernel instance its control protocol and arguments; the m_axi
+weight buffers with their sizes and the kernel-layout image they are loaded from; the
+mm2s/s2mm movers the host feeds and drains.
+
+Start order: the output movers first (the last board drains before anything is fed), then
+the ap_ctrl_hs stage kernels that run once per call (RTL kernels: ``samples`` = N),
+downstream first, then the input movers; HLS stage kernels with m_axi weights process one
+sample per call, so each sample starts all of them (downstream first) and waits for them.
+Free-running kernels (ap_ctrl_none) are never started.
 """
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -34,22 +42,32 @@ def _pyxrt():
     return pyxrt
 
 
+def read_manifest(build: Path, plan) -> dict:
+    """The build's ``xrt`` section (codegen.package.read_xrt_manifest: a build of this plan)."""
+    from codegen.package import read_xrt_manifest
+
+    return read_xrt_manifest(build, plan.fingerprint())
+
+
 def check(options: dict) -> None:
-    """pyxrt importable, one board per stage present, and an xclbin per board in the build."""
+    """pyxrt importable, the plan's build present, one board per xclbin seen by XRT, every xclbin built."""
     pyxrt = _pyxrt()
     plan = options["plan"]
-    boards = [s.boards[0] for s in plan.stages]
+    if any(s.replicas > 1 for s in plan.stages):
+        raise BackendUnavailable("backend xrt: data-parallel replicas are not driven yet (one board per stage)")
+    build = Path(options.get("build") or "build")
+    man = read_manifest(build, plan)
     try:
         found = len(pyxrt.enumerate_devices())
     except Exception as e:  # driver not loaded
         raise BackendUnavailable(f"backend xrt: cannot list devices ({e})") from None
-    if found < len(boards):
-        raise BackendUnavailable(f"backend xrt: the plan needs {len(boards)} boards, XRT sees {found}")
-    build = Path(options.get("build") or "build")
-    for b in boards:
-        if not (build / f"{b}.xclbin").exists():
-            raise BackendUnavailable(f"backend xrt: {build / (b + '.xclbin')} not found; build it with v++ "
-                                     f"from `bapipe gen` ({build}/{b}.cfg)")
+    need = 1 + max((b["device"] for b in man["boards"]), default=-1)
+    if found < need:
+        raise BackendUnavailable(f"backend xrt: the build needs {need} boards, XRT sees {found}")
+    for b in man["boards"]:
+        if not (build / b["xclbin"]).exists():
+            raise BackendUnavailable(f"backend xrt: {build / b['xclbin']} not found; build it with "
+                                     f"`make xclbin` in {build}")
 
 
 def make_stage(model, first, last, quant, options):
@@ -57,62 +75,132 @@ def make_stage(model, first, last, quant, options):
     raise BackendUnavailable("backend xrt: generated kernels compute the forward pass only; train with --backend numpy")
 
 
-def _ports(plan, model, cluster):
-    from codegen.context import build_project
+class _Board:
+    """One opened board: its device, the loaded xclbin's uuid, and its manifest entry."""
 
-    ctx = build_project(plan, model, cluster)
-    return ctx.stages, ctx.fmt
+    def __init__(self, pyxrt, build: Path, entry: dict):
+        self.entry = entry
+        self.device = pyxrt.device(entry["device"])
+        self.uuid = self.device.load_xclbin(pyxrt.xclbin(str(build / entry["xclbin"])))
+
+    def kernel(self, pyxrt, name: str, instance: str):
+        return pyxrt.kernel(self.device, self.uuid, f"{name}:{{{instance}}}")
+
+
+def _weights(pyxrt, build: Path, board: _Board, kernel, entry: dict) -> dict:
+    """Allocate and load the m_axi weight buffers of one kernel instance (sizes from the manifest)."""
+    bos = {}
+    for a in entry["args"]:
+        if a["kind"] != "weights":
+            continue
+        with open(build / a["file"], "rb") as f:
+            f.seek(a["offset"])
+            data = f.read(a["bytes"])
+        if len(data) != a["bytes"]:
+            raise BackendUnavailable(f"backend xrt: {build / a['file']} holds fewer bytes than "
+                                     f"{entry['instance']}.{a['name']} needs ({a['bytes']}); re-run `bapipe gen`")
+        bo = pyxrt.bo(board.device, a["bytes"], pyxrt.bo.normal, kernel.group_id(a["index"]))
+        bo.write(data, 0)
+        bo.sync(pyxrt.xclBOSyncDirection.XCL_BO_SYNC_BO_TO_DEVICE, a["bytes"], 0)
+        bos[a["index"]] = bo
+    return bos
 
 
 def forward(plan, model, cluster, params, x_q: np.ndarray, options: dict) -> np.ndarray:
-    """Stream the raw inputs through the boards; return the raw outputs (N, out_elems)."""
+    """Stream the raw inputs through the boards; return the raw outputs (N, out_elems).
+
+    ``params`` is not sent: the kernels run the weights of the build (baked into the xclbin
+    or loaded from its weight images), which are the generator's.
+    """
     pyxrt = _pyxrt()
     build = Path(options.get("build") or "build")
-    stages, fmt = _ports(plan, model, cluster)
-    dtype = {8: np.int8, 16: np.int16, 32: np.int32}[fmt.width]
+    man = read_manifest(build, plan)
+    dtype = {1: np.int8, 2: np.int16}[man["elem_bytes"]]
     n = len(x_q)
     x = np.asarray(x_q)
     if x.ndim == 4:  # images travel channel-last on the wire (HWC), as the generator streams them
         x = x.transpose(0, 2, 3, 1)
     x = np.ascontiguousarray(x.reshape(n, -1).astype(dtype))
-    devices, uuids = [], []
-    for k, st in enumerate(plan.stages):
-        dev = pyxrt.device(k)
-        uuids.append(dev.load_xclbin(pyxrt.xclbin(str(build / f"{st.boards[0]}.xclbin"))))
-        devices.append(dev)
-    first, last = stages[0], stages[-1]
     out_elems = int(np.prod(model.layers[-1].out_shape))
-    # output movers first: s2mm(in_stream, mem, n) -> args 1 (mem) and 2 (n)
-    outs = []
-    for port in last.outputs:
-        k = pyxrt.kernel(devices[-1], uuids[-1], f"s2mm:{{s2mm_{last.name}_{port.name}}}")
-        nbytes = n * port.elements * np.dtype(dtype).itemsize
-        bo = pyxrt.bo(devices[-1], nbytes, pyxrt.bo.normal, k.group_id(1))
-        run = pyxrt.run(k)
-        run.set_arg(1, bo)
-        run.set_arg(2, n * port.elements)
-        run.start()
-        outs.append((run, bo, nbytes, port))
-    ins = []
-    for port in first.inputs:  # mm2s(mem, out_stream, n) -> args 0 (mem) and 2 (n)
-        k = pyxrt.kernel(devices[0], uuids[0], f"mm2s:{{mm2s_{first.name}_{port.name}}}")
-        data = x.tobytes()
-        bo = pyxrt.bo(devices[0], len(data), pyxrt.bo.normal, k.group_id(0))
-        bo.write(data, 0)
-        bo.sync(pyxrt.xclBOSyncDirection.XCL_BO_SYNC_BO_TO_DEVICE, len(data), 0)
-        run = pyxrt.run(k)
-        run.set_arg(0, bo)
-        run.set_arg(2, n * port.elements)
-        run.start()
-        ins.append(run)
+    last = max(k["stage"] for b in man["boards"] for k in b["kernels"])
     wait_ms = int(options.get("timeout", WAIT_MS / 1000) * 1000)
-    for run in ins:
-        _wait(pyxrt, run, wait_ms, "mm2s")
+    boards = [_Board(pyxrt, build, b) for b in man["boards"]]   # one device per board
+
+    # stage kernels under host control, in pipeline order (started downstream first below)
+    controlled = []
+    for bd in boards:
+        for k in bd.entry["kernels"]:
+            if k["control"] != "hs":
+                continue
+            kern = bd.kernel(pyxrt, k["name"], k["instance"])
+            bos = _weights(pyxrt, build, bd, kern, k)
+            controlled.append((k["stage"], k, kern, bos))
+    controlled.sort(key=lambda c: -c[0])
+
+    outs = []
+    for bd in boards:   # output movers first: s2mm(in_stream, mem, n)
+        for o in bd.entry["outputs"]:
+            kern = bd.kernel(pyxrt, o["kernel"], o["instance"])
+            nbytes = n * o["elements"] * np.dtype(dtype).itemsize
+            bo = pyxrt.bo(bd.device, nbytes, pyxrt.bo.normal, kern.group_id(o["args"]["mem"]))
+            run = pyxrt.run(kern)
+            run.set_arg(o["args"]["mem"], bo)
+            run.set_arg(o["args"]["n"], n * o["elements"])
+            run.start()
+            outs.append((run, bo, nbytes, o))
+    once = []
+    for _, k, kern, bos in controlled:
+        if k["starts"] != "once":
+            continue
+        run = pyxrt.run(kern)
+        for a in k["args"]:
+            if a["kind"] == "samples":
+                run.set_arg(a["index"], n)
+            elif a["kind"] == "weights":
+                run.set_arg(a["index"], bos[a["index"]])
+        run.start()
+        once.append((run, k))
+    ins = []
+    for bd in boards:   # input movers: mm2s(mem, out_stream, n)
+        for i in bd.entry["inputs"]:
+            if i["tensor"] != model.inputs[0].name:
+                raise BackendUnavailable(f"backend xrt: {i['instance']} feeds {i['tensor']!r}, not the model input")
+            kern = bd.kernel(pyxrt, i["kernel"], i["instance"])
+            data = x.tobytes()
+            bo = pyxrt.bo(bd.device, len(data), pyxrt.bo.normal, kern.group_id(i["args"]["mem"]))
+            bo.write(data, 0)
+            bo.sync(pyxrt.xclBOSyncDirection.XCL_BO_SYNC_BO_TO_DEVICE, len(data), 0)
+            run = pyxrt.run(kern)
+            run.set_arg(i["args"]["mem"], bo)
+            run.set_arg(i["args"]["n"], n * i["elements"])
+            run.start()
+            ins.append((run, i))
+    per_sample = [(k, kern, bos) for _, k, kern, bos in controlled if k["starts"] == "per_sample"]
+    if per_sample:
+        runs = []
+        for k, kern, bos in per_sample:
+            run = pyxrt.run(kern)
+            for a in k["args"]:
+                if a["kind"] == "weights":
+                    run.set_arg(a["index"], bos[a["index"]])
+            runs.append((run, k))
+        for _ in range(n):   # one sample per call: all of them start, then all finish
+            for run, _k in runs:
+                run.start()
+            for run, k in runs:
+                _wait(pyxrt, run, wait_ms, k["instance"])
+    for run, i in ins:
+        _wait(pyxrt, run, wait_ms, i["instance"])
     results = []
-    for run, bo, nbytes, port in outs:
-        _wait(pyxrt, run, wait_ms, "s2mm")
+    for run, bo, nbytes, o in outs:
+        _wait(pyxrt, run, wait_ms, o["instance"])
         bo.sync(pyxrt.xclBOSyncDirection.XCL_BO_SYNC_BO_FROM_DEVICE, nbytes, 0)
-        results.append(np.frombuffer(bytes(bo.read(nbytes, 0)), dtype=dtype).reshape(n, -1))
+        if o["stage"] == last:
+            results.append(np.frombuffer(bytes(bo.read(nbytes, 0)), dtype=dtype).reshape(n, -1))
+    for run, k in once:
+        _wait(pyxrt, run, wait_ms, k["instance"])
+    if not results:
+        raise BackendUnavailable("backend xrt: the build has no output mover on the last stage")
     y = results[0] if len(results) == 1 else np.concatenate(results, axis=1)
     return y.reshape(n, out_elems).astype(np.int64)
 

