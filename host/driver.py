@@ -538,9 +538,13 @@ def train(plan: str | Path | Plan, backend: str = "numpy", epochs: int | None = 
         model, _cluster = resolve(plan)  # built in memory (tests): structural checks
     if precision not in ("float32", "fixed"):
         raise SpecError(None, None, "--precision", "expected float32 or fixed")
-    if backend != "numpy" and epochs:
-        # the generated hardware computes the forward pass only: training epochs cannot be honoured
-        raise SpecError(None, None, "--epochs", f"the {backend} backend runs the forward pass only; train with "
+    hw_train = backend != "numpy" and not resume and plan.mode == "train" and epochs != 0
+    if hw_train and not hasattr(_backend_module(backend), "train_iterations"):
+        hw_train = False
+    if backend != "numpy" and epochs and not hw_train:
+        # this backend computes the forward pass only: training epochs cannot be honoured
+        raise SpecError(None, None, "--epochs", f"the {backend} backend runs the forward pass only"
+                                                f"{' of a checkpoint' if resume else ''}; train with "
                                                 "--backend numpy --checkpoint ck.npz, then run it with --resume ck.npz")
     epochs = 5 if epochs is None else epochs
     if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 0:
@@ -552,6 +556,11 @@ def train(plan: str | Path | Plan, backend: str = "numpy", epochs: int | None = 
     for opt, path in (("--log", log), ("--checkpoint", checkpoint)):
         _check_writable(opt, path)  # refuse before training, not after minutes of it
     number_format = None if precision == "float32" else plan.number_format
+    if hw_train:  # the hardware trains in the plan's fixed-point arithmetic: host/train_hw.py
+        from .train_hw import train_on_hardware
+
+        return train_on_hardware(plan, model, _cluster, backend, epochs, lr, seed,
+                                 {"build": build, "timeout": timeout}, max_iterations, plan_file)
     if backend != "numpy":  # the RTL and board backends run the plan's forward pass: host/forward.py
         from .forward import run_forward
 
@@ -717,6 +726,16 @@ def train(plan: str | Path | Plan, backend: str = "numpy", epochs: int | None = 
         "stage_utilisation": utilisation, "history": history, "test_samples": int(len(data.y_test)),
         "ray": bool(ray),
     }
+
+
+def _backend_module(name: str):
+    """The backend module; an unknown name is one line naming --backend."""
+    from .backends import BackendUnavailable, get_backend
+
+    try:
+        return get_backend(name)
+    except BackendUnavailable as e:
+        raise SpecError(None, None, "--backend", str(e)) from None
 
 
 def _check_ledger(done: list[np.ndarray], order: np.ndarray, start: int, stop: int, B: int) -> None:

@@ -35,6 +35,12 @@ def trained_params(checkpoint: str, plan, model) -> dict[str, dict[str, np.ndarr
             layer = model.layers[model.index[lname]]
             if layer.type not in ("dense", "conv2d"):
                 continue
+            if "w" in p:  # raw master weights of fixed-point training (fpga_models.train_fixed)
+                from fpga_models import train_fixed as T
+
+                fw = T.forward_weights({lname: p}, T.get_formats(plan.number_format))[lname]
+                out[lname] = {"w": fw["w"], "b": fw.get("b")}
+                continue
             w = p["W"].T if layer.type == "dense" else p["W"]
             out[lname] = {"w": fx.quantize(w, plan.number_format),
                           "b": fx.quantize(p["b"], plan.number_format) if "b" in p else None}

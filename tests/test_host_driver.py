@@ -224,3 +224,44 @@ def test_property_any_cut_schedule_and_replication_matches_single_device(data):
                      microbatch_size=32 // m, replicas=reps)
     r = train(plan, epochs=1, max_iterations=1)
     assert r["grad_max_rel_err_vs_single_device"] < grad_tolerance(model, 32)
+
+
+def test_hardware_training_compares_every_iteration(monkeypatch):
+    """host/train_hw.py with a stand-in hardware backend that trains by train_step on the samples
+    and loss gradients it is handed: weights and logits match; a one-LSB error in one bias at
+    iteration 2 is reported as the first mismatch of epoch 0."""
+    import types
+
+    from fpga_models import train_fixed as T
+    from host import driver, train_hw
+
+    def make(corrupt: bool):
+        def train_iterations(plan, model, cluster, master, x_q, labels, dy, iterations, consts, tf, options):
+            n = len(x_q) // iterations
+            m, v, snaps, logits = master, {}, [], []
+            for k in range(iterations):
+                m, v, info = T.train_step(model, m, v, x_q[k * n:(k + 1) * n], labels[k * n:(k + 1) * n], consts, tf)
+                assert np.array_equal(T.softmax_xent_grad(info["logits"], labels[k * n:(k + 1) * n], tf),
+                                      dy[k * n:(k + 1) * n])
+                snap = {l: {p: a.copy() for p, a in d.items()} for l, d in m.items()}
+                if corrupt and k == 2:
+                    snap["fc2"]["b"][3] += 1
+                snaps.append(snap)
+                logits.extend(info["logits"])
+            return {"weights": snaps, "logits": logits, "iteration_cycles": [100] * iterations,
+                    "plan_iteration_cycles": 99.0}
+        return types.SimpleNamespace(check=lambda opts: None, train_iterations=train_iterations)
+
+    plan = hand_plan("tiny-mlp", cuts=(1, 3, 5))
+    for corrupt in (False, True):
+        fake = make(corrupt)
+        monkeypatch.setattr(train_hw, "get_backend", lambda name: fake)
+        monkeypatch.setattr(driver, "_backend_module", lambda name: fake)
+        r = train(plan, backend="verilator", epochs=1, max_iterations=4, lr=0.05)
+        assert r["iterations"] == 4 and r["outputs_match"] and r["iteration_cycles"] == [100] * 4
+        if corrupt:
+            assert not r["weights_match"] and r["weights_match_per_epoch"] == [False]
+            assert r["first_mismatch"] == {"iteration": 2, "tensor": "fc2.b"}
+        else:
+            assert r["weights_match"] and r["weights_match_per_epoch"] == [True] and r["first_mismatch"] is None
+            assert r["test_accuracy"] == r["numpy_test_accuracy"]

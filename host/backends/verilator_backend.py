@@ -4,12 +4,16 @@
 generator's, or weights trained on the numpy backend and rounded to the plan's format)
 into ``<build>/host_rtl/rtl``; ``codegen.rtlsim.simulate`` compiles ``cluster_top``
 once per source hash (cached beside it) and streams the samples through it under cocotb.
-The generated RTL computes the forward pass only, so this backend runs inference and
-``host.forward`` compares every output with the numpy fixed-point reference.
+``forward`` runs inference and ``host.forward`` compares every output with the numpy
+fixed-point reference. ``train_iterations`` trains: the training RTL of
+``codegen.rtl_train`` (``write_train``) under its Verilator testbench
+(``codegen.rtlsim_train``), initial master weights and SGD constants from the host, weights
+read back after every iteration (host/train_hw.py compares them with numpy).
 """
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import numpy as np
@@ -63,3 +67,90 @@ def forward(plan, model, cluster, params, x_q: np.ndarray, options: dict) -> np.
     options["sim_s"] = out["wall_s"]  # simulation only, not the one-off compile
     options["compile_s"] = out.get("compile_s")
     return np.asarray(out["outputs"], dtype=np.int64).reshape(len(x), man["out_elems"])
+
+
+def check_training(plan, model, cluster, options: dict) -> None:
+    """Refuse, before any work, a plan the training RTL cannot build (one line naming --epochs)
+    or a training RTL without the fixed-point update of docs/training.md."""
+    import inspect
+
+    from bapipe.errors import SpecError
+
+    try:
+        from codegen import rtl_train, rtlsim_train  # noqa: F401
+    except ImportError as e:
+        raise BackendUnavailable(f"backend verilator: the training RTL generator is not available ({e})") from None
+    try:
+        rtl_train.train_design(plan, model, cluster)
+    except rtl_train.Unsupported as e:
+        raise SpecError(None, None, "--epochs", f"the verilator backend cannot train this plan: {e}") from None
+    if "sgd" not in inspect.signature(rtl_train.write_train).parameters:
+        raise BackendUnavailable("backend verilator: the training RTL (codegen/rtl_train.py) does not take the "
+                                 "fixed-point SGD constants of docs/training.md yet; train with --backend numpy "
+                                 "--precision fixed")
+
+
+def train_iterations(plan, model, cluster, master, x_q, labels, dy, iterations: int, consts, tf,
+                     options: dict) -> dict:
+    """Train ``iterations`` iterations on the generated training RTL (see host/train_hw.py).
+
+    ``master``: initial master weights {layer: {"w": (units, in), "b"}} (raw, ``tf.master``);
+    ``x_q``: raw inputs of every iteration's samples in order; ``dy``: their loss gradients
+    (fed to the last board; host/train_hw.py checks the RTL's logits against the numpy ones).
+    """
+    from bapipe.errors import SpecError
+    from codegen import rtl_train, rtlsim_train
+
+    check_training(plan, model, cluster, options)
+    out_dir = Path(options.get("build") or "build") / "host_rtl"
+    rtl = out_dir / "train_rtl"
+    hw = {l: {"w": d["w"], "b": d["b"]} for l, d in master.items() if "w" in d and "b" in d}
+    _, _, why = rtl_train.write_train(plan, model, cluster, rtl, params=hw, sgd=consts)
+    if why:
+        raise SpecError(None, None, "--epochs", f"the verilator backend cannot train this plan: {why}")
+    man = json.loads((rtl / "train" / "manifest.json").read_text())
+    if man.get("master_w") != tf.master.width:
+        raise BackendUnavailable(f"backend verilator: the training RTL keeps {man.get('master_w', man['elem_w'])}-bit "
+                                 f"weights, the fixed-point training arithmetic {tf.master.width}-bit master weights "
+                                 "(docs/training.md)")
+    m = man["microbatches"]
+    if len(x_q) != iterations * m:
+        raise BackendUnavailable(f"backend verilator: the training RTL takes {m} samples an iteration, "
+                                 f"the run {len(x_q) // max(1, iterations)}")
+    from codegen.rtlsim import stream_order
+
+    t0 = time.perf_counter()
+    d = rtlsim_train.build_sim(rtl / "train", man, out_dir / "rtlsim", **_cap(rtlsim_train.build_sim, iterations))
+    compile_s = time.perf_counter() - t0
+    plan_it = man.get("plan_iteration_cycles") or 0
+    budget = int(iterations * max(10_000, 4 * plan_it + 20 * man["sequential_cycles"]))
+    try:
+        out = rtlsim_train.run_sim(d, man, stream_order(x_q), np.asarray(dy, np.int64).reshape(len(x_q), -1),
+                                   iterations, budget)
+    except RuntimeError as e:
+        raise BackendUnavailable(f"backend verilator: {e}") from None
+    if out["overflow"]:
+        raise BackendUnavailable("backend verilator: a link receiver overflowed during training")
+    weights = []
+    for snap in out["weights"]:
+        it = {}
+        for l in man["dense"]:
+            if l["name"] in snap:
+                it[l["name"]] = {"w": rtl_train.from_tile_order(snap[l["name"]]["w"], l["mh"], l["mw"], l["pe"],
+                                                                l["simd"]),
+                                 "b": np.asarray(snap[l["name"]]["b"], np.int64)}
+        weights.append(it)
+    done = all(len(out["iters"].get(b, [])) >= iterations for b in range(len(man["boards"])))
+    options["sim_s"] = out["wall_s"]
+    options["compile_s"] = compile_s
+    return {"weights": weights, "logits": [v for _, v in out["outputs"]],
+            "iteration_cycles": rtlsim_train.iteration_cycles(out["iters"], iterations) if done else None,
+            "plan_iteration_cycles": man.get("plan_iteration_cycles")}
+
+
+def _cap(fn, iterations: int) -> dict:
+    """The iteration capacity argument of the testbench builder, when it has one."""
+    import inspect
+
+    params = inspect.signature(fn).parameters
+    return {"max_iterations": iterations} if "max_iterations" in params else {}

@@ -1,0 +1,134 @@
+"""Training on generated hardware (``bapipe run --backend verilator --epochs N``).
+
+The hardware trains in the plan's fixed-point arithmetic (fpga_models.train_fixed,
+docs/training.md). The host streams the training samples of every iteration into the first
+board in the driver's epoch order, answers each logit vector of the last board with its loss
+gradient, and reads the master weights the update engines hold after every iteration. Beside
+it, the same iterations run in numpy (``train_fixed.train_step``: bit-identical to the numpy
+backend's pipelined fixed16 run, tests/test_host_driver.py), and the weights are compared
+after every iteration; the summary says per epoch whether they matched.
+
+A backend module trains through ``train_iterations(plan, model, cluster, master, x_q,
+labels, dy, iterations, consts, tf, options) -> dict`` with keys ``weights`` (a
+master-weight dict per iteration, raw int64, host layout of
+:func:`host.program.fixed_master_params`), ``logits`` (raw, every sample in order) and
+``iteration_cycles`` (list, cycles each iteration took, or None). ``dy`` are the loss
+gradients (``train_fixed.softmax_xent_grad``, raw, every sample in order) of the numpy
+run's logits: a backend whose testbench cannot compute them in the loop feeds these, and
+the run checks that the hardware's own logits equal the numpy ones bit for bit
+(``outputs_match``), so its own logits would have given the same gradients.
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from bapipe.errors import SpecError
+
+from .backends import get_backend
+from .data import epoch_order, load_digits
+
+
+def _equal(a: dict, b: dict) -> tuple[bool, str | None]:
+    """Whether two master-weight dicts are bit-identical; the first differing tensor otherwise."""
+    for l in sorted(set(a) | set(b)):
+        for n in sorted(set(a.get(l, {})) | set(b.get(l, {}))):
+            x, y = a.get(l, {}).get(n), b.get(l, {}).get(n)
+            if x is None or y is None or np.shape(x) != np.shape(y) or not np.array_equal(x, y):
+                return False, f"{l}.{n}"
+    return True, None
+
+
+def train_on_hardware(plan, model, cluster, backend: str, epochs: int, lr: float | None, seed: int = 0,
+                      options: dict | None = None, max_iterations: int | None = None,
+                      plan_file: str = "plan.yaml") -> dict:
+    """Train ``epochs`` epochs on ``backend``; compare every iteration's weights with numpy."""
+    from fpga_models import train_fixed as T
+
+    from .driver import effective_batch
+    from .program import fixed_master_params
+
+    try:
+        tf = T.get_formats(plan.number_format)
+    except ValueError as e:
+        raise SpecError(plan_file, None, "number_format", str(e)) from None
+    if plan.optimizer != "sgd":
+        raise SpecError(plan_file, None, "optimizer", f"the hardware trains with sgd (with momentum), "
+                                                      f"got {plan.optimizer}")
+    be = get_backend(backend)
+    opts = dict(options or {})
+    opts["plan"] = plan
+    be.check(opts)
+    if hasattr(be, "check_training"):
+        be.check_training(plan, model, cluster, opts)
+    data = load_digits(model.inputs[0].shape, seed)
+    b, _ = effective_batch(plan, data.n_train)
+    if lr is None:
+        from .optim import default_lr
+
+        lr = default_lr(plan.optimizer, b, plan.schedule)
+    per_epoch = data.n_train // b
+    total = epochs * per_epoch if max_iterations is None else min(epochs * per_epoch, max_iterations)
+    idx = [epoch_order(data.n_train, seed, it // per_epoch)[(it % per_epoch) * b:(it % per_epoch + 1) * b]
+           for it in range(total)]
+    x_q = T.quantize(data.x_train, tf.act)
+    consts = T.sgd_constants(lr, 0.9, b, tf)
+    master0 = fixed_master_params(model, 0, len(model.layers) - 1, seed, tf)
+
+    # the numpy fixed16 run (the reference the hardware must equal)
+    ref, losses, logits = [], [], []
+    m, v = master0, {}
+    t0 = time.perf_counter()
+    for i in idx:
+        m, v, info = T.train_step(model, m, v, x_q[i], data.y_train[i], consts, tf, max(1, plan.microbatches))
+        ref.append(m)
+        losses.append(info["loss"] / b)
+        logits.append(info["logits"].reshape(len(i), -1))
+    numpy_s = time.perf_counter() - t0
+
+    all_idx = np.concatenate(idx) if idx else np.zeros(0, np.int64)
+    ref_logits = np.concatenate(logits) if logits else np.zeros((0, model.layers[-1].out_elems), np.int64)
+    dy = T.softmax_xent_grad(ref_logits, data.y_train[all_idx], tf)
+    t0 = time.perf_counter()
+    got = be.train_iterations(plan, model, cluster, master0, x_q[all_idx], data.y_train[all_idx], dy, total,
+                              consts, tf, opts)
+    hw_s = opts.get("sim_s", time.perf_counter() - t0)
+    hw = got["weights"]
+    if len(hw) != total:
+        raise SpecError(plan_file, None, "--backend", f"the {backend} run reported {len(hw)} iterations, "
+                                                      f"expected {total}")
+    per_epoch_match, first_bad = [], None
+    for e in range((total + per_epoch - 1) // per_epoch):
+        ok = True
+        for it in range(e * per_epoch, min(total, (e + 1) * per_epoch)):
+            same, where = _equal(hw[it], ref[it])
+            if not same:
+                ok = False
+                first_bad = first_bad or {"iteration": it, "tensor": where}
+        per_epoch_match.append(ok)
+
+    def accuracy(master) -> float:
+        wq = T.forward_weights(master, tf)
+        z = T.layers_fwd(model.layers, {model.inputs[0].name: T.quantize(data.x_test, tf.act)}, wq, tf)
+        return float(np.mean(np.argmax(z[model.layers[-1].name].reshape(len(data.y_test), -1), 1) == data.y_test))
+
+    hw_logits = np.asarray(got.get("logits", []), dtype=np.int64).reshape(-1, ref_logits.shape[1])
+    outputs_match = hw_logits.shape == ref_logits.shape and bool(np.array_equal(hw_logits, ref_logits))
+    final = hw[-1] if hw else master0
+    cycles = got.get("iteration_cycles")
+    return {
+        "backend": backend, "epochs": epochs, "iterations": total,
+        "final_loss": float(np.mean(losses[-per_epoch:])) if losses else None,
+        "test_accuracy": accuracy(final), "numpy_test_accuracy": accuracy(ref[-1] if ref else master0),
+        "weights_match": bool(per_epoch_match) and all(per_epoch_match), "weights_match_per_epoch": per_epoch_match,
+        "first_mismatch": first_bad, "outputs_match": outputs_match,
+        "samples_per_s": total * b / hw_s if hw_s else 0.0, "numpy_s": numpy_s, "hardware_s": hw_s,
+        "iteration_cycles": cycles, "plan_iteration_cycles": got.get("plan_iteration_cycles"),
+        "grad_max_rel_err_vs_single_device": None,
+        "schedule": plan.schedule, "stages": len(plan.stages), "devices": plan.devices,
+        "microbatches": plan.microbatches, "microbatch_size": plan.microbatch_size, "global_batch": b,
+        "optimizer": plan.optimizer, "lr": lr, "precision": "fixed", "number_format": plan.number_format,
+        "test_samples": int(len(data.y_test)), "sgd_constants": {"mu": consts.mu, "lr": consts.lr,
+                                                                 "lr_scale": consts.lr_scale, "shift": consts.shift},
+    }
