@@ -68,11 +68,25 @@ def _expected_kernels(xrt: dict) -> list[tuple[int, str]]:
 
 
 def _run(monkeypatch, plan, model, out, stamp, limit: int = 6, program=None):
-    from host.forward import run_forward
+    """check + forward of the backend on ``limit`` random raw inputs in [-2, 2); outputs against
+    the numpy fixed-point reference (host.forward.run_forward's comparison, without the digits
+    data set, whose sklearn import alone takes ~10 s here)."""
+    from codegen.rtl_model import plan_weights
+    from fpga_models import fixedpoint as fx
+    from fpga_models.cluster import load_cluster
+    from host.backends import xrt_backend
+    from host.forward import reference_logits
 
     fake = fake_pyxrt.make(len(stamp["xrt"]["boards"]), program or _program(plan, model))
     monkeypatch.setitem(sys.modules, "pyxrt", fake)
-    r = run_forward(plan, model, "xrt", build=str(out), limit=limit)
+    xrt_backend.check({"build": str(out), "plan": plan})
+    fmt = fx.get_fmt(plan.number_format)
+    x = np.random.default_rng(limit).integers(-2 << fmt.frac, 2 << fmt.frac, size=(limit, *model.inputs[0].shape))
+    got = xrt_backend.forward(plan, model, load_cluster(plan.cluster), None, x, {"build": str(out), "timeout": 1.0})
+    ref = reference_logits(model, plan_weights(plan, model), x, fmt)
+    diff = np.abs(got - ref)
+    r = {"samples": len(x), "mismatches_vs_numpy": int(np.count_nonzero(diff.max(axis=1))),
+         "max_abs_err_vs_numpy": int(diff.max())}
     return r, fake.calls
 
 
