@@ -138,6 +138,7 @@ class StageCtx:
     embed_weights: bool
     weight_elements: int
     bwd: "BwdCtx | None" = None     # the backward kernel (training plans)
+    engine: "EngineStage | None" = None   # dataflow stages read off the Design (codegen.hls_design)
 
     @property
     def weights(self) -> list[WeightArray]:
@@ -151,14 +152,26 @@ class StageCtx:
 
     @property
     def params(self) -> list[str]:
-        """The forward top function's C parameter list."""
+        """The forward top function's C parameter list (engine kernels: packed ports and ``n``,
+        the samples of one call)."""
+        if self.engine is not None:
+            return [f"hls::stream<bapipe::vec<{self.port_lanes(p)}> > &{p.name}" for p in self.inputs + self.outputs] \
+                + ["int n"]
         return [f"hls::stream<data_t> &{p.name}" for p in self.inputs + self.outputs] + self.weight_params
 
     @property
     def args(self) -> list[str]:
         """The forward call's argument list (testbench)."""
+        if self.engine is not None:
+            return [p.name for p in self.inputs + self.outputs] + ["n"]
         return [p.name for p in self.inputs + self.outputs] + ([] if self.embed_weights else
                                                                 [w.name for w in self.weights])
+
+    def port_lanes(self, p: "PortCtx") -> int:
+        """Elements per beat on a port: the Design's lanes for engine kernels, else 1."""
+        if self.engine is None:
+            return 1
+        return self.engine.in_lanes if p in self.inputs else self.engine.out_lanes
 
 
 @dataclass
@@ -586,7 +599,7 @@ def build_boards(plan: Plan, cluster, stages: list[StageCtx]) -> list[BoardCtx]:
                 bk = s.bwd.name
                 kernels.setdefault(bk, []).append(f"{bk}_1")
                 slr.append(f"{bk}_1:SLR0")
-                for a in s.bwd.grad_arrays:
+                for a in s.bwd.grad_arrays + s.bwd.stashes + s.bwd.acc_ports:   # m_axi: gradients, stashes
                     sp.append(f"{bk}_1.{a.name}:{mem}")
                 sp.extend(f"{bk}_1.{w.name}:{mem}" for w in s.bwd.weights)
                 for p in s.bwd.in_ports:
@@ -612,240 +625,53 @@ def build_project(plan: Plan, model, cluster=None, plan_file: str = "plan.yaml")
     """Check the plan and precompute everything the templates print."""
     check_plan(plan, model, plan_file)
     weights = make_weights(plan, model)
+    design = _design(plan, model, cluster, weights)
     stages, skipped = [], []
-    for st in plan.stages:
+    for pos, st in enumerate(plan.stages):
         if st.style == "gpu":
             skipped.append(f"stage{st.index}: runs on GPU boards ({st.board_type}), no HLS kernel")
             continue
         sc = build_stage(plan, model, st, weights)
+        if design is not None and st.style == "dataflow" and sc.embed_weights and len(sc.inputs) == 1 \
+                and len(sc.outputs) == 1:
+            from .hls_design import engine_stage
+            sc.engine = engine_stage(design.stages[pos], [model.layers[model.index[n]] for n in st.layers], weights)
         if plan.mode == "train":
-            sc.bwd = build_stage_bwd(model, st, sc, max(1, plan.microbatch_size))
+            sc.bwd = build_stage_bwd(plan, model, st, sc, cluster)
         stages.append(sc)
     return ProjectCtx(plan=plan, fingerprint=plan.fingerprint(), header=header_lines(plan),
                       fmt=format_ctx(plan.number_format), stages=stages, boards=build_boards(plan, cluster, stages),
                       seed=weight_seed(plan), skipped=skipped)
 
 
+def _design(plan: Plan, model, cluster, weights):
+    """The plan lowered to hardware (codegen.rtl_model.build_pipeline: the Design), when some
+    stage is dataflow and the lowering builds the plan; None otherwise (the stages then use
+    the per-layer library kernels)."""
+    from .rtl_model import Unsupported, build_pipeline
+
+    if cluster is None or not any(st.style == "dataflow" for st in plan.stages):
+        return None
+    try:
+        return build_pipeline(plan, model, cluster, weights)
+    except (Unsupported, SpecError):
+        return None
+
+
 # ---------------------------------------------------------------- backward kernels (training plans)
 
-@dataclass
-class ArrayCtx:
-    """A C array: name, element count and, for interface arrays, its dims."""
+def build_stage_bwd(plan: Plan, model, st: Stage, sc: StageCtx, cluster=None):
+    """The backward kernel of a stage (codegen.hls_bwd decides it)."""
+    from fpga_models.boards import get_board
 
-    name: str
-    count: int
-    dims: str = ""
-    layer: str = ""
-    key: str = ""                   # dw | db for weight gradients
-    per_sample: int = 0             # micro-batch buffers: elements per sample (the C size is MB * this)
+    from .hls_bwd import build_bwd
 
-
-@dataclass
-class BwdCtx:
-    """A stage's backward kernel: ports, buffers and the statement list."""
-
-    name: str
-    mb: int
-    in_ports: list[PortCtx]         # x_in* (stashed forward inputs) then dy_out* (output grads)
-    out_ports: list[PortCtx]        # dx_in* (input grads; none for model inputs)
-    grad_arrays: list[ArrayCtx]
-    buffers: list[ArrayCtx]
-    statements: list[str]
-    weights: list[WeightArray] = field(default_factory=list)   # m_axi weight inputs (external weights only)
-
-    @property
-    def stream_ports(self) -> list[str]:
-        """Names of the AXIS ports."""
-        return [p.name for p in self.in_ports + self.out_ports]
-
-    @property
-    def params(self) -> list[str]:
-        """The C parameter list of the top function."""
-        return ([f"hls::stream<data_t> &{p}" for p in self.stream_ports]
-                + [f"data_t {a.name}{a.dims}" for a in self.grad_arrays]
-                + [f"const data_t {w.name}{w.dims}" for w in self.weights])
-
-    @property
-    def args(self) -> list[str]:
-        """The call's argument list (testbench)."""
-        return self.stream_ports + [a.name for a in self.grad_arrays] + [w.name for w in self.weights]
-
-
-def build_stage_bwd(model, st: Stage, sc: StageCtx, mb: int) -> BwdCtx:
-    """The backward kernel of a stage; statement order mirrors fpga_models.fixedpoint.stage_bwd."""
-    layers = [model.layers[model.index[n]] for n in st.layers]
-    lc_of = {lc.name: lc for lc in sc.layers}
-    model_inputs = {i.name for i in model.inputs}
-    elems = {p.tensor: p.elements for p in sc.inputs}
-    elems.update({l.name: l.out_elems for l in layers})
-    x_ports = [PortCtx(f"x_{p.name}", p.tensor, p.shape, p.elements) for p in sc.inputs]
-    dy_ports = [PortCtx(f"dy_{p.name}", p.tensor, p.shape, p.elements) for p in sc.outputs]
-    dx_ports = [PortCtx(f"dx_{p.name}", p.tensor, p.shape, p.elements) for p in sc.inputs
-                if p.tensor not in model_inputs]
-    buffers: dict[str, ArrayCtx] = {}
-    grads: list[ArrayCtx] = []
-    stmts: list[str] = []
-
-    def buf(name: str, count: int) -> str:
-        buffers.setdefault(name, ArrayCtx(name, mb * count, per_sample=count))
-        return name
-
-    def act(t: str) -> str:
-        return buf(f"a_{ident(t)}", elems[t])
-
-    def grad(t: str) -> str:
-        return buf(f"g_{ident(t)}", elems[t])
-
-    def block(title: str, streams: list[tuple[str, int]], body: list[str]) -> None:
-        stmts.append(f"// {title}")
-        stmts.append("{")
-        for name, depth in streams:
-            stmts.append(f"    bapipe::stream_t {name}(\"{name}\");")
-            stmts.append(f"#pragma HLS STREAM variable={name} depth={depth}")
-        stmts.extend("    " + b for b in body)
-        stmts.append("}")
-
-    # 1. stashed inputs and output gradients into buffers
-    for p in x_ports:
-        stmts.append(f"bapipe::pull<MB * {p.elements}>({p.name}, {act(p.tensor)});")
-    # 2. forward recompute
-    for l in layers:
-        lc = lc_of[l.name]
-        ins = [(f"i{k}", mb * elems[src]) for k, src in enumerate(l.inputs)]
-        body = [f"bapipe::push<MB * {elems[src]}>({act(src)}, i{k});" for k, src in enumerate(l.inputs)]
-        if l.type == "add" and len(l.inputs) > 2:
-            parts = [(f"p{j}", elems[l.name]) for j in range(len(l.inputs) - 2)]
-            chain, cur = [], "i0"
-            for j in range(1, len(l.inputs)):
-                o = "o" if j == len(l.inputs) - 1 else f"p{j - 1}"
-                chain.append(f"{lc.ident}({cur}, i{j}, {o});")
-                cur = o
-            body.append(f"for (int n = 0; n < MB; n++) {{ {' '.join(chain)} }}")
-            streams = ins + parts + [("o", mb * l.out_elems)]
-        else:
-            body.append(f"for (int n = 0; n < MB; n++) {lc.ident}({', '.join([s for s, _ in ins] + ['o'] + lc.wargs)});")
-            streams = ins + [("o", mb * l.out_elems)]
-        body.append(f"bapipe::pull<MB * {l.out_elems}>(o, {act(l.name)});")
-        block(f"forward recompute: {l.name}", streams, body)
-    # 3. gradients of the outputs
-    have: set[str] = set()
-    for p in dy_ports:
-        stmts.append(f"bapipe::pull<MB * {p.elements}>({p.name}, {grad(p.tensor)});")
-        have.add(p.tensor)
-    # 4. backward in reverse layer order
-    for l in reversed(layers):
-        if l.name not in have:
-            continue
-        lc = lc_of[l.name]
-        a = l.attr
-        n_out = mb * l.out_elems
-        c_out = f"MB * {l.out_elems}"      # C expression: csim may rebuild with -DMB=1
-        if l.type not in ("dense", "conv2d") and all(i in model_inputs for i in l.inputs):
-            continue                 # nothing to learn and no gradient to pass on
-        body = []
-        streams = []
-        dx_of: list[str | None] = []           # per input: stream holding its gradient (or None: g_l itself)
-        if l.type in ("dense", "conv2d"):
-            w, b = lc.weights[0].name, lc.weights[1].name
-            mh, mw = mvu_dims(l)
-            fo = lc.tparams
-            dw = ArrayCtx(f"dw_{ident(l.name)}", mh * mw, f"[{mh}][{mw}]", l.name, "dw")
-            db = ArrayCtx(f"db_{ident(l.name)}", mh, f"[{mh}]", l.name, "db")
-            grads.extend([dw, db])
-            src = l.inputs[0]
-            n_in = mb * elems[src]
-            c_in = f"MB * {elems[src]}"
-            streams = [("dy", n_out), ("dx", n_in), ("xs", n_in), ("dy2", n_out)]
-            need_dx = src not in model_inputs    # no input gradient for the model's own input
-            if need_dx:
-                body.append(f"bapipe::push<{c_out}>({grad(l.name)}, dy);")
-            else:
-                streams = [("xs", n_in), ("dy2", n_out)]
-            if l.type == "dense":
-                rows = prod(l.in_shapes[0][:-1])
-                pe, simd = fo[-2], fo[-1]
-                if need_dx:
-                    body.append(f"for (int n = 0; n < MB * {rows}; n++) "
-                                f"bapipe::dense_bwd_in<{mh}, {mw}, {pe}, {simd}>(dy, dx, {w});")
-                body.append(f"bapipe::push<{c_in}>({act(src)}, xs);")
-                body.append(f"bapipe::push<{c_out}>({grad(l.name)}, dy2);")
-                body.append(f"bapipe::dense_bwd_w<{mh}, {mw}, {pe}, {simd}, MB * {rows}>(xs, dy2, {dw.name}, {db.name});")
-            else:
-                tp = ", ".join(map(str, fo))
-                if need_dx:
-                    body.append(f"for (int n = 0; n < MB; n++) bapipe::conv2d_bwd_in<{tp}>(dy, dx, {w});")
-                body.append(f"bapipe::push<{c_in}>({act(src)}, xs);")
-                body.append(f"bapipe::push<{c_out}>({grad(l.name)}, dy2);")
-                body.append(f"bapipe::conv2d_bwd_w<{tp}, MB>(xs, dy2, {dw.name}, {db.name});")
-            dx_of = ["dx" if need_dx else "-"]
-        elif l.type == "add":
-            dx_of = [None] * len(l.inputs)
-        else:
-            src = l.inputs[0]
-            n_in = mb * elems[src]
-            c_in = f"MB * {elems[src]}"
-            streams = [("dy", n_out), ("dx", n_in)]
-            body.append(f"bapipe::push<{c_out}>({grad(l.name)}, dy);")
-            if l.type == "relu":
-                streams.append(("xs", n_in))
-                body.append(f"bapipe::push<{c_in}>({act(src)}, xs);")
-                body.append(f"for (int n = 0; n < MB; n++) bapipe::relu_bwd<{l.out_elems}>(xs, dy, dx);")
-            elif l.type == "maxpool":
-                streams.append(("xs", n_in))
-                body.append(f"bapipe::push<{c_in}>({act(src)}, xs);")
-                tp = ", ".join(map(str, _window_params(l)))
-                body.append(f"for (int n = 0; n < MB; n++) bapipe::maxpool_bwd<{tp}>(xs, dy, dx);")
-            elif l.type == "avgpool":
-                tp = ", ".join(map(str, _window_params(l) + [fx.avg_recip(prod(a["kernel"]))]))
-                body.append(f"for (int n = 0; n < MB; n++) bapipe::avgpool_bwd<{tp}>(dy, dx);")
-            elif l.type == "globalavgpool":
-                c, h, w_ = l.in_shapes[0]
-                body.append(f"for (int n = 0; n < MB; n++) "
-                            f"bapipe::globalavgpool_bwd<{c}, {h}, {w_}, {fx.avg_recip(h * w_)}>(dy, dx);")
-            elif l.type == "batchnorm":
-                s = l.in_shapes[0]
-                ch = s[0] if len(s) == 3 else s[-1]
-                body.append(f"for (int n = 0; n < MB; n++) "
-                            f"bapipe::batchnorm_bwd<{l.out_elems}, {ch}>(dy, dx, {lc.weights[0].name});")
-            elif l.type == "flatten":
-                s = l.in_shapes[0]
-                if len(s) == 3:
-                    body.append(f"for (int n = 0; n < MB; n++) bapipe::unflatten<{s[0]}, {s[1]}, {s[2]}>(dy, dx);")
-                else:
-                    body.append(f"bapipe::copy<{c_out}>(dy, dx);")
-            dx_of = ["dx"]
-        # route each input's gradient: the first write fills g_src, later ones add (saturating)
-        for k, src in enumerate(l.inputs):
-            n_in = mb * elems[src]
-            c_in = f"MB * {elems[src]}"
-            c_in = f"MB * {elems[src]}"
-            if src in model_inputs:  # gradients stop at the model input
-                continue
-            if dx_of[k] is None:     # add: the gradient passes unchanged
-                if src in have:
-                    body.append(f"bapipe::accumulate<{c_in}>({grad(src)}, {grad(l.name)});")
-                else:
-                    body.append(f"bapipe::push<{c_in}>({grad(l.name)}, t{k});")
-                    body.append(f"bapipe::pull<{c_in}>(t{k}, {grad(src)});")
-                    streams.append((f"t{k}", n_in))
-            elif src in have:
-                tmp = buf(f"d_tmp{elems[src]}", elems[src])
-                body.append(f"bapipe::pull<{c_in}>({dx_of[k]}, {tmp});")
-                body.append(f"bapipe::accumulate<{c_in}>({grad(src)}, {tmp});")
-            else:
-                body.append(f"bapipe::pull<{c_in}>({dx_of[k]}, {grad(src)});")
-            have.add(src)
-        block(f"backward: {l.name} ({l.type})", streams, body)
-    # 5. input gradients out
-    for p in dx_ports:
-        if p.tensor in have:
-            stmts.append(f"bapipe::push<MB * {p.elements}>({grad(p.tensor)}, {p.name});")
-        else:  # nothing in the stage reads it (cannot happen for a valid cut); keep the port's beat count
-            z = buf(f"z_{ident(p.tensor)}", p.elements)
-            stmts.append(f"bapipe::zero<MB * {p.elements}>({z});")
-            stmts.append(f"bapipe::push<MB * {p.elements}>({z}, {p.name});")
-    pos = {l.name: i for i, l in enumerate(layers)}
-    grads.sort(key=lambda a: (pos[a.layer], a.key != "dw"))   # layer order: dw, db
-    return BwdCtx(name=f"{sc.name}_bwd", mb=mb, in_ports=x_ports + dy_ports, out_ports=dx_ports,
-                  grad_arrays=grads, buffers=sorted(buffers.values(), key=lambda b: b.name), statements=stmts,
-                  weights=[] if sc.embed_weights else list(sc.weights))
+    board = None
+    if cluster is not None:
+        board = next((cb.board for cb in cluster.boards if cb.board.name == st.board_type), None)
+    if board is None:
+        try:
+            board = get_board(st.board_type)
+        except Exception:  # a custom board type of a cluster file not given here: no on-chip budget
+            board = None
+    return build_bwd(plan, model, st, sc, fx.get_fmt(plan.number_format), board)

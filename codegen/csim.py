@@ -367,8 +367,9 @@ def csim_project(build: str | Path, samples: int = 4, seed: int = 0, tolerance_l
                 results.append({**_skip_row(st["backward"]["kernel"], f"{mb * bwd_macs} MACs exceed the csim "
                                                 f"budget of {RUN_LIMIT_MACS} per kernel run"), **_NO_BWD_CYCLES})
                 continue
-            results.append({**csim_backward(build, st, model, params, fmt, rng, cache, tolerance_lsb, mb=mb,
-                                            macs=mb * bwd_macs), **_NO_BWD_CYCLES})
+            from .csim_bwd import csim_backward as csim_bwd_kernel   # the streaming backward kernel
+            results.append(csim_bwd_kernel(build, st, model, params, fmt, rng, cache, tolerance_lsb, mb=mb,
+                                           macs=mb * bwd_macs))
 
     model_err = None
     fwd_rows = [r for r in results if not r["name"].endswith("_bwd")]
@@ -410,7 +411,8 @@ def _cycles(build: Path, st: dict, stats: dict | None, samples: int) -> dict:
             "cycles_source": "counted in C-simulation: loop trips x II + entries x pipeline depth, "
                              "max over DATAFLOW processes (BAPIPE_LOOP/BAPIPE_TRIP)",
             "streams": {k: {"depth": v["depth"], "peak": v["peak"]}
-                        for k, v in sorted(((stats or {}).get("streams") or {}).items())}}
+                        for k, v in sorted(((stats or {}).get("streams") or {}).items())},
+            "processes": {k: v / samples for k, v in sorted(((stats or {}).get("processes") or {}).items())}}
 
 
 def csim_backward(build: Path, st: dict, model, params: dict, fmt: fx.Fmt, rng: np.random.Generator,
@@ -519,7 +521,6 @@ def run_harness(cases: list[HarnessCase], fmt: str, workdir: Path, cache: Path |
     files = {
         common / "bapipe_types.h": env.get_template("bapipe_types.h.j2").render(fmt=fctx, header=hdr),
         common / "bapipe_layers.h": env.get_template("bapipe_layers.h.j2").render(fmt=fctx, header=hdr),
-        common / "bapipe_layers_bwd.h": env.get_template("bapipe_layers_bwd.h.j2").render(fmt=fctx, header=hdr),
         workdir / f"{name}.cpp": env.get_template("harness.cpp.j2").render(fmt=fctx, header=hdr, cases=cases),
     }
     for p, text in files.items():

@@ -5,10 +5,10 @@ Layout of the output folder::
     plan.yaml             the plan the project was generated from
     host_config.json      stages, ports, shapes, formats and weight offsets for the host driver
     Makefile              csim / hls / xclbin
-    common/               bapipe_types.h, bapipe_layers.h, bapipe_csim.h (dataflow/loop-count macros,
+    common/               bapipe_types.h, bapipe_layers.h, bapipe_engines.h, bapipe_csim.h (dataflow/loop-count macros,
                           bounded csim streams), mm2s.cpp, s2mm.cpp
     common/csim/          hls_stream.h: csim-only shadow of the vendor header (bapipe csim)
-    stage<i>/             stage<i>.{h,cpp}, stage<i>_weights.h, tb_stage<i>.cpp, tb_stage<i>_io.h,
+    stage<i>/             stage<i>.{h,cpp}, stage<i>_weights.h, stage<i>_roms.h (engine kernels), tb_stage<i>.cpp, tb_stage<i>_io.h,
                           run_hls.tcl, hls_config.cfg, weights.bin (raw little-endian ints, model
                           layout), csim_in.bin (testbench stimulus: little-endian int32)
     link/<board>.cfg      v++ link config per board
@@ -81,11 +81,11 @@ def csim_input(ctx: ProjectCtx, s: StageCtx, samples: int = 1) -> bytes:
 
 
 def csim_bwd_input(ctx: ProjectCtx, s: StageCtx) -> bytes:
-    """Stimulus of the backward kernel: one micro-batch of stashed inputs and output gradients."""
+    """Stimulus of the backward kernel: one micro-batch of stashed activations and output gradients."""
     b = s.bwd
     rng = np.random.default_rng([ctx.seed, s.index, 1])
     lim = 1 << ctx.fmt.frac  # values in [-1, 1)
-    return tb_file(b.mb, [rng.integers(-lim, lim, size=b.mb * p.elements) for p in b.in_ports])
+    return tb_file(b.mb, [rng.integers(-lim, lim, size=b.mb * p.elements) for p in b.stashes + b.in_ports])
 
 
 def host_config(ctx: ProjectCtx) -> dict:
@@ -100,25 +100,19 @@ def host_config(ctx: ProjectCtx) -> dict:
         "weight_seed": ctx.seed,
         "stages": [{
             "index": s.index, "kernel": s.name, "boards": s.boards, "board_type": s.board_type, "style": s.style,
-            "inputs": [{"port": q.name, "tensor": q.tensor, "shape": list(q.shape), "elements": q.elements}
-                       for q in s.inputs],
-            "outputs": [{"port": q.name, "tensor": q.tensor, "shape": list(q.shape), "elements": q.elements}
-                        for q in s.outputs],
+            "inputs": [{"port": q.name, "tensor": q.tensor, "shape": list(q.shape), "elements": q.elements,
+                        "lanes": s.port_lanes(q)} for q in s.inputs],
+            "outputs": [{"port": q.name, "tensor": q.tensor, "shape": list(q.shape), "elements": q.elements,
+                         "lanes": s.port_lanes(q)} for q in s.outputs],
+            # engine kernels stream n samples per call (scalar argument n); the others one
+            "samples_per_call": "n" if s.engine is not None else 1,
             "layers": [{"name": l.name, "type": l.type, "func": l.func, "tparams": l.tparams, "cycles": l.cycles}
                        for l in s.layers],
             "weights_file": f"{s.name}/weights.bin",
             "weights": [{"name": w.name, "layer": l.name, "shape": list(w.model_shape), "offset": w.offset,
                          "elements": int(w.model_q.size)} for l in s.layers for w in l.weights],
             "embedded_weights": s.embed_weights,
-            "backward": None if s.bwd is None else {
-                "kernel": s.bwd.name, "microbatch": s.bwd.mb,
-                "inputs": [{"port": q.name, "tensor": q.tensor, "shape": list(q.shape), "elements": q.elements}
-                           for q in s.bwd.in_ports],
-                "outputs": [{"port": q.name, "tensor": q.tensor, "shape": list(q.shape), "elements": q.elements}
-                            for q in s.bwd.out_ports],
-                "weight_grads": [{"name": a.name, "layer": a.layer, "kind": a.key, "elements": a.count,
-                                  "layout": "kernel (conv: MVU matrix O x kh*kw*C)"} for a in s.bwd.grad_arrays],
-            },
+            "backward": None if s.bwd is None else s.bwd.host_config(),   # codegen.hls_bwd
         } for s in ctx.stages],
         "boards": [{"name": b.name, "board_type": b.board_type, "platform": b.platform, "kernels": b.stages,
                     "link_config": f"link/{b.name}.cfg"} for b in ctx.boards],
@@ -142,6 +136,7 @@ def render_files(ctx: ProjectCtx, plan_text: str, cluster=None, engines: str = "
     put("common/bapipe_types.h", "bapipe_types.h.j2", header=c_hdr)
     put("common/bapipe_layers.h", "bapipe_layers.h.j2", header=c_hdr)
     put("common/bapipe_csim.h", "bapipe_csim.h.j2", header=c_hdr)
+    put("common/bapipe_engines.h", "bapipe_engines.h.j2", header=c_hdr)
     put("common/csim/hls_stream.h", "hls_stream_csim.h.j2", header=c_hdr)
     if any(s.bwd is not None for s in ctx.stages):
         put("common/bapipe_layers_bwd.h", "bapipe_layers_bwd.h.j2", header=c_hdr)
@@ -156,6 +151,8 @@ def render_files(ctx: ProjectCtx, plan_text: str, cluster=None, engines: str = "
         put(f"{d}/{d}_layers.h", "stage_layers.h.j2", header=c_hdr, s=s)
         put(f"{d}/{d}.cpp", "stage.cpp.j2", header=c_hdr, s=s)
         put(f"{d}/{d}_weights.h", "weights.h.j2", header=c_hdr, s=s, embed_limit=EMBED_LIMIT)
+        if s.engine is not None:
+            put(f"{d}/{d}_roms.h", "stage_roms.h.j2", header=c_hdr, s=s)
         put(f"{d}/tb_{d}_io.h", "tb_io.h.j2", header=c_hdr, s=s)
         put(f"{d}/tb_{d}.cpp", "tb.cpp.j2", header=c_hdr, s=s)
         # external weights: the testbench reads weights.bin from the csim run folder
@@ -179,7 +176,7 @@ def render_files(ctx: ProjectCtx, plan_text: str, cluster=None, engines: str = "
             files[f"{d}/csim_bwd_in.bin"] = csim_bwd_input(ctx, s)
         files[f"{d}/weights.bin"] = weights_bin(s, ctx.fmt.width)
         files[f"{d}/csim_in.bin"] = csim_input(ctx, s)
-    pl = place_project(ctx, cluster)   # SLRs, banks, network glue (codegen.placement; design.json)
+    pl = place_project(ctx, cluster, sources=files)   # SLRs, banks, network glue (codegen.placement)
     files["placement.json"] = (json.dumps(pl, indent=1, sort_keys=True) + "\n").encode()
     for b in ctx.boards:
         if b.platform is None:
