@@ -117,81 +117,18 @@ def flatten(rng, c, h, wd, n=2):
     return case, [x.reshape(-1)]
 
 
-def dense_bwd_in(rng, mh, mw, pe, simd, n=3, fmt=FMT):
-    w, dy = _r(rng, (mh, mw), 0.5), _r(rng, (n, mh), 1.0)
-    case = HarnessCase(f"dense_bwd_in {mh}x{mw} pe={pe} simd={simd}",
-                       f"bapipe::dense_bwd_in<{_tp(mh, mw, pe, simd)}>(dy, dx, w)", n,
-                       [_arr("w", w)], [HarnessIO("dy", dy.size, data=dy)], [HarnessIO("dx", n * mw)], [])
-    return case, [fx.dense_bwd_input(dy, w, fmt).reshape(-1)]
-
-
-def dense_bwd_w(rng, mh, mw, pe, simd, n=3, fmt=FMT):
-    x, dy = _r(rng, (n, mw)), _r(rng, (n, mh), 1.0)
-    dw, db = fx.dense_bwd_weight(dy, x, fmt)
-    case = HarnessCase(f"dense_bwd_w {mh}x{mw} pe={pe} simd={simd} n={n}",
-                       f"bapipe::dense_bwd_w<{_tp(mh, mw, pe, simd, n)}>(x, dy, dw, db)", 1, [],
-                       [HarnessIO("x", x.size, data=x), HarnessIO("dy", dy.size, data=dy)], [],
-                       [HarnessIO("dw", mh * mw, _dims((mh, mw))), HarnessIO("db", mh, _dims((mh,)))])
-    return case, [dw.reshape(-1), db.reshape(-1)]
-
-
-def conv_bwd_in(rng, c, h, wd, o, k, s, p, pe, simd, n=2, fmt=FMT):
-    ho, wo = fx.conv_out_hw(h, wd, k, s, p)
-    w, dy = _r(rng, (o, c, k, k), 0.5), _r(rng, (n, o, ho, wo), 1.0)
-    tp = _tp(c, h, wd, o, k, k, s, s, p, p, pe, simd)
-    case = HarnessCase(f"conv2d_bwd_in {c}x{h}x{wd}->{o} k{k} s{s} p{p} pe={pe} simd={simd}",
-                       f"bapipe::conv2d_bwd_in<{tp}>(dy, dx, w)", n, [_arr("w", fx.conv_weight_matrix(w))],
-                       [HarnessIO("dy", dy.size, data=to_stream(dy))], [HarnessIO("dx", n * c * h * wd)], [])
-    return case, [to_stream(fx.conv2d_bwd_input(dy, w, (h, wd), fmt, s, p)).reshape(-1)]
-
-
-def conv_bwd_w(rng, c, h, wd, o, k, s, p, pe, simd, n=2, fmt=FMT):
-    ho, wo = fx.conv_out_hw(h, wd, k, s, p)
-    x, dy = _r(rng, (n, c, h, wd)), _r(rng, (n, o, ho, wo), 0.5)
-    dw, db = fx.conv2d_bwd_weight(dy, x, k, fmt, s, p)
-    tp = _tp(c, h, wd, o, k, k, s, s, p, p, pe, simd, n)
-    mw = c * k * k
-    case = HarnessCase(f"conv2d_bwd_w {c}x{h}x{wd}->{o} k{k} s{s} p{p} pe={pe} simd={simd}",
-                       f"bapipe::conv2d_bwd_w<{tp}>(x, dy, dw, db)", 1, [],
-                       [HarnessIO("x", x.size, data=to_stream(x)), HarnessIO("dy", dy.size, data=to_stream(dy))], [],
-                       [HarnessIO("dw", o * mw, _dims((o, mw))), HarnessIO("db", o, _dims((o,)))])
-    return case, [fx.conv_weight_matrix(dw).reshape(-1), db.reshape(-1)]
-
-
-def pool_bwd(rng, kind, c, h, wd, k, s, p, n=2, fmt=FMT):
-    """Backward of max/avg pooling with overlapping, padded windows."""
-    ho, wo = fx.conv_out_hw(h, wd, k, s, p)
-    x, dy = _r(rng, (n, c, h, wd)), _r(rng, (n, c, ho, wo), 1.0)
-    x[:, :, 0, :2] = 5                                        # ties: the first maximum wins
-    tp = _tp(c, h, wd, k, k, s, s, p, p)
-    if kind == "max":
-        case = HarnessCase(f"maxpool_bwd {c}x{h}x{wd} k{k} s{s} p{p}", f"bapipe::maxpool_bwd<{tp}>(x, dy, dx)", n, [],
-                           [HarnessIO("x", x.size, data=to_stream(x)), HarnessIO("dy", dy.size, data=to_stream(dy))],
-                           [HarnessIO("dx", x.size)], [])
-        return case, [to_stream(fx.maxpool_bwd(x, dy, k, s, p, fmt)).reshape(-1)]
-    case = HarnessCase(f"avgpool_bwd {c}x{h}x{wd} k{k} s{s} p{p}",
-                       f"bapipe::avgpool_bwd<{tp}, {fx.avg_recip(k * k)}>(dy, dx)", n, [],
-                       [HarnessIO("dy", dy.size, data=to_stream(dy))], [HarnessIO("dx", x.size)], [])
-    return case, [to_stream(fx.avgpool_bwd(dy, (h, wd), k, fmt, s, p)).reshape(-1)]
-
-
 def all_cases(seed: int = 1):
-    """Every layer type x at least 3 foldings, forward; dense and conv2d also backward."""
+    """Every layer type x at least 3 foldings, forward (the backward engines are tested through whole
+    backward kernels: tests/test_csim_bwd.py)."""
     rng = np.random.default_rng(seed)
     out = []
     for pe, simd in ((1, 1), (4, 8), (16, 24), (2, 3)):
         out.append(dense(rng, 16, 24, pe, simd))
-        out.append(dense_bwd_in(rng, 16, 24, pe, simd))
-        out.append(dense_bwd_w(rng, 16, 24, pe, simd))
     out.append(dense(rng, 8, 12, 2, 4, span=24.0))          # saturation on the output
     out.append(dense_ties())
     for pe, simd in ((1, 1), (2, 9), (4, 27)):
         out.append(conv(rng, 3, 6, 5, 4, 3, 1, 1, pe, simd))
-        out.append(conv_bwd_in(rng, 3, 6, 5, 4, 3, 1, 1, pe, simd))
-        out.append(conv_bwd_w(rng, 3, 6, 5, 4, 3, 1, 1, pe, simd))
     out.append(conv(rng, 2, 7, 7, 6, 3, 2, 0, 3, 6))         # stride 2, no padding
-    out.append(conv_bwd_in(rng, 2, 7, 7, 6, 3, 2, 0, 3, 6))
-    out.append(conv_bwd_w(rng, 2, 7, 7, 6, 3, 2, 0, 3, 6))
     for pe in (1, 2, 4):
         out.append(relu(rng, (4, 3, 3), pe))
         out.append(pool(rng, "max", 4, 6, 6, 2, 2, 0, pe))
@@ -204,7 +141,4 @@ def all_cases(seed: int = 1):
     out.append(batchnorm(rng, (12,), 3))                     # vector input
     out.append(add(rng, (16,), 1, span=30.0))                # saturation
     out.append(flatten(rng, 3, 2, 4))
-    for kind in ("max", "avg"):
-        out.append(pool_bwd(rng, kind, 3, 7, 7, 3, 2, 1))
-        out.append(pool_bwd(rng, kind, 2, 6, 6, 2, 2, 0))
     return out

@@ -1,0 +1,97 @@
+"""C-simulation of a stage's backward kernel (codegen.hls_bwd): one random micro-batch, checked
+against fpga_models.fixedpoint.stage_bwd, cycles counted in the run against the plan's.
+
+The stashes the kernel reads (each layer's forward input) come from the fixed-point forward of
+the same random stage inputs, so the kernel and the reference see the very same activations.
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+
+from fpga_models import fixedpoint as fx
+
+
+def plan_figures(build: Path, st: dict, model) -> dict:
+    """The plan's backward cycles of the stage (codegen.hls_bwd.plan_bwd_cycles)."""
+    from bapipe.plan import load_plan
+    from fpga_models.boards import get_board
+
+    from .hls_bwd import plan_bwd_cycles
+
+    plan = load_plan(Path(build) / "plan.yaml")
+    pos = next((i for i, x in enumerate(plan.stages) if x.index == st.get("index")), None)
+    if pos is None:
+        return {}
+    return plan_bwd_cycles(plan, model, pos, get_board(plan.stages[pos].board_type))
+
+
+def csim_backward(build: Path, st: dict, model, params: dict, fmt: fx.Fmt, rng: np.random.Generator,
+                  cache: Path, tolerance_lsb: int = 0, mb: int | None = None, macs: int = 0) -> dict:
+    """Compile and run the backward kernel of stage ``st`` (its host_config entry) on one random
+    micro-batch; compare input and weight gradients with fpga_models.fixedpoint.stage_bwd.
+
+    ``mb`` below the kernel's micro-batch rebuilds it with ``-DMB=mb`` (big stages).
+    Returns the csim row: passed, max_abs_err_lsb, cycles per sample counted in the run and the
+    plan's (steady state; per micro-batch beside them), streams' peak occupancy.
+    """
+    from .csim import (Deadlock, build_flags, compile_sources, from_stream, random_input, run_binary,
+                       to_stream)
+
+    b = st["backward"]
+    name = b["kernel"]
+    sdir = build / st["kernel"]
+    kernel_mb = b["microbatch"]
+    mb = kernel_mb if mb is None else mb
+    flags = build_flags(macs) + ((f"-DMB={mb}",) if mb != kernel_mb else ())
+    comp = compile_sources([sdir / f"{name}.cpp", sdir / f"tb_{name}.cpp"], [sdir, build / "common"], cache, name,
+                           flags)
+    layers = [model.layers[model.index[l["name"]]] for l in st["layers"]]
+    xs = {p["tensor"]: random_input(rng, mb, tuple(p["shape"]), fmt) for p in st["inputs"]}
+    dys = {p["tensor"]: random_input(rng, mb, tuple(p["shape"]), fmt, span=1.0) for p in b["inputs"]}
+    acts = fx.model_fwd(layers, xs, params, fmt)
+    feed = [to_stream(acts[s["tensor"]]) for s in b["stashes"]] + [to_stream(dys[p["tensor"]]) for p in b["inputs"]]
+    counts = [p["elements"] for p in b["outputs"]]
+    row = {"name": name, "passed": False, "max_abs_err_lsb": None, "compile_s": round(comp.compile_s, 3),
+           "run_s": 0.0, "cached": comp.cached, "samples": mb, "macs": macs,
+           "mac": "acc_t" if "-DBAPIPE_AP_MAC" in flags else "int64",
+           "onchip_bytes": b.get("onchip_bytes")}
+    if mb != kernel_mb:
+        row["note"] = f"micro-batch {mb} of the kernel's {kernel_mb} (-DMB={mb}): the csim run-time budget"
+    plan = plan_figures(build, st, model)
+    row.update({"cycles_per_sample": None, "plan_cycles_per_sample": plan.get("per_sample"),
+                "cycles_per_microbatch": None, "plan_cycles_per_microbatch": plan.get("microbatch"),
+                "cycles_source": "counted in C-simulation: loop trips x II + entries x pipeline depth, max over "
+                                 "DATAFLOW processes (BAPIPE_LOOP/BAPIPE_TRIP); plan per sample: the slowest "
+                                 "layer's backward cycles (dataflow steady state)"})
+    wfile = None if st["embedded_weights"] else build / st["weights_file"]
+    stats: dict = {}
+    try:
+        outs, tail, run_s = run_binary(comp.path, feed, mb, counts, wfile, stats)
+    except (RuntimeError, Deadlock) as e:
+        row["error"] = str(e).splitlines()[0]
+        return row
+    row["run_s"] = round(run_s, 3)
+    if stats.get("cycles") is not None:
+        row["cycles_per_microbatch"] = stats["cycles"]
+        row["cycles_per_sample"] = stats["cycles"] / mb
+    row["streams"] = {k: {"depth": v["depth"], "peak": v["peak"]} for k, v in sorted((stats.get("streams") or {}).items())}
+    t0 = time.perf_counter()
+    g, wg = fx.stage_bwd(layers, xs, dys, params, fmt)
+    row["numpy_s"] = round(time.perf_counter() - t0, 3)
+    err = 0
+    for p, o in zip(b["outputs"], outs):
+        err = max(err, int(np.max(np.abs(from_stream(o, tuple(p["shape"])) - g[p["tensor"]]))))
+    pos = 0
+    for a in b["weight_grads"]:
+        ref = wg[a["layer"]][a["kind"]]
+        if a["kind"] == "dw" and ref.ndim == 4:
+            ref = fx.conv_weight_matrix(ref)
+        got = tail[pos:pos + a["elements"]]
+        pos += a["elements"]
+        err = max(err, int(np.max(np.abs(got - ref.reshape(-1)))) if got.size == ref.size else 1 << 30)
+    row["max_abs_err_lsb"] = err
+    row["passed"] = err <= tolerance_lsb
+    return row

@@ -1,0 +1,604 @@
+"""The backward (training) kernel of a stage, decided here and printed by stage_bwd.cpp.j2.
+
+One DATAFLOW region of streaming engines (hls_templates/hls/bapipe_layers_bwd.h.j2), each a
+process with one flattened II=1 loop over the micro-batch:
+
+- a matrix layer (dense, conv2d) is one PE x SIMD engine at the plan's folding doing, per
+  vector (dense row or conv output pixel), NF*SF steps of dW += dy x^T and NF*SF steps of
+  dx = W^T dy: the plan's ``bwd_w + bwd_in`` cycles (fpga_models.cost.layer_cost); a conv's
+  dx goes through col2im, a line buffer of KH input rows that emits each finished row;
+- activation stashes (the inputs the forward saw) are read from memory by their own reader
+  processes (``stash_read``: L elements a beat; ``window_read``: a conv's window columns),
+  never held whole on chip;
+- weight-gradient sums are exact, in accumulators of ``acc_width(T)`` bits for T terms (the
+  micro-batch's vectors), on chip (BIND_STORAGE) or, when they do not fit the board's
+  budget, in off-chip memory;
+- element-wise engines (relu, batchnorm, pools, flatten, add, width converters) at the plan's
+  lanes; gradients of a tensor read by several layers meet in a saturating add, in the order
+  of fpga_models.fixedpoint.stage_bwd.
+
+Every stream depth, lane count, accumulator width and storage place is computed here; the
+template prints them. The kernel's MB is the samples one replica computes per micro-batch.
+"""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from math import prod
+
+from fpga_models import fixedpoint as fx
+from fpga_models.engines import MVU_FILL
+
+#: the width of an m_axi burst beat (bits): dW/db leave one beat a cycle
+AXI_BITS = 512
+#: default depth of a stream between two engines (the Vitis HLS default handshake FIFO)
+STREAM_DEPTH = 2
+#: share of the board's usable BRAM+URAM the weight-gradient accumulators of one backward
+#: kernel may take on chip (the forward kernel, stashes and FIFOs share the rest) [design choice]
+ACC_ONCHIP_SHARE = 0.5
+#: widest accumulator the C-simulation's 64-bit integer path holds exactly
+MAX_ACC_BITS = 64
+
+
+def acc_width(terms: int, a_width: int, b_width: int) -> int:
+    """Bits of a signed accumulator that sums ``terms`` products exactly (fpga_models.train_fixed)."""
+    return a_width + b_width - 1 + math.ceil(math.log2(max(1, terms) + 1))
+
+
+@dataclass
+class BStream:
+    """A stream inside the backward kernel."""
+
+    name: str
+    beat: str              # C type of one beat
+    depth: int
+    beat_bits: int
+
+    @property
+    def bytes(self) -> int:
+        """On-chip bytes of its FIFO."""
+        return self.depth * ((self.beat_bits + 7) // 8)
+
+
+@dataclass
+class BArray:
+    """A static array of the kernel (accumulators, line buffers) or an engine's local buffer."""
+
+    name: str
+    ctype: str
+    dims: tuple[int, ...]
+    bits: int               # per element
+    storage: str            # "bram" | "uram" | "lutram" | "registers" | "off-chip"
+    local: bool = False     # an engine's own buffer (counted, not declared by the kernel)
+    partitions: list[tuple[int, int]] = field(default_factory=list)   # (factor, dim) cyclic
+
+    @property
+    def bytes(self) -> int:
+        return prod(self.dims) * ((self.bits + 7) // 8)
+
+    @property
+    def cdims(self) -> str:
+        return "".join(f"[{d}]" for d in self.dims)
+
+
+@dataclass
+class StashPort:
+    """An m_axi input: one layer's stashed input activation, MB samples in stream order."""
+
+    name: str
+    tensor: str
+    layer: str
+    elements: int           # per sample
+
+
+@dataclass
+class BPort:
+    """An AXI4-Stream port of the backward kernel: LANES elements a beat."""
+
+    name: str
+    tensor: str
+    shape: tuple[int, ...]
+    elements: int
+    lanes: int
+
+
+@dataclass
+class GradArray:
+    """A weight-gradient output (m_axi): dW in kernel layout or db."""
+
+    name: str
+    count: int
+    dims: str
+    layer: str
+    key: str
+
+
+@dataclass
+class BwdCtx:
+    """A stage's backward kernel: ports, memories, streams and the dataflow processes."""
+
+    name: str
+    mb: int
+    in_ports: list[BPort]             # dy_out*: gradients of the stage's outputs
+    out_ports: list[BPort]            # dx_in*: gradients of its inputs (none for model inputs)
+    stashes: list[StashPort]
+    grad_arrays: list[GradArray]
+    acc_ports: list[BArray]           # off-chip accumulators (m_axi scratch)
+    arrays: list[BArray]              # static on-chip arrays of the kernel + engines' local buffers
+    streams: list[BStream]
+    processes: list[str]              # one C call each, in the DATAFLOW region
+    weights: list = field(default_factory=list)   # m_axi weight inputs (external weights only)
+    engines: list[dict] = field(default_factory=list)   # per engine: layer, what, cycles per sample
+
+    @property
+    def stream_ports(self) -> list[str]:
+        return [p.name for p in self.in_ports + self.out_ports]
+
+    @property
+    def params(self) -> list[str]:
+        """The C parameter list of the top function."""
+        return ([f"hls::stream<bapipe::bvec<{p.lanes}> > &{p.name}" for p in self.in_ports + self.out_ports]
+                + [f"const data_t {s.name}[MB * {s.elements}]" for s in self.stashes]
+                + [f"data_t {a.name}{a.dims}" for a in self.grad_arrays]
+                + [f"{a.ctype} {a.name}{a.cdims}" for a in self.acc_ports]
+                + [f"const data_t {w.name}{w.dims}" for w in self.weights])
+
+    @property
+    def args(self) -> list[str]:
+        return (self.stream_ports + [s.name for s in self.stashes] + [a.name for a in self.grad_arrays]
+                + [a.name for a in self.acc_ports] + [w.name for w in self.weights])
+
+    @property
+    def onchip_bytes(self) -> int:
+        """Bytes of on-chip memory the kernel declares: static arrays, engines' buffers, FIFOs."""
+        return sum(a.bytes for a in self.arrays) + sum(s.bytes for s in self.streams)
+
+    @property
+    def static_arrays(self) -> list[BArray]:
+        return [a for a in self.arrays if not a.local]
+
+    def host_config(self) -> dict:
+        """The kernel's entry in host_config.json."""
+        return {
+            "kernel": self.name, "microbatch": self.mb,
+            "inputs": [{"port": q.name, "tensor": q.tensor, "shape": list(q.shape), "elements": q.elements,
+                        "lanes": q.lanes} for q in self.in_ports],
+            "outputs": [{"port": q.name, "tensor": q.tensor, "shape": list(q.shape), "elements": q.elements,
+                         "lanes": q.lanes} for q in self.out_ports],
+            "stashes": [{"arg": s.name, "tensor": s.tensor, "layer": s.layer, "elements": s.elements}
+                        for s in self.stashes],
+            "weight_grads": [{"name": a.name, "layer": a.layer, "kind": a.key, "elements": a.count,
+                              "layout": "kernel (conv: MVU matrix O x kh*kw*C)"} for a in self.grad_arrays],
+            "accumulators": [{"arg": a.name, "elements": prod(a.dims), "bits": a.bits} for a in self.acc_ports],
+            "onchip_bytes": self.onchip_bytes,
+            "engines": self.engines,
+        }
+
+
+# ---------------------------------------------------------------- helpers
+
+def _divisor_at_most(n: int, cap: int) -> int:
+    return max(d for d in range(1, min(n, cap) + 1) if n % d == 0)
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def replica_batch(plan, st) -> int:
+    """Samples one replica of the stage computes per micro-batch (the planner's beta)."""
+    return max(1, _ceil_div(max(1, plan.microbatch_size), max(1, st.replicas)))
+
+
+class _Builder:
+    """Collects streams, arrays and processes while the layers are walked in reverse."""
+
+    def __init__(self, fmt_width: int, mb: int):
+        self.w = fmt_width
+        self.mb = mb
+        self.streams: list[BStream] = []
+        self.arrays: list[BArray] = []
+        self.procs: list[str] = []
+        self.engines: list[dict] = []
+        self._n = 0
+
+    def stream(self, base: str, lanes: int, depth: int = STREAM_DEPTH, raw_bits: int = 0) -> str:
+        self._n += 1
+        name = f"s{self._n}_{base}"
+        if raw_bits:
+            beat, bits = f"bapipe::rvec<{lanes}, {raw_bits}>", lanes * _acc_store_bits(raw_bits)
+        else:
+            beat, bits = f"bapipe::bvec<{lanes}>", lanes * self.w
+        self.streams.append(BStream(name, beat, depth, bits))
+        return name
+
+    def proc(self, call: str, layer: str, what: str, cycles: int) -> None:
+        self.procs.append(call.rstrip(";"))
+        self.engines.append({"layer": layer, "engine": what, "cycles_per_sample": cycles})
+
+
+def _acc_store_bits(bits: int) -> int:
+    """Bits an exact accumulator of ``bits`` takes in a stream beat (as declared: ap_int<bits>)."""
+    return bits
+
+
+# ---------------------------------------------------------------- the kernel
+
+def build_bwd(plan, model, st, sc, fmt, board=None) -> BwdCtx:
+    """The backward kernel of stage ``st`` (StageCtx ``sc`` holds its ports and weight arrays)."""
+    from .context import ident, mvu_dims
+
+    mb = replica_batch(plan, st)
+    W = fmt.width
+    layers = [model.layers[model.index[n]] for n in st.layers]
+    lc_of = {lc.name: lc for lc in sc.layers}
+    model_inputs = {i.name for i in model.inputs}
+    in_tensors = [p.tensor for p in sc.inputs]
+    out_tensors = [p.tensor for p in sc.outputs]
+    elems = {p.tensor: p.elements for p in sc.inputs}
+    shape = {p.tensor: tuple(p.shape) for p in sc.inputs}
+    for l in layers:
+        elems[l.name] = l.out_elems
+        shape[l.name] = tuple(l.out_shape)
+    fold = st.folding
+
+    # which gradients are needed: a layer is active when it learns or passes a needed gradient
+    needed: set[str] = {t for t in in_tensors if t not in model_inputs}
+    active: set[str] = set()
+    for l in layers:
+        if l.type in ("dense", "conv2d") or any(i in needed for i in l.inputs):
+            active.add(l.name)
+            needed.add(l.name)
+
+    # the width each gradient's reader wants (None: any)
+    def dy_lanes(l) -> int | None:
+        fo = fold[l.name]
+        if l.type in ("dense", "conv2d"):
+            return fo.pe
+        if l.type in ("add",):
+            return None
+        if l.type == "flatten":
+            return None
+        return fo.ew_lanes
+
+    b = _Builder(W, mb)
+    # gradient contributions per tensor: (stream, lanes) in the reference's order
+    contrib: dict[str, list[tuple[str, int]]] = {t: [] for t in list(elems)}
+    in_ports: list[BPort] = []
+    for p in sc.outputs:
+        if p.tensor not in needed:
+            continue
+        prod_l = next((l for l in layers if l.name == p.tensor), None)
+        want = dy_lanes(prod_l) if prod_l is not None else None
+        lanes = want or _divisor_at_most(p.elements, 16)
+        in_ports.append(BPort(f"dy_{p.name}", p.tensor, tuple(p.shape), p.elements, lanes))
+        contrib[p.tensor].append((f"dy_{p.name}", lanes))
+
+    def resize(src: str, n: int, a: int, bl: int, tag: str) -> str:
+        """src (a lanes) as a stream of bl lanes (through gcd when neither divides the other)."""
+        if a == bl:
+            return src
+        if a % bl and bl % a:
+            g = math.gcd(a, bl)
+            return resize(resize(src, n, a, g, tag), n, g, bl, tag)
+        out = b.stream(f"{tag}_w{bl}", bl)
+        b.proc(f"bapipe::resize<{n}, {a}, {bl}, MB>({src}, {out});", tag, "resize", n // min(a, bl))
+        return out
+
+    def gradient(t: str, lanes: int | None) -> tuple[str, int]:
+        """The stream carrying the gradient of tensor t (summed over its contributions) at ``lanes``."""
+        n = elems[t]
+        parts = contrib[t]
+        tag = ident(t)
+        if not parts:
+            L = lanes or _divisor_at_most(n, 16)
+            z = b.stream(f"g_{tag}_zero", L)
+            b.proc(f"bapipe::zeros<{n}, {L}, MB>({z});", t, "zeros", n // L)
+            return z, L
+        L = lanes or parts[0][1]
+        cur = resize(parts[0][0], n, parts[0][1], L, f"g_{tag}")
+        for s, a in parts[1:]:
+            other = resize(s, n, a, L, f"g_{tag}")
+            out = b.stream(f"g_{tag}_sum", L)
+            b.proc(f"bapipe::grad_sum<{n}, {L}, MB>({cur}, {other}, {out});", t, "grad_sum", n // L)
+            cur = out
+        return cur, L
+
+    stashes: list[StashPort] = []
+    grads: list[GradArray] = []
+    acc_arrays: list[BArray] = []      # weight-gradient accumulators (placed below)
+    acc_users: list[tuple[BArray, BArray]] = []
+
+    def stash(l, tensor: str) -> str:
+        name = f"st_{ident(l.name)}"
+        stashes.append(StashPort(name, tensor, l.name, elems[tensor]))
+        return name
+
+    def want_of(t: str) -> int | None:
+        """Lanes the reader of gradient t wants (its producer layer, or the dx port)."""
+        prod_l = next((l for l in layers if l.name == t), None)
+        if prod_l is not None:
+            return dy_lanes(prod_l)
+        return None
+
+    for l in reversed(layers):
+        if l.name not in active:
+            continue
+        fo = fold[l.name]
+        tag = ident(l.name)
+        src = l.inputs[0]
+        n_in = elems[src]
+        need_dx = [i in needed for i in l.inputs]
+        if l.type in ("dense", "conv2d"):
+            mh, mw = mvu_dims(l)
+            pe, simd = fo.pe, fo.simd
+            nf, sf = mh // pe, mw // simd
+            dy, _ = gradient(l.name, pe)
+            lc = lc_of[l.name]
+            wname = lc.weights[0].name
+            x = b.stream(f"x_{tag}", simd)
+            st_name = stash(l, src)
+            if l.type == "dense":
+                vec = prod(l.in_shapes[0][:-1])
+                b.proc(f"bapipe::stash_read<{vec * mw}, {simd}, MB>({st_name}, {x});", l.name, "stash_read",
+                       vec * mw // simd)
+                terms_dx = mh
+            else:
+                c, h, w_ = l.in_shapes[0]
+                (kh, kw), (sh, sw), (ph, pw) = l.attr["kernel"], l.attr["stride"], l.attr["padding"]
+                ho, wo = l.out_shape[1], l.out_shape[2]
+                vec = ho * wo
+                wp = f"{c}, {h}, {w_}, {kh}, {kw}, {sh}, {sw}, {ph}, {pw}"
+                b.proc(f"bapipe::window_read<{wp}, {simd}, MB>({st_name}, {x});", l.name, "window_read", vec * sf)
+                terms_dx = mh * kh * kw
+            gb = acc_width(mb * vec, W, W)
+            xb = acc_width(terms_dx, W, W)
+            if gb > MAX_ACC_BITS or xb > MAX_ACC_BITS:
+                raise ValueError(f"layer '{l.name}': a {max(gb, xb)}-bit gradient accumulator exceeds "
+                                 f"{MAX_ACC_BITS} bits (micro-batch {mb} x {vec} vectors)")
+            aw = BArray(f"aw_{tag}", f"bapipe::gacc<{gb}>", (mh, mw), gb, "bram", partitions=[(pe, 1), (simd, 2)])
+            ab = BArray(f"ab_{tag}", f"bapipe::gacc<{gb}>", (mh,), gb, "registers", partitions=[(pe, 1)])
+            acc_arrays.append(aw)
+            acc_users.append((aw, ab))
+            b.arrays.append(ab)
+            b.arrays.extend([BArray(f"{tag}.dyb", "data_t", (mh,), W, "registers", local=True),
+                             BArray(f"{tag}.xs", "data_t", (mw,), W, "lutram", local=True)])
+            dw = GradArray(f"dw_{tag}", mh * mw, f"[{mh}][{mw}]", l.name, "dw")
+            db = GradArray(f"db_{tag}", mh, f"[{mh}]", l.name, "db")
+            grads.extend([dw, db])
+            steps = nf * sf * (2 if need_dx[0] else 1)
+            wl = max(1, AXI_BITS // W)
+            if need_dx[0] and l.type == "dense":
+                dx = b.stream(f"dx_{tag}", simd)
+                out_t = f"bapipe::bvec<{simd}>"
+            elif need_dx[0]:
+                dx = b.stream(f"dxc_{tag}", simd, raw_bits=xb)
+                out_t = f"bapipe::rvec<{simd}, {xb}>"
+            else:
+                dx = b.stream(f"nodx_{tag}", simd)
+                out_t = f"bapipe::bvec<{simd}>"
+            b.proc(f"bapipe::mvu_bwd<{mh}, {mw}, {pe}, {simd}, {int(need_dx[0])}, MB * {vec}, {gb}, {xb}, {wl}, "
+                   f"{MVU_FILL}, {out_t} >({dy}, {x}, {dx}, {wname}, {aw.name}, {ab.name}, {dw.name}, {db.name});",
+                   l.name, "mvu_bwd", vec * steps)
+            if not need_dx[0]:
+                continue
+            if l.type == "dense":
+                contrib[src].append((dx, simd))
+                continue
+            want = want_of(src) or c
+            lout = want if (w_ * c) % want == 0 else math.gcd(w_ * c, want)
+            out = b.stream(f"dx_{tag}", lout)
+            b.arrays.append(BArray(f"lb_{tag}", f"bapipe::gacc<{xb}>", (kh, w_, c), xb, "bram",
+                                   partitions=[(kh, 1)]))
+            b.proc(f"bapipe::col2im<{wp}, {simd}, {lout}, {xb}, bapipe::FINISH_REQUANT, 0, MB>({dx}, {out}, "
+                   f"lb_{tag});", l.name, "col2im", vec * (kh * kw * c // simd) + h * w_ * c // lout)
+            contrib[src].append((out, lout))
+        elif l.type == "relu":
+            L = fo.ew_lanes
+            dy, _ = gradient(l.name, L)
+            x = b.stream(f"x_{tag}", L)
+            st_name = stash(l, src)
+            b.proc(f"bapipe::stash_read<{n_in}, {L}, MB>({st_name}, {x});", l.name, "stash_read", n_in // L)
+            out = b.stream(f"dx_{tag}", L)
+            b.proc(f"bapipe::relu_bwd<{n_in}, {L}, MB>({x}, {dy}, {out});", l.name, "relu_bwd", n_in // L)
+            contrib[src].append((out, L))
+        elif l.type == "batchnorm":
+            L = fo.ew_lanes
+            s = l.in_shapes[0]
+            ch = s[0] if len(s) == 3 else s[-1]
+            dy, _ = gradient(l.name, L)
+            out = b.stream(f"dx_{tag}", L)
+            b.proc(f"bapipe::batchnorm_bwd<{n_in}, {ch}, {L}, MB>({dy}, {out}, {lc_of[l.name].weights[0].name});",
+                   l.name, "batchnorm_bwd", n_in // L)
+            contrib[src].append((out, L))
+        elif l.type in ("maxpool", "avgpool"):
+            L = fo.ew_lanes
+            c, h, w_ = l.in_shapes[0]
+            (kh, kw), (sh, sw), (ph, pw) = l.attr["kernel"], l.attr["stride"], l.attr["padding"]
+            ho, wo = l.out_shape[1], l.out_shape[2]
+            kk = kh * kw
+            recip = fx.avg_recip(kk)
+            dy, _ = gradient(l.name, L)
+            disjoint = kh == kw == sh == sw and ph == pw == 0 and h % kh == 0 and w_ % kw == 0
+            out = b.stream(f"dx_{tag}", L)
+            if disjoint:
+                if l.type == "maxpool":
+                    x = b.stream(f"x_{tag}", L)
+                    st_name = stash(l, src)
+                    b.proc(f"bapipe::stash_read<{n_in}, {L}, MB>({st_name}, {x});", l.name, "stash_read", n_in // L)
+                    pv = b.stream(f"arg_{tag}", L)
+                    b.streams[-1].beat, b.streams[-1].beat_bits = f"bapipe::pvec<{L}>", L * (W + 8)
+                    b.proc(f"bapipe::maxpool_bwd_scan<{c}, {h}, {w_}, {kh}, {L}, MB>({x}, {dy}, {pv});",
+                           l.name, "maxpool_bwd_scan", n_in // L)
+                    b.proc(f"bapipe::pool_bwd_emit<{c}, {h}, {w_}, {kh}, {L}, 1, {recip}, MB, bapipe::pvec<{L}> >"
+                           f"({pv}, {out});", l.name, "pool_bwd_emit", n_in // L)
+                    b.arrays.append(BArray(f"{tag}.scan", "data_t", (wo, c), W + 8, "registers", local=True))
+                else:
+                    b.proc(f"bapipe::pool_bwd_emit<{c}, {h}, {w_}, {kh}, {L}, 0, {recip}, MB, bapipe::bvec<{L}> >"
+                           f"({dy}, {out});", l.name, "pool_bwd_emit", n_in // L)
+                b.arrays.append(BArray(f"{tag}.emit", "data_t", (wo, c), W + 8, "registers", local=True))
+            else:
+                gb = W + math.ceil(math.log2(kk + 1)) + 1
+                wp = f"{c}, {h}, {w_}, {kh}, {kw}, {sh}, {sw}, {ph}, {pw}"
+                r = b.stream(f"contrib_{tag}", L, raw_bits=gb)
+                if l.type == "maxpool":
+                    x = b.stream(f"x_{tag}", L)
+                    st_name = stash(l, src)
+                    b.proc(f"bapipe::window_read<{wp}, {L}, MB>({st_name}, {x});", l.name, "window_read",
+                           ho * wo * kk * c // L)
+                    b.proc(f"bapipe::maxpool_bwd_window<{wp}, {L}, {gb}, MB>({x}, {dy}, {r});", l.name,
+                           "maxpool_bwd_window", 2 * ho * wo * kk * c // L)
+                    mode = "bapipe::FINISH_SAT"
+                else:
+                    b.proc(f"bapipe::avgpool_bwd_spread<{c}, {ho}, {wo}, {kk}, {L}, {gb}, MB>({dy}, {r});", l.name,
+                           "avgpool_bwd_spread", ho * wo * kk * c // L)
+                    mode = "bapipe::FINISH_AVG"
+                b.arrays.append(BArray(f"lb_{tag}", f"bapipe::gacc<{gb}>", (kh, w_, c), gb, "bram",
+                                       partitions=[(kh, 1)]))
+                b.proc(f"bapipe::col2im<{wp}, {L}, {L}, {gb}, {mode}, {recip}, MB>({r}, {out}, lb_{tag});",
+                       l.name, "col2im", ho * wo * kk * c // L + n_in // L)
+            contrib[src].append((out, L))
+        elif l.type == "globalavgpool":
+            L = fo.ew_lanes
+            c, h, w_ = l.in_shapes[0]
+            dy, _ = gradient(l.name, L)
+            out = b.stream(f"dx_{tag}", L)
+            b.proc(f"bapipe::globalavgpool_bwd<{c}, {h}, {w_}, {L}, {fx.avg_recip(h * w_)}, MB>({dy}, {out});",
+                   l.name, "globalavgpool_bwd", n_in // L)
+            contrib[src].append((out, L))
+        elif l.type == "flatten":
+            s = l.in_shapes[0]
+            dy, lin = gradient(l.name, None)
+            if len(s) == 3:
+                want = want_of(src) or lin
+                lout = want if n_in % want == 0 else math.gcd(n_in, want)
+                out = b.stream(f"dx_{tag}", lout)
+                b.proc(f"bapipe::unflatten<{s[0]}, {s[1]}, {s[2]}, {lin}, {lout}, MB>({dy}, {out});", l.name,
+                       "unflatten", max(n_in // lin, n_in // lout))
+                b.arrays.append(BArray(f"{tag}.buf", "data_t", (2, n_in), W, "bram", local=True))
+                contrib[src].append((out, lout))
+            else:
+                contrib[src].append((dy, lin))
+        elif l.type == "add":
+            dy, L = gradient(l.name, None)
+            n = elems[l.name]
+            outs = [k for k, i in enumerate(l.inputs) if need_dx[k]]
+            depths = _skip_depths(l, layers, elems, L)
+            cur = dy
+            for j, k in enumerate(outs):
+                if j == len(outs) - 1:
+                    contrib[l.inputs[k]].append((cur, L))
+                    break
+                o0 = b.stream(f"dx_{tag}_{k}", L, depth=depths[k])
+                o1 = b.stream(f"fan_{tag}_{k}", L, depth=max(depths[k + 1:]))
+                b.proc(f"bapipe::dup2<{n}, {L}, MB>({cur}, {o0}, {o1});", l.name, "dup2", n // L)
+                contrib[l.inputs[k]].append((o0, L))
+                cur = o1
+        else:
+            raise ValueError(f"layer '{l.name}': type '{l.type}' has no HLS backward engine")
+
+    # gradients of the stage inputs leave through the dx ports
+    out_ports: list[BPort] = []
+    for p in sc.inputs:
+        if p.tensor in model_inputs:
+            continue
+        s, L = gradient(p.tensor, None)
+        out_ports.append(BPort(f"dx_{p.name}", p.tensor, tuple(p.shape), p.elements, L))
+        _rename_stream(b, s, f"dx_{p.name}")
+
+    _place_accumulators(acc_users, b, board)
+    acc_ports = [a for a, _ in acc_users if a.storage == "off-chip"]
+    b.arrays = [a for a, _ in acc_users if a.storage != "off-chip"] + b.arrays
+    pos = {l.name: i for i, l in enumerate(layers)}
+    grads.sort(key=lambda a: (pos[a.layer], a.key != "dw"))
+    stashes.sort(key=lambda s: pos[s.layer])
+    return BwdCtx(name=f"{sc.name}_bwd", mb=mb, in_ports=in_ports, out_ports=out_ports, stashes=stashes,
+                  grad_arrays=grads, acc_ports=acc_ports, arrays=b.arrays, streams=b.streams, processes=b.procs,
+                  weights=[] if sc.embed_weights else list(sc.weights), engines=b.engines)
+
+
+def _rename_stream(b: _Builder, old: str, new: str) -> None:
+    """The stream ``old`` is the kernel's port ``new``: drop its declaration, use the port."""
+    b.streams = [s for s in b.streams if s.name != old]
+    b.procs = [re.sub(rf"\b{re.escape(old)}\b", new, p) for p in b.procs]
+
+
+def _ancestors(t: str, names: dict) -> set[str]:
+    """t and every tensor of the stage it is computed from."""
+    out, stack = set(), [t]
+    while stack:
+        x = stack.pop()
+        if x in out:
+            continue
+        out.add(x)
+        if x in names:
+            stack.extend(names[x].inputs)
+    return out
+
+
+def _skip_depths(add_layer, layers, elems, lanes: int) -> list[int]:
+    """Per input of a residual add, the depth of the FIFO that carries dy to it in backward.
+
+    The gradients of the add's inputs meet again where the branches fork (grad_sum reads them
+    in lockstep), so a short path must hold the beats the longer one takes in before its first
+    output beat: per matrix engine on that branch, a dense layer takes a whole sample; a conv
+    takes KH+1 rows of its dy before col2im finishes an input row. Depth of path k = 2 + the
+    largest such count over the other paths, minus its own (never below 2)."""
+    names = {l.name: l for l in layers}
+    anc = [_ancestors(i, names) for i in add_layer.inputs]
+    common = set.intersection(*anc) if anc else set()
+    n = elems[add_layer.name]
+    out_shape = add_layer.out_shape
+    row_beats = (n // out_shape[1] if len(out_shape) == 3 else n) // lanes
+    lat = []
+    for a in anc:
+        beats = 0
+        for t in a - common:
+            l = names.get(t)
+            if l is None:
+                continue
+            if l.type == "dense":
+                beats += n // lanes
+            elif l.type == "conv2d":
+                beats += (l.attr["kernel"][0] + 1) * row_beats * max(1, l.attr["stride"][0])
+        lat.append(beats)
+    top = max(lat, default=0)
+    return [max(STREAM_DEPTH, top - x + STREAM_DEPTH + (row_beats if top else 0)) for x in lat]
+
+
+def _place_accumulators(users, b: _Builder, board) -> None:
+    """Weight-gradient accumulators on chip, smallest first, while they fit ACC_ONCHIP_SHARE of
+    the board's usable BRAM+URAM; the rest go to off-chip memory (read-modify-write)."""
+    from fpga_models.boards import on_chip_bytes
+
+    budget = ACC_ONCHIP_SHARE * on_chip_bytes(board) if board is not None else float("inf")
+    used = 0
+    for aw, ab in sorted(users, key=lambda u: u[0].bytes):
+        need = aw.bytes + ab.bytes
+        if used + need <= budget:
+            used += need
+            aw.storage = "uram" if aw.bytes >= 64 * 1024 else "bram"
+        else:
+            aw.storage = "off-chip"
+
+
+def plan_bwd_cycles(plan, model, index: int, board) -> dict:
+    """The plan's backward cycles of stage ``index``: per micro-batch (plan.yaml cycles.bwd) and
+    per sample in steady state (dataflow: the slowest layer's fpga_models.cost bwd cycles at the
+    plan's folding; time-multiplexed: the micro-batch's cycles over its samples)."""
+    from fpga_models.cost import folding_cost
+
+    st = plan.stages[index]
+    beta = replica_batch(plan, st)
+    per_layer = {}
+    for n in st.layers:
+        l = model.layers[model.index[n]]
+        per_layer[n] = folding_cost(l, board, st.folding[n], plan.number_format, 1).bwd_cycles
+    mbc = float(st.cycles.get("bwd", 0))
+    if st.style == "dataflow":
+        steady = float(max(per_layer.values(), default=0))
+    else:
+        steady = mbc / beta
+    return {"microbatch": mbc, "per_sample": steady, "beta": beta, "layers": per_layer,
+            "fill": float(sum(per_layer.values()) - max(per_layer.values(), default=0))}
