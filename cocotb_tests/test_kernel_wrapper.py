@@ -12,6 +12,7 @@ import json
 import random
 
 import numpy as np
+import pytest
 
 from cocotb_tests.common import build, check, needs_verilator, xdist_group
 from codegen.sim_harness import CACHE, tb_config
@@ -107,6 +108,7 @@ def _kernel(tmp_path, stage: int = 2):
     return plan, model, out, files
 
 
+@pytest.mark.slow   # one Verilator build: ~46 s from scratch on a shared 2-core machine, ~7 s cached
 def test_kernel_wrapper_bit_exact(tmp_path):
     from codegen.rtl import read_params
     from fpga_models.fixedpoint import model_fwd
