@@ -228,7 +228,9 @@ def _plan_cycles(plan, index: int) -> float | None:
 def show_gen(r: dict) -> str:
     """Human summary: per stage the HLS kernel's loop-count estimate next to the plan's cycles."""
     lines = [f"generated {r['files']} files in {r['output']} ({r['format']}, plan {r['fingerprint'][:12]})"
-             + (f" + {r['rtl_files']} RTL files" if r["rtl_files"] else "")]
+             + (f" + {r['rtl_files']} RTL files" if r["rtl_files"] else "")
+             + (f"; stage kernels: {len(r['rtl_kernels'])} packaged RTL kernels (rtl/kernels/)"
+                if r.get("rtl_kernels") else "; stage kernels: Vitis HLS")]
     lines.append(f"{'stage':<10}{'layers':>7}{'weights':>10}{'HLS fwd cyc/sample':>20}{'plan fwd cyc/sample':>21}"
                  "  boards")
     for s in r["stages"]:
