@@ -79,3 +79,15 @@ def name_map(names) -> dict[str, str]:
 def original(identifier: str, names) -> str:
     """The original layer name behind a generated identifier (itself when none matches)."""
     return name_map(names).get(identifier, identifier)
+
+
+def restore(text: str, identifiers: dict[str, str]) -> str:
+    """``text`` (an instance path, a report cell) with every generated identifier in it
+    replaced by its original layer name, e.g. ``fpga0/s0_features_0_Conv_1a2b3c4d_mvu`` ->
+    ``fpga0/s0_/features/features.0/Conv_mvu``. ``identifiers``: identifier -> original (a
+    build's manifest ``identifiers``). Longer identifiers go first, so one that contains
+    another is restored whole; the 8-digit hash keeps a plain word from matching."""
+    for ident in sorted(identifiers, key=len, reverse=True):
+        if ident in text:
+            text = text.replace(ident, identifiers[ident])
+    return text

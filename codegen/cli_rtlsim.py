@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from bapipe.errors import SpecError
+from bapipe.names import restore
 
 from .rtlsim import ENGINES, measure, read_manifest, reference, simulate, stream_order  # noqa: F401 (the CLI's API)
 
@@ -92,7 +93,8 @@ def cmd_rtlsim(args):
         "boards": man["boards"], "max_abs_err_lsb": int(np.abs(got - ref).max()) if got.shape == ref.shape else None,
         "latency_cycles": out["out_cycles"][man["out_elems"] // man["out_lanes"] - 1] - out["in_cycles"][0],
         "sim_cycles": out["sim_cycles"], "compile_s": round(out["compile_s"], 2), "overflow": bool(out["overflow"]),
-        "bottleneck": max(man["breakdown"], key=lambda t: t[1])[0],
+        # in the model's own layer names (imported models' are sanitised in the RTL)
+        "bottleneck": restore(max(man["breakdown"], key=lambda t: t[1])[0], man.get("identifiers", {})),
         "steady_state_cycles_per_sample": steady, "engine": getattr(args, "engine", "cpp"),
         "stage_boards": [f"stage {i} on {b}" for i, b, _style in man.get("stage_boards", [])] or man["boards"],
     }

@@ -228,6 +228,8 @@ def xrt_manifest(ctx, engines: str) -> dict:
             if kernel not in MOVER_ARGS:
                 continue
             for inst in insts.split("."):
+                if inst not in ports:
+                    continue   # movers of backward kernels: the xrt backend runs the forward pass
                 s, p = ports[inst]
                 entry = {"kernel": kernel, "instance": inst, "stage": s.index, "port": p.name,
                          "tensor": p.tensor, "elements": p.elements, "args": dict(MOVER_ARGS[kernel])}

@@ -69,7 +69,8 @@ def request_from_args(args, model) -> Request:
     fmt = getattr(args, "format", "fixed16")
     if fmt not in FORMATS:
         raise SpecError(None, None, "--format", f"expected one of {', '.join(FORMATS)}, got {fmt!r}")
-    mb = str(getattr(args, "microbatches", "auto") or "auto")
+    mb = getattr(args, "microbatches", "auto")
+    mb = "auto" if mb is None else str(mb).strip()   # an empty value is refused, not read as auto
     if mb == "auto":
         m = None
     else:
@@ -91,7 +92,7 @@ def request_from_args(args, model) -> Request:
     return Request(schedule=sched, microbatches=m, global_batch=gb, fmt=fmt, mode=mode,
                    optimizer=getattr(args, "optimizer", "sgd"), cap=cap,
                    replication=not getattr(args, "no_replication", False), max_boards=getattr(args, "boards", None),
-                   partition=parse_partition(part, len(model.layers)) if part else None,
+                   partition=parse_partition(part, len(model.layers)) if part is not None else None,
                    measured=_measured(getattr(args, "measured", None), model),
                    meshes=parse_meshes(getattr(args, "mesh", "1")),
                    whole_blocks=bool(getattr(args, "whole_blocks", False)))

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bapipe.names import RESERVED, is_legal, legal, name_map, original
+from bapipe.names import RESERVED, is_legal, legal, name_map, original, restore
 
 FIX = Path(__file__).resolve().parent / "fixtures" / "onnx"
 IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
@@ -38,6 +38,18 @@ def test_legal_is_an_identifier_and_injective(names):
     ids = [legal(n) for n in names]
     assert all(IDENT.match(i) and i not in RESERVED for i in ids)
     assert len(set(ids)) == len(names)
+
+
+def test_restore_puts_the_model_names_back_into_reports():
+    """rtlsim's bottleneck is an RTL instance path built from identifiers; the report shows the
+    model's names (a build's manifest carries identifier -> original)."""
+    names = ["/features/features.0/Conv", "/features/features.0/Conv_1", "fc"]
+    ids = {k: v for k, v in name_map(names).items() if k != v}
+    inst = f"fpga0/s0_{legal(names[1])}_mvu"
+    assert restore(inst, ids) == "fpga0/s0_/features/features.0/Conv_1_mvu"
+    assert restore(f"fpga1/s1_{legal(names[0])}_swg", ids) == "fpga1/s1_/features/features.0/Conv_swg"
+    assert restore("fpga0/s0_fc_mvu", ids) == "fpga0/s0_fc_mvu"   # legal names are their own
+    assert restore("host in", {}) == "host in"
 
 
 @pytest.mark.csim
@@ -82,3 +94,5 @@ def test_rtlsim_on_a_legacy_torch_export(tmp_path, capsys):
     assert main(["rtlsim", str(tmp_path / "build"), "--json"]) == 0
     r = json.loads(capsys.readouterr().out)
     assert r["outputs_match"] is True and r["max_abs_err_lsb"] == 0
+    ids = json.loads((tmp_path / "build" / "rtl" / "manifest.json").read_text())["identifiers"]
+    assert not any(k in r["bottleneck"] for k in ids)   # reported in the model's names

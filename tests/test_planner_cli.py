@@ -64,3 +64,25 @@ def test_table_shows_every_board():
     rows = [ln for ln in text.splitlines() if ln.startswith("    0 ") or ln.startswith("    1 ")]
     assert len(rows) == 2
     assert "fpga0-39" in rows[0] and "fpga40-63" in rows[1]
+
+
+@pytest.mark.parametrize("option", ["--microbatches", "--partition"])
+def test_empty_option_values_are_refused_not_defaulted(option, tmp_path):
+    """`--microbatches ''` planned with auto and `--partition ''` searched freely (issue 21)."""
+    r = subprocess.run([sys.executable, "-m", "bapipe.cli", "plan", "tiny-mlp", "4xU250-ring", option, "",
+                        "-o", str(tmp_path / "p.yaml")], capture_output=True, text=True)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and option in r.stderr
+    assert not (tmp_path / "p.yaml").exists()
+
+
+@pytest.mark.slow  # a whole gen (~1 s CPU, more on a loaded machine)
+def test_the_planners_one_board_training_plan_generates(tmp_path, capsys):
+    """`bapipe plan tiny-mlp 4xU250-ring` now picks one board (fewer boards when faster, issue
+    19); its training plan's backward kernel has host data movers, which gen's xrt manifest
+    looked up among the forward ports (KeyError 'mm2s_stage0_bwd_x_in0')."""
+    from bapipe.cli import main
+
+    plan = tmp_path / "plan.yaml"
+    assert main(["plan", "tiny-mlp", "4xU250-ring", "-o", str(plan)]) == 0
+    assert main(["gen", str(plan), "-o", str(tmp_path / "build")]) == 0
+    assert "stage0" in capsys.readouterr().out
