@@ -16,6 +16,7 @@ Design's on-chip bytes per kernel).
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 
 from bapipe.errors import SpecError
@@ -187,21 +188,29 @@ def _take(free: list[dict], span: list[int], need: Need) -> dict:
 # --- memory banks --------------------------------------------------------------------------
 
 
-def assign_banks(board: Board, ports: list[tuple[str, str, int]], slr_of: dict[str, int | None]) -> list[dict]:
-    """Each m_axi argument (instance, argument, bytes) its own bundle and a bank, in the order
-    given. HBM boards: the next free pseudo-channel(s) round-robin (an array larger than one
-    takes a range ``HBM[a:b]``). DDR boards: by bandwidth: the bank with the fewest bytes
-    assigned so far (the arrays are read once per sample, so bytes stand for bandwidth), then
-    the fewest ports, then the one nearest the unit's SLR, then the name."""
+def assign_banks(board: Board, ports: list[tuple[str, str, int]], slr_of: dict[str, int | None],
+                 bundle_of: dict[tuple[str, str], str] | None = None) -> list[dict]:
+    """A bank for each m_axi bundle of each unit; ``ports`` lists (instance, argument, bytes) in
+    order, ``bundle_of`` maps (instance, argument) to the bundle the kernel declares (default
+    :func:`bundle_name`: one per argument). Arguments sharing a bundle share its bank (v++ maps
+    bundles, not arguments). HBM boards: the next free pseudo-channel(s) round-robin (a bundle
+    larger than one takes a range ``HBM[a:b]``). DDR boards: by bandwidth: the bank with the
+    fewest bytes assigned so far (the arrays are read once per sample, so bytes stand for
+    bandwidth), then the fewest bundles, then the one nearest the unit's SLR, then the name."""
+    bundle_of = bundle_of or {}
+    groups: dict[tuple[str, str], int] = {}
+    for inst, arg, nbytes in ports:
+        key = (inst, bundle_of.get((inst, arg), bundle_name(arg)))
+        groups[key] = groups.get(key, 0) + nbytes
     hbm = [b for b in board.banks if b.kind == "hbm"]
     ddr = [b for b in board.banks if b.kind != "hbm"]
-    out, load, nxt = [], {b.name: [0, 0] for b in board.banks}, 0
-    for inst, arg, nbytes in ports:
+    load, nxt, bank_of = {b.name: [0, 0] for b in board.banks}, 0, {}
+    for (inst, bundle), nbytes in groups.items():
         if hbm:
             n = max(1, math.ceil(nbytes / hbm[0].bytes))
             if n > len(hbm):
                 raise SpecError(None, None, f"boards.{board.name}",
-                                f"expected {inst}.{arg} ({nbytes:,} bytes) to fit the board's HBM")
+                                f"expected {inst} bundle {bundle} ({nbytes:,} bytes) to fit the board's HBM")
             if nxt + n > len(hbm):
                 nxt = 0
             names = [hbm[nxt + i].name for i in range(n)]
@@ -215,7 +224,41 @@ def assign_banks(board: Board, ports: list[tuple[str, str, int]], slr_of: dict[s
         for nm in names:
             load[nm][0] += nbytes
             load[nm][1] += 1
-        out.append({"instance": inst, "arg": arg, "bundle": bundle_name(arg), "bank": bank, "bytes": nbytes})
+        bank_of[(inst, bundle)] = bank
+    out = []
+    for inst, arg, nbytes in ports:
+        bundle = bundle_of.get((inst, arg), bundle_name(arg))
+        out.append({"instance": inst, "arg": arg, "bundle": bundle, "bank": bank_of[(inst, bundle)],
+                    "bytes": nbytes})
+    return out
+
+
+_PRAGMA = re.compile(r"#pragma\s+HLS\s+INTERFACE\s+([^\n]*)")
+
+
+def declared_bundles(source: str) -> dict[str, str]:
+    """argument -> m_axi bundle, as a kernel's ``#pragma HLS INTERFACE m_axi`` lines declare them
+    (an m_axi argument without ``bundle=`` is on Vitis HLS's default bundle ``gmem``)."""
+    out = {}
+    for m in _PRAGMA.finditer(source):
+        words = m.group(1).split()
+        kv = dict(w.split("=", 1) for w in words if "=" in w)
+        mode = kv.get("mode") or next((w for w in words if "=" not in w), "")
+        if mode == "m_axi" and "port" in kv:
+            out[kv["port"]] = kv.get("bundle", "gmem")
+    return out
+
+
+def kernel_bundles(ctx, sources: dict) -> dict[str, dict[str, str]]:
+    """kernel name -> its arguments' bundles, from the rendered kernel sources (path -> bytes)."""
+    names = {s.name: f"{s.name}/{s.name}.cpp" for s in ctx.stages}
+    names.update({s.bwd.name: f"{s.name}/{s.bwd.name}.cpp" for s in ctx.stages if s.bwd is not None})
+    names.update({m: f"common/{m}.cpp" for m in MOVERS})
+    out = {}
+    for k, path in names.items():
+        text = sources.get(path)
+        if text is not None:
+            out[k] = declared_bundles(text.decode() if isinstance(text, bytes) else text)
     return out
 
 
@@ -365,8 +408,9 @@ def _m_axi_ports(b, by_name, fmt) -> list[tuple[str, str, int]]:
     return out
 
 
-def place_project(ctx, cluster, where: str = "plan.yaml") -> dict:
-    """The placement of every board with a Vitis platform (see the module docstring)."""
+def place_project(ctx, cluster, where: str = "plan.yaml", sources: dict | None = None) -> dict:
+    """The placement of every board (see the module docstring). ``sources``: the rendered files
+    (path -> bytes), whose m_axi pragmas say which arguments share a bundle."""
     if cluster is None:   # no cluster: catalog boards by type, nothing between boards to wire
         from fpga_models.boards import get_board
         from .context import _board_type_key
@@ -396,7 +440,10 @@ def place_project(ctx, cluster, where: str = "plan.yaml") -> dict:
                 kernel_of[inst] = kernel
         placed = place_units(board, [(i, n) for i, n, _k in units], fixed)
         slr_of = {i: p["slr"] for i, p in placed.items()}
-        ports = assign_banks(board, _m_axi_ports(b, by_name, ctx.fmt), slr_of)
+        bundles = kernel_bundles(ctx, sources or {})
+        bundle_of = {(i, a): bundles[kernel_of[i]][a] for i, a, _n in _m_axi_ports(b, by_name, ctx.fmt)
+                     if a in bundles.get(kernel_of.get(i, ""), {})}
+        ports = assign_banks(board, _m_axi_ports(b, by_name, ctx.fmt), slr_of, bundle_of)
         used = {"dsp": [0] * len(board.slrs), "bram36": [0] * len(board.slrs), "uram": [0] * len(board.slrs)}
         for p in placed.values():
             if p["slr"] is not None:

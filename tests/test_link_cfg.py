@@ -1,0 +1,320 @@
+"""Every generated v++ link config is consistent (issue 18 item 4, issue 16 item 5): each
+stream_connect / sp / slr / connect endpoint names a kernel instance declared by an nk line
+(or a platform interface), every sp bank exists on the board, every SLR index exists, every
+AXI4-Stream port is connected once, m_axi arguments sharing a bundle share a bank, and the
+network channels match on both boards (socket = TDEST within the XUP VNx socket table).
+
+Builds are rendered in memory (codegen.hls.render_files) from plans the planner makes."""
+from __future__ import annotations
+
+import json
+import re
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from bapipe.errors import SpecError
+from bapipe.spec import load_model
+from codegen import netnames as nn
+from codegen.placement import (Need, assign_banks, declared_bundles, place_units)
+from fpga_models.boards import get_board
+from bapipe.yamlio import loads
+from fpga_models.cluster import load_cluster, parse_cluster
+
+
+def _plan(model_name: str, cluster, **req):
+    from planner.planning import make_plan
+    from planner.search import Request
+    model = load_model(model_name)
+    out = make_plan(model, cluster, model_name, cluster.name, Request(**req))
+    return out.plan, model
+
+
+def _zero_weights(plan, model):
+    """Weights of the right shapes, all zero: the link configs do not depend on their values and
+    drawing VGG-16's 138 M weights takes ~40 s (codegen.context.make_weights draws the real ones)."""
+    from codegen.context import mvu_dims
+    out = {}
+    for st in plan.stages:
+        for name in st.layers:
+            l = model.layers[model.index[name]]
+            if l.type in ("dense", "conv2d"):
+                mh, mw = mvu_dims(l)
+                shape = (mh, mw) if l.type == "dense" else (mh, l.in_shapes[0][0]) + tuple(l.attr["kernel"])
+                out[name] = {"w": np.zeros(shape, dtype=np.int64), "b": np.zeros(mh, dtype=np.int64)}
+            elif l.type == "batchnorm":
+                s = l.in_shapes[0]
+                ch = s[0] if len(s) == 3 else s[-1]
+                out[name] = {"scale": np.ones(ch, dtype=np.int64), "shift": np.zeros(ch, dtype=np.int64)}
+    return out
+
+
+def render(plan, model, cluster, monkeypatch=None):
+    """(ctx, files) of the build, weights zero."""
+    import codegen.context as C
+    from codegen.hls import render_files
+    orig = C.make_weights
+    C.make_weights = _zero_weights
+    try:
+        ctx = C.build_project(plan, model, cluster)
+    finally:
+        C.make_weights = orig
+    return ctx, render_files(ctx, plan.dumps(), cluster)
+
+
+AURORA_CLUSTER = """
+name: 3xU55C-aurora
+topology: chain
+boards: [{type: U55C, count: 3}]
+link: {kind: aurora}
+"""
+
+#: (id, model, cluster, planner request): the zoo builds the tests generate, and a U280 and an
+#: Aurora cluster (HBM banks, Aurora kernels)
+SMALL_RESNET = str(Path(__file__).resolve().parent.parent / "examples" / "models" / "small-resnet.yaml")
+BUILDS = [
+    ("tiny-cnn", "tiny-cnn", "4xU250-ring", "0-3,4-6,7-9"),
+    ("tiny-cnn-replicas", "tiny-cnn", "4xU250-ring", "0-4x2,5-9x2"),
+    ("tiny-mlp", "tiny-mlp", "4xU250-ring", "0-1,2-3,4-6"),
+    # cuts across both residual blocks: two tensors cross each cut (two channels a port)
+    ("small-resnet", SMALL_RESNET, "4xU250-ring", "0-5,6-12,13-20"),
+    ("tiny-cnn-u280", "tiny-cnn", "8xU280-ring", "0-3,4-6,7-9"),
+    ("tiny-mlp-aurora", "tiny-mlp", AURORA_CLUSTER, "0-1,2-3,4-6"),
+]
+
+
+@lru_cache(maxsize=None)
+def build(key: str):
+    from planner.cli_plan import parse_partition
+    spec = {b[0]: b for b in BUILDS + [("vgg16", "vgg16", "4xU250-ring", None)]}[key]
+    _id, model_name, cname, part = spec
+    cluster = parse_cluster(loads(cname, "cluster.yaml"), "cluster.yaml") if "\n" in cname else load_cluster(cname)
+    req = {"schedule": "interleaved"} if part is None else \
+        {"partition": parse_partition(part, len(load_model(model_name).layers))}
+    plan, model = _plan(model_name, cluster, **req)
+    ctx, files = render(plan, model, cluster)
+    return plan, model, cluster, ctx, files
+
+
+# --- the cfg parser --------------------------------------------------------------------------
+
+
+def parse_cfg(text: str) -> dict:
+    """A v++ config: platform, and per [connectivity] key its values in order."""
+    out = {"platform": None, "nk": [], "sp": [], "slr": [], "stream_connect": [], "connect": [], "other": []}
+    section = None
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        if line.startswith("["):
+            section = line
+            continue
+        key, _, value = line.partition("=")
+        if section is None and key == "platform":
+            out["platform"] = value
+        elif section == "[connectivity]" and key in out:
+            out[key].append(value)
+        else:
+            out["other"].append(line)
+    return out
+
+
+def check_cfg(text: str, board, ctx_board, sources: dict[str, str]) -> dict:
+    """Assert the config is consistent; returns its parsed form with the instance table."""
+    cfg = parse_cfg(text)
+    assert cfg["platform"] == ctx_board.platform and cfg["other"] == []
+    inst_kernel = {}
+    for line in cfg["nk"]:
+        kernel, count, insts = line.split(":")
+        names = insts.split(".")
+        assert int(count) == len(names), line
+        for n in names:
+            assert n not in inst_kernel, f"instance {n} declared twice"
+            inst_kernel[n] = kernel
+    # slr: declared instances, existing SLRs, once each
+    pinned = {}
+    for line in cfg["slr"]:
+        inst, slr = line.split(":")
+        assert inst in inst_kernel, line
+        assert re.fullmatch(r"SLR\d+", slr) and int(slr[3:]) < len(board.slrs), line
+        assert inst not in pinned
+        pinned[inst] = int(slr[3:])
+    # sp: declared instances, banks on the board (ranges too), one bank per bundle
+    bank_of_bundle = {}
+    for line in cfg["sp"]:
+        ep, bank = line.rsplit(":", 1)
+        inst, arg = ep.split(".")
+        assert inst in inst_kernel, line
+        m = re.fullmatch(r"(DDR|HBM)\[(\d+)(?::(\d+))?\]", bank)
+        assert m, line
+        lo, hi = int(m.group(2)), int(m.group(3) or m.group(2))
+        assert lo <= hi and all(board.bank(f"{m.group(1)}[{k}]") is not None for k in range(lo, hi + 1)), line
+        kernel = inst_kernel[inst]
+        bundles = declared_bundles(sources.get(kernel, ""))
+        assert arg in bundles, f"{line}: {kernel} declares no m_axi argument {arg}"
+        key = (inst, bundles[arg])
+        assert bank_of_bundle.setdefault(key, bank) == bank, f"{line}: bundle {key} is on {bank_of_bundle[key]}"
+    # stream_connect: declared instances, each port driven / read once
+    outs, ins = set(), set()
+    for line in cfg["stream_connect"]:
+        src, dst = line.split(":")
+        for ep in (src, dst):
+            inst, port = ep.split(".")
+            assert inst in inst_kernel, f"{line}: {inst} has no nk line"
+            assert port, line
+        assert src not in outs and dst not in ins, f"{line}: port connected twice"
+        outs.add(src)
+        ins.add(dst)
+    # connect (GT / clocks): one side an instance pin, the other the shell's interface
+    gt_names = set()
+    for q in range(board.network_ports):
+        if board.name in nn.PLATFORM_GT:
+            gt_names.update(nn.platform_gt(board.name, q))
+    for line in cfg["connect"]:
+        a, b = line.split(":")
+        pins = [x for x in (a, b) if x.split("/")[0] in inst_kernel]
+        shell = [x for x in (a, b) if x in gt_names]
+        assert len(pins) == 1 and len(shell) == 1, line
+    return {"cfg": cfg, "inst_kernel": inst_kernel, "pinned": pinned, "outs": outs, "ins": ins}
+
+
+def check_build(ctx, files, cluster):
+    boards = {cb.name: cb.board for cb in cluster.boards}
+    sources = {}
+    for s in ctx.stages:
+        sources[s.name] = files[f"{s.name}/{s.name}.cpp"].decode()
+        if s.bwd is not None:
+            sources[s.bwd.name] = files[f"{s.name}/{s.bwd.name}.cpp"].decode()
+    for m in ("mm2s", "s2mm"):
+        sources[m] = files[f"common/{m}.cpp"].decode()
+    pl = json.loads(files["placement.json"])
+    parsed = {}
+    for b in ctx.boards:
+        if b.platform is None:
+            continue
+        text = files[f"link/{b.name}.cfg"].decode()
+        p = check_cfg(text, boards[b.name], b, sources)
+        parsed[b.name] = p
+        units = {u["instance"]: u for u in pl["boards"][b.name]["units"]}
+        # every instance has a placement; pinned ones carry the placement's SLR
+        assert set(units) == set(p["inst_kernel"])
+        for inst, u in units.items():
+            assert p["pinned"].get(inst) == u["slr"]
+        # every stage kernel's AXI4-Stream port is connected exactly once
+        for s in ctx.stages:
+            if b.name not in s.boards:
+                continue
+            for q in s.inputs:
+                assert f"{s.name}_1.{q.name}" in p["ins"]
+            for q in s.outputs:
+                assert f"{s.name}_1.{q.name}" in p["outs"]
+            if s.bwd is not None:
+                for q in s.bwd.out_ports:
+                    assert f"{s.bwd.name}_1.{q.name}" in p["outs"]
+        # network glue: each QSFP28 port in use has its stack's kernels wired both ways
+        for port in pl["boards"][b.name]["network"]:
+            q, frm = port["qsfp"], nn.net_instance(port["qsfp"])
+            assert p["inst_kernel"][frm] == nn.net_kernel(port["tx"], port["rx"])
+            assert port["tx"] + port["rx"] <= nn.MAX_CHANNELS
+            if port["stack"] == nn.VNX:
+                nl = nn.vnx_netlayer_instance(q)
+                assert f"{frm}.{nn.NET_LINE_OUT}" in p["outs"] and f"{nl}.{nn.VNX_FROM_APP}" in p["ins"]
+                assert f"{nn.cmac_kernel(q)}.{nn.CMAC_RX}" in p["outs"]
+            else:
+                assert f"{nn.aurora_kernel(q)}.{nn.AURORA_RX}" in p["outs"]
+            for k in range(port["tx"]):
+                assert f"{frm}.{nn.net_tx_port(k)}" in p["ins"]
+            for k in range(port["rx"]):
+                assert f"{frm}.{nn.net_rx_port(k)}" in p["outs"]
+    # channels: the same stream leaves one board's socket and arrives on the peer's
+    for c in pl["channels"]:
+        src, dst = c["src"], c["dst"]
+        assert f"{src['kernel']}_1.{src['port']}" in parsed[src["board"]]["outs"]
+        assert f"{dst['kernel']}_1.{dst['port']}" in parsed[dst["board"]]["ins"]
+        tx = f"{src['kernel']}_1.{src['port']}:{nn.net_instance(src['qsfp'])}.{nn.net_tx_port(src['socket'])}"
+        assert tx in parsed[src["board"]]["cfg"]["stream_connect"]
+        nports = {p["qsfp"]: p for p in pl["boards"][dst["board"]]["network"]}
+        rx = (f"{nn.net_instance(dst['qsfp'])}.{nn.net_rx_port(dst['socket'] - nports[dst['qsfp']]['tx'])}:"
+              f"{dst['kernel']}_1.{dst['port']}")
+        assert rx in parsed[dst["board"]]["cfg"]["stream_connect"]
+    sockets = [(c[e]["board"], c[e]["qsfp"], c[e]["socket"]) for c in pl["channels"] for e in ("src", "dst")]
+    assert len(sockets) == len(set(sockets))
+    return pl, parsed
+
+
+@pytest.mark.slow  # each build: a planner run and an in-memory render (~1 s)
+@pytest.mark.parametrize("key", [b[0] for b in BUILDS])
+def test_link_configs_consistent(key):
+    plan, model, cluster, ctx, files = build(key)
+    pl, parsed = check_build(ctx, files, cluster)
+    if len({b for s in ctx.stages for b in s.boards}) > 1:
+        assert pl["channels"], "a multi-board build has network channels"
+    if key == "tiny-cnn-u280":
+        banks = [l.rsplit(":", 1)[1] for p in parsed.values() for l in p["cfg"]["sp"]]
+        assert banks and all(b.startswith("HBM[") for b in banks)
+    if key == "tiny-mlp-aurora":
+        assert {c["stack"] for c in pl["channels"]} == {nn.AURORA}
+        assert all(nn.VNX_NETLAYER not in p["inst_kernel"].values() for p in parsed.values())
+
+
+@pytest.mark.soak  # the planner's VGG-16 plan: ~3 s of rendering 138 M (zero) weights, more on a busy machine
+def test_link_configs_consistent_vgg16():
+    plan, model, cluster, ctx, files = build("vgg16")
+    pl, parsed = check_build(ctx, files, cluster)
+    # the interleaved plan puts two stages (four kernels) on each board: measured need vs usable
+    over = {b: pl["boards"][b]["oversubscribed"] for b in pl["boards"]}
+    for b, o in over.items():
+        if o is not None:
+            assert o["need_dsp"] > o["usable_dsp"] or o["need_onchip_bytes"] > o["usable_onchip_bytes"]
+
+
+# --- the placement pass on its own -------------------------------------------------------------
+
+
+def test_units_spread_over_slrs_and_span_when_too_big():
+    u250 = get_board("U250")
+    units = [(f"k{i}", Need(2_000, 0, 0, 100_000)) for i in range(4)]
+    placed = place_units(u250, units, {})
+    assert sorted(placed[f"k{i}"]["slr"] for i in range(4)) == [0, 1, 2, 3]   # 2,000 + 2,000 > 2,880
+    # 9,216 DSP (a VGG stage's budget) fits no SLR of 2,880: it spans four adjacent ones
+    big = place_units(u250, [("big", Need(9_216, 0, 0, 0))], {})["big"]
+    assert big["slr"] is None and big["spans"] == [0, 1, 2, 3]
+    # 6,000 DSP: three SLRs (2,880 x 2 = 5,760 < 6,000)
+    assert place_units(u250, [("m", Need(6_000, 0, 0, 0))], {})["m"]["spans"] == [0, 1, 2]
+    over = place_units(u250, [("a", Need(9_216, 0, 0, 0)), ("b", Need(9_216, 0, 0, 0))], {})
+    assert over["a"]["spans"] == [0, 1, 2, 3] and over["b"].get("unplaced")
+    # on-chip bytes: whole URAMs for the bulk, BRAM36 for the rest (36,864 + 2 x 4,608 >= 40,000)
+    one = place_units(u250, [("x", Need(0, 0, 0, 40_000))], {})["x"]
+    assert (one["need"]["uram"], one["need"]["bram36"]) == (1, 1)
+
+
+def test_banks_by_bundle_and_board():
+    u250, u280 = get_board("U250"), get_board("U280")
+    ports = [("k_1", "a", 100), ("k_1", "b", 100), ("k_1", "c", 10), ("k_1", "d", 10)]
+    by_bytes = assign_banks(u250, ports, {"k_1": 0})
+    assert [p["bank"] for p in by_bytes] == ["DDR[0]", "DDR[1]", "DDR[2]", "DDR[3]"]
+    shared = assign_banks(u250, ports, {"k_1": 0}, {("k_1", "c"): "g", ("k_1", "d"): "g"})
+    assert shared[2]["bank"] == shared[3]["bank"] and shared[2]["bundle"] == "g"
+    hbm = assign_banks(u280, [("k_1", "w", 300 * 2**20), ("k_1", "v", 1)], {"k_1": 1})
+    assert [p["bank"] for p in hbm] == ["HBM[0:1]", "HBM[2]"]   # 300 MiB > one 256 MiB pseudo-channel
+    text = ("#pragma HLS INTERFACE mode=m_axi port=w offset=slave bundle=gmem_w depth=4\n"
+            "#pragma HLS INTERFACE m_axi port=v offset=slave\n#pragma HLS INTERFACE mode=axis port=in0\n")
+    assert declared_bundles(text) == {"w": "gmem_w", "v": "gmem"}
+
+
+def test_stage_bigger_than_its_board_is_refused(tmp_path):
+    """A folding whose MVU needs more DSP than the board has: gen refuses it in one line."""
+    from codegen_plans import make_plan
+    path = tmp_path / "wide.yaml"
+    path.write_text("name: wide\ninput: [1024]\nlayers:\n  - {name: fc1, type: dense, units: 1024}\n"
+                    "  - {name: fc2, type: dense, units: 10}\n")
+    # 64 x 256 = 16,384 MACs a cycle: 16,384 DSP48E2 at 16 bits, a U250 has 11,520 usable
+    plan, model, cluster = make_plan(str(path), "4xU250-ring", cuts=(0,), mode="inference",
+                                     folding={"fc1": (64, 256)})
+    with pytest.raises(SpecError) as e:
+        render(plan, model, cluster)
+    msg = str(e.value)
+    assert "\n" not in msg and "stages[0].folding" in msg and "16,384 DSP" in msg and "11,520 usable" in msg
