@@ -214,6 +214,19 @@ def test_interleaved_boards_open_once(tmp_path, monkeypatch, engines):
             [(0, "stage0:{stage0_1}"), (0, "stage2:{stage2_1}"), (1, "stage1:{stage1_1}"), (1, "stage3:{stage3_1}")]
 
 
+def test_images_travel_channel_last(tmp_path, monkeypatch):
+    """conv-mini (2-channel 6x6 images, 3 boards): the input buffer holds HWC rows, as the
+    kernels stream them; the boards' reference reads them back as such, bit-exact."""
+    from cocotb_tests.plans import conv_mini_plan
+
+    plan = conv_mini_plan()
+    out, model, stamp = _gen(tmp_path, plan)
+    assert model.inputs[0].shape[0] == 2
+    r, calls = _run(monkeypatch, plan, model, out, stamp, limit=4)
+    assert r["mismatches_vs_numpy"] == 0 and r["max_abs_err_vs_numpy"] == 0
+    _common_checks(out, stamp, calls, 4)
+
+
 def test_check_names_the_missing_xclbin_and_the_stale_build(tmp_path, monkeypatch):
     from bapipe.errors import SpecError
     from host.backends import BackendUnavailable
