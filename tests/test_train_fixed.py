@@ -283,3 +283,37 @@ def test_acc_width_rule_on_vgg16_largest_reduction():
     widths = T.model_acc_widths(model, batch)
     assert max(w for d in widths.values() for w in d.values()) == width <= 64
     assert T.acc_width(224 * 224 * 171_196) == 64 and T.acc_width(224 * 224 * 171_197) == 65
+
+
+def test_small_resnet_step_with_batchnorm_and_residual_forks():
+    """A residual model (conv, batchnorm, add forks, globalavgpool, dense) takes a step; the
+    result does not depend on the micro-batching, and every trainable tensor moved."""
+    from bapipe.spec import load_model
+
+    model = load_model("examples/models/small-resnet.yaml")
+    rng = np.random.default_rng(11)
+    master = {}
+    for l in model.layers:
+        if l.type == "conv2d":
+            o, c = l.attr["out_channels"], l.in_shapes[0][0]
+            kh, kw = l.attr["kernel"]
+            master[l.name] = {"w": T.quantize(rng.normal(0, math.sqrt(2 / (c * kh * kw)), (o, c, kh, kw)), TF.master)}
+            if l.attr.get("bias", True):
+                master[l.name]["b"] = T.quantize(np.zeros(o), TF.master)
+        elif l.type == "batchnorm":
+            ch = l.in_shapes[0][0]
+            master[l.name] = {"scale": T.quantize(np.ones(ch), TF.master), "shift": T.quantize(np.zeros(ch), TF.master)}
+        elif l.type == "dense":
+            fan_in = l.in_shapes[0][-1]
+            master[l.name] = {"w": T.quantize(rng.normal(0, math.sqrt(2 / fan_in), (l.attr["units"], fan_in)),
+                                              TF.master), "b": T.quantize(np.zeros(l.attr["units"]), TF.master)}
+    x = fx.quantize(rng.random((2, 3, 32, 32)), A)
+    y = rng.integers(0, model.layers[-1].out_shape[-1], 2)
+    c = T.sgd_constants(0.05, 0.9, 2, TF)
+    m1, _, i1 = T.train_step(model, master, {}, x, y, c, TF, microbatches=1)
+    m2, _, i2 = T.train_step(model, master, {}, x, y, c, TF, microbatches=2)
+    assert np.array_equal(i1["logits"], i2["logits"])
+    for l in master:
+        for n in master[l]:
+            assert np.array_equal(m1[l][n], m2[l][n]), (l, n)
+            assert not np.array_equal(m1[l][n], master[l][n]), (l, n)   # a zero gradient would be a broken path
