@@ -40,24 +40,34 @@ def window_bytes(layer, eb: int) -> int:
 
 _STREAM_DEPTH = re.compile(r"#pragma HLS STREAM variable=(\w+) depth=(\d+)")
 
+#: BArray storage classes that take no BRAM/URAM/LUTRAM (codegen.hls_bwd)
+_NOT_MEMORY = ("registers", "off-chip")
+
+
+def _roms_bytes(stage_ctx, eb: int) -> int:
+    """On-chip weight ROMs of the stage (weights small enough to embed: codegen.context)."""
+    return sum(int(w.kernel_q.size) * eb for w in stage_ctx.weights) if stage_ctx.embed_weights else 0
+
 
 def kernel_onchip_bytes(stage_ctx, fmt, bwd: bool = False) -> int:
-    """On-chip bytes of a stage's forward (or backward) kernel as the Design states them:
-    stream FIFOs (depth x beat bytes), on-chip arrays and on-chip weight ROMs, and one line
-    buffer per window engine (forward; the backward kernel recomputes the forward layers too)."""
+    """On-chip bytes of a stage's forward (or backward) kernel as the Design states them.
+
+    Forward, dataflow (``stage_ctx.engine``, codegen.hls_design): every packed stream's FIFO
+    (depth x lanes x element bytes), the engines' ROMs and the window generators' line
+    buffers. Forward, time-multiplexed: the context's streams, on-chip weights and one line
+    buffer per window layer (fpga_models.engines). Backward (codegen.hls_bwd.BwdCtx): its
+    on-chip arrays and FIFOs, plus the on-chip weight ROMs it reads."""
     eb = elem_bytes(fmt)
-    total = sum(window_bytes(lc.layer, eb) for lc in stage_ctx.layers)
-    if stage_ctx.embed_weights:
-        total += sum(int(w.kernel_q.size) * eb for w in stage_ctx.weights)
-    if not bwd:
-        for st in stage_ctx.streams:
-            total += int(st.depth) * eb * int(getattr(st, "lanes", 1))
-        return total
-    b = stage_ctx.bwd
-    total += sum(int(a.count) * eb for a in getattr(b, "buffers", []))
-    streams = getattr(b, "streams", None)
-    if streams is not None:
-        total += sum(int(st.depth) * eb * int(getattr(st, "lanes", 1)) for st in streams)
-    else:   # depths as the context wrote them into the statement list
-        total += sum(int(m.group(2)) * eb for line in b.statements for m in _STREAM_DEPTH.finditer(line))
-    return total
+    if bwd:
+        b = stage_ctx.bwd
+        if hasattr(b, "arrays"):
+            arrays = sum(a.bytes for a in b.arrays if a.storage not in _NOT_MEMORY)
+            return arrays + sum(st.bytes for st in b.streams) + _roms_bytes(stage_ctx, eb)
+        total = sum(int(a.count) * eb for a in getattr(b, "buffers", [])) + _roms_bytes(stage_ctx, eb)
+        return total + sum(int(m.group(2)) * eb for line in b.statements for m in _STREAM_DEPTH.finditer(line))
+    e = getattr(stage_ctx, "engine", None)
+    if e is not None:
+        roms = sum(math.prod(r.shape) * eb for r in e.roms)
+        return sum(v.depth * v.lanes * eb for v in e.streams) + roms + e.line_buffer_elems * eb
+    total = sum(window_bytes(lc.layer, eb) for lc in stage_ctx.layers) + _roms_bytes(stage_ctx, eb)
+    return total + sum(int(st.depth) * eb * int(getattr(st, "lanes", 1)) for st in stage_ctx.streams)
