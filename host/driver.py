@@ -560,7 +560,8 @@ def train(plan: str | Path | Plan, backend: str = "numpy", epochs: int | None = 
         from .train_hw import train_on_hardware
 
         return train_on_hardware(plan, model, _cluster, backend, epochs, lr, seed,
-                                 {"build": build, "timeout": timeout}, max_iterations, plan_file)
+                                 {"build": build, "timeout": timeout}, max_iterations, plan_file,
+                                 log=log, checkpoint=checkpoint)
     if backend != "numpy":  # the RTL and board backends run the plan's forward pass: host/forward.py
         from .forward import run_forward
 

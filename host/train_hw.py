@@ -42,8 +42,14 @@ def _equal(a: dict, b: dict) -> tuple[bool, str | None]:
 
 def train_on_hardware(plan, model, cluster, backend: str, epochs: int, lr: float | None, seed: int = 0,
                       options: dict | None = None, max_iterations: int | None = None,
-                      plan_file: str = "plan.yaml") -> dict:
-    """Train ``epochs`` epochs on ``backend``; compare every iteration's weights with numpy."""
+                      plan_file: str = "plan.yaml", log: str | None = None, checkpoint: str | None = None) -> dict:
+    """Train ``epochs`` epochs on ``backend``; compare every iteration's weights with numpy.
+
+    ``log``: per-iteration records (epoch, iteration, loss of the numpy run, weights equal,
+    cycles). ``checkpoint``: the hardware's final master weights with the numpy run's
+    velocities (the hardware's own when the weights matched) and position, loadable with
+    ``--resume`` (forward runs) like a numpy-backend checkpoint.
+    """
     from fpga_models import train_fixed as T
 
     from .driver import effective_batch
@@ -98,15 +104,29 @@ def train_on_hardware(plan, model, cluster, backend: str, epochs: int, lr: float
     if len(hw) != total:
         raise SpecError(plan_file, None, "--backend", f"the {backend} run reported {len(hw)} iterations, "
                                                       f"expected {total}")
-    per_epoch_match, first_bad = [], None
+    per_epoch_match, first_bad, same_at = [], None, []
     for e in range((total + per_epoch - 1) // per_epoch):
         ok = True
         for it in range(e * per_epoch, min(total, (e + 1) * per_epoch)):
             same, where = _equal(hw[it], ref[it])
+            same_at.append(same)
             if not same:
                 ok = False
                 first_bad = first_bad or {"iteration": it, "tensor": where}
         per_epoch_match.append(ok)
+    cycles = got.get("iteration_cycles")
+    if log:
+        from .driver import _write_log
+
+        _write_log(log, [{"epoch": it // per_epoch, "iteration": it, "loss": losses[it], "weights_match": same_at[it],
+                          "iteration_cycles": cycles[it] if cycles else None} for it in range(total)])
+    if checkpoint:
+        from . import checkpoint as ckpt
+
+        final_m = {l: hw[-1].get(l, d) for l, d in master0.items()} if hw else master0
+        ckpt.save(checkpoint, plan, {0: {"params": final_m, "bufs": {}, "shadow": None,
+                                         "opt": {"step_count": total, "slots": {"v": v}}}},
+                  total // per_epoch, total % per_epoch, seed)
 
     def accuracy(master) -> float:
         wq = T.forward_weights(master, tf)
@@ -116,7 +136,6 @@ def train_on_hardware(plan, model, cluster, backend: str, epochs: int, lr: float
     hw_logits = np.asarray(got.get("logits", []), dtype=np.int64).reshape(-1, ref_logits.shape[1])
     outputs_match = hw_logits.shape == ref_logits.shape and bool(np.array_equal(hw_logits, ref_logits))
     final = hw[-1] if hw else master0
-    cycles = got.get("iteration_cycles")
     return {
         "backend": backend, "epochs": epochs, "iterations": total,
         "final_loss": float(np.mean(losses[-per_epoch:])) if losses else None,

@@ -1,6 +1,7 @@
 """host.driver/workers: real worker processes; gradients, accuracy, failures, checkpoints."""
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -226,7 +227,7 @@ def test_property_any_cut_schedule_and_replication_matches_single_device(data):
     assert r["grad_max_rel_err_vs_single_device"] < grad_tolerance(model, 32)
 
 
-def test_hardware_training_compares_every_iteration(monkeypatch):
+def test_hardware_training_compares_every_iteration(monkeypatch, tmp_path):
     """host/train_hw.py with a stand-in hardware backend that trains by train_step on the samples
     and loss gradients it is handed: weights and logits match; a one-LSB error in one bias at
     iteration 2 is reported as the first mismatch of epoch 0."""
@@ -257,11 +258,21 @@ def test_hardware_training_compares_every_iteration(monkeypatch):
         fake = make(corrupt)
         monkeypatch.setattr(train_hw, "get_backend", lambda name: fake)
         monkeypatch.setattr(driver, "_backend_module", lambda name: fake)
-        r = train(plan, backend="verilator", epochs=1, max_iterations=4, lr=0.05)
+        log, ck = tmp_path / f"log{corrupt}.json", tmp_path / f"ck{corrupt}.npz"
+        r = train(plan, backend="verilator", epochs=1, max_iterations=4, lr=0.05, log=str(log), checkpoint=str(ck))
         assert r["iterations"] == 4 and r["outputs_match"] and r["iteration_cycles"] == [100] * 4
+        recs = json.loads(log.read_text())
+        assert [x["weights_match"] for x in recs] == [True, True, not corrupt, True]  # only the reported copy of iteration 2 was off
         if corrupt:
             assert not r["weights_match"] and r["weights_match_per_epoch"] == [False]
             assert r["first_mismatch"] == {"iteration": 2, "tensor": "fc2.b"}
         else:
             assert r["weights_match"] and r["weights_match_per_epoch"] == [True] and r["first_mismatch"] is None
             assert r["test_accuracy"] == r["numpy_test_accuracy"]
+            from bapipe.zoo import get
+            from host.checkpoint import load
+
+            epoch, it, state = load(str(ck), plan, get("tiny-mlp"))
+            want, _ = _train_fixed_reference(get("tiny-mlp"), plan, 4, 0.05)
+            got = {l: d for st in state.values() for l, d in st["params"].items()}
+            assert (epoch, it) == (0, 4) and all(np.array_equal(got[l][n], want[l][n]) for l in want for n in want[l])
