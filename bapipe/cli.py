@@ -183,9 +183,11 @@ def _add_args(name: str, p: argparse.ArgumentParser) -> None:
     elif name == "run":
         p.add_argument("plan", help="plan.yaml written by `bapipe plan`")
         p.add_argument("--backend", default="numpy", choices=("numpy", "verilator", "xrt"),
-                       help="numpy trains; verilator and xrt run the generated forward pass")
+                       help="numpy trains; verilator trains a mode: train plan on the generated training RTL "
+                            "(the forward pass with --resume); xrt runs the generated forward pass")
         p.add_argument("--epochs", type=int, default=None,
-                       help="training epochs, counted from the start of training (numpy backend; default 5)")
+                       help="training epochs, counted from the start of training (numpy and verilator backends; "
+                            "default 5)")
         p.add_argument("--global-batch", type=int, default=None,
                        help="samples per iteration instead of the plan's (a multiple of its micro-batches)")
         p.add_argument("--lr", type=float, default=None,
