@@ -170,7 +170,7 @@ def _span(free: list[dict], need: Need) -> list[int] | None:
 
 def _take(free: list[dict], span: list[int], need: Need) -> dict:
     """Subtract ``need`` from the spanned SLRs, filling them in order; the blocks taken."""
-    dsp, nbytes, bram_t, uram_t = need.dsp, need.onchip_bytes, 0, 0
+    dsp, nbytes, bram_t, uram_t, per = need.dsp, need.onchip_bytes, 0, 0, []
     for k in span:
         d = min(dsp, free[k]["dsp"])
         free[k]["dsp"] -= d
@@ -182,7 +182,8 @@ def _take(free: list[dict], span: list[int], need: Need) -> dict:
         free[k]["uram"] -= u
         free[k]["bram36"] -= b
         uram_t, bram_t = uram_t + u, bram_t + b
-    return Need(need.dsp, bram_t, uram_t, need.onchip_bytes).to_dict()
+        per.append({"slr": k, "dsp": d, "bram36": b, "uram": u})
+    return Need(need.dsp, bram_t, uram_t, need.onchip_bytes).to_dict() | {"per_slr": per}
 
 
 # --- memory banks --------------------------------------------------------------------------
@@ -449,6 +450,9 @@ def place_project(ctx, cluster, where: str = "plan.yaml", sources: dict | None =
             if p["slr"] is not None:
                 for r in used:
                     used[r][p["slr"]] += p["need"][r]
+            for part in p["need"].get("per_slr", []):   # a unit spanning SLRs
+                for r in used:
+                    used[r][part["slr"]] += part[r]
         out[b.name] = {
             "board_type": board.name,
             "slrs": [{"index": s.index, "usable_dsp": s.usable_dsp, "usable_bram36": s.usable_bram36,
