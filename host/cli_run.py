@@ -81,6 +81,20 @@ def show_run(r: dict) -> str:
             f"test accuracy     {r['test_accuracy']:.4f} (numpy reference {r['numpy_test_accuracy']:.4f})",
             f"throughput        {r['samples_per_s']:.1f} samples/s",
         ])
+    if "weights_match" in r:  # training on generated hardware (host/train_hw.py)
+        cyc, plan_c = r["iteration_cycles"], r["plan_iteration_cycles"]
+        return "\n".join([
+            f"{r['backend']} backend trained {r['iterations']} iterations ({r['epochs']} epochs requested), "
+            f"{r['stages']} stages, {r['microbatches']} micro-batches of {r['microbatch_size']}, "
+            f"{r['optimizer']} lr {r['lr']:g}, {r['number_format']}",
+            f"weights equal to numpy fixed point after every iteration: {r['weights_match']} "
+            f"(per epoch {r['weights_match_per_epoch']}; first mismatch {r['first_mismatch']})",
+            f"logits equal to numpy fixed point: {r['outputs_match']}",
+            f"test accuracy     {r['test_accuracy']:.4f} (numpy run {r['numpy_test_accuracy']:.4f}, "
+            f"{r['test_samples']} digits)",
+            f"cycles/iteration  {sum(cyc) / len(cyc):.0f} measured" + (f", {plan_c:.0f} planned" if plan_c else "")
+            if cyc else "cycles/iteration  (not reported)",
+        ])
     util = " ".join(f"{u:.0%}" for u in r["stage_utilisation"])
     err = r["grad_max_rel_err_vs_single_device"]
     lines = [
