@@ -52,6 +52,7 @@ def generate_plan(plan, model, cluster, out_dir: str | Path, plan_text: str | No
 
     package.check_engines_plan(engines, plan)
     ctx = build_project(plan, model, cluster, plan_file)
+    ctx.plan_file = plan_file   # the placement pass's errors name the plan file (codegen.placement)
     package.check_engines(engines, ctx, True, None)
     out = Path(out_dir)
     rtl_files: list[Path] = []

@@ -412,6 +412,7 @@ def _m_axi_ports(b, by_name, fmt) -> list[tuple[str, str, int]]:
 def place_project(ctx, cluster, where: str = "plan.yaml", sources: dict | None = None) -> dict:
     """The placement of every board (see the module docstring). ``sources``: the rendered files
     (path -> bytes), whose m_axi pragmas say which arguments share a bundle."""
+    where = getattr(ctx, "plan_file", where)
     if cluster is None:   # no cluster: catalog boards by type, nothing between boards to wire
         from fpga_models.boards import get_board
         from .context import _board_type_key
