@@ -179,6 +179,7 @@ def test_slr_and_bank_figures():
     assert [(k.name, k.slr) for k in u280.banks if k.kind == "ddr"] == [("DDR[0]", 0), ("DDR[1]", 1)]
     assert [k.name for k in u55c.banks] == [f"HBM[{i}]" for i in range(32)] and u55c.banks[0].bytes == 2**29
     assert u250.bank("DDR[3]").slr == 3 and u250.bank("HBM[0]") is None
+    assert (u250.qsfp_slr, u280.qsfp_slr) == (2, 2)   # XUP VNx connectivity files: slr=cmac_0:SLR2
     # one SLR's usable on-chip RAM: 576 BRAM36 x 4,608 B + 320 URAM x 36,864 B
     assert u250.slrs[0].on_chip_bytes == 576 * 4608 + 320 * 36864
     for g in ("V100", "A100"):

@@ -321,3 +321,14 @@ def test_stage_bigger_than_its_board_is_refused(tmp_path):
         render(plan, model, cluster)
     msg = str(e.value)
     assert "\n" not in msg and "stages[0].folding" in msg and "16,384 DSP" in msg and "11,520 usable" in msg
+
+
+@pytest.mark.slow  # two in-memory renders of tiny-mlp (~1 s)
+def test_link_configs_and_placement_are_deterministic():
+    from planner.cli_plan import parse_partition
+    cluster = load_cluster("4xU250-ring")
+    plan, model = _plan("tiny-mlp", cluster, partition=parse_partition("0-1,2-3,4-6", 7))
+    a = render(plan, model, cluster)[1]
+    b = render(plan, model, cluster)[1]
+    keys = [k for k in a if k.startswith("link/") or k == "placement.json"]
+    assert len(keys) == 4 and all(a[k] == b[k] for k in keys)
