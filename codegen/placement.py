@@ -72,15 +72,15 @@ def stage_dsp(stage_ctx, plan_stage, board: Board, fmt: str) -> int:
 
 def kernel_needs(ctx, board: Board, fmt: str) -> dict[str, Need]:
     """Each stage kernel's need: DSP from the engines; BRAM36/URAM from the Design's on-chip bytes.
-    The backward kernel has an input-gradient and a weight-gradient engine per MVU at the
-    forward folding (issue 16; HLS-backward): twice the forward DSP."""
+    The backward kernel has one PE x SIMD array per MVU layer at the forward folding, used for
+    the weight gradient and then the input gradient (codegen.hls_bwd, ``mvu_bwd``): the same
+    DSP as the forward kernel."""
     plan_stage = {st.index: st for st in ctx.plan.stages}
     out: dict[str, Need] = {}
     for s in ctx.stages:
         dsp = stage_dsp(s, plan_stage[s.index], board, fmt)
-        for name, mult in [(s.name, 1)] + ([(s.bwd.name, 2)] if s.bwd is not None else []):
-            b = kernel_onchip_bytes(s, ctx.fmt, bwd=name != s.name)
-            out[name] = Need(dsp * mult, 0, 0, b)
+        for name in [s.name] + ([s.bwd.name] if s.bwd is not None else []):
+            out[name] = Need(dsp, 0, 0, kernel_onchip_bytes(s, ctx.fmt, bwd=name != s.name))
     return out
 
 
