@@ -119,6 +119,10 @@ def train_iterations(plan, model, cluster, master, x_q, labels, dy, iterations: 
                                  f"the run {len(x_q) // max(1, iterations)}")
     from codegen.rtlsim import stream_order
 
+    cap = getattr(rtlsim_train, "MAX_ITERATIONS", None)
+    if cap is not None and iterations > cap and not _cap(rtlsim_train.build_sim, iterations):
+        raise BackendUnavailable(f"backend verilator: the training testbench holds {cap} iterations, the run "
+                                 f"needs {iterations} (fewer --epochs or a larger --global-batch)")
     t0 = time.perf_counter()
     d = rtlsim_train.build_sim(rtl / "train", man, out_dir / "rtlsim", **_cap(rtlsim_train.build_sim, iterations))
     compile_s = time.perf_counter() - t0
