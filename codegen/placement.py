@@ -557,6 +557,7 @@ def link_lines(b, placement: dict, channel_list: list[dict], local: list[dict] =
             gt += [f"{au}/{nn.AURORA_GT}:{gt_if}", f"{refclk}:{au}/{nn.AURORA_REFCLK}",
                    f"{freerun}:{au}/{nn.AURORA_INIT_CLK}"]
     nk += [f"{k}:{len(v)}:{'.'.join(v)}" for k, v in kernels.items()]
-    return {"nk": nk, "sp": sp, "slr": slr, "connects": connects, "gt": gt, "spans": spans,
+    xo = [f"{k}.xo" for k in kernels]   # the network kernels' objects v++ links beside the stages'
+    return {"nk": nk, "sp": sp, "slr": slr, "connects": connects, "gt": gt, "spans": spans, "xo": xo,
             "network": [{"qsfp": q, "stack": p["stack"], "towards": p["towards"], "kernel": p["kernel"],
                          "tx": p["tx"], "rx": p["rx"]} for q, p in sorted(ports.items())]}
