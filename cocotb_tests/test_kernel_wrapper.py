@@ -52,8 +52,8 @@ try:
         assert await _read(axil, 0x00) == 0x4, "after reset: idle, not started, not done"
         await axil.write(0x04, (1).to_bytes(4, "little"))   # GIE
         await axil.write(0x08, (1).to_bytes(4, "little"))   # IER: ap_done
-        x = cfg["x"]
-        y = cfg["y"]
+        io = np.load(cfg["data"])   # (samples, in_beats), (samples, out_beats): too big for the environment
+        x, y = io["x"].tolist(), io["y"].tolist()
         taken = 0
         for run, n in enumerate(cfg["runs"]):
             rows = x[taken:taken + n]
@@ -92,38 +92,63 @@ except ImportError:
 pytestmark = [*needs_verilator, xdist_group("kernel_wrapper")]
 
 
-def _kernel(tmp_path, stage: int = 2):
-    """Generate the tiny-mlp RTL build; the stage's kernel sources, memory dir and figures."""
-    from cocotb_tests.plans import tiny_mlp_plan
+def _kernel(name: str, plan, stage: int):
+    """Generate the plan's RTL build (a fixed folder under the cache, so the compiled
+    simulation is reused); the stage's kernel sources by file name."""
     from codegen.cli_gen import generate_plan
     from fpga_models.plancheck import resolve
 
-    plan = tiny_mlp_plan(4)
     model, cluster = resolve(plan)
-    out = CACHE / "kernel_wrapper" / "tiny-mlp-4"   # a fixed folder: the compiled simulation is reused
+    out = CACHE / "kernel_wrapper" / name
     generate_plan(plan, model, cluster, out, engines="rtl")
     d = out / "rtl" / "kernels" / f"stage{stage}"
     src = json.loads((d / "sources.json").read_text())
     files = {p.split("/")[-1]: (d / p).read_text() for p in src["sources"]}
-    return plan, model, out, files
+    return model, out, files
 
 
-@pytest.mark.slow   # one Verilator build: ~46 s from scratch on a shared 2-core machine, ~7 s cached
-def test_kernel_wrapper_bit_exact(tmp_path):
+def _hwc(a: np.ndarray) -> np.ndarray:
+    """(N, C, H, W) -> rows in stream order (HWC); vectors unchanged."""
+    return (a.transpose(0, 2, 3, 1) if a.ndim == 4 else a).reshape(len(a), -1)
+
+
+def _run_kernel(name: str, plan, stage: int, samples: int, runs: list[int], seed: int, p: float) -> None:
     from codegen.rtl import read_params
     from fpga_models.fixedpoint import model_fwd
 
-    plan, model, out, files = _kernel(tmp_path)
-    layers = [model.layers[model.index[n]] for n in plan.stages[2].layers]
+    model, out, files = _kernel(name, plan, stage)
+    layers = [model.layers[model.index[n]] for n in plan.stages[stage].layers]
     params = read_params(out / "rtl", [l.name for l in layers])
-    xp = {n: {k: v for k, v in p.items()} for n, p in params.items()}
-    design = json.loads((out / "design.json").read_text())["stages"][2]
+    design = json.loads((out / "design.json").read_text())["stages"][stage]
     n_in, n_out = design["in_elems"], design["out_elems"]
-    rng = np.random.default_rng(0)
-    x = rng.integers(-2048, 2048, size=(5, n_in))   # raw fixed16 values in [-2, 2)
-    y = model_fwd(layers, {layers[0].inputs[0]: x}, xp, plan.number_format)[layers[-1].name]
-    assert y.shape == (5, n_out)
-    d = build("stage2", files, mem_dir=out / "rtl")
-    check(d, "stage2", "cocotb_tests.test_kernel_wrapper", "kernel_runs", seed=0, elem_w=16, in_beats=n_in,
-          out_beats=n_out, in_port="in0", out_port="out0", x=x.tolist(), y=np.asarray(y).tolist(), runs=[3, 2],
-          p_idle=0.2, p_stall=0.2)
+    src = layers[0].inputs[0]
+    in_shape = model.inputs[0].shape if src == model.inputs[0].name else model.layers[model.index[src]].out_shape
+    rng = np.random.default_rng(seed)
+    x = rng.integers(-2048, 2048, size=(samples, *in_shape))   # raw fixed16 values in [-2, 2)
+    y = _hwc(np.asarray(model_fwd(layers, {src: x}, params, plan.number_format)[layers[-1].name]))
+    x = _hwc(x)
+    assert x.shape == (samples, n_in) and y.shape == (samples, n_out)
+    top = f"stage{stage}"
+    d = build(top, files, mem_dir=out / "rtl")
+    data = d / f"io-{samples}-{seed}.npz"
+    np.savez(data, x=x, y=y)
+    check(d, top, "cocotb_tests.test_kernel_wrapper", "kernel_runs", seed=seed, elem_w=16, in_beats=n_in,
+          out_beats=n_out, in_port="in0", out_port="out0", data=str(data), runs=runs, p_idle=p, p_stall=p)
+
+
+@pytest.mark.slow   # one Verilator build: ~46 s from scratch on a shared 2-core machine, ~7 s cached
+def test_kernel_wrapper_bit_exact():
+    """tiny-mlp stage 2 (fc3 + relu3), 5 samples in two runs, 20% idle and backpressure."""
+    from cocotb_tests.plans import tiny_mlp_plan
+
+    _run_kernel("tiny-mlp-4", tiny_mlp_plan(4), 2, 5, [3, 2], 0, 0.2)
+
+
+@pytest.mark.slow
+@pytest.mark.soak   # another Verilator build and 60 images: make test-all
+def test_kernel_wrapper_conv_stage_soak():
+    """tiny-cnn stage 0 (conv1, relu1, conv2, relu2: window generators, 4-lane output narrowed
+    to one element a beat), 60 images in three runs, 30% idle and backpressure."""
+    from cocotb_tests.plans import tiny_cnn_plan
+
+    _run_kernel("tiny-cnn-3", tiny_cnn_plan(), 0, 60, [25, 1, 34], 3, 0.3)
