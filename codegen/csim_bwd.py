@@ -74,9 +74,14 @@ def csim_backward(build: Path, st: dict, model, params: dict, fmt: fx.Fmt, rng: 
         row["error"] = str(e).splitlines()[0]
         return row
     row["run_s"] = round(run_s, 3)
+    trailer, tail = tail[-4:], tail[:-4]
+    c_mb = int(trailer[0]) & 0xFFFFFFFF | int(trailer[1]) << 32
+    c_flush = int(trailer[2]) & 0xFFFFFFFF | int(trailer[3]) << 32
     if stats.get("cycles") is not None:
-        row["cycles_per_microbatch"] = stats["cycles"]
-        row["cycles_per_sample"] = stats["cycles"] / mb
+        assert c_mb + c_flush == stats["cycles"], (c_mb, c_flush, stats["cycles"])
+        row["cycles_per_microbatch"] = c_mb
+        row["cycles_per_sample"] = c_mb / mb
+        row["flush_cycles"] = c_flush   # dW/db out once per iteration (the plan prices no gradient egress)
     row["streams"] = {k: {"depth": v["depth"], "peak": v["peak"]} for k, v in sorted((stats.get("streams") or {}).items())}
     t0 = time.perf_counter()
     g, wg = fx.stage_bwd(layers, xs, dys, params, fmt)

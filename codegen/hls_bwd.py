@@ -142,12 +142,12 @@ class BwdCtx:
                 + [f"const data_t {s.name}[MB * {s.elements}]" for s in self.stashes]
                 + [f"data_t {a.name}{a.dims}" for a in self.grad_arrays]
                 + [f"{a.ctype} {a.name}{a.cdims}" for a in self.acc_ports]
-                + [f"const data_t {w.name}{w.dims}" for w in self.weights])
+                + [f"const data_t {w.name}{w.dims}" for w in self.weights] + ["int n", "int flush"])
 
     @property
     def args(self) -> list[str]:
         return (self.stream_ports + [s.name for s in self.stashes] + [a.name for a in self.grad_arrays]
-                + [a.name for a in self.acc_ports] + [w.name for w in self.weights])
+                + [a.name for a in self.acc_ports] + [w.name for w in self.weights] + ["n", "flush"])
 
     @property
     def onchip_bytes(self) -> int:
@@ -214,7 +214,10 @@ class _Builder:
         return name
 
     def proc(self, call: str, layer: str, what: str, cycles: int) -> None:
-        self.procs.append(call.rstrip(";"))
+        """One DATAFLOW process; every engine takes the call's sample count ``n`` last."""
+        call = call.rstrip(";")
+        assert call.endswith(")"), call
+        self.procs.append(call[:-1] + ", n)")
         self.engines.append({"layer": layer, "engine": what, "cycles_per_sample": cycles})
 
 
@@ -227,6 +230,8 @@ def _acc_store_bits(bits: int) -> int:
 
 def build_bwd(plan, model, st, sc, fmt, board=None) -> BwdCtx:
     """The backward kernel of stage ``st`` (StageCtx ``sc`` holds its ports and weight arrays)."""
+    from bapipe.plan import Folding
+
     from .context import ident, mvu_dims
 
     mb = replica_batch(plan, st)
@@ -241,7 +246,7 @@ def build_bwd(plan, model, st, sc, fmt, board=None) -> BwdCtx:
     for l in layers:
         elems[l.name] = l.out_elems
         shape[l.name] = tuple(l.out_shape)
-    fold = st.folding
+    fold = {n: st.folding.get(n, Folding()) for n in st.layers}
 
     # which gradients are needed: a layer is active when it learns or passes a needed gradient
     needed: set[str] = {t for t in in_tensors if t not in model_inputs}
@@ -283,7 +288,7 @@ def build_bwd(plan, model, st, sc, fmt, board=None) -> BwdCtx:
             g = math.gcd(a, bl)
             return resize(resize(src, n, a, g, tag), n, g, bl, tag)
         out = b.stream(f"{tag}_w{bl}", bl)
-        b.proc(f"bapipe::resize<{n}, {a}, {bl}, MB>({src}, {out});", tag, "resize", n // min(a, bl))
+        b.proc(f"bapipe::resize<{n}, {a}, {bl}>({src}, {out});", tag, "resize", n // min(a, bl))
         return out
 
     def gradient(t: str, lanes: int | None) -> tuple[str, int]:
@@ -294,14 +299,14 @@ def build_bwd(plan, model, st, sc, fmt, board=None) -> BwdCtx:
         if not parts:
             L = lanes or _divisor_at_most(n, 16)
             z = b.stream(f"g_{tag}_zero", L)
-            b.proc(f"bapipe::zeros<{n}, {L}, MB>({z});", t, "zeros", n // L)
+            b.proc(f"bapipe::zeros<{n}, {L}>({z});", t, "zeros", n // L)
             return z, L
         L = lanes or parts[0][1]
         cur = resize(parts[0][0], n, parts[0][1], L, f"g_{tag}")
         for s, a in parts[1:]:
             other = resize(s, n, a, L, f"g_{tag}")
             out = b.stream(f"g_{tag}_sum", L)
-            b.proc(f"bapipe::grad_sum<{n}, {L}, MB>({cur}, {other}, {out});", t, "grad_sum", n // L)
+            b.proc(f"bapipe::grad_sum<{n}, {L}>({cur}, {other}, {out});", t, "grad_sum", n // L)
             cur = out
         return cur, L
 
@@ -341,7 +346,7 @@ def build_bwd(plan, model, st, sc, fmt, board=None) -> BwdCtx:
             st_name = stash(l, src)
             if l.type == "dense":
                 vec = prod(l.in_shapes[0][:-1])
-                b.proc(f"bapipe::stash_read<{vec * mw}, {simd}, MB>({st_name}, {x});", l.name, "stash_read",
+                b.proc(f"bapipe::stash_read<{vec * mw}, {simd}>({st_name}, {x});", l.name, "stash_read",
                        vec * mw // simd)
                 terms_dx = mh
             else:
@@ -350,7 +355,7 @@ def build_bwd(plan, model, st, sc, fmt, board=None) -> BwdCtx:
                 ho, wo = l.out_shape[1], l.out_shape[2]
                 vec = ho * wo
                 wp = f"{c}, {h}, {w_}, {kh}, {kw}, {sh}, {sw}, {ph}, {pw}"
-                b.proc(f"bapipe::window_read<{wp}, {simd}, MB>({st_name}, {x});", l.name, "window_read", vec * sf)
+                b.proc(f"bapipe::window_read<{wp}, {simd}>({st_name}, {x});", l.name, "window_read", vec * sf)
                 terms_dx = mh * kh * kw
             gb = acc_width(mb * vec, W, W)
             xb = acc_width(terms_dx, W, W)
@@ -378,9 +383,11 @@ def build_bwd(plan, model, st, sc, fmt, board=None) -> BwdCtx:
             else:
                 dx = b.stream(f"nodx_{tag}", simd)
                 out_t = f"bapipe::bvec<{simd}>"
-            b.proc(f"bapipe::mvu_bwd<{mh}, {mw}, {pe}, {simd}, {int(need_dx[0])}, MB * {vec}, {gb}, {xb}, {wl}, "
-                   f"{MVU_FILL}, {out_t} >({dy}, {x}, {dx}, {wname}, {aw.name}, {ab.name}, {dw.name}, {db.name});",
-                   l.name, "mvu_bwd", vec * steps)
+            b.procs.append(f"bapipe::mvu_bwd<{mh}, {mw}, {pe}, {simd}, {int(need_dx[0])}, {gb}, {xb}, {wl}, "
+                           f"{MVU_FILL}, {out_t} >({dy}, {x}, {dx}, {wname}, {aw.name}, {ab.name}, {dw.name}, "
+                           f"{db.name}, (long)n * {vec}, flush)")
+            b.engines.append({"layer": l.name, "engine": "mvu_bwd", "cycles_per_sample": vec * steps,
+                              "flush_cycles": _ceil_div(mh * mw, wl) + _ceil_div(mh, wl)})
             if not need_dx[0]:
                 continue
             if l.type == "dense":
@@ -391,7 +398,7 @@ def build_bwd(plan, model, st, sc, fmt, board=None) -> BwdCtx:
             out = b.stream(f"dx_{tag}", lout)
             b.arrays.append(BArray(f"lb_{tag}", f"bapipe::gacc<{xb}>", (kh, w_, c), xb, "bram",
                                    partitions=[(kh, 1)]))
-            b.proc(f"bapipe::col2im<{wp}, {simd}, {lout}, {xb}, bapipe::FINISH_REQUANT, 0, MB>({dx}, {out}, "
+            b.proc(f"bapipe::col2im<{wp}, {simd}, {lout}, {xb}, bapipe::FINISH_REQUANT, 0>({dx}, {out}, "
                    f"lb_{tag});", l.name, "col2im", vec * (kh * kw * c // simd) + h * w_ * c // lout)
             contrib[src].append((out, lout))
         elif l.type == "relu":
@@ -399,9 +406,9 @@ def build_bwd(plan, model, st, sc, fmt, board=None) -> BwdCtx:
             dy, _ = gradient(l.name, L)
             x = b.stream(f"x_{tag}", L)
             st_name = stash(l, src)
-            b.proc(f"bapipe::stash_read<{n_in}, {L}, MB>({st_name}, {x});", l.name, "stash_read", n_in // L)
+            b.proc(f"bapipe::stash_read<{n_in}, {L}>({st_name}, {x});", l.name, "stash_read", n_in // L)
             out = b.stream(f"dx_{tag}", L)
-            b.proc(f"bapipe::relu_bwd<{n_in}, {L}, MB>({x}, {dy}, {out});", l.name, "relu_bwd", n_in // L)
+            b.proc(f"bapipe::relu_bwd<{n_in}, {L}>({x}, {dy}, {out});", l.name, "relu_bwd", n_in // L)
             contrib[src].append((out, L))
         elif l.type == "batchnorm":
             L = fo.ew_lanes
@@ -409,7 +416,7 @@ def build_bwd(plan, model, st, sc, fmt, board=None) -> BwdCtx:
             ch = s[0] if len(s) == 3 else s[-1]
             dy, _ = gradient(l.name, L)
             out = b.stream(f"dx_{tag}", L)
-            b.proc(f"bapipe::batchnorm_bwd<{n_in}, {ch}, {L}, MB>({dy}, {out}, {lc_of[l.name].weights[0].name});",
+            b.proc(f"bapipe::batchnorm_bwd<{n_in}, {ch}, {L}>({dy}, {out}, {lc_of[l.name].weights[0].name});",
                    l.name, "batchnorm_bwd", n_in // L)
             contrib[src].append((out, L))
         elif l.type in ("maxpool", "avgpool"):
@@ -426,16 +433,16 @@ def build_bwd(plan, model, st, sc, fmt, board=None) -> BwdCtx:
                 if l.type == "maxpool":
                     x = b.stream(f"x_{tag}", L)
                     st_name = stash(l, src)
-                    b.proc(f"bapipe::stash_read<{n_in}, {L}, MB>({st_name}, {x});", l.name, "stash_read", n_in // L)
+                    b.proc(f"bapipe::stash_read<{n_in}, {L}>({st_name}, {x});", l.name, "stash_read", n_in // L)
                     pv = b.stream(f"arg_{tag}", L)
                     b.streams[-1].beat, b.streams[-1].beat_bits = f"bapipe::pvec<{L}>", L * (W + 8)
-                    b.proc(f"bapipe::maxpool_bwd_scan<{c}, {h}, {w_}, {kh}, {L}, MB>({x}, {dy}, {pv});",
+                    b.proc(f"bapipe::maxpool_bwd_scan<{c}, {h}, {w_}, {kh}, {L}>({x}, {dy}, {pv});",
                            l.name, "maxpool_bwd_scan", n_in // L)
-                    b.proc(f"bapipe::pool_bwd_emit<{c}, {h}, {w_}, {kh}, {L}, 1, {recip}, MB, bapipe::pvec<{L}> >"
+                    b.proc(f"bapipe::pool_bwd_emit<{c}, {h}, {w_}, {kh}, {L}, 1, {recip}, bapipe::pvec<{L}> >"
                            f"({pv}, {out});", l.name, "pool_bwd_emit", n_in // L)
                     b.arrays.append(BArray(f"{tag}.scan", "data_t", (wo, c), W + 8, "registers", local=True))
                 else:
-                    b.proc(f"bapipe::pool_bwd_emit<{c}, {h}, {w_}, {kh}, {L}, 0, {recip}, MB, bapipe::bvec<{L}> >"
+                    b.proc(f"bapipe::pool_bwd_emit<{c}, {h}, {w_}, {kh}, {L}, 0, {recip}, bapipe::bvec<{L}> >"
                            f"({dy}, {out});", l.name, "pool_bwd_emit", n_in // L)
                 b.arrays.append(BArray(f"{tag}.emit", "data_t", (wo, c), W + 8, "registers", local=True))
             else:
@@ -445,18 +452,18 @@ def build_bwd(plan, model, st, sc, fmt, board=None) -> BwdCtx:
                 if l.type == "maxpool":
                     x = b.stream(f"x_{tag}", L)
                     st_name = stash(l, src)
-                    b.proc(f"bapipe::window_read<{wp}, {L}, MB>({st_name}, {x});", l.name, "window_read",
+                    b.proc(f"bapipe::window_read<{wp}, {L}>({st_name}, {x});", l.name, "window_read",
                            ho * wo * kk * c // L)
-                    b.proc(f"bapipe::maxpool_bwd_window<{wp}, {L}, {gb}, MB>({x}, {dy}, {r});", l.name,
+                    b.proc(f"bapipe::maxpool_bwd_window<{wp}, {L}, {gb}>({x}, {dy}, {r});", l.name,
                            "maxpool_bwd_window", 2 * ho * wo * kk * c // L)
                     mode = "bapipe::FINISH_SAT"
                 else:
-                    b.proc(f"bapipe::avgpool_bwd_spread<{c}, {ho}, {wo}, {kk}, {L}, {gb}, MB>({dy}, {r});", l.name,
+                    b.proc(f"bapipe::avgpool_bwd_spread<{c}, {ho}, {wo}, {kk}, {L}, {gb}>({dy}, {r});", l.name,
                            "avgpool_bwd_spread", ho * wo * kk * c // L)
                     mode = "bapipe::FINISH_AVG"
                 b.arrays.append(BArray(f"lb_{tag}", f"bapipe::gacc<{gb}>", (kh, w_, c), gb, "bram",
                                        partitions=[(kh, 1)]))
-                b.proc(f"bapipe::col2im<{wp}, {L}, {L}, {gb}, {mode}, {recip}, MB>({r}, {out}, lb_{tag});",
+                b.proc(f"bapipe::col2im<{wp}, {L}, {L}, {gb}, {mode}, {recip}>({r}, {out}, lb_{tag});",
                        l.name, "col2im", ho * wo * kk * c // L + n_in // L)
             contrib[src].append((out, L))
         elif l.type == "globalavgpool":
@@ -464,7 +471,7 @@ def build_bwd(plan, model, st, sc, fmt, board=None) -> BwdCtx:
             c, h, w_ = l.in_shapes[0]
             dy, _ = gradient(l.name, L)
             out = b.stream(f"dx_{tag}", L)
-            b.proc(f"bapipe::globalavgpool_bwd<{c}, {h}, {w_}, {L}, {fx.avg_recip(h * w_)}, MB>({dy}, {out});",
+            b.proc(f"bapipe::globalavgpool_bwd<{c}, {h}, {w_}, {L}, {fx.avg_recip(h * w_)}>({dy}, {out});",
                    l.name, "globalavgpool_bwd", n_in // L)
             contrib[src].append((out, L))
         elif l.type == "flatten":
@@ -474,7 +481,7 @@ def build_bwd(plan, model, st, sc, fmt, board=None) -> BwdCtx:
                 want = want_of(src) or lin
                 lout = want if n_in % want == 0 else math.gcd(n_in, want)
                 out = b.stream(f"dx_{tag}", lout)
-                b.proc(f"bapipe::unflatten<{s[0]}, {s[1]}, {s[2]}, {lin}, {lout}, MB>({dy}, {out});", l.name,
+                b.proc(f"bapipe::unflatten<{s[0]}, {s[1]}, {s[2]}, {lin}, {lout}>({dy}, {out});", l.name,
                        "unflatten", max(n_in // lin, n_in // lout))
                 b.arrays.append(BArray(f"{tag}.buf", "data_t", (2, n_in), W, "bram", local=True))
                 contrib[src].append((out, lout))
@@ -492,7 +499,7 @@ def build_bwd(plan, model, st, sc, fmt, board=None) -> BwdCtx:
                     break
                 o0 = b.stream(f"dx_{tag}_{k}", L, depth=depths[k])
                 o1 = b.stream(f"fan_{tag}_{k}", L, depth=max(depths[k + 1:]))
-                b.proc(f"bapipe::dup2<{n}, {L}, MB>({cur}, {o0}, {o1});", l.name, "dup2", n // L)
+                b.proc(f"bapipe::dup2<{n}, {L}>({cur}, {o0}, {o1});", l.name, "dup2", n // L)
                 contrib[l.inputs[k]].append((o0, L))
                 cur = o1
         else:
@@ -587,6 +594,7 @@ def plan_bwd_cycles(plan, model, index: int, board) -> dict:
     """The plan's backward cycles of stage ``index``: per micro-batch (plan.yaml cycles.bwd) and
     per sample in steady state (dataflow: the slowest layer's fpga_models.cost bwd cycles at the
     plan's folding; time-multiplexed: the micro-batch's cycles over its samples)."""
+    from bapipe.plan import Folding
     from fpga_models.cost import folding_cost
 
     st = plan.stages[index]
@@ -594,7 +602,7 @@ def plan_bwd_cycles(plan, model, index: int, board) -> dict:
     per_layer = {}
     for n in st.layers:
         l = model.layers[model.index[n]]
-        per_layer[n] = folding_cost(l, board, st.folding[n], plan.number_format, 1).bwd_cycles
+        per_layer[n] = folding_cost(l, board, st.folding.get(n, Folding()), plan.number_format, 1).bwd_cycles
     mbc = float(st.cycles.get("bwd", 0))
     if st.style == "dataflow":
         steady = float(max(per_layer.values(), default=0))
