@@ -174,6 +174,8 @@ def _add_args(name: str, p: argparse.ArgumentParser) -> None:
             p.add_argument("--stage-samples", type=int, default=None,
                            help="samples each stage runs alone (default 3-16, to keep all stages near "
                                 "2M simulated cycles)")
+            p.add_argument("--iterations", type=int, default=2,
+                           help="training builds (mode: train plans): iterations of the schedule to simulate")
         if name == "csim":
             p.add_argument("--seed", type=_seed, default=0, help="seed of the random inputs")
             p.add_argument("--samples", type=int, default=4, help="random inputs per stage (big stages run 1)")

@@ -59,6 +59,13 @@ def cmd_rtlsim(args):
     from codegen.rtl_model import predicted_cycles_per_sample
 
     build = Path(args.build)
+    if (build / "rtl" / "train" / "manifest.json").exists():   # a mode: train plan: k iterations
+        from .cli_gen import check_build
+        from .rtlsim_train import train_rtlsim
+
+        check_build(build)
+        r = train_rtlsim(build, int(getattr(args, "iterations", 2)))
+        return r, (0 if r["weights_match"] and r["outputs_match"] else 1)
     man = _load_manifest(build)
     steady = float(man["predicted_cycles_per_sample"])
     samples = getattr(args, "samples", None)
@@ -114,6 +121,9 @@ def stage_agreement(build: Path, samples: int | None = None, threads: int = 1) -
 
 def show_rtlsim(r: dict) -> str:
     """Human summary."""
+    if r.get("training"):
+        from .rtlsim_train import show_train
+        return show_train(r)
     lines = [
         f"RTL pipeline over {len(r['boards'])} boards ({' -> '.join(r['stage_boards'])}), {r['samples']} samples",
         f"  outputs vs numpy     : {'bit-exact' if r['outputs_match'] else 'MISMATCH'}"

@@ -310,7 +310,14 @@ def render_rtl(plan, model, cluster, out_dir: Path, params=None) -> list[Path]:
         for i in range(len(pipe.stages)):
             (rtl / "stages" / f"s{i}").mkdir(exist_ok=True)
         design = rtl.parent / "design.json"
-        design.write_text(json.dumps(design_dict(pipe, plan, alone), indent=1, sort_keys=True) + "\n", encoding="utf-8")
+        ddict = design_dict(pipe, plan, alone)
+        if plan.mode == "train":   # training engines, sequencers and stashes: rtl/train/ (codegen/rtl_train.py)
+            from .rtl_train import write_train
+            train_paths, ddict["train"], why = write_train(plan, model, cluster, rtl, params)
+            paths += train_paths
+            if why:
+                ddict["train_unsupported"] = why
+        design.write_text(json.dumps(ddict, indent=1, sort_keys=True) + "\n", encoding="utf-8")
         paths.append(design)
     for name in sorted(written):
         p = rtl / name

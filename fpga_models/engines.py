@@ -177,3 +177,28 @@ def turn_fill(kind: str) -> int:
 def link_beat_cycles(beat_bytes: float, bytes_per_cycle: float) -> float:
     """Cycles a link needs per beat: one beat a cycle at most, else bytes over bandwidth."""
     return max(1.0, beat_bytes / bytes_per_cycle)
+
+
+# ---------------------------------------------------------------- training engines (backward, update)
+# The training RTL (codegen/rtl_train.py, hls_templates/rtl/mvu_bwd_*.v.j2, sgd_update.v.j2,
+# train_relu.v.j2) runs each engine for exactly these cycles per sample; the planner prices a
+# layer's backward as ceil((bwd_in + bwd_w MACs) / (PE*SIMD)) (fpga_models.cost), equal to
+# their sum when PE | MH and SIMD | MW.
+
+def mvu_bwd_cycles(mh: int, mw: int, pe: int, simd: int) -> tuple[int, int]:
+    """(input-gradient, weight-gradient) cycles per sample of a dense layer's backward engines:
+    both visit the MH x MW matrix one PE x SIMD tile a cycle (dx = W^T dy; dW += dy x^T)."""
+    n = mvu_vector_cycles(mh, mw, pe, simd)
+    return n, n
+
+
+def relu_bwd_cycles(elems: int, lanes: int) -> int:
+    """Cycles per sample of a ReLU backward engine: ``lanes`` elements a cycle, like the forward."""
+    return stream_cycles(elems, lanes)
+
+
+def sgd_update_cycles(mh: int, mw: int, pe: int, simd: int) -> int:
+    """Cycles of one SGD(+momentum) update of an MH x MW dense layer: one PE x SIMD tile of
+    weights (and velocities) a cycle, the MH biases with the last tile; the training RTL runs it
+    trailing the last weight-gradient pass of the iteration, so it adds about one cycle."""
+    return mvu_vector_cycles(mh, mw, pe, simd)

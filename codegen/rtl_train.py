@@ -1,0 +1,458 @@
+"""Training RTL: a `mode: train` plan lowered to per-board training engines and rendered.
+
+A pass over the plan beside the forward lowering (``codegen.rtl_model``): every board of the
+pipeline gets, per layer, the engines its F and B ops need, and one op sequencer running
+the plan's schedule (``bapipe.schedules.device_ops``: GPipe, 1F1B, eager-1F1B):
+
+- dense: ``train_mvu_fwd`` (forward), ``mvu_bwd_in`` (dx = W^T dy), ``mvu_bwd_w`` (dW, db
+  summed exactly over the iteration's micro-batches), ``sgd_update`` (owns the weight
+  memory both MVUs read; SGD with momentum once per iteration), ``stash_mem`` (the input x);
+- relu: ``train_relu`` forward and backward, ``stash_mem`` (the input);
+- links: ``train_vec_tx`` / ``train_vec_rx`` on each board, ``link_emulator`` per direction
+  (activations forward, gradients backward) with the cluster's bandwidth and latency.
+
+An op runs its layers' engines one after another (F: the layers in order; B: in reverse,
+per dense layer the input gradient then the weight gradient), each for exactly its cycles
+from ``fpga_models.engines`` (the planner prices a stage with the same sums: plan.yaml
+``cycles.fwd`` / ``cycles.bwd``); stashes hold ``bapipe.schedules.stash_count`` micro-batches
+(micro-batch k in slot k mod count). Each dense layer's SGD update (``engines.sgd_update_cycles``)
+starts one cycle after its last weight-gradient pass of the iteration starts and trails it
+tile by tile, so the update adds about one cycle to the iteration (the plan charges none). The design is recorded in
+build/design.json under ``train``.
+
+Arithmetic (the numpy twin is :func:`train_reference`): forward and input gradients as
+``fpga_models.fixedpoint`` (dense_fwd, dense_bwd_input, relu_bwd); dW = requant(sum over the
+iteration of dy x^T), db = sat(sum dy) (dense_bwd_weight over all micro-batches at once);
+the update of :func:`sgd_momentum_ref`.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from fractions import Fraction
+
+import numpy as np
+
+from bapipe.schedules import device_ops, stash_count
+from fpga_models import engines
+from fpga_models import fixedpoint as fx
+
+from .rtl_model import LinkSpec, Unsupported, clog2, count_bits, elem_format, make_link, plan_weights
+
+#: SGD learning rate and momentum of the hardware optimizer (host/optim.py's SGD default at
+#: the reference batch, docs/host.md; momentum 0.9 as there), quantized to the data format
+LEARNING_RATE = 0.05
+MOMENTUM = 0.9
+#: layer types the training RTL builds
+TRAIN_TYPES = ("dense", "relu")
+
+
+@dataclass
+class TrainLayer:
+    """One layer of a board: its engines' parameters and cycles (from fpga_models.engines)."""
+
+    name: str
+    kind: str                 # dense | relu
+    ident: str                # Verilog-safe name
+    n_in: int
+    n_out: int
+    pe: int = 1
+    simd: int = 1
+    lanes: int = 1
+    fwd_cycles: int = 0
+    bwd_in_cycles: int = 0
+    bwd_w_cycles: int = 0
+    update_cycles: int = 0
+
+    @property
+    def bwd_cycles(self) -> int:
+        return self.bwd_in_cycles + self.bwd_w_cycles
+
+
+@dataclass
+class TrainBoard:
+    """A board's training engines, schedule and stash count."""
+
+    index: int
+    name: str
+    module: str
+    layers: list[TrainLayer]
+    ops: list[tuple[str, int]]     # (F|B, micro-batch)
+    stashes: int
+    in_elems: int
+    out_elems: int
+    plan_fwd_cycles: float
+    plan_bwd_cycles: float
+
+    @property
+    def fwd_cycles(self) -> int:
+        return sum(l.fwd_cycles for l in self.layers)
+
+    @property
+    def bwd_cycles(self) -> int:
+        return sum(l.bwd_cycles for l in self.layers)
+
+    @property
+    def update_cycles(self) -> int:
+        return sum(l.update_cycles for l in self.layers)
+
+    def steps(self) -> list[tuple[str, str, int]]:
+        """(phase, engine instance, cycles) in sequencer order: F steps, then B steps (the weight
+        updates are not steps: each trails its layer's last weight-gradient pass)."""
+        out = [("F", f"{l.ident}_f", l.fwd_cycles) for l in self.layers]
+        for l in reversed(self.layers):
+            if l.kind == "dense":
+                out += [("B", f"{l.ident}_bi", l.bwd_in_cycles), ("B", f"{l.ident}_bw", l.bwd_w_cycles)]
+            else:
+                out.append(("B", f"{l.ident}_b", l.bwd_cycles))
+        return out
+
+
+@dataclass
+class TrainDesign:
+    """The training RTL of a plan: boards, links (forward and reverse share a spec), formats."""
+
+    boards: list[TrainBoard]
+    links: list[LinkSpec]
+    link_lanes: list[int]
+    elem_w: int
+    frac: int
+    fmt: str
+    schedule: str
+    microbatches: int
+    clock_hz: float
+    lr_q: int
+    mu_q: int
+    params: dict = field(default_factory=dict)
+
+    @property
+    def acc_w(self) -> int:
+        return 2 * self.elem_w + 16
+
+
+def link_lanes(elems: int, elem_bytes: int, bytes_per_cycle: Fraction) -> int:
+    """Lanes of a training link's beat: the widest divisor of the message whose beat carries at
+    most the link's bytes per cycle (so the link, not the beat count, sets the pace), >= 1."""
+    best = 1
+    for d in range(1, elems + 1):
+        if elems % d == 0 and d * elem_bytes <= bytes_per_cycle:
+            best = d
+    return best
+
+
+def train_design(plan, model, cluster, params=None, plan_file: str = "plan.yaml") -> TrainDesign:
+    """Lower a `mode: train` plan to training RTL; Unsupported for what it cannot build."""
+    if plan.mode != "train":
+        raise Unsupported("the plan is not a training plan (mode: train)")
+    if plan.schedule not in ("gpipe", "1f1b", "eager-1f1b"):
+        raise Unsupported(f"the training RTL runs gpipe, 1f1b and eager-1f1b, not {plan.schedule}")
+    if plan.microbatch_size != 1:
+        raise Unsupported(f"the training RTL runs micro-batches of one sample (plan: {plan.microbatch_size})")
+    elem_w, frac = elem_format(plan.number_format, plan_file)
+    params = plan_weights(plan, model) if params is None else params
+    p, m = len(plan.stages), plan.microbatches
+    boards: list[TrainBoard] = []
+    for s in plan.stages:
+        if s.replicas != 1 or math.prod(s.mesh) != 1:
+            raise Unsupported(f"stage {s.index}: replicated or meshed stages are not built for training yet")
+        layers = []
+        for name in s.layers:
+            l = model.layers[model.index[name]]
+            if l.type not in TRAIN_TYPES:
+                raise Unsupported(f"layer {name}: no training engine for {l.type} (have {', '.join(TRAIN_TYPES)})")
+            ident = _ident(name)
+            if l.type == "dense":
+                f = s.folding[name]
+                mh, mw = l.out_elems, l.in_elems
+                if mh % f.pe or mw % f.simd:
+                    raise Unsupported(f"layer {name}: PE {f.pe} / SIMD {f.simd} do not divide {mh} x {mw}")
+                bi, bw = engines.mvu_bwd_cycles(mh, mw, f.pe, f.simd)
+                layers.append(TrainLayer(name, "dense", ident, mw, mh, pe=f.pe, simd=f.simd,
+                                         fwd_cycles=engines.mvu_vector_cycles(mh, mw, f.pe, f.simd),
+                                         bwd_in_cycles=bi, bwd_w_cycles=bw,
+                                         update_cycles=engines.sgd_update_cycles(mh, mw, f.pe, f.simd)))
+            else:
+                f = s.folding.get(name)
+                lanes = f.ew_lanes if f is not None else 1
+                n = l.out_elems
+                layers.append(TrainLayer(name, "relu", ident, n, n, lanes=lanes,
+                                         fwd_cycles=engines.stream_cycles(n, lanes),
+                                         bwd_in_cycles=engines.relu_bwd_cycles(n, lanes)))
+        d = s.device
+        ops = [(op.kind, op.mb) for op in device_ops(plan.schedule, p, d, m)]
+        boards.append(TrainBoard(s.index, s.boards[0], f"{_ident(s.boards[0])}_train", layers, ops,
+                                 stash_count(plan.schedule, p, d, m), layers[0].n_in, layers[-1].n_out,
+                                 float(s.cycles.get("fwd", 0)), float(s.cycles.get("bwd", 0))))
+    clock = min(cb.board.clock_hz for cb in cluster.boards)
+    links, lanes = [], []
+    for a, b in zip(boards, boards[1:]):
+        elems = a.out_elems
+        bw = cluster.path_bandwidth(a.name, b.name)
+        bpc = Fraction(bw / clock).limit_denominator(64)
+        ln = link_lanes(elems, elem_w // 8, bpc)
+        links.append(make_link(a.name, b.name, bw, cluster.path_latency(a.name, b.name), clock, ln * elem_w // 8))
+        lanes.append(ln)
+    fmt = fx.get_fmt(plan.number_format)
+    lr_q = int(fx.quantize(LEARNING_RATE, fmt))
+    mu_q = int(fx.quantize(MOMENTUM, fmt))
+    return TrainDesign(boards, links, lanes, elem_w, frac, plan.number_format, plan.schedule, m, clock, lr_q, mu_q,
+                       {l.name: params[l.name] for b in boards for l in b.layers if l.kind == "dense"})
+
+
+def _ident(name: str) -> str:
+    from bapipe.names import legal
+    return legal(name)
+
+
+# ------------------------------------------------------------------ numpy reference
+
+def sgd_momentum_ref(w, v, g_acc, lr_q: int, mu_q: int, fmt, bias: bool = False):
+    """The update sgd_update computes, on raw ints: returns (w', v').
+
+    g = requant(g_acc) (bias: g = sat(g_acc)); v' = sat(requant(mu_q v) + g);
+    w' = sat(w - requant(lr_q v')).
+    """
+    g = fx.saturate(g_acc, fmt) if bias else fx.requant(g_acc, fmt)
+    v2 = fx.saturate(fx.requant(np.int64(mu_q) * np.asarray(v, dtype=np.int64), fmt) + g, fmt)
+    w2 = fx.saturate(np.asarray(w, dtype=np.int64) - fx.requant(np.int64(lr_q) * v2, fmt), fmt)
+    return w2, v2
+
+
+def loss_grad(y_q, labels, global_batch: int, fmt) -> np.ndarray:
+    """The host's loss gradient for the last stage: (softmax(y) - onehot(label)) / batch, quantized."""
+    y = fx.dequantize(y_q, fmt)
+    e = np.exp(y - y.max(axis=-1, keepdims=True))
+    sm = e / e.sum(axis=-1, keepdims=True)
+    sm[np.arange(len(labels)), labels] -= 1.0
+    return fx.quantize(sm / global_batch, fmt)
+
+
+def train_reference(layers: list[tuple[str, str]], params: dict, m: int, fmt: str, lr_q: int, mu_q: int,
+                    x_q: np.ndarray, labels: np.ndarray, iterations: int):
+    """numpy fixed-point training of a chain of (name, dense|relu) layers, exactly as the RTL.
+
+    ``params``: {dense layer: {"w": (MH, MW), "b": (MH,)}} raw initial weights; ``x_q``:
+    (iterations * m, in_elems) raw inputs, ``labels`` the class of each. Returns (per
+    iteration {layer: {"w", "b"}} after its update; the outputs (iterations*m, out); the
+    loss gradients fed to the last board (iterations*m, out)).
+    """
+    w = {n: {"w": np.array(p["w"], dtype=np.int64), "b": np.array(p["b"], dtype=np.int64)}
+         for n, p in params.items()}
+    vel = {n: {"w": np.zeros_like(p["w"]), "b": np.zeros_like(p["b"])} for n, p in w.items()}
+    snaps, outs, dys = [], [], []
+    for it in range(iterations):
+        acts = [np.asarray(x_q[it * m:(it + 1) * m], dtype=np.int64)]
+        for name, kind in layers:
+            a = acts[-1]
+            acts.append(fx.dense_fwd(a, w[name]["w"], w[name]["b"], fmt) if kind == "dense" else fx.relu_fwd(a))
+        y = acts[-1]
+        dy = loss_grad(y, labels[it * m:(it + 1) * m], m, fmt)
+        outs.append(y)
+        dys.append(dy)
+        g = dy
+        for k in range(len(layers) - 1, -1, -1):
+            (name, kind), a = layers[k], acts[k]
+            if kind == "dense":
+                acc = fx.imatmul(np.asarray(g, dtype=np.int64).T, a)   # exact sum over the micro-batches
+                gb = np.asarray(g, dtype=np.int64).sum(axis=0)
+                g_next = fx.dense_bwd_input(g, w[name]["w"], fmt)
+                w[name]["w"], vel[name]["w"] = sgd_momentum_ref(w[name]["w"], vel[name]["w"], acc, lr_q, mu_q, fmt)
+                w[name]["b"], vel[name]["b"] = sgd_momentum_ref(w[name]["b"], vel[name]["b"], gb, lr_q, mu_q, fmt,
+                                                                bias=True)
+                g = g_next
+            else:
+                g = fx.relu_bwd(g, a)
+        snaps.append({n: {"w": p["w"].copy(), "b": p["b"].copy()} for n, p in w.items()})
+    return snaps, np.concatenate(outs), np.concatenate(dys)
+
+
+def design_reference(td: TrainDesign, x_q, labels, iterations: int):
+    """:func:`train_reference` of a TrainDesign's layers and initial weights."""
+    layers = [(l.name, l.kind) for b in td.boards for l in b.layers]
+    return train_reference(layers, td.params, td.microbatches, td.fmt, td.lr_q, td.mu_q, x_q, labels, iterations)
+
+
+# ------------------------------------------------------------------ render
+
+def tile_order(wmat: np.ndarray, pe: int, simd: int) -> np.ndarray:
+    """Weights in the tile memory order: element a*PE*SIMD + p*SIMD + i = W[nf*PE+p][sf*SIMD+i]."""
+    mh, mw = wmat.shape
+    nf, sf = mh // pe, mw // simd
+    return np.asarray(wmat).reshape(nf, pe, sf, simd).transpose(0, 2, 1, 3).reshape(-1)
+
+
+def from_tile_order(flat: np.ndarray, mh: int, mw: int, pe: int, simd: int) -> np.ndarray:
+    """Inverse of :func:`tile_order`."""
+    nf, sf = mh // pe, mw // simd
+    return np.asarray(flat).reshape(nf, sf, pe, simd).transpose(0, 2, 1, 3).reshape(mh, mw)
+
+
+def hex_lines(values, elem_w: int) -> str:
+    """One two's-complement element per line ($readmemh)."""
+    mask = (1 << elem_w) - 1
+    digits = (elem_w + 3) // 4
+    return "".join(f"{int(v) & mask:0{digits}x}\n" for v in values)
+
+
+def read_hex(text: str, elem_w: int) -> np.ndarray:
+    """$writememh output (one element a line, comments skipped) -> signed int64."""
+    vals = [int(t, 16) for line in text.splitlines() for t in line.split("//")[0].split() if not t.startswith("@")]
+    a = np.array(vals, dtype=np.int64)
+    return np.where(a >= 1 << (elem_w - 1), a - (1 << elem_w), a)
+
+
+def _board_ctx(td: TrainDesign, b: TrainBoard, first: bool, last: bool, in_lanes: int, out_lanes: int) -> dict:
+    steps = b.steps()
+    nf_ = sum(1 for s in steps if s[0] == "F")
+    nb_ = sum(1 for s in steps if s[0] == "B")
+    slot_w = clog2(b.stashes)
+    nops = len(b.ops)
+    kinds = "".join("1" if k == "B" else "0" for k, _ in reversed(b.ops))
+    slots = [mb % b.stashes for _, mb in b.ops]
+    mbv = 0
+    for i, s in enumerate(slots):
+        mbv |= s << (i * slot_w)
+    index = {inst: k for k, (_ph, inst, _c) in enumerate(steps)}
+    layers = []
+    for l in b.layers:
+        d = {"step": {sfx: index[f"{l.ident}_{sfx}"] for sfx in ("f", "bi", "bw", "b") if f"{l.ident}_{sfx}" in index},
+             "ident": l.ident, "kind": l.kind, "n_in": l.n_in, "n_out": l.n_out, "pe": l.pe, "simd": l.simd,
+             "lanes": l.lanes}
+        if l.kind == "dense":
+            d["addr_w"] = clog2(max(2, (l.n_out // l.pe) * (l.n_in // l.simd)))
+        else:
+            d["cnt_w"] = clog2(max(2, -(-l.n_in // l.lanes)))
+        layers.append(d)
+    return {
+        "module": b.module, "board": b.name, "layers": layers, "steps": [{"phase": ph, "inst": i} for ph, i, _ in steps],
+        "n_f": nf_, "n_b": nb_, "step_w": clog2(max(2, len(steps))),
+        "nops": nops, "op_w": clog2(nops + 1), "kinds": f"{nops}'b{kinds}",
+        "slots": f"{nops * slot_w}'h{mbv:0{(nops * slot_w + 3) // 4}x}", "slot_w": slot_w, "stashes": b.stashes,
+        "in_elems": b.in_elems, "out_elems": b.out_elems, "in_lanes": in_lanes, "out_lanes": out_lanes,
+        "depth": td.microbatches, "ptr_w": clog2(td.microbatches),
+        "in_beat_w": clog2(max(2, b.in_elems // in_lanes)), "out_beat_w": clog2(max(2, b.out_elems // out_lanes)),
+        "elem_w": td.elem_w, "frac": td.frac, "acc_w": td.acc_w, "lr_q": td.lr_q, "mu_q": td.mu_q,
+        "first": first, "last": last, "iter_w": 16,
+    }
+
+
+def render_train(td: TrainDesign, plan_hash: str = "none") -> dict[str, str]:
+    """Verilog of the training cluster: generic engines, a top per board, the cluster top and
+    the weight images (``<layer>_w.hex`` in tile order, ``<layer>_b.hex``)."""
+    from .rtl import render_template
+
+    files: dict[str, str] = {}
+    for name in ("train_mvu_fwd", "mvu_bwd_in", "mvu_bwd_w", "sgd_update", "train_relu", "stash_mem",
+                 "train_vec_rx", "train_vec_tx", "train_sequencer", "link_emulator"):
+        files[f"{name}.v"] = render_template(name, plan_hash)
+    nb = len(td.boards)
+    ctxs = []
+    for i, b in enumerate(td.boards):
+        in_lanes = b.in_elems if i == 0 else td.link_lanes[i - 1]
+        out_lanes = b.out_elems if i == nb - 1 else td.link_lanes[i]
+        ctx = _board_ctx(td, b, i == 0, i == nb - 1, in_lanes, out_lanes)
+        ctxs.append(ctx)
+        files[f"{b.module}.v"] = render_template("train_board", plan_hash, **ctx)
+        for l in b.layers:
+            if l.kind == "dense":
+                p = td.params[l.name]
+                files[f"{l.ident}_w.hex"] = hex_lines(tile_order(p["w"], l.pe, l.simd), td.elem_w)
+                files[f"{l.ident}_b.hex"] = hex_lines(p["b"], td.elem_w)
+    links = [{"src": i, "dst": i + 1, "lanes": td.link_lanes[i], **l.emulator_params(td.link_lanes[i], td.elem_w)}
+             for i, l in enumerate(td.links)]
+    files["train_cluster_top.v"] = render_template(
+        "train_cluster_top", plan_hash, boards=ctxs, links=links, elem_w=td.elem_w,
+        in_w=td.boards[0].in_elems * td.elem_w, out_w=td.boards[-1].out_elems * td.elem_w,
+        dx_w=td.boards[0].in_elems * td.elem_w)
+    return files
+
+
+def design_record(td: TrainDesign, plan) -> dict:
+    """The ``train`` section of build/design.json: per board its engines, op order, stashes and
+    cycles per op (design and plan), links."""
+    return {
+        "schedule": td.schedule, "microbatches": td.microbatches, "clock_hz": td.clock_hz,
+        "optimizer": {"kind": "sgd", "lr_q": td.lr_q, "momentum_q": td.mu_q, "frac": td.frac},
+        "plan_iteration_cycles": plan_iteration_cycles(plan, td.clock_hz),
+        "boards": [{
+            "index": b.index, "board": b.name, "module": b.module, "stashes": b.stashes,
+            "ops": [f"{k}{mb}" for k, mb in b.ops],
+            "fwd_cycles": b.fwd_cycles, "bwd_cycles": b.bwd_cycles, "update_cycles": b.update_cycles,
+            "plan_fwd_cycles": b.plan_fwd_cycles, "plan_bwd_cycles": b.plan_bwd_cycles,
+            "nodes": [{"layer": l.name, "kind": l.kind, "pe": l.pe, "simd": l.simd, "lanes": l.lanes,
+                       "fwd_cycles": l.fwd_cycles, "bwd_in_cycles": l.bwd_in_cycles, "bwd_w_cycles": l.bwd_w_cycles,
+                       "update_cycles": l.update_cycles} for l in b.layers],
+            "steps": [{"phase": ph, "engine": inst, "cycles": c} for ph, inst, c in b.steps()],
+        } for b in td.boards],
+        "links": [{"src": l.src, "dst": l.dst, "lanes": ln, "beat_bytes": l.beat_bytes,
+                   "bytes_per_cycle": float(l.bytes_per_cycle), "latency": l.latency}
+                  for l, ln in zip(td.links, td.link_lanes)],
+    }
+
+
+def plan_iteration_cycles(plan, clock_hz: float) -> float | None:
+    """The plan's iteration time (plan.yaml predicted.iteration_time_s) in cycles of the clock."""
+    t = (plan.predicted or {}).get("iteration_time_s")
+    return None if t is None else float(t) * clock_hz
+
+
+def count_w(n: int) -> int:
+    """Bits for 0..n."""
+    return count_bits(n)
+
+
+# ------------------------------------------------------------------ build files
+
+def train_manifest(td: TrainDesign, plan, files: list[str]) -> dict:
+    """rtl/train/manifest.json: what `bapipe rtlsim` needs to run and check the training build."""
+    dense = [{"name": l.name, "ident": l.ident, "mh": l.n_out, "mw": l.n_in, "pe": l.pe, "simd": l.simd}
+             for b in td.boards for l in b.layers if l.kind == "dense"]
+    return {
+        "training": True, "plan": plan.fingerprint(), "model": plan.model, "number_format": td.fmt,
+        "elem_w": td.elem_w, "frac": td.frac, "schedule": td.schedule, "microbatches": td.microbatches,
+        "boards": [b.name for b in td.boards], "in_elems": td.boards[0].in_elems,
+        "out_elems": td.boards[-1].out_elems, "layers": [l.name for b in td.boards for l in b.layers],
+        "dense": dense, "lr_q": td.lr_q, "mu_q": td.mu_q, "clock_hz": td.clock_hz,
+        "plan_iteration_cycles": plan_iteration_cycles(plan, td.clock_hz),
+        "update_cycles": [b.update_cycles for b in td.boards],
+        "sequential_cycles": sum(td.microbatches * (b.fwd_cycles + b.bwd_cycles) + b.update_cycles
+                                 for b in td.boards),
+        "files": files,
+    }
+
+
+def write_train(plan, model, cluster, rtl, params=None) -> tuple[list, dict | None, str | None]:
+    """Write ``rtl/train/`` for a `mode: train` plan: (paths, the design.json ``train``
+    record, None) or ([], None, why not) when the training RTL cannot build the plan."""
+    import json
+    from pathlib import Path
+
+    try:
+        td = train_design(plan, model, cluster, params)
+    except Unsupported as e:
+        return [], None, str(e)
+    files = render_train(td, plan.fingerprint()[:16])
+    d = Path(rtl) / "train"
+    d.mkdir(parents=True, exist_ok=True)
+    names = sorted(files, key=lambda n: (n == "train_cluster_top.v", n))
+    files["manifest.json"] = json.dumps(train_manifest(td, plan, names), indent=1, sort_keys=True) + "\n"
+    paths = []
+    for n in sorted(files):
+        (d / n).write_text(files[n], encoding="utf-8")
+        paths.append(d / n)
+    return paths, design_record(td, plan), None
+
+
+def train_reference_from_manifest(man: dict, rtl_dir, x_q, labels, iterations: int):
+    """:func:`train_reference` for a build's training manifest, from its weight images."""
+    from pathlib import Path
+
+    kinds = {l["name"]: "dense" for l in man["dense"]}
+    layers = [(n, kinds.get(n, "relu")) for n in man["layers"]]
+    params = {}
+    for l in man["dense"]:
+        flat = read_hex((Path(rtl_dir) / f"{l['ident']}_w.hex").read_text(), man["elem_w"])
+        params[l["name"]] = {"w": from_tile_order(flat, l["mh"], l["mw"], l["pe"], l["simd"]),
+                             "b": read_hex((Path(rtl_dir) / f"{l['ident']}_b.hex").read_text(), man["elem_w"])}
+    return train_reference(layers, params, man["microbatches"], man["number_format"], man["lr_q"], man["mu_q"],
+                           x_q, labels, iterations)
