@@ -23,6 +23,7 @@ from bapipe.plan import load_plan
 from fpga_models.plancheck import resolve
 
 from .design import merge_placement, plan_cycles_per_sample
+from .placement import placement_warnings
 from .package import BUILD_STAMP
 from .hls import kernel_cycles_per_sample
 
@@ -78,6 +79,8 @@ def generate_plan(plan, model, cluster, out_dir: str | Path, plan_text: str | No
                 files[package.weight_image_path(s)] = package.weight_image(s, ctx.fmt.width)
     paths = write_files(files, out)
     merge_placement(out)   # design.json gets the placement pass's section (codegen.placement)
+    for line in placement_warnings(json.loads(files["placement.json"])):
+        sys.stderr.write(f"bapipe gen: warning: {line}\n")
     write_stamp(out, ctx.fingerprint, [*paths, *rtl_files], {"engines": engines,
                                                            "xrt": package.xrt_manifest(ctx, engines)})
     return {

@@ -561,3 +561,14 @@ def link_lines(b, placement: dict, channel_list: list[dict], local: list[dict] =
     return {"nk": nk, "sp": sp, "slr": slr, "connects": connects, "gt": gt, "spans": spans, "xo": xo,
             "network": [{"qsfp": q, "stack": p["stack"], "towards": p["towards"], "kernel": p["kernel"],
                          "tx": p["tx"], "rx": p["rx"]} for q, p in sorted(ports.items())]}
+
+
+def placement_warnings(placement: dict) -> list[str]:
+    """One line per board whose kernels do not all fit (what v++ would fail to place)."""
+    out = []
+    for name, b in sorted(placement.get("boards", {}).items()):
+        o = b.get("oversubscribed")
+        if o:
+            out.append(f"board {name} ({b['board_type']}) is oversubscribed: {', '.join(o['units'])} do not fit "
+                       f"(kernels need {o['need_dsp']:,} DSP, {o['usable_dsp']:,} usable; design.json placement)")
+    return out
