@@ -3,8 +3,9 @@ ProjectCtx: kernels, their m_axi arguments and streams) and the cluster to
 
 - each compute unit's SLR, by its DSP / BRAM36 / URAM need (deterministic worst-fit
   decreasing bin packing over the board's per-SLR usable resources, fpga_models.boards);
-- each m_axi argument's own bundle and memory bank (DDR[k] of the unit's SLR on DDR boards,
-  HBM pseudo-channels round-robin on HBM boards, ranges when an array outgrows one);
+- each m_axi bundle the kernels declare a memory bank (DDR boards: the least-loaded bank by
+  bytes, then the one nearest the unit's SLR; HBM boards: pseudo-channels round-robin, a range
+  when an array outgrows one);
 - the network glue between boards (XUP VNx UDP stack or Aurora 64B/66B; codegen.netnames
   holds every name), with the socket / channel table the host programs.
 
@@ -20,11 +21,11 @@ import re
 from dataclasses import dataclass
 
 from bapipe.errors import SpecError
-from fpga_models.boards import BRAM36_BYTES, URAM_BYTES, Board, bytes_per_element
+from fpga_models.boards import BRAM36_BYTES, URAM_BYTES, Board
 from fpga_models.engines import engine_kind, mvu_dsp
 
 from . import netnames as nn
-from .onchip import kernel_onchip_bytes
+from .onchip import elem_bytes, kernel_onchip_bytes
 
 #: kernels that move data between host memory and the stage streams (codegen.context)
 MOVERS = ("mm2s", "s2mm")
@@ -391,7 +392,7 @@ def network(ctx, cluster, where: str = "plan.yaml") -> dict[str, dict]:
 
 def _m_axi_ports(b, by_name, fmt) -> list[tuple[str, str, int]]:
     """(instance, argument, bytes) of every ``sp`` line of the board, in their order."""
-    eb = bytes_per_element(fmt.name) if fmt.name in ("fixed16", "int8", "fp16", "bf16", "fp32") else 2
+    eb = elem_bytes(fmt)
     sizes = {}
     for s in by_name.values():
         for w in s.weights:
