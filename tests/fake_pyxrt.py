@@ -7,9 +7,10 @@ xclbin does not hold it, a buffer read before it was synced from the device, an 
 path that does not exist, a device opened twice), and records every call as a tuple in
 ``calls`` for the tests to check against the build's manifest.
 
-The boards' data path is a function given by the test: ``program(inputs) -> outputs``
-receives the bytes the mm2s movers were given (by instance) when the last s2mm run is
-waited for, and returns the bytes each s2mm mover writes (by instance).
+The boards' data path is a function given by the test: ``program(raw) -> bytes`` is called
+when an s2mm run is waited for, with the bytes given to the mm2s mover that feeds it (the
+one on the same device, else the only one: a chain of boards), and returns what that s2mm
+writes.
 """
 from __future__ import annotations
 
@@ -111,17 +112,20 @@ def make(n_devices: int, program=None):
             k = self.kernel
             calls.append(("start", k.device.index, k.instance))
             if k.kernel_name == "mm2s":
-                state["mm2s"][k.instance] = bytes(self.args[0].data)
+                state["mm2s"][(k.device.index, k.instance)] = bytes(self.args[0].data)
             elif k.kernel_name == "s2mm":
-                state["s2mm"][k.instance] = self.args[1]
+                state["s2mm"][(k.device.index, k.instance)] = self.args[1]
 
         def wait(self, ms: int):
             k = self.kernel
             calls.append(("wait", k.device.index, k.instance))
             if k.kernel_name == "s2mm" and state["program"] is not None:
-                out = state["program"](dict(state["mm2s"]))
-                target = state["s2mm"][k.instance]
-                data = out[k.instance]
+                same = [v for (d, _), v in state["mm2s"].items() if d == k.device.index]
+                feeds = same or list(state["mm2s"].values())
+                if len(feeds) != 1:
+                    raise XrtMisuse(f"{k.instance}: {len(feeds)} input movers could feed it")
+                target = state["s2mm"][(k.device.index, k.instance)]
+                data = state["program"](feeds[0])
                 if len(data) != len(target.data):
                     raise XrtMisuse(f"{k.instance}: program wrote {len(data)} bytes, buffer holds {len(target.data)}")
                 target.data[:] = data

@@ -30,7 +30,8 @@ def _gen(tmp_path, plan, engines: str = "hls", name: str = "build"):
 
 
 def _program(plan, model):
-    """The boards' data path for the fake: mm2s input bytes -> the numpy reference's s2mm bytes."""
+    """The boards' data path for the fake: mm2s input bytes -> the numpy reference's s2mm bytes
+    (the whole model: every test plan's boards together compute it)."""
     from codegen.rtl_model import plan_weights
     from fpga_models import fixedpoint as fx
     from host.forward import reference_logits
@@ -39,17 +40,14 @@ def _program(plan, model):
     fmt = fx.get_fmt(plan.number_format)
     shape = model.inputs[0].shape
 
-    def program(inputs: dict) -> dict:
-        (raw,) = inputs.values()
+    def program(raw: bytes) -> bytes:
         x = np.frombuffer(raw, dtype=np.int16).astype(np.int64)
         if len(shape) == 3:   # HWC on the wire -> NCHW
             c, h, w = shape
             x = x.reshape(-1, h, w, c).transpose(0, 3, 1, 2)
         else:
             x = x.reshape(-1, *shape)
-        y = reference_logits(model, params, x, fmt).astype(np.int16)
-        last = plan.stages[-1].index
-        return {f"s2mm_stage{last}_out0": y.tobytes()}
+        return reference_logits(model, params, x, fmt).astype(np.int16).tobytes()
     return program
 
 
@@ -227,6 +225,35 @@ def test_images_travel_channel_last(tmp_path, monkeypatch):
     _common_checks(out, stamp, calls, 4)
 
 
+def test_replicas_of_one_stage_split_the_samples(tmp_path, monkeypatch):
+    """tiny-cnn as one stage replicated on 4 boards (what `bapipe plan --mode inference` picks):
+    each board's movers and kernel get a contiguous chunk (7 samples: 2, 2, 2, 1), outputs
+    come back in sample order, bit-exact."""
+    from bapipe.plan import Plan, Stage
+    from fpga_models.plancheck import resolve
+
+    base = _inference(hand_plan("tiny-cnn", cuts=()))
+    st = base.stages[0]
+    plan = Plan(**{**base.__dict__, "stages": [Stage(**{**st.__dict__, "boards": ["fpga0", "fpga1", "fpga2", "fpga3"],
+                                                          "replicas": 4})]})
+    resolve(plan)
+    out, model, stamp = _gen(tmp_path, plan)
+    assert [b["inputs"] != [] and b["outputs"] != [] for b in stamp["xrt"]["boards"]] == [True] * 4
+    r, calls = _run(monkeypatch, plan, model, out, stamp, limit=7)
+    assert r["mismatches_vs_numpy"] == 0 and r["max_abs_err_vs_numpy"] == 0
+    per_board = [c[4] for c in calls if c[0] == "set_arg" and c[2] == "mm2s_stage0_in0" and c[3] == 2]
+    assert per_board == [2 * 64, 2 * 64, 2 * 64, 1 * 64]
+    chunks = [2, 2, 2, 1]
+    for b, c in zip(stamp["xrt"]["boards"], chunks):
+        assert ("set_arg", b["device"], "s2mm_stage0_out0", 2, c * 10) in calls
+        for k in b["kernels"]:
+            for a in k["args"]:
+                if a["kind"] == "samples":
+                    assert ("set_arg", b["device"], k["instance"], a["index"], c) in calls
+            assert len([x for x in calls if x[0] == "start" and x[1] == b["device"] and x[2] == k["instance"]]) == \
+                {"never": 0, "once": 1, "per_sample": c}[k["starts"]]
+
+
 def test_check_names_the_missing_xclbin_and_the_stale_build(tmp_path, monkeypatch):
     from bapipe.errors import SpecError
     from host.backends import BackendUnavailable
@@ -262,7 +289,7 @@ def test_vgg16_interleaved(tmp_path, monkeypatch):
     plan = _inference(hand_plan("vgg16", cuts=(9, 23, 30), schedule="interleaved", chunks=2))
     out, model, stamp = _gen(tmp_path, plan)
     hc = json.loads((out / "host_config.json").read_text())
-    fake = fake_pyxrt.make(2, lambda inputs: {"s2mm_stage3_out0": bytes(2 * 1000)})
+    fake = fake_pyxrt.make(2, lambda raw: bytes(2 * 1000))
     monkeypatch.setitem(sys.modules, "pyxrt", fake)
     xrt_backend.check({"build": str(out), "plan": plan})
     x = np.zeros((1, *model.inputs[0].shape), dtype=np.int64)

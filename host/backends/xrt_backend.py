@@ -53,8 +53,9 @@ def check(options: dict) -> None:
     """pyxrt importable, the plan's build present, one board per xclbin seen by XRT, every xclbin built."""
     pyxrt = _pyxrt()
     plan = options["plan"]
-    if any(s.replicas > 1 for s in plan.stages):
-        raise BackendUnavailable("backend xrt: data-parallel replicas are not driven yet (one board per stage)")
+    if len(plan.stages) > 1 and any(s.replicas > 1 for s in plan.stages):
+        raise BackendUnavailable("backend xrt: data-parallel replicas of a multi-stage plan are not driven yet "
+                                 "(one board per stage, or one replicated stage)")
     build = Path(options.get("build") or "build")
     man = read_manifest(build, plan)
     try:
@@ -106,6 +107,20 @@ def _weights(pyxrt, build: Path, board: _Board, kernel, entry: dict) -> dict:
     return bos
 
 
+def _shares(boards: list[_Board], n: int) -> dict[str, tuple[int, int]]:
+    """Samples each board handles, as (first, count). Boards fed by the host split the N
+    samples into contiguous chunks in board order (data-parallel replicas of a one-stage plan;
+    one fed board otherwise); every other board sees all N."""
+    fed = [bd for bd in boards if bd.entry["inputs"]]
+    out = {bd.entry["name"]: (0, n) for bd in boards}
+    if len(fed) > 1:
+        first = 0
+        for bd, chunk in zip(fed, np.array_split(np.arange(n), len(fed))):
+            out[bd.entry["name"]] = (first, len(chunk))
+            first += len(chunk)
+    return out
+
+
 def forward(plan, model, cluster, params, x_q: np.ndarray, options: dict) -> np.ndarray:
     """Stream the raw inputs through the boards; return the raw outputs (N, out_elems).
 
@@ -125,6 +140,7 @@ def forward(plan, model, cluster, params, x_q: np.ndarray, options: dict) -> np.
     last = max(k["stage"] for b in man["boards"] for k in b["kernels"])
     wait_ms = int(options.get("timeout", WAIT_MS / 1000) * 1000)
     boards = [_Board(pyxrt, build, b) for b in man["boards"]]   # one device per board
+    share = _shares(boards, n)
 
     # stage kernels under host control, in pipeline order (started downstream first below)
     controlled = []
@@ -134,74 +150,79 @@ def forward(plan, model, cluster, params, x_q: np.ndarray, options: dict) -> np.
                 continue
             kern = bd.kernel(pyxrt, k["name"], k["instance"])
             bos = _weights(pyxrt, build, bd, kern, k)
-            controlled.append((k["stage"], k, kern, bos))
+            controlled.append((k["stage"], k, kern, bos, share[bd.entry["name"]][1]))
     controlled.sort(key=lambda c: -c[0])
 
     outs = []
     for bd in boards:   # output movers first: s2mm(in_stream, mem, n)
+        m = share[bd.entry["name"]][1]
         for o in bd.entry["outputs"]:
             kern = bd.kernel(pyxrt, o["kernel"], o["instance"])
-            nbytes = n * o["elements"] * np.dtype(dtype).itemsize
+            nbytes = m * o["elements"] * np.dtype(dtype).itemsize
             bo = pyxrt.bo(bd.device, nbytes, pyxrt.bo.normal, kern.group_id(o["args"]["mem"]))
             run = pyxrt.run(kern)
             run.set_arg(o["args"]["mem"], bo)
-            run.set_arg(o["args"]["n"], n * o["elements"])
+            run.set_arg(o["args"]["n"], m * o["elements"])
             run.start()
-            outs.append((run, bo, nbytes, o))
+            outs.append((run, bo, nbytes, m, o))
     once = []
-    for _, k, kern, bos in controlled:
+    for _, k, kern, bos, m in controlled:
         if k["starts"] != "once":
             continue
         run = pyxrt.run(kern)
         for a in k["args"]:
             if a["kind"] == "samples":
-                run.set_arg(a["index"], n)
+                run.set_arg(a["index"], m)
             elif a["kind"] == "weights":
                 run.set_arg(a["index"], bos[a["index"]])
         run.start()
         once.append((run, k))
     ins = []
     for bd in boards:   # input movers: mm2s(mem, out_stream, n)
+        first, m = share[bd.entry["name"]]
         for i in bd.entry["inputs"]:
             if i["tensor"] != model.inputs[0].name:
                 raise BackendUnavailable(f"backend xrt: {i['instance']} feeds {i['tensor']!r}, not the model input")
             kern = bd.kernel(pyxrt, i["kernel"], i["instance"])
-            data = x.tobytes()
+            data = x[first:first + m].tobytes()
             bo = pyxrt.bo(bd.device, len(data), pyxrt.bo.normal, kern.group_id(i["args"]["mem"]))
             bo.write(data, 0)
             bo.sync(pyxrt.xclBOSyncDirection.XCL_BO_SYNC_BO_TO_DEVICE, len(data), 0)
             run = pyxrt.run(kern)
             run.set_arg(i["args"]["mem"], bo)
-            run.set_arg(i["args"]["n"], n * i["elements"])
+            run.set_arg(i["args"]["n"], m * i["elements"])
             run.start()
             ins.append((run, i))
-    per_sample = [(k, kern, bos) for _, k, kern, bos in controlled if k["starts"] == "per_sample"]
-    if per_sample:
-        runs = []
-        for k, kern, bos in per_sample:
-            run = pyxrt.run(kern)
-            for a in k["args"]:
-                if a["kind"] == "weights":
-                    run.set_arg(a["index"], bos[a["index"]])
-            runs.append((run, k))
-        for _ in range(n):   # one sample per call: all of them start, then all finish
-            for run, _k in runs:
-                run.start()
-            for run, k in runs:
-                _wait(pyxrt, run, wait_ms, k["instance"])
+    runs = []
+    for _, k, kern, bos, m in controlled:
+        if k["starts"] != "per_sample":
+            continue
+        run = pyxrt.run(kern)
+        for a in k["args"]:
+            if a["kind"] == "weights":
+                run.set_arg(a["index"], bos[a["index"]])
+        runs.append((run, k, m))
+    for j in range(max((m for _, _, m in runs), default=0)):   # one sample per call: all start, then all finish
+        live = [(run, k) for run, k, m in runs if j < m]
+        for run, _k in live:
+            run.start()
+        for run, k in live:
+            _wait(pyxrt, run, wait_ms, k["instance"])
     for run, i in ins:
         _wait(pyxrt, run, wait_ms, i["instance"])
     results = []
-    for run, bo, nbytes, o in outs:
+    for run, bo, nbytes, m, o in outs:
         _wait(pyxrt, run, wait_ms, o["instance"])
         bo.sync(pyxrt.xclBOSyncDirection.XCL_BO_SYNC_BO_FROM_DEVICE, nbytes, 0)
         if o["stage"] == last:
-            results.append(np.frombuffer(bytes(bo.read(nbytes, 0)), dtype=dtype).reshape(n, -1))
+            results.append((o["port"], np.frombuffer(bytes(bo.read(nbytes, 0)), dtype=dtype).reshape(m, -1)))
     for run, k in once:
         _wait(pyxrt, run, wait_ms, k["instance"])
     if not results:
         raise BackendUnavailable("backend xrt: the build has no output mover on the last stage")
-    y = results[0] if len(results) == 1 else np.concatenate(results, axis=1)
+    ports = list(dict.fromkeys(p for p, _ in results))
+    # rows of one port come board by board (the chunks' order); ports side by side
+    y = np.concatenate([np.concatenate([r for p, r in results if p == q], axis=0) for q in ports], axis=1)
     return y.reshape(n, out_elems).astype(np.int64)
 
 
