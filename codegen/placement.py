@@ -478,7 +478,8 @@ def place_project(ctx, cluster, where: str = "plan.yaml", sources: dict | None =
     local = [{"board": c["src"][0], "src": f"{c['src'][1]}_1.{c['src'][2]}", "dst": f"{c['dst'][1]}_1.{c['dst'][2]}",
               "src_key": f"{c['src'][1]}_{c['src'][2]}", "dst_key": f"{c['dst'][1]}_{c['dst'][2]}"}
              for c in net["local"]]
-    return {"boards": out, "channels": chans, "local": local}
+    return {"generator": "bapipe gen (codegen.placement)", "plan": ctx.fingerprint,
+            "boards": out, "channels": chans, "local": local}
 
 
 #: UDP port of channel i is UDP_BASE + i on both ends (the host fills each network layer's
