@@ -37,14 +37,12 @@ class Rom:
         """C array dimensions, e.g. ``[64][8][9]``."""
         return "".join(f"[{d}]" for d in self.shape)
 
-    def text(self, frac: int) -> str:
-        """The C initializer: every raw value q as the exact decimal q / 2^frac, nested by dims."""
-        scale = float(1 << frac)
+    def text(self) -> str:
+        """The C initializer of the raw integers, nested by dims."""
 
         def walk(a: np.ndarray, indent: str) -> str:
             if a.ndim == 1:
-                items = [repr(float(v) / scale) for v in a]
-                return "{" + ", ".join(items) + "}"
+                return "{" + ", ".join(str(int(v)) for v in a) + "}"
             inner = indent + " "
             return "{" + f",\n{inner}".join(walk(x, inner) for x in a) + "}"
 
