@@ -84,7 +84,7 @@ def chain(lanes: int, bw: Fraction, latency: int, sample_words: int, faults=None
     from codegen.rtl_link import Faults, transport
     from codegen.rtl_model import LinkSpec
     link = LinkSpec("a", "b", lanes * ELEM_W // 8, bw.numerator, bw.denominator, latency, 0)
-    t = transport(link, lanes * ELEM_W, sample_words, dest=3, faults=faults or Faults())
+    t = transport(link, lanes, ELEM_W, sample_words, dest=3, faults=faults or Faults())
     return t.link_params(), t
 
 

@@ -19,14 +19,16 @@ import numpy as np
 from bapipe.names import legal, name_map
 
 from .design import design_dict, stage_bench_files
-from .rtl_model import (LinkSpec, MvuSpec, Pipeline, Unsupported, build_pipeline, clog2, count_bits,
+from .rtl_model import (MvuSpec, Pipeline, Unsupported, build_pipeline, clog2, count_bits, link_transport,
                         plan_weights, timing_model, verilog_hex)
 from .rtl_mem import mvu_memory_files
 
 TEMPLATE_DIR = Path(__file__).resolve().parent.parent / "hls_templates" / "rtl"
 #: the generic modules every project gets, one per file
-GENERIC = ("axis_fifo", "axis_width_conv", "axis_relu", "axis_gate", "link_tx", "link_rx", "link_emulator", "swg",
+GENERIC = ("axis_fifo", "axis_width_conv", "axis_relu", "axis_gate", "swg",
            "pool_unit", "tm_sequencer", "axis_batchnorm", "axis_fork", "axis_add")
+#: the board-to-board transport's modules (codegen.rtl_link), written when a plan has a link
+TRANSPORT = ("net_pack", "net_tx", "net_send", "net_channel", "net_rx", "net_unpack", "net_recv", "net_link")
 GENERATOR_VERSION = "0.1.0"
 
 
@@ -163,16 +165,21 @@ def _board_ctx(b, pipe) -> dict:
             "stages": [_stage_ctx(st, pipe.elem_w, st is first, st is last) for st in b.stages]}
 
 
-def _link_ctx(link: LinkSpec, lanes: int, elem_w: int) -> dict:
+def _link_ctx(pipe: Pipeline, i: int) -> dict:
+    """cluster_top context of the transport (net_link) after stage i."""
+    link = pipe.links[i]
     bw = link.bytes_per_cycle
-    return {"src": link.src, "dst": link.dst, "latency": link.latency,
+    t = link_transport(pipe, i)
+    return {"src": link.src, "dst": link.dst, "latency": link.latency, "words": t.words, "window": t.window,
             "bw": f"{bw.numerator}/{bw.denominator}" if bw.denominator != 1 else str(bw.numerator),
-            "params": list(link.emulator_params(lanes, elem_w).items())}
+            "params": list(t.link_params().items())}
 
 
 def render_pipeline(pipe: Pipeline, cluster_name: str, plan_hash: str) -> dict[str, str]:
     """File name -> Verilog text for every module of the pipeline (generic ones included)."""
     files = {f"{name}.v": render_template(name, plan_hash) for name in GENERIC}
+    if any(l is not None for l in pipe.links):
+        files.update({f"{name}.v": render_template(name, plan_hash) for name in TRANSPORT})
     for b in pipe.boards:
         for st in b.stages:
             for blk in st.blocks:
@@ -187,8 +194,7 @@ def render_pipeline(pipe: Pipeline, cluster_name: str, plan_hash: str) -> dict[s
         stages=[_stage_ctx(st, ew, False, False) for st in pipe.stages],
         boards=[{"name": b.name, "module": b.module, "stages": [_stage_ctx(st, ew, False, False) for st in b.stages]}
                 for b in pipe.boards],
-        links=[_link_ctx(l, pipe.stages[i].out_lanes, ew) if l is not None else None
-               for i, l in enumerate(pipe.links)],
+        links=[_link_ctx(pipe, i) if l is not None else None for i, l in enumerate(pipe.links)],
     )
     return files
 

@@ -15,6 +15,12 @@ Sizing (docs/network.md, "RTL transport"):
   beats, so neither ever throttles a fault-free link;
 - timeout = round trip + 2 * ACK_PERIOD + FRAME_BEATS: no fault-free beat waits that long
   for its acknowledgement (a lost acknowledgement is replaced ACK_PERIOD cycles later).
+
+Cycle model (fault-free): a sample of S words leaves as ceil(S / words) beats, each taking
+``engines.link_beat_cycles(BEAT_W / 8, bandwidth)`` cycles of line; packing and unpacking
+move one word a cycle, so a sample costs max(S, beats x line cycles) cycles; its last word
+reaches the receiving stage latency + ``NET_DELAY`` + (words in its last beat - 1) cycles
+after it left the sending stage.
 """
 from __future__ import annotations
 
@@ -46,6 +52,9 @@ ACK_PERIOD = 8
 NET_LOOP = 4
 #: spare window beats beyond the round trip
 WINDOW_SLACK = 2
+#: cycles a beat spends in the transport outside the channel's latency (net_pack's and
+#: net_tx's output registers, net_rx's buffer write)
+NET_DELAY = 3
 
 
 @dataclass(frozen=True)
@@ -69,8 +78,9 @@ def _p16(p: float, what: str) -> int:
 class TransportSpec:
     """One direction of a board-to-board transport, every number the RTL needs."""
 
-    data_w: int             # stage word width (lanes x element width)
-    sample_words: int       # stage words per sample (a beat closes at a sample's end)
+    stage_w: int            # stage word width (lanes x element width)
+    data_w: int             # packed word width: stage_w, or a slice of it when wider than a payload
+    sample_words: int       # packed words per sample (a beat closes at a sample's end)
     bw_num: int             # line rate = bw_num / bw_den bytes per cycle
     bw_den: int
     latency: int            # cycles, each direction
@@ -86,6 +96,24 @@ class TransportSpec:
     def line_beats_per_cycle(self) -> Fraction:
         """Network beats the line moves per cycle (at most one)."""
         return min(Fraction(1), Fraction(self.bw_num, self.bw_den) / (BEAT_W // 8))
+
+    @property
+    def sample_beats(self) -> int:
+        """Network beats per sample (the last one partial unless words divides the sample)."""
+        return -(-self.sample_words // self.words)
+
+    @property
+    def cycles_per_sample(self) -> Fraction:
+        """Line cycles per sample, or one per word if packing is slower (the cycle model)."""
+        from fpga_models.engines import link_beat_cycles
+        line = Fraction(link_beat_cycles(BEAT_W // 8, Fraction(self.bw_num, self.bw_den)))
+        return max(Fraction(self.sample_words), self.sample_beats * line)
+
+    @property
+    def delivery_latency(self) -> int:
+        """Cycles from a sample's last word leaving the sending stage to reaching the receiver."""
+        last = self.sample_words - (self.sample_beats - 1) * self.words
+        return self.latency + NET_DELAY + last - 1 + (2 if self.slices > 1 else 0)
 
     @property
     def round_trip(self) -> int:
@@ -105,6 +133,11 @@ class TransportSpec:
         """Cycles the channel holds a reordered frame at most when no frame follows it."""
         return self.timeout // 2
 
+    @property
+    def slices(self) -> int:
+        """Packed words per stage word (1 unless the stage word is cut into slices)."""
+        return self.stage_w // self.data_w
+
     def pack_params(self) -> dict[str, int]:
         return {"DATA_W": self.data_w, "BEAT_W": BEAT_W, "SEQ_W": SEQ_W, "CNT_W": CNT_W, "WORDS": self.words,
                 "SAMPLE_WORDS": self.sample_words, "SAMPLE_W": clog2(self.sample_words)}
@@ -123,7 +156,8 @@ class TransportSpec:
 
     def link_params(self) -> dict[str, int]:
         """Verilog parameters of net_link (send side, channel, receive side)."""
-        p = {**self.pack_params(), **self.tx_params(), **self.channel_params()}
+        p = {"STAGE_W": self.stage_w, "CONV_W": count_bits(self.slices),
+             **self.pack_params(), **self.tx_params(), **self.channel_params()}
         rx = self.rx_params()
         p.update(ACK_PERIOD=rx["ACK_PERIOD"], ACK_W=rx["ACK_W"])   # net_recv's DEPTH is net_link's CREDITS
         return p
@@ -139,13 +173,23 @@ class TransportSpec:
                 "P_ACK_LOSS": _p16(f.p_ack_loss, "p_ack_loss"), "SEED": f.seed & 0xFFFFFFFF}
 
 
-def transport(link, data_w: int, sample_words: int, dest: int = 0, faults: Faults = Faults()) -> TransportSpec:
-    """The transport carrying ``data_w``-bit stage words over ``link`` (a rtl_model.LinkSpec:
-    bandwidth and latency in cycles)."""
+def slice_width(lanes: int, elem_w: int) -> int:
+    """Packed word width for a stage word of ``lanes`` elements: the whole word if it fits a
+    beat's payload, else the widest slice of whole elements, dividing the word, that does."""
+    pay = BEAT_W - HDR_W
+    d = max(d for d in range(1, lanes + 1) if lanes % d == 0 and d * elem_w <= pay)
+    return d * elem_w
+
+
+def transport(link, lanes: int, elem_w: int, sample_beats: int, dest: int = 0,
+              faults: Faults = Faults()) -> TransportSpec:
+    """The transport carrying a stage's ``lanes`` x ``elem_w``-bit words, ``sample_beats`` per
+    sample, over ``link`` (a rtl_model.LinkSpec: bandwidth and latency in cycles)."""
     from .rtl_model import Unsupported
-    if data_w > BEAT_W - HDR_W:
-        raise Unsupported(f"link {link.src}->{link.dst}: a {data_w}-bit stage word does not fit a "
-                          f"{BEAT_W}-bit network beat beside its {HDR_W}-bit header")
     if link.latency < 2:
         raise Unsupported(f"link {link.src}->{link.dst}: the channel model needs a latency of 2 cycles or more")
-    return TransportSpec(data_w, sample_words, link.bw_num, link.bw_den, link.latency, dest, faults)
+    if elem_w > BEAT_W - HDR_W:
+        raise Unsupported(f"link {link.src}->{link.dst}: a {elem_w}-bit element does not fit a network beat")
+    w = slice_width(lanes, elem_w)
+    return TransportSpec(lanes * elem_w, w, sample_beats * (lanes * elem_w // w), link.bw_num, link.bw_den,
+                         link.latency, dest, faults)

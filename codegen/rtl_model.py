@@ -13,8 +13,9 @@ Cycle model (docs/rtl.md):
   (also the global average pool, TAPS = H*W) one cycle per window beat; batchnorm, fork
   and add one cycle per beat;
 - every stream moves at most one beat per cycle;
-- a link of ``bw`` bytes/cycle moves a beat of B bytes in max(1, B/bw) cycles; its credits
-  cover the round trip 2*latency + ``LINK_LOOP`` cycles so it never waits for credits;
+- a link carries a stage's words packed into 512-bit network beats (codegen.rtl_link: a
+  sample costs max(words, beats x max(1, 64/bw)) cycles); the receiving stage's input FIFO
+  holds ``credits`` beats, rate x (2*latency + ``LINK_LOOP``) as the old credit link's;
 - the pipeline's interval (cycles per sample in steady state) is the slowest of all these.
 
 Residual stages (a DAG of layers, ``stage_graph``): a tensor with several consumers goes
@@ -476,11 +477,7 @@ def dataflow_chain(plan: Plan, stage, model, params, board_name: str, in_lanes: 
     in_l = blocks[0].in_lanes if blocks else lanes
     has_rx = link_in is not None
     if has_rx:
-        rx = Block("link_rx", f"{pre}_rx", "link_rx",
-                   {"DATA_W": in_l * elem_w, "DEPTH": link_in.credits, "ADDR_W": clog2(link_in.credits),
-                    "COUNT_W": count_bits(link_in.credits)}, in_l, in_l,
-                   beats_in=layers[0].in_elems // in_l, cycles=layers[0].in_elems // in_l)
-        blocks.insert(0, rx)
+        blocks.insert(0, _rx(pre, link_in, in_l, elem_w, layers[0].in_elems // in_l))
     return StageRtl(stage.index, board_name, "dataflow", blocks, in_l, lanes, has_rx, False,
                     layers[0].in_elems, layers[-1].out_elems)
 
@@ -831,7 +828,9 @@ def _tm_engine(stage, layer, params, state: dict, pre: str, elem_w: int, frac: i
 
 
 def _rx(pre: str, link: LinkSpec, lanes: int, elem_w: int, beats: int) -> Block:
-    return Block("link_rx", f"{pre}_rx", "link_rx",
+    """The receiving stage's input FIFO behind the board-to-board transport (net_link in the
+    cluster top, docs/network.md), ``link.credits`` stage beats deep as the old link receiver."""
+    return Block("link_rx", f"{pre}_rx", "axis_fifo",
                  {"DATA_W": lanes * elem_w, "DEPTH": link.credits, "ADDR_W": clog2(link.credits),
                   "COUNT_W": count_bits(link.credits)}, lanes, lanes, beats_in=beats, cycles=beats)
 
@@ -1074,10 +1073,7 @@ def build_pipeline(plan: Plan, model, cluster, params=None, plan_file: str = "pl
                 beat_bytes = st.out_lanes * elem_w // 8
                 link_in = make_link(bname, nxt, cluster.path_bandwidth(bname, nxt),
                                     cluster.path_latency(bname, nxt), clock, beat_bytes)
-                st.has_tx = True
-                st.blocks.append(Block("link_tx", f"s{s.index}_tx", "link_tx",
-                                       {"DATA_W": st.out_lanes * elem_w, "CREDITS": link_in.credits,
-                                        "CREDIT_W": count_bits(link_in.credits)}, st.out_lanes, st.out_lanes))
+                st.has_tx = True    # its output goes to the transport (net_link; codegen.rtl_link)
             links.append(link_in)
             lanes = st.out_lanes
     if state.get("hwc") and not partial:
@@ -1117,7 +1113,7 @@ def predict_interval(pipe: Pipeline) -> tuple[list[tuple[str, float]], float]:
     parts.append(("host in", pipe.in_elems // pipe.in_lanes))
     for i, link in enumerate(pipe.links):
         if link is not None:
-            parts.append((f"link {link.src}->{link.dst}", float(_link_beats(pipe, i) / link.beats_per_cycle)))
+            parts.append((f"link {link.src}->{link.dst}", float(link_transport(pipe, i).cycles_per_sample)))
     parts.append(("out", pipe.out_elems // pipe.out_lanes))
     parts = [(n, c) for n, c in parts if c]
     return parts, max(c for _, c in parts)
@@ -1127,6 +1123,13 @@ def _link_beats(pipe: Pipeline, i: int) -> int:
     """Beats per sample leaving stage i (its output elements over its output lanes)."""
     st = pipe.stages[i]
     return st.out_elems // st.out_lanes
+
+
+def link_transport(pipe: Pipeline, i: int):
+    """The board-to-board transport (codegen.rtl_link.TransportSpec) after stage i: its words
+    are stage i's output beats; TDEST (the XUP VNx socket) is the link's position i."""
+    from .rtl_link import transport
+    return transport(pipe.links[i], pipe.stages[i].out_lanes, pipe.elem_w, _link_beats(pipe, i), dest=i)
 
 
 # ------------------------------------------------------------------ replay of turn-taking boards
@@ -1147,11 +1150,15 @@ def timing_model(pipe: Pipeline) -> dict:
             "units": [u.cycles for u in st.units] if st.units else [st.job_cycles],
             "in_beats": st.in_beats or (st.in_elems // st.in_lanes),
             "out_beats": st.out_elems // st.out_lanes,
-            "link": None if link is None else {"beats_per_cycle": float(link.beats_per_cycle),
-                                               "latency": link.latency},
+            "link": None if link is None else _link_timing(link_transport(pipe, i)),
         })
     return {"stages": out, "switch": TM_SWITCH, "start": TM_START, "rx_delay": LINK_RX_DELAY,
             "host_beats": pipe.in_elems // pipe.in_lanes}
+
+
+def _link_timing(t) -> dict:
+    """A transport as the replay sees it: stage beats per cycle and delivery latency."""
+    return {"beats_per_cycle": float(t.sample_words // t.slices / t.cycles_per_sample), "latency": t.delivery_latency}
 
 
 def replay_outputs(model: dict, n: int) -> list[float]:

@@ -22,7 +22,7 @@ def test_render_is_deterministic(tmp_path):
     b = render_rtl(plan, model, cluster, tmp_path / "b")
     assert [p.name for p in a] == [p.name for p in b]
     assert all(x.read_bytes() == y.read_bytes() for x, y in zip(a, b))
-    assert {"cluster_top.v", "fpga0_top.v", "fpga3_top.v", "s0_fc1_mvu.v", "link_emulator.v"} <= {p.name for p in a}
+    assert {"cluster_top.v", "fpga0_top.v", "fpga3_top.v", "s0_fc1_mvu.v", "net_link.v"} <= {p.name for p in a}
     head = (tmp_path / "a" / "rtl" / "s0_fc1_mvu.v").read_text().splitlines()[0]
     assert plan.fingerprint()[:16] in head
 
@@ -88,8 +88,8 @@ def test_conv_pipeline_structure():
     model, cluster = resolve(plan)
     pipe = rm.build_pipeline(plan, model, cluster)
     kinds = [[b.kind for b in st.blocks] for st in pipe.stages]
-    assert kinds[0] == ["swg", "mvu", "link_tx"]
-    assert kinds[1] == ["link_rx", "relu", "width_conv", "swg", "mvu", "link_tx"]
+    assert kinds[0] == ["swg", "mvu"]
+    assert kinds[1] == ["link_rx", "relu", "width_conv", "swg", "mvu"]
     assert pipe.interval == 36 * (4 // 2) * (18 // 2)    # conv1: 36 pixels x NF*SF
 
 
