@@ -87,7 +87,7 @@ def rtl_kernels(plan, model, cluster, params, stages, main: dict[str, str] | Non
 
     plan_hash = plan.fingerprint()[:16]
     kernels, files = [], {}
-    for pos, (ps, sc) in enumerate(zip(plan.stages, stages)):
+    for ps, sc in zip(plan.stages, stages):
         sub = replace(plan, stages=[ps])
         one = build_pipeline(sub, model, cluster, params, in_lanes=1, partial=True)
         st = one.stages[0]
@@ -114,7 +114,8 @@ def rtl_kernels(plan, model, cluster, params, stages, main: dict[str, str] | Non
             pos_w=_bits(max(k.in_beats, k.out_beats) - 1))
         modules = sorted({b.module for b in st.blocks} | ({"tm_sequencer"} if st.units else set())
                          | {"kernel_control"} | ({"axis_width_conv"} if down else set()))
-        sources = [f"../{m}.v" if m == "kernel_control" else f"../../{m}.v" for m in modules] + [f"{core}.v", f"{name}.v"]
+        sources = ([f"../{m}.v" if m == "kernel_control" else f"../../{m}.v" for m in modules]
+                   + [f"{core}.v", f"{name}.v"])
         memories = [f"../../{b.module}_{x}.hex" for b in st.blocks if b.mvu is not None for x in ("w", "b")]
         for m in modules:   # the shared modules named from rtl/ must be the main build's, byte for byte
             if main is not None and f"{m}.v" in rendered and main.get(f"{m}.v") != rendered[f"{m}.v"]:
