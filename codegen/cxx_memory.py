@@ -422,13 +422,14 @@ def _walk(prog: Program, fname: str, env: dict, path: str, items: list[Item], de
     for sm in _STREAM.finditer(body):
         lt = sm.end() - 1
         gt = matching(body, lt, "<", ">")
-        after = re.match(r"\s*(\w+)\s*[;(]", body[gt + 1:])
+        after = re.match(r"\s*(\w+)\s*((?:\[[^\]]+\])*)\s*[;(]", body[gt + 1:])
         if not after:
             continue   # a parameter (&name) or a cast
         args = split_args(body[lt + 1:gt])
         var = after.group(1)
+        count = math.prod(eval_expr(d, env) for d in re.findall(r"\[([^\]]+)\]", after.group(2)))
         depth_v = eval_expr(args[1], env) if len(args) > 1 else (prag.get(var, {}).get("depth") or 2)
-        items.append(Item(f"{path}/{var}", "stream", _word(type_bits(args[0], prog, env)) * depth_v, "fifo"))
+        items.append(Item(f"{path}/{var}", "stream", _word(type_bits(args[0], prog, env)) * depth_v * count, "fifo"))
     # arrays
     for am in _ARRAY.finditer(body):
         tname, var, dimtext = am.group(1), am.group(2), am.group(3)

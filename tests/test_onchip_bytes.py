@@ -90,6 +90,7 @@ void top(hls::stream<vec<2> > &in0, hls::stream<vec<6> > &out0) {
 #pragma HLS DATAFLOW
     hls::stream<vec<2>, 16> mid("mid");
     hls::stream<vec<2> > deep("deep");
+    hls::stream<vec<4>, 8> lanes[3];
 #pragma HLS STREAM variable=deep depth=64
     static gacc<20> lb[3][5];
     data_t x = rom_w[0][0];
@@ -103,6 +104,7 @@ def test_reader_sizes_declarations():
     prog = parse_program([SRC])
     items = {i.path: i for i in kernel_items(prog, "top")}
     assert items["top/mid"].bits == 16 * 32 and items["top/deep"].bits == 64 * 32     # depth x vec<2>
+    assert items["top/lanes"].bits == 3 * 8 * 64                                      # 3 streams of vec<4>
     assert items["top/lb"].bits == 15 * 24                    # gacc<20>: ap_int<20> under __SYNTHESIS__
     assert items["top/rom_w"].kind == "rom" and items["top/rom_w"].bits == 32 * 16
     bufs = [i for p, i in items.items() if p.endswith("/buf")]
