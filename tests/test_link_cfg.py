@@ -252,6 +252,7 @@ def check_build(ctx, files, cluster):
     return pl, parsed
 
 
+@pytest.mark.xdist_group("placement_builds")  # one worker renders each build once
 @pytest.mark.slow  # each build: a planner run and an in-memory render (~1 s)
 @pytest.mark.parametrize("key", [b[0] for b in BUILDS])
 def test_link_configs_consistent(key):
@@ -267,6 +268,7 @@ def test_link_configs_consistent(key):
         assert all(nn.VNX_NETLAYER not in p["inst_kernel"].values() for p in parsed.values())
 
 
+@pytest.mark.xdist_group("placement_builds")  # one worker renders each build once
 @pytest.mark.slow  # the planner's VGG-16 plan rendered in memory: ~4 s (shared with test_onchip_bytes)
 def test_link_configs_consistent_vgg16():
     plan, model, cluster, ctx, files = build("vgg16")

@@ -45,6 +45,7 @@ def disagreements(rows):
             if abs(r["cxx"] - r["design"]) > TOLERANCE * r["design"]]
 
 
+@pytest.mark.xdist_group("placement_builds")  # one worker renders each build once
 @pytest.mark.slow  # a planner run and an in-memory render (~1 s), shared with test_link_cfg
 def test_tiny_cnn_onchip_bytes_match_the_design_and_fit():
     rows = measure("tiny-cnn")
@@ -54,6 +55,7 @@ def test_tiny_cnn_onchip_bytes_match_the_design_and_fit():
         assert 0 < r["cxx"] and r["block_ram"] <= r["slr_bytes"], r
 
 
+@pytest.mark.xdist_group("placement_builds")  # one worker renders each build once
 @pytest.mark.slow  # the planner's VGG-16 plan rendered in memory with zero weights: ~4 s
 def test_vgg16_onchip_bytes_match_the_design_and_fit():
     rows = measure("vgg16")
