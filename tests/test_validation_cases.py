@@ -160,8 +160,11 @@ def test_edited_times_and_a_stage_cut_mid_way_are_refused(at, capsys):
 
 
 def test_plan_above_its_utilisation_cap_is_refused(at, capsys):
-    assert main(["plan", "tiny-mlp", "4xU250-ring", "-o", "cap.yaml", "--cap", "1e-9"]) == 0
-    capsys.readouterr()
+    # the planner refuses a cap no folding fits (it used to write that plan) ...
+    _refused(capsys, ["plan", "tiny-mlp", "4xU250-ring", "-o", "cap.yaml", "--cap", "1e-9"], "--cap", "LUT")
+    assert not (at / "cap.yaml").exists()
+    # ... and a plan whose cap was edited below its resources is refused on load
+    _edit(at / "p.yaml", at / "cap.yaml", lambda d: d.update(utilisation_cap=1e-9))
     _refused(capsys, ["sim", "cap.yaml"], "cap.yaml", "resources", "utilisation_cap")
 
 
