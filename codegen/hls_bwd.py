@@ -396,10 +396,10 @@ def build_bwd(plan, model, st, sc, fmt, board=None) -> BwdCtx:
             want = want_of(src) or c
             lout = want if (w_ * c) % want == 0 else math.gcd(w_ * c, want)
             out = b.stream(f"dx_{tag}", lout)
-            b.arrays.append(BArray(f"lb_{tag}", f"bapipe::gacc<{xb}>", (kh, w_, c), xb, "bram",
-                                   partitions=[(kh, 1)]))
+            b.arrays.append(BArray(f"lb_{tag}", f"bapipe::gacc<{xb}>", (kh + sh, w_, c), xb, "bram",
+                                   partitions=[(kh + sh, 1)]))
             b.proc(f"bapipe::col2im<{wp}, {simd}, {lout}, {xb}, bapipe::FINISH_REQUANT, 0>({dx}, {out}, "
-                   f"lb_{tag});", l.name, "col2im", vec * (kh * kw * c // simd) + h * w_ * c // lout)
+                   f"lb_{tag});", l.name, "col2im", _col2im_steps(h, w_, c, kh, sh, ph, vec * (kh * kw * c // simd), lout))
             contrib[src].append((out, lout))
         elif l.type == "relu":
             L = fo.ew_lanes
@@ -455,16 +455,16 @@ def build_bwd(plan, model, st, sc, fmt, board=None) -> BwdCtx:
                     b.proc(f"bapipe::window_read<{wp}, {L}>({st_name}, {x});", l.name, "window_read",
                            ho * wo * kk * c // L)
                     b.proc(f"bapipe::maxpool_bwd_window<{wp}, {L}, {gb}>({x}, {dy}, {r});", l.name,
-                           "maxpool_bwd_window", 2 * ho * wo * kk * c // L)
+                           "maxpool_bwd_window", (ho * wo + 1) * kk * c // L)
                     mode = "bapipe::FINISH_SAT"
                 else:
                     b.proc(f"bapipe::avgpool_bwd_spread<{c}, {ho}, {wo}, {kk}, {L}, {gb}>({dy}, {r});", l.name,
                            "avgpool_bwd_spread", ho * wo * kk * c // L)
                     mode = "bapipe::FINISH_AVG"
-                b.arrays.append(BArray(f"lb_{tag}", f"bapipe::gacc<{gb}>", (kh, w_, c), gb, "bram",
-                                       partitions=[(kh, 1)]))
+                b.arrays.append(BArray(f"lb_{tag}", f"bapipe::gacc<{gb}>", (kh + sh, w_, c), gb, "bram",
+                                       partitions=[(kh + sh, 1)]))
                 b.proc(f"bapipe::col2im<{wp}, {L}, {L}, {gb}, {mode}, {recip}>({r}, {out}, lb_{tag});",
-                       l.name, "col2im", ho * wo * kk * c // L + n_in // L)
+                       l.name, "col2im", _col2im_steps(h, w_, c, kh, sh, ph, ho * wo * kk * c // L, L))
             contrib[src].append((out, L))
         elif l.type == "globalavgpool":
             L = fo.ew_lanes
@@ -523,6 +523,14 @@ def build_bwd(plan, model, st, sc, fmt, board=None) -> BwdCtx:
     return BwdCtx(name=f"{sc.name}_bwd", mb=mb, in_ports=in_ports, out_ports=out_ports, stashes=stashes,
                   grad_arrays=grads, acc_ports=acc_ports, arrays=b.arrays, streams=b.streams, processes=b.procs,
                   weights=[] if sc.embed_weights else list(sc.weights), engines=b.engines)
+
+
+def _col2im_steps(h: int, w: int, c: int, kh: int, sh: int, ph: int, add_beats: int, lout: int) -> int:
+    """col2im steps a sample when emission keeps up: every add beat, plus the rows still to
+    leave after the last output row (those at or below (HO-1)*SH - PH), one emit beat each."""
+    ho = (h + 2 * ph - kh) // sh + 1
+    tail_rows = h - max(0, min(h, (ho - 1) * sh - ph))
+    return add_beats + tail_rows * (w * c // lout)
 
 
 def _rename_stream(b: _Builder, old: str, new: str) -> None:
