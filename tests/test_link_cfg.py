@@ -318,8 +318,10 @@ def test_banks_by_bundle_and_board():
     assert declared_bundles(text) == {"w": "gmem_w", "v": "gmem"}
 
 
-def test_stage_bigger_than_its_board_is_refused(tmp_path):
-    """A folding whose MVU needs more DSP than the board has: gen refuses it in one line."""
+def test_stage_bigger_than_its_board_is_refused(tmp_path, capsys):
+    """A folding whose MVU needs more DSP than the board has: gen refuses it in one line, exit 2,
+    and writes nothing."""
+    from bapipe.cli import main
     from codegen_plans import make_plan
     path = tmp_path / "wide.yaml"
     path.write_text("name: wide\ninput: [1024]\nlayers:\n  - {name: fc1, type: dense, units: 1024}\n"
@@ -331,6 +333,12 @@ def test_stage_bigger_than_its_board_is_refused(tmp_path):
         render(plan, model, cluster)
     msg = str(e.value)
     assert "\n" not in msg and "stages[0].folding" in msg and "16,384 DSP" in msg and "11,520 usable" in msg
+    plan.save(str(tmp_path / "wide_plan.yaml"))
+    capsys.readouterr()
+    assert main(["gen", str(tmp_path / "wide_plan.yaml"), "-o", str(tmp_path / "out")]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.strip().splitlines() == [f"{tmp_path / 'wide_plan.yaml'}: {msg.split(': ', 1)[1]}"]
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.slow  # two in-memory renders of tiny-mlp (~1 s)
