@@ -77,13 +77,17 @@ def test_backward_kernel_structure(tmp_path):
     generate_plan(plan, model, cluster, tmp_path)
     b0 = (tmp_path / "stage0/stage0_bwd.cpp").read_text()
     assert "#define MB 4" in b0
-    assert "void stage0_bwd(hls::stream<data_t> &x_in0, hls::stream<data_t> &dy_out0, data_t dw_conv1[8][9]" in b0
+    # streaming backward (codegen/hls_bwd.py): dy in, stashes from memory, one DATAFLOW region
+    assert ("void stage0_bwd(hls::stream<bapipe::bvec<1> > &dy_out0, const data_t st_conv1[MB * 64], "
+            "const data_t st_relu1[MB * 512]") in b0
     assert "dx_in0" not in b0                      # the model input needs no gradient
-    assert "bapipe::conv2d_bwd_w<8, 8, 8, 8, 3, 3, 1, 1, 1, 1, 4, 8, MB>(xs, dy2, dw_conv2, db_conv2);" in b0
-    assert b0.index("backward: relu2") < b0.index("backward: conv2") < b0.index("backward: conv1")
+    assert ("bapipe::mvu_bwd<8, 72, 4, 8, 1, 40, 38, 32, 4, bapipe::rvec<8, 38> >(s3_g_conv2_w4, s4_x_conv2, "
+            "s5_dxc_conv2, conv2_w, aw_conv2, ab_conv2, dw_conv2, db_conv2, (long)n * 64, flush)") in b0
+    assert b0.index("relu_bwd<512, 1>(s1_x_relu2") < b0.index("mvu_bwd<8, 72") < b0.index("mvu_bwd<8, 9")
     cfg = json.loads((tmp_path / "host_config.json").read_text())
     bw = cfg["stages"][1]["backward"]
     assert bw["microbatch"] == 4 and [p["port"] for p in bw["outputs"]] == ["dx_in0"]
+    assert [s["layer"] for s in bw["stashes"]] == ["pool1", "conv3", "relu3"]
     assert [(g["name"], g["elements"]) for g in bw["weight_grads"]] == [("dw_conv3", 16 * 72), ("db_conv3", 16)]
 
 
