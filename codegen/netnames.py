@@ -121,6 +121,7 @@ PLATFORM_GT = {
     "U200": ("io_gt_qsfp_0{p}", "io_clk_qsfp_refclka_0{p}", "ii_level0_wire/ulp_m_aclk_freerun_ref_00"),
     "U280": ("io_gt_qsfp{p}_00", "io_clk_qsfp{p}_refclka_00", "ii_level0_wire/ulp_m_aclk_freerun_ref_00"),
     "U55C": ("io_gt_qsfp{p}_00", "io_clk_qsfp{p}_refclka_00", "ii_level0_wire/ulp_m_aclk_freerun_ref_00"),
+    "U50": ("io_gt_qsfp_0{p}", "io_clk_qsfp_refclka_0{p}", "ii_level0_wire/ulp_m_aclk_freerun_ref_00"),
 }
 
 

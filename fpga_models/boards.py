@@ -368,6 +368,53 @@ BOARDS: dict[str, Board] = {
 }
 
 
+# Added with the per-SLR tables (issue 16): appended after the GPUs so that the catalog's
+# order (and the "expected one of ..." lists) of the boards above stays as it was.
+BOARDS["U200"] = _fpga(
+    "U200", "AMD Alveo U200 (XCU200, 3 SLRs), 64 GB DDR4",
+    # DS962: 1,182K LUT, 2,364K FF, 6,840 DSP, 75.9 Mb BRAM (2,160 BRAM36), 270 Mb URAM (960):
+    # the VU9P die's 1,182,240 / 2,364,480 (DS923)
+    total=(1_182_240, 2_364_480, 6_840, 2_160, 960),
+    # FINN Alveo_NxU200_Platform: 385,920 + 199,680 + 385,920 LUT; DSP 2,268 + 1,320 + 2,268
+    usable=(971_520, 1_943_040, 5_856, 1_848, 800),
+    clock_hz=_ALVEO_KERNEL_CLOCK_HZ,
+    offchip_bytes=64 * GiB,
+    offchip_bw_Bps=4 * 19.2e9,  # 4 x DDR4-2400 x 64 bit = 76.8 GB/s (DS962: 77 GB/s)
+    network_ports=2, port_bw_Bps=_QSFP28_AURORA_Bps, pcie_bw_Bps=_PCIE_GEN3_X16_Bps,
+    dsp_per_mac=_AMD_DSP_PER_MAC,
+    sources=("AMD DS962 (Alveo U200/U250 data sheet)", "FINN src/finn/util/platforms.py (usable)",
+             "AMD UG1120 / platforminfo (DDR banks per SLR)", "AMD UG1393 / UG1120 (300 MHz kernel clock)",
+             "AMD PG074 (Aurora 64B/66B)", "AMD WP486 (int8 packing)"),
+    slrs=_VU9P_SLRS,
+    # the U200 xdma platform's memory report (platforminfo, UG1120): DDR[0] SLR0, DDR[1] and
+    # DDR[2] SLR1 (DDR[1] in the static region), DDR[3] SLR2; 16 GB and 19.2 GB/s each
+    banks=bank_table("ddr", 4, 16 * GiB, 19.2e9, [0, 1, 1, 2]),
+    qsfp_slr=2,   # XUP VNx config_files (slr=cmac_0:SLR2); FINN Alveo_NxU200_Platform eth_slr=2
+)
+BOARDS["U50"] = _fpga(
+    "U50", "AMD Alveo U50 (XCU50, 2 SLRs), 8 GB HBM2",
+    # DS965: 872K LUT, 1,743K FF, 5,952 DSP, 47.3 Mb BRAM (1,344 BRAM36), 180 Mb URAM (640);
+    # exact LUT/FF: 871,680 / 1,743,360 (two SLRs of 435,840 LUT) [verify]
+    total=(871_680, 1_743_360, 5_952, 1_344, 640),
+    # FINN Alveo_NxU50_Platform ("observed from Vivado"): SLR0 374,400 LUT, 564 BRAM36, 304 URAM,
+    # 2,592 DSP; SLR1 368,160 LUT, 564 BRAM36, 304 URAM, 2,760 DSP
+    usable=(742_560, 1_485_120, 5_352, 1_128, 608),
+    clock_hz=_ALVEO_KERNEL_CLOCK_HZ,
+    offchip_bytes=8 * GiB,
+    offchip_bw_Bps=316e9,  # HBM2 (DS965) [verify: later revisions of the card quote 201 GB/s]
+    network_ports=1, port_bw_Bps=_QSFP28_AURORA_Bps, pcie_bw_Bps=_PCIE_GEN3_X16_Bps,  # one QSFP28 cage
+    dsp_per_mac=_AMD_DSP_PER_MAC,
+    sources=("AMD DS965 (Alveo U50 data sheet)", "FINN src/finn/util/platforms.py (usable)",
+             "AMD UG1120 (U50 platform: HBM[0:31] in SLR0)", "AMD UG1393 / UG1120 (300 MHz kernel clock)",
+             "AMD PG074 (Aurora 64B/66B)", "AMD WP486 (int8 packing)"),
+    slrs=slr_table([(435_840, 871_680, 2_976, 672, 320)] * 2,
+                   [(374_400, 748_800, 2_592, 564, 304), (368_160, 736_320, 2_760, 564, 304)]),
+    # UG1120 (U50 gen3x16 xdma platform): 8 GB of HBM through 32 pseudo-channels, HBM[0:31] in SLR0
+    banks=bank_table("hbm", 32, 8 * GiB // 32, 316e9 / 32, 0),
+    qsfp_slr=1,   # XUP VNx builds for the U50 move its network kernels to SLR1 (its Makefile)
+)
+
+
 def get_board(name: str) -> Board:
     """The catalog entry for ``name``; an unknown name is a SpecError listing the known ones."""
     if isinstance(name, str) and name in BOARDS:

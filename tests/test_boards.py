@@ -28,6 +28,8 @@ def test_catalog_has_required_boards():
     ("U55C", 1_303_680, 9_024, 8_496, 2_016, 1_752, 960),
     ("VCU118", 1_182_240, 6_840, 5_856, 2_160, 1_848, 960),
     ("ZCU102", 274_080, 2_520, 2_520, 912, 912, 0),
+    ("U200", 1_182_240, 6_840, 5_856, 2_160, 1_848, 960),
+    ("U50", 871_680, 5_952, 5_352, 1_344, 1_128, 640),
 ])
 def test_fpga_figures_match_references(name, lut, dsp, usable_dsp, bram, usable_bram, uram):
     b = get_board(name)
@@ -180,6 +182,10 @@ def test_slr_and_bank_figures():
     assert [k.name for k in u55c.banks] == [f"HBM[{i}]" for i in range(32)] and u55c.banks[0].bytes == 2**29
     assert u250.bank("DDR[3]").slr == 3 and u250.bank("HBM[0]") is None
     assert (u250.qsfp_slr, u280.qsfp_slr) == (2, 2)   # XUP VNx connectivity files: slr=cmac_0:SLR2
+    u200, u50 = BOARDS["U200"], BOARDS["U50"]
+    assert [(k.name, k.slr) for k in u200.banks] == [("DDR[0]", 0), ("DDR[1]", 1), ("DDR[2]", 1), ("DDR[3]", 2)]
+    assert len(u50.slrs) == 2 and [k.name for k in u50.banks] == [f"HBM[{i}]" for i in range(32)]
+    assert u50.network_ports == 1 and u50.qsfp_slr == 1
     # one SLR's usable on-chip RAM: 576 BRAM36 x 4,608 B + 320 URAM x 36,864 B
     assert u250.slrs[0].on_chip_bytes == 576 * 4608 + 320 * 36864
     for g in ("V100", "A100"):

@@ -87,6 +87,8 @@ BUILDS = [
     ("tiny-mlp-aurora", "tiny-mlp", AURORA_CLUSTER, "0-1,2-3,4-6"),
     # U250, U280 and a VCU118 (no Vitis platform: no cfg, its channels end at the U280's port)
     ("tiny-cnn-hetero", "tiny-cnn", "hetero-mix", "0-1,2-3,4-5,6-7,8-9"),
+    # U200: four DDR banks over three SLRs (two in SLR1)
+    ("tiny-cnn-u200", "tiny-cnn", "name: 3xU200\ntopology: chain\nboards: [{type: U200, count: 3}]\n", "0-3,4-6,7-9"),
 ]
 
 
