@@ -88,14 +88,18 @@ def kernel_needs(ctx, board: Board, fmt: str) -> dict[str, Need]:
 # --- SLRs ----------------------------------------------------------------------------------
 
 
-def place_units(board: Board, units: list[tuple[str, Need]], fixed: dict[str, int]) -> dict:
+def place_units(board: Board, units: list[tuple[str, Need]], fixed: dict[str, int],
+                near: dict[str, int] | None = None) -> dict:
     """Worst-fit decreasing: the biggest unit first (DSP, then bytes, then name) into the SLR with
     the most DSP left where it fits (spreads load; ties to the lower SLR); on-chip bytes take
     whole URAMs for the bulk, BRAM36 for the rest. A unit that fits no single SLR spans the
     fewest adjacent SLRs that hold it (``slr`` None: v++ places it unpinned, across SLL
     crossings); one that does not fit what the board has left is ``unplaced`` (the board is
     oversubscribed; :func:`oversubscribed` says by how much).
-    ``fixed``: instance -> SLR for units pinned by rule (network kernels next to the QSFP28s)."""
+    ``fixed``: instance -> SLR for units pinned by rule (network kernels next to the QSFP28s);
+    ``near``: instance -> SLR it should be close to (its memory: HBM sits behind SLR0), the
+    first criterion among the SLRs it fits."""
+    near = near or {}
     free = [{"dsp": s.usable_dsp, "bram36": s.usable_bram36, "uram": s.usable_uram} for s in board.slrs]
     out: dict[str, dict] = {}
     for inst, slr in sorted(fixed.items()):
@@ -106,7 +110,7 @@ def place_units(board: Board, units: list[tuple[str, Need]], fixed: dict[str, in
         for k, f in enumerate(free):
             bram, uram = memory_blocks(need.onchip_bytes, f["uram"])
             if need.dsp <= f["dsp"] and bram <= f["bram36"]:
-                key = (-f["dsp"], -(f["bram36"] - bram), k)
+                key = (abs(k - near[inst]) if inst in near else 0, -f["dsp"], -(f["bram36"] - bram), k)
                 if best is None or key < best[0]:
                     best = (key, k, bram, uram)
         if best is not None:
@@ -441,7 +445,10 @@ def place_project(ctx, cluster, where: str = "plan.yaml", sources: dict | None =
             for inst, kernel in glue:
                 fixed[inst] = board.qsfp_slr
                 kernel_of[inst] = kernel
-        placed = place_units(board, [(i, n) for i, n, _k in units], fixed)
+        # HBM boards: units with m_axi ports close to the SLR behind which the HBM sits
+        hbm_slrs = {k.slr for k in board.banks if k.kind == "hbm"}
+        near = {i: min(hbm_slrs) for i, _a, _n in _m_axi_ports(b, by_name, ctx.fmt)} if len(hbm_slrs) == 1 else {}
+        placed = place_units(board, [(i, n) for i, n, _k in units], fixed, near)
         slr_of = {i: p["slr"] for i, p in placed.items()}
         bundles = kernel_bundles(ctx, sources or {})
         bundle_of = {(i, a): bundles[kernel_of[i]][a] for i, a, _n in _m_axi_ports(b, by_name, ctx.fmt)

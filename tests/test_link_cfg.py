@@ -265,6 +265,9 @@ def test_link_configs_consistent(key):
     if key == "tiny-cnn-u280":
         banks = [l.rsplit(":", 1)[1] for p in parsed.values() for l in p["cfg"]["sp"]]
         assert banks and all(b.startswith("HBM[") for b in banks)
+        # the backward kernels (stashes and gradients in HBM) sit in SLR0, next to the HBM
+        assert all(p["pinned"][f"{s.bwd.name}_1"] == 0 for s in ctx.stages for b, p in parsed.items()
+                   if b in s.boards)
     if key == "tiny-mlp-aurora":
         assert {c["stack"] for c in pl["channels"]} == {nn.AURORA}
         assert all(nn.VNX_NETLAYER not in p["inst_kernel"].values() for p in parsed.values())
@@ -301,6 +304,11 @@ def test_units_spread_over_slrs_and_span_when_too_big():
     assert place_units(u250, [("m", Need(6_000, 0, 0, 0))], {})["m"]["spans"] == [0, 1, 2]
     over = place_units(u250, [("a", Need(9_216, 0, 0, 0)), ("b", Need(9_216, 0, 0, 0))], {})
     assert over["a"]["spans"] == [0, 1, 2, 3] and over["b"].get("unplaced")
+    # a unit near its HBM (SLR0 of a U280) goes there even though SLR1 and SLR2 have more DSP
+    u280 = get_board("U280")
+    assert place_units(u280, [("h", Need(100, 0, 0, 0)), ("f", Need(100, 0, 0, 0))], {}, {"h": 0}) \
+        == {"f": {"slr": 1, "spans": [1], "need": Need(100, 0, 0, 0).to_dict()},
+            "h": {"slr": 0, "spans": [0], "need": Need(100, 0, 0, 0).to_dict()}}
     # on-chip bytes: whole URAMs for the bulk, BRAM36 for the rest (36,864 + 2 x 4,608 >= 40,000)
     one = place_units(u250, [("x", Need(0, 0, 0, 40_000))], {})["x"]
     assert (one["need"]["uram"], one["need"]["bram36"]) == (1, 1)
