@@ -7,8 +7,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
@@ -29,8 +27,10 @@ CYCLE_TOL = 0.10
 def _plan(tmp: Path, model: str, cluster: str = "4xU250-ring") -> Path:
     out = tmp / f"{Path(model).stem}.plan.yaml"
     if not out.exists():
-        subprocess.run([sys.executable, "-m", "bapipe.cli", "plan", model, cluster, "--mode", "train", "-o", str(out),
-                        "--force"], check=True, capture_output=True, cwd=ROOT)
+        from bapipe.cli import main
+
+        model = str(ROOT / model) if model.endswith(".yaml") and not Path(model).is_absolute() else model
+        assert main(["plan", model, cluster, "--mode", "train", "-o", str(out), "--force", "--json"]) in (0, None)
     return out
 
 
@@ -61,7 +61,7 @@ def _write_hls(plan_path: Path, out: Path):
 
 
 def _csim_bwd(plan_path: Path, out: Path, seed: int = 3) -> list[dict]:
-    from codegen.csim import load_weights
+    from codegen.csim import load_weights, stage_macs
     from codegen.csim_bwd import csim_backward
     from fpga_models import fixedpoint as fx
 
@@ -73,7 +73,9 @@ def _csim_bwd(plan_path: Path, out: Path, seed: int = 3) -> list[dict]:
     rows = []
     for st in cfg["stages"]:
         params = load_weights(out, st, fmt)
-        rows.append(csim_backward(out, st, model, params, fmt, rng, CACHE))
+        layers = [model.layers[model.index[l["name"]]] for l in st["layers"]]
+        macs = st["backward"]["microbatch"] * stage_macs(layers)[1]   # as bapipe csim: acc_t or int64 MACs
+        rows.append(csim_backward(out, st, model, params, fmt, rng, CACHE, macs=macs))
     return rows
 
 
@@ -122,6 +124,36 @@ def test_no_whole_tensor_arrays_and_stashes_come_from_memory(plans):
     biggest = max(a.bytes for a in b.arrays)
     assert biggest == 5760              # aw_conv3: 16 x 72 accumulators of 39 bits (5 bytes)
     assert all(s.depth == 2 for s in b.streams)   # no skip paths in tiny-cnn
+
+
+def _declared_bytes(cpp: str) -> int:
+    """On-chip bytes read off a generated backward kernel: its static arrays and its streams'
+    declared depths x beat width (bvec<L>: L x 16 bits; rvec<L, GB>: L x GB bits; pvec<L>:
+    L x (16 + 8) bits), without the Python context."""
+    import re
+
+    total = 0
+    for ty, dims in re.findall(r"^    static bapipe::gacc<(\d+)> \w+((?:\[\d+\])+);", cpp, re.M):
+        total += math.prod(int(d) for d in re.findall(r"\d+", dims)) * ((int(ty) + 7) // 8)
+    for beat, depth in re.findall(r"^    hls::stream<bapipe::(\w+<[\d, ]+>), (\d+)> ", cpp, re.M):
+        args = [int(x) for x in re.findall(r"\d+", beat)]
+        bits = {"bvec": args[0] * 16, "rvec": args[0] * args[-1], "pvec": args[0] * 24}[beat.split("<")[0]]
+        total += int(depth) * ((bits + 7) // 8)
+    return total
+
+
+def test_onchip_bytes_match_the_generated_declarations(plans, tmp_path):
+    """An independent reading of the generated C++ (static arrays, stream depths) gives the
+    kernel's on-chip figure minus the engines' own small buffers (dy/x vectors, pool rows),
+    for tiny-cnn and small-resnet."""
+    for m in ("tiny-cnn", "examples/models/small-resnet.yaml"):
+        out = tmp_path / Path(m).stem
+        _, _, ctx = _write_hls(plans(m), out)
+        b = ctx.stages[0].bwd
+        cpp = (out / "stage0" / "stage0_bwd.cpp").read_text()
+        local = sum(a.bytes for a in b.arrays if a.local)
+        assert _declared_bytes(cpp) == b.onchip_bytes - local > 0
+        assert local <= 0.5 * b.onchip_bytes
 
 
 def test_accumulators_sized_from_the_reduction(plans):
