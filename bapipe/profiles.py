@@ -384,11 +384,128 @@ def import_pipedream_graph(path: str, batch: int, bytes_per_element: int = 4,
     return "\n".join(mlines) + "\n", "\n".join(plines) + "\n"
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``python -m bapipe.profiles graph.txt --batch 64 -o DIR``: write DIR/model.yaml and
-    DIR/profile.yaml (then ``bapipe plan DIR/model.yaml CLUSTER --profile DIR/profile.yaml``)."""
+# --- PyTorch profiler per-module table (CSV) -------------------------------------------------
+#: the columns of the table docs/profiles.md's snippet writes from torch.profiler's key_averages()
+TORCH_COLUMNS = ("name", "calls", "cpu_time_total_us", "device_time_total_us")
+#: record_function labels the snippet puts around each module's forward and backward
+TORCH_LABELS = {"bapipe.fwd.": "fwd", "bapipe.bwd.": "bwd"}
+#: layer types with no work of their own (views): a table may leave them out (0 s)
+VIEW_TYPES = frozenset({"flatten", "reshape"})
+
+
+def import_torch_table(path: str, model: Model, batch: int, clock: str = "device",
+                       bytes_per_element: int = 4) -> str:
+    """A PyTorch profiler per-module table (CSV, docs/profiles.md) -> profile YAML text.
+
+    Rows labelled ``bapipe.fwd.<layer>`` / ``bapipe.bwd.<layer>`` give each layer's time per
+    call: total / calls of the ``clock`` column (``device``: device_time_total_us, what a GPU
+    spent; ``cpu``: cpu_time_total_us). Other rows (aten ops) are ignored. Every layer of
+    ``model`` needs both rows, except views (flatten, reshape: 0 s). The table records no
+    sizes, so bytes are the model's: activation_bytes = output elements x batch x
+    ``bytes_per_element``, param_bytes = parameters x ``bytes_per_element``. ``batch``: the
+    samples each call processed (required; the table does not record it)."""
+    file = str(path)
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+        raise SpecError(file, None, "batch", f"expected the profiled batch size (an integer >= 1), got {batch!r}")
+    if clock not in ("device", "cpu"):
+        raise SpecError(file, None, "clock", f"expected device or cpu, got {clock!r}")
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise SpecError(file, None, None, "file not found") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise SpecError(file, None, None, f"cannot read file ({type(e).__name__})") from None
+    rows = [(i + 1, ln) for i, ln in enumerate(text.splitlines()) if ln.strip() and not ln.lstrip().startswith("#")]
+    if not rows:
+        raise SpecError(file, None, None, f"expected a header row ({','.join(TORCH_COLUMNS)}) and one row per label")
+    hline, header = rows[0]
+    cols = [c.strip() for c in next(csv.reader(io.StringIO(header)))]
+    missing = [c for c in TORCH_COLUMNS if c not in cols]
+    if missing:
+        raise SpecError(file, hline, "header", f"missing column '{missing[0]}'; expected {','.join(TORCH_COLUMNS)}")
+    col = f"{clock}_time_total_us"
+    times: dict[tuple[str, str], float] = {}
+    for line, raw in rows[1:]:
+        vals = next(csv.reader(io.StringIO(raw)))
+        if len(vals) != len(cols):
+            raise SpecError(file, line, "row", f"expected {len(cols)} values ({', '.join(cols)}), got {len(vals)}")
+        rec = {c: v.strip() for c, v in zip(cols, vals)}
+        kind = next((k for p, k in TORCH_LABELS.items() if rec["name"].startswith(p)), None)
+        if kind is None:
+            continue
+        loc = _Loc(file, line, "")
+        layer = rec["name"].split(".", 2)[2]
+        if layer not in model.index:
+            close = difflib.get_close_matches(layer, list(model.index), n=1)
+            hint = f"; did you mean '{close[0]}'?" if close else ""
+            raise loc.err("name", f"'{layer}' is not a layer of model '{model.name}'{hint}")
+        if (layer, kind) in times:
+            raise loc.err("name", f"'{rec['name']}' appears twice")
+        calls = _number(loc, "calls", rec["calls"], True)
+        if calls < 1:
+            raise loc.err("calls", "expected at least 1 call")
+        total = _number(loc, col, rec[col], False)
+        if total == 0 and clock == "device":
+            raise loc.err(col, "is 0: no device time was recorded (a CPU run?); import with --clock cpu")
+        times[(layer, kind)] = total / calls * 1e-6
+    lines = [f"# measured by torch.profiler ({clock} time per call) in {Path(path).name}; bytes from the model "
+             f"({bytes_per_element} bytes per element); imported by bapipe.profiles.import_torch_table",
+             f"model: {model.name}", f"batch: {batch}", "layers:"]
+    for l in model.layers:
+        got = [(l.name, k) in times for k in ("fwd", "bwd")]
+        if not all(got) and not (l.type in VIEW_TYPES and not any(got)):
+            what, label = ("forward", "fwd") if not got[0] else ("backward", "bwd")
+            raise SpecError(file, None, "name", f"no {what} row 'bapipe.{label}.{l.name}' for layer "
+                                                f"'{l.name}' of model '{model.name}' (only flatten/reshape views "
+                                                f"may be left out)")
+        f_s, b_s = times.get((l.name, "fwd"), 0.0), times.get((l.name, "bwd"), 0.0)
+        lines.append(f"  - {{name: {l.name}, fwd_s: {f_s:.9g}, bwd_s: {b_s:.9g}, "
+                     f"activation_bytes: {l.out_elems * batch * bytes_per_element}, "
+                     f"param_bytes: {l.params * bytes_per_element}}}")
+    return "\n".join(lines) + "\n"
+
+
+def main_torch(argv: list[str]) -> int:
+    """``python -m bapipe.profiles torch-table TABLE.csv --model MODEL --batch 64 -o profile.yaml``."""
     import argparse
     import sys
+
+    from .spec import load_model
+
+    ap = argparse.ArgumentParser(prog="python -m bapipe.profiles torch-table",
+                                 description="import a PyTorch profiler per-module table (CSV) as a profile")
+    ap.add_argument("table", help="CSV written by the snippet in docs/profiles.md")
+    ap.add_argument("--model", required=True, help="the model the labels name (zoo name, .yaml or .onnx)")
+    ap.add_argument("--batch", type=int, required=True, help="the samples each profiled call processed")
+    ap.add_argument("--clock", choices=("device", "cpu"), default="device",
+                    help="which time column to read (default: device)")
+    ap.add_argument("--bytes-per-element", type=int, default=4, help="bytes of one tensor element (default 4)")
+    ap.add_argument("-o", "--output", required=True, help="profile YAML to write")
+    args = ap.parse_args(argv)
+    try:
+        text = import_torch_table(args.table, load_model(args.model), args.batch, args.clock, args.bytes_per_element)
+        Path(args.output).write_text(text, encoding="utf-8")
+    except SpecError as e:
+        print(f"python -m bapipe.profiles torch-table: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:
+        print(f"python -m bapipe.profiles torch-table: {args.output}: -o: cannot write ({e.strerror or e})",
+              file=sys.stderr)
+        return 2
+    print(f"wrote {args.output}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m bapipe.profiles graph.txt --batch 64 -o DIR``: write DIR/model.yaml and
+    DIR/profile.yaml (then ``bapipe plan DIR/model.yaml CLUSTER --profile DIR/profile.yaml``).
+    ``python -m bapipe.profiles torch-table ...``: see :func:`main_torch`."""
+    import argparse
+    import sys
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["torch-table"]:
+        return main_torch(argv[1:])
 
     ap = argparse.ArgumentParser(prog="python -m bapipe.profiles",
                                  description="import PipeDream profiler output (graph.txt) as a model + profile pair")

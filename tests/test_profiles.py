@@ -143,3 +143,70 @@ def test_csv_round_trip_property(tmp_path_factory, vals):
     got = load_profile(write(d, "p.csv", f"layer,fwd_s,bwd_s,activation_bytes,param_bytes\n{rows}\n"), MLP)
     assert [(e["fwd_s"], e["bwd_s"], e["activation_bytes"], e["param_bytes"]) for e in got.values()] == \
         [(float(f), float(b), a, p) for f, b, a, p in vals]
+
+
+# --- PyTorch profiler per-module table (tests/fixtures/profiles, made by tests/make_torch_profile.py) ---
+TORCH_TABLE = __import__("pathlib").Path(__file__).resolve().parent / "fixtures" / "profiles" / "tiny_mlp_torch.csv"
+
+
+def test_torch_table_imports_per_call_times_and_model_bytes(tmp_path):
+    """torch.profiler's totals / calls per label, bytes from the model's shapes x 4 x batch."""
+    import csv
+
+    from bapipe.profiles import import_torch_table
+    from bapipe.spec import load_model
+
+    model = load_model("tiny-mlp")
+    prof = tmp_path / "p.yaml"
+    prof.write_text(import_torch_table(str(TORCH_TABLE), model, 32, clock="cpu"))
+    p = load_profiles(str(prof), model, require_batch=True)[None]
+    rows = {r["name"]: r for r in csv.DictReader(TORCH_TABLE.open())}
+    for l in model.layers:
+        for kind in ("fwd", "bwd"):
+            r = rows[f"bapipe.{kind}.{l.name}"]
+            want = float(r["cpu_time_total_us"]) / int(r["calls"]) * 1e-6
+            # one division, one product, then 9 significant digits in the YAML (5e-10 relative)
+            assert p[l.name][f"{kind}_s"] == pytest.approx(want, rel=1e-9, abs=0)
+        assert p[l.name]["activation_bytes"] == l.out_elems * 32 * 4
+        assert p[l.name]["param_bytes"] == l.params * 4
+    assert p["fc1"]["param_bytes"] == 4160 * 4 and p["fc4"]["activation_bytes"] == 10 * 32 * 4
+
+
+def test_torch_table_plans(tmp_path):
+    from bapipe.cli import main
+
+    prof = tmp_path / "p.yaml"
+    from bapipe.profiles import main as prof_main
+    assert prof_main(["torch-table", str(TORCH_TABLE), "--model", "tiny-mlp", "--batch", "32", "--clock", "cpu",
+                      "-o", str(prof)]) == 0
+    assert main(["plan", "tiny-mlp", "4xU250-ring", "--profile", str(prof), "-o", str(tmp_path / "plan.yaml")]) == 0
+
+
+@pytest.mark.parametrize("edit, args, msg", [
+    (None, [], "device_time_total_us: is 0"),                          # a CPU run read as device time
+    (lambda t: t.replace("bapipe.bwd.relu2", "bapipe.bwd.relu22"), ["--clock", "cpu"], "did you mean 'relu2'"),
+    (lambda t: "\n".join(l for l in t.splitlines() if "fwd.fc3" not in l), ["--clock", "cpu"],
+     "no forward row 'bapipe.fwd.fc3'"),
+    (lambda t: t.replace("calls", "count", 1), ["--clock", "cpu"], "missing column 'calls'"),
+    (lambda t: t.replace("bapipe.fwd.fc1,10", "bapipe.fwd.fc1,0"), ["--clock", "cpu"], "calls: expected at least 1"),
+    (lambda t: t + "\nbapipe.fwd.fc1,10,1.0,0.0\n", ["--clock", "cpu"], "appears twice"),
+])
+def test_torch_table_errors_are_one_line(tmp_path, capsys, edit, args, msg):
+    from bapipe.profiles import main as prof_main
+
+    table = tmp_path / "t.csv"
+    text = TORCH_TABLE.read_text()
+    table.write_text(edit(text) if edit else text)
+    rc = prof_main(["torch-table", str(table), "--model", "tiny-mlp", "--batch", "32", *args,
+                    "-o", str(tmp_path / "p.yaml")])
+    err = capsys.readouterr().err
+    assert rc == 2 and len(err.strip().splitlines()) == 1 and msg in err and "t.csv" in err, err
+    assert not (tmp_path / "p.yaml").exists()
+
+
+def test_torch_table_needs_batch(tmp_path):
+    from bapipe.profiles import main as prof_main
+
+    with pytest.raises(SystemExit) as e:   # argparse: --batch is required
+        prof_main(["torch-table", str(TORCH_TABLE), "--model", "tiny-mlp", "-o", str(tmp_path / "p.yaml")])
+    assert e.value.code == 2
