@@ -103,13 +103,27 @@ def _global_batch(text: str) -> int:
     return v
 
 
+def _profile_batch(text: str) -> int:
+    """argparse type of `profile --batch`: an integer; at most MAX_GLOBAL_BATCH (a larger pass
+    than any plan may hold; 10**21 printed times in terasecond units); below 1 the command
+    itself refuses it naming --batch."""
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer 1..{MAX_GLOBAL_BATCH}, got '{text}'") from None
+    if v > MAX_GLOBAL_BATCH:
+        raise argparse.ArgumentTypeError(f"expected at most {MAX_GLOBAL_BATCH} samples per pass, got {v}")
+    return v
+
+
 def _add_args(name: str, p: argparse.ArgumentParser) -> None:
     """Arguments of each subcommand (kept here so the CLI contract reads in one place)."""
     if name == "profile":
         p.add_argument("model", help="zoo name or .yaml/.onnx path")
         p.add_argument("cluster", help="built-in cluster name or .yaml path")
         p.add_argument("--format", default="fixed16", help="number format (fixed16, int8, fp16, bf16, fp32)")
-        p.add_argument("--batch", type=int, default=1, help="samples per pass")
+        p.add_argument("--batch", type=_profile_batch, default=1,
+                       help=f"samples per pass (1..{MAX_GLOBAL_BATCH}, default 1)")
         p.add_argument("--profile", dest="measured", help="measured per-layer profile (.yaml/.csv)")
         p.add_argument("--opaque", action="append", default=[], help="ONNX: OP=fwd_s,bwd_s cost for an unsupported op")
     elif name == "plan":
