@@ -152,6 +152,7 @@ def test_fixed16_training_reaches_093():
     assert r["grad_max_rel_err_vs_single_device"] == 0.0
 
 
+@pytest.mark.slow  # 4 worker processes: ~1.5 s
 def test_fixed16_interleaved_gradients_are_the_exact_single_device_sums():
     """Interleaved 1F1B (4 stages on 2 devices) in fixed16: the pipeline's weight gradients equal
     the single-device integer sums bit for bit (grad error exactly 0), as for every schedule."""
@@ -180,6 +181,7 @@ def _train_fixed_reference(model, plan, iterations: int, lr: float, seed: int = 
     return master, vel
 
 
+@pytest.mark.slow  # 6 worker processes: ~1.5 s
 def test_fixed16_pipeline_weights_bit_identical_to_train_step(tmp_path):
     """tiny-cnn (conv, maxpool, avgpool, flatten, dense) on 3 stages with 2, 1 and 3 replicas in
     fixed16: after 3 iterations every master weight and velocity equals train_step's."""

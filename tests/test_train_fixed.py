@@ -285,6 +285,7 @@ def test_acc_width_rule_on_vgg16_largest_reduction():
     assert T.acc_width(224 * 224 * 171_196) == 64 and T.acc_width(224 * 224 * 171_197) == 65
 
 
+@pytest.mark.slow  # 32x32 convolutions in int64: ~1.8 s
 def test_small_resnet_step_with_batchnorm_and_residual_forks():
     """A residual model (conv, batchnorm, add forks, globalavgpool, dense) takes a step; the
     result does not depend on the micro-batching, and every trainable tensor moved."""
