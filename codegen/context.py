@@ -134,7 +134,7 @@ class StageCtx:
     inputs: list[PortCtx]
     outputs: list[PortCtx]
     streams: list[StreamCtx]
-    statements: list[str]           # the body of the top function, in order
+    statements: list[str]           # the calls of the top function, in order (no trailing semicolon)
     embed_weights: bool
     weight_elements: int
     bwd: "BwdCtx | None" = None     # the backward kernel (training plans)
@@ -453,6 +453,12 @@ def build_stage(plan: Plan, model, st: Stage, weights: dict[str, dict[str, np.nd
     for t in outs:
         consumers.setdefault(t, []).append(("port", out_port[t]))
 
+    def hop(n: int) -> int:
+        """Depth of a stream from one layer to the next: the handshake depth in a dataflow
+        stage (both run at once); a whole tensor in a time-multiplexed one (the producer
+        finishes before the consumer starts, as the Design's frame buffers between units)."""
+        return 2 if st.style == "dataflow" else n
+
     streams: list[StreamCtx] = []
     slot_stream: dict[tuple[str, int], str] = {}
     source: dict[str, str] = {}        # the stream a tensor is first written to
@@ -468,13 +474,13 @@ def build_stage(plan: Plan, model, st: Stage, weights: dict[str, dict[str, np.nd
             else:
                 src = in_port.get(t) or f"s_{ident(t)}"
                 if t not in in_port:
-                    streams.append(StreamCtx(src, n, 2))
+                    streams.append(StreamCtx(src, n, hop(n)))
                 source[t] = src
                 slot_stream[(c[1], c[2])] = src
             continue
         src = in_port.get(t) or f"s_{ident(t)}"
         if t not in in_port:
-            streams.append(StreamCtx(src, n, 2))
+            streams.append(StreamCtx(src, n, hop(n)))
         source[t] = src
         targets = []
         for c in cons:
@@ -494,13 +500,13 @@ def build_stage(plan: Plan, model, st: Stage, weights: dict[str, dict[str, np.nd
         """Copy or duplicate tensor ``t`` from its source stream into its consumers' streams."""
         targets, n, cur = fans.get(t, []), elems[t], source.get(t)
         if len(targets) == 1:
-            statements.append(f"bapipe::copy<{n}>({cur}, {targets[0]});")
+            statements.append(f"bapipe::copy<{n}>({cur}, {targets[0]})")
             return
         for i, tgt in enumerate(targets[:-1]):
             nxt = targets[-1] if i == len(targets) - 2 else f"s_{ident(t)}_fan{i}"
             if nxt.startswith("s_") and nxt.endswith(f"_fan{i}"):
                 streams.append(StreamCtx(nxt, n, n))
-            statements.append(f"bapipe::dup2<{n}>({cur}, {tgt}, {nxt});")
+            statements.append(f"bapipe::dup2<{n}>({cur}, {tgt}, {nxt})")
             cur = nxt
 
     for p in inputs:
@@ -515,11 +521,11 @@ def build_stage(plan: Plan, model, st: Stage, weights: dict[str, dict[str, np.nd
             for j, s2 in enumerate(srcs[1:]):
                 o = dst if j == len(srcs) - 2 else f"s_{ident(l.name)}_part{j}"
                 if o != dst:
-                    streams.append(StreamCtx(o, l.out_elems, 2))
-                statements.append(f"{lc.ident}({acc}, {s2}, {o});")
+                    streams.append(StreamCtx(o, l.out_elems, hop(l.out_elems)))
+                statements.append(f"{lc.ident}({acc}, {s2}, {o})")
                 acc = o
         else:
-            statements.append(f"{lc.ident}({', '.join(srcs + [dst] + lc.wargs)});")
+            statements.append(f"{lc.ident}({', '.join(srcs + [dst] + lc.wargs)})")
         fan_out(l.name)
     # sort stream declarations by name for a stable, readable order
     streams = sorted({s.name: s for s in streams}.values(), key=lambda s: s.name)

@@ -197,7 +197,7 @@ def _run(cmd: list[str], stats: Path, **kw) -> subprocess.CompletedProcess:
     if r.returncode in (DEADLOCK_EXIT, LEFTOVER_EXIT):
         line = next((l for l in r.stderr.splitlines() if l.startswith(("BAPIPE_DEADLOCK", "BAPIPE_LEFTOVER"))),
                     r.stderr.strip()[-500:])
-        raise Deadlock(f"{Path(cmd[0]).name}: {line}")
+        raise Deadlock(line)
     return r
 
 
@@ -382,7 +382,7 @@ def csim_project(build: str | Path, samples: int = 4, seed: int = 0, tolerance_l
         full = fx.model_fwd(model.layers[lo:hi + 1], dict(model_inputs), all_params, fmt)
         model_err = max(int(np.max(np.abs(tensors[p["tensor"]] - full[p["tensor"]]))) for p in last["outputs"])
     skipped = [r["name"] for r in results if r.get("skipped")]
-    deadlocks = [r["error"] for r in results if r.get("deadlock")]
+    deadlocks = [f"{r['name']}: {r['error']}" for r in results if r.get("deadlock")]
     passed = (bool(results) and not skipped and chain_ok and all(r["passed"] for r in results)
               and (model_err is None or model_err <= tolerance_lsb))
     return {"stages": results, "passed": passed, "samples": samples, "model_max_abs_err_lsb": model_err,
@@ -521,9 +521,13 @@ def run_harness(cases: list[HarnessCase], fmt: str, workdir: Path, cache: Path |
     files = {
         common / "bapipe_types.h": env.get_template("bapipe_types.h.j2").render(fmt=fctx, header=hdr),
         common / "bapipe_layers.h": env.get_template("bapipe_layers.h.j2").render(fmt=fctx, header=hdr),
+        common / "bapipe_csim.h": env.get_template("bapipe_csim.h.j2").render(fmt=fctx, header=hdr),
+        common / "bapipe_engines.h": env.get_template("bapipe_engines.h.j2").render(fmt=fctx, header=hdr),
+        common / "csim" / "hls_stream.h": env.get_template("hls_stream_csim.h.j2").render(fmt=fctx, header=hdr),
         workdir / f"{name}.cpp": env.get_template("harness.cpp.j2").render(fmt=fctx, header=hdr, cases=cases),
     }
     for p, text in files.items():
+        p.parent.mkdir(parents=True, exist_ok=True)
         p.write_text(text)
     comp = compile_sources([workdir / f"{name}.cpp"], [common], cache or (workdir / ".cache"), name,
                            ("-DBAPIPE_AP_MAC",) if ap_mac else ())

@@ -54,15 +54,25 @@ def test_weights_depend_only_on_the_plan(tmp_path):
 def test_folding_drives_pragmas(tmp_path):
     plan, model, cluster = make_plan(folding=FOLD)
     generate_plan(plan, model, cluster, tmp_path)
-    k0 = (tmp_path / "stage0/stage0_layers.h").read_text() + (tmp_path / "stage0/stage0.cpp").read_text()
+    # the backward kernel's per-layer wrappers still take the plan's folding
+    k0 = (tmp_path / "stage0/stage0_layers.h").read_text()
     assert "#pragma HLS ARRAY_PARTITION variable=conv2_w cyclic factor=4 dim=1" in k0
     assert "#pragma HLS ARRAY_PARTITION variable=conv2_w cyclic factor=8 dim=2" in k0
     assert "bapipe::conv2d<8, 8, 8, 8, 3, 3, 1, 1, 1, 1, 4, 8>" in k0
-    assert "#pragma HLS DATAFLOW" in k0 and "#pragma HLS INTERFACE mode=axis port=in0" in k0
-    lib = (tmp_path / "common/bapipe_layers.h").read_text()
+    assert "18 cycles per pixel" in k0    # (MH/PE)(MW/SIMD) = (8/4)(72/8)
+    # the forward kernel: the Design's engines at the same folding, in one DATAFLOW region
+    top = (tmp_path / "stage0/stage0.cpp").read_text()
+    assert "BAPIPE_DATAFLOW_BEGIN" in top and "#pragma HLS INTERFACE mode=axis port=in0" in top
+    # conv2: 8 channels a beat into the window generator (a width converter from conv1's PE=2),
+    # K=3 rows of line buffer, an MVU of PE=4 x SIMD=8 with conv2's ReLU fused
+    assert "bapipe::width_conv<2, 8>(s0_conv1_mvu_out, s0_conv2_wc0_out, (long)n * 512)" in top
+    assert "bapipe::swg<8, 8, 8, 3, 1, 1, 8, 1, 3, false>(s0_conv2_wc0_out, s0_conv2_swg_out, n)" in top
+    assert "bapipe::mvu<8, 72, 4, 8, true>(s0_conv2_swg_out, out0, s0_conv2_mvu_w, s0_conv2_mvu_b, (long)n * 64)" in top
+    # weights in PE x SIMD banks: 18 words of 4 x 8
+    assert "#pragma HLS ARRAY_PARTITION variable=s0_conv2_mvu_w complete dim=2" in top
+    assert "static const bapipe::rom_t s0_conv2_mvu_w[18][4][8]" in (tmp_path / "stage0/stage0_roms.h").read_text()
+    lib = (tmp_path / "common/bapipe_engines.h").read_text()
     assert "#pragma HLS PIPELINE II=1" in lib and "#pragma HLS UNROLL" in lib
-    # (MH/PE)(MW/SIMD) = (8/4)(72/8) = 18 cycles per pixel
-    assert "18 cycles per pixel" in k0
 
 
 def test_inference_plans_have_no_backward_kernels(tmp_path):
@@ -106,9 +116,12 @@ def test_host_config_describes_stages_and_streams(tmp_path):
                              "stream_order": "HWC for (C,H,W) images", "port_bits": 16}
     s = cfg["stages"]
     assert [x["kernel"] for x in s] == ["stage0", "stage1", "stage2"]
-    assert s[0]["inputs"] == [{"port": "in0", "tensor": "input", "shape": [1, 8, 8], "elements": 64}]
+    # ports carry the Design's lanes: conv1's window generator takes 1 channel a beat; fc's
+    # MVU gives PE=2 outputs a beat; one kernel call streams n samples
+    assert s[0]["inputs"] == [{"port": "in0", "tensor": "input", "shape": [1, 8, 8], "elements": 64, "lanes": 1}]
     assert s[0]["outputs"][0]["tensor"] == "relu2" and s[1]["inputs"][0]["tensor"] == "relu2"
-    assert s[2]["outputs"] == [{"port": "out0", "tensor": "fc", "shape": [10], "elements": 10}]
+    assert s[2]["outputs"] == [{"port": "out0", "tensor": "fc", "shape": [10], "elements": 10, "lanes": 2}]
+    assert [x["samples_per_call"] for x in s] == ["n", "n", "n"]
     # weights.bin holds exactly the listed arrays
     size = (tmp_path / s[0]["weights_file"]).stat().st_size
     assert size == 2 * sum(w["elements"] for w in s[0]["weights"])
@@ -130,7 +143,7 @@ def test_link_configs_follow_vitis_conventions(tmp_path):
     assert "stream_connect=bapipe_net_0.m_axis_rx0:stage2_1.in0" in mid
     assert "stream_connect=stage2_1.out1:bapipe_net_1.s_axis_tx1" in mid
     k2 = (tmp_path / "b/stage2/stage2.cpp").read_text()
-    assert "bapipe::copy<144>(in0, out0);" in k2        # bn1 passes through stage 2 to the residual add
+    assert "BAPIPE_PROCESS(bapipe::copy<144>(in0, out0));" in k2   # bn1 passes through stage 2 to the residual add
     mk = (tmp_path / "b/Makefile").read_text()
     assert ("link/fpga0.xclbin: stage0/stage0.xo stage4/stage4.xo stage0/stage0_bwd.xo stage4/stage4_bwd.xo "
             "common/mm2s.xo common/s2mm.xo") in mk
