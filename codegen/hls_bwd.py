@@ -207,7 +207,7 @@ class _Builder:
         self._n += 1
         name = f"s{self._n}_{base}"
         if raw_bits:
-            beat, bits = f"bapipe::rvec<{lanes}, {raw_bits}>", lanes * _acc_store_bits(raw_bits)
+            beat, bits = f"bapipe::rvec<{lanes}, {raw_bits}>", lanes * raw_bits   # ap_int<raw_bits> lanes
         else:
             beat, bits = f"bapipe::bvec<{lanes}>", lanes * self.w
         self.streams.append(BStream(name, beat, depth, bits))
@@ -219,11 +219,6 @@ class _Builder:
         assert call.endswith(")"), call
         self.procs.append(call[:-1] + ", n)")
         self.engines.append({"layer": layer, "engine": what, "cycles_per_sample": cycles})
-
-
-def _acc_store_bits(bits: int) -> int:
-    """Bits an exact accumulator of ``bits`` takes in a stream beat (as declared: ap_int<bits>)."""
-    return bits
 
 
 # ---------------------------------------------------------------- the kernel
@@ -240,12 +235,9 @@ def build_bwd(plan, model, st, sc, fmt, board=None) -> BwdCtx:
     lc_of = {lc.name: lc for lc in sc.layers}
     model_inputs = {i.name for i in model.inputs}
     in_tensors = [p.tensor for p in sc.inputs]
-    out_tensors = [p.tensor for p in sc.outputs]
     elems = {p.tensor: p.elements for p in sc.inputs}
-    shape = {p.tensor: tuple(p.shape) for p in sc.inputs}
     for l in layers:
         elems[l.name] = l.out_elems
-        shape[l.name] = tuple(l.out_shape)
     fold = {n: st.folding.get(n, Folding()) for n in st.layers}
 
     # which gradients are needed: a layer is active when it learns or passes a needed gradient
