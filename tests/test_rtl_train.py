@@ -70,7 +70,7 @@ def test_link_lanes_fill_a_cycle():
 
 @pytest.mark.verilator
 @pytest.mark.soak  # the Verilator build of the 4-board training cluster took over 10 min on the shared machine
-@pytest.mark.parametrize("schedule", ["gpipe"])
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "eager-1f1b"])
 def test_tiny_mlp_trains_bit_exact(tmp_path, schedule):
     """`bapipe gen` + `bapipe rtlsim --iterations 2` on a tiny-mlp 4-board training plan: weights
     bit-exact against numpy after each iteration, outputs bit-exact, iteration cycles within 2%

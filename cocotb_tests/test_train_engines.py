@@ -1,0 +1,226 @@
+"""Training engines one by one, bit-exact against numpy and cycle-exact against fpga_models.engines.
+
+A dense layer's four engines (train_mvu_fwd, mvu_bwd_in, mvu_bwd_w, sgd_update, wired as a
+board wires them, test wrapper below) over two iterations of three micro-batches: forward
+outputs (fixedpoint.dense_fwd), input gradients (dense_bwd_input), the weights and biases after
+each update (codegen.rtl_train.sgd_momentum_ref on the exact sums, momentum carried over), and
+every engine run exactly ``engines.mvu_bwd_cycles`` / ``mvu_vector_cycles`` /
+``sgd_update_cycles`` cycles from start to done. ReLU forward and backward (train_relu) the
+same way. Also `verilator --lint-only -Wall` on a whole generated training cluster.
+"""
+from __future__ import annotations
+
+import subprocess
+
+import numpy as np
+import pytest
+
+from cocotb_tests.common import ELEM_W, build, check, needs_verilator, xdist_group
+from codegen.sim_harness import CACHE, tb_config
+
+pytestmark = [*needs_verilator, xdist_group("train_engines")]
+
+FMT = "fixed16"
+LR_Q, MU_Q = 51, 922
+
+WRAPPER = """
+`default_nettype none
+module train_dense_unit #(
+    parameter integer MW = 8, parameter integer MH = 6, parameter integer PE = 2, parameter integer SIMD = 4,
+    parameter integer ADDR_W = 3
+) (
+    input  wire clk, input wire rst,
+    input  wire f_start, input wire [MW*16-1:0] x, output wire [MH*16-1:0] y, output wire f_done,
+    input  wire bi_start, input wire [MH*16-1:0] dy, output wire [MW*16-1:0] dx, output wire bi_done,
+    input  wire bw_start, output wire bw_done,
+    input  wire u_start, output wire u_done,
+    input  wire peek, input wire [ADDR_W-1:0] peek_addr, output wire [PE*SIMD*16-1:0] peek_tile,
+    output wire [MH*16-1:0] bias
+);
+    wire [ADDR_W-1:0] fa, ba, ga;
+    wire [PE*SIMD*16-1:0] ft;
+    wire gclr, gclrb, infl;
+    wire [PE*SIMD*48-1:0] gt;
+    wire [MH*48-1:0] gb;
+    wire [PE*SIMD*16-1:0] bt;
+    assign peek_tile = bt;
+    train_mvu_fwd #(.MW(MW), .MH(MH), .PE(PE), .SIMD(SIMD), .ELEM_W(16), .FRAC(10), .ACC_W(48), .ADDR_W(ADDR_W)) f (
+        .clk(clk), .rst(rst), .start(f_start), .x(x), .w_addr(fa), .w_tile(ft), .bias(bias), .y(y), .done(f_done));
+    mvu_bwd_in #(.MW(MW), .MH(MH), .PE(PE), .SIMD(SIMD), .ELEM_W(16), .FRAC(10), .ACC_W(48), .ADDR_W(ADDR_W)) bi (
+        .clk(clk), .rst(rst), .start(bi_start), .dy(dy), .w_addr(ba), .w_tile(bt), .dx(dx), .done(bi_done));
+    mvu_bwd_w #(.MW(MW), .MH(MH), .PE(PE), .SIMD(SIMD), .ELEM_W(16), .ACC_W(48), .ADDR_W(ADDR_W)) bw (
+        .clk(clk), .rst(rst), .start(bw_start), .dy(dy), .x(x), .done(bw_done), .g_addr(ga), .g_clr(gclr),
+        .g_clr_bias(gclrb), .g_tile(gt), .g_bias(gb));
+    sgd_update #(.MW(MW), .MH(MH), .PE(PE), .SIMD(SIMD), .ELEM_W(16), .FRAC(10), .ACC_W(48), .ADDR_W(ADDR_W),
+                 .LR_Q(%d), .MU_Q(%d), .NAME("unit")) u (
+        .clk(clk), .rst(rst), .rd_a_addr(fa), .rd_a_tile(ft), .rd_b_addr(peek ? peek_addr : ba), .rd_b_tile(bt),
+        .bias(bias), .start(u_start), .g_addr(ga), .g_clr(gclr), .g_clr_bias(gclrb), .g_tile(gt), .g_bias(gb),
+        .done(u_done), .inflight(infl));
+endmodule
+`default_nettype wire
+""" % (LR_Q, MU_Q)
+
+
+def _pack(v) -> int:
+    out = 0
+    for k, e in enumerate(np.asarray(v).reshape(-1)):
+        out |= (int(e) & 0xFFFF) << (16 * k)
+    return out
+
+
+def _unpack(val: int, n: int) -> np.ndarray:
+    a = np.array([(val >> (16 * k)) & 0xFFFF for k in range(n)], dtype=np.int64)
+    return np.where(a >= 1 << 15, a - (1 << 16), a)
+
+
+try:
+    import cocotb
+    from cocotb.triggers import ReadOnly, RisingEdge
+
+    from codegen import sim_tb as tb
+
+    async def _run(dut, start, done, cycles_out: list) -> None:
+        """Pulse ``start`` for one cycle; record the cycles from start to done (inclusive)."""
+        start.value = 1
+        n = 1
+        await ReadOnly()
+        while not int(done.value):
+            await RisingEdge(dut.clk)
+            start.value = 0
+            n += 1
+            await ReadOnly()
+        await RisingEdge(dut.clk)
+        start.value = 0
+        await ReadOnly()              # let the last cycle's register writes land
+        await RisingEdge(dut.clk)
+        cycles_out.append(n)
+
+    @cocotb.test()
+    async def dense_unit(dut):
+        from codegen.rtl_train import from_tile_order, sgd_momentum_ref, tile_order  # noqa: F401
+        from fpga_models import engines
+        from fpga_models.fixedpoint import dense_bwd_input, dense_fwd
+
+        cfg = tb_config()
+        mw, mh, pe, simd = cfg["mw"], cfg["mh"], cfg["pe"], cfg["simd"]
+        w = np.array(cfg["w"], dtype=np.int64)
+        b = np.array(cfg["b"], dtype=np.int64)
+        vw, vb = np.zeros_like(w), np.zeros_like(b)
+        rng = np.random.default_rng(cfg["seed"])
+        for sig in ("f_start", "bi_start", "bw_start", "u_start", "peek"):
+            getattr(dut, sig).value = 0
+        await tb.start(dut)
+        n_tiles = engines.mvu_vector_cycles(mh, mw, pe, simd)
+        cyc: dict[str, list] = {"f": [], "bi": [], "bw": [], "u": []}
+        for it in range(2):
+            acc = np.zeros((mh, mw), dtype=np.int64)
+            gsum = np.zeros(mh, dtype=np.int64)
+            for _mb in range(3):
+                x = rng.integers(-2048, 2048, mw)
+                dy = rng.integers(-2048, 2048, mh)
+                dut.x.value = _pack(x)
+                await _run(dut, dut.f_start, dut.f_done, cyc["f"])
+                assert np.array_equal(_unpack(int(dut.y.value), mh), dense_fwd(x, w, b, FMT))
+                dut.dy.value = _pack(dy)
+                await _run(dut, dut.bi_start, dut.bi_done, cyc["bi"])
+                assert np.array_equal(_unpack(int(dut.dx.value), mw), dense_bwd_input(dy, w, FMT))
+                await _run(dut, dut.bw_start, dut.bw_done, cyc["bw"])
+                acc += np.outer(dy, x)
+                gsum += dy
+            await _run(dut, dut.u_start, dut.u_done, cyc["u"])
+            w, vw = sgd_momentum_ref(w, vw, acc, LR_Q, MU_Q, FMT)
+            b, vb = sgd_momentum_ref(b, vb, gsum, LR_Q, MU_Q, FMT, bias=True)
+            dut.peek.value = 1
+            flat = []
+            for a in range(n_tiles):
+                dut.peek_addr.value = a
+                await ReadOnly()
+                flat += _unpack(int(dut.peek_tile.value), pe * simd).tolist()
+                await RisingEdge(dut.clk)
+            await ReadOnly()
+            bias_now = _unpack(int(dut.bias.value), mh)
+            await RisingEdge(dut.clk)
+            dut.peek.value = 0
+            assert np.array_equal(from_tile_order(np.array(flat), mh, mw, pe, simd), w), f"weights, iteration {it}"
+            assert np.array_equal(bias_now, b), f"biases, iteration {it}"
+        bi, bw = engines.mvu_bwd_cycles(mh, mw, pe, simd)
+        assert set(cyc["f"]) == {n_tiles} and set(cyc["bi"]) == {bi} and set(cyc["bw"]) == {bw}
+        assert set(cyc["u"]) == {engines.sgd_update_cycles(mh, mw, pe, simd)}
+
+    @cocotb.test()
+    async def relu_unit(dut):
+        from fpga_models import engines
+        from fpga_models.fixedpoint import relu_bwd, relu_fwd
+
+        cfg = tb_config()
+        n, lanes, bwd = cfg["n"], cfg["lanes"], cfg["bwd"]
+        rng = np.random.default_rng(cfg["seed"])
+        dut.start.value = 0
+        await tb.start(dut)
+        cyc: list = []
+        for _ in range(4):
+            x = rng.integers(-32768, 32768, n)
+            dy = rng.integers(-32768, 32768, n)
+            dut.x.value = _pack(x)
+            dut.dy.value = _pack(dy)
+            await _run(dut, dut.start, dut.done, cyc)
+            want = relu_bwd(dy, x) if bwd else relu_fwd(x)
+            assert np.array_equal(_unpack(int(dut.y.value), n), want)
+        assert set(cyc) == {engines.relu_bwd_cycles(n, lanes) if bwd else engines.stream_cycles(n, lanes)}
+except ImportError:  # pragma: no cover - cocotb missing: the pytest side skips
+    pass
+
+
+def _dense_files(mw, mh, pe, simd, w, b):
+    from codegen.rtl import render_template
+    from codegen.rtl_train import hex_lines, tile_order
+    files = {f"{n}.v": render_template(n) for n in ("train_mvu_fwd", "mvu_bwd_in", "mvu_bwd_w", "sgd_update")}
+    files["train_dense_unit.v"] = WRAPPER
+    files["unit_w.hex"] = hex_lines(tile_order(w, pe, simd), ELEM_W)
+    files["unit_b.hex"] = hex_lines(b, ELEM_W)
+    return files
+
+
+@pytest.mark.slow  # one Verilator build per parameter set (~20-40 s), cached after
+@pytest.mark.parametrize("mw,mh,pe,simd", [(8, 6, 2, 4), (6, 4, 4, 3)])
+def test_dense_engines_bit_exact(mw, mh, pe, simd):
+    rng = np.random.default_rng(mw * 100 + mh)
+    w = rng.integers(-600, 600, (mh, mw))
+    b = rng.integers(-200, 200, mh)
+    addr_w = max(1, ((mh // pe) * (mw // simd) - 1).bit_length())
+    d = build("train_dense_unit", _dense_files(mw, mh, pe, simd, w, b),
+              parameters={"MW": mw, "MH": mh, "PE": pe, "SIMD": simd, "ADDR_W": addr_w})
+    check(d, "train_dense_unit", "cocotb_tests.test_train_engines", "dense_unit", mw=mw, mh=mh, pe=pe, simd=simd,
+          w=w.tolist(), b=b.tolist(), seed=7)
+
+
+@pytest.mark.slow  # one Verilator build per parameter set, cached after
+@pytest.mark.parametrize("n,lanes,bwd", [(10, 4, 0), (10, 4, 1)])
+def test_relu_engines_bit_exact(n, lanes, bwd):
+    from codegen.rtl import render_template
+    d = build("train_relu", {"train_relu.v": render_template("train_relu")},
+              parameters={"N": n, "LANES": lanes, "BWD": bwd, "CNT_W": 2})
+    check(d, "train_relu", "cocotb_tests.test_train_engines", "relu_unit", n=n, lanes=lanes, bwd=bwd, seed=3)
+
+
+@pytest.mark.slow  # renders a tiny-mlp training build and lints it whole (~10 s CPU)
+def test_training_rtl_lint_clean(tmp_path):
+    """`verilator --lint-only -Wall` reports nothing on a 4-board training cluster (every module)."""
+    from bapipe.toolchain import verilator_bin, wire_verilator
+    from codegen.rtl_train import render_train, train_design
+    from cocotb_tests.plans import hand_plan
+
+    plan = hand_plan("tiny-mlp", "4xU250-ring", [["fc1", "relu1"], ["fc2", "relu2"], ["fc3", "relu3"], ["fc4"]],
+                     {"fc1": (4, 8), "fc2": (4, 8), "fc3": (4, 8), "fc4": (2, 4)}, mode="train")
+    from fpga_models.plancheck import resolve
+    model, cluster = resolve(plan)
+    files = render_train(train_design(plan, model, cluster))
+    d = CACHE / "lint-train"
+    d.mkdir(parents=True, exist_ok=True)
+    for n, t in files.items():
+        if n.endswith(".v"):
+            (d / n).write_text(t)
+    env = wire_verilator(dict(__import__("os").environ))
+    r = subprocess.run([str(verilator_bin() / "verilator"), "--lint-only", "-Wall", "--top-module", "train_cluster_top",
+                        *sorted(str(d / n) for n in files if n.endswith(".v"))], capture_output=True, text=True, env=env)
+    assert r.returncode == 0 and "%Warning" not in r.stderr, r.stderr[:3000]
