@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from bapipe.errors import SpecError
 from fpga_models.boards import BRAM36_BYTES, URAM_BYTES, Board
+from fpga_models.allocate import engines_dsp, kernel_dsp
 from fpga_models.engines import engine_kind, mvu_dsp
 
 from . import netnames as nn
@@ -58,9 +59,8 @@ def memory_blocks(nbytes: int, uram_free: int) -> tuple[int, int]:
     return math.ceil(rest / BRAM36_BYTES), uram
 
 
-def stage_dsp(stage_ctx, plan_stage, board: Board, fmt: str) -> int:
-    """DSP slices of a stage kernel's MVUs at the plan's folding (fpga_models.engines.mvu_dsp):
-    summed when every layer has its engine (dataflow), the largest when they take turns on one."""
+def layer_dsp(stage_ctx, plan_stage, board: Board, fmt: str) -> list[int]:
+    """DSP of each matrix layer's PE x SIMD array at the plan's folding (fpga_models.engines.mvu_dsp)."""
     dpm = board.dsp_per_mac.get(fmt, 1.0)
     per = []
     for lc in stage_ctx.layers:
@@ -68,20 +68,27 @@ def stage_dsp(stage_ctx, plan_stage, board: Board, fmt: str) -> int:
             continue
         fo = plan_stage.folding.get(lc.name)
         per.append(mvu_dsp(fo.pe if fo else 1, fo.simd if fo else 1, dpm))
-    return (sum(per) if stage_ctx.dataflow else max(per, default=0))
+    return per
+
+
+def stage_dsp(stage_ctx, plan_stage, board: Board, fmt: str) -> int:
+    """DSP slices of a stage's forward kernel: its MVUs' arrays summed when every layer has its
+    engine (dataflow), the largest when they take turns on one (fpga_models.allocate.engines_dsp)."""
+    return engines_dsp(layer_dsp(stage_ctx, plan_stage, board, fmt), "dataflow" if stage_ctx.dataflow else "tm")
 
 
 def kernel_needs(ctx, board: Board, fmt: str) -> dict[str, Need]:
-    """Each stage kernel's need: DSP from the engines; BRAM36/URAM from the Design's on-chip bytes.
-    The backward kernel has one PE x SIMD array per MVU layer at the forward folding, used for
-    the weight gradient and then the input gradient (codegen.hls_bwd, ``mvu_bwd``): the same
-    DSP as the forward kernel."""
+    """Each stage kernel's need: DSP from the board-budget rule (fpga_models.allocate.kernel_dsp:
+    the forward kernel one PE x SIMD array per MVU layer, the backward kernel two at the same
+    folding, the weight-gradient and the input-gradient MAC arrays of ``mvu_bwd``,
+    codegen.hls_bwd); BRAM36/URAM from the Design's on-chip bytes."""
     plan_stage = {st.index: st for st in ctx.plan.stages}
     out: dict[str, Need] = {}
     for s in ctx.stages:
-        dsp = stage_dsp(s, plan_stage[s.index], board, fmt)
-        for name in [s.name] + ([s.bwd.name] if s.bwd is not None else []):
-            out[name] = Need(dsp, 0, 0, kernel_onchip_bytes(s, ctx.fmt, bwd=name != s.name))
+        per = layer_dsp(s, plan_stage[s.index], board, fmt)
+        style = "dataflow" if s.dataflow else "tm"
+        for name, role in [(s.name, "fwd")] + ([(s.bwd.name, "bwd")] if s.bwd is not None else []):
+            out[name] = Need(kernel_dsp(per, style, role), 0, 0, kernel_onchip_bytes(s, ctx.fmt, bwd=role == "bwd"))
     return out
 
 
@@ -579,5 +586,7 @@ def placement_warnings(placement: dict) -> list[str]:
         o = b.get("oversubscribed")
         if o:
             out.append(f"board {name} ({b['board_type']}) is oversubscribed: {', '.join(o['units'])} do not fit "
-                       f"(kernels need {o['need_dsp']:,} DSP, {o['usable_dsp']:,} usable; design.json placement)")
+                       f"(kernels need {o['need_dsp']:,} DSP, {o['usable_dsp']:,} usable, and "
+                       f"{o['need_onchip_bytes']:,} on-chip bytes, {o['usable_onchip_bytes']:,} usable; "
+                       f"design.json placement)")
     return out

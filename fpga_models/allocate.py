@@ -11,12 +11,28 @@
   it (FINN's SetFolding targets a cycle count the same way), within sum DSP and sum LUT.
 
 ``allocate_stage`` evaluates both and returns the faster.
+
+The board budget (one rule, :func:`board_kernels` / :func:`engine_share`): a board holds,
+for every plan stage placed on it (interleaved plans place ``chunks`` stages on each board),
+the stage's forward kernel and, in training, its backward kernel, as the generators build
+them: the forward kernel has one PE x SIMD array per matrix layer (codegen.context: the
+``stage<i>`` HLS kernel; codegen.rtl_model), the backward kernel two more at the same
+folding, the input-gradient and the weight-gradient array (codegen.rtl_train:
+``mvu_bwd_in``, ``mvu_bwd_w``; codegen.hls_bwd: ``stage<i>_bwd``'s ``mvu_bwd``, whose dW and
+dx loops each unroll PE x SIMD MACs). The board's capped DSP and LUT (``cap`` x usable) are
+split evenly: each stage's forward engines are folded within ``engine_share`` of it
+(1 / (stages on the board x arrays per matrix layer)), so the sum over the board's kernels
+of the DSP they instantiate (:func:`board_dsp`) stays within the capped budget. On-chip
+memory (BRAM, URAM) is split over the stages on the board only (planner.stagecost:
+``share`` = chunks): the stage's memory figure already holds what both its kernels keep
+(weights, gradients, stashes, line buffers).
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Sequence
 
 from bapipe.layers import Layer
 
@@ -25,6 +41,58 @@ from .engines import (MAX_LANES, TM_SWITCH, elementwise_lut, engine_kind, mvu_ds
                       turn_fill)
 from .cost import (best_folding, divisors, layer_cost,
                    matrix_shape, lane_dim)
+
+
+#: PE x SIMD arrays per matrix layer in a stage's forward kernel (the forward MVU)
+FWD_ARRAYS = 1
+#: PE x SIMD arrays per matrix layer in a stage's backward kernel: input gradient (dx = W^T dy)
+#: and weight gradient (dW += dy x^T), at the forward's folding (codegen.rtl_train, codegen.hls_bwd)
+BWD_ARRAYS = 2
+
+
+def board_kernels(stages: Sequence[int], train: bool) -> list[tuple[int, str]]:
+    """The compute kernels a board holds for the plan stages placed on it: (stage, "fwd") for
+    each, and (stage, "bwd") too when training (in stage order)."""
+    roles = ("fwd", "bwd") if train else ("fwd",)
+    return [(s, r) for s in sorted(stages) for r in roles]
+
+
+def kernel_arrays(role: str) -> int:
+    """PE x SIMD arrays per matrix layer of a kernel of ``role`` ("fwd" | "bwd")."""
+    return {"fwd": FWD_ARRAYS, "bwd": BWD_ARRAYS}[role]
+
+
+def engine_share(stages_on_board: int = 1, train: bool = True) -> float:
+    """The fraction of a board's capped DSP and LUT one stage's forward engines are folded
+    within: the board's kernels (:func:`board_kernels`) split it evenly, a stage taking
+    FWD_ARRAYS (+ BWD_ARRAYS when training) arrays at that folding."""
+    arrays = sum(kernel_arrays(r) for _s, r in board_kernels([0], train))
+    return 1.0 / (max(1, stages_on_board) * arrays)
+
+
+def stage_budget(board: Board, cap: float, stages_on_board: int = 1, train: bool = True) -> tuple[float, float]:
+    """(DSP, LUT) one stage's forward engines may take on ``board`` (:func:`engine_share` of
+    the capped budget)."""
+    share = engine_share(stages_on_board, train)
+    return board.usable_dsp * cap * share, board.usable_lut * cap * share
+
+
+def engines_dsp(layer_dsp: Sequence[int], style: str) -> int:
+    """DSP of one kernel's arrays given each matrix layer's PE x SIMD array DSP: summed when every
+    layer has its engine (dataflow), the largest when the layers take turns on one."""
+    return sum(layer_dsp) if style == "dataflow" else max(layer_dsp, default=0)
+
+
+def kernel_dsp(layer_dsp: Sequence[int], style: str, role: str) -> int:
+    """DSP a stage's kernel of ``role`` instantiates (:func:`engines_dsp` x its arrays per layer)."""
+    return kernel_arrays(role) * engines_dsp(layer_dsp, style)
+
+
+def board_dsp(stages: Sequence[tuple[Sequence[int], str]], train: bool) -> int:
+    """DSP of every kernel of a board: ``stages`` lists, per stage on it, (each matrix layer's
+    array DSP, style)."""
+    return sum(kernel_dsp(stages[s][0], stages[s][1], role)
+               for s, role in board_kernels(range(len(stages)), train))
 
 
 @dataclass
@@ -51,15 +119,17 @@ class Allocation:
 
 
 def time_multiplexed(layers: list[Layer], board: Board, fmt: str = "fixed16", batch: int = 1,
-                     cap: float = 0.8, train: bool = True) -> Allocation:
-    """Each layer at its fastest folding on the whole capped budget; times add up.
+                     cap: float = 0.8, train: bool = True, chunks: int = 1) -> Allocation:
+    """Each layer at its fastest folding within the stage's share of the capped budget
+    (:func:`stage_budget`, ``chunks`` stages on the board); times add up.
 
     Every sample costs each layer's turn (its cycles plus the engine's fill) and the
     sequencer's switch between jobs (fpga_models.engines), as the generated RTL runs it.
     """
     fold, fc, bc, dsp, lut = {}, 0, 0, 0, 0
+    dsp_b, lut_b = stage_budget(board, cap, chunks, train)
     for l in layers:
-        pe, simd = best_folding(l, board, fmt, board.usable_dsp * cap, board.usable_lut * cap)
+        pe, simd = best_folding(l, board, fmt, dsp_b, lut_b)
         c = layer_cost(l, board, pe, simd, fmt, batch)
         fill = turn_fill(engine_kind(l.type)) * batch
         fold[l.name] = (pe, simd)
@@ -96,12 +166,13 @@ def _layer_options(l: Layer):
 
 
 def dataflow(layers: list[Layer], board: Board, fmt: str = "fixed16", batch: int = 1, cap: float = 0.8,
-             train: bool = True) -> Allocation | None:
-    """All layers resident; minimise the slowest layer's cycles within sum DSP / sum LUT.
+             train: bool = True, chunks: int = 1) -> Allocation | None:
+    """All layers resident; minimise the slowest layer's cycles within sum DSP / sum LUT of
+    the stage's share of the capped budget (:func:`stage_budget`, ``chunks`` stages on the board).
 
     None when even the smallest folding of every layer exceeds the budget.
     """
-    dsp_b, lut_b = board.usable_dsp * cap, board.usable_lut * cap
+    dsp_b, lut_b = stage_budget(board, cap, chunks, train)
     dpm = board.dsp_per_mac.get(fmt, 1.0)
     work, opts, mvu = [], [], []
     for l in layers:
@@ -152,12 +223,13 @@ def dataflow(layers: list[Layer], board: Board, fmt: str = "fixed16", batch: int
 
 
 def allocate_stage(layers: list[Layer], board: Board, fmt: str = "fixed16", batch: int = 1, cap: float = 0.8,
-                   train: bool = True, style: str = "auto") -> Allocation:
-    """The faster of the two styles (``style`` may force one); ties go to time-multiplexed."""
-    tm = time_multiplexed(layers, board, fmt, batch, cap, train)
+                   train: bool = True, style: str = "auto", chunks: int = 1) -> Allocation:
+    """The faster of the two styles (``style`` may force one); ties go to time-multiplexed.
+    ``chunks``: stages on the board (each folded within its share, :func:`stage_budget`)."""
+    tm = time_multiplexed(layers, board, fmt, batch, cap, train, chunks)
     if style == "time-multiplexed":
         return tm
-    df = dataflow(layers, board, fmt, batch, cap, train)
+    df = dataflow(layers, board, fmt, batch, cap, train, chunks)
     if style == "dataflow":
         return df if df is not None else tm
     if df is not None and df.fwd_cycles + df.bwd_cycles < tm.fwd_cycles + tm.bwd_cycles:

@@ -21,7 +21,7 @@ from fpga_models.boards import bytes_per_element
 from fpga_models.cluster import Cluster
 
 from . import partition as part
-from fpga_models.allocate import allocate_stage
+from fpga_models.allocate import allocate_stage, engine_share
 
 from .pipeline import replay, replay_2bw, ring_allreduce_s
 from .mesh import Resharder, cut_layouts, cut_shape, tp_stage_model
@@ -153,7 +153,9 @@ class Explorer:
         self.N = len(boards)
         self.G = req.global_batch or 8 * self.N
         self.bpe = bytes_per_element(req.fmt)
-        self.tables: dict[str, LayerTable] = {}
+        self.tables: dict[str, LayerTable] = {}   # per board type, one stage per board (v = 1)
+        self._vtables: dict[tuple[str, int], LayerTable] = {}   # (board type, stages per board)
+        self._meas: dict[str, dict | None] = {}
         self.prof_bytes: dict[str, dict | None] = {}   # per board type: bytes a measured profile gives
         for cb in boards:
             name = cb.board.name
@@ -164,7 +166,8 @@ class Explorer:
                     if meas is None:
                         raise SpecError(None, None, "--profile", f"the profile has no times for board type {name} "
                                         f"(it has {', '.join(str(k) for k in req.measured)})")
-                self.tables[name] = layer_table(model, cb.board, req.fmt, req.cap, meas)
+                self._meas[name] = meas
+                self.tables[name] = self.table(name, 1, cb.board)
                 self.prof_bytes[name] = profile_bytes(model, meas, self.bpe_of_fmt(req.fmt)) if meas else None
         self._sm: dict[tuple, StageModel] = {}
         self._links: dict[tuple, tuple[float, float]] = {}
@@ -182,17 +185,29 @@ class Explorer:
         self.resharder = Resharder(cluster, self.bpe)
 
     # ---- building blocks -------------------------------------------------------------
-    def stage_model(self, btype: str, beta: int, recompute: bool, schedule: str, k: int = 1) -> StageModel:
-        """Prefix-sum stage model of one board type (cached); k > 1: a 1 x k tensor-parallel
-        mesh (planner.mesh) whose collectives run on the first k boards' ring."""
-        key = (btype, beta, recompute, weight_versions(schedule), k)
+    def table(self, btype: str, v: int = 1, board=None) -> LayerTable:
+        """Per-layer table of one board type with ``v`` stages on each board: every layer folded
+        within one stage's share of the capped budget (fpga_models.allocate.engine_share: the
+        board's forward and, training, backward kernels split it), cached per (type, v)."""
+        key = (btype, v)
+        if key not in self._vtables:
+            board = board if board is not None else self.tables[btype].board
+            share = engine_share(v, self.req.mode == "train")
+            self._vtables[key] = layer_table(self.model, board, self.req.fmt, self.req.cap * share, self._meas[btype])
+        return self._vtables[key]
+
+    def stage_model(self, btype: str, beta: int, recompute: bool, schedule: str, k: int = 1,
+                    v: int = 1) -> StageModel:
+        """Prefix-sum stage model of one board type with ``v`` stages per board (cached); k > 1:
+        a 1 x k tensor-parallel mesh (planner.mesh) whose collectives run on the first k boards' ring."""
+        key = (btype, beta, recompute, weight_versions(schedule), k, v)
         if key not in self._sm:
             if k > 1:
-                base = self.stage_model(btype, beta, recompute, schedule, 1)
+                base = self.stage_model(btype, beta, recompute, schedule, 1, v)
                 bw, lat = self.ring(self.boards[:k])
                 self._sm[key] = tp_stage_model(base, self.model, k, self.req.fmt, bw, lat)
             else:
-                sm = stage_model(self.model, self.tables[btype], beta, self.req.fmt, self.req.cap,
+                sm = stage_model(self.model, self.table(btype, v), beta, self.req.fmt, self.req.cap,
                                  self.req.mode, self.req.optimizer, weight_versions(schedule), recompute)
                 pb = self.prof_bytes.get(btype)
                 if pb is not None:
@@ -359,7 +374,7 @@ class Explorer:
         if key not in self._band:
             best = 0
             for btype, kk, beta in kinds:
-                sm = self.stage_model(btype, beta, c.recompute, c.schedule, kk)
+                sm = self.stage_model(btype, beta, c.recompute, c.schedule, kk, c.v)
                 i = np.arange(self.n)
 
                 def fits(ln: int) -> bool:  # some range of ln layers fits (monotone in ln)
@@ -379,7 +394,7 @@ class Explorer:
         if math.isfinite(tmax):
             lt = 1
             for btype, kk, beta in kinds:
-                sm = self.stage_model(btype, beta, c.recompute, c.schedule, kk)
+                sm = self.stage_model(btype, beta, c.recompute, c.schedule, kk, c.v)
                 P = sm.PF + (sm.PB if self.train else 0.0)
                 jmax = np.searchsorted(P, P[:-1] + tmax * (1 + 1e-12), side="right") - 1
                 lt = max(lt, int((jmax - np.arange(self.n)).max()))
@@ -423,7 +438,7 @@ class Explorer:
             base = (btype, kk, beta, c.recompute, c.schedule, c.v, L)
             todo = [st for st in svals if base + (st,) not in self._stage_times]
             if todo:
-                sm = self.stage_model(btype, beta, c.recompute, c.schedule, kk)
+                sm = self.stage_model(btype, beta, c.recompute, c.schedule, kk, c.v)
                 r = sm.cost_of(sm.ranges(ic, jj), np.array(todo, dtype=float)[:, None, None], c.v)
                 tt = np.broadcast_to(r["time_s"], (len(todo), n, L))
                 full = np.where(valid & r["feasible"], tt, math.inf)
@@ -445,7 +460,7 @@ class Explorer:
                     X[s] = np.zeros((n, L))
                     continue
                 bw, lat = self.ring(self.replica_boards(c, d))
-                sm = self.stage_model(keys[s][0], keys[s][2], c.recompute, c.schedule, keys[s][1])
+                sm = self.stage_model(keys[s][0], keys[s][2], c.recompute, c.schedule, keys[s][1], c.v)
                 W = np.where(valid, sm.PW[jj + 1] - sm.PW[ic], 0.0)
                 X[s] = 2 * (r - 1) / r * W / bw + (2 * (r - 1) * lat if s < c.p else 0.0)
         C = np.zeros((max(V - 1, 0), n))
@@ -846,7 +861,7 @@ class Explorer:
             btype = self.stage_type(c, s % c.p)
             if btype is None:
                 return False
-            sm = self.stage_model(btype, self.beta_at(c, s % c.p), c.recompute, c.schedule, self.kd(c, s % c.p))
+            sm = self.stage_model(btype, self.beta_at(c, s % c.p), c.recompute, c.schedule, self.kd(c, s % c.p), c.v)
             st = self.stashes(c, s)
             cap = sm.capacity / c.v
             if self.train and c.recompute:
@@ -874,11 +889,11 @@ class Explorer:
         fastest (board type, mesh, samples per replica) the configuration's stages have
         (a stage's time is at least its layers' compute)."""
         kinds = self.kinds(c)
-        key = ("floor", kinds, c.recompute, weight_versions(c.schedule))
+        key = ("floor", kinds, c.recompute, weight_versions(c.schedule), c.v)
         if key not in self._links:
             per = None
             for btype, kk, beta in kinds:
-                sm = self.stage_model(btype, beta, c.recompute, c.schedule, kk)
+                sm = self.stage_model(btype, beta, c.recompute, c.schedule, kk, c.v)
                 t = np.diff(sm.PF) + (np.diff(sm.PB) if self.train else 0.0)
                 per = t if per is None else np.minimum(per, t)
             self._links[key] = float(per.sum())
@@ -919,7 +934,7 @@ class Explorer:
             if btype is None:
                 return math.inf
             beta = self.beta_at(c, d)
-            sm = self.stage_model(btype, beta, c.recompute, c.schedule, self.kd(c, d))
+            sm = self.stage_model(btype, beta, c.recompute, c.schedule, self.kd(c, d), c.v)
             r = sm.cost(np.array([a]), np.array([b]), float(self.stashes(c, s)), c.v)
             if not bool(r["feasible"][0]):
                 return math.inf
@@ -1039,15 +1054,15 @@ class Explorer:
             btype = self.stage_type(c, d)
             beta = self.beta_at(c, d)
             cb = self.cut_bytes_at(c, d)
-            sm = self.stage_model(btype, beta, c.recompute, c.schedule, self.kd(c, d))
+            sm = self.stage_model(btype, beta, c.recompute, c.schedule, self.kd(c, d), c.v)
             st = self.stashes(c, s)
             r = {k: float(np.asarray(v)) for k, v in sm.cost(np.array(a), np.array(b), st, c.v).items()}
-            table = self.tables[btype]
+            table = self.table(btype, c.v)
             fold = {self.model.layers[x].name: table.fold[x] for x in range(a, b + 1)}
             style = "gpu" if table.board.kind == "gpu" else "time-multiplexed"
             if table.board.kind == "fpga" and table.measured_f is None and self.kd(c, d) == 1:
                 alloc = allocate_stage(list(self.model.layers[a:b + 1]), table.board, self.req.fmt, beta,
-                                       self.req.cap, self.train)
+                                       self.req.cap, self.train, chunks=c.v)
                 if alloc.style == "dataflow":
                     # the layer-pipelined engines are faster: same memory and spill traffic
                     cf = alloc.fwd_s

@@ -278,15 +278,24 @@ def test_link_configs_consistent(key):
 def test_link_configs_consistent_vgg16():
     plan, model, cluster, ctx, files = build("vgg16")
     pl, parsed = check_build(ctx, files, cluster)
-    # the interleaved plan puts two stages (four kernels) on each board: measured need vs usable
-    # as separate HLS kernels they need 4 x 9,216 DSP of the 11,520 a U250 has: bapipe gen warns
-    over = {b: pl["boards"][b]["oversubscribed"] for b in pl["boards"]}
-    assert [o["need_dsp"] for o in over.values()] == [36_864] * 4
-    assert all(o["usable_dsp"] == 11_520 for o in over.values())
+    # the interleaved plan puts two stages (four kernels) on each board; the planner folds each
+    # stage within 1/6 of the capped 9,216 DSP (fpga_models.allocate.engine_share: 2 stages x
+    # forward + input-gradient + weight-gradient arrays): 1,536 DSP forward, 3,072 backward per
+    # stage, 9,216 per board (before the rule: 4 x 9,216 = 36,864 DSP of 11,520)
+    for b in pl["boards"].values():
+        need = sorted(u["need"]["dsp"] for u in b["units"] if u["kernel"].startswith("stage"))
+        assert need == [1_536, 1_536, 3_072, 3_072]
+        assert sum(need) <= 11_520 * plan.utilisation_cap
+    # what still does not fit is on-chip memory, not DSP: the Design's kernels on fpga0/fpga1
+    # (stages 0 and 2) hold 65,509,234 bytes of the 57,802,752 usable (the planner's memory model
+    # does not yet see the time-multiplexed frame buffers); fpga2/fpga3 are placed whole
+    over = {n: b["oversubscribed"] for n, b in pl["boards"].items()}
+    assert over["fpga2"] is None and over["fpga3"] is None
+    for n in ("fpga0", "fpga1"):
+        assert over[n]["need_dsp"] == 9_216 <= over[n]["usable_dsp"] == 11_520
+        assert over[n]["need_onchip_bytes"] == 65_509_234 > over[n]["usable_onchip_bytes"] == 57_802_752
     warnings = placement_warnings(pl)
-    assert len(warnings) == 4 and "board fpga0 (U250) is oversubscribed" in warnings[0]
-    cfg = files["link/fpga0.cfg"].decode()
-    assert "# OVERSUBSCRIBED:" in cfg and "left unpinned" in cfg
+    assert len(warnings) == 2 and "board fpga0 (U250) is oversubscribed" in warnings[0]
 
 
 # --- the placement pass on its own -------------------------------------------------------------
