@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 from .errors import SpecError
-from .schedules import SCHEDULES
+from .schedules import MAX_MICROBATCHES, SCHEDULES  # one micro-batch bound for the CLI and the planner
 
 #: --schedule of `bapipe plan` (auto lets the planner pick)
 SCHEDULE_CHOICES = ("auto", *SCHEDULES)
@@ -69,11 +69,6 @@ def _seed(text: str) -> int:
     return v
 
 
-#: most micro-batches `bapipe plan` searches or simulates per iteration: the search and the
-#: replay are linear in it, and 10**9 ran for hours; no pipeline needs more than a few thousand
-MAX_MICROBATCHES = 16384
-
-
 def _microbatches(text: str) -> str:
     """argparse type of `plan --microbatches`: auto, or an integer 1..MAX_MICROBATCHES."""
     if text.strip() == "auto":
@@ -87,9 +82,11 @@ def _microbatches(text: str) -> str:
     return text
 
 
-#: most samples per iteration `bapipe plan` accepts: its search grows with the batch (65536
-#: takes about half a minute, 10**9 ran for hours)
-MAX_GLOBAL_BATCH = 65536
+#: most samples per iteration `bapipe plan` accepts (2**20): the planner's micro-batch
+#: candidates are divisors found in O(sqrt G) and at most MAX_MICROBATCHES, and replays beyond
+#: 256 micro-batches are extrapolated, so 10**6 plans in under a second (it took minutes
+#: before; 10**9 ran for hours); a pass larger than any plan is not a pass to profile either
+MAX_GLOBAL_BATCH = 1 << 20
 
 
 def _global_batch(text: str) -> int:

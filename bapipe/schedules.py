@@ -14,6 +14,11 @@ from dataclasses import dataclass
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "eager-1f1b", "2bw")
 
+#: most micro-batches per iteration a plan has (`bapipe plan --microbatches` and the planner's
+#: own choice): the search and the replay are linear in it, 10**9 ran for hours, and no
+#: pipeline needs more than a few thousand; bapipe sim's op bound holds for any plan within it
+MAX_MICROBATCHES = 16384
+
 
 @dataclass(frozen=True, order=True)
 class Op:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from bapipe.errors import SpecError
-from bapipe.schedules import SCHEDULES, stash_count, warmup_forwards, weight_versions
+from bapipe.schedules import MAX_MICROBATCHES, SCHEDULES, stash_count, warmup_forwards, weight_versions
 from bapipe.spec import Model
 from fpga_models.boards import bytes_per_element
 from fpga_models.cluster import Cluster
@@ -606,7 +606,8 @@ class Explorer:
             # divisors in O(sqrt G): a scan to G hangs on a huge --global-batch
             small = [d for d in range(1, math.isqrt(self.G) + 1) if self.G % d == 0]
             ms = sorted(set(small) | {self.G // d for d in small})
-        out = [m for m in ms if self.G % m == 0 and (self.G // m) % r == 0]
+        out = [m for m in ms if self.G % m == 0 and (self.G // m) % r == 0 and
+               (m <= MAX_MICROBATCHES or self.req.microbatches is not None)]
         if schedule == "interleaved":
             out = [m for m in out if m % p == 0]
         if schedule == "2bw" and self.train:
