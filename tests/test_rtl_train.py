@@ -17,13 +17,13 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def _plan(tmp: Path, schedule: str) -> Path:
-    """tiny-mlp on 4 boards, one layer pair a board; --cap 0.1 keeps the MVUs at PE x SIMD <= 1024
+    """tiny-mlp on 4 boards, one layer pair a board; --cap 0.3 keeps the MVUs at PE x SIMD <= 1024
     with every stage dataflow (smaller caps make the planner pick time-multiplexed stages, whose
-    turn fills the training RTL does not model yet)."""
+    turn fills and switches the training RTL does not have: it is then 3-5% faster than the plan)."""
     out = tmp / f"mlp-{schedule}.yaml"
     subprocess.run([sys.executable, "-m", "bapipe.cli", "plan", "tiny-mlp", "4xU250-ring", "--schedule", schedule,
                     "--microbatches", "4", "--global-batch", "4", "--no-replication", "--partition",
-                    "0-1,2-3,4-5,6", "--cap", "0.1", "-o", str(out), "--force"], check=True, capture_output=True)
+                    "0-1,2-3,4-5,6", "--cap", "0.3", "-o", str(out), "--force"], check=True, capture_output=True)
     return out
 
 
@@ -37,6 +37,7 @@ def test_op_cycles_are_the_plans(tmp_path, schedule):
     from fpga_models.cluster import load_cluster
 
     plan = load_plan(_plan(tmp_path, schedule))
+    assert {s.style for s in plan.stages} == {"dataflow"}
     td = train_design(plan, load_model(plan.model), load_cluster(plan.cluster))
     assert [(b.fwd_cycles, b.bwd_cycles) for b in td.boards] == \
         [(s.cycles["fwd"], s.cycles["bwd"]) for s in plan.stages]
