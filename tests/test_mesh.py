@@ -166,9 +166,12 @@ def test_mixed_meshes_reshard_and_eager_overlap():
     p1, model, cl = plans["1f1b"]
     assert [s.mesh for s in p1.stages] == [[1, 4], [1], [1], [1], [1]]
     a, b = p1.stages[0], p1.stages[1]
-    assert a.layout == "RS1" and len(a.boards) == 4 and len(b.boards) == 1
+    # the layout the planner picks for the cut: RS1 (features split) while every stage was folded
+    # on the whole board; S1R since each stage is folded within its share of the board
+    # (fpga_models.allocate.engine_share), which moves the best cut
+    assert a.layout == "S1R" and len(a.boards) == 4 and len(b.boards) == 1
     shape = mesh.cut_shape(model, a.last, p1.microbatch_size)
-    res = best_transfer(shape, 2, (1, 4), "RS1", (1, 1), "RS1", network_from_cluster(cl, a.boards, b.boards),
+    res = best_transfer(shape, 2, (1, 4), a.layout, (1, 1), "RS1", network_from_cluster(cl, a.boards, b.boards),
                         fast=True)
     # the planner stores best_transfer's time: the same computation, exact
     assert a.send_s == res.time_s and res.moved_bytes == math.prod(shape) * 2
@@ -176,7 +179,9 @@ def test_mixed_meshes_reshard_and_eager_overlap():
     for s, (plan, model, cl) in plans.items():
         sims[s] = simulate(plan, model, cl, config=SimConfig(record=False)).iteration_time_s
         assert sims[s] == pytest.approx(plan.predicted["iteration_time_s"], rel=0.03)  # issue 4's 3%
-    assert sims["eager-1f1b"] < sims["1f1b"] * 0.98   # a real gain of at least 2%, not a rounding margin
+    # a real gain, not a rounding margin: measured 9.928 s vs 10.091 s (1.6%; 2%+ before each stage
+    # was folded within its share of the board, when the reshard was a larger part of the time)
+    assert sims["eager-1f1b"] < sims["1f1b"] * 0.99
     assert plans["eager-1f1b"][0].predicted["peak_memory_bytes"] > p1.predicted["peak_memory_bytes"]
     with pytest.raises(SpecError):
         _plan("bert-large", "8xU280-ring", meshes=((4, 4, 4),))
