@@ -138,7 +138,7 @@ class StageCtx:
     embed_weights: bool
     weight_elements: int
     bwd: "BwdCtx | None" = None     # the backward kernel (training plans)
-    engine: "EngineStage | None" = None   # dataflow stages read off the Design (codegen.hls_design)
+    engine: "EngineStage | None" = None   # stages read off the Design (codegen.hls_design)
 
     @property
     def weights(self) -> list[WeightArray]:
@@ -631,15 +631,17 @@ def build_project(plan: Plan, model, cluster=None, plan_file: str = "plan.yaml")
     """Check the plan and precompute everything the templates print."""
     check_plan(plan, model, plan_file)
     weights = make_weights(plan, model)
-    design = _design(plan, model, cluster, weights)
     stages, skipped = [], []
+    ctxs = {pos: build_stage(plan, model, st, weights) for pos, st in enumerate(plan.stages) if st.style != "gpu"}
+    # stages the streaming engines build: on-chip weights, one tensor in and out
+    engines = [pos for pos, sc in ctxs.items() if sc.embed_weights and len(sc.inputs) == 1 and len(sc.outputs) == 1]
+    design = _design(plan, model, cluster, weights) if engines else None
     for pos, st in enumerate(plan.stages):
         if st.style == "gpu":
             skipped.append(f"stage{st.index}: runs on GPU boards ({st.board_type}), no HLS kernel")
             continue
-        sc = build_stage(plan, model, st, weights)
-        if design is not None and st.style == "dataflow" and sc.embed_weights and len(sc.inputs) == 1 \
-                and len(sc.outputs) == 1:
+        sc = ctxs[pos]
+        if design is not None and pos in engines:
             from .hls_design import engine_stage
             sc.engine = engine_stage(design.stages[pos], [model.layers[model.index[n]] for n in st.layers], weights)
         if plan.mode == "train":
@@ -651,12 +653,11 @@ def build_project(plan: Plan, model, cluster=None, plan_file: str = "plan.yaml")
 
 
 def _design(plan: Plan, model, cluster, weights):
-    """The plan lowered to hardware (codegen.rtl_model.build_pipeline: the Design), when some
-    stage is dataflow and the lowering builds the plan; None otherwise (the stages then use
-    the per-layer library kernels)."""
+    """The plan lowered to hardware (codegen.rtl_model.build_pipeline: the Design), when the
+    lowering builds the plan; None otherwise (the stages then use the per-layer library kernels)."""
     from .rtl_model import Unsupported, build_pipeline
 
-    if cluster is None or not any(st.style == "dataflow" for st in plan.stages):
+    if cluster is None:
         return None
     try:
         return build_pipeline(plan, model, cluster, weights)

@@ -59,8 +59,23 @@ class VStream:
 
 
 @dataclass
+class UnitFn:
+    """One turn of a time-multiplexed stage: a function with its own DATAFLOW region over the
+    engines of one layer, called once per sample; streams that cross turns are parameters."""
+
+    name: str
+    params: list[VStream]           # streams shared with other turns or the ports
+    streams: list[VStream]          # streams inside the turn
+    calls: list[str]
+
+
+@dataclass
 class EngineStage:
-    """The body of a dataflow stage kernel: port lanes, streams, engine calls, ROMs."""
+    """The body of a stage kernel read off the Design: port lanes, streams, engine calls, ROMs.
+
+    Dataflow stages: ``streams`` and ``calls`` form one DATAFLOW region. Time-multiplexed
+    stages: ``units`` take turns per sample (``streams``: the ones declared in the top
+    function, the frame buffers between turns); ``calls`` is then empty."""
 
     in_lanes: int
     out_lanes: int
@@ -68,6 +83,7 @@ class EngineStage:
     calls: list[str]
     roms: list[Rom] = field(default_factory=list)
     line_buffer_elems: int = 0      # window generators' line buffers (elements)
+    units: list[UnitFn] = field(default_factory=list)
 
 
 def _rom_impl(words: int) -> str:
@@ -102,12 +118,16 @@ def engine_stage(st, layers, params: dict) -> EngineStage:
             w = alias[w]
         return w
 
+    gate_out: dict[str, int] = {}    # wire -> the time-multiplexed turn whose gate drives it
+    gate_in: dict[str, int] = {}     # wire -> the turn whose gate it feeds
     for b, ins, outs in zip(blocks, ins_of, outs_of):
         if b.kind in _ALIASES:
             alias[outs[0]] = ins[0]
             if b.kind == "fifo":
                 r = root(ins[0])
                 depth[r] = max(depth.get(r, DEFAULT_DEPTH), int(b.params["DEPTH"]))
+            if b.kind == "gate":
+                gate_out[outs[0]], gate_in[ins[0]] = b.unit, b.unit
     lanes: dict[str, int] = {root(stage_in): blocks[0].in_lanes}
     names = {root(stage_in): "in0"}
     for b, outs in zip(blocks, outs_of):
@@ -117,23 +137,33 @@ def engine_stage(st, layers, params: dict) -> EngineStage:
             names.setdefault(root(w), f"{b.inst}_out{k}" if len(outs) > 1 else f"{b.inst}_out")
             lanes[root(w)] = b.out_lanes
     calls: list[str] = []
+    call_block: list[int] = []       # the block index of each call
     roms: list[Rom] = []
     lb = 0
     if root(stage_out) == root(stage_in):   # nothing but wiring (a flatten alone): one copy
         calls.append(f"bapipe::width_conv<{st.in_lanes}, {st.in_lanes}>(in0, out0, (long)n * {st.in_elems})")
+        call_block.append(-1)
     else:
         names[root(stage_out)] = "out0"
 
     def s(w: str) -> str:
         return names[root(w)]
 
-    for b, ins, outs in zip(blocks, ins_of, outs_of):
+    # elements per sample on every wire, followed from the stage input through the engines
+    # (the shapes decide them; a node's beats_in is not always its first input's: an add's
+    # converters count both inputs)
+    elems: dict[str, int] = {root(stage_in): st.in_elems}
+
+    for j, (b, ins, outs) in enumerate(zip(blocks, ins_of, outs_of)):
         k = b.kind
         if k in _ALIASES:
             continue
+        call_block.append(j)
         p = b.params
         i, o = s(ins[0]), s(outs[0])
-        per = f"(long)n * {b.beats_in}"
+        e_in = elems[root(ins[0])]
+        e_out = e_in
+        per = f"(long)n * {e_in // b.in_lanes}"
         if k == "swg":
             g = b.swg
             # K rows (fpga_models.engines.line_buffer_bytes) plus STRIDE - 1: with a stride the
@@ -142,6 +172,7 @@ def engine_stage(st, layers, params: dict) -> EngineStage:
             lb += rows * g.w * g.c
             calls.append(f"bapipe::swg<{g.c}, {g.h}, {g.w}, {g.k}, {g.pad}, {g.stride}, {g.simd}, {g.taps}, {rows}, "
                          f"{'true' if p.get('PAD_MIN') else 'false'}>({i}, {o}, n)")
+            e_out = g.out_beats * g.out_lanes
         elif k == "mvu":
             m = b.mvu
             nf, sf = m.nf, m.sf
@@ -151,12 +182,14 @@ def engine_stage(st, layers, params: dict) -> EngineStage:
                             _rom_impl(nf * sf)))
             roms.append(Rom(bn, (nf, m.pe), np.asarray(m.bias, dtype=np.int64).reshape(nf, m.pe), (2,),
                             _rom_impl(nf)))
-            vectors = b.beats_in // sf
+            vectors = e_in // m.mw
+            e_out = vectors * m.mh
             calls.append(f"bapipe::mvu<{m.mh}, {m.mw}, {m.pe}, {m.simd}, {'true' if m.relu else 'false'}>"
                          f"({i}, {o}, {wn}, {bn}, (long)n * {vectors})")
         elif k == "pool":
             c, simd, taps = p["C"], p["SIMD"], p["TAPS"]
-            pixels = b.beats_in // (taps * (c // simd))
+            pixels = e_in // (taps * c)
+            e_out = pixels * c
             calls.append(f"bapipe::pool<{c}, {simd}, {taps}, {'true' if p['MODE'] == 0 else 'false'}, {p['AVG_R']}>"
                          f"({i}, {o}, (long)n * {pixels})")
         elif k == "bn":
@@ -174,10 +207,80 @@ def engine_stage(st, layers, params: dict) -> EngineStage:
         elif k == "fork":
             calls.append(f"bapipe::fork_ew<{b.in_lanes}>({i}, {o}, {s(outs[1])}, {per})")
         elif k == "width_conv":
-            calls.append(f"bapipe::width_conv<{b.in_lanes}, {b.out_lanes}>({i}, {o}, (long)n * "
-                         f"{b.beats_in * b.in_lanes})")
+            calls.append(f"bapipe::width_conv<{b.in_lanes}, {b.out_lanes}>({i}, {o}, (long)n * {e_in})")
         else:
             raise ValueError(f"Design node {b.inst}: kind '{k}' has no HLS engine")
-    streams = sorted((VStream(nm, lanes[w], depth.get(w, DEFAULT_DEPTH)) for w, nm in names.items()
-                      if nm not in ("in0", "out0")), key=lambda v: v.name)
-    return EngineStage(st.in_lanes, st.out_lanes, streams, calls, roms, lb)
+        for w in outs:
+            elems[root(w)] = e_out
+    units: list[UnitFn] = []
+    if st.style == "time-multiplexed":
+        units = _turns(st, blocks, ins_of, outs_of, calls, call_block, root, alias, gate_out, gate_in, depth)
+    streams = {w: VStream(nm, lanes[w], depth.get(w, DEFAULT_DEPTH)) for w, nm in names.items()}
+    if not units:
+        return EngineStage(st.in_lanes, st.out_lanes, _decl(streams.values()), calls, roms, lb)
+    top, fns = set(), []
+    for u in units:   # u.params/u.streams hold root wires here; map them to streams
+        top.update(u.params)
+        fns.append(UnitFn(u.name, sorted((streams[w] for w in u.params), key=lambda v: v.name),
+                          _decl(streams[w] for w in u.streams), u.calls))
+    return EngineStage(st.in_lanes, st.out_lanes, _decl(streams[w] for w in top), [], roms, lb, fns)
+
+
+def _decl(streams) -> list[VStream]:
+    """The streams a function declares (not its ports), in name order."""
+    return sorted((v for v in streams if v.name not in ("in0", "out0")), key=lambda v: v.name)
+
+
+def _turns(st, blocks, ins_of, outs_of, calls, call_block, root, alias, gate_out, gate_in, depth) -> list[UnitFn]:
+    """Group a time-multiplexed stage's engines into its turns (one per gate of the Design).
+
+    An engine runs in the turn of the gate in front of it; a window generator in the turn of
+    the gate behind it (its input then holds a whole frame: the turn before has finished);
+    anything else (forks, converters) in its producer's turn, or, straight behind the stage
+    input, in the turn of its consumer. Streams used by one turn are its own; the others
+    (frame buffers, ports) are declared in the top function and passed in."""
+    producer = {root(w): j for j, outs in enumerate(outs_of) if blocks[j].kind not in _ALIASES for w in outs}
+    turn: dict[int, int | None] = {}
+
+    def of_wire(w: str) -> int | None:
+        while True:
+            if w in gate_out:
+                return gate_out[w]
+            if w not in alias:
+                break
+            w = alias[w]
+        j = producer.get(w)
+        return None if j is None else of_block(j)
+
+    def of_block(j: int) -> int | None:
+        if j not in turn:
+            b = blocks[j]
+            if b.kind == "swg" and outs_of[j][0] in gate_in:
+                turn[j] = gate_in[outs_of[j][0]]
+                r = root(ins_of[j][0])   # a whole frame waits for this turn
+                depth[r] = max(depth.get(r, DEFAULT_DEPTH), b.swg.frame_beats)
+            else:
+                turn[j] = of_wire(ins_of[j][0])
+        return turn[j]
+
+    for j in call_block:
+        of_block(j)
+    # straight behind the stage input: the turn of the first consumer that has one
+    for j in reversed(call_block):
+        if turn[j] is None:
+            later = [turn[k] for k in call_block if turn.get(k) is not None and
+                     any(root(w) in {root(x) for x in outs_of[j]} for w in ins_of[k])]
+            turn[j] = min(later) if later else min(t for t in turn.values() if t is not None)
+    order = sorted({turn[j] for j in call_block})
+    uses: dict[str, set[int]] = {}
+    for j in call_block:
+        for w in ins_of[j] + outs_of[j]:
+            uses.setdefault(root(w), set()).add(turn[j])
+    ports = {root(ins_of[0][0]), root(outs_of[-1][0])}
+    out = []
+    for t in order:
+        mine = [c for c, j in zip(calls, call_block) if turn[j] == t]
+        ws = {w for w, ts in uses.items() if t in ts}
+        shared = {w for w in ws if len(uses[w]) > 1 or w in ports}
+        out.append(UnitFn(f"s{st.index}_turn{t - order[0]}", sorted(shared), sorted(ws - shared), mine))
+    return out
