@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from math import prod
 
 from fpga_models import fixedpoint as fx
-from fpga_models.engines import MVU_FILL
+from fpga_models.engines import MVU_FILL, conv_window_lanes
 
 #: the width of an m_axi burst beat (bits): dW/db leave one beat a cycle
 AXI_BITS = 512
@@ -312,6 +312,30 @@ def build_bwd(plan, model, st, sc, fmt, board=None) -> BwdCtx:
         stashes.append(StashPort(name, tensor, l.name, elems[tensor]))
         return name
 
+    def window(l, st_name: str, simd: int, tag: str) -> str:
+        """The window columns of layer l's stashed input, SIMD elements a beat (k = tap*C + c):
+        the stash streamed in order through the line-buffer generator swg (square windows),
+        else gathered from memory by window_read."""
+        c, h, w_ = l.in_shapes[0]
+        (kh, kw), (sh, sw), (ph, pw) = l.attr["kernel"], l.attr["stride"], l.attr["padding"]
+        ho, wo = l.out_shape[1], l.out_shape[2]
+        cols = ho * wo * kh * kw * c
+        lanes, taps = conv_window_lanes(c, kh, simd) if l.type == "conv2d" else (simd, 1)
+        if kh == kw and sh == sw and ph == pw and simd % (lanes * taps) == 0 and c % lanes == 0:
+            raw = b.stream(f"xs_{tag}", lanes)
+            b.proc(f"bapipe::stash_read<{c * h * w_}, {lanes}>({st_name}, {raw})", l.name, "stash_read",
+                   c * h * w_ // lanes)
+            rows = kh + sh - 1                  # as the forward's window generator (codegen.hls_design)
+            col = b.stream(f"col_{tag}", lanes * taps)
+            b.proc(f"bapipe::swg<{c}, {h}, {w_}, {kh}, {ph}, {sh}, {lanes}, {taps}, {rows}, false>({raw}, {col})",
+                   l.name, "swg", max(c * h * w_ // lanes, cols // (lanes * taps)))
+            b.arrays.append(BArray(f"{tag}.swg_rows", "data_t", (rows, w_, c), W, "bram", local=True))
+            return resize(col, cols, lanes * taps, simd, tag)
+        x = b.stream(f"x_{tag}", simd)
+        wp = f"{c}, {h}, {w_}, {kh}, {kw}, {sh}, {sw}, {ph}, {pw}"
+        b.proc(f"bapipe::window_read<{wp}, {simd}>({st_name}, {x})", l.name, "window_read", cols // simd)
+        return x
+
     def want_of(t: str) -> int | None:
         """Lanes the reader of gradient t wants (its producer layer, or the dx port)."""
         prod_l = next((l for l in layers if l.name == t), None)
@@ -334,9 +358,9 @@ def build_bwd(plan, model, st, sc, fmt, board=None) -> BwdCtx:
             dy, _ = gradient(l.name, pe)
             lc = lc_of[l.name]
             wname = lc.weights[0].name
-            x = b.stream(f"x_{tag}", simd)
             st_name = stash(l, src)
             if l.type == "dense":
+                x = b.stream(f"x_{tag}", simd)
                 vec = prod(l.in_shapes[0][:-1])
                 b.proc(f"bapipe::stash_read<{vec * mw}, {simd}>({st_name}, {x});", l.name, "stash_read",
                        vec * mw // simd)
@@ -347,7 +371,7 @@ def build_bwd(plan, model, st, sc, fmt, board=None) -> BwdCtx:
                 ho, wo = l.out_shape[1], l.out_shape[2]
                 vec = ho * wo
                 wp = f"{c}, {h}, {w_}, {kh}, {kw}, {sh}, {sw}, {ph}, {pw}"
-                b.proc(f"bapipe::window_read<{wp}, {simd}>({st_name}, {x});", l.name, "window_read", vec * sf)
+                x = window(l, st_name, simd, tag)
                 terms_dx = mh * kh * kw
             gb = acc_width(mb * vec, W, W)
             xb = acc_width(terms_dx, W, W)
@@ -442,10 +466,8 @@ def build_bwd(plan, model, st, sc, fmt, board=None) -> BwdCtx:
                 wp = f"{c}, {h}, {w_}, {kh}, {kw}, {sh}, {sw}, {ph}, {pw}"
                 r = b.stream(f"contrib_{tag}", L, raw_bits=gb)
                 if l.type == "maxpool":
-                    x = b.stream(f"x_{tag}", L)
                     st_name = stash(l, src)
-                    b.proc(f"bapipe::window_read<{wp}, {L}>({st_name}, {x});", l.name, "window_read",
-                           ho * wo * kk * c // L)
+                    x = window(l, st_name, L, tag)
                     b.proc(f"bapipe::maxpool_bwd_window<{wp}, {L}, {gb}>({x}, {dy}, {r});", l.name,
                            "maxpool_bwd_window", (ho * wo + 1) * kk * c // L)
                     mode = "bapipe::FINISH_SAT"
