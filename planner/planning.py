@@ -328,21 +328,31 @@ def check_cap(plan: Plan, ex: Explorer) -> None:
     """Refuse (SpecError naming --cap) a plan whose engines exceed the utilisation cap.
 
     The smallest folding of a layer (one PE, one SIMD lane) still needs its DSPs and LUTs, so
-    a tiny cap leaves no plan; the search's styles fall back to that folding rather than fail,
-    and this says so instead of writing a plan that every later command refuses. The bound is
-    the one plan validation applies on load (fpga_models.plancheck: ceil(usable x cap))."""
+    a tiny cap leaves no plan; the time-multiplexed allocation falls back to that folding
+    rather than fail, and this says so instead of writing a plan that every later command
+    refuses. The bound is the one plan validation applies on load (fpga_models.plancheck:
+    ceil(usable x cap)); the cap suggested is the largest fraction any stage of this plan
+    needs, rounded up to 3 significant digits: enough for that stage, not a minimum (another
+    partition with smaller stages may fit a smaller cap)."""
+    worst = None   # (fraction needed, stage, board, need, label, usable)
+    over = False
     for s in plan.stages:
         board = ex.tables[s.board_type].board
         if board.kind != "fpga":
             continue
         for key, attr, label in _CAPPED:
             usable, need = getattr(board, attr), s.resources.get(key, 0)
-            allowed = math.ceil(usable * plan.utilisation_cap - 1e-9)
-            if need > allowed:
-                raise SpecError(None, None, "--cap", f"no plan fits within --cap {plan.utilisation_cap:g}: stage "
-                                                     f"{s.index} on a {board.name} needs {need} {label} at its "
-                                                     f"smallest folding, the cap allows {allowed} of {usable}; "
-                                                     f"expected --cap >= {need / usable:.3g}")
+            over |= need > math.ceil(usable * plan.utilisation_cap - 1e-9)
+            if usable and (worst is None or need / usable > worst[0]):
+                worst = (need / usable, s.index, board.name, need, label, usable)
+    if over and worst is not None:
+        frac, idx, bname, need, label, usable = worst
+        e = math.floor(math.log10(frac)) - 2
+        suggest = math.ceil(frac / 10 ** e - 1e-9) * 10 ** e
+        raise SpecError(None, None, "--cap", f"no plan fits within --cap {plan.utilisation_cap:g}: stage {idx} on a "
+                                             f"{bname} needs {need} {label} at its smallest foldings "
+                                             f"({frac:.3g} of {usable} usable); expected a larger cap "
+                                             f"(--cap {suggest:.3g} fits that stage)")
 
 
 def to_plan(model: Model, cluster: Cluster, model_arg: str, cluster_arg: str, ex: Explorer, best: Candidate,
@@ -360,11 +370,10 @@ def to_plan(model: Model, cluster: Cluster, model_arg: str, cluster_arg: str, ex
             folding[l.name] = Folding(pe, simd) if matrix_shape(l) is not None else Folding(lanes=pe * simd)
             if board.kind == "fpga":
                 lc = layer_cost(l, board, pe, simd, ex.req.fmt, s["beta"])
-                if s["style"] == "dataflow":   # every layer has its own engine
-                    dsp, lut = dsp + lc.dsp, lut + lc.lut
+                # every layer has its own engine in both styles (fpga_models.allocate.engines_dsp)
+                dsp, lut = dsp + lc.dsp, lut + lc.lut
+                if s["style"] == "dataflow":
                     slowest = max(slowest, layer_cost(l, board, pe, simd, ex.req.fmt, 1).fwd_cycles)
-                else:                          # one shared engine: the largest layer's
-                    dsp, lut = max(dsp, lc.dsp), max(lut, lc.lut)
         res = {"dsp": dsp, "lut": lut}
         onchip_used = min(s["memory_bytes"], s["onchip"])
         res.update(onchip_blocks(board, onchip_used, ex.req.cap) if board.kind == "fpga" else {"uram": 0, "bram36": 0})

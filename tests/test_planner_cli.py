@@ -34,17 +34,25 @@ def test_compare_reads_as_a_factor_above_one(plan_s, other_s, text):
 
 
 def test_tiny_cap_is_refused_naming_cap():
-    """At --cap 1e-9 a U250 allows 1 LUT; the smallest engine of tiny-mlp needs 1540. The
-    planner used to write that plan anyway (every later command refused it on load)."""
+    """At --cap 1e-9 a U250 allows 1 LUT and 1 DSP; the smallest engines of tiny-mlp need far
+    more. The planner used to write that plan anyway (every later command refused it). The
+    message names the stage's need at its smallest foldings, and the cap it suggests fits."""
+    import re
+
     with pytest.raises(SpecError) as e:
         make_plan(load_model("tiny-mlp"), load_cluster("4xU250-ring"), "tiny-mlp", "4xU250-ring",
                   Request(cap=1e-9))
     msg = str(e.value)
-    assert "--cap" in msg and "needs 1540 LUT" in msg and "allows 1 of 1500000" in msg and "0.00103" in msg
-    # the cap it names is enough
+    m = re.search(r"needs (\d+) (LUT|DSP) at its smallest foldings \(([0-9.e-]+) of (\d+) usable\).*"
+                  r"--cap ([0-9.e-]+) fits", msg)
+    assert "--cap" in msg and m, msg
+    need, usable, suggest = int(m.group(1)), int(m.group(4)), float(m.group(5))
+    assert usable in (1_500_000, 11_520)        # the U250's usable LUT or DSP (fpga_models.boards)
+    assert suggest * usable >= need > 1e-9 * usable
     out = make_plan(load_model("tiny-mlp"), load_cluster("4xU250-ring"), "tiny-mlp", "4xU250-ring",
-                    Request(cap=0.00103))
-    assert max(s.resources["lut"] for s in out.plan.stages) <= 0.00103 * 1_500_000
+                    Request(cap=suggest))
+    assert all(s.resources["lut"] <= suggest * 1_500_000 and s.resources["dsp"] <= suggest * 11_520
+               for s in out.plan.stages)
 
 
 def test_cli_cap_exit_2_one_line(tmp_path):
