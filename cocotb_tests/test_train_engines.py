@@ -2,8 +2,9 @@
 
 A dense layer's four engines (train_mvu_fwd, mvu_bwd_in, mvu_bwd_w, sgd_update, wired as a
 board wires them, test wrapper below) over two iterations of three micro-batches: forward
-outputs (fixedpoint.dense_fwd), input gradients (dense_bwd_input), the weights and biases after
-each update (codegen.rtl_train.sgd_momentum_ref on the exact sums, momentum carried over), and
+outputs (fixedpoint.dense_fwd), input gradients (train_fixed.dense_bwd_input), the forward
+weights and biases after each update (train_fixed.sgd_update of the 32-bit master weights on
+the exact sums, momentum carried over, then train_fixed.forward_weights), and
 every engine run exactly ``engines.mvu_bwd_cycles`` / ``mvu_vector_cycles`` /
 ``sgd_update_cycles`` cycles from start to done. ReLU forward and backward (train_relu) the
 same way. Also `verilator --lint-only -Wall` on a whole generated training cluster.
@@ -21,13 +22,18 @@ from codegen.sim_harness import CACHE, tb_config
 pytestmark = [*needs_verilator, xdist_group("train_engines")]
 
 FMT = "fixed16"
-LR_Q, MU_Q = 51, 922
+
+
+def _consts():
+    from fpga_models import train_fixed as tfx
+    return tfx.sgd_constants(0.05, 0.9, 3, tfx.get_formats(FMT))
 
 WRAPPER = """
 `default_nettype none
 module train_dense_unit #(
     parameter integer MW = 8, parameter integer MH = 6, parameter integer PE = 2, parameter integer SIMD = 4,
-    parameter integer ADDR_W = 3
+    parameter integer ADDR_W = 3, parameter integer MU_Q = 1, parameter integer LR_Q = 1,
+    parameter integer LR_SHIFT = 1
 ) (
     input  wire clk, input wire rst,
     input  wire f_start, input wire [MW*16-1:0] x, output wire [MH*16-1:0] y, output wire f_done,
@@ -52,13 +58,13 @@ module train_dense_unit #(
         .clk(clk), .rst(rst), .start(bw_start), .dy(dy), .x(x), .done(bw_done), .g_addr(ga), .g_clr(gclr),
         .g_clr_bias(gclrb), .g_tile(gt), .g_bias(gb));
     sgd_update #(.MW(MW), .MH(MH), .PE(PE), .SIMD(SIMD), .ELEM_W(16), .FRAC(10), .ACC_W(48), .ADDR_W(ADDR_W),
-                 .LR_Q(%d), .MU_Q(%d), .NAME("unit")) u (
+                 .MU_Q(MU_Q), .LR_Q(LR_Q), .LR_SHIFT(LR_SHIFT), .NAME("unit")) u (
         .clk(clk), .rst(rst), .rd_a_addr(fa), .rd_a_tile(ft), .rd_b_addr(peek ? peek_addr : ba), .rd_b_tile(bt),
         .bias(bias), .start(u_start), .g_addr(ga), .g_clr(gclr), .g_clr_bias(gclrb), .g_tile(gt), .g_bias(gb),
         .done(u_done), .inflight(infl));
 endmodule
 `default_nettype wire
-""" % (LR_Q, MU_Q)
+"""
 
 
 def _pack(v) -> int:
@@ -97,15 +103,20 @@ try:
 
     @cocotb.test()
     async def dense_unit(dut):
-        from codegen.rtl_train import from_tile_order, sgd_momentum_ref, tile_order  # noqa: F401
+        from codegen.rtl_train import from_tile_order
         from fpga_models import engines
-        from fpga_models.fixedpoint import dense_bwd_input, dense_fwd
+        from fpga_models import train_fixed as tfx
+        from fpga_models.fixedpoint import dense_fwd
 
         cfg = tb_config()
         mw, mh, pe, simd = cfg["mw"], cfg["mh"], cfg["pe"], cfg["simd"]
-        w = np.array(cfg["w"], dtype=np.int64)
+        tf = tfx.get_formats(FMT)
+        consts = _consts()
+        w = np.array(cfg["w"], dtype=np.int64)           # forward copies (16 bits)
         b = np.array(cfg["b"], dtype=np.int64)
-        vw, vb = np.zeros_like(w), np.zeros_like(b)
+        up = tf.master.frac - tf.act.frac
+        master = {"w": w << up, "b": b << up}
+        vel = {"w": np.zeros_like(w), "b": np.zeros_like(b)}
         rng = np.random.default_rng(cfg["seed"])
         for sig in ("f_start", "bi_start", "bw_start", "u_start", "peek"):
             getattr(dut, sig).value = 0
@@ -123,13 +134,16 @@ try:
                 assert np.array_equal(_unpack(int(dut.y.value), mh), dense_fwd(x, w, b, FMT))
                 dut.dy.value = _pack(dy)
                 await _run(dut, dut.bi_start, dut.bi_done, cyc["bi"])
-                assert np.array_equal(_unpack(int(dut.dx.value), mw), dense_bwd_input(dy, w, FMT))
+                assert np.array_equal(_unpack(int(dut.dx.value), mw), tfx.dense_bwd_input(dy, w, tf))
                 await _run(dut, dut.bw_start, dut.bw_done, cyc["bw"])
-                acc += np.outer(dy, x)
-                gsum += dy
+                dw, db = tfx.dense_bwd_weight(dy, x, tf)
+                acc += dw
+                gsum += db
             await _run(dut, dut.u_start, dut.u_done, cyc["u"])
-            w, vw = sgd_momentum_ref(w, vw, acc, LR_Q, MU_Q, FMT)
-            b, vb = sgd_momentum_ref(b, vb, gsum, LR_Q, MU_Q, FMT, bias=True)
+            master["w"], vel["w"] = tfx.sgd_update(master["w"], vel["w"], acc, consts, tf)
+            master["b"], vel["b"] = tfx.sgd_update(master["b"], vel["b"], gsum, consts, tf)
+            fwd = tfx.forward_weights({"l": master}, tf)["l"]
+            w, b = fwd["w"], fwd["b"]
             dut.peek.value = 1
             flat = []
             for a in range(n_tiles):
@@ -188,8 +202,10 @@ def test_dense_engines_bit_exact(mw, mh, pe, simd):
     w = rng.integers(-600, 600, (mh, mw))
     b = rng.integers(-200, 200, mh)
     addr_w = max(1, ((mh // pe) * (mw // simd) - 1).bit_length())
+    c = _consts()
     d = build("train_dense_unit", _dense_files(mw, mh, pe, simd, w, b),
-              parameters={"MW": mw, "MH": mh, "PE": pe, "SIMD": simd, "ADDR_W": addr_w})
+              parameters={"MW": mw, "MH": mh, "PE": pe, "SIMD": simd, "ADDR_W": addr_w, "MU_Q": c.mu, "LR_Q": c.lr,
+                          "LR_SHIFT": c.shift})
     check(d, "train_dense_unit", "cocotb_tests.test_train_engines", "dense_unit", mw=mw, mh=mh, pe=pe, simd=simd,
           w=w.tolist(), b=b.tolist(), seed=7)
 

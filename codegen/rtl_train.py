@@ -20,10 +20,11 @@ starts one cycle after its last weight-gradient pass of the iteration starts and
 tile by tile, so the update adds about one cycle to the iteration (the plan charges none). The design is recorded in
 build/design.json under ``train``.
 
-Arithmetic (the numpy twin is :func:`train_reference`): forward and input gradients as
-``fpga_models.fixedpoint`` (dense_fwd, dense_bwd_input, relu_bwd); dW = requant(sum over the
-iteration of dy x^T), db = sat(sum dy) (dense_bwd_weight over all micro-batches at once);
-the update of :func:`sgd_momentum_ref`.
+Arithmetic: exactly ``fpga_models.train_fixed`` (docs/training.md; the numpy twin of a run is
+:func:`train_reference`, ``train_fixed.train_step`` per iteration): forward in the activation
+format, input gradients in the gradient format, exact weight-gradient sums over the
+iteration's micro-batches, ``train_fixed.sgd_update`` on 32-bit master weights and 48-bit
+velocities, the forward engines reading a 16-bit copy rounded from the master weights.
 """
 from __future__ import annotations
 
@@ -36,11 +37,13 @@ import numpy as np
 from bapipe.schedules import device_ops, stash_count
 from fpga_models import engines
 from fpga_models import fixedpoint as fx
+from fpga_models import train_fixed as tfx
 
 from .rtl_model import LinkSpec, Unsupported, clog2, count_bits, elem_format, make_link, plan_weights
 
 #: SGD learning rate and momentum of the hardware optimizer (host/optim.py's SGD default at
-#: the reference batch, docs/host.md; momentum 0.9 as there), quantized to the data format
+#: its reference batch, docs/host.md; momentum 0.9 as there); the integer constants are
+#: fpga_models.train_fixed.sgd_constants(lr, momentum, global batch)
 LEARNING_RATE = 0.05
 MOMENTUM = 0.9
 #: layer types the training RTL builds
@@ -121,9 +124,17 @@ class TrainDesign:
     schedule: str
     microbatches: int
     clock_hz: float
-    lr_q: int
-    mu_q: int
+    consts: tfx.SgdConstants
+    tf: tfx.TrainFormats
     params: dict = field(default_factory=dict)
+
+    @property
+    def lr_q(self) -> int:
+        return self.consts.lr
+
+    @property
+    def mu_q(self) -> int:
+        return self.consts.mu
 
     @property
     def acc_w(self) -> int:
@@ -192,10 +203,15 @@ def train_design(plan, model, cluster, params=None, plan_file: str = "plan.yaml"
         ln = link_lanes(elems, elem_w // 8, bpc)
         links.append(make_link(a.name, b.name, bw, cluster.path_latency(a.name, b.name), clock, ln * elem_w // 8))
         lanes.append(ln)
-    fmt = fx.get_fmt(plan.number_format)
-    lr_q = int(fx.quantize(LEARNING_RATE, fmt))
-    mu_q = int(fx.quantize(MOMENTUM, fmt))
-    return TrainDesign(boards, links, lanes, elem_w, frac, plan.number_format, plan.schedule, m, clock, lr_q, mu_q,
+    try:
+        tf = tfx.get_formats(plan.number_format)
+    except ValueError as e:
+        raise Unsupported(str(e)) from None
+    consts = tfx.sgd_constants(LEARNING_RATE, MOMENTUM, m * plan.microbatch_size, tf)
+    if tfx.acc_width(m * plan.microbatch_size) > 2 * elem_w + 16:
+        raise Unsupported(f"a global batch of {m * plan.microbatch_size} needs weight-gradient sums wider than "
+                          f"the engines' {2 * elem_w + 16} bits")
+    return TrainDesign(boards, links, lanes, elem_w, frac, plan.number_format, plan.schedule, m, clock, consts, tf,
                        {l.name: params[l.name] for b in boards for l in b.layers if l.kind == "dense"})
 
 
@@ -206,70 +222,30 @@ def _ident(name: str) -> str:
 
 # ------------------------------------------------------------------ numpy reference
 
-def sgd_momentum_ref(w, v, g_acc, lr_q: int, mu_q: int, fmt, bias: bool = False):
-    """The update sgd_update computes, on raw ints: returns (w', v').
+def train_reference(model, params: dict, m: int, fmt: str, consts: tfx.SgdConstants, x_q: np.ndarray,
+                    labels: np.ndarray, iterations: int):
+    """What the training RTL must compute: ``fpga_models.train_fixed.train_step`` per iteration.
 
-    g = requant(g_acc) (bias: g = sat(g_acc)); v' = sat(requant(mu_q v) + g);
-    w' = sat(w - requant(lr_q v')).
+    ``params``: {dense layer: {"w", "b"}} raw forward-format initial weights (the master
+    weights start at them, exactly); ``x_q``: (iterations * m, in_elems) raw inputs,
+    ``labels`` the class of each. Returns (per iteration {layer: {"w", "b"}} master weights
+    after its update; the outputs (logits) (iterations*m, out); the loss gradients the host
+    feeds the last board (iterations*m, out), train_fixed.softmax_xent_grad of those logits).
     """
-    g = fx.saturate(g_acc, fmt) if bias else fx.requant(g_acc, fmt)
-    v2 = fx.saturate(fx.requant(np.int64(mu_q) * np.asarray(v, dtype=np.int64), fmt) + g, fmt)
-    w2 = fx.saturate(np.asarray(w, dtype=np.int64) - fx.requant(np.int64(lr_q) * v2, fmt), fmt)
-    return w2, v2
-
-
-def loss_grad(y_q, labels, global_batch: int, fmt) -> np.ndarray:
-    """The host's loss gradient for the last stage: (softmax(y) - onehot(label)) / batch, quantized."""
-    y = fx.dequantize(y_q, fmt)
-    e = np.exp(y - y.max(axis=-1, keepdims=True))
-    sm = e / e.sum(axis=-1, keepdims=True)
-    sm[np.arange(len(labels)), labels] -= 1.0
-    return fx.quantize(sm / global_batch, fmt)
-
-
-def train_reference(layers: list[tuple[str, str]], params: dict, m: int, fmt: str, lr_q: int, mu_q: int,
-                    x_q: np.ndarray, labels: np.ndarray, iterations: int):
-    """numpy fixed-point training of a chain of (name, dense|relu) layers, exactly as the RTL.
-
-    ``params``: {dense layer: {"w": (MH, MW), "b": (MH,)}} raw initial weights; ``x_q``:
-    (iterations * m, in_elems) raw inputs, ``labels`` the class of each. Returns (per
-    iteration {layer: {"w", "b"}} after its update; the outputs (iterations*m, out); the
-    loss gradients fed to the last board (iterations*m, out)).
-    """
-    w = {n: {"w": np.array(p["w"], dtype=np.int64), "b": np.array(p["b"], dtype=np.int64)}
-         for n, p in params.items()}
-    vel = {n: {"w": np.zeros_like(p["w"]), "b": np.zeros_like(p["b"])} for n, p in w.items()}
+    tf = tfx.get_formats(fmt)
+    up = tf.master.frac - tf.act.frac
+    master = {n: {"w": np.asarray(p["w"], dtype=np.int64) << up, "b": np.asarray(p["b"], dtype=np.int64) << up}
+              for n, p in params.items()}
+    vel: dict = {}
     snaps, outs, dys = [], [], []
     for it in range(iterations):
-        acts = [np.asarray(x_q[it * m:(it + 1) * m], dtype=np.int64)]
-        for name, kind in layers:
-            a = acts[-1]
-            acts.append(fx.dense_fwd(a, w[name]["w"], w[name]["b"], fmt) if kind == "dense" else fx.relu_fwd(a))
-        y = acts[-1]
-        dy = loss_grad(y, labels[it * m:(it + 1) * m], m, fmt)
-        outs.append(y)
-        dys.append(dy)
-        g = dy
-        for k in range(len(layers) - 1, -1, -1):
-            (name, kind), a = layers[k], acts[k]
-            if kind == "dense":
-                acc = fx.imatmul(np.asarray(g, dtype=np.int64).T, a)   # exact sum over the micro-batches
-                gb = np.asarray(g, dtype=np.int64).sum(axis=0)
-                g_next = fx.dense_bwd_input(g, w[name]["w"], fmt)
-                w[name]["w"], vel[name]["w"] = sgd_momentum_ref(w[name]["w"], vel[name]["w"], acc, lr_q, mu_q, fmt)
-                w[name]["b"], vel[name]["b"] = sgd_momentum_ref(w[name]["b"], vel[name]["b"], gb, lr_q, mu_q, fmt,
-                                                                bias=True)
-                g = g_next
-            else:
-                g = fx.relu_bwd(g, a)
-        snaps.append({n: {"w": p["w"].copy(), "b": p["b"].copy()} for n, p in w.items()})
+        xs = np.asarray(x_q[it * m:(it + 1) * m], dtype=np.int64)
+        ls = np.asarray(labels[it * m:(it + 1) * m])
+        master, vel, info = tfx.train_step(model, master, vel, xs, ls, consts, tf, microbatches=m)
+        outs.append(info["logits"])
+        dys.append(tfx.softmax_xent_grad(info["logits"], ls, tf))
+        snaps.append({n: {"w": p["w"].copy(), "b": p["b"].copy()} for n, p in master.items()})
     return snaps, np.concatenate(outs), np.concatenate(dys)
-
-
-def design_reference(td: TrainDesign, x_q, labels, iterations: int):
-    """:func:`train_reference` of a TrainDesign's layers and initial weights."""
-    layers = [(l.name, l.kind) for b in td.boards for l in b.layers]
-    return train_reference(layers, td.params, td.microbatches, td.fmt, td.lr_q, td.mu_q, x_q, labels, iterations)
 
 
 # ------------------------------------------------------------------ render
@@ -331,7 +307,9 @@ def _board_ctx(td: TrainDesign, b: TrainBoard, first: bool, last: bool, in_lanes
         "in_elems": b.in_elems, "out_elems": b.out_elems, "in_lanes": in_lanes, "out_lanes": out_lanes,
         "depth": td.microbatches, "ptr_w": clog2(td.microbatches),
         "in_beat_w": clog2(max(2, b.in_elems // in_lanes)), "out_beat_w": clog2(max(2, b.out_elems // out_lanes)),
-        "elem_w": td.elem_w, "frac": td.frac, "acc_w": td.acc_w, "lr_q": td.lr_q, "mu_q": td.mu_q,
+        "elem_w": td.elem_w, "frac": td.frac, "acc_w": td.acc_w, "lr_q": td.consts.lr, "mu_q": td.consts.mu,
+        "lr_shift": td.consts.shift, "mu_frac": tfx.MU_FRAC, "mst_w": td.tf.master.width,
+        "mst_shift": td.tf.master.frac - td.tf.act.frac, "vel_w": td.tf.vel.width,
         "first": first, "last": last, "iter_w": 16,
     }
 
@@ -372,7 +350,9 @@ def design_record(td: TrainDesign, plan) -> dict:
     cycles per op (design and plan), links."""
     return {
         "schedule": td.schedule, "microbatches": td.microbatches, "clock_hz": td.clock_hz,
-        "optimizer": {"kind": "sgd", "lr_q": td.lr_q, "momentum_q": td.mu_q, "frac": td.frac},
+        "optimizer": {"kind": "sgd", "learning_rate": LEARNING_RATE, "momentum": MOMENTUM, "mu_q": td.consts.mu,
+                      "lr_q": td.consts.lr, "lr_shift": td.consts.shift, "master_bits": td.tf.master.width,
+                      "velocity_bits": td.tf.vel.width},
         "plan_iteration_cycles": plan_iteration_cycles(plan, td.clock_hz),
         "boards": [{
             "index": b.index, "board": b.name, "module": b.module, "stashes": b.stashes,
@@ -412,7 +392,9 @@ def train_manifest(td: TrainDesign, plan, files: list[str]) -> dict:
         "elem_w": td.elem_w, "frac": td.frac, "schedule": td.schedule, "microbatches": td.microbatches,
         "boards": [b.name for b in td.boards], "in_elems": td.boards[0].in_elems,
         "out_elems": td.boards[-1].out_elems, "layers": [l.name for b in td.boards for l in b.layers],
-        "dense": dense, "lr_q": td.lr_q, "mu_q": td.mu_q, "clock_hz": td.clock_hz,
+        "dense": dense, "clock_hz": td.clock_hz, "master_w": td.tf.master.width,
+        "sgd": {"mu": td.consts.mu, "lr": td.consts.lr, "lr_scale": td.consts.lr_scale, "shift": td.consts.shift,
+                "learning_rate": LEARNING_RATE, "momentum": MOMENTUM},
         "plan_iteration_cycles": plan_iteration_cycles(plan, td.clock_hz),
         "update_cycles": [b.update_cycles for b in td.boards],
         "sequential_cycles": sum(td.microbatches * (b.fwd_cycles + b.bwd_cycles) + b.update_cycles
@@ -447,12 +429,16 @@ def train_reference_from_manifest(man: dict, rtl_dir, x_q, labels, iterations: i
     """:func:`train_reference` for a build's training manifest, from its weight images."""
     from pathlib import Path
 
-    kinds = {l["name"]: "dense" for l in man["dense"]}
-    layers = [(n, kinds.get(n, "relu")) for n in man["layers"]]
+    from bapipe.spec import load_model
+
+    model = load_model(man["model"])
+    if [l.name for l in model.layers] != man["layers"]:
+        raise Unsupported("the training build does not hold the whole model (its reference is train_step)")
     params = {}
     for l in man["dense"]:
         flat = read_hex((Path(rtl_dir) / f"{l['ident']}_w.hex").read_text(), man["elem_w"])
         params[l["name"]] = {"w": from_tile_order(flat, l["mh"], l["mw"], l["pe"], l["simd"]),
                              "b": read_hex((Path(rtl_dir) / f"{l['ident']}_b.hex").read_text(), man["elem_w"])}
-    return train_reference(layers, params, man["microbatches"], man["number_format"], man["lr_q"], man["mu_q"],
-                           x_q, labels, iterations)
+    c = man["sgd"]
+    consts = tfx.SgdConstants(mu=c["mu"], lr=c["lr"], lr_scale=c["lr_scale"], shift=c["shift"])
+    return train_reference(model, params, man["microbatches"], man["number_format"], consts, x_q, labels, iterations)

@@ -147,7 +147,8 @@ def run_sim(d: Path, rtl: Path, man: dict, x_stream: np.ndarray, dy_stream: np.n
             for l in man["dense"]:
                 wf, bf = run_dir / f"{l['ident']}_w_{k}.hex", run_dir / f"{l['ident']}_b_{k}.hex"
                 if wf.exists() and bf.exists():
-                    snap[l["name"]] = {"w": read_hex(wf.read_text(), elem_w), "b": read_hex(bf.read_text(), elem_w)}
+                    mw = man["master_w"]
+                    snap[l["name"]] = {"w": read_hex(wf.read_text(), mw), "b": read_hex(bf.read_text(), mw)}
             weights.append(snap)
         out["weights"] = weights
     return out

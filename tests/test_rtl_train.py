@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from codegen.rtl_train import (from_tile_order, link_lanes, sgd_momentum_ref, tile_order, train_design)
+from codegen.rtl_train import from_tile_order, link_lanes, tile_order, train_design
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -44,15 +44,18 @@ def test_op_cycles_are_the_plans(tmp_path, schedule):
     assert [b.stashes for b in td.boards] == ([4, 4, 4, 4] if schedule == "gpipe" else [4, 3, 2, 1])
 
 
-def test_sgd_momentum_by_hand():
-    """fixed16 (10 fraction bits): w = 1.0 (1024), v = 0.5 (512), dW sum 0.25 at the product
-    scale (0.25 * 2^20 = 262144); mu = 0.9 (922), lr = 0.05 (51):
-    g = 256; v' = requant(922 * 512) + 256 = 461 + 256 = 717; w' = 1024 - requant(51 * 717) = 1024 - 36."""
-    w2, v2 = sgd_momentum_ref(np.array([1024]), np.array([512]), np.array([262144]), 51, 922, "fixed16")
-    assert v2.tolist() == [717] and w2.tolist() == [1024 - 36]
-    # bias sums are already at the data scale: g = sat(sum)
-    w2, v2 = sgd_momentum_ref(np.array([0]), np.array([0]), np.array([40000]), 51, 922, "fixed16", bias=True)
-    assert v2.tolist() == [32767] and w2.tolist() == [-1632]
+@pytest.mark.slow  # runs the planner (~2 s)
+def test_sgd_constants_are_train_fixeds(tmp_path):
+    """The hardware update's constants are fpga_models.train_fixed.sgd_constants(0.05, 0.9, batch 4):
+    MU = round(0.9 2^16) = 58982; lr / batch = 0.0125 lies in [2^-7, 2^-6), so L = 15 + 7 = 22,
+    LR = round(0.0125 2^22) = 52429 and the shift is 22 + 22 - 24 = 20 (docs/training.md)."""
+    from bapipe.plan import load_plan
+    from bapipe.spec import load_model
+    from fpga_models.cluster import load_cluster
+
+    plan = load_plan(_plan(tmp_path, "gpipe"))
+    c = train_design(plan, load_model(plan.model), load_cluster(plan.cluster)).consts
+    assert (c.mu, c.lr, c.lr_scale, c.shift) == (58982, 52429, 22, 20)
 
 
 def test_tile_order_round_trip():
