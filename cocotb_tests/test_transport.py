@@ -70,7 +70,8 @@ except ImportError:
     pass
 
 pytestmark = [*needs_verilator, xdist_group("transport")]
-MODULES = ("net_pack", "net_tx", "net_send", "net_channel", "net_rx", "net_unpack", "net_recv", "net_link")
+MODULES = ("axis_width_conv", "net_pack", "net_tx", "net_send", "net_channel", "net_rx", "net_unpack", "net_recv",
+           "net_link")
 
 
 def transport_files() -> dict[str, str]:
@@ -89,8 +90,9 @@ def chain(lanes: int, bw: Fraction, latency: int, sample_words: int, faults=None
 
 
 def net_beats(t, stage_beats: int) -> int:
-    """Packed beats for ``stage_beats`` stage words: full beats, plus a partial one per sample end."""
-    samples, rest = divmod(stage_beats, t.sample_words)
+    """Packed beats for ``stage_beats`` stage words (``t.slices`` packed words each): full
+    beats, plus a partial one per sample end."""
+    samples, rest = divmod(stage_beats * t.slices, t.sample_words)
     per_sample = -(-t.sample_words // t.words)
     return samples * per_sample + -(-rest // t.words)
 
@@ -122,8 +124,18 @@ def test_transport_lossy_100k(seed, bw, p):
     run_random(30, bw, 20, 100, 100_000, seed, p, p, 2 * p)
 
 
+@pytest.mark.soak  # stage words wider than a beat's payload: make test-all
+@pytest.mark.slow
+def test_transport_slices():
+    """40 x 16-bit = 640-bit stage words go as two 320-bit slices (one a beat), 3% lost and
+    reordered, 6% acks lost: exact after axis_width_conv joins them again."""
+    d, t = run_random(40, Fraction(48), 16, 12, 20_000, 5, 0.03, 0.03, 0.06)
+    assert (t.data_w, t.slices) == (320, 2)
+
+
 def test_transport_sizing():
-    """Window, timeout and packing from the link, as docs/network.md states them."""
+    """Window, timeout, packing and cycle model from the link, as docs/network.md states them."""
+    from codegen.rtl_link import slice_width
     _, t = chain(30, Fraction(40), 20, 64)
     assert t.words == 1 and t.round_trip == 2 * 20 + 8 + 4
     assert t.window == 33 + 2            # ceil(40/64 x 52) + 2
@@ -131,3 +143,11 @@ def test_transport_sizing():
     _, t = chain(4, Fraction(5), 7, 10)
     assert t.words == 7                  # (512 - 32) // 64
     assert net_beats(t, 25) == 2 * 2 + 1  # 10 words: 7 + 3; the last 5 words: one beat
+    # a 10-word sample is 2 beats of 64 B at 5 B/cycle: 25.6 cycles, slower than 10 words
+    assert t.cycles_per_sample == Fraction(128, 5)
+    assert t.delivery_latency == 7 + 3 + (3 - 1)   # last beat holds 3 words
+    assert [slice_width(n, 16) for n in (30, 40, 128)] == [480, 320, 256]
+    _, t = chain(40, Fraction(48), 16, 12)
+    assert (t.slices, t.sample_words, t.cycles_per_sample) == (2, 24, 32)   # 24 beats x 64/48
+    assert t.delivery_latency == 16 + 3 + 0 + 2    # + the two width converters
+    assert net_beats(t, 24) == 48                   # 2 samples x 12 words x 2 slices, one a beat
