@@ -107,7 +107,19 @@ def cmd_rtlsim(args):
     }
     if getattr(args, "stages", True):
         result.update(stage_agreement(build, getattr(args, "stage_samples", None), getattr(args, "threads", 1)))
+    why = _train_unsupported(build)
+    if why:   # a mode: train plan the training RTL cannot build: this run is the forward pass only
+        result["training_unsupported"] = why
     return result, (0 if match else 1)
+
+
+def _train_unsupported(build: Path) -> str | None:
+    """Why `bapipe gen` wrote no training RTL for a mode: train plan (design.json), else None."""
+    import json
+    try:
+        return json.loads((build / "design.json").read_text()).get("train_unsupported")
+    except (OSError, ValueError):
+        return None
 
 
 def stage_agreement(build: Path, samples: int | None = None, threads: int = 1) -> dict:
@@ -146,4 +158,6 @@ def show_rtlsim(r: dict) -> str:
             lines.append(f"  plan error           : {100 * r['plan_error']:.2f}% (worst stage, measured vs plan)")
     if r["overflow"]:
         lines.append("  WARNING: a link receiver overflowed (credit accounting error)")
+    if r.get("training_unsupported"):
+        lines.append(f"  training RTL not built ({r['training_unsupported']}): forward pass only")
     return "\n".join(lines)
