@@ -156,14 +156,14 @@ class StageCtx:
         the samples of one call)."""
         if self.engine is not None:
             return [f"hls::stream<bapipe::vec<{self.port_lanes(p)}> > &{p.name}" for p in self.inputs + self.outputs] \
-                + ["int n"]
+                + [f"const bapipe::rom_t {r.name}{r.dims}" for r in self.engine.external] + ["int n"]
         return [f"hls::stream<data_t> &{p.name}" for p in self.inputs + self.outputs] + self.weight_params
 
     @property
     def args(self) -> list[str]:
         """The forward call's argument list (testbench)."""
         if self.engine is not None:
-            return [p.name for p in self.inputs + self.outputs] + ["n"]
+            return [p.name for p in self.inputs + self.outputs] + [r.name for r in self.engine.external] + ["n"]
         return [p.name for p in self.inputs + self.outputs] + ([] if self.embed_weights else
                                                                 [w.name for w in self.weights])
 
@@ -633,8 +633,8 @@ def build_project(plan: Plan, model, cluster=None, plan_file: str = "plan.yaml")
     weights = make_weights(plan, model)
     stages, skipped = [], []
     ctxs = {pos: build_stage(plan, model, st, weights) for pos, st in enumerate(plan.stages) if st.style != "gpu"}
-    # stages the streaming engines build: on-chip weights, one tensor in and out
-    engines = [pos for pos, sc in ctxs.items() if sc.embed_weights and len(sc.inputs) == 1 and len(sc.outputs) == 1]
+    # stages the streaming engines build: one tensor in and out
+    engines = [pos for pos, sc in ctxs.items() if len(sc.inputs) == 1 and len(sc.outputs) == 1]
     design = _design(plan, model, cluster, weights) if engines else None
     for pos, st in enumerate(plan.stages):
         if st.style == "gpu":
@@ -643,7 +643,8 @@ def build_project(plan: Plan, model, cluster=None, plan_file: str = "plan.yaml")
         sc = ctxs[pos]
         if design is not None and pos in engines:
             from .hls_design import engine_stage
-            sc.engine = engine_stage(design.stages[pos], [model.layers[model.index[n]] for n in st.layers], weights)
+            sc.engine = engine_stage(design.stages[pos], [model.layers[model.index[n]] for n in st.layers], weights,
+                                     external=not sc.embed_weights)
         if plan.mode == "train":
             sc.bwd = build_stage_bwd(plan, model, st, sc, cluster)
         stages.append(sc)

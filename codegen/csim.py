@@ -335,6 +335,8 @@ def csim_project(build: str | Path, samples: int = 4, seed: int = 0, tolerance_l
                 model_inputs[t] = tensors[t]
             ins.append(tensors[t])
         wfile = None if st["embedded_weights"] else build / st["weights_file"]
+        if st.get("roms_file"):   # an engine kernel reads its banked weight arrays
+            wfile = build / st["roms_file"]
         stats: dict = {}
         try:
             outs, _, row["run_s"] = run_binary(comp.path, [to_stream(x) for x in ins], samples,

@@ -109,6 +109,8 @@ def host_config(ctx: ProjectCtx) -> dict:
             "layers": [{"name": l.name, "type": l.type, "func": l.func, "tparams": l.tparams, "cycles": l.cycles}
                        for l in s.layers],
             "weights_file": f"{s.name}/weights.bin",
+            # engine kernels whose weights are m_axi arguments: their banked arrays (raw, as weights.bin)
+            "roms_file": f"{s.name}/roms.bin" if s.engine is not None and s.engine.external else None,
             "weights": [{"name": w.name, "layer": l.name, "shape": list(w.model_shape), "offset": w.offset,
                          "elements": int(w.model_q.size)} for l in s.layers for w in l.weights],
             "embedded_weights": s.embed_weights,
@@ -157,7 +159,8 @@ def render_files(ctx: ProjectCtx, plan_text: str, cluster=None, engines: str = "
         put(f"{d}/tb_{d}.cpp", "tb.cpp.j2", header=c_hdr, s=s)
         # external weights: the testbench reads weights.bin from the csim run folder
         wb = [] if s.embed_weights else ["weights.bin"]
-        stim, stim_files = " ".join(["csim_in.bin", "csim_out.bin"] + wb), ["csim_in.bin"] + wb
+        wf = ["roms.bin"] if s.engine is not None and s.engine.external else wb   # the forward testbench's
+        stim, stim_files = " ".join(["csim_in.bin", "csim_out.bin"] + wf), ["csim_in.bin"] + wf
         put(f"{d}/run_hls.tcl", "run_hls.tcl.j2", header=h_hdr, top=d, kernel_file=f"{d}.cpp",
             tb_file=f"tb_{d}.cpp", part=part, clock_ns=clk, tcl_name="run_hls.tcl", stim=stim, stim_files=stim_files)
         put(f"{d}/hls_config.cfg", "hls_config.cfg.j2", header=h_hdr, top=d, kernel_file=f"{d}.cpp",
@@ -175,6 +178,8 @@ def render_files(ctx: ProjectCtx, plan_text: str, cluster=None, engines: str = "
                 cfg_name="hls_config_bwd.cfg", stim=stim, stim_files=stim_files)
             files[f"{d}/csim_bwd_in.bin"] = csim_bwd_input(ctx, s)
         files[f"{d}/weights.bin"] = weights_bin(s, ctx.fmt.width)
+        if s.engine is not None and s.engine.external:
+            files[f"{d}/roms.bin"] = s.engine.roms_bin(ctx.fmt.width)
         files[f"{d}/csim_in.bin"] = csim_input(ctx, s)
     pl = place_project(ctx, cluster, sources=files)   # SLRs, banks, network glue (codegen.placement)
     files["placement.json"] = (json.dumps(pl, indent=1, sort_keys=True) + "\n").encode()

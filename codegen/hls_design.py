@@ -31,6 +31,12 @@ class Rom:
     values: np.ndarray
     partition_dims: tuple[int, ...] = ()   # 1-based dims split completely into registers/banks
     impl: str = "bram"                     # BIND_STORAGE impl of each bank
+    external: bool = False                 # an m_axi kernel argument (filled from roms.bin), not a ROM
+
+    @property
+    def size(self) -> int:
+        """Elements."""
+        return int(np.prod(self.shape))
 
     @property
     def dims(self) -> str:
@@ -67,6 +73,7 @@ class UnitFn:
     params: list[VStream]           # streams shared with other turns or the ports
     streams: list[VStream]          # streams inside the turn
     calls: list[str]
+    roms: list["Rom"] = field(default_factory=list)   # the m_axi weight arrays its engines read
 
 
 @dataclass
@@ -85,16 +92,28 @@ class EngineStage:
     line_buffer_elems: int = 0      # window generators' line buffers (elements)
     units: list[UnitFn] = field(default_factory=list)
 
+    @property
+    def external(self) -> list[Rom]:
+        """The weight arrays that are m_axi kernel arguments, in argument order."""
+        return [r for r in self.roms if r.external]
+
+    def roms_bin(self, width: int) -> bytes:
+        """The external arrays' raw values (little-endian, 16 or 8 bits as weights.bin), in
+        argument order: what the testbench (or the host) copies into them."""
+        dt = np.dtype("<i2") if width > 8 else np.dtype("i1")
+        return b"".join(np.asarray(r.values, dtype=np.int64).reshape(-1).astype(dt).tobytes() for r in self.external)
+
 
 def _rom_impl(words: int) -> str:
     return "lutram" if words <= LUTRAM_WORDS else "bram"
 
 
-def engine_stage(st, layers, params: dict) -> EngineStage:
+def engine_stage(st, layers, params: dict, external: bool = False) -> EngineStage:
     """Lower one Design stage (a codegen.rtl_model.StageRtl of style dataflow) to engine calls.
 
     ``layers``: the stage's model layers (batchnorm nodes are matched to them by name);
     ``params``: the project weights (codegen.context.make_weights), for batchnorm scale/shift.
+    ``external``: the MVU weight matrices are m_axi arguments (stages beyond on-chip ROM).
     """
     from .rtl_model import legal
 
@@ -179,7 +198,7 @@ def engine_stage(st, layers, params: dict) -> EngineStage:
             w = np.asarray(m.weights, dtype=np.int64).reshape(nf, m.pe, sf, m.simd).transpose(0, 2, 1, 3)
             wn, bn = f"{b.inst}_w", f"{b.inst}_b"
             roms.append(Rom(wn, (nf * sf, m.pe, m.simd), w.reshape(nf * sf, m.pe, m.simd), (2, 3),
-                            _rom_impl(nf * sf)))
+                            _rom_impl(nf * sf), external))
             roms.append(Rom(bn, (nf, m.pe), np.asarray(m.bias, dtype=np.int64).reshape(nf, m.pe), (2,),
                             _rom_impl(nf)))
             vectors = e_in // m.mw
@@ -215,6 +234,8 @@ def engine_stage(st, layers, params: dict) -> EngineStage:
     units: list[UnitFn] = []
     if st.style == "time-multiplexed":
         units = _turns(st, blocks, ins_of, outs_of, calls, call_block, root, alias, gate_out, gate_in, depth)
+        for u in units:   # the m_axi arrays each turn's engines read are its arguments too
+            u.roms = [r for r in roms if r.external and any(f", {r.name}, " in c for c in u.calls)]
     streams = {w: VStream(nm, lanes[w], depth.get(w, DEFAULT_DEPTH)) for w, nm in names.items()}
     if not units:
         return EngineStage(st.in_lanes, st.out_lanes, _decl(streams.values()), calls, roms, lb)
@@ -222,7 +243,7 @@ def engine_stage(st, layers, params: dict) -> EngineStage:
     for u in units:   # u.params/u.streams hold root wires here; map them to streams
         top.update(u.params)
         fns.append(UnitFn(u.name, sorted((streams[w] for w in u.params), key=lambda v: v.name),
-                          _decl(streams[w] for w in u.streams), u.calls))
+                          _decl(streams[w] for w in u.streams), u.calls, u.roms))
     return EngineStage(st.in_lanes, st.out_lanes, _decl(streams[w] for w in top), [], roms, lb, fns)
 
 
