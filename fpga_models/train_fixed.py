@@ -126,9 +126,15 @@ def dequantize(q, fmt: fx.Fmt) -> np.ndarray:
 
 # ---------------------------------------------------------------- weights
 
+def initial_master(a, tf: TrainFormats) -> np.ndarray:
+    """Float initial weights -> master weights: rounded to the forward format, then widened exactly
+    (the low master fraction bits are 0), so an engine loads them from a 16-bit image."""
+    return quantize(a, tf.act) << (tf.master.frac - tf.act.frac)
+
+
 def master_from_float(params: dict, tf: TrainFormats) -> dict:
-    """Float initial weights {layer: {name: array}} -> master weights (raw, format ``tf.master``)."""
-    return {l: {n: quantize(a, tf.master) for n, a in d.items()} for l, d in params.items()}
+    """Float initial weights {layer: {name: array}} -> master weights (:func:`initial_master`)."""
+    return {l: {n: initial_master(a, tf) for n, a in d.items()} for l, d in params.items()}
 
 
 def forward_weights(master: dict, tf: TrainFormats) -> dict:

@@ -109,8 +109,8 @@ class StageProgram:
 def fixed_master_params(model: Model, first: int, last: int, seed: int, tf) -> dict[str, Arrays]:
     """Initial master weights (raw, ``tf.master``) of layers first..last for fixed-point training.
 
-    The same float draws as :func:`init_stage_params`, rounded once to the master format, in
-    the hardware's layout and names: dense ``w`` (units, in) and ``b``; conv2d ``w`` (O, C, kh,
+    The same float draws as :func:`init_stage_params`, rounded to the forward format and widened
+    exactly (``train_fixed.initial_master``), in the hardware's layout and names: dense ``w`` (units, in) and ``b``; conv2d ``w`` (O, C, kh,
     kw) and ``b``; batchnorm ``scale`` (gamma) and ``shift`` (beta).
     """
     from fpga_models import train_fixed as T
@@ -126,7 +126,7 @@ def fixed_master_params(model: Model, first: int, last: int, seed: int, tf) -> d
             p = {"w": p["W"], **({"b": p["b"]} if "b" in p else {})}
         elif layer.type == "batchnorm":
             p = {"scale": p["gamma"], "shift": p["beta"]}
-        out[layer.name] = {n: T.quantize(np.asarray(a, np.float64), tf.master) for n, a in p.items()}
+        out[layer.name] = {n: T.initial_master(np.asarray(a, np.float64), tf) for n, a in p.items()}
     return out
 
 

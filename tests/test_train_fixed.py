@@ -44,6 +44,12 @@ def test_rounding_is_half_up_and_saturates():
         T.get_formats("int4")
 
 
+def test_initial_master_weights_load_from_16_bit_images():
+    a = np.random.default_rng(2).normal(0, 3, 100)
+    m = T.initial_master(a, TF)
+    assert (m & ((1 << 14) - 1) == 0).all() and np.array_equal(T.rescale(m, 24, A), fx.quantize(a, A))
+
+
 # ---------------------------------------------------------------- dense vs float64
 
 
