@@ -52,10 +52,12 @@ def _roms_bytes(stage_ctx, eb: int) -> int:
 def kernel_onchip_bytes(stage_ctx, fmt, bwd: bool = False) -> int:
     """On-chip bytes of a stage's forward (or backward) kernel as the Design states them.
 
-    Forward, dataflow (``stage_ctx.engine``, codegen.hls_design): every packed stream's FIFO
-    (depth x lanes x element bytes), the engines' ROMs and the window generators' line
-    buffers. Forward, time-multiplexed: the context's streams, on-chip weights and one line
-    buffer per window layer (fpga_models.engines). Backward (codegen.hls_bwd.BwdCtx): its
+    Forward kernels read off the Design (``stage_ctx.engine``, codegen.hls_design): every
+    packed stream's FIFO (depth x lanes x element bytes; a time-multiplexed stage's frame
+    buffers between turns and its turns' own streams), the engines' on-chip ROMs (not the
+    m_axi weight arrays) and the window generators' line buffers. Other forward kernels: the
+    context's streams, on-chip weights and one line buffer per window layer
+    (fpga_models.engines). Backward (codegen.hls_bwd.BwdCtx): its
     on-chip arrays and FIFOs, plus the on-chip weight ROMs it reads."""
     eb = elem_bytes(fmt)
     if bwd:
@@ -66,8 +68,9 @@ def kernel_onchip_bytes(stage_ctx, fmt, bwd: bool = False) -> int:
         total = sum(int(a.count) * eb for a in getattr(b, "buffers", [])) + _roms_bytes(stage_ctx, eb)
         return total + sum(int(m.group(2)) * eb for line in b.statements for m in _STREAM_DEPTH.finditer(line))
     e = getattr(stage_ctx, "engine", None)
-    if e is not None:
-        roms = sum(math.prod(r.shape) * eb for r in e.roms)
-        return sum(v.depth * v.lanes * eb for v in e.streams) + roms + e.line_buffer_elems * eb
+    if e is not None:   # read off the Design (codegen.hls_design); m_axi weight arrays are off chip
+        roms = sum(math.prod(r.shape) * eb for r in e.roms if not getattr(r, "external", False))
+        streams = list(e.streams) + [v for u in getattr(e, "units", []) for v in u.streams]
+        return sum(v.depth * v.lanes * eb for v in streams) + roms + e.line_buffer_elems * eb
     total = sum(window_bytes(lc.layer, eb) for lc in stage_ctx.layers) + _roms_bytes(stage_ctx, eb)
     return total + sum(int(st.depth) * eb * int(getattr(st, "lanes", 1)) for st in stage_ctx.streams)
