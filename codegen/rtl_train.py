@@ -86,6 +86,7 @@ class TrainBoard:
     out_elems: int
     plan_fwd_cycles: float
     plan_bwd_cycles: float
+    beta: int = 1                  # samples per micro-batch
 
     @property
     def fwd_cycles(self) -> int:
@@ -94,6 +95,15 @@ class TrainBoard:
     @property
     def bwd_cycles(self) -> int:
         return sum(l.bwd_cycles for l in self.layers)
+
+    @property
+    def op_fwd_cycles(self) -> int:
+        """An F op: its micro-batch's samples one after another."""
+        return self.beta * self.fwd_cycles
+
+    @property
+    def op_bwd_cycles(self) -> int:
+        return self.beta * self.bwd_cycles
 
     @property
     def update_cycles(self) -> int:
@@ -157,8 +167,6 @@ def train_design(plan, model, cluster, params=None, plan_file: str = "plan.yaml"
         raise Unsupported("the plan is not a training plan (mode: train)")
     if plan.schedule not in ("gpipe", "1f1b", "eager-1f1b"):
         raise Unsupported(f"the training RTL runs gpipe, 1f1b and eager-1f1b, not {plan.schedule}")
-    if plan.microbatch_size != 1:
-        raise Unsupported(f"the training RTL runs micro-batches of one sample (plan: {plan.microbatch_size})")
     elem_w, frac = elem_format(plan.number_format, plan_file)
     params = plan_weights(plan, model) if params is None else params
     p, m = len(plan.stages), plan.microbatches
@@ -193,7 +201,7 @@ def train_design(plan, model, cluster, params=None, plan_file: str = "plan.yaml"
         ops = [(op.kind, op.mb) for op in device_ops(plan.schedule, p, d, m)]
         boards.append(TrainBoard(s.index, s.boards[0], f"{_ident(s.boards[0])}_train", layers, ops,
                                  stash_count(plan.schedule, p, d, m), layers[0].n_in, layers[-1].n_out,
-                                 float(s.cycles.get("fwd", 0)), float(s.cycles.get("bwd", 0))))
+                                 float(s.cycles.get("fwd", 0)), float(s.cycles.get("bwd", 0)), plan.microbatch_size))
     clock = min(cb.board.clock_hz for cb in cluster.boards)
     links, lanes = [], []
     for a, b in zip(boards, boards[1:]):
@@ -223,11 +231,12 @@ def _ident(name: str) -> str:
 # ------------------------------------------------------------------ numpy reference
 
 def train_reference(model, params: dict, m: int, fmt: str, consts: tfx.SgdConstants, x_q: np.ndarray,
-                    labels: np.ndarray, iterations: int):
+                    labels: np.ndarray, iterations: int, beta: int = 1):
     """What the training RTL must compute: ``fpga_models.train_fixed.train_step`` per iteration.
 
     ``params``: {dense layer: {"w", "b"}} raw forward-format initial weights (the master
-    weights start at them, exactly); ``x_q``: (iterations * m, in_elems) raw inputs,
+    weights start at them, exactly); ``x_q``: (iterations * m * beta, in_elems) raw inputs (m
+    micro-batches of ``beta`` samples an iteration),
     ``labels`` the class of each. Returns (per iteration {layer: {"w", "b"}} master weights
     after its update; the outputs (logits) (iterations*m, out); the loss gradients the host
     feeds the last board (iterations*m, out), train_fixed.softmax_xent_grad of those logits).
@@ -239,8 +248,9 @@ def train_reference(model, params: dict, m: int, fmt: str, consts: tfx.SgdConsta
     vel: dict = {}
     snaps, outs, dys = [], [], []
     for it in range(iterations):
-        xs = np.asarray(x_q[it * m:(it + 1) * m], dtype=np.int64)
-        ls = np.asarray(labels[it * m:(it + 1) * m])
+        n = m * beta
+        xs = np.asarray(x_q[it * n:(it + 1) * n], dtype=np.int64)
+        ls = np.asarray(labels[it * n:(it + 1) * n])
         master, vel, info = tfx.train_step(model, master, vel, xs, ls, consts, tf, microbatches=m)
         outs.append(info["logits"])
         dys.append(tfx.softmax_xent_grad(info["logits"], ls, tf))
@@ -281,13 +291,15 @@ def _board_ctx(td: TrainDesign, b: TrainBoard, first: bool, last: bool, in_lanes
     steps = b.steps()
     nf_ = sum(1 for s in steps if s[0] == "F")
     nb_ = sum(1 for s in steps if s[0] == "B")
-    slot_w = clog2(b.stashes)
+    beta = b.beta
+    base_w = clog2(b.stashes)
+    slot_w = clog2(b.stashes * beta)
     nops = len(b.ops)
     kinds = "".join("1" if k == "B" else "0" for k, _ in reversed(b.ops))
     slots = [mb % b.stashes for _, mb in b.ops]
     mbv = 0
     for i, s in enumerate(slots):
-        mbv |= s << (i * slot_w)
+        mbv |= s << (i * base_w)
     index = {inst: k for k, (_ph, inst, _c) in enumerate(steps)}
     layers = []
     for l in b.layers:
@@ -303,9 +315,10 @@ def _board_ctx(td: TrainDesign, b: TrainBoard, first: bool, last: bool, in_lanes
         "module": b.module, "board": b.name, "layers": layers, "steps": [{"phase": ph, "inst": i} for ph, i, _ in steps],
         "n_f": nf_, "n_b": nb_, "step_w": clog2(max(2, len(steps))),
         "nops": nops, "op_w": clog2(nops + 1), "kinds": f"{nops}'b{kinds}",
-        "slots": f"{nops * slot_w}'h{mbv:0{(nops * slot_w + 3) // 4}x}", "slot_w": slot_w, "stashes": b.stashes,
+        "slots": f"{nops * base_w}'h{mbv:0{(nops * base_w + 3) // 4}x}", "slot_w": slot_w, "stashes": b.stashes,
+        "beta": beta, "base_w": base_w, "smp_w": clog2(beta),
         "in_elems": b.in_elems, "out_elems": b.out_elems, "in_lanes": in_lanes, "out_lanes": out_lanes,
-        "depth": td.microbatches, "ptr_w": clog2(td.microbatches),
+        "depth": td.microbatches * beta, "ptr_w": clog2(td.microbatches * beta),
         "in_beat_w": clog2(max(2, b.in_elems // in_lanes)), "out_beat_w": clog2(max(2, b.out_elems // out_lanes)),
         "elem_w": td.elem_w, "frac": td.frac, "acc_w": td.acc_w, "lr_q": td.consts.lr, "mu_q": td.consts.mu,
         "lr_shift": td.consts.shift, "mu_frac": tfx.MU_FRAC, "mst_w": td.tf.master.width,
@@ -357,7 +370,8 @@ def design_record(td: TrainDesign, plan) -> dict:
         "boards": [{
             "index": b.index, "board": b.name, "module": b.module, "stashes": b.stashes,
             "ops": [f"{k}{mb}" for k, mb in b.ops],
-            "fwd_cycles": b.fwd_cycles, "bwd_cycles": b.bwd_cycles, "update_cycles": b.update_cycles,
+            "samples_per_microbatch": b.beta, "fwd_cycles": b.op_fwd_cycles, "bwd_cycles": b.op_bwd_cycles,
+            "update_cycles": b.update_cycles,
             "plan_fwd_cycles": b.plan_fwd_cycles, "plan_bwd_cycles": b.plan_bwd_cycles,
             "nodes": [{"layer": l.name, "kind": l.kind, "pe": l.pe, "simd": l.simd, "lanes": l.lanes,
                        "fwd_cycles": l.fwd_cycles, "bwd_in_cycles": l.bwd_in_cycles, "bwd_w_cycles": l.bwd_w_cycles,
@@ -389,6 +403,7 @@ def train_manifest(td: TrainDesign, plan, files: list[str]) -> dict:
              for b in td.boards for l in b.layers if l.kind == "dense"]
     return {
         "training": True, "plan": plan.fingerprint(), "model": plan.model, "number_format": td.fmt,
+        "microbatch_size": td.boards[0].beta,
         "elem_w": td.elem_w, "frac": td.frac, "schedule": td.schedule, "microbatches": td.microbatches,
         "boards": [b.name for b in td.boards], "in_elems": td.boards[0].in_elems,
         "out_elems": td.boards[-1].out_elems, "layers": [l.name for b in td.boards for l in b.layers],
@@ -397,7 +412,7 @@ def train_manifest(td: TrainDesign, plan, files: list[str]) -> dict:
                 "learning_rate": LEARNING_RATE, "momentum": MOMENTUM},
         "plan_iteration_cycles": plan_iteration_cycles(plan, td.clock_hz),
         "update_cycles": [b.update_cycles for b in td.boards],
-        "sequential_cycles": sum(td.microbatches * (b.fwd_cycles + b.bwd_cycles) + b.update_cycles
+        "sequential_cycles": sum(td.microbatches * (b.op_fwd_cycles + b.op_bwd_cycles) + b.update_cycles
                                  for b in td.boards),
         "files": files,
     }
@@ -441,4 +456,5 @@ def train_reference_from_manifest(man: dict, rtl_dir, x_q, labels, iterations: i
                              "b": read_hex((Path(rtl_dir) / f"{l['ident']}_b.hex").read_text(), man["elem_w"])}
     c = man["sgd"]
     consts = tfx.SgdConstants(mu=c["mu"], lr=c["lr"], lr_scale=c["lr_scale"], shift=c["shift"])
-    return train_reference(model, params, man["microbatches"], man["number_format"], consts, x_q, labels, iterations)
+    return train_reference(model, params, man["microbatches"], man["number_format"], consts, x_q, labels, iterations,
+                           man.get("microbatch_size", 1))

@@ -56,7 +56,8 @@ def tb_source(man: dict) -> str:
     """The testbench's Verilog for a training manifest."""
     from .rtl import render_template
 
-    return render_template("train_tb", man.get("plan", "none"), max_vectors=MAX_ITERATIONS * man["microbatches"],
+    return render_template("train_tb", man.get("plan", "none"),
+                           max_vectors=MAX_ITERATIONS * man["microbatches"] * man.get("microbatch_size", 1),
                            reset_cycles=RESET_CYCLES, in_w=man["in_elems"] * man["elem_w"],
                            out_w=man["out_elems"] * man["elem_w"], dx_w=man["in_elems"] * man["elem_w"],
                            nboards=len(man["boards"]))
@@ -193,9 +194,10 @@ def train_rtlsim(build: Path, iterations: int = 2) -> dict:
     if not 1 <= iterations <= MAX_ITERATIONS:
         raise SpecError(None, None, "--iterations", f"expected 1..{MAX_ITERATIONS}, got {iterations}")
     m = man["microbatches"]
+    batch = m * man.get("microbatch_size", 1)
     rng = np.random.default_rng(0)
-    x = quantize(rng.uniform(-1.0, 1.0, (iterations * m, man["in_elems"])), man["number_format"])
-    labels = rng.integers(0, man["out_elems"], iterations * m)
+    x = quantize(rng.uniform(-1.0, 1.0, (iterations * batch, man["in_elems"])), man["number_format"])
+    labels = rng.integers(0, man["out_elems"], iterations * batch)
     snaps, ref_y, dys = train_reference_from_manifest(man, rtl, x, labels, iterations)
     from .sim_harness import CACHE
 
@@ -221,6 +223,7 @@ def train_rtlsim(build: Path, iterations: int = 2) -> dict:
     err = [c / plan_it - 1 for c in cyc] if plan_it else []
     return {
         "training": True, "iterations": iterations, "schedule": man["schedule"], "microbatches": m,
+        "microbatch_size": man.get("microbatch_size", 1),
         "boards": man["boards"], "weights_match": bool(per_iter) and all(per_iter), "weights_match_per_iteration": per_iter,
         "outputs_match": outputs_match, "iteration_cycles": cyc, "plan_iteration_cycles": plan_it,
         "iteration_error": err, "max_iteration_error": max((abs(e) for e in err), default=None),

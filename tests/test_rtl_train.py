@@ -39,7 +39,7 @@ def test_op_cycles_are_the_plans(tmp_path, schedule):
     plan = load_plan(_plan(tmp_path, schedule))
     assert {s.style for s in plan.stages} == {"dataflow"}
     td = train_design(plan, load_model(plan.model), load_cluster(plan.cluster))
-    assert [(b.fwd_cycles, b.bwd_cycles) for b in td.boards] == \
+    assert [(b.op_fwd_cycles, b.op_bwd_cycles) for b in td.boards] == \
         [(s.cycles["fwd"], s.cycles["bwd"]) for s in plan.stages]
     assert [b.stashes for b in td.boards] == ([4, 4, 4, 4] if schedule == "gpipe" else [4, 3, 2, 1])
 
