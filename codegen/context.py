@@ -574,7 +574,9 @@ def build_boards(plan: Plan, cluster, stages: list[StageCtx]) -> list[BoardCtx]:
         for s in sts:
             kernels.setdefault(s.name, []).append(f"{s.name}_1")
             slr.append(f"{s.name}_1:SLR0")
-            if not s.embed_weights:   # m_axi weight ports (stages too big for on-chip ROM)
+            if s.engine is not None:   # engine kernels: the banked MVU weight arrays beyond on-chip ROM
+                sp.extend(f"{s.name}_1.{r.name}:{mem}" for r in s.engine.external)
+            elif not s.embed_weights:   # m_axi weight ports (stages too big for on-chip ROM)
                 sp.extend(f"{s.name}_1.{w.name}:{mem}" for w in s.weights)
             for p in s.inputs:
                 src = producer.get(p.tensor) if s.index > 0 else None

@@ -295,8 +295,9 @@ def test_counted_cycles_meet_the_plan_soak(tmp_path, model, samples):
 
 
 def test_big_stage_path_external_weights_one_sample_mb1(tmp_path, monkeypatch):
-    """The path VGG-16/ResNet-50 take, on tiny-cnn: weights as m_axi arguments read from weights.bin
-    by the testbench, the int64 MAC, one sample, backward rebuilt with -DMB=1; still 0 LSB."""
+    """The path VGG-16/ResNet-50 take, on tiny-cnn: forward engines with their weight matrices as
+    m_axi arguments (banked, read by the testbench from roms.bin), the backward kernel's from
+    weights.bin, the int64 MAC, one sample, backward rebuilt with -DMB=1; still 0 LSB."""
     import codegen.context as cx
     import codegen.csim as cs
 
@@ -307,9 +308,12 @@ def test_big_stage_path_external_weights_one_sample_mb1(tmp_path, monkeypatch):
     generate_plan(plan, model, cluster, tmp_path)
     assert "static const data_t" not in (tmp_path / "stage0/stage0_weights.h").read_text()
     top = (tmp_path / "stage1/stage1.cpp").read_text()
-    assert "mode=m_axi port=fc_w" in top and "mode=s_axilite port=return" in top
-    assert re.search(r"^sp=stage1_1\.fc_w:DDR\[[0-3]\]$", (tmp_path / "link/fpga1.cfg").read_text(), re.M)
-    assert "add_files -tb weights.bin" in (tmp_path / "stage1/run_hls.tcl").read_text()
+    assert "mode=m_axi port=s1_fc_mvu_w offset=slave bundle=s1_fc_mvu_w depth=640" in top
+    assert "mode=s_axilite port=return" in top
+    assert re.search(r"^sp=stage1_1\.s1_fc_mvu_w:DDR\[[0-3]\]$", (tmp_path / "link/fpga1.cfg").read_text(), re.M)
+    assert "add_files -tb roms.bin" in (tmp_path / "stage1/run_hls.tcl").read_text()
+    # roms.bin: the banked matrices, 16-bit raw (conv3 8*3*3*16 = 1152, fc 64*10 = 640)
+    assert (tmp_path / "stage1/roms.bin").stat().st_size == 2 * (1152 + 640)
     r = cs.csim_project(tmp_path, samples=4)
     assert r["passed"] and r["samples"] == 1 and r["model_max_abs_err_lsb"] == 0, r
     assert [s["name"] for s in r["stages"]] == ["stage0", "stage0_bwd", "stage1", "stage1_bwd"]
