@@ -1,4 +1,5 @@
-"""Board-to-board transport (net_link): net_pack -> net_tx -> net_channel -> net_rx -> net_unpack.
+"""Board-to-board transport (net_link): net_pack -> net_tx -> net_channel -> net_rx -> net_unpack;
+and two boards' net_duplex ends with acknowledgements in band (net_pair).
 
 Checks: with frames lost and reordered and acknowledgements lost and reordered by the
 channel model (LFSR-seeded), the receiving stage gets exactly the words sent, in order,
@@ -66,6 +67,25 @@ try:
         assert rate >= 0.98 * expect, f"line utilisation {rate / expect:.4f} < 0.98"
         # the token bucket never exceeds the configured rate: one beat of burst at most
         assert rate <= expect * (1 + 1 / span) + 1e-12
+    @cocotb.test()
+    async def transport_duplex(dut):
+        """Two boards, a stream each way, acknowledgements in band, faults on both lines."""
+        cfg = tb_config()
+        rng = random.Random(cfg["seed"])
+        lanes = cfg["lanes"]
+        dut.faults_en.value = 1
+        await tb.start(dut)
+        n = cfg["stage_beats"] * lanes
+        wa = [rng.randrange(1 << ELEM_W) for _ in range(n)]
+        wb = [rng.randrange(1 << ELEM_W) for _ in range(n)]
+        other = cocotb.start_soon(tb.stream_check(dut, wb, lanes, wb, lanes, ELEM_W, random.Random(rng.random()),
+                                                  cfg["p_idle"], cfg["p_stall"], "b_s_axis", "a_m_axis"))
+        await tb.stream_check(dut, wa, lanes, wa, lanes, ELEM_W, rng, cfg["p_idle"], cfg["p_stall"],
+                              "a_s_axis", "b_m_axis")
+        await other
+        st = {k: int(getattr(dut, k).value) for k in ("lost", "rewinds", "overflow")}
+        dut._log.info("%d words each way, faults %s", n, st)
+        assert st["overflow"] == 0 and st["lost"] > 0 and st["rewinds"] > 0, st
 except ImportError:
     pass
 
@@ -115,6 +135,20 @@ def test_transport_2k():
     d, t = run_random(8, Fraction(20), 12, 10, 5000, 7, 0.02, 0.02, 0.05)
     check(d, "net_link", "cocotb_tests.test_transport", "transport_rate", lanes=8, stage_beats=5000,
           line_rate=str(t.line_beats_per_cycle), net_beats=net_beats(t, 5000))
+
+
+@pytest.mark.soak  # a second build (two boards): make test-all
+@pytest.mark.slow
+def test_transport_duplex():
+    """Acknowledgements in band (net_duplex): 12,000 words each way at once, 4% of the
+    datagrams (acknowledgements included) lost and 4% reordered on both lines."""
+    from codegen.rtl import render_template
+    from codegen.rtl_link import Faults
+    params, t = chain(8, Fraction(20), 12, 10, Faults(0.04, 0.04, 0.0, 3))
+    files = {**transport_files(), **{f"{n}.v": render_template(n) for n in ("net_duplex", "net_pair")}}
+    d = build("net_pair", files, params)
+    check(d, "net_pair", "cocotb_tests.test_transport", "transport_duplex", lanes=8, stage_beats=1500, seed=3,
+          p_idle=0.2, p_stall=0.2)
 
 
 @pytest.mark.soak  # 100k network beats with faults: make test-all

@@ -28,7 +28,8 @@ TEMPLATE_DIR = Path(__file__).resolve().parent.parent / "hls_templates" / "rtl"
 GENERIC = ("axis_fifo", "axis_width_conv", "axis_relu", "axis_gate", "swg",
            "pool_unit", "tm_sequencer", "axis_batchnorm", "axis_fork", "axis_add")
 #: the board-to-board transport's modules (codegen.rtl_link), written when a plan has a link
-TRANSPORT = ("net_pack", "net_tx", "net_send", "net_channel", "net_rx", "net_unpack", "net_recv", "net_link")
+TRANSPORT = ("net_pack", "net_tx", "net_send", "net_channel", "net_rx", "net_unpack", "net_recv", "net_link",
+             "net_duplex")
 GENERATOR_VERSION = "0.1.0"
 
 
