@@ -512,8 +512,8 @@ def link_lines(b, placement: dict, channel_list: list[dict], local: list[dict] =
     nk = list(b.nk)
     slr = [f"{u['instance']}:SLR{u['slr']}" for u in placement["units"] if u["slr"] is not None]
     spans = [f"{u['instance']} needs SLR{u['spans'][0]}-SLR{u['spans'][-1]} "
-             f"({u['need']['dsp']:,} DSP): left unpinned" for u in placement["units"]
-             if u["slr"] is None and u["spans"]]
+             f"({u['need']['dsp']:,} DSP, {u['need']['onchip_bytes']:,} on-chip bytes): left unpinned"
+             for u in placement["units"] if u["slr"] is None and u["spans"]]
     over = placement.get("oversubscribed")
     if over:
         spans.append(f"OVERSUBSCRIBED: {', '.join(over['units'])} do not fit: the kernels need "
