@@ -167,6 +167,29 @@ def test_transport_slices():
     assert (t.data_w, t.slices) == (320, 2)
 
 
+def test_transport_lint_clean(tmp_path):
+    """`verilator --lint-only -Wall` on net_link and net_pair with the parameters the tests
+    use: whole words (3 a beat) and words cut into slices (the axis_width_conv branches)."""
+    import os
+    import subprocess
+    from bapipe.toolchain import verilator_bin, wire_verilator
+    from codegen.rtl import render_template
+    env = wire_verilator(dict(os.environ))
+    files = {**transport_files(), **{f"{n}.v": render_template(n) for n in ("net_duplex", "net_pair")}}
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    failures = []
+    for lanes, bw in ((8, Fraction(20)), (40, Fraction(48))):
+        params, _ = chain(lanes, bw, 12, 12)
+        for top in ("net_link", "net_pair"):
+            r = subprocess.run([str(verilator_bin() / "verilator"), "--lint-only", "-Wall", f"-I{tmp_path}",
+                                "--top-module", top, *(f"-G{k}={v}" for k, v in params.items()),
+                                str(tmp_path / f"{top}.v")], capture_output=True, text=True, env=env)
+            if r.returncode or r.stderr.strip():
+                failures.append(f"{top} lanes={lanes}:\n{r.stderr[:1500]}")
+    assert not failures, "\n".join(failures)
+
+
 def test_transport_sizing():
     """Window, timeout, packing and cycle model from the link, as docs/network.md states them."""
     from codegen.rtl_link import slice_width
