@@ -89,12 +89,19 @@ def request_from_args(args, model) -> Request:
     mode = getattr(args, "mode", "train")
     mode = "inference" if mode in ("infer", "inference") else mode
     part = getattr(args, "partition", None)
+    spec = parse_partition(part, len(model.layers)) if part is not None else None
+    meshes = parse_meshes(getattr(args, "mesh", "1"))
+    if spec is not None and meshes != (1,):   # a given partition is priced one board per replica
+        raise SpecError(None, None, "--mesh", "applies to searched plans only; a --partition stage runs on one "
+                                              "board per replica (drop --mesh, or drop --partition)")
+    if spec is not None and getattr(args, "no_replication", False) and any((r or 1) > 1 for _a, _b, r, _bl in spec):
+        raise SpecError(None, None, "--partition", "asks for replicas (xR) but --no-replication is given")
     return Request(schedule=sched, microbatches=m, global_batch=gb, fmt=fmt, mode=mode,
                    optimizer=getattr(args, "optimizer", "sgd"), cap=cap,
                    replication=not getattr(args, "no_replication", False), max_boards=getattr(args, "boards", None),
-                   partition=parse_partition(part, len(model.layers)) if part is not None else None,
+                   partition=spec,
                    measured=_measured(getattr(args, "measured", None), model),
-                   meshes=parse_meshes(getattr(args, "mesh", "1")),
+                   meshes=meshes,
                    whole_blocks=bool(getattr(args, "whole_blocks", False)))
 
 

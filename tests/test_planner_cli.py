@@ -117,3 +117,18 @@ def test_global_batch_bound_is_2_to_the_20(tmp_path):
     r = subprocess.run([sys.executable, "-m", "bapipe.cli", "plan", "tiny-mlp", "4xU250-ring", "--global-batch",
                         str((1 << 20) + 1), "-o", str(tmp_path / "p.yaml")], capture_output=True, text=True)
     assert r.returncode == 2 and "1048576" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("args, field, words", [
+    # was priced as infeasible and reported as a memory error
+    (["resnet50", "--whole-blocks", "--partition", "0-50,51-173"], "--partition",
+     ["after layer 50", "res3b_relu1", "skip connection", "after layer 47"]),
+    # were silently ignored: 4 replicas planned, or no mesh at all
+    (["tiny-mlp", "--no-replication", "--partition", "0-6x4"], "--partition", ["--no-replication"]),
+    (["tiny-mlp", "--mesh", "2", "--partition", "0-3,4-6"], "--mesh", ["--partition"]),
+])
+def test_partition_conflicts_are_named(args, field, words, tmp_path):
+    r = subprocess.run([sys.executable, "-m", "bapipe.cli", "plan", args[0], "4xU250-ring", *args[1:],
+                        "-o", str(tmp_path / "p.yaml")], capture_output=True, text=True)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert f"{field}:" in r.stderr and all(w in r.stderr for w in words), r.stderr
