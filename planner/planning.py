@@ -348,9 +348,7 @@ def check_cap(plan: Plan, ex: Explorer) -> None:
     over = False
     for s in plan.stages:
         board = ex.tables[s.board_type].board
-        if board.kind != "fpga" or list(s.mesh) != [1]:
-            # tensor-parallel mesh stages state resources not yet split per board (an open
-            # issue: plan validation refuses them on load); the cap check covers plain stages
+        if board.kind != "fpga":
             continue
         for key, attr, label in _CAPPED:
             usable, need = getattr(board, attr), s.resources.get(key, 0)
