@@ -354,9 +354,15 @@ def check_cap(plan: Plan, ex: Explorer) -> None:
             usable, need = getattr(board, attr), s.resources.get(key, 0)
             over |= need > math.ceil(usable * plan.utilisation_cap - 1e-9)
             if usable and (worst is None or need / usable > worst[0]):
-                worst = (need / usable, s.index, board.name, need, label, usable)
+                smallest = all(f.pe == 1 and f.simd == 1 and f.lanes in (None, 1) for f in s.folding.values())
+                worst = (need / usable, s.index, board.name, need, label, usable, smallest)
     if over and worst is not None:
-        frac, idx, bname, need, label, usable = worst
+        frac, idx, bname, need, label, usable, smallest = worst
+        if not smallest:   # the search chose foldings above the cap: its own inconsistency, not the user's
+            raise SpecError(None, None, "--cap", f"internal: the planner's stage {idx} on a {bname} needs {need} "
+                                                 f"{label}, above --cap {plan.utilisation_cap:g} ({frac:.3g} of "
+                                                 f"{usable} usable), with foldings larger than the smallest; the plan "
+                                                 f"is not written (plan validation would refuse it)")
         e = math.floor(math.log10(frac)) - 2
         suggest = math.ceil(frac / 10 ** e - 1e-9) * 10 ** e
         raise SpecError(None, None, "--cap", f"no plan fits within --cap {plan.utilisation_cap:g}: stage {idx} on a "
