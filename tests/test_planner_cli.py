@@ -132,3 +132,19 @@ def test_partition_conflicts_are_named(args, field, words, tmp_path):
                         "-o", str(tmp_path / "p.yaml")], capture_output=True, text=True)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert f"{field}:" in r.stderr and all(w in r.stderr for w in words), r.stderr
+
+
+def test_cap_check_names_an_internal_overrun_as_such():
+    """Foldings the search chose (not the smallest) above the cap are the planner's own
+    inconsistency: the message says so instead of asking the user for a larger cap."""
+    from planner.planning import check_cap
+    from planner.search import Explorer
+
+    model, cluster = load_model("tiny-cnn"), load_cluster("4xU250-ring")
+    out = make_plan(model, cluster, "tiny-cnn", "4xU250-ring", Request())
+    st = out.plan.stages[0]
+    assert any(f.pe * f.simd > 1 or (f.lanes or 1) > 1 for f in st.folding.values())
+    st.resources["dsp"] = 10 ** 6
+    with pytest.raises(SpecError) as e:
+        check_cap(out.plan, Explorer(model, cluster, Request()))
+    assert "internal" in str(e.value) and "1000000 DSP" in str(e.value) and "fits" not in str(e.value)
