@@ -70,10 +70,14 @@ def train_on_hardware(plan, model, cluster, backend: str, epochs: int, lr: float
         be.check_training(plan, model, cluster, opts)
     data = load_digits(model.inputs[0].shape, seed)
     b, _ = effective_batch(plan, data.n_train)
+    hw_lr = be.fixed_lr() if hasattr(be, "fixed_lr") else None   # a rate baked into the hardware
     if lr is None:
         from .optim import default_lr
 
-        lr = default_lr(plan.optimizer, b, plan.schedule)
+        lr = hw_lr if hw_lr is not None else default_lr(plan.optimizer, b, plan.schedule)
+    elif hw_lr is not None and lr != hw_lr:
+        raise SpecError(plan_file, None, "--lr", f"the {backend} backend's training hardware is generated for "
+                                                 f"learning rate {hw_lr}, got {lr}")
     per_epoch = data.n_train // b
     total = epochs * per_epoch if max_iterations is None else min(epochs * per_epoch, max_iterations)
     idx = [epoch_order(data.n_train, seed, it // per_epoch)[(it % per_epoch) * b:(it % per_epoch + 1) * b]

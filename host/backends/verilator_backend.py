@@ -70,10 +70,7 @@ def forward(plan, model, cluster, params, x_q: np.ndarray, options: dict) -> np.
 
 
 def check_training(plan, model, cluster, options: dict) -> None:
-    """Refuse, before any work, a plan the training RTL cannot build (one line naming --epochs)
-    or a training RTL without the fixed-point update of docs/training.md."""
-    import inspect
-
+    """Refuse, before any work, a plan the training RTL cannot build (one line naming --epochs)."""
     from bapipe.errors import SpecError
 
     try:
@@ -84,52 +81,77 @@ def check_training(plan, model, cluster, options: dict) -> None:
         rtl_train.train_design(plan, model, cluster)
     except rtl_train.Unsupported as e:
         raise SpecError(None, None, "--epochs", f"the verilator backend cannot train this plan: {e}") from None
-    if "sgd" not in inspect.signature(rtl_train.write_train).parameters:
-        raise BackendUnavailable("backend verilator: the training RTL (codegen/rtl_train.py) does not take the "
-                                 "fixed-point SGD constants of docs/training.md yet; train with --backend numpy "
-                                 "--precision fixed")
+
+
+def fixed_lr() -> float | None:
+    """The learning rate the training RTL is generated with when it takes none from the host."""
+    import inspect
+
+    from codegen import rtl_train
+
+    if "sgd" in inspect.signature(rtl_train.write_train).parameters:
+        return None
+    return getattr(rtl_train, "LEARNING_RATE", None)
 
 
 def train_iterations(plan, model, cluster, master, x_q, labels, dy, iterations: int, consts, tf,
                      options: dict) -> dict:
     """Train ``iterations`` iterations on the generated training RTL (see host/train_hw.py).
 
-    ``master``: initial master weights {layer: {"w": (units, in), "b"}} (raw, ``tf.master``);
-    ``x_q``: raw inputs of every iteration's samples in order; ``dy``: their loss gradients
-    (fed to the last board; host/train_hw.py checks the RTL's logits against the numpy ones).
+    ``master``: initial master weights {layer: {"w": (units, in), "b"}} (raw, ``tf.master``,
+    16-bit values widened: ``train_fixed.initial_master``); ``x_q``: raw inputs of every
+    iteration's samples in order; ``dy``: their loss gradients (fed to the last board;
+    host/train_hw.py checks the RTL's logits against the numpy ones).
     """
+    import inspect
+
     from bapipe.errors import SpecError
     from codegen import rtl_train, rtlsim_train
+    from fpga_models import train_fixed as T
 
     check_training(plan, model, cluster, options)
     out_dir = Path(options.get("build") or "build") / "host_rtl"
     rtl = out_dir / "train_rtl"
-    hw = {l: {"w": d["w"], "b": d["b"]} for l, d in master.items() if "w" in d and "b" in d}
-    _, _, why = rtl_train.write_train(plan, model, cluster, rtl, params=hw, sgd=consts)
+    # the RTL loads forward-format images; the master weights start at them exactly
+    fw = {l: {"w": T.rescale(d["w"], tf.master.frac, tf.act), "b": T.rescale(d["b"], tf.master.frac, tf.act)}
+          for l, d in master.items() if "w" in d and "b" in d}
+    if any(not np.array_equal((fw[l][n] << (tf.master.frac - tf.act.frac)), master[l][n])
+           for l in fw for n in fw[l]):
+        raise BackendUnavailable("backend verilator: the training RTL starts from 16-bit weight images; "
+                                 "the initial master weights are not 16-bit values")
+    kw = {"sgd": consts} if "sgd" in inspect.signature(rtl_train.write_train).parameters else {}
+    _, _, why = rtl_train.write_train(plan, model, cluster, rtl, params=fw, **kw)
     if why:
         raise SpecError(None, None, "--epochs", f"the verilator backend cannot train this plan: {why}")
-    man = json.loads((rtl / "train" / "manifest.json").read_text())
+    tdir = rtl / "train"
+    man = json.loads((tdir / "manifest.json").read_text())
     if man.get("master_w") != tf.master.width:
         raise BackendUnavailable(f"backend verilator: the training RTL keeps {man.get('master_w', man['elem_w'])}-bit "
                                  f"weights, the fixed-point training arithmetic {tf.master.width}-bit master weights "
                                  "(docs/training.md)")
-    m = man["microbatches"]
-    if len(x_q) != iterations * m:
-        raise BackendUnavailable(f"backend verilator: the training RTL takes {m} samples an iteration, "
+    hw_sgd = man.get("sgd", {})
+    if [hw_sgd.get(k) for k in ("mu", "lr", "lr_scale", "shift")] != [consts.mu, consts.lr, consts.lr_scale,
+                                                                     consts.shift]:
+        raise SpecError(None, None, "--lr", f"the training RTL is generated for learning rate "
+                                            f"{hw_sgd.get('learning_rate')} and momentum {hw_sgd.get('momentum')} "
+                                            f"(constants {hw_sgd}); the run asks for {consts}")
+    per_it = man["microbatches"] * man.get("microbatch_size", 1)
+    if len(x_q) != iterations * per_it:
+        raise BackendUnavailable(f"backend verilator: the training RTL takes {per_it} samples an iteration, "
                                  f"the run {len(x_q) // max(1, iterations)}")
-    from codegen.rtlsim import stream_order
-
     cap = getattr(rtlsim_train, "MAX_ITERATIONS", None)
     if cap is not None and iterations > cap and not _cap(rtlsim_train.build_sim, iterations):
         raise BackendUnavailable(f"backend verilator: the training testbench holds {cap} iterations, the run "
-                                 f"needs {iterations} (fewer --epochs or a larger --global-batch)")
+                                 f"needs {iterations} (fewer --epochs or a larger global batch)")
+    from codegen.rtlsim import stream_order
+
     t0 = time.perf_counter()
-    d = rtlsim_train.build_sim(rtl / "train", man, out_dir / "rtlsim", **_cap(rtlsim_train.build_sim, iterations))
+    d = rtlsim_train.build_sim(tdir, man, out_dir / "rtlsim", **_cap(rtlsim_train.build_sim, iterations))
     compile_s = time.perf_counter() - t0
     plan_it = man.get("plan_iteration_cycles") or 0
     budget = int(iterations * max(10_000, 4 * plan_it + 20 * man["sequential_cycles"]))
     try:
-        out = rtlsim_train.run_sim(d, man, stream_order(x_q), np.asarray(dy, np.int64).reshape(len(x_q), -1),
+        out = rtlsim_train.run_sim(d, tdir, man, stream_order(x_q), np.asarray(dy, np.int64).reshape(len(x_q), -1),
                                    iterations, budget)
     except RuntimeError as e:
         raise BackendUnavailable(f"backend verilator: {e}") from None
@@ -149,7 +171,7 @@ def train_iterations(plan, model, cluster, master, x_q, labels, dy, iterations: 
     options["compile_s"] = compile_s
     return {"weights": weights, "logits": [v for _, v in out["outputs"]],
             "iteration_cycles": rtlsim_train.iteration_cycles(out["iters"], iterations) if done else None,
-            "plan_iteration_cycles": man.get("plan_iteration_cycles")}
+            "plan_iteration_cycles": man.get("plan_iteration_cycles"), "compile_s": compile_s}
 
 
 def _cap(fn, iterations: int) -> dict:
