@@ -526,7 +526,10 @@ def build_bwd(plan, model, st, sc, fmt, board=None) -> BwdCtx:
             continue
         s, L = gradient(p.tensor, None)
         out_ports.append(BPort(f"dx_{p.name}", p.tensor, tuple(p.shape), p.elements, L))
-        _rename_stream(b, s, f"dx_{p.name}")
+        if any(q.name == s for q in in_ports):   # a tensor the stage passes on: dy goes straight back
+            b.proc(f"bapipe::resize<{p.elements}, {L}, {L}>({s}, dx_{p.name})", p.tensor, "copy", p.elements // L)
+        else:
+            _rename_stream(b, s, f"dx_{p.name}")
 
     _place_accumulators(acc_users, b, board)
     acc_ports = [a for a, _ in acc_users if a.storage == "off-chip"]

@@ -228,3 +228,17 @@ def test_general_backward_paths_bit_exact(plans, tmp_path):
     for r in rows:
         assert r.get("error") is None, r
         assert r["max_abs_err_lsb"] == 0, r
+
+
+@pytest.mark.csim
+@pytest.mark.soak   # g++ build + run
+def test_undersized_skip_fifo_deadlocks_and_is_reported(plans, tmp_path, monkeypatch):
+    """The residual add's skip FIFOs are what keeps the backward dataflow moving: with depth 2
+    on every path the fixture's kernel deadlocks, and csim says so (bapipe_csim.h) instead of
+    passing; with the sized FIFOs (test_general_backward_paths_bit_exact) it runs at 0 LSB."""
+    import codegen.hls_bwd as hb
+
+    monkeypatch.setattr(hb, "_skip_depths", lambda add_layer, layers, elems, lanes: [2] * len(add_layer.inputs))
+    rows = _csim_bwd(plans(str(FIXTURE)), tmp_path / "b")
+    assert "BAPIPE_DEADLOCK" in rows[0].get("error", ""), rows[0]
+    assert rows[0]["max_abs_err_lsb"] is None
