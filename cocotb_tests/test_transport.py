@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import random
 from fractions import Fraction
+from pathlib import Path
 
 import pytest
 
@@ -86,6 +87,24 @@ try:
         st = {k: int(getattr(dut, k).value) for k in ("lost", "rewinds", "overflow")}
         dut._log.info("%d words each way, faults %s", n, st)
         assert st["overflow"] == 0 and st["lost"] > 0 and st["rewinds"] > 0, st
+    @cocotb.test()
+    async def transport_ports(dut):
+        """Two framing kernels, three streams at once (two one way, one back), faults on both lines."""
+        cfg = tb_config()
+        rng = random.Random(cfg["seed"])
+        dut.faults_en.value = 1
+        await tb.start(dut)
+        runs = []
+        for src, dst, lanes in (("a_s_axis_tx0", "b_m_axis_rx0", cfg["l0"]), ("a_s_axis_tx1", "b_m_axis_rx1", cfg["l1"]),
+                                ("b_s_axis_tx0", "a_m_axis_rx0", cfg["l0"])):
+            w = [rng.randrange(1 << ELEM_W) for _ in range(cfg["stage_beats"] * lanes)]
+            runs.append(cocotb.start_soon(tb.stream_check(dut, w, lanes, w, lanes, ELEM_W, random.Random(rng.random()),
+                                                          cfg["p_idle"], cfg["p_stall"], src, dst)))
+        for r in runs:
+            await r
+        st = {k: int(getattr(dut, k).value) for k in ("lost", "overflow")}
+        dut._log.info("3 streams of %d stage beats, faults %s", cfg["stage_beats"], st)
+        assert st["overflow"] == 0 and st["lost"] > 0, st
 except ImportError:
     pass
 
@@ -148,6 +167,28 @@ def test_transport_duplex():
     files = {**transport_files(), **{f"{n}.v": render_template(n) for n in ("net_duplex", "net_pair")}}
     d = build("net_pair", files, params)
     check(d, "net_pair", "cocotb_tests.test_transport", "transport_duplex", lanes=8, stage_beats=1500, seed=3,
+          p_idle=0.2, p_stall=0.2)
+
+
+@pytest.mark.soak  # a third build (two framing kernels): make test-all
+@pytest.mark.slow
+def test_transport_ports():
+    """Framing kernels as codegen.netnames names them (bapipe_net_t2r1 on one board,
+    bapipe_net_t1r2 on the other): three streams over one line each way, round robin between
+    two outgoing channels, acknowledgements in band, TDEST renumbered as socket tables do;
+    3% of datagrams lost and 3% reordered on both lines."""
+    from codegen.rtl_link import Faults, render_net_port
+    _, t0 = chain(8, Fraction(20), 12, 10)
+    _, t1 = chain(40, Fraction(20), 12, 6)
+    files = dict(transport_files())
+    for tx, rx in (([t0, t1], [t0]), ([t0], [t0, t1])):
+        m, text = render_net_port(tx, rx)
+        files[f"{m}.v"] = text
+    files["net_port_pair.v"] = Path(__file__).with_name("net_port_pair.v").read_text()
+    ch = {k: v for k, v in chain(8, Fraction(20), 12, 10, Faults(0.03, 0.03, 0.0, 9))[0].items()
+          if k in ("BW_NUM", "BW_DEN", "TOKEN_W", "LATENCY", "PTR_W", "HOLD_W", "HOLD_MAX", "P_LOSS", "P_REORDER", "SEED")}
+    d = build("net_port_pair", files, {"W0": 8 * ELEM_W, "W1": 40 * ELEM_W, **ch})
+    check(d, "net_port_pair", "cocotb_tests.test_transport", "transport_ports", l0=8, l1=40, stage_beats=600, seed=9,
           p_idle=0.2, p_stall=0.2)
 
 

@@ -193,3 +193,30 @@ def transport(link, lanes: int, elem_w: int, sample_beats: int, dest: int = 0,
     w = slice_width(lanes, elem_w)
     return TransportSpec(lanes * elem_w, w, sample_beats * (lanes * elem_w // w), link.bw_num, link.bw_den,
                          link.latency, dest, faults)
+
+
+def render_net_port(tx: list[TransportSpec], rx: list[TransportSpec], plan_hash: str = "none") -> tuple[str, str]:
+    """(module name, Verilog) of the framing kernel of one QSFP28 port with outgoing channels
+    ``tx`` (socket k = position k) and incoming ``rx`` (socket len(tx) + j); its name is
+    codegen.netnames.net_kernel(len(tx), len(rx))."""
+    from .netnames import MAX_CHANNELS, net_kernel
+    from .rtl import render_template
+    if not 0 < len(tx) + len(rx) <= MAX_CHANNELS:
+        raise ValueError(f"a port carries 1..{MAX_CHANNELS} channels, not {len(tx) + len(rx)}")
+    module = net_kernel(len(tx), len(rx))
+
+    def send_params(t: TransportSpec, k: int) -> list[tuple[str, int]]:
+        p = {"STAGE_W": t.stage_w, "CONV_W": count_bits(t.slices), **t.pack_params(), **t.tx_params(), "DEST": k}
+        return list(p.items())
+
+    def recv_params(t: TransportSpec) -> list[tuple[str, int]]:
+        p = {"STAGE_W": t.stage_w, "CONV_W": count_bits(t.slices), **t.unpack_params(), **t.rx_params()}
+        p["DATA_W"] = t.data_w
+        return list(p.items())
+
+    ctx = {"module": module, "sel_w": count_bits(2 * max(1, len(tx))),
+           "tx": [{"k": k, "stage_w": t.stage_w, "words": t.words, "window": t.window, "params": send_params(t, k)}
+                  for k, t in enumerate(tx)],
+           "rx": [{"j": j, "stage_w": t.stage_w, "words": t.words, "window": t.window, "params": recv_params(t)}
+                  for j, t in enumerate(rx)]}
+    return module, render_template("net_port", plan_hash, **ctx)
