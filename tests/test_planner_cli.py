@@ -2,9 +2,6 @@
 slower, board lists never cut off, a utilisation cap no plan fits is refused in one line."""
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 
 from bapipe.errors import SpecError
@@ -13,6 +10,18 @@ from fpga_models.cluster import load_cluster
 from planner.cli_plan import board_list, compare, show_plan
 from planner.planning import make_plan, summary
 from planner.search import Request
+
+
+def _plan_cli(capsys, *args) -> tuple[int, str]:
+    """`bapipe plan ...` in-process (a subprocess costs ~1.5 s of interpreter start-up here):
+    exit code (argparse errors exit through SystemExit) and stderr."""
+    from bapipe.cli import main
+
+    try:
+        rc = main(["plan", *args])
+    except SystemExit as e:
+        rc = e.code
+    return rc, capsys.readouterr().err
 
 
 def test_board_list_ranges():
@@ -55,10 +64,9 @@ def test_tiny_cap_is_refused_naming_cap():
                for s in out.plan.stages)
 
 
-def test_cli_cap_exit_2_one_line(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "bapipe.cli", "plan", "tiny-mlp", "4xU250-ring", "--cap", "1e-9",
-                        "-o", str(tmp_path / "p.yaml")], capture_output=True, text=True)
-    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "--cap" in r.stderr
+def test_cli_cap_exit_2_one_line(tmp_path, capsys):
+    rc, err = _plan_cli(capsys, "tiny-mlp", "4xU250-ring", "--cap", "1e-9", "-o", str(tmp_path / "p.yaml"))
+    assert rc == 2 and len(err.strip().splitlines()) == 1 and "--cap" in err
     assert not (tmp_path / "p.yaml").exists()
 
 
@@ -75,11 +83,10 @@ def test_table_shows_every_board():
 
 
 @pytest.mark.parametrize("option", ["--microbatches", "--partition"])
-def test_empty_option_values_are_refused_not_defaulted(option, tmp_path):
+def test_empty_option_values_are_refused_not_defaulted(option, tmp_path, capsys):
     """`--microbatches ''` planned with auto and `--partition ''` searched freely (issue 21)."""
-    r = subprocess.run([sys.executable, "-m", "bapipe.cli", "plan", "tiny-mlp", "4xU250-ring", option, "",
-                        "-o", str(tmp_path / "p.yaml")], capture_output=True, text=True)
-    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and option in r.stderr
+    rc, err = _plan_cli(capsys, "tiny-mlp", "4xU250-ring", option, "", "-o", str(tmp_path / "p.yaml"))
+    assert rc == 2 and len(err.strip().splitlines()) == 1 and option in err
     assert not (tmp_path / "p.yaml").exists()
 
 
@@ -113,10 +120,10 @@ def test_a_million_samples_plan_fast_within_the_microbatch_bound():
     assert p.microbatches <= MAX_MICROBATCHES
 
 
-def test_global_batch_bound_is_2_to_the_20(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "bapipe.cli", "plan", "tiny-mlp", "4xU250-ring", "--global-batch",
-                        str((1 << 20) + 1), "-o", str(tmp_path / "p.yaml")], capture_output=True, text=True)
-    assert r.returncode == 2 and "1048576" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+def test_global_batch_bound_is_2_to_the_20(tmp_path, capsys):
+    rc, err = _plan_cli(capsys, "tiny-mlp", "4xU250-ring", "--global-batch", str((1 << 20) + 1),
+                        "-o", str(tmp_path / "p.yaml"))
+    assert rc == 2 and "1048576" in err and len(err.strip().splitlines()) == 1
 
 
 @pytest.mark.parametrize("args, field, words", [
@@ -127,11 +134,10 @@ def test_global_batch_bound_is_2_to_the_20(tmp_path):
     (["tiny-mlp", "--no-replication", "--partition", "0-6x4"], "--partition", ["--no-replication"]),
     (["tiny-mlp", "--mesh", "2", "--partition", "0-3,4-6"], "--mesh", ["--partition"]),
 ])
-def test_partition_conflicts_are_named(args, field, words, tmp_path):
-    r = subprocess.run([sys.executable, "-m", "bapipe.cli", "plan", args[0], "4xU250-ring", *args[1:],
-                        "-o", str(tmp_path / "p.yaml")], capture_output=True, text=True)
-    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
-    assert f"{field}:" in r.stderr and all(w in r.stderr for w in words), r.stderr
+def test_partition_conflicts_are_named(args, field, words, tmp_path, capsys):
+    rc, err = _plan_cli(capsys, args[0], "4xU250-ring", *args[1:], "-o", str(tmp_path / "p.yaml"))
+    assert rc == 2 and len(err.strip().splitlines()) == 1, err
+    assert f"{field}:" in err and all(w in err for w in words), err
 
 
 def test_cap_check_names_an_internal_overrun_as_such():
