@@ -274,7 +274,8 @@ def test_link_configs_consistent(key):
 
 
 @pytest.mark.xdist_group("placement_builds")  # one worker renders each build once
-@pytest.mark.slow  # the planner's VGG-16 plan rendered in memory: ~4 s (shared with test_onchip_bytes)
+@pytest.mark.soak  # the planner's VGG-16 plan rendered in memory: ~25 s (build_project lowers and banks
+# 138 M weights; shared with test_onchip_bytes): make test-all
 def test_link_configs_consistent_vgg16():
     plan, model, cluster, ctx, files = build("vgg16")
     pl, parsed = check_build(ctx, files, cluster)

@@ -56,7 +56,7 @@ def test_tiny_cnn_onchip_bytes_match_the_design_and_fit():
 
 
 @pytest.mark.xdist_group("placement_builds")  # one worker renders each build once
-@pytest.mark.slow  # the planner's VGG-16 plan rendered in memory with zero weights: ~4 s
+@pytest.mark.soak  # the planner's VGG-16 plan rendered in memory with zero weights: ~25 s (make test-all)
 def test_vgg16_onchip_bytes_match_the_design_and_fit():
     rows = measure("vgg16")
     report = "; ".join(disagreements(rows))
