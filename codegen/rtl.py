@@ -176,6 +176,13 @@ def _link_ctx(pipe: Pipeline, i: int) -> dict:
             "params": list(t.link_params().items())}
 
 
+def _transport_facts(pipe: Pipeline, i: int) -> dict:
+    """The transport after stage i as the manifest records it (codegen.rtl_link)."""
+    t = link_transport(pipe, i)
+    return {"words_per_beat": t.words, "slices": t.slices, "window": t.window, "timeout": t.timeout, "dest": t.dest,
+            "cycles_per_sample": float(t.cycles_per_sample), "delivery_latency": t.delivery_latency}
+
+
 def render_pipeline(pipe: Pipeline, cluster_name: str, plan_hash: str) -> dict[str, str]:
     """File name -> Verilog text for every module of the pipeline (generic ones included)."""
     files = {f"{name}.v": render_template(name, plan_hash) for name in GENERIC}
@@ -219,7 +226,8 @@ def manifest(pipe: Pipeline, plan, files: list[str], mem_files: list[str] = ()) 
         "replicas": [s.replicas for s in plan.stages],   # the RTL is replica 0 of each stage
         "first_layer": plan.stages[0].layers[0], "last_layer": plan.stages[-1].layers[-1],
         "links": [{"src": l.src, "dst": l.dst, "bytes_per_cycle": float(l.bytes_per_cycle), "latency": l.latency,
-                   "credits": l.credits, "beat_bytes": l.beat_bytes} for l in pipe.links if l is not None],
+                   "credits": l.credits, "beat_bytes": l.beat_bytes, "transport": _transport_facts(pipe, i)}
+                  for i, l in enumerate(pipe.links) if l is not None],
         "predicted_cycles_per_sample": pipe.interval,
         "time_multiplexed": pipe.time_multiplexed,
         "breakdown": [[n, c] for n, c in pipe.breakdown],

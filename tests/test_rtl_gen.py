@@ -41,6 +41,11 @@ def test_manifest_cycle_model(tmp_path):
     # limit_denominator(64) is at least as close as the nearest multiple of 1/64: half of 1/64
     assert abs(link["bytes_per_cycle"] - 1.19e10 / 3e8) <= 1 / 128
     assert link["credits"] == rm.credit_depth(Fraction(1), 150) == 2 * 150 + rm.LINK_LOOP + rm.CREDIT_SLACK
+    # the transport (docs/network.md): 119/3 B/cycle is 0.6198 beats/cycle of 64 B; round trip
+    # 2*150 + 8 + 4 = 312 -> window ceil(193.4) + 2; timeout 312 + 16 + 16; 8 lanes of 16 bits:
+    # 3 words a beat, 8 words a sample -> beats of 3, 3, 2; 8 words (> 3 beats x 1.61 cycles)
+    assert link["transport"] == {"words_per_beat": 3, "slices": 1, "window": 196, "timeout": 344, "dest": 0,
+                                 "cycles_per_sample": 8.0, "delivery_latency": 150 + 3 + (2 - 1)}
 
 
 def test_make_link_and_credits():
