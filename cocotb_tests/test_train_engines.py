@@ -195,7 +195,7 @@ def _dense_files(mw, mh, pe, simd, w, b):
     return files
 
 
-@pytest.mark.slow  # one Verilator build per parameter set (~20-40 s), cached after
+@pytest.mark.soak  # one Verilator build per parameter set (~18 s CPU, 1 min wall), cached after
 @pytest.mark.parametrize("mw,mh,pe,simd", [(8, 6, 2, 4), (6, 4, 4, 3)])
 def test_dense_engines_bit_exact(mw, mh, pe, simd):
     rng = np.random.default_rng(mw * 100 + mh)
@@ -210,7 +210,7 @@ def test_dense_engines_bit_exact(mw, mh, pe, simd):
           w=w.tolist(), b=b.tolist(), seed=7)
 
 
-@pytest.mark.slow  # one Verilator build per parameter set, cached after
+@pytest.mark.soak  # one Verilator build per parameter set (~10 s CPU), cached after
 @pytest.mark.parametrize("n,lanes,bwd", [(10, 4, 0), (10, 4, 1)])
 def test_relu_engines_bit_exact(n, lanes, bwd):
     from codegen.rtl import render_template
