@@ -386,10 +386,12 @@ def to_plan(model: Model, cluster: Cluster, model_arg: str, cluster_arg: str, ex
             folding[l.name] = Folding(pe, simd) if matrix_shape(l) is not None else Folding(lanes=pe * simd)
             if board.kind == "fpga":
                 lc = layer_cost(l, board, pe, simd, ex.req.fmt, s["beta"])
-                # every layer has its own engine in both styles (fpga_models.allocate.engines_dsp)
-                dsp, lut = dsp + lc.dsp, lut + lc.lut
-                if s["style"] == "dataflow":
+                if s["style"] == "dataflow":   # every layer has its own engine
+                    dsp, lut = dsp + lc.dsp, lut + lc.lut
                     slowest = max(slowest, layer_cost(l, board, pe, simd, ex.req.fmt, 1).fwd_cycles)
+                else:   # counted as one shared engine, the largest layer's (fpga_models.allocate.engines_dsp;
+                    # the generators build one array per layer: docs/planner.md, the board budget)
+                    dsp, lut = max(dsp, lc.dsp), max(lut, lc.lut)
         res = {"dsp": dsp, "lut": lut}
         onchip_used = min(s["memory_bytes"], s["onchip"])
         res.update(onchip_blocks(board, onchip_used, ex.req.cap) if board.kind == "fpga" else {"uram": 0, "bram36": 0})
