@@ -91,6 +91,15 @@ class EngineStage:
     roms: list[Rom] = field(default_factory=list)
     line_buffer_elems: int = 0      # window generators' line buffers (elements)
     units: list[UnitFn] = field(default_factory=list)
+    feed: UnitFn | None = None      # time-multiplexed: engines beside the turns (input converters)
+    turn_streams: list[VStream] = field(default_factory=list)   # the frame buffers between turns
+
+    @property
+    def turn_params(self) -> list[VStream]:
+        """The streams the turns take from the top function: ports and the feed's output."""
+        local = {v.name for v in self.turn_streams}
+        seen = {v.name: v for u in self.units for v in u.params if v.name not in local}
+        return [seen[k] for k in sorted(seen)]
 
     @property
     def external(self) -> list[Rom]:
@@ -239,12 +248,16 @@ def engine_stage(st, layers, params: dict, external: bool = False) -> EngineStag
     streams = {w: VStream(nm, lanes[w], depth.get(w, DEFAULT_DEPTH)) for w, nm in names.items()}
     if not units:
         return EngineStage(st.in_lanes, st.out_lanes, _decl(streams.values()), calls, roms, lb)
-    top, fns = set(), []
-    for u in units:   # u.params/u.streams hold root wires here; map them to streams
-        top.update(u.params)
-        fns.append(UnitFn(u.name, sorted((streams[w] for w in u.params), key=lambda v: v.name),
-                          _decl(streams[w] for w in u.streams), u.calls, u.roms))
-    return EngineStage(st.in_lanes, st.out_lanes, _decl(streams[w] for w in top), [], roms, lb, fns)
+    fns = [UnitFn(u.name, sorted((streams[w] for w in u.params), key=lambda v: v.name),
+                  _decl(streams[w] for w in u.streams), u.calls, u.roms) for u in units]
+    feed = next((f for f in fns if f.name.endswith("_feed")), None)
+    turns = [f for f in fns if f is not feed]
+    # the top function declares the feed's streams (a DATAFLOW region of the feed and the
+    # turns' sequencer); the frame buffers between turns live in the sequencer
+    top = {v.name: v for v in (feed.params + feed.streams if feed else [])}
+    between = {v.name: v for u in turns for v in u.params if v.name not in top}
+    return EngineStage(st.in_lanes, st.out_lanes, _decl(top.values()), [], roms, lb, turns, feed,
+                       _decl(between.values()))
 
 
 def _decl(streams) -> list[VStream]:
@@ -286,22 +299,27 @@ def _turns(st, blocks, ins_of, outs_of, calls, call_block, root, alias, gate_out
 
     for j in call_block:
         of_block(j)
-    # straight behind the stage input: the turn of the first consumer that has one
-    for j in reversed(call_block):
+    # straight behind the stage input (widening converters into the first frame buffer):
+    # not a turn; they run as the input arrives, beside the turns (FEED), as in the Design,
+    # where they work in the producer's (the link's) time
+    for j in call_block:
         if turn[j] is None:
-            later = [turn[k] for k in call_block if turn.get(k) is not None and
-                     any(root(w) in {root(x) for x in outs_of[j]} for w in ins_of[k])]
-            turn[j] = min(later) if later else min(t for t in turn.values() if t is not None)
-    order = sorted({turn[j] for j in call_block})
+            turn[j] = FEED
+    order = sorted({turn[j] for j in call_block} - {FEED})
     uses: dict[str, set[int]] = {}
     for j in call_block:
         for w in ins_of[j] + outs_of[j]:
             uses.setdefault(root(w), set()).add(turn[j])
     ports = {root(ins_of[0][0]), root(outs_of[-1][0])}
     out = []
-    for t in order:
+    for t in order + ([FEED] if FEED in turn.values() else []):
         mine = [c for c, j in zip(calls, call_block) if turn[j] == t]
         ws = {w for w, ts in uses.items() if t in ts}
         shared = {w for w in ws if len(uses[w]) > 1 or w in ports}
-        out.append(UnitFn(f"s{st.index}_turn{t - order[0]}", sorted(shared), sorted(ws - shared), mine))
+        name = f"s{st.index}_feed" if t == FEED else f"s{st.index}_turn{t - order[0]}"
+        out.append(UnitFn(name, sorted(shared), sorted(ws - shared), mine))
     return out
+
+
+#: the group of a time-multiplexed stage's engines that runs beside its turns (see _turns)
+FEED = -1
