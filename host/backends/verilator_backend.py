@@ -110,7 +110,7 @@ def train_iterations(plan, model, cluster, master, x_q, labels, dy, iterations: 
     from fpga_models import train_fixed as T
 
     check_training(plan, model, cluster, options)
-    out_dir = Path(options.get("build") or "build") / "host_rtl"
+    out_dir = (Path(options.get("build") or "build") / "host_rtl").resolve()  # the simulator runs elsewhere
     rtl = out_dir / "train_rtl"
     # the RTL loads forward-format images; the master weights start at them exactly
     fw = {l: {"w": T.rescale(d["w"], tf.master.frac, tf.act), "b": T.rescale(d["b"], tf.master.frac, tf.act)}
