@@ -56,8 +56,8 @@ CASES = [
     ("tiny-cnn", "4xU250-ring", {"schedule": "interleaved"}, 3_648),
     ("tiny-cnn", "4xU250-ring", {"replication": False}, 216),
     ("tiny-mlp", "4xU250-ring", {}, 7_920),
-    ("tiny-cnn", "8xU280-ring", {}, 1),
-    (SMALL_RESNET, "4xU250-ring", {"schedule": "interleaved"}, 1),
+    ("tiny-cnn", "8xU280-ring", {}, 6_360),          # of 6,797 capped on a U280
+    (SMALL_RESNET, "4xU250-ring", {"schedule": "interleaved"}, 4_752),
     pytest.param("resnet50", "hetero-mix", {}, 4_608, marks=pytest.mark.slow),   # ~3.5 s
 ]
 
