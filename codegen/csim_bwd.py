@@ -83,6 +83,8 @@ def csim_backward(build: Path, st: dict, model, params: dict, fmt: fx.Fmt, rng: 
         row["cycles_per_sample"] = c_mb / mb
         row["flush_cycles"] = c_flush   # dW/db out once per iteration (the plan prices no gradient egress)
     row["streams"] = {k: {"depth": v["depth"], "peak": v["peak"]} for k, v in sorted((stats.get("streams") or {}).items())}
+    # per engine function, its cycles over the run (micro-batch + flush) per sample: the bottleneck
+    row["processes"] = {k: v / mb for k, v in sorted((stats.get("processes") or {}).items())}
     t0 = time.perf_counter()
     g, wg = fx.stage_bwd(layers, xs, dys, params, fmt)
     row["numpy_s"] = round(time.perf_counter() - t0, 3)
