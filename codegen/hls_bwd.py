@@ -413,7 +413,7 @@ def build_bwd(plan, model, st, sc, fmt, board=None) -> BwdCtx:
             lout = want if (w_ * c) % want == 0 else math.gcd(w_ * c, want)
             out = b.stream(f"dx_{tag}", lout)
             b.arrays.append(BArray(f"lb_{tag}", f"bapipe::gacc<{xb}>", (kh + sh, w_, c), xb, "bram",
-                                   partitions=[(kh + sh, 1)]))
+                                   partitions=_lb_partitions(kh, kw, sh, w_, c, simd, lout)))
             b.proc(f"bapipe::col2im<{wp}, {simd}, {lout}, {xb}, bapipe::FINISH_REQUANT, 0>({dx}, {out}, "
                    f"lb_{tag});", l.name, "col2im", _col2im_steps(h, w_, c, kh, sh, ph, vec * (kh * kw * c // simd), lout))
             contrib[src].append((out, lout))
@@ -476,7 +476,7 @@ def build_bwd(plan, model, st, sc, fmt, board=None) -> BwdCtx:
                            "avgpool_bwd_spread", ho * wo * kk * c // L)
                     mode = "bapipe::FINISH_AVG"
                 b.arrays.append(BArray(f"lb_{tag}", f"bapipe::gacc<{gb}>", (kh + sh, w_, c), gb, "bram",
-                                       partitions=[(kh + sh, 1)]))
+                                       partitions=_lb_partitions(kh, kw, sh, w_, c, L, L)))
                 b.proc(f"bapipe::col2im<{wp}, {L}, {L}, {gb}, {mode}, {recip}>({r}, {out}, lb_{tag});",
                        l.name, "col2im", _col2im_steps(h, w_, c, kh, sh, ph, ho * wo * kk * c // L, L))
             contrib[src].append((out, L))
@@ -540,6 +540,16 @@ def build_bwd(plan, model, st, sc, fmt, board=None) -> BwdCtx:
     return BwdCtx(name=f"{sc.name}_bwd", mb=mb, in_ports=in_ports, out_ports=out_ports, stashes=stashes,
                   grad_arrays=grads, acc_ports=acc_ports, arrays=b.arrays, streams=b.streams, processes=b.procs,
                   weights=[] if sc.embed_weights else list(sc.weights), engines=b.engines)
+
+
+def _lb_partitions(kh: int, kw: int, sh: int, w: int, c: int, lin: int, lout: int) -> list[tuple[int, int]]:
+    """ARRAY_PARTITION of a col2im line buffer [KH+SH][W][C] so a step's LIN adds (taps of one
+    pixel: several rows, columns and channels) and LOUT emits (consecutive HWC elements of a row)
+    touch distinct banks: every row slot, KW (or the columns a beat spans) columns, the channels
+    a beat spans."""
+    cols = max(kw, _ceil_div(lout, c))
+    chans = min(c, max(lin, lout))
+    return [(kh + sh, 1), (min(w, cols), 2), (chans, 3)]
 
 
 def _col2im_steps(h: int, w: int, c: int, kh: int, sh: int, ph: int, add_beats: int, lout: int) -> int:
