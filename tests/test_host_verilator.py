@@ -1,4 +1,5 @@
-"""The verilator backend: weights trained on the numpy backend, run on the generated RTL."""
+"""The verilator backend: weights trained on the numpy backend run on the generated RTL; training
+on the generated training RTL, bit-identical to the numpy fixed16 run."""
 from __future__ import annotations
 
 import pytest
@@ -28,3 +29,35 @@ def test_trained_weights_on_rtl_match_numpy_fixed_point(tmp_path):
     # learning thresholds (training works), not rounding bounds
     assert out["test_accuracy"] == out["numpy_test_accuracy"] > 0.7
     assert r["test_accuracy"] > 0.8
+
+
+def _tiny_mlp_train_plan(microbatches: int, size: int):
+    """tiny-mlp on 4 boards (GPipe) with the RTL tests' small folding, as a training plan."""
+    import dataclasses
+
+    from cocotb_tests.plans import tiny_mlp_plan
+
+    return dataclasses.replace(tiny_mlp_plan(4), mode="train", microbatches=microbatches, microbatch_size=size,
+                               global_batch=microbatches * size)
+
+
+@pytest.mark.soak  # one Verilator build of the training RTL (~2 min on 2 shared cores), then seconds
+def test_verilator_training_weights_bit_identical_to_numpy_fixed16(tmp_path):
+    """Issue 17 item 5: 3 iterations of tiny-mlp (4 micro-batches of 2) on the training RTL: master
+    weights after every iteration and every logit equal the numpy fixed16 run."""
+    from host.driver import train
+
+    r = train(_tiny_mlp_train_plan(4, 2), backend="verilator", epochs=1, max_iterations=3, build=str(tmp_path))
+    assert r["weights_match"] and r["outputs_match"] and r["first_mismatch"] is None
+    assert len(r["iteration_cycles"]) == 3 and min(r["iteration_cycles"]) > 0
+
+
+@pytest.mark.soak  # the build plus 55 iterations of 128 samples
+def test_verilator_training_reaches_093_in_5_epochs(tmp_path):
+    """tiny-mlp on digits, 5 epochs on the training RTL (4 micro-batches of 32, lr 0.05): weights
+    equal to the numpy fixed16 run after every epoch, and the same test accuracy, >= 0.93."""
+    from host.driver import train
+
+    r = train(_tiny_mlp_train_plan(4, 32), backend="verilator", epochs=5, build=str(tmp_path))
+    assert r["iterations"] == 5 * (1438 // 128) and r["weights_match_per_epoch"] == [True] * 5
+    assert r["test_accuracy"] == r["numpy_test_accuracy"] >= 0.93
