@@ -1,11 +1,13 @@
-"""A dataflow stage's HLS kernel read off its Design nodes (codegen.rtl_model lowering).
+"""A stage's HLS kernel read off its Design nodes (codegen.rtl_model lowering).
 
 Every engine node (window generator, MVU, pool, batchnorm, ReLU, add, fork, width converter)
 becomes one call of the streaming engine library (hls_templates/hls/bapipe_engines.h.j2) with
 the node's lanes, folding and shapes; every wire becomes an ``hls::stream<vec<L>, DEPTH>``.
 FIFO nodes are not processes: their depth goes onto the wire they sit on (skip FIFOs, MVU
-input buffers). Link nodes are the kernel's ports. Nothing here decides hardware: lanes,
-folding, depths and line buffers are the Design's (fpga_models.engines through the lowering).
+input buffers, frame buffers). Link nodes are the kernel's ports; gate nodes mark the turns
+of a time-multiplexed stage (one DATAFLOW function per turn, called in order per sample).
+Nothing here decides hardware: lanes, folding, depths and line buffers are the Design's
+(fpga_models.engines through the lowering); the window generator's ring adds STRIDE - 1 rows.
 """
 from __future__ import annotations
 
