@@ -54,7 +54,7 @@ def kernel_onchip_bytes(stage_ctx, fmt, bwd: bool = False) -> int:
 
     Forward kernels read off the Design (``stage_ctx.engine``, codegen.hls_design): every
     packed stream's FIFO (depth x lanes x element bytes; a time-multiplexed stage's frame
-    buffers between turns and its turns' own streams), the engines' on-chip ROMs (not the
+    buffers between turns, its turns' and its feed's own streams), the engines' on-chip ROMs (not the
     m_axi weight arrays) and the window generators' line buffers. Other forward kernels: the
     context's streams, on-chip weights and one line buffer per window layer
     (fpga_models.engines). Backward (codegen.hls_bwd.BwdCtx): its
@@ -70,7 +70,8 @@ def kernel_onchip_bytes(stage_ctx, fmt, bwd: bool = False) -> int:
     e = getattr(stage_ctx, "engine", None)
     if e is not None:   # read off the Design (codegen.hls_design); m_axi weight arrays are off chip
         roms = sum(math.prod(r.shape) * eb for r in e.roms if not getattr(r, "external", False))
-        streams = list(e.streams) + [v for u in getattr(e, "units", []) for v in u.streams]
+        units = list(getattr(e, "units", [])) + ([e.feed] if getattr(e, "feed", None) is not None else [])
+        streams = list(e.streams) + list(getattr(e, "turn_streams", [])) + [v for u in units for v in u.streams]
         return sum(v.depth * v.lanes * eb for v in streams) + roms + e.line_buffer_elems * eb
     total = sum(window_bytes(lc.layer, eb) for lc in stage_ctx.layers) + _roms_bytes(stage_ctx, eb)
     return total + sum(int(st.depth) * eb * int(getattr(st, "lanes", 1)) for st in stage_ctx.streams)
