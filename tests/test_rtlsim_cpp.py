@@ -132,8 +132,10 @@ def _plan(name: str):
 @verilator_test
 @pytest.mark.xdist_group("pipeline")
 @pytest.mark.parametrize("name,samples", [("tiny-mlp-3", 6),
-                                          pytest.param("conv-mini", 3, marks=pytest.mark.slow),
-                                          pytest.param("tiny-cnn", 3, marks=pytest.mark.slow)])
+                                          # the conv pipelines (~30 s each on 2 cores) are soak: the
+                                          # whole-pipeline conv runs stay in cocotb_tests/test_pipeline.py
+                                          pytest.param("conv-mini", 3, marks=[pytest.mark.slow, pytest.mark.soak]),
+                                          pytest.param("tiny-cnn", 3, marks=[pytest.mark.slow, pytest.mark.soak])])
 def test_pipeline_cpp_matches_numpy_and_cocotb(name, samples):
     import json
 
