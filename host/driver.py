@@ -559,6 +559,10 @@ def train(plan: str | Path | Plan, backend: str = "numpy", epochs: int | None = 
     if hw_train:  # the hardware trains in the plan's fixed-point arithmetic: host/train_hw.py
         from .train_hw import train_on_hardware
 
+        if global_batch is not None:
+            raise SpecError(plan_file, None, "--global-batch", f"the {backend} backend trains the plan's global batch "
+                                                               f"({plan.global_batch}: the hardware is generated for it)")
+
         return train_on_hardware(plan, model, _cluster, backend, epochs, lr, seed,
                                  {"build": build, "timeout": timeout}, max_iterations, plan_file,
                                  log=log, checkpoint=checkpoint)
