@@ -130,7 +130,7 @@ def main() -> int:
     return 1 if failed else 0
 
 
-#: the model trained on the training RTL, and how: 4 boards, micro-batches of two samples
+#: the model trained on the training RTL, and how: 4 boards, 4 micro-batches of 2 samples
 TRAIN_MODEL = "tiny-mlp"
 TRAIN_ITERATIONS = int(os.environ.get("BAPIPE_DEMO_TRAIN_ITERATIONS", "4"))
 TRAIN_PLAN_ARGS = ("--no-replication", "--schedule", "1f1b", "--microbatches", "4", "--global-batch", "8",
@@ -147,7 +147,7 @@ def _train_in_verilator() -> int:
         _line("plan", False, str(r), dt)
         return 1
     _line("plan", True, f"{TRAIN_MODEL} for training: {r['schedule']}, {len(r['stages'])} stages, "
-          f"{r['microbatches']} micro-batches of 2", dt)
+          f"{r['microbatches']} micro-batches of {r['microbatch_size']}", dt)
     from host.backends import BackendUnavailable
     from host.driver import train
 
