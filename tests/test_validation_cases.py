@@ -399,7 +399,8 @@ def test_resume_with_fewer_epochs_is_refused(at, capsys):
 
 
 def test_verilator_backend_refuses_epochs_and_foreign_build_folders(at, capsys):
-    _refused(capsys, ["run", "p.yaml", "--backend", "verilator", "--epochs", "3"], "--epochs")
+    # the verilator backend trains what the training RTL builds (issue 17): tiny-mlp, not tiny-cnn's convolutions
+    _refused(capsys, ["run", "pc.yaml", "--backend", "verilator", "--epochs", "3", "--build", "pcb"], "--epochs")
     (at / "other").mkdir(exist_ok=True)
     (at / "other" / "keep.txt").write_text("mine")
     _refused(capsys, ["run", "p.yaml", "--backend", "verilator", "--build", "other"], "other", "--build")
