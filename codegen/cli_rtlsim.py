@@ -59,16 +59,21 @@ def cmd_rtlsim(args):
     from codegen.rtl_model import predicted_cycles_per_sample
 
     build = Path(args.build)
+    samples = getattr(args, "samples", None)
+    if samples is not None and not 2 <= int(samples) <= MAX_SAMPLES:
+        raise SpecError(None, None, "--samples", f"expected 2..{MAX_SAMPLES} samples, got {samples}")
     if (build / "rtl" / "train" / "manifest.json").exists():   # a mode: train plan: k iterations
         from .cli_gen import check_build
         from .rtlsim_train import train_rtlsim
 
+        if samples is not None:   # silently ignoring it would report a run the user did not ask for
+            raise SpecError(None, None, "--samples", "a training build runs whole iterations: expected "
+                            "--iterations K instead of --samples")
         check_build(build)
         r = train_rtlsim(build, int(getattr(args, "iterations", 2)))
         return r, (0 if r["weights_match"] and r["outputs_match"] else 1)
     man = _load_manifest(build)
     steady = float(man["predicted_cycles_per_sample"])
-    samples = getattr(args, "samples", None)
     samples = default_samples(man) if samples is None else int(samples)
     if samples < 2 or samples > MAX_SAMPLES:
         raise SpecError(None, None, "--samples", f"expected 2..{MAX_SAMPLES} samples, got {samples}")
