@@ -111,6 +111,8 @@ def host_config(ctx: ProjectCtx) -> dict:
             "weights_file": f"{s.name}/weights.bin",
             # engine kernels whose weights are m_axi arguments: their banked arrays (raw, as weights.bin)
             "roms_file": f"{s.name}/roms.bin" if s.engine is not None and s.engine.external else None,
+            "roms": [{"name": r.name, "shape": list(r.shape), "elements": r.size}
+                     for r in (s.engine.external if s.engine is not None else [])],
             "weights": [{"name": w.name, "layer": l.name, "shape": list(w.model_shape), "offset": w.offset,
                          "elements": int(w.model_q.size)} for l in s.layers for w in l.weights],
             "embedded_weights": s.embed_weights,

@@ -173,7 +173,9 @@ def check_engines(engines: str, ctx, rtl_supported: bool, reason: str | None) ->
 def strip_rtl_weight_ports(boards, stages):
     """The boards' link lines for RTL kernels: their weights are on-chip ROM, so the m_axi
     weight ``sp`` lines of the HLS kernels go (the rest names the same kernels and ports)."""
-    drop = {f"{s.name}_1.{w.name}:" for s in stages for w in s.weights}
+    # every m_axi port of a forward stage kernel (per-layer weight arrays or the engine
+    # kernels' external ROMs): the RTL kernel has none
+    drop = {f"{s.name}_1." for s in stages}
     return [replace(b, sp=[l for l in b.sp if not any(l.startswith(d) for d in drop)]) for b in boards]
 
 
@@ -211,7 +213,13 @@ def xrt_manifest(ctx, engines: str) -> dict:
                 args = streams + [{"index": len(streams), "name": "samples", "kind": "samples"}]
             elif getattr(s, "engine", None) is not None:   # HLS engine kernels: n samples per call
                 control, starts = "hs", "once"
-                args = streams + [{"index": len(streams), "name": "n", "kind": "samples"}]
+                args, off = list(streams), 0
+                for r in s.engine.external:   # m_axi weight arrays (stages beyond on-chip ROM), from roms.bin
+                    nbytes = r.size * elem_bytes
+                    args.append({"index": len(args), "name": r.name, "kind": "weights", "bytes": nbytes,
+                                 "file": f"{s.name}/roms.bin", "offset": off})
+                    off += nbytes
+                args.append({"index": len(args), "name": "n", "kind": "samples"})
             elif s.embed_weights:
                 control, starts, args = "none", "never", streams
             else:

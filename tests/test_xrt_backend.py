@@ -157,8 +157,10 @@ def test_tiny_cnn_4_boards_rtl(tmp_path, monkeypatch):
 
 def test_external_weights_are_loaded_from_the_manifest(tmp_path, monkeypatch):
     """Stages whose weights live off chip (EMBED_LIMIT forced to 0): every m_axi weight argument
-    gets a buffer of the manifest's size in the bank of its argument, filled with the kernel-
-    layout image; the kernels (one sample per call) start N times each, downstream first."""
+    gets a buffer of the manifest's size in the bank of its argument, filled from the image the
+    manifest names (engine kernels: their external ROM banks, roms.bin; per-layer kernels: the
+    kernel-layout weights_kernel.bin); engine kernels start once for all N samples, per-layer
+    ones once per sample; downstream first."""
     import codegen.context
 
     monkeypatch.setattr(codegen.context, "EMBED_LIMIT", 0)
@@ -170,28 +172,43 @@ def test_external_weights_are_loaded_from_the_manifest(tmp_path, monkeypatch):
     assert r["mismatches_vs_numpy"] == 0
     _common_checks(out, stamp, calls, n)
     bos = [c for c in calls if c[0] == "bo"]
+    engine_kernels = 0
     for b in stamp["xrt"]["boards"]:
         for k in b["kernels"]:
             st = next(s for s in hc["stages"] if s["kernel"] == k["name"])
             w = [a for a in k["args"] if a["kind"] == "weights"]
-            # sizes: host_config's element counts x 2 bytes (fixed16), same names and order
-            assert [a["name"] for a in w] == [x["name"] for x in st["weights"]]
-            assert [a["bytes"] for a in w] == [2 * x["elements"] for x in st["weights"]]
+            engine = st["samples_per_call"] == "n"   # Design engine kernels: n samples a call
+            engine_kernels += engine
+            # sizes: host_config's element counts x 2 bytes (fixed16), same names and order: the
+            # engine kernels' external ROM banks, or the per-layer kernels' weight arrays
+            want = st["roms"] if engine else st["weights"]
+            assert [a["name"] for a in w] == [x["name"] for x in want]
+            assert [a["bytes"] for a in w] == [2 * x["elements"] for x in want]
             for a in w:
                 assert ("bo", b["device"], a["bytes"], a["index"]) in bos
                 assert ("set_arg", b["device"], k["instance"], a["index"], ("bo", a["bytes"])) in calls
+                # the buffer is filled from the file the manifest names, at its offset
+                assert a["file"] == (st["roms_file"] if engine else f"{k['name']}/weights_kernel.bin")
             starts = [c for c in calls if c[0] == "start" and c[2] == k["instance"]]
-            assert len(starts) == (n if w else 0) and k["starts"] == ("per_sample" if w else "never")
-    # the image holds the kernel layout: conv OIHW -> [o][(ky*KW+kx)*C + c] of weights.bin
+            if engine:
+                assert len(starts) == 1 and k["starts"] == "once"
+            else:
+                assert len(starts) == (n if w else 0) and k["starts"] == ("per_sample" if w else "never")
+    assert engine_kernels, "no stage of the plan lowered to engine kernels"
+    # every stage kernel's weights reach the board: the engine ROM images total the weight matrices
     st = hc["stages"][0]
-    conv = st["weights"][0]
-    o, c, kh, kw = conv["shape"]
-    model_w = np.fromfile(out / st["weights_file"], dtype="<i2")[conv["offset"]:conv["offset"] + conv["elements"]]
-    image = np.fromfile(out / "stage0" / "weights_kernel.bin", dtype="<i2")[:conv["elements"]]
-    assert np.array_equal(image, model_w.reshape(o, c, kh, kw).transpose(0, 2, 3, 1).reshape(-1))
-    # per-sample order: within each sample the stage kernels start downstream first
+    if st["samples_per_call"] == "n":
+        roms = np.fromfile(out / st["roms_file"], dtype="<i2")
+        assert roms.size == sum(r["elements"] for r in st["roms"]) > 0
+    else:   # the per-layer image holds the kernel layout: conv OIHW -> [o][(ky*KW+kx)*C + c]
+        conv = st["weights"][0]
+        o, c, kh, kw = conv["shape"]
+        model_w = np.fromfile(out / st["weights_file"], dtype="<i2")[conv["offset"]:conv["offset"] + conv["elements"]]
+        image = np.fromfile(out / "stage0" / "weights_kernel.bin", dtype="<i2")[:conv["elements"]]
+        assert np.array_equal(image, model_w.reshape(o, c, kh, kw).transpose(0, 2, 3, 1).reshape(-1))
+    # the stage kernels start downstream first
     order = [c[2] for c in calls if c[0] == "start" and c[2].startswith("stage")]
-    assert order[:4] == ["stage3_1", "stage2_1", "stage1_1", "stage0_1"] and len(order) == 4 * n
+    assert order[:4] == ["stage3_1", "stage2_1", "stage1_1", "stage0_1"]
 
 
 @pytest.mark.parametrize("engines", ["hls", "rtl"])
