@@ -147,8 +147,9 @@ def oversubscribed(board: Board, placed: dict) -> dict | None:
 
 
 def check_stage_fits(ctx, boards: dict[str, Board], where: str) -> None:
-    """A stage whose forward kernel alone needs more DSP or on-chip bytes than its board has
-    usable cannot be built: SpecError (exit 2) naming the stage, the board and both figures."""
+    """A stage whose forward kernel alone needs more DSP than its board has usable cannot be
+    built: SpecError (exit 2) naming the stage, the board and both figures. (On-chip bytes
+    over the board are reported by :func:`oversubscribed`, not refused: see the comment.)"""
     plan_stage = {st.index: st for st in ctx.plan.stages}
     for s in ctx.stages:
         for bname in s.boards:
@@ -156,11 +157,13 @@ def check_stage_fits(ctx, boards: dict[str, Board], where: str) -> None:
             if board is None or not board.slrs:
                 continue
             dsp = stage_dsp(s, plan_stage[s.index], board, ctx.plan.number_format)
-            nbytes = kernel_onchip_bytes(s, ctx.fmt)
-            have = sum(x.on_chip_bytes for x in board.slrs)
-            if dsp > board.usable_dsp or nbytes > have:
-                what = (f"{dsp:,} DSP, the board has {board.usable_dsp:,} usable" if dsp > board.usable_dsp
-                        else f"{nbytes:,} on-chip bytes, the board has {have:,} usable")
+            # DSP is the planner's budget (fpga_models.allocate shares it over the board's
+            # kernels), so a stage over it is a plan no search made: refused. On-chip bytes are
+            # not yet priced that way (time-multiplexed frame buffers, docs/codegen.md): a kernel
+            # over them is reported by the oversubscription warning and placement.json instead,
+            # so the planner's own plans still generate and the gap stays visible.
+            if dsp > board.usable_dsp:
+                what = f"{dsp:,} DSP, the board has {board.usable_dsp:,} usable"
                 pos = next(i for i, st in enumerate(ctx.plan.stages) if st.index == s.index)
                 raise SpecError(where, None, f"stages[{pos}].folding",
                                 f"expected stage {s.index} to fit board {bname} ({board.name}): its kernel "
