@@ -417,60 +417,6 @@ def _cycles(build: Path, st: dict, stats: dict | None, samples: int) -> dict:
             "processes": {k: v / samples for k, v in sorted(((stats or {}).get("processes") or {}).items())}}
 
 
-def csim_backward(build: Path, st: dict, model, params: dict, fmt: fx.Fmt, rng: np.random.Generator,
-                  cache: Path, tolerance_lsb: int = 0, mb: int | None = None, macs: int = 0) -> dict:
-    """Compile and run a stage's backward kernel on one random micro-batch; compare input and
-    weight gradients with fpga_models.fixedpoint.stage_bwd.
-
-    ``mb`` below the plan's micro-batch rebuilds the kernel with ``-DMB=mb`` (big stages).
-    """
-    b = st["backward"]
-    name = b["kernel"]
-    sdir = build / st["kernel"]
-    plan_mb = b["microbatch"]
-    mb = plan_mb if mb is None else mb
-    flags = build_flags(macs) + ((f"-DMB={mb}",) if mb != plan_mb else ())
-    comp = compile_sources([sdir / f"{name}.cpp", sdir / f"tb_{name}.cpp"], [sdir, build / "common"], cache, name,
-                           flags)
-    x_ports = [p for p in b["inputs"] if p["port"].startswith("x_")]
-    dy_ports = [p for p in b["inputs"] if p["port"].startswith("dy_")]
-    xs = {p["tensor"]: random_input(rng, mb, tuple(p["shape"]), fmt) for p in x_ports}
-    dys = {p["tensor"]: random_input(rng, mb, tuple(p["shape"]), fmt, span=1.0) for p in dy_ports}
-    feed = [to_stream(xs[p["tensor"]]) for p in x_ports] + [to_stream(dys[p["tensor"]]) for p in dy_ports]
-    counts = [p["elements"] for p in b["outputs"]]
-    row = {"name": name, "passed": False, "max_abs_err_lsb": None, "compile_s": round(comp.compile_s, 3),
-           "run_s": 0.0, "cached": comp.cached, "samples": mb, "macs": macs,
-           "mac": "acc_t" if "-DBAPIPE_AP_MAC" in flags else "int64"}
-    if mb != plan_mb:
-        row["note"] = f"micro-batch {mb} of the plan's {plan_mb} (-DMB={mb}): the csim run-time budget"
-    wfile = None if st["embedded_weights"] else build / st["weights_file"]
-    try:
-        outs, tail, run_s = run_binary(comp.path, feed, mb, counts, wfile)
-    except RuntimeError as e:
-        row["error"] = str(e).splitlines()[0]
-        row["deadlock"] = isinstance(e, Deadlock)
-        return row
-    row["run_s"] = round(run_s, 3)
-    layers = [model.layers[model.index[l["name"]]] for l in st["layers"]]
-    t0 = time.perf_counter()
-    g, wg = fx.stage_bwd(layers, xs, dys, params, fmt)
-    row["numpy_s"] = round(time.perf_counter() - t0, 3)
-    err = 0
-    for p, o in zip(b["outputs"], outs):
-        err = max(err, int(np.max(np.abs(from_stream(o, tuple(p["shape"])) - g[p["tensor"]]))))
-    pos = 0
-    for a in b["weight_grads"]:
-        ref = wg[a["layer"]][a["kind"]]
-        if a["kind"] == "dw" and ref.ndim == 4:
-            ref = fx.conv_weight_matrix(ref)
-        got = tail[pos:pos + a["elements"]]
-        pos += a["elements"]
-        err = max(err, int(np.max(np.abs(got - ref.reshape(-1)))) if got.size == ref.size else 1 << 30)
-    row["max_abs_err_lsb"] = err
-    row["passed"] = err <= tolerance_lsb
-    return row
-
-
 def clean_cache(build: Path) -> None:
     """Remove the compile cache (``make clean`` does not touch it)."""
     shutil.rmtree(cache_dir(build), ignore_errors=True)
