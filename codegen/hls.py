@@ -191,8 +191,13 @@ def render_files(ctx: ProjectCtx, plan_text: str, cluster=None, engines: str = "
         put(f"link/{b.name}.cfg", "link.cfg.j2", header=h_hdr, b=b,
             link=link_lines(b, pl["boards"][b.name], pl["channels"], pl["local"]))
     kernels = [k for s in ctx.stages for k in ([s.name] + ([s.bwd.name] if s.bwd else []))]
+    # the framing kernels the link configs name, packaged as RTL kernels (codegen.package_net)
+    from .package_net import link_objects, makefile_context, net_kernel_files, net_kernels
+    net = net_kernels(ctx, cluster, pl, engines)
+    files.update({p: t.encode() for p, t in net_kernel_files(net, ctx.fingerprint[:16]).items()})
     put("Makefile", "Makefile.j2", header=h_hdr, stages=ctx.stages, kernels=kernels,
-        boards=[b for b in ctx.boards if b.platform], engines=engines)
+        boards=[b for b in ctx.boards if b.platform], engines=engines, net=makefile_context(net),
+        links=link_objects(ctx, pl, net))
     return files
 
 

@@ -15,6 +15,8 @@ drops a frame for want of room. Channel ``k`` is the XUP VNx socket index carrie
 """
 from __future__ import annotations
 
+import re
+
 #: network stacks a cluster's links may use (cluster ``link.kind``: ``aurora`` picks Aurora,
 #: anything else between FPGA boards the XUP VNx UDP stack)
 VNX = "vnx"
@@ -37,6 +39,14 @@ def net_kernel(tx: int, rx: int) -> str:
     """The framing kernel's name for ``tx`` outgoing and ``rx`` incoming stage channels
     (its port list depends on them, so each shape is its own packaged kernel)."""
     return f"bapipe_net_t{tx}r{rx}"
+
+
+def net_board_kernel(board: str, port: int) -> str:
+    """The Vitis kernel packaged for the framing instance of ``board``'s QSFP28 port ``port``
+    (codegen.package.net_kernels): its stream widths, sample lengths and window sizes are that
+    port's channels', so every board port is its own kernel (the RTL module inside is
+    ``net_kernel(tx, rx)``'s shape, renamed ``<kernel>_core``)."""
+    return f"bapipe_net_{re.sub(r'[^0-9A-Za-z_]', '_', board)}_q{port}"
 
 
 def net_instance(port: int) -> str:

@@ -123,10 +123,12 @@ def rtl_kernels(plan, model, cluster, params, stages, main: dict[str, str] | Non
         env_ctx = dict(version=GENERATOR_VERSION, plan_hash=plan_hash, name=name, index=ps.index)
         ports = [{"port": f"s_axis_{k.in_port}", "mode": "read_only", "width": ew},
                  {"port": f"m_axis_{k.out_port}", "mode": "write_only", "width": ew}]
+        what = dict(what=f"stage {ps.index}", control="ap_ctrl_hs")
         files[f"{d}/kernel.xml"] = _render("kernel.xml.j2", vlnv=f"{VENDOR}:kernel:{name}:1.0", ports=ports,
-                                           args=k.args, **env_ctx)
+                                           args=k.args, **what, **env_ctx)
         files[f"{d}/package_xo.tcl"] = _render(
             "package_xo.tcl.j2", part=_part(ps.board_type), xo_path=f"../../../{name}/{name}.xo", sources=sources,
+            here=d, **what,
             memories=memories, vendor=VENDOR, ports=ports,
             registers=[{"name": n, "offset": f"0x{o:03x}", "bits": b} for n, o, b in REGISTERS], **env_ctx)
         files[f"{d}/sources.json"] = json.dumps({"kernel": name, "top": name, "sources": sources,

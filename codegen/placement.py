@@ -397,7 +397,8 @@ def network(ctx, cluster, where: str = "plan.yaml") -> dict[str, dict]:
                 chans[ci]["src_socket"] = k
             for k, ci in enumerate(port["rx"]):
                 chans[ci]["dst_socket"] = t + k
-            out[board][q] = {**port, "kernel": nn.net_kernel(t, r), "instance": nn.net_instance(q)}
+            out[board][q] = {**port, "kernel": nn.net_board_kernel(board, q), "shape": nn.net_kernel(t, r),
+                             "instance": nn.net_instance(q)}
     return {"ports": out, "channels": chans, "local": local}
 
 

@@ -195,22 +195,27 @@ def transport(link, lanes: int, elem_w: int, sample_beats: int, dest: int = 0,
                          link.latency, dest, faults)
 
 
-def render_net_port(tx: list[TransportSpec], rx: list[TransportSpec], plan_hash: str = "none") -> tuple[str, str]:
+def render_net_port(tx: list[TransportSpec], rx: list[TransportSpec], plan_hash: str = "none",
+                    module: str | None = None) -> tuple[str, str]:
     """(module name, Verilog) of the framing kernel of one QSFP28 port with outgoing channels
     ``tx`` (socket k = position k) and incoming ``rx`` (socket len(tx) + j); its name is
-    codegen.netnames.net_kernel(len(tx), len(rx))."""
+    ``module``, by default codegen.netnames.net_kernel(len(tx), len(rx)) (the packaged kernels
+    name theirs after the board port: codegen.package.net_kernels)."""
     from .netnames import MAX_CHANNELS, net_kernel
     from .rtl import render_template
     if not 0 < len(tx) + len(rx) <= MAX_CHANNELS:
         raise ValueError(f"a port carries 1..{MAX_CHANNELS} channels, not {len(tx) + len(rx)}")
-    module = net_kernel(len(tx), len(rx))
+    module = module or net_kernel(len(tx), len(rx))
 
     def send_params(t: TransportSpec, k: int) -> list[tuple[str, int]]:
         p = {"STAGE_W": t.stage_w, "CONV_W": count_bits(t.slices), **t.pack_params(), **t.tx_params(), "DEST": k}
         return list(p.items())
 
     def recv_params(t: TransportSpec) -> list[tuple[str, int]]:
-        p = {"STAGE_W": t.stage_w, "CONV_W": count_bits(t.slices), **t.unpack_params(), **t.rx_params()}
+        # the receiving stage's word may differ from the sender's (a packaged kernel whose consumer
+        # takes more or fewer lanes a beat): the join converts either way (axis_width_conv)
+        ratio = max(t.stage_w, t.data_w) // min(t.stage_w, t.data_w)
+        p = {"STAGE_W": t.stage_w, "CONV_W": count_bits(ratio), **t.unpack_params(), **t.rx_params()}
         p["DATA_W"] = t.data_w
         return list(p.items())
 

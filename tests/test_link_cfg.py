@@ -224,7 +224,8 @@ def check_build(ctx, files, cluster):
         # network glue: each QSFP28 port in use has its stack's kernels wired both ways
         for port in pl["boards"][b.name]["network"]:
             q, frm = port["qsfp"], nn.net_instance(port["qsfp"])
-            assert p["inst_kernel"][frm] == nn.net_kernel(port["tx"], port["rx"])
+            assert p["inst_kernel"][frm] == nn.net_board_kernel(b.name, q) == port["kernel"]
+            assert port["shape"] == nn.net_kernel(port["tx"], port["rx"])
             assert port["tx"] + port["rx"] <= nn.MAX_CHANNELS
             if port["stack"] == nn.VNX:
                 nl = nn.vnx_netlayer_instance(q)

@@ -94,7 +94,9 @@ def test_engines_choose_the_makefile_rules_and_weight_ports(tmp_path, monkeypatc
     hls, rtl = _gen(tmp_path, plan, "hls", "hls"), _gen(tmp_path, plan, "rtl", "rtl")
     mk_h, mk_r = (hls / "Makefile").read_text(), (rtl / "Makefile").read_text()
     assert "ENGINES := hls" in mk_h and mk_h.count("$(VITIS_HLS) -f run_hls.tcl") == 4
-    assert "$(VIVADO)" in mk_r and mk_r.count("-source package_xo.tcl") == 4
+    assert "$(VIVADO)" in mk_r and mk_r.count("-source package_xo.tcl") == 4 + 6   # 4 stages, 6 board ports
+    assert [mk.count("\tcd rtl/kernels/stage") for mk in (mk_h, mk_r)] == [0, 4]
+    assert [mk.count("\tcd net/bapipe_net_fpga") for mk in (mk_h, mk_r)] == [6, 6]
     for b in ("fpga0", "fpga1", "fpga2", "fpga3"):
         cfg_h, cfg_r = (hls / "link" / f"{b}.cfg").read_text(), (rtl / "link" / f"{b}.cfg").read_text()
         s = f"stage{b[-1]}_1."
