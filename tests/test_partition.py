@@ -12,6 +12,7 @@ from fpga_models.cluster import parse_cluster
 from bapipe.yamlio import loads
 from planner import partition as part
 from planner.search import Config, Explorer, Request
+from tolerances import f64_sum
 
 
 def _problem(rng, n, S, m, v, with_x, p_inf):
@@ -41,11 +42,13 @@ def test_dp_equals_brute_force(seed, n, S, m, v, with_x, p_inf):
         assert got is None
         return
     assert got is not None and got.exact
-    # DP and enumeration add the same <= 10 stage and link times in different orders
-    # (f64_sum(20) = 2.2e-15); 1e-12 also covers differences of prefix sums of the tables
-    assert got.objective == pytest.approx(want.objective, rel=1e-12, abs=1e-12)
-    # the reported partition really has that objective
-    assert part.evaluate(p, got.bounds)[0] == pytest.approx(got.objective, rel=1e-12)
+    # both objectives come from part.evaluate (<= 4 stage + 3 link + 4 extra positive terms:
+    # about 14 roundings each); they differ only when the DP's own sums (another order) pick
+    # a partition that ties with the enumeration's within rounding: 2 x 14 + 2 x 14 < 64 u.
+    # Measured: equal to the bit on 3158 random instances.
+    assert got.objective == pytest.approx(want.objective, rel=f64_sum(64), abs=0)
+    # the reported partition really has that objective: solve stores evaluate's own value
+    assert part.evaluate(p, got.bounds)[0] == got.objective
 
 
 def test_min_max_closed_case():
@@ -94,4 +97,6 @@ def test_planner_configs_match_brute_force(widths, m, schedule, rc):
     want = part.brute_force(prob)
     assert (got is None) == (want is None)
     if want is not None:
-        assert got.objective == pytest.approx(want.objective, rel=1e-12)
+        # the same tables priced by part.evaluate on both sides (see test_dp_equals_brute_force);
+        # entries are differences of prefix sums, each off by <= 2 u x the model's time <= 2 u J
+        assert got.objective == pytest.approx(want.objective, rel=f64_sum(64), abs=0)

@@ -21,8 +21,15 @@ from bapipe.yamlio import loads
 from fpga_models.cluster import parse_cluster
 from planner import partition as part
 from planner.search import Config, Explorer, Request
+from tolerances import f64_sum
 
 TYPES = ("U250", "U280", "VCU118")
+
+#: search vs enumeration: J of <= 8 stages, each table entry a difference of prefix sums over
+#: the layers (absolute error <= 2 u x the model's time <= 2 u J), plus <= 15 additions of stage
+#: and link costs and the (m v - 1) x bottleneck term: < 32 u per side, 64 u between the two.
+#: Measured: at most 2.2 u over seeds 0..29 and 1000..1099.
+REL = f64_sum(64)
 
 
 def _instance(rng: random.Random):
@@ -146,19 +153,18 @@ def _check(seed: int) -> tuple[float, float]:
     if found:
         c = found[0]
         prob = ex.problem(c.config, L=ex.n)
-        # the same stage times summed in another order (at most ~40 terms): f64_sum(40) = 4.4e-15,
-        # 1e-12 leaves room for the max-plus terms' differences of prefix sums
-        assert part.evaluate(prob, c.bounds)[0] == pytest.approx(ex.objective(c.config, c.bounds), rel=1e-12)
+        # the same stage times in the same order: equal to the bit (measured on 130 instances)
+        assert part.evaluate(prob, c.bounds)[0] == ex.objective(c.config, c.bounds)
     return got, want
 
 
 @pytest.mark.parametrize("block", range(10))
 def test_search_equals_exhaustive_fast(block):
     """30 instances (3 per block) in the default run. Search and enumeration price the same
-    partitions from the same tables, summed in different orders: rel 1e-12 (see _check)."""
+    partitions from the same tables, summed in different orders (see REL)."""
     for seed in range(block * 3, block * 3 + 3):
         got, want = _check(seed)
-        assert got == pytest.approx(want, rel=1e-12, abs=0) or (math.isinf(got) and math.isinf(want)), seed
+        assert got == pytest.approx(want, rel=REL, abs=0) or (math.isinf(got) and math.isinf(want)), seed
 
 
 @pytest.mark.slow
@@ -168,4 +174,4 @@ def test_search_equals_exhaustive(block):
     """300 more instances (seeds 1000..1299), 10 per block."""
     for seed in range(1000 + block * 10, 1000 + block * 10 + 10):
         got, want = _check(seed)
-        assert got == pytest.approx(want, rel=1e-12, abs=0) or (math.isinf(got) and math.isinf(want)), seed
+        assert got == pytest.approx(want, rel=REL, abs=0) or (math.isinf(got) and math.isinf(want)), seed  # see REL
