@@ -5,6 +5,10 @@ from here, so a schedule means the same thing everywhere. Devices are pipeline p
 0..p-1; with interleaving a device holds ``v`` model chunks and virtual stage ``c*p + d``
 lives on device ``d`` (Narayanan et al., SC'21).
 
+Asynchronous schedules (``ASYNC``: PipeDream-2BW and PipeDream) never flush: iterations
+follow each other in one op stream per device (``stream_ops``), so their stash counts come
+from the stream, not from one iteration's order.
+
 An op is (kind, microbatch, chunk): ``F`` forward, ``B`` backward (input and weight grad
 together) or, with ``split_backward``, ``B`` input grad and ``W`` weight grad.
 """
@@ -12,7 +16,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-SCHEDULES = ("gpipe", "1f1b", "interleaved", "eager-1f1b", "2bw")
+SCHEDULES = ("gpipe", "1f1b", "interleaved", "eager-1f1b", "2bw", "pipedream")
+
+#: schedules without a flush whose forwards read stale weights: they change what the user
+#: trains, so the planner's auto never picks them
+ASYNC = ("2bw", "pipedream")
 
 #: most micro-batches per iteration a plan has (`bapipe plan --microbatches` and the planner's
 #: own choice): the search and the replay are linear in it, 10**9 ran for hours, and no
@@ -35,12 +43,13 @@ class Op:
 def warmup_forwards(schedule: str, p: int, d: int, m: int) -> int:
     """Forwards device ``d`` runs before its first backward (non-interleaved schedules).
 
-    GPipe runs all m; 1F1B and 2BW run p-d (Narayanan et al. SOSP'19); eager-1F1B runs
+    GPipe runs all m; 1F1B, 2BW and PipeDream run p-d (Narayanan et al. SOSP'19: PipeDream's
+    startup admits NOAM = p-d micro-batches on an unreplicated pipeline); eager-1F1B runs
     2(p-d)-1 so activation sends overlap compute (Zhuang et al., arXiv 2211.05322).
     """
     if schedule == "gpipe":
         return m
-    if schedule in ("1f1b", "2bw"):
+    if schedule in ("1f1b", "2bw", "pipedream"):
         return min(p - d, m)
     if schedule == "eager-1f1b":
         return min(2 * (p - d) - 1, m)
@@ -130,14 +139,53 @@ def peak_stash(ops: list[Op]) -> int:
     return peak
 
 
+def stream_ops(schedule: str, p: int, d: int, m: int, iterations: int) -> list[tuple[Op, int]]:
+    """Device ``d``'s ops over ``iterations`` iterations of ``m`` micro-batches, each with the
+    iteration it belongs to (micro-batch ids run on across iterations). Asynchronous
+    schedules run one op order over all ``iterations x m`` micro-batches (no flush); the
+    others repeat one iteration's order."""
+    if schedule in ASYNC:
+        return [(o, o.mb // m) for o in device_ops(schedule, p, d, m * iterations)]
+    base = device_ops(schedule, p, d, m)
+    return [(Op(o.kind, o.mb + j * m, o.chunk), j) for j in range(iterations) for o in base]
+
+
 def stash_count(schedule: str, p: int, d: int, m: int, v: int = 1) -> int:
     """Activation stashes device ``d`` holds at its peak (per chunk summed), from the op order.
 
     Matches the closed forms: GPipe m; 1F1B min(p-d, m); eager-1F1B min(2(p-d)-1, m).
+    Asynchronous schedules count the stream (micro-batches of the next iteration are in
+    flight too): 2BW and PipeDream p-d, whatever m.
     """
+    if schedule in ASYNC:
+        return peak_stash([o for o, _j in stream_ops(schedule, p, d, m, -(-p // m) + 1)])
     return peak_stash(device_ops(schedule, p, d, m, v))
 
 
 def weight_versions(schedule: str) -> int:
-    """Weight copies a stage keeps: 2BW double-buffers weights (Narayanan et al. ICML'21)."""
+    """Weight copies a stage keeps besides the ones stashed per micro-batch: 2BW
+    double-buffers weights (Narayanan et al. ICML'21); PipeDream keeps one version per
+    in-flight micro-batch instead (:func:`stashes_weights`)."""
     return 2 if schedule == "2bw" else 1
+
+
+def stashes_weights(schedule: str) -> bool:
+    """PipeDream's weight stashing (Narayanan et al. SOSP'19, section 3.3): every in-flight
+    micro-batch keeps the weight version its forward used, for its backward; the newest of
+    them is the current weights. So a stage holding s stashes holds s - 1 older versions."""
+    return schedule == "pipedream"
+
+
+def gradient_buffers(schedule: str) -> int:
+    """Weight-sized gradient buffers of a stage: PipeDream updates after every micro-batch
+    and a replicated stage all-reduces micro-batch k's gradient while its next backward
+    writes the other buffer (double-buffered, so the all-reduce overlaps compute); the
+    flushed schedules and 2BW accumulate into one."""
+    return 2 if schedule == "pipedream" else 1
+
+
+def allreduce_gate(schedule: str) -> int:
+    """PipeDream: a replicated stage's backward of micro-batch k waits until the all-reduce of
+    micro-batch k - ``allreduce_gate`` has ended (that gradient buffer is free again). 0: no
+    per-micro-batch all-reduce (the others reduce once per iteration)."""
+    return gradient_buffers(schedule) if schedule == "pipedream" else 0

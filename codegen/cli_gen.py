@@ -41,6 +41,13 @@ def generate(plan_path: str | Path, out_dir: str | Path, engines: str = "hls") -
         raise SpecError(plan_file, None, f"stages[{gpu[0].index}].style",
                         f"expected FPGA stages: stage {gpu[0].index} runs on {gpu[0].board_type} GPUs, "
                         "which `bapipe gen` does not generate for")
+    if plan.mode == "train" and plan.schedule == "pipedream":
+        # the kernels accumulate gradients and update once per iteration; PipeDream's weight
+        # stashing (a weight version per in-flight micro-batch) has no hardware
+        raise SpecError(plan_file, None, "schedule", "expected a schedule `bapipe gen` builds (gpipe, 1f1b, "
+                                                     "interleaved, eager-1f1b or 2bw); pipedream's stashed weight "
+                                                     "versions and per-micro-batch updates have no hardware (plan "
+                                                     "with --schedule 2bw or 1f1b)")
     return generate_plan(plan, model, cluster, out_dir, Path(plan_file).read_text(encoding="utf-8"), plan_file,
                          engines)
 

@@ -29,7 +29,11 @@ Model, per pipeline position (device) d:
   backward); schedules with a flush
   start the next iteration on a device only when all of its stages have reduced;
   PipeDream-2BW runs iterations back to back (1F1B over N*m micro-batches, no flush) and
-  needs iteration k's reduction only before iteration k+2 starts.
+  needs iteration k's reduction only before iteration k+2 starts; asynchronous PipeDream
+  runs the same stream, all-reduces a replicated stage's gradient after every backward
+  (per-micro-batch updates) and only holds B(k) until the all-reduce of micro-batch k-2
+  has ended (``bapipe.schedules.allreduce_gate``: two gradient buffers), forwards never wait
+  (weight stashing; planner.pipeline.replay_pipedream is the same rule).
 
 Times are float seconds; per-board cycle counts use each board's own clock.
 """
@@ -42,7 +46,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from bapipe.errors import SpecError
-from bapipe.schedules import device_ops
+from bapipe.schedules import ASYNC, allreduce_gate, device_ops, stream_ops
 
 # event codes
 _OP_DONE, _ARRIVE, _CREDIT, _AR_ARRIVE = 0, 1, 2, 3
@@ -451,21 +455,25 @@ def simulate(plan, model=None, cluster=None, iterations: int = 1, config: SimCon
     # --- op lists per device ----------------------------------------------------------
     N = iterations
     two_bw = sched == "2bw"
+    pd = train and sched == "pipedream"          # per-micro-batch all-reduce, no iteration gate
+    ar_gate = allreduce_gate(sched) if pd else 0
     op_kind, op_mb, op_chunk, op_stage, op_dur, op_in, op_out, op_free, op_iter_end, op_gate = \
         ([] for _ in range(10))
+    op_argate: list[list[int]] = []   # PipeDream: micro-batch whose all-reduce must end first, or -1
     if sched == "interleaved" and m % p:
         raise SpecError(None, None, "microbatches", f"interleaved needs a multiple of {p} micro-batches, got {m}")
     for d in range(p):
         if not train:
             seq = [(o, 0) for o in device_ops(sched, p, d, m * N, v, forward_only=True)]
-        elif two_bw:
-            seq = [(o, o.mb // m) for o in device_ops(sched, p, d, m * N, v)]
+        elif sched in ASYNC or v == 1:
+            seq = stream_ops(sched, p, d, m, N)
         else:
             seq = []
             base = device_ops(sched, p, d, m, v)
             for j in range(N):
                 seq += [(type(o)(o.kind, o.mb + j * m, o.chunk), j) for o in base]
         kinds, mbl, chl, stl, dur, cin, cout, free, iend, gate = ([] for _ in range(10))
+        argate = []
         last_bwd = {}
         for i, (o, j) in enumerate(seq):
             if o.kind != "F":
@@ -478,7 +486,7 @@ def simulate(plan, model=None, cluster=None, iterations: int = 1, config: SimCon
         for i, (o, j) in enumerate(seq):
             first_of_iter.setdefault(j, i)
         gate_at = {}
-        if train:
+        if train and not pd:
             for j, i in first_of_iter.items():
                 need = j - 2 if two_bw else j - 1
                 if need >= 0:
@@ -501,8 +509,11 @@ def simulate(plan, model=None, cluster=None, iterations: int = 1, config: SimCon
                 free.append(last_bwd.get((o.mb, o.chunk)) == i)
             iend.append(j if (train and last_of_iter.get((o.chunk, j)) == i) else -1)
             gate.append(gate_at.get(i, -1))
+            rep_ring = pd and cfg.allreduce and st.replicas > 1
+            argate.append(o.mb - ar_gate if rep_ring and o.kind == "B" and o.mb >= ar_gate else -1)
         for lst, val in ((op_kind, kinds), (op_mb, mbl), (op_chunk, chl), (op_stage, stl), (op_dur, dur),
-                         (op_in, cin), (op_out, cout), (op_free, free), (op_iter_end, iend), (op_gate, gate)):
+                         (op_in, cin), (op_out, cout), (op_free, free), (op_iter_end, iend), (op_gate, gate),
+                         (op_argate, argate)):
             lst.append(val)
 
     # --- all-reduce rings -------------------------------------------------------------
@@ -541,6 +552,8 @@ def simulate(plan, model=None, cluster=None, iterations: int = 1, config: SimCon
     dev_stage_ids = [[k for k, s in enumerate(stages) if s.device == d] for d in range(p)]
     dev_iter_done: dict[tuple[int, int], float] = {}
     iter_end = [0.0] * N
+    ar_done_mb: set = set()                     # PipeDream: (stage, micro-batch) all-reduced
+    pd_left: dict[tuple[int, int], int] = {}    # PipeDream: (stage, iteration) rings + last B pending
 
     # --- memory -----------------------------------------------------------------------
     # static bytes (weights x copies, optimizer state, line buffers) are what the plan's
@@ -620,8 +633,11 @@ def simulate(plan, model=None, cluster=None, iterations: int = 1, config: SimCon
         if i >= nops[d]:
             return
         g = op_gate[d][i]
+        ga = op_argate[d][i]
         reason = 0
         if g >= 0 and (d, g) not in dev_iter_done:
+            reason = 1
+        elif ga >= 0 and (op_stage[d][i], ga) not in ar_done_mb:
             reason = 1
         else:
             ci = op_in[d][i]
@@ -686,7 +702,16 @@ def simulate(plan, model=None, cluster=None, iterations: int = 1, config: SimCon
             dev_iter_done[key] = now
             try_start(d, now)
 
-    def start_allreduce(k: int, j: int, now: float) -> None:
+    def pd_step(k: int, j: int, now: float) -> None:
+        """PipeDream: one of stage k's pending events of iteration j (a micro-batch's ring or
+        the iteration's last backward) is over; the stage is done with j after all of them."""
+        key = (k, j)
+        left = pd_left.get(key, m + 1) - 1
+        pd_left[key] = left
+        if left == 0:
+            stage_done(k, j, now)
+
+    def start_allreduce(k: int, j, now: float) -> None:
         nonlocal seq_no
         hops, steps, r = rings[k]
         ar_left[(k, j)] = r
@@ -717,7 +742,11 @@ def simulate(plan, model=None, cluster=None, iterations: int = 1, config: SimCon
         if not train and op_stage[d][i] == S - 1 and mb // m < N and now > iter_end[mb // m]:
             iter_end[mb // m] = now  # forward-only: an iteration ends when its last micro-batch leaves
         j = op_iter_end[d][i]
-        if j >= 0:
+        if pd and kind == 1 and rings[op_stage[d][i]] is not None:
+            start_allreduce(op_stage[d][i], ("mb", mb), now)   # after the gradient has left
+        if j >= 0 and pd and rings[op_stage[d][i]] is not None:
+            pd_step(op_stage[d][i], j, now)
+        elif j >= 0:
             k = op_stage[d][i]
             if per_device:
                 key = (d, j)
@@ -783,7 +812,14 @@ def simulate(plan, model=None, cluster=None, iterations: int = 1, config: SimCon
                 push(heap, (t, seq_no, _AR_ARRIVE, (k, j, step + 1), (y + 1) % r))
             else:
                 ar_left[(k, j)] -= 1
-                if ar_left[(k, j)] == 0:
+                if ar_left[(k, j)] == 0 and isinstance(j, tuple):   # PipeDream: one micro-batch's ring
+                    mbk = j[1]
+                    ar_done_mb.add((k, mbk))
+                    if record:
+                        rec_ar.append((stages[k].index, mbk // m, ar_start[(k, j)], now))
+                    pd_step(k, mbk // m, now)
+                    try_start(stages[k].device, now)
+                elif ar_left[(k, j)] == 0:
                     if record:
                         rec_ar.append((stages[k].index, j, ar_start[(k, j)], now))
                     for kk in (dev_stage_ids[stages[k].device] if per_device else (k,)):

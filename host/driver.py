@@ -549,6 +549,13 @@ def train(plan: str | Path | Plan, backend: str = "numpy", epochs: int | None = 
     epochs = 5 if epochs is None else epochs
     if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 0:
         raise SpecError(None, None, "--epochs", f"expected an integer >= 0, got {epochs}")
+    if plan.mode == "train" and plan.schedule == "pipedream" and epochs:
+        # the workers update once per iteration after an all-reduce; PipeDream's per-micro-batch
+        # updates with stashed weight versions are priced by the planner only
+        raise SpecError(plan_file, None, "schedule", "expected a schedule the host driver trains (gpipe, 1f1b, "
+                                                     "interleaved, eager-1f1b or 2bw); pipedream's per-micro-batch "
+                                                     "updates with stashed weight versions are not built (plan with "
+                                                     "--schedule 2bw or 1f1b)")
     if lr is not None and not (np.isfinite(lr) and lr > 0):
         raise SpecError(None, None, "--lr", f"expected a positive learning rate, got {lr}")
     if not (timeout > 0 and np.isfinite(timeout)):

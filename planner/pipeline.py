@@ -347,3 +347,119 @@ def replay_2bw(p: int, m: int, fwd: list[float], bwd: list[float], routes: list,
     # the last iteration ends early (nothing after it waits on its rings): mean gap between
     # the ends of the first K - 1 iterations
     return (ends[-2] - ends[0]) / (K - 2), ends[0]
+
+
+def replay_pipedream(p: int, m: int, fwd: list[float], bwd: list[float], routes: list, rings: list | None,
+                     iterations: int = 1) -> list[float]:
+    """Asynchronous PipeDream (Narayanan et al. SOSP'19): the end of each of ``iterations``
+    iterations of ``m`` micro-batches run as one 1F1B stream per device (v = 1, no flush).
+
+    Every micro-batch is a weight update. A replicated stage all-reduces micro-batch k's
+    gradient on its ring as soon as B(k) ends (after the gradient for the previous stage
+    has left), overlapped with the device's next ops (the paper's stage time max(compute,
+    all-reduce)); with two gradient buffers (bapipe.schedules.gradient_buffers) its B(k)
+    waits until the all-reduce of micro-batch k - 2 has ended. Forwards never wait for an
+    update (weight stashing: each uses the newest weights and keeps that version for its
+    backward). Transfers and rings reserve links as in :func:`replay`. An iteration ends
+    when every device has run its ops of that iteration's micro-batches and their rings
+    have ended. ``bapipe sim`` applies the same gating.
+    """
+    from bapipe.schedules import allreduce_gate
+    K = iterations
+    M = m * K
+    last = p - 1
+    gate = allreduce_gate("pipedream")
+    ops = [_ops("pipedream", p, d, M, 1, False) for d in range(p)]
+    f_arr = [[None] * M for _ in range(p)]
+    b_arr = [[None] * M for _ in range(p)]
+    ar_end = [[None] * M for _ in range(p)]     # [stage][mb]: its all-reduce ended (rings only)
+    ar_left: dict = {}
+    link_free: dict = {}
+    free = [0.0] * p
+    ptr = [0] * p
+    idle = [True] * p
+    heap: list = []
+    seq = 0
+    ends = [0.0] * K
+
+    def send(pieces, now: float) -> float:
+        arrive = now
+        for ids, occ, lat in pieces:
+            t0 = now
+            for i in ids:
+                t0 = max(t0, link_free.get(i, 0.0))
+            for i in ids:
+                link_free[i] = t0 + occ
+            arrive = max(arrive, t0 + occ + lat)
+        return arrive
+
+    def try_start(d: int) -> None:
+        nonlocal seq
+        if not idle[d] or ptr[d] >= len(ops[d]):
+            return
+        is_f, mb, s = ops[d][ptr[d]]
+        ready = (0.0 if s == 0 else f_arr[s][mb]) if is_f else (0.0 if s == last else b_arr[s][mb])
+        if ready is None:
+            return
+        if not is_f and rings is not None and rings[s] is not None and mb >= gate:
+            g = ar_end[s][mb - gate]
+            if g is None:
+                return
+            ready = max(ready, g)
+        idle[d] = False
+        seq += 1
+        heapq.heappush(heap, (max(free[d], ready) + (fwd[s] if is_f else bwd[s]), seq, 0, d))
+
+    def ring_step(s: int, k: int, step: int, y: int, now: float) -> None:
+        nonlocal seq
+        seq += 1
+        hops = rings[s][0]
+        heapq.heappush(heap, (send((hops[y],), now), seq, 1, (s, k, step, (y + 1) % len(hops))))
+
+    for d in range(p):
+        try_start(d)
+    while heap:
+        end, _, kind, d = heapq.heappop(heap)
+        if kind == 1:
+            s, k, step, y = d
+            if step + 1 < rings[s][1]:
+                ring_step(s, k, step + 1, y, end)
+            else:
+                ar_left[(s, k)] -= 1
+                if ar_left[(s, k)] == 0:
+                    ar_end[s][k] = end
+                    ends[k // m] = max(ends[k // m], end)
+                    try_start(s)
+            continue
+        is_f, mb, s = ops[d][ptr[d]]
+        ptr[d] += 1
+        free[d] = end
+        idle[d] = True
+        ends[mb // m] = max(ends[mb // m], end)
+        wake = -1
+        if is_f and s < last:
+            f_arr[s + 1][mb] = send(routes[s][0], end)
+            wake = s + 1
+        elif not is_f and s > 0:
+            b_arr[s - 1][mb] = send(routes[s - 1][1], end)
+            wake = s - 1
+        if not is_f and rings is not None and rings[s] is not None:
+            ar_left[(s, mb)] = len(rings[s][0])
+            for y in range(len(rings[s][0])):
+                ring_step(s, mb, 0, y, end)
+        if wake >= 0:
+            try_start(wake)
+        try_start(d)
+    if any(ptr[d] < len(ops[d]) for d in range(p)):
+        raise RuntimeError(f"pipedream deadlocked in replay (p={p}, m={m})")
+    return ends
+
+
+def steady_pipedream(p: int, m: int, fwd: list[float], bwd: list[float], routes: list,
+                     rings: list | None) -> float:
+    """PipeDream's seconds per iteration once running: the mean gap between the ends of
+    iterations j0 .. j0 + 2 of a stream of j0 + 4 iterations, j0 = ceil(p / m) (by then the
+    pipeline holds p micro-batches; the last iteration, which drains it, is left out)."""
+    j0 = -(-p // m)
+    ends = replay_pipedream(p, m, fwd, bwd, routes, rings, j0 + 4)
+    return (ends[j0 + 2] - ends[j0]) / 2

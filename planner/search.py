@@ -15,7 +15,8 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from bapipe.errors import SpecError
-from bapipe.schedules import MAX_MICROBATCHES, SCHEDULES, stash_count, warmup_forwards, weight_versions
+from bapipe.schedules import (ASYNC, MAX_MICROBATCHES, SCHEDULES, gradient_buffers, stash_count, stashes_weights,
+                              warmup_forwards, weight_versions)
 from bapipe.spec import Model
 from fpga_models.boards import bytes_per_element
 from fpga_models.cluster import Cluster
@@ -23,7 +24,7 @@ from fpga_models.cluster import Cluster
 from . import partition as part
 from fpga_models.allocate import allocate_stage, engine_share
 
-from .pipeline import replay, replay_2bw, ring_allreduce_s
+from .pipeline import replay, replay_2bw, replay_pipedream, ring_allreduce_s, steady_pipedream
 from .mesh import Resharder, cut_layouts, cut_shape, tp_stage_model
 from .stagecost import LayerTable, StageModel, cut_bytes, layer_table, layer_times, stage_model
 
@@ -38,7 +39,14 @@ STAGE_TIMES_BYTES = 64 << 20   # stage-time tables kept between problem() calls 
 
 
 #: schedules that change training semantics (stale weights): never chosen by auto
-ASYNC_SCHEDULES = ("2bw",)
+ASYNC_SCHEDULES = ASYNC
+
+
+def memory_key(schedule: str) -> tuple:
+    """What of a schedule the stage memory model depends on (cache keys): weight versions,
+    weight stashing, gradient buffers."""
+    return (weight_versions(schedule), stashes_weights(schedule), gradient_buffers(schedule))
+
 
 @dataclass
 class Request:
@@ -128,10 +136,13 @@ def _ckey(c: Config) -> tuple:
 @lru_cache(maxsize=None)
 def stashes_at(schedule: str, p: int, d: int, m: int, v: int = 1) -> int:
     """bapipe.schedules.stash_count, with its closed forms where they exist (the op-order
-    walk is O(m) per call): GPipe m; 1F1B and 2BW min(p-d, m); eager-1F1B min(2(p-d)-1, m);
+    walk is O(m) per call): GPipe m; 1F1B min(p-d, m); 2BW and PipeDream p-d (no flush: the
+    next iteration's micro-batches are in flight too); eager-1F1B min(2(p-d)-1, m);
     interleaved min(m v, 2(p-d-1) + (v-1) p + 1).
     tests/test_planner.py checks the closed forms against stash_count."""
-    if v == 1 and schedule in ("gpipe", "1f1b", "2bw", "eager-1f1b"):
+    if v == 1 and schedule in ASYNC:
+        return p - d
+    if v == 1 and schedule in ("gpipe", "1f1b", "eager-1f1b"):
         return warmup_forwards(schedule, p, d, m)
     if schedule == "interleaved" and m % p == 0:
         # Megatron's warm-up plus the one in flight: min(m v, 2(p-d-1) + (v-1) p + 1)
@@ -200,7 +211,7 @@ class Explorer:
                     v: int = 1) -> StageModel:
         """Prefix-sum stage model of one board type with ``v`` stages per board (cached); k > 1:
         a 1 x k tensor-parallel mesh (planner.mesh) whose collectives run on the first k boards' ring."""
-        key = (btype, beta, recompute, weight_versions(schedule), k, v)
+        key = (btype, beta, recompute, memory_key(schedule), k, v)
         if key not in self._sm:
             if k > 1:
                 base = self.stage_model(btype, beta, recompute, schedule, 1, v)
@@ -208,7 +219,8 @@ class Explorer:
                 self._sm[key] = tp_stage_model(base, self.model, k, self.req.fmt, bw, lat)
             else:
                 sm = stage_model(self.model, self.table(btype, v), beta, self.req.fmt, self.req.cap,
-                                 self.req.mode, self.req.optimizer, weight_versions(schedule), recompute)
+                                 self.req.mode, self.req.optimizer, weight_versions(schedule), recompute,
+                                 stashes_weights(schedule), gradient_buffers(schedule))
                 pb = self.prof_bytes.get(btype)
                 if pb is not None:
                     # a measured profile's bytes are used as given (a fp32 GPU profile planned
@@ -370,7 +382,7 @@ class Explorer:
         whose compute fits in ``tmax`` on the fastest board type (bounds the DP band)."""
         smin = min(self.stashes(c, d) for d in range(c.p * c.v))
         kinds = self.kinds(c)
-        key = (kinds, c.recompute, weight_versions(c.schedule), smin, c.v)
+        key = (kinds, c.recompute, memory_key(c.schedule), smin, c.v)
         if key not in self._band:
             best = 0
             for btype, kk, beta in kinds:
@@ -463,6 +475,11 @@ class Explorer:
                 sm = self.stage_model(keys[s][0], keys[s][2], c.recompute, c.schedule, keys[s][1], c.v)
                 W = np.where(valid, sm.PW[jj + 1] - sm.PW[ic], 0.0)
                 X[s] = 2 * (r - 1) / r * W / bw + (2 * (r - 1) * lat if s < c.p else 0.0)
+            if self.per_mb_allreduce(c):
+                # PipeDream all-reduces after every micro-batch, overlapped with compute: the
+                # stage's period is max(compute, all-reduce) (Narayanan et al. SOSP'19, 3.1)
+                T = [np.maximum(t, x) for t, x in zip(T, X)]
+                X = None
         C = np.zeros((max(V - 1, 0), n))
         O = np.zeros((max(V - 1, 0), n))
         ways = 2 if self.train else 1
@@ -553,7 +570,7 @@ class Explorer:
                     omax = max(omax, omin)
             xs = 0.0
             rmin = min(self.reps(c, d) for d in range(c.p))
-            if self.train and rmin > 1:
+            if self.train and rmin > 1 and not self.per_mb_allreduce(c):
                 bw = max(self.ring(self.replica_boards(c, d))[0] for d in range(c.p))
                 w = min(float(self.stage_model(t, b, c.recompute, c.schedule, k).PW[-1]) for t, k, b in self.kinds(c))
                 xs = 2 * (rmin - 1) / rmin * w / bw
@@ -808,6 +825,11 @@ class Explorer:
         """One stage: 1F1B with p = 1 is gradient accumulation (one stash); forward-only: gpipe."""
         return "1f1b" if self.train else "gpipe"
 
+    def per_mb_allreduce(self, c: Config) -> bool:
+        """Whether replicated stages all-reduce after every micro-batch (PipeDream), not once
+        per iteration."""
+        return self.train and c.schedule == "pipedream"
+
     def schedules(self) -> list[str]:
         """Schedules to explore."""
         if not self.train:
@@ -821,8 +843,10 @@ class Explorer:
     # ---- search ---------------------------------------------------------------------------
     def solve_config(self, c: Config, jmax: float = math.inf) -> Candidate | None:
         """Exact partition of one configuration (None if nothing fits, or nothing beats ``jmax``)."""
-        if c.v == 1 and c.p > 1 and c.schedule != "1f1b":
-            # J does not depend on the schedule when v = 1 except through memory; 1F1B
+        if c.v == 1 and c.p > 1 and c.schedule != "1f1b" and not (
+                self.per_mb_allreduce(c) and any(self.reps(c, d) > 1 for d in range(c.p))):
+            # J does not depend on the schedule when v = 1 except through memory (PipeDream's
+            # also through its per-micro-batch all-reduce, so only without replicas); 1F1B
             # stashes the least (and 2BW's second weight copy only adds memory), so no
             # partition does better under another schedule: 1F1B's optimum is also theirs
             # whenever it still fits, and when 1F1B has nothing below jmax neither do they
@@ -866,10 +890,10 @@ class Explorer:
             st = self.stashes(c, s)
             cap = sm.capacity / c.v
             if self.train and c.recompute:
-                Q = sm.PW * sm.copies + sm.PA + sm.PBUF
+                Q = sm.PW * sm.weight_copies_at(st) + sm.PA + sm.PBUF
                 cap -= st * float(sm.IN.min())
             elif self.train:
-                Q = sm.PW * sm.copies + st * sm.PA + sm.PBUF
+                Q = sm.PW * sm.weight_copies_at(st) + st * sm.PA + sm.PBUF
             else:
                 Q = sm.PW * sm.copies + sm.PA + sm.PBUF
             jm = int(np.searchsorted(Q, Q[pos] + cap * (1 + 1e-12), side="right")) - 1   # last prefix index
@@ -890,7 +914,7 @@ class Explorer:
         fastest (board type, mesh, samples per replica) the configuration's stages have
         (a stage's time is at least its layers' compute)."""
         kinds = self.kinds(c)
-        key = ("floor", kinds, c.recompute, weight_versions(c.schedule), c.v)
+        key = ("floor", kinds, c.recompute, memory_key(c.schedule), c.v)
         if key not in self._links:
             per = None
             for btype, kk, beta in kinds:
@@ -944,7 +968,11 @@ class Explorer:
             if self.train and rr > 1:
                 bw, lat = self.ring(self.replica_boards(c, d))
                 W = float(sm.PW[b + 1] - sm.PW[a])
-                xs.append(2 * (rr - 1) / rr * W / bw + (2 * (rr - 1) * lat if s < c.p else 0.0))
+                x = 2 * (rr - 1) / rr * W / bw + (2 * (rr - 1) * lat if s < c.p else 0.0)
+                if self.per_mb_allreduce(c):
+                    ts[-1] = max(ts[-1], x)   # overlapped per micro-batch (see problem)
+                else:
+                    xs.append(x)
             if s < V - 1:
                 if self.req.whole_blocks and self.open_cuts[b]:
                     return math.inf
@@ -1134,8 +1162,16 @@ class Explorer:
         def steady(m: int) -> float:
             return replay_2bw(c.p, m, fw, bw_, routes, rings)[0]
 
-        cand.first_iteration_s = self.replayed(once, c)
-        cand.iteration_s = cand.first_iteration_s
+        if self.train and c.schedule == "pipedream":
+            # asynchronous PipeDream: one 1F1B stream, an update (and, replicated, an overlapped
+            # all-reduce) after every micro-batch, no flush: ranked by its steady state;
+            # the first iteration from an empty pipeline is what bapipe sim replays once
+            cand.first_iteration_s = self.replayed(
+                lambda m: replay_pipedream(c.p, m, fw, bw_, routes, rings, 1)[0], c)
+            cand.iteration_s = self.replayed(lambda m: steady_pipedream(c.p, m, fw, bw_, routes, rings), c)
+        else:
+            cand.first_iteration_s = self.replayed(once, c)
+            cand.iteration_s = cand.first_iteration_s
         if self.train and c.schedule == "2bw" and c.p > 1:
             # PipeDream-2BW never flushes: iterations follow each other in one 1F1B stream
             # and iteration j's all-reduce only has to end before iteration j+2 starts (the

@@ -6,8 +6,9 @@ prefix sum over layers and a range costs O(1) (vectorised with numpy). The model
 - compute: each layer runs at its best folding on the whole budget of the board (the
   time-multiplexed style: layers take turns on the shared DSPs), cycles from
   fpga_models.cost; a stage's compute is the sum over its layers;
-- memory per board: weights x copies (gradient, optimizer state, 2BW's second version)
-  + stashed activations (stash count x per-micro-batch bytes) + line buffers;
+- memory per board: weights x copies (gradient, optimizer state, 2BW's second version,
+  PipeDream's second gradient buffer) + stashed activations (stash count x per-micro-batch
+  bytes; PipeDream also stashes a weight version per micro-batch) + line buffers;
   must fit on chip (x cap) + off-chip;
 - spill roofline: on-chip holds weights first, then gradients, then stashes; spilled
   weights are read once per forward and once per backward, spilled gradients read and
@@ -113,6 +114,14 @@ class StageModel:
     PBUF: np.ndarray  # prefix line-buffer bytes
     IN: np.ndarray   # bytes entering a stage that starts at layer i (per micro-batch)
     switch_s: float = 0.0  # FPGA: the sequencer's switch between jobs, per micro-batch
+    stash_weights: bool = False   # PipeDream: every stash also holds its weight version
+
+    def weight_copies_at(self, stashes):
+        """Weight-sized buffers of a stage with ``stashes`` in flight: ``copies`` plus, with
+        weight stashing, the s - 1 versions older than the current weights."""
+        if self.stash_weights and self.mode == "train":
+            return self.copies + np.maximum(np.asarray(stashes) - 1, 0)
+        return self.copies
 
     def cost(self, i, j, stashes, share: int = 1):
         """Vectorised stage figures for layers i..j (inclusive) with ``stashes`` in-flight micro-batches.
@@ -146,7 +155,15 @@ class StageModel:
         else:
             stash_mb = np.zeros_like(A)
             stash = A                         # working activations of one micro-batch
-        mem = W * self.copies + stash + buf
+        copies = self.copies
+        if train and self.stash_weights:
+            # PipeDream's weight stashing: each in-flight micro-batch keeps its weight version
+            # (the newest is the current weights, counted in copies): the stash of a micro-batch
+            # is its activations plus W, and one copy moves from the fixed part into the stashes
+            stash_mb = stash_mb + W
+            stash = stash + stashes * W
+            copies = self.copies - 1
+        mem = W * copies + stash + buf
         feasible = mem <= self.capacity / share
         if self.board.kind == "gpu":
             fs, bs = F, Bc
@@ -177,12 +194,14 @@ class StageModel:
         return {"fwd_s": fs, "bwd_s": bs, "time_s": fs + bs, "memory": mem, "weight_bytes": W,
                 "stash_bytes": stash, "feasible": feasible, "compute_f": F, "compute_b": Bc,
                 "traffic_f": tr_f, "traffic_b": tr_b, "stash_mb": stash_mb,
-                "fixed_bytes": W * self.copies + buf + (A if (not train or self.recompute) else 0 * A)}
+                "fixed_bytes": W * copies + buf + (A if (not train or self.recompute) else 0 * A)}
 
 
 def stage_model(model: Model, table: LayerTable, beta: int, fmt: str, cap: float, mode: str, optimizer: str,
-                versions: int, recompute: bool) -> StageModel:
-    """Prefix sums of ``table`` for micro-batches of ``beta`` samples."""
+                versions: int, recompute: bool, stash_weights: bool = False, grad_buffers: int = 1) -> StageModel:
+    """Prefix sums of ``table`` for micro-batches of ``beta`` samples. ``versions``: weight
+    copies besides stashed ones (2BW: 2); ``stash_weights``: PipeDream's version per stash;
+    ``grad_buffers``: gradient buffers (PipeDream: 2, bapipe.schedules.gradient_buffers)."""
     bpe = bytes_per_element(fmt)
     f, b = layer_times(table, beta)
     n = len(model.layers)
@@ -200,9 +219,11 @@ def stage_model(model: Model, table: LayerTable, beta: int, fmt: str, cap: float
     z = lambda x: np.concatenate([[0.0], np.cumsum(x)])  # noqa: E731
     board = table.board
     onchip = onchip_capacity(board, cap) if board.kind == "fpga" else 0
-    return StageModel(board, beta, mode, recompute, weight_copies(optimizer, mode, versions), onchip,
+    copies = weight_copies(optimizer, mode, versions) + (grad_buffers - 1 if mode == "train" else 0)
+    return StageModel(board, beta, mode, recompute, copies, onchip,
                       onchip + board.offchip_bytes, z(f), z(b), z(w), z(a), z(buf), IN,
-                      TM_SWITCH * beta / board.clock_hz if board.kind == "fpga" and table.measured_f is None else 0.0)
+                      TM_SWITCH * beta / board.clock_hz if board.kind == "fpga" and table.measured_f is None else 0.0,
+                      stash_weights and mode == "train")
 
 
 def cut_bytes(model: Model, fmt: str, beta: int) -> np.ndarray:
