@@ -156,14 +156,16 @@ class StageCtx:
         the samples of one call)."""
         if self.engine is not None:
             return [f"hls::stream<bapipe::vec<{self.port_lanes(p)}> > &{p.name}" for p in self.inputs + self.outputs] \
-                + [f"const bapipe::rom_t {r.name}{r.dims}" for r in self.engine.external] + ["int n"]
+                + [f"const bapipe::rom_t {r.name}{r.dims}" for r in self.engine.external] \
+                + [f"ap_uint<{f.bits}> {f.name}[{f.words}]" for f in self.engine.frames] + ["int n"]
         return [f"hls::stream<data_t> &{p.name}" for p in self.inputs + self.outputs] + self.weight_params
 
     @property
     def args(self) -> list[str]:
         """The forward call's argument list (testbench)."""
         if self.engine is not None:
-            return [p.name for p in self.inputs + self.outputs] + [r.name for r in self.engine.external] + ["n"]
+            return [p.name for p in self.inputs + self.outputs] + [r.name for r in self.engine.external] \
+                + [f.name for f in self.engine.frames] + ["n"]
         return [p.name for p in self.inputs + self.outputs] + ([] if self.embed_weights else
                                                                 [w.name for w in self.weights])
 
@@ -434,7 +436,9 @@ def build_stage(plan: Plan, model, st: Stage, weights: dict[str, dict[str, np.nd
     layers = [model.layers[model.index[n]] for n in st.layers]
     lctx = [layer_ctx(l, st.folding.get(l.name, Folding()), weights.get(l.name, {})) for l in layers]
     welems = sum(int(w.kernel_q.size) for lc in lctx for w in lc.weights)
-    embed = welems <= EMBED_LIMIT
+    # training: the SGD update kernel (codegen.hls_train) rewrites the weights every iteration,
+    # so they live in writable m_axi memory, not in ROM
+    embed = welems <= EMBED_LIMIT and plan.mode != "train"
     for lc in lctx:
         lc.external = not embed
     ins, outs = stage_ports(model, st)
@@ -576,6 +580,7 @@ def build_boards(plan: Plan, cluster, stages: list[StageCtx]) -> list[BoardCtx]:
             slr.append(f"{s.name}_1:SLR0")
             if s.engine is not None:   # engine kernels: the banked MVU weight arrays beyond on-chip ROM
                 sp.extend(f"{s.name}_1.{r.name}:{mem}" for r in s.engine.external)
+                sp.extend(f"{s.name}_1.{f.name}:{mem}" for f in s.engine.frames)   # off-chip frame buffers
             elif not s.embed_weights:   # m_axi weight ports (stages too big for on-chip ROM)
                 sp.extend(f"{s.name}_1.{w.name}:{mem}" for w in s.weights)
             for p in s.inputs:
@@ -644,9 +649,11 @@ def build_project(plan: Plan, model, cluster=None, plan_file: str = "plan.yaml")
             continue
         sc = ctxs[pos]
         if design is not None and pos in engines:
-            from .hls_design import engine_stage
+            from .hls_design import engine_stage, onchip_budget
             sc.engine = engine_stage(design.stages[pos], [model.layers[model.index[n]] for n in st.layers], weights,
-                                     external=not sc.embed_weights)
+                                     external=not sc.embed_weights, writable=plan.mode == "train",
+                                     onchip_budget=onchip_budget(plan, st, cluster),
+                                     elem_bits=format_ctx(plan.number_format).width)
         if plan.mode == "train":
             sc.bwd = build_stage_bwd(plan, model, st, sc, cluster)
         stages.append(sc)

@@ -1,5 +1,6 @@
 """C-simulation of a stage's backward kernel (codegen.hls_bwd): one random micro-batch, checked
-against fpga_models.fixedpoint.stage_bwd, cycles counted in the run against the plan's.
+against the training arithmetic (fpga_models.train_fixed.layers_bwd: input gradients in G 16[12],
+exact weight-gradient sums), cycles counted in the run against the plan's.
 
 The stashes the kernel reads (each layer's forward input) come from the fixed-point forward of
 the same random stage inputs, so the kernel and the reference see the very same activations.
@@ -12,6 +13,27 @@ from pathlib import Path
 import numpy as np
 
 from fpga_models import fixedpoint as fx
+from fpga_models import train_fixed as tfx
+
+#: a weight-gradient array's kind (host_config) -> its key in fpga_models.train_fixed
+KEY = {"dw": "w", "db": "b"}
+
+
+def kernel_layout(a: np.ndarray) -> np.ndarray:
+    """A layer array in the kernels' layout: conv weights (O, C, kh, kw) as the MVU matrix."""
+    return fx.conv_weight_matrix(a) if np.ndim(a) == 4 else np.asarray(a)
+
+
+def weight_sums(tail: np.ndarray, grads: list[dict]) -> list[np.ndarray]:
+    """The exact weight-gradient sums a backward testbench wrote after its ports (int64 as two
+    int32 words, low first), one flat array per host_config ``weight_grads`` entry."""
+    words = np.asarray(tail[:2 * sum(a["elements"] for a in grads)], dtype=np.int64)
+    sums = (words[1::2] << 32) | (words[0::2] & 0xFFFFFFFF)
+    out, pos = [], 0
+    for a in grads:
+        out.append(sums[pos:pos + a["elements"]])
+        pos += a["elements"]
+    return out
 
 
 def plan_figures(build: Path, st: dict, model) -> dict:
@@ -31,7 +53,8 @@ def plan_figures(build: Path, st: dict, model) -> dict:
 def csim_backward(build: Path, st: dict, model, params: dict, fmt: fx.Fmt, rng: np.random.Generator,
                   cache: Path, tolerance_lsb: int = 0, mb: int | None = None, macs: int = 0) -> dict:
     """Compile and run the backward kernel of stage ``st`` (its host_config entry) on one random
-    micro-batch; compare input and weight gradients with fpga_models.fixedpoint.stage_bwd.
+    micro-batch; compare input gradients and the exact weight-gradient sums with
+    fpga_models.train_fixed.layers_bwd (bit for bit: the sums are 64-bit integers).
 
     ``mb`` below the kernel's micro-batch rebuilds it with ``-DMB=mb`` (big stages).
     Returns the csim row: passed, max_abs_err_lsb, cycles per sample counted in the run and the
@@ -86,18 +109,13 @@ def csim_backward(build: Path, st: dict, model, params: dict, fmt: fx.Fmt, rng: 
     # per engine function, its cycles over the run (micro-batch + flush) per sample: the bottleneck
     row["processes"] = {k: v / mb for k, v in sorted((stats.get("processes") or {}).items())}
     t0 = time.perf_counter()
-    g, wg = fx.stage_bwd(layers, xs, dys, params, fmt)
+    g, wg = tfx.layers_bwd(layers, acts, dys, params, tfx.get_formats(fmt.name))
     row["numpy_s"] = round(time.perf_counter() - t0, 3)
     err = 0
     for p, o in zip(b["outputs"], outs):
         err = max(err, int(np.max(np.abs(from_stream(o, tuple(p["shape"])) - g[p["tensor"]]))))
-    pos = 0
-    for a in b["weight_grads"]:
-        ref = wg[a["layer"]][a["kind"]]
-        if a["kind"] == "dw" and ref.ndim == 4:
-            ref = fx.conv_weight_matrix(ref)
-        got = tail[pos:pos + a["elements"]]
-        pos += a["elements"]
+    for a, got in zip(b["weight_grads"], weight_sums(tail, b["weight_grads"])):
+        ref = kernel_layout(wg[a["layer"]][KEY[a["kind"]]])
         err = max(err, int(np.max(np.abs(got - ref.reshape(-1)))) if got.size == ref.size else 1 << 30)
     row["max_abs_err_lsb"] = err
     row["passed"] = err <= tolerance_lsb

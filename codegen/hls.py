@@ -9,6 +9,7 @@ Layout of the output folder::
                           bounded csim streams), mm2s.cpp, s2mm.cpp
     common/csim/          hls_stream.h: csim-only shadow of the vendor header (bapipe csim)
     stage<i>/             stage<i>.{h,cpp}, stage<i>_weights.h, stage<i>_roms.h (engine kernels), tb_stage<i>.cpp, tb_stage<i>_io.h,
+                          training: stage<i>_bwd.cpp, stage<i>_update.cpp (codegen.hls_train) and their tb_*.cpp,
                           run_hls.tcl, hls_config.cfg, weights.bin (raw little-endian ints, model
                           layout), csim_in.bin (testbench stimulus: little-endian int32)
     link/<board>.cfg      v++ link config per board
@@ -22,6 +23,7 @@ import jinja2
 import numpy as np
 
 from .context import EMBED_LIMIT, PLATFORMS, ProjectCtx, StageCtx, _board_type_key
+from .hls_train import stage_update, update_config
 from .placement import link_lines, place_project
 
 TEMPLATES = Path(__file__).resolve().parent.parent / "hls_templates" / "hls"
@@ -117,6 +119,7 @@ def host_config(ctx: ProjectCtx) -> dict:
                          "elements": int(w.model_q.size)} for l in s.layers for w in l.weights],
             "embedded_weights": s.embed_weights,
             "backward": None if s.bwd is None else s.bwd.host_config(),   # codegen.hls_bwd
+            "update": update_config(s),   # codegen.hls_train: the SGD update kernel (training)
         } for s in ctx.stages],
         "boards": [{"name": b.name, "board_type": b.board_type, "platform": b.platform, "kernels": b.stages,
                     "link_config": f"link/{b.name}.cfg"} for b in ctx.boards],
@@ -144,6 +147,7 @@ def render_files(ctx: ProjectCtx, plan_text: str, cluster=None, engines: str = "
     put("common/csim/hls_stream.h", "hls_stream_csim.h.j2", header=c_hdr)
     if any(s.bwd is not None for s in ctx.stages):
         put("common/bapipe_layers_bwd.h", "bapipe_layers_bwd.h.j2", header=c_hdr)
+        put("common/bapipe_update.h", "bapipe_update.h.j2", header=c_hdr)
     put("common/mm2s.cpp", "mm2s.cpp.j2", header=c_hdr)
     put("common/s2mm.cpp", "s2mm.cpp.j2", header=c_hdr)
     for s in ctx.stages:
@@ -179,6 +183,10 @@ def render_files(ctx: ProjectCtx, plan_text: str, cluster=None, engines: str = "
                 kernel_file=f"{b.name}.cpp", tb_file=f"tb_{b.name}.cpp", part=part, clock_ns=clk,
                 cfg_name="hls_config_bwd.cfg", stim=stim, stim_files=stim_files)
             files[f"{d}/csim_bwd_in.bin"] = csim_bwd_input(ctx, s)
+            u, _ = stage_update(s)   # codegen.hls_train
+            if u is not None:
+                put(f"{d}/{u.name}.cpp", "stage_update.cpp.j2", header=c_hdr, s=s, u=u)
+                put(f"{d}/tb_{u.name}.cpp", "tb_update.cpp.j2", header=c_hdr, s=s, u=u)
         files[f"{d}/weights.bin"] = weights_bin(s, ctx.fmt.width)
         if s.engine is not None and s.engine.external:
             files[f"{d}/roms.bin"] = s.engine.roms_bin(ctx.fmt.width)

@@ -11,8 +11,9 @@ process with one flattened II=1 loop over the micro-batch:
   processes (``stash_read``: L elements a beat; ``window_read``: a conv's window columns),
   never held whole on chip;
 - weight-gradient sums are exact, in accumulators of ``acc_width(T)`` bits for T terms (the
-  micro-batch's vectors), on chip (BIND_STORAGE) or, when they do not fit the board's
-  budget, in off-chip memory;
+  iteration's vectors: micro-batches x samples x pixels), on chip (BIND_STORAGE) or, when they
+  do not fit the board's budget, in off-chip memory; the flush writes them exact (64-bit
+  ``wsum_t``, 22 fraction bits, fpga_models.train_fixed) for the update kernel (codegen.hls_train);
 - element-wise engines (relu, batchnorm, pools, flatten, add, width converters) at the plan's
   lanes; gradients of a tensor read by several layers meet in a saturating add, in the order
   of fpga_models.fixedpoint.stage_bwd.
@@ -39,6 +40,8 @@ STREAM_DEPTH = 2
 ACC_ONCHIP_SHARE = 0.5
 #: widest accumulator the C-simulation's 64-bit integer path holds exactly
 MAX_ACC_BITS = 64
+#: bits of one weight-gradient sum in memory (bapipe::wsum_t): the exact accumulator, widened
+WSUM_BITS = 64
 
 
 def acc_width(terms: int, a_width: int, b_width: int) -> int:
@@ -140,7 +143,7 @@ class BwdCtx:
         """The C parameter list of the top function."""
         return ([f"hls::stream<bapipe::bvec<{p.lanes}> > &{p.name}" for p in self.in_ports + self.out_ports]
                 + [f"const data_t {s.name}[MB * {s.elements}]" for s in self.stashes]
-                + [f"data_t {a.name}{a.dims}" for a in self.grad_arrays]
+                + [f"bapipe::wsum_t {a.name}{a.dims}" for a in self.grad_arrays]
                 + [f"{a.ctype} {a.name}{a.cdims}" for a in self.acc_ports]
                 + [f"const data_t {w.name}{w.dims}" for w in self.weights] + ["int n", "int flush"])
 
@@ -169,7 +172,8 @@ class BwdCtx:
             "stashes": [{"arg": s.name, "tensor": s.tensor, "layer": s.layer, "elements": s.elements}
                         for s in self.stashes],
             "weight_grads": [{"name": a.name, "layer": a.layer, "kind": a.key, "elements": a.count,
-                              "layout": "kernel (conv: MVU matrix O x kh*kw*C)"} for a in self.grad_arrays],
+                              "layout": "kernel (conv: MVU matrix O x kh*kw*C)",
+                              "format": f"int{WSUM_BITS} exact sum, 22 fraction bits (A x G)"} for a in self.grad_arrays],
             "accumulators": [{"arg": a.name, "elements": prod(a.dims), "bits": a.bits} for a in self.acc_ports],
             "onchip_bytes": self.onchip_bytes,
             "engines": self.engines,
@@ -373,11 +377,11 @@ def build_bwd(plan, model, st, sc, fmt, board=None) -> BwdCtx:
                 wp = f"{c}, {h}, {w_}, {kh}, {kw}, {sh}, {sw}, {ph}, {pw}"
                 x = window(l, st_name, simd, tag)
                 terms_dx = mh * kh * kw
-            gb = acc_width(mb * vec, W, W)
+            gb = acc_width(max(1, plan.microbatches) * mb * vec, W, W)   # summed over the iteration's calls
             xb = acc_width(terms_dx, W, W)
             if gb > MAX_ACC_BITS or xb > MAX_ACC_BITS:
                 raise ValueError(f"layer '{l.name}': a {max(gb, xb)}-bit gradient accumulator exceeds "
-                                 f"{MAX_ACC_BITS} bits (micro-batch {mb} x {vec} vectors)")
+                                 f"{MAX_ACC_BITS} bits ({plan.microbatches} micro-batches of {mb} x {vec} vectors)")
             aw = BArray(f"aw_{tag}", f"bapipe::gacc<{gb}>", (mh, mw), gb, "bram", partitions=[(pe, 1), (simd, 2)])
             ab = BArray(f"ab_{tag}", f"bapipe::gacc<{gb}>", (mh,), gb, "registers", partitions=[(pe, 1)])
             acc_arrays.append(aw)
@@ -389,7 +393,7 @@ def build_bwd(plan, model, st, sc, fmt, board=None) -> BwdCtx:
             db = GradArray(f"db_{tag}", mh, f"[{mh}]", l.name, "db")
             grads.extend([dw, db])
             steps = nf * sf * (2 if need_dx[0] else 1)
-            wl = max(1, AXI_BITS // W)
+            wl = AXI_BITS // WSUM_BITS
             if need_dx[0] and l.type == "dense":
                 dx = b.stream(f"dx_{tag}", simd)
                 out_t = f"bapipe::bvec<{simd}>"

@@ -15,6 +15,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from fpga_models.allocate import frames_offchip, kernel_onchip_budget
+from fpga_models.engines import DDR_WORD_BITS, ddr_words_per_beat
+
 #: Vitis HLS's default hls::stream depth (a wire with no FIFO node on it)
 DEFAULT_DEPTH = 2
 #: ROM words per bank up to which a weight bank is LUTRAM rather than BRAM (a BRAM18 holds
@@ -76,6 +79,26 @@ class UnitFn:
     streams: list[VStream]          # streams inside the turn
     calls: list[str]
     roms: list["Rom"] = field(default_factory=list)   # the m_axi weight arrays its engines read
+    frames: list["DdrFrame"] = field(default_factory=list)   # the off-chip frame buffers it writes or reads
+
+
+@dataclass
+class DdrFrame:
+    """A time-multiplexed stage's frame buffer placed off chip (fpga_models.allocate.frames_offchip):
+    an m_axi argument of ``words`` words of ``bits`` (one sample's frame, beats x words a beat),
+    written by one turn through ``bapipe::frame_write`` and read by the next through ``frame_read``."""
+
+    name: str            # the kernel argument (and its bundle)
+    stream: str          # the frame's stream, now two deep inside the writer's and the reader's turns
+    lanes: int
+    beats: int           # beats per sample
+    bits: int            # bits of one memory word (fpga_models.engines.DDR_WORD_BITS)
+    words: int
+
+    @property
+    def bytes(self) -> int:
+        """Bytes of off-chip memory it takes."""
+        return self.words * self.bits // 8
 
 
 @dataclass
@@ -94,7 +117,9 @@ class EngineStage:
     line_buffer_elems: int = 0      # window generators' line buffers (elements)
     units: list[UnitFn] = field(default_factory=list)
     feed: UnitFn | None = None      # time-multiplexed: engines beside the turns (input converters)
-    turn_streams: list[VStream] = field(default_factory=list)   # the frame buffers between turns
+    turn_streams: list[VStream] = field(default_factory=list)   # the frame buffers between turns (on chip)
+    frames: list[DdrFrame] = field(default_factory=list)   # the frame buffers placed off chip
+    onchip_budget: int | None = None   # bytes the kernel may keep on chip (fpga_models.allocate)
 
     @property
     def turn_params(self) -> list[VStream]:
@@ -119,12 +144,30 @@ def _rom_impl(words: int) -> str:
     return "lutram" if words <= LUTRAM_WORDS else "bram"
 
 
-def engine_stage(st, layers, params: dict, external: bool = False) -> EngineStage:
+def onchip_budget(plan, stage, cluster) -> int | None:
+    """On-chip bytes a stage's kernel may keep on its board (fpga_models.allocate.kernel_onchip_budget:
+    the board's capped on-chip bytes over its kernels); None without a cluster."""
+    if cluster is None or not stage.boards:
+        return None
+    board = next((cb.board for cb in cluster.boards if cb.name == stage.boards[0]), None)
+    if board is None or board.kind != "fpga":
+        return None
+    on_board = sum(1 for x in plan.stages if stage.boards[0] in x.boards)
+    return kernel_onchip_budget(board, plan.utilisation_cap, on_board, plan.mode == "train")
+
+
+def engine_stage(st, layers, params: dict, external: bool = False, writable: bool = False,
+                 onchip_budget: int | None = None, elem_bits: int = 16) -> EngineStage:
     """Lower one Design stage (a codegen.rtl_model.StageRtl of style dataflow) to engine calls.
 
     ``layers``: the stage's model layers (batchnorm nodes are matched to them by name);
     ``params``: the project weights (codegen.context.make_weights), for batchnorm scale/shift.
     ``external``: the MVU weight matrices are m_axi arguments (stages beyond on-chip ROM).
+    ``writable``: every weight array (biases, batchnorm scale/shift too) is an m_axi argument,
+    the memory the training update kernel (codegen.hls_train) rewrites every iteration.
+    ``onchip_budget``: bytes the kernel may keep on chip; a time-multiplexed stage's frame
+    buffers beyond it go off chip (fpga_models.allocate.frames_offchip), ``elem_bits`` wide
+    elements packed into 512-bit words (fpga_models.engines.ddr_words_per_beat).
     """
     from .rtl_model import legal
 
@@ -183,6 +226,7 @@ def engine_stage(st, layers, params: dict, external: bool = False) -> EngineStag
     # (the shapes decide them; a node's beats_in is not always its first input's: an add's
     # converters count both inputs)
     elems: dict[str, int] = {root(stage_in): st.in_elems}
+    writer: dict[str, str] = {}     # stream name -> the call that writes it
 
     for j, (b, ins, outs) in enumerate(zip(blocks, ins_of, outs_of)):
         k = b.kind
@@ -211,7 +255,7 @@ def engine_stage(st, layers, params: dict, external: bool = False) -> EngineStag
             roms.append(Rom(wn, (nf * sf, m.pe, m.simd), w.reshape(nf * sf, m.pe, m.simd), (2, 3),
                             _rom_impl(nf * sf), external))
             roms.append(Rom(bn, (nf, m.pe), np.asarray(m.bias, dtype=np.int64).reshape(nf, m.pe), (2,),
-                            _rom_impl(nf)))
+                            _rom_impl(nf), writable))
             vectors = e_in // m.mw
             e_out = vectors * m.mh
             calls.append(f"bapipe::mvu<{m.mh}, {m.mw}, {m.pe}, {m.simd}, {'true' if m.relu else 'false'}>"
@@ -228,7 +272,7 @@ def engine_stage(st, layers, params: dict, external: bool = False) -> EngineStag
             q = params[layer.name]
             for key in ("scale", "shift"):
                 roms.append(Rom(f"{b.inst}_{key}", (c // ln, ln), np.asarray(q[key], dtype=np.int64).reshape(c // ln, ln),
-                                (2,), "lutram"))
+                                (2,), "lutram", writable))
             calls.append(f"bapipe::batchnorm_ew<{c}, {ln}>({i}, {o}, {b.inst}_scale, {b.inst}_shift, {per})")
         elif k == "relu":
             calls.append(f"bapipe::relu_ew<{b.in_lanes}>({i}, {o}, {per})")
@@ -242,6 +286,7 @@ def engine_stage(st, layers, params: dict, external: bool = False) -> EngineStag
             raise ValueError(f"Design node {b.inst}: kind '{k}' has no HLS engine")
         for w in outs:
             elems[root(w)] = e_out
+            writer[s(w)] = calls[-1]
     units: list[UnitFn] = []
     if st.style == "time-multiplexed":
         units = _turns(st, blocks, ins_of, outs_of, calls, call_block, root, alias, gate_out, gate_in, depth)
@@ -258,8 +303,38 @@ def engine_stage(st, layers, params: dict, external: bool = False) -> EngineStag
     # turns' sequencer); the frame buffers between turns live in the sequencer
     top = {v.name: v for v in (feed.params + feed.streams if feed else [])}
     between = {v.name: v for u in turns for v in u.params if v.name not in top}
+    frames: list[DdrFrame] = []
+    if onchip_budget is not None and between:
+        eb = -(-elem_bits // 8)
+        fixed = (sum(v.depth * v.lanes * eb for v in list(top.values()) + [x for f in fns for x in f.streams])
+                 + lb * eb + sum(r.size * eb for r in roms if not r.external))
+        order = sorted(k for k in between if k not in ("in0", "out0"))   # not the ports
+        off = frames_offchip([between[k].depth * between[k].lanes * eb for k in order], fixed, onchip_budget)
+        beats_of = {names[w]: e // lanes[w] for w, e in elems.items() if w in names}
+        for k, o in zip(order, off):
+            if o:
+                frames.append(_spill(between.pop(k), beats_of[k], elem_bits, turns, writer))
     return EngineStage(st.in_lanes, st.out_lanes, _decl(top.values()), [], roms, lb, turns, feed,
-                       _decl(between.values()))
+                       _decl(between.values()), frames, onchip_budget)
+
+
+def _spill(v: VStream, beats: int, elem_bits: int, turns: list[UnitFn], writer: dict[str, str]) -> DdrFrame:
+    """Move frame buffer ``v`` off chip: the turn writing it ends in a ``frame_write`` to the new
+    m_axi argument, the turn reading it starts with a ``frame_read``; in both the stream becomes
+    a two-deep one of the turn's own."""
+    f = DdrFrame(f"{v.name}_ddr", v.name, v.lanes, beats, DDR_WORD_BITS,
+                 beats * ddr_words_per_beat(v.lanes, elem_bits))
+    for u in turns:
+        if not any(p.name == v.name for p in u.params):
+            continue
+        u.params = [p for p in u.params if p.name != v.name]
+        u.streams = _decl(u.streams + [VStream(v.name, v.lanes, DEFAULT_DEPTH)])
+        u.frames.append(f)
+        if writer.get(v.name) in u.calls:
+            u.calls.append(f"bapipe::frame_write<{v.lanes}, {f.bits}>({v.name}, {f.name}, (long)n * {beats})")
+        else:
+            u.calls.insert(0, f"bapipe::frame_read<{v.lanes}, {f.bits}>({f.name}, {v.name}, (long)n * {beats})")
+    return f
 
 
 def _decl(streams) -> list[VStream]:

@@ -1,0 +1,150 @@
+"""The weight-update (SGD with momentum) kernel of a training stage, decided here and printed by
+stage_update.cpp.j2 (helpers: hls_templates/hls/bapipe_update.h.j2).
+
+One call per iteration, after the backward kernel's flush (and the replicas' all-reduce):
+for every weight array of the stage (layer weights and biases, kernel layout) it reads
+
+- the exact batch-summed gradient the backward kernel wrote (``wsum_t``, 22 fraction bits),
+- the master weights (32[24], m_axi) and the momentum velocity (48[22] in 64-bit words, m_axi),
+
+applies fpga_models.train_fixed.sgd_update bit for bit (constants MU, LR and SHIFT of
+train_fixed.sgd_constants are s_axilite arguments, so a run's --lr and momentum need no
+rebuild) and writes master and velocity back, plus the 16[10] forward copy twice: in the
+backward kernel's layout (``data_t [MH][MW]``, the m_axi weight arguments of stage<i>_bwd) and,
+for engine kernels (codegen.hls_design), in the forward MVU's banked layout
+``[NF*SF][PE][SIMD]`` (its writable m_axi weight arrays; biases ``[NF][PE]``). One element a
+cycle per array (II=1); the arrays follow one another.
+
+Batchnorm scale/shift are not updated here: the backward kernel computes no gradient for them
+(training plans with batchnorm are refused by :func:`build_update`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class UpdateArray:
+    """One weight array the update kernel rewrites (kernel layout: rows x cols)."""
+
+    name: str                 # the weight array (StageCtx.weights: forward/backward argument name)
+    layer: str
+    key: str                  # "w" | "b" (fpga_models.train_fixed's keys)
+    grad: str                 # the backward kernel's weight-gradient array (dw_* / db_*)
+    rows: int
+    cols: int
+    rom: str | None = None    # the forward engine kernel's banked array it also writes
+    pe: int = 1               # banking of ``rom``: rows in PE lanes ...
+    simd: int = 1             # ... and columns in SIMD lanes
+
+    @property
+    def count(self) -> int:
+        return self.rows * self.cols
+
+    @property
+    def call(self) -> str:
+        """The C call that updates it (template bapipe::sgd_array)."""
+        rom = self.rom or "(bapipe::rom_t *)0"
+        return (f"bapipe::sgd_array<{self.rows}, {self.cols}, {self.pe}, {self.simd}, {int(self.rom is not None)}>"
+                f"(g_{self.name}, m_{self.name}, v_{self.name}, {self.name}, {rom}, mu, lr, shift)")
+
+
+@dataclass
+class UpdateCtx:
+    """A stage's update kernel: its arrays and the banked forward arrays in argument order."""
+
+    name: str
+    stage: str
+    arrays: list[UpdateArray]
+    roms: list[tuple[str, int]]     # the forward kernel's external arrays (name, elements), argument order
+
+    @property
+    def params(self) -> list[str]:
+        """The C parameter list of the top function (flat arrays: the same memory as the
+        backward kernel's [MH][MW] arguments and the forward's banked ones)."""
+        out = []
+        for a in self.arrays:
+            out += [f"const bapipe::wsum_t g_{a.name}[{a.count}]", f"int m_{a.name}[{a.count}]",
+                    f"long long v_{a.name}[{a.count}]", f"data_t {a.name}[{a.count}]"]
+        out += [f"bapipe::rom_t {r}[{n}]" for r, n in self.roms]
+        return out + ["int mu", "int lr", "int shift"]
+
+    @property
+    def args(self) -> list[str]:
+        out = []
+        for a in self.arrays:
+            out += [f"g_{a.name}", f"m_{a.name}", f"v_{a.name}", a.name]
+        return out + [r for r, _ in self.roms] + ["mu", "lr", "shift"]
+
+    @property
+    def cycles(self) -> int:
+        """Loop trips of one call: one element a cycle, array after array."""
+        return sum(a.count for a in self.arrays)
+
+    def host_config(self) -> dict:
+        return {"kernel": self.name,
+                "arrays": [{"name": a.name, "layer": a.layer, "kind": a.key, "grad": a.grad, "elements": a.count,
+                            "rows": a.rows, "cols": a.cols, "rom": a.rom} for a in self.arrays],
+                "roms": [{"name": r, "elements": n} for r, n in self.roms],
+                "formats": {"master": "int32 raw, 24 fraction bits", "velocity": "int64 raw (48-bit saturating), "
+                            "22 fraction bits", "gradient": "int64 exact sum, 22 fraction bits"},
+                "constants": "mu, lr, shift: fpga_models.train_fixed.sgd_constants (s_axilite)",
+                "cycles": self.cycles}
+
+
+def build_update(sc) -> UpdateCtx | None:
+    """The update kernel of training stage ``sc`` (a codegen.context.StageCtx with its backward
+    kernel), or None for an inference stage. ValueError names a layer it cannot train."""
+    from .rtl_model import legal
+
+    if sc.bwd is None:
+        return None
+    grads = {(g.layer, g.key): g for g in sc.bwd.grad_arrays}
+    roms = {r.name: r for r in (sc.engine.roms if sc.engine is not None else [])}
+    arrays: list[UpdateArray] = []
+    for lc in sc.layers:
+        for w in lc.weights:
+            key = w.name.rsplit("_", 1)[1]
+            g = grads.get((lc.name, {"w": "dw", "b": "db"}.get(key, key)))
+            if g is None:
+                raise ValueError(f"layer '{lc.name}': weight array '{w.name}' has no gradient from the backward "
+                                 f"kernel, so the update kernel cannot train it (dense and conv2d weights and "
+                                 f"biases are trained)")
+            rows, cols = (w.shape[0], int(w.kernel_q.size) // w.shape[0])
+            a = UpdateArray(w.name, lc.name, key, g.name, rows, cols)
+            rom = roms.get(f"s{sc.index}_{legal(lc.name)}_mvu_{key}")   # codegen.rtl_model's MVU node name
+            if rom is not None:
+                if not rom.external:
+                    raise ValueError(f"stage {sc.index}: forward array {rom.name} is ROM; a training build keeps "
+                                     f"every weight array in writable m_axi memory")
+                a.rom = rom.name
+                if key == "w":
+                    a.pe, a.simd = rom.shape[1], rom.shape[2]
+                else:
+                    a.pe, a.simd = rom.shape[1], 1
+                    a.rows, a.cols = rom.shape[0] * rom.shape[1], 1
+            arrays.append(a)
+    ext = [(r.name, r.size) for r in (sc.engine.external if sc.engine is not None else [])]
+    written = {a.rom for a in arrays}
+    missing = [r for r, _ in ext if r not in written]
+    if missing:
+        raise ValueError(f"stage {sc.index}: forward arrays {', '.join(missing)} have no update (batchnorm "
+                         f"scale/shift are not trained by the HLS kernels)")
+    return UpdateCtx(name=f"{sc.name}_update", stage=sc.name, arrays=arrays, roms=ext)
+
+
+def stage_update(sc) -> tuple[UpdateCtx | None, str | None]:
+    """(the update kernel, None), or (None, why not) for a training stage it cannot train
+    (gen still writes the forward and backward kernels), or (None, None) for inference."""
+    try:
+        return build_update(sc), None
+    except ValueError as e:
+        return None, str(e)
+
+
+def update_config(sc) -> dict | None:
+    """The stage's ``update`` entry of host_config.json."""
+    u, why = stage_update(sc)
+    if u is None:
+        return None if why is None else {"kernel": None, "not_generated": why}
+    return u.host_config()
