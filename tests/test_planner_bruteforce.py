@@ -2,7 +2,9 @@
 
 Space (docs/planner.md, section 6): partitions x per-position replica groups (every vector
 r_1..r_p with sum <= N, cut as consecutive blocks from the topology order and from the
-host-interleaved order) x schedules x recomputation, at a given micro-batch count. The
+host-interleaved order) x schedules (asynchronous PipeDream included: its replicated stages'
+per-micro-batch all-reduce makes their period max(compute, ring)) x recomputation, at a given
+micro-batch count. The
 enumeration here builds its own board orders and replica vectors, prices every partition
 of every configuration from the planner's stage tables, and must find the same least J as
 ``Explorer.explore``.
@@ -142,7 +144,7 @@ def _brute(ex: Explorer, schedule: str, m: int) -> float:
 def _check(seed: int) -> tuple[float, float]:
     rng = random.Random(seed)
     model, cluster = _instance(rng)
-    schedule = rng.choice(["gpipe", "1f1b", "eager-1f1b", "2bw", "interleaved"])
+    schedule = rng.choice(["gpipe", "1f1b", "eager-1f1b", "2bw", "interleaved", "pipedream"])
     G = rng.choice([4, 8, 12])
     m = rng.choice([d for d in (1, 2, 4, 6, 8) if G % d == 0])
     ex = Explorer(model, cluster, Request(schedule=schedule, microbatches=m, global_batch=G))

@@ -1,0 +1,142 @@
+"""Asynchronous PipeDream (issue 19): 1F1B with weight stashing, per-micro-batch updates, no
+flush (Narayanan et al., SOSP'19). The planner's replay and `bapipe sim` read the same op
+stream (bapipe.schedules.stream_ops) and the same all-reduce gate, so they must agree."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from bapipe.schedules import ASYNC, allreduce_gate, device_ops, stash_count, stream_ops
+from bapipe.spec import load_model
+from fpga_models.cluster import load_cluster
+from fpga_models.sim import SimConfig, simulate
+from planner.cli_plan import parse_partition
+from planner.pipeline import replay_pipedream, steady_pipedream
+from planner.planning import make_plan
+from planner.search import Explorer, Request, stashes_at
+
+#: the replay and the simulator add the same floats in the same event order; measured
+#: agreement 1e-12 relative over the cases below (sums of ~100 terms of 1e-6 s): 1e-9 leaves
+#: room for sums taken in another order, far below any modelling difference (>= 1e-3)
+SAME_EVENTS = 1e-9
+
+NO_LINKS = (((), 0.0, 0.0),)
+
+
+def _plan(model, cluster, **kw):
+    return make_plan(load_model(model), load_cluster(cluster), model, cluster, Request(**kw))
+
+
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "bapipe.cli", *args], capture_output=True, text=True)
+
+
+@pytest.mark.parametrize("p,m", [(1, 1), (3, 1), (4, 2), (4, 8), (6, 3)])
+def test_stash_counts_are_the_stream(p, m):
+    """No flush: stage d holds p - d micro-batches (and as many weight versions) whatever m,
+    since the next iteration's micro-batches are in flight too."""
+    for d in range(p):
+        assert stash_count("pipedream", p, d, m) == p - d == stashes_at("pipedream", p, d, m)
+    # one iteration's order is 1F1B's; the stream runs it over all micro-batches
+    assert [o for o in device_ops("pipedream", p, 0, m)] == [o for o in device_ops("1f1b", p, 0, m)]
+    stream = stream_ops("pipedream", p, 0, m, 3)
+    assert [o for o, _j in stream] == device_ops("1f1b", p, 0, 3 * m) and all(j == o.mb // m for o, j in stream)
+
+
+def test_balanced_pipeline_without_links_runs_at_the_stage_time():
+    """Steady state of p equal stages with free links: one F + B per micro-batch per device,
+    no bubble: m (f + b) per iteration (1F1B with a flush pays (m + p - 1)(f + b))."""
+    p, m, f, b = 4, 3, 1.0e-6, 2.0e-6
+    routes = [(NO_LINKS, NO_LINKS)] * (p - 1)
+    assert steady_pipedream(p, m, [f] * p, [b] * p, routes, None) == pytest.approx(m * (f + b), rel=SAME_EVENTS)
+    first = replay_pipedream(p, m, [f] * p, [b] * p, routes, None, 1)[0]
+    assert first == pytest.approx((m + p - 1) * (f + b), rel=SAME_EVENTS)
+
+
+@pytest.mark.parametrize("occ", [0.2e-6, 1.0e-6, 4.0e-6])
+def test_per_microbatch_allreduce_overlaps_compute(occ):
+    """One stage on 2 replicas: every micro-batch's ring (2 steps, each hop busy ``occ`` per
+    step, no latency) overlaps the next forward and backward (two gradient buffers), so the
+    period is max(F + B, ring) per micro-batch - the paper's stage time max(compute,
+    all-reduce) (Narayanan et al. SOSP'19, section 3.1)."""
+    f, b, m = 1.0e-6, 2.0e-6, 4
+    hops = ((("a",), occ, 0.0), (("b",), occ, 0.0))
+    steady = steady_pipedream(1, m, [f], [b], [], [(hops, 2)])
+    assert steady == pytest.approx(m * max(f + b, 2 * occ), rel=SAME_EVENTS)
+    assert allreduce_gate("pipedream") == 2
+
+
+@pytest.mark.parametrize("cluster_name,spec", [("4xU250-ring", "0-4x2,5-9x2"), ("4xU250-ring", "0-3,4-6,7-9"),
+                                               ("4xU250-ring", "0-5x2,6-7,8-9")])
+def test_planner_replay_equals_bapipe_sim(cluster_name, spec):
+    """A given partition (replicated stages included): the planner's steady state and first
+    iteration against `bapipe sim` without host I/O (which the replay leaves out: docs/planner.md
+    section 4). Steady: mean gap between iteration ends, the last (draining) one left out."""
+    model, cl = load_model("tiny-cnn"), load_cluster(cluster_name)
+    out = _plan("tiny-cnn", cluster_name, schedule="pipedream", microbatches=4,
+                partition=parse_partition(spec, len(model.layers)))
+    assert out.plan.schedule == "pipedream"
+    cfg = SimConfig(host_io=False, record=False)
+    ends = simulate(out.plan, model, cl, iterations=6, config=cfg).iteration_ends_s
+    gaps = [b - a for a, b in zip(ends, ends[1:])][1:-1]
+    for g in gaps:
+        assert g == pytest.approx(out.best.iteration_s, rel=SAME_EVENTS)
+    first = simulate(out.plan, model, cl, iterations=1, config=cfg).makespan_s
+    assert out.plan.predicted["iteration_time_s"] == pytest.approx(first, rel=SAME_EVENTS)
+    assert out.plan.predicted["steady_iteration_time_s"] == out.best.iteration_s < first
+
+
+def test_searched_plan_agrees_with_bapipe_sim():
+    """The search's own pipedream plan on hetero-mix (3 stages x 2 replicas, three board
+    types, measured 2026-11-24: 41.70 us per iteration steady, 48.54 us the first): replay
+    and simulator agree; with host I/O the simulator is within 0.5% (PCIe input overlaps)."""
+    model, cl = load_model("tiny-cnn"), load_cluster("hetero-mix")
+    out = _plan("tiny-cnn", "hetero-mix", schedule="pipedream")
+    assert out.plan.schedule == "pipedream" and len(out.plan.stages) > 1
+    assert any(s.replicas > 1 for s in out.plan.stages)
+    ends = simulate(out.plan, model, cl, iterations=6, config=SimConfig(host_io=False, record=False)).iteration_ends_s
+    assert (ends[4] - ends[1]) / 3 == pytest.approx(out.best.iteration_s, rel=SAME_EVENTS)
+    ends = simulate(out.plan, model, cl, iterations=6, config=SimConfig(record=False)).iteration_ends_s
+    assert (ends[4] - ends[1]) / 3 == pytest.approx(out.best.iteration_s, rel=0.005)
+
+
+def test_memory_counts_a_weight_version_per_stash():
+    """Same partition and m under 1F1B and PipeDream: PipeDream's stage d holds p - d weight
+    versions (the newest is the current weights) and a second gradient buffer, so its memory is
+    1F1B's + (p - d) x its weight bytes when m >= p (the same activation stashes)."""
+    model = load_model("tiny-cnn")
+    spec = parse_partition("0-3,4-6,7-9", len(model.layers))
+    one = _plan("tiny-cnn", "4xU250-ring", schedule="1f1b", microbatches=4, partition=spec)
+    pd = _plan("tiny-cnn", "4xU250-ring", schedule="pipedream", microbatches=4, partition=spec)
+    p = len(pd.plan.stages)
+    pr = pd.plan.predicted
+    for i, (a, b) in enumerate(zip(one.plan.stages, pd.plan.stages)):
+        assert b.stashes == a.stashes == p - b.device
+        assert b.memory_bytes - a.memory_bytes == b.stashes * b.weight_bytes
+        # plan.yaml's split: a stash is the activations plus the weight version
+        assert b.memory_bytes == pr["fixed_bytes"][i] + b.stashes * pr["stash_bytes_per_microbatch"][i]
+        assert pr["stash_bytes_per_microbatch"][i] == one.plan.predicted["stash_bytes_per_microbatch"][i] \
+            + b.weight_bytes
+
+
+def test_auto_never_picks_an_asynchronous_schedule():
+    ex = Explorer(load_model("tiny-mlp"), load_cluster("4xU250-ring"), Request())
+    assert "pipedream" in ASYNC and not set(ex.schedules()) & set(ASYNC)
+    out = _plan("tiny-mlp", "4xU250-ring", schedule="pipedream")
+    assert out.plan.schedule == "pipedream"
+
+
+def test_gen_and_run_refuse_a_pipedream_plan_in_one_line(tmp_path):
+    plan = tmp_path / "p.yaml"
+    r = _cli("plan", "tiny-mlp", "4xU250-ring", "--schedule", "pipedream", "--json", "-o", str(plan))
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["schedule"] == "pipedream"
+    for args in (("gen", str(plan), "-o", str(tmp_path / "build")),
+                 ("run", str(plan), "--backend", "numpy", "--epochs", "1")):
+        r = _cli(*args)
+        assert r.returncode == 2, (args, r.stdout, r.stderr)
+        assert len(r.stderr.strip().splitlines()) == 1 and "pipedream" in r.stderr and "schedule" in r.stderr
+    assert not (tmp_path / "build").exists()
