@@ -255,12 +255,214 @@ def check_build(ctx, files, cluster):
     return pl, parsed
 
 
+# --- the Makefile and the packaged kernels behind every cfg ----------------------------------
+
+#: kernels a link config may name that the build does not generate: the network stack below our
+#: framing kernels (docs/network.md "What the user brings"), by kernel-name pattern -> the
+#: Makefile variable of the folder they come from
+EXTERNAL = {r"networklayer": "VNX", r"cmac_\d+": "VNX", r"aurora_\d+": "AURORA"}
+DOCS = Path(__file__).resolve().parent.parent / "docs" / "network.md"
+
+
+def parse_makefile(text: str) -> dict:
+    """Variables and rules (target -> prerequisites, recipe lines) of a generated Makefile."""
+    rules, variables, last = {}, {}, None
+    for raw in text.splitlines():
+        if raw.startswith("\t"):
+            assert last is not None, raw
+            for t in last:
+                rules[t]["recipe"].append(raw[1:])
+            continue
+        line = raw.split("#", 1)[0].rstrip()
+        if not line:
+            continue
+        m = re.fullmatch(r"([A-Za-z_]+)\s*(\?=|:=|=)\s*(.*)", line)
+        if m:
+            variables[m.group(1)] = m.group(3)
+            last = None
+            continue
+        targets, _, deps = line.partition(":")
+        assert _, raw
+        last = targets.split()
+        for t in last:
+            assert t not in rules, f"rule for {t} twice"
+            rules[t] = {"deps": deps.split(), "recipe": []}
+    return {"vars": variables, "rules": rules}
+
+
+def verilog_ports(text: str, module: str) -> dict[str, tuple[str, int]]:
+    """name -> (input | output, width) of ``module``'s port list (ANSI style, as generated)."""
+    m = re.search(rf"^module {module} \((.*?)\n\);", text, re.S | re.M)
+    assert m, f"no module {module}"
+    out = {}
+    for d, msb, name in re.findall(r"^\s*(input|output)\s+wire\s*(?:\[(\d+):0\])?\s*(\w+)", m.group(1), re.M):
+        out[name] = (d, int(msb) + 1 if msb else 1)
+    return out
+
+
+def check_kernel_files(files: dict[str, str], d: str, name: str) -> dict:
+    """A packaged RTL kernel under folder ``d``: kernel.xml against the Verilog top's ports (both
+    parsed), the package_xo script against both, every source present. Returns kernel.xml's
+    stream ports (name -> {mode, width}) and its argument names."""
+    import xml.etree.ElementTree as ET
+    k = ET.fromstring(files[f"{d}/kernel.xml"]).find("kernel")
+    assert k.get("name") == name
+    control = k.get("hwControlProtocol")
+    assert control in ("ap_ctrl_hs", "ap_ctrl_none")
+    xml_ports = {p.get("name"): p.attrib for p in k.find("ports")}
+    v = verilog_ports(files[f"{d}/{name}.v"], name)
+    assert v.pop("ap_clk") == ("input", 1) and v.pop("ap_rst_n") == ("input", 1)
+    hs = control == "ap_ctrl_hs"
+    assert ("s_axi_control" in xml_ports) == hs and (k.get("interrupt") == "true") == hs
+    if hs:
+        assert xml_ports["s_axi_control"]["portType"] == "addressable"
+        assert v.pop("interrupt") == ("output", 1)
+        axil = [n for n in v if n.startswith("s_axi_control_")]
+        assert {n.split("_")[-1] for n in axil} >= {"awaddr", "awvalid", "awready", "wdata", "wstrb", "wvalid",
+                                                   "wready", "bresp", "bvalid", "bready", "araddr", "arvalid",
+                                                   "arready", "rdata", "rresp", "rvalid", "rready"}
+        for n in axil:
+            v.pop(n)
+    streams = {}
+    for pname, p in xml_ports.items():
+        if p["portType"] != "stream":
+            continue
+        w = int(p["dataWidth"])
+        into = p["mode"] == "read_only"
+        assert p["mode"] in ("read_only", "write_only")
+        i, o = ("input", "output") if into else ("output", "input")
+        assert v.pop(f"{pname}_tdata") == (i, w), pname
+        assert v.pop(f"{pname}_tvalid") == (i, 1) and v.pop(f"{pname}_tready") == (o, 1), pname
+        for side, bits in (("tkeep", w // 8), ("tdest", nn.DEST_BITS), ("tlast", 1)):
+            if f"{pname}_{side}" in v:
+                assert v.pop(f"{pname}_{side}") == (i, bits), (pname, side)
+        streams[pname] = {"mode": p["mode"], "width": w}
+    assert not v, f"{name}: Verilog ports outside every kernel.xml interface: {sorted(v)}"
+    args = sorted(k.find("args"), key=lambda a: int(a.get("id")))
+    assert [int(a.get("id")) for a in args] == list(range(len(args)))
+    assert all(a.get("port") in xml_ports for a in args)
+    assert {a.get("port") for a in args} >= set(streams)
+    tcl = files[f"{d}/package_xo.tcl"]
+    src = json.loads(files[f"{d}/sources.json"])
+    assert src["top"] == name and f"set_property top {name} " in tcl and f"-kernel_name {name} " in tcl
+    assert f"vitis_drc {{ctrl_protocol {control}}}" in tcl and "-kernel_xml ./kernel.xml" in tcl
+    assert ("-busif s_axi_control -clock ap_clk" in tcl) == hs
+    for pname in streams:
+        assert f"ipx::associate_bus_interfaces -busif {pname} -clock ap_clk $core" in tcl
+    for f in src["sources"]:
+        norm = "/".join(_norm(f"{d}/{f}".split("/")))
+        assert norm in files, f"{name}: source {f} is not in the build"
+        assert f"    {f} \\" in tcl
+    return {"streams": streams, "args": [a.get("name") for a in args], "control": control}
+
+
+def _norm(parts: list[str]) -> list[str]:
+    out = []
+    for p in parts:
+        if p == "..":
+            out.pop()
+        elif p not in (".", ""):
+            out.append(p)
+    return out
+
+
+def hls_port_bits(source: str, kernel: str, elem_w: int) -> dict[str, int]:
+    """Stream port -> bits a beat, read off an HLS kernel's top function signature."""
+    m = re.search(rf"^void {kernel}\((.*?)\) {{", source, re.S | re.M)
+    assert m, kernel
+    out = {}
+    for typ, name in re.findall(r"hls::stream<([^&]*?)\s*>\s*&(\w+)", m.group(1)):
+        lanes = re.fullmatch(r"bapipe::b?vec<(\d+)>\s*", typ)
+        out[name] = (int(lanes.group(1)) if lanes else 1) * elem_w
+    return out
+
+
+def check_makefile(ctx, files, parsed: dict) -> dict:
+    """Every kernel an nk line declares has its .xo among the board's link prerequisites, and that
+    .xo is built by a rule of the Makefile or is a documented external kernel (with the rule that
+    says where it comes from); every packaged kernel's rule takes generated files only."""
+    text = {k: (v.decode() if isinstance(v, bytes) else v) for k, v in files.items()}
+    mk = parse_makefile(text["Makefile"])
+    rules, docs = mk["rules"], DOCS.read_text(encoding="utf-8")
+    section = docs.split("### What the user brings", 1)[1].split("\n## ", 1)[0]
+    built, externals = set(), set()
+    for b in ctx.boards:
+        if b.platform is None:
+            continue
+        rule = rules[b.xclbin]
+        assert any(f"--config link/{b.name}.cfg" in r and "-o $@ $^" in r for r in rule["recipe"]), rule
+        xo = {Path(dep).name.removesuffix(".xo"): dep for dep in rule["deps"]}
+        assert len(xo) == len(rule["deps"]) and all(d.endswith(".xo") for d in rule["deps"]), rule["deps"]
+        declared = {line.split(":")[0] for line in parsed[b.name]["cfg"]["nk"]}
+        assert set(xo) == declared, f"{b.name}: links {sorted(xo)}, its cfg declares {sorted(declared)}"
+        for kernel, dep in xo.items():
+            if dep in rules:                       # built here: from generated files only
+                assert rules[dep]["recipe"], dep
+                for pre in rules[dep]["deps"]:
+                    assert pre in text, f"{dep} needs {pre}, which gen does not write"
+                built.add(dep)
+                continue
+            var = next((v for pat, v in EXTERNAL.items() if re.fullmatch(pat, kernel)), None)
+            assert var is not None, f"{b.name}: {dep} is neither built nor a known external kernel"
+            assert dep.startswith(f"$({var})/") and var in mk["vars"], dep
+            missing = rules[f"$({var})/%.xo"]["recipe"]
+            assert any("exit 2" in r and "docs/network.md" in r for r in missing)
+            assert f"`{re.sub(r'_[0-9]+$', '', kernel)}" in section, f"{kernel}: not in docs/network.md"
+            if var == "VNX":   # its IP repositories go to the link, as XUP VNx's own Makefile passes them
+                assert any("--user_ip_repo_paths $(VNX)/Ethernet/cmac" in r and
+                           "--user_ip_repo_paths $(VNX)/NetLayers/100G-fpga-network-stack-core/synthesis_results_"
+                           in r for r in rule["recipe"])
+            externals.add(kernel)
+    # every framing kernel packaged is linked (by its board alone)
+    for t, r in rules.items():
+        if t.startswith("net/") and t.endswith(".xo"):
+            assert t in built, f"{t} is packaged but no board links it"
+    return {"built": built, "externals": externals, "rules": rules}
+
+
+def check_net_kernels(ctx, files, parsed: dict) -> int:
+    """Every framing kernel a cfg declares: its files are consistent (check_kernel_files), every
+    stream_connect names one of its kernel.xml arguments, and a stage stream meets a port of the
+    stage port's width."""
+    text = {k: (v.decode() if isinstance(v, bytes) else v) for k, v in files.items()}
+    ew = ctx.fmt.width
+    bits = {}
+    for s in ctx.stages:
+        bits[s.name] = hls_port_bits(text[f"{s.name}/{s.name}.cpp"], s.name, ew)
+        if s.bwd is not None:
+            bits[s.bwd.name] = hls_port_bits(text[f"{s.name}/{s.bwd.name}.cpp"], s.bwd.name, ew)
+    n = 0
+    for b, p in parsed.items():
+        info = {}
+        for inst, kernel in p["inst_kernel"].items():
+            if kernel.startswith("bapipe_net_"):
+                info[inst] = check_kernel_files(text, f"net/{kernel}", kernel)
+                n += 1
+        for line in p["cfg"]["stream_connect"]:
+            src, dst = (ep.split(".") for ep in line.split(":"))
+            for (inst, arg), (oinst, oarg), mode in ((src, dst, "write_only"), (dst, src, "read_only")):
+                if inst not in info:
+                    continue
+                assert arg in info[inst]["args"], f"{line}: {arg} is no argument of {p['inst_kernel'][inst]}"
+                port = info[inst]["streams"][arg]
+                assert port["mode"] == mode, line
+                other = p["inst_kernel"][oinst]
+                if other in bits:
+                    assert port["width"] == bits[other][oarg], f"{line}: {port['width']} vs {bits[other][oarg]} bits"
+                elif other not in {k for k in p["inst_kernel"].values() if k.startswith("bapipe_net_")}:
+                    assert port["width"] == nn.LINE_BITS, line   # the network stack's 512-bit side
+    return n
+
+
 @pytest.mark.xdist_group("placement_builds")  # one worker renders each build once
 @pytest.mark.slow  # each build: a planner run and an in-memory render (~1 s)
 @pytest.mark.parametrize("key", [b[0] for b in BUILDS])
 def test_link_configs_consistent(key):
     plan, model, cluster, ctx, files = build(key)
     pl, parsed = check_build(ctx, files, cluster)
+    mk = check_makefile(ctx, files, parsed)
+    ports = sum(len(pl["boards"][b]["network"]) for b in parsed)
+    assert check_net_kernels(ctx, files, parsed) == ports == len([t for t in mk["built"] if t.startswith("net/")])
     if len({b for s in ctx.stages for b in s.boards}) > 1:
         assert pl["channels"], "a multi-board build has network channels"
     if key == "tiny-cnn-u280":
@@ -280,6 +482,8 @@ def test_link_configs_consistent(key):
 def test_link_configs_consistent_vgg16():
     plan, model, cluster, ctx, files = build("vgg16")
     pl, parsed = check_build(ctx, files, cluster)
+    check_makefile(ctx, files, parsed)
+    check_net_kernels(ctx, files, parsed)
     # the interleaved plan puts two stages (four kernels) on each board; the planner folds each
     # stage within 1/6 of the capped 9,216 DSP (fpga_models.allocate.engine_share: 2 stages x
     # forward + input-gradient + weight-gradient arrays): 1,536 DSP forward, 3,072 backward per
@@ -372,3 +576,34 @@ def test_link_configs_and_placement_are_deterministic():
     b = render(plan, model, cluster)[1]
     keys = [k for k in a if k.startswith("link/") or k == "placement.json"]
     assert len(keys) == 4 and all(a[k] == b[k] for k in keys)
+
+
+@pytest.mark.xdist_group("placement_builds")
+@pytest.mark.slow  # one planner run and in-memory render (~1 s, shared with the test above)
+def test_checks_catch_what_a_link_would_trip_on():
+    """The Makefile and kernel checks fail on the mistakes they exist for."""
+    plan, model, cluster, ctx, files = build("tiny-mlp")
+    pl, parsed = check_build(ctx, files, cluster)
+    k = "bapipe_net_fpga1_q0"
+    xo = f"net/{k}/{k}.xo"
+
+    def broken(path: str, old: str, new: str) -> dict:
+        text = files[path].decode()
+        assert old in text, (path, old)
+        return {**files, path: text.replace(old, new, 1).encode()}
+
+    cases = [
+        # the board forgets to link its framing kernel; the cfg still declares it
+        (check_makefile, broken("Makefile", f" {xo} ", " "), "its cfg declares"),
+        # the packaging rule needs a file gen does not write
+        (check_makefile, broken("Makefile", f"{xo}: net/{k}/{k}.v ", f"{xo}: net/{k}/{k}.sv "), "does not write"),
+        # kernel.xml and the Verilog top disagree on a stream's width
+        (check_net_kernels, broken(f"net/{k}/kernel.xml", 'dataWidth="512"', 'dataWidth="256"'), "256"),
+        # a Verilog port no interface covers
+        (check_net_kernels, broken(f"net/{k}/{k}.v", "    input  wire           ap_rst_n,\n",
+                                   "    input  wire           ap_rst_n,\n    output wire           busy,\n"),
+         "outside every kernel.xml interface"),
+    ]
+    for check, bad, why in cases:
+        with pytest.raises(AssertionError, match=why):
+            check(ctx, bad, parsed)
