@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from codegen.sim_harness import verilator_available
+from test_link_cfg import check_kernel_files, check_net_kernels, parse_cfg
 
 
 def _gen(tmp_path, plan, engines: str = "rtl", name: str = "build") -> Path:
@@ -40,6 +41,7 @@ def test_kernels_match_the_design(tmp_path, which):
     assert stamp["engines"] == "rtl"
     makefile = (out / "Makefile").read_text()
     assert "ENGINES := rtl" in makefile and "$(VITIS_HLS) -f run_hls.tcl" not in makefile
+    rtl = _texts(out, "rtl")
     for st, hs in zip(design["stages"], hc["stages"]):
         name = hs["kernel"]
         d = out / "rtl" / "kernels" / name
@@ -71,11 +73,32 @@ def test_kernels_match_the_design(tmp_path, which):
         assert f"-kernel_name {name} " in tcl and "set xo_path ../../../" + f"{name}/{name}.xo" in tcl
         assert f"\n{name}/{name}.xo: rtl/kernels/{name}/{name}.v" in makefile
         assert "set_property address_offset 0x010 $reg" in tcl and "ipx::add_register -quiet samples" in tcl
+        # kernel.xml and the Verilog top, both parsed, agree port by port
+        got = check_kernel_files(rtl, f"rtl/kernels/{name}", name)
+        assert got["control"] == "ap_ctrl_hs" and got["args"] == ["in0", "out0", "samples"]
+        assert got["streams"] == {"s_axis_in0": {"mode": "read_only", "width": design["elem_w"]},
+                                  "m_axis_out0": {"mode": "write_only", "width": design["elem_w"]}}
+    # the framing kernels between the boards meet the RTL stage kernels' one-element streams
+    parsed = {b["name"]: {"cfg": parse_cfg((out / "link" / f"{b['name']}.cfg").read_text()),
+                          "inst_kernel": _instances(out / "link" / f"{b['name']}.cfg")} for b in hc["boards"]}
+    widths = {hs["kernel"]: {"in0": design["elem_w"], "out0": design["elem_w"]} for hs in hc["stages"]}
+    n = check_net_kernels(None, _texts(out, "net"), parsed, widths)
+    assert n == sum(len(json.loads((out / "placement.json").read_text())["boards"][b]["network"]) for b in parsed)
     xrt = stamp["xrt"]
     assert [k["name"] for b in xrt["boards"] for k in b["kernels"]] == \
         [n for b in hc["boards"] for n in b["kernels"]]
     assert all(k["control"] == "hs" and k["starts"] == "once" and k["args"][-1] == {
         "index": 2, "kind": "samples", "name": "samples"} for b in xrt["boards"] for k in b["kernels"])
+
+
+def _texts(out: Path, under: str) -> dict[str, str]:
+    """Build-relative path -> text of every file under ``out/under``."""
+    return {p.relative_to(out).as_posix(): p.read_text() for p in (out / under).rglob("*")
+            if p.suffix in (".v", ".xml", ".tcl", ".json")}
+
+
+def _instances(cfg: Path) -> dict[str, str]:
+    return {i: line.split(":")[0] for line in parse_cfg(cfg.read_text())["nk"] for i in line.split(":")[2].split(".")}
 
 
 def _cnt_w(top: str) -> int:
@@ -160,11 +183,11 @@ def test_kernel_wrappers_lint_clean(tmp_path):
     failures, n = [], 0
     for which, plan in _plans().items():
         out = _gen(tmp_path, plan, name=which)
-        for d in sorted((out / "rtl" / "kernels").glob("stage*")):
+        for d in sorted((out / "rtl" / "kernels").glob("stage*")) + sorted((out / "net").glob("bapipe_net_*")):
             src = json.loads((d / "sources.json").read_text())
             r = subprocess.run([exe, "--lint-only", "-Wall", "--top-module", d.name,
                                 *[str(d / f) for f in src["sources"]]], capture_output=True, text=True, env=env)
             n += 1
             if r.returncode or r.stderr.strip():
                 failures.append(f"{which}/{d.name}:\n{r.stderr[:1500]}")
-    assert n == 7 and not failures, "\n".join(failures)
+    assert n == 7 + 6 and not failures, "\n".join(failures)   # 7 stage kernels, 6 board ports
