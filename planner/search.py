@@ -448,16 +448,20 @@ class Explorer:
         for btype, kk, beta in sorted({x[:3] for x in keys}):
             svals = sorted({x[3] for x in keys if x[:3] == (btype, kk, beta)})
             base = (btype, kk, beta, c.recompute, c.schedule, c.v, L)
-            todo = [st for st in svals if base + (st,) not in self._stage_times]
+            # held here before storing new ones: storing may drop the oldest tables, which
+            # can be this call's own (gpt2-xl on 64xU55C raised KeyError before)
+            have = {st: self._stage_times.get(base + (st,)) for st in svals}
+            todo = [st for st in svals if have[st] is None]
             if todo:
                 sm = self.stage_model(btype, beta, c.recompute, c.schedule, kk, c.v)
                 r = sm.cost_of(sm.ranges(ic, jj), np.array(todo, dtype=float)[:, None, None], c.v)
                 tt = np.broadcast_to(r["time_s"], (len(todo), n, L))
                 full = np.where(valid & r["feasible"], tt, math.inf)
                 for q, st in enumerate(todo):
+                    have[st] = full[q]
                     self._remember_times(base + (st,), full[q])
             for st in svals:
-                full = self._stage_times[base + (st,)]
+                full = have[st]
                 cache[(btype, kk, beta, st)] = full if tmax == math.inf else np.where(full <= tmax, full, math.inf)
         T = [cache[k] for k in keys]
         X = None
