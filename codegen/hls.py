@@ -202,7 +202,7 @@ def render_files(ctx: ProjectCtx, plan_text: str, cluster=None, engines: str = "
     # the framing kernels the link configs name, packaged as RTL kernels (codegen.package_net)
     from .package_net import link_objects, makefile_context, net_kernel_files, net_kernels
     net = net_kernels(ctx, cluster, pl, engines)
-    files.update({p: t.encode() for p, t in net_kernel_files(net, ctx.fingerprint[:16]).items()})
+    files.update({p: t.encode() for p, t in net_kernel_files(net, ctx.fingerprint).items()})
     put("Makefile", "Makefile.j2", header=h_hdr, stages=ctx.stages, kernels=kernels,
         boards=[b for b in ctx.boards if b.platform], engines=engines, net=makefile_context(net),
         links=link_objects(ctx, pl, net))

@@ -128,7 +128,7 @@ def rtl_kernels(plan, model, cluster, params, stages, main: dict[str, str] | Non
                                            args=k.args, **what, **env_ctx)
         files[f"{d}/package_xo.tcl"] = _render(
             "package_xo.tcl.j2", part=_part(ps.board_type), xo_path=f"../../../{name}/{name}.xo", sources=sources,
-            here=d, **what,
+            here=d, plan_fingerprint=plan.fingerprint(), **what,
             memories=memories, vendor=VENDOR, ports=ports,
             registers=[{"name": n, "offset": f"0x{o:03x}", "bits": b} for n, o, b in REGISTERS], **env_ctx)
         files[f"{d}/sources.json"] = json.dumps({"kernel": name, "top": name, "sources": sources,

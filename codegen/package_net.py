@@ -168,7 +168,7 @@ def net_kernels(ctx, cluster, placement: dict, engines: str) -> list[NetKernel]:
     return out
 
 
-def net_kernel_files(kernels: list[NetKernel], plan_hash: str) -> dict[str, str]:
+def net_kernel_files(kernels: list[NetKernel], plan_fingerprint: str) -> dict[str, str]:
     """path -> text of every packaged framing kernel and the transport modules they share."""
     from .package import _part
     from .rtl import GENERATOR_VERSION, render_template
@@ -176,6 +176,7 @@ def net_kernel_files(kernels: list[NetKernel], plan_hash: str) -> dict[str, str]
 
     if not kernels:
         return {}
+    plan_hash = plan_fingerprint[:16]
     files = {f"{COMMON}/{m}.v": render_template(m, plan_hash) for m in MODULES}
     for k in kernels:
         core = f"{k.name}_core"
@@ -197,7 +198,7 @@ def net_kernel_files(kernels: list[NetKernel], plan_hash: str) -> dict[str, str]
                                                args=k.args, **what, **env)
         files[f"{k.dir}/package_xo.tcl"] = _render(
             "package_xo.tcl.j2", part=_part(k.board_type), xo_path=f"./{k.name}.xo", sources=sources, memories=[],
-            vendor=VENDOR, ports=ports, registers=[], here=k.dir, **what, **env)
+            vendor=VENDOR, ports=ports, registers=[], here=k.dir, plan_fingerprint=plan_fingerprint, **what, **env)
         files[f"{k.dir}/sources.json"] = json.dumps({"kernel": k.name, "top": k.name, "sources": sources,
                                                      "channels": {"tx": [c.what for c in k.tx],
                                                                   "rx": [c.what for c in k.rx]}}, indent=1) + "\n"
