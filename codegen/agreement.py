@@ -13,7 +13,11 @@ steady state (a long stream of samples through the stage: its initiation interva
   of sample 1) / (n - 1).
 
 A stage runs alone because in the whole pipeline every stage moves at the bottleneck's pace,
-which says nothing of the others. ``plan_error`` is the worst |measured / plan - 1|.
+which says nothing of the others. When a stage's bench is the whole pipeline's RTL file for
+file (a one-stage plan: same sources, same input and output widths, the same always-valid
+source and always-ready sink), the pipeline run already measured it and is not repeated
+(``measured_by: "pipeline"``): for all of VGG-16 on one board that is 10 M simulated cycles
+saved. ``plan_error`` is the worst |measured / plan - 1|.
 """
 from __future__ import annotations
 
@@ -50,9 +54,22 @@ def stage_samples(design_cycles: list[float], samples: int | None) -> int:
     return int(min(16, max(3, STAGE_BUDGET_CYCLES // total)))
 
 
-def measure_stages(build: Path, design: dict, samples: int | None = None, threads: int = 1) -> list[dict]:
+def same_rtl(bench: dict, pipeline: dict) -> bool:
+    """True when a stage bench's manifest names exactly the pipeline's sources (every file the
+    main build's, ``../../<name>``) with the same stream widths: the two are one RTL."""
+    files = bench.get("files", [])
+    keys = ("in_elems", "in_lanes", "out_elems", "out_lanes", "elem_w", "top")
+    return (all(f.startswith("../../") for f in files) and [f[6:] for f in files] == pipeline.get("files")
+            and all(bench.get(k) == pipeline.get(k) for k in keys))
+
+
+def measure_stages(build: Path, design: dict, samples: int | None = None, threads: int = 1,
+                   pipeline: tuple[dict, dict, int] | None = None) -> list[dict]:
     """Run every stage's bench in Verilator; per stage: index, board, style, samples, and plan,
-    design and measured cycles per sample, and the error against the plan."""
+    design and measured cycles per sample, and the error against the plan.
+
+    ``pipeline`` = (manifest, result, samples) of a whole-pipeline run already made: a bench
+    that is the same RTL (``same_rtl``) takes its figure from it instead of running again."""
     from fpga_models.fixedpoint import quantize
 
     from .rtlsim_cpp import simulate_cpp
@@ -67,17 +84,27 @@ def measure_stages(build: Path, design: dict, samples: int | None = None, thread
         except (OSError, ValueError):
             raise SpecError(str(d / "manifest.json"), None, "bench",
                             "expected the single-stage bench written by `bapipe gen` (re-run it)") from None
+        if pipeline is not None and samples in (None, pipeline[2]) and pipeline[2] >= 2 and same_rtl(man, pipeline[0]):
+            pman, pout, pn = pipeline
+            per = pman["out_elems"] // pman["out_lanes"]
+            last = [pout["out_cycles"][(k + 1) * per - 1] for k in range(pn)]
+            rows.append(_row(s, pn, (last[-1] - last[0]) / (pn - 1), "pipeline"))
+            continue
         seed = int(hashlib.sha256(f"{design['plan']}:{s['index']}".encode()).hexdigest()[:8], 16)
         x = quantize(np.random.default_rng(seed).uniform(-1.0, 1.0, (n, man["in_elems"])), design["number_format"])
         res = simulate_cpp(d, man, x, cache=build / "rtlsim", threads=threads)
         per = man["out_elems"] // man["out_lanes"]
         last = [res["out_cycles"][(k + 1) * per - 1] for k in range(n)]
-        measured = (last[-1] - last[0]) / (n - 1)
-        p = s["plan_cycles_per_sample"]
-        rows.append({"index": s["index"], "board": s["board"], "style": s["style"], "samples": n,
-                     "plan_cycles_per_sample": p, "design_cycles_per_sample": s["design_cycles_per_sample"],
-                     "measured_cycles_per_sample": measured, "error": (measured / p - 1) if p else None})
+        rows.append(_row(s, n, (last[-1] - last[0]) / (n - 1), "bench"))
     return rows
+
+
+def _row(s: dict, n: int, measured: float, by: str) -> dict:
+    p = s["plan_cycles_per_sample"]
+    return {"index": s["index"], "board": s["board"], "style": s["style"], "samples": n,
+            "plan_cycles_per_sample": p, "design_cycles_per_sample": s["design_cycles_per_sample"],
+            "measured_cycles_per_sample": measured, "error": (measured / p - 1) if p else None,
+            "measured_by": by}
 
 
 def plan_error(rows: list[dict]) -> float | None:

@@ -44,10 +44,15 @@ SAMPLE_BUDGET_CYCLES = 4_000_000
 
 
 def default_samples(man: dict) -> int:
-    """16 samples, or for time-multiplexed pipelines as many as fit SAMPLE_BUDGET_CYCLES (>= 3)."""
+    """16 samples, or for time-multiplexed pipelines as many as fit SAMPLE_BUDGET_CYCLES: at
+    least 3 (boards taking turns settle after the first), 2 (the fewest that time one sample
+    interval) when a single sample already exceeds the budget (all of VGG-16 on one board:
+    5.3 M cycles a sample, about 80 s each in Verilator)."""
     if not man.get("time_multiplexed"):
         return 16
     steady = float(man["predicted_cycles_per_sample"])
+    if steady > SAMPLE_BUDGET_CYCLES:
+        return 2
     return int(min(16, max(3, SAMPLE_BUDGET_CYCLES // max(1.0, steady))))
 
 
@@ -111,7 +116,8 @@ def cmd_rtlsim(args):
         "stage_boards": [f"stage {i} on {b}" for i, b, _style in man.get("stage_boards", [])] or man["boards"],
     }
     if getattr(args, "stages", True):
-        result.update(stage_agreement(build, getattr(args, "stage_samples", None), getattr(args, "threads", 1)))
+        result.update(stage_agreement(build, getattr(args, "stage_samples", None), getattr(args, "threads", 1),
+                                      pipeline=(man, out, samples)))
     why = _train_unsupported(build)
     if why:   # a mode: train plan the training RTL cannot build: this run is the forward pass only
         result["training_unsupported"] = why
@@ -127,12 +133,14 @@ def _train_unsupported(build: Path) -> str | None:
         return None
 
 
-def stage_agreement(build: Path, samples: int | None = None, threads: int = 1) -> dict:
+def stage_agreement(build: Path, samples: int | None = None, threads: int = 1,
+                    pipeline: tuple[dict, dict, int] | None = None) -> dict:
     """``stages`` (per stage: plan, design and measured cycles per sample, each stage's bench
-    run alone) and ``plan_error`` (worst |measured / plan - 1|); see codegen/agreement.py."""
+    run alone, or the ``pipeline`` run when the bench is the same RTL) and ``plan_error``
+    (worst |measured / plan - 1|); see codegen/agreement.py."""
     from .agreement import load_design, measure_stages, plan_error
 
-    rows = measure_stages(build, load_design(build), samples, threads)
+    rows = measure_stages(build, load_design(build), samples, threads, pipeline=pipeline)
     return {"stages": rows, "plan_error": plan_error(rows)}
 
 

@@ -80,3 +80,61 @@ def test_time_multiplexed_stage_meets_the_plan(tmp_path):
     rows = _agree(path, tmp_path / "tm")
     assert rows[2]["style"] == "time-multiplexed"
     assert plan_error(rows) <= PLAN_TOLERANCE, rows
+
+
+
+def test_one_stage_bench_taken_from_the_pipeline_run(tmp_path):
+    """No simulation: a pipeline result with known output cycles is handed to measure_stages;
+    the one-stage bench (same RTL) takes its figure from it, a two-stage plan's benches are not
+    the pipeline, and a different --stage-samples count is not reused."""
+    import json
+
+    from codegen.agreement import same_rtl
+    from codegen.rtlsim import read_manifest
+
+    build = tmp_path / "one"
+    generate(_plan(tmp_path, "one", "tiny-mlp", "4xU250-ring", "--partition", "0-6", "--mode", "inference"), build)
+    man = read_manifest(build / "rtl" / "manifest.json")
+    per = man["out_elems"] // man["out_lanes"]
+    last = [100, 107, 115, 121]   # last beats of 4 samples: (121 - 100) / 3 = 7 cycles a sample
+    cycles = [c - per + 1 + j for c in last for j in range(per)]
+    [row] = measure_stages(build, load_design(build), pipeline=(man, {"out_cycles": cycles}, 4))
+    assert row["measured_by"] == "pipeline" and row["samples"] == 4 and row["measured_cycles_per_sample"] == 7.0
+    assert row["error"] == 7.0 / row["plan_cycles_per_sample"] - 1
+
+    two = tmp_path / "two"
+    generate(_plan(tmp_path, "two", "tiny-mlp", "4xU250-ring", "--partition", "0-3,4-6", "--mode", "inference"), two)
+    man2 = read_manifest(two / "rtl" / "manifest.json")
+    for i in range(2):
+        assert not same_rtl(json.loads((two / "rtl" / "stages" / f"s{i}" / "manifest.json").read_text()), man2)
+    assert same_rtl(json.loads((build / "rtl" / "stages" / "s0" / "manifest.json").read_text()), man)
+
+
+@pytest.mark.soak  # one Verilator build of tiny-mlp (30-160 s with load): make test-all
+def test_one_stage_plan_reuses_the_pipeline_run(tmp_path):
+    """A one-stage plan's bench is the pipeline's RTL file for file (same sources, widths,
+    always-valid source and always-ready sink): `bapipe rtlsim` takes the stage's figure from
+    the pipeline run (measured_by "pipeline", no second Verilator build and run); a stage of a
+    longer pipeline is not the pipeline and runs its own bench."""
+    import json
+
+    from codegen.agreement import same_rtl
+    from codegen.rtlsim import read_manifest
+
+    build = tmp_path / "one"
+    generate(_plan(tmp_path, "one", "tiny-mlp", "4xU250-ring", "--partition", "0-6", "--mode", "inference"), build)
+    bench = json.loads((build / "rtl" / "stages" / "s0" / "manifest.json").read_text())
+    assert same_rtl(bench, read_manifest(build / "rtl" / "manifest.json"))
+    r = subprocess.run([sys.executable, "-m", "bapipe.cli", "rtlsim", str(build), "--samples", "4", "--json"],
+                       check=True, capture_output=True, text=True)
+    got = json.loads(r.stdout)
+    [row] = got["stages"]
+    assert got["outputs_match"] and row["measured_by"] == "pipeline" and row["samples"] == 4
+    assert row["measured_cycles_per_sample"] == got["cycles_per_sample"]
+    assert row["measured_cycles_per_sample"] == pytest.approx(row["plan_cycles_per_sample"], rel=PLAN_TOLERANCE)
+
+    two = tmp_path / "two"
+    generate(_plan(tmp_path, "two", "tiny-mlp", "4xU250-ring", "--partition", "0-3,4-6", "--mode", "inference"), two)
+    man = read_manifest(two / "rtl" / "manifest.json")
+    for i in range(2):
+        assert not same_rtl(json.loads((two / "rtl" / "stages" / f"s{i}" / "manifest.json").read_text()), man)
