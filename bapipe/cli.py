@@ -190,6 +190,10 @@ def _add_args(name: str, p: argparse.ArgumentParser) -> None:
         if name == "csim":
             p.add_argument("--seed", type=_seed, default=0, help="seed of the random inputs")
             p.add_argument("--samples", type=int, default=4, help="random inputs per stage (big stages run 1)")
+            p.add_argument("--iterations", type=int, default=None,
+                           help="training builds (mode: train plans): run this many iterations of forward, "
+                                "backward and weight update and check the weights after each against "
+                                "fpga_models.train_fixed")
         if name == "synth":
             p.add_argument("--board", action="append", help="synthesise only this board (repeatable)")
             p.add_argument("--timeout", type=float, default=600.0, help="wall-time limit per board, seconds")

@@ -9,6 +9,8 @@ from .csim import csim_project
 
 #: most random inputs per stage `csim` runs
 MAX_SAMPLES = 4096
+#: most training iterations `csim --iterations` runs (each compiles nothing new: ~1 s of csim)
+MAX_ITERATIONS = 1000
 
 
 def cmd_csim(args) -> tuple[dict, int]:
@@ -18,6 +20,9 @@ def cmd_csim(args) -> tuple[dict, int]:
     """
     from .cli_gen import check_build
 
+    iterations = getattr(args, "iterations", None)
+    if iterations is not None:
+        return _cmd_train(args, iterations)
     samples = getattr(args, "samples", 4)
     if isinstance(samples, int) and samples > MAX_SAMPLES:  # each runs through every compiled stage
         raise SpecError(None, None, "--samples", f"expected at most {MAX_SAMPLES} samples, got {samples}")
@@ -31,8 +36,39 @@ def cmd_csim(args) -> tuple[dict, int]:
     return r, 0 if r["passed"] else 1
 
 
+def _cmd_train(args, iterations: int) -> tuple[dict, int]:
+    """`--iterations K` on a training build: codegen.csim_train; exit 1 when a weight differs."""
+    from .cli_gen import check_build
+    from .csim_train import csim_train
+
+    if not 1 <= iterations <= MAX_ITERATIONS:
+        raise SpecError(None, None, "--iterations", f"expected 1 to {MAX_ITERATIONS} iterations, got {iterations}")
+    check_build(args.build)
+    if sys.stderr.isatty():
+        sys.stderr.write(f"bapipe csim: compiling the forward, backward and update kernels of {args.build} "
+                         f"and running {iterations} training iteration(s)\n")
+    r = csim_train(args.build, iterations, seed=getattr(args, "seed", 0))
+    return r, 0 if r["passed"] else 1
+
+
+def show_train(r: dict) -> str:
+    """Human table of a training run."""
+    lines = [f"{'iteration':<11}{'loss':>12}{'master err':>12}{'velocity err':>14}{'grad err':>10}{'fwd err':>9}  weights"]
+    for it in r["per_iteration"]:
+        lines.append(f"{it['iteration']:<11}{it['loss']:>12.4f}{it['master_max_abs_err_lsb']:>12}"
+                     f"{it['velocity_max_abs_err_lsb']:>14}{it['grad_sums_max_abs_err']:>10}"
+                     f"{it['forward_max_abs_err_lsb']:>9}  {'match' if it['weights_match'] else 'DIFFER'}")
+    lines.append(f"{r['iterations']} iteration(s) of {r['per_iteration'][0]['samples'] if r['per_iteration'] else 0} "
+                 f"samples vs fpga_models.train_fixed.train_step (lr {r['lr']}, momentum {r['momentum']}); "
+                 f"host-side: {'; '.join(r['not_in_hls'])}")
+    lines.append("PASSED" if r["passed"] else "FAILED")
+    return "\n".join(lines)
+
+
 def show_csim(r: dict) -> str:
     """Human table."""
+    if r.get("mode") == "train":
+        return show_train(r)
     lines = [f"{'stage':<10}{'result':>8}{'max err (LSB)':>15}{'compile s':>11}{'run s':>8}"]
     for s in r["stages"]:
         err = "-" if s["max_abs_err_lsb"] is None else str(s["max_abs_err_lsb"])

@@ -139,6 +139,8 @@ class StageCtx:
     weight_elements: int
     bwd: "BwdCtx | None" = None     # the backward kernel (training plans)
     engine: "EngineStage | None" = None   # stages read off the Design (codegen.hls_design)
+    update: "UpdateCtx | None" = None     # the SGD update kernel (training; codegen.hls_train)
+    update_note: str | None = None        # why a training stage has no update kernel
 
     @property
     def weights(self) -> list[WeightArray]:
@@ -656,6 +658,8 @@ def build_project(plan: Plan, model, cluster=None, plan_file: str = "plan.yaml")
                                      elem_bits=format_ctx(plan.number_format).width)
         if plan.mode == "train":
             sc.bwd = build_stage_bwd(plan, model, st, sc, cluster)
+            from .hls_train import stage_update
+            sc.update, sc.update_note = stage_update(sc, model)
         stages.append(sc)
     return ProjectCtx(plan=plan, fingerprint=plan.fingerprint(), header=header_lines(plan),
                       fmt=format_ctx(plan.number_format), stages=stages, boards=build_boards(plan, cluster, stages),

@@ -267,6 +267,7 @@ def csim_train(build: str | Path, iterations: int, seed: int = 0, lr: float = LR
                 outs, sums_of[s.name], bwd_cyc[s.name] = _backward(s, [acts[a["tensor"]] for a in b["stashes"]], dys, n, td)
                 for p, o in zip(b["outputs"], outs):
                     grads[p["tensor"]] = o
+            before = {(s.name, k): v.copy() for s in stages for k, v in s.master.items()}
             grad_err = 0
             for s in stages:
                 for a in s.cfg["backward"]["weight_grads"]:
@@ -278,7 +279,9 @@ def csim_train(build: str | Path, iterations: int, seed: int = 0, lr: float = LR
                 for a in s.arrays:
                     w_err = max(w_err, int(np.max(np.abs(s.master[a["name"]] - _kernel_layout(new_m[a["layer"]][a["kind"]])))))
                     v_err = max(v_err, int(np.max(np.abs(s.vel[a["name"]] - _kernel_layout(new_v[a["layer"]][a["kind"]])))))
+            moved = sum(int(np.sum(s.master[k] != before[(s.name, k)])) for s in stages for k in s.master)
             row.update({"forward_max_abs_err_lsb": fwd_err, "grad_sums_max_abs_err": grad_err,
+                        "master_moved": moved, "master_elements": sum(v.size for v in before.values()),
                         "master_max_abs_err_lsb": w_err, "velocity_max_abs_err_lsb": v_err,
                         "weights_match": w_err == 0 and v_err == 0,
                         "cycles": {k: {"forward": cyc[k], "backward": bwd_cyc[k], "update": upd_cyc[k]} for k in cyc}})

@@ -23,7 +23,7 @@ import jinja2
 import numpy as np
 
 from .context import EMBED_LIMIT, PLATFORMS, ProjectCtx, StageCtx, _board_type_key
-from .hls_train import stage_update, update_config
+from .hls_train import update_config
 from .placement import link_lines, place_project
 
 TEMPLATES = Path(__file__).resolve().parent.parent / "hls_templates" / "hls"
@@ -183,7 +183,7 @@ def render_files(ctx: ProjectCtx, plan_text: str, cluster=None, engines: str = "
                 kernel_file=f"{b.name}.cpp", tb_file=f"tb_{b.name}.cpp", part=part, clock_ns=clk,
                 cfg_name="hls_config_bwd.cfg", stim=stim, stim_files=stim_files)
             files[f"{d}/csim_bwd_in.bin"] = csim_bwd_input(ctx, s)
-            u, _ = stage_update(s)   # codegen.hls_train
+            u = s.update   # codegen.hls_train
             if u is not None:
                 put(f"{d}/{u.name}.cpp", "stage_update.cpp.j2", header=c_hdr, s=s, u=u)
                 put(f"{d}/tb_{u.name}.cpp", "tb_update.cpp.j2", header=c_hdr, s=s, u=u)

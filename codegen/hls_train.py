@@ -22,6 +22,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 
 @dataclass
 class UpdateArray:
@@ -36,6 +38,12 @@ class UpdateArray:
     rom: str | None = None    # the forward engine kernel's banked array it also writes
     pe: int = 1               # banking of ``rom``: rows in PE lanes ...
     simd: int = 1             # ... and columns in SIMD lanes
+    colmap: list[int] | None = None   # forward column of each kernel column (a dense layer behind a
+                                      # flatten reads its vector in HWC order); None: the same
+
+    @property
+    def colmap_name(self) -> str:
+        return f"colmap_{self.name}"
 
     @property
     def count(self) -> int:
@@ -45,8 +53,24 @@ class UpdateArray:
     def call(self) -> str:
         """The C call that updates it (template bapipe::sgd_array)."""
         rom = self.rom or "(bapipe::rom_t *)0"
-        return (f"bapipe::sgd_array<{self.rows}, {self.cols}, {self.pe}, {self.simd}, {int(self.rom is not None)}>"
-                f"(g_{self.name}, m_{self.name}, v_{self.name}, {self.name}, {rom}, mu, lr, shift)")
+        cmap = self.colmap_name if self.colmap is not None else "(const int *)0"
+        return (f"bapipe::sgd_array<{self.rows}, {self.cols}, {self.pe}, {self.simd}, {int(self.rom is not None)}, "
+                f"{int(self.colmap is not None)}>(g_{self.name}, m_{self.name}, v_{self.name}, {self.name}, {rom}, "
+                f"{cmap}, mu, lr, shift)")
+
+    def banked(self, kernel_q) -> np.ndarray:
+        """Kernel-layout values placed as the update kernel writes the forward's array (flat):
+        the same index arithmetic as bapipe::sgd_array."""
+        q = np.asarray(kernel_q, dtype=np.int64).reshape(-1)
+        e = np.arange(self.count)
+        r, c = e // self.cols, e % self.cols
+        if self.colmap is not None:
+            c = np.asarray(self.colmap, dtype=np.int64)[c]
+        sf = self.cols // self.simd
+        out = np.zeros(self.count, dtype=np.int64)
+        out[((r // self.pe * sf + c // self.simd) * self.pe + r % self.pe) * self.simd + c % self.simd] = q
+        return out
+
 
 
 @dataclass
@@ -92,9 +116,10 @@ class UpdateCtx:
                 "cycles": self.cycles}
 
 
-def build_update(sc) -> UpdateCtx | None:
+def build_update(sc, model=None) -> UpdateCtx | None:
     """The update kernel of training stage ``sc`` (a codegen.context.StageCtx with its backward
-    kernel), or None for an inference stage. ValueError names a layer it cannot train."""
+    kernel), or None for an inference stage. ValueError names a layer it cannot train.
+    ``model`` (the spec Model) finds a flatten in an earlier stage (the forward's column order)."""
     from .rtl_model import legal
 
     if sc.bwd is None:
@@ -120,9 +145,12 @@ def build_update(sc) -> UpdateCtx | None:
                 a.rom = rom.name
                 if key == "w":
                     a.pe, a.simd = rom.shape[1], rom.shape[2]
+                    _place_columns(a, lc, sc, rom, w.kernel_q, model)
                 else:
                     a.pe, a.simd = rom.shape[1], 1
                     a.rows, a.cols = rom.shape[0] * rom.shape[1], 1
+                    if not np.array_equal(a.banked(w.kernel_q), np.asarray(rom.values).reshape(-1)):
+                        raise ValueError(f"stage {sc.index}: bias {w.name} is not laid out as {rom.name}")
             arrays.append(a)
     ext = [(r.name, r.size) for r in (sc.engine.external if sc.engine is not None else [])]
     written = {a.rom for a in arrays}
@@ -133,18 +161,46 @@ def build_update(sc) -> UpdateCtx | None:
     return UpdateCtx(name=f"{sc.name}_update", stage=sc.name, arrays=arrays, roms=ext)
 
 
-def stage_update(sc) -> tuple[UpdateCtx | None, str | None]:
+def stage_update(sc, model=None) -> tuple[UpdateCtx | None, str | None]:
     """(the update kernel, None), or (None, why not) for a training stage it cannot train
     (gen still writes the forward and backward kernels), or (None, None) for inference."""
     try:
-        return build_update(sc), None
+        return build_update(sc, model), None
     except ValueError as e:
         return None, str(e)
 
 
 def update_config(sc) -> dict | None:
-    """The stage's ``update`` entry of host_config.json."""
-    u, why = stage_update(sc)
+    """The stage's ``update`` entry of host_config.json (from StageCtx.update, set by
+    codegen.context.build_project)."""
+    u, why = sc.update, sc.update_note
     if u is None:
         return None if why is None else {"kernel": None, "not_generated": why}
     return u.host_config()
+
+
+def _place_columns(a: UpdateArray, lc, sc, rom, kernel_q, model) -> None:
+    """Find how the forward MVU's array orders the columns of weight array ``a``: as the kernel
+    layout, or (a dense layer reading a flattened image) in the HWC stream order of
+    codegen.rtl_model.flatten_perm; checked against the values the Design placed in ``rom``."""
+    from .rtl_model import flatten_perm
+
+    want = np.asarray(rom.values).reshape(-1)
+    tries: list[list[int] | None] = [None]
+    layer = lc.layer
+    if layer is not None and layer.type == "dense":
+        src = layer.inputs[0]
+        flat = next((x.layer for x in sc.layers if x.name == src), None)
+        shape = flat.in_shapes[0] if flat is not None and flat.type == "flatten" else None
+        if shape is None and model is not None and src in model.index:   # a flatten in an earlier stage
+            prev = model.layers[model.index[src]]
+            shape = prev.in_shapes[0] if prev.type == "flatten" else None
+        if shape is not None and len(shape) == 3:
+            tries.insert(0, np.argsort(flatten_perm(*shape)).tolist())
+    for cm in tries:
+        a.colmap = cm
+        if np.array_equal(a.banked(kernel_q), want):
+            return
+    raise ValueError(f"stage {sc.index}: weight array {a.name} is laid out in {rom.name} in an order the update "
+                     f"kernel does not know")
+

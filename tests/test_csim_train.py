@@ -1,0 +1,192 @@
+"""HLS training (issue 17 item 4): the SGD update kernel (codegen/hls_train.py,
+bapipe_update.h) and `bapipe csim build/ --iterations K` (codegen/csim_train.py): forward,
+backward and update kernels in C-simulation, the weights after every iteration bit-exact
+against fpga_models.train_fixed.train_step."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from bapipe.spec import load_model
+from fpga_models import train_fixed as tfx
+from handplan import hand_plan
+
+CACHE = Path(os.environ.get("BAPIPE_TEST_CSIM_CACHE", Path(tempfile.gettempdir()) / "bapipe-csim-cache"))
+TF = tfx.get_formats("fixed16")
+
+
+def _gen(plan, out: Path) -> Path:
+    from codegen.cli_gen import generate_plan
+    from fpga_models.cluster import load_cluster
+
+    generate_plan(plan, load_model(plan.model), load_cluster(plan.cluster), out)
+    return out
+
+
+def _project(plan):
+    from codegen.context import build_project
+    from fpga_models.cluster import load_cluster
+
+    return build_project(plan, load_model(plan.model), load_cluster(plan.cluster))
+
+
+def _plan(model: str, cuts: tuple[int, ...], microbatches: int, size: int):
+    """A hand plan with every matrix layer folded (the training RTL that gen also writes needs
+    a folding): PE and SIMD the largest divisors up to 4 of the MVU's rows and columns."""
+    from bapipe.plan import Folding
+    from codegen.context import mvu_dims
+
+    plan = hand_plan(model, cuts=cuts, microbatches=microbatches, microbatch_size=size)
+    mdl = load_model(model)
+    for st in plan.stages:
+        for n in st.layers:
+            l = mdl.layers[mdl.index[n]]
+            if l.type in ("dense", "conv2d"):
+                mh, mw = mvu_dims(l)
+                st.folding[n] = Folding(max(d for d in (1, 2, 4) if mh % d == 0), max(d for d in (1, 2, 4) if mw % d == 0))
+    return plan
+
+
+# ---------------------------------------------------------------- structure (no compiler)
+
+@pytest.mark.parametrize("model, cuts", [("tiny-mlp", (3,)), ("tiny-cnn", (1, 3))])
+def test_update_kernel_writes_the_layouts_the_kernels_read(model, cuts):
+    """Every weight array of a training stage is writable m_axi memory (forward: banked,
+    backward: kernel layout) and has an update that reads its backward gradient; the update
+    kernel's banked index ((r/PE*SF + c/SIMD)*PE + r%PE)*SIMD + c%SIMD (bapipe_update.h)
+    puts every kernel-layout weight where the forward MVU's array holds it (Rom values)."""
+    from codegen.hls_train import build_update
+
+    ctx = _project(_plan(model, cuts, 2, 4))
+    colmaps = []
+    for sc in ctx.stages:
+        assert not sc.embed_weights and sc.bwd.weights            # m_axi in both kernels
+        u = build_update(sc)
+        assert [a.name for a in u.arrays] == [w.name for w in sc.weights]
+        grads = {g.name for g in sc.bwd.grad_arrays}
+        assert all(a.grad in grads for a in u.arrays)
+        roms = {r.name: r for r in sc.engine.roms}
+        assert all(r.external for r in roms.values())               # nothing left in ROM
+        assert [r for r, _ in u.roms] == [r.name for r in sc.engine.external]
+        q = {w.name: np.asarray(w.kernel_q, dtype=np.int64).reshape(-1) for w in sc.weights}
+        for a in u.arrays:
+            e = np.arange(a.count)
+            r, c, sf = e // a.cols, e % a.cols, a.cols // a.simd
+            if a.colmap is not None:
+                assert sorted(a.colmap) == list(range(a.cols))   # a permutation
+                c = np.asarray(a.colmap)[c]
+            banked = np.zeros(a.count, dtype=np.int64)
+            banked[((r // a.pe * sf + c // a.simd) * a.pe + r % a.pe) * a.simd + c % a.simd] = q[a.name]
+            assert np.array_equal(banked, np.asarray(roms[a.rom].values).reshape(-1)), a.name
+            colmaps.append(a.colmap is not None)
+    assert any(colmaps) == (model == "tiny-cnn")   # its fc reads the flattened image in HWC order
+
+
+def test_inference_stages_have_no_update_kernel():
+    from codegen.hls_train import stage_update
+
+    plan = _plan("tiny-mlp", (3,), 1, 2)
+    plan.mode = "inference"
+    for sc in _project(plan).stages:
+        assert stage_update(sc) == (None, None) and sc.embed_weights
+
+
+# ---------------------------------------------------------------- C-simulation
+
+def _update_io(u_cfg: dict, g, m, v, consts) -> bytes:
+    from codegen.csim_train import _words
+
+    parts = [np.array([consts.mu, consts.lr, consts.shift], "<i4")]
+    for a in u_cfg["arrays"]:
+        parts += [_words(g[a["name"]], True), _words(m[a["name"]], False), _words(v[a["name"]], True)]
+    return b"".join(p.tobytes() for p in parts)
+
+
+@pytest.mark.csim
+@pytest.mark.slow   # one g++ build of the update kernel: ~7 s
+def test_update_kernel_matches_sgd_update_at_the_extremes(tmp_path):
+    """The generated update kernel against train_fixed.sgd_update on values at and beyond the
+    formats' limits: gradient sums over the whole int64 range (saturating into V), velocities
+    at +-2^47, master weights at the int32 limits, for two constant sets (lr 0.05 / batch 64 with
+    momentum 0.9; lr 4 / batch 1 without momentum). Every master weight, velocity and 16-bit
+    forward copy equal, bit for bit."""
+    from codegen.csim import compile_sources
+    from codegen.csim_train import _unwords
+
+    build = _gen(_plan("tiny-mlp", (), 1, 2), tmp_path / "b")
+    st = json.loads((build / "host_config.json").read_text())["stages"][0]
+    u = st["update"]
+    name = u["kernel"]
+    sdir = build / st["kernel"]
+    binary = compile_sources([sdir / f"{name}.cpp", sdir / f"tb_{name}.cpp"], [sdir, build / "common"],
+                             CACHE, name).path
+    rng = np.random.default_rng(7)
+    vmax, mmax = (1 << 47) - 1, (1 << 31) - 1
+    for consts in (tfx.sgd_constants(0.05, 0.9, 64, TF), tfx.sgd_constants(4.0, 0.0, 1, TF)):
+        g, m, v = {}, {}, {}
+        for a in u["arrays"]:
+            k = a["elements"]
+            g[a["name"]] = rng.integers(-(1 << 62), 1 << 62, size=k) >> rng.integers(0, 62, size=k)
+            m[a["name"]] = rng.integers(-mmax - 1, mmax + 1, size=k)
+            v[a["name"]] = rng.integers(-vmax - 1, vmax + 1, size=k) >> rng.integers(0, 47, size=k)
+            m[a["name"]][:4] = [mmax, -mmax - 1, mmax, -mmax - 1]
+            v[a["name"]][:4] = [vmax, -vmax - 1, -vmax - 1, vmax]
+            g[a["name"]][:4] = [1 << 62, -(1 << 62), 0, 0]
+        fin, fout, fw, fr = (tmp_path / f for f in ("in.bin", "out.bin", "w.bin", "r.bin"))
+        fin.write_bytes(_update_io(u, g, m, v, consts))
+        subprocess.run([str(binary), str(fin), str(fout), str(fw), str(fr)], check=True, capture_output=True)
+        vals = np.fromfile(fout, dtype="<i4").astype(np.int64)
+        w16 = np.fromfile(fw, dtype="<i2").astype(np.int64)
+        pos = wpos = 0
+        saturated = 0
+        for a in u["arrays"]:
+            k = a["elements"]
+            m_ref, v_ref = tfx.sgd_update(m[a["name"]], v[a["name"]], g[a["name"]], consts, TF)
+            assert np.array_equal(vals[pos:pos + k], m_ref), a["name"]
+            assert np.array_equal(_unwords(vals[pos + k:pos + 3 * k]), v_ref), a["name"]
+            assert np.array_equal(w16[wpos:wpos + k], tfx.rescale(m_ref, TF.master.frac, TF.act)), a["name"]
+            saturated += int(np.sum(np.abs(v_ref) == vmax) + np.sum(v_ref == -vmax - 1))
+            pos, wpos = pos + 3 * k, wpos + k
+        assert saturated >= 4 * len(u["arrays"])   # the limits were reached, not just approached
+
+
+def _train(build: Path, iterations: int, capsys) -> dict:
+    from bapipe.cli import main
+
+    os.environ.setdefault("BAPIPE_CSIM_CACHE", str(CACHE))
+    rc = main(["csim", str(build), "--iterations", str(iterations), "--json"])
+    r = json.loads(capsys.readouterr().out)
+    assert rc in (0, None), r
+    return r
+
+
+def _check_run(r: dict, iterations: int, samples: int) -> None:
+    assert r["weights_match"] and r["passed"] and len(r["per_iteration"]) == iterations
+    for it in r["per_iteration"]:
+        assert it["samples"] == samples
+        assert it["master_max_abs_err_lsb"] == it["velocity_max_abs_err_lsb"] == 0
+        assert it["grad_sums_max_abs_err"] == it["forward_max_abs_err_lsb"] == it["logits_max_abs_err_lsb"] == 0
+        assert it["master_moved"] > 0.5 * it["master_elements"]   # the update really changed the weights
+
+
+@pytest.mark.csim
+@pytest.mark.soak   # 6 g++ builds (2 stages x forward, backward, update): ~1 min CPU, minutes on a loaded machine
+def test_tiny_mlp_two_stages_two_microbatches_trains_bit_exact(tmp_path, capsys):
+    """tiny-mlp cut in 2 stages, 2 micro-batches of 4: 3 iterations through the CLI, the
+    master weights and velocities of both stages equal to train_step's after every one."""
+    build = _gen(_plan("tiny-mlp", (3,), 2, 4), tmp_path / "b")
+    _check_run(_train(build, 3, capsys), 3, 8)
+
+
+@pytest.mark.csim
+@pytest.mark.soak   # 9 g++ builds: minutes on a loaded machine
+def test_tiny_cnn_three_stages_trains_bit_exact(tmp_path, capsys):
+    """tiny-cnn (convolutions, pooling, flatten) in 3 stages, 2 micro-batches of 2: 2 iterations."""
+    build = _gen(_plan("tiny-cnn", (1, 3), 2, 2), tmp_path / "b")
+    _check_run(_train(build, 2, capsys), 2, 4)
