@@ -655,7 +655,7 @@ def build_project(plan: Plan, model, cluster=None, plan_file: str = "plan.yaml")
             sc.engine = engine_stage(design.stages[pos], [model.layers[model.index[n]] for n in st.layers], weights,
                                      external=not sc.embed_weights, writable=plan.mode == "train",
                                      onchip_budget=onchip_budget(plan, st, cluster),
-                                     elem_bits=format_ctx(plan.number_format).width)
+                                     number_format=plan.number_format)
         if plan.mode == "train":
             sc.bwd = build_stage_bwd(plan, model, st, sc, cluster)
             from .hls_train import stage_update

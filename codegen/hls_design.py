@@ -15,8 +15,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from fpga_models import fixedpoint as fx
 from fpga_models.allocate import frames_offchip, kernel_onchip_budget
-from fpga_models.engines import DDR_WORD_BITS, ddr_words_per_beat
+from fpga_models.engines import DDR_WORD_BITS, ddr_words_per_beat, swg_rows
 
 #: Vitis HLS's default hls::stream depth (a wire with no FIFO node on it)
 DEFAULT_DEPTH = 2
@@ -91,6 +92,7 @@ class DdrFrame:
     name: str            # the kernel argument (and its bundle)
     stream: str          # the frame's stream, now two deep inside the writer's and the reader's turns
     lanes: int
+    depth: int           # the depth the stream had on chip (codegen.onchip: the bytes it frees)
     beats: int           # beats per sample
     bits: int            # bits of one memory word (fpga_models.engines.DDR_WORD_BITS)
     words: int
@@ -120,6 +122,7 @@ class EngineStage:
     turn_streams: list[VStream] = field(default_factory=list)   # the frame buffers between turns (on chip)
     frames: list[DdrFrame] = field(default_factory=list)   # the frame buffers placed off chip
     onchip_budget: int | None = None   # bytes the kernel may keep on chip (fpga_models.allocate)
+    acc_bytes: int = 0              # pool engines' per-channel accumulators (C acc_t each)
 
     @property
     def turn_params(self) -> list[VStream]:
@@ -157,7 +160,7 @@ def onchip_budget(plan, stage, cluster) -> int | None:
 
 
 def engine_stage(st, layers, params: dict, external: bool = False, writable: bool = False,
-                 onchip_budget: int | None = None, elem_bits: int = 16) -> EngineStage:
+                 onchip_budget: int | None = None, number_format: str = "fixed16") -> EngineStage:
     """Lower one Design stage (a codegen.rtl_model.StageRtl of style dataflow) to engine calls.
 
     ``layers``: the stage's model layers (batchnorm nodes are matched to them by name);
@@ -166,10 +169,13 @@ def engine_stage(st, layers, params: dict, external: bool = False, writable: boo
     ``writable``: every weight array (biases, batchnorm scale/shift too) is an m_axi argument,
     the memory the training update kernel (codegen.hls_train) rewrites every iteration.
     ``onchip_budget``: bytes the kernel may keep on chip; a time-multiplexed stage's frame
-    buffers beyond it go off chip (fpga_models.allocate.frames_offchip), ``elem_bits`` wide
-    elements packed into 512-bit words (fpga_models.engines.ddr_words_per_beat).
+    buffers beyond it go off chip (fpga_models.allocate.frames_offchip), elements of
+    ``number_format`` packed into 512-bit words (fpga_models.engines.ddr_words_per_beat).
     """
     from .rtl_model import legal
+
+    f = fx.get_fmt(number_format)
+    elem_bits, acc_b = f.width, -(-f.acc_width // 8)
 
     by_inst = {f"s{st.index}_{legal(l.name)}": l for l in layers}
     blocks = st.blocks
@@ -213,6 +219,7 @@ def engine_stage(st, layers, params: dict, external: bool = False, writable: boo
     call_block: list[int] = []       # the block index of each call
     roms: list[Rom] = []
     lb = 0
+    acc = 0
     if root(stage_out) == root(stage_in):   # nothing but wiring (a flatten alone): one copy
         calls.append(f"bapipe::width_conv<{st.in_lanes}, {st.in_lanes}>(in0, out0, (long)n * {st.in_elems})")
         call_block.append(-1)
@@ -240,9 +247,7 @@ def engine_stage(st, layers, params: dict, external: bool = False, writable: boo
         per = f"(long)n * {e_in // b.in_lanes}"
         if k == "swg":
             g = b.swg
-            # K rows (fpga_models.engines.line_buffer_bytes) plus STRIDE - 1: with a stride the
-            # next output row's first new rows arrive while the current row still reads its K
-            rows = g.k + g.stride - 1
+            rows = swg_rows(g.k, g.stride)   # fpga_models.engines (the planner's line buffer too)
             lb += rows * g.w * g.c
             calls.append(f"bapipe::swg<{g.c}, {g.h}, {g.w}, {g.k}, {g.pad}, {g.stride}, {g.simd}, {g.taps}, {rows}, "
                          f"{'true' if p.get('PAD_MIN') else 'false'}>({i}, {o}, n)")
@@ -263,6 +268,7 @@ def engine_stage(st, layers, params: dict, external: bool = False, writable: boo
         elif k == "pool":
             c, simd, taps = p["C"], p["SIMD"], p["TAPS"]
             pixels = e_in // (taps * c)
+            acc += c * acc_b   # bapipe::pool keeps one exact accumulator (acc_t) per channel
             e_out = pixels * c
             calls.append(f"bapipe::pool<{c}, {simd}, {taps}, {'true' if p['MODE'] == 0 else 'false'}, {p['AVG_R']}>"
                          f"({i}, {o}, (long)n * {pixels})")
@@ -294,7 +300,7 @@ def engine_stage(st, layers, params: dict, external: bool = False, writable: boo
             u.roms = [r for r in roms if r.external and any(f", {r.name}, " in c for c in u.calls)]
     streams = {w: VStream(nm, lanes[w], depth.get(w, DEFAULT_DEPTH)) for w, nm in names.items()}
     if not units:
-        return EngineStage(st.in_lanes, st.out_lanes, _decl(streams.values()), calls, roms, lb)
+        return EngineStage(st.in_lanes, st.out_lanes, _decl(streams.values()), calls, roms, lb, acc_bytes=acc)
     fns = [UnitFn(u.name, sorted((streams[w] for w in u.params), key=lambda v: v.name),
                   _decl(streams[w] for w in u.streams), u.calls, u.roms) for u in units]
     feed = next((f for f in fns if f.name.endswith("_feed")), None)
@@ -303,26 +309,26 @@ def engine_stage(st, layers, params: dict, external: bool = False, writable: boo
     # turns' sequencer); the frame buffers between turns live in the sequencer
     top = {v.name: v for v in (feed.params + feed.streams if feed else [])}
     between = {v.name: v for u in turns for v in u.params if v.name not in top}
-    frames: list[DdrFrame] = []
-    if onchip_budget is not None and between:
+    es = EngineStage(st.in_lanes, st.out_lanes, _decl(top.values()), [], roms, lb, turns, feed,
+                     _decl(between.values()), [], onchip_budget, acc)
+    if onchip_budget is not None and es.turn_streams:
+        # the frame buffers that do not fit go off chip: the planner's rule (fpga_models.allocate)
+        # on the figures codegen.onchip states (fixed bytes; each frame's, in turn order)
+        from .onchip import engine_fixed_bytes, frame_bytes, frame_order
         eb = -(-elem_bits // 8)
-        fixed = (sum(v.depth * v.lanes * eb for v in list(top.values()) + [x for f in fns for x in f.streams])
-                 + lb * eb + sum(r.size * eb for r in roms if not r.external))
-        order = sorted(k for k in between if k not in ("in0", "out0"))   # not the ports
-        off = frames_offchip([between[k].depth * between[k].lanes * eb for k in order], fixed, onchip_budget)
+        off = frames_offchip(frame_bytes(es, eb), engine_fixed_bytes(es, eb), onchip_budget)
         beats_of = {names[w]: e // lanes[w] for w, e in elems.items() if w in names}
-        for k, o in zip(order, off):
-            if o:
-                frames.append(_spill(between.pop(k), beats_of[k], elem_bits, turns, writer))
-    return EngineStage(st.in_lanes, st.out_lanes, _decl(top.values()), [], roms, lb, turns, feed,
-                       _decl(between.values()), frames, onchip_budget)
+        spill = {k for k, o in zip(frame_order(es), off) if o}
+        es.frames = [_spill(v, beats_of[v.name], elem_bits, turns, writer) for v in es.turn_streams if v.name in spill]
+        es.turn_streams = [v for v in es.turn_streams if v.name not in spill]
+    return es
 
 
 def _spill(v: VStream, beats: int, elem_bits: int, turns: list[UnitFn], writer: dict[str, str]) -> DdrFrame:
     """Move frame buffer ``v`` off chip: the turn writing it ends in a ``frame_write`` to the new
     m_axi argument, the turn reading it starts with a ``frame_read``; in both the stream becomes
     a two-deep one of the turn's own."""
-    f = DdrFrame(f"{v.name}_ddr", v.name, v.lanes, beats, DDR_WORD_BITS,
+    f = DdrFrame(f"{v.name}_ddr", v.name, v.lanes, v.depth, beats, DDR_WORD_BITS,
                  beats * ddr_words_per_beat(v.lanes, elem_bits))
     for u in turns:
         if not any(p.name == v.name for p in u.params):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import re
 
+from fpga_models.allocate import kernel_onchip_bytes as tm_onchip_bytes
 from fpga_models.engines import line_buffer_bytes
 
 #: window engines: layer types that slide a K x K window over an image (a line buffer each)
@@ -69,9 +70,45 @@ def kernel_onchip_bytes(stage_ctx, fmt, bwd: bool = False) -> int:
         return total + sum(int(m.group(2)) * eb for line in b.statements for m in _STREAM_DEPTH.finditer(line))
     e = getattr(stage_ctx, "engine", None)
     if e is not None:   # read off the Design (codegen.hls_design); m_axi weight arrays are off chip
-        roms = sum(math.prod(r.shape) * eb for r in e.roms if not getattr(r, "external", False))
-        units = list(getattr(e, "units", [])) + ([e.feed] if getattr(e, "feed", None) is not None else [])
-        streams = list(e.streams) + list(getattr(e, "turn_streams", [])) + [v for u in units for v in u.streams]
-        return sum(v.depth * v.lanes * eb for v in streams) + roms + e.line_buffer_elems * eb
+        frames = frame_bytes(e, eb)
+        if e.onchip_budget is None:
+            return engine_fixed_bytes(e, eb) + sum(frames)
+        # the rule that placed the frames (fpga_models.allocate), plus the two-deep streams of
+        # the off-chip ones in their writer's and reader's turns
+        local = {f.stream for f in e.frames}
+        two_deep = sum(v.depth * v.lanes * eb for u in e.units for v in u.streams if v.name in local)
+        return tm_onchip_bytes(engine_fixed_bytes(e, eb), frames, e.onchip_budget) + two_deep
     total = sum(window_bytes(lc.layer, eb) for lc in stage_ctx.layers) + _roms_bytes(stage_ctx, eb)
     return total + sum(int(st.depth) * eb * int(getattr(st, "lanes", 1)) for st in stage_ctx.streams)
+
+
+def engine_fixed_bytes(e, eb: int) -> int:
+    """On-chip bytes of an engine kernel (codegen.hls_design.EngineStage) besides the frame
+    buffers between its turns: its streams and its turns' (not the two-deep ones that stand for
+    an off-chip frame buffer), the on-chip ROMs (not the m_axi arrays), the line buffers and
+    the pools' accumulators."""
+    local = {f.stream for f in getattr(e, "frames", [])}
+    units = list(getattr(e, "units", [])) + ([e.feed] if getattr(e, "feed", None) is not None else [])
+    streams = list(e.streams) + [v for u in units for v in u.streams if v.name not in local]
+    roms = sum(math.prod(r.shape) * eb for r in e.roms if not getattr(r, "external", False))
+    return sum(v.depth * v.lanes * eb for v in streams) + roms + e.line_buffer_elems * eb + e.acc_bytes
+
+
+def frame_order(e) -> list[str]:
+    """The frame buffers between a time-multiplexed kernel's turns (on and off chip), in the
+    order of the turns that write them (then by name), as the planner lists a stage's layer
+    outputs (fpga_models.allocate.tm_frames)."""
+    first: dict[str, int] = {}
+    for k, u in enumerate(getattr(e, "units", [])):
+        for name in [v.name for v in u.params] + [f.stream for f in u.frames]:
+            first.setdefault(name, k)
+    names = [v.name for v in getattr(e, "turn_streams", [])] + [f.stream for f in getattr(e, "frames", [])]
+    return sorted(names, key=lambda n: (first.get(n, -1), n))
+
+
+def frame_bytes(e, eb: int) -> list[int]:
+    """On-chip bytes of each frame buffer of :func:`frame_order`, were it on chip (the off-chip
+    ones too): what fpga_models.allocate.frames_offchip places."""
+    sizes = {v.name: v.depth * v.lanes * eb for v in getattr(e, "turn_streams", [])}
+    sizes.update({f.stream: f.depth * f.lanes * eb for f in getattr(e, "frames", [])})
+    return [sizes[k] for k in frame_order(e)]

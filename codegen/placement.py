@@ -147,9 +147,10 @@ def oversubscribed(board: Board, placed: dict) -> dict | None:
 
 
 def check_stage_fits(ctx, boards: dict[str, Board], where: str) -> None:
-    """A stage whose forward kernel alone needs more DSP than its board has usable cannot be
-    built: SpecError (exit 2) naming the stage, the board and both figures. (On-chip bytes
-    over the board are reported by :func:`oversubscribed`, not refused: see the comment.)"""
+    """A stage whose forward kernel alone needs more DSP than its board has usable, or a board
+    whose kernels together need more on-chip bytes than it has usable (the Design's figures,
+    codegen.onchip), cannot be built: SpecError (exit 2) naming the stage, the board and both
+    figures."""
     plan_stage = {st.index: st for st in ctx.plan.stages}
     for s in ctx.stages:
         for bname in s.boards:
@@ -157,17 +158,32 @@ def check_stage_fits(ctx, boards: dict[str, Board], where: str) -> None:
             if board is None or not board.slrs:
                 continue
             dsp = stage_dsp(s, plan_stage[s.index], board, ctx.plan.number_format)
-            # DSP is the planner's budget (fpga_models.allocate shares it over the board's
-            # kernels), so a stage over it is a plan no search made: refused. On-chip bytes are
-            # not yet priced that way (time-multiplexed frame buffers, docs/codegen.md): a kernel
-            # over them is reported by the oversubscription warning and placement.json instead,
-            # so the planner's own plans still generate and the gap stays visible.
+            # DSP and on-chip bytes are the planner's budget (fpga_models.allocate shares them
+            # over the board's kernels; time-multiplexed frame buffers beyond a kernel's share go
+            # off chip by the same rule, codegen.hls_design), so a board over them is refused
             if dsp > board.usable_dsp:
                 what = f"{dsp:,} DSP, the board has {board.usable_dsp:,} usable"
                 pos = next(i for i, st in enumerate(ctx.plan.stages) if st.index == s.index)
                 raise SpecError(where, None, f"stages[{pos}].folding",
                                 f"expected stage {s.index} to fit board {bname} ({board.name}): its kernel "
                                 f"{s.name} needs {what}")
+    on_board: dict[str, list] = {}
+    for s in ctx.stages:
+        for bname in s.boards:
+            on_board.setdefault(bname, []).append(s)
+    for bname, sts in on_board.items():
+        board = boards.get(bname)
+        if board is None or not board.slrs:
+            continue
+        kernels = [(s.name, kernel_onchip_bytes(s, ctx.fmt)) for s in sts] + \
+            [(s.bwd.name, kernel_onchip_bytes(s, ctx.fmt, bwd=True)) for s in sts if s.bwd is not None]
+        need, have = sum(b for _k, b in kernels), sum(x.on_chip_bytes for x in board.slrs)
+        if need > have:
+            pos = next(i for i, st in enumerate(ctx.plan.stages) if st.index == sts[0].index)
+            each = ", ".join(f"{k} {b:,}" for k, b in kernels)
+            raise SpecError(where, None, f"stages[{pos}].boards",
+                            f"expected the kernels on board {bname} ({board.name}) to fit its on-chip memory: "
+                            f"they need {need:,} bytes ({each}), the board has {have:,} usable")
 
 
 def _span(free: list[dict], need: Need) -> list[int] | None:
@@ -412,6 +428,11 @@ def _m_axi_ports(b, by_name, fmt) -> list[tuple[str, str, int]]:
     for s in by_name.values():
         for w in s.weights:
             sizes[(f"{s.name}_1", w.name)] = int(w.kernel_q.size) * eb
+        if s.engine is not None:   # engine kernels: banked weight arrays, off-chip frame buffers
+            for r in s.engine.external:
+                sizes[(f"{s.name}_1", r.name)] = r.size * eb
+            for f in s.engine.frames:
+                sizes[(f"{s.name}_1", f.name)] = f.bytes
         if s.bwd is not None:
             for a in s.bwd.grad_arrays:
                 sizes[(f"{s.bwd.name}_1", a.name)] = int(a.count) * eb

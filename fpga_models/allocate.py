@@ -36,10 +36,10 @@ from typing import Sequence
 
 from bapipe.layers import Layer
 
-from .boards import Board
-from .engines import (MAX_LANES, TM_SWITCH, elementwise_lut, engine_kind, mvu_dsp, mvu_lut,
-                      turn_fill)
-from .cost import (best_folding, divisors, layer_cost,
+from .boards import Board, bytes_per_element
+from .engines import (MAX_LANES, TM_SWITCH, elementwise_lut, engine_kind, frame_io_cycles, line_buffer_bytes,
+                      mvu_dsp, mvu_lut, turn_fill)
+from .cost import (best_folding, divisors, layer_cost, onchip_capacity,
                    matrix_shape, lane_dim)
 
 
@@ -93,6 +93,93 @@ def board_dsp(stages: Sequence[tuple[Sequence[int], str]], train: bool) -> int:
     array DSP, style)."""
     return sum(kernel_dsp(stages[s][0], stages[s][1], role)
                for s, role in board_kernels(range(len(stages)), train))
+
+
+# ---------------------------------------------------------------- on-chip memory of a kernel
+# One rule for the planner and the lowering (codegen.hls_design): a kernel keeps on chip its
+# fixed buffers (line buffers, ROMs, FIFOs) and as many of its time-multiplexed frame buffers as
+# fit its share of the board's on-chip memory; the others are off-chip (one m_axi port each,
+# read and written in 512-bit bursts: fpga_models.engines.frame_io_cycles).
+
+
+def kernel_onchip_budget(board: Board, cap: float, stages_on_board: int = 1, train: bool = True) -> int:
+    """On-chip bytes one kernel may keep: the board's capped on-chip bytes
+    (fpga_models.cost.onchip_capacity) split evenly over its kernels (:func:`board_kernels`:
+    the forward and, in training, the backward kernel of every stage on the board)."""
+    kernels = max(1, stages_on_board) * len(board_kernels([0], train))
+    return onchip_capacity(board, cap) // kernels
+
+
+def frames_offchip(frame_bytes: Sequence[int], fixed_bytes: int, budget: int) -> list[bool]:
+    """Which frame buffers of a time-multiplexed kernel go off chip (True): the smallest stay
+    on chip (ties: the earlier) while the kernel's fixed bytes and they fit ``budget``; the
+    rest, the biggest, spill (the most bytes freed per m_axi port)."""
+    order = sorted(range(len(frame_bytes)), key=lambda i: (frame_bytes[i], i))
+    off, used = [True] * len(frame_bytes), fixed_bytes
+    for i in order:
+        if used + frame_bytes[i] > budget:
+            break
+        used += frame_bytes[i]
+        off[i] = False
+    return off
+
+
+def kernel_onchip_bytes(fixed_bytes: int, frame_bytes: Sequence[int], budget: int) -> int:
+    """A time-multiplexed kernel's on-chip bytes: fixed plus the frames :func:`frames_offchip`
+    keeps (the figure the planner prices and the Design states, codegen.onchip)."""
+    off = frames_offchip(frame_bytes, fixed_bytes, budget)
+    return fixed_bytes + sum(b for b, o in zip(frame_bytes, off) if not o)
+
+
+def _out_lanes(l: Layer, folding: tuple[int, int]) -> int:
+    """Elements per beat of a layer's output stream: PE of an MVU, the lanes of the others."""
+    pe, simd = folding
+    return pe if matrix_shape(l) is not None else pe * simd
+
+
+def tm_frames(layers: Sequence[Layer], folding: dict[str, tuple[int, int]], fmt: str) -> list[tuple[int, int]]:
+    """(bytes, lanes) of the frame buffers of a time-multiplexed stage, one per layer output a
+    later turn reads (every layer but the last; a flatten is a stream, not a turn)."""
+    eb = bytes_per_element(fmt)
+    return [(int(l.out_elems) * eb, _out_lanes(l, folding[l.name])) for l in layers[:-1] if l.type != "flatten"]
+
+
+def tm_fixed_bytes(layers: Sequence[Layer], fmt: str) -> int:
+    """The planner's figure of a time-multiplexed forward kernel's fixed on-chip bytes: the
+    window generators' line buffers (fpga_models.engines.line_buffer_bytes, with the ring's
+    STRIDE - 1 rows as the lowering builds them)."""
+    eb, total = bytes_per_element(fmt), 0
+    for l in layers:
+        if l.type in ("conv2d", "maxpool", "avgpool") and len(l.in_shapes[0]) == 3:
+            c, _h, w = l.in_shapes[0]
+            k, st = l.attr.get("kernel", 1), l.attr.get("stride", 1)
+            k, st = int(k if isinstance(k, int) else k[0]), int(st if isinstance(st, int) else st[0])
+            total += line_buffer_bytes(k, w, c, eb, st)
+    return total
+
+
+def tm_spill_cycles(layers: Sequence[Layer], board: Board, folding: dict[str, tuple[int, int]], fmt: str,
+                    cap: float, chunks: int = 1, train: bool = True) -> int:
+    """Forward cycles per sample a time-multiplexed stage loses to its off-chip frame buffers:
+    a turn that writes or reads one takes at least :func:`fpga_models.engines.frame_io_cycles`
+    (512-bit words, one a cycle), beyond the layer's own cycles when that is longer."""
+    frames = tm_frames(layers, folding, fmt)
+    budget = kernel_onchip_budget(board, cap, chunks, train)
+    off = frames_offchip([b for b, _l in frames], tm_fixed_bytes(layers, fmt), budget)
+    bits = 8 * bytes_per_element(fmt)
+    turns = [l for l in layers if l.type != "flatten"]
+    io = {}   # turn -> the longest of its off-chip frame transfers (its input's and its output's)
+    for k, ((nbytes, lanes), o) in enumerate(zip(frames, off)):
+        if o:
+            c = frame_io_cycles(nbytes * 8 // bits // lanes, lanes, bits)
+            for t in turns[k:k + 2]:   # the producer's turn writes it, the consumer's reads it
+                io[t.name] = max(io.get(t.name, 0), c)
+    extra = 0
+    for t in turns:
+        if t.name in io:
+            pe, simd = folding[t.name]
+            extra += max(0, io[t.name] - layer_cost(t, board, pe, simd, fmt, 1).fwd_cycles)
+    return extra
 
 
 @dataclass

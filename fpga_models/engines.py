@@ -164,9 +164,36 @@ def elementwise_lut(lanes: int, ops_per_elem: float) -> int:
     return LUT_PER_LAYER + int(LUT_PER_LANE_OP * lanes * min(ops_per_elem, 8))
 
 
-def line_buffer_bytes(k: int, w: int, c: int, bytes_per_elem: int) -> int:
-    """A window generator buffers K rows of the input (FINN SWG)."""
-    return k * w * c * bytes_per_elem
+def swg_rows(k: int, stride: int = 1) -> int:
+    """Rows of a window generator's ring: K (FINN SWG) plus STRIDE - 1, since with a stride the
+    next output row's first new rows arrive while the current one still reads its K."""
+    return k + stride - 1
+
+
+def line_buffer_bytes(k: int, w: int, c: int, bytes_per_elem: int, stride: int = 1) -> int:
+    """A window generator's line buffer: :func:`swg_rows` rows of the input."""
+    return swg_rows(k, stride) * w * c * bytes_per_elem
+
+
+#: bits of one beat of a kernel's m_axi port to off-chip memory (DDR/HBM): the widest data path
+#: between global memory and a Vitis kernel (AMD UG1393, "Memory Interface Width
+#: Considerations": 512 bits; UG1399, "Automatic Port Width Resizing"); the frame engines
+#: declare their ports ap_uint<512> so the width does not depend on automatic widening
+DDR_WORD_BITS = 512
+
+
+def ddr_words_per_beat(lanes: int, elem_bits: int) -> int:
+    """512-bit words one stream beat of ``lanes`` elements takes in off-chip memory: a beat
+    starts a word (narrow beats leave the rest of theirs unused), so a frame is beats x this."""
+    per_word = DDR_WORD_BITS // elem_bits
+    return max(1, -(-lanes // per_word))
+
+
+def frame_io_cycles(beats: int, lanes: int, elem_bits: int) -> int:
+    """Cycles an off-chip frame buffer's reader or writer takes for ``beats`` beats of ``lanes``
+    elements: one 512-bit word a cycle (a burst at II=1), so a beat wider than a word takes
+    several (codegen: bapipe::frame_write / frame_read)."""
+    return beats * ddr_words_per_beat(lanes, elem_bits)
 
 
 def turn_fill(kind: str) -> int:
