@@ -22,7 +22,7 @@ from fpga_models.boards import bytes_per_element
 from fpga_models.cluster import Cluster
 
 from . import partition as part
-from fpga_models.allocate import allocate_stage, engine_share
+from fpga_models.allocate import allocate_stage, engine_share, tm_spill_cycles
 
 from .pipeline import replay, replay_2bw, replay_pipedream, ring_allreduce_s, steady_pipedream
 from .mesh import Resharder, cut_layouts, cut_shape, tp_stage_model
@@ -1105,6 +1105,17 @@ class Explorer:
                     r["time_s"] = r["fwd_s"] + r["bwd_s"]
                     r["compute_f"], r["compute_b"] = cf, cb_
                     fold, style = dict(alloc.folding), "dataflow"
+                else:
+                    # frame buffers beyond the forward kernel's on-chip share go off chip (the
+                    # lowering's rule, fpga_models.allocate): a turn waits on their 512-bit words
+                    spill = tm_spill_cycles(list(self.model.layers[a:b + 1]), table.board, fold, self.req.fmt,
+                                            self.req.cap, c.v, self.train) * beta / table.board.clock_hz
+                    r["compute_f"] += spill
+                    r["fwd_s"] = max(r["compute_f"], r["traffic_f"])
+                    if c.recompute and self.train:   # the recomputed forward waits on them too
+                        r["compute_b"] += spill
+                        r["bwd_s"] = max(r["compute_b"], r["traffic_b"])
+                    r["time_s"] = r["fwd_s"] + r["bwd_s"]
             if s < V - 1 and self.meshy(c):
                 occ, lat, sb = self.mesh_transfer(c, d, (s + 1) % c.p, b)[0], 0.0, int(cb[b])
             elif s < V - 1:
