@@ -100,6 +100,7 @@ def test_searched_plan_agrees_with_bapipe_sim():
     ends = simulate(out.plan, model, cl, iterations=6, config=SimConfig(host_io=False, record=False)).iteration_ends_s
     assert (ends[4] - ends[1]) / 3 == pytest.approx(out.best.iteration_s, rel=SAME_EVENTS)
     ends = simulate(out.plan, model, cl, iterations=6, config=SimConfig(record=False)).iteration_ends_s
+    # not a rounding bound: the agreement the docstring claims with host I/O, which the replay omits
     assert (ends[4] - ends[1]) / 3 == pytest.approx(out.best.iteration_s, rel=0.005)
 
 
