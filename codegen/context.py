@@ -659,7 +659,7 @@ def build_project(plan: Plan, model, cluster=None, plan_file: str = "plan.yaml")
         if plan.mode == "train":
             sc.bwd = build_stage_bwd(plan, model, st, sc, cluster)
             from .hls_train import stage_update
-            sc.update, sc.update_note = stage_update(sc, model)
+            sc.update, sc.update_note = stage_update(sc, model, st.replicas)
         stages.append(sc)
     return ProjectCtx(plan=plan, fingerprint=plan.fingerprint(), header=header_lines(plan),
                       fmt=format_ctx(plan.number_format), stages=stages, boards=build_boards(plan, cluster, stages),

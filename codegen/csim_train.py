@@ -1,9 +1,10 @@
 """C-simulation of training iterations on a mode: train build (`bapipe csim build/ --iterations K`).
 
-Per iteration, on one random batch (the plan's micro-batches x the backward kernels' MB samples,
-random labels), in the order a GPipe step runs:
+Per iteration, on one random batch (the plan's micro-batches x micro-batch size, random
+labels), in the order a GPipe step runs; a stage with R replicas runs every kernel once per
+replica, each on its MB = size / R samples of every micro-batch, with its own memories:
 
-1. every stage's forward kernel (stage<i>) streams the whole batch, reading its weights from
+1. every stage's forward kernel (stage<i>) streams the batch, reading its weights from
    the writable m_axi arrays (roms.bin layout) the update kernel wrote last;
 2. the loss gradient of the logits (fpga_models.train_fixed.softmax_xent_grad) on the host:
    no HLS loss kernel exists yet;
@@ -11,13 +12,15 @@ random labels), in the order a GPipe step runs:
    then the flush that writes the exact weight-gradient sums; its stashes (each layer's
    forward input) are replayed from the host: the fixed-point forward of the stage's inputs
    with the weights the kernels read (the forward kernels do not write stashes yet);
-4. every stage's update kernel (stage<i>_update): SGD with momentum on the master weights and
+4. a replicated stage's all-reduce kernel (stage<i>_allreduce): its R replicas run at once in
+   one C-simulation, connected in a ring, and each ends with the total of every replica's sums;
+5. every stage's update kernel (stage<i>_update): SGD with momentum on the master weights and
    velocities, writing the 16-bit weights both kernels read next.
 
 The reference is fpga_models.train_fixed.train_step on the same batch from the same initial
 weights; after every iteration the kernels' master weights, velocities and gradient sums are
-compared with it bit for bit (``weights_match``), as are the stages' forward outputs and the
-gradients leaving each backward kernel.
+compared with it bit for bit (``weights_match``: every replica's), as are the stages' forward
+outputs and the weight-gradient sums each replica's update kernel reads.
 """
 from __future__ import annotations
 
@@ -73,36 +76,21 @@ def _check_build(cfg: dict, build: Path) -> None:
                             f"expected an update kernel for --iterations; {why}")
 
 
-class _Stage:
-    """One stage's three compiled kernels and its kernel-side state (files the kernels share)."""
+class _Replica:
+    """One replica's kernel-side state: the memories its kernels share (weights.bin: the
+    backward kernel's weights; roms.bin: the forward engine kernel's banked arrays), and the
+    master weights and velocities the update kernel keeps (kernel layout)."""
 
-    def __init__(self, build: Path, st: dict, model, fmt: fx.Fmt, cache: Path, work: Path):
-        from .csim import build_flags, compile_sources, stage_macs
-
-        self.cfg, self.name = st, st["kernel"]
-        self.layers = [model.layers[model.index[l["name"]]] for l in st["layers"]]
-        self.mb = st["backward"]["microbatch"]
-        sdir = build / self.name
-        inc = [sdir, build / "common"]
-        fwd_macs, bwd_macs = stage_macs(self.layers)
-        self.compile_s, self.cached = 0.0, True
-        self.bins = {}
-        for what, top, macs in (("fwd", self.name, fwd_macs), ("bwd", st["backward"]["kernel"], bwd_macs),
-                                ("update", st["update"]["kernel"], 0)):
-            c = compile_sources([sdir / f"{top}.cpp", sdir / f"tb_{top}.cpp"], inc, cache, top,
-                                build_flags(macs * self.mb))
-            self.bins[what] = c.path
-            self.compile_s += c.compile_s
-            self.cached = self.cached and c.cached
-        self.dir = work / self.name
-        self.dir.mkdir(parents=True, exist_ok=True)
-        self.weights_file = self.dir / "weights.bin"
-        self.weights_file.write_bytes((build / st["weights_file"]).read_bytes())
-        self.roms_file = self.dir / "roms.bin"
-        if st.get("roms_file"):
-            self.roms_file.write_bytes((build / st["roms_file"]).read_bytes())
+    def __init__(self, build: Path, st: dict, fmt: fx.Fmt, work: Path):
         from .csim import load_weights
 
+        self.cfg = st
+        work.mkdir(parents=True, exist_ok=True)
+        self.weights_file = work / "weights.bin"
+        self.weights_file.write_bytes((build / st["weights_file"]).read_bytes())
+        self.roms_file = work / "roms.bin"
+        if st.get("roms_file"):
+            self.roms_file.write_bytes((build / st["roms_file"]).read_bytes())
         init = load_weights(build, st, fmt)     # the 16-bit weights gen wrote: the initial master weights
         shift = tfx.get_formats(fmt.name).master.frac - fmt.frac
         self.arrays = st["update"]["arrays"]
@@ -121,6 +109,34 @@ class _Stage:
         return out
 
 
+class _Stage:
+    """One stage's compiled kernels (forward, backward, update; all-reduce when replicated) and
+    its replicas."""
+
+    def __init__(self, build: Path, st: dict, model, fmt: fx.Fmt, cache: Path, work: Path, replicas: int):
+        from .csim import build_flags, compile_sources, stage_macs
+
+        self.cfg, self.name = st, st["kernel"]
+        self.layers = [model.layers[model.index[l["name"]]] for l in st["layers"]]
+        self.mb = st["backward"]["microbatch"]
+        sdir = build / self.name
+        inc = [sdir, build / "common"]
+        fwd_macs, bwd_macs = stage_macs(self.layers)
+        self.compile_s, self.cached = 0.0, True
+        self.bins = {}
+        tops = [("fwd", self.name, fwd_macs), ("bwd", st["backward"]["kernel"], bwd_macs),
+                ("update", st["update"]["kernel"], 0)]
+        if replicas > 1:
+            tops.append(("allreduce", st["update"]["allreduce"]["kernel"], 0))
+        for what, top, macs in tops:
+            c = compile_sources([sdir / f"{top}.cpp", sdir / f"tb_{top}.cpp"], inc, cache, top,
+                                build_flags(macs * self.mb))
+            self.bins[what] = c.path
+            self.compile_s += c.compile_s
+            self.cached = self.cached and c.cached
+        self.reps = [_Replica(build, st, fmt, work / self.name / f"r{k}") for k in range(replicas)]
+
+
 def _run(cmd: list, td: Path) -> tuple[np.ndarray, dict]:
     from .csim import _check_streams, _run as run_csim, read_stats
 
@@ -131,13 +147,13 @@ def _run(cmd: list, td: Path) -> tuple[np.ndarray, dict]:
     return np.fromfile(cmd[2], dtype="<i4").astype(np.int64), read_stats(td / "stats.json")
 
 
-def _forward(s: _Stage, xs: list[np.ndarray], n: int, td: Path) -> tuple[list[np.ndarray], int]:
+def _forward(s: _Stage, rep: _Replica, xs: list[np.ndarray], n: int, td: Path) -> tuple[list[np.ndarray], int]:
     from .csim import from_stream, to_stream
 
     fin, fout = td / "fwd_in.bin", td / "fwd_out.bin"
     fin.write_bytes(b"".join(p.tobytes() for p in [np.array([n], "<i4")] + [to_stream(x).astype("<i4") for x in xs]))
-    cmd = [s.bins["fwd"], fin, fout] + ([s.roms_file] if s.cfg.get("roms_file") else
-                                        [] if s.cfg["embedded_weights"] else [s.weights_file])
+    cmd = [s.bins["fwd"], fin, fout] + ([rep.roms_file] if s.cfg.get("roms_file") else
+                                        [] if s.cfg["embedded_weights"] else [rep.weights_file])
     vals, stats = _run(cmd, td)
     outs, pos = [], 0
     for p in s.cfg["outputs"]:
@@ -146,7 +162,7 @@ def _forward(s: _Stage, xs: list[np.ndarray], n: int, td: Path) -> tuple[list[np
     return outs, stats.get("cycles") or 0
 
 
-def _backward(s: _Stage, stashes: list[np.ndarray], dys: list[np.ndarray], n: int, td: Path):
+def _backward(s: _Stage, rep: _Replica, stashes: list[np.ndarray], dys: list[np.ndarray], n: int, td: Path):
     from .csim import from_stream, to_stream
     from .csim_bwd import weight_sums
 
@@ -154,7 +170,7 @@ def _backward(s: _Stage, stashes: list[np.ndarray], dys: list[np.ndarray], n: in
     fin, fout = td / "bwd_in.bin", td / "bwd_out.bin"
     parts = [np.array([n], "<i4")] + [to_stream(x).astype("<i4") for x in stashes + dys]
     fin.write_bytes(b"".join(p.tobytes() for p in parts))
-    vals, stats = _run([s.bins["bwd"], fin, fout, s.weights_file], td)
+    vals, stats = _run([s.bins["bwd"], fin, fout, rep.weights_file], td)
     outs, pos = [], 0
     for p in b["outputs"]:
         outs.append(from_stream(vals[pos:pos + n * p["elements"]].reshape(n, p["elements"]), tuple(p["shape"])))
@@ -163,18 +179,35 @@ def _backward(s: _Stage, stashes: list[np.ndarray], dys: list[np.ndarray], n: in
     return outs, sums, stats.get("cycles") or 0
 
 
-def _update(s: _Stage, sums: dict, c: tfx.SgdConstants, fmt: fx.Fmt, td: Path) -> int:
+def _allreduce(s: _Stage, sums: list[dict], td: Path) -> tuple[list[dict], int]:
+    """Every replica's sums through the all-reduce kernel (its replicas run at once in one
+    C-simulation, connected in a ring); returns each replica's sums after it."""
+    grads = s.cfg["update"]["allreduce"]["arrays"]
+    fin, fout = td / "ar_in.bin", td / "ar_out.bin"
+    fin.write_bytes(b"".join(_words(r[g["name"]], True).tobytes() for r in sums for g in grads))
+    vals, stats = _run([s.bins["allreduce"], fin, fout], td)
+    out, pos = [], 0
+    for _ in sums:
+        d = {}
+        for g in grads:
+            d[g["name"]] = _unwords(vals[pos:pos + 2 * g["elements"]])
+            pos += 2 * g["elements"]
+        out.append(d)
+    return out, int(stats.get("cycles") or 0)
+
+
+def _update(s: _Stage, rep: _Replica, sums: dict, c: tfx.SgdConstants, fmt: fx.Fmt, td: Path) -> int:
     fin, fout, fw, fr = td / "upd_in.bin", td / "upd_out.bin", td / "upd_w.bin", td / "upd_roms.bin"
     parts = [np.array([c.mu, c.lr, c.shift], "<i4")]
-    for a in s.arrays:
-        parts += [_words(sums[a["grad"]], True), _words(s.master[a["name"]], False), _words(s.vel[a["name"]], True)]
+    for a in rep.arrays:
+        parts += [_words(sums[a["grad"]], True), _words(rep.master[a["name"]], False), _words(rep.vel[a["name"]], True)]
     fin.write_bytes(b"".join(p.tobytes() for p in parts))
     vals, stats = _run([s.bins["update"], fin, fout, fw, fr], td)
     pos = 0
-    for a in s.arrays:
+    for a in rep.arrays:
         k = a["elements"]
-        s.master[a["name"]] = vals[pos:pos + k]
-        s.vel[a["name"]] = _unwords(vals[pos + k:pos + 3 * k])
+        rep.master[a["name"]] = vals[pos:pos + k]
+        rep.vel[a["name"]] = _unwords(vals[pos + k:pos + 3 * k])
         pos += 3 * k
     # the forward copy in the backward kernel's layout -> weights.bin (model layout, as gen writes it)
     dt = np.dtype("<i2") if fmt.width > 8 else np.dtype("i1")
@@ -182,14 +215,19 @@ def _update(s: _Stage, sums: dict, c: tfx.SgdConstants, fmt: fx.Fmt, td: Path) -
     shapes = {w["name"]: w for w in s.cfg["weights"]}
     out = np.zeros(sum(w["elements"] for w in s.cfg["weights"]), dtype=np.int64)
     pos = 0
-    for a in s.arrays:
+    for a in rep.arrays:
         w = shapes[a["name"]]
         out[w["offset"]:w["offset"] + w["elements"]] = _model_layout(w16[pos:pos + a["elements"]], w["shape"]).reshape(-1)
         pos += a["elements"]
-    s.weights_file.write_bytes(out.astype(dt).tobytes())
+    rep.weights_file.write_bytes(out.astype(dt).tobytes())
     if s.cfg.get("roms_file"):
-        s.roms_file.write_bytes(fr.read_bytes())   # the forward engine kernel's banked arrays, as written
+        rep.roms_file.write_bytes(fr.read_bytes())   # the forward engine kernel's banked arrays, as written
     return int(stats.get("cycles") or 0)
+
+
+def _shard(m: int, size: int, beta: int, k: int) -> np.ndarray:
+    """Sample indices replica k computes: its beta samples of each of the m micro-batches."""
+    return np.concatenate([np.arange(j * size + k * beta, j * size + (k + 1) * beta) for j in range(m)])
 
 
 def csim_train(build: str | Path, iterations: int, seed: int = 0, lr: float = LR, momentum: float = MOMENTUM,
@@ -210,18 +248,17 @@ def csim_train(build: str | Path, iterations: int, seed: int = 0, lr: float = LR
     model = load_model(plan.model)
     fmt = fx.get_fmt(cfg["format"]["name"])
     tf = tfx.get_formats(fmt.name)
-    if any(st.replicas > 1 for st in plan.stages):
-        raise SpecError(str(build / "plan.yaml"), None, "stages.replicas",
-                        "expected 1 replica per stage for csim --iterations (no HLS all-reduce kernel yet)")
     cache = cache or cache_dir(build)
     stages_cfg = cfg["stages"]
-    mb = {st["backward"]["microbatch"] for st in stages_cfg}
-    if len(mb) != 1:
-        raise SpecError(str(build / "host_config.json"), None, "stages.backward.microbatch",
-                        f"expected one micro-batch size for every stage, got {sorted(mb)}")
-    mb = mb.pop()
-    m = max(1, plan.microbatches)
-    n = m * mb
+    m, size = max(1, plan.microbatches), max(1, plan.microbatch_size)
+    reps = {st.index: max(1, st.replicas) for st in plan.stages}
+    for st in stages_cfg:
+        r = reps.get(st["index"], 1)
+        if size % r or st["backward"]["microbatch"] != size // r:
+            raise SpecError(str(build / "plan.yaml"), None, f"stages[{st['index']}].replicas",
+                            f"expected the micro-batch of {size} samples to split evenly over {r} replicas "
+                            f"(the backward kernel takes {st['backward']['microbatch']})")
+    n = m * size
     consts = tfx.sgd_constants(lr, momentum, n, tf)
     rng = np.random.default_rng(seed)
     in_name = model.inputs[0].name
@@ -232,11 +269,11 @@ def csim_train(build: str | Path, iterations: int, seed: int = 0, lr: float = LR
     with tempfile.TemporaryDirectory(prefix="bapipe-csim-train-") as tdir:
         td = Path(tdir)
         t0 = time.perf_counter()
-        stages = [_Stage(build, st, model, fmt, cache, td) for st in stages_cfg]
+        stages = [_Stage(build, st, model, fmt, cache, td, reps.get(st["index"], 1)) for st in stages_cfg]
         compile_s = time.perf_counter() - t0
         ref_master = {}
         for s in stages:
-            for layer, d in s.weights(fmt).items():
+            for layer, d in s.reps[0].weights(fmt).items():
                 ref_master[layer] = {k: np.asarray(a, np.int64) << (tf.master.frac - fmt.frac) for k, a in d.items()}
         ref_vel: dict = {}
         for it in range(iterations):
@@ -244,47 +281,74 @@ def csim_train(build: str | Path, iterations: int, seed: int = 0, lr: float = LR
             labels = rng.integers(0, classes, size=n)
             new_m, new_v, info = tfx.train_step(model, ref_master, ref_vel, x, labels, consts, tf, microbatches=m)
             row = {"iteration": it, "samples": n, "microbatches": m, "loss": round(float(info["loss"]), 6)}
-            # forward through the stage kernels, each checked against the fixed-point forward
-            tensors, ins_of, fwd_err, cyc = {in_name: x}, {}, 0, {}
+            # forward through the stage kernels (each replica its share of every micro-batch),
+            # each checked against the fixed-point forward with the weights it read
+            tensors, ins_of, fwd_err = {in_name: x}, {}, 0
+            cyc = {s.name: {"forward": 0, "backward": 0, "update": 0} for s in stages}
             for s in stages:
                 xs = [tensors[p["tensor"]] for p in s.cfg["inputs"]]
                 ins_of[s.name] = xs
-                outs, cyc[s.name] = _forward(s, xs, n, td)
-                ref = fx.model_fwd(s.layers, {p["tensor"]: v for p, v in zip(s.cfg["inputs"], xs)}, s.weights(fmt), fmt)
-                for p, o in zip(s.cfg["outputs"], outs):
-                    fwd_err = max(fwd_err, int(np.max(np.abs(o - ref[p["tensor"]]))))
-                    tensors[p["tensor"]] = o
+                outs_full = [np.zeros((n,) + tuple(p["shape"]), dtype=np.int64) for p in s.cfg["outputs"]]
+                for k, rep in enumerate(s.reps):
+                    idx = _shard(m, size, s.mb, k)
+                    outs, c = _forward(s, rep, [v[idx] for v in xs], len(idx), td)
+                    cyc[s.name]["forward"] = max(cyc[s.name]["forward"], c)
+                    ref = fx.model_fwd(s.layers, {p["tensor"]: v[idx] for p, v in zip(s.cfg["inputs"], xs)},
+                                       rep.weights(fmt), fmt)
+                    for p, o, full in zip(s.cfg["outputs"], outs, outs_full):
+                        fwd_err = max(fwd_err, int(np.max(np.abs(o - ref[p["tensor"]]))))
+                        full[idx] = o
+                for p, full in zip(s.cfg["outputs"], outs_full):
+                    tensors[p["tensor"]] = full
             logits = tensors[out_t]
             row["logits_max_abs_err_lsb"] = int(np.max(np.abs(logits - info["logits"])))
             grads = {out_t: tfx.softmax_xent_grad(logits, labels, tf)}   # host: no HLS loss kernel
-            # backward, last stage first; then every update kernel
-            sums_of, bwd_cyc, upd_cyc = {}, {}, {}
+            # backward, last stage first (each replica its share); all-reduce; every update kernel
+            sums_of, ar_cyc = {}, {}
             for s in reversed(stages):
                 b = s.cfg["backward"]
-                acts = fx.model_fwd(s.layers, {p["tensor"]: v for p, v in zip(s.cfg["inputs"], ins_of[s.name])},
-                                    s.weights(fmt), fmt)   # the stash replay (module docstring, step 3)
-                dys = [grads[p["tensor"]] for p in b["inputs"]]
-                outs, sums_of[s.name], bwd_cyc[s.name] = _backward(s, [acts[a["tensor"]] for a in b["stashes"]], dys, n, td)
-                for p, o in zip(b["outputs"], outs):
-                    grads[p["tensor"]] = o
-            before = {(s.name, k): v.copy() for s in stages for k, v in s.master.items()}
+                dx_full = [np.zeros((n,) + tuple(p["shape"]), dtype=np.int64) for p in b["outputs"]]
+                sums_of[s.name] = []
+                for k, rep in enumerate(s.reps):
+                    idx = _shard(m, size, s.mb, k)
+                    acts = fx.model_fwd(s.layers, {p["tensor"]: v[idx] for p, v in zip(s.cfg["inputs"], ins_of[s.name])},
+                                        rep.weights(fmt), fmt)   # the stash replay (module docstring, step 3)
+                    dys = [grads[p["tensor"]][idx] for p in b["inputs"]]
+                    outs, sums, c = _backward(s, rep, [acts[a["tensor"]] for a in b["stashes"]], dys, len(idx), td)
+                    cyc[s.name]["backward"] = max(cyc[s.name]["backward"], c)
+                    sums_of[s.name].append(sums)
+                    for o, full in zip(outs, dx_full):
+                        full[idx] = o
+                for p, full in zip(b["outputs"], dx_full):
+                    grads[p["tensor"]] = full
+                if len(s.reps) > 1:
+                    sums_of[s.name], ar_cyc[s.name] = _allreduce(s, sums_of[s.name], td)
+                    cyc[s.name]["allreduce"] = ar_cyc[s.name]
+            before = {(s.name, k, key): v.copy() for s in stages for k, rep in enumerate(s.reps)
+                      for key, v in rep.master.items()}
             grad_err = 0
             for s in stages:
-                for a in s.cfg["backward"]["weight_grads"]:
-                    ref = _kernel_layout(info["grads"][a["layer"]][{"dw": "w", "db": "b"}[a["kind"]]])
-                    grad_err = max(grad_err, int(np.max(np.abs(sums_of[s.name][a["name"]] - ref))))
-                upd_cyc[s.name] = _update(s, sums_of[s.name], consts, fmt, td)
+                for k, rep in enumerate(s.reps):
+                    for a in s.cfg["backward"]["weight_grads"]:
+                        ref = _kernel_layout(info["grads"][a["layer"]][{"dw": "w", "db": "b"}[a["kind"]]])
+                        grad_err = max(grad_err, int(np.max(np.abs(sums_of[s.name][k][a["name"]] - ref))))
+                    c = _update(s, rep, sums_of[s.name][k], consts, fmt, td)
+                    cyc[s.name]["update"] = max(cyc[s.name]["update"], c)
             w_err = v_err = 0
             for s in stages:
-                for a in s.arrays:
-                    w_err = max(w_err, int(np.max(np.abs(s.master[a["name"]] - _kernel_layout(new_m[a["layer"]][a["kind"]])))))
-                    v_err = max(v_err, int(np.max(np.abs(s.vel[a["name"]] - _kernel_layout(new_v[a["layer"]][a["kind"]])))))
-            moved = sum(int(np.sum(s.master[k] != before[(s.name, k)])) for s in stages for k in s.master)
+                for rep in s.reps:
+                    for a in rep.arrays:
+                        ref_w = _kernel_layout(new_m[a["layer"]][a["kind"]])
+                        ref_v = _kernel_layout(new_v[a["layer"]][a["kind"]])
+                        w_err = max(w_err, int(np.max(np.abs(rep.master[a["name"]] - ref_w))))
+                        v_err = max(v_err, int(np.max(np.abs(rep.vel[a["name"]] - ref_v))))
+            moved = sum(int(np.sum(rep.master[key] != before[(s.name, k, key)]))
+                        for s in stages for k, rep in enumerate(s.reps) for key in rep.master)
             row.update({"forward_max_abs_err_lsb": fwd_err, "grad_sums_max_abs_err": grad_err,
                         "master_moved": moved, "master_elements": sum(v.size for v in before.values()),
                         "master_max_abs_err_lsb": w_err, "velocity_max_abs_err_lsb": v_err,
                         "weights_match": w_err == 0 and v_err == 0,
-                        "cycles": {k: {"forward": cyc[k], "backward": bwd_cyc[k], "update": upd_cyc[k]} for k in cyc}})
+                        "replicas": {s.name: len(s.reps) for s in stages}, "cycles": cyc})
             rows.append(row)
             ref_master, ref_vel = new_m, new_v
     ok = bool(rows) and all(r["weights_match"] and r["forward_max_abs_err_lsb"] == 0 and r["grad_sums_max_abs_err"] == 0

@@ -187,6 +187,9 @@ def render_files(ctx: ProjectCtx, plan_text: str, cluster=None, engines: str = "
             if u is not None:
                 put(f"{d}/{u.name}.cpp", "stage_update.cpp.j2", header=c_hdr, s=s, u=u)
                 put(f"{d}/tb_{u.name}.cpp", "tb_update.cpp.j2", header=c_hdr, s=s, u=u)
+                if u.replicas > 1:   # the ring all-reduce between the stage's replicas
+                    put(f"{d}/{u.allreduce_name}.cpp", "stage_allreduce.cpp.j2", header=c_hdr, s=s, u=u)
+                    put(f"{d}/tb_{u.allreduce_name}.cpp", "tb_allreduce.cpp.j2", header=c_hdr, s=s, u=u)
         files[f"{d}/weights.bin"] = weights_bin(s, ctx.fmt.width)
         if s.engine is not None and s.engine.external:
             files[f"{d}/roms.bin"] = s.engine.roms_bin(ctx.fmt.width)

@@ -1,5 +1,11 @@
-"""The weight-update (SGD with momentum) kernel of a training stage, decided here and printed by
-stage_update.cpp.j2 (helpers: hls_templates/hls/bapipe_update.h.j2).
+"""The weight-update (SGD with momentum) kernel of a training stage and, for a replicated stage,
+the all-reduce kernel between its replicas, decided here and printed by stage_update.cpp.j2 and
+stage_allreduce.cpp.j2 (helpers: hls_templates/hls/bapipe_update.h.j2).
+
+All-reduce (replicas > 1): each replica's ``stage<i>_allreduce`` reads the exact gradient sums
+its backward kernel flushed, runs a ring reduce-scatter and all-gather with its neighbours over
+two AXI4-Stream ports (one 64-bit sum a beat) and writes the total back in place, before the
+update kernel reads it (bapipe::ring_allreduce).
 
 One call per iteration, after the backward kernel's flush (and the replicas' all-reduce):
 for every weight array of the stage (layer weights and biases, kernel layout) it reads
@@ -81,6 +87,25 @@ class UpdateCtx:
     stage: str
     arrays: list[UpdateArray]
     roms: list[tuple[str, int]]     # the forward kernel's external arrays (name, elements), argument order
+    grads: list[tuple[str, int]] = None   # the backward kernel's gradient arrays (name, elements)
+    replicas: int = 1               # data-parallel copies of the stage: > 1 adds the all-reduce kernel
+
+    @property
+    def allreduce_name(self) -> str:
+        return f"{self.stage}_allreduce"
+
+    @property
+    def allreduce_params(self) -> list[str]:
+        """The all-reduce kernel's C parameters: the ring's two stream ports, the gradient sums
+        (the backward kernel's dw_*/db_* memory, read and rewritten), this replica's rank."""
+        return (["hls::stream<bapipe::ring_t> &ring_in", "hls::stream<bapipe::ring_t> &ring_out"]
+                + [f"bapipe::wsum_t {g}[{n}]" for g, n in self.grads] + ["int rank", "int replicas"])
+
+    @property
+    def allreduce_cycles(self) -> int:
+        """Loop trips of one all-reduce call: 2 (R - 1) chunks of ceil(N / R) words per array."""
+        r = self.replicas
+        return sum(2 * (r - 1) * (-(-n // r)) for _, n in self.grads)
 
     @property
     def params(self) -> list[str]:
@@ -113,10 +138,15 @@ class UpdateCtx:
                 "formats": {"master": "int32 raw, 24 fraction bits", "velocity": "int64 raw (48-bit saturating), "
                             "22 fraction bits", "gradient": "int64 exact sum, 22 fraction bits"},
                 "constants": "mu, lr, shift: fpga_models.train_fixed.sgd_constants (s_axilite)",
-                "cycles": self.cycles}
+                "cycles": self.cycles,
+                "allreduce": None if self.replicas < 2 else {
+                    "kernel": self.allreduce_name, "replicas": self.replicas, "cycles": self.allreduce_cycles,
+                    "arrays": [{"name": g, "elements": n} for g, n in self.grads],
+                    "ring": "reduce-scatter then all-gather, one 64-bit sum a beat; ring_out of replica k feeds "
+                            "ring_in of replica k+1 mod R"}}
 
 
-def build_update(sc, model=None) -> UpdateCtx | None:
+def build_update(sc, model=None, replicas: int = 1) -> UpdateCtx | None:
     """The update kernel of training stage ``sc`` (a codegen.context.StageCtx with its backward
     kernel), or None for an inference stage. ValueError names a layer it cannot train.
     ``model`` (the spec Model) finds a flatten in an earlier stage (the forward's column order)."""
@@ -158,14 +188,15 @@ def build_update(sc, model=None) -> UpdateCtx | None:
     if missing:
         raise ValueError(f"stage {sc.index}: forward arrays {', '.join(missing)} have no update (batchnorm "
                          f"scale/shift are not trained by the HLS kernels)")
-    return UpdateCtx(name=f"{sc.name}_update", stage=sc.name, arrays=arrays, roms=ext)
+    return UpdateCtx(name=f"{sc.name}_update", stage=sc.name, arrays=arrays, roms=ext,
+                     grads=[(g.name, g.count) for g in sc.bwd.grad_arrays], replicas=max(1, replicas))
 
 
-def stage_update(sc, model=None) -> tuple[UpdateCtx | None, str | None]:
+def stage_update(sc, model=None, replicas: int = 1) -> tuple[UpdateCtx | None, str | None]:
     """(the update kernel, None), or (None, why not) for a training stage it cannot train
     (gen still writes the forward and backward kernels), or (None, None) for inference."""
     try:
-        return build_update(sc, model), None
+        return build_update(sc, model, replicas), None
     except ValueError as e:
         return None, str(e)
 

@@ -36,13 +36,13 @@ def _project(plan):
     return build_project(plan, load_model(plan.model), load_cluster(plan.cluster))
 
 
-def _plan(model: str, cuts: tuple[int, ...], microbatches: int, size: int):
+def _plan(model: str, cuts: tuple[int, ...], microbatches: int, size: int, replicas: tuple[int, ...] | None = None):
     """A hand plan with every matrix layer folded (the training RTL that gen also writes needs
     a folding): PE and SIMD the largest divisors up to 4 of the MVU's rows and columns."""
     from bapipe.plan import Folding
     from codegen.context import mvu_dims
 
-    plan = hand_plan(model, cuts=cuts, microbatches=microbatches, microbatch_size=size)
+    plan = hand_plan(model, cuts=cuts, microbatches=microbatches, microbatch_size=size, replicas=replicas)
     mdl = load_model(model)
     for st in plan.stages:
         for n in st.layers:
@@ -156,6 +156,45 @@ def test_update_kernel_matches_sgd_update_at_the_extremes(tmp_path):
         assert saturated >= 4 * len(u["arrays"])   # the limits were reached, not just approached
 
 
+@pytest.mark.csim
+@pytest.mark.slow   # one g++ build of the all-reduce kernel: ~6 s
+def test_ring_allreduce_kernel_gives_every_replica_the_exact_total(tmp_path):
+    """3 replicas of a tiny-mlp stage run the generated all-reduce kernel at once, in a ring
+    (reduce-scatter, all-gather; arrays of 4096, 64, ..., 10 sums, so chunks of 1366 and 4 with
+    padding): every replica ends with train_fixed.allreduce of the three replicas' sums, bit
+    for bit, for sums up to +-2^60; the cycles counted are the kernel's 2 (R-1) ceil(N/R) words."""
+    from codegen.csim import compile_sources
+    from codegen.csim_train import _unwords, _words
+
+    build = _gen(_plan("tiny-mlp", (), 1, 3, (3,)), tmp_path / "b")
+    st = json.loads((build / "host_config.json").read_text())["stages"][0]
+    ar = st["update"]["allreduce"]
+    assert ar["replicas"] == 3 and st["backward"]["microbatch"] == 1
+    sdir = build / st["kernel"]
+    name = ar["kernel"]
+    binary = compile_sources([sdir / f"{name}.cpp", sdir / f"tb_{name}.cpp"], [sdir, build / "common"],
+                             CACHE, name).path
+    rng = np.random.default_rng(11)
+    sums = [{g["name"]: rng.integers(-(1 << 60), 1 << 60, size=g["elements"]) for g in ar["arrays"]}
+            for _ in range(3)]
+    (tmp_path / "in.bin").write_bytes(b"".join(_words(r[g["name"]], True).tobytes() for r in sums
+                                               for g in ar["arrays"]))
+    env = {**os.environ, "BAPIPE_CSIM_STATS": str(tmp_path / "stats.json")}
+    subprocess.run([str(binary), str(tmp_path / "in.bin"), str(tmp_path / "out.bin")], check=True,
+                   capture_output=True, env=env)
+    vals = np.fromfile(tmp_path / "out.bin", dtype="<i4").astype(np.int64)
+    total = tfx.allreduce([{"l": r} for r in sums])["l"]
+    pos = 0
+    for _ in range(3):
+        for g in ar["arrays"]:
+            k = g["elements"]
+            assert np.array_equal(_unwords(vals[pos:pos + 2 * k]), total[g["name"]]), g["name"]
+            pos += 2 * k
+    cycles = int(vals[-2]) & 0xFFFFFFFF | int(vals[-1]) << 32
+    words = sum(2 * 2 * -(-g["elements"] // 3) for g in ar["arrays"])
+    assert ar["cycles"] == words and words <= cycles <= words + 3 * len(ar["arrays"]), (cycles, words)
+
+
 def _train(build: Path, iterations: int, capsys) -> dict:
     from bapipe.cli import main
 
@@ -182,6 +221,19 @@ def test_tiny_mlp_two_stages_two_microbatches_trains_bit_exact(tmp_path, capsys)
     master weights and velocities of both stages equal to train_step's after every one."""
     build = _gen(_plan("tiny-mlp", (3,), 2, 4), tmp_path / "b")
     _check_run(_train(build, 3, capsys), 3, 8)
+
+
+@pytest.mark.csim
+@pytest.mark.soak   # 8 g++ builds: ~2 min on a loaded machine
+def test_replicated_stage_all_reduces_and_trains_bit_exact(tmp_path, capsys):
+    """tiny-mlp in 2 stages, the first with 3 replicas (2 of the 6 samples of each micro-batch
+    each) joined by the all-reduce kernel: 2 iterations, every replica's master weights and
+    velocities equal to train_step's (the whole batch on one device)."""
+    build = _gen(_plan("tiny-mlp", (3,), 2, 6, (3, 1)), tmp_path / "b")
+    r = _train(build, 2, capsys)
+    _check_run(r, 2, 12)
+    assert r["per_iteration"][0]["replicas"] == {"stage0": 3, "stage1": 1}
+    assert r["per_iteration"][0]["cycles"]["stage0"]["allreduce"] > 0
 
 
 @pytest.mark.csim
