@@ -13,6 +13,7 @@ the server's environment (the one the caller passes to every call). One call cos
 """
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import subprocess
@@ -118,3 +119,28 @@ class ForkServer:
     def close(self) -> None:
         self.proc.stdin.close()
         self.proc.wait(timeout=30)
+
+    def __del__(self):
+        if self.proc.poll() is None:   # the server ends when its stdin closes
+            self.proc.stdin.close()
+
+
+_shared: ForkServer | None = None
+
+
+@atexit.register
+def _close_shared() -> None:
+    """Wait for the shared server at exit, so its CPU time is counted with this process's."""
+    if _shared is not None and _shared.proc.poll() is None:
+        _shared.close()
+
+
+def bapipe(*args, cwd=None, timeout: float = 600) -> subprocess.CompletedProcess:
+    """`bapipe *args` as ``subprocess.run([sys.executable, "-m", "bapipe.cli", *args],
+    capture_output=True, text=True)`` runs it (this process's cwd and environment at the time
+    of the call), through one fork server per test process."""
+    global _shared
+    if _shared is None or _shared.proc.poll() is not None:
+        _shared = ForkServer(dict(os.environ))
+    _shared.env = dict(os.environ)
+    return _shared.run([str(a) for a in args], os.getcwd() if cwd is None else cwd, timeout)

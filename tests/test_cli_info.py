@@ -1,15 +1,14 @@
 """`bapipe models | boards | clusters | profile --json` against the CLI contract and the zoo."""
 import json
-import subprocess
-import sys
 
 import pytest
 
 from bapipe import zoo
+import cli_fork
 
 
 def bapipe(*args):
-    r = subprocess.run([sys.executable, "-m", "bapipe.cli", *args], capture_output=True, text=True)
+    r = cli_fork.bapipe(*args)   # the console script, forked (tests/cli_fork.py)
     return r.returncode, r.stdout, r.stderr
 
 

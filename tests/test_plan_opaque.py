@@ -1,11 +1,10 @@
 """An ONNX model with an op we don't map, planned with --opaque, reloads from plan.yaml."""
 import json
-import subprocess
-import sys
 
 import onnx
 import pytest
 from onnx import TensorProto, helper
+import cli_fork
 
 
 def _model(path):
@@ -21,7 +20,7 @@ def _model(path):
 
 
 def run(*args):
-    return subprocess.run([sys.executable, "-m", "bapipe.cli", *args], capture_output=True, text=True)
+    return cli_fork.bapipe(*args)   # the console script, forked (tests/cli_fork.py)
 
 
 @pytest.mark.slow  # plan + reload subprocesses: ~2 s

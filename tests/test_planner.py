@@ -14,6 +14,7 @@ from planner.pipeline import closed_form_bubble, flowshop_time, replay, ring_all
 from planner.planning import equal_bounds, make_plan, summary
 from planner.search import Request, stashes_at
 from tolerances import PLAN_DIGITS, f64_sum
+import cli_fork
 
 
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "eager-1f1b", "2bw"])
@@ -139,7 +140,7 @@ def test_inference_and_gpu():
 
 
 def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "bapipe.cli", *args], capture_output=True, text=True, timeout=300)
+    return cli_fork.bapipe(*args, timeout=300)   # the console script, forked (tests/cli_fork.py)
 
 
 def test_cli_contract_and_determinism(tmp_path):

@@ -4,8 +4,6 @@ stream (bapipe.schedules.stream_ops) and the same all-reduce gate, so they must 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
@@ -17,6 +15,7 @@ from planner.cli_plan import parse_partition
 from planner.pipeline import replay_pipedream, steady_pipedream
 from planner.planning import make_plan
 from planner.search import Explorer, Request, stashes_at
+import cli_fork
 
 #: the replay and the simulator add the same floats in the same event order; measured
 #: agreement 1e-12 relative over the cases below (sums of ~100 terms of 1e-6 s): 1e-9 leaves
@@ -31,7 +30,7 @@ def _plan(model, cluster, **kw):
 
 
 def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "bapipe.cli", *args], capture_output=True, text=True)
+    return cli_fork.bapipe(*args)   # the console script, forked (tests/cli_fork.py)
 
 
 @pytest.mark.parametrize("p,m", [(1, 1), (3, 1), (4, 2), (4, 8), (6, 3)])

@@ -2,8 +2,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
@@ -15,10 +13,11 @@ from planner.pipeline import replay
 from planner.planning import make_plan
 from planner.search import Request
 from tolerances import PLAN_DIGITS, f64_sum
+import cli_fork
 
 
 def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "bapipe.cli", *args], capture_output=True, text=True)
+    return cli_fork.bapipe(*args)   # the console script, forked (tests/cli_fork.py)
 
 
 def _plan(model, cluster, **kw):

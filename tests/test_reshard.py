@@ -1,8 +1,6 @@
 """Resharding: layouts, unit tasks, the bound's max-flow, the executor, the suite, the CLI."""
 import itertools
 import json
-import subprocess
-import sys
 from dataclasses import replace
 
 import numpy as np
@@ -16,6 +14,7 @@ from planner.reshard.layout import device_tiles, parse_mesh
 from planner.reshard.strategies import Plan
 from planner.reshard.suite import SUITE, run_case
 from tolerances import f64_sum
+import cli_fork
 
 
 def slack(res, plan) -> float:
@@ -193,7 +192,7 @@ def test_ring_cluster_shares_the_links_between_hosts():
 
 
 def _cli(*argv):
-    return subprocess.run([sys.executable, "-m", "bapipe.cli", "reshard", *argv], capture_output=True, text=True)
+    return cli_fork.bapipe("reshard", *argv)   # the console script, forked (tests/cli_fork.py)
 
 
 def test_cli_json_contract():
