@@ -37,7 +37,8 @@ from typing import Sequence
 from bapipe.layers import Layer
 
 from .boards import Board, bytes_per_element
-from .engines import (MAX_LANES, TM_SWITCH, elementwise_lut, engine_kind, frame_io_cycles, line_buffer_bytes,
+from .engines import (MAX_LANES, TM_SWITCH, conv_window_lanes, elementwise_lut, engine_kind, frame_io_cycles,
+                      line_buffer_bytes,
                       mvu_dsp, mvu_lut, turn_fill)
 from .cost import (best_folding, divisors, layer_cost, onchip_capacity,
                    matrix_shape, lane_dim)
@@ -137,11 +138,24 @@ def _out_lanes(l: Layer, folding: tuple[int, int]) -> int:
     return pe if matrix_shape(l) is not None else pe * simd
 
 
+def _in_lanes(l: Layer, folding: tuple[int, int]) -> int:
+    """Elements per beat a layer's engine reads: a conv's window generator whole pixels or
+    gcd(C, SIMD) channels (fpga_models.engines.conv_window_lanes), a dense MVU SIMD, the
+    lanes of the others."""
+    pe, simd = folding
+    if l.type == "conv2d":
+        return conv_window_lanes(l.in_shapes[0][0], l.attr["kernel"][0], simd)[0]
+    return simd if matrix_shape(l) is not None else pe * simd
+
+
 def tm_frames(layers: Sequence[Layer], folding: dict[str, tuple[int, int]], fmt: str) -> list[tuple[int, int]]:
     """(bytes, lanes) of the frame buffers of a time-multiplexed stage, one per layer output a
-    later turn reads (every layer but the last; a flatten is a stream, not a turn)."""
+    later turn reads (every layer but the last; a flatten is a stream, not a turn), at the
+    wider of its producer's and consumer's beats (the lowering converts in the producer's turn)."""
     eb = bytes_per_element(fmt)
-    return [(int(l.out_elems) * eb, _out_lanes(l, folding[l.name])) for l in layers[:-1] if l.type != "flatten"]
+    turns = [l for l in layers if l.type != "flatten"]
+    return [(int(l.out_elems) * eb, max(_out_lanes(l, folding[l.name]), _in_lanes(n, folding[n.name])))
+            for l, n in zip(turns, turns[1:])]
 
 
 def tm_fixed_bytes(layers: Sequence[Layer], fmt: str) -> int:
