@@ -135,12 +135,15 @@ def _close_shared() -> None:
         _shared.close()
 
 
-def bapipe(*args, cwd=None, timeout: float = 600) -> subprocess.CompletedProcess:
+def bapipe(*args, cwd=None, timeout: float = 600, check: bool = False) -> subprocess.CompletedProcess:
     """`bapipe *args` as ``subprocess.run([sys.executable, "-m", "bapipe.cli", *args],
-    capture_output=True, text=True)`` runs it (this process's cwd and environment at the time
-    of the call), through one fork server per test process."""
+    capture_output=True, text=True, check=check)`` runs it (this process's cwd and environment
+    at the time of the call), through one fork server per test process."""
     global _shared
     if _shared is None or _shared.proc.poll() is not None:
         _shared = ForkServer(dict(os.environ))
     _shared.env = dict(os.environ)
-    return _shared.run([str(a) for a in args], os.getcwd() if cwd is None else cwd, timeout)
+    r = _shared.run([str(a) for a in args], os.getcwd() if cwd is None else cwd, timeout)
+    if check:
+        r.check_returncode()
+    return r

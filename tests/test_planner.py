@@ -1,7 +1,5 @@
 """Pipeline timing, stash counts, and `bapipe plan` end to end."""
 import json
-import subprocess
-import sys
 
 import pytest
 
@@ -256,8 +254,6 @@ def test_whole_blocks_never_cuts_inside_a_residual_block(model_name):
     """--whole-blocks: every stage boundary carries exactly one tensor (no open skip), where
     the free optimum of the same 4-stage pipeline (no replication) cuts inside a block."""
     import json
-    import subprocess
-    import sys
     from bapipe.spec import load_model
     from planner.search import Explorer
 
@@ -275,9 +271,8 @@ def test_whole_blocks_never_cuts_inside_a_residual_block(model_name):
     # its optimum happens to cut inside a block depends on the cost model's figures)
     assert obj_free <= obj_whole
     # the CLI plan (any depth, boards may stay idle) never cuts inside a block either
-    r = subprocess.run([sys.executable, "-m", "bapipe.cli", "plan", model_name, "4xU250-ring", "--json",
-                        "--no-replication", "--whole-blocks", "-o", "/dev/null"], capture_output=True, text=True,
-                       check=True)
+    r = cli_fork.bapipe("plan", model_name, "4xU250-ring", "--json", "--no-replication", "--whole-blocks", "-o",
+                        "/dev/null", check=True)
     stages = json.loads(r.stdout)["stages"]
     assert all(len(model.cut_tensors(s["layers"][1])) == 1 for s in stages[:-1])
 

@@ -14,6 +14,7 @@ from fpga_models.cluster import load_cluster
 from planner.planning import make_plan
 from planner.search import Request
 from tolerances import f64_sum
+import cli_fork
 
 # PipeDream's graph.txt layout (node lines, then tab-indented edges), numbers made up:
 # a conv, a residual add reading the input of the block, a view, a linear head
@@ -83,16 +84,14 @@ def test_profile_bytes_are_used_as_given(tmp_path):
 
 def test_plan_cli_with_imported_pair(tmp_path):
     _model, mpath, prof = _pair(tmp_path)
-    r = subprocess.run([sys.executable, "-m", "bapipe.cli", "plan", str(mpath), "4xU250-ring", "--profile",
-                        str(prof), "-o", str(tmp_path / "plan.yaml")], capture_output=True, text=True)
+    r = cli_fork.bapipe("plan", mpath, "4xU250-ring", "--profile", prof, "-o", tmp_path / "plan.yaml")
     assert r.returncode == 0, r.stderr
 
 
 def test_profile_without_batch_is_one_line(tmp_path):
     _model, mpath, prof = _pair(tmp_path)
     prof.write_text(prof.read_text().replace("batch: 64\n", ""))
-    r = subprocess.run([sys.executable, "-m", "bapipe.cli", "plan", str(mpath), "4xU250-ring", "--profile",
-                        str(prof), "-o", str(tmp_path / "plan.yaml")], capture_output=True, text=True)
+    r = cli_fork.bapipe("plan", mpath, "4xU250-ring", "--profile", prof, "-o", tmp_path / "plan.yaml")
     assert r.returncode == 2
     assert len(r.stderr.strip().splitlines()) == 1 and "batch" in r.stderr and "profile.yaml" in r.stderr
 

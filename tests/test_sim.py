@@ -3,8 +3,6 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
-import sys
 
 import pytest
 from hypothesis import given, settings
@@ -18,6 +16,7 @@ from fpga_models.cluster import load_cluster, parse_cluster
 from fpga_models.sim import SimConfig, simulate
 from fpga_models.trace import trace_events, write_gantt, write_trace
 from tolerances import U64, f64_sum
+import cli_fork
 
 MODEL = load_model("tiny-mlp")
 NO_HOST = SimConfig(host_io=False)
@@ -275,9 +274,8 @@ def _hand_plan(tmp_path):
 
 def test_cli_json(tmp_path):
     path = _hand_plan(tmp_path)
-    out = subprocess.run([sys.executable, "-m", "bapipe.cli", "sim", str(path), "--json", "--iterations", "2",
-                          "--gantt", str(tmp_path / "g.png"), "--trace", str(tmp_path / "t.json")],
-                         capture_output=True, text=True, check=True)
+    out = cli_fork.bapipe("sim", path, "--json", "--iterations", "2", "--gantt", tmp_path / "g.png", "--trace",
+                          tmp_path / "t.json", check=True)   # the console script, forked (tests/cli_fork.py)
     doc = json.loads(out.stdout)
     for key in ("iteration_time_s", "throughput_samples_per_s", "bubble_fraction", "boards", "links", "events",
                 "wall_s"):
@@ -295,7 +293,7 @@ def test_cli_json(tmp_path):
 def test_cli_bad_plan_one_line(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("model: vgg16\nstages: 3\n")
-    out = subprocess.run([sys.executable, "-m", "bapipe.cli", "sim", str(bad)], capture_output=True, text=True)
+    out = cli_fork.bapipe("sim", bad)
     assert out.returncode == 2
     assert len(out.stderr.strip().splitlines()) == 1 and "bad.yaml" in out.stderr
 

@@ -1,7 +1,5 @@
 """Model YAML validation: every bad document gives one SpecError line naming file:line: field."""
 import copy
-import subprocess
-import sys
 import textwrap
 
 import pytest
@@ -12,6 +10,7 @@ from bapipe import zoo
 from bapipe.errors import SpecError
 from bapipe.spec import model_from_text
 from docpaths import doc_paths
+import cli_fork
 
 GOOD = textwrap.dedent("""\
     name: small
@@ -112,8 +111,7 @@ def test_fuzzed_documents_never_traceback(text):
 def test_cli_bad_yaml_exit_2_one_line(tmp_path):
     p = tmp_path / "bad.yaml"
     p.write_text("name: x\ninput: [3, 8, 8]\nlayers:\n  - {name: a, type: conv9d}\n")
-    r = subprocess.run([sys.executable, "-m", "bapipe.cli", "profile", str(p), "4xU250-ring"],
-                       capture_output=True, text=True)
+    r = cli_fork.bapipe("profile", p, "4xU250-ring")   # the console script, forked (tests/cli_fork.py)
     assert r.returncode == 2
     assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
     assert r.stderr.startswith(f"{p}:4: layers[0].type: unknown layer type 'conv9d'")
