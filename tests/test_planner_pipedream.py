@@ -140,3 +140,19 @@ def test_gen_and_run_refuse_a_pipedream_plan_in_one_line(tmp_path):
         assert r.returncode == 2, (args, r.stdout, r.stderr)
         assert len(r.stderr.strip().splitlines()) == 1 and "pipedream" in r.stderr and "schedule" in r.stderr
     assert not (tmp_path / "build").exists()
+
+
+@pytest.mark.slow   # ~5 s: two resnet50 plans and 15 simulated iterations of a 16-replica ring
+def test_a_steady_state_with_a_period_of_two_microbatches():
+    """resnet50 on 16xV100 under pipedream: one stage on 16 replicas, m = 1, its ring (8.1 ms)
+    slower than its compute (5.9 ms): the gaps between iteration ends alternate (7.19 and
+    8.79 ms in bapipe sim); the planner's steady state is their mean (12 gaps)."""
+    model, cl = load_model("resnet50"), load_cluster("16xV100")
+    out = _plan("resnet50", "16xV100", schedule="pipedream")
+    assert out.plan.microbatches == 1 and out.plan.stages[0].replicas == 16
+    ends = simulate(out.plan, model, cl, iterations=15, config=SimConfig(host_io=False, record=False)).iteration_ends_s
+    gaps = [b - a for a, b in zip(ends, ends[1:])]
+    assert max(gaps[1:13]) > 1.1 * min(gaps[1:13])          # it does alternate
+    assert (ends[13] - ends[1]) / 12 == pytest.approx(out.best.iteration_s, rel=SAME_EVENTS)
+    # the overlap pays: 1F1B (a flush, the ring after the backward) takes compute + ring
+    assert out.best.iteration_s < _plan("resnet50", "16xV100", schedule="1f1b").best.iteration_s
