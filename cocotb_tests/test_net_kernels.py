@@ -4,8 +4,9 @@ Two boards' Vitis tops (``net/bapipe_net_<board>_q<q>/``, as package_xo packs th
 ap_rst_n, the board port's channels) are joined line to line by two channel models with
 datagrams lost and reordered, TDEST renumbered as the two XUP VNx socket tables would (from
 design.json's placement channels). Every stage stream crossing that cable (the training plan:
-forward activations one way, backward gradients the other, both at once) arrives exactly, in
-order, once, under random idle and backpressure; no receive buffer overflows.
+forward activations one way, backward gradients the other, both at once; the gradients leave
+2 lanes a beat and arrive 1 lane a beat) arrives exactly, in order, once, under random idle
+and backpressure; no receive buffer overflows.
 """
 from __future__ import annotations
 

@@ -22,7 +22,10 @@ and ``NetLayers/100G-fpga-network-stack-core/synthesis_results_{HMB,noHMB}``), a
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, replace
+
+from bapipe.errors import SpecError
 
 from . import netnames as nn
 from .rtl_link import TransportSpec
@@ -113,28 +116,40 @@ def port_lanes(ctx, kernel: str, port: str, engines: str) -> int:
 
 def channel_spec(ctx, cluster, c: dict, engines: str, clock_hz: float) -> tuple[TransportSpec, TransportSpec]:
     """The transport of placement channel ``c`` (design.json ``placement.channels``) as the sending
-    and the receiving kernel see it: one sizing for both ends (the sender's credits are the
-    receiver's buffer); the receiving end's stage word is the consumer's, when its port takes more
-    or fewer lanes a beat than the producer's gives (net_recv's join converts; one width must
-    divide the other)."""
-    from .rtl_link import transport
+    and the receiving kernel see it (``channel_transports``), from the two stage ports' lanes
+    and the link between the two boards at ``clock_hz``."""
     from .rtl_model import make_link
 
     src, dst = c["src"], c["dst"]
     lanes = port_lanes(ctx, src["kernel"], src["port"], engines)
     lanes_in = port_lanes(ctx, dst["kernel"], dst["port"], engines)
     a, b = src["board"], dst["board"]
-    ew = ctx.fmt.width
     link = make_link(a, b, cluster.path_bandwidth(a, b), cluster.path_latency(a, b), clock_hz,
                      nn.LINE_BITS // 8)
-    tx = transport(link, lanes, ew, c["elements"] // lanes)
-    if lanes_in == lanes:
+    what = f"{src['board']}:{src['kernel']}.{src['port']} -> {dst['board']}:{dst['kernel']}.{dst['port']}"
+    return channel_transports(link, lanes, lanes_in, ctx.fmt.width, c["elements"], what)
+
+
+def channel_transports(link, lanes_out: int, lanes_in: int, elem_w: int, elements: int,
+                       what: str = "channel") -> tuple[TransportSpec, TransportSpec]:
+    """(sending end, receiving end) of a channel carrying ``elements`` per sample from a port of
+    ``lanes_out`` elements a beat to one of ``lanes_in``: one sizing for both ends (the sender's
+    credits are the receiver's buffer). Equal lanes: the forward rtlsim's transport
+    (``rtl_link.transport``). Otherwise the packed word is the largest that divides both stage
+    words (net_send cuts the producer's words into it, net_recv joins them into the consumer's),
+    so the elements arrive in order at the consumer's width."""
+    from .rtl_link import transport
+
+    if elements % lanes_out or elements % lanes_in:
+        raise SpecError(None, None, "placement.channels",
+                        f"expected {what} to carry whole beats: {elements} elements a sample, "
+                        f"{lanes_out} lanes out, {lanes_in} in")
+    tx = transport(link, lanes_out, elem_w, elements // lanes_out)
+    if lanes_in == lanes_out:
         return tx, tx
-    w = lanes_in * ew
-    if max(w, tx.data_w) % min(w, tx.data_w) or c["elements"] % lanes_in:
-        raise ValueError(f"channel {src['kernel']}.{src['port']} -> {dst['kernel']}.{dst['port']}: {lanes} "
-                         f"lanes a beat leave, {lanes_in} arrive, and neither word divides the other")
-    return tx, replace(tx, stage_w=w)
+    g = math.gcd(tx.data_w, lanes_in * elem_w)
+    tx = replace(tx, data_w=g, sample_words=tx.sample_words * (tx.data_w // g))
+    return tx, replace(tx, stage_w=lanes_in * elem_w)
 
 
 def net_kernels(ctx, cluster, placement: dict, engines: str) -> list[NetKernel]:

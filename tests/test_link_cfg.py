@@ -420,17 +420,18 @@ def check_makefile(ctx, files, parsed: dict) -> dict:
     return {"built": built, "externals": externals, "rules": rules}
 
 
-def check_net_kernels(ctx, files, parsed: dict) -> int:
+def check_net_kernels(ctx, files, parsed: dict, bits: dict | None = None) -> int:
     """Every framing kernel a cfg declares: its files are consistent (check_kernel_files), every
     stream_connect names one of its kernel.xml arguments, and a stage stream meets a port of the
-    stage port's width."""
+    stage port's width (``bits``: kernel -> port -> bits; by default read off the HLS kernels'
+    C++ signatures). Returns the number of framing kernels checked."""
     text = {k: (v.decode() if isinstance(v, bytes) else v) for k, v in files.items()}
-    ew = ctx.fmt.width
-    bits = {}
-    for s in ctx.stages:
-        bits[s.name] = hls_port_bits(text[f"{s.name}/{s.name}.cpp"], s.name, ew)
-        if s.bwd is not None:
-            bits[s.bwd.name] = hls_port_bits(text[f"{s.name}/{s.bwd.name}.cpp"], s.bwd.name, ew)
+    if bits is None:
+        ew, bits = ctx.fmt.width, {}
+        for s in ctx.stages:
+            bits[s.name] = hls_port_bits(text[f"{s.name}/{s.name}.cpp"], s.name, ew)
+            if s.bwd is not None:
+                bits[s.bwd.name] = hls_port_bits(text[f"{s.name}/{s.bwd.name}.cpp"], s.bwd.name, ew)
     n = 0
     for b, p in parsed.items():
         info = {}
@@ -603,3 +604,23 @@ def test_checks_catch_what_a_link_would_trip_on():
     for check, bad, why in cases:
         with pytest.raises(AssertionError, match=why):
             check(ctx, bad, parsed)
+
+
+def test_channel_widths_meet_at_their_common_divisor():
+    """A consumer port taking other lanes a beat than its producer's: the packed word is the
+    largest dividing both stage words, cut by the sender and joined by the receiver."""
+    from fractions import Fraction
+    from codegen.package_net import channel_transports
+    from codegen.rtl_model import make_link
+    link = make_link("a", "b", 1.19e10, 0.5e-6, 3e8, 64)          # 4xU250-ring's links at 300 MHz
+    same = channel_transports(link, 8, 8, 16, 96)
+    assert same[0] is same[1] and same[0].data_w == same[0].stage_w == 128 and same[0].sample_words == 12
+    tx, rx = channel_transports(link, 8, 12, 16, 96)             # 128-bit words in, 192-bit words out
+    assert (tx.stage_w, tx.data_w, rx.stage_w, rx.data_w) == (128, 64, 192, 64)
+    assert tx.sample_words == rx.sample_words == 96 * 16 // 64 and tx.words == rx.words == 480 // 64
+    assert (tx.window, tx.timeout) == (rx.window, rx.timeout) == (196, 344)   # docs/network.md's example
+    assert Fraction(tx.bw_num, tx.bw_den) == Fraction(119, 3)
+    tx, rx = channel_transports(link, 2, 1, 16, 512)             # small-resnet / tiny-cnn backward: 32 -> 16 bits
+    assert (tx.data_w, rx.stage_w, tx.slices) == (16, 16, 2)
+    with pytest.raises(SpecError, match="whole beats"):
+        channel_transports(link, 8, 12, 16, 100)
