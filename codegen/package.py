@@ -221,6 +221,8 @@ def xrt_manifest(ctx, engines: str) -> dict:
                     args.append({"index": len(args), "name": r.name, "kind": "weights", "bytes": nbytes,
                                  "file": f"{s.name}/roms.bin", "offset": off})
                     off += nbytes
+                for f in s.engine.frames:   # off-chip frame buffers: device memory the kernel writes and reads
+                    args.append({"index": len(args), "name": f.name, "kind": "scratch", "bytes": f.bytes})
                 args.append({"index": len(args), "name": "n", "kind": "samples"})
             elif s.embed_weights:
                 control, starts, args = "none", "never", streams

@@ -97,6 +97,15 @@ def test_tiny_cnn_with_every_frame_off_chip_is_bit_exact(tmp_path, monkeypatch):
     cfg = (tmp_path / "link/fpga0.cfg").read_text()
     for a, _b, _d in args:
         assert re.search(rf"^sp=stage0_1\.{a}:DDR\[[0-3]\]$", cfg, re.M), a
+    # the xrt backend allocates them (kind scratch, the argument index the kernel declares)
+    import json
+    k = json.loads((tmp_path / "bapipe-build.json").read_text())["xrt"]["boards"][0]["kernels"][0]
+    scratch = [a for a in k["args"] if a["kind"] == "scratch"]
+    params = re.search(r"^void stage0\((.*)\) \{$", src, re.M).group(1).split(", ")
+    assert [a["name"] for a in scratch] == [a for a, _b, _d in args]
+    for a in scratch + [k["args"][-1]]:
+        assert params[a["index"]].split()[-1].split("[")[0] == a["name"], (a, params)
+    assert all(a["bytes"] == 64 * int(d) for a, (_n, _b, d) in zip(scratch, args))
     r = cs.csim_project(tmp_path, samples=2)
     assert r["passed"] and r["model_max_abs_err_lsb"] == 0, r
 

@@ -89,9 +89,13 @@ class _Board:
 
 
 def _weights(pyxrt, build: Path, board: _Board, kernel, entry: dict) -> dict:
-    """Allocate and load the m_axi weight buffers of one kernel instance (sizes from the manifest)."""
+    """Allocate and load the m_axi weight buffers of one kernel instance (sizes from the manifest);
+    allocate its scratch buffers (off-chip frame buffers, nothing to load)."""
     bos = {}
     for a in entry["args"]:
+        if a["kind"] == "scratch":
+            bos[a["index"]] = pyxrt.bo(board.device, a["bytes"], pyxrt.bo.normal, kernel.group_id(a["index"]))
+            continue
         if a["kind"] != "weights":
             continue
         with open(build / a["file"], "rb") as f:
@@ -173,7 +177,7 @@ def forward(plan, model, cluster, params, x_q: np.ndarray, options: dict) -> np.
         for a in k["args"]:
             if a["kind"] == "samples":
                 run.set_arg(a["index"], m)
-            elif a["kind"] == "weights":
+            elif a["kind"] in ("weights", "scratch"):
                 run.set_arg(a["index"], bos[a["index"]])
         run.start()
         once.append((run, k))
