@@ -97,6 +97,24 @@ def test_inference_stages_have_no_update_kernel():
         assert stage_update(sc) == (None, None) and sc.embed_weights
 
 
+def test_iterations_refuses_bad_input_in_one_line(tmp_path, capsys):
+    """`bapipe csim --iterations`: 0 or 1001 iterations and an inference build each exit 2 with
+    one line naming the field (~4 s: two gens)."""
+    from bapipe.cli import main
+
+    train = _gen(_plan("tiny-mlp", (), 1, 2), tmp_path / "t")
+    infer = _plan("tiny-mlp", (), 1, 2)
+    infer.mode = "inference"
+    infer = _gen(infer, tmp_path / "i")
+    cases = [([str(train), "--iterations", "0"], "--iterations"),
+             ([str(infer), "--iterations", "2"], "mode"),
+             ([str(train), "--iterations", "1001"], "--iterations")]
+    for args, field in cases:
+        assert main(["csim", *args, "--json"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and field in err[0], err
+
+
 # ---------------------------------------------------------------- C-simulation
 
 def _update_io(u_cfg: dict, g, m, v, consts) -> bytes:
