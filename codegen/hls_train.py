@@ -2,13 +2,8 @@
 the all-reduce kernel between its replicas, decided here and printed by stage_update.cpp.j2 and
 stage_allreduce.cpp.j2 (helpers: hls_templates/hls/bapipe_update.h.j2).
 
-All-reduce (replicas > 1): each replica's ``stage<i>_allreduce`` reads the exact gradient sums
-its backward kernel flushed, runs a ring reduce-scatter and all-gather with its neighbours over
-two AXI4-Stream ports (one 64-bit sum a beat) and writes the total back in place, before the
-update kernel reads it (bapipe::ring_allreduce).
-
-One call per iteration, after the backward kernel's flush (and the replicas' all-reduce):
-for every weight array of the stage (layer weights and biases, kernel layout) it reads
+Update: one call per iteration, after the backward kernel's flush (and the replicas'
+all-reduce): for every weight array of the stage (layer weights and biases, kernel layout) it reads
 
 - the exact batch-summed gradient the backward kernel wrote (``wsum_t``, 22 fraction bits),
 - the master weights (32[24], m_axi) and the momentum velocity (48[22] in 64-bit words, m_axi),
@@ -21,12 +16,17 @@ for engine kernels (codegen.hls_design), in the forward MVU's banked layout
 ``[NF*SF][PE][SIMD]`` (its writable m_axi weight arrays; biases ``[NF][PE]``). One element a
 cycle per array (II=1); the arrays follow one another.
 
+All-reduce (replicas > 1): each replica's ``stage<i>_allreduce`` reads the exact gradient sums
+its backward kernel flushed, runs a ring reduce-scatter and all-gather with its neighbours over
+two AXI4-Stream ports (one 64-bit sum a beat) and writes the total back in place, before the
+update kernel reads it (bapipe::ring_allreduce).
+
 Batchnorm scale/shift are not updated here: the backward kernel computes no gradient for them
 (training plans with batchnorm are refused by :func:`build_update`).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -87,7 +87,7 @@ class UpdateCtx:
     stage: str
     arrays: list[UpdateArray]
     roms: list[tuple[str, int]]     # the forward kernel's external arrays (name, elements), argument order
-    grads: list[tuple[str, int]] = None   # the backward kernel's gradient arrays (name, elements)
+    grads: list[tuple[str, int]] = field(default_factory=list)   # the backward kernel's gradient arrays
     replicas: int = 1               # data-parallel copies of the stage: > 1 adds the all-reduce kernel
 
     @property

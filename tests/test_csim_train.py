@@ -175,7 +175,7 @@ def test_update_kernel_matches_sgd_update_at_the_extremes(tmp_path):
 
 
 @pytest.mark.csim
-@pytest.mark.slow   # one g++ build of the all-reduce kernel: ~6 s
+@pytest.mark.soak   # one g++ build of the all-reduce kernel: 13 s on the loaded machine (make test's budget)
 def test_ring_allreduce_kernel_gives_every_replica_the_exact_total(tmp_path):
     """3 replicas of a tiny-mlp stage run the generated all-reduce kernel at once, in a ring
     (reduce-scatter, all-gather; arrays of 4096, 64, ..., 10 sums, so chunks of 1366 and 4 with
