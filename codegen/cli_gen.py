@@ -25,7 +25,6 @@ from fpga_models.plancheck import resolve
 from .design import merge_placement, plan_cycles_per_sample
 from .placement import placement_warnings
 from .package import BUILD_STAMP
-from .hls import kernel_cycles_per_sample
 
 from .context import build_project
 from .hls import render_files, write_files
@@ -90,15 +89,16 @@ def generate_plan(plan, model, cluster, out_dir: str | Path, plan_text: str | No
         sys.stderr.write(f"bapipe gen: warning: {line}\n")
     write_stamp(out, ctx.fingerprint, [*paths, *rtl_files], {"engines": engines,
                                                            "xrt": package.xrt_manifest(ctx, engines)})
+    design = _design_cycles(out)
     return {
         "output": str(out), "fingerprint": ctx.fingerprint, "files": len(paths), "rtl_files": len(rtl_files),
         "format": ctx.fmt.name,
         "stages": [{"name": s.name, "layers": len(s.layers), "boards": s.boards, "inputs": len(s.inputs),
                     "outputs": len(s.outputs), "weights": s.weight_elements,
-                    # the HLS kernel's forward loop count per sample (codegen's estimate of what it
-                    # built; dataflow: the slowest layer sets the interval, time-multiplexed: the layers
-                    # add up), next to the planner's forward cycles per sample for the same stage
-                    "hls_cycles_per_sample": kernel_cycles_per_sample([l.cycles for l in s.layers], s.dataflow),
+                    # the Design's forward cycles per sample (the engines the kernels are rendered
+                    # from; `bapipe csim` counts the kernels' loops, `bapipe rtlsim` measures the RTL),
+                    # next to the planner's for the same stage
+                    "design_cycles_per_sample": design.get(s.index),
                     "plan_fwd_cycles_per_sample": _plan_cycles(plan, s.index)} for s in ctx.stages],
         "boards": [b.name for b in ctx.boards],
         "skipped": ctx.skipped,
@@ -227,6 +227,16 @@ def cmd_gen(args) -> dict:
     return result
 
 
+def _design_cycles(out: Path) -> dict[int, float]:
+    """Stage index -> the Design's forward cycles per sample (build/design.json; empty when
+    the lowering built no Design for this plan)."""
+    try:
+        stages = json.loads((out / "design.json").read_text(encoding="utf-8")).get("stages", [])
+    except (OSError, ValueError):
+        return {}
+    return {s["index"]: s["design_cycles_per_sample"] for s in stages if "design_cycles_per_sample" in s}
+
+
 def _plan_cycles(plan, index: int) -> float | None:
     """The planner's forward cycles per sample in steady state of stage ``index`` (None when
     the plan has no cycles: hand-made plans)."""
@@ -237,19 +247,20 @@ def _plan_cycles(plan, index: int) -> float | None:
 
 
 def show_gen(r: dict) -> str:
-    """Human summary: per stage the HLS kernel's loop-count estimate next to the plan's cycles."""
+    """Human summary: per stage the Design's forward cycles per sample next to the plan's."""
     lines = [f"generated {r['files']} files in {r['output']} ({r['format']}, plan {r['fingerprint'][:12]})"
              + (f" + {r['rtl_files']} RTL files" if r["rtl_files"] else "")
              + (f"; stage kernels: {len(r['rtl_kernels'])} packaged RTL kernels (rtl/kernels/)"
                 if r.get("rtl_kernels") else "; stage kernels: Vitis HLS")]
-    lines.append(f"{'stage':<10}{'layers':>7}{'weights':>10}{'HLS fwd cyc/sample':>20}{'plan fwd cyc/sample':>21}"
+    lines.append(f"{'stage':<10}{'layers':>7}{'weights':>10}{'Design fwd cyc/sample':>23}{'plan fwd cyc/sample':>21}"
                  "  boards")
     for s in r["stages"]:
         planned = "-" if s["plan_fwd_cycles_per_sample"] is None else f"{s['plan_fwd_cycles_per_sample']:g}"
-        lines.append(f"{s['name']:<10}{s['layers']:>7}{s['weights']:>10}{s['hls_cycles_per_sample']:>20}"
+        built = "-" if s["design_cycles_per_sample"] is None else f"{s['design_cycles_per_sample']:g}"
+        lines.append(f"{s['name']:<10}{s['layers']:>7}{s['weights']:>10}{built:>23}"
                      f"{planned:>21}  {', '.join(s['boards'])}")
-    lines.append("HLS: loop counts of the generated forward kernel; plan: the planner's cycle model "
-                 "(per sample, from the plan's per-micro-batch cycles)")
+    lines.append("Design: the engines the kernels are built from (design.json; `bapipe csim` counts the kernels' "
+                 "loops, `bapipe rtlsim` measures the RTL); plan: the planner's cycle model (per sample)")
     for sk in r["skipped"]:
         lines.append(f"skipped {sk}")
     return "\n".join(lines)
