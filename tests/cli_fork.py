@@ -69,10 +69,12 @@ for line in sys.stdin:
                 os._exit(code)
     deadline = time.monotonic() + req["timeout"]
     status = None
+    cpu = 0.0
     while status is None:
-        done, st = os.waitpid(pid, os.WNOHANG)
+        done, st, ru = os.wait4(pid, os.WNOHANG)
         if done:
             status = os.waitstatus_to_exitcode(st)
+            cpu = ru.ru_utime + ru.ru_stime
         elif time.monotonic() > deadline:
             os.kill(pid, signal.SIGKILL)
             os.waitpid(pid, 0)
@@ -82,12 +84,17 @@ for line in sys.stdin:
     fo.seek(0)
     fe.seek(0)
     res = {"returncode": status, "stdout": fo.read().decode("utf-8", "replace"),
-           "stderr": fe.read().decode("utf-8", "replace")}
+           "stderr": fe.read().decode("utf-8", "replace"), "cpu_s": cpu}
     fo.close()
     fe.close()
     out.write(json.dumps(res) + "\n")
     out.flush()
 '''
+
+
+#: CPU seconds of the calls run so far in this process (user + system of each child and what
+#: it waited for), which a profile of the tests can add to each test's own
+child_cpu_s = 0.0
 
 
 def _text(s: str) -> str:
@@ -111,6 +118,8 @@ class ForkServer:
         self.proc.stdin.write(json.dumps(req) + "\n")
         self.proc.stdin.flush()
         res = json.loads(self.proc.stdout.readline())
+        global child_cpu_s
+        child_cpu_s += res["cpu_s"]
         if res["returncode"] == "timeout":
             raise subprocess.TimeoutExpired(["bapipe", *args], timeout)
         return subprocess.CompletedProcess(["bapipe", *args], res["returncode"], _text(res["stdout"]),
