@@ -182,6 +182,7 @@ def test_time_multiplexed_units_cost_what_the_planner_says():
     add up to its stages' planned forward cycles per sample."""
     from bapipe.plan import load_plan
     from fpga_models.boards import get_board
+    from fpga_models.allocate import tm_spill_cycles
     from fpga_models.cost import folding_cost
     path = _vgg_plan()
     plan = load_plan(path)
@@ -198,7 +199,15 @@ def test_time_multiplexed_units_cost_what_the_planner_says():
         # forward cycles per sample, fills included on both sides: a conv's column width
         # converter adds one cycle of fill to its turn that the plan does not count
         convs = sum(1 for u in st.units if model.layers[model.index[u.layer]].type == "conv2d")
-        assert 0 <= st.job_cycles - ps.cycles["fwd_interval"] <= convs, (st.index, st.job_cycles, ps.cycles)
+        # the plan also charges the turns that wait on off-chip frame buffers (fpga_models.allocate
+        # .tm_spill_cycles: stage 0's three 6.4 MB frames); the RTL keeps every frame on chip
+        # (docs/hls.md, "Not done yet"), so its job is that much shorter
+        layers = [model.layers[model.index[n]] for n in ps.layers]
+        fold = {n: (f.pe, f.simd) if f.lanes is None else (1, f.lanes) for n, f in ps.folding.items()}
+        spill = tm_spill_cycles(layers, board, fold, plan.number_format, plan.utilisation_cap, plan.chunks,
+                                plan.mode == "train")
+        assert (ps.index == 0) == (spill > 0), (ps.index, spill)
+        assert 0 <= st.job_cycles - (ps.cycles["fwd_interval"] - spill) <= convs, (st.index, st.job_cycles, ps.cycles)
     # interleaved: fpga0 runs stages 0 and 2, fpga2 stages 1 and 3, one sequencer each
     assert [[s.index for s in b.stages] for b in pipe.boards] == [[0, 2], [1, 3]]
     assert pipe.interval == max(sum(s.job_cycles for s in b.stages) for b in pipe.boards)
