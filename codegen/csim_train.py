@@ -70,7 +70,7 @@ def _check_build(cfg: dict, build: Path) -> None:
                         "expected a build of a mode: train plan for --iterations (this one is inference)")
     for st in cfg["stages"]:
         u = st.get("update") or {}
-        if st.get("backward") is None or not u.get("kernel"):
+        if st.get("backward") is None or (st["backward"]["weight_grads"] and not u.get("kernel")):
             why = u.get("not_generated") or "no backward kernel"
             raise SpecError(str(build / "host_config.json"), None, f"stages[{st['index']}].update",
                             f"expected an update kernel for --iterations; {why}")
@@ -93,7 +93,7 @@ class _Replica:
             self.roms_file.write_bytes((build / st["roms_file"]).read_bytes())
         init = load_weights(build, st, fmt)     # the 16-bit weights gen wrote: the initial master weights
         shift = tfx.get_formats(fmt.name).master.frac - fmt.frac
-        self.arrays = st["update"]["arrays"]
+        self.arrays = st["update"]["arrays"] if st.get("update") else []   # a stage without weights: none
         self.master = {a["name"]: _kernel_layout(init[a["layer"]][a["kind"]]).astype(np.int64) << shift
                        for a in self.arrays}
         self.vel = {a["name"]: np.zeros_like(self.master[a["name"]]) for a in self.arrays}
@@ -124,9 +124,10 @@ class _Stage:
         fwd_macs, bwd_macs = stage_macs(self.layers)
         self.compile_s, self.cached = 0.0, True
         self.bins = {}
-        tops = [("fwd", self.name, fwd_macs), ("bwd", st["backward"]["kernel"], bwd_macs),
-                ("update", st["update"]["kernel"], 0)]
-        if replicas > 1:
+        tops = [("fwd", self.name, fwd_macs), ("bwd", st["backward"]["kernel"], bwd_macs)]
+        if st.get("update"):
+            tops.append(("update", st["update"]["kernel"], 0))
+        if replicas > 1 and st.get("update"):
             tops.append(("allreduce", st["update"]["allreduce"]["kernel"], 0))
         for what, top, macs in tops:
             c = compile_sources([sdir / f"{top}.cpp", sdir / f"tb_{top}.cpp"], inc, cache, top,
@@ -321,7 +322,7 @@ def csim_train(build: str | Path, iterations: int, seed: int = 0, lr: float = LR
                         full[idx] = o
                 for p, full in zip(b["outputs"], dx_full):
                     grads[p["tensor"]] = full
-                if len(s.reps) > 1:
+                if len(s.reps) > 1 and "allreduce" in s.bins:
                     sums_of[s.name], ar_cyc[s.name] = _allreduce(s, sums_of[s.name], td)
                     cyc[s.name]["allreduce"] = ar_cyc[s.name]
             before = {(s.name, k, key): v.copy() for s in stages for k, rep in enumerate(s.reps)
@@ -332,8 +333,9 @@ def csim_train(build: str | Path, iterations: int, seed: int = 0, lr: float = LR
                     for a in s.cfg["backward"]["weight_grads"]:
                         ref = _kernel_layout(info["grads"][a["layer"]][{"dw": "w", "db": "b"}[a["kind"]]])
                         grad_err = max(grad_err, int(np.max(np.abs(sums_of[s.name][k][a["name"]] - ref))))
-                    c = _update(s, rep, sums_of[s.name][k], consts, fmt, td)
-                    cyc[s.name]["update"] = max(cyc[s.name]["update"], c)
+                    if "update" in s.bins:
+                        c = _update(s, rep, sums_of[s.name][k], consts, fmt, td)
+                        cyc[s.name]["update"] = max(cyc[s.name]["update"], c)
             w_err = v_err = 0
             for s in stages:
                 for rep in s.reps:

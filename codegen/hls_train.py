@@ -148,7 +148,8 @@ class UpdateCtx:
 
 def build_update(sc, model=None, replicas: int = 1) -> UpdateCtx | None:
     """The update kernel of training stage ``sc`` (a codegen.context.StageCtx with its backward
-    kernel), or None for an inference stage. ValueError names a layer it cannot train.
+    kernel), or None for an inference stage or one without weights. ValueError names a layer it
+    cannot train.
     ``model`` (the spec Model) finds a flatten in an earlier stage (the forward's column order)."""
     from .rtl_model import legal
 
@@ -182,6 +183,8 @@ def build_update(sc, model=None, replicas: int = 1) -> UpdateCtx | None:
                     if not np.array_equal(a.banked(w.kernel_q), np.asarray(rom.values).reshape(-1)):
                         raise ValueError(f"stage {sc.index}: bias {w.name} is not laid out as {rom.name}")
             arrays.append(a)
+    if not arrays:   # no weights (pools, flatten, adds only): nothing to update or all-reduce
+        return None
     ext = [(r.name, r.size) for r in (sc.engine.external if sc.engine is not None else [])]
     written = {a.rom for a in arrays}
     missing = [r for r, _ in ext if r not in written]

@@ -318,8 +318,9 @@ def test_big_stage_path_external_weights_one_sample_mb1(tmp_path, monkeypatch):
     assert "mode=s_axilite port=return" in top
     assert re.search(r"^sp=stage1_1\.s1_fc_mvu_w:DDR\[[0-3]\]$", (tmp_path / "link/fpga1.cfg").read_text(), re.M)
     assert "add_files -tb roms.bin" in (tmp_path / "stage1/run_hls.tcl").read_text()
-    # roms.bin: the banked matrices, 16-bit raw (conv3 8*3*3*16 = 1152, fc 64*10 = 640)
-    assert (tmp_path / "stage1/roms.bin").stat().st_size == 2 * (1152 + 640)
+    # roms.bin: the banked matrices and (a training build: writable for the update kernel,
+    # codegen.hls_train) the biases, 16-bit raw (conv3 8*3*3*16 = 1152 + 16, fc 64*10 = 640 + 10)
+    assert (tmp_path / "stage1/roms.bin").stat().st_size == 2 * (1152 + 16 + 640 + 10)
     r = cs.csim_project(tmp_path, samples=4)
     assert r["passed"] and r["samples"] == 1 and r["model_max_abs_err_lsb"] == 0, r
     assert [s["name"] for s in r["stages"]] == ["stage0", "stage0_bwd", "stage1", "stage1_bwd"]
