@@ -23,6 +23,7 @@ import jinja2
 import numpy as np
 
 from .context import EMBED_LIMIT, PLATFORMS, ProjectCtx, StageCtx, _board_type_key
+from .hls_train import render as render_train
 from .hls_train import update_config
 from .placement import link_lines, place_project
 
@@ -183,13 +184,8 @@ def render_files(ctx: ProjectCtx, plan_text: str, cluster=None, engines: str = "
                 kernel_file=f"{b.name}.cpp", tb_file=f"tb_{b.name}.cpp", part=part, clock_ns=clk,
                 cfg_name="hls_config_bwd.cfg", stim=stim, stim_files=stim_files)
             files[f"{d}/csim_bwd_in.bin"] = csim_bwd_input(ctx, s)
-            u = s.update   # codegen.hls_train
-            if u is not None:
-                put(f"{d}/{u.name}.cpp", "stage_update.cpp.j2", header=c_hdr, s=s, u=u)
-                put(f"{d}/tb_{u.name}.cpp", "tb_update.cpp.j2", header=c_hdr, s=s, u=u)
-                if u.replicas > 1:   # the ring all-reduce between the stage's replicas
-                    put(f"{d}/{u.allreduce_name}.cpp", "stage_allreduce.cpp.j2", header=c_hdr, s=s, u=u)
-                    put(f"{d}/tb_{u.allreduce_name}.cpp", "tb_allreduce.cpp.j2", header=c_hdr, s=s, u=u)
+            # the update and all-reduce kernels (codegen.hls_train)
+            files.update(render_train(s, put, c_hdr, h_hdr, part, clk, ctx.seed))
         files[f"{d}/weights.bin"] = weights_bin(s, ctx.fmt.width)
         if s.engine is not None and s.engine.external:
             files[f"{d}/roms.bin"] = s.engine.roms_bin(ctx.fmt.width)
@@ -201,7 +197,10 @@ def render_files(ctx: ProjectCtx, plan_text: str, cluster=None, engines: str = "
             continue  # no Vitis platform for this board type (e.g. VCU118): RTL flow only
         put(f"link/{b.name}.cfg", "link.cfg.j2", header=h_hdr, b=b,
             link=link_lines(b, pl["boards"][b.name], pl["channels"], pl["local"]))
-    kernels = [k for s in ctx.stages for k in ([s.name] + ([s.bwd.name] if s.bwd else []))]
+    kernels = [k for s in ctx.stages for k in ([s.name] + ([s.bwd.name] if s.bwd else [])
+                                               + ([s.update.name] if s.update else [])
+                                               + ([s.update.allreduce_name] if s.update and s.update.replicas > 1
+                                                  else []))]
     # the framing kernels the link configs name, packaged as RTL kernels (codegen.package_net)
     from .package_net import link_objects, makefile_context, net_kernel_files, net_kernels
     net = net_kernels(ctx, cluster, pl, engines)

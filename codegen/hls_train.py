@@ -238,3 +238,56 @@ def _place_columns(a: UpdateArray, lc, sc, rom, kernel_q, model) -> None:
     raise ValueError(f"stage {sc.index}: weight array {a.name} is laid out in {rom.name} in an order the update "
                      f"kernel does not know")
 
+
+
+def stimulus(sc, seed: int) -> dict[str, bytes]:
+    """Deterministic testbench inputs of the Vitis csim/cosim runs (run_hls_update.tcl,
+    run_hls_allreduce.tcl), in the testbenches' formats: the update kernel on the stage's
+    initial weights (master = the 16-bit weights widened), zero velocity and random gradient
+    sums in +-2^20, with the constants of lr 0.05, momentum 0.9 and the micro-batch; the
+    all-reduce kernel on random sums in +-2^40 for every replica."""
+    from fpga_models.train_fixed import get_formats, sgd_constants
+
+    u = sc.update
+    tf = get_formats("fixed16")
+    rng = np.random.default_rng([seed, sc.index, 2])
+    c = sgd_constants(0.05, 0.9, max(1, sc.bwd.mb), tf)
+
+    def words(a, wide: bool) -> np.ndarray:
+        a = np.asarray(a, dtype=np.int64).reshape(-1)
+        if not wide:
+            return a.astype("<i4")
+        return np.stack([a & 0xFFFFFFFF, a >> 32], axis=1).reshape(-1).astype(np.uint32).view("<i4")
+
+    q = {w.name: np.asarray(w.kernel_q, dtype=np.int64).reshape(-1) for w in sc.weights}
+    parts = [np.array([c.mu, c.lr, c.shift], "<i4")]
+    for a in u.arrays:
+        parts += [words(rng.integers(-(1 << 20), 1 << 20, size=a.count), True),
+                  words(q[a.name] << (tf.master.frac - tf.act.frac), False), words(np.zeros(a.count), True)]
+    out = {f"{sc.name}/csim_update_in.bin": b"".join(p.tobytes() for p in parts)}
+    if u.replicas > 1:
+        out[f"{sc.name}/csim_allreduce_in.bin"] = b"".join(
+            words(rng.integers(-(1 << 40), 1 << 40, size=n), True).tobytes() for _ in range(u.replicas) for _, n in u.grads)
+    return out
+
+
+def render(sc, put, c_hdr: str, h_hdr: str, part: str, clock_ns: float, seed: int) -> dict[str, bytes]:
+    """Write the stage's update (and all-reduce) kernel, testbench and Vitis HLS scripts through
+    codegen.hls's ``put``; returns the stimulus files."""
+    u = sc.update
+    if u is None:
+        return {}
+    d = sc.name
+    kernels = [(u.name, "tb_update.cpp.j2", "stage_update.cpp.j2", "update",
+                ["csim_update_in.bin", "csim_update_out.bin", "csim_update_w.bin", "csim_update_roms.bin"])]
+    if u.replicas > 1:   # the ring all-reduce between the stage's replicas
+        kernels.append((u.allreduce_name, "tb_allreduce.cpp.j2", "stage_allreduce.cpp.j2", "allreduce",
+                        ["csim_allreduce_in.bin", "csim_allreduce_out.bin"]))
+    for top, tb, tpl, tag, stim in kernels:
+        put(f"{d}/{top}.cpp", tpl, header=c_hdr, s=sc, u=u)
+        put(f"{d}/tb_{top}.cpp", tb, header=c_hdr, s=sc, u=u)
+        kw = dict(header=h_hdr, top=top, kernel_file=f"{top}.cpp", tb_file=f"tb_{top}.cpp", part=part,
+                  clock_ns=clock_ns, stim=" ".join(stim), stim_files=stim[:1])
+        put(f"{d}/run_hls_{tag}.tcl", "run_hls.tcl.j2", tcl_name=f"run_hls_{tag}.tcl", **kw)
+        put(f"{d}/hls_config_{tag}.cfg", "hls_config.cfg.j2", cfg_name=f"hls_config_{tag}.cfg", **kw)
+    return stimulus(sc, seed)
