@@ -445,14 +445,25 @@ def stage_bwd(layers, inputs: dict[str, np.ndarray], out_grads: dict[str, np.nda
     tensor reached, including the stage inputs; weight grads per layer).
     """
     acts = model_fwd(layers, inputs, params, fmt)
+    return walk_bwd(layers, acts, out_grads,
+                    lambda l, xs, dy: layer_bwd(l, xs, dy, params.get(l.name, {}), fmt),
+                    lambda a, b: add_fwd(a, b, fmt))
+
+
+def walk_bwd(layers, acts: dict, out_grads: dict, bwd, add) -> tuple[dict, dict]:
+    """The reverse walk every fixed-point backward shares (inference-format stage_bwd here,
+    training formats in fpga_models.train_fixed): layers in reverse order, each reached layer's
+    ``bwd(layer, inputs, dy) -> (dxs, wgrads)``; a tensor read by several layers sums its
+    gradients with ``add`` in that reverse order. Returns (gradients of every tensor reached,
+    weight gradients per layer)."""
     g = {t: np.asarray(d, dtype=np.int64) for t, d in out_grads.items()}
     wgrads = {}
     for l in reversed(list(layers)):
         if l.name not in g:
             continue
-        dxs, wg = layer_bwd(l, [acts[i] for i in l.inputs], g[l.name], params.get(l.name, {}), fmt)
+        dxs, wg = bwd(l, [acts[i] for i in l.inputs], g[l.name])
         if wg:
             wgrads[l.name] = wg
         for src, dx in zip(l.inputs, dxs):
-            g[src] = add_fwd(g[src], dx, fmt) if src in g else dx
+            g[src] = add(g[src], dx) if src in g else dx
     return g, wgrads

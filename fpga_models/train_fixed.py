@@ -363,17 +363,8 @@ def layers_bwd(layers, acts: dict, out_grads: dict, wq: dict, tf: TrainFormats) 
     order; a tensor read by several layers adds its gradients with :func:`add_grads`, in that
     order. Returns (gradients of every tensor reached, exact weight gradients per layer).
     """
-    g = {t: np.asarray(d, dtype=np.int64) for t, d in out_grads.items()}
-    wgrads = {}
-    for l in reversed(list(layers)):
-        if l.name not in g:
-            continue
-        dxs, wg = layer_bwd(l, [acts[i] for i in l.inputs], g[l.name], wq.get(l.name, {}), tf)
-        if wg:
-            wgrads[l.name] = wg
-        for src, dx in zip(l.inputs, dxs):
-            g[src] = add_grads(g[src], dx, tf) if src in g else dx
-    return g, wgrads
+    return fx.walk_bwd(layers, acts, out_grads, lambda l, xs, dy: layer_bwd(l, xs, dy, wq.get(l.name, {}), tf),
+                       lambda a, b: add_grads(a, b, tf))
 
 
 def accumulate(total: dict, grads: dict) -> dict:

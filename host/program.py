@@ -50,6 +50,18 @@ def init_stage_params(model: Model, first: int, last: int, seed: int) -> tuple[d
     return params, state
 
 
+def bind_span(prog, supported, refusal) -> None:
+    """Set a stage program's ``layers``, ``inputs``, ``outputs`` and ``is_last`` from its
+    model and first..last; raise ``refusal(layer)`` for a layer type not in ``supported``."""
+    prog.layers = prog.model.layers[prog.first:prog.last + 1]
+    prog.inputs = stage_inputs(prog.model, prog.first)
+    prog.outputs = stage_outputs(prog.model, prog.last)
+    prog.is_last = prog.last == len(prog.model.layers) - 1
+    for layer in prog.layers:
+        if layer.type not in supported:
+            raise refusal(layer)
+
+
 @dataclass
 class StageProgram:
     """Forward/backward of a contiguous run of layers over named tensors.
@@ -66,13 +78,7 @@ class StageProgram:
     outputs: list[str] = field(init=False)
 
     def __post_init__(self):
-        self.layers = self.model.layers[self.first:self.last + 1]
-        self.inputs = stage_inputs(self.model, self.first)
-        self.outputs = stage_outputs(self.model, self.last)
-        self.is_last = self.last == len(self.model.layers) - 1
-        for layer in self.layers:
-            if layer.type not in L.SUPPORTED:
-                raise L.unsupported(layer)
+        bind_span(self, L.SUPPORTED, L.unsupported)
 
     def _weights(self, params: dict[str, Arrays]) -> dict[str, Arrays]:
         if self.quant is None:
@@ -148,19 +154,12 @@ class FixedStageProgram:
     outputs: list[str] = field(init=False)
 
     def __post_init__(self):
+        from bapipe.errors import SpecError
         from fpga_models import train_fixed as T
 
-        self.layers = self.model.layers[self.first:self.last + 1]
-        self.inputs = stage_inputs(self.model, self.first)
-        self.outputs = stage_outputs(self.model, self.last)
-        self.is_last = self.last == len(self.model.layers) - 1
-        for layer in self.layers:
-            if layer.type not in T.SUPPORTED:
-                from bapipe.errors import SpecError
-
-                raise SpecError(None, None, f"layers.{layer.name}.type",
-                                f"fixed-point training supports {', '.join(T.SUPPORTED)}; '{layer.type}' is not "
-                                "supported (use --precision float32)")
+        bind_span(self, T.SUPPORTED, lambda layer: SpecError(
+            None, None, f"layers.{layer.name}.type", f"fixed-point training supports {', '.join(T.SUPPORTED)}; "
+                                                     f"'{layer.type}' is not supported (use --precision float32)"))
 
     def init_params(self, seed: int) -> tuple[dict[str, Arrays], dict[str, Arrays]]:
         """Master weights of this stage's layers and (empty) buffers."""
