@@ -31,9 +31,14 @@ from .stagecost import LayerTable, StageModel, cut_bytes, layer_table, layer_tim
 SLACK = 0.25        # how far J may be from the replayed time (relative)
 MAX_REPLAYS = 3     # distinct candidates replayed per schedule per search (recomputation variants compete too)
 MAX_M_CANDIDATES = 12
-DEPTH_SLACK = 1.0
+# how far above the best J the first candidate of a (pipeline depth, boards used) may be: J
+# prices FPGA stages time-multiplexed, the replay may run them as dataflow pipelines, measured
+# up to 3.3x faster (tiny-cnn on 2 U250 replicas, m = 3: J 73.7 us, replayed 22.3 us); at 1.0
+# that configuration was never replayed and tiny-cnn on hetero-mix planned 31.1 us while its
+# --pareto listed 23.7 us (docs/planner.md, section 6)
+DEPTH_SLACK = 3.0
 GROUP_SLACK = 0.05  # explore's slack for per-position replica groups (see explore)
-REPLAY_M = 128      # micro-batches replayed exactly before the replay is extrapolated (finish)   # how far above the best J the first candidate of a pipeline depth may be
+REPLAY_M = 128      # micro-batches replayed exactly before the replay is extrapolated (finish)
 GROUP_BOARDS = 8    # clusters up to this size search every per-position replica vector
 STAGE_TIMES_BYTES = 64 << 20   # stage-time tables kept between problem() calls (planner memory budget 500 MB)
 

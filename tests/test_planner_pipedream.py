@@ -89,11 +89,12 @@ def test_planner_replay_equals_bapipe_sim(cluster_name, spec):
 
 
 def test_searched_plan_agrees_with_bapipe_sim():
-    """The search's own pipedream plan on hetero-mix (3 stages x 2 replicas, three board
-    types, measured 2026-11-24: 41.70 us per iteration steady, 48.54 us the first): replay
-    and simulator agree; with host I/O the simulator is within 0.5% (PCIe input overlaps)."""
+    """The search's own pipedream plan on hetero-mix at m = 12 (2 stages x 2 replicas, U250s
+    then U280s, measured 2026-11-24: 40.19 us per iteration steady, 43.65 us the first):
+    replay and simulator agree; with host I/O the simulator is within 0.5% (PCIe input
+    overlaps). (Without --microbatches the search picks one stage on 2 replicas, m = 3.)"""
     model, cl = load_model("tiny-cnn"), load_cluster("hetero-mix")
-    out = _plan("tiny-cnn", "hetero-mix", schedule="pipedream")
+    out = _plan("tiny-cnn", "hetero-mix", schedule="pipedream", microbatches=12)
     assert out.plan.schedule == "pipedream" and len(out.plan.stages) > 1
     assert any(s.replicas > 1 for s in out.plan.stages)
     ends = simulate(out.plan, model, cl, iterations=6, config=SimConfig(host_io=False, record=False)).iteration_ends_s
