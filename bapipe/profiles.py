@@ -283,6 +283,21 @@ def _pd_node(file: str, line: int, text: str) -> tuple[str, str, dict[str, float
     return parts[0], parts[1], vals
 
 
+def _check_batch(file: str, batch) -> None:
+    """A profile's batch size: an integer >= 1 (the profiler files do not record it)."""
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+        raise SpecError(file, None, "batch", f"expected the profiled batch size (an integer >= 1), got {batch!r}")
+
+
+def _read_text(path) -> str:
+    """A profiler file's text, or one line naming it."""
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise SpecError(str(path), None, None, "file not found") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise SpecError(str(path), None, None, f"cannot read file ({type(e).__name__})") from None
+
 def import_pipedream_graph(path: str, batch: int, bytes_per_element: int = 4,
                            name: str | None = None) -> tuple[str, str]:
     """PipeDream's profiler graph (graph.txt) -> (model YAML text, profile YAML text).
@@ -295,14 +310,8 @@ def import_pipedream_graph(path: str, batch: int, bytes_per_element: int = 4,
     samples. ``batch`` is required: graph.txt does not record it.
     """
     file = str(path)
-    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
-        raise SpecError(file, None, "batch", f"expected the profiled batch size (an integer >= 1), got {batch!r}")
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise SpecError(file, None, None, "file not found") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise SpecError(file, None, None, f"cannot read file ({type(e).__name__})") from None
+    _check_batch(file, batch)
+    text = _read_text(path)
     nodes: dict[str, tuple[str, dict[str, float], int]] = {}
     edges: list[tuple[str, str, int]] = []
     for i, raw in enumerate(text.splitlines(), 1):
@@ -405,16 +414,10 @@ def import_torch_table(path: str, model: Model, batch: int, clock: str = "device
     ``bytes_per_element``, param_bytes = parameters x ``bytes_per_element``. ``batch``: the
     samples each call processed (required; the table does not record it)."""
     file = str(path)
-    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
-        raise SpecError(file, None, "batch", f"expected the profiled batch size (an integer >= 1), got {batch!r}")
+    _check_batch(file, batch)
     if clock not in ("device", "cpu"):
         raise SpecError(file, None, "clock", f"expected device or cpu, got {clock!r}")
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise SpecError(file, None, None, "file not found") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise SpecError(file, None, None, f"cannot read file ({type(e).__name__})") from None
+    text = _read_text(path)
     rows = [(i + 1, ln) for i, ln in enumerate(text.splitlines()) if ln.strip() and not ln.lstrip().startswith("#")]
     if not rows:
         raise SpecError(file, None, None, f"expected a header row ({','.join(TORCH_COLUMNS)}) and one row per label")
