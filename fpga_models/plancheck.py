@@ -17,6 +17,7 @@ from typing import Any
 
 from bapipe.errors import SpecError
 from bapipe.plan import Folding, Plan, Stage
+from bapipe.schedules import ASYNC
 
 def resolve(plan: Plan, plan_file: str | None = None):
     """Load the plan's model and cluster and check they are the ones it was made for.
@@ -215,9 +216,13 @@ def _check_stage(plan: Plan, s: Stage, model, boards: dict, owner: dict, err, st
     if s.memory_bytes and s.weight_bytes + s.stash_bytes > s.memory_bytes:
         raise err(f"{at}.memory_bytes", f"expected at least weight_bytes + stash_bytes = "
                                         f"{s.weight_bytes + s.stash_bytes}, got {s.memory_bytes}")
-    if s.stashes > plan.microbatches * max(1, plan.chunks):  # a stage holds at most every micro-batch
-        raise err(f"{at}.stashes", f"expected at most {plan.microbatches * max(1, plan.chunks)} "
-                                   f"(micro-batches x chunks), got {s.stashes}")
+    most = plan.microbatches * max(1, plan.chunks)   # a stage holds at most every micro-batch
+    if plan.schedule in ASYNC:   # no flush: the next iterations' micro-batches are in flight too
+        most = max(most, plan.devices - s.device)
+    if s.stashes > most:
+        raise err(f"{at}.stashes", f"expected at most {most} (micro-batches x chunks"
+                                   f"{', or the stages from this one on' if plan.schedule in ASYNC else ''}), "
+                                   f"got {s.stashes}")
     mem_cap = on_chip_bytes(board) + board.offchip_bytes
     if s.memory_bytes > mem_cap:
         raise err(f"{at}.memory_bytes", f"expected at most {mem_cap} bytes (on-chip + off-chip of a "
