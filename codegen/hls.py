@@ -185,7 +185,7 @@ def render_files(ctx: ProjectCtx, plan_text: str, cluster=None, engines: str = "
                 cfg_name="hls_config_bwd.cfg", stim=stim, stim_files=stim_files)
             files[f"{d}/csim_bwd_in.bin"] = csim_bwd_input(ctx, s)
             # the update and all-reduce kernels (codegen.hls_train)
-            files.update(render_train(s, put, c_hdr, h_hdr, part, clk, ctx.seed))
+            files.update(render_train(s, put, c_hdr, h_hdr, part, clk))
         files[f"{d}/weights.bin"] = weights_bin(s, ctx.fmt.width)
         if s.engine is not None and s.engine.external:
             files[f"{d}/roms.bin"] = s.engine.roms_bin(ctx.fmt.width)

@@ -90,17 +90,17 @@ def test_update_kernel_writes_the_layouts_the_kernels_read(model, cuts):
 
 def test_gen_writes_the_vitis_flow_of_the_update_and_allreduce_kernels(tmp_path):
     """A replicated training stage gets stage0_update and stage0_allreduce: kernel, testbench,
-    run_hls_*.tcl / hls_config_*.cfg with their stimulus, Makefile targets in `make hls`."""
+    run_hls_*.tcl / hls_config_*.cfg (the testbenches run their own pattern without arguments:
+    no stimulus file, whatever the stage's size), Makefile targets in `make hls`."""
     build = _gen(_plan("tiny-mlp", (), 1, 3, (3,)), tmp_path / "b")
     for k, tag in (("stage0_update", "update"), ("stage0_allreduce", "allreduce")):
-        for f in (f"{k}.cpp", f"tb_{k}.cpp", f"run_hls_{tag}.tcl", f"hls_config_{tag}.cfg", f"csim_{tag}_in.bin"):
+        for f in (f"{k}.cpp", f"tb_{k}.cpp", f"run_hls_{tag}.tcl", f"hls_config_{tag}.cfg"):
             assert (build / "stage0" / f).is_file(), f
-        assert f"set_top {k}" in (build / "stage0" / f"run_hls_{tag}.tcl").read_text()
+        tcl = (build / "stage0" / f"run_hls_{tag}.tcl").read_text()
+        assert f"set_top {k}" in tcl and 'csim_design -argv ""' in tcl
         mk = (build / "Makefile").read_text()
         assert f"stage0/{k}.xo: stage0/{k}.cpp" in mk and k in mk.split("STAGES := ")[1].splitlines()[0]
-    # the update stimulus: 3 constants, then per array sums (2 words), master (1), velocity (2)
-    u = json.loads((build / "host_config.json").read_text())["stages"][0]["update"]
-    assert (build / "stage0/csim_update_in.bin").stat().st_size == 4 * (3 + 5 * sum(a["elements"] for a in u["arrays"]))
+    assert not list(build.glob("stage0/csim_update*")) and not list(build.glob("stage0/csim_allreduce*"))
 
 
 def test_inference_stages_have_no_update_kernel():
@@ -187,19 +187,9 @@ def test_update_kernel_matches_sgd_update_at_the_extremes(tmp_path):
             saturated += int(np.sum(np.abs(v_ref) == vmax) + np.sum(v_ref == -vmax - 1))
             pos, wpos = pos + 3 * k, wpos + k
         assert saturated >= 4 * len(u["arrays"])   # the limits were reached, not just approached
-    # the Vitis csim stimulus gen wrote (run_hls_update.tcl) gives sgd_update's bits too
-    fin = build / st["kernel"] / "csim_update_in.bin"
-    subprocess.run([str(binary), str(fin), str(fout), str(fw), str(fr)], check=True, capture_output=True)
-    words = np.fromfile(fin, dtype="<i4").astype(np.int64)
-    got = np.fromfile(fout, dtype="<i4").astype(np.int64)
-    consts = tfx.SgdConstants(int(words[0]), int(words[1]), 0, int(words[2]))
-    pos = 3
-    for a in u["arrays"]:
-        k = a["elements"]
-        g, m = _unwords(words[pos:pos + 2 * k]), words[pos + 2 * k:pos + 3 * k]
-        m_ref, _ = tfx.sgd_update(m, np.zeros(k, dtype=np.int64), g, consts, TF)
-        assert np.array_equal(got[:k], m_ref) and not np.array_equal(m_ref, m), a["name"]
-        got, pos = got[3 * k:], pos + 5 * k
+    # without arguments (the Vitis csim/cosim run) the testbench updates its own pattern and passes
+    r = subprocess.run([str(binary)], capture_output=True, text=True)
+    assert r.returncode == 0 and r.stdout.startswith("PASS: 0 weights"), r.stdout
 
 
 @pytest.mark.csim
@@ -239,6 +229,9 @@ def test_ring_allreduce_kernel_gives_every_replica_the_exact_total(tmp_path):
     cycles = int(vals[-2]) & 0xFFFFFFFF | int(vals[-1]) << 32
     words = sum(2 * 2 * -(-g["elements"] // 3) for g in ar["arrays"])
     assert ar["cycles"] == words and words <= cycles <= words + 3 * len(ar["arrays"]), (cycles, words)
+    # without arguments (the Vitis csim/cosim run) the testbench checks its own pattern
+    r = subprocess.run([str(binary)], capture_output=True, text=True)
+    assert r.returncode == 0 and r.stdout.startswith("PASS: 0 sums"), r.stdout
 
 
 def _train(build: Path, iterations: int, capsys) -> dict:
