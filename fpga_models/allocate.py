@@ -107,8 +107,12 @@ def kernel_onchip_budget(board: Board, cap: float, stages_on_board: int = 1, tra
     """On-chip bytes one kernel may keep: the board's capped on-chip bytes
     (fpga_models.cost.onchip_capacity) split evenly over its kernels (:func:`board_kernels`:
     the forward and, in training, the backward kernel of every stage on the board)."""
-    kernels = max(1, stages_on_board) * len(board_kernels([0], train))
-    return onchip_capacity(board, cap) // kernels
+    return kernel_share(onchip_capacity(board, cap), stages_on_board, train)
+
+
+def kernel_share(onchip_bytes: int, stages_on_board: int = 1, train: bool = True) -> int:
+    """``onchip_bytes`` split evenly over the kernels of ``stages_on_board`` stages (:func:`board_kernels`)."""
+    return int(onchip_bytes) // (max(1, stages_on_board) * len(board_kernels([0], train)))
 
 
 def frames_offchip(frame_bytes: Sequence[int], fixed_bytes: int, budget: int) -> list[bool]:

@@ -24,7 +24,8 @@ import numpy as np
 
 from bapipe.spec import Model
 from fpga_models.boards import Board, bytes_per_element
-from fpga_models.engines import TM_SWITCH, engine_kind, line_buffer_bytes, turn_fill, work_cycles
+from fpga_models.allocate import kernel_share, tm_fixed_bytes
+from fpga_models.engines import TM_SWITCH, engine_kind, turn_fill, work_cycles
 from fpga_models.cost import (best_folding, layer_cost, elementwise_work, gpu_layer_cost, matrix_shape, onchip_capacity,
                               weight_copies)
 
@@ -165,6 +166,10 @@ class StageModel:
             copies = self.copies - 1
         mem = W * copies + stash + buf
         feasible = mem <= self.capacity / share
+        if self.board.kind == "fpga":
+            # the forward kernel's line buffers stay on chip (its frame buffers can go off chip):
+            # within the kernel's share of on-chip memory (fpga_models.allocate, the lowering's rule)
+            feasible = feasible & (buf <= kernel_share(self.onchip, share, train))
         if self.board.kind == "gpu":
             fs, bs = F, Bc
             tr_f = tr_b = np.zeros_like(F)
@@ -210,9 +215,7 @@ def stage_model(model: Model, table: LayerTable, beta: int, fmt: str, cap: float
     buf = np.zeros(n)
     if table.board.kind == "fpga":
         for k, l in enumerate(model.layers):
-            if l.type in ("conv2d", "maxpool", "avgpool") and len(l.in_shapes[0]) == 3:
-                c, _h, wd = l.in_shapes[0]
-                buf[k] = line_buffer_bytes(l.attr["kernel"][0], wd, c, bpe)
+            buf[k] = tm_fixed_bytes([l], fmt)   # its window generator's ring (fpga_models.allocate)
     cut = model.cut_elements_all
     first_in = sum(math.prod(i.shape) for i in model.inputs)
     IN = np.array([first_in] + list(cut), dtype=float) * bpe * beta

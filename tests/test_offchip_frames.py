@@ -148,3 +148,20 @@ def test_vgg16_frames_off_chip_fit_the_board_and_agree_with_the_planner():
     assert spilled > 0    # the first block's 6.4 MB frames do not fit a 23 MB share with the rest
     usable = sum(x.on_chip_bytes for x in cluster.boards[0].board.slrs)
     assert usable == 57_802_752 and all(v <= usable for v in per_board.values()), per_board
+
+
+def test_the_planner_refuses_a_stage_whose_line_buffers_exceed_the_kernel_share():
+    """What cannot go off chip (a forward kernel's line buffers) must fit the kernel's share,
+    or the planner's stage is infeasible (planner.stagecost, with kernel_share): VGG-16 on a
+    ZCU102 (912 BRAM36, no URAM) at cap 0.2 leaves 912 x 4,608 x 0.2 / 2 = 420,249 bytes a
+    kernel; conv1 alone (4,032 bytes of line buffer) fits, the whole model (1,165,248) does not,
+    though its bytes fit the board's memory with DDR."""
+    from planner.stagecost import layer_table, stage_model
+    model = load_model("vgg16")
+    zcu = get_board("ZCU102")
+    sm = stage_model(model, layer_table(model, zcu, "fixed16", 0.2), 1, "fixed16", 0.2, "train", "sgd", 1, False)
+    whole = sm.cost(0, len(model.layers) - 1, 1)
+    first = sm.cost(0, 0, 1)
+    assert float(first["feasible"]) and not float(whole["feasible"])
+    assert tm_fixed_bytes(list(model.layers), "fixed16") == 1_165_248 > 912 * 4_608 * 0.2 / 2
+    assert float(whole["memory"]) <= sm.capacity    # not refused for its total bytes
