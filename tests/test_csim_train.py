@@ -61,7 +61,7 @@ def test_update_kernel_writes_the_layouts_the_kernels_read(model, cuts):
     backward: kernel layout) and has an update that reads its backward gradient; the update
     kernel's banked index ((r/PE*SF + c/SIMD)*PE + r%PE)*SIMD + c%SIMD (bapipe_update.h)
     puts every kernel-layout weight where the forward MVU's array holds it (Rom values)."""
-    from codegen.hls_train import build_update
+    from codegen.hls_train import UpdateArray, build_update
 
     ctx = _project(_plan(model, cuts, 2, 4))
     colmaps = []
@@ -84,6 +84,10 @@ def test_update_kernel_writes_the_layouts_the_kernels_read(model, cuts):
             banked = np.zeros(a.count, dtype=np.int64)
             banked[((r // a.pe * sf + c // a.simd) * a.pe + r % a.pe) * a.simd + c % a.simd] = q[a.name]
             assert np.array_equal(banked, np.asarray(roms[a.rom].values).reshape(-1)), a.name
+            assert a.matches(w_q := q[a.name], roms[a.rom].values)   # the gen-time check agrees
+            if a.colmap is not None:    # and it catches the kernel's own column order
+                assert not UpdateArray(a.name, a.layer, a.key, a.grad, a.rows, a.cols, a.rom, a.pe,
+                                       a.simd).matches(w_q, roms[a.rom].values)
             colmaps.append(a.colmap is not None)
     assert any(colmaps) == (model == "tiny-cnn")   # its fc reads the flattened image in HWC order
 
