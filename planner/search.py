@@ -323,8 +323,10 @@ class Explorer:
 
     @staticmethod
     def _forward(c: Config, d1: int, d2: int) -> bool:
-        """Whether d1 -> d2 is the activation direction of a cut (interleaved cut p-1 -> 0 included)."""
-        return d2 == (d1 + 1) % c.p
+        """Whether d1 -> d2 is the activation direction of a cut (interleaved cut p-1 -> 0 included;
+        one chunk per board: only d1 + 1, else with p = 2 the gradient 1 -> 0 read as an
+        activation and a 3-replica -> 1 cut's gradient was priced at a third of its bytes)."""
+        return d2 == d1 + 1 if c.v == 1 else d2 == (d1 + 1) % c.p
 
     def _cfg_key(self, c: Config) -> tuple:
         return (c.r, c.k, c.kv, c.groups, c.p, c.v, self.train)

@@ -70,7 +70,10 @@ def test_per_microbatch_allreduce_overlaps_compute(occ):
 
 @pytest.mark.parametrize("cluster_name,spec,m", [("4xU250-ring", "0-4x2,5-9x2", 4), ("4xU250-ring", "0-3,4-6,7-9", 4),
                                                  ("4xU250-ring", "0-5x2,6-7,8-9", 4),
-                                                 ("4xU250-ring", "0-3,4-6,7-9", 1)])
+                                                 ("4xU250-ring", "0-3,4-6,7-9", 1),
+                                                 # 3 -> 1 and 2 -> 1 replicas on 2 positions: the gradient
+                                                 # back was once priced at 1/r of its bytes (1F1B too)
+                                                 ("4xU250-ring", "0-2x3,3-9", 4), ("hetero-mix", "0-3x2,4-9", 2)])
 def test_planner_replay_equals_bapipe_sim(cluster_name, spec, m):
     """A given partition (replicated stages included): the planner's steady state and first
     iteration against `bapipe sim` without host I/O (which the replay leaves out: docs/planner.md
