@@ -4,6 +4,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from cli_fork import ForkServer
 
 BAPIPE = str(Path(sys.executable).with_name("bapipe"))
@@ -14,6 +16,7 @@ CASES = [
 ]
 
 
+@pytest.mark.slow  # ~1 s of CPU: make test, not make test-fast (docs/testing.md)
 def test_fork_server_gives_what_the_console_script_gives(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "BAPIPE_DEBUG"}
     server = ForkServer(env)

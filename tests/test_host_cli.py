@@ -75,6 +75,7 @@ def test_failed_worker_exits_1_with_one_line(plan_file, capsys, monkeypatch):
     assert "\n" not in err and "stage 1" in err and "micro-batch 0" in err and "died" in err
 
 
+@pytest.mark.slow  # ~1 s of CPU: make test, not make test-fast (docs/testing.md)
 def test_ray_missing_is_one_line_exit_2(plan_file, capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, "ray", None)  # makes `import ray` fail as if it were not installed
     assert main(["run", str(plan_file), "--ray", "--epochs", "1"]) == 2

@@ -53,6 +53,7 @@ def test_tiny_mlp_reaches_stated_accuracy_and_schedules_agree(tmp_path):
     assert lines[0].startswith("epoch,iteration,loss") and len(lines) == 1 + a["iterations"]
 
 
+@pytest.mark.slow  # ~1 s of CPU: make test, not make test-fast (docs/testing.md)
 def test_checkpoint_resume_is_exact(tmp_path):
     """2 epochs straight == 1 epoch, checkpoint, resume for the 2nd (Adam state included)."""
     plan = hand_plan("tiny-mlp", cuts=(3,), schedule="1f1b", optimizer="adam")
@@ -204,6 +205,7 @@ def test_fixed16_pipeline_weights_bit_identical_to_train_step(tmp_path):
             assert np.array_equal(got_v[l][n], want_v[l][n]), (l, n)
 
 
+@pytest.mark.slow  # ~1 s of CPU: make test, not make test-fast (docs/testing.md)
 def test_replicated_stages_reshard_and_allreduce():
     """Stages with 2, 1 and 3 data-parallel replicas (one process per board): micro-batch rows
     are resharded between them, gradients all-reduced, and still equal single-device ones."""

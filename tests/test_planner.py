@@ -114,6 +114,7 @@ def test_tiny_plans_have_codegen_ready_foldings():
         assert out.plan.stages[-1].last == len(model.layers) - 1
 
 
+@pytest.mark.slow  # ~1 s of CPU: make test, not make test-fast (docs/testing.md)
 def test_plan_beats_equal_split_and_user_partitions():
     out = _plan("vgg16")
     t = out.best.iteration_s
@@ -130,6 +131,7 @@ def test_equal_bounds():
     assert equal_bounds(10, 4) == [(0, 2), (3, 5), (6, 7), (8, 9)]
 
 
+@pytest.mark.slow  # ~1 s of CPU: make test, not make test-fast (docs/testing.md)
 def test_inference_and_gpu():
     inf = summary(_plan("vgg16", mode="inference"))
     assert all(s["bwd_s"] == 0 for s in inf["stages"]) and inf["latency_s"] > 0

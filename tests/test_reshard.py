@@ -135,8 +135,8 @@ def test_executor_catches_broken_plans():
         check_delivery(bad, a, sm, src, dm, dst, net.src_devices, net.dst_devices)
 
 
-# the two largest cases take 3-7 s each: `make test` runs them, `make test-fast` does not
-_SLOW_CASES = {"repl-to-shard", "v100-issue-3d"}
+# the two largest cases take 3-7 s each, the next two ~0.8 s of CPU: `make test` runs them, `make test-fast` does not
+_SLOW_CASES = {"repl-to-shard", "v100-issue-3d", "all-to-all-4x4", "partial-repl"}
 
 
 @pytest.mark.parametrize("case", [pytest.param(c, marks=pytest.mark.slow) if c.name in _SLOW_CASES else c

@@ -243,6 +243,7 @@ def test_one_credit_still_finishes(schedule, v):
     assert tight.makespan_s >= roomy.makespan_s * (1 - 2 * sim_rel(tight, roomy))
 
 
+@pytest.mark.slow  # ~1 s of CPU: make test, not make test-fast (docs/testing.md)
 def test_gantt_and_trace(tmp_path):
     r = simulate(balanced("1f1b", 4, 8, send=1000, stash=1), MODEL, ring(4, bw=1e4, lat=0.1), iterations=2)
     png = write_gantt(r, tmp_path / "g.png")

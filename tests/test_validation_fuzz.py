@@ -115,6 +115,7 @@ def test_truncated_plan_is_refused_or_whole(plan_text, data):
     _truncated(plan_text, data)
 
 
+@pytest.mark.slow  # ~1 s of CPU: make test, not make test-fast (docs/testing.md)
 @settings(max_examples=FAST, deadline=CASE_DEADLINE_MS, suppress_health_check=_HC)
 @given(data=st.data())
 def test_mutated_plan_is_refused_or_consistent(plan_text, tmp_path_factory, data):
