@@ -165,3 +165,32 @@ def test_the_planner_refuses_a_stage_whose_line_buffers_exceed_the_kernel_share(
     assert float(first["feasible"]) and not float(whole["feasible"])
     assert tm_fixed_bytes(list(model.layers), "fixed16") == 1_165_248 > 912 * 4_608 * 0.2 / 2
     assert float(whole["memory"]) <= sm.capacity    # not refused for its total bytes
+
+
+def test_gen_refuses_a_board_whose_kernels_exceed_its_on_chip_bytes():
+    """codegen.placement.check_stage_fits: a board whose kernels' Design bytes (forward and
+    backward) exceed its usable on-chip bytes is refused in one line naming the plan field,
+    the board, each kernel's bytes and the usable bytes (tiny-cnn on a U250 left one BRAM36:
+    4,608 bytes)."""
+    from dataclasses import replace
+
+    from bapipe.errors import SpecError
+    from codegen.context import build_project
+    from codegen.onchip import kernel_onchip_bytes as design_bytes
+    from codegen.placement import check_stage_fits
+    from codegen_plans import make_plan
+
+    plan, model, cluster = make_plan(cuts=())
+    ctx = build_project(plan, model, cluster)
+    u250 = get_board("U250")
+    boards = {"fpga0": u250}
+    check_stage_fits(ctx, boards, "plan.yaml")   # 4 kernels' worth of bytes: far within the U250
+    tiny = replace(u250, slrs=tuple(replace(s, usable_bram36=int(s.index == 0), usable_uram=0) for s in u250.slrs))
+    with pytest.raises(SpecError) as e:
+        check_stage_fits(ctx, {"fpga0": tiny}, "plan.yaml")
+    s = ctx.stages[0]
+    need = design_bytes(s, ctx.fmt) + design_bytes(s, ctx.fmt, bwd=True)
+    msg = str(e.value)
+    assert "plan.yaml" in msg and "stages[0].boards" in msg and "\n" not in msg
+    assert f"they need {need:,} bytes (stage0 {design_bytes(s, ctx.fmt):,}, stage0_bwd " in msg
+    assert need > 4_608 and "the board has 4,608 usable" in msg
