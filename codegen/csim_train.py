@@ -6,8 +6,9 @@ replica, each on its MB = size / R samples of every micro-batch, with its own me
 
 1. every stage's forward kernel (stage<i>) streams the batch, reading its weights from
    the writable m_axi arrays (roms.bin layout) the update kernel wrote last;
-2. the loss gradient of the logits (fpga_models.train_fixed.softmax_xent_grad) on the host:
-   no HLS loss kernel exists yet;
+2. the loss gradient of the logits: the loss kernel (stage<last>_loss, codegen.hls_train) on
+   the whole batch, checked against fpga_models.train_fixed.softmax_xent_grad (on the host
+   when the build has none: a last stage that does not put out one vector of logits);
 3. every stage's backward kernel (stage<i>_bwd), last stage first: one call per micro-batch,
    then the flush that writes the exact weight-gradient sums; its stashes (each layer's
    forward input) are replayed from the host: the fixed-point forward of the stage's inputs
@@ -226,6 +227,15 @@ def _update(s: _Stage, rep: _Replica, sums: dict, c: tfx.SgdConstants, fmt: fx.F
     return int(stats.get("cycles") or 0)
 
 
+def _loss(binary: Path, logits: np.ndarray, labels: np.ndarray, td: Path) -> tuple[np.ndarray, int]:
+    """The loss kernel's dz for a batch of logits (N, classes) and labels."""
+    fin, fout = td / "loss_in.bin", td / "loss_out.bin"
+    n = len(labels)
+    fin.write_bytes(b"".join(a.astype("<i4").tobytes() for a in (np.array([n]), logits.reshape(-1), np.asarray(labels))))
+    vals, stats = _run([binary, fin, fout], td)
+    return vals[:logits.size].reshape(logits.shape), int(stats.get("cycles") or 0)
+
+
 def _shard(m: int, size: int, beta: int, k: int) -> np.ndarray:
     """Sample indices replica k computes: its beta samples of each of the m micro-batches."""
     return np.concatenate([np.arange(j * size + k * beta, j * size + (k + 1) * beta) for j in range(m)])
@@ -271,6 +281,14 @@ def csim_train(build: str | Path, iterations: int, seed: int = 0, lr: float = LR
         td = Path(tdir)
         t0 = time.perf_counter()
         stages = [_Stage(build, st, model, fmt, cache, td, reps.get(st["index"], 1)) for st in stages_cfg]
+        loss_bin = None
+        if cfg.get("loss"):   # the loss-gradient kernel behind the last stage
+            from .csim import compile_sources
+
+            lk = cfg["loss"]
+            ldir = build / lk["stage"]
+            loss_bin = compile_sources([ldir / f"{lk['kernel']}.cpp", ldir / f"tb_{lk['kernel']}.cpp"],
+                                       [ldir, build / "common"], cache, lk["kernel"]).path
         compile_s = time.perf_counter() - t0
         ref_master = {}
         for s in stages:
@@ -303,7 +321,14 @@ def csim_train(build: str | Path, iterations: int, seed: int = 0, lr: float = LR
                     tensors[p["tensor"]] = full
             logits = tensors[out_t]
             row["logits_max_abs_err_lsb"] = int(np.max(np.abs(logits - info["logits"])))
-            grads = {out_t: tfx.softmax_xent_grad(logits, labels, tf)}   # host: no HLS loss kernel
+            dz_ref = tfx.softmax_xent_grad(logits, labels, tf)
+            if loss_bin is not None:
+                dz, loss_cyc = _loss(loss_bin, logits, labels, td)
+                row["loss_grad_max_abs_err_lsb"] = int(np.max(np.abs(dz - dz_ref)))
+                row["loss_cycles"] = loss_cyc
+            else:   # no loss kernel (the last stage's output is not one vector of logits): the host's
+                dz = dz_ref
+            grads = {out_t: dz}
             # backward, last stage first (each replica its share); all-reduce; every update kernel
             sums_of, ar_cyc = {}, {}
             for s in reversed(stages):
@@ -354,11 +379,12 @@ def csim_train(build: str | Path, iterations: int, seed: int = 0, lr: float = LR
             rows.append(row)
             ref_master, ref_vel = new_m, new_v
     ok = bool(rows) and all(r["weights_match"] and r["forward_max_abs_err_lsb"] == 0 and r["grad_sums_max_abs_err"] == 0
-                            and r["logits_max_abs_err_lsb"] == 0 for r in rows)
+                            and r["logits_max_abs_err_lsb"] == 0 and r.get("loss_grad_max_abs_err_lsb", 0) == 0
+                            for r in rows)
     return {"mode": "train", "iterations": iterations, "weights_match": bool(rows) and all(r["weights_match"] for r in rows),
             "passed": ok, "per_iteration": rows, "format": fmt.name, "lr": lr, "momentum": momentum,
             "sgd_constants": {"mu": consts.mu, "lr": consts.lr, "shift": consts.shift},
             "compile_s": round(compile_s, 3), "cached": all(s.cached for s in stages),
             "run_s": round(time.perf_counter() - t_all, 3), "cache": str(cache),
-            "not_in_hls": ["loss gradient (host: train_fixed.softmax_xent_grad)",
-                           "stashes (host replay of the fixed-point forward; forward kernels do not write them)"]}
+            "not_in_hls": ([] if cfg.get("loss") else ["loss gradient (host: train_fixed.softmax_xent_grad)"])
+            + ["stashes (host replay of the fixed-point forward; forward kernels do not write them)"]}

@@ -23,8 +23,8 @@ import jinja2
 import numpy as np
 
 from .context import EMBED_LIMIT, PLATFORMS, ProjectCtx, StageCtx, _board_type_key
+from .hls_train import build_loss, loss_config, render_loss, update_config
 from .hls_train import render as render_train
-from .hls_train import update_config
 from .placement import link_lines, place_project
 
 TEMPLATES = Path(__file__).resolve().parent.parent / "hls_templates" / "hls"
@@ -125,6 +125,7 @@ def host_config(ctx: ProjectCtx) -> dict:
         "boards": [{"name": b.name, "board_type": b.board_type, "platform": b.platform, "kernels": b.stages,
                     "link_config": f"link/{b.name}.cfg"} for b in ctx.boards],
         "skipped": ctx.skipped,
+        "loss": loss_config(p, ctx.stages),   # codegen.hls_train: the loss-gradient kernel (training)
     }
 
 
@@ -140,6 +141,7 @@ def render_files(ctx: ProjectCtx, plan_text: str, cluster=None, engines: str = "
         files[path] = env.get_template(tpl).render(fmt=ctx.fmt, **kw).encode()
 
     files["plan.yaml"] = plan_text.encode()
+    loss = build_loss(ctx.plan, ctx.stages[-1]) if ctx.stages else None   # codegen.hls_train
     files["host_config.json"] = (json.dumps(host_config(ctx), indent=2, sort_keys=False) + "\n").encode()
     put("common/bapipe_types.h", "bapipe_types.h.j2", header=c_hdr)
     put("common/bapipe_layers.h", "bapipe_layers.h.j2", header=c_hdr)
@@ -186,6 +188,8 @@ def render_files(ctx: ProjectCtx, plan_text: str, cluster=None, engines: str = "
             files[f"{d}/csim_bwd_in.bin"] = csim_bwd_input(ctx, s)
             # the update and all-reduce kernels (codegen.hls_train)
             files.update(render_train(s, put, c_hdr, h_hdr, part, clk))
+            if s is ctx.stages[-1]:   # the loss gradient behind the last stage
+                render_loss(loss, put, c_hdr, h_hdr, part, clk)
         files[f"{d}/weights.bin"] = weights_bin(s, ctx.fmt.width)
         if s.engine is not None and s.engine.external:
             files[f"{d}/roms.bin"] = s.engine.roms_bin(ctx.fmt.width)
@@ -200,12 +204,12 @@ def render_files(ctx: ProjectCtx, plan_text: str, cluster=None, engines: str = "
     kernels = [k for s in ctx.stages for k in ([s.name] + ([s.bwd.name] if s.bwd else [])
                                                + ([s.update.name] if s.update else [])
                                                + ([s.update.allreduce_name] if s.update and s.update.replicas > 1
-                                                  else []))]
+                                                  else []))] + ([loss.name] if loss else [])
     # the framing kernels the link configs name, packaged as RTL kernels (codegen.package_net)
     from .package_net import link_objects, makefile_context, net_kernel_files, net_kernels
     net = net_kernels(ctx, cluster, pl, engines)
     files.update({p: t.encode() for p, t in net_kernel_files(net, ctx.fingerprint).items()})
-    put("Makefile", "Makefile.j2", header=h_hdr, stages=ctx.stages, kernels=kernels,
+    put("Makefile", "Makefile.j2", header=h_hdr, stages=ctx.stages, kernels=kernels, loss=loss,
         boards=[b for b in ctx.boards if b.platform], engines=engines, net=makefile_context(net),
         links=link_objects(ctx, pl, net))
     return files

@@ -284,3 +284,105 @@ def render(sc, put, c_hdr: str, h_hdr: str, part: str, clock_ns: float) -> dict[
         put(f"{d}/run_hls_{tag}.tcl", "run_hls.tcl.j2", tcl_name=f"run_hls_{tag}.tcl", **kw)
         put(f"{d}/hls_config_{tag}.cfg", "hls_config.cfg.j2", cfg_name=f"hls_config_{tag}.cfg", **kw)
     return {}
+
+
+# ---------------------------------------------------------------- the loss kernel
+
+@dataclass
+class LossCtx:
+    """The loss-gradient kernel behind the last stage: softmax cross-entropy of CLASSES logits
+    a sample, exactly fpga_models.train_fixed.softmax_xent_grad (constants from there)."""
+
+    name: str
+    stage: str                # the last stage (the kernel's files live in its folder)
+    classes: int
+    max_samples: int          # labels memory: one iteration's samples
+    act_frac: int
+    grad_frac: int
+
+    @property
+    def cycles_per_sample(self) -> int:
+        """Three II=1 passes over the logits (max, exp and sum, gradient) and the divider."""
+        return 3 * self.classes + 1
+
+    def _tf(self):
+        from fpga_models import train_fixed as tfx
+
+        return tfx
+
+    @property
+    def lut(self) -> list[int]:
+        return [int(v) for v in self._tf().EXP2_LUT]
+
+    @property
+    def log2e(self) -> int:
+        return self._tf().LOG2E_Q
+
+    @property
+    def exp_frac(self) -> int:
+        return self._tf().EXP_FRAC
+
+    @property
+    def exp_mask(self) -> int:
+        """t mod 2^EXP_FRAC as a bit mask (the table index)."""
+        return (1 << self.exp_frac) - 1
+
+    @property
+    def exp_out(self) -> int:
+        return self._tf().EXP_OUT
+
+    @property
+    def t_shift(self) -> int:
+        return self.act_frac + self._tf().LOG2E_FRAC - self.exp_frac
+
+    @property
+    def recip_bits(self) -> int:
+        return self._tf().RECIP_BITS
+
+    @property
+    def p_shift(self) -> int:
+        return self.recip_bits - self.grad_frac
+
+    @property
+    def max_shift(self) -> int:
+        """softmax_fixed's cap on the right shift of 2^t (2^16 >> 40 is 0 already)."""
+        return 40
+
+    def host_config(self) -> dict:
+        return {"kernel": self.name, "stage": self.stage, "classes": self.classes, "max_samples": self.max_samples,
+                "cycles_per_sample": self.cycles_per_sample,
+                "arithmetic": "fpga_models.train_fixed.softmax_xent_grad (dz: 16 bits, 12 fraction bits)"}
+
+
+def build_loss(plan, last) -> LossCtx | None:
+    """The loss kernel of a training plan whose last stage ``last`` (StageCtx) puts out one
+    vector of logits; None otherwise."""
+    from fpga_models import train_fixed as tfx
+
+    if plan.mode != "train" or len(last.outputs) != 1 or len(last.outputs[0].shape) != 1:
+        return None
+    tf = tfx.get_formats(plan.number_format) if plan.number_format in tfx.TRAIN_FORMATS else None
+    if tf is None:
+        return None
+    return LossCtx(name=f"{last.name}_loss", stage=last.name, classes=last.outputs[0].elements,
+                   max_samples=max(1, plan.microbatches) * max(1, plan.microbatch_size),
+                   act_frac=tf.act.frac, grad_frac=tf.grad.frac)
+
+
+def render_loss(loss: LossCtx | None, put, c_hdr: str, h_hdr: str, part: str, clock_ns: float) -> None:
+    """The loss kernel, its testbench and Vitis HLS scripts (in the last stage's folder)."""
+    if loss is None:
+        return
+    d, top = loss.stage, loss.name
+    put(f"{d}/{top}.cpp", "loss.cpp.j2", header=c_hdr, l=loss)
+    put(f"{d}/tb_{top}.cpp", "tb_loss.cpp.j2", header=c_hdr, l=loss)
+    kw = dict(header=h_hdr, top=top, kernel_file=f"{top}.cpp", tb_file=f"tb_{top}.cpp", part=part,
+              clock_ns=clock_ns, stim="", stim_files=[])
+    put(f"{d}/run_hls_loss.tcl", "run_hls.tcl.j2", tcl_name="run_hls_loss.tcl", **kw)
+    put(f"{d}/hls_config_loss.cfg", "hls_config.cfg.j2", cfg_name="hls_config_loss.cfg", **kw)
+
+
+def loss_config(plan, stages) -> dict | None:
+    """The ``loss`` entry of host_config.json."""
+    loss = build_loss(plan, stages[-1]) if stages else None
+    return None if loss is None else loss.host_config()
