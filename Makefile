@@ -36,19 +36,21 @@ demo: $(STAMP)
 	$(BIN)/python -m bapipe.demo
 
 # the whole suite but the soak runs (under 10 minutes on 2 cores); test-all adds them
+# PYCACHE: see test-fast below (every suite starts hundreds of Python processes)
+PYCACHE := env -u PYTHONDONTWRITEBYTECODE PYTHONPYCACHEPREFIX=$(CURDIR)/$(VENV)/pycache
+
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -n 2 --dist loadgroup -p no:cacheprovider -m "not soak"
+	$(PYCACHE) $(BIN)/python -m pytest -q -n 2 --dist loadgroup -p no:cacheprovider -m "not soak"
 
 test-all: $(STAMP)
-	$(BIN)/python -m pytest -q -n 2 --dist loadgroup -p no:cacheprovider
+	$(PYCACHE) $(BIN)/python -m pytest -q -n 2 --dist loadgroup -p no:cacheprovider
 
 # Under a minute on 2 cores (docs/testing.md). Bytecode is cached under .venv/pycache even where
 # PYTHONDONTWRITEBYTECODE is set: without it every Python process the tests start (two workers,
 # fork servers, CLI and board-worker subprocesses) recompiles numpy, pytest, hypothesis, ... from
 # source and pytest rewrites every test module again: 87 s of CPU instead of 57 s.
 test-fast: $(STAMP)
-	env -u PYTHONDONTWRITEBYTECODE PYTHONPYCACHEPREFIX=$(CURDIR)/$(VENV)/pycache \
-	  $(BIN)/python -m pytest -q -n 2 --dist loadgroup -p no:cacheprovider -m "not slow and not soak and not verilator and not csim"
+	$(PYCACHE) $(BIN)/python -m pytest -q -n 2 --dist loadgroup -p no:cacheprovider -m "not slow and not soak and not verilator and not csim"
 
 bench: $(STAMP)
 	@for b in bench/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done

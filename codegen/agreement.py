@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -45,12 +47,16 @@ def load_design(build: Path) -> dict:
 
 
 def stage_samples(design_cycles: list[float], samples: int | None) -> int:
-    """Samples each stage runs alone: ``samples`` if given, else as many (3..16) as the budget allows."""
+    """Samples each stage runs alone: ``samples`` if given, else as many (3..16) as the budget
+    allows, or 2 (the fewest that time one interval) when the stages' samples alone exceed it
+    twice over (VGG-16 halves of 2.6 M cycles a sample: about 35 s of Verilator each)."""
     if samples is not None:
         if int(samples) < 2:
             raise SpecError(None, None, "--stage-samples", f"expected at least 2, got {samples}")
         return int(samples)
     total = max(1.0, sum(design_cycles))
+    if total > 2 * STAGE_BUDGET_CYCLES:
+        return 2
     return int(min(16, max(3, STAGE_BUDGET_CYCLES // total)))
 
 
@@ -76,8 +82,9 @@ def measure_stages(build: Path, design: dict, samples: int | None = None, thread
 
     build = Path(build)
     n = stage_samples([s["design_cycles_per_sample"] for s in design["stages"]], samples)
-    rows = []
-    for s in design["stages"]:
+    rows: dict[int, dict] = {}
+    runs = []
+    for k, s in enumerate(design["stages"]):
         d = build / s["bench"]
         try:
             man = json.loads((d / "manifest.json").read_text())
@@ -85,18 +92,29 @@ def measure_stages(build: Path, design: dict, samples: int | None = None, thread
             raise SpecError(str(d / "manifest.json"), None, "bench",
                             "expected the single-stage bench written by `bapipe gen` (re-run it)") from None
         if pipeline is not None and samples in (None, pipeline[2]) and pipeline[2] >= 2 and same_rtl(man, pipeline[0]):
-            pman, pout, pn = pipeline
-            per = pman["out_elems"] // pman["out_lanes"]
-            last = [pout["out_cycles"][(k + 1) * per - 1] for k in range(pn)]
-            rows.append(_row(s, pn, (last[-1] - last[0]) / (pn - 1), "pipeline"))
-            continue
+            rows[k] = _row(s, pipeline[2], _interval(pipeline[0], pipeline[1], pipeline[2]), "pipeline")
+        else:
+            runs.append((k, s, d, man))
+
+    def run(item):
+        k, s, d, man = item
         seed = int(hashlib.sha256(f"{design['plan']}:{s['index']}".encode()).hexdigest()[:8], 16)
         x = quantize(np.random.default_rng(seed).uniform(-1.0, 1.0, (n, man["in_elems"])), design["number_format"])
         res = simulate_cpp(d, man, x, cache=build / "rtlsim", threads=threads)
-        per = man["out_elems"] // man["out_lanes"]
-        last = [res["out_cycles"][(k + 1) * per - 1] for k in range(n)]
-        rows.append(_row(s, n, (last[-1] - last[0]) / (n - 1), "bench"))
-    return rows
+        return k, _row(s, n, _interval(man, res, n), "bench")
+
+    # the benches are independent single-threaded simulations: one per core at a time
+    workers = max(1, min(len(runs), (os.cpu_count() or 1) // max(1, int(threads))))
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        rows.update(dict(pool.map(run, runs)))
+    return [rows[k] for k in sorted(rows)]
+
+
+def _interval(man: dict, res: dict, n: int) -> float:
+    """Cycles per sample between the last output beats of the first and the n-th sample."""
+    per = man["out_elems"] // man["out_lanes"]
+    last = [res["out_cycles"][(k + 1) * per - 1] for k in range(n)]
+    return (last[-1] - last[0]) / (n - 1)
 
 
 def _row(s: dict, n: int, measured: float, by: str) -> dict:
