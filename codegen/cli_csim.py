@@ -53,11 +53,13 @@ def _cmd_train(args, iterations: int) -> tuple[dict, int]:
 
 def show_train(r: dict) -> str:
     """Human table of a training run."""
-    lines = [f"{'iteration':<11}{'loss':>12}{'master err':>12}{'velocity err':>14}{'grad err':>10}{'fwd err':>9}  weights"]
+    lines = [f"{'iteration':<11}{'loss':>12}{'master err':>12}{'velocity err':>14}{'grad err':>10}{'fwd err':>9}"
+             f"{'dz err':>8}  weights"]
     for it in r["per_iteration"]:
+        dz = it.get("loss_grad_max_abs_err_lsb", "-")
         lines.append(f"{it['iteration']:<11}{it['loss']:>12.4f}{it['master_max_abs_err_lsb']:>12}"
                      f"{it['velocity_max_abs_err_lsb']:>14}{it['grad_sums_max_abs_err']:>10}"
-                     f"{it['forward_max_abs_err_lsb']:>9}  {'match' if it['weights_match'] else 'DIFFER'}")
+                     f"{it['forward_max_abs_err_lsb']:>9}{dz:>8}  {'match' if it['weights_match'] else 'DIFFER'}")
     lines.append(f"{r['iterations']} iteration(s) of {r['per_iteration'][0]['samples'] if r['per_iteration'] else 0} "
                  f"samples vs fpga_models.train_fixed.train_step (lr {r['lr']}, momentum {r['momentum']}); "
                  f"host-side: {'; '.join(r['not_in_hls'])}")
