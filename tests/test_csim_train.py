@@ -314,3 +314,14 @@ def test_tiny_cnn_three_stages_trains_bit_exact(tmp_path, capsys):
     """tiny-cnn (convolutions, pooling, flatten) in 3 stages, 2 micro-batches of 2: 2 iterations."""
     build = _gen(_plan("tiny-cnn", (1, 3), 2, 2), tmp_path / "b")
     _check_run(_train(build, 2, capsys), 2, 4)
+
+
+@pytest.mark.csim
+@pytest.mark.soak   # 4 g++ builds: ~30 s
+def test_time_multiplexed_stage_trains_bit_exact(tmp_path, capsys):
+    """tiny-cnn in one time-multiplexed stage (its layers take turns; the update kernel writes
+    the m_axi arrays each turn reads), 2 micro-batches of 2: 2 iterations bit-exact."""
+    plan = _plan("tiny-cnn", (), 2, 2)
+    plan.stages[0].style = "time-multiplexed"
+    build = _gen(plan, tmp_path / "b")
+    _check_run(_train(build, 2, capsys), 2, 4)
