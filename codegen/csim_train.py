@@ -241,6 +241,98 @@ def _shard(m: int, size: int, beta: int, k: int) -> np.ndarray:
     return np.concatenate([np.arange(j * size + k * beta, j * size + (k + 1) * beta) for j in range(m)])
 
 
+def _forward_pass(stages: list, x: np.ndarray, in_name: str, m: int, size: int, fmt: fx.Fmt, td: Path):
+    """Every stage's forward kernel, each replica on its share of every micro-batch, checked
+    against the fixed-point forward with the weights it read. Returns (every tensor between
+    stages, each stage's inputs, max error in LSB, cycles per stage)."""
+    n = len(x)
+    tensors, ins_of, err = {in_name: x}, {}, 0
+    cyc = {s.name: {"forward": 0, "backward": 0, "update": 0} for s in stages}
+    for s in stages:
+        xs = [tensors[p["tensor"]] for p in s.cfg["inputs"]]
+        ins_of[s.name] = xs
+        full = [np.zeros((n,) + tuple(p["shape"]), dtype=np.int64) for p in s.cfg["outputs"]]
+        for k, rep in enumerate(s.reps):
+            idx = _shard(m, size, s.mb, k)
+            outs, c = _forward(s, rep, [v[idx] for v in xs], len(idx), td)
+            cyc[s.name]["forward"] = max(cyc[s.name]["forward"], c)
+            ref = fx.model_fwd(s.layers, {p["tensor"]: v[idx] for p, v in zip(s.cfg["inputs"], xs)},
+                               rep.weights(fmt), fmt)
+            for p, o, f in zip(s.cfg["outputs"], outs, full):
+                err = max(err, int(np.max(np.abs(o - ref[p["tensor"]]))))
+                f[idx] = o
+        tensors.update({p["tensor"]: f for p, f in zip(s.cfg["outputs"], full)})
+    return tensors, ins_of, err, cyc
+
+
+def _backward_pass(stages: list, grads: dict, ins_of: dict, m: int, size: int, n: int, fmt: fx.Fmt, td: Path,
+                   cyc: dict) -> dict:
+    """Every stage's backward kernel, last stage first, each replica on its share (stashes
+    replayed: module docstring, step 3), then a replicated stage's all-reduce. Returns each
+    stage's per-replica weight-gradient sums as its update kernels will read them."""
+    sums_of = {}
+    for s in reversed(stages):
+        b = s.cfg["backward"]
+        full = [np.zeros((n,) + tuple(p["shape"]), dtype=np.int64) for p in b["outputs"]]
+        sums_of[s.name] = []
+        for k, rep in enumerate(s.reps):
+            idx = _shard(m, size, s.mb, k)
+            acts = fx.model_fwd(s.layers, {p["tensor"]: v[idx] for p, v in zip(s.cfg["inputs"], ins_of[s.name])},
+                                rep.weights(fmt), fmt)
+            dys = [grads[p["tensor"]][idx] for p in b["inputs"]]
+            outs, sums, c = _backward(s, rep, [acts[a["tensor"]] for a in b["stashes"]], dys, len(idx), td)
+            cyc[s.name]["backward"] = max(cyc[s.name]["backward"], c)
+            sums_of[s.name].append(sums)
+            for o, f in zip(outs, full):
+                f[idx] = o
+        grads.update({p["tensor"]: f for p, f in zip(b["outputs"], full)})
+        if len(s.reps) > 1 and "allreduce" in s.bins:
+            sums_of[s.name], cyc[s.name]["allreduce"] = _allreduce(s, sums_of[s.name], td)
+    return sums_of
+
+
+def _update_pass(stages: list, sums_of: dict, ref_grads: dict, consts: tfx.SgdConstants, fmt: fx.Fmt, td: Path,
+                 cyc: dict) -> int:
+    """Every replica's update kernel on its sums; returns the sums' max difference from the
+    reference's exact batch gradients."""
+    err = 0
+    for s in stages:
+        for k, rep in enumerate(s.reps):
+            for a in s.cfg["backward"]["weight_grads"]:
+                ref = _kernel_layout(ref_grads[a["layer"]][{"dw": "w", "db": "b"}[a["kind"]]])
+                err = max(err, int(np.max(np.abs(sums_of[s.name][k][a["name"]] - ref))))
+            if "update" in s.bins:
+                cyc[s.name]["update"] = max(cyc[s.name]["update"], _update(s, rep, sums_of[s.name][k], consts, fmt, td))
+    return err
+
+
+def _compare_weights(stages: list, new_m: dict, new_v: dict, before: dict) -> dict:
+    """Every replica's master weights and velocities against the reference's."""
+    w_err = v_err = 0
+    for s in stages:
+        for rep in s.reps:
+            for a in rep.arrays:
+                w_err = max(w_err, int(np.max(np.abs(rep.master[a["name"]] - _kernel_layout(new_m[a["layer"]][a["kind"]])))))
+                v_err = max(v_err, int(np.max(np.abs(rep.vel[a["name"]] - _kernel_layout(new_v[a["layer"]][a["kind"]])))))
+    moved = sum(int(np.sum(rep.master[key] != before[(s.name, k, key)]))
+                for s in stages for k, rep in enumerate(s.reps) for key in rep.master)
+    return {"master_moved": moved, "master_elements": sum(v.size for v in before.values()),
+            "master_max_abs_err_lsb": w_err, "velocity_max_abs_err_lsb": v_err,
+            "weights_match": w_err == 0 and v_err == 0}
+
+
+def _compile_loss(cfg: dict, build: Path, cache: Path) -> Path | None:
+    """The loss kernel's testbench binary, when the build has one."""
+    from .csim import compile_sources
+
+    lk = cfg.get("loss")
+    if not lk:
+        return None
+    ldir = build / lk["stage"]
+    return compile_sources([ldir / f"{lk['kernel']}.cpp", ldir / f"tb_{lk['kernel']}.cpp"], [ldir, build / "common"],
+                           cache, lk["kernel"]).path
+
+
 def csim_train(build: str | Path, iterations: int, seed: int = 0, lr: float = LR, momentum: float = MOMENTUM,
                cache: Path | None = None) -> dict:
     """Run ``iterations`` training iterations of a training build in C-simulation (module
@@ -272,7 +364,6 @@ def csim_train(build: str | Path, iterations: int, seed: int = 0, lr: float = LR
     n = m * size
     consts = tfx.sgd_constants(lr, momentum, n, tf)
     rng = np.random.default_rng(seed)
-    in_name = model.inputs[0].name
     in_shape = tuple(stages_cfg[0]["inputs"][0]["shape"])
     out_t = stages_cfg[-1]["outputs"][0]["tensor"]
     classes = stages_cfg[-1]["outputs"][0]["elements"]
@@ -281,100 +372,29 @@ def csim_train(build: str | Path, iterations: int, seed: int = 0, lr: float = LR
         td = Path(tdir)
         t0 = time.perf_counter()
         stages = [_Stage(build, st, model, fmt, cache, td, reps.get(st["index"], 1)) for st in stages_cfg]
-        loss_bin = None
-        if cfg.get("loss"):   # the loss-gradient kernel behind the last stage
-            from .csim import compile_sources
-
-            lk = cfg["loss"]
-            ldir = build / lk["stage"]
-            loss_bin = compile_sources([ldir / f"{lk['kernel']}.cpp", ldir / f"tb_{lk['kernel']}.cpp"],
-                                       [ldir, build / "common"], cache, lk["kernel"]).path
+        loss_bin = _compile_loss(cfg, build, cache)
         compile_s = time.perf_counter() - t0
-        ref_master = {}
-        for s in stages:
-            for layer, d in s.reps[0].weights(fmt).items():
-                ref_master[layer] = {k: np.asarray(a, np.int64) << (tf.master.frac - fmt.frac) for k, a in d.items()}
+        ref_master = {layer: {k: np.asarray(a, np.int64) << (tf.master.frac - fmt.frac) for k, a in d.items()}
+                      for s in stages for layer, d in s.reps[0].weights(fmt).items()}
         ref_vel: dict = {}
         for it in range(iterations):
             x = random_input(rng, n, in_shape, fmt)
             labels = rng.integers(0, classes, size=n)
             new_m, new_v, info = tfx.train_step(model, ref_master, ref_vel, x, labels, consts, tf, microbatches=m)
             row = {"iteration": it, "samples": n, "microbatches": m, "loss": round(float(info["loss"]), 6)}
-            # forward through the stage kernels (each replica its share of every micro-batch),
-            # each checked against the fixed-point forward with the weights it read
-            tensors, ins_of, fwd_err = {in_name: x}, {}, 0
-            cyc = {s.name: {"forward": 0, "backward": 0, "update": 0} for s in stages}
-            for s in stages:
-                xs = [tensors[p["tensor"]] for p in s.cfg["inputs"]]
-                ins_of[s.name] = xs
-                outs_full = [np.zeros((n,) + tuple(p["shape"]), dtype=np.int64) for p in s.cfg["outputs"]]
-                for k, rep in enumerate(s.reps):
-                    idx = _shard(m, size, s.mb, k)
-                    outs, c = _forward(s, rep, [v[idx] for v in xs], len(idx), td)
-                    cyc[s.name]["forward"] = max(cyc[s.name]["forward"], c)
-                    ref = fx.model_fwd(s.layers, {p["tensor"]: v[idx] for p, v in zip(s.cfg["inputs"], xs)},
-                                       rep.weights(fmt), fmt)
-                    for p, o, full in zip(s.cfg["outputs"], outs, outs_full):
-                        fwd_err = max(fwd_err, int(np.max(np.abs(o - ref[p["tensor"]]))))
-                        full[idx] = o
-                for p, full in zip(s.cfg["outputs"], outs_full):
-                    tensors[p["tensor"]] = full
+            tensors, ins_of, fwd_err, cyc = _forward_pass(stages, x, model.inputs[0].name, m, size, fmt, td)
             logits = tensors[out_t]
             row["logits_max_abs_err_lsb"] = int(np.max(np.abs(logits - info["logits"])))
-            dz_ref = tfx.softmax_xent_grad(logits, labels, tf)
+            dz = dz_ref = tfx.softmax_xent_grad(logits, labels, tf)   # the host's, when there is no loss kernel
             if loss_bin is not None:
-                dz, loss_cyc = _loss(loss_bin, logits, labels, td)
+                dz, row["loss_cycles"] = _loss(loss_bin, logits, labels, td)
                 row["loss_grad_max_abs_err_lsb"] = int(np.max(np.abs(dz - dz_ref)))
-                row["loss_cycles"] = loss_cyc
-            else:   # no loss kernel (the last stage's output is not one vector of logits): the host's
-                dz = dz_ref
-            grads = {out_t: dz}
-            # backward, last stage first (each replica its share); all-reduce; every update kernel
-            sums_of, ar_cyc = {}, {}
-            for s in reversed(stages):
-                b = s.cfg["backward"]
-                dx_full = [np.zeros((n,) + tuple(p["shape"]), dtype=np.int64) for p in b["outputs"]]
-                sums_of[s.name] = []
-                for k, rep in enumerate(s.reps):
-                    idx = _shard(m, size, s.mb, k)
-                    acts = fx.model_fwd(s.layers, {p["tensor"]: v[idx] for p, v in zip(s.cfg["inputs"], ins_of[s.name])},
-                                        rep.weights(fmt), fmt)   # the stash replay (module docstring, step 3)
-                    dys = [grads[p["tensor"]][idx] for p in b["inputs"]]
-                    outs, sums, c = _backward(s, rep, [acts[a["tensor"]] for a in b["stashes"]], dys, len(idx), td)
-                    cyc[s.name]["backward"] = max(cyc[s.name]["backward"], c)
-                    sums_of[s.name].append(sums)
-                    for o, full in zip(outs, dx_full):
-                        full[idx] = o
-                for p, full in zip(b["outputs"], dx_full):
-                    grads[p["tensor"]] = full
-                if len(s.reps) > 1 and "allreduce" in s.bins:
-                    sums_of[s.name], ar_cyc[s.name] = _allreduce(s, sums_of[s.name], td)
-                    cyc[s.name]["allreduce"] = ar_cyc[s.name]
+            sums_of = _backward_pass(stages, {out_t: dz}, ins_of, m, size, n, fmt, td, cyc)
             before = {(s.name, k, key): v.copy() for s in stages for k, rep in enumerate(s.reps)
                       for key, v in rep.master.items()}
-            grad_err = 0
-            for s in stages:
-                for k, rep in enumerate(s.reps):
-                    for a in s.cfg["backward"]["weight_grads"]:
-                        ref = _kernel_layout(info["grads"][a["layer"]][{"dw": "w", "db": "b"}[a["kind"]]])
-                        grad_err = max(grad_err, int(np.max(np.abs(sums_of[s.name][k][a["name"]] - ref))))
-                    if "update" in s.bins:
-                        c = _update(s, rep, sums_of[s.name][k], consts, fmt, td)
-                        cyc[s.name]["update"] = max(cyc[s.name]["update"], c)
-            w_err = v_err = 0
-            for s in stages:
-                for rep in s.reps:
-                    for a in rep.arrays:
-                        ref_w = _kernel_layout(new_m[a["layer"]][a["kind"]])
-                        ref_v = _kernel_layout(new_v[a["layer"]][a["kind"]])
-                        w_err = max(w_err, int(np.max(np.abs(rep.master[a["name"]] - ref_w))))
-                        v_err = max(v_err, int(np.max(np.abs(rep.vel[a["name"]] - ref_v))))
-            moved = sum(int(np.sum(rep.master[key] != before[(s.name, k, key)]))
-                        for s in stages for k, rep in enumerate(s.reps) for key in rep.master)
+            grad_err = _update_pass(stages, sums_of, info["grads"], consts, fmt, td, cyc)
             row.update({"forward_max_abs_err_lsb": fwd_err, "grad_sums_max_abs_err": grad_err,
-                        "master_moved": moved, "master_elements": sum(v.size for v in before.values()),
-                        "master_max_abs_err_lsb": w_err, "velocity_max_abs_err_lsb": v_err,
-                        "weights_match": w_err == 0 and v_err == 0,
+                        **_compare_weights(stages, new_m, new_v, before),
                         "replicas": {s.name: len(s.reps) for s in stages}, "cycles": cyc})
             rows.append(row)
             ref_master, ref_vel = new_m, new_v
