@@ -194,6 +194,8 @@ def _add_args(name: str, p: argparse.ArgumentParser) -> None:
                            help="training builds (mode: train plans): run this many iterations of forward, "
                                 "backward and weight update and check the weights after each against "
                                 "fpga_models.train_fixed")
+            p.add_argument("--lr", type=float, default=0.05, help="--iterations: SGD learning rate (default 0.05)")
+            p.add_argument("--momentum", type=float, default=0.9, help="--iterations: SGD momentum (default 0.9)")
         if name == "synth":
             p.add_argument("--board", action="append", help="synthesise only this board (repeatable)")
             p.add_argument("--timeout", type=float, default=600.0, help="wall-time limit per board, seconds")

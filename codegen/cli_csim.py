@@ -1,6 +1,7 @@
 """`bapipe csim build/ [--json]`: g++ C-simulation of every generated stage against numpy."""
 from __future__ import annotations
 
+import math
 import sys
 
 from bapipe.errors import SpecError
@@ -43,11 +44,16 @@ def _cmd_train(args, iterations: int) -> tuple[dict, int]:
 
     if not 1 <= iterations <= MAX_ITERATIONS:
         raise SpecError(None, None, "--iterations", f"expected 1 to {MAX_ITERATIONS} iterations, got {iterations}")
+    lr, mu = getattr(args, "lr", 0.05), getattr(args, "momentum", 0.9)
+    if not (math.isfinite(lr) and lr > 0):
+        raise SpecError(None, None, "--lr", f"expected a learning rate > 0, got {lr}")
+    if not 0 <= mu < 1:
+        raise SpecError(None, None, "--momentum", f"expected a momentum in [0, 1), got {mu}")
     check_build(args.build)
     if sys.stderr.isatty():
         sys.stderr.write(f"bapipe csim: compiling the forward, backward and update kernels of {args.build} "
                          f"and running {iterations} training iteration(s)\n")
-    r = csim_train(args.build, iterations, seed=getattr(args, "seed", 0))
+    r = csim_train(args.build, iterations, seed=getattr(args, "seed", 0), lr=lr, momentum=mu)
     return r, 0 if r["passed"] else 1
 
 

@@ -362,7 +362,10 @@ def csim_train(build: str | Path, iterations: int, seed: int = 0, lr: float = LR
                             f"expected the micro-batch of {size} samples to split evenly over {r} replicas "
                             f"(the backward kernel takes {st['backward']['microbatch']})")
     n = m * size
-    consts = tfx.sgd_constants(lr, momentum, n, tf)
+    try:
+        consts = tfx.sgd_constants(lr, momentum, n, tf)
+    except ValueError as e:   # e.g. lr / batch beyond what the fixed-point update can shift
+        raise SpecError(None, None, "--lr", str(e)) from None
     rng = np.random.default_rng(seed)
     in_shape = tuple(stages_cfg[0]["inputs"][0]["shape"])
     out_t = stages_cfg[-1]["outputs"][0]["tensor"]

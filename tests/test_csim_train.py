@@ -117,8 +117,8 @@ def test_inference_stages_have_no_update_kernel():
 
 
 def test_iterations_refuses_bad_input_in_one_line(tmp_path, capsys):
-    """`bapipe csim --iterations`: 0 or 1001 iterations and an inference build each exit 2 with
-    one line naming the field (~4 s: two gens)."""
+    """`bapipe csim --iterations`: 0 or 1001 iterations, a NaN learning rate, a momentum of 1
+    and an inference build each exit 2 with one line naming the field (~4 s: two gens)."""
     from bapipe.cli import main
 
     train = _gen(_plan("tiny-mlp", (), 1, 2), tmp_path / "t")
@@ -127,7 +127,10 @@ def test_iterations_refuses_bad_input_in_one_line(tmp_path, capsys):
     infer = _gen(infer, tmp_path / "i")
     cases = [([str(train), "--iterations", "0"], "--iterations"),
              ([str(infer), "--iterations", "2"], "mode"),
-             ([str(train), "--iterations", "1001"], "--iterations")]
+             ([str(train), "--iterations", "1001"], "--iterations"),
+             ([str(train), "--iterations", "1", "--lr", "nan"], "--lr"),
+             ([str(train), "--iterations", "1", "--lr", "1e9"], "--lr"),   # beyond the update's shift
+             ([str(train), "--iterations", "1", "--momentum", "1"], "--momentum")]
     for args, field in cases:
         assert main(["csim", *args, "--json"]) == 2
         err = capsys.readouterr().err.strip().splitlines()
@@ -266,11 +269,11 @@ def test_loss_kernel_matches_softmax_xent_grad_over_the_whole_logit_range(tmp_pa
     assert r.returncode == 0 and r.stdout.startswith("PASS: 0 rows"), r.stdout
 
 
-def _train(build: Path, iterations: int, capsys) -> dict:
+def _train(build: Path, iterations: int, capsys, *extra: str) -> dict:
     from bapipe.cli import main
 
     os.environ.setdefault("BAPIPE_CSIM_CACHE", str(CACHE))
-    rc = main(["csim", str(build), "--iterations", str(iterations), "--json"])
+    rc = main(["csim", str(build), "--iterations", str(iterations), "--json", *extra])
     r = json.loads(capsys.readouterr().out)
     assert rc in (0, None), r
     return r
@@ -313,7 +316,9 @@ def test_replicated_stage_all_reduces_and_trains_bit_exact(tmp_path, capsys):
 def test_tiny_cnn_three_stages_trains_bit_exact(tmp_path, capsys):
     """tiny-cnn (convolutions, pooling, flatten) in 3 stages, 2 micro-batches of 2: 2 iterations."""
     build = _gen(_plan("tiny-cnn", (1, 3), 2, 2), tmp_path / "b")
-    _check_run(_train(build, 2, capsys), 2, 4)
+    r = _train(build, 2, capsys, "--lr", "0.1", "--momentum", "0.5")   # the run's constants, no rebuild
+    _check_run(r, 2, 4)
+    assert (r["lr"], r["momentum"], r["sgd_constants"]["mu"]) == (0.1, 0.5, 1 << 15)
 
 
 @pytest.mark.csim
