@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import platform
 import shutil
 import subprocess
 import tempfile
@@ -39,7 +40,10 @@ CXXFLAGS = ["-std=c++14", "-O2", "-Wall", "-Werror",
 
 #: Every C-simulation build: the bounded streams, dataflow threads and loop counters of
 #: bapipe_csim.h (docs/codegen.md, "Bounded C-simulation").
-CSIM_FLAGS = ["-DBAPIPE_CSIM", "-pthread"]
+CSIM_FLAGS = ["-DBAPIPE_CSIM", "-pthread"] + (
+    # testbench arrays of a big stage (vgg16 fc6's 4096 x 25088 weight-gradient sums, 822 MB)
+    # pass the 2 GB the default code model addresses: the medium model puts large data apart
+    ["-mcmodel=medium"] if platform.machine() in ("x86_64", "AMD64") else [])
 #: Exit statuses of a csim binary (bapipe_csim.h): every process blocked / data left in a stream
 DEADLOCK_EXIT, LEFTOVER_EXIT = 86, 87
 
