@@ -70,12 +70,14 @@ def same_rtl(bench: dict, pipeline: dict) -> bool:
 
 
 def measure_stages(build: Path, design: dict, samples: int | None = None, threads: int = 1,
-                   pipeline: tuple[dict, dict, int] | None = None) -> list[dict]:
+                   pipeline: tuple[dict, object, int] | None = None) -> list[dict]:
     """Run every stage's bench in Verilator; per stage: index, board, style, samples, and plan,
     design and measured cycles per sample, and the error against the plan.
 
-    ``pipeline`` = (manifest, result, samples) of a whole-pipeline run already made: a bench
-    that is the same RTL (``same_rtl``) takes its figure from it instead of running again."""
+    ``pipeline`` = (manifest, result, samples) of a whole-pipeline run: a bench that is the
+    same RTL (``same_rtl``) takes its figure from it instead of running again. ``result`` may
+    be a ``concurrent.futures.Future`` of the run still going: the other benches run
+    meanwhile (one simulation per core), and only the reused rows wait for it."""
     from fpga_models.fixedpoint import quantize
 
     from .rtlsim_cpp import simulate_cpp
@@ -83,7 +85,7 @@ def measure_stages(build: Path, design: dict, samples: int | None = None, thread
     build = Path(build)
     n = stage_samples([s["design_cycles_per_sample"] for s in design["stages"]], samples)
     rows: dict[int, dict] = {}
-    runs = []
+    runs, reused = [], []
     for k, s in enumerate(design["stages"]):
         d = build / s["bench"]
         try:
@@ -92,7 +94,7 @@ def measure_stages(build: Path, design: dict, samples: int | None = None, thread
             raise SpecError(str(d / "manifest.json"), None, "bench",
                             "expected the single-stage bench written by `bapipe gen` (re-run it)") from None
         if pipeline is not None and samples in (None, pipeline[2]) and pipeline[2] >= 2 and same_rtl(man, pipeline[0]):
-            rows[k] = _row(s, pipeline[2], _interval(pipeline[0], pipeline[1], pipeline[2]), "pipeline")
+            reused.append((k, s))
         else:
             runs.append((k, s, d, man))
 
@@ -107,6 +109,11 @@ def measure_stages(build: Path, design: dict, samples: int | None = None, thread
     workers = max(1, min(len(runs), (os.cpu_count() or 1) // max(1, int(threads))))
     with ThreadPoolExecutor(max_workers=workers) as pool:
         rows.update(dict(pool.map(run, runs)))
+    if reused:
+        pman, pres, pn = pipeline
+        pres = pres.result() if hasattr(pres, "result") else pres
+        for k, s in reused:
+            rows[k] = _row(s, pn, _interval(pman, pres, pn), "pipeline")
     return [rows[k] for k in sorted(rows)]
 
 

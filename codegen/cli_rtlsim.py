@@ -10,6 +10,7 @@ and the last sample) and set against the cycle model's prediction from the manif
 from __future__ import annotations
 
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -44,14 +45,14 @@ SAMPLE_BUDGET_CYCLES = 4_000_000
 
 
 def default_samples(man: dict) -> int:
-    """16 samples, or for time-multiplexed pipelines as many as fit SAMPLE_BUDGET_CYCLES: at
-    least 3 (boards taking turns settle after the first), 2 (the fewest that time one sample
-    interval) when a single sample already exceeds the budget (all of VGG-16 on one board:
-    5.3 M cycles a sample, about 80 s each in Verilator)."""
+    """16 samples, or for time-multiplexed pipelines as many as fit SAMPLE_BUDGET_CYCLES (3 to
+    16), or 2 (the fewest that time one interval) when 3 would not fit (VGG-16 in two halves:
+    2.65 M cycles a sample, about 50 s each in Verilator). The prediction replays the same n
+    samples, so a short run is compared with its own fill, not with the steady state."""
     if not man.get("time_multiplexed"):
         return 16
     steady = float(man["predicted_cycles_per_sample"])
-    if steady > SAMPLE_BUDGET_CYCLES:
+    if 3 * steady > SAMPLE_BUDGET_CYCLES:
         return 2
     return int(min(16, max(3, SAMPLE_BUDGET_CYCLES // max(1.0, steady))))
 
@@ -95,8 +96,14 @@ def cmd_rtlsim(args):
     if sys.stderr.isatty():  # Verilator compiles the whole pipeline once (minutes), then it is cached
         sys.stderr.write(f"bapipe rtlsim: compiling {len(man['boards'])} boards with Verilator (first run "
                          f"1-3 min for small plans, cached after), then {samples} samples\n")
-    out = simulate(build, man, stream_order(x), engine=getattr(args, "engine", "cpp"),
-                   threads=getattr(args, "threads", 1))
+    # The pipeline runs while the stage benches do (each a single-threaded simulation): on two
+    # cores the vgg16 4xU250-ring check takes the longest run, not the sum of them.
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        run = pool.submit(simulate, build, man, stream_order(x), engine=getattr(args, "engine", "cpp"),
+                          threads=getattr(args, "threads", 1))
+        stages = (stage_agreement(build, getattr(args, "stage_samples", None), getattr(args, "threads", 1),
+                                  pipeline=(man, run, samples)) if getattr(args, "stages", True) else {})
+        out = run.result()
     got = np.array(out["outputs"], dtype=np.int64).reshape(samples, -1)
     match = bool(np.array_equal(got, ref)) and not out["overflow"] and not out["extra_beats"]
     cps = measure(man, out, samples)
@@ -115,9 +122,7 @@ def cmd_rtlsim(args):
         "steady_state_cycles_per_sample": steady, "engine": getattr(args, "engine", "cpp"),
         "stage_boards": [f"stage {i} on {b}" for i, b, _style in man.get("stage_boards", [])] or man["boards"],
     }
-    if getattr(args, "stages", True):
-        result.update(stage_agreement(build, getattr(args, "stage_samples", None), getattr(args, "threads", 1),
-                                      pipeline=(man, out, samples)))
+    result.update(stages)
     why = _train_unsupported(build)
     if why:   # a mode: train plan the training RTL cannot build: this run is the forward pass only
         result["training_unsupported"] = why
@@ -134,7 +139,7 @@ def _train_unsupported(build: Path) -> str | None:
 
 
 def stage_agreement(build: Path, samples: int | None = None, threads: int = 1,
-                    pipeline: tuple[dict, dict, int] | None = None) -> dict:
+                    pipeline: tuple[dict, object, int] | None = None) -> dict:
     """``stages`` (per stage: plan, design and measured cycles per sample, each stage's bench
     run alone, or the ``pipeline`` run when the bench is the same RTL) and ``plan_error``
     (worst |measured / plan - 1|); see codegen/agreement.py."""
