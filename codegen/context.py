@@ -86,7 +86,6 @@ class LayerCtx:
     tparams: list[int]
     n_in: int                       # stream inputs
     weights: list[WeightArray]
-    cycles: int                     # initiation interval of one sample (folded MVU count or elements)
     layer: Layer | None = None
     external: bool = False          # weights arrive as kernel arguments (m_axi), not as on-chip ROM
 
@@ -367,7 +366,6 @@ def layer_ctx(l: Layer, fo: Folding, params: dict[str, np.ndarray]) -> LayerCtx:
         if t == "dense":
             rows = prod(l.in_shapes[0][:-1])
             func, tp = "bapipe::dense", [mh, mw, fo.pe, fo.simd]
-            cycles = rows * folds
             desc += f"; MVU MH={mh} MW={mw} PE={fo.pe} SIMD={fo.simd}: {folds} cycles per vector"
             if rows > 1:
                 desc += f" x {rows} rows"
@@ -377,29 +375,26 @@ def layer_ctx(l: Layer, fo: Folding, params: dict[str, np.ndarray]) -> LayerCtx:
             c, h, w = l.in_shapes[0]
             (kh, kw), (sh, sw), (ph, pw) = l.attr["kernel"], l.attr["stride"], l.attr["padding"]
             func, tp = "bapipe::conv2d", [c, h, w, mh, kh, kw, sh, sw, ph, pw, fo.pe, fo.simd]
-            cycles = folds * l.out_shape[1] * l.out_shape[2]
             desc += f"; MVU MH={mh} MW={mw} PE={fo.pe} SIMD={fo.simd}: {folds} cycles per pixel"
     elif t == "relu":
-        func, tp, cycles = "bapipe::relu", [l.out_elems, fo.ew_lanes], l.out_elems
+        func, tp = "bapipe::relu", [l.out_elems, fo.ew_lanes]
     elif t == "maxpool":
         func, tp = "bapipe::maxpool", _window_params(l) + [fo.ew_lanes]
-        cycles = l.out_elems // fo.ew_lanes * prod(l.attr["kernel"])
     elif t == "avgpool":
         kk = prod(l.attr["kernel"])
         func, tp = "bapipe::avgpool", _window_params(l) + [fo.ew_lanes, fx.avg_recip(kk)]
-        cycles = l.out_elems // fo.ew_lanes * kk
         desc += f"; 1/{kk} as {fx.avg_recip(kk)}/2^{fx.AVG_BITS}"
     elif t == "globalavgpool":
         c, h, w = l.in_shapes[0]
-        func, tp, cycles = "bapipe::globalavgpool", [c, h, w, fo.ew_lanes, fx.avg_recip(h * w)], c * h * w
+        func, tp = "bapipe::globalavgpool", [c, h, w, fo.ew_lanes, fx.avg_recip(h * w)]
     elif t == "batchnorm":
         s = l.in_shapes[0]
         ch = s[0] if len(s) == 3 else s[-1]
-        func, tp, cycles = "bapipe::batchnorm", [l.out_elems, ch, fo.ew_lanes], l.out_elems
+        func, tp = "bapipe::batchnorm", [l.out_elems, ch, fo.ew_lanes]
         weights = [WeightArray(f"{cid}_scale", (ch,), (ch,), params["scale"], params["scale"], [(fo.ew_lanes, 1)]),
                    WeightArray(f"{cid}_shift", (ch,), (ch,), params["shift"], params["shift"], [(fo.ew_lanes, 1)])]
     elif t == "add":
-        func, tp, cycles, n_in = "bapipe::add", [l.out_elems, fo.ew_lanes], l.out_elems, len(l.inputs)
+        func, tp = "bapipe::add", [l.out_elems, fo.ew_lanes]
         n_in = 2  # the library add is binary; the stage builder chains it for more inputs
     elif t == "flatten":
         s = l.in_shapes[0]
@@ -407,11 +402,10 @@ def layer_ctx(l: Layer, fo: Folding, params: dict[str, np.ndarray]) -> LayerCtx:
             func, tp = "bapipe::flatten", list(s)
         else:
             func, tp = "bapipe::copy", [l.out_elems]
-        cycles = l.out_elems
     else:  # guarded by check_plan
         raise ValueError(f"unsupported layer type {t}")
     return LayerCtx(name=l.name, ident=f"layer_{cid}", type=t, comment=desc, func=func, tparams=tp, n_in=n_in,
-                    weights=weights, cycles=cycles, layer=l)
+                    weights=weights, layer=l)
 
 
 def _tensor_shape(model, name: str) -> tuple[int, ...]:

@@ -109,7 +109,7 @@ def host_config(ctx: ProjectCtx) -> dict:
                          "lanes": s.port_lanes(q)} for q in s.outputs],
             # engine kernels stream n samples per call (scalar argument n); the others one
             "samples_per_call": "n" if s.engine is not None else 1,
-            "layers": [{"name": l.name, "type": l.type, "func": l.func, "tparams": l.tparams, "cycles": l.cycles}
+            "layers": [{"name": l.name, "type": l.type, "func": l.func, "tparams": l.tparams}
                        for l in s.layers],
             "weights_file": f"{s.name}/weights.bin",
             # engine kernels whose weights are m_axi arguments: their banked arrays (raw, as weights.bin)
@@ -213,14 +213,6 @@ def render_files(ctx: ProjectCtx, plan_text: str, cluster=None, engines: str = "
         boards=[b for b in ctx.boards if b.platform], engines=engines, net=makefile_context(net),
         links=link_objects(ctx, pl, net))
     return files
-
-
-def kernel_cycles_per_sample(layer_cycles: list[int], dataflow: bool) -> int:
-    """The generated HLS kernel's forward loop count per sample, read off its loop structure
-    (codegen.context's per-layer counts): dataflow stages overlap their layers (the slowest
-    sets the interval), time-multiplexed ones run them one after another. A static count of
-    the code, not an iteration count from C-simulation (issue #16)."""
-    return max(layer_cycles, default=0) if dataflow else sum(layer_cycles)
 
 
 def write_files(files: dict[str, bytes], out_dir: Path) -> list[Path]:
