@@ -17,7 +17,7 @@ from __future__ import annotations
 import heapq
 import math
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import lru_cache, partial
 
 from bapipe.schedules import device_ops
 
@@ -107,19 +107,7 @@ def replay(schedule: str, p: int, m: int, fwd: list[float], bwd: list[float], se
         seq += 1
         heapq.heappush(heap, ((free[d] if free[d] > ready else ready) + dur, seq, 0, d))
 
-    def send(pieces, now: float) -> float:
-        arrive = now
-        for ids, occ, lat in pieces:
-            t0 = now
-            for i in ids:
-                f = link_free.get(i, 0.0)
-                if f > t0:
-                    t0 = f
-            for i in ids:
-                link_free[i] = t0 + occ
-            if t0 + occ + lat > arrive:
-                arrive = t0 + occ + lat
-        return arrive
+    send = partial(reserve, link_free)
 
     last_b = [0.0] * V          # end of each stage's last backward
     b_left = [m] * V            # backwards still to run per stage
@@ -223,6 +211,25 @@ def flowshop_time(stage_times: list[float], m: int) -> float:
     return sum(stage_times) + (m - 1) * max(stage_times)
 
 
+
+def reserve(link_free: dict, pieces, now: float) -> float:
+    """Send over ``pieces`` (link ids, occupancy, latency) from ``now``: each piece waits until
+    all its links are free, holds them for its occupancy and arrives after its latency;
+    ``link_free`` (link id -> free from) is updated. Returns the last arrival. The link model
+    of every replay here (transfers and ring steps alike)."""
+    arrive = now
+    for ids, occ, lat in pieces:
+        t0 = now
+        for i in ids:
+            f = link_free.get(i, 0.0)
+            if f > t0:
+                t0 = f
+        for i in ids:
+            link_free[i] = t0 + occ
+        if t0 + occ + lat > arrive:
+            arrive = t0 + occ + lat
+    return arrive
+
 def ring_allreduce_s(nbytes: float, r: int, bandwidth: float, latency: float) -> float:
     """Ring all-reduce of ``nbytes`` over r replicas: 2(r-1)/r * W / BW + 2(r-1) latency (Patarasuk & Yuan)."""
     if r <= 1:
@@ -267,16 +274,7 @@ def replay_2bw(p: int, m: int, fwd: list[float], bwd: list[float], routes: list,
     done_at: dict = {}                          # (device, iteration) -> its rings' (or backwards') end
     ops_end = [[0.0] * K for _ in range(p)]
 
-    def send(pieces, now: float) -> float:
-        arrive = now
-        for ids, occ, lat in pieces:
-            t0 = now
-            for i in ids:
-                t0 = max(t0, link_free.get(i, 0.0))
-            for i in ids:
-                link_free[i] = t0 + occ
-            arrive = max(arrive, t0 + occ + lat)
-        return arrive
+    send = partial(reserve, link_free)
 
     def try_start(d: int) -> None:
         nonlocal seq
@@ -383,16 +381,7 @@ def replay_pipedream(p: int, m: int, fwd: list[float], bwd: list[float], routes:
     seq = 0
     ends = [0.0] * K
 
-    def send(pieces, now: float) -> float:
-        arrive = now
-        for ids, occ, lat in pieces:
-            t0 = now
-            for i in ids:
-                t0 = max(t0, link_free.get(i, 0.0))
-            for i in ids:
-                link_free[i] = t0 + occ
-            arrive = max(arrive, t0 + occ + lat)
-        return arrive
+    send = partial(reserve, link_free)
 
     def try_start(d: int) -> None:
         nonlocal seq
