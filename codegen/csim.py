@@ -133,6 +133,18 @@ def to_stream(x: np.ndarray) -> np.ndarray:
     return x.reshape(len(x), -1)
 
 
+def _stream_shape(model, port: dict) -> tuple[int, ...]:
+    """The shape whose stream order a kernel port carries: a flatten's image (C, H, W) when the
+    port's tensor is the flatten of one (the stream stays HWC across the cut and the next
+    dense layer's columns are permuted to match, codegen.rtl_model.flatten_perm), else the
+    tensor's own shape."""
+    t = port["tensor"]
+    layer = model.layers[model.index[t]] if t in model.index else None
+    if layer is not None and layer.type == "flatten" and len(layer.in_shapes[0]) == 3:
+        return tuple(layer.in_shapes[0])
+    return tuple(port["shape"])
+
+
 def from_stream(flat: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
     """(N, elements) stream order -> (N, *shape) model layout."""
     n = len(flat)
@@ -343,7 +355,8 @@ def csim_project(build: str | Path, samples: int = 4, seed: int = 0, tolerance_l
             wfile = build / st["roms_file"]
         stats: dict = {}
         try:
-            outs, _, row["run_s"] = run_binary(comp.path, [to_stream(x) for x in ins], samples,
+            outs, _, row["run_s"] = run_binary(comp.path, [to_stream(x.reshape((len(x),) + _stream_shape(model, p)))
+                                                           for p, x in zip(st["inputs"], ins)], samples,
                                                [p["elements"] for p in st["outputs"]], wfile, stats)
         except RuntimeError as e:
             row["error"] = str(e).splitlines()[0]
@@ -358,7 +371,7 @@ def csim_project(build: str | Path, samples: int = 4, seed: int = 0, tolerance_l
         row["numpy_s"] = round(time.perf_counter() - t0, 3)
         err = 0
         for p, o in zip(st["outputs"], outs):
-            got = from_stream(o, tuple(p["shape"]))
+            got = from_stream(o, _stream_shape(model, p)).reshape((len(o),) + tuple(p["shape"]))
             err = max(err, int(np.max(np.abs(got - ref[p["tensor"]]))) if got.size else 0)
             tensors[p["tensor"]] = got
         del ref

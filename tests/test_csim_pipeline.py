@@ -30,8 +30,10 @@ def _shared_cache(monkeypatch):
 def test_tiny_cnn_three_stages_chained_match_numpy(tmp_path, capsys):
     from bapipe.cli import main
 
-    plan, model, cluster = make_plan(folding={"conv1": (2, 3), "conv2": (4, 8), "conv3": (16, 8), "fc": (2, 16),
-                                              "pool1": (2, 1), "pool2": (4, 1)})
+    # cut after the flatten (as the demo's split is): the stream crosses the cut in HWC order and
+    # the fc's columns are permuted to match, so each stage is checked in that order
+    plan, model, cluster = make_plan(cuts=(3, 8), folding={"conv1": (2, 3), "conv2": (4, 8), "conv3": (16, 8),
+                                                           "fc": (2, 16), "pool1": (2, 1), "pool2": (4, 1)})
     pf = tmp_path / "plan.yaml"
     plan.save(pf)
     assert main(["gen", str(pf), "-o", str(tmp_path / "build")]) == 0
