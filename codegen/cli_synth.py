@@ -111,17 +111,65 @@ def synth_files(workdir: Path, sources: list[str], top: str, tag: str | None = N
               f"synth_xilinx -family xcup -top {top} -flatten -noiopad; "
               f"tee -q -o {stat} stat -json")
     t0 = time.perf_counter()
-    try:
-        r = subprocess.run([sys.executable, "-c", _RUN, "-q", "-l", log, "-p", script], cwd=workdir,
-                           capture_output=True, text=True, timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        return {"status": "timeout", "wall_s": round(time.perf_counter() - t0, 1), "timeout_s": timeout_s}
+    done = _run_bounded([sys.executable, "-c", _RUN, "-q", "-l", log, "-p", script], workdir, timeout_s, tag)
+    if done is None:
+        return {"status": "timeout", "wall_s": round(time.perf_counter() - t0, 1), "timeout_s": timeout_s,
+                "log": str(workdir / log)}
+    rc, out, err = done
     wall = round(time.perf_counter() - t0, 1)
-    if r.returncode or not (workdir / stat).exists():
-        lines = [l for l in (r.stderr + r.stdout).splitlines() if "ERROR" in l] or (r.stderr or r.stdout).splitlines()
-        return {"status": "error", "wall_s": wall, "message": (lines[-1] if lines else f"exit {r.returncode}").strip()}
+    if rc or not (workdir / stat).exists():
+        text = [l.strip() for l in (err + "\n" + out).splitlines() if l.strip()]
+        lines = [l for l in text if "ERROR" in l] or text
+        why = f"killed by signal {-rc}" if rc < 0 else f"exit {rc}"
+        return {"status": "error", "wall_s": wall, "log": str(workdir / log),
+                "message": lines[-1] if lines else f"yosys stopped ({why}) without an error line; see {workdir / log}"}
     cells = parse_stat_json((workdir / stat).read_text())
     return {"status": "ok", "wall_s": wall, "cells": dict(sorted(cells.items())), **resources(cells)}
+
+
+#: seconds between "still running" lines on stderr while yosys works (a board takes minutes)
+HEARTBEAT_S = 30.0
+
+
+def _die_with_parent() -> None:
+    """preexec_fn of the yosys child: on Linux, the kernel sends it SIGKILL when bapipe dies,
+    even by SIGKILL (which no handler sees); elsewhere only the handled exits clean up."""
+    try:
+        import ctypes
+        import signal
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG = 1
+    except (OSError, AttributeError):
+        pass
+
+
+def _run_bounded(cmd: list[str], cwd: Path, timeout_s: float, tag: str) -> tuple[int, str, str] | None:
+    """Run ``cmd`` to completion within ``timeout_s`` wall seconds, saying on stderr every
+    HEARTBEAT_S that it still runs. Returns (exit code, stdout, stderr), or None on timeout.
+
+    The child is killed (and reaped) on the timeout and on any exception here, SIGINT and
+    SIGTERM included (bapipe.cli turns SIGTERM into an exception), so no yosys outlives the
+    command; ``_die_with_parent`` covers a SIGKILL of bapipe itself.
+    """
+    proc = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
+    t0 = time.perf_counter()
+    try:
+        while True:
+            left = timeout_s - (time.perf_counter() - t0)
+            if left <= 0:
+                return None
+            try:
+                out, err = proc.communicate(timeout=min(left, HEARTBEAT_S))
+                return proc.returncode, out, err
+            except subprocess.TimeoutExpired:
+                sys.stderr.write(f"bapipe synth: {tag} still running, {time.perf_counter() - t0:.0f} s "
+                                 f"of the {timeout_s:g} s limit\n")
+                sys.stderr.flush()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
 
 
 def board_sources(rtl: Path, files: list[str], top: str) -> list[str]:
@@ -240,6 +288,9 @@ def show_synth(r: dict) -> str:
             lines.append(f"  {row['board']}: a replica, runs the RTL of {row['replica_of']} (synthesised here)")
         if s.get("status") == "error":
             lines.append(f"  {row['board']}: {s['message']}")
+        if s.get("status") == "timeout":
+            lines.append(f"  {row['board']}: yosys stopped at the {s.get('timeout_s', r['timeout_s']):g} s limit "
+                         f"(its log so far: {s.get('log', r.get('logs', 'build/synth'))})")
     lines.append(f"tool: {r['tool']}; limit {r['timeout_s']:g} s per board; total {r['total_wall_s']:.1f} s; "
                  f"planner FF not budgeted; logs in {r.get('logs', 'build/synth')}/")
     if any(row["synth"].get("status") == "timeout" for row in r["boards"]):

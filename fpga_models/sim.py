@@ -169,6 +169,13 @@ class SimResult:
         return self.samples_per_iteration / self.iteration_time_s if self.iteration_time_s else 0.0
 
     @property
+    def bubble_busiest(self) -> float:
+        """The one bubble every command prints (docs/simulator.md): the idle share of the
+        busiest board's time, 1 - max(busy_d) / makespan, as `bapipe plan` predicts it;
+        ``bubble_fraction`` is the mean over boards."""
+        return max(0.0, 1.0 - max(b.busy for b in self.boards)) if self.boards else self.bubble_fraction
+
+    @property
     def steady_iteration_s(self) -> float:
         """Time between the ends of successive iterations (mean; makespan when there is one)."""
         e = self.iteration_ends_s

@@ -147,7 +147,7 @@ def write_gantt(result, path: str | Path, max_labels: int = 600) -> Path:
     ax.set_xlabel(f"time ({unit})")
     ax.set_title(f"{result.plan_model} on {result.plan_cluster}: {result.schedule}, m={result.microbatches}, "
                  f"{result.iterations} iteration(s), {result.iteration_time_s * scale:.4g} {unit}/iteration, "
-                 f"bubble {result.bubble_fraction:.1%}", fontsize=10)
+                 f"bubble {result.bubble_busiest:.1%} (busiest board idle)", fontsize=10)
     handles = [Patch(color=COLOURS[k], label=k) for k in ("F", "B", "W", "stall", "allreduce")
                if k in {kk for (_, kk) in bars} or (k == "allreduce" and result.allreduces)]
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.002, 1.0), fontsize=8)

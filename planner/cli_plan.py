@@ -196,8 +196,12 @@ def show_plan(res: dict) -> str:
         b = board_list(s["boards"])
         lines.append(f"{i:>5} {s['layers'][0]:>4}-{s['layers'][1]:<4} {b:<{bw}} {s['style']:<16} "
                      f"{_t(s['fwd_s']):>9} {_t(s['bwd_s']):>9} {_t(s['send_s']):>9} {s['memory_bytes'] / 2**20:>8.1f}MB")
-    lines.append(f"iteration {_t(res['iteration_time_s'])}, {res['throughput_samples_per_s']:.4g} samples/s, "
-                 f"bubble {res['bubble_fraction']:.1%}; lower bound {_t(res['lower_bound_s'])}")
+    # every number here is the planner's prediction (its cycle model and link model), not a measurement
+    lines.append(f"predicted by the planner: iteration {_t(res['iteration_time_s'])}, "
+                 f"{res['throughput_samples_per_s']:.4g} samples/s, bubble {res['bubble_fraction']:.1%} "
+                 f"(idle share of the busiest board); lower bound {_t(res['lower_bound_s'])}")
+    if res["baselines"]:
+        lines.append("baselines (predicted by the same model):")
     for name, b in res["baselines"].items():
         if "infeasible" in b:
             lines.append(f"  {name:<15} infeasible: {b['infeasible']}")

