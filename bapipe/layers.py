@@ -358,6 +358,21 @@ def _mul(c: _Ctx) -> _Out:
     return _Out(out, ops=(len(c.in_shapes) - 1) * prod(out))
 
 
+def _clip(c: _Ctx) -> _Out:
+    """Clamp to [min, max] (ONNX Clip; ReLU6 is min 0, max 6); a missing bound is open."""
+    s = c.one_input()
+    attrs = {}
+    for key in ("min", "max"):
+        v = c.f.raw(key, None)
+        if v is not None:
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v:
+                raise c.err(key, f"expected a number, got {v!r}")
+            attrs[key] = float(v)
+    if "min" in attrs and "max" in attrs and attrs["min"] > attrs["max"]:
+        raise c.err("max", f"expected max >= min ({attrs['min']}), got {attrs['max']}")
+    return _Out(s, attrs, ops=prod(s))
+
+
 def _slice(c: _Ctx) -> _Out:
     """Positions [start, end) of one axis (a Split/Slice of an activation, e.g. GPT-2's fused QKV)."""
     s = c.one_input()
@@ -419,6 +434,8 @@ LAYER_TYPES: dict[str, Callable[[_Ctx], _Out]] = {
     "slice": _slice,
     "add_param": _add_param,
     "concat_param": _concat_param,
+    "silu": _elementwise(5),   # x * sigmoid(x) (SiLU, Swish; EfficientNet): the sigmoid's 4 and a product
+    "clip": _clip,
 }
 
 #: layer types whose weights are trained

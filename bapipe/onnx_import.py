@@ -42,7 +42,7 @@ TAG = "bapipe:"
 VIEW_OPS = frozenset({"Reshape", "Transpose", "Squeeze", "Unsqueeze", "Identity", "Dropout", "Cast", "Flatten"})
 ELEMENTWISE = {"Relu": "relu", "Gelu": "gelu", "Tanh": "tanh", "Sigmoid": "sigmoid", "Softmax": "softmax",
                # piecewise-linear relatives, costed like the activation they approximate (MobileNetV3, GANs)
-               "LeakyRelu": "relu", "HardSigmoid": "sigmoid", "HardSwish": "sigmoid"}
+               "LeakyRelu": "relu", "HardSigmoid": "sigmoid", "HardSwish": "silu"}
 SCALE_OPS = frozenset({"Add", "Sub", "Mul", "Div"})
 #: ops whose result is a boolean mask of their inputs: no layer, Where reads them
 BOOL_OPS = frozenset({"IsNaN", "IsInf", "Not", "Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual",
@@ -491,8 +491,8 @@ class _Importer:
                 if axis not in (-1, rank - 1):
                     raise self.err(node, f"Softmax over axis {axis} (not the last) is not supported")
             return self.emit(node, out, ELEMENTWISE[t], [self.use(acts[0], node)], {}, like=acts[0])
-        if t == "Clip":   # ReLU6 and friends: a clamp costs what a relu costs
-            return self.emit(node, out, "relu", [self.use(acts[0], node)], {}, like=acts[0])
+        if t == "Clip":   # ReLU6 and friends: a clamp with its bounds (a missing bound is open)
+            return self.emit(node, out, "clip", [self.use(acts[0], node)], self.clip_bounds(node), like=acts[0])
         if t == "Conv":
             return self.conv(node)
         if t in ("MaxPool", "AveragePool"):
@@ -540,6 +540,19 @@ class _Importer:
         if t == "Gather":
             return self.gather(node, acts)
         return self.unsupported(node, acts)
+
+    def clip_bounds(self, node) -> dict:
+        """Clip's min and max: constant inputs 1 and 2 (opset >= 11) or attributes (older)."""
+        out = {}
+        for k, key in ((1, "min"), (2, "max")):
+            if len(node.input) > k and node.input[k]:
+                v = self.const_value(node.input[k], node)
+                if len(v) != 1:
+                    raise self.err(node, f"Clip's {key} must be one number, got {len(v)}")
+                out[key] = float(v[0])
+            elif _attr(node, key) is not None:
+                out[key] = float(_attr(node, key))
+        return out
 
     def alias(self, node, x: str) -> None:
         """The node's output is the input's data for costing (an elementwise part folded away)."""
@@ -619,9 +632,9 @@ class _Importer:
             lay = self.built.get(g.src)
             if lay is None or lay.type not in ("gelu", "sigmoid", "tanh") or lay.inputs[0] != x.src:
                 continue
-            if lay.type == "tanh":   # 0.5 x (1 + tanh(c (x + 0.044715 x^3))): GPT-2's GELU
-                d = self.layers[self.order[g.src]]
-                d["type"] = "gelu"
+            if lay.type in ("tanh", "sigmoid"):   # tanh: 0.5 x (1 + tanh(c (x + 0.044715 x^3))), GPT-2's GELU
+                d = self.layers[self.order[g.src]]     # sigmoid: x * sigmoid(x), SiLU
+                d["type"] = "gelu" if lay.type == "tanh" else "silu"
                 self.built[g.src] = self.probe(node, d)
             self.alias(node, acts[0] if g is a else acts[1])
             return True

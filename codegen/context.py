@@ -23,6 +23,8 @@ VERSION = "0.1.0"
 
 #: layer types the generator can turn into HLS (the same set the numpy reference has)
 SUPPORTED = fx.SUPPORTED
+#: supported types with a forward kernel only (the imported CNNs' layers, issue #20)
+INFERENCE_ONLY = frozenset({"concat", "mul", "sigmoid", "silu", "clip", "reshape"})
 #: The weight rule (docs/codegen.md, "Where the weights live"): a stage whose weight arrays hold
 #: at most this many elements in all keeps them on chip as ROM, written into <stage>_weights.h
 #: as C initialisers (128 KB at 16 bits: what a small stage would really keep in BRAM, and what
@@ -270,9 +272,13 @@ def check_plan(plan: Plan, model, plan_file: str = "plan.yaml") -> None:
                 raise _err(plan_file, st, "layers",
                            f"layer '{name}' has type '{l.type}', which codegen cannot generate "
                            f"(supported: {', '.join(SUPPORTED)})")
-            if l.type == "conv2d" and l.attr.get("groups", 1) != 1:
-                raise _err(plan_file, st, "layers", f"layer '{name}': grouped conv2d (groups={l.attr['groups']}) "
-                           "is not supported")
+            why = library_refusal(l)
+            if why:
+                raise _err(plan_file, st, "layers", f"layer '{name}': {why}")
+            if plan.mode == "train" and (l.type in INFERENCE_ONLY or l.attr.get("groups", 1) != 1):
+                what = "grouped conv2d" if l.type == "conv2d" else f"type '{l.type}'"
+                raise _err(plan_file, st, "layers", f"layer '{name}': {what} has no backward kernel in codegen "
+                           "(plan it with --mode inference)")
             fo = st.folding.get(name, Folding())
             if fo.pe < 1 or fo.simd < 1:
                 raise _err(plan_file, st, f"folding.{name}", f"expected pe >= 1 and simd >= 1, got pe={fo.pe} simd={fo.simd}")
@@ -289,13 +295,59 @@ def check_plan(plan: Plan, model, plan_file: str = "plan.yaml") -> None:
 
 
 def mvu_dims(l: Layer) -> tuple[int, int]:
-    """(MH, MW) of the layer's matrix-vector unit, (0, 0) for layers without one."""
+    """(MH, MW) of the layer's matrix-vector unit, (0, 0) for layers without one (a grouped
+    conv's MW is one group's window: C / groups * kh * kw)."""
     if l.type == "dense":
         return l.attr["units"], l.in_shapes[0][-1]
     if l.type == "conv2d":
         kh, kw = l.attr["kernel"]
-        return l.attr["out_channels"], l.in_shapes[0][0] * kh * kw
+        return l.attr["out_channels"], l.in_shapes[0][0] // l.attr.get("groups", 1) * kh * kw
     return 0, 0
+
+
+def stream_order(shape) -> np.ndarray:
+    """The model-layout (row-major) index of each element in the order a stream carries the
+    tensor: images (C, H, W) in HWC order, anything else row-major."""
+    idx = np.arange(prod(shape)).reshape(shape)
+    return (idx.transpose(1, 2, 0) if len(shape) == 3 else idx).reshape(-1)
+
+
+def concat_chunks(l: Layer) -> tuple[int, list[int]]:
+    """(OUTER, chunk per input) of a concat on the stream: OUTER times, each input's next chunk
+    of elements in turn (channels of one pixel for an image's channel concat)."""
+    axis, shapes = l.attr["axis"], l.in_shapes
+    if len(shapes[0]) == 3:   # HWC: C innermost, then W, then H
+        c, h, w = shapes[0]
+        outer = {0: h * w, 1: 1, 2: h}[axis]
+    else:
+        outer = prod(shapes[0][:axis])
+    return outer, [prod(s) // outer for s in shapes]
+
+
+def mul_broadcast(l: Layer) -> int | None:
+    """The input index of a mul whose other input it scales per channel ((C,), (C, 1, 1) against
+    an image (C, H, W)), or None when both inputs have the output's shape."""
+    out = tuple(l.out_shape)
+    small = [k for k, s in enumerate(l.in_shapes) if tuple(s) != out]
+    return small[0] if small else None
+
+
+def library_refusal(l: Layer) -> str | None:
+    """Why the per-layer HLS library cannot build a layer of a supported type, or None."""
+    t, shapes = l.type, l.in_shapes
+    if t == "mul":
+        out = tuple(l.out_shape)
+        odd = [s for s in shapes if tuple(s) != out]
+        if len(shapes) != 2 or len(odd) > 1 or (odd and not (len(out) == 3 and prod(odd[0]) == out[0]
+                                                             and tuple(odd[0]) in ((out[0],), (out[0], 1, 1)))):
+            return (f"mul of {[list(s) for s in shapes]} is not supported by codegen (expected two equal shapes, "
+                    "or a (C,) / (C, 1, 1) scale of a (C, H, W) image)")
+    if t == "concat" and len(shapes) != 2:
+        return f"concat of {len(shapes)} inputs is not supported by codegen (expected 2)"
+    if t == "reshape" and not np.array_equal(stream_order(shapes[0]), stream_order(l.out_shape)):
+        return (f"reshape {list(shapes[0])} -> {list(l.out_shape)} reorders the stream (HWC images), "
+                "which codegen does not build (expected a view that keeps the element order)")
+    return None
 
 
 def make_weights(plan: Plan, model) -> dict[str, dict[str, np.ndarray]]:
@@ -315,7 +367,8 @@ def make_weights(plan: Plan, model) -> dict[str, dict[str, np.ndarray]]:
             if l.type in ("dense", "conv2d"):
                 mh, mw = mvu_dims(l)
                 a = float(np.sqrt(3.0 / mw))
-                shape = (mh, mw) if l.type == "dense" else (mh, l.in_shapes[0][0]) + tuple(l.attr["kernel"])
+                shape = (mh, mw) if l.type == "dense" else \
+                    (mh, l.in_shapes[0][0] // l.attr.get("groups", 1)) + tuple(l.attr["kernel"])
                 w = fx.quantize(rng.uniform(-a, a, size=shape), fmt)
                 b = fx.quantize(rng.uniform(-0.1, 0.1, size=mh), fmt) if l.attr.get("bias", True) \
                     else np.zeros(mh, dtype=np.int64)
@@ -348,7 +401,7 @@ def _shape_str(s) -> str:
     return "x".join(map(str, s))
 
 
-def layer_ctx(l: Layer, fo: Folding, params: dict[str, np.ndarray]) -> LayerCtx:
+def layer_ctx(l: Layer, fo: Folding, params: dict[str, np.ndarray], fmt: str = "fixed16") -> LayerCtx:
     """The call of one layer: library template, its parameters, weights and pragmas."""
     cid = ident(l.name)
     t = l.type
@@ -363,6 +416,7 @@ def layer_ctx(l: Layer, fo: Folding, params: dict[str, np.ndarray]) -> LayerCtx:
         weights = [WeightArray(f"{cid}_w", (mh, mw), tuple(wq.shape), km, wq, [(fo.pe, 1), (fo.simd, 2)]),
                    WeightArray(f"{cid}_b", (mh,), (mh,), params["b"], params["b"], [(fo.pe, 1)])]
         folds = (mh // fo.pe) * (mw // fo.simd)
+        groups = l.attr.get("groups", 1)
         if t == "dense":
             rows = prod(l.in_shapes[0][:-1])
             func, tp = "bapipe::dense", [mh, mw, fo.pe, fo.simd]
@@ -375,6 +429,9 @@ def layer_ctx(l: Layer, fo: Folding, params: dict[str, np.ndarray]) -> LayerCtx:
             c, h, w = l.in_shapes[0]
             (kh, kw), (sh, sw), (ph, pw) = l.attr["kernel"], l.attr["stride"], l.attr["padding"]
             func, tp = "bapipe::conv2d", [c, h, w, mh, kh, kw, sh, sw, ph, pw, fo.pe, fo.simd]
+            if groups != 1:   # each output channel's window columns are its group's channels
+                func, tp = "bapipe::conv2d_grouped", tp[:10] + [groups] + tp[10:]
+                desc += f"; {groups} groups"
             desc += f"; MVU MH={mh} MW={mw} PE={fo.pe} SIMD={fo.simd}: {folds} cycles per pixel"
     elif t == "relu":
         func, tp = "bapipe::relu", [l.out_elems, fo.ew_lanes]
@@ -402,6 +459,31 @@ def layer_ctx(l: Layer, fo: Folding, params: dict[str, np.ndarray]) -> LayerCtx:
             func, tp = "bapipe::flatten", list(s)
         else:
             func, tp = "bapipe::copy", [l.out_elems]
+    elif t == "reshape":   # a view keeping the stream order (library_refusal): a copy
+        func, tp = "bapipe::copy", [l.out_elems]
+    elif t == "sigmoid":
+        func, tp = "bapipe::sigmoid", [l.out_elems, fo.ew_lanes, *fx.sigmoid_consts(fx.get_fmt(fmt))]
+        desc += "; PLAN piecewise-linear (shifts and adds)"
+    elif t == "silu":
+        func, tp = "bapipe::silu", [l.out_elems, fo.ew_lanes, *fx.sigmoid_consts(fx.get_fmt(fmt))]
+        desc += "; x * PLAN sigmoid(x), one rounding"
+    elif t == "clip":
+        lo, hi = fx.clip_bounds(fmt, l.attr.get("min"), l.attr.get("max"))
+        func, tp = "bapipe::clip", [l.out_elems, fo.ew_lanes, lo, hi]
+        desc += f"; raw bounds [{lo}, {hi}]"
+    elif t == "mul":
+        k = mul_broadcast(l)
+        n_in = 2
+        if k is None:
+            func, tp = "bapipe::mul", [l.out_elems, fo.ew_lanes]
+        else:
+            c = l.out_shape[0]
+            func, tp = "bapipe::mul_channel", [c, l.out_elems // c, fo.ew_lanes, "true" if k == 0 else "false"]
+            desc += f"; input {k} scales each channel"
+    elif t == "concat":
+        outer, (ca, cb) = concat_chunks(l)
+        func, tp = "bapipe::concat", [outer, ca, cb]
+        n_in = 2
     else:  # guarded by check_plan
         raise ValueError(f"unsupported layer type {t}")
     return LayerCtx(name=l.name, ident=f"layer_{cid}", type=t, comment=desc, func=func, tparams=tp, n_in=n_in,
@@ -430,7 +512,8 @@ def stage_ports(model, st: Stage) -> tuple[list[str], list[str]]:
 def build_stage(plan: Plan, model, st: Stage, weights: dict[str, dict[str, np.ndarray]]) -> StageCtx:
     """Wire one stage: ports, layer calls, fan-out duplication and pass-through copies."""
     layers = [model.layers[model.index[n]] for n in st.layers]
-    lctx = [layer_ctx(l, st.folding.get(l.name, Folding()), weights.get(l.name, {})) for l in layers]
+    lctx = [layer_ctx(l, st.folding.get(l.name, Folding()), weights.get(l.name, {}), plan.number_format)
+            for l in layers]
     welems = sum(int(w.kernel_q.size) for lc in lctx for w in lc.weights)
     # training: the SGD update kernel (codegen.hls_train) rewrites the weights every iteration,
     # so they live in writable m_axi memory, not in ROM

@@ -422,16 +422,21 @@ def _cycles(build: Path, st: dict, stats: dict | None, samples: int) -> dict:
 
     from .design import plan_cycles_per_sample
 
+    from bapipe.names import name_map, restore
+
     plan = load_plan(Path(build) / "plan.yaml")
     pos = next((i for i, x in enumerate(plan.stages) if x.index == st.get("index")), None)
     counted = None if not stats or stats.get("cycles") is None else stats["cycles"] / samples
+    # streams and processes are named after C identifiers: report the model's layer names
+    ids = {k: v for k, v in name_map(dict.fromkeys(l["name"] for l in st.get("layers", []))).items() if k != v}
     return {"cycles_per_sample": counted,
             "plan_cycles_per_sample": plan_cycles_per_sample(plan, pos) if pos is not None else None,
             "cycles_source": "counted in C-simulation: loop trips x II + entries x pipeline depth, "
                              "max over DATAFLOW processes (BAPIPE_LOOP/BAPIPE_TRIP)",
-            "streams": {k: {"depth": v["depth"], "peak": v["peak"]}
+            "streams": {restore(k, ids): {"depth": v["depth"], "peak": v["peak"]}
                         for k, v in sorted(((stats or {}).get("streams") or {}).items())},
-            "processes": {k: v / samples for k, v in sorted(((stats or {}).get("processes") or {}).items())}}
+            "processes": {restore(k, ids): v / samples
+                          for k, v in sorted(((stats or {}).get("processes") or {}).items())}}
 
 
 def clean_cache(build: Path) -> None:

@@ -729,6 +729,8 @@ def _dag_dataflow(stage, layers, tin, cons, params, state, pre, board_name, in_l
             ops.append({"layer": layer.name, "type": "add"})
             emit(layer.name, add.outs[0], lm, dm, layer.out_elems)
             continue
+        if len(ins) != 1:
+            raise Unsupported(f"layer '{layer.name}': type '{layer.type}' with {len(ins)} inputs has no RTL engine yet")
         (wi, li_lanes, d), = ins
         nxt = layers[li + 1] if li + 1 < len(layers) else None
         fuse = (layer.type in ("dense", "conv2d") and nxt is not None and nxt.type == "relu"

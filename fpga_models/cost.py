@@ -30,7 +30,7 @@ from bapipe.layers import Layer
 from .boards import BRAM36_BYTES, URAM_BYTES, Board, bytes_per_element
 from .engines import (LUT_PER_LANE_OP, LUT_PER_LAYER, LUT_PER_MAC, MAX_LANES, MVU_TYPES,  # noqa: F401 (re-exported)
                       conv_window_cycles,
-                      elementwise_lut, line_buffer_bytes, mvu_cycles, mvu_dsp, mvu_lut, stream_cycles,
+                      elementwise_dsp, elementwise_lut, line_buffer_bytes, mvu_cycles, mvu_dsp, mvu_lut, stream_cycles,
                       stream_elements)
 
 #: elementwise work per output element in backward relative to forward (norms recompute statistics)
@@ -189,7 +189,7 @@ def layer_cost(layer: Layer, board: Board, pe: int, simd: int, fmt: str = "fixed
         fc = stream_cycles(fw, lanes, batch)
         bic = stream_cycles(bw, lanes, batch)
         bwc = 0
-        dsp = 0
+        dsp = elementwise_dsp(layer.type, lanes, board.dsp_per_mac.get(fmt, 1.0))
         ops = max(1.0, layer.fwd_ops / max(1, layer.out_elems))
         lut = elementwise_lut(lanes, ops) if fw else 0
         buf = 0

@@ -19,6 +19,12 @@ Engines (FINN's streaming dataflow style, Umuroglu et al. FPGA'17, Blott et al. 
 - ``elementwise`` (relu, gelu, ...), ``norm`` (batchnorm, layernorm), ``add`` (residual
   join), ``fork``: ``lanes`` elements per cycle, one beat per cycle;
 - ``width_conv``: repacks lanes, max(input beats, output beats) cycles;
+- ``concat`` (channel or axis join of two streams, SqueezeNet's Fire), ``mul`` (product of two
+  activations; squeeze-excite's per-channel scale is read first, then the image streams by),
+  and the activations ``sigmoid`` (piecewise linear, shifts and adds), ``silu`` (x times it),
+  ``clip`` (ReLU6): ``lanes`` output elements per cycle; a grouped or depthwise conv2d is an
+  MVU over MH = out_channels, MW = (C / groups) * kh * kw whose SIMD lanes read the window
+  columns of the output channel's group (PE | MH, SIMD | MW, as any MVU);
 - ``fifo``: one beat per cycle;
 - ``link``: beats of B bytes at bw bytes per cycle, max(1, B/bw) cycles a beat.
 
@@ -56,7 +62,8 @@ TM_SWITCH = 1
 
 
 def engine_kind(layer_type: str) -> str:
-    """The engine that computes a layer type: mvu | pool | norm | add | reshape | lookup | elementwise."""
+    """The engine that computes a layer type: mvu | pool | norm | add | concat | mul | reshape | lookup |
+    elementwise."""
     if layer_type in MVU_TYPES:
         return "mvu"
     if layer_type in POOL_TYPES:
@@ -69,6 +76,8 @@ def engine_kind(layer_type: str) -> str:
         return "reshape"
     if layer_type == "embedding":
         return "lookup"
+    if layer_type in ("concat", "mul"):
+        return layer_type
     return "elementwise"
 
 
@@ -101,7 +110,19 @@ def stream_elements(layer) -> int:
         return 0
     if t in POOL_TYPES:
         return max(int(layer.fwd_ops), int(layer.out_elems))
+    if t == "mul":   # the broadcast operands (squeeze-excite's C scales) are read before the image
+        return int(layer.out_elems) + sum(math.prod(s) for s in layer.in_shapes if math.prod(s) < layer.out_elems)
     return _PASSES.get(t, 1) * int(layer.out_elems)
+
+
+#: element-wise layer types that multiply two data values per element (one DSP multiplier a lane)
+MULTIPLYING = frozenset({"mul", "silu"})
+
+
+def elementwise_dsp(layer_type: str, lanes: int, dsp_per_mac: float) -> int:
+    """DSP slices of an element-wise engine: one multiplier a lane for the types that multiply
+    two activations (``mul``; ``silu``: x times its sigmoid), none for compare/shift/add ones."""
+    return int(math.ceil(lanes * dsp_per_mac)) if layer_type in MULTIPLYING else 0
 
 
 def mvu_vector_cycles(mh: int, mw: int, pe: int, simd: int) -> int:

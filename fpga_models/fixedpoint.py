@@ -303,10 +303,87 @@ def add_fwd(a_q, b_q, fmt: str | Fmt) -> np.ndarray:
     return saturate(np.asarray(a_q, dtype=np.int64) + np.asarray(b_q, dtype=np.int64), fmt)
 
 
+# ---------------------------------------------------------------- imported CNN layers (issue #20)
+# SqueezeNet's concat, MobileNet's depthwise conv and ReLU6, EfficientNet's SiLU and
+# squeeze-excite product: each exactly as the HLS library computes it (bapipe_layers.h).
+
+def grouped_conv2d_fwd(x_q, w_q, b_q, fmt: str | Fmt, groups: int, stride=1, padding=0) -> np.ndarray:
+    """Grouped convolution (depthwise when groups = C): w (O, C/G, kh, kw); output channels
+    [g*O/G, (g+1)*O/G) read input channels [g*C/G, (g+1)*C/G). Each output is one exact sum
+    rounded once, so the groups are independent :func:`conv2d_fwd` calls."""
+    x = np.asarray(x_q, dtype=np.int64)
+    w = np.asarray(w_q, dtype=np.int64)
+    c, o = x.shape[1], w.shape[0]
+    cg, og = c // groups, o // groups
+    b = None if b_q is None else np.asarray(b_q, dtype=np.int64)
+    return np.concatenate([conv2d_fwd(x[:, g * cg:(g + 1) * cg], w[g * og:(g + 1) * og],
+                                      None if b is None else b[g * og:(g + 1) * og], fmt, stride, padding)
+                           for g in range(groups)], axis=1)
+
+
+#: piecewise-linear sigmoid (PLAN: H. Amin, K. M. Curtis, B. R. Hayes-Gill, "Piecewise linear
+#: approximation applied to nonlinear function of a neural network", IEE Proc. Circuits, Devices
+#: and Systems 144(6), 1997, Table 1; max error 0.0189): for |x| in [lo, hi), y = |x| / 2^shift + c;
+#: y = 1 from 5 on; sigmoid(-x) = 1 - sigmoid(x). Slopes are shifts, so the engine needs no multiplier.
+PLAN_SEGMENTS = ((0.0, 1.0, 2, 0.5), (1.0, 2.375, 3, 0.625), (2.375, 5.0, 5, 0.84375))
+
+
+def sigmoid_consts(fmt: str | Fmt) -> tuple[int, int, int, int, int, int, int]:
+    """(T1, T2, T3, C1, C2, C3, ONE): the raw segment bounds 1, 2.375, 5 and offsets 0.5, 0.625,
+    0.84375 in the format (rounded half up), and the raw 1.0; the HLS template's parameters."""
+    f = get_fmt(fmt)
+    q = lambda v: int(quantize(v, f))   # noqa: E731
+    (_, t1, _, c1), (_, t2, _, c2), (_, t3, _, c3) = PLAN_SEGMENTS
+    return q(t1), q(t2), q(t3), q(c1), q(c2), q(c3), 1 << f.frac
+
+
+def sigmoid_fwd(x_q, fmt: str | Fmt) -> np.ndarray:
+    """PLAN sigmoid on raw values: |x| >> shift rounded half up, plus the segment's offset,
+    at most 1; negative inputs give 1 - y. Exact integer steps (the HLS engine's)."""
+    t1, t2, t3, c1, c2, c3, one = sigmoid_consts(fmt)
+    q = np.asarray(x_q, dtype=np.int64)
+    a = np.abs(q)
+    y = np.where(a >= t3, one, np.where(a >= t2, ((a + 16) >> 5) + c3,
+                                         np.where(a >= t1, ((a + 4) >> 3) + c2, ((a + 2) >> 2) + c1)))
+    y = np.minimum(y, one)
+    return saturate(np.where(q < 0, one - y, y), fmt)
+
+
+def silu_fwd(x_q, fmt: str | Fmt) -> np.ndarray:
+    """SiLU x * sigmoid(x): the exact product of x and the PLAN sigmoid, rounded once."""
+    x = np.asarray(x_q, dtype=np.int64)
+    return requant(x * sigmoid_fwd(x, fmt), fmt)
+
+
+def clip_bounds(fmt: str | Fmt, lo: float | None = None, hi: float | None = None) -> tuple[int, int]:
+    """Raw (LO, HI) of a clip: the bounds quantized (half up), an open bound the format's end."""
+    f = get_fmt(fmt)
+    return (f.qmin if lo is None else int(quantize(lo, f)), f.qmax if hi is None else int(quantize(hi, f)))
+
+
+def clip_fwd(x_q, fmt: str | Fmt, lo: float | None = None, hi: float | None = None) -> np.ndarray:
+    """Clamp to [lo, hi] (ReLU6: 0, 6): exact."""
+    a, b = clip_bounds(fmt, lo, hi)
+    return np.clip(np.asarray(x_q, dtype=np.int64), a, b)
+
+
+def mul_fwd(a_q, b_q, fmt: str | Fmt) -> np.ndarray:
+    """Product of two activations, broadcast (numpy rules on the batched arrays), rounded once."""
+    return requant(np.asarray(a_q, dtype=np.int64) * np.asarray(b_q, dtype=np.int64), fmt)
+
+
+def _per_sample(x, shape: tuple, rank: int) -> np.ndarray:
+    """A batch (N, *shape) viewed as (N, 1.., *shape) of ``rank`` per-sample axes (layers.py's
+    broadcasting: leading unit axes)."""
+    x = np.asarray(x, dtype=np.int64)
+    return x.reshape((len(x),) + (1,) * (rank - len(shape)) + tuple(shape))
+
+
 # ---------------------------------------------------------------- whole layers
 
 #: layer types the fixed-point reference (and the HLS generator) implement
-SUPPORTED = ("dense", "conv2d", "relu", "maxpool", "avgpool", "globalavgpool", "batchnorm", "add", "flatten")
+SUPPORTED = ("dense", "conv2d", "relu", "maxpool", "avgpool", "globalavgpool", "batchnorm", "add", "flatten",
+             "concat", "mul", "sigmoid", "silu", "clip", "reshape")
 
 
 def layer_fwd(layer, inputs: list[np.ndarray], params: dict[str, np.ndarray], fmt: str | Fmt) -> np.ndarray:
@@ -322,8 +399,24 @@ def layer_fwd(layer, inputs: list[np.ndarray], params: dict[str, np.ndarray], fm
         return dense_fwd(x, params["w"], params.get("b"), fmt)
     if t == "conv2d":
         if a.get("groups", 1) != 1:
-            raise ValueError(f"layer '{layer.name}': grouped convolution is not supported")
+            return grouped_conv2d_fwd(x, params["w"], params.get("b"), fmt, a["groups"], a["stride"], a["padding"])
         return conv2d_fwd(x, params["w"], params.get("b"), fmt, a["stride"], a["padding"])
+    if t == "sigmoid":
+        return sigmoid_fwd(x, fmt)
+    if t == "silu":
+        return silu_fwd(x, fmt)
+    if t == "clip":
+        return clip_fwd(x, fmt, a.get("min"), a.get("max"))
+    if t == "mul":
+        r = len(layer.out_shape)
+        out = _per_sample(inputs[0], layer.in_shapes[0], r)
+        for other, s in zip(inputs[1:], layer.in_shapes[1:]):
+            out = mul_fwd(out, _per_sample(other, s, r), fmt)
+        return out
+    if t == "concat":
+        return np.concatenate([np.asarray(v, dtype=np.int64) for v in inputs], axis=a["axis"] + 1)
+    if t == "reshape":
+        return np.asarray(x, dtype=np.int64).reshape((len(x),) + tuple(layer.out_shape))
     if t == "relu":
         return relu_fwd(x)
     if t == "maxpool":

@@ -422,8 +422,8 @@ def test_constant_subgraphs_are_folded_before_shape_inference():
     assert [(l.type, l.out_shape) for l in m.layers] == [("softmax", (3, 8)), ("dense", (3, 4))]
 
 
-@pytest.mark.parametrize("op,typ", [("LeakyRelu", "relu"), ("HardSigmoid", "sigmoid"), ("HardSwish", "sigmoid"),
-                                    ("Clip", "relu")])
+@pytest.mark.parametrize("op,typ", [("LeakyRelu", "relu"), ("HardSigmoid", "sigmoid"), ("HardSwish", "silu"),
+                                    ("Clip", "clip")])
 def test_activation_relatives(op, typ):
     g = G()
     x = g.n("Conv", ["x", g.w("w", 4, 3, 1, 1)], "conv", kernel_shape=[1, 1])

@@ -85,14 +85,17 @@ def test_cnn_patterns(exp):
     m, t = _types(f"resnet.{exp}.onnx")
     assert t.count("globalavgpool") == 1 and t.count("batchnorm") == 6 and t.count("add") == 2
     assert [l.attr["bias"] for l in m.layers if l.type == "conv2d"] == [False] * 6
-    # ReLU6 (Clip) costs as a relu; depthwise groups kept
+    # ReLU6 (Clip) is a clip with its bounds; depthwise groups kept
     m, t = _types(f"mobilenet_v2.{exp}.onnx")
-    assert t.count("relu") == 8 and max(l.attr["groups"] for l in m.layers if l.type == "conv2d") == 48
-    # SiLU = x * sigmoid(x) is the sigmoid layer; squeeze-excite's scaling is a broadcasting mul
+    assert t.count("clip") == 8 and max(l.attr["groups"] for l in m.layers if l.type == "conv2d") == 48
+    assert {(l.attr["min"], l.attr["max"]) for l in m.layers if l.type == "clip"} == {(0.0, 6.0)}
+    # SiLU = x * sigmoid(x) is one silu layer; squeeze-excite's gate is a sigmoid, its scaling a broadcasting mul
     m, t = _types(f"efficientnet.{exp}.onnx")
     assert [l.in_shapes for l in m.layers if l.type == "mul"] == [((8, 1, 1), (8, 16, 16)), ((32, 1, 1), (32, 8, 8)),
                                                                    ((64, 1, 1), (64, 8, 8))]
-    assert t.count("sigmoid") == 14 and t.count("globalavgpool") == 4
+    assert t.count("silu") == 11 and t.count("sigmoid") == 3 and t.count("globalavgpool") == 4
+    gates = {l.name for l in m.layers if l.type == "sigmoid"}
+    assert gates == {l.inputs[0] for l in m.layers if l.type == "mul"}   # each sigmoid gates one SE product
     # MaxPool ceil_mode=1: same output size through symmetric padding; Fire's Concat
     m, t = _types(f"squeezenet.{exp}.onnx")
     pools = [l for l in m.layers if l.type == "maxpool"]
