@@ -1,11 +1,15 @@
 """`bapipe sim plan.yaml [--iterations N] [--gantt g.png] [--trace t.json] [--json]`."""
 from __future__ import annotations
 
+import sys
+
 from bapipe.errors import SpecError
 
 #: most compute ops one `bapipe sim` replays (~400k events/s: about half a minute); a plan
 #: with 10**9 micro-batches would otherwise run for days before printing anything
 MAX_SIM_OPS = 10_000_000
+#: above this many ops (a quarter of a second or more), sim says on a terminal how long it will take
+PROGRESS_OPS = 100_000
 
 
 def cmd_sim(args) -> dict:
@@ -29,6 +33,8 @@ def cmd_sim(args) -> dict:
                         f"expected at most {MAX_SIM_OPS:,} simulated ops (iterations {iterations} x "
                         f"micro-batches {plan.microbatches} x stages {len(plan.stages)} x passes), got {ops:,}; "
                         "simulate fewer --iterations or plan fewer micro-batches")
+    if sys.stderr.isatty() and ops > PROGRESS_OPS:  # ~400k events/s: say how long before it starts
+        sys.stderr.write(f"bapipe sim: replaying {ops:,} ops (~{max(1, round(ops / 400_000))} s)\n")
     result = simulate(plan, model, cluster, iterations=iterations)
     out = result.to_json()
     # one definition of bubble across commands (docs/simulator.md): `bubble_fraction` is the

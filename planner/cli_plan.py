@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import importlib.util
 import re
+import sys
 from dataclasses import replace
 
 from bapipe.errors import SpecError
@@ -128,6 +129,9 @@ def cmd_plan(args):
     model = load_model(args.model, opaque=opaque)
     cluster = load_cluster(args.cluster)
     req = request_from_args(args, model)
+    if sys.stderr.isatty():  # big models on big clusters search for seconds (resnet50 on 64xU55C: ~10 s)
+        sys.stderr.write(f"bapipe plan: searching {len(model.layers)} layers over {len(cluster.boards)} boards "
+                         "(the zoo's largest on 64 boards: ~10 s)\n")
     out = make_plan(model, cluster, args.model, args.cluster, req)
     if opaque:  # the plan must reload the same model (resolve() checks the fingerprint)
         out.plan.opaque = {k: list(v) for k, v in sorted(opaque.items())}

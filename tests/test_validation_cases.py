@@ -626,8 +626,40 @@ def test_synth_heartbeat_and_bounded_run(tmp_path, capsys, monkeypatch):
     assert cs._run_bounded([sys.executable, "-c", "print('hi')"], tmp_path, 30, "b1") == (0, "hi\n", "")
 
 
-def test_gen_says_on_a_terminal_what_it_writes(at, capsys, monkeypatch):
-    """A long step says so on stderr before it starts (on a terminal: piped stderr stays clean)."""
+def test_long_steps_say_so_on_a_terminal(at, capsys, monkeypatch):
+    """A long step says so on stderr before it starts (on a terminal: piped stderr stays clean):
+    gen (VGG-16: a minute and 1.5 GB), plan (big clusters), sim (many ops)."""
     monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
     rc, _, err = _cli(capsys, "gen", "p.yaml", "-o", "bprog", "--force")
     assert rc == 0 and err.startswith("bapipe gen: rendering p.yaml into bprog")
+    rc, _, err = _cli(capsys, "plan", "tiny-mlp", "4xU250-ring", "-o", "tty.yaml", "--force")
+    assert rc == 0 and err.startswith("bapipe plan: searching 7 layers over 4 boards")
+    import fpga_models.cli_sim as cli_sim
+
+    monkeypatch.setattr(cli_sim, "PROGRESS_OPS", 10)   # p.yaml is 64 ops (8 micro-batches x 4 stages x 2)
+    rc, _, err = _cli(capsys, "sim", "p.yaml")
+    assert rc == 0 and err.startswith("bapipe sim: replaying 64 ops (~1 s)")
+
+
+def test_gen_table_shows_the_designs_cycles_beside_the_plans(at, capsys):
+    """gen's cycles/sample column was a third cycle model (VGG-16 stage 0: 11,590,656 vs the
+    plan's 257,152): it now reads the Design (design.json) and prints the plan's beside it."""
+    rc, out, _ = _cli(capsys, "gen", "p.yaml", "-o", "bcyc", "--force", "--json")
+    design = {s["index"]: s for s in json.loads((at / "bcyc" / "design.json").read_text())["stages"]}
+    plan = yaml.safe_load((at / "p.yaml").read_text())
+    rows = json.loads(out)["stages"]
+    assert rc == 0 and len(rows) == len(plan["stages"]) == 4
+    for i, row in enumerate(rows):
+        assert row["design_cycles_per_sample"] == design[i]["design_cycles_per_sample"]
+        assert row["plan_fwd_cycles_per_sample"] == plan["stages"][i]["cycles"]["fwd_interval"]
+    from codegen.cli_gen import show_gen
+
+    assert "Design fwd cyc/sample  plan fwd cyc/sample" in show_gen(json.loads(out))
+
+
+def test_retries_is_a_run_option_and_refuses_negatives(at, capsys):
+    from bapipe.cli import build_parser
+
+    run = next(a for a in build_parser()._actions if a.dest == "command").choices["run"]
+    assert any("--retries" in a.option_strings and a.help for a in run._actions)
+    _refused(capsys, ["run", "p.yaml", "--retries", "-1"], "--retries")
