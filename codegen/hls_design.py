@@ -25,7 +25,7 @@ DEFAULT_DEPTH = 2
 #: 1024 x 18 bit; a bank this shallow would waste most of one) [design choice]
 LUTRAM_WORDS = 64
 #: nodes that are wiring, not processes
-_ALIASES = ("fifo", "link_rx", "link_tx", "gate")
+_ALIASES = ("fifo", "link_rx", "link_tx", "gate", "ddr_frame")
 
 
 @dataclass
@@ -191,6 +191,7 @@ def engine_stage(st, layers, params: dict, external: bool = False, writable: boo
     stage_in, stage_out = ins_of[0][0], outs_of[-1][0]
     alias: dict[str, str] = {}
     depth: dict[str, int] = {}
+    ddr: set[str] = set()            # wires of the Design's off-chip frame buffers (ddr_frame nodes)
 
     def root(w: str) -> str:
         while w in alias:
@@ -205,6 +206,10 @@ def engine_stage(st, layers, params: dict, external: bool = False, writable: boo
             if b.kind == "fifo":
                 r = root(ins[0])
                 depth[r] = max(depth.get(r, DEFAULT_DEPTH), int(b.params["DEPTH"]))
+            if b.kind == "ddr_frame":   # a frame the Design put off chip: a frame's depth until spilled below
+                r = root(ins[0])
+                depth[r] = max(depth.get(r, DEFAULT_DEPTH), int(b.params["DEPTH_WORDS"]) // int(b.params["WORDS"]))
+                ddr.add(r)
             if b.kind == "gate":
                 gate_out[outs[0]], gate_in[ins[0]] = b.unit, b.unit
     lanes: dict[str, int] = {root(stage_in): blocks[0].in_lanes}
@@ -319,6 +324,8 @@ def engine_stage(st, layers, params: dict, external: bool = False, writable: boo
         off = frames_offchip(frame_bytes(es, eb), engine_fixed_bytes(es, eb), onchip_budget)
         beats_of = {names[w]: e // lanes[w] for w, e in elems.items() if w in names}
         spill = {k for k, o in zip(frame_order(es), off) if o}
+        if ddr:   # the Design placed them (codegen.rtl_model.offchip_frames): build those
+            spill = {names[w] for w in ddr}
         es.frames = [_spill(v, beats_of[v.name], elem_bits, turns, writer) for v in es.turn_streams if v.name in spill]
         es.turn_streams = [v for v in es.turn_streams if v.name not in spill]
     return es

@@ -188,6 +188,8 @@ def render_pipeline(pipe: Pipeline, cluster_name: str, plan_hash: str) -> dict[s
     files = {f"{name}.v": render_template(name, plan_hash) for name in GENERIC}
     if any(l is not None for l in pipe.links):
         files.update({f"{name}.v": render_template(name, plan_hash) for name in TRANSPORT})
+    if any(blk.kind == "ddr_frame" for st in pipe.stages for blk in st.blocks):   # off-chip frame buffers
+        files["ddr_frame.v"] = render_template("ddr_frame", plan_hash)
     for b in pipe.boards:
         for st in b.stages:
             for blk in st.blocks:

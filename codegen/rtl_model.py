@@ -34,8 +34,9 @@ import numpy as np
 from bapipe.errors import SpecError
 from bapipe.names import legal  # layer names -> Verilog identifiers (imported models: "/features/features.0/Conv")
 from bapipe.plan import Folding, Plan
-from fpga_models.engines import (BN_FILL, MVU_FILL, POOL_FILL, TM_SWITCH, conv_window_lanes,  # noqa: F401
-                                 link_beat_cycles, mvu_vector_cycles, swg_beats, width_conv_cycles)
+from fpga_models.engines import (BN_FILL, DDR_WORD_BITS, MVU_FILL, POOL_FILL, TM_SWITCH,  # noqa: F401
+                                 conv_window_lanes, ddr_words_per_beat, frame_io_cycles, link_beat_cycles,
+                                 mvu_vector_cycles, swg_beats, width_conv_cycles, window_stream_fill)
 
 #: cycles a credit spends outside the link's two latencies (rx FIFO, credit register, tx)
 LINK_LOOP = 3
@@ -360,6 +361,53 @@ def _fifo(inst: str, lanes: int, depth: int, elem_w: int, beats: int) -> Block:
     return Block("fifo", inst, "axis_fifo",
                  {"DATA_W": lanes * elem_w, "DEPTH": depth, "ADDR_W": clog2(depth), "COUNT_W": count_bits(depth)},
                  lanes, lanes, beats_in=beats, cycles=beats)
+
+
+def _ddr(inst: str, lanes: int, beats: int, elem_w: int) -> Block:
+    """An off-chip frame buffer (ddr_frame): one sample's frame of ``beats`` beats through a DDR
+    memory model in 512-bit words, one a cycle each way (fpga_models.engines.frame_io_cycles)."""
+    words = ddr_words_per_beat(lanes, elem_w)
+    depth = beats * words
+    return Block("ddr_frame", inst, "ddr_frame",
+                 {"LANES": lanes, "ELEM_W": elem_w, "WORD_W": DDR_WORD_BITS, "WORDS": words, "DEPTH_WORDS": depth,
+                  "ADDR_W": clog2(depth), "COUNT_W": count_bits(depth)},
+                 lanes, lanes, beats_in=beats, cycles=frame_io_cycles(beats, lanes, elem_w))
+
+
+def _stream_swg(sblk: Block) -> Block:
+    """A window generator fed by an off-chip frame in its layer's turn: its output rows start as
+    their input rows arrive (swg STREAM = 1), so the turn takes the longer of the two, after
+    the rows under the first window (:func:`_stream_fill`)."""
+    sblk.params = {**sblk.params, "STREAM": 1}
+    return sblk
+
+
+def _stream_fill(sblk: Block | None, lanes: int, elem_w: int) -> int:
+    """Cycles before a streaming window generator's first window (fpga_models.engines
+    .window_stream_fill) when its image arrives at ``lanes`` a beat from a ddr_frame; 0 without one."""
+    if sblk is None:
+        return 0
+    g = sblk.swg
+    return window_stream_fill(g.k, g.pad, g.h, g.w, g.c, lanes, elem_w)
+
+
+def offchip_frames(plan: Plan, stage, model, cluster) -> frozenset[str]:
+    """The layers of a time-multiplexed stage whose output frame the plan places off chip:
+    fpga_models.allocate.tm_offchip, the rule the planner priced (tm_spill_cycles), on the
+    stage's board, folding, cap and kernels per board; empty for other stages."""
+    from fpga_models.allocate import tm_frames, tm_offchip
+    if stage.style != "time-multiplexed" or cluster is None or not stage.boards:
+        return frozenset()
+    board = next((cb.board for cb in cluster.boards if cb.name == stage.boards[0]), None)
+    if board is None or board.kind != "fpga":
+        return frozenset()
+    layers = [model.layers[model.index[n]] for n in stage.layers]
+    fold = {l.name: (1, 1) for l in layers}
+    fold.update({n: (f.pe, f.simd) if f.lanes is None else (1, f.lanes) for n, f in stage.folding.items()})
+    off = tm_offchip(layers, board, fold, plan.number_format, plan.utilisation_cap, plan.chunks, plan.mode == "train")
+    turns = [l for l in layers if l.type != "flatten"]
+    assert len(off) == len(tm_frames(layers, fold, plan.number_format))
+    return frozenset(t.name for t, o in zip(turns, off) if o)
 
 
 def _pool(layer, stage, pre: str, lanes: int | None, elem_w: int, blocks: list, ops: list,
@@ -844,7 +892,7 @@ def _gate(inst: str, lanes: int, beats: int, elem_w: int, unit: int) -> Block:
 
 def tm_chain(plan: Plan, stage, model, params, board_name: str, in_lanes: int | None,
              link_in: LinkSpec | None, elem_w: int, frac: int, ops: list[dict], state: dict,
-             unit0: int) -> StageRtl:
+             unit0: int, offchip: frozenset[str] = frozenset()) -> StageRtl:
     """The block chain of a time-multiplexed stage: its layers take turns, one sample at a time.
 
     Each layer's engine sits behind a frame buffer and a gate that the board's
@@ -856,13 +904,19 @@ def tm_chain(plan: Plan, stage, model, params, board_name: str, in_lanes: int | 
     on), as does the output buffer (the link drains while the next job runs). Width
     converters run in the producer's turn when they widen or feed a window generator, else
     after the gate in the consumer's. ``unit0`` numbers the units on the board.
+
+    A frame of ``offchip`` (the layers whose output the plan puts off chip,
+    :func:`offchip_frames`) goes through a ``ddr_frame`` instead, at the wider of the
+    producer's and the consumer's beats: the producer's turn writes it and the consumer's
+    reads it, one 512-bit word a cycle, behind the gate (a window generator then streams,
+    :func:`_stream_swg`), so each of the two turns takes at least its transfer.
     """
     pre = f"s{stage.index}"
     layers = [model.layers[model.index[n]] for n in stage.layers]
     tin, cons = stage_graph(stage, model, layers)
     if is_dag(layers, cons):
         return _dag_tm(stage, layers, tin, cons, params, state, pre, board_name, in_lanes, link_in, elem_w, frac,
-                       ops, unit0)
+                       ops, unit0, offchip)
     blocks: list[Block] = []
     lanes = in_lanes
     if link_in is not None:
@@ -888,7 +942,20 @@ def tm_chain(plan: Plan, stage, model, params, board_name: str, in_lanes: int | 
         in_elems = layer.in_elems
         first = not units and not pending
         u = unit0 + len(units) + (1 if pending else 0)
-        if sblk is not None:
+        if pending and pending[-1][0] in offchip:
+            # the frame from the previous turn is off chip: widen in the producer's turn, then
+            # the DDR frame (written there), the gate, narrowing converters and the engine
+            fl = max(lanes, lin)
+            pre_conv = _converters(f"{pre}_{legal(layer.name)}", lanes, fl, elem_w, in_elems // lanes)
+            ddr = _ddr(f"{pre}_{legal(layer.name)}_ddr", fl, in_elems // fl, elem_w)
+            blocks += pre_conv
+            close(pre_conv + [ddr])
+            blocks += [ddr, _gate(f"{pre}_{legal(layer.name)}_gate", fl, in_elems // fl, elem_w, u)]
+            post = _converters(f"{pre}_{legal(layer.name)}_in", fl, lin, elem_w, in_elems // fl)
+            blocks += post + ([_stream_swg(sblk)] if sblk is not None else [])
+            busy = max([busy, ddr.cycles] + [b.cycles for b in post])
+            fill += len(post) + _stream_fill(sblk, fl, elem_w)
+        elif sblk is not None:
             pre_conv = _converters(f"{pre}_{legal(layer.name)}", lanes, lin, elem_w, in_elems // lanes)
             blocks += pre_conv
             close(pre_conv)
@@ -925,7 +992,7 @@ def tm_chain(plan: Plan, stage, model, params, board_name: str, in_lanes: int | 
 
 
 def _dag_tm(stage, layers, tin, cons, params, state, pre, board_name, in_lanes, link_in, elem_w, frac, ops,
-            unit0: int) -> StageRtl:
+            unit0: int, offchip: frozenset[str] = frozenset()) -> StageRtl:
     """A time-multiplexed stage whose layers form a DAG (residual blocks).
 
     Units take turns in the stage's topological order, each behind its frame buffer and
@@ -933,7 +1000,9 @@ def _dag_tm(stage, layers, tin, cons, params, state, pre, board_name, in_lanes, 
     in its producer's turn into each consumer's frame buffer; the add is a unit too: both
     of its inputs wait in one-frame FIFOs (two frames when fed straight from the stage
     input, which the previous board refills during the job) and its gate opens the first, so
-    the skip frame waits while the main path's units take turns.
+    the skip frame waits while the main path's units take turns. A tensor the plan puts off
+    chip (``offchip``, :func:`tm_chain`) reaches each of its consumers through a ``ddr_frame``
+    in place of the frame buffer, ahead of the gate.
     """
     blocks: list[Block] = []
     count = [0]
@@ -959,6 +1028,9 @@ def _dag_tm(stage, layers, tin, cons, params, state, pre, board_name, in_lanes, 
         ends = _fork_to(blocks, pre, t, w, ln, elems // ln, k, elem_w, fresh) if k > 1 else [w]
         avail[t] = [(e, ln, producer) for e in ends]
 
+    def off(producer: int | None) -> bool:
+        return producer is not None and recs[producer][0] in offchip
+
     def bump(producer: int | None, extra: list[Block]) -> None:
         # Converters in front of a consumer's buffer run in the producer's turn.
         if producer is not None:
@@ -976,15 +1048,21 @@ def _dag_tm(stage, layers, tin, cons, params, state, pre, board_name, in_lanes, 
             beats = layer.out_elems // la
             conv = _converters(f"{pre}_{legal(layer.name)}_in1", lb, la, elem_w, layer.in_elems // lb)
             bump(pb, conv)
-            wa = chain([_fifo(f"{pre}_{legal(layer.name)}_buf0", la, beats * (2 if pa is None else 1), elem_w, beats),
-                        _gate(f"{pre}_{legal(layer.name)}_gate", la, beats, elem_w, u)], wa)
-            wb = chain(conv + [_fifo(f"{pre}_{legal(layer.name)}_buf1", la, beats * (2 if pb is None else 1), elem_w,
-                                     beats)], wb)
+            def frame(k: int, p: int | None) -> Block:
+                if off(p):
+                    d = _ddr(f"{pre}_{legal(layer.name)}_ddr{k}", la, beats, elem_w)
+                    bump(p, [d])
+                    return d
+                return _fifo(f"{pre}_{legal(layer.name)}_buf{k}", la, beats * (2 if p is None else 1), elem_w, beats)
+            fa, fb = frame(0, pa), frame(1, pb)
+            wa = chain([fa, _gate(f"{pre}_{legal(layer.name)}_gate", la, beats, elem_w, u)], wa)
+            wb = chain(conv + [fb], wb)
             add = Block("add", f"{pre}_{legal(layer.name)}", "axis_add", {"LANES": la, "ELEM_W": elem_w}, la, la,
                         beats_in=beats, cycles=beats, ins=[wa, wb], outs=[fresh()])
             blocks.append(add)
             ops.append({"layer": layer.name, "type": "add"})
-            recs.append([layer.name, add.outs[0], beats, beats, 0])
+            recs.append([layer.name, add.outs[0], beats, max([beats] + [f.cycles for f in (fa, fb)
+                                                                          if f.kind == "ddr_frame"]), 0])
             emit(layer.name, add.outs[0], la, layer.out_elems, len(recs) - 1)
             continue
         eng = _tm_engine(stage, layer, params, state, pre, elem_w, frac, ops)
@@ -995,7 +1073,17 @@ def _dag_tm(stage, layers, tin, cons, params, state, pre, board_name, in_lanes, 
         sblk, e_blocks, lin, lout, out_beats, busy, fill = eng
         ln = lin if ln is None else ln
         first = pi is None        # reads the stage input: its buffer holds two frames
-        if sblk is not None:
+        if off(pi):   # an off-chip frame (as tm_chain): written in the producer's turn, read in this one
+            fl = max(ln, lin)
+            pre_conv = _converters(f"{pre}_{legal(layer.name)}", ln, fl, elem_w, layer.in_elems // ln)
+            ddr = _ddr(f"{pre}_{legal(layer.name)}_ddr", fl, layer.in_elems // fl, elem_w)
+            bump(pi, pre_conv + [ddr])
+            post = _converters(f"{pre}_{legal(layer.name)}_in", fl, lin, elem_w, layer.in_elems // fl)
+            wi = chain(pre_conv + [ddr, _gate(f"{pre}_{legal(layer.name)}_gate", fl, layer.in_elems // fl, elem_w, u)]
+                       + post + ([_stream_swg(sblk)] if sblk is not None else []), wi)
+            busy = max([busy, ddr.cycles] + [b.cycles for b in post])
+            fill += len(post) + _stream_fill(sblk, fl, elem_w)
+        elif sblk is not None:
             pre_conv = _converters(f"{pre}_{legal(layer.name)}", ln, lin, elem_w, layer.in_elems // ln)
             bump(pi, pre_conv)
             fill += len(pre_conv)   # the image is complete only once they have drained
@@ -1063,7 +1151,7 @@ def build_pipeline(plan: Plan, model, cluster, params=None, plan_file: str = "pl
         bname = s.boards[0]
         if s.style == "time-multiplexed":
             st = tm_chain(plan, s, model, params, bname, lanes, link_in, elem_w, frac, ops, state,
-                          units_on.get(bname, 0))
+                          units_on.get(bname, 0), offchip_frames(plan, s, model, cluster))
             units_on[bname] = units_on.get(bname, 0) + len(st.units)
         else:
             st = dataflow_chain(plan, s, model, params, bname, lanes, link_in, elem_w, frac, ops, state)

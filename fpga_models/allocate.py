@@ -39,7 +39,7 @@ from bapipe.layers import Layer
 from .boards import Board, bytes_per_element
 from .engines import (MAX_LANES, TM_SWITCH, conv_window_lanes, elementwise_lut, engine_kind, frame_io_cycles,
                       line_buffer_bytes,
-                      mvu_dsp, mvu_lut, turn_fill)
+                      mvu_dsp, mvu_lut, turn_fill, window_stream_fill)
 from .cost import (best_folding, divisors, layer_cost, onchip_capacity,
                    matrix_shape, lane_dim)
 
@@ -176,28 +176,49 @@ def tm_fixed_bytes(layers: Sequence[Layer], fmt: str) -> int:
     return total
 
 
+def tm_offchip(layers: Sequence[Layer], board: Board, folding: dict[str, tuple[int, int]], fmt: str,
+               cap: float, chunks: int = 1, train: bool = True) -> list[bool]:
+    """Which frame buffers of a time-multiplexed stage (:func:`tm_frames`, in turn order) go off
+    chip: :func:`frames_offchip` on the kernel's share of the board (:func:`kernel_onchip_budget`).
+    The planner prices it (:func:`tm_spill_cycles`) and the lowering builds it (codegen.rtl_model)."""
+    frames = tm_frames(layers, folding, fmt)
+    budget = kernel_onchip_budget(board, cap, chunks, train)
+    return frames_offchip([b for b, _l in frames], tm_fixed_bytes(layers, fmt), budget)
+
+
 def tm_spill_cycles(layers: Sequence[Layer], board: Board, folding: dict[str, tuple[int, int]], fmt: str,
                     cap: float, chunks: int = 1, train: bool = True) -> int:
     """Forward cycles per sample a time-multiplexed stage loses to its off-chip frame buffers:
     a turn that writes or reads one takes at least :func:`fpga_models.engines.frame_io_cycles`
     (512-bit words, one a cycle), beyond the layer's own cycles when that is longer."""
     frames = tm_frames(layers, folding, fmt)
-    budget = kernel_onchip_budget(board, cap, chunks, train)
-    off = frames_offchip([b for b, _l in frames], tm_fixed_bytes(layers, fmt), budget)
+    off = tm_offchip(layers, board, folding, fmt, cap, chunks, train)
     bits = 8 * bytes_per_element(fmt)
     turns = [l for l in layers if l.type != "flatten"]
     io = {}   # turn -> the longest of its off-chip frame transfers (its input's and its output's)
+    extra = 0
     for k, ((nbytes, lanes), o) in enumerate(zip(frames, off)):
         if o:
             c = frame_io_cycles(nbytes * 8 // bits // lanes, lanes, bits)
             for t in turns[k:k + 2]:   # the producer's turn writes it, the consumer's reads it
                 io[t.name] = max(io.get(t.name, 0), c)
-    extra = 0
+            extra += _stream_fill(turns[k + 1], lanes, bits)
     for t in turns:
         if t.name in io:
             pe, simd = folding[t.name]
             extra += max(0, io[t.name] - layer_cost(t, board, pe, simd, fmt, 1).fwd_cycles)
     return extra
+
+
+def _stream_fill(t: Layer, lanes: int, bits: int) -> int:
+    """The rows a window layer ``t`` waits for before its first window when it reads its image
+    from an off-chip frame (fpga_models.engines.window_stream_fill); 0 for other layers."""
+    if t.type not in ("conv2d", "maxpool", "avgpool") or len(t.in_shapes[0]) != 3:
+        return 0
+    c, h, w = t.in_shapes[0]
+    k, pad = t.attr.get("kernel", 1), t.attr.get("padding", 0) or 0
+    k, pad = int(k if isinstance(k, int) else k[0]), int(pad if isinstance(pad, int) else pad[0])
+    return window_stream_fill(k, pad, h, w, c, lanes, bits)
 
 
 @dataclass

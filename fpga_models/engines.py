@@ -217,6 +217,14 @@ def frame_io_cycles(beats: int, lanes: int, elem_bits: int) -> int:
     return beats * ddr_words_per_beat(lanes, elem_bits)
 
 
+def window_stream_fill(k: int, pad: int, h: int, w: int, c: int, lanes: int, elem_bits: int) -> int:
+    """Cycles a window engine's turn waits before its first window when its input image comes
+    from an off-chip frame buffer in that turn (the window generator streams it, codegen
+    swg STREAM): the K - PAD rows under the first output row, W x C / ``lanes`` beats a row
+    at :func:`ddr_words_per_beat` words a beat, one word a cycle."""
+    return min(k - pad, h) * (w * c // lanes) * ddr_words_per_beat(lanes, elem_bits)
+
+
 def turn_fill(kind: str) -> int:
     """Cycles a time-multiplexed unit's turn takes beyond its beats (pipeline fill)."""
     return {"mvu": MVU_FILL, "pool": POOL_FILL, "norm": BN_FILL}.get(kind, 0)

@@ -11,10 +11,10 @@ import pytest
 from bapipe import toolchain
 from bapipe.spec import load_model
 from fpga_models.allocate import (frames_offchip, kernel_onchip_budget, kernel_onchip_bytes, tm_fixed_bytes,
-                                  tm_frames, tm_spill_cycles)
+                                  tm_frames, tm_offchip, tm_spill_cycles)
 from fpga_models.boards import get_board
 from fpga_models.cost import onchip_capacity
-from fpga_models.engines import ddr_words_per_beat, frame_io_cycles
+from fpga_models.engines import ddr_words_per_beat, frame_io_cycles, window_stream_fill
 
 
 # --- the rule ----------------------------------------------------------------------------------
@@ -53,7 +53,9 @@ def test_spill_cycles_of_vgg16_first_block_by_hand():
     6.4 MB frames fits): each frame is 50,176 beats of 64 lanes = 100,352 words, so a turn
     moving one takes 100,352 cycles; conv1 (50,176 cycles at 64 x 27), relu1 (50,176 at 64
     lanes), relu2 and pool1 (50,176 each) wait 50,176 more; conv2 (602,112 at 16 x 192) hides
-    its transfers."""
+    its transfers; conv2 and pool1 read their image in their own turn, so they also wait for
+    the rows under their first window (engines.window_stream_fill): K - PAD = 2 rows of 224
+    beats at 2 words, 896 cycles each."""
     model = load_model("vgg16")
     layers = list(model.layers)[:5]
     assert [l.name for l in layers] == ["conv1", "relu1", "conv2", "relu2", "pool1"]
@@ -63,10 +65,20 @@ def test_spill_cycles_of_vgg16_first_block_by_hand():
     assert frames == [(6_422_528, 64)] * 4
     # line buffers: conv1 3 x 224 x 3, conv2 3 x 224 x 64, pool1 (2 + 2 - 1) x 224 x 64, 2 bytes
     assert tm_fixed_bytes(layers, "fixed16") == 2 * (3 * 224 * 3 + 3 * 224 * 64 + 3 * 224 * 64)
-    assert tm_spill_cycles(layers, u250, fold, "fixed16", 0.01, 1, True) == 4 * 50_176
+    assert tm_spill_cycles(layers, u250, fold, "fixed16", 0.01, 1, True) == 4 * 50_176 + 2 * 896
     # cap 0.8 (a 23.1 MB share): three frames fit (19.3 MB), the last of the four equal ones
     # (relu2's) spills: relu2 writes it and pool1 reads it, 50,176 cycles late each
-    assert tm_spill_cycles(layers, u250, fold, "fixed16", 0.8, 1, True) == 2 * 50_176
+    assert tm_spill_cycles(layers, u250, fold, "fixed16", 0.8, 1, True) == 2 * 50_176 + 896   # + pool1's 2 rows
+    assert tm_offchip(layers, u250, fold, "fixed16", 0.8, 1, True) == [False, False, False, True]
+
+
+def test_window_stream_fill_by_hand():
+    # VGG conv2 (K 3, PAD 1) reading 224 x 224 x 64 at 64 lanes (2 words a beat): 2 rows x 224 x 2
+    assert window_stream_fill(3, 1, 224, 224, 64, 64, 16) == 896
+    # pool (K 2, PAD 0), 8 x 8 x 4 at 4 lanes, 1 word a beat: 2 rows of 8 beats
+    assert window_stream_fill(2, 0, 8, 8, 4, 4, 16) == 16
+    # a 5 x 5 window over a 3-row image waits for the whole image (3 rows); 2 lanes of 4 channels
+    assert window_stream_fill(5, 0, 3, 6, 4, 2, 16) == 3 * 12
 
 
 # --- the build ---------------------------------------------------------------------------------
@@ -194,3 +206,79 @@ def test_gen_refuses_a_board_whose_kernels_exceed_its_on_chip_bytes():
     assert "plan.yaml" in msg and "stages[0].boards" in msg and "\n" not in msg
     assert f"they need {need:,} bytes (stage0 {design_bytes(s, ctx.fmt):,}, stage0_bwd " in msg
     assert need > 4_608 and "the board has 4,608 usable" in msg
+
+
+# --- the RTL -----------------------------------------------------------------------------------
+
+
+def _plan_all_frames_off_chip(tmp_path, monkeypatch):
+    """tiny-cnn on one board, time-multiplexed (cap 0.01), planned with a kernel share of 0 bytes
+    (fpga_models.allocate.kernel_onchip_budget patched for the planner and the lowering alike):
+    every frame between turns is off chip and priced so."""
+    import fpga_models.allocate as al
+    from bapipe.cli import main
+    from bapipe.plan import load_plan
+    from fpga_models.plancheck import resolve
+
+    monkeypatch.setattr(al, "kernel_onchip_budget", lambda *a, **k: 0)
+    path = tmp_path / "plan.yaml"
+    assert main(["plan", "tiny-cnn", "4xU250-ring", "--cap", "0.01", "--partition", "0-9", "--mode", "inference",
+                 "-o", str(path)]) == 0
+    plan = load_plan(path)
+    model, cluster = resolve(plan, str(path))
+    return path, plan, model, cluster
+
+
+@pytest.mark.slow   # plans tiny-cnn and lowers it to RTL and HLS in process: ~3 s of CPU
+def test_rtl_lowering_builds_the_frames_the_plan_spills(tmp_path, monkeypatch, capsys):
+    """The RTL lowering (codegen.rtl_model.offchip_frames) reads the planner's rule: one ddr_frame
+    per off-chip frame, at the wider of its producer's and consumer's beats, moving
+    frame_io_cycles; window generators behind one stream (STREAM 1); the stage's turns add up to
+    the plan's forward cycles per sample (fills included) and the HLS kernel spills the same
+    frames (codegen.hls_design reads the Design's ddr_frame nodes)."""
+    import codegen.rtl_model as rm
+    from codegen.context import build_project
+
+    _path, plan, model, cluster = _plan_all_frames_off_chip(tmp_path, monkeypatch)
+    s = plan.stages[0]
+    assert s.style == "time-multiplexed"
+    layers = [model.layers[model.index[n]] for n in s.layers]
+    turns = [l.name for l in layers if l.type != "flatten"]
+    assert rm.offchip_frames(plan, s, model, cluster) == frozenset(turns[:-1])
+    pipe = rm.build_pipeline(plan, model, cluster)
+    [st] = pipe.stages
+    ddr = [b for b in st.blocks if b.kind == "ddr_frame"]
+    assert [b.inst for b in ddr] == [f"s0_{n}_ddr" for n in turns[1:]]
+    for b in ddr:
+        assert b.cycles == frame_io_cycles(b.beats_in, b.params["LANES"], 16)
+        assert b.params["DEPTH_WORDS"] == b.beats_in * b.params["WORDS"] and b.params["WORD_W"] == 512
+    swgs = [b for b in st.blocks if b.kind == "swg"]
+    # conv1 reads the stage's input (on chip, a bank filled before its turn); the others stream
+    assert [b.params.get("STREAM") for b in swgs] == [None, 1, 1, 1, 1]   # conv2 pool1 conv3 pool2
+    assert st.job_cycles == s.cycles["fwd_interval"]
+    # HLS: the same frames are m_axi arguments
+    ctx = build_project(plan, model, cluster)
+    hls = {f.stream for f in ctx.stages[0].engine.frames}
+    assert len(hls) == len(ddr) and not ctx.stages[0].engine.turn_streams
+
+
+@pytest.mark.verilator
+@pytest.mark.soak   # one Verilator build of tiny-cnn (60-80 s under load): make test-all
+def test_rtl_frames_off_chip_are_bit_exact_and_meet_the_plan(tmp_path, monkeypatch, capsys):
+    """The same build run by `bapipe rtlsim`: outputs bit-exact against numpy through eight
+    ddr_frame memories, the stage's measured cycles per sample equal to the plan's (measured
+    939.0 vs plan 939.0 on 2026-11-24)."""
+    import json
+
+    from bapipe.cli import main
+    from codegen.cli_gen import generate
+
+    path, plan, _model, _cluster = _plan_all_frames_off_chip(tmp_path, monkeypatch)
+    generate(str(path), tmp_path / "build")
+    capsys.readouterr()
+    assert main(["rtlsim", str(tmp_path / "build"), "--samples", "4", "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    [row] = got["stages"]
+    assert got["outputs_match"] and got["max_abs_err_lsb"] == 0
+    assert row["plan_cycles_per_sample"] == plan.stages[0].cycles["fwd_interval"]
+    assert abs(got["plan_error"]) <= 0.02, got
