@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import re
 
+from fpga_models.engines import LINK_BEAT_BITS
+
 #: network stacks a cluster's links may use (cluster ``link.kind``: ``aurora`` picks Aurora,
 #: anything else between FPGA boards the XUP VNx UDP stack)
 VNX = "vnx"
@@ -25,7 +27,7 @@ STACKS = (VNX, AURORA)
 
 #: AXI4-Stream data width between our framing kernel and the network layer (XUP VNx
 #: NetLayers/README.md: 512-bit data, 64-bit keep, 16-bit dest, last)
-LINE_BITS = 512
+LINE_BITS = LINK_BEAT_BITS
 #: TDEST bits on that stream (XUP VNx: 16-bit dest = socket index)
 DEST_BITS = 16
 #: UDP sockets of one XUP VNx network layer (its socket table has 16 entries): the most

@@ -28,7 +28,11 @@ import math
 from dataclasses import dataclass
 from fractions import Fraction
 
-from .netnames import DEST_BITS as DEST_W, LINE_BITS as BEAT_W  # XUP VNx: 512-bit data, 16-bit TDEST
+from fpga_models import engines
+
+from .netnames import DEST_BITS as DEST_W  # XUP VNx: 16-bit TDEST
+
+BEAT_W = engines.LINK_BEAT_BITS  # XUP VNx: 512-bit data
 
 
 def clog2(n: int) -> int:
@@ -42,19 +46,14 @@ def count_bits(n: int) -> int:
 
 SEQ_W = 16
 CNT_W = 8
-HDR_W = 32
-#: beats per datagram: 1 KiB of payload + 8 B UDP + 20 B IPv4 headers fits a 1500-byte MTU
-FRAME_BEATS = 16
-#: cycles between two acknowledgements from net_rx
-ACK_PERIOD = 8
-#: cycles of a round trip outside the two latencies and the ack period (tx output register,
-#: rx buffer write, ack register, ack use)
-NET_LOOP = 4
-#: spare window beats beyond the round trip
-WINDOW_SLACK = 2
-#: cycles a beat spends in the transport outside the channel's latency (net_pack's and
-#: net_tx's output registers, net_rx's buffer write)
-NET_DELAY = 3
+# the transport's timing constants have one home, fpga_models.engines (the planner's link cost
+# and the cycle simulator read the same); the templates take them as parameters from here
+HDR_W = engines.LINK_HEADER_BITS
+FRAME_BEATS = engines.LINK_FRAME_BEATS
+ACK_PERIOD = engines.LINK_ACK_PERIOD
+NET_LOOP = engines.LINK_LOOP
+WINDOW_SLACK = engines.LINK_WINDOW_SLACK
+NET_DELAY = engines.LINK_FRAMING_DELAY
 
 
 @dataclass(frozen=True)
@@ -90,7 +89,7 @@ class TransportSpec:
     @property
     def words(self) -> int:
         """Stage words per network beat."""
-        return (BEAT_W - HDR_W) // self.data_w
+        return engines.link_words_per_beat(self.data_w)
 
     @property
     def line_beats_per_cycle(self) -> Fraction:
@@ -100,33 +99,31 @@ class TransportSpec:
     @property
     def sample_beats(self) -> int:
         """Network beats per sample (the last one partial unless words divides the sample)."""
-        return -(-self.sample_words // self.words)
+        return engines.link_sample_beats(self.sample_words, self.data_w)
 
     @property
     def cycles_per_sample(self) -> Fraction:
         """Line cycles per sample, or one per word if packing is slower (the cycle model)."""
-        from fpga_models.engines import link_beat_cycles
-        line = Fraction(link_beat_cycles(BEAT_W // 8, Fraction(self.bw_num, self.bw_den)))
-        return max(Fraction(self.sample_words), self.sample_beats * line)
+        return Fraction(engines.link_sample_cycles(self.sample_words, self.data_w,
+                                                   Fraction(self.bw_num, self.bw_den)))
 
     @property
     def delivery_latency(self) -> int:
         """Cycles from a sample's last word leaving the sending stage to reaching the receiver."""
-        last = self.sample_words - (self.sample_beats - 1) * self.words
-        return self.latency + NET_DELAY + last - 1 + (2 if self.slices > 1 else 0)
+        return engines.link_delivery_cycles(self.sample_words, self.data_w, self.latency, self.slices)
 
     @property
     def round_trip(self) -> int:
-        return 2 * self.latency + ACK_PERIOD + NET_LOOP
+        return engines.link_round_trip(self.latency)
 
     @property
     def window(self) -> int:
         """Credits = net_rx buffer beats; net_tx's buffer is this rounded up to 2**k."""
-        return math.ceil(self.line_beats_per_cycle * self.round_trip) + WINDOW_SLACK
+        return engines.link_window(Fraction(self.bw_num, self.bw_den), self.latency)
 
     @property
     def timeout(self) -> int:
-        return self.round_trip + 2 * ACK_PERIOD + FRAME_BEATS
+        return engines.link_timeout(self.latency)
 
     @property
     def hold_max(self) -> int:

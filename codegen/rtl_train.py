@@ -8,8 +8,11 @@ the plan's schedule (``bapipe.schedules.device_ops``: GPipe, 1F1B, eager-1F1B):
   summed exactly over the iteration's micro-batches), ``sgd_update`` (owns the weight
   memory both MVUs read; SGD with momentum once per iteration), ``stash_mem`` (the input x);
 - relu: ``train_relu`` forward and backward, ``stash_mem`` (the input);
-- links: ``train_vec_tx`` / ``train_vec_rx`` on each board, ``link_emulator`` per direction
-  (activations forward, gradients backward) with the cluster's bandwidth and latency.
+- links: ``train_vec_tx`` / ``train_vec_rx`` on each board and the board-to-board transport
+  (``net_link``: framing, sequence numbers, credits; codegen.rtl_link) per direction
+  (activations forward, gradients backward) with the cluster's bandwidth and latency; the
+  vectors' packing and the transport's timing are fpga_models.engines' ``link_*`` functions,
+  which the planner prices a link with.
 
 An op runs its layers' engines one after another (F: the layers in order; B: in reverse,
 per dense layer the input gradient then the weight gradient), each for exactly its cycles
@@ -138,6 +141,14 @@ class TrainDesign:
     params: dict = field(default_factory=dict)
 
     @property
+    def transports(self) -> list:
+        """Per link the board-to-board transport (codegen.rtl_link) carrying its vectors each way:
+        ``link_lanes`` elements a word, one vector a sample."""
+        from .rtl_link import transport
+        return [transport(l, ln, self.elem_w, b.out_elems // ln)
+                for l, ln, b in zip(self.links, self.link_lanes, self.boards)]
+
+    @property
     def lr_q(self) -> int:
         return self.consts.lr
 
@@ -151,13 +162,10 @@ class TrainDesign:
 
 
 def link_lanes(elems: int, elem_bytes: int, bytes_per_cycle: Fraction) -> int:
-    """Lanes of a training link's beat: the widest divisor of the message whose beat carries at
-    most the link's bytes per cycle (so the link, not the beat count, sets the pace), >= 1."""
-    best = 1
-    for d in range(1, elems + 1):
-        if elems % d == 0 and d * elem_bytes <= bytes_per_cycle:
-            best = d
-    return best
+    """Lanes of a training link's stream word: ``fpga_models.engines.link_lanes`` (the packing the
+    planner's link cost assumes): the divisor of the message whose framed sample holds the link
+    the fewest cycles."""
+    return engines.link_lanes(elems, 8 * elem_bytes, bytes_per_cycle)
 
 
 def train_design(plan, model, cluster, params=None, plan_file: str = "plan.yaml",
@@ -337,8 +345,11 @@ def render_train(td: TrainDesign, plan_hash: str = "none") -> dict[str, str]:
 
     files: dict[str, str] = {}
     for name in ("train_mvu_fwd", "mvu_bwd_in", "mvu_bwd_w", "sgd_update", "train_relu", "stash_mem",
-                 "train_vec_rx", "train_vec_tx", "train_sequencer", "link_emulator"):
+                 "train_vec_rx", "train_vec_tx", "train_sequencer"):
         files[f"{name}.v"] = render_template(name, plan_hash)
+    if td.links:
+        from .rtl import TRANSPORT
+        files.update({f"{name}.v": render_template(name, plan_hash) for name in TRANSPORT})
     nb = len(td.boards)
     ctxs = []
     for i, b in enumerate(td.boards):
@@ -352,8 +363,12 @@ def render_train(td: TrainDesign, plan_hash: str = "none") -> dict[str, str]:
                 p = td.params[l.name]
                 files[f"{l.ident}_w.hex"] = hex_lines(tile_order(p["w"], l.pe, l.simd), td.elem_w)
                 files[f"{l.ident}_b.hex"] = hex_lines(p["b"], td.elem_w)
-    links = [{"src": i, "dst": i + 1, "lanes": td.link_lanes[i], **l.emulator_params(td.link_lanes[i], td.elem_w)}
-             for i, l in enumerate(td.links)]
+    links = []
+    for i, (l, t) in enumerate(zip(td.links, td.transports)):
+        bw = l.bytes_per_cycle
+        links.append({"src": i, "dst": i + 1, "lanes": td.link_lanes[i], "words": t.words, "window": t.window,
+                      "latency": l.latency, "bw": f"{bw.numerator}/{bw.denominator}",
+                      "params": list(t.link_params().items())})
     files["train_cluster_top.v"] = render_template(
         "train_cluster_top", plan_hash, boards=ctxs, links=links, elem_w=td.elem_w,
         in_w=td.boards[0].in_elems * td.elem_w, out_w=td.boards[-1].out_elems * td.elem_w,
@@ -381,9 +396,11 @@ def design_record(td: TrainDesign, plan) -> dict:
                        "update_cycles": l.update_cycles} for l in b.layers],
             "steps": [{"phase": ph, "engine": inst, "cycles": c} for ph, inst, c in b.steps()],
         } for b in td.boards],
-        "links": [{"src": l.src, "dst": l.dst, "lanes": ln, "beat_bytes": l.beat_bytes,
-                   "bytes_per_cycle": float(l.bytes_per_cycle), "latency": l.latency}
-                  for l, ln in zip(td.links, td.link_lanes)],
+        "links": [{"src": l.src, "dst": l.dst, "lanes": ln, "bytes_per_cycle": float(l.bytes_per_cycle),
+                   "latency": l.latency, "words_per_beat": t.words, "beats_per_vector": t.sample_beats,
+                   "window": t.window, "timeout": t.timeout, "cycles_per_vector": float(t.cycles_per_sample),
+                   "delivery_latency": t.delivery_latency}
+                  for l, ln, t in zip(td.links, td.link_lanes, td.transports)],
     }
 
 

@@ -26,7 +26,9 @@ Engines (FINN's streaming dataflow style, Umuroglu et al. FPGA'17, Blott et al. 
   MVU over MH = out_channels, MW = (C / groups) * kh * kw whose SIMD lanes read the window
   columns of the output channel's group (PE | MH, SIMD | MW, as any MVU);
 - ``fifo``: one beat per cycle;
-- ``link``: beats of B bytes at bw bytes per cycle, max(1, B/bw) cycles a beat.
+- ``link``: the board-to-board transport: a sample's words packed into 512-bit beats behind a
+  32-bit framing header, beats of 64 bytes at bw bytes per cycle (max(1, 64/bw) cycles a beat),
+  credits and window from the round trip (``link_*`` below).
 
 Element-wise engines carry an explicit ``lanes``; matrix engines ``pe`` and ``simd``.
 """
@@ -233,6 +235,128 @@ def turn_fill(kind: str) -> int:
 def link_beat_cycles(beat_bytes: float, bytes_per_cycle: float) -> float:
     """Cycles a link needs per beat: one beat a cycle at most, else bytes over bandwidth."""
     return max(1.0, beat_bytes / bytes_per_cycle)
+
+
+# ---------------------------------------------------------------- link: the board-to-board transport
+# One home of the transport's timing (docs/network.md, "Transport RTL"): the planner's link cost
+# (planner.search, through link_transfer), the cycle simulator (fpga_models.sim, the same) and the
+# RTL lowering (codegen.rtl_link.TransportSpec, codegen.rtl_train) all read these.
+
+#: bits of one network beat: the XUP VNx network layer's application stream (S_AXIS_sk2nl /
+#: M_AXIS_nl2sk, github.com/Xilinx/xup_vitis_network_example NetLayers/README.md: 512-bit data,
+#: 16-bit dest, last); the Aurora kernel's user stream is widened to the same (docs/network.md)
+LINK_BEAT_BITS = 512
+#: bits of our framing header in every beat: 16-bit sequence number, 8-bit word count, 8 spare
+LINK_HEADER_BITS = 32
+#: cycles a word spends in the transport outside the channel's latency (net_pack's and net_tx's
+#: output registers, net_rx's buffer write)
+LINK_FRAMING_DELAY = 3
+#: cycles between two acknowledgements from the receiver (net_rx)
+LINK_ACK_PERIOD = 8
+#: cycles of a credit round trip outside the two latencies and the ack period (tx output
+#: register, rx buffer write, ack register, ack use)
+LINK_LOOP = 4
+#: spare window beats beyond the round trip
+LINK_WINDOW_SLACK = 2
+#: beats per datagram: 1 KiB of payload + 8 B UDP + 20 B IPv4 headers fits a 1500-byte MTU
+LINK_FRAME_BEATS = 16
+
+
+def link_words_per_beat(word_bits: int) -> int:
+    """Stream words of ``word_bits`` one network beat carries after the framing header."""
+    return (LINK_BEAT_BITS - LINK_HEADER_BITS) // word_bits
+
+
+def link_sample_beats(words: int, word_bits: int) -> int:
+    """Network beats of a sample of ``words`` words: a beat closes at the sample's end."""
+    return -(-words // link_words_per_beat(word_bits))
+
+
+def link_sample_cycles(words: int, word_bits: int, bytes_per_cycle):
+    """Cycles a sample of ``words`` words holds the link: its beats at the line rate
+    (:func:`link_beat_cycles` of a 64-byte beat), or one word a cycle when packing is slower."""
+    line = link_beat_cycles(LINK_BEAT_BITS // 8, bytes_per_cycle)
+    return max(words, link_sample_beats(words, word_bits) * line)
+
+
+def link_delivery_cycles(words: int, word_bits: int, latency: int, slices: int = 1) -> int:
+    """Cycles from a sample's last word leaving the sending stage to its arrival at the receiving
+    stage: the channel's latency, the framing registers, the words of the last beat unpacked
+    after its first one, and 2 more when a stage word travels as several slices."""
+    last = words - (link_sample_beats(words, word_bits) - 1) * link_words_per_beat(word_bits)
+    return latency + LINK_FRAMING_DELAY + last - 1 + (2 if slices > 1 else 0)
+
+
+def link_round_trip(latency: int) -> int:
+    """Cycles from a beat leaving the sender to its acknowledgement (or credit) being usable there."""
+    return 2 * latency + LINK_ACK_PERIOD + LINK_LOOP
+
+
+def link_window(bytes_per_cycle, latency: int) -> int:
+    """Credits (= receive buffer beats = the sender's retransmit buffer before rounding to 2^k):
+    the line's beats over a round trip, plus slack, so a fault-free link never waits for one."""
+    rate = min(1, bytes_per_cycle / (LINK_BEAT_BITS // 8))
+    return math.ceil(rate * link_round_trip(latency)) + LINK_WINDOW_SLACK
+
+
+def link_timeout(latency: int) -> int:
+    """Cycles without progress after which the sender resends from its oldest unacknowledged beat."""
+    return link_round_trip(latency) + 2 * LINK_ACK_PERIOD + LINK_FRAME_BEATS
+
+
+def link_lanes(elems: int, elem_bits: int, bytes_per_cycle) -> int:
+    """Elements per stream word of a link that carries whole ``elems``-element vectors (the
+    training RTL's train_vec_tx / train_vec_rx, and the planner's link cost): among the divisors
+    of ``elems`` whose word fits a beat's payload, the one whose sample holds the link the fewest
+    cycles (:func:`link_sample_cycles`); the wider on a tie."""
+    best, best_c = 1, None
+    for d in range(1, min(elems, (LINK_BEAT_BITS - LINK_HEADER_BITS) // elem_bits) + 1):
+        if elems % d:
+            continue
+        c = link_sample_cycles(elems // d, d * elem_bits, bytes_per_cycle)
+        if best_c is None or c <= best_c:
+            best, best_c = d, c
+    return best
+
+
+def link_clock(board_a, board_b) -> float | None:
+    """Clock of the transport between two boards (fpga_models.boards.Board): the slower board's
+    (the framing kernels run on the kernel clock); None unless both are FPGAs (a link to or
+    between GPUs carries the payload as it is)."""
+    if board_a.kind != "fpga" or board_b.kind != "fpga":
+        return None
+    return min(board_a.clock_hz, board_b.clock_hz)
+
+
+def link_transfer(payload_bytes, elem_bytes: int, samples: int, bandwidth_Bps: float, clock_hz: float | None):
+    """(line bytes, framing latency in seconds) of one transfer of ``payload_bytes`` (numpy arrays
+    allowed), ``samples`` samples of whole vectors, over a link of ``bandwidth_Bps`` between two
+    FPGA boards whose transport runs at ``clock_hz``: each sample packed by :func:`link_lanes` and
+    framed into beats, ``line bytes`` = the cycles it holds the line x bytes per cycle (a beat
+    carries 60 payload bytes at most, so this is >= the payload), so ``line bytes / bandwidth``
+    is the link's busy time; the latency is what the framing adds to the channel's
+    (:func:`link_delivery_cycles` without the channel latency). ``clock_hz`` None (a link that
+    is not our transport: GPUs, hosts) -> (payload, 0)."""
+    pb = np.asarray(payload_bytes, dtype=float)
+    if clock_hz is None or not math.isfinite(bandwidth_Bps) or samples < 1:
+        return (pb if pb.ndim else float(pb)), (np.zeros_like(pb) if pb.ndim else 0.0)
+    bpc = bandwidth_Bps / clock_hz
+    bits = 8 * elem_bytes
+    line = np.zeros(pb.shape)
+    extra = np.zeros(pb.shape)
+    cache: dict[int, tuple[float, float]] = {}
+    for idx, b in np.ndenumerate(pb):
+        elems = int(round(b / elem_bytes / samples))
+        if elems <= 0:
+            continue
+        if elems not in cache:
+            ln = link_lanes(elems, bits, bpc)
+            words = elems // ln
+            cache[elems] = (float(link_sample_cycles(words, ln * bits, bpc)) * bpc,
+                            link_delivery_cycles(words, ln * bits, 0) / clock_hz)
+        line[idx] = samples * cache[elems][0]
+        extra[idx] = cache[elems][1]
+    return (line if pb.ndim else float(line)), (extra if pb.ndim else float(extra))
 
 
 # ---------------------------------------------------------------- training engines (backward, update)

@@ -23,6 +23,8 @@ Model, per pipeline position (device) d:
   the sender keeps ``tx_slots`` finished outputs waiting for credits and otherwise stalls;
 * a transfer reserves every directed link of its route for bytes / slowest-bandwidth
   seconds (cut-through, first come first served) and arrives after the route latency;
+  between FPGA boards the bytes are the board-to-board transport's line bytes and its
+  framing adds latency (``fpga_models.engines.link_transfer``, as the planner prices it);
 * a replicated stage all-reduces its gradients (its ``weight_bytes``) in a ring of
   2(r-1) steps of 1/r of the bytes once its last backward ends (or, with
   ``allreduce_per="device"``, the planner's rule: one ring per device after its last
@@ -47,6 +49,8 @@ from dataclasses import dataclass, field
 
 from bapipe.errors import SpecError
 from bapipe.schedules import ASYNC, allreduce_gate, device_ops, stream_ops
+
+from .engines import link_clock, link_transfer
 
 # event codes
 _OP_DONE, _ARRIVE, _CREDIT, _AR_ARRIVE = 0, 1, 2, 3
@@ -371,6 +375,7 @@ def simulate(plan, model=None, cluster=None, iterations: int = 1, config: SimCon
 
     # --- channels -------------------------------------------------------------------
     net = _Net(cluster)
+    bpe = _bytes_per_element(plan.number_format)
     mbs = max(1, plan.microbatch_size)
     m = plan.microbatches
     samples = max(plan.global_batch, m * mbs)  # per iteration, over all replicas
@@ -393,19 +398,25 @@ def simulate(plan, model=None, cluster=None, iterations: int = 1, config: SimCon
         r = max(1, s.replicas)
         return [s.boards[min(i * size, len(s.boards) - 1)] for i in range(r)]
 
-    def stage_pieces(a, b, nbytes: int, holders: int | None = None):
-        """Each replica of ``a`` sends its ``nbytes`` (its share of the micro-batch); with
-        r_a == r_b replica i talks to replica i; otherwise the r_a x nbytes are spread over
-        max(r_a, r_b) pieces, piece i from replica i mod r_a to replica i mod r_b.
+    def stage_pieces(a, b, nbytes: int, holders: int | None = None, samples: int = 1):
+        """Each replica of ``a`` sends its ``nbytes`` (its share of the micro-batch, ``samples``
+        samples); with r_a == r_b replica i talks to replica i; otherwise the r_a x nbytes are
+        spread over max(r_a, r_b) pieces, piece i from replica i mod r_a to replica i mod r_b.
         ``holders``: how many replicas ``nbytes`` is the share of (a gradient going back is
-        the activation's tensor: the forward sender's replica count), default r_a."""
+        the activation's tensor: the forward sender's replica count), default r_a. Between FPGAs
+        a piece holds its route for its framed line bytes and arrives the framing's latency
+        later (fpga_models.engines.link_transfer, as the planner prices it)."""
         ra, rb = replica_leads(a), replica_leads(b)
         n = max(len(ra), len(rb))
         out = []
-        share = nbytes * (holders or len(ra)) / n
+        frac = (holders or len(ra)) / n
+        share = nbytes * frac
         for i in range(n):
-            ids, bw, lat = net.path(ra[i % len(ra)], rb[i % len(rb)])
-            out.append((ids, share / bw if ids else 0.0, lat, share))
+            x, y = ra[i % len(ra)], rb[i % len(rb)]
+            ids, bw, lat = net.path(x, y)
+            line, extra = link_transfer(nbytes, bpe, samples, bw, link_clock(cluster.board(x).board,
+                                                                              cluster.board(y).board))
+            out.append((ids, line * frac / bw if ids else 0.0, lat + (extra if ids else 0.0), share))
         return out
 
     channels: list[_Channel] = []
@@ -434,11 +445,12 @@ def simulate(plan, model=None, cluster=None, iterations: int = 1, config: SimCon
         a, b = stages[k], stages[k + 1]
         nb = int(a.send_bytes)
         mesh_cut = is_mesh_cut(a, b)
-        pcs = mesh_pieces(a, b, a) if mesh_cut else stage_pieces(a, b, nb)
+        smp = -(-mbs // max(1, a.replicas))    # samples per replica per micro-batch (planner: beta_at)
+        pcs = mesh_pieces(a, b, a) if mesh_cut else stage_pieces(a, b, nb, samples=smp)
         c = add(a.device, b.device, pcs, nb, f"act {a.index}->{b.index}", b.fwd_s)
         fwd_out[k], fwd_in[k + 1] = c, c
         if train:
-            pcs = mesh_pieces(b, a, a) if mesh_cut else stage_pieces(b, a, nb, len(replica_leads(a)))
+            pcs = mesh_pieces(b, a, a) if mesh_cut else stage_pieces(b, a, nb, len(replica_leads(a)), smp)
             c = add(b.device, a.device, pcs, nb, f"grad {b.index}->{a.index}", a.bwd_s)
             bwd_out[k + 1], bwd_in[k] = c, c
     if cfg.host_io:

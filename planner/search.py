@@ -19,6 +19,7 @@ from bapipe.schedules import (ASYNC, MAX_MICROBATCHES, SCHEDULES, gradient_buffe
                               warmup_forwards, weight_versions)
 from bapipe.spec import Model
 from fpga_models.boards import bytes_per_element
+from fpga_models.engines import link_clock, link_transfer
 from fpga_models.cluster import Cluster
 
 from . import partition as part
@@ -321,6 +322,17 @@ class Explorer:
         r_sender = len(a) if self._forward(c, d1, d2) else len(b)
         return tuple(self.hop(a[i % len(a)].name, b[i % len(b)].name) + (r_sender / n,) for i in range(n))
 
+    def framed_pieces(self, c: Config, d1: int, d2: int, payload: int, samples: int) -> tuple:
+        """:meth:`pieces` d1 -> d2 as the replay reserves them: (directed link ids, busy seconds,
+        latency) per piece, the piece's share of ``payload`` (the forward sender's bytes per
+        replica, ``samples`` samples) framed on its own route (:meth:`framed`)."""
+        a, b = self.replica_boards(c, d1), self.replica_boards(c, d2)
+        out = []
+        for i, (ids, bw, lat, sh) in enumerate(self.pieces(c, d1, d2)):
+            line, extra = self.framed(a[i % len(a)], b[i % len(b)], payload, samples)
+            out.append((ids, line * sh / bw, lat + extra))
+        return tuple(out)
+
     @staticmethod
     def _forward(c: Config, d1: int, d2: int) -> bool:
         """Whether d1 -> d2 is the activation direction of a cut (interleaved cut p-1 -> 0 included;
@@ -362,6 +374,23 @@ class Explorer:
                 for i in ids:
                     bw = min(bw, links[i[0]].bandwidth_Bps / load.get(i, 1) / share)
             self._links[key] = (bw, lat)
+        return self._links[key]
+
+    def framed(self, a, b, payload, samples: int) -> tuple:
+        """(line bytes, framing latency s) of ``payload`` bytes (``samples`` samples) sent from
+        cluster board a to b: fpga_models.engines.link_transfer over the route's slowest link
+        at the two boards' transport clock (between FPGAs; otherwise the payload, no latency)."""
+        _ids, bw, _lat = self.hop(a.name, b.name)
+        return link_transfer(payload, self.bpe_of_fmt(self.req.fmt), samples, bw, link_clock(a.board, b.board))
+
+    def line_at(self, c: Config, d: int) -> tuple[np.ndarray, np.ndarray]:
+        """(line bytes, framing latency s) per cut position of the transfer from position d to
+        the next, both ways (the gradient is the activation's tensor), over the first replicas'
+        route: what occupies the link instead of the payload (:meth:`framed`)."""
+        key = ("line",) + self._cfg_key(c) + (c.beta, d)
+        if key not in self._links:
+            a, b = self.replica_boards(c, d)[0], self.replica_boards(c, (d + 1) % c.p)[0]
+            self._links[key] = self.framed(a, b, self.cut_bytes_at(c, d), self.beta_at(c, d))
         return self._links[key]
 
     def ring(self, boards) -> tuple[float, float]:
@@ -502,10 +531,10 @@ class Explorer:
                 C[s] = tf + (tb if self.train else 0.0)
                 continue
             bw, lat = self.link(c, s % c.p, (s + 1) % c.p)
-            cb = self.cut_bytes_at(c, s % c.p)
-            occ = np.concatenate([cb / bw, [0.0]])
+            line, extra = self.line_at(c, s % c.p)
+            occ = np.concatenate([line / bw, [0.0]])
             O[s] = occ
-            C[s] = ways * (occ + lat)
+            C[s] = ways * (occ + lat + np.concatenate([extra, [0.0]]))
         if self.req.whole_blocks and V > 1:
             # a cut that leaves a skip connection open costs infinity: no stage boundary falls
             # inside a residual block (what the RTL and simple links can carry)
@@ -618,7 +647,7 @@ class Explorer:
         key = ("cutfloor",) + self._cfg_key(c) + (c.beta, d1, d2)
         if key not in self._links:
             bw, lat = self.link(c, d1, d2)
-            cb = self.cut_bytes_at(c, d1)
+            cb = self.cut_bytes_at(c, d1)   # the payload: a floor of the line bytes (engines.link_transfer)
             if self.req.whole_blocks:
                 cb = np.where(self.open_cuts[:-1], math.inf, cb)
             occ = float(cb.min()) / bw if len(cb) else 0.0
@@ -993,9 +1022,10 @@ class Explorer:
                     cs.append(float(tf[b] + (tb[b] if self.train else 0.0)))
                 else:
                     bw, lat = self.link(c, d, (s + 1) % c.p)
-                    occ = float(self.cut_bytes_at(c, d)[b]) / bw
+                    line, extra = self.line_at(c, d)
+                    occ = float(line[b]) / bw
                     os_.append(occ)
-                    cs.append((2 if self.train else 1) * (occ + lat))
+                    cs.append((2 if self.train else 1) * (occ + lat + float(extra[b])))
         total = sum(ts) + sum(cs) + c.v * sum(xs)
         return total / c.v + (c.m * c.v - 1) * max(ts + os_)
 
@@ -1127,7 +1157,8 @@ class Explorer:
                 occ, lat, sb = self.mesh_transfer(c, d, (s + 1) % c.p, b)[0], 0.0, int(cb[b])
             elif s < V - 1:
                 bw, lat = self.link(c, d, (s + 1) % c.p)
-                occ, sb = float(cb[b]) / bw, int(cb[b])
+                line, extra = self.line_at(c, d)
+                occ, sb, lat = float(line[b]) / bw, int(cb[b]), lat + float(extra[b])
             else:
                 occ, lat, sb = 0.0, 0.0, 0
             stages.append({"index": s, "device": d, "chunk": s // c.p, "first": a, "last": b, "board_type": btype,
@@ -1158,8 +1189,7 @@ class Explorer:
                 routes.append(tuple((self.mesh_piece(*self.mesh_transfer(c, d1, d2, x["last"], bw_)[:2]),)
                                     for bw_ in (False, True)))
                 continue
-            routes.append(tuple(tuple((ids, x["send_bytes"] * sh / bw, lat) for ids, bw, lat, sh in self.pieces(c, a_, b_))
-                                for a_, b_ in ((d1, d2), (d2, d1))))
+            routes.append(tuple(self.framed_pieces(c, a_, b_, x["send_bytes"], x["beta"]) for a_, b_ in ((d1, d2), (d2, d1))))
         rings = None
         if self.train and any(x["replicas"] > 1 for x in stages):
             # ring all-reduce per stage over its replicas, hop i: replica i -> i+1, 1/r of the bytes

@@ -80,7 +80,8 @@ def test_planner_replay_equals_bapipe_sim(cluster_name, spec, m):
     section 4). Steady: gaps between iteration ends once p micro-batches are in flight, the
     last ones (the drain) left out. m = 1 < p: stage 0 holds 3 stashes, more than one
     iteration's micro-batches (plancheck accepts it for a schedule without a flush), and the
-    steady state is stage 0's F + B (the planner once measured it 0.6% low, inside the drain)."""
+    steady state's shortest period is stage 0's F + B (the planner once measured it 0.6% low,
+    inside the drain)."""
     model, cl = load_model("tiny-cnn"), load_cluster(cluster_name)
     out = _plan("tiny-cnn", cluster_name, schedule="pipedream", microbatches=m,
                 partition=parse_partition(spec, len(model.layers)))
@@ -91,25 +92,32 @@ def test_planner_replay_equals_bapipe_sim(cluster_name, spec, m):
     gaps = [b - a for a, b in zip(ends, ends[1:])]
     gaps = gaps[j0:len(gaps) - j0]
     assert len(gaps) >= 3
-    for g in gaps:
-        assert g == pytest.approx(out.best.iteration_s, rel=SAME_EVENTS)
+    # the steady state may repeat every two iterations (m = 1: since links carry the transport's
+    # framed beats, engines.link_transfer, the 32-sample transfers outlast stage 1's ops and the
+    # gaps alternate 21.97 / 25.95 us): each two consecutive gaps are two planned periods
+    for g, h in zip(gaps, gaps[1:]):
+        assert g + h == pytest.approx(2 * out.best.iteration_s, rel=SAME_EVENTS)
     first = simulate(out.plan, model, cl, iterations=1, config=cfg).makespan_s
     assert out.plan.predicted["iteration_time_s"] == pytest.approx(first, rel=SAME_EVENTS)
     assert out.plan.predicted["steady_iteration_time_s"] == out.best.iteration_s < first
     if m == 1:
         s0 = out.plan.stages[0]
         assert s0.stashes == 3 > m
-        assert out.best.iteration_s == pytest.approx(s0.fwd_s + s0.bwd_s, rel=SAME_EVENTS)
+        # stage 0's F + B bounds the period from below (it was the period while the links carried
+        # bare payload bytes); the framed 32-sample transfers now lengthen every other one
+        assert min(gaps) == pytest.approx(s0.fwd_s + s0.bwd_s, rel=SAME_EVENTS)
+        assert out.best.iteration_s > s0.fwd_s + s0.bwd_s
 
 
 def test_searched_plan_agrees_with_bapipe_sim():
-    """The search's own pipedream plan on hetero-mix at m = 12 (2 stages x 2 replicas, U250s
-    then U280s, measured 2026-11-24: 40.19 us per iteration steady, 43.65 us the first):
+    """The search's own pipedream plan on hetero-mix at m = 12 (one stage on 2 replicas, measured
+    2026-11-24: 43.00 us per iteration steady, 44.42 us the first; 2 stages x 2 replicas at
+    40.19 us before links were priced with the transport's framing, engines.link_transfer):
     replay and simulator agree; with host I/O the simulator is within 0.5% (PCIe input
     overlaps). (Without --microbatches the search picks one stage on 2 replicas, m = 3.)"""
     model, cl = load_model("tiny-cnn"), load_cluster("hetero-mix")
     out = _plan("tiny-cnn", "hetero-mix", schedule="pipedream", microbatches=12)
-    assert out.plan.schedule == "pipedream" and len(out.plan.stages) > 1
+    assert out.plan.schedule == "pipedream"
     assert any(s.replicas > 1 for s in out.plan.stages)
     ends = simulate(out.plan, model, cl, iterations=6, config=SimConfig(host_io=False, record=False)).iteration_ends_s
     assert (ends[4] - ends[1]) / 3 == pytest.approx(out.best.iteration_s, rel=SAME_EVENTS)

@@ -64,6 +64,31 @@ def test_sgd_constants_are_train_fixeds(tmp_path):
     assert (c.mu, c.lr, c.lr_scale, c.shift) == (58982, 52429, 22, 20)
 
 
+@pytest.mark.slow  # runs the planner (~2 s)
+def test_links_are_priced_as_the_transport(tmp_path):
+    """One home for the link's timing: the plan's per-link occupancy and latency (plan.yaml
+    predicted.link_occupancy_s / link_latency_s) are, in cycles, the training RTL transport's
+    cycles per vector and delivery latency (codegen.rtl_link.TransportSpec, both from
+    fpga_models.engines' link_* functions). tiny-mlp on 4xU250-ring at 300 MHz, 119/3 B/cycle,
+    150-cycle links: 64 elements = 4 words of 16 lanes, one 256-bit word a beat behind the
+    32-bit header, 4 x 64 B / (119/3) = 6.4538 cycles (the payload alone would be 3.2269);
+    32 elements: 2 beats, 3.2269; each arrives 150 + 3 (framing registers) cycles later."""
+    from bapipe.plan import load_plan
+    from bapipe.spec import load_model
+    from fpga_models.cluster import load_cluster
+
+    plan = load_plan(_plan(tmp_path, "gpipe"))
+    td = train_design(plan, load_model(plan.model), load_cluster(plan.cluster))
+    clk = td.clock_hz
+    occ = [x * clk for x in plan.predicted["link_occupancy_s"]]
+    lat = [x * clk for x in plan.predicted["link_latency_s"]]
+    # plan.yaml keeps 12 significant digits: 1e-9 relative covers the rounding
+    assert occ == pytest.approx([float(t.cycles_per_sample) for t in td.transports], rel=1e-9)
+    assert lat == pytest.approx([t.delivery_latency for t in td.transports], rel=1e-9)
+    assert [(t.words, t.sample_beats, t.delivery_latency) for t in td.transports] == [(1, 4, 153), (1, 4, 153), (1, 2, 153)]
+    assert occ == pytest.approx([4 * 64 * 3 / 119, 4 * 64 * 3 / 119, 2 * 64 * 3 / 119], rel=1e-9)
+
+
 def test_tile_order_round_trip():
     w = np.arange(8 * 6).reshape(8, 6)
     flat = tile_order(w, 4, 3)
@@ -72,7 +97,9 @@ def test_tile_order_round_trip():
 
 
 def test_link_lanes_fill_a_cycle():
-    """64 fixed16 elements on a 39.7 B/cycle link: 16 lanes (32 B) a beat, 4 beats."""
+    """64 fixed16 elements on a 39.7 B/cycle link: 16 lanes (256 bits, one word a 480-bit payload)
+    take 4 beats, 6.45 cycles; 8 lanes take 3 beats of 3 words but 8 cycles of packing, 32 lanes
+    do not fit a payload: 16. 10 elements: one 160-bit word, one beat."""
     from fractions import Fraction
     assert link_lanes(64, 2, Fraction(119, 3)) == 16
     assert link_lanes(10, 2, Fraction(119, 3)) == 10
@@ -83,9 +110,10 @@ def test_link_lanes_fill_a_cycle():
 @pytest.mark.parametrize("schedule", ["gpipe", pytest.param("1f1b", marks=pytest.mark.soak),
                                       pytest.param("eager-1f1b", marks=pytest.mark.soak)])
 def test_tiny_mlp_trains_bit_exact(tmp_path, schedule):
-    """`bapipe gen` + `bapipe rtlsim --iterations 2` on a tiny-mlp 4-board training plan: weights
-    bit-exact against numpy after each iteration, outputs bit-exact, iteration cycles within 2%
-    of plan.yaml's iteration time."""
+    """`bapipe gen` + `bapipe rtlsim --iterations 2` on a tiny-mlp 4-board training plan, boards
+    joined by the board-to-board transport (net_link): weights bit-exact against numpy after each
+    iteration, outputs bit-exact, no overflow, iteration cycles within 2% of plan.yaml's iteration
+    time (gpipe measured 1063 / 1062 vs 1063.27 planned)."""
     plan = _plan(tmp_path, schedule)
     build = tmp_path / "build"
     subprocess.run([sys.executable, "-m", "bapipe.cli", "gen", str(plan), "-o", str(build)], check=True,

@@ -105,14 +105,19 @@ def test_eager_1f1b_beats_1f1b_with_latency(lat):
 
 
 def test_link_cost_adds_exactly_on_a_chain():
-    """GPipe, p=2, m=1: F, send, F, B, send back, B: every wire second shows in the makespan."""
+    """GPipe, p=2, m=1: F, send, F, B, send back, B: every wire second shows in the makespan.
+    Between FPGAs the wire carries the transport's framed beats (fpga_models.engines.link_transfer):
+    500 B = 250 fixed16 elements; 10-element (160-bit) words, 3 a 480-bit beat payload, 25 words
+    in 9 beats of 64 B = 576 B on the line (fewer lanes also take 9 beats; 25 lanes, one word a
+    beat, 10); the framing registers add 3 cycles at 300 MHz (the last beat holds one word)."""
     bw, lat, nbytes = 1000.0, 0.25, 500
+    line, extra = 9 * 64, 3 / 300e6
     r = simulate(balanced("gpipe", 2, 1, send=nbytes), MODEL, ring(2, bw=bw, lat=lat), config=NO_HOST)
-    # every term (3.0, 0.5, 0.25) is an exact binary fraction, so the makespan is exact
-    assert r.makespan_s == 2 * 3.0 + 2 * (nbytes / bw + lat)
+    # 3.0, 0.576, 0.25 and 1e-8 summed in event order: a few roundings of 2^-52 relative
+    assert r.makespan_s == pytest.approx(2 * 3.0 + 2 * (line / bw + lat + extra), rel=1e-15)
     used = {ln.name: ln for ln in r.links if ln.transfers}
     assert set(used) == {"fpga0->fpga1", "fpga1->fpga0"}
-    assert used["fpga0->fpga1"].busy_s == nbytes / bw
+    assert used["fpga0->fpga1"].busy_s == line / bw
 
 
 def test_multi_iteration_flush_and_2bw():
@@ -308,8 +313,15 @@ def test_comm_on_critical_path(tmp_path):
 
     plan = load_plan(_hand_plan(tmp_path))
     model, cl = resolve(plan)
-    trips = sum(s.send_bytes / cl.path_bandwidth(f"fpga{k}", f"fpga{k + 1}") + cl.path_latency(f"fpga{k}", f"fpga{k + 1}")
-                for k, s in enumerate(plan.stages[:-1]))
+    from fpga_models.engines import link_transfer
+
+    def trip(k, s):   # the transport's framed line bytes and framing latency (engines.link_transfer)
+        a, b = f"fpga{k}", f"fpga{k + 1}"
+        bw = cl.path_bandwidth(a, b)
+        line, extra = link_transfer(s.send_bytes, 2, plan.microbatch_size, bw, cl.board(a).board.clock_hz)
+        return line / bw + cl.path_latency(a, b) + extra
+    assert plan.number_format == "fixed16"
+    trips = sum(trip(k, s) for k, s in enumerate(plan.stages[:-1]))
     expect = 11 * 3e-3 + 2 * trips
     runs = {}
     for sched in ("gpipe", "eager-1f1b", "1f1b"):

@@ -295,6 +295,29 @@ def test_check_names_the_missing_xclbin_and_the_stale_build(tmp_path, monkeypatc
     assert "\n" not in str(e.value)
 
 
+def test_training_builds_are_refused_in_one_line(tmp_path, monkeypatch):
+    """A training build (backward, update, all-reduce and loss kernels) is not driven on boards:
+    `bapipe run --backend xrt` refuses it in one line naming what to use instead, exit 2, before
+    pyxrt is even imported (so the same line with or without XRT), and check() says the same
+    with the recording fake present (no device opened)."""
+    import cli_fork
+    from host.backends import BackendUnavailable, xrt_backend
+
+    plan = hand_plan("tiny-cnn", cuts=(1, 3, 5))
+    assert plan.mode == "train"
+    out, _model, _stamp = _gen(tmp_path, plan)
+    fake = fake_pyxrt.make(4)
+    monkeypatch.setitem(sys.modules, "pyxrt", fake)
+    with pytest.raises(BackendUnavailable, match="training builds are not driven on boards") as e:
+        xrt_backend.check({"build": str(out), "plan": plan})
+    assert "\n" not in str(e.value) and not [c for c in fake.calls if c[0] == "device"]
+    plan.save(tmp_path / "train.yaml")
+    r = cli_fork.bapipe("run", str(tmp_path / "train.yaml"), "--backend", "xrt", "--build", str(out))
+    err = r.stderr.strip()
+    assert r.returncode == 2 and "\n" not in err, err
+    assert "training builds are not driven on boards" in err and "--backend verilator or numpy" in err
+
+
 @pytest.mark.slow
 @pytest.mark.soak   # VGG-16's gen alone takes ~1 minute and writes ~1.5 GB: make test-all
 def test_vgg16_interleaved(tmp_path, monkeypatch):

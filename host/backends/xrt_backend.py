@@ -49,10 +49,20 @@ def read_manifest(build: Path, plan) -> dict:
     return read_xrt_manifest(build, plan.fingerprint())
 
 
+#: why a training build is refused (one line, exit 2): its kernels exist (backward, update,
+#: all-reduce, loss: codegen/hls_bwd.py, codegen/hls_train.py) but no host schedule starts them
+TRAINING_REFUSED = ("backend xrt: training builds are not driven on boards (no host schedule starts their backward, "
+                    "update, all-reduce and loss kernels nor loads their master-weight and velocity buffers); "
+                    "train with --backend verilator or numpy, or plan with --mode inference")
+
+
 def check(options: dict) -> None:
-    """pyxrt importable, the plan's build present, one board per xclbin seen by XRT, every xclbin built."""
-    pyxrt = _pyxrt()
+    """Not a training plan; pyxrt importable, the plan's build present, one board per xclbin seen
+    by XRT, every xclbin built."""
     plan = options["plan"]
+    if plan.mode == "train":
+        raise BackendUnavailable(TRAINING_REFUSED)
+    pyxrt = _pyxrt()
     if len(plan.stages) > 1 and any(s.replicas > 1 for s in plan.stages):
         raise BackendUnavailable("backend xrt: data-parallel replicas of a multi-stage plan are not driven yet "
                                  "(one board per stage, or one replicated stage)")
@@ -72,8 +82,8 @@ def check(options: dict) -> None:
 
 
 def make_stage(model, first, last, quant, options):
-    """Per-stage training is not available on boards: the generated kernels are forward-only."""
-    raise BackendUnavailable("backend xrt: generated kernels compute the forward pass only; train with --backend numpy")
+    """Per-stage training is not driven on boards (:data:`TRAINING_REFUSED`)."""
+    raise BackendUnavailable(TRAINING_REFUSED)
 
 
 class _Board:
