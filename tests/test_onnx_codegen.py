@@ -227,7 +227,7 @@ def test_codegen_refuses_what_the_library_cannot_stream():
 
 @pytest.mark.csim
 @pytest.mark.slow
-@pytest.mark.soak   # 1-2 min each on 2 cores (g++ of a 28-55 layer stage, 4 samples): make test-all
+@pytest.mark.soak   # 1-2 min each on 2 cores (g++ of a 28-55 layer stage, 2 samples): make test-all
 @needs_gxx
 @pytest.mark.parametrize("fixture", [f"{f}.{e}" for f in sorted(PATTERNS) for e in ("legacy", "dynamo")])
 def test_gen_and_csim_bit_exact(tmp_path, capsys, fixture):
@@ -236,9 +236,36 @@ def test_gen_and_csim_bit_exact(tmp_path, capsys, fixture):
 
     build = _gen(tmp_path, fixture)
     capsys.readouterr()
-    assert main(["csim", str(build), "--json"]) == 0
+    assert main(["csim", str(build), "--json", "--samples", "2"]) == 0
     r = json.loads(capsys.readouterr().out)
     assert r["passed"] is True and r["model_max_abs_err_lsb"] == 0
     assert all(s["max_abs_err_lsb"] == 0 for s in r["stages"])
     procs = " ".join(p for s in r["stages"] for p in s["processes"])
     assert "/features/" in procs or "node_" in procs   # reported in the model's layer names
+
+
+def test_engine_facts_of_the_new_kinds():
+    """fpga_models.engines is their one home: kind, elements streamed, DSPs; the planner's
+    layer_cost reads them."""
+    from bapipe.spec import parse_model
+    from fpga_models.boards import get_board
+    from fpga_models.cost import layer_cost
+    from fpga_models.engines import elementwise_dsp, engine_kind, stream_elements
+
+    m = parse_model({"name": "se", "inputs": [{"name": "x", "shape": [8, 4, 4]}, {"name": "s", "shape": [8, 1, 1]}],
+                     "layers": [{"name": "m", "type": "mul", "inputs": ["s", "x"]},
+                                {"name": "a", "type": "silu", "inputs": ["m"]},
+                                {"name": "c", "type": "concat", "inputs": ["a", "x"], "axis": 0},
+                                {"name": "g", "type": "conv2d", "out_channels": 16, "kernel": 3, "padding": 1,
+                                 "groups": 16}]}, "se.yaml")
+    mul, silu, cat, dw = m.layers
+    assert [engine_kind(l.type) for l in m.layers] == ["mul", "elementwise", "concat", "mvu"]
+    assert stream_elements(mul) == 128 + 8 and stream_elements(cat) == 256   # the scales are read first
+    u250 = get_board("U250")
+    dpm = u250.dsp_per_mac["fixed16"]
+    assert elementwise_dsp("mul", 4, dpm) == elementwise_dsp("silu", 4, dpm) == int(np.ceil(4 * dpm)) > 0
+    assert elementwise_dsp("clip", 4, dpm) == elementwise_dsp("concat", 4, dpm) == 0
+    c = layer_cost(mul, u250, 1, 4)
+    assert c.fwd_cycles == 34 and c.dsp == int(np.ceil(4 * dpm))      # ceil(136 / 4)
+    # depthwise 3x3 over 16 channels: MH = 16, MW = 9, 16 x 9 x 16 pixels MACs
+    assert layer_cost(dw, u250, 4, 3).fwd_cycles == 16 * 9 * 16 // 12
