@@ -272,7 +272,9 @@ def _pd_node(file: str, line: int, text: str) -> tuple[str, str, dict[str, float
         k, _, v = item.strip().partition("=")
         if k in _PD_FIELDS:
             try:
-                vals[k] = float(v)
+                # a node with several outputs lists their sizes, "[a; b; c]": their sum
+                parts_v = v.strip().strip("[]").split(";") if k == "activation_size" else [v]
+                vals[k] = sum(float(x) for x in parts_v)
             except ValueError:
                 raise SpecError(file, line, k, f"expected a number, got {v!r}") from None
             if not math.isfinite(vals[k]) or vals[k] < 0:
@@ -337,13 +339,24 @@ def import_pipedream_graph(path: str, batch: int, bytes_per_element: int = 4,
                 raise SpecError(file, line, "edge", f"'{x}' is not a node of the graph")
         preds[b].append(a)
         succs[a].append(b)
+    # unused outputs of a multi-output node (a sink "__getitem__(k)", e.g. an LSTM's final
+    # state) are dropped, as PipeDream's optimizer drops them (nothing reads them)
+    for n in [n for n in nodes if not succs[n] and nodes[n][0].startswith("__getitem__") and preds[n]]:
+        for a in preds[n]:
+            succs[a].remove(n)
+        del nodes[n], preds[n], succs[n]
 
     def key(n: str) -> tuple:
         digits = "".join(ch for ch in n if ch.isdigit())
         return (int(digits) if digits else 0, n)
 
-    inputs = sorted((n for n in nodes if nodes[n][0].split("(")[0].strip().lower().startswith("input")
-                     and not preds[n]), key=key)
+    # model inputs: Input nodes, and sources that do no work and hold no weights (GNMT's
+    # initial "hidden" state): PipeDream's optimizer gives both no compute
+    def _free(n: str) -> bool:
+        v = nodes[n][1]
+        return v["forward_compute_time"] == v["backward_compute_time"] == v["parameter_size"] == 0
+    inputs = sorted((n for n in nodes if not preds[n] and (
+        nodes[n][0].split("(")[0].strip().lower().startswith("input") or _free(n))), key=key)
     if not inputs:
         raise SpecError(file, None, "Input", "expected an Input node (a node described 'Input' with no predecessor)")
     # Kahn's algorithm, smallest node number first: a deterministic topological order

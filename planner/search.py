@@ -25,6 +25,7 @@ from fpga_models.cluster import Cluster
 from . import partition as part
 from fpga_models.allocate import allocate_stage, engine_share, tm_spill_cycles
 
+from .peer_pipedream import PeerInput, cluster_levels, solve as peer_solve
 from .pipeline import replay, replay_2bw, replay_pipedream, ring_allreduce_s, steady_pipedream
 from .mesh import Resharder, cut_layouts, cut_shape, tp_stage_model
 from .stagecost import LayerTable, StageModel, cut_bytes, layer_table, layer_times, stage_model
@@ -41,6 +42,8 @@ DEPTH_SLACK = 3.0
 GROUP_SLACK = 0.05  # explore's slack for per-position replica groups (see explore)
 REPLAY_M = 128      # micro-batches replayed exactly before the replay is extrapolated (finish)
 GROUP_BOARDS = 8    # clusters up to this size search every per-position replica vector
+STREAM_K = 16       # asynchronous PipeDream: J of a stream of this many iterations (Explorer.jm)
+HIER_BOARDS = 16    # beyond GROUP_BOARDS and up to this size: PipeDream's hierarchical DP proposes groups
 STAGE_TIMES_BYTES = 64 << 20   # stage-time tables kept between problem() calls (planner memory budget 500 MB)
 
 
@@ -194,6 +197,7 @@ class Explorer:
         self._stage_times: dict[tuple, np.ndarray] = {}   # problem(): stage-time tables (before tmax)
         self._stage_times_bytes = 0
         self._lb: dict[Config, float] = {}
+        self._hier_bounds: dict[tuple, list] = {}   # hier_layouts: the DP's partitions of each layout
         self._types: dict[tuple, str | None] = {}
         self._kinds: dict[tuple, tuple] = {}
         self.n = len(model.layers)
@@ -540,7 +544,7 @@ class Explorer:
             # inside a residual block (what the RTL and simple links can carry)
             C[:, self.open_cuts] = math.inf
             O[:, self.open_cuts] = math.inf
-        return part.Problem(n, T, C, O, c.m, c.v, X)
+        return part.Problem(n, T, C, O, self.jm(c), c.v, X)
 
     @property
     def open_cuts(self) -> np.ndarray:
@@ -621,7 +625,7 @@ class Explorer:
                 inv = sum(1.0 / self.beta_at(c, s % c.p) for s in range(V))
                 types = {t for t, _k, _b in self.kinds(c)}
                 bott = max(bott, self.rate_floor(types, c.recompute) / inv)
-            lb = self._lb[c] = (tot + csum) / c.v + xs + (c.m * c.v - 1) * bott
+            lb = self._lb[c] = (tot + csum) / c.v + xs + (self.jm(c) * c.v - 1) * bott
         return lb
 
     def rate_floor(self, types, recompute: bool) -> float:
@@ -743,9 +747,10 @@ class Explorer:
         """Per-position replica groups: every vector (r_1..r_p), r_d <= rmax, sum <= N,
         p <= layers, cut from each of :meth:`orders` as consecutive blocks (positions whose
         boards mix types dropped). Exhaustive up to GROUP_BOARDS boards; beyond, only the
-        plain (r, p) shapes of :meth:`shapes` (the vectors grow as 2^N)."""
+        plain (r, p) shapes of :meth:`shapes` (the vectors grow as 2^N) and, up to
+        HIER_BOARDS, the layouts of :meth:`hier_layouts`."""
         if self.N > GROUP_BOARDS:
-            return []
+            return self.hier_layouts()
         out = set()
 
         def vectors(left: int, p_left: int):
@@ -767,6 +772,37 @@ class Explorer:
                 probe = Config("1f1b", 1, 1, len(g), 1, 1, False, groups=g)
                 if all(self.stage_type(probe, d) is not None for d in range(len(g))):
                     out.add(g)
+        return sorted(out)
+
+    def jm(self, c: Config) -> int:
+        """The micro-batch count J is computed with: m, or for asynchronous PipeDream (one
+        stream that never flushes) m x STREAM_K, J of a stream of STREAM_K iterations, in
+        which the fill and drain (the sum term) are paid once: J / STREAM_K tends to
+        m x the bottleneck, the steady state the replay ranks (at m = 1, J with m alone
+        would be the pipeline's latency, and picked partitions for it)."""
+        return c.m * STREAM_K if self.train and c.schedule == "pipedream" else c.m
+
+    def hier_layouts(self) -> list[tuple[tuple[int, ...], ...]]:
+        """Replica groups beyond GROUP_BOARDS (up to HIER_BOARDS boards of one type in
+        equal hosts): the plans PipeDream's hierarchical DP (planner.peer_pipedream.solve:
+        boards in a host, hosts on the network) picks on this explorer's own per-layer
+        costs at G / N samples a board, with and without its cut term. Non-uniform replica
+        counts and replicas across hosts (e.g. 12-3-1) that the plain shapes cannot
+        express; the partition of each layout is then solved exactly (section 5)."""
+        lv = cluster_levels(self.cluster, self.boards) if self.N <= HIER_BOARDS and len(self.tables) == 1 else None
+        if lv is None:
+            return []
+        levels, cols = lv
+        g, btype = levels[0].units, next(iter(self.tables))
+        sm = self.stage_model(btype, max(1, self.G // self.N), False, "1f1b")
+        comp, par, cut = np.diff(sm.PF + sm.PB), np.diff(sm.PW), sm.IN[1:]
+        out = set()
+        for cuts in (cut, 0 * cut):
+            _t, stages = peer_solve(PeerInput(tuple(comp), tuple(par), tuple(cuts)), levels)
+            groups = tuple(tuple(cols[b // g][b % g] for b in s.boards) for s in stages)
+            out.add(groups)
+            # the DP's own ranges are replayed beside the layout's J-optimal partition (search)
+            self._hier_bounds.setdefault(groups, []).append([(s.first, s.last) for s in stages])
         return sorted(out)
 
     def mesh_vectors(self) -> list[tuple[int, ...]]:
@@ -902,7 +938,7 @@ class Explorer:
             cand = self._solved[c]
             return Candidate(c, list(cand.bounds), cand.objective, cand.exact) if cand else None
         # a partition with J <= jmax has every stage time <= jmax / (m v - 1 + 1/v)
-        tmax = jmax / (c.m * c.v - 1 + 1 / c.v) if math.isfinite(jmax) else math.inf
+        tmax = jmax / (self.jm(c) * c.v - 1 + 1 / c.v) if math.isfinite(jmax) else math.inf
         if not self.may_fit(c, tmax):
             if not math.isfinite(tmax):
                 self._solved[c] = None
@@ -1027,7 +1063,7 @@ class Explorer:
                     os_.append(occ)
                     cs.append((2 if self.train else 1) * (occ + lat + float(extra[b])))
         total = sum(ts) + sum(cs) + c.v * sum(xs)
-        return total / c.v + (c.m * c.v - 1) * max(ts + os_)
+        return total / c.v + (self.jm(c) * c.v - 1) * max(ts + os_)
 
     def explore(self, configs: list[Config], slack: float = SLACK) -> list[Candidate]:
         """Exact partitions of the configurations in lower-bound order, sorted by J: every
@@ -1096,6 +1132,22 @@ class Explorer:
                 done.append(cand)
             else:
                 rest.append(cand)
+        tried: set = set()
+        for cand in found:
+            # a hierarchical layout (hier_layouts): the best-J configuration of each layout
+            # and schedule also replays the DP's own ranges, since J, which picked the
+            # partition, is not the replay
+            c = cand.config
+            if c.groups not in self._hier_bounds or (c.groups, c.schedule) in tried:
+                continue
+            tried.add((c.groups, c.schedule))
+            for hb in self._hier_bounds[c.groups]:
+                if hb != cand.bounds and (c, tuple(hb)) not in seen:
+                    seen.add((c, tuple(hb)))
+                    alt = self.fixed_config(c, hb)
+                    if alt is not None:
+                        self.finish(alt)
+                        done.append(alt)
         done.sort(key=lambda x: (x.iteration_s, x.objective, x.config))
         return done + rest
 

@@ -1,0 +1,222 @@
+"""PipeDream's planner, written from its paper, as a referee for BaPipe's search.
+
+Narayanan et al., "PipeDream: Generalized Pipeline Parallelism for DNN Training", SOSP'19,
+section 3.1: a hierarchical dynamic program over the levels of a cluster (GPUs in a server,
+servers on a network). At level k with m_k units of bandwidth B_k, A^k(i -> j, m) is the
+least time per minibatch of the slowest stage when layers i..j run on m units:
+
+    T^k(i -> j, m)  = (A^{k-1}(i -> j, m_{k-1}) + 4 (m - 1) |w_ij| / (m B_k)) / m
+    A^k(i -> j, m)  = min( T^k(i -> j, m),
+                           min_{i <= s < j, 1 <= m' < m} max(A^k(i -> s, m - m'),
+                                                           2 a_s / B_k,
+                                                           T^k(s + 1 -> j, m')) )
+
+with A^0(i -> j, .) the range's measured forward + backward time (one unit = one GPU),
+|w_ij| its parameter bytes and a_s the bytes crossing the cut after layer s (activations
+one way, gradients back: 2 a_s). The all-reduce term 4 (m - 1) |w| / (m B) and the sum
+(not max) of compute and all-reduce are those of the released optimizer
+(msr-fiddle/pipedream, optimizer/optimizer_graph_hierarchical.py, read on 2026-11-24; this
+is our own code); the released optimizer only counts 2 a_s / B when an activation
+compression ratio is given, the paper always does, and so do we. Like its
+``--use_fewer_machines`` option, A^k(i -> j, m) may also take A^k(i -> j, m - 1) (units
+left idle). The released optimizer divides the all-reduce of a range replicated whole
+across servers by the GPUs per server (each GPU its own uplink) and not that of a range
+split into stages; we divide neither (a server's GPUs share its uplink).
+
+Layers are taken in one topological order and stages are contiguous ranges of it (every
+prefix is a downset of the graph; the peer's antichain states are downsets too). Memory is
+not constrained (the released optimizer's default); `bapipe plan` checks its own.
+
+``solve`` returns the peer's plan flattened to BaPipe stages (range, boards) so that
+``bapipe plan --partition`` can price it; ``price`` prices any such flat plan with the
+peer's formula (per stage: replicas within a host all-reduce at B_1, hosts at B_2;
+cuts at B_1 when both stages sit on the same hosts, B_2 otherwise), so that both planners
+price both plans.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+INF = float("inf")
+
+
+@dataclass(frozen=True)
+class PeerInput:
+    """Per layer, in topological order, for one minibatch of the profiled batch."""
+
+    compute_s: tuple[float, ...]   # forward + backward seconds
+    param_bytes: tuple[float, ...]
+    cut_bytes: tuple[float, ...]   # bytes crossing the cut after layer k (k = 0 .. n-2)
+
+
+@dataclass(frozen=True)
+class Level:
+    """One level of the hierarchy: units (GPUs of a server, or servers) and their bandwidth."""
+
+    units: int
+    bandwidth: float   # bytes/s
+
+
+@dataclass(frozen=True)
+class PeerStage:
+    first: int
+    last: int
+    boards: tuple[int, ...]   # board indices (host h, slot g) -> h * units_1 + g
+
+
+def cluster_levels(cluster, boards=None) -> tuple[list[Level], list[list[int]]] | None:
+    """The two levels of ``boards`` (default: the cluster's, in order) grouped by host, and the
+    board indices of each host ([host][slot]); None unless there are >= 2 hosts of equal size.
+    B_1 is the bandwidth between two boards of a host, B_2 between two hosts (route bottleneck)."""
+    boards = list(cluster.boards if boards is None else boards)
+    hosts: dict = {}
+    for i, cb in enumerate(boards):
+        hosts.setdefault(cb.host, []).append(i)
+    cols = list(hosts.values())
+    if len(cols) < 2 or len({len(h) for h in cols}) != 1:
+        return None
+    bw = lambda a, b: cluster.path_bandwidth(boards[a].name, boards[b].name)  # noqa: E731
+    g = len(cols[0])
+    return [Level(g, bw(cols[0][0], cols[0][1]) if g > 1 else float("inf")),
+            Level(len(cols), bw(cols[0][0], cols[1][0]))], cols
+
+
+def peer_input(model, prof: dict) -> PeerInput:
+    """The peer's arrays from a model and a profile {layer: {fwd_s, bwd_s, activation_bytes,
+    param_bytes}} at the profiled batch (bapipe.profiles.load_profile). A cut carries the
+    activation bytes of every tensor crossing it (model inputs: none, as PipeDream zeroes
+    its Input nodes)."""
+    names = [l.name for l in model.layers]
+    size = {n: float(prof[n]["activation_bytes"]) for n in names}
+    comp = tuple(float(prof[n]["fwd_s"] + prof[n]["bwd_s"]) for n in names)
+    par = tuple(float(prof[n]["param_bytes"]) for n in names)
+    cut = tuple(sum(size.get(t.producer, 0.0) for t in model.cut_tensors(k)) for k in range(len(names) - 1))
+    return PeerInput(comp, par, cut)
+
+
+def _allreduce(w, m: int, bw: float):
+    """The released optimizer's data-parallel term: 4 (m - 1) |w| / (m B)."""
+    return 4.0 * (m - 1) * w / (m * bw)
+
+
+def _level(base: np.ndarray, W: np.ndarray, cut: np.ndarray, lv: Level, rows: int | None = None):
+    """One level's DP for every range i..j (``base[i, j]``: the range's time on one unit,
+    inf outside i <= j), for starts i < ``rows`` (all by default; the top level needs i = 0
+    only). Returns A[i, j, m-1] and the choices to rebuild the plan: kind[i, j, m-1] = 0
+    whole range replicated m times, 1 fewer units (m-1), 2 split at split[i, j, m-1] with
+    mp[i, j, m-1] units on the last stage."""
+    n, M = base.shape[0], lv.units
+    R = n if rows is None else rows
+    # T[i, j, q-1]: range i..j as one stage on q units (any start: it can be a last stage)
+    T = np.stack([(base + _allreduce(W, q, lv.bandwidth)) / q for q in range(1, M + 1)], axis=2)
+    A = T[:R].copy()
+    kind = np.zeros((R, n, M), dtype=np.int8)
+    split = np.full((R, n, M), -1, dtype=np.int32)
+    mp = np.zeros((R, n, M), dtype=np.int32)
+    comm = 2.0 * cut / lv.bandwidth   # comm[s]: the cut after layer s
+    before = np.arange(n)[None, :] < np.arange(R)[:, None]   # s < i: not a split of i..j
+    rr = np.arange(R)
+    for j in range(n):
+        for m in range(1, M + 1):
+            if m > 1:
+                fewer = A[:, j, m - 2] < A[:, j, m - 1]
+                A[fewer, j, m - 1] = A[fewer, j, m - 2]
+                kind[fewer, j, m - 1] = 1
+            for q in range(1, m if j > 0 else 1):
+                cand = np.maximum(np.maximum(A[:, :j, m - q - 1], comm[None, :j]), T[1:j + 1, j, q - 1][None, :])
+                cand[before[:, :j]] = INF
+                s = np.argmin(cand, axis=1)
+                best = cand[rr, s]
+                better = best < A[:, j, m - 1]
+                A[better, j, m - 1] = best[better]
+                kind[better, j, m - 1] = 2
+                split[better, j, m - 1] = s[better]
+                mp[better, j, m - 1] = q
+    return A, kind, split, mp
+
+
+def _unfold(tabs, i: int, j: int, m: int) -> list[tuple[int, int, int]]:
+    """Rebuild one level's stages for range i..j on m units: [(first, last, units)]."""
+    A, kind, split, mp = tabs
+    out: list[tuple[int, int, int]] = []
+    while True:
+        k = kind[i, j, m - 1]
+        if k == 1:
+            m -= 1
+        elif k == 2:
+            s, q = int(split[i, j, m - 1]), int(mp[i, j, m - 1])
+            out.append((s + 1, j, q))
+            j, m = s, m - q
+        else:
+            out.append((i, j, m))
+            return out[::-1]
+
+
+def solve(inp: PeerInput, levels: list[Level]) -> tuple[float, list[PeerStage]]:
+    """PipeDream's optimum for the whole model on the cluster ``levels`` (innermost first,
+    e.g. [Level(4 GPUs, NVLink), Level(4 servers, network)]): (time per minibatch, stages).
+    Boards are numbered host-major: server h's GPU g is h * levels[0].units + g."""
+    c = np.asarray(inp.compute_s)
+    w = np.asarray(inp.param_bytes)
+    n = len(c)
+    cs, ws = np.concatenate(([0.0], np.cumsum(c))), np.concatenate(([0.0], np.cumsum(w)))
+    i, j = np.meshgrid(np.arange(n), np.arange(n), indexing="ij")
+    valid = i <= j
+    W = np.where(valid, ws[j + 1] - ws[i], 0.0)
+    base = np.where(valid, cs[j + 1] - cs[i], INF)
+    cut = np.asarray(inp.cut_bytes, dtype=float)
+    tabs = []
+    for k, lv in enumerate(levels):
+        t = _level(base, W, cut, lv, rows=1 if k == len(levels) - 1 else None)
+        tabs.append(t)
+        base = t[0][:, :, lv.units - 1]
+    # expand from the top level down: a unit at level k is a block of prod(units below k) boards
+    sizes = [1]
+    for lv in levels[:-1]:
+        sizes.append(sizes[-1] * lv.units)
+    stages = [(0, n - 1, [0])]   # (first, last, first boards of the units used at this level)
+    for k in range(len(levels) - 1, -1, -1):
+        nxt = []
+        for a, b, starts in stages:
+            used = 0
+            for f, l, q in _unfold(tabs[k], a, b, levels[k].units):
+                nxt.append((f, l, [s0 + (used + u) * sizes[k] for s0 in starts for u in range(q)]))
+                used += q
+        stages = nxt
+    time = float(tabs[-1][0][0, n - 1, levels[-1].units - 1])
+    return time, [PeerStage(f, l, tuple(sorted(bs))) for f, l, bs in stages]
+
+
+def price(inp: PeerInput, stages: list[PeerStage], levels: list[Level], overlap: bool = False) -> float:
+    """The peer's formula applied to a flat plan (any replica counts and boards): per stage,
+    ((C + AR(g, B_1)) / g + AR(h, B_2)) / h with g replicas on each of h hosts (g the most
+    on one host), and 2 a / B for each cut (B_1 when both stages use the same hosts, else
+    B_2); the plan's time per minibatch is the largest. Two levels (GPUs in servers).
+    For the peer's own plan this is its DP value when every server-level stage holds one
+    GPU-level stage (else at most that: the DP all-reduces the server stage's weights).
+    ``overlap``: the all-reduce overlaps the compute, max(C, AR(g, B_1) + g AR(h, B_2)) / (g h)
+    (a variant, to show what the sum costs; not the peer's formula)."""
+    if len(levels) != 2:
+        raise ValueError("price: expected two levels (boards in hosts, hosts on a network)")
+    g_units, b1, b2 = levels[0].units, levels[0].bandwidth, levels[1].bandwidth
+    c, w = np.asarray(inp.compute_s), np.asarray(inp.param_bytes)
+    worst = 0.0
+    hosts_prev = None
+    for s in stages:
+        hosts: dict[int, int] = {}
+        for b in s.boards:
+            hosts[b // g_units] = hosts.get(b // g_units, 0) + 1
+        g, h = max(hosts.values()), len(hosts)
+        C, Wb = float(c[s.first:s.last + 1].sum()), float(w[s.first:s.last + 1].sum())
+        if overlap:
+            t = max(C, _allreduce(Wb, g, b1) + g * _allreduce(Wb, h, b2)) / (g * h)
+        else:
+            t = ((C + _allreduce(Wb, g, b1)) / g + _allreduce(Wb, h, b2)) / h
+        worst = max(worst, t)
+        if hosts_prev is not None:
+            bw = b1 if set(hosts) == hosts_prev else b2
+            worst = max(worst, 2.0 * inp.cut_bytes[s.first - 1] / bw)
+        hosts_prev = set(hosts)
+    return worst

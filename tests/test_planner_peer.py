@@ -1,0 +1,151 @@
+"""PipeDream's planner as a referee (planner.peer_pipedream) and the peer comparison of
+bench/peer.py on PipeDream's published profiles (tests/fixtures/pipedream)."""
+from __future__ import annotations
+
+import itertools
+import math
+import random
+import sys
+from pathlib import Path
+
+import pytest
+
+from planner.peer_pipedream import Level, PeerInput, PeerStage, price, solve
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+
+#: DP vs enumeration: both take the max of the same few float sums and quotients, in a
+#: different order (prefix-sum differences vs direct sums): a few ulps of the largest time
+REL = 1e-12
+
+
+def enumerate_best(inp: PeerInput, M: int, bw: float) -> float:
+    """One level by brute force: every partition into contiguous stages x every replica
+    vector with sum <= M; a plan's time is max over stages (C + 4 (r-1) W / (r B)) / r and
+    over cuts 2 a / B."""
+    n = len(inp.compute_s)
+    best = math.inf
+    for k in range(n):
+        for cuts in itertools.combinations(range(n - 1), k):
+            bounds = list(zip((0,) + tuple(c + 1 for c in cuts), cuts + (n - 1,)))
+            comm = max((2 * inp.cut_bytes[c] / bw for c in cuts), default=0.0)
+            for reps in itertools.product(range(1, M + 1), repeat=len(bounds)):
+                if sum(reps) > M:
+                    continue
+                t = comm
+                for (a, b), r in zip(bounds, reps):
+                    C, W = sum(inp.compute_s[a:b + 1]), sum(inp.param_bytes[a:b + 1])
+                    t = max(t, (C + 4 * (r - 1) * W / (r * bw)) / r)
+                best = min(best, t)
+    return best
+
+
+def test_peer_dp_equals_enumeration_on_one_level():
+    """With one board a host the hierarchy is one level (the hosts): the DP's optimum equals
+    exhaustive enumeration on 120 random instances (up to 7 layers, 5 hosts), and pricing
+    the DP's own plan gives its value back."""
+    rng = random.Random(19)
+    for _ in range(120):
+        n, M = rng.randint(1, 7), rng.randint(1, 5)
+        bw = rng.choice([1e9, 1e10, 5e10])
+        inp = PeerInput(tuple(rng.uniform(0.1, 10) * 1e-3 for _ in range(n)),
+                        tuple(rng.choice([0.0, rng.uniform(1, 500) * 1e6]) for _ in range(n)),
+                        tuple(rng.uniform(0, 50) * 1e6 for _ in range(n - 1)))
+        levels = [Level(1, math.inf), Level(M, bw)]
+        t, stages = solve(inp, levels)
+        want = enumerate_best(inp, M, bw)
+        assert t == pytest.approx(want, rel=REL)
+        assert sum(len(s.boards) for s in stages) <= M
+        assert [s.first for s in stages] == [0] + [s.last + 1 for s in stages[:-1]] and stages[-1].last == n - 1
+        assert price(inp, stages, levels) == pytest.approx(t, rel=REL)
+
+
+def test_peer_two_levels_by_hand():
+    """Two equal layers, 2 hosts x 2 boards (hand-computed): data parallel over all 4 costs
+    ((2C + AR(2W, 2, B1)) / 2 + AR(2W, 2, B2)) / 2 = 5.187 ms; a two-stage pipeline inside
+    each host (cut 2a / B1 = 2 ms < C), replicated across the hosts, costs
+    (C + AR(2W, 2, B2)) / 2 = 5.167 ms: the DP puts the replicas across hosts and the
+    pipeline inside them."""
+    C, W, a = 0.010, 1e6, 50e6
+    inp = PeerInput((C, C), (W, W), (a,))
+    b1, b2 = 50e9, 12e9
+    levels = [Level(2, b1), Level(2, b2)]
+    t, stages = solve(inp, levels)
+    ar = lambda w, m, b: 4 * (m - 1) * w / (m * b)  # noqa: E731
+    data_parallel = ((2 * C + ar(2 * W, 2, b1)) / 2 + ar(2 * W, 2, b2)) / 2
+    across = (max(C, 2 * a / b1) + ar(2 * W, 2, b2)) / 2
+    assert across < data_parallel
+    assert t == pytest.approx(across, rel=REL)
+    assert stages == [PeerStage(0, 0, (0, 2)), PeerStage(1, 1, (1, 3))]
+    assert price(inp, [PeerStage(0, 1, (0, 1, 2, 3))], levels) == pytest.approx(data_parallel, rel=REL)
+
+
+def test_pipedream_graph_imports_with_multi_output_nodes(tmp_path):
+    """GNMT's published graph.txt: activation sizes listed per output are summed, the
+    'hidden' source (no work, no weights) is a model input, unused __getitem__ sinks are
+    dropped as PipeDream's optimizer drops them; the model loads and every cut's bytes are
+    those of the tensors crossing it."""
+    from bapipe.profiles import import_pipedream_graph, load_profile
+    from bapipe.spec import load_model
+
+    mtext, ptext = import_pipedream_graph(str(ROOT / "tests/fixtures/pipedream/gnmt/graph.txt"), 32, name="gnmt8")
+    (tmp_path / "m.yaml").write_text(mtext)
+    (tmp_path / "p.yaml").write_text(ptext)
+    model = load_model(str(tmp_path / "m.yaml"))
+    assert [i.name for i in model.inputs] == ["node1", "node2", "node3", "node20"]
+    # 48 nodes - 4 inputs - 8 unused __getitem__ outputs (node9, 13, 18, 25, 27, 33, 39, 46)
+    assert len(model.layers) == 36
+    prof = load_profile(str(tmp_path / "p.yaml"), model)
+    assert prof["node23"]["activation_bytes"] == 6160384 + 131072 + 131072 + 6160384 + 288768
+    assert prof["node48"]["param_bytes"] == 132512000
+
+
+def test_peer_plans_on_published_profiles():
+    """PipeDream's DP on its own profiles, 16xV100 (4 hosts x 4 V100): VGG-16 gets the
+    paper's kind of plan, a 12-3-1 replicated pipeline, priced back to its DP value."""
+    from peer import CLUSTER, load_case
+    from fpga_models.cluster import load_cluster
+    from planner.peer_pipedream import cluster_levels, peer_input
+    import tempfile
+
+    levels, _ = cluster_levels(load_cluster(CLUSTER))
+    assert [(lv.units, lv.bandwidth) for lv in levels] == [(4, 50e9), (4, 12e9)]
+    with tempfile.TemporaryDirectory() as tmp:
+        model, prof, *_ = load_case("vgg16", Path(tmp))
+    inp = peer_input(model, prof)
+    t, stages = solve(inp, levels)
+    assert [(s.first, s.last, len(s.boards)) for s in stages] == [(0, 16, 12), (17, 24, 3), (25, 39, 1)]
+    assert stages[0].boards == tuple(range(12)) and stages[2].boards == (15,)
+    assert t == pytest.approx(0.043402095, rel=1e-8)   # printed to 9 digits
+    assert price(inp, stages, levels) == pytest.approx(t, rel=REL)
+
+
+def _compare(name):
+    import tempfile
+
+    from peer import run_case
+    with tempfile.TemporaryDirectory() as tmp:
+        return run_case(name, Path(tmp))
+
+
+@pytest.mark.slow
+def test_ours_beats_peer_under_our_model_gnmt8():
+    """GNMT-8: our plan is faster than PipeDream's under our model (it used to lose by 2.3%:
+    J priced the asynchronous stream at m = 1 as the pipeline's latency, and the layout
+    needed non-uniform replicas beyond 8 boards) and under the peer's formula with the
+    all-reduce overlapped; under the peer's own formula (sum) it is slower (exact DP)."""
+    r = _compare("gnmt8")
+    assert r["our_model"]["ours_s"] < r["our_model"]["peer_s"]
+    assert r["peer_formula_overlapped"]["ours_s"] < r["peer_formula_overlapped"]["peer_s"]
+    assert r["peer_formula"]["peer_s"] <= r["peer_formula"]["ours_s"]   # nothing beats an exact DP on its formula
+    assert r["peer_formula"]["peer_s"] == pytest.approx(r["peer_dp_s"], rel=REL)
+
+
+@pytest.mark.soak
+@pytest.mark.parametrize("name", ["vgg16", "resnet50"])
+def test_ours_beats_peer_under_our_model(name):
+    r = _compare(name)
+    assert r["our_model"]["ours_s"] < r["our_model"]["peer_s"]
+    assert r["peer_formula_overlapped"]["ours_s"] < r["peer_formula_overlapped"]["peer_s"]
+    assert r["peer_formula"]["peer_s"] <= r["peer_formula"]["ours_s"]
