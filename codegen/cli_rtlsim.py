@@ -75,6 +75,13 @@ def cmd_rtlsim(args):
         if samples is not None:   # silently ignoring it would report a run the user did not ask for
             raise SpecError(None, None, "--samples", "a training build runs whole iterations: expected "
                             "--iterations K instead of --samples")
+        for opt, given in (("--stage-samples", getattr(args, "stage_samples", None) is not None),
+                           ("--no-stages", getattr(args, "stages", True) is False),
+                           ("--threads", getattr(args, "threads", 1) not in (None, 1)),
+                           ("--engine", getattr(args, "engine", "cpp") not in (None, "cpp"))):
+            if given:   # forward-run options a training run does not have: refused, not ignored
+                raise SpecError(None, None, opt, "applies to forward (mode: inference) builds; a training "
+                                "build runs whole iterations with the C++ harness (--iterations K)")
         check_build(build)
         r = train_rtlsim(build, int(getattr(args, "iterations", 2)))
         return r, (0 if r["weights_match"] and r["outputs_match"] else 1)

@@ -657,6 +657,15 @@ def test_gen_table_shows_the_designs_cycles_beside_the_plans(at, capsys):
     assert "Design fwd cyc/sample  plan fwd cyc/sample" in show_gen(json.loads(out))
 
 
+@pytest.mark.parametrize("opt", [["--threads", "0"], ["--threads", "2"], ["--stage-samples", "0"], ["--no-stages"],
+                                 ["--engine", "cocotb"]])
+def test_rtlsim_of_a_training_build_refuses_forward_run_options(at, capsys, opt):
+    """`rtlsim --threads 0` (and --stage-samples 0) on the training build ran for 83 s and
+    exited 0: the training run has no such options, so it ignored them."""
+    assert (at / "build" / "rtl" / "train" / "manifest.json").exists()   # p.yaml is a mode: train plan
+    _refused(capsys, ["rtlsim", "build", *opt], opt[0], "training build")
+
+
 def test_retries_is_a_run_option_and_refuses_negatives(at, capsys):
     from bapipe.cli import build_parser
 
