@@ -15,13 +15,13 @@ from typing import Any
 import yaml
 
 from .errors import SpecError
+from .numformats import FORMATS  # the one number-format table
 from .schedules import SCHEDULES
 from .yamlio import Fields, Node, load_file
 
 PLAN_VERSION = 1
 MODES = ("train", "inference")
 STYLES = ("dataflow", "time-multiplexed", "gpu")
-FORMATS = ("fixed16", "int8", "fp16", "bf16", "fp32")
 
 
 @dataclass

@@ -63,11 +63,13 @@ def generate_plan(plan, model, cluster, out_dir: str | Path, plan_text: str | No
     package.check_engines(engines, ctx, True, None)
     out = Path(out_dir)
     rtl_files: list[Path] = []
+    ddict = None    # the Design (codegen.design.design_dict) when the RTL lowering built one
     kernels = []
     if importlib.util.find_spec("codegen.rtl") is not None:
         rtl = importlib.import_module("codegen.rtl")
         params = rtl.plan_weights(plan, model) if engines == "rtl" else None
-        rtl_files = list(rtl.render_rtl(plan, model, cluster, out / "rtl", params=params) or [])
+        rtl_paths, ddict = rtl.write_rtl(plan, model, cluster, out / "rtl", params=params)
+        rtl_files = list(rtl_paths)
         if engines == "rtl":
             man = json.loads((out / "rtl" / "manifest.json").read_text(encoding="utf-8"))
             package.check_engines(engines, ctx, bool(man.get("supported")), man.get("reason"))
@@ -89,7 +91,7 @@ def generate_plan(plan, model, cluster, out_dir: str | Path, plan_text: str | No
         sys.stderr.write(f"bapipe gen: warning: {line}\n")
     write_stamp(out, ctx.fingerprint, [*paths, *rtl_files], {"engines": engines,
                                                            "xrt": package.xrt_manifest(ctx, engines)})
-    design = _design_cycles(out)
+    design = _design_cycles(ddict)
     return {
         "output": str(out), "fingerprint": ctx.fingerprint, "files": len(paths), "rtl_files": len(rtl_files),
         "format": ctx.fmt.name,
@@ -227,13 +229,10 @@ def cmd_gen(args) -> dict:
     return result
 
 
-def _design_cycles(out: Path) -> dict[int, float]:
-    """Stage index -> the Design's forward cycles per sample (build/design.json; empty when
-    the lowering built no Design for this plan)."""
-    try:
-        stages = json.loads((out / "design.json").read_text(encoding="utf-8")).get("stages", [])
-    except (OSError, ValueError):
-        return {}
+def _design_cycles(design: dict | None) -> dict[int, float]:
+    """Stage index -> the Design's forward cycles per sample (the Design the RTL lowering
+    wrote as build/design.json; empty when it built none for this plan)."""
+    stages = (design or {}).get("stages", [])
     return {s["index"]: s["design_cycles_per_sample"] for s in stages if "design_cycles_per_sample" in s}
 
 

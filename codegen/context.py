@@ -17,6 +17,7 @@ from bapipe.layers import Layer, prod
 from bapipe.names import legal
 from bapipe.plan import Folding, Plan, Stage
 from fpga_models import fixedpoint as fx
+from fpga_models.weights import layer_draws
 
 GENERATOR = "bapipe gen"
 VERSION = "0.1.0"
@@ -351,34 +352,28 @@ def library_refusal(l: Layer) -> str | None:
 
 
 def make_weights(plan: Plan, model) -> dict[str, dict[str, np.ndarray]]:
-    """Deterministic raw weights (model layout) for every weighted layer of the plan's stages.
-
-    Drawn in stage order, layer order from ``np.random.default_rng(weight_seed(plan))``;
-    uniform He-style ranges so activations neither vanish nor saturate in fixed point.
-    """
+    """Fixed-point weights (model layout) of every weighted layer of the plan's FPGA stages:
+    ``fpga_models.weights`` draws under ``weight_seed(plan)``, quantized to the plan's format
+    (dense/conv2d ``w``, ``b``: zeros for a layer without bias; batchnorm folded to ``scale``,
+    ``shift``). The one generator's draws, so the host starting from the same seed holds the
+    float weights these round."""
     fmt = fx.get_fmt(plan.number_format)
-    rng = np.random.default_rng(weight_seed(plan))
+    seed = weight_seed(plan)
     out: dict[str, dict[str, np.ndarray]] = {}
     for st in plan.stages:
         if st.style == "gpu":
             continue
         for name in st.layers:
-            l = model.layers[model.index[name]]
+            pos = model.index[name]
+            l = model.layers[pos]
             if l.type in ("dense", "conv2d"):
-                mh, mw = mvu_dims(l)
-                a = float(np.sqrt(3.0 / mw))
-                shape = (mh, mw) if l.type == "dense" else \
-                    (mh, l.in_shapes[0][0] // l.attr.get("groups", 1)) + tuple(l.attr["kernel"])
-                w = fx.quantize(rng.uniform(-a, a, size=shape), fmt)
-                b = fx.quantize(rng.uniform(-0.1, 0.1, size=mh), fmt) if l.attr.get("bias", True) \
-                    else np.zeros(mh, dtype=np.int64)
-                out[name] = {"w": w, "b": b}
+                d = layer_draws(l, seed, pos)
+                mh = d["w"].shape[0]
+                b = fx.quantize(d["b"], fmt) if "b" in d else np.zeros(mh, dtype=np.int64)
+                out[name] = {"w": fx.quantize(d["w"], fmt), "b": b}
             elif l.type == "batchnorm":
-                s = l.in_shapes[0]
-                ch = s[0] if len(s) == 3 else s[-1]
-                gamma, beta = rng.uniform(0.5, 1.5, ch), rng.uniform(-0.5, 0.5, ch)
-                mean, var = rng.uniform(-0.5, 0.5, ch), rng.uniform(0.5, 1.5, ch)
-                scale, shift = fx.fold_batchnorm(gamma, beta, mean, var, fmt)
+                d = layer_draws(l, seed, pos)
+                scale, shift = fx.fold_batchnorm(d["gamma"], d["beta"], d["mean"], d["var"], fmt)
                 out[name] = {"scale": scale, "shift": shift}
     return out
 

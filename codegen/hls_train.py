@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from fpga_models.collective import ring_steps
+
 
 #: elements of a weight array on which the forward layout is checked at gen time (spread evenly;
 #: a column order that is wrong moves nearly every element, so a few thousand find it)
@@ -128,9 +130,10 @@ class UpdateCtx:
 
     @property
     def allreduce_cycles(self) -> int:
-        """Loop trips of one all-reduce call: 2 (R - 1) chunks of ceil(N / R) words per array."""
+        """Loop trips of one all-reduce call: 2 (R - 1) chunks (``ring_steps``) of ceil(N / R)
+        words per array."""
         r = self.replicas
-        return sum(2 * (r - 1) * (-(-n // r)) for _, n in self.grads)
+        return sum(ring_steps(r) * (-(-n // r)) for _, n in self.grads)
 
     @property
     def params(self) -> list[str]:

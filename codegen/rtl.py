@@ -293,6 +293,13 @@ def render_rtl(plan, model, cluster, out_dir: Path, params=None) -> list[Path]:
     Returns the paths written, sorted. (An ``out_dir`` already named ``rtl`` is used as is,
     so callers passing ``build/rtl`` get the same tree.)
     """
+    return write_rtl(plan, model, cluster, out_dir, params)[0]
+
+
+def write_rtl(plan, model, cluster, out_dir: Path, params=None) -> tuple[list[Path], dict | None]:
+    """:func:`render_rtl`, also returning the Design as written to design.json (None when
+    the lowering does not support the plan), for callers that report from it."""
+    ddict = None
     out_dir = Path(out_dir)
     rtl = out_dir if out_dir.name == "rtl" else out_dir / "rtl"
     rtl.mkdir(parents=True, exist_ok=True)
@@ -340,7 +347,7 @@ def render_rtl(plan, model, cluster, out_dir: Path, params=None) -> list[Path]:
         p = rtl / name
         p.write_text(written[name], encoding="utf-8")
         paths.append(p)
-    return sorted(paths)
+    return sorted(paths), ddict
 
 
 __all__ = ["render_rtl", "render_template", "render_mvu", "render_router", "render_pipeline", "rtl_env",

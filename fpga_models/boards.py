@@ -15,10 +15,10 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any, Mapping
 
 from bapipe.errors import SpecError
+from bapipe.numformats import FORMATS, NUMBER_FORMATS
 from bapipe.yamlio import Node, _kind
 
-FORMATS = ("fixed16", "int8", "fp16", "bf16", "fp32")
-_BYTES = {"fixed16": 2, "int8": 1, "fp16": 2, "bf16": 2, "fp32": 4}
+_BYTES = {n: f.bytes for n, f in NUMBER_FORMATS.items()}   # the one table: bapipe.numformats
 
 GiB = 2**30
 BRAM36_BYTES = 36 * 1024 // 8  # one BRAM36 holds 36 Kib

@@ -166,12 +166,23 @@ class Cluster:
                     heapq.heappush(heap, (*label, links + (ln,)))
         return None
 
+    def path(self, a: str, b: str) -> tuple[tuple[tuple[str, str, Link], ...], float, float]:
+        """The one route function: (the route's hops from a to b as (from node, to node, link),
+        its bandwidth (the slowest link's), its latency (the links' sum)); ((), inf, 0.0) if
+        a == b. The planner, the simulator, resharding and lowering all read routes here."""
+        hops, node = [], a
+        for ln in self.route(a, b):
+            nxt = ln.b if ln.a == node else ln.a
+            hops.append((node, nxt, ln))
+            node = nxt
+        return (tuple(hops), min((h[2].bandwidth_Bps for h in hops), default=math.inf),
+                float(sum(h[2].latency_s for h in hops)))
+
     def path_bandwidth(self, a: str, b: str) -> float:
-        r = self.route(a, b)
-        return min((ln.bandwidth_Bps for ln in r), default=math.inf)
+        return self.path(a, b)[1]
 
     def path_latency(self, a: str, b: str) -> float:
-        return float(sum(ln.latency_s for ln in self.route(a, b)))
+        return self.path(a, b)[2]
 
     # --- serialization -----------------------------------------------------------------
     def to_dict(self) -> dict:

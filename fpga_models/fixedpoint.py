@@ -16,6 +16,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from bapipe.numformats import NUMBER_FORMATS
+
 
 @dataclass(frozen=True)
 class Fmt:
@@ -62,10 +64,7 @@ class Fmt:
 
 
 #: plan number_format -> format. fixed16 follows hls4ml's default ap_fixed<16,6>.
-FORMATS: dict[str, Fmt] = {
-    "fixed16": Fmt("fixed16", 16, 10),
-    "int8": Fmt("int8", 8, 4),
-}
+FORMATS: dict[str, Fmt] = {n: Fmt(n, f.width, f.frac) for n, f in NUMBER_FORMATS.items() if f.fixed}
 
 #: avgpool reciprocal fraction bits: R = round(2^AVG_BITS / n), an ap_ufixed<AVG_BITS+1, 1>
 AVG_BITS = 18

@@ -50,6 +50,7 @@ from dataclasses import dataclass, field
 from bapipe.errors import SpecError
 from bapipe.schedules import ASYNC, allreduce_gate, device_ops, stream_ops
 
+from .collective import ring_share, ring_steps
 from .engines import link_clock, link_transfer
 
 # event codes
@@ -289,15 +290,10 @@ class _Net:
         return i
 
     def path(self, a: str, b: str) -> tuple[tuple[int, ...], float, float]:
-        """(directed link ids, slowest bandwidth, total latency) from board a to board b."""
-        if a == b:
-            return (), math.inf, 0.0
-        node, ids = a, []
-        for ln in self.cluster.route(a, b):
-            nxt = ln.b if ln.a == node else ln.a
-            ids.append(self._link(node, nxt, ln.bandwidth_Bps, ln.latency_s, ln.kind))
-            node = nxt
-        return tuple(ids), min(self.bw[i] for i in ids), sum(self.lat[i] for i in ids)
+        """(directed link ids, slowest bandwidth, total latency) from board a to board b
+        (the route, its bandwidth and latency: ``Cluster.path``)."""
+        hops, bw, lat = self.cluster.path(a, b)
+        return tuple(self._link(u, v, ln.bandwidth_Bps, ln.latency_s, ln.kind) for u, v, ln in hops), bw, lat
 
     def pcie(self, board: str, to_board: bool) -> tuple[tuple[int, ...], float, float]:
         """The PCIe path between a board and its host, in either direction."""
@@ -555,13 +551,13 @@ def simulate(plan, model=None, cluster=None, iterations: int = 1, config: SimCon
             rings.append(None)
             continue
         grad = sum(grad_bytes(x) for x in stages if x.device == st.device) if per_device else grad_bytes(st)
-        share = grad / r
+        share = ring_share(grad, r)
         leads = replica_leads(st)
         hops = []
         for i in range(r):
             ids, bw, lat = net.path(leads[i], leads[(i + 1) % r])
             hops.append((ids, share / bw if ids else 0.0, lat, share))
-        rings.append((hops, 2 * (r - 1), r))
+        rings.append((hops, ring_steps(r), r))
     # per (stage, iteration): remaining replicas to finish; per device and iteration: stages left
     ar_left: dict[tuple[int, int], int] = {}
     ar_start: dict[tuple[int, int], float] = {}

@@ -19,6 +19,8 @@ import numpy as np
 
 from bapipe.errors import SpecError
 from bapipe.layers import Layer
+from fpga_models.weights import draw
+from fpga_models.weights import norm_channels as _norm_channels
 
 #: the layers' float type: float32, what the pipeline computes in; float64 only while
 #: :func:`float_type` says so (the single-device gradient reference of host.driver)
@@ -40,35 +42,30 @@ def float_type(t):
 
 
 def init_params(layer: Layer, rng: np.random.Generator) -> dict[str, np.ndarray]:
-    """Initial weights of ``layer``: He-normal kernels, zero biases, unit norm scales."""
-    t, a = layer.type, layer.attr
+    """Initial weights of ``layer`` in this module's layout and float type: the project's one
+    generator's draws (``fpga_models.weights.draw``), dense ``W`` transposed to (in, units),
+    norm ``gamma``/``beta``."""
+    t = layer.type
+    d = draw(layer, rng)
     if t == "dense":
-        fan_in = layer.in_shapes[0][-1]
-        p = {"W": (rng.standard_normal((fan_in, a["units"])) * math.sqrt(2.0 / fan_in)).astype(F32)}
-        if a.get("bias", True):
-            p["b"] = np.zeros(a["units"], F32)
-        return p
+        return {"W": d["w"].T.astype(F32), **({"b": d["b"].astype(F32)} if "b" in d else {})}
     if t == "conv2d":
-        c_in = layer.in_shapes[0][0]
-        kh, kw = a["kernel"]
-        fan_in = c_in // a["groups"] * kh * kw
-        p = {"W": (rng.standard_normal((a["out_channels"], c_in // a["groups"], kh, kw))
-                   * math.sqrt(2.0 / fan_in)).astype(F32)}
-        if a.get("bias", True):
-            p["b"] = np.zeros(a["out_channels"], F32)
-        return p
+        return {"W": d["w"].astype(F32), **({"b": d["b"].astype(F32)} if "b" in d else {})}
     if t in ("batchnorm", "layernorm"):
-        ch = _norm_channels(layer)
-        return {"gamma": np.ones(ch, F32), "beta": np.zeros(ch, F32)}
+        return {"gamma": d["gamma"].astype(F32), "beta": d["beta"].astype(F32)}
     if t in _FUNCS:
         return {}
     raise unsupported(layer)
 
 
-def init_state(layer: Layer) -> dict[str, np.ndarray]:
-    """Non-trained buffers: batch-norm running mean and variance."""
+def init_state(layer: Layer, draws: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+    """Non-trained buffers: batch-norm running mean and variance, from the generator's
+    ``draws`` of the layer (``mean``, ``var``: the statistics the hardware folds in) when
+    given, else 0 and 1."""
     if layer.type == "batchnorm":
         ch = _norm_channels(layer)
+        if draws is not None:
+            return {"running_mean": draws["mean"].astype(F32), "running_var": draws["var"].astype(F32)}
         return {"running_mean": np.zeros(ch, F32), "running_var": np.ones(ch, F32)}
     return {}
 
@@ -300,11 +297,6 @@ def _softmax_b(layer, p, y, dy):
 
 
 # ---------------------------------------------------------------- normalisation
-
-
-def _norm_channels(layer: Layer) -> int:
-    s = layer.in_shapes[0]
-    return s[0] if (layer.type == "batchnorm" and len(s) == 3) else s[-1]
 
 
 def _bn_axes(x: np.ndarray) -> tuple[tuple[int, ...], tuple[int, ...]]:

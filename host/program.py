@@ -15,6 +15,7 @@ from typing import Callable
 import numpy as np
 
 from bapipe.spec import Model
+from fpga_models.weights import layer_draws
 
 from . import layers_np as L
 
@@ -37,16 +38,15 @@ def stage_outputs(model: Model, last: int) -> list[str]:
 
 
 def init_stage_params(model: Model, first: int, last: int, seed: int) -> tuple[dict[str, Arrays], dict[str, Arrays]]:
-    """Initial weights and buffers of layers first..last.
-
-    Each layer draws from its own generator seeded by (seed, position), so a layer starts
-    with the same weights however the model is partitioned.
-    """
+    """Initial weights and buffers of layers first..last: the project's one generator's
+    draws (``fpga_models.weights.layer_draws``, seeded by (seed, position), so a layer
+    starts with the same weights however the model is partitioned) as float32; batch-norm
+    running statistics start at the drawn mean and variance (what the hardware folds in)."""
     params, state = {}, {}
     for pos in range(first, last + 1):
         layer = model.layers[pos]
         params[layer.name] = L.init_params(layer, np.random.default_rng([seed, pos]))
-        state[layer.name] = L.init_state(layer)
+        state[layer.name] = L.init_state(layer, layer_draws(layer, seed, pos) if layer.type == "batchnorm" else None)
     return params, state
 
 
@@ -115,24 +115,23 @@ class StageProgram:
 def fixed_master_params(model: Model, first: int, last: int, seed: int, tf) -> dict[str, Arrays]:
     """Initial master weights (raw, ``tf.master``) of layers first..last for fixed-point training.
 
-    The same float draws as :func:`init_stage_params`, rounded to the forward format and widened
-    exactly (``train_fixed.initial_master``), in the hardware's layout and names: dense ``w`` (units, in) and ``b``; conv2d ``w`` (O, C, kh,
-    kw) and ``b``; batchnorm ``scale`` (gamma) and ``shift`` (beta).
+    The one generator's float64 draws (``fpga_models.weights.layer_draws``, the ones
+    :func:`init_stage_params` starts from), rounded to the forward format and widened exactly
+    (``train_fixed.initial_master``), in the hardware's layout and names: dense ``w`` (units,
+    in) and ``b``; conv2d ``w`` (O, C, kh, kw) and ``b``; batchnorm ``scale`` (gamma) and
+    ``shift`` (beta).
     """
     from fpga_models import train_fixed as T
 
-    params, _ = init_stage_params(model, first, last, seed)
     out = {}
     for pos in range(first, last + 1):
         layer = model.layers[pos]
-        p = params[layer.name]
-        if layer.type == "dense":
-            p = {"w": p["W"].T, **({"b": p["b"]} if "b" in p else {})}
-        elif layer.type == "conv2d":
-            p = {"w": p["W"], **({"b": p["b"]} if "b" in p else {})}
-        elif layer.type == "batchnorm":
-            p = {"scale": p["gamma"], "shift": p["beta"]}
-        out[layer.name] = {n: T.initial_master(np.asarray(a, np.float64), tf) for n, a in p.items()}
+        d = layer_draws(layer, seed, pos)
+        if layer.type == "batchnorm":
+            d = {"scale": d["gamma"], "shift": d["beta"]}
+        elif layer.type == "layernorm":
+            d = {"gamma": d["gamma"], "beta": d["beta"]}
+        out[layer.name] = {n: T.initial_master(a, tf) for n, a in d.items()}
     return out
 
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from functools import lru_cache, partial
 
 from bapipe.schedules import device_ops
+from fpga_models.collective import ring_allreduce_s  # noqa: F401  (planner.search imports it from here)
 
 
 @dataclass
@@ -52,6 +53,103 @@ def closed_form_bubble(p: int, m: int, v: int = 1) -> float:
     return (p - 1) / (v * m + p - 1)
 
 
+def run_events(p: int, ops: list, fwd: list[float], bwd: list[float], routes: list, rings: list | None,
+               n_stages: int, n_mb: int, deadlock: str, link_free: dict, gate=None, after_op=None,
+               after_ring=None) -> tuple[list[float], list[float]]:
+    """The one event loop under every replay here; returns (per device: when its last op
+    ended, its busy seconds).
+
+    Device d runs ``ops[d]`` ((is_forward, micro-batch, stage) triples; stage s lives on
+    device s % p) in order: an op starts when the device is free and its input has arrived
+    (F(s, k): the activations of F(s-1, k); B(s, k): the gradient of B(s+1, k)), at the
+    later of the two, or at what ``gate(d, i, is_f, mb, s, ready)`` returns (None: not
+    yet). A finished op sends its activations (gradient) to the next (previous) stage over
+    ``routes[s]`` (forward pieces, backward pieces) with :func:`reserve` on ``link_free``,
+    then ``after_op(d, is_f, mb, s, end, start_ring)`` runs, then the receiving device and
+    this one try their next op; ops left over at the end raise ``RuntimeError(deadlock)``.
+    ``start_ring(s, tag, now)`` runs stage s's ring all-reduce (``rings[s]`` = (hops,
+    steps)): replica y sends over hop y, forwards each step as soon as the previous one
+    arrives, and after ``steps`` steps ``after_ring(s, tag, end, try_start)`` runs once per
+    replica. Events at equal times run
+    in the order they were made (a sequence number), so the sums are the same floats
+    whichever replay drives the loop.
+    """
+    last = n_stages - 1
+    f_arr = [[None] * n_mb for _ in range(n_stages)]   # [stage][mb]: activations arrived
+    b_arr = [[None] * n_mb for _ in range(n_stages)]   # [stage][mb]: gradient arrived
+    free = [0.0] * p
+    busy = [0.0] * p
+    ptr = [0] * p
+    idle = [True] * p
+    heap: list = []
+    seq = 0
+    push, pop = heapq.heappush, heapq.heappop
+    send = partial(reserve, link_free)
+
+    def try_start(d: int) -> None:
+        nonlocal seq
+        if not idle[d] or ptr[d] >= len(ops[d]):
+            return
+        i = ptr[d]
+        is_f, mb, s = ops[d][i]
+        if is_f:
+            ready = 0.0 if s == 0 else f_arr[s][mb]
+        else:
+            ready = 0.0 if s == last else b_arr[s][mb]
+        if ready is None:
+            return
+        if gate is not None:
+            ready = gate(d, i, is_f, mb, s, ready)
+            if ready is None:
+                return
+        dur = fwd[s] if is_f else bwd[s]
+        idle[d] = False
+        busy[d] += dur
+        seq += 1
+        push(heap, ((free[d] if free[d] > ready else ready) + dur, seq, 0, d))
+
+    def ring_step(s: int, tag, step: int, y: int, now: float) -> None:
+        nonlocal seq
+        seq += 1
+        hops = rings[s][0]
+        push(heap, (send((hops[y],), now), seq, 1, (s, tag, step, (y + 1) % len(hops))))
+
+    def start_ring(s: int, tag, now: float) -> None:
+        for y in range(len(rings[s][0])):
+            ring_step(s, tag, 0, y, now)
+
+    for d in range(p):
+        try_start(d)
+    while heap:
+        end, _, kind, d = pop(heap)
+        if kind == 1:   # a ring step arrived at replica y
+            s, tag, step, y = d
+            if step + 1 < rings[s][1]:
+                ring_step(s, tag, step + 1, y, end)
+            else:
+                after_ring(s, tag, end, try_start)
+            continue
+        is_f, mb, s = ops[d][ptr[d]]
+        ptr[d] += 1
+        free[d] = end
+        idle[d] = True
+        wake = -1
+        if is_f and s < last:
+            f_arr[s + 1][mb] = send(routes[s][0], end)
+            wake = (s + 1) % p
+        elif not is_f and s > 0:
+            b_arr[s - 1][mb] = send(routes[s - 1][1], end)
+            wake = (s - 1) % p
+        if after_op is not None:
+            after_op(d, is_f, mb, s, end, start_ring)
+        if wake >= 0 and wake != d:
+            try_start(wake)
+        try_start(d)
+    if any(ptr[d] < len(ops[d]) for d in range(p)):
+        raise RuntimeError(deadlock)
+    return free, busy
+
+
 def replay(schedule: str, p: int, m: int, fwd: list[float], bwd: list[float], send_occ: list[float],
            send_lat: list[float], v: int = 1, allreduce: list[float] | None = None,
            forward_only: bool = False, routes: list | None = None, rings: list | None = None) -> Replay:
@@ -70,9 +168,9 @@ def replay(schedule: str, p: int, m: int, fwd: list[float], bwd: list[float], se
     links instead of charging ``allreduce``: after the stage's last backward, replica i sends
     a 1/r share to replica i+1 over hop i, and each replica forwards the next step as soon as
     the previous one arrives, for 2(r-1) steps (the ring reserves links like any transfer).
+    Runs on :func:`run_events` without a gate.
     """
     V = p * v
-    last = V - 1
     if routes is None:
         routes = []
         for s in range(V - 1):
@@ -80,88 +178,34 @@ def replay(schedule: str, p: int, m: int, fwd: list[float], bwd: list[float], se
             down = ((((s + 1) % p, -1),), send_occ[s], send_lat[s])
             routes.append(((up,), (down,)))
     ops = [_ops(schedule, p, d, m, v, forward_only) for d in range(p)]
-    f_arr = [[None] * m for _ in range(V)]   # [stage][mb]: activations arrived at that stage
-    b_arr = [[None] * m for _ in range(V)]   # [stage][mb]: gradient arrived at that stage
     link_free: dict = {}
-    free = [0.0] * p
-    busy = [0.0] * p
-    ptr = [0] * p
-    idle = [True] * p
-    heap: list = []
-    seq = 0
-
-    def try_start(d: int) -> None:
-        nonlocal seq
-        if not idle[d] or ptr[d] >= len(ops[d]):
-            return
-        is_f, mb, s = ops[d][ptr[d]]
-        if is_f:
-            ready = 0.0 if s == 0 else f_arr[s][mb]
-        else:
-            ready = 0.0 if s == last else b_arr[s][mb]
-        if ready is None:
-            return
-        dur = fwd[s] if is_f else bwd[s]
-        idle[d] = False
-        busy[d] += dur
-        seq += 1
-        heapq.heappush(heap, ((free[d] if free[d] > ready else ready) + dur, seq, 0, d))
-
-    send = partial(reserve, link_free)
-
     last_b = [0.0] * V          # end of each stage's last backward
     b_left = [m] * V            # backwards still to run per stage
     ar_left = [0] * V           # replicas whose ring has not finished
     ar_end = [0.0] * V
 
-    def ring_step(s: int, step: int, y: int, now: float) -> None:
-        nonlocal seq
-        seq += 1
-        heapq.heappush(heap, (send((rings[s][0][y],), now), seq, 1, (s, step, (y + 1) % len(rings[s][0]))))
-
-    for d in range(p):
-        try_start(d)
-    done = 0
-    while heap:
-        end, _, kind, d = heapq.heappop(heap)
-        if kind == 1:   # a ring step arrived at replica y
-            s, step, y = d
-            if step + 1 < rings[s][1]:
-                ring_step(s, step + 1, y, end)
+    def after_op(d, is_f, mb, s, end, start_ring) -> None:
+        if is_f:
+            return
+        last_b[s] = end
+        b_left[s] -= 1
+        # the gradient for the previous stage leaves first, then the ring starts
+        if b_left[s] == 0 and rings is not None and rings[s] is not None and not forward_only:
+            hops = rings[s][0]
+            if V == 1 and _disjoint(hops):   # nothing else moves: the ring alone (same sums)
+                ar_end[s] = _lone_ring(hops, rings[s][1], end, link_free)
             else:
-                ar_left[s] -= 1
-                if ar_left[s] == 0:
-                    ar_end[s] = end
-            continue
-        is_f, mb, s = ops[d][ptr[d]]
-        ptr[d] += 1
-        done += 1
-        free[d] = end
-        idle[d] = True
-        wake = -1
-        if is_f and s < last:
-            f_arr[s + 1][mb] = send(routes[s][0], end)
-            wake = (s + 1) % p
-        elif not is_f and s > 0:
-            b_arr[s - 1][mb] = send(routes[s - 1][1], end)
-            wake = (s - 1) % p
-        if not is_f:
-            last_b[s] = end
-            b_left[s] -= 1
-            # the gradient for the previous stage leaves first, then the ring starts
-            if b_left[s] == 0 and rings is not None and rings[s] is not None and not forward_only:
-                hops = rings[s][0]
-                if V == 1 and _disjoint(hops):   # nothing else moves: the ring alone (same sums)
-                    ar_end[s] = _lone_ring(hops, rings[s][1], end, link_free)
-                else:
-                    ar_left[s] = len(hops)
-                    for i in range(len(hops)):
-                        ring_step(s, 0, i, end)
-        if wake >= 0 and wake != d:
-            try_start(wake)
-        try_start(d)
-    if done != sum(len(o) for o in ops):
-        raise RuntimeError(f"schedule {schedule} deadlocked in replay (p={p}, m={m}, v={v})")
+                ar_left[s] = len(hops)
+                start_ring(s, None, end)
+
+    def after_ring(s, _tag, end, _try_start) -> None:
+        ar_left[s] -= 1
+        if ar_left[s] == 0:
+            ar_end[s] = end
+
+    free, busy = run_events(p, ops, fwd, bwd, routes, rings, V, m,
+                            f"schedule {schedule} deadlocked in replay (p={p}, m={m}, v={v})", link_free,
+                            after_op=after_op, after_ring=after_ring)
     finish = list(free)
     if rings is not None and not forward_only:
         for s in range(V):
@@ -230,12 +274,6 @@ def reserve(link_free: dict, pieces, now: float) -> float:
             arrive = t0 + occ + lat
     return arrive
 
-def ring_allreduce_s(nbytes: float, r: int, bandwidth: float, latency: float) -> float:
-    """Ring all-reduce of ``nbytes`` over r replicas: 2(r-1)/r * W / BW + 2(r-1) latency (Patarasuk & Yuan)."""
-    if r <= 1:
-        return 0.0
-    return 2 * (r - 1) / r * nbytes / bandwidth + 2 * (r - 1) * latency
-
 
 def replay_2bw(p: int, m: int, fwd: list[float], bwd: list[float], routes: list, rings: list | None,
                iterations: int = 4) -> tuple[float, float]:
@@ -248,10 +286,10 @@ def replay_2bw(p: int, m: int, fwd: list[float], bwd: list[float], routes: list,
     simulator's gating. Transfers and rings reserve links as in :func:`replay`. The steady
     figure is the mean gap between successive iteration ends, the last one left out (an
     iteration ends when every device has run its ops of it and its rings have ended).
+    Runs on :func:`run_events`, the gate holding an iteration's first op.
     """
     K = iterations
     M = m * K
-    last = p - 1
     ops = [_ops("2bw", p, d, M, 1, False) for d in range(p)]
     first_of = [{} for _ in range(p)]           # device -> {op index: iteration it opens}
     for d in range(p):
@@ -261,87 +299,40 @@ def replay_2bw(p: int, m: int, fwd: list[float], bwd: list[float], routes: list,
             if j not in seen:
                 seen.add(j)
                 first_of[d][i] = j
-    f_arr = [[None] * M for _ in range(p)]
-    b_arr = [[None] * M for _ in range(p)]
-    link_free: dict = {}
-    free = [0.0] * p
-    ptr = [0] * p
-    idle = [True] * p
-    heap: list = []
-    seq = 0
     b_left = {(s, j): m for s in range(p) for j in range(K)}
     ar_left: dict = {}
     done_at: dict = {}                          # (device, iteration) -> its rings' (or backwards') end
     ops_end = [[0.0] * K for _ in range(p)]
 
-    send = partial(reserve, link_free)
-
-    def try_start(d: int) -> None:
-        nonlocal seq
-        if not idle[d] or ptr[d] >= len(ops[d]):
-            return
-        i = ptr[d]
-        is_f, mb, s = ops[d][i]
-        ready = (0.0 if s == 0 else f_arr[s][mb]) if is_f else (0.0 if s == last else b_arr[s][mb])
-        if ready is None:
-            return
+    def gate(d, i, is_f, mb, s, ready):
         j = first_of[d].get(i)
         if j is not None and j >= 2:
             g = done_at.get((d, j - 2))
             if g is None:
-                return
+                return None
             ready = max(ready, g)
-        idle[d] = False
-        seq += 1
-        heapq.heappush(heap, (max(free[d], ready) + (fwd[s] if is_f else bwd[s]), seq, 0, d))
+        return ready
 
-    def ring_step(s: int, j: int, step: int, y: int, now: float) -> None:
-        nonlocal seq
-        seq += 1
-        hops = rings[s][0]
-        heapq.heappush(heap, (send((hops[y],), now), seq, 1, (s, j, step, (y + 1) % len(hops))))
-
-    for d in range(p):
-        try_start(d)
-    while heap:
-        end, _, kind, d = heapq.heappop(heap)
-        if kind == 1:
-            s, j, step, y = d
-            if step + 1 < rings[s][1]:
-                ring_step(s, j, step + 1, y, end)
-            else:
-                ar_left[(s, j)] -= 1
-                if ar_left[(s, j)] == 0:
-                    done_at[(s, j)] = end
-                    try_start(s)
-            continue
-        is_f, mb, s = ops[d][ptr[d]]
-        ptr[d] += 1
-        free[d] = end
-        idle[d] = True
+    def after_op(d, is_f, mb, s, end, start_ring) -> None:
         j = mb // m
         ops_end[d][j] = max(ops_end[d][j], end)
-        wake = -1
-        if is_f and s < last:
-            f_arr[s + 1][mb] = send(routes[s][0], end)
-            wake = s + 1
-        elif not is_f and s > 0:
-            b_arr[s - 1][mb] = send(routes[s - 1][1], end)
-            wake = s - 1
         if not is_f:
             b_left[(s, j)] -= 1
             if b_left[(s, j)] == 0:
                 if rings is not None and rings[s] is not None:
                     ar_left[(s, j)] = len(rings[s][0])
-                    for y in range(len(rings[s][0])):
-                        ring_step(s, j, 0, y, end)
+                    start_ring(s, j, end)
                 else:
                     done_at[(s, j)] = end
-        if wake >= 0:
-            try_start(wake)
-        try_start(d)
-    if any(ptr[d] < len(ops[d]) for d in range(p)):
-        raise RuntimeError(f"2bw deadlocked in replay (p={p}, m={m})")
+
+    def after_ring(s, j, end, try_start) -> None:
+        ar_left[(s, j)] -= 1
+        if ar_left[(s, j)] == 0:
+            done_at[(s, j)] = end
+            try_start(s)
+
+    run_events(p, ops, fwd, bwd, routes, rings, p, M, f"2bw deadlocked in replay (p={p}, m={m})", {},
+               gate=gate, after_op=after_op, after_ring=after_ring)
     ends = [max(max(ops_end[d][j], done_at.get((d, j), 0.0)) for d in range(p)) for j in range(K)]
     # the last iteration ends early (nothing after it waits on its rings): mean gap between
     # the ends of the first K - 1 iterations
@@ -361,87 +352,41 @@ def replay_pipedream(p: int, m: int, fwd: list[float], bwd: list[float], routes:
     update (weight stashing: each uses the newest weights and keeps that version for its
     backward). Transfers and rings reserve links as in :func:`replay`. An iteration ends
     when every device has run its ops of that iteration's micro-batches and their rings
-    have ended. ``bapipe sim`` applies the same gating.
+    have ended. ``bapipe sim`` applies the same gating. Runs on :func:`run_events`, the gate
+    holding a backward until its gradient buffer is free.
     """
     from bapipe.schedules import allreduce_gate
     K = iterations
     M = m * K
-    last = p - 1
-    gate = allreduce_gate("pipedream")
+    buffers = allreduce_gate("pipedream")
     ops = [_ops("pipedream", p, d, M, 1, False) for d in range(p)]
-    f_arr = [[None] * M for _ in range(p)]
-    b_arr = [[None] * M for _ in range(p)]
     ar_end = [[None] * M for _ in range(p)]     # [stage][mb]: its all-reduce ended (rings only)
     ar_left: dict = {}
-    link_free: dict = {}
-    free = [0.0] * p
-    ptr = [0] * p
-    idle = [True] * p
-    heap: list = []
-    seq = 0
     ends = [0.0] * K
 
-    send = partial(reserve, link_free)
-
-    def try_start(d: int) -> None:
-        nonlocal seq
-        if not idle[d] or ptr[d] >= len(ops[d]):
-            return
-        is_f, mb, s = ops[d][ptr[d]]
-        ready = (0.0 if s == 0 else f_arr[s][mb]) if is_f else (0.0 if s == last else b_arr[s][mb])
-        if ready is None:
-            return
-        if not is_f and rings is not None and rings[s] is not None and mb >= gate:
-            g = ar_end[s][mb - gate]
+    def gate(d, i, is_f, mb, s, ready):
+        if not is_f and rings is not None and rings[s] is not None and mb >= buffers:
+            g = ar_end[s][mb - buffers]
             if g is None:
-                return
+                return None
             ready = max(ready, g)
-        idle[d] = False
-        seq += 1
-        heapq.heappush(heap, (max(free[d], ready) + (fwd[s] if is_f else bwd[s]), seq, 0, d))
+        return ready
 
-    def ring_step(s: int, k: int, step: int, y: int, now: float) -> None:
-        nonlocal seq
-        seq += 1
-        hops = rings[s][0]
-        heapq.heappush(heap, (send((hops[y],), now), seq, 1, (s, k, step, (y + 1) % len(hops))))
-
-    for d in range(p):
-        try_start(d)
-    while heap:
-        end, _, kind, d = heapq.heappop(heap)
-        if kind == 1:
-            s, k, step, y = d
-            if step + 1 < rings[s][1]:
-                ring_step(s, k, step + 1, y, end)
-            else:
-                ar_left[(s, k)] -= 1
-                if ar_left[(s, k)] == 0:
-                    ar_end[s][k] = end
-                    ends[k // m] = max(ends[k // m], end)
-                    try_start(s)
-            continue
-        is_f, mb, s = ops[d][ptr[d]]
-        ptr[d] += 1
-        free[d] = end
-        idle[d] = True
+    def after_op(d, is_f, mb, s, end, start_ring) -> None:
         ends[mb // m] = max(ends[mb // m], end)
-        wake = -1
-        if is_f and s < last:
-            f_arr[s + 1][mb] = send(routes[s][0], end)
-            wake = s + 1
-        elif not is_f and s > 0:
-            b_arr[s - 1][mb] = send(routes[s - 1][1], end)
-            wake = s - 1
         if not is_f and rings is not None and rings[s] is not None:
             ar_left[(s, mb)] = len(rings[s][0])
-            for y in range(len(rings[s][0])):
-                ring_step(s, mb, 0, y, end)
-        if wake >= 0:
-            try_start(wake)
-        try_start(d)
-    if any(ptr[d] < len(ops[d]) for d in range(p)):
-        raise RuntimeError(f"pipedream deadlocked in replay (p={p}, m={m})")
+            start_ring(s, mb, end)
+
+    def after_ring(s, k, end, try_start) -> None:
+        ar_left[(s, k)] -= 1
+        if ar_left[(s, k)] == 0:
+            ar_end[s][k] = end
+            ends[k // m] = max(ends[k // m], end)
+            try_start(s)
+
+    run_events(p, ops, fwd, bwd, routes, rings, p, M, f"pipedream deadlocked in replay (p={p}, m={m})", {},
+               gate=gate, after_op=after_op, after_ring=after_ring)
     return ends
 
 

@@ -26,7 +26,8 @@ from . import partition as part
 from fpga_models.allocate import allocate_stage, engine_share, tm_spill_cycles
 
 from .peer_pipedream import PeerInput, cluster_levels, solve as peer_solve
-from .pipeline import replay, replay_2bw, replay_pipedream, ring_allreduce_s, steady_pipedream
+from fpga_models.collective import ring_allreduce_s, ring_share, ring_steps
+from .pipeline import replay, replay_2bw, replay_pipedream, steady_pipedream
 from .mesh import Resharder, cut_layouts, cut_shape, tp_stage_model
 from .stagecost import LayerTable, StageModel, cut_bytes, layer_table, layer_times, stage_model
 
@@ -302,14 +303,8 @@ class Explorer:
         if key not in self._links:
             if not self._link_index:
                 self._link_index.update({ln: i for i, ln in enumerate(self.cluster.links)})
-            ids, cur = [], a
-            route = self.cluster.route(a, b)
-            for ln in route:
-                fwd = ln.a == cur
-                ids.append((self._link_index[ln], fwd))
-                cur = ln.b if fwd else ln.a
-            bw = min((ln.bandwidth_Bps for ln in route), default=math.inf)
-            self._links[key] = (tuple(ids), bw, sum(ln.latency_s for ln in route))
+            hops, bw, lat = self.cluster.path(a, b)
+            self._links[key] = (tuple((self._link_index[ln], ln.a == u) for u, _v, ln in hops), bw, lat)
         return self._links[key]
 
     def pieces(self, c: Config, d1: int, d2: int) -> tuple:
@@ -518,7 +513,7 @@ class Explorer:
                 bw, lat = self.ring(self.replica_boards(c, d))
                 sm = self.stage_model(keys[s][0], keys[s][2], c.recompute, c.schedule, keys[s][1], c.v)
                 W = np.where(valid, sm.PW[jj + 1] - sm.PW[ic], 0.0)
-                X[s] = 2 * (r - 1) / r * W / bw + (2 * (r - 1) * lat if s < c.p else 0.0)
+                X[s] = ring_allreduce_s(W, r, bw, lat if s < c.p else 0.0)
             if self.per_mb_allreduce(c):
                 # PipeDream all-reduces after every micro-batch, overlapped with compute: the
                 # stage's period is max(compute, all-reduce) (Narayanan et al. SOSP'19, 3.1)
@@ -617,7 +612,7 @@ class Explorer:
             if self.train and rmin > 1 and not self.per_mb_allreduce(c):
                 bw = max(self.ring(self.replica_boards(c, d))[0] for d in range(c.p))
                 w = min(float(self.stage_model(t, b, c.recompute, c.schedule, k).PW[-1]) for t, k, b in self.kinds(c))
-                xs = 2 * (rmin - 1) / rmin * w / bw
+                xs = ring_allreduce_s(w, rmin, bw, 0.0)   # a lower bound: no hop latency
             bott = max(tot / V, omax)
             if not self.meshy(c):
                 # stage s computes beta_s samples at no less than the per-sample rate u:
@@ -1044,7 +1039,7 @@ class Explorer:
             if self.train and rr > 1:
                 bw, lat = self.ring(self.replica_boards(c, d))
                 W = float(sm.PW[b + 1] - sm.PW[a])
-                x = 2 * (rr - 1) / rr * W / bw + (2 * (rr - 1) * lat if s < c.p else 0.0)
+                x = ring_allreduce_s(W, rr, bw, lat if s < c.p else 0.0)
                 if self.per_mb_allreduce(c):
                     ts[-1] = max(ts[-1], x)   # overlapped per micro-batch (see problem)
                 else:
@@ -1254,8 +1249,8 @@ class Explorer:
                 hops = []
                 for i in range(r):
                     ids, bw, lat = self.hop(g[i].name, g[(i + 1) % r].name)
-                    hops.append((ids, x["weight_bytes"] / r / bw if ids else 0.0, lat))
-                rings.append((tuple(hops), 2 * (r - 1)))
+                    hops.append((ids, ring_share(x["weight_bytes"], r) / bw if ids else 0.0, lat))
+                rings.append((tuple(hops), ring_steps(r)))
         fw, bw_ = [x["fwd_s"] for x in stages], [x["bwd_s"] for x in stages]
         occ, lat_ = [x["send_occ"] for x in stages[:-1]], [x["send_lat"] for x in stages[:-1]]
 

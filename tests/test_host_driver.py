@@ -134,10 +134,12 @@ def test_worker_exception_names_stage_and_error():
 
 @pytest.mark.slow  # worker processes over iterations: ~2 s
 def test_2bw_trains_with_stale_weights():
-    """2BW updates with one-step-stale gradients: not equal to synchronous SGD, but it learns."""
+    """2BW updates with one-step-stale gradients: not equal to synchronous SGD, but it learns.
+    lr 0.01: at 0.02 the stale updates overshoot (the loss rose in epoch 3 under each of the
+    three initial draws tried, fpga_models.weights)."""
     plan = hand_plan("tiny-mlp", cuts=(1, 3, 5), schedule="2bw")
-    r = train(plan, epochs=4, check_grads=False, lr=0.02)
-    s = train(hand_plan("tiny-mlp", cuts=(1, 3, 5), schedule="1f1b"), epochs=4, check_grads=False, lr=0.02)
+    r = train(plan, epochs=4, check_grads=False, lr=0.01)
+    s = train(hand_plan("tiny-mlp", cuts=(1, 3, 5), schedule="1f1b"), epochs=4, check_grads=False, lr=0.01)
     assert r["final_loss"] != s["final_loss"]
     assert r["history"][-1]["mean_loss"] < 0.5 * r["history"][0]["mean_loss"] and r["test_accuracy"] > 0.7
 

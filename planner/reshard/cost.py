@@ -175,13 +175,8 @@ def network_from_cluster(cluster: Any, src_boards, dst_boards) -> Network:
         for b in devs:
             if a == b:
                 continue
-            path, cur = [], a
-            for ln in cluster.route(a, b):  # SpecError when no route
-                nxt = ln.b if ln.a == cur else ln.a
-                path.append((cur, nxt))
-                cur = nxt
-            routes[(a, b)] = tuple(path)
-            lat[(a, b)] = float(sum(ln.latency_s for ln in cluster.route(a, b)))
+            hops, _bw, lat[(a, b)] = cluster.path(a, b)  # SpecError when no route
+            routes[(a, b)] = tuple((u, v) for u, v, _ln in hops)
     # a route's bandwidth is its slowest link's; parallel links: the one routing picked
     for (a, b), path in routes.items():
         for ln in cluster.route(a, b):

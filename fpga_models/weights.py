@@ -1,0 +1,76 @@
+"""The project's one weight generator: deterministic float draws per layer.
+
+Every consumer of initial weights reads these draws: the hardware's fixed-point weights
+(``codegen.context.make_weights``: ``fixedpoint.quantize`` of the draws, batch norm folded
+to scale/shift), the host's float training start (``host.program.init_stage_params``, the
+draws as float32) and the fixed-point training masters (``host.program.fixed_master_params``:
+the draws rounded to the forward format). So hardware weights = quantize(the draws the
+host starts from).
+
+The draws of one layer come from ``np.random.default_rng([seed, position])`` (position: the
+layer's index in the model), so a layer gets the same weights however the model is
+partitioned; the order and the ranges are:
+
+- dense ``w`` (units, fan_in), conv2d ``w`` (out, in / groups, kh, kw): uniform
+  +-sqrt(6 / fan_in), variance 2 / fan_in (He et al. 2015, "Delving Deep into Rectifiers",
+  eq. 10: keeps the activations' scale through ReLU layers, so a deep fixed-point stack
+  neither vanishes nor saturates, and training starts as from He-normal);
+- then ``b`` (layers with a bias): uniform +-0.1, nonzero so a dropped bias add shows;
+- batchnorm: ``gamma`` U(0.5, 1.5), ``beta`` U(-0.5, 0.5), ``mean`` U(-0.5, 0.5), ``var``
+  U(0.5, 1.5) (inference folds them to scale/shift; training starts its running
+  statistics at mean/var); layernorm: ``gamma``, ``beta`` as batchnorm's.
+
+Layers without weights draw nothing (an empty dict).
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from bapipe.layers import Layer
+
+#: half-width of the bias range
+BIAS_RANGE = 0.1
+
+
+def fan_in(layer: Layer) -> int:
+    """Inputs summed into one output of a dense or conv2d layer."""
+    if layer.type == "dense":
+        return layer.in_shapes[0][-1]
+    kh, kw = layer.attr["kernel"]
+    return layer.in_shapes[0][0] // layer.attr.get("groups", 1) * kh * kw
+
+
+def norm_channels(layer: Layer) -> int:
+    """Channels of a batchnorm (axis 0 of an image, the last axis otherwise) or layernorm."""
+    s = layer.in_shapes[0]
+    return s[0] if (layer.type == "batchnorm" and len(s) == 3) else s[-1]
+
+
+def draw(layer: Layer, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """The float64 draws of one layer from ``rng`` (order and ranges: the module's docstring)."""
+    t, a = layer.type, layer.attr
+    if t in ("dense", "conv2d"):
+        n = fan_in(layer)
+        lim = math.sqrt(6.0 / n)
+        if t == "dense":
+            shape = (a["units"], n)
+        else:
+            shape = (a["out_channels"], layer.in_shapes[0][0] // a.get("groups", 1)) + tuple(a["kernel"])
+        out = {"w": rng.uniform(-lim, lim, size=shape)}
+        if a.get("bias", True):
+            out["b"] = rng.uniform(-BIAS_RANGE, BIAS_RANGE, size=shape[0])
+        return out
+    if t in ("batchnorm", "layernorm"):
+        ch = norm_channels(layer)
+        out = {"gamma": rng.uniform(0.5, 1.5, ch), "beta": rng.uniform(-0.5, 0.5, ch)}
+        if t == "batchnorm":
+            out["mean"], out["var"] = rng.uniform(-0.5, 0.5, ch), rng.uniform(0.5, 1.5, ch)
+        return out
+    return {}
+
+
+def layer_draws(layer: Layer, seed: int, position: int) -> dict[str, np.ndarray]:
+    """The draws of the layer at ``position`` of its model under ``seed``."""
+    return draw(layer, np.random.default_rng([seed, position]))
