@@ -273,6 +273,18 @@ def _elementwise(ops_per_elem: int) -> Callable[[_Ctx], _Out]:
     return build
 
 
+def _dropout(c: _Ctx) -> _Out:
+    """Dropout (Srivastava et al., JMLR 2014): in training each element is kept with
+    probability 1 - rate and scaled by 1 / (1 - rate), a mask draw and a product an element
+    (2 ops; its backward multiplies the gradient by the same mask); at inference it is the
+    identity, which the planner prices at no time (planner.stagecost.stage_model)."""
+    s = c.one_input()
+    rate = c.f.num("rate", 0.5, positive=False, min=0.0)
+    if rate >= 1:
+        raise c.err("rate", f"expected a drop probability in [0, 1), got {rate}")
+    return _Out(s, {"rate": float(rate)}, ops=2 * prod(s))
+
+
 def _batchnorm(c: _Ctx) -> _Out:
     s = c.one_input()
     ch = s[0] if len(s) == 3 else s[-1]
@@ -421,6 +433,7 @@ LAYER_TYPES: dict[str, Callable[[_Ctx], _Out]] = {
     "tanh": _elementwise(4),
     "sigmoid": _elementwise(4),
     "softmax": _elementwise(3),
+    "dropout": _dropout,
     "batchnorm": _batchnorm,
     "layernorm": _layernorm,
     "add": _add,
@@ -441,6 +454,8 @@ LAYER_TYPES: dict[str, Callable[[_Ctx], _Out]] = {
 #: layer types whose weights are trained
 WEIGHTED = frozenset({"conv2d", "dense", "attention", "additive_attention", "lstm", "embedding", "batchnorm",
                       "layernorm", "add_param", "concat_param"})
+#: layer types that are the identity at inference (no work, no engine time)
+TRAIN_ONLY = frozenset({"dropout"})
 #: types that take several inputs
 MULTI_INPUT = frozenset({"matmul", "attention", "additive_attention", "lstm", "add", "concat", "opaque", "mul"})
 

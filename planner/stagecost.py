@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from bapipe.spec import Model
+from bapipe.layers import TRAIN_ONLY
 from fpga_models.boards import Board, bytes_per_element
 from fpga_models.allocate import kernel_share, tm_fixed_bytes
 from fpga_models.engines import TM_SWITCH, engine_kind, turn_fill, work_cycles
@@ -210,6 +211,10 @@ def stage_model(model: Model, table: LayerTable, beta: int, fmt: str, cap: float
     bpe = bytes_per_element(fmt)
     f, b = layer_times(table, beta)
     n = len(model.layers)
+    if mode != "train":   # dropout and its kind are the identity at inference (bapipe.layers.TRAIN_ONLY)
+        idle = np.array([l.type in TRAIN_ONLY for l in model.layers])
+        if idle.any():
+            f, b = np.where(idle, 0.0, f), np.where(idle, 0.0, b)
     w = np.array([l.params * bpe for l in model.layers], dtype=float)
     a = np.array([l.in_elems * bpe * beta for l in model.layers], dtype=float)
     buf = np.zeros(n)
