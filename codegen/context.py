@@ -686,7 +686,7 @@ def build_boards(plan: Plan, cluster, stages: list[StageCtx]) -> list[BoardCtx]:
                 bk = s.bwd.name
                 kernels.setdefault(bk, []).append(f"{bk}_1")
                 slr.append(f"{bk}_1:SLR0")
-                for a in s.bwd.grad_arrays + s.bwd.stashes + s.bwd.acc_ports:   # m_axi: gradients, stashes
+                for a in s.bwd.grad_arrays + s.bwd.stashes + s.bwd.acc_ports + s.bwd.frames:   # m_axi
                     sp.append(f"{bk}_1.{a.name}:{mem}")
                 sp.extend(f"{bk}_1.{w.name}:{mem}" for w in s.bwd.weights)
                 for p in s.bwd.in_ports:

@@ -118,6 +118,38 @@ class GradArray:
 
 
 @dataclass
+class BFrame:
+    """A gradient frame between two backward turns placed off chip (fpga_models.allocate.frames_offchip):
+    an m_axi argument of ``words`` 512-bit words (one sample: beats x words a beat), written by one
+    turn through ``bapipe::frame_write`` and read by the next through ``bapipe::frame_read``."""
+
+    name: str            # the kernel argument (and its bundle)
+    stream: str          # the frame's stream, two deep inside the writer's and the reader's turns
+    lanes: int
+    depth: int           # beats a sample (the depth it would have on chip)
+    bits: int            # bits of one memory word (fpga_models.engines.DDR_WORD_BITS)
+    words: int
+
+    @property
+    def bytes(self) -> int:
+        return self.words * self.bits // 8
+
+
+@dataclass
+class BwdTurn:
+    """One backward turn of a time-multiplexed stage: a DATAFLOW function over one layer's
+    engines, called once per sample (and once more, with no samples, to flush the weight
+    gradients); what other turns share with it are parameters."""
+
+    name: str
+    layer: str
+    params: list[str]                 # C declarations
+    args: list[str]                   # the call's arguments (the sample index ``i`` in scope)
+    streams: list[BStream]            # declared inside the turn
+    processes: list[str]
+
+
+@dataclass
 class BwdCtx:
     """A stage's backward kernel: ports, memories, streams and the dataflow processes."""
 
@@ -133,6 +165,14 @@ class BwdCtx:
     processes: list[str]              # one C call each, in the DATAFLOW region
     weights: list = field(default_factory=list)   # m_axi weight inputs (external weights only)
     engines: list[dict] = field(default_factory=list)   # per engine: layer, what, cycles per sample
+    turns: list[BwdTurn] = field(default_factory=list)   # time-multiplexed: the layers' turns in order
+    frames: list[BFrame] = field(default_factory=list)   # time-multiplexed: gradient frames off chip
+    top_streams: list[BStream] = field(default_factory=list)   # time-multiplexed: the frames on chip
+
+    @property
+    def declared_streams(self) -> list[BStream]:
+        """The streams the top function declares (the others are the turns' own)."""
+        return self.top_streams if self.turns else self.streams
 
     @property
     def stream_ports(self) -> list[str]:
@@ -145,12 +185,14 @@ class BwdCtx:
                 + [f"const data_t {s.name}[MB * {s.elements}]" for s in self.stashes]
                 + [f"bapipe::wsum_t {a.name}{a.dims}" for a in self.grad_arrays]
                 + [f"{a.ctype} {a.name}{a.cdims}" for a in self.acc_ports]
-                + [f"const data_t {w.name}{w.dims}" for w in self.weights] + ["int n", "int flush"])
+                + [f"const data_t {w.name}{w.dims}" for w in self.weights]
+                + [f"ap_uint<{f.bits}> {f.name}[{f.words}]" for f in self.frames] + ["int n", "int flush"])
 
     @property
     def args(self) -> list[str]:
         return (self.stream_ports + [s.name for s in self.stashes] + [a.name for a in self.grad_arrays]
-                + [a.name for a in self.acc_ports] + [w.name for w in self.weights] + ["n", "flush"])
+                + [a.name for a in self.acc_ports] + [w.name for w in self.weights] + [f.name for f in self.frames]
+                + ["n", "flush"])
 
     @property
     def onchip_bytes(self) -> int:
@@ -175,6 +217,8 @@ class BwdCtx:
                               "layout": "kernel (conv: MVU matrix O x kh*kw*C)",
                               "format": f"int{WSUM_BITS} exact sum, 22 fraction bits (A x G)"} for a in self.grad_arrays],
             "accumulators": [{"arg": a.name, "elements": prod(a.dims), "bits": a.bits} for a in self.acc_ports],
+            **({"frames": [{"arg": f.name, "stream": f.stream, "words": f.words, "bits": f.bits}
+                           for f in self.frames]} if self.frames else {}),
             "onchip_bytes": self.onchip_bytes,
             "engines": self.engines,
         }
@@ -205,6 +249,8 @@ class _Builder:
         self.arrays: list[BArray] = []
         self.procs: list[str] = []
         self.engines: list[dict] = []
+        self.turn: str = ""             # the layer whose backward turn the next processes belong to
+        self.turn_of: list[str] = []    # per process, its turn (time-multiplexed stages)
         self._n = 0
 
     def stream(self, base: str, lanes: int, depth: int = STREAM_DEPTH, raw_bits: int = 0) -> str:
@@ -222,6 +268,7 @@ class _Builder:
         call = call.rstrip(";")
         assert call.endswith(")"), call
         self.procs.append(call[:-1] + ", n)")
+        self.turn_of.append(self.turn)
         self.engines.append({"layer": layer, "engine": what, "cycles_per_sample": cycles})
 
 
@@ -350,6 +397,7 @@ def build_bwd(plan, model, st, sc, fmt, board=None) -> BwdCtx:
     for l in reversed(layers):
         if l.name not in active:
             continue
+        b.turn = l.name
         fo = fold[l.name]
         tag = ident(l.name)
         src = l.inputs[0]
@@ -403,6 +451,7 @@ def build_bwd(plan, model, st, sc, fmt, board=None) -> BwdCtx:
             else:
                 dx = b.stream(f"nodx_{tag}", simd)
                 out_t = f"bapipe::bvec<{simd}>"
+            b.turn_of.append(b.turn)
             b.procs.append(f"bapipe::mvu_bwd<{mh}, {mw}, {pe}, {simd}, {int(need_dx[0])}, {gb}, {xb}, {wl}, "
                            f"{MVU_FILL}, {out_t} >({dy}, {x}, {dx}, {wname}, {aw.name}, {ab.name}, {dw.name}, "
                            f"{db.name}, (long)n * {vec}, flush)")
@@ -525,6 +574,7 @@ def build_bwd(plan, model, st, sc, fmt, board=None) -> BwdCtx:
 
     # gradients of the stage inputs leave through the dx ports
     out_ports: list[BPort] = []
+    b.turn = "ports"
     for p in sc.inputs:
         if p.tensor in model_inputs:
             continue
@@ -541,9 +591,14 @@ def build_bwd(plan, model, st, sc, fmt, board=None) -> BwdCtx:
     pos = {l.name: i for i, l in enumerate(layers)}
     grads.sort(key=lambda a: (pos[a.layer], a.key != "dw"))
     stashes.sort(key=lambda s: pos[s.layer])
-    return BwdCtx(name=f"{sc.name}_bwd", mb=mb, in_ports=in_ports, out_ports=out_ports, stashes=stashes,
-                  grad_arrays=grads, acc_ports=acc_ports, arrays=b.arrays, streams=b.streams, processes=b.procs,
-                  weights=[] if sc.embed_weights else list(sc.weights), engines=b.engines)
+    ctx = BwdCtx(name=f"{sc.name}_bwd", mb=mb, in_ports=in_ports, out_ports=out_ports, stashes=stashes,
+                 grad_arrays=grads, acc_ports=acc_ports, arrays=b.arrays, streams=b.streams, processes=b.procs,
+                 weights=[] if sc.embed_weights else list(sc.weights), engines=b.engines)
+    if st.style == "time-multiplexed":
+        frame_elems = {s: elems[t] for t, parts in contrib.items() for s, _l in parts}
+        rom_bytes = sum(int(w.kernel_q.size) for w in sc.weights) * ((W + 7) // 8) if sc.embed_weights else 0
+        _sequence_turns(ctx, b.turn_of, frame_elems, W, _bwd_budget(plan, st, board), rom_bytes)
+    return ctx
 
 
 def _lb_partitions(kh: int, kw: int, sh: int, w: int, c: int, lin: int, lout: int) -> list[tuple[int, int]]:
@@ -649,3 +704,109 @@ def plan_bwd_cycles(plan, model, index: int, board) -> dict:
         steady = mbc / beta
     return {"microbatch": mbc, "per_sample": steady, "beta": beta, "layers": per_layer,
             "fill": float(sum(per_layer.values()) - max(per_layer.values(), default=0))}
+
+
+# ---------------------------------------------------------------- time-multiplexed stages
+
+def _bwd_budget(plan, st, board) -> int | None:
+    """On-chip bytes the backward kernel may keep (fpga_models.allocate.kernel_onchip_budget, the
+    forward kernels' rule: the board's capped on-chip bytes over its kernels); None without a board."""
+    from fpga_models.allocate import kernel_onchip_budget
+
+    if board is None or getattr(board, "kind", "fpga") != "fpga":
+        return None
+    on_board = sum(1 for x in plan.stages if st.boards and st.boards[0] in x.boards) or 1
+    return kernel_onchip_budget(board, plan.utilisation_cap, on_board, plan.mode == "train")
+
+
+def _uses(name: str, procs: list[str]) -> list[int]:
+    pat = re.compile(rf"\b{re.escape(name)}\b")
+    return [k for k, p in enumerate(procs) if pat.search(p)]
+
+
+def _sequence_turns(ctx: BwdCtx, turn_of: list[str], frame_elems: dict[str, int], width: int,
+                    budget: int | None, rom_bytes: int) -> None:
+    """Sequence a time-multiplexed stage's backward as the plan prices it (fpga_models.allocate.
+    time_multiplexed: the layers' backward cycles add up): one turn per layer, in the order the
+    layers were walked (last layer first), each a DATAFLOW function of its layer's engines called
+    once per sample. A stream two turns share is a whole frame (one sample's gradient): a FIFO of
+    its beats in the top function, or, when the kernel's fixed bytes and the smaller frames leave
+    no room for it (fpga_models.allocate.frames_offchip, the forward kernels' rule), an m_axi
+    buffer of 512-bit words written by ``frame_write`` and read back by ``frame_read``."""
+    from fpga_models.allocate import frames_offchip
+    from fpga_models.engines import DDR_WORD_BITS, ddr_words_per_beat
+
+    order: list[str] = []
+    for t in turn_of:
+        if t not in order:
+            order.append(t)
+    procs = ctx.processes
+    ports = set(ctx.stream_ports)
+    streams = {s.name: s for s in ctx.streams}
+    turns_using = {s: {turn_of[k] for k in _uses(s, procs)} for s in streams}
+    frames = [s for s in ctx.streams if len(turns_using[s.name]) > 1]
+    for s in frames:
+        assert len(turns_using[s.name]) == 2 and s.beat.startswith("bapipe::bvec<"), (s.name, turns_using[s.name])
+    lanes = {s.name: s.beat_bits // width for s in frames}
+    for s in frames:   # a whole sample's frame waits between its writer's turn and its reader's
+        s.depth = frame_elems[s.name] // lanes[s.name]
+    writer = {s.name: min(turns_using[s.name], key=order.index) for s in frames}
+    frames.sort(key=lambda s: (order.index(writer[s.name]), s.name))
+    fixed = (sum(a.bytes for a in ctx.arrays) + rom_bytes
+             + sum(s.bytes for s in ctx.streams if s.name not in {f.name for f in frames}))
+    off = frames_offchip([s.bytes for s in frames], fixed, budget) if budget is not None else [False] * len(frames)
+    ddr: dict[str, BFrame] = {}
+    for s, o in zip(frames, off):
+        if o:
+            beats = s.depth
+            ddr[s.name] = BFrame(f"{s.name}_ddr", s.name, lanes[s.name], beats, DDR_WORD_BITS,
+                                 beats * ddr_words_per_beat(lanes[s.name], width))
+            s.depth = STREAM_DEPTH   # two deep in the writer's turn and in the reader's
+    ctx.frames = list(ddr.values())
+    ctx.top_streams = [s for s in frames if s.name not in ddr]
+    extra = [BStream(s.name, s.beat, STREAM_DEPTH, s.beat_bits) for s in frames if s.name in ddr]
+    ctx.streams = ctx.streams + extra   # the off-chip frame's stream in its reader's turn
+
+    stash = {s.name: s for s in ctx.stashes}
+    arrays = {a.name: f"{a.ctype} {a.name}{a.cdims}" for a in ctx.static_arrays + ctx.acc_ports}
+    arrays.update({g.name: f"bapipe::wsum_t {g.name}{g.dims}" for g in ctx.grad_arrays})
+    arrays.update({w.name: f"const data_t {w.name}{w.dims}" for w in ctx.weights})
+    top_frames = {s.name: s for s in ctx.top_streams}
+    turns: list[BwdTurn] = []
+    for k, t in enumerate(order):
+        mine = [p for p, tt in zip(procs, turn_of) if tt == t]
+        text = "\n".join(mine)
+        used = lambda n: re.search(rf"\b{re.escape(n)}\b", text) is not None   # noqa: E731
+        params, args = [], []
+        for n in sorted(ports):
+            if used(n):
+                q = next(q for q in ctx.in_ports + ctx.out_ports if q.name == n)
+                params.append(f"hls::stream<bapipe::bvec<{q.lanes}> > &{n}")
+                args.append(n)
+        for n, s in top_frames.items():
+            if used(n):
+                params.append(f"hls::stream<{s.beat} > &{n}")
+                args.append(n)
+        for n, s in stash.items():
+            if used(n):
+                params.append(f"const data_t *{n}")
+                args.append(f"{n} + (long)i * {s.elements}")
+        for n, decl in arrays.items():
+            if used(n):
+                params.append(decl)
+                args.append(n)
+        local = [s for s in ctx.streams if s.name not in top_frames and s.name not in ports
+                 and turns_using.get(s.name) == {t} and s.name not in ddr]
+        for n, f in ddr.items():
+            if t not in turns_using[n]:
+                continue
+            params.append(f"ap_uint<{f.bits}> {f.name}[{f.words}]")
+            args.append(f.name)
+            local.append(next(s for s in ctx.streams if s.name == n and s.depth == STREAM_DEPTH))
+            if writer[n] == t:
+                mine = mine + [f"bapipe::frame_write<{f.lanes}, {f.bits}>({n}, {f.name}, (long)n * {f.depth})"]
+            else:
+                mine = [f"bapipe::frame_read<{f.lanes}, {f.bits}>({f.name}, {n}, (long)n * {f.depth})"] + mine
+        turns.append(BwdTurn(f"{ctx.name}_turn{k}", t, params + ["int n", "int flush"], args,
+                             sorted(local, key=lambda s: s.name), mine))
+    ctx.turns = turns

@@ -438,6 +438,8 @@ def _m_axi_ports(b, by_name, fmt) -> list[tuple[str, str, int]]:
                 sizes[(f"{s.bwd.name}_1", a.name)] = int(a.count) * eb
             for w in s.bwd.weights:
                 sizes[(f"{s.bwd.name}_1", w.name)] = int(w.kernel_q.size) * eb
+            for f in s.bwd.frames:   # time-multiplexed backward: gradient frames off chip
+                sizes[(f"{s.bwd.name}_1", f.name)] = f.bytes
     out = []
     for line in b.sp:
         ep, _, _bank = line.rpartition(":")

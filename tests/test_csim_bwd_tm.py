@@ -1,0 +1,100 @@
+"""Backward kernels of time-multiplexed stages (codegen.hls_bwd._sequence_turns): the layers'
+backward engines take turns, as fpga_models.allocate.time_multiplexed prices them (the
+layers' backward cycles add up), with whole gradient frames between turns on chip or, past
+the kernel's on-chip share, in off-chip memory (512-bit words).
+
+The plan: tiny-cnn on 4xU250-ring, one board a stage, cap 0.01 (the planner then makes
+stage 2 = relu2, pool1, conv3, relu3, pool2, flatten time-multiplexed)."""
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from bapipe.plan import load_plan
+from bapipe.spec import load_model
+from fpga_models.boards import get_board
+
+from test_csim_bwd import CACHE, CYCLE_TOL, _project, _write_hls
+
+#: the time-multiplexed stage of the plan below
+TM_STAGE = 2
+
+
+@pytest.fixture(scope="module")
+def tm_plan(tmp_path_factory) -> Path:
+    from bapipe.cli import main
+
+    out = tmp_path_factory.mktemp("bwd_tm") / "tiny-cnn.plan.yaml"
+    assert main(["plan", "tiny-cnn", "4xU250-ring", "--mode", "train", "--no-replication", "--cap", "0.01",
+                 "-o", str(out), "--force", "--json"]) in (0, None)
+    return out
+
+
+def test_turns_follow_the_plan(tm_plan):
+    """One turn per layer that computes a gradient, last layer first; every stream two turns
+    share holds one sample's whole gradient (depth = elements / lanes); the turns' slowest
+    engines add up to the plan's backward cycles per sample within 10%."""
+    from codegen.hls_bwd import plan_bwd_cycles
+
+    plan, model, ctx = _project(tm_plan)
+    st = plan.stages[TM_STAGE]
+    assert st.style == "time-multiplexed"
+    assert st.layers == ["relu2", "pool1", "conv3", "relu3", "pool2", "flatten"]
+    b = ctx.stages[TM_STAGE].bwd
+    assert [t.layer for t in b.turns] == ["flatten", "pool2", "relu3", "conv3", "pool1", "relu2"]
+    assert b.frames == []                                  # 289 kB a kernel at cap 0.01: all on chip
+    elems = {l.name: l.out_elems for l in model.layers}
+    for s in b.top_streams:                                 # the frames: relu2 4x4x8 .. pool2 2x2x16
+        lanes = s.beat_bits // 16
+        assert s.depth * lanes in set(elems.values()) | {128}, s
+    p = plan_bwd_cycles(plan, model, TM_STAGE, get_board(st.board_type))
+    assert p["per_sample"] == p["microbatch"] / p["beta"]
+    counted = sum(max((e["cycles_per_sample"] for e in b.engines if e["layer"] == l), default=0)
+                  for l in st.layers)
+    assert abs(counted - p["per_sample"]) <= CYCLE_TOL * p["per_sample"], (counted, p)
+
+
+def _csim_stage(plan_path: Path, out: Path, index: int) -> dict:
+    from codegen.csim import load_weights, stage_macs
+    from codegen.csim_bwd import csim_backward
+    from fpga_models import fixedpoint as fx
+
+    plan, model, _ = _write_hls(plan_path, out)
+    cfg = json.loads((out / "host_config.json").read_text())
+    fmt = fx.get_fmt(cfg["format"]["name"])
+    st = cfg["stages"][index]
+    layers = [model.layers[model.index[l["name"]]] for l in st["layers"]]
+    CACHE.mkdir(parents=True, exist_ok=True)
+    return csim_backward(out, st, model, load_weights(out, st, fmt), fmt, np.random.default_rng(5), CACHE,
+                         macs=st["backward"]["microbatch"] * stage_macs(layers)[1])
+
+
+@pytest.mark.csim
+@pytest.mark.slow   # one g++ build of the kernel (~10 s) and its run
+def test_frames_off_chip_bit_exact_and_on_plan(tm_plan, tmp_path, monkeypatch):
+    """With no on-chip room for frames, every gradient frame goes through an m_axi buffer of
+    512-bit words (frame_write in the writer's turn, frame_read in the reader's): the kernel is
+    bit-exact against train_fixed, no stream exceeds its declared depth, and the counted cycles
+    per sample are within 10% of the plan's."""
+    import codegen.hls_bwd as hb
+
+    monkeypatch.setattr(hb, "_bwd_budget", lambda plan, st, board: 0)
+    r = _csim_stage(tm_plan, tmp_path / "b", TM_STAGE)
+    assert r.get("error") is None, r
+    cpp = (tmp_path / "b" / f"stage{TM_STAGE}" / f"stage{TM_STAGE}_bwd.cpp").read_text()
+    n_frames = cpp.count("bapipe::frame_write<")
+    assert n_frames == cpp.count("bapipe::frame_read<") == 5   # between the 6 turns that pass a gradient
+    # each its own m_axi bundle (placement gives it its own memory bank)
+    assert len(re.findall(r"port=(\w+_ddr) offset=slave bundle=\1 depth=\d+ max_widen_bitwidth=512", cpp)) == n_frames
+    cfg = (tmp_path / "b" / "link" / "fpga2.cfg").read_text()   # and a memory bank in the v++ link
+    for f in re.findall(r"port=(\w+_ddr) offset=slave", cpp):
+        assert re.search(rf"^sp=stage{TM_STAGE}_bwd_1\.{f}:DDR\[\d\]$", cfg, re.M), f
+    assert r["max_abs_err_lsb"] == 0, r
+    assert all(s["peak"] <= s["depth"] for s in r["streams"].values())
+    assert abs(r["cycles_per_sample"] - r["plan_cycles_per_sample"]) <= CYCLE_TOL * r["plan_cycles_per_sample"], r
+    assert math.isfinite(r["cycles_per_sample"])
