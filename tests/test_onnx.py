@@ -430,3 +430,15 @@ def test_activation_relatives(op, typ):
     g.n(op, [x], "act")
     m = import_model_proto(g.model([("x", TensorProto.FLOAT, ["N", 3, 4, 4])], "act", ["N", 4, 4, 4]), "a.onnx")
     assert [(l.type, l.out_shape, l.params) for l in m.layers] == [("conv2d", (4, 4, 4), 12), (typ, (4, 4, 4), 0)]
+
+
+def test_clip_keeps_its_bounds():
+    """ReLU6 is clip(0, 6); an omitted bound stays open (not a relu)."""
+    for ins, bounds in ((["lo", "hi"], {"min": 0.0, "max": 6.0}), (["", "hi"], {"max": 6.0}), ([], {})):
+        g = G()
+        x = g.n("Conv", ["x", g.w("w", 4, 3, 1, 1)], "conv", kernel_shape=[1, 1])
+        consts = {"lo": g.c(0.0, np.float32), "hi": g.c(6.0, np.float32)}
+        g.n("Clip", [x] + [consts[i] if i else "" for i in ins], "act")
+        m = import_model_proto(g.model([("x", TensorProto.FLOAT, ["N", 3, 4, 4])], "act", ["N", 4, 4, 4]), "c.onnx")
+        clip = m.layers[-1]
+        assert clip.type == "clip" and clip.attr == bounds and clip.params == 0 and clip.fwd_ops == 64
