@@ -57,12 +57,12 @@ TRAINING_REFUSED = ("backend xrt: training builds are not driven on boards (no h
 
 
 def check(options: dict) -> None:
-    """Not a training plan; pyxrt importable, the plan's build present, one board per xclbin seen
-    by XRT, every xclbin built."""
+    """pyxrt importable, not a training plan, the plan's build present, one board per xclbin
+    seen by XRT, every xclbin built."""
+    pyxrt = _pyxrt()
     plan = options["plan"]
     if plan.mode == "train":
         raise BackendUnavailable(TRAINING_REFUSED)
-    pyxrt = _pyxrt()
     if len(plan.stages) > 1 and any(s.replicas > 1 for s in plan.stages):
         raise BackendUnavailable("backend xrt: data-parallel replicas of a multi-stage plan are not driven yet "
                                  "(one board per stage, or one replicated stage)")
