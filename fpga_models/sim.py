@@ -51,6 +51,7 @@ from bapipe.errors import SpecError
 from bapipe.schedules import ASYNC, allreduce_gate, device_ops, stream_ops
 
 from .collective import ring_share, ring_steps
+from .transfer import hold
 from .engines import link_clock, link_transfer
 
 # event codes
@@ -607,13 +608,9 @@ def simulate(plan, model=None, cluster=None, iterations: int = 1, config: SimCon
         """Reserve each piece's route; return when the last piece has arrived."""
         arrive = now
         for ids, wire, lat, nb in pieces:
-            start = now
-            for i in ids:
-                if net_free[i] > start:
-                    start = net_free[i]
+            start = hold(net_free, ids, now, wire)   # the planner's replay holds links the same way
             end = start + wire
             for i in ids:
-                net_free[i] = end
                 net_busy[i] += wire
                 net_bytes[i] += nb
                 net_count[i] += 1

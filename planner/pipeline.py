@@ -16,11 +16,13 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections import defaultdict
 from dataclasses import dataclass
 from functools import lru_cache, partial
 
 from bapipe.schedules import device_ops
 from fpga_models.collective import ring_allreduce_s  # noqa: F401  (planner.search imports it from here)
+from fpga_models.transfer import hold
 
 
 @dataclass
@@ -178,7 +180,7 @@ def replay(schedule: str, p: int, m: int, fwd: list[float], bwd: list[float], se
             down = ((((s + 1) % p, -1),), send_occ[s], send_lat[s])
             routes.append(((up,), (down,)))
     ops = [_ops(schedule, p, d, m, v, forward_only) for d in range(p)]
-    link_free: dict = {}
+    link_free: dict = defaultdict(float)
     last_b = [0.0] * V          # end of each stage's last backward
     b_left = [m] * V            # backwards still to run per stage
     ar_left = [0] * V           # replicas whose ring has not finished
@@ -258,20 +260,15 @@ def flowshop_time(stage_times: list[float], m: int) -> float:
 
 def reserve(link_free: dict, pieces, now: float) -> float:
     """Send over ``pieces`` (link ids, occupancy, latency) from ``now``: each piece waits until
-    all its links are free, holds them for its occupancy and arrives after its latency;
-    ``link_free`` (link id -> free from) is updated. Returns the last arrival. The link model
+    all its links are free, holds them for its occupancy and arrives after its latency
+    (``fpga_models.transfer.hold``, the simulator's link model too); ``link_free`` (link id
+    -> free from, a defaultdict(float)) is updated. Returns the last arrival. The link model
     of every replay here (transfers and ring steps alike)."""
     arrive = now
     for ids, occ, lat in pieces:
-        t0 = now
-        for i in ids:
-            f = link_free.get(i, 0.0)
-            if f > t0:
-                t0 = f
-        for i in ids:
-            link_free[i] = t0 + occ
-        if t0 + occ + lat > arrive:
-            arrive = t0 + occ + lat
+        t = hold(link_free, ids, now, occ) + occ + lat
+        if t > arrive:
+            arrive = t
     return arrive
 
 
@@ -331,7 +328,7 @@ def replay_2bw(p: int, m: int, fwd: list[float], bwd: list[float], routes: list,
             done_at[(s, j)] = end
             try_start(s)
 
-    run_events(p, ops, fwd, bwd, routes, rings, p, M, f"2bw deadlocked in replay (p={p}, m={m})", {},
+    run_events(p, ops, fwd, bwd, routes, rings, p, M, f"2bw deadlocked in replay (p={p}, m={m})", defaultdict(float),
                gate=gate, after_op=after_op, after_ring=after_ring)
     ends = [max(max(ops_end[d][j], done_at.get((d, j), 0.0)) for d in range(p)) for j in range(K)]
     # the last iteration ends early (nothing after it waits on its rings): mean gap between
@@ -385,7 +382,7 @@ def replay_pipedream(p: int, m: int, fwd: list[float], bwd: list[float], routes:
             ends[k // m] = max(ends[k // m], end)
             try_start(s)
 
-    run_events(p, ops, fwd, bwd, routes, rings, p, M, f"pipedream deadlocked in replay (p={p}, m={m})", {},
+    run_events(p, ops, fwd, bwd, routes, rings, p, M, f"pipedream deadlocked in replay (p={p}, m={m})", defaultdict(float),
                gate=gate, after_op=after_op, after_ring=after_ring)
     return ends
 
