@@ -279,6 +279,7 @@ def main(argv: list[str] | None = None) -> int:
     previous = _handle_sigterm()
     try:
         _check_new_output(args)
+        _check_dependent(parser, args, list(sys.argv[1:] if argv is None else argv))
         result = handler(args)
         rc = 0
         if isinstance(result, tuple):
@@ -329,6 +330,50 @@ def _handle_sigterm():
         raise Terminated()
 
     return signal.signal(signal.SIGTERM, on_term)
+
+
+#: options that act only together with another: (command, dest, option, applies(args), what it needs).
+#: Given where they do nothing, they are refused in one line instead of silently ignored.
+_DEPENDENT = (
+    ("run", "build", "--build", lambda a: a.backend in ("verilator", "xrt"),
+     "applies to --backend verilator or xrt (the numpy backend uses no generated project)"),
+    ("csim", "lr", "--lr", lambda a: a.iterations is not None, "applies to a training run: add --iterations K"),
+    ("csim", "momentum", "--momentum", lambda a: a.iterations is not None,
+     "applies to a training run: add --iterations K"),
+    ("export", "seed", "--seed", lambda a: a.weights == "random", "applies to --weights random"),
+    ("plan", "optimizer", "--optimizer", lambda a: a.mode == "train",
+     "applies to --mode train (an inference plan stores no optimizer state)"),
+    ("plan", "opaque", "--opaque", lambda a: str(a.model).lower().endswith(".onnx"),
+     "applies to an .onnx MODEL (costs of the ONNX ops the toolkit cannot price)"),
+    ("profile", "opaque", "--opaque", lambda a: str(a.model).lower().endswith(".onnx"),
+     "applies to an .onnx MODEL (costs of the ONNX ops the toolkit cannot price)"),
+)
+
+
+def given_options(parser: argparse.ArgumentParser, argv: list[str]) -> set[str]:
+    """The dests of the options written on ``argv`` (not defaulted), argparse's unique
+    prefixes (``--epo`` for ``--epochs``) and ``--opt=value`` included."""
+    names = {s: a.dest for a in parser._actions for s in a.option_strings}
+    given = set()
+    for tok in argv:
+        if tok == "--":
+            break
+        if not tok.startswith("--"):
+            continue  # a positional, a value, or a short option (only -o and -h exist)
+        name = tok.split("=", 1)[0]
+        hits = {names[name]} if name in names else {d for o, d in names.items() if o.startswith(name)}
+        if len(hits) == 1:
+            given |= hits
+    return given
+
+
+def _check_dependent(parser: argparse.ArgumentParser, args, argv: list[str]) -> None:
+    """Refuse an option given where it has no effect (see _DEPENDENT)."""
+    sub = next(a for a in parser._actions if a.dest == "command").choices[args.command]
+    given = given_options(sub, argv)
+    for cmd, dest, opt, applies, needs in _DEPENDENT:
+        if cmd == args.command and dest in given and not applies(args):
+            raise SpecError(None, None, opt, f"{needs}; it has no effect here")
 
 
 def _check_new_output(args) -> None:

