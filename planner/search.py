@@ -45,6 +45,7 @@ REPLAY_M = 128      # micro-batches replayed exactly before the replay is extrap
 GROUP_BOARDS = 8    # clusters up to this size search every per-position replica vector
 STREAM_K = 16       # asynchronous PipeDream: J of a stream of this many iterations (Explorer.jm)
 HIER_BOARDS = 16    # beyond GROUP_BOARDS and up to this size: PipeDream's hierarchical DP proposes groups
+HIER_BLOCKS = 64    # hier_layouts: the DP's layers (larger models merge consecutive layers into blocks)
 STAGE_TIMES_BYTES = 64 << 20   # stage-time tables kept between problem() calls (planner memory budget 500 MB)
 
 
@@ -790,14 +791,25 @@ class Explorer:
         levels, cols = lv
         g, btype = levels[0].units, next(iter(self.tables))
         sm = self.stage_model(btype, max(1, self.G // self.N), False, "1f1b")
-        comp, par, cut = np.diff(sm.PF + sm.PB), np.diff(sm.PW), sm.IN[1:]
+        PT = sm.PF + sm.PB
+        # the DP is O(n^3): beyond HIER_BLOCKS layers it runs on HIER_BLOCKS blocks of
+        # consecutive layers of about equal compute (block k ends at last[k])
+        if self.n > HIER_BLOCKS:
+            q = np.searchsorted(PT[1:], PT[-1] * np.arange(1, HIER_BLOCKS) / HIER_BLOCKS)
+            last = np.unique(np.append(np.minimum(q, self.n - 1), self.n - 1))
+        else:
+            last = np.arange(self.n)
+        first = np.concatenate(([0], last[:-1] + 1))
+        comp, par = PT[last + 1] - PT[first], sm.PW[last + 1] - sm.PW[first]
+        cut = sm.IN[last[:-1] + 1]
         out = set()
         for cuts in (cut, 0 * cut):
             _t, stages = peer_solve(PeerInput(tuple(comp), tuple(par), tuple(cuts)), levels)
             groups = tuple(tuple(cols[b // g][b % g] for b in s.boards) for s in stages)
             out.add(groups)
             # the DP's own ranges are replayed beside the layout's J-optimal partition (search)
-            self._hier_bounds.setdefault(groups, []).append([(s.first, s.last) for s in stages])
+            self._hier_bounds.setdefault(groups, []).append([(int(first[s.first]), int(last[s.last]))
+                                                             for s in stages])
         return sorted(out)
 
     def mesh_vectors(self) -> list[tuple[int, ...]]:
