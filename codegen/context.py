@@ -296,13 +296,13 @@ def check_plan(plan: Plan, model, plan_file: str = "plan.yaml") -> None:
 
 
 def mvu_dims(l: Layer) -> tuple[int, int]:
-    """(MH, MW) of the layer's matrix-vector unit, (0, 0) for layers without one (a grouped
-    conv's MW is one group's window: C / groups * kh * kw)."""
-    if l.type == "dense":
-        return l.attr["units"], l.in_shapes[0][-1]
-    if l.type == "conv2d":
-        kh, kw = l.attr["kernel"]
-        return l.attr["out_channels"], l.in_shapes[0][0] // l.attr.get("groups", 1) * kh * kw
+    """(MH, MW) of the layer's matrix-vector unit, (0, 0) for layers without one: the
+    planner's ``fpga_models.cost.matrix_shape`` (a grouped conv's MW is one group's window,
+    C / groups * kh * kw), for the two types the HLS library builds on an MVU."""
+    if l.type in ("dense", "conv2d"):
+        from fpga_models.cost import matrix_shape
+        mh, mw, _ = matrix_shape(l)
+        return mh, mw
     return 0, 0
 
 
