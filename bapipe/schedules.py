@@ -56,6 +56,12 @@ def warmup_forwards(schedule: str, p: int, d: int, m: int) -> int:
     raise ValueError(f"no warm-up rule for {schedule}")
 
 
+def interleaved_warmup(p: int, d: int, m: int, v: int) -> int:
+    """Forwards device ``d`` runs before its first backward in Megatron-LM's interleaved
+    1F1B (Narayanan et al. SC'21): 2(p-d-1) + (v-1)p + 1, at most all m v."""
+    return min(m * v, (p - d - 1) * 2 + (v - 1) * p + 1)
+
+
 def _one_f_one_b(nf: int, m: int, split: bool) -> list[Op]:
     ops: list[Op] = [Op("F", i) for i in range(nf)]
     f, b = nf, 0
@@ -84,7 +90,7 @@ def _interleaved(p: int, d: int, m: int, v: int, split: bool) -> list[Op]:
         group, r = divmod(k, p * v)
         return Op("B", group * p + r % p, v - 1 - r // p)
 
-    warm = min(total, (p - d - 1) * 2 + (v - 1) * p + 1)
+    warm = interleaved_warmup(p, d, m, v)
     ops = [f_op(k) for k in range(warm)]
     f, b = warm, 0
     while b < total:
@@ -151,12 +157,27 @@ def stream_ops(schedule: str, p: int, d: int, m: int, iterations: int) -> list[t
 
 
 def stash_count(schedule: str, p: int, d: int, m: int, v: int = 1) -> int:
-    """Activation stashes device ``d`` holds at its peak (per chunk summed), from the op order.
+    """Activation stashes device ``d`` holds at its peak (per chunk summed): the one
+    stash-count function (the planner, the training RTL and the simulator read it).
 
-    Matches the closed forms: GPipe m; 1F1B min(p-d, m); eager-1F1B min(2(p-d)-1, m).
-    Asynchronous schedules count the stream (micro-batches of the next iteration are in
-    flight too): 2BW and PipeDream p-d, whatever m.
+    Closed forms where they exist (the op-order walk is O(m) per call): GPipe m; 1F1B
+    min(p-d, m); eager-1F1B min(2(p-d)-1, m) (the warm-up forwards, :func:`warmup_forwards`);
+    2BW and PipeDream p-d whatever m (no flush: the next iteration's micro-batches are in
+    flight too); interleaved its warm-up, :func:`interleaved_warmup`. Else
+    :func:`stash_walk`; tests/test_planner.py checks every closed form against the walk.
     """
+    if v == 1 and schedule in ASYNC:
+        return p - d
+    if v == 1 and schedule in ("gpipe", "1f1b", "eager-1f1b"):
+        return warmup_forwards(schedule, p, d, m)
+    if schedule == "interleaved" and m % p == 0:
+        return interleaved_warmup(p, d, m, v)
+    return stash_walk(schedule, p, d, m, v)
+
+
+def stash_walk(schedule: str, p: int, d: int, m: int, v: int = 1) -> int:
+    """:func:`stash_count` from the op order: the most forwards whose last backward has not
+    run yet. Asynchronous schedules count the stream over enough iterations."""
     if schedule in ASYNC:
         return peak_stash([o for o, _j in stream_ops(schedule, p, d, m, -(-p // m) + 1)])
     return peak_stash(device_ops(schedule, p, d, m, v))

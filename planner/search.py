@@ -16,7 +16,7 @@ import numpy as np
 
 from bapipe.errors import SpecError
 from bapipe.schedules import (ASYNC, MAX_MICROBATCHES, SCHEDULES, gradient_buffers, stash_count, stashes_weights,
-                              warmup_forwards, weight_versions)
+                              weight_versions)
 from bapipe.spec import Model
 from fpga_models.boards import bytes_per_element
 from fpga_models.engines import link_clock, link_transfer
@@ -146,18 +146,8 @@ def _ckey(c: Config) -> tuple:
 
 @lru_cache(maxsize=None)
 def stashes_at(schedule: str, p: int, d: int, m: int, v: int = 1) -> int:
-    """bapipe.schedules.stash_count, with its closed forms where they exist (the op-order
-    walk is O(m) per call): GPipe m; 1F1B min(p-d, m); 2BW and PipeDream p-d (no flush: the
-    next iteration's micro-batches are in flight too); eager-1F1B min(2(p-d)-1, m);
-    interleaved min(m v, 2(p-d-1) + (v-1) p + 1).
-    tests/test_planner.py checks the closed forms against stash_count."""
-    if v == 1 and schedule in ASYNC:
-        return p - d
-    if v == 1 and schedule in ("gpipe", "1f1b", "eager-1f1b"):
-        return warmup_forwards(schedule, p, d, m)
-    if schedule == "interleaved" and m % p == 0:
-        # Megatron's warm-up plus the one in flight: min(m v, 2(p-d-1) + (v-1) p + 1)
-        return min(m * v, 2 * (p - d - 1) + (v - 1) * p + 1)
+    """bapipe.schedules.stash_count (its closed forms, else the op-order walk), cached: the
+    search asks for the same few counts many times."""
     return stash_count(schedule, p, d, m, v)
 
 

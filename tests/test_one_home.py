@@ -84,8 +84,9 @@ ONE_HOME = {
         "bapipe/onnx_import.py",           # topological order of ONNX nodes
         "planner/reshard/strategies.py",   # list scheduling of resharding pieces (its own model)
     },
-    # stash counts: the op-order walk
+    # stash counts (closed forms and the op-order walk) and the warm-ups they rest on
     r"def\s+stash_count\b": {"bapipe/schedules.py"},
+    r"2\s*\*\s*\(\s*p\s*-\s*d|\(\s*p\s*-\s*d\s*-\s*1\s*\)\s*\*\s*2|\bp\s*-\s*d\b": {"bapipe/schedules.py"},
 }
 
 

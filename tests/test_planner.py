@@ -4,7 +4,7 @@ import json
 import pytest
 
 from bapipe.plan import load_plan
-from bapipe.schedules import SCHEDULES, stash_count
+from bapipe.schedules import SCHEDULES, stash_count, stash_walk
 from bapipe.spec import load_model
 from fpga_models.cluster import load_cluster
 from planner.cli_plan import parse_partition
@@ -80,7 +80,7 @@ def test_stash_closed_forms_match_op_orders():
                     continue
                 for v in ((2, 3) if s == "interleaved" else (1,)):
                     for d in range(p):
-                        assert stashes_at(s, p, d, m, v) == stash_count(s, p, d, m, v), (s, p, d, m, v)
+                        assert stashes_at(s, p, d, m, v) == stash_walk(s, p, d, m, v), (s, p, d, m, v)
     assert stash_count("gpipe", 4, 0, 8) == 8
     assert stash_count("1f1b", 4, 1, 8) == 3
     assert stash_count("eager-1f1b", 4, 0, 8) == 7
