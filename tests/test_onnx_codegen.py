@@ -178,6 +178,7 @@ def _gen(tmp_path, fixture: str) -> Path:
     return build
 
 
+@pytest.mark.slow   # plan + gen of a 28-55 layer export: 0.5-2.5 s each
 @pytest.mark.parametrize("family", sorted(PATTERNS))
 def test_gen_builds_the_hls_and_rtl_refuses_in_one_line(tmp_path, capsys, family):
     pytest.importorskip("onnx")
@@ -195,6 +196,7 @@ def test_gen_builds_the_hls_and_rtl_refuses_in_one_line(tmp_path, capsys, family
     assert err.count("\n") == 0 and "could not build one" in err
 
 
+@pytest.mark.slow   # a training plan of a 55-layer export, then gen
 def test_training_plan_refused_in_one_line_without_output(tmp_path, capsys):
     pytest.importorskip("onnx")
     from bapipe.cli import main
