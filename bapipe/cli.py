@@ -120,8 +120,9 @@ def _add_args(name: str, p: argparse.ArgumentParser) -> None:
         p.add_argument("cluster", help="built-in cluster name or .yaml path")
         p.add_argument("--format", default="fixed16", help="number format (fixed16, int8, fp16, bf16, fp32)")
         p.add_argument("--batch", type=_profile_batch, default=1,
-                       help=f"samples per pass (1..{MAX_GLOBAL_BATCH}, default 1)")
-        p.add_argument("--profile", dest="measured", help="measured per-layer profile (.yaml/.csv)")
+                       help=f"samples per pass (1..{MAX_GLOBAL_BATCH})")
+        p.add_argument("--profile", dest="measured",
+                       help="measured per-layer profile (.yaml/.csv) (default: none, the engines' cost model)")
         p.add_argument("--opaque", action="append", default=[], help="ONNX: OP=fwd_s,bwd_s cost for an unsupported op")
     elif name == "plan":
         p.add_argument("model", help="zoo name or .yaml/.onnx path")
@@ -134,7 +135,7 @@ def _add_args(name: str, p: argparse.ArgumentParser) -> None:
         p.add_argument("--microbatches", default="auto", type=_microbatches,
                        help=f"auto or N (at most {MAX_MICROBATCHES})")
         p.add_argument("--global-batch", type=_global_batch, default=None,
-                       help=f"samples per iteration (at most {MAX_GLOBAL_BATCH})")
+                       help=f"samples per iteration (at most {MAX_GLOBAL_BATCH}; default: 8 per board)")
         p.add_argument("--mode", default="train", choices=("train", "inference", "infer"), help="what to plan for")
         p.add_argument("--format", default="fixed16", help="number format (fixed16, int8, fp16, bf16, fp32)")
         p.add_argument("--optimizer", default="sgd", choices=("sgd", "adam"), help="optimizer whose state is stored")
@@ -143,18 +144,19 @@ def _add_args(name: str, p: argparse.ArgumentParser) -> None:
         p.add_argument("--whole-blocks", action="store_true",
                        help="cut only where one tensor crosses (never inside a residual block): "
                             "plans whose every stage the RTL can build")
-        p.add_argument("--boards", type=int, default=None, help="use at most this many boards")
+        p.add_argument("--boards", type=int, default=None, help="use at most this many boards (default: all of the cluster's)")
         p.add_argument("--pareto", action="store_true", help="also list non-dominated plans")
-        p.add_argument("--partition", default=None, help="evaluate a given split, e.g. 0-5,6-11,12-36")
-        p.add_argument("--profile", dest="measured", help="measured per-layer profile (.yaml/.csv)")
+        p.add_argument("--partition", default=None, help="evaluate a given split, e.g. 0-5,6-11,12-36 (default: searched)")
+        p.add_argument("--profile", dest="measured",
+                       help="measured per-layer profile (.yaml/.csv) (default: none, the engines' cost model)")
         p.add_argument("--opaque", action="append", default=[], help="ONNX: OP=fwd_s,bwd_s cost for an unsupported op")
         p.add_argument("--mesh", default="1", help="tensor-parallel boards per stage: auto (1 and the host size), "
-                                                   "N, a list 1,4 to explore, or per stage 4+1+1+1+1 (default 1)")
+                                                   "N, a list 1,4 to explore, or per stage 4+1+1+1+1")
     elif name == "sim":
         p.add_argument("plan", help="plan.yaml written by `bapipe plan`")
         p.add_argument("--iterations", type=int, default=1, help="training iterations to simulate")
-        p.add_argument("--trace", help="write a Chrome trace-event JSON")
-        p.add_argument("--gantt", help="write a Gantt chart (.png, .pdf or .svg: the suffix sets the format)")
+        p.add_argument("--trace", help="write a Chrome trace-event JSON (default: none)")
+        p.add_argument("--gantt", help="write a Gantt chart (.png, .pdf or .svg: the suffix sets the format; default: none)")
     elif name == "reshard":
         p.add_argument("--shape", required=True, help="tensor shape, e.g. 1024,1024,512")
         p.add_argument("--dtype", default="fp32", help="element type of the tensor (sets its bytes)")
@@ -193,11 +195,11 @@ def _add_args(name: str, p: argparse.ArgumentParser) -> None:
             p.add_argument("--iterations", type=int, default=None,
                            help="training builds (mode: train plans): run this many iterations of forward, "
                                 "backward and weight update and check the weights after each against "
-                                "fpga_models.train_fixed")
-            p.add_argument("--lr", type=float, default=0.05, help="--iterations: SGD learning rate (default 0.05)")
-            p.add_argument("--momentum", type=float, default=0.9, help="--iterations: SGD momentum (default 0.9)")
+                                "fpga_models.train_fixed (default: the forward check only)")
+            p.add_argument("--lr", type=float, default=0.05, help="--iterations: SGD learning rate")
+            p.add_argument("--momentum", type=float, default=0.9, help="--iterations: SGD momentum")
         if name == "synth":
-            p.add_argument("--board", action="append", help="synthesise only this board (repeatable)")
+            p.add_argument("--board", action="append", help="synthesise only this board (repeatable; default: every board)")
             p.add_argument("--timeout", type=float, default=600.0, help="wall-time limit per board, seconds")
     elif name == "run":
         p.add_argument("plan", help="plan.yaml written by `bapipe plan`")
@@ -208,25 +210,25 @@ def _add_args(name: str, p: argparse.ArgumentParser) -> None:
                        help="training epochs, counted from the start of training (numpy and verilator backends; "
                             "default 5)")
         p.add_argument("--global-batch", type=int, default=None,
-                       help="samples per iteration instead of the plan's (a multiple of its micro-batches)")
+                       help="samples per iteration instead of the plan's (a multiple of its micro-batches; default: the plan's)")
         p.add_argument("--lr", type=float, default=None,
                        help="learning rate (default: the optimizer's rule for the plan's batch)")
         p.add_argument("--seed", type=_seed, default=0, help="seed of the weights and the data order")
         p.add_argument("--precision", default="float32", choices=("float32", "fixed"),
                        help="float32, or fixed to round to the plan's number format")
-        p.add_argument("--log", help="write a per-iteration log (.json or .csv)")
-        p.add_argument("--checkpoint", help="save weights and optimizer state here")
-        p.add_argument("--resume", help="resume from a checkpoint")
+        p.add_argument("--log", help="write a per-iteration log (.json or .csv; default: none)")
+        p.add_argument("--checkpoint", help="save weights and optimizer state here after every epoch (default: none)")
+        p.add_argument("--resume", help="resume from a checkpoint (default: start from fresh weights)")
         p.add_argument("--ray", action="store_true", help="run board workers as Ray actors")
         p.add_argument("--timeout", type=float, default=60.0, help="seconds before a silent worker is declared hung")
         p.add_argument("--retries", type=int, default=0,
                        help="worker failures to recover from by restarting the workers and replaying the epoch")
-        p.add_argument("--build", default=None, help="generated project (verilator/xrt backends)")
+        p.add_argument("--build", default=None, help="generated project (verilator/xrt backends; default: build)")
     elif name == "export":
         p.add_argument("model", help="zoo name or .yaml path")
         p.add_argument("-o", "--output", required=True, help=".onnx file to write")
         p.add_argument("--force", action="store_true", help="overwrite an existing output file")
-        p.add_argument("--weights", default="random", choices=("random", "zero"), help="initial weights (default random)")
+        p.add_argument("--weights", default="random", choices=("random", "zero"), help="initial weights")
         p.add_argument("--seed", type=_seed, default=0, help="seed of the random weights")
 
 
@@ -244,7 +246,9 @@ class _Formatter(argparse.ArgumentDefaultsHelpFormatter):
     """Shows every option's default, except where it is None or a flag's False (nothing to say)."""
 
     def _get_help_string(self, action):
-        if action.default in (None, False, argparse.SUPPRESS) or action.default == []:
+        # identity, not ==: a default of 0 (--seed, --retries) equals False and must be shown
+        if action.default is None or action.default is False or action.default is argparse.SUPPRESS \
+                or action.default == []:
             return action.help
         return super()._get_help_string(action)
 

@@ -474,8 +474,9 @@ def test_version(capsys):
 
 
 def test_every_option_has_help_and_shows_its_default():
-    """Walks every subcommand's parser: each argument has help text, and each option with a
-    default (not a flag's False, not None = "not given") shows it in `--help`."""
+    """Walks every subcommand's parser: each argument has help text, each option with a
+    default (not a flag's False) shows it in `--help`, and each optional one without a value
+    by default (None) says in its help what happens when it is not given."""
     from bapipe.cli import build_parser
 
     parser = build_parser()
@@ -488,10 +489,13 @@ def test_every_option_has_help_and_shows_its_default():
                 continue
             if not a.help:
                 missing.append(f"{name} {a.option_strings or a.dest}")
-            elif a.option_strings and a.default not in (None, False, [], argparse.SUPPRESS):
+            elif a.option_strings and not (a.default is None or a.default is False or a.default == []
+                                           or a.default is argparse.SUPPRESS):   # 0 == False: identity
                 shown = fmt._get_help_string(a) % {"default": a.default, "prog": p.prog}
                 if str(a.default) not in shown:
                     no_default.append(f"{name} {a.option_strings[0]}")
+            elif a.option_strings and a.default is None and not a.required and "default" not in a.help:
+                no_default.append(f"{name} {a.option_strings[0]}")   # must say what happens without it
         assert "(default: " in p.format_help() or name in ("models", "boards", "clusters")
     assert missing == [] and no_default == []
 
