@@ -364,6 +364,11 @@ def test_run_keeps_the_plans_batch_fields(at, capsys):
     rc, out, _ = _cli(capsys, "run", "p.yaml", "--epochs", "1", "--json")
     r = json.loads(out)
     assert rc == 0
+    from host.cli_run import show_run
+
+    text = show_run(r)   # what it prints says the numbers are measured, and where
+    assert "(measured on this host's numpy workers)" in text
+    assert "vs single device (measured on the first iteration)" in text
     assert (r["global_batch"], r["microbatches"], r["microbatch_size"]) == (
         plan["global_batch"], plan["microbatches"], plan["microbatch_size"])
     rc, out, _ = _cli(capsys, "run", "p.yaml", "--epochs", "1", "--json", "--global-batch",
@@ -457,9 +462,7 @@ def test_printed_numbers_say_what_they_are(at, capsys):
     assert "simulated (event replay of the plan's stage times and links)" in text
     # the sign is the float noise of two equal replays (+0.00% or -0.00% on this plan)
     assert ("predicted (simulated +" in text or "predicted (simulated -" in text) and "not the cycle model" in text
-    _, text, _ = _cli(capsys, "run", "p.yaml", "--epochs", "1")
-    assert "(measured on this host's numpy workers)" in text
-    assert "vs single device (measured on the first iteration)" in text
+    # run's labels: test_run_keeps_the_plans_batch_fields (it trains already)
 
 
 # ---- 6. CLI conventions -------------------------------------------------------------------
