@@ -26,14 +26,14 @@ PRODUCT = ["bapipe", "fpga_models", "planner", "codegen", "host"]
 
 
 @lru_cache(maxsize=None)
-def _code(path: Path) -> list[tuple[int, str]]:
-    """(line number, code) of a Python file with strings and comments blanked out, so a
-    formula quoted in a docstring is not a copy."""
+def _code(path: Path, strings: bool = False) -> list[tuple[int, str]]:
+    """(line number, code) of a Python file with comments and (unless ``strings``) string
+    literals blanked out, so a formula quoted in a docstring is not a copy."""
     src = path.read_text(encoding="utf-8")
     lines = src.splitlines()
     out = [list(line) for line in lines]
     for tok in tokenize.generate_tokens(io.StringIO(src).readline):
-        if tok.type in (tokenize.STRING, tokenize.COMMENT):
+        if tok.type == tokenize.COMMENT or (tok.type == tokenize.STRING and not strings):
             (r0, c0), (r1, c1) = tok.start, tok.end
             for r in range(r0, r1 + 1):
                 row = out[r - 1]
@@ -44,17 +44,22 @@ def _code(path: Path) -> list[tuple[int, str]]:
 
 
 def _hits(pattern: str) -> set[str]:
-    """Product files whose code (not strings, not comments) matches ``pattern``."""
-    rx = re.compile(pattern)
+    """Product files whose code (not comments; not strings unless the pattern starts with
+    STR, for tables keyed by name) matches ``pattern``."""
+    strings = pattern.startswith(STR)
+    rx = re.compile(pattern[len(STR):] if strings else pattern)
     found = set()
     for pkg in PRODUCT:
         for path in sorted((ROOT / pkg).rglob("*.py")):
-            if any(rx.search(code) for _, code in _code(path)):
+            if any(rx.search(code) for _, code in _code(path, strings)):
                 found.add(path.relative_to(ROOT).as_posix())
     return found
 
 
 # --- the grep: a second copy of a formula fails here, naming the file -------------------
+
+#: a pattern with this prefix is matched with string literals kept (format names)
+STR = "(strings)"
 
 #: pattern -> the files allowed to hold it (the home, and readers that need it for
 #: something that is not the quantity, each with the reason)
@@ -74,8 +79,9 @@ ONE_HOME = {
     r"min\([^)]*bandwidth_Bps\s+for": {"fpga_models/cluster.py"},
     r"sum\([^)]*latency_s\s+for": {"fpga_models/cluster.py"},
     # number-format tables: names, bytes, fixed-point bits
-    r"\"bf16\"\s*:\s*2\b|\(\s*\"fixed16\"\s*,\s*\"int8\"": {"bapipe/numformats.py"},
-    r"Fmt\(\s*\"(fixed16|int8)\"": set(),
+    # (a name mapped to a whole number: bytes or bits; the boards' per-format DSP costs are floats)
+    STR + r"\"(fixed16|int8|fp16|bf16|fp32)\"\s*:\s*\d+\s*[,}]|\(\s*\"fixed16\"\s*,\s*\"int8\"": set(),
+    STR + r"Fmt\(\s*\"(fixed16|int8)\"": set(),
     # the event loop of the planner's replays (the simulator has its own: credits, transmit
     # slots, host PCIe and memory that the planner's replay leaves out; Dijkstra in cluster)
     r"heapq\.heappop\(|\bpop\(heap\)": {
@@ -100,9 +106,11 @@ def test_the_grep_finds_a_copy(tmp_path):
     """The grep is not blind: a formula in code is found, the same formula in a docstring or
     a comment is not."""
     f = tmp_path / "x.py"
-    f.write_text('"""2 * (r - 1) steps"""\n# 2 * (r - 1)\nsteps = 2 * (r - 1)\n')
+    f.write_text('"""2 * (r - 1) steps"""\n# 2 * (r - 1)\nsteps = 2 * (r - 1)\nB = {"bf16": 2, "fp32": 4}\n')
     rx = re.compile(r"2\s*\*\s*\(\s*\w+\s*-\s*1\s*\)")
     assert [n for n, code in _code(f) if rx.search(code)] == [3]
+    fmt = re.compile(next(p for p in ONE_HOME if p.startswith(STR) and "bf16" in p)[len(STR):])
+    assert [n for n, code in _code(f, True) if fmt.search(code)] == [4]
 
 
 def test_one_event_loop_in_the_planner():

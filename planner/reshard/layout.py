@@ -22,13 +22,16 @@ from math import prod
 from typing import Any
 
 from bapipe.errors import SpecError
+from bapipe.numformats import NUMBER_FORMATS
 
 MAX_DEVICES = 4096
 MAX_MESH_AXES = 10  # axes are written as single digits
 
-DTYPE_BYTES = {"int8": 1, "uint8": 1, "fixed8": 1, "int16": 2, "fixed16": 2, "fp16": 2, "float16": 2,
-               "bf16": 2, "bfloat16": 2, "int32": 4, "fixed32": 4, "fp32": 4, "float32": 4,
-               "int64": 8, "fp64": 8, "float64": 8}
+#: the plan's number formats (bapipe.numformats, the one table) and the other tensor dtypes
+#: a resharding request may name
+DTYPE_BYTES = {**{n: f.bytes for n, f in NUMBER_FORMATS.items()},
+               "uint8": 1, "fixed8": 1, "int16": 2, "float16": 2, "bfloat16": 2, "int32": 4, "fixed32": 4,
+               "float32": 4, "int64": 8, "fp64": 8, "float64": 8}
 
 _SYMBOL = re.compile(r"R|S\d+")
 
