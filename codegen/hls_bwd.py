@@ -585,7 +585,9 @@ def build_bwd(plan, model, st, sc, fmt, board=None) -> BwdCtx:
         else:
             _rename_stream(b, s, f"dx_{p.name}")
 
-    _place_accumulators(acc_users, b, board)
+    rom_bytes = sum(int(w.kernel_q.size) for w in sc.weights) * ((W + 7) // 8) if sc.embed_weights else 0
+    budget = _bwd_budget(plan, st, board)
+    _place_accumulators(acc_users, b, board, None if budget is None else budget - rom_bytes)
     acc_ports = [a for a, _ in acc_users if a.storage == "off-chip"]
     b.arrays = [a for a, _ in acc_users if a.storage != "off-chip"] + b.arrays
     pos = {l.name: i for i, l in enumerate(layers)}
@@ -596,8 +598,7 @@ def build_bwd(plan, model, st, sc, fmt, board=None) -> BwdCtx:
                  weights=[] if sc.embed_weights else list(sc.weights), engines=b.engines)
     if st.style == "time-multiplexed":
         frame_elems = {s: elems[t] for t, parts in contrib.items() for s, _l in parts}
-        rom_bytes = sum(int(w.kernel_q.size) for w in sc.weights) * ((W + 7) // 8) if sc.embed_weights else 0
-        _sequence_turns(ctx, b.turn_of, frame_elems, W, _bwd_budget(plan, st, board), rom_bytes)
+        _sequence_turns(ctx, b.turn_of, frame_elems, W, budget, rom_bytes)
     return ctx
 
 
@@ -668,12 +669,17 @@ def _skip_depths(add_layer, layers, elems, lanes: int) -> list[int]:
     return [max(STREAM_DEPTH, top - x + STREAM_DEPTH + (row_beats if top else 0)) for x in lat]
 
 
-def _place_accumulators(users, b: _Builder, board) -> None:
+def _place_accumulators(users, b: _Builder, board, kernel_budget: int | None = None) -> None:
     """Weight-gradient accumulators on chip, smallest first, while they fit ACC_ONCHIP_SHARE of
-    the board's usable BRAM+URAM; the rest go to off-chip memory (read-modify-write)."""
+    the board's usable BRAM+URAM and what the kernel's share (``kernel_budget``: the planner's
+    rule, fpga_models.allocate.kernel_onchip_budget, less the on-chip weights) leaves beside the
+    kernel's other arrays and streams, so a board the planner accepts is a board gen accepts;
+    the rest go to off-chip memory (read-modify-write)."""
     from fpga_models.boards import on_chip_bytes
 
     budget = ACC_ONCHIP_SHARE * on_chip_bytes(board) if board is not None else float("inf")
+    if kernel_budget is not None:
+        budget = min(budget, kernel_budget - sum(a.bytes for a in b.arrays) - sum(s.bytes for s in b.streams))
     used = 0
     for aw, ab in sorted(users, key=lambda u: u[0].bytes):
         need = aw.bytes + ab.bytes
