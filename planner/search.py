@@ -34,6 +34,7 @@ from .stagecost import LayerTable, StageModel, cut_bytes, layer_table, layer_tim
 SLACK = 0.25        # how far J may be from the replayed time (relative)
 MAX_REPLAYS = 3     # distinct candidates replayed per schedule per search (recomputation variants compete too)
 MAX_M_CANDIDATES = 12
+INTERLEAVE_CHUNKS = (2, 3, 4)   # interleaved: chunks v a board searched (Narayanan et al. SC'21 use 2-4 and more)
 # how far above the best J the first candidate of a (pipeline depth, boards used) may be: J
 # prices FPGA stages time-multiplexed, the replay may run them as dataflow pipelines, measured
 # up to 3.3x faster (tiny-cnn on 2 U250 replicas, m = 3: J 73.7 us, replayed 22.3 us); at 1.0
@@ -683,7 +684,7 @@ class Explorer:
             if p > self.n or any(self.stage_type(probe, d) is None for d in range(p)):
                 continue
             for sched in (schedules if p > 1 else self.one_stage_schedules(schedules)):
-                vs = [2] if sched == "interleaved" else [1]
+                vs = INTERLEAVE_CHUNKS if sched == "interleaved" else (1,)
                 for v in vs:
                     if p * v > self.n or (sched == "interleaved" and p == 1):
                         continue

@@ -186,3 +186,21 @@ def test_interleaved_on_one_board_is_one_line(tmp_path):
     r = _cli("plan", "tiny-mlp", "4xU250-ring", "--boards", "1", "--schedule", "interleaved",
              "-o", str(tmp_path / "p.yaml"))
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "interleaved" in r.stderr
+
+
+@pytest.mark.parametrize("v", [3, 4])
+def test_interleaved_more_chunks_replay_equals_sim(v, monkeypatch):
+    """Interleaved plans with v = 3 and 4 chunks a board (planner.search.INTERLEAVE_CHUNKS
+    searches 2-4): the plan's first iteration equals bapipe sim's replay of its plan.yaml."""
+    import planner.search as search
+    from bapipe.plan import load_plan
+    from fpga_models.sim import SimConfig, simulate
+
+    monkeypatch.setattr(search, "INTERLEAVE_CHUNKS", (v,))
+    out = _plan("tiny-cnn", "4xU250-ring", schedule="interleaved")
+    assert out.plan.chunks == v and out.plan.schedule == "interleaved"
+    r = simulate(out.plan, load_model("tiny-cnn"), load_cluster("4xU250-ring"),
+                 config=SimConfig(record=False, host_io=False))
+    # the same op order and link reservations summed in two event loops (test_sim.sim_rel)
+    assert r.iteration_time_s == pytest.approx(out.plan.predicted["iteration_time_s"],
+                                               rel=4 * f64_sum(r.events), abs=0)
