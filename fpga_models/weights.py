@@ -13,8 +13,8 @@ partitioned; the order and the ranges are:
 
 - dense ``w`` (units, fan_in), conv2d ``w`` (out, in / groups, kh, kw): uniform
   +-sqrt(6 / fan_in), variance 2 / fan_in (He et al. 2015, "Delving Deep into Rectifiers",
-  eq. 10: keeps the activations' scale through ReLU layers, so a deep fixed-point stack
-  neither vanishes nor saturates, and training starts as from He-normal);
+  eq. 10: the activations' variance holds through ReLU layers; the same variance as the
+  He-normal start the host trained from before this generator);
 - then ``b`` (layers with a bias): uniform +-0.1, nonzero so a dropped bias add shows;
 - batchnorm: ``gamma`` U(0.5, 1.5), ``beta`` U(-0.5, 0.5), ``mean`` U(-0.5, 0.5), ``var``
   U(0.5, 1.5) (inference folds them to scale/shift; training starts its running
