@@ -15,7 +15,8 @@ MOD = "cocotb_tests.test_resnet_blocks"
 
 
 def bn_params(c: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """Per-channel raw (scale, shift) as codegen.context.make_weights draws them (folded batchnorm)."""
+    """Per-channel raw (scale, shift), folded as codegen.context.make_weights folds the project's
+    draws (fpga_models.weights), with variances down to 0.05 so larger scales occur too."""
     from fpga_models.fixedpoint import fold_batchnorm
     rng = np.random.default_rng(seed)
     gamma, beta = rng.uniform(0.5, 1.5, c), rng.uniform(-0.5, 0.5, c)
