@@ -291,6 +291,11 @@ def engine_stage(st, layers, params: dict, external: bool = False, writable: boo
             calls.append(f"bapipe::add_ew<{b.in_lanes}>({i}, {s(ins[1])}, {o}, {per})")
         elif k == "fork":
             calls.append(f"bapipe::fork_ew<{b.in_lanes}>({i}, {o}, {s(outs[1])}, {per})")
+        elif k == "concat":   # BEATS_A of the first input, then BEATS_B of the second, per group
+            ba, bb = p["BEATS_A"], p["BEATS_B"]
+            e_out = e_in + elems[root(ins[1])]
+            calls.append(f"bapipe::concat_ew<{b.in_lanes}, {ba}, {bb}>({i}, {s(ins[1])}, {o}, "
+                         f"(long)n * {e_out // (b.in_lanes * (ba + bb))})")
         elif k == "width_conv":
             calls.append(f"bapipe::width_conv<{b.in_lanes}, {b.out_lanes}>({i}, {o}, (long)n * {e_in})")
         else:

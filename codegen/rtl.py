@@ -133,7 +133,8 @@ def stage_wiring(st) -> tuple[list[tuple[list[str], list[str]]], str, str]:
 
 
 #: AXI-Stream port prefixes of blocks with more than one input or output
-_PORTS = {"fork": (["s_axis"], ["m0_axis", "m1_axis"]), "add": (["s0_axis", "s1_axis"], ["m_axis"])}
+_PORTS = {"fork": (["s_axis"], ["m0_axis", "m1_axis"]), "add": (["s0_axis", "s1_axis"], ["m_axis"]),
+          "concat": (["s0_axis", "s1_axis"], ["m_axis"])}
 
 
 def _stage_ctx(st, elem_w: int, first: bool, last: bool) -> dict:
@@ -190,6 +191,8 @@ def render_pipeline(pipe: Pipeline, cluster_name: str, plan_hash: str) -> dict[s
         files.update({f"{name}.v": render_template(name, plan_hash) for name in TRANSPORT})
     if any(blk.kind == "ddr_frame" for st in pipe.stages for blk in st.blocks):   # off-chip frame buffers
         files["ddr_frame.v"] = render_template("ddr_frame", plan_hash)
+    if any(blk.kind == "concat" for st in pipe.stages for blk in st.blocks):   # imported CNNs' concat
+        files["axis_concat.v"] = render_template("axis_concat", plan_hash)
     for b in pipe.boards:
         for st in b.stages:
             for blk in st.blocks:

@@ -37,6 +37,7 @@ from bapipe.plan import Folding, Plan
 from fpga_models.engines import (BN_FILL, DDR_WORD_BITS, MVU_FILL, POOL_FILL, TM_SWITCH,  # noqa: F401
                                  conv_window_lanes, ddr_words_per_beat, frame_io_cycles, link_beat_cycles,
                                  mvu_vector_cycles, swg_beats, width_conv_cycles, window_stream_fill)
+from fpga_models.engines import concat_cycles
 
 #: cycles a credit spends outside the link's two latencies (rx FIFO, credit register, tx)
 LINK_LOOP = 3
@@ -777,6 +778,10 @@ def _dag_dataflow(stage, layers, tin, cons, params, state, pre, board_name, in_l
             ops.append({"layer": layer.name, "type": "add"})
             emit(layer.name, add.outs[0], lm, dm, layer.out_elems)
             continue
+        if layer.type == "concat" and len(ins) == 2:
+            emit(layer.name, *_df_concat(blocks, stage, layer, ins, pre, elem_w, fresh), layer.out_elems)
+            ops.append({"layer": layer.name, "type": "concat"})
+            continue
         if len(ins) != 1:
             raise Unsupported(f"layer '{layer.name}': type '{layer.type}' with {len(ins)} inputs has no RTL engine yet")
         (wi, li_lanes, d), = ins
@@ -796,6 +801,39 @@ def _dag_dataflow(stage, layers, tin, cons, params, state, pre, board_name, in_l
         raise Unsupported(f"stage {stage.index}: its output is not produced by its last engine")
     return StageRtl(stage.index, board_name, "dataflow", blocks, blocks[0].in_lanes, lanes, link_in is not None,
                     False, layers[0].in_elems, layers[-1].out_elems)
+
+
+def _df_concat(blocks: list[Block], stage, layer, ins, pre: str, elem_w: int, fresh) -> tuple[str, int, int]:
+    """A two-input concat in a dataflow stage: both inputs converted to L lanes (the plan's,
+    cut down to divide both inputs' chunks: codegen.context.concat_chunks, an image's channels
+    per pixel), each input behind a FIFO of whole frames (one, plus one per window generator
+    fewer than the other input's), then ``axis_concat`` passes a chunk of each in turn, one beat a cycle
+    (fpga_models.engines: a concat streams its output elements). Returns (wire, lanes, depth)."""
+    from .context import concat_chunks
+
+    _outer, (ca, cb) = concat_chunks(layer)
+    lanes = _ew_lanes(stage.folding.get(layer.name), math.gcd(ca, cb))
+    dmax = max(d for _, _, d in ins)
+    wires = []
+    for k, ((w, ln, d), shape) in enumerate(zip(ins, layer.in_shapes)):
+        elems = math.prod(shape)
+        if ln is None:
+            raise Unsupported(f"layer '{layer.name}': concat of the host input")
+        new = _converters(f"{pre}_{legal(layer.name)}_in{k}", ln, lanes, elem_w, elems // ln)
+        # each input can wait a whole frame (more behind fewer window generators): the two
+        # branches from one fork reach the concat at different times (a 1x1 and a 3x3 conv's
+        # window generators both count one, but the 3x3 holds back rows), and the fork feeds
+        # both in lockstep
+        new.append(_fifo(f"{pre}_{legal(layer.name)}_fifo{k}", lanes, (dmax - d + 1) * (elems // lanes) + 2,
+                         elem_w, elems // lanes))
+        wires.append(_wire_chain(blocks, new, w, fresh))
+    beats = layer.out_elems // lanes
+    ba, bb = ca // lanes, cb // lanes
+    blk = Block("concat", f"{pre}_{legal(layer.name)}", "axis_concat",
+                {"LANES": lanes, "ELEM_W": elem_w, "BEATS_A": ba, "BEATS_B": bb, "COUNT_W": count_bits(max(ba, bb))},
+                lanes, lanes, beats_in=beats, cycles=concat_cycles(layer.out_elems, lanes), ins=wires, outs=[fresh()])
+    blocks.append(blk)
+    return blk.outs[0], lanes, dmax
 
 
 def _ew_lanes(f: Folding | None, dim: int) -> int:

