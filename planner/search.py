@@ -684,7 +684,9 @@ class Explorer:
             if p > self.n or any(self.stage_type(probe, d) is None for d in range(p)):
                 continue
             for sched in (schedules if p > 1 else self.one_stage_schedules(schedules)):
-                vs = INTERLEAVE_CHUNKS if sched == "interleaved" else (1,)
+                # v = 3, 4 when interleaved is asked for; under auto v = 2 (the sweep's time budget)
+                vs = ((INTERLEAVE_CHUNKS if self.req.schedule == "interleaved" else (2,)) if sched == "interleaved"
+                      else (1,))
                 for v in vs:
                     if p * v > self.n or (sched == "interleaved" and p == 1):
                         continue
