@@ -359,7 +359,7 @@ def given_options(parser: argparse.ArgumentParser, argv: list[str]) -> set[str]:
     prefixes (``--epo`` for ``--epochs``) and ``--opt=value`` included."""
     names = {s: a.dest for a in parser._actions for s in a.option_strings}
     given = set()
-    for tok in argv:
+    for tok in map(str, argv):   # callers may pass Paths
         if tok == "--":
             break
         if not tok.startswith("--"):
