@@ -739,7 +739,7 @@ class Explorer:
         plain (r, p) shapes of :meth:`shapes` (the vectors grow as 2^N) and, up to
         HIER_BOARDS, the layouts of :meth:`hier_layouts`."""
         if self.N > GROUP_BOARDS:
-            return self.hier_layouts()
+            return [g for g in self.hier_layouts() if max(len(x) for x in g) <= rmax]
         out = set()
 
         def vectors(left: int, p_left: int):

@@ -149,3 +149,21 @@ def test_ours_beats_peer_under_our_model(name):
     assert r["our_model"]["ours_s"] < r["our_model"]["peer_s"]
     assert r["peer_formula_overlapped"]["ours_s"] < r["peer_formula_overlapped"]["peer_s"]
     assert r["peer_formula"]["peer_s"] <= r["peer_formula"]["ours_s"]
+
+
+def test_hierarchical_layouts_respect_the_replica_limit():
+    """The search's hierarchical layouts (16xV100, GNMT-8's profile) have replicated stages,
+    and none of them is offered when replicas are limited to 1 (--no-replication and the
+    no_replication baseline): it used to return a 1-1-1-1-1-3-2-1-1-3-1 plan for
+    `--no-replication`."""
+    import tempfile
+
+    from peer import load_case
+    from fpga_models.cluster import load_cluster
+    from planner.search import Explorer, Request
+
+    with tempfile.TemporaryDirectory() as tmp:
+        model, _prof, meas, *_ = load_case("gnmt8", Path(tmp))
+    ex = Explorer(model, load_cluster("16xV100"), Request(schedule="pipedream", measured=meas, global_batch=512))
+    assert any(max(map(len, g)) > 1 for g in ex.replica_layouts(16))
+    assert ex.replica_layouts(1) == []
