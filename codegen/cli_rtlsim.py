@@ -84,6 +84,7 @@ def cmd_rtlsim(args):
                                 "build runs whole iterations with the C++ harness (--iterations K)")
         check_build(build)
         r = train_rtlsim(build, int(getattr(args, "iterations", 2)))
+        r.update(stage_agreement(build))   # the forward stages against the plan, as for inference
         return r, (0 if r["weights_match"] and r["outputs_match"] else 1)
     man = _load_manifest(build)
     steady = float(man["predicted_cycles_per_sample"])
@@ -156,11 +157,26 @@ def stage_agreement(build: Path, samples: int | None = None, threads: int = 1,
     return {"stages": rows, "plan_error": plan_error(rows)}
 
 
+def _stage_lines(r: dict) -> list[str]:
+    """The per-stage table (plan, Design, measured) and the plan error, when the run has them."""
+    if not r.get("stages"):
+        return []
+    lines = ["  per stage, forward cycles per sample in steady state (each stage alone in Verilator):",
+             f"    {'stage':<7}{'board':<10}{'style':<18}{'plan':>12}{'design':>12}{'measured':>12}{'vs plan':>9}"]
+    for s in r["stages"]:
+        err = f"{100 * s['error']:+.2f}%" if s["error"] is not None else "-"
+        lines.append(f"    {s['index']:<7}{s['board']:<10}{s['style']:<18}{s['plan_cycles_per_sample']:>12.1f}"
+                     f"{s['design_cycles_per_sample']:>12.1f}{s['measured_cycles_per_sample']:>12.1f}{err:>9}")
+    if r.get("plan_error") is not None:
+        lines.append(f"  plan error           : {100 * r['plan_error']:.2f}% (worst stage, measured vs plan)")
+    return lines
+
+
 def show_rtlsim(r: dict) -> str:
     """Human summary."""
     if r.get("training"):
         from .rtlsim_train import show_train
-        return show_train(r)
+        return "\n".join([show_train(r)] + _stage_lines(r))
     lines = [
         f"RTL pipeline over {len(r['boards'])} boards ({' -> '.join(r['stage_boards'])}), {r['samples']} samples",
         f"  outputs vs numpy     : {'bit-exact' if r['outputs_match'] else 'MISMATCH'}"
@@ -172,15 +188,7 @@ def show_rtlsim(r: dict) -> str:
         f"  simulation           : {r['sim_cycles']} cycles at {r['sim_cycles_per_s']:.0f} cycles/s "
         f"(compile {r['compile_s']} s)",
     ]
-    if r.get("stages"):
-        lines.append("  per stage, forward cycles per sample in steady state (each stage alone in Verilator):")
-        lines.append(f"    {'stage':<7}{'board':<10}{'style':<18}{'plan':>12}{'design':>12}{'measured':>12}{'vs plan':>9}")
-        for s in r["stages"]:
-            err = f"{100 * s['error']:+.2f}%" if s["error"] is not None else "-"
-            lines.append(f"    {s['index']:<7}{s['board']:<10}{s['style']:<18}{s['plan_cycles_per_sample']:>12.1f}"
-                         f"{s['design_cycles_per_sample']:>12.1f}{s['measured_cycles_per_sample']:>12.1f}{err:>9}")
-        if r.get("plan_error") is not None:
-            lines.append(f"  plan error           : {100 * r['plan_error']:.2f}% (worst stage, measured vs plan)")
+    lines += _stage_lines(r)
     if r["overflow"]:
         lines.append("  WARNING: a link receiver overflowed (credit accounting error)")
     if r.get("training_unsupported"):

@@ -139,3 +139,19 @@ def test_one_stage_plan_reuses_the_pipeline_run(tmp_path):
     man = read_manifest(two / "rtl" / "manifest.json")
     for i in range(2):
         assert not same_rtl(json.loads((two / "rtl" / "stages" / f"s{i}" / "manifest.json").read_text()), man)
+
+
+@pytest.mark.soak  # the training RTL and one stage bench of tiny-mlp in Verilator (~1-2 min with load): make test-all
+def test_training_build_reports_its_stages_against_the_plan(tmp_path):
+    """A mode: train build (the planner's tiny-mlp default, one board): `bapipe rtlsim --json`
+    runs the training iterations and, as for inference, every forward stage alone against the
+    plan ("stages", "plan_error"); measured 4.0 = plan 4.0 cycles a sample on 2026-11-24."""
+    import json
+
+    build = tmp_path / "mlp"
+    generate(_plan(tmp_path, "mlp-train", "tiny-mlp", "4xU250-ring"), build)
+    r = subprocess.run([sys.executable, "-m", "bapipe.cli", "rtlsim", str(build), "--json"],
+                       check=True, capture_output=True, text=True)
+    got = json.loads(r.stdout)
+    assert got["training"] and got["weights_match"] and got["outputs_match"]
+    assert got["stages"] and plan_error(got["stages"]) == got["plan_error"] <= PLAN_TOLERANCE, got["stages"]
