@@ -92,6 +92,8 @@ def generate_plan(plan, model, cluster, out_dir: str | Path, plan_text: str | No
     write_stamp(out, ctx.fingerprint, [*paths, *rtl_files], {"engines": engines,
                                                            "xrt": package.xrt_manifest(ctx, engines)})
     design = _design_cycles(ddict)
+    for line in cycle_warnings(plan, ctx.stages, design):
+        sys.stderr.write(f"bapipe gen: warning: {line}\n")
     return {
         "output": str(out), "fingerprint": ctx.fingerprint, "files": len(paths), "rtl_files": len(rtl_files),
         "format": ctx.fmt.name,
@@ -234,6 +236,28 @@ def _design_cycles(design: dict | None) -> dict[int, float]:
     wrote as build/design.json; empty when it built none for this plan)."""
     stages = (design or {}).get("stages", [])
     return {s["index"]: s["design_cycles_per_sample"] for s in stages if "design_cycles_per_sample" in s}
+
+
+#: |Design / plan - 1| above which gen says the Design does not run at the plan's pace: the
+#: agreement bound of issue 15 (rtlsim holds every stage to it, tests/test_agreement.py)
+CYCLE_WARN = 0.02
+
+
+def cycle_warnings(plan, stages, design: dict[int, float]) -> list[str]:
+    """One line per stage whose Design cycles per sample are off the plan's by more than
+    :data:`CYCLE_WARN` (a plan whose foldings were edited without re-pricing, or priced from
+    a profile of other hardware): the build is still written, but not silently."""
+    out = []
+    for s in stages:
+        d, p = design.get(s.index), _plan_cycles(plan, s.index)
+        if d is None or not p:
+            continue
+        err = d / p - 1
+        if abs(err) > CYCLE_WARN:
+            out.append(f"stage {s.index}: the Design runs {d:,.1f} forward cycles per sample, the plan "
+                       f"promises {p:,.1f} ({100 * err:+.1f}%): the plan's times do not come from its "
+                       f"foldings (re-plan, or expect rtlsim's plan_error to say so)")
+    return out
 
 
 def _plan_cycles(plan, index: int) -> float | None:

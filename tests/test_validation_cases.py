@@ -149,6 +149,18 @@ def test_missing_or_illegal_folding_is_refused(at, capsys):
     _refused(capsys, ["sim", "badfold.yaml"], "badfold.yaml", "stages[0].folding.fc1", "legal folding", "7")
 
 
+def test_a_legal_folding_edited_without_repricing_is_not_silent(at, capsys):
+    # fc1 at 1 x 1 is a legal folding, but the plan's times are still the 32 x 64 ones: the plan
+    # loads (a plan priced from a measured profile has times its foldings do not give), and gen
+    # says in one line per stage that its Design runs slower than the plan promises
+    _edit(at / "p.yaml", at / "slowfold.yaml", lambda d: d["stages"][0]["folding"].update(fc1={"pe": 1, "simd": 1}))
+    rc, out, err = _cli(capsys, "gen", "slowfold.yaml", "-o", "sfb")
+    warn = [l for l in err.splitlines() if "warning: stage 0:" in l]
+    assert rc == 0 and len(warn) == 1, err
+    assert "4,096.0 forward cycles per sample" in warn[0] and "promises 2.0" in warn[0]
+    assert not any("warning: stage 1:" in l for l in err.splitlines())   # stages left alone agree
+
+
 def test_edited_times_and_a_stage_cut_mid_way_are_refused(at, capsys):
     def faster(doc):  # 10x faster than its cycles say: sim would replay the fiction
         st = doc["stages"][0]
