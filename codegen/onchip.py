@@ -11,7 +11,6 @@ from __future__ import annotations
 import math
 import re
 
-from fpga_models.allocate import kernel_onchip_bytes as tm_onchip_bytes
 from fpga_models.engines import line_buffer_bytes
 
 #: window engines: layer types that slide a K x K window over an image (a line buffer each)
@@ -73,11 +72,13 @@ def kernel_onchip_bytes(stage_ctx, fmt, bwd: bool = False) -> int:
         frames = frame_bytes(e, eb)
         if e.onchip_budget is None:
             return engine_fixed_bytes(e, eb) + sum(frames)
-        # the rule that placed the frames (fpga_models.allocate), plus the two-deep streams of
-        # the off-chip ones in their writer's and reader's turns
+        # the frames the lowering kept on chip (placed by the rule, fpga_models.allocate, on the
+        # Design's figures or by the Design's ddr_frame nodes), plus the two-deep streams of the
+        # off-chip ones in their writer's and reader's turns
         local = {f.stream for f in e.frames}
         two_deep = sum(v.depth * v.lanes * eb for u in e.units for v in u.streams if v.name in local)
-        return tm_onchip_bytes(engine_fixed_bytes(e, eb), frames, e.onchip_budget) + two_deep
+        kept = sum(v.depth * v.lanes * eb for v in e.turn_streams)
+        return engine_fixed_bytes(e, eb) + kept + two_deep
     total = sum(window_bytes(lc.layer, eb) for lc in stage_ctx.layers) + _roms_bytes(stage_ctx, eb)
     return total + sum(int(st.depth) * eb * int(getattr(st, "lanes", 1)) for st in stage_ctx.streams)
 
