@@ -46,6 +46,7 @@ def test_tiny_mlp_3_boards():
 
 
 @pytest.mark.slow
+@pytest.mark.soak   # ~35 s; its conv/pool/dense chain is covered by test_tiny_cnn_3_boards (make test-all keeps it)
 def test_conv_mini_3_boards():
     from cocotb_tests.plans import conv_mini_plan
     r = _rtlsim(_gen(conv_mini_plan(), "conv-mini"), samples=4)
