@@ -31,6 +31,8 @@ from math import prod
 from fpga_models import fixedpoint as fx
 from fpga_models.engines import MVU_FILL, conv_window_lanes
 
+from .hls_design import DdrFrame
+
 #: the width of an m_axi burst beat (bits): dW/db leave one beat a cycle
 AXI_BITS = 512
 #: default depth of a stream between two engines (the Vitis HLS default handshake FIFO)
@@ -118,24 +120,6 @@ class GradArray:
 
 
 @dataclass
-class BFrame:
-    """A gradient frame between two backward turns placed off chip (fpga_models.allocate.frames_offchip):
-    an m_axi argument of ``words`` 512-bit words (one sample: beats x words a beat), written by one
-    turn through ``bapipe::frame_write`` and read by the next through ``bapipe::frame_read``."""
-
-    name: str            # the kernel argument (and its bundle)
-    stream: str          # the frame's stream, two deep inside the writer's and the reader's turns
-    lanes: int
-    depth: int           # beats a sample (the depth it would have on chip)
-    bits: int            # bits of one memory word (fpga_models.engines.DDR_WORD_BITS)
-    words: int
-
-    @property
-    def bytes(self) -> int:
-        return self.words * self.bits // 8
-
-
-@dataclass
 class BwdTurn:
     """One backward turn of a time-multiplexed stage: a DATAFLOW function over one layer's
     engines, called once per sample (and once more, with no samples, to flush the weight
@@ -166,7 +150,7 @@ class BwdCtx:
     weights: list = field(default_factory=list)   # m_axi weight inputs (external weights only)
     engines: list[dict] = field(default_factory=list)   # per engine: layer, what, cycles per sample
     turns: list[BwdTurn] = field(default_factory=list)   # time-multiplexed: the layers' turns in order
-    frames: list[BFrame] = field(default_factory=list)   # time-multiplexed: gradient frames off chip
+    frames: list[DdrFrame] = field(default_factory=list)   # time-multiplexed: gradient frames off chip
     top_streams: list[BStream] = field(default_factory=list)   # time-multiplexed: the frames on chip
 
     @property
@@ -761,12 +745,13 @@ def _sequence_turns(ctx: BwdCtx, turn_of: list[str], frame_elems: dict[str, int]
     fixed = (sum(a.bytes for a in ctx.arrays) + rom_bytes
              + sum(s.bytes for s in ctx.streams if s.name not in {f.name for f in frames}))
     off = frames_offchip([s.bytes for s in frames], fixed, budget) if budget is not None else [False] * len(frames)
-    ddr: dict[str, BFrame] = {}
+    ddr: dict[str, DdrFrame] = {}
     for s, o in zip(frames, off):
         if o:
             beats = s.depth
-            ddr[s.name] = BFrame(f"{s.name}_ddr", s.name, lanes[s.name], beats, DDR_WORD_BITS,
-                                 beats * ddr_words_per_beat(lanes[s.name], width))
+            # a gradient frame holds one sample: its on-chip depth was its beats
+            ddr[s.name] = DdrFrame(f"{s.name}_ddr", s.name, lanes[s.name], beats, beats, DDR_WORD_BITS,
+                                   beats * ddr_words_per_beat(lanes[s.name], width))
             s.depth = STREAM_DEPTH   # two deep in the writer's turn and in the reader's
     ctx.frames = list(ddr.values())
     ctx.top_streams = [s for s in frames if s.name not in ddr]

@@ -85,7 +85,8 @@ class UnitFn:
 
 @dataclass
 class DdrFrame:
-    """A time-multiplexed stage's frame buffer placed off chip (fpga_models.allocate.frames_offchip):
+    """A time-multiplexed stage's frame buffer placed off chip (fpga_models.allocate.frames_offchip), between
+    forward turns here or backward turns (codegen.hls_bwd):
     an m_axi argument of ``words`` words of ``bits`` (one sample's frame, beats x words a beat),
     written by one turn through ``bapipe::frame_write`` and read by the next through ``frame_read``."""
 
