@@ -147,6 +147,9 @@ def _add_args(name: str, p: argparse.ArgumentParser) -> None:
         p.add_argument("--boards", type=int, default=None, help="use at most this many boards (default: all of the cluster's)")
         p.add_argument("--pareto", action="store_true", help="also list non-dominated plans")
         p.add_argument("--partition", default=None, help="evaluate a given split, e.g. 0-5,6-11,12-36 (default: searched)")
+        p.add_argument("--cost-model", default="bapipe", choices=("bapipe", "pipedream"),
+                       help="what the search minimises: bapipe (the planner's model) or pipedream (PipeDream's "
+                            "formula over every layout; needs --profile; the plan is then priced by bapipe's model)")
         p.add_argument("--profile", dest="measured",
                        help="measured per-layer profile (.yaml/.csv) (default: none, the engines' cost model)")
         p.add_argument("--opaque", action="append", default=[], help="ONNX: OP=fwd_s,bwd_s cost for an unsupported op")

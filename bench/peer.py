@@ -11,6 +11,12 @@ schedule the peer plans for: asynchronous, weight stashing, no flush) with a glo
 Every time is per profiled minibatch (vgg16 and resnet50: 128 samples, gnmt: 32
 sentences): the peer's formula gives it directly; our model's steady iteration time is
 scaled by batch / global batch. "peer/ours" above 1: our plan is faster.
+
+The check is each planner optimising its own cost model: under the peer's formula, the
+peer's DP against our search with that formula (planner.peer_search, `bapipe plan
+--cost-model pipedream`: exact over every flat plan); under our model, the peer's plan
+(priced through --partition) against our default search. The cross-prices (the peer's
+formula on our model's plan, and with the all-reduce overlapped) are for information.
 Usage: python bench/peer.py [--json] [--models vgg16,resnet50,gnmt8] [-o bench/results/peer.json]
 """
 from __future__ import annotations
@@ -29,6 +35,7 @@ from bapipe.profiles import import_pipedream_graph, load_profile, load_profiles 
 from bapipe.spec import load_model  # noqa: E402
 from fpga_models.cluster import load_cluster  # noqa: E402
 from planner.peer_pipedream import PeerStage, cluster_levels, peer_input, price, solve  # noqa: E402
+from planner.peer_search import search as peer_formula_search  # noqa: E402
 from planner.planning import make_plan  # noqa: E402
 from planner.search import Request  # noqa: E402
 
@@ -63,7 +70,9 @@ def shape(stages: list[PeerStage]) -> str:
 def run_case(name: str, tmp: Path) -> dict:
     cluster = load_cluster(CLUSTER)
     names = [b.name for b in cluster.boards]
-    levels, _cols = cluster_levels(cluster)
+    levels, cols = cluster_levels(cluster)
+    # the peer's board indices (host-major) are the cluster's order here (4 hosts of gpu4h..gpu4h+3)
+    assert [b for h in cols for b in h] == list(range(len(names)))
     model, prof, meas, mp, _pp = load_case(name, tmp)
     batch = CASES[name][1]
     G = batch * len(names)
@@ -78,6 +87,14 @@ def run_case(name: str, tmp: Path) -> dict:
     spec = [(s.first, s.last, len(s.boards), tuple(names[b] for b in s.boards)) for s in peer_stages]
     theirs = make_plan(model, cluster, str(mp), CLUSTER,
                        Request(schedule="pipedream", measured=meas, global_batch=G, partition=spec))
+    # our search under the peer's formula (`bapipe plan --cost-model pipedream`): every flat plan
+    peer_priced = price(inp, peer_stages, levels)
+    t0 = time.process_time()
+    pf_s, pf_stages = peer_formula_search(inp, levels, bound=peer_priced)
+    t_pf = time.process_time() - t0
+    pf_spec = [(s.first, s.last, len(s.boards), tuple(names[b] for b in s.boards)) for s in pf_stages]
+    pf_ours = make_plan(model, cluster, str(mp), CLUSTER,
+                        Request(schedule="pipedream", measured=meas, global_batch=G, partition=pf_spec))
     per_mb = batch / G
     row = {
         "model": name, "layers": len(model.layers), "batch": batch, "global_batch": G,
@@ -88,24 +105,31 @@ def run_case(name: str, tmp: Path) -> dict:
         "peer_formula_overlapped": {"peer_s": price(inp, peer_stages, levels, overlap=True),
                                     "ours_s": price(inp, our_stages, levels, overlap=True)},
         "our_model": {"peer_s": theirs.best.iteration_s * per_mb, "ours_s": ours.best.iteration_s * per_mb},
-        "cpu_s": {"peer": t_peer, "ours": t_ours},
+        "cpu_s": {"peer": t_peer, "ours": t_ours, "ours_peer_formula": t_pf},
+        # both planners optimising their own model: the peer's DP vs our search with the peer's formula
+        "peer_formula_search": {"peer_s": peer_priced, "ours_s": pf_s, "our_plan": shape(pf_stages),
+                                "our_boards": [list(s.boards) for s in pf_stages],
+                                "ours_under_our_model_s": pf_ours.best.iteration_s * per_mb},
     }
-    for k in ("peer_formula", "peer_formula_overlapped", "our_model"):
+    for k in ("peer_formula", "peer_formula_overlapped", "our_model", "peer_formula_search"):
         row[k]["peer_over_ours"] = row[k]["peer_s"] / row[k]["ours_s"]
     return row
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| model | peer's plan | our plan | peer formula: peer / ours (ms) | ratio | "
-             "peer formula, all-reduce overlapped: ratio | our model: peer / ours (ms) | ratio | CPU peer / ours |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    """Both planners each optimising its own cost model (the check), then the cross-prices."""
+    lines = ["| model | peer's plan | our plan, peer formula | peer formula: peer / ours (ms) | ratio | "
+             "our plan, our model | our model: peer / ours (ms) | ratio | cross: peer formula on our model's plan | "
+             "overlapped all-reduce | CPU peer / ours (formula) / ours (model) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        pf, po, om = r["peer_formula"], r["peer_formula_overlapped"], r["our_model"]
-        lines.append(f"| {r['model']} ({r['layers']} layers, batch {r['batch']}) | {r['peer_plan']} | {r['our_plan']} "
-                     f"(m={r['our_microbatches']}) | {pf['peer_s'] * 1e3:.2f} / {pf['ours_s'] * 1e3:.2f} | "
-                     f"{pf['peer_over_ours']:.3f} | {po['peer_over_ours']:.3f} | "
+        pf, po, om, ps = r["peer_formula"], r["peer_formula_overlapped"], r["our_model"], r["peer_formula_search"]
+        lines.append(f"| {r['model']} ({r['layers']} layers, batch {r['batch']}) | {r['peer_plan']} | {ps['our_plan']} | "
+                     f"{ps['peer_s'] * 1e3:.3f} / {ps['ours_s'] * 1e3:.3f} | {ps['peer_over_ours']:.4f} | "
+                     f"{r['our_plan']} (m={r['our_microbatches']}) | "
                      f"{om['peer_s'] * 1e3:.2f} / {om['ours_s'] * 1e3:.2f} | {om['peer_over_ours']:.3f} | "
-                     f"{r['cpu_s']['peer']:.2f} s / {r['cpu_s']['ours']:.1f} s |")
+                     f"{pf['peer_over_ours']:.3f} | {po['peer_over_ours']:.3f} | "
+                     f"{r['cpu_s']['peer']:.2f} s / {r['cpu_s']['ours_peer_formula']:.2f} s / {r['cpu_s']['ours']:.1f} s |")
     return "\n".join(lines)
 
 

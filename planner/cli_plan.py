@@ -129,6 +129,9 @@ def cmd_plan(args):
     model = load_model(args.model, opaque=opaque)
     cluster = load_cluster(args.cluster)
     req = request_from_args(args, model)
+    peer_cost = None
+    if getattr(args, "cost_model", "bapipe") == "pipedream":
+        req, peer_cost = peer_layout(args, model, cluster, req)
     if sys.stderr.isatty():  # big models on big clusters search for seconds (resnet50 on 64xU55C: ~10 s)
         sys.stderr.write(f"bapipe plan: searching {len(model.layers)} layers over {len(cluster.boards)} boards "
                          "(the zoo's largest on 64 boards: ~10 s)\n")
@@ -143,8 +146,61 @@ def cmd_plan(args):
     except OSError as e:
         raise SpecError(str(args.output), None, "-o", f"cannot write the plan: {e.strerror or e}") from None
     res = summary(out)
+    res["cost_model"] = getattr(args, "cost_model", "bapipe")
+    if peer_cost is not None:
+        res["pipedream_cost"] = peer_cost
     res["output"] = str(args.output)
     return res
+
+
+#: options --cost-model pipedream cannot honour: it searches every layout of all the boards itself
+_NOT_WITH_PEER_COST = (("partition", "--partition"), ("pareto", "--pareto"), ("boards", "--boards"),
+                       ("no_replication", "--no-replication"), ("whole_blocks", "--whole-blocks"))
+
+
+def peer_layout(args, model, cluster, req: Request) -> tuple[Request, dict]:
+    """--cost-model pipedream: the layout (stages, boards) least under PipeDream's formula over
+    every flat plan (planner.peer_search, exact), as a --partition for bapipe's model to price,
+    scheduled as PipeDream (asynchronous) unless another schedule is asked for; and the
+    formula's figures: this plan, the peer DP's value and its plan priced (per profiled
+    minibatch). One-line SpecError when the formula cannot apply."""
+    from bapipe.profiles import load_profile
+
+    from .peer_pipedream import cluster_levels, peer_input, price, solve
+    from .peer_search import search
+
+    for dest, opt in _NOT_WITH_PEER_COST:
+        if getattr(args, dest, None) not in (None, False):
+            raise SpecError(None, None, opt, "applies to --cost-model bapipe (--cost-model pipedream searches "
+                                             "every layout of the cluster's boards itself)")
+    if str(getattr(args, "mesh", "1")).strip() != "1":
+        raise SpecError(None, None, "--mesh", "applies to --cost-model bapipe (PipeDream's formula has no "
+                                              "tensor-parallel stages)")
+    if not getattr(args, "measured", None):
+        raise SpecError(None, None, "--cost-model", "pipedream prices measured per-layer times: add --profile FILE")
+    if req.mode != "train":
+        raise SpecError(None, None, "--cost-model", "pipedream prices training (forward + backward); "
+                                                    "expected --mode train")
+    lv = cluster_levels(cluster)
+    if lv is None:
+        raise SpecError(None, None, "--cost-model", f"pipedream needs at least 2 hosts with the same number of boards "
+                                                    f"(its two levels); {cluster.name} has "
+                                                    f"{len({cb.host for cb in cluster.boards})} host(s)")
+    levels, cols = lv
+    inp = peer_input(model, load_profile(args.measured, model))
+    peer_s, peer_stages = solve(inp, levels)
+    peer_priced = price(inp, peer_stages, levels)
+    ours_s, stages = search(inp, levels, bound=peer_priced)
+    names = [cb.name for cb in cluster.boards]
+    G = levels[0].units
+    board = lambda b: names[cols[b // G][b % G]]  # noqa: E731  (host-major index -> cluster board)
+    spec = [(s.first, s.last, len(s.boards), tuple(board(b) for b in s.boards)) for s in stages]
+    sched = "pipedream" if req.schedule == "auto" else req.schedule
+    shape = lambda st: ",".join(f"{s.first}-{s.last}x{len(s.boards)}" for s in st)  # noqa: E731
+    info = {"plan_s": ours_s, "peer_dp_s": peer_s, "peer_plan_s": peer_priced, "peer_plan": shape(peer_stages),
+            "plan": shape(stages), "per": "profiled minibatch (the profile's batch)",
+            "peer_over_plan": peer_priced / ours_s}
+    return replace(req, partition=spec, schedule=sched), info
 
 
 def _t(x) -> str:

@@ -29,9 +29,10 @@ not constrained (the released optimizer's default); `bapipe plan` checks its own
 
 ``solve`` returns the peer's plan flattened to BaPipe stages (range, boards) so that
 ``bapipe plan --partition`` can price it; ``price`` prices any such flat plan with the
-peer's formula (per stage: replicas within a host all-reduce at B_1, hosts at B_2;
-cuts at B_1 when both stages sit on the same hosts, B_2 otherwise), so that both planners
-price both plans.
+peer's formula (per stage: replicas within a host all-reduce at B_1, hosts at B_2, an
+uneven split charged its busiest host; cuts at B_1 when both stages are balanced on the
+same hosts, B_2 otherwise), so that both planners price both plans; planner.peer_search
+minimises ``price`` over every flat plan (`bapipe plan --cost-model pipedream`).
 """
 from __future__ import annotations
 
@@ -189,34 +190,47 @@ def solve(inp: PeerInput, levels: list[Level]) -> tuple[float, list[PeerStage]]:
     return time, [PeerStage(f, l, tuple(sorted(bs))) for f, l, bs in stages]
 
 
+def stage_time(C: float, W: float, n: int, g: int, h: int, b1: float, b2: float, overlap: bool = False) -> float:
+    """The peer's time per minibatch of one stage of compute C and weight bytes W on n boards,
+    at most g of them on one host, over h hosts: (C + AR(g, B_1) + g AR(h, B_2)) / n. With
+    g on each of h hosts (n = g h) this is the DP's ((C + AR(g, B_1)) / g + AR(h, B_2)) / h;
+    an uneven split is charged its busiest host's all-reduces for each of its n minibatches.
+    ``overlap``: max(C, AR(g, B_1) + g AR(h, B_2)) / n (a variant, not the peer's formula)."""
+    ar = _allreduce(W, g, b1) + g * _allreduce(W, h, b2)
+    return (max(C, ar) if overlap else C + ar) / n
+
+
+def host_counts(boards, units: int) -> dict[int, int]:
+    """{host: boards of ``boards`` on it} (board b on host b // units)."""
+    hosts: dict[int, int] = {}
+    for b in boards:
+        hosts[b // units] = hosts.get(b // units, 0) + 1
+    return hosts
+
+
 def price(inp: PeerInput, stages: list[PeerStage], levels: list[Level], overlap: bool = False) -> float:
-    """The peer's formula applied to a flat plan (any replica counts and boards): per stage,
-    ((C + AR(g, B_1)) / g + AR(h, B_2)) / h with g replicas on each of h hosts (g the most
-    on one host), and 2 a / B for each cut (B_1 when both stages use the same hosts, else
-    B_2); the plan's time per minibatch is the largest. Two levels (GPUs in servers).
+    """The peer's formula applied to a flat plan (any replica counts and boards): per stage
+    ``stage_time`` (n boards, at most g on a host, h hosts), and 2 a / B for each cut: B_1
+    when both stages are balanced (the same count on each of their hosts) on the same hosts,
+    so that every host's share of the samples, and hence the traffic, stays inside it; B_2
+    otherwise. The plan's time per minibatch is the largest. Two levels (GPUs in servers).
     For the peer's own plan this is its DP value when every server-level stage holds one
     GPU-level stage (else at most that: the DP all-reduces the server stage's weights).
-    ``overlap``: the all-reduce overlaps the compute, max(C, AR(g, B_1) + g AR(h, B_2)) / (g h)
-    (a variant, to show what the sum costs; not the peer's formula)."""
+    ``overlap``: see ``stage_time`` (a variant, to show what the sum costs)."""
     if len(levels) != 2:
         raise ValueError("price: expected two levels (boards in hosts, hosts on a network)")
     g_units, b1, b2 = levels[0].units, levels[0].bandwidth, levels[1].bandwidth
     c, w = np.asarray(inp.compute_s), np.asarray(inp.param_bytes)
     worst = 0.0
-    hosts_prev = None
-    for s in stages:
-        hosts: dict[int, int] = {}
-        for b in s.boards:
-            hosts[b // g_units] = hosts.get(b // g_units, 0) + 1
+    prev = None   # the previous stage's hosts when it is balanced
+    for k, s in enumerate(stages):
+        hosts = host_counts(s.boards, g_units)
         g, h = max(hosts.values()), len(hosts)
         C, Wb = float(c[s.first:s.last + 1].sum()), float(w[s.first:s.last + 1].sum())
-        if overlap:
-            t = max(C, _allreduce(Wb, g, b1) + g * _allreduce(Wb, h, b2)) / (g * h)
-        else:
-            t = ((C + _allreduce(Wb, g, b1)) / g + _allreduce(Wb, h, b2)) / h
-        worst = max(worst, t)
-        if hosts_prev is not None:
-            bw = b1 if set(hosts) == hosts_prev else b2
+        worst = max(worst, stage_time(C, Wb, len(s.boards), g, h, b1, b2, overlap))
+        balanced = len(set(hosts.values())) == 1
+        if k:
+            bw = b1 if balanced and prev == set(hosts) else b2
             worst = max(worst, 2.0 * inp.cut_bytes[s.first - 1] / bw)
-        hosts_prev = set(hosts)
+        prev = set(hosts) if balanced else None
     return worst
