@@ -143,6 +143,7 @@ class StageCtx:
     engine: "EngineStage | None" = None   # stages read off the Design (codegen.hls_design)
     update: "UpdateCtx | None" = None     # the SGD update kernel (training; codegen.hls_train)
     update_note: str | None = None        # why a training stage has no update kernel
+    stash_note: str | None = None         # why the forward kernel writes no stashes (codegen.hls_stash)
 
     @property
     def weights(self) -> list[WeightArray]:
@@ -161,7 +162,8 @@ class StageCtx:
         if self.engine is not None:
             return [f"hls::stream<bapipe::vec<{self.port_lanes(p)}> > &{p.name}" for p in self.inputs + self.outputs] \
                 + [f"const bapipe::rom_t {r.name}{r.dims}" for r in self.engine.external] \
-                + [f"ap_uint<{f.bits}> {f.name}[{f.words}]" for f in self.engine.frames] + ["int n"]
+                + [f"ap_uint<{f.bits}> {f.name}[{f.words}]" for f in self.engine.frames] \
+                + [f"data_t {b.name}[{b.mb} * {b.elements}]" for b in self.engine.stashes] + ["int n"]
         return [f"hls::stream<data_t> &{p.name}" for p in self.inputs + self.outputs] + self.weight_params
 
     @property
@@ -169,7 +171,7 @@ class StageCtx:
         """The forward call's argument list (testbench)."""
         if self.engine is not None:
             return [p.name for p in self.inputs + self.outputs] + [r.name for r in self.engine.external] \
-                + [f.name for f in self.engine.frames] + ["n"]
+                + [f.name for f in self.engine.frames] + [b.name for b in self.engine.stashes] + ["n"]
         return [p.name for p in self.inputs + self.outputs] + ([] if self.embed_weights else
                                                                 [w.name for w in self.weights])
 
@@ -655,6 +657,7 @@ def build_boards(plan: Plan, cluster, stages: list[StageCtx]) -> list[BoardCtx]:
             if s.engine is not None:   # engine kernels: the banked MVU weight arrays beyond on-chip ROM
                 sp.extend(f"{s.name}_1.{r.name}:{mem}" for r in s.engine.external)
                 sp.extend(f"{s.name}_1.{f.name}:{mem}" for f in s.engine.frames)   # off-chip frame buffers
+                sp.extend(f"{s.name}_1.{b.name}:{mem}" for b in s.engine.stashes)   # training: stash slots
             elif not s.embed_weights:   # m_axi weight ports (stages too big for on-chip ROM)
                 sp.extend(f"{s.name}_1.{w.name}:{mem}" for w in s.weights)
             for p in s.inputs:
@@ -732,6 +735,9 @@ def build_project(plan: Plan, model, cluster=None, plan_file: str = "plan.yaml")
             sc.bwd = build_stage_bwd(plan, model, st, sc, cluster)
             from .hls_train import stage_update
             sc.update, sc.update_note = stage_update(sc, model, st.replicas)
+            if design is not None and pos in engines:   # the forward kernel writes the backward's stashes
+                from .hls_stash import build_stashes
+                sc.stash_note = build_stashes(sc, model, design.stages[pos], plan, pos)
         stages.append(sc)
     return ProjectCtx(plan=plan, fingerprint=plan.fingerprint(), header=header_lines(plan),
                       fmt=format_ctx(plan.number_format), stages=stages, boards=build_boards(plan, cluster, stages),

@@ -1,18 +1,25 @@
 """C-simulation of training iterations on a mode: train build (`bapipe csim build/ --iterations K`).
 
 Per iteration, on one random batch (the plan's micro-batches x micro-batch size, random
-labels), in the order a GPipe step runs; a stage with R replicas runs every kernel once per
-replica, each on its MB = size / R samples of every micro-batch, with its own memories:
+labels); a stage with R replicas runs every kernel once per replica, each on its MB = size / R
+samples of every micro-batch, with its own memories:
 
-1. every stage's forward kernel (stage<i>) streams the batch, reading its weights from
-   the writable m_axi arrays (roms.bin layout) the update kernel wrote last;
+1. every stage's forward kernel (stage<i>) streams its inputs, reading its weights from the
+   writable m_axi arrays (roms.bin layout) the update kernel wrote last, and writes the
+   activations its backward kernel needs to its stash memories (codegen.hls_stash): one call per
+   micro-batch, in the order of the plan's schedule (bapipe.schedules.device_ops: 1F1B
+   interleaves forwards and backwards), micro-batch j into slot j mod S, S =
+   bapipe.schedules.stash_count; each backward reads the slot as it stands at its turn in that
+   order (so too few slots hand it a later micro-batch's activations). A time-multiplexed
+   stage writes no stashes yet: its forward runs once for the whole batch and its backward's
+   stashes are replayed by the host (``not_in_hls`` says so);
 2. the loss gradient of the logits: the loss kernel (stage<last>_loss, codegen.hls_train) on
    the whole batch, checked against fpga_models.train_fixed.softmax_xent_grad (on the host
    when the build has none: a last stage that does not put out one vector of logits);
-3. every stage's backward kernel (stage<i>_bwd), last stage first: one call per micro-batch,
-   then the flush that writes the exact weight-gradient sums; its stashes (each layer's
-   forward input) are replayed from the host: the fixed-point forward of the stage's inputs
-   with the weights the kernels read (the forward kernels do not write stashes yet);
+3. every stage's backward kernel (stage<i>_bwd), last stage first: one call per micro-batch
+   (reading that micro-batch's stash slot), then the flush that writes the exact
+   weight-gradient sums (its accumulators live in one C-simulation per iteration, so the
+   interleaving is applied to the stash memories, which the forward and backward share);
 4. a replicated stage's all-reduce kernel (stage<i>_allreduce): its R replicas run at once in
    one C-simulation, connected in a ring, and each ends with the total of every replica's sums;
 5. every stage's update kernel (stage<i>_update): SGD with momentum on the master weights and
@@ -137,6 +144,8 @@ class _Stage:
             self.compile_s += c.compile_s
             self.cached = self.cached and c.cached
         self.reps = [_Replica(build, st, fmt, work / self.name / f"r{k}") for k in range(replicas)]
+        self.stash_bufs = st.get("stashes") or []   # codegen.hls_stash: what the forward kernel writes
+        self.slots = self.stash_bufs[0]["slots"] if self.stash_bufs else 0
 
 
 def _run(cmd: list, td: Path) -> tuple[np.ndarray, dict]:
@@ -161,7 +170,11 @@ def _forward(s: _Stage, rep: _Replica, xs: list[np.ndarray], n: int, td: Path) -
     for p in s.cfg["outputs"]:
         outs.append(from_stream(vals[pos:pos + n * p["elements"]].reshape(n, p["elements"]), tuple(p["shape"])))
         pos += n * p["elements"]
-    return outs, stats.get("cycles") or 0
+    stash = {}
+    for b in s.stash_bufs:   # what the kernel wrote to its stash memories (raw, the backward's order)
+        stash[b["tensor"]] = vals[pos:pos + n * b["elements"]].reshape(n, b["elements"])
+        pos += n * b["elements"]
+    return outs, stats.get("cycles") or 0, stash
 
 
 def _backward(s: _Stage, rep: _Replica, stashes: list[np.ndarray], dys: list[np.ndarray], n: int, td: Path):
@@ -170,7 +183,8 @@ def _backward(s: _Stage, rep: _Replica, stashes: list[np.ndarray], dys: list[np.
 
     b = s.cfg["backward"]
     fin, fout = td / "bwd_in.bin", td / "bwd_out.bin"
-    parts = [np.array([n], "<i4")] + [to_stream(x).astype("<i4") for x in stashes + dys]
+    parts = [np.array([n], "<i4")] + [np.asarray(x).astype("<i4") for x in stashes] \
+        + [to_stream(x).astype("<i4") for x in dys]
     fin.write_bytes(b"".join(p.tobytes() for p in parts))
     vals, stats = _run([s.bins["bwd"], fin, fout, rep.weights_file], td)
     outs, pos = [], 0
@@ -241,36 +255,76 @@ def _shard(m: int, size: int, beta: int, k: int) -> np.ndarray:
     return np.concatenate([np.arange(j * size + k * beta, j * size + (k + 1) * beta) for j in range(m)])
 
 
-def _forward_pass(stages: list, x: np.ndarray, in_name: str, m: int, size: int, fmt: fx.Fmt, td: Path):
+def _ops(schedule: str, stages: int, position: int, m: int) -> list:
+    """The stage's forward and backward ops of one iteration in the schedule's order."""
+    from bapipe.schedules import device_ops
+
+    return [o for o in device_ops(schedule, stages, position, m) if o.kind in ("F", "B")]
+
+
+def _forward_pass(stages: list, x: np.ndarray, in_name: str, m: int, size: int, fmt: fx.Fmt, td: Path,
+                  schedule: str):
     """Every stage's forward kernel, each replica on its share of every micro-batch, checked
-    against the fixed-point forward with the weights it read. Returns (every tensor between
-    stages, each stage's inputs, max error in LSB, cycles per stage)."""
+    against the fixed-point forward with the weights it read. A stage whose forward kernel
+    writes stashes runs one call per micro-batch in the schedule's op order: the forward of
+    micro-batch j writes stash slot j mod S, and the backward of j will read what the slot
+    holds at its turn in that order (a slot count below the schedule's peak hands it a later
+    micro-batch's stash). Returns (every tensor between stages, each stage's inputs, max error
+    in LSB, cycles per stage, per stage and replica the stashes each backward call reads)."""
     n = len(x)
     tensors, ins_of, err = {in_name: x}, {}, 0
     cyc = {s.name: {"forward": 0, "backward": 0, "update": 0} for s in stages}
-    for s in stages:
+    reads: dict = {}
+    for d, s in enumerate(stages):
         xs = [tensors[p["tensor"]] for p in s.cfg["inputs"]]
         ins_of[s.name] = xs
         full = [np.zeros((n,) + tuple(p["shape"]), dtype=np.int64) for p in s.cfg["outputs"]]
+        reads[s.name] = []
         for k, rep in enumerate(s.reps):
-            idx = _shard(m, size, s.mb, k)
-            outs, c = _forward(s, rep, [v[idx] for v in xs], len(idx), td)
-            cyc[s.name]["forward"] = max(cyc[s.name]["forward"], c)
-            ref = fx.model_fwd(s.layers, {p["tensor"]: v[idx] for p, v in zip(s.cfg["inputs"], xs)},
-                               rep.weights(fmt), fmt)
-            for p, o, f in zip(s.cfg["outputs"], outs, full):
-                err = max(err, int(np.max(np.abs(o - ref[p["tensor"]]))))
-                f[idx] = o
+            if s.stash_bufs:   # one call per micro-batch, in the schedule's op order
+                slots: dict = {}
+                got: dict = {}
+                f_cyc = 0
+                for op in _ops(schedule, len(stages), d, m):
+                    if op.kind == "B":
+                        got[op.mb] = slots[op.mb % s.slots]
+                        continue
+                    idx = np.arange(op.mb * size + k * s.mb, op.mb * size + (k + 1) * s.mb)
+                    outs, c, stash = _forward(s, rep, [v[idx] for v in xs], len(idx), td)
+                    slots[op.mb % s.slots] = stash
+                    f_cyc += c
+                    err = max(err, _fwd_err(s, rep, xs, idx, outs, full, fmt))
+                reads[s.name].append([got[j] for j in range(m)])
+                cyc[s.name]["forward"] = max(cyc[s.name]["forward"], f_cyc)
+            else:
+                idx = _shard(m, size, s.mb, k)
+                outs, c, _ = _forward(s, rep, [v[idx] for v in xs], len(idx), td)
+                cyc[s.name]["forward"] = max(cyc[s.name]["forward"], c)
+                err = max(err, _fwd_err(s, rep, xs, idx, outs, full, fmt))
         tensors.update({p["tensor"]: f for p, f in zip(s.cfg["outputs"], full)})
-    return tensors, ins_of, err, cyc
+    return tensors, ins_of, err, cyc, reads
+
+
+def _fwd_err(s, rep, xs, idx, outs, full, fmt) -> int:
+    """Max difference of a forward call's outputs from the fixed-point forward (and keep them)."""
+    ref = fx.model_fwd(s.layers, {p["tensor"]: v[idx] for p, v in zip(s.cfg["inputs"], xs)}, rep.weights(fmt), fmt)
+    err = 0
+    for p, o, f in zip(s.cfg["outputs"], outs, full):
+        err = max(err, int(np.max(np.abs(o - ref[p["tensor"]]))))
+        f[idx] = o
+    return err
 
 
 def _backward_pass(stages: list, grads: dict, ins_of: dict, m: int, size: int, n: int, fmt: fx.Fmt, td: Path,
-                   cyc: dict) -> dict:
-    """Every stage's backward kernel, last stage first, each replica on its share (stashes
-    replayed: module docstring, step 3), then a replicated stage's all-reduce. Returns each
-    stage's per-replica weight-gradient sums as its update kernels will read them."""
-    sums_of = {}
+                   cyc: dict, reads: dict) -> tuple[dict, int]:
+    """Every stage's backward kernel, last stage first, each replica on its share, reading the
+    stashes its forward kernel wrote (``reads``; a time-multiplexed stage's are replayed by the
+    host: codegen.hls_stash), then a replicated stage's all-reduce. Returns each stage's
+    per-replica weight-gradient sums as its update kernels will read them, and the largest
+    difference (LSB) of a stash read from the fixed-point forward's activation."""
+    from .csim import to_stream
+
+    sums_of, st_err = {}, 0
     for s in reversed(stages):
         b = s.cfg["backward"]
         full = [np.zeros((n,) + tuple(p["shape"]), dtype=np.int64) for p in b["outputs"]]
@@ -279,8 +333,15 @@ def _backward_pass(stages: list, grads: dict, ins_of: dict, m: int, size: int, n
             idx = _shard(m, size, s.mb, k)
             acts = fx.model_fwd(s.layers, {p["tensor"]: v[idx] for p, v in zip(s.cfg["inputs"], ins_of[s.name])},
                                 rep.weights(fmt), fmt)
+            want = [to_stream(acts[a["tensor"]]) for a in b["stashes"]]
+            if s.stash_bufs:
+                got = reads[s.name][k]
+                stashes = [np.concatenate([got[j][a["tensor"]] for j in range(m)]) for a in b["stashes"]]
+                st_err = max([st_err] + [int(np.max(np.abs(g - w))) for g, w in zip(stashes, want)])
+            else:
+                stashes = want
             dys = [grads[p["tensor"]][idx] for p in b["inputs"]]
-            outs, sums, c = _backward(s, rep, [acts[a["tensor"]] for a in b["stashes"]], dys, len(idx), td)
+            outs, sums, c = _backward(s, rep, stashes, dys, len(idx), td)
             cyc[s.name]["backward"] = max(cyc[s.name]["backward"], c)
             sums_of[s.name].append(sums)
             for o, f in zip(outs, full):
@@ -288,7 +349,7 @@ def _backward_pass(stages: list, grads: dict, ins_of: dict, m: int, size: int, n
         grads.update({p["tensor"]: f for p, f in zip(b["outputs"], full)})
         if len(s.reps) > 1 and "allreduce" in s.bins:
             sums_of[s.name], cyc[s.name]["allreduce"] = _allreduce(s, sums_of[s.name], td)
-    return sums_of
+    return sums_of, st_err
 
 
 def _update_pass(stages: list, sums_of: dict, ref_grads: dict, consts: tfx.SgdConstants, fmt: fx.Fmt, td: Path,
@@ -334,7 +395,7 @@ def _compile_loss(cfg: dict, build: Path, cache: Path) -> Path | None:
 
 
 def csim_train(build: str | Path, iterations: int, seed: int = 0, lr: float = LR, momentum: float = MOMENTUM,
-               cache: Path | None = None) -> dict:
+               cache: Path | None = None, stash_slots: int | None = None) -> dict:
     """Run ``iterations`` training iterations of a training build in C-simulation (module
     docstring) and compare with fpga_models.train_fixed.train_step after every one."""
     import json
@@ -376,6 +437,9 @@ def csim_train(build: str | Path, iterations: int, seed: int = 0, lr: float = LR
         t0 = time.perf_counter()
         stages = [_Stage(build, st, model, fmt, cache, td, reps.get(st["index"], 1)) for st in stages_cfg]
         loss_bin = _compile_loss(cfg, build, cache)
+        for s in stages:   # tests only: fewer slots than the schedule needs must break the bits
+            if stash_slots is not None and s.stash_bufs:
+                s.slots = stash_slots
         compile_s = time.perf_counter() - t0
         ref_master = {layer: {k: np.asarray(a, np.int64) << (tf.master.frac - fmt.frac) for k, a in d.items()}
                       for s in stages for layer, d in s.reps[0].weights(fmt).items()}
@@ -385,14 +449,19 @@ def csim_train(build: str | Path, iterations: int, seed: int = 0, lr: float = LR
             labels = rng.integers(0, classes, size=n)
             new_m, new_v, info = tfx.train_step(model, ref_master, ref_vel, x, labels, consts, tf, microbatches=m)
             row = {"iteration": it, "samples": n, "microbatches": m, "loss": round(float(info["loss"]), 6)}
-            tensors, ins_of, fwd_err, cyc = _forward_pass(stages, x, model.inputs[0].name, m, size, fmt, td)
+            tensors, ins_of, fwd_err, cyc, reads = _forward_pass(stages, x, model.inputs[0].name, m, size, fmt, td,
+                                                                 plan.schedule)
             logits = tensors[out_t]
             row["logits_max_abs_err_lsb"] = int(np.max(np.abs(logits - info["logits"])))
             dz = dz_ref = tfx.softmax_xent_grad(logits, labels, tf)   # the host's, when there is no loss kernel
             if loss_bin is not None:
                 dz, row["loss_cycles"] = _loss(loss_bin, logits, labels, td)
                 row["loss_grad_max_abs_err_lsb"] = int(np.max(np.abs(dz - dz_ref)))
-            sums_of = _backward_pass(stages, {out_t: dz}, ins_of, m, size, n, fmt, td, cyc)
+            sums_of, stash_err = _backward_pass(stages, {out_t: dz}, ins_of, m, size, n, fmt, td, cyc, reads)
+            row["stash_max_abs_err_lsb"] = stash_err
+            row["stash_slots"] = {s.name: s.slots for s in stages if s.stash_bufs}
+            row["op_order"] = {s.name: " ".join(f"{o.kind}{o.mb}" for o in _ops(plan.schedule, len(stages), d, m))
+                               for d, s in enumerate(stages)}
             before = {(s.name, k, key): v.copy() for s in stages for k, rep in enumerate(s.reps)
                       for key, v in rep.master.items()}
             grad_err = _update_pass(stages, sums_of, info["grads"], consts, fmt, td, cyc)
@@ -402,6 +471,7 @@ def csim_train(build: str | Path, iterations: int, seed: int = 0, lr: float = LR
             rows.append(row)
             ref_master, ref_vel = new_m, new_v
     ok = bool(rows) and all(r["weights_match"] and r["forward_max_abs_err_lsb"] == 0 and r["grad_sums_max_abs_err"] == 0
+                            and r["stash_max_abs_err_lsb"] == 0
                             and r["logits_max_abs_err_lsb"] == 0 and r.get("loss_grad_max_abs_err_lsb", 0) == 0
                             for r in rows)
     return {"mode": "train", "iterations": iterations, "weights_match": bool(rows) and all(r["weights_match"] for r in rows),
@@ -410,4 +480,5 @@ def csim_train(build: str | Path, iterations: int, seed: int = 0, lr: float = LR
             "compile_s": round(compile_s, 3), "cached": all(s.cached for s in stages),
             "run_s": round(time.perf_counter() - t_all, 3), "cache": str(cache),
             "not_in_hls": ([] if cfg.get("loss") else ["loss gradient (host: train_fixed.softmax_xent_grad)"])
-            + ["stashes (host replay of the fixed-point forward; forward kernels do not write them)"]}
+            + [f"stashes of {st['kernel']} (host replay of the fixed-point forward): {st['stash_note']}"
+               for st in stages_cfg if st.get("stash_note")], "schedule": plan.schedule}

@@ -121,6 +121,9 @@ def host_config(ctx: ProjectCtx) -> dict:
             "embedded_weights": s.embed_weights,
             "backward": None if s.bwd is None else s.bwd.host_config(),   # codegen.hls_bwd
             "update": update_config(s),   # codegen.hls_train: the SGD update kernel (training)
+            # codegen.hls_stash: the stashes the forward kernel writes for the backward (training)
+            "stashes": [b.host_config() for b in s.engine.stashes] if s.engine is not None else [],
+            "stash_note": s.stash_note,
         } for s in ctx.stages],
         "boards": [{"name": b.name, "board_type": b.board_type, "platform": b.platform, "kernels": b.stages,
                     "link_config": f"link/{b.name}.cfg"} for b in ctx.boards],
@@ -151,6 +154,7 @@ def render_files(ctx: ProjectCtx, plan_text: str, cluster=None, engines: str = "
     if any(s.bwd is not None for s in ctx.stages):
         put("common/bapipe_layers_bwd.h", "bapipe_layers_bwd.h.j2", header=c_hdr)
         put("common/bapipe_update.h", "bapipe_update.h.j2", header=c_hdr)
+        put("common/bapipe_stash.h", "bapipe_stash.h.j2", header=c_hdr)
     put("common/mm2s.cpp", "mm2s.cpp.j2", header=c_hdr)
     put("common/s2mm.cpp", "s2mm.cpp.j2", header=c_hdr)
     for s in ctx.stages:

@@ -458,7 +458,9 @@ def build_bwd(plan, model, st, sc, fmt, board=None) -> BwdCtx:
             L = fo.ew_lanes
             dy, _ = gradient(l.name, L)
             x = b.stream(f"x_{tag}", L)
-            st_name = stash(l, src)
+            # the relu's output, not its input: relu(x) > 0 exactly when x > 0, and a relu fused
+            # into the MVU before it has no forward stream of its input (codegen.hls_stash)
+            st_name = stash(l, l.name)
             b.proc(f"bapipe::stash_read<{n_in}, {L}>({st_name}, {x});", l.name, "stash_read", n_in // L)
             out = b.stream(f"dx_{tag}", L)
             b.proc(f"bapipe::relu_bwd<{n_in}, {L}>({x}, {dy}, {out});", l.name, "relu_bwd", n_in // L)

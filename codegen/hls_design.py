@@ -124,6 +124,9 @@ class EngineStage:
     frames: list[DdrFrame] = field(default_factory=list)   # the frame buffers placed off chip
     onchip_budget: int | None = None   # bytes the kernel may keep on chip (fpga_models.allocate)
     acc_bytes: int = 0              # pool engines' per-channel accumulators (C acc_t each)
+    node_out: dict[str, str] = field(default_factory=dict)   # Design node -> the stream it writes
+    writers: dict[str, str] = field(default_factory=dict)    # stream -> the call that writes it
+    stashes: list = field(default_factory=list)   # training: stash writers (codegen.hls_stash.StashBuf)
 
     @property
     def turn_params(self) -> list[VStream]:
@@ -240,6 +243,7 @@ def engine_stage(st, layers, params: dict, external: bool = False, writable: boo
     # converters count both inputs)
     elems: dict[str, int] = {root(stage_in): st.in_elems}
     writer: dict[str, str] = {}     # stream name -> the call that writes it
+    node_out: dict[str, str] = {}   # Design node -> the stream it writes (codegen.hls_stash tees them)
 
     for j, (b, ins, outs) in enumerate(zip(blocks, ins_of, outs_of)):
         k = b.kind
@@ -304,6 +308,7 @@ def engine_stage(st, layers, params: dict, external: bool = False, writable: boo
         for w in outs:
             elems[root(w)] = e_out
             writer[s(w)] = calls[-1]
+        node_out[b.inst] = s(outs[0])
     units: list[UnitFn] = []
     if st.style == "time-multiplexed":
         units = _turns(st, blocks, ins_of, outs_of, calls, call_block, root, alias, gate_out, gate_in, depth)
@@ -311,7 +316,8 @@ def engine_stage(st, layers, params: dict, external: bool = False, writable: boo
             u.roms = [r for r in roms if r.external and any(f", {r.name}, " in c for c in u.calls)]
     streams = {w: VStream(nm, lanes[w], depth.get(w, DEFAULT_DEPTH)) for w, nm in names.items()}
     if not units:
-        return EngineStage(st.in_lanes, st.out_lanes, _decl(streams.values()), calls, roms, lb, acc_bytes=acc)
+        return EngineStage(st.in_lanes, st.out_lanes, _decl(streams.values()), calls, roms, lb, acc_bytes=acc,
+                           node_out=node_out, writers=writer)
     fns = [UnitFn(u.name, sorted((streams[w] for w in u.params), key=lambda v: v.name),
                   _decl(streams[w] for w in u.streams), u.calls, u.roms) for u in units]
     feed = next((f for f in fns if f.name.endswith("_feed")), None)

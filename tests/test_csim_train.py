@@ -107,6 +107,54 @@ def test_gen_writes_the_vitis_flow_of_the_update_and_allreduce_kernels(tmp_path)
     assert not list(build.glob("stage0/csim_update*")) and not list(build.glob("stage0/csim_allreduce*"))
 
 
+@pytest.mark.parametrize("model, cuts, m, schedule", [("tiny-mlp", (3,), 4, "1f1b"), ("tiny-cnn", (1, 3), 3, "gpipe")])
+def test_forward_kernels_write_the_stashes_the_backward_reads(model, cuts, m, schedule):
+    """Every stash port of a training stage's backward kernel is written by its forward kernel:
+    a stash_write tee on the forward stream carrying that tensor (the stage input, or the last
+    engine of its layer; a relu fused into the MVU stashes its output), an m_axi argument of MB
+    samples listed in the link cfg, slot count = bapipe.schedules.stash_count for the stage's
+    position; a dense layer behind a flatten gets the flattened C,H,W order."""
+    import re
+
+    from bapipe.schedules import stash_count
+
+    plan = _plan(model, cuts, m, 2)
+    plan.schedule = schedule
+    ctx = _project(plan)
+    p = len(ctx.stages)
+    for d, sc in enumerate(ctx.stages):
+        es = sc.engine
+        assert sc.stash_note is None and es.stashes
+        ports = {q.name: q.tensor for q in sc.bwd.stashes}
+        assert sorted(x for b in es.stashes for x in b.ports) == sorted(ports)   # every port, once
+        for b in es.stashes:
+            assert all(ports[x] == b.tensor for x in b.ports)
+            assert b.slots == stash_count(schedule, p, d, m) and b.mb == sc.bwd.mb
+            assert f"data_t {b.name}[{b.mb} * {b.elements}]" in sc.params and b.name in sc.args
+            tee = [c for c in es.calls if c.startswith("bapipe::stash_write") and f", {b.name}, n)" in c]
+            assert len(tee) == 1
+            src, dst = re.search(r"\((\w+), (\w+),", tee[0]).groups()
+            # exactly one engine writes the tee's input and one reads its output (or it is a port)
+            assert src == "in0" or sum(bool(re.search(rf"\b{src}\b", c)) for c in es.calls) == 2
+            assert dst == "out0" or sum(bool(re.search(rf"\b{dst}\b", c)) for c in es.calls) == 2
+        link = {ln for bd in ctx.boards for ln in bd.sp}
+        assert all(f"{sc.name}_1.{b.name}:" in " ".join(link) for b in es.stashes)
+    if model == "tiny-mlp":   # relu1 (fused into fc1's MVU): relu1's and fc2's ports read one stash
+        assert [b.ports for b in ctx.stages[0].engine.stashes if b.tensor == "relu1"] == [["st_relu1", "st_fc2"]]
+        assert [b.slots for b in ctx.stages[0].engine.stashes] == [min(p, m)] * 3   # 1F1B: p - d
+    else:
+        fl = [b for b in ctx.stages[-1].engine.stashes if b.tensor == "flatten"]
+        assert fl[0].chw == (16, 2, 2) and fl[0].call.endswith("true>(s2_pool2_out_st, s2_pool2_out, st_flatten, n)")
+        assert {b.slots for sc in ctx.stages for b in sc.engine.stashes} == {m}   # GPipe: m
+
+
+def test_time_multiplexed_stage_says_its_stashes_are_replayed():
+    plan = _plan("tiny-cnn", (), 2, 2)
+    plan.stages[0].style = "time-multiplexed"
+    sc = _project(plan).stages[0]
+    assert not sc.engine.stashes and "time-multiplexed" in sc.stash_note
+
+
 def test_inference_stages_have_no_update_kernel():
     from codegen.hls_train import stage_update
 
@@ -286,6 +334,7 @@ def _check_run(r: dict, iterations: int, samples: int) -> None:
         assert it["master_max_abs_err_lsb"] == it["velocity_max_abs_err_lsb"] == 0
         assert it["grad_sums_max_abs_err"] == it["forward_max_abs_err_lsb"] == it["logits_max_abs_err_lsb"] == 0
         assert it["loss_grad_max_abs_err_lsb"] == 0 and it["loss_cycles"] > 0   # the loss kernel ran
+        assert it["stash_max_abs_err_lsb"] == 0   # what the forward kernels stashed is the forward's
         assert it["master_moved"] > 0.5 * it["master_elements"]   # the update really changed the weights
 
 
@@ -294,8 +343,19 @@ def _check_run(r: dict, iterations: int, samples: int) -> None:
 def test_tiny_mlp_two_stages_two_microbatches_trains_bit_exact(tmp_path, capsys):
     """tiny-mlp cut in 2 stages, 2 micro-batches of 4: 3 iterations through the CLI, the
     master weights and velocities of both stages equal to train_step's after every one."""
+    from codegen.csim_train import csim_train
+
     build = _gen(_plan("tiny-mlp", (3,), 2, 4), tmp_path / "b")
-    _check_run(_train(build, 3, capsys), 3, 8)
+    r = _train(build, 3, capsys)
+    _check_run(r, 3, 8)
+    # 1F1B: stage 0 runs F0 F1 B0 B1 with 2 stash slots, stage 1 F0 B0 F1 B1 with 1
+    it = r["per_iteration"][0]
+    assert it["op_order"] == {"stage0": "F0 F1 B0 B1", "stage1": "F0 B0 F1 B1"}
+    assert it["stash_slots"] == {"stage0": 2, "stage1": 1} and r["not_in_hls"] == []
+    # the test of the test: one slot fewer on stage 0 hands B0 micro-batch 1's stash (kernels cached: < 1 s)
+    bad = csim_train(build, 1, cache=CACHE, stash_slots=1)
+    assert not bad["passed"] and not bad["weights_match"]
+    assert bad["per_iteration"][0]["stash_max_abs_err_lsb"] > 0
 
 
 @pytest.mark.csim
