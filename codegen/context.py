@@ -144,6 +144,7 @@ class StageCtx:
     update: "UpdateCtx | None" = None     # the SGD update kernel (training; codegen.hls_train)
     update_note: str | None = None        # why a training stage has no update kernel
     stash_note: str | None = None         # why the forward kernel writes no stashes (codegen.hls_stash)
+    loss: "LossCtx | None" = None         # the loss-gradient kernel behind the last training stage
 
     @property
     def weights(self) -> list[WeightArray]:
@@ -219,7 +220,7 @@ class BoardCtx:
     @property
     def deps(self) -> str:
         """The .xo files linked into the board's xclbin."""
-        return " ".join([f"{k.removesuffix('_bwd')}/{k}.xo" for k in self.stages]
+        return " ".join([f"{k.split('_', 1)[0]}/{k}.xo" for k in self.stages]   # stage<i>[_bwd|_update|...]
                         + [f"common/{m}.xo" for m in self.movers])
 
 
@@ -624,6 +625,44 @@ def _board_type_key(board_type: str) -> str:
     return board_type.upper().replace("ALVEO", "").replace("-", "").strip()
 
 
+def _loss_kernel(s: StageCtx, last: int):
+    """The loss kernel fed by stage ``s`` (the last stage of a training build that has one)."""
+    return s.loss if s.index == last and s.bwd is not None else None
+
+
+def _train_kernel_names(s: StageCtx, last: int) -> list[str]:
+    """The training kernels besides forward and backward a stage's boards link (hls_train)."""
+    u, loss = s.update, _loss_kernel(s, last)
+    return ([u.name] if u else []) + ([u.allreduce_name] if u and u.replicas > 1 else []) \
+        + ([loss.name] if loss else [])
+
+
+def _train_kernels(s: StageCtx, loss, mem: str, kernels: dict, connects: list, sp: list, slr: list) -> None:
+    """nk, sp, slr and stream_connect lines of a training stage's update, all-reduce and loss
+    kernels (codegen.hls_train): the update kernel's gradient, master, velocity and weight
+    arrays, and the forward's arrays it rewrites, in the bank the other kernels use (the host
+    passes them the same buffers); the all-reduce's sums and its ring to the next replica (over
+    the network kernels); the loss kernel's labels."""
+    u = s.update
+    if u is not None:
+        kernels.setdefault(u.name, []).append(f"{u.name}_1")
+        slr.append(f"{u.name}_1:SLR0")
+        for a in u.arrays:
+            sp.extend(f"{u.name}_1.{x}{a.name}:{mem}" for x in ("g_", "m_", "v_", ""))
+        sp.extend(f"{u.name}_1.{r}:{mem}" for r, _ in u.roms)
+        if u.replicas > 1:
+            ak = u.allreduce_name
+            kernels.setdefault(ak, []).append(f"{ak}_1")
+            slr.append(f"{ak}_1:SLR0")
+            sp.extend(f"{ak}_1.{g}:{mem}" for g, _ in u.grads)
+            connects.append(f"{ak}_1.ring_out:net_tx_1.{ak}_ring_out")
+            connects.append(f"net_rx_1.{ak}_ring_in:{ak}_1.ring_in")
+    if loss is not None:
+        kernels.setdefault(loss.name, []).append(f"{loss.name}_1")
+        slr.append(f"{loss.name}_1:SLR0")
+        sp.append(f"{loss.name}_1.labels:{mem}")
+
+
 def build_boards(plan: Plan, cluster, stages: list[StageCtx]) -> list[BoardCtx]:
     """Per board: the stage kernels placed on it and its v++ link lines.
 
@@ -678,7 +717,9 @@ def build_boards(plan: Plan, cluster, stages: list[StageCtx]) -> list[BoardCtx]:
             for p in s.outputs:
                 dst = next((x for x in stages if x.index > s.index and any(q.tensor == p.tensor for q in x.inputs)),
                            None)
-                if dst is None or s.index == last:
+                if _loss_kernel(s, last) is not None:   # training: the logits stream into the loss kernel
+                    connects.append(f"{s.name}_1.{p.name}:{_loss_kernel(s, last).name}_1.z_in")
+                elif dst is None or s.index == last:
                     inst = f"s2mm_{s.name}_{p.name}"
                     kernels.setdefault("s2mm", []).append(inst)
                     connects.append(f"{s.name}_1.{p.name}:{inst}.in")
@@ -692,8 +733,11 @@ def build_boards(plan: Plan, cluster, stages: list[StageCtx]) -> list[BoardCtx]:
                 for a in s.bwd.grad_arrays + s.bwd.stashes + s.bwd.acc_ports + s.bwd.frames:   # m_axi
                     sp.append(f"{bk}_1.{a.name}:{mem}")
                 sp.extend(f"{bk}_1.{w.name}:{mem}" for w in s.bwd.weights)
+                loss = _loss_kernel(s, last)
                 for p in s.bwd.in_ports:
-                    if p.name.startswith("x_") or s.index == last:
+                    if loss is not None:   # the loss kernel turns the logits into their gradient on the board
+                        connects.append(f"{loss.name}_1.dz_out:{bk}_1.{p.name}")
+                    elif p.name.startswith("x_") or s.index == last:
                         # stashed activations are replayed from memory; the loss gradient comes from the host
                         inst = f"mm2s_{bk}_{p.name}"
                         kernels.setdefault("mm2s", []).append(inst)
@@ -703,9 +747,11 @@ def build_boards(plan: Plan, cluster, stages: list[StageCtx]) -> list[BoardCtx]:
                         connects.append(f"net_rx_1.{bk}_{p.name}:{bk}_1.{p.name}")
                 for p in s.bwd.out_ports:
                     connects.append(f"{bk}_1.{p.name}:net_tx_1.{bk}_{p.name}")
+                _train_kernels(s, loss, mem, kernels, connects, sp, slr)   # codegen.hls_train: update, all-reduce, loss
         nk = [f"{k}:{len(v)}:{'.'.join(v)}" for k, v in kernels.items()]
         movers = sorted(k for k in kernels if k in ("mm2s", "s2mm"))
-        names = [s.name for s in sts] + [s.bwd.name for s in sts if s.bwd is not None]
+        names = [s.name for s in sts] + [s.bwd.name for s in sts if s.bwd is not None] \
+            + [k for s in sts for k in _train_kernel_names(s, last)]
         out.append(BoardCtx(name=bname, board_type=bt, platform=PLATFORMS.get(key), stages=names,
                             movers=movers, connects=connects, nk=nk, sp=sp, slr=slr))
     return out
@@ -739,6 +785,9 @@ def build_project(plan: Plan, model, cluster=None, plan_file: str = "plan.yaml")
                 from .hls_stash import build_stashes
                 sc.stash_note = build_stashes(sc, model, design.stages[pos], plan, pos)
         stages.append(sc)
+    if plan.mode == "train" and stages:   # the loss kernel behind the last stage (codegen.hls_train)
+        from .hls_train import build_loss
+        stages[-1].loss = build_loss(plan, stages[-1])
     return ProjectCtx(plan=plan, fingerprint=plan.fingerprint(), header=header_lines(plan),
                       fmt=format_ctx(plan.number_format), stages=stages, boards=build_boards(plan, cluster, stages),
                       seed=weight_seed(plan), skipped=skipped)

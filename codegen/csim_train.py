@@ -360,7 +360,7 @@ def _update_pass(stages: list, sums_of: dict, ref_grads: dict, consts: tfx.SgdCo
     for s in stages:
         for k, rep in enumerate(s.reps):
             for a in s.cfg["backward"]["weight_grads"]:
-                ref = _kernel_layout(ref_grads[a["layer"]][{"dw": "w", "db": "b"}[a["kind"]]])
+                ref = _kernel_layout(ref_grads[a["layer"]][{"dw": "w", "db": "b"}.get(a["kind"], a["kind"])])
                 err = max(err, int(np.max(np.abs(sums_of[s.name][k][a["name"]] - ref))))
             if "update" in s.bins:
                 cyc[s.name]["update"] = max(cyc[s.name]["update"], _update(s, rep, sums_of[s.name][k], consts, fmt, td))

@@ -470,9 +470,28 @@ def build_bwd(plan, model, st, sc, fmt, board=None) -> BwdCtx:
             s = l.in_shapes[0]
             ch = s[0] if len(s) == 3 else s[-1]
             dy, _ = gradient(l.name, L)
+            # trained: the exact per-channel sums dscale = sum dy x, dshift = sum dy << 10 over the
+            # iteration (fpga_models.train_fixed.batchnorm_bwd_weight), x from its stash
+            x = b.stream(f"x_{tag}", L)
+            st_name = stash(l, src)
+            b.proc(f"bapipe::stash_read<{n_in}, {L}>({st_name}, {x});", l.name, "stash_read", n_in // L)
+            gb = acc_width(max(1, plan.microbatches) * mb * (n_in // ch), W, W)
+            if gb > MAX_ACC_BITS:
+                raise ValueError(f"layer '{l.name}': a {gb}-bit gradient accumulator exceeds {MAX_ACC_BITS} bits")
+            acc_s = BArray(f"as_{tag}", f"bapipe::gacc<{gb}>", (ch,), gb, "registers", partitions=[(L, 1)])
+            acc_h = BArray(f"ash_{tag}", f"bapipe::gacc<{gb}>", (ch,), gb, "registers", partitions=[(L, 1)])
+            b.arrays.extend([acc_s, acc_h])
+            ds = GradArray(f"ds_{tag}", ch, f"[{ch}]", l.name, "scale")
+            dsh = GradArray(f"dsh_{tag}", ch, f"[{ch}]", l.name, "shift")
+            grads.extend([ds, dsh])
             out = b.stream(f"dx_{tag}", L)
-            b.proc(f"bapipe::batchnorm_bwd<{n_in}, {ch}, {L}>({dy}, {out}, {lc_of[l.name].weights[0].name});",
-                   l.name, "batchnorm_bwd", n_in // L)
+            wl = AXI_BITS // WSUM_BITS
+            b.turn_of.append(b.turn)
+            b.procs.append(f"bapipe::batchnorm_bwd_train<{n_in}, {ch}, {L}, {gb}, {wl}>({dy}, {x}, {out}, "
+                           f"{lc_of[l.name].weights[0].name}, {acc_s.name}, {acc_h.name}, {ds.name}, {dsh.name}, n, "
+                           f"flush)")
+            b.engines.append({"layer": l.name, "engine": "batchnorm_bwd", "cycles_per_sample": n_in // L,
+                              "flush_cycles": _ceil_div(ch, wl)})
             contrib[src].append((out, L))
         elif l.type in ("maxpool", "avgpool"):
             L = fo.ew_lanes

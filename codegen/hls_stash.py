@@ -58,11 +58,19 @@ def _ident(t: str) -> str:
     return re.sub(r"[^A-Za-z0-9_]", "_", t)
 
 
-def _layer_nodes(index: int, layer: str, node_out: dict[str, str]) -> list[str]:
+def _layer_nodes(sc, layer: str, node_out: dict[str, str], design_stage) -> list[str]:
+    """The Design nodes of ``layer`` that compute it (not forks copying its output): named
+    s<i>_<layer> or s<i>_<layer>_<engine>, the longest of the stage's layer names that fits
+    owning a node (stem_bn's nodes are not stem's)."""
     from .rtl_model import legal
 
-    pre = f"s{index}_{legal(layer)}"
-    return [n for n in node_out if n == pre or n.startswith(pre + "_")]
+    names = sorted({legal(lc.name) for lc in sc.layers} | {legal(layer)}, key=len, reverse=True)
+    kinds = {b.inst: b.kind for b in design_stage.blocks}
+
+    def owner(inst: str) -> str | None:
+        return next((m for m in names if inst == f"s{sc.index}_{m}" or inst.startswith(f"s{sc.index}_{m}_")), None)
+
+    return [n for n in node_out if owner(n) == legal(layer) and kinds.get(n) != "fork"]
 
 
 def _stream_of(tensor: str, sc, model, node_out: dict[str, str], design_stage) -> tuple[str, tuple | None]:
@@ -71,7 +79,7 @@ def _stream_of(tensor: str, sc, model, node_out: dict[str, str], design_stage) -
     if any(p.tensor == tensor for p in sc.inputs):
         return "in0", None
     layer = model.layers[model.index[tensor]]
-    nodes = _layer_nodes(sc.index, tensor, node_out)
+    nodes = _layer_nodes(sc, tensor, node_out, design_stage)
     if nodes:
         last = nodes[-1]
         blk = next((b for b in design_stage.blocks if b.inst == last), None)
@@ -82,7 +90,7 @@ def _stream_of(tensor: str, sc, model, node_out: dict[str, str], design_stage) -
     if layer.type == "relu":    # fused into the layer before it: that node's stream is the relu's output
         src = layer.inputs[0]
         prev = model.layers[model.index[src]] if src in model.index else None
-        pn = _layer_nodes(sc.index, src, node_out) if prev is not None else []
+        pn = _layer_nodes(sc, src, node_out, design_stage) if prev is not None else []
         blk = next((b for b in design_stage.blocks if pn and b.inst == pn[-1]), None)
         if blk is None or blk.kind != "mvu" or not blk.mvu.relu:
             raise ValueError(f"stage {sc.index}: relu '{tensor}' has no forward stream")

@@ -21,8 +21,8 @@ its backward kernel flushed, runs a ring reduce-scatter and all-gather with its 
 two AXI4-Stream ports (one 64-bit sum a beat) and writes the total back in place, before the
 update kernel reads it (bapipe::ring_allreduce).
 
-Batchnorm scale/shift are not updated here: the backward kernel computes no gradient for them
-(training plans with batchnorm are refused by :func:`build_update`).
+Batchnorm scale and shift train like biases: the backward kernel's exact per-channel sums
+(ds_*/dsh_*, codegen.hls_bwd), the forward's ``[C/LANES][LANES]`` arrays written in place.
 """
 from __future__ import annotations
 
@@ -128,6 +128,16 @@ class UpdateCtx:
         return (["hls::stream<bapipe::ring_t> &ring_in", "hls::stream<bapipe::ring_t> &ring_out"]
                 + [f"bapipe::wsum_t {g}[{n}]" for g, n in self.grads] + ["int rank", "int replicas"])
 
+    @staticmethod
+    def ring_lanes(elem_bits: int) -> int:
+        """The ring's beat (one 64-bit sum) in elements of the plan's format (network channels)."""
+        return 64 // elem_bits
+
+    def ring_elements(self, elem_bits: int) -> int:
+        """Elements of one ring step (a chunk of ceil(N / R) sums of every array), as a network
+        channel counts a sample's elements."""
+        return sum(-(-n // self.replicas) for _, n in self.grads) * self.ring_lanes(elem_bits)
+
     @property
     def allreduce_cycles(self) -> int:
         """Loop trips of one all-reduce call: 2 (R - 1) chunks (``ring_steps``) of ceil(N / R)
@@ -193,10 +203,12 @@ def build_update(sc, model=None, replicas: int = 1) -> UpdateCtx | None:
             if g is None:
                 raise ValueError(f"layer '{lc.name}': weight array '{w.name}' has no gradient from the backward "
                                  f"kernel, so the update kernel cannot train it (dense and conv2d weights and "
-                                 f"biases are trained)")
+                                 f"biases, batchnorm scale and shift are trained)")
             rows, cols = (w.shape[0], int(w.kernel_q.size) // w.shape[0])
             a = UpdateArray(w.name, lc.name, key, g.name, rows, cols)
             rom = roms.get(f"s{sc.index}_{legal(lc.name)}_mvu_{key}")   # codegen.rtl_model's MVU node name
+            if rom is None and key in ("scale", "shift"):   # a batchnorm node's [C/LANES][LANES] arrays
+                rom = roms.get(f"s{sc.index}_{legal(lc.name)}_{key}")
             if rom is not None:
                 if not rom.external:
                     raise ValueError(f"stage {sc.index}: forward array {rom.name} is ROM; a training build keeps "
@@ -217,8 +229,7 @@ def build_update(sc, model=None, replicas: int = 1) -> UpdateCtx | None:
     written = {a.rom for a in arrays}
     missing = [r for r, _ in ext if r not in written]
     if missing:
-        raise ValueError(f"stage {sc.index}: forward arrays {', '.join(missing)} have no update (batchnorm "
-                         f"scale/shift are not trained by the HLS kernels)")
+        raise ValueError(f"stage {sc.index}: forward arrays {', '.join(missing)} have no update")
     return UpdateCtx(name=f"{sc.name}_update", stage=sc.name, arrays=arrays, roms=ext,
                      grads=[(g.name, g.count) for g in sc.bwd.grad_arrays], replicas=max(1, replicas), mb=sc.bwd.mb)
 

@@ -111,6 +111,9 @@ def port_lanes(ctx, kernel: str, port: str, engines: str) -> int:
             return 1 if engines == "rtl" else s.port_lanes(p)
         if s.bwd is not None and s.bwd.name == kernel:
             return next(q for q in s.bwd.in_ports + s.bwd.out_ports if q.name == port).lanes
+        u = getattr(s, "update", None)
+        if u is not None and u.replicas > 1 and u.allreduce_name == kernel and port in ("ring_in", "ring_out"):
+            return u.ring_lanes(ctx.fmt.width)   # one 64-bit sum a beat (codegen.hls_train)
     raise KeyError(f"{kernel}.{port}: no such stage kernel port")
 
 

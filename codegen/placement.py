@@ -285,6 +285,9 @@ def kernel_bundles(ctx, sources: dict) -> dict[str, dict[str, str]]:
     """kernel name -> its arguments' bundles, from the rendered kernel sources (path -> bytes)."""
     names = {s.name: f"{s.name}/{s.name}.cpp" for s in ctx.stages}
     names.update({s.bwd.name: f"{s.name}/{s.bwd.name}.cpp" for s in ctx.stages if s.bwd is not None})
+    from .context import _train_kernel_names   # training: update, all-reduce and loss kernels
+    last = max((s.index for s in ctx.stages), default=0)
+    names.update({k: f"{s.name}/{k}.cpp" for s in ctx.stages for k in _train_kernel_names(s, last)})
     names.update({m: f"common/{m}.cpp" for m in MOVERS})
     out = {}
     for k, path in names.items():
@@ -367,6 +370,14 @@ def channels(ctx, cluster) -> list[dict]:
                 out.append({"src": (b, s.bwd.name, p.name),
                             "dst": (_peer(cluster, s.boards, u.boards, b), u.bwd.name, f"dy_{q.name}"),
                             "tensor": p.tensor, "elements": p.elements, "local": u.boards == s.boards})
+    for s in ctx.stages:   # training: the all-reduce ring between a stage's replicas (codegen.hls_train)
+        u = getattr(s, "update", None)
+        if u is None or u.replicas < 2 or len(s.boards) != u.replicas:
+            continue
+        ak = u.allreduce_name
+        for k, b in enumerate(s.boards):
+            out.append({"src": (b, ak, "ring_out"), "dst": (s.boards[(k + 1) % u.replicas], ak, "ring_in"),
+                        "tensor": f"{ak}_ring", "elements": u.ring_elements(ctx.fmt.width)})
     return out
 
 

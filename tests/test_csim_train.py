@@ -148,6 +148,31 @@ def test_forward_kernels_write_the_stashes_the_backward_reads(model, cuts, m, sc
         assert {b.slots for sc in ctx.stages for b in sc.engine.stashes} == {m}   # GPipe: m
 
 
+def test_batchnorm_trains_in_hls():
+    """small-resnet (conv, batchnorm, residual adds, globalavgpool, dense) in training: the
+    backward kernel sums dscale/dshift per channel (batchnorm_bwd_train, its input stashed by the
+    forward: the conv's output before the batchnorm), the update kernel rewrites every batchnorm
+    array the forward reads ([C/LANES][LANES], in place), and nothing is left untrained."""
+    from codegen.hls_train import build_update
+
+    ctx = _project(_plan("examples/models/small-resnet.yaml", (), 2, 1))
+    sc = ctx.stages[0]
+    bns = [lc.name for lc in sc.layers if lc.type == "batchnorm"]
+    assert len(bns) == 6 and sc.update_note is None and sc.stash_note is None
+    u = build_update(sc)
+    roms = {r.name: r for r in sc.engine.roms}
+    for name in bns:
+        grads = {g.key: g for g in sc.bwd.grad_arrays if g.layer == name}
+        assert set(grads) == {"scale", "shift"}
+        for a in (a for a in u.arrays if a.layer == name):
+            assert a.grad == grads[a.key].name and a.rom.endswith(f"_{a.key}") and roms[a.rom].external
+            assert a.matches(next(w.kernel_q for w in sc.weights if w.name == a.name), roms[a.rom].values)
+        assert any(f"batchnorm_bwd_train" in p and f"ds_{name}" in p for p in sc.bwd.processes)
+        st = next(s for s in sc.bwd.stashes if s.layer == name)
+        assert st.tensor == next(l for l in load_model(ctx.plan.model).layers if l.name == name).inputs[0]
+    assert {r for r, _ in u.roms} == {a.rom for a in u.arrays}   # every forward array is updated
+
+
 def test_time_multiplexed_stage_says_its_stashes_are_replayed():
     plan = _plan("tiny-cnn", (), 2, 2)
     plan.stages[0].style = "time-multiplexed"
@@ -379,6 +404,17 @@ def test_tiny_cnn_three_stages_trains_bit_exact(tmp_path, capsys):
     r = _train(build, 2, capsys, "--lr", "0.1", "--momentum", "0.5")   # the run's constants, no rebuild
     _check_run(r, 2, 4)
     assert (r["lr"], r["momentum"], r["sgd_constants"]["mu"]) == (0.1, 0.5, 1 << 15)
+
+
+@pytest.mark.csim
+@pytest.mark.soak   # 4 g++ builds and 32x32x16 images: minutes
+def test_small_resnet_with_batchnorm_trains_bit_exact(tmp_path, capsys):
+    """small-resnet in one stage, 2 micro-batches of 1 sample: 2 iterations, the batchnorm
+    scale/shift master weights and velocities included, equal to train_step's."""
+    build = _gen(_plan("examples/models/small-resnet.yaml", (), 2, 1), tmp_path / "b")
+    r = _train(build, 2, capsys)
+    _check_run(r, 2, 2)
+    assert r["not_in_hls"] == []
 
 
 @pytest.mark.csim

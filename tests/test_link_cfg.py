@@ -129,6 +129,12 @@ def parse_cfg(text: str) -> dict:
     return out
 
 
+def _train_kernel_names(s, last: int) -> list[str]:
+    from codegen.context import _train_kernel_names as names
+
+    return names(s, last)
+
+
 def check_cfg(text: str, board, ctx_board, sources: dict[str, str]) -> dict:
     """Assert the config is consistent; returns its parsed form with the instance table."""
     cfg = parse_cfg(text)
@@ -195,6 +201,8 @@ def check_build(ctx, files, cluster):
         sources[s.name] = files[f"{s.name}/{s.name}.cpp"].decode()
         if s.bwd is not None:
             sources[s.bwd.name] = files[f"{s.name}/{s.bwd.name}.cpp"].decode()
+        for k in _train_kernel_names(s, max(x.index for x in ctx.stages)):   # update, all-reduce, loss
+            sources[k] = files[f"{s.name}/{k}.cpp"].decode()
     for m in ("mm2s", "s2mm"):
         sources[m] = files[f"common/{m}.cpp"].decode()
     pl = json.loads(files["placement.json"])
@@ -373,7 +381,7 @@ def hls_port_bits(source: str, kernel: str, elem_w: int) -> dict[str, int]:
     out = {}
     for typ, name in re.findall(r"hls::stream<([^&]*?)\s*>\s*&(\w+)", m.group(1)):
         lanes = re.fullmatch(r"bapipe::b?vec<(\d+)>\s*", typ)
-        out[name] = (int(lanes.group(1)) if lanes else 1) * elem_w
+        out[name] = 64 if typ.strip() == "bapipe::ring_t" else (int(lanes.group(1)) if lanes else 1) * elem_w
     return out
 
 
@@ -432,6 +440,8 @@ def check_net_kernels(ctx, files, parsed: dict, bits: dict | None = None) -> int
             bits[s.name] = hls_port_bits(text[f"{s.name}/{s.name}.cpp"], s.name, ew)
             if s.bwd is not None:
                 bits[s.bwd.name] = hls_port_bits(text[f"{s.name}/{s.bwd.name}.cpp"], s.bwd.name, ew)
+            for k in _train_kernel_names(s, max(x.index for x in ctx.stages)):   # update, all-reduce, loss
+                bits[k] = hls_port_bits(text[f"{s.name}/{k}.cpp"], k, ew)
     n = 0
     for b, p in parsed.items():
         info = {}
