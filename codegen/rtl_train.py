@@ -49,7 +49,9 @@ from .rtl_model import LinkSpec, Unsupported, clog2, elem_format, make_link, pla
 LEARNING_RATE = 0.05
 MOMENTUM = 0.9
 #: layer types the training RTL builds
-TRAIN_TYPES = ("dense", "relu")
+TRAIN_TYPES = ("dense", "relu", "conv2d", "maxpool", "avgpool", "flatten")
+#: layers with weights (a forward, input-gradient and weight-gradient engine and an sgd_update)
+WEIGHT_KINDS = ("dense", "conv2d")
 
 
 @dataclass
@@ -57,7 +59,7 @@ class TrainLayer:
     """One layer of a board: its engines' parameters and cycles (from fpga_models.engines)."""
 
     name: str
-    kind: str                 # dense | relu
+    kind: str                 # dense | relu | conv2d | maxpool | avgpool | flatten
     ident: str                # Verilog-safe name
     n_in: int
     n_out: int
@@ -68,6 +70,9 @@ class TrainLayer:
     bwd_in_cycles: int = 0
     bwd_w_cycles: int = 0
     update_cycles: int = 0
+    mh: int = 0               # weight matrix rows / columns (dense: units x inputs; conv2d: O x K*K*C)
+    mw: int = 0
+    geom: dict = field(default_factory=dict)   # conv2d / pools: c, h, w, k, stride, pad, oh, ow
 
     @property
     def bwd_cycles(self) -> int:
@@ -114,11 +119,11 @@ class TrainBoard:
     def steps(self) -> list[tuple[str, str, int]]:
         """(phase, engine instance, cycles) in sequencer order: F steps, then B steps (the weight
         updates are not steps: each trails its layer's last weight-gradient pass)."""
-        out = [("F", f"{l.ident}_f", l.fwd_cycles) for l in self.layers]
+        out = [("F", f"{l.ident}_f", l.fwd_cycles) for l in self.layers if l.kind != "flatten"]
         for l in reversed(self.layers):
-            if l.kind == "dense":
+            if l.kind in WEIGHT_KINDS:
                 out += [("B", f"{l.ident}_bi", l.bwd_in_cycles), ("B", f"{l.ident}_bw", l.bwd_w_cycles)]
-            else:
+            elif l.kind != "flatten":       # a flatten is a wire both ways (no engine, no cycles)
                 out.append(("B", f"{l.ident}_b", l.bwd_cycles))
         return out
 
@@ -190,24 +195,7 @@ def train_design(plan, model, cluster, params=None, plan_file: str = "plan.yaml"
             l = model.layers[model.index[name]]
             if l.type not in TRAIN_TYPES:
                 raise Unsupported(f"layer {name}: no training engine for {l.type} (have {', '.join(TRAIN_TYPES)})")
-            ident = _ident(name)
-            if l.type == "dense":
-                f = s.folding[name]
-                mh, mw = l.out_elems, l.in_elems
-                if mh % f.pe or mw % f.simd:
-                    raise Unsupported(f"layer {name}: PE {f.pe} / SIMD {f.simd} do not divide {mh} x {mw}")
-                bi, bw = engines.mvu_bwd_cycles(mh, mw, f.pe, f.simd)
-                layers.append(TrainLayer(name, "dense", ident, mw, mh, pe=f.pe, simd=f.simd,
-                                         fwd_cycles=engines.mvu_vector_cycles(mh, mw, f.pe, f.simd),
-                                         bwd_in_cycles=bi, bwd_w_cycles=bw,
-                                         update_cycles=engines.sgd_update_cycles(mh, mw, f.pe, f.simd)))
-            else:
-                f = s.folding.get(name)
-                lanes = f.ew_lanes if f is not None else 1
-                n = l.out_elems
-                layers.append(TrainLayer(name, "relu", ident, n, n, lanes=lanes,
-                                         fwd_cycles=engines.stream_cycles(n, lanes),
-                                         bwd_in_cycles=engines.relu_bwd_cycles(n, lanes)))
+            layers.append(_train_layer(l, s.folding.get(name)))
         d = s.device
         ops = [(op.kind, op.mb) for op in device_ops(plan.schedule, p, d, m)]
         boards.append(TrainBoard(s.index, s.boards[0], f"{_ident(s.boards[0])}_train", layers, ops,
@@ -231,7 +219,65 @@ def train_design(plan, model, cluster, params=None, plan_file: str = "plan.yaml"
         raise Unsupported(f"a global batch of {m * plan.microbatch_size} needs weight-gradient sums wider than "
                           f"the engines' {2 * elem_w + 16} bits")
     return TrainDesign(boards, links, lanes, elem_w, frac, plan.number_format, plan.schedule, m, clock, consts, tf,
-                       {l.name: params[l.name] for b in boards for l in b.layers if l.kind == "dense"})
+                       {l.name: params[l.name] for b in boards for l in b.layers if l.kind in WEIGHT_KINDS})
+
+
+def _square(v) -> int | None:
+    """The one value of a square kernel / stride / padding pair, else None."""
+    a, b = (v, v) if isinstance(v, (int, np.integer)) else tuple(v)
+    return int(a) if a == b else None
+
+
+def _window_geom(l) -> dict:
+    """c, h, w, k, stride, pad, oh, ow of a conv2d or pool layer (CHW images, square windows)."""
+    a = l.attr
+    if len(l.in_shapes[0]) != 3:
+        raise Unsupported(f"layer {l.name}: the training RTL convolves and pools C x H x W images only")
+    k, st = _square(a["kernel"]), _square(a.get("stride") or a["kernel"])
+    pad = _square(a.get("padding", 0))
+    if None in (k, st, pad) or a.get("groups", 1) != 1:
+        raise Unsupported(f"layer {l.name}: the training RTL builds square, ungrouped windows only")
+    c, h, w = l.in_shapes[0]
+    _o, oh, ow = l.out_shape
+    return {"c": c, "h": h, "w": w, "k": k, "stride": st, "pad": pad, "oh": oh, "ow": ow}
+
+
+def _train_layer(l, f) -> TrainLayer:
+    """One layer's training engines and their cycles per sample (fpga_models.engines, the
+    functions the planner prices the layer with: plan.yaml ``cycles.fwd`` / ``cycles.bwd``)."""
+    name, ident = l.name, _ident(l.name)
+    if l.type in WEIGHT_KINDS:
+        if l.type == "dense":
+            mh, mw, pix, geom = l.out_elems, l.in_elems, 1, {}
+        else:
+            geom = _window_geom(l)
+            mh, mw, pix = l.attr["out_channels"], geom["k"] ** 2 * geom["c"], geom["oh"] * geom["ow"]
+        if mh % f.pe or mw % f.simd:
+            raise Unsupported(f"layer {name}: PE {f.pe} / SIMD {f.simd} do not divide {mh} x {mw}")
+        if l.type == "dense":
+            fc = engines.mvu_vector_cycles(mh, mw, f.pe, f.simd)
+            bi, bw = engines.mvu_bwd_cycles(mh, mw, f.pe, f.simd)
+        else:
+            g = geom
+            fc, bi, bw = engines.conv_train_cycles(mh, mw, pix, f.pe, f.simd)
+            win = engines.conv_window_cycles(g["c"], g["h"], g["w"], g["k"], g["pad"], g["stride"], f.simd)
+            if win > fc:
+                raise Unsupported(f"layer {name}: the planner prices its window generator ({win} cycles a sample) "
+                                  f"above its MVU ({fc}); the training engine reads its image from memory")
+        return TrainLayer(name, l.type, ident, l.in_elems, l.out_elems, pe=f.pe, simd=f.simd, fwd_cycles=fc,
+                          bwd_in_cycles=bi, bwd_w_cycles=bw,
+                          update_cycles=engines.sgd_update_cycles(mh, mw, f.pe, f.simd), mh=mh, mw=mw, geom=geom)
+    lanes = f.ew_lanes if f is not None else 1
+    if l.type == "flatten":
+        return TrainLayer(name, "flatten", ident, l.in_elems, l.out_elems)
+    if l.type == "relu":
+        n = l.out_elems
+        return TrainLayer(name, "relu", ident, n, n, lanes=lanes, fwd_cycles=engines.stream_cycles(n, lanes),
+                          bwd_in_cycles=engines.relu_bwd_cycles(n, lanes))
+    geom = _window_geom(l)
+    fc, bc = engines.pool_train_cycles(engines.stream_elements(l), lanes)
+    return TrainLayer(name, l.type, ident, l.in_elems, l.out_elems, lanes=lanes, fwd_cycles=fc, bwd_in_cycles=bc,
+                      geom=geom)
 
 
 def _ident(name: str) -> str:
@@ -260,7 +306,7 @@ def train_reference(model, params: dict, m: int, fmt: str, consts: tfx.SgdConsta
     snaps, outs, dys = [], [], []
     for it in range(iterations):
         n = m * beta
-        xs = np.asarray(x_q[it * n:(it + 1) * n], dtype=np.int64)
+        xs = np.asarray(x_q[it * n:(it + 1) * n], dtype=np.int64).reshape((n,) + tuple(model.inputs[0].shape))
         ls = np.asarray(labels[it * n:(it + 1) * n])
         master, vel, info = tfx.train_step(model, master, vel, xs, ls, consts, tf, microbatches=m)
         outs.append(info["logits"])
@@ -270,6 +316,14 @@ def train_reference(model, params: dict, m: int, fmt: str, consts: tfx.SgdConsta
 
 
 # ------------------------------------------------------------------ render
+
+def weight_matrix(w) -> np.ndarray:
+    """A layer's weights as its MH x MW engine matrix: dense as is, conv2d (O, C, kh, kw) as
+    fpga_models.fixedpoint.conv_weight_matrix (column (ky*kw + kx)*C + c)."""
+    from fpga_models.fixedpoint import conv_weight_matrix
+    w = np.asarray(w)
+    return conv_weight_matrix(w) if w.ndim == 4 else w
+
 
 def tile_order(wmat: np.ndarray, pe: int, simd: int) -> np.ndarray:
     """Weights in the tile memory order: element a*PE*SIMD + p*SIMD + i = W[nf*PE+p][sf*SIMD+i]."""
@@ -316,9 +370,14 @@ def _board_ctx(td: TrainDesign, b: TrainBoard, first: bool, last: bool, in_lanes
     for l in b.layers:
         d = {"step": {sfx: index[f"{l.ident}_{sfx}"] for sfx in ("f", "bi", "bw", "b") if f"{l.ident}_{sfx}" in index},
              "ident": l.ident, "kind": l.kind, "n_in": l.n_in, "n_out": l.n_out, "pe": l.pe, "simd": l.simd,
-             "lanes": l.lanes}
-        if l.kind == "dense":
-            d["addr_w"] = clog2(max(2, (l.n_out // l.pe) * (l.n_in // l.simd)))
+             "lanes": l.lanes, "mh": l.mh, "mw": l.mw, "g": l.geom}
+        if l.kind in WEIGHT_KINDS:
+            d["addr_w"] = clog2(max(2, (l.mh // l.pe) * (l.mw // l.simd)))
+        elif l.kind in ("maxpool", "avgpool"):
+            from fpga_models.fixedpoint import AVG_BITS, avg_recip
+            d.update(f_cycles=l.fwd_cycles, b_cycles=l.bwd_in_cycles, f_ipc=-(-l.n_out // l.fwd_cycles),
+                     b_ipc=-(-l.n_in // l.bwd_in_cycles), recip=avg_recip(l.geom["k"] ** 2), avg_bits=AVG_BITS,
+                     mode=0 if l.kind == "maxpool" else 1)
         else:
             d["cnt_w"] = clog2(max(2, -(-l.n_in // l.lanes)))
         layers.append(d)
@@ -344,8 +403,13 @@ def render_train(td: TrainDesign, plan_hash: str = "none") -> dict[str, str]:
     from .rtl import render_template
 
     files: dict[str, str] = {}
-    for name in ("train_mvu_fwd", "mvu_bwd_in", "mvu_bwd_w", "sgd_update", "train_relu", "stash_mem",
-                 "train_vec_rx", "train_vec_tx", "train_sequencer"):
+    kinds = {l.kind for b in td.boards for l in b.layers}
+    engines_of = {"dense": ("train_mvu_fwd", "mvu_bwd_in", "mvu_bwd_w", "sgd_update"),
+                  "conv2d": ("train_conv_fwd", "conv_bwd_in", "conv_bwd_w", "sgd_update"),
+                  "relu": ("train_relu",), "maxpool": ("train_pool",), "avgpool": ("train_pool",)}
+    needed = {"stash_mem", "train_vec_rx", "train_vec_tx", "train_sequencer"}
+    needed.update(n for k in kinds for n in engines_of.get(k, ()))
+    for name in sorted(needed):
         files[f"{name}.v"] = render_template(name, plan_hash)
     if td.links:
         from .rtl import TRANSPORT
@@ -359,9 +423,9 @@ def render_train(td: TrainDesign, plan_hash: str = "none") -> dict[str, str]:
         ctxs.append(ctx)
         files[f"{b.module}.v"] = render_template("train_board", plan_hash, **ctx)
         for l in b.layers:
-            if l.kind == "dense":
+            if l.kind in WEIGHT_KINDS:
                 p = td.params[l.name]
-                files[f"{l.ident}_w.hex"] = hex_lines(tile_order(p["w"], l.pe, l.simd), td.elem_w)
+                files[f"{l.ident}_w.hex"] = hex_lines(tile_order(weight_matrix(p["w"]), l.pe, l.simd), td.elem_w)
                 files[f"{l.ident}_b.hex"] = hex_lines(p["b"], td.elem_w)
     links = []
     for i, (l, t) in enumerate(zip(td.links, td.transports)):
@@ -415,8 +479,9 @@ def plan_iteration_cycles(plan, clock_hz: float) -> float | None:
 
 def train_manifest(td: TrainDesign, plan, files: list[str]) -> dict:
     """rtl/train/manifest.json: what `bapipe rtlsim` needs to run and check the training build."""
-    dense = [{"name": l.name, "ident": l.ident, "mh": l.n_out, "mw": l.n_in, "pe": l.pe, "simd": l.simd}
-             for b in td.boards for l in b.layers if l.kind == "dense"]
+    dense = [{"name": l.name, "ident": l.ident, "mh": l.mh, "mw": l.mw, "pe": l.pe, "simd": l.simd,
+              **({"conv": [l.mh, l.geom["c"], l.geom["k"], l.geom["k"]]} if l.kind == "conv2d" else {})}
+             for b in td.boards for l in b.layers if l.kind in WEIGHT_KINDS]
     return {
         "training": True, "plan": plan.fingerprint(), "model": plan.model, "number_format": td.fmt,
         "microbatch_size": td.boards[0].beta,
@@ -470,9 +535,15 @@ def train_reference_from_manifest(man: dict, rtl_dir, x_q, labels, iterations: i
     params = {}
     for l in man["dense"]:
         flat = read_hex((Path(rtl_dir) / f"{l['ident']}_w.hex").read_text(), man["elem_w"])
-        params[l["name"]] = {"w": from_tile_order(flat, l["mh"], l["mw"], l["pe"], l["simd"]),
-                             "b": read_hex((Path(rtl_dir) / f"{l['ident']}_b.hex").read_text(), man["elem_w"])}
+        w = from_tile_order(flat, l["mh"], l["mw"], l["pe"], l["simd"])
+        if "conv" in l:                          # (O, K*K*C) -> (O, C, K, K)
+            o, c, kh, kw = l["conv"]
+            w = w.reshape(o, kh, kw, c).transpose(0, 3, 1, 2)
+        params[l["name"]] = {"w": w, "b": read_hex((Path(rtl_dir) / f"{l['ident']}_b.hex").read_text(), man["elem_w"])}
     c = man["sgd"]
     consts = tfx.SgdConstants(mu=c["mu"], lr=c["lr"], lr_scale=c["lr_scale"], shift=c["shift"])
-    return train_reference(model, params, man["microbatches"], man["number_format"], consts, x_q, labels, iterations,
-                           man.get("microbatch_size", 1))
+    snaps, outs, dys = train_reference(model, params, man["microbatches"], man["number_format"], consts, x_q, labels,
+                                       iterations, man.get("microbatch_size", 1))
+    # the engines' weight memories hold MH x MW matrices: compare conv weights in that form
+    snaps = [{n: {"w": weight_matrix(p["w"]), "b": p["b"]} for n, p in snap.items()} for snap in snaps]
+    return snaps, outs, dys

@@ -379,6 +379,29 @@ def mvu_bwd_cycles(mh: int, mw: int, pe: int, simd: int) -> tuple[int, int]:
     return n, n
 
 
+def conv_train_cycles(mh: int, mw: int, pixels: int, pe: int, simd: int) -> tuple[int, int, int]:
+    """(forward, input-gradient, weight-gradient) cycles per sample of a conv2d layer's training
+    engines (hls_templates/rtl/train_conv_fwd, conv_bwd_in, conv_bwd_w): each visits the
+    MH x MW (= O x K*K*C) matrix one PE x SIMD tile a cycle for every output pixel, the input
+    gradient scattering each pixel's im2col row into the input (col2im), so all three are
+    NF x SF x pixels = MACs / (PE x SIMD): the planner's ``mvu_cycles`` of the layer's
+    ``fwd_macs``, ``bwd_in_macs`` and ``bwd_w_macs`` (all three equal for conv2d, any stride
+    and padding). The planner's forward also takes the window generator's
+    ``conv_window_cycles`` when slower; the training engine reads its image from memory, so
+    the training RTL refuses such a folding instead of idling."""
+    n = mvu_vector_cycles(mh, mw, pe, simd) * pixels
+    return n, n, n
+
+
+def pool_train_cycles(work: int, lanes: int) -> tuple[int, int]:
+    """(forward, backward) cycles per sample of a max/avg pool's training engine
+    (hls_templates/rtl/train_pool): ``work`` = :func:`stream_elements` of the layer (every
+    window element once) at ``lanes`` a cycle both ways, as the planner prices it (backward
+    work x 1.0 for pools, fpga_models.cost._BWD_WORK)."""
+    n = stream_cycles(work, lanes)
+    return n, n
+
+
 def relu_bwd_cycles(elems: int, lanes: int) -> int:
     """Cycles per sample of a ReLU backward engine: ``lanes`` elements a cycle, like the forward."""
     return stream_cycles(elems, lanes)
