@@ -14,6 +14,7 @@ import hashlib
 import json
 import os
 import platform
+import re
 import shutil
 import subprocess
 import tempfile
@@ -206,9 +207,9 @@ def read_stats(path: Path) -> dict:
         return {"cycles": None, "streams": {}, "loops": {}}
 
 
-def _run(cmd: list[str], stats: Path, **kw) -> subprocess.CompletedProcess:
+def _run(cmd: list[str], stats: Path, env: dict | None = None, **kw) -> subprocess.CompletedProcess:
     """Run a csim binary with $BAPIPE_CSIM_STATS set; a deadlock or leftover data raises."""
-    env = {**os.environ, "BAPIPE_CSIM_STATS": str(stats)}
+    env = {**os.environ, **(env or {}), "BAPIPE_CSIM_STATS": str(stats)}
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, **kw)
     if r.returncode in (DEADLOCK_EXIT, LEFTOVER_EXIT):
         line = next((l for l in r.stderr.splitlines() if l.startswith(("BAPIPE_DEADLOCK", "BAPIPE_LEFTOVER"))),
@@ -218,14 +219,15 @@ def _run(cmd: list[str], stats: Path, **kw) -> subprocess.CompletedProcess:
 
 
 def run_binary(binary: Path, inputs: list[np.ndarray], n: int, out_elems: list[int],
-               weights: Path | None = None, stats_out: dict | None = None) -> tuple[list[np.ndarray], np.ndarray, float]:
+               weights: Path | None = None, stats_out: dict | None = None,
+               env: dict | None = None) -> tuple[list[np.ndarray], np.ndarray, float]:
     """Run a stage testbench: inputs (N, elements) per port in stream order.
 
     The files are little-endian int32 (count, then values; see tb_<stage>_io.h). ``weights``:
     the stage's weights.bin, for kernels whose weights are m_axi arguments.
     Returns (outputs (N, elements) per port, the values written after them, run seconds);
     ``stats_out`` (when given) is filled with the run's counts (read_stats). Raises Deadlock
-    when the run deadlocked.
+    when the run deadlocked. ``env``: extra environment of the run (BAPIPE_CSIM_CALL: tb_bwd).
     """
     with tempfile.TemporaryDirectory() as td:
         fin, fout = Path(td) / "in.bin", Path(td) / "out.bin"
@@ -233,7 +235,7 @@ def run_binary(binary: Path, inputs: list[np.ndarray], n: int, out_elems: list[i
         fin.write_bytes(b"".join(p.tobytes() for p in parts))
         cmd = [str(binary), str(fin), str(fout)] + ([str(weights)] if weights is not None else [])
         t0 = time.perf_counter()
-        r = _run(cmd, Path(td) / "stats.json")
+        r = _run(cmd, Path(td) / "stats.json", env=env)
         dt = time.perf_counter() - t0
         if r.returncode != 0:
             raise RuntimeError(f"{binary.name} exited {r.returncode}: {r.stderr[-2000:]}")
@@ -365,7 +367,12 @@ def csim_project(build: str | Path, samples: int = 4, seed: int = 0, tolerance_l
             chain_ok = False
             break   # later stages would have no inputs
         row["run_s"] = round(row["run_s"], 3)
-        row.update(_cycles(build, st, stats, samples))
+        one: dict = {}
+        if samples > 1:   # the same kernel on its first sample alone: the per-call fill, for the steady state
+            run_binary(comp.path, [to_stream(x[:1].reshape((1,) + _stream_shape(model, p)))
+                                   for p, x in zip(st["inputs"], ins)], 1,
+                       [p["elements"] for p in st["outputs"]], wfile, one)
+        row.update(_cycles(build, st, stats, samples, one))
         t0 = time.perf_counter()
         ref = fx.model_fwd(layers, {p["tensor"]: x for p, x in zip(st["inputs"], ins)}, params, fmt)
         row["numpy_s"] = round(time.perf_counter() - t0, 3)
@@ -413,11 +420,48 @@ _NO_BWD_CYCLES = {"cycles_per_sample": None, "plan_cycles_per_sample": None,
                   "cycles_source": "not counted for backward kernels yet"}
 
 
-def _cycles(build: Path, st: dict, stats: dict | None, samples: int) -> dict:
+def port_adapter(process: str, kernel: str) -> bool:
+    """A width converter fed straight by the kernel's input port (``<kernel>/width_conv(in<k>,
+    ...)``): the Design's stage bench has none (it feeds the stage at its first engine's width,
+    codegen.design.stage_bench_files), the link's width being the link's affair."""
+    return bool(re.match(rf"{re.escape(kernel)}/width_conv\(in\d+,", process))
+
+
+def alone_cycles(stats: dict, kernel: str) -> float | None:
+    """The kernel's counted cycles as the Design's stage figure (``design_cycles_per_sample``)
+    defines them: the top DATAFLOW region's slowest process but the port adapters
+    (:func:`port_adapter`); the whole count when the kernel has none."""
+    if not stats or stats.get("cycles") is None:
+        return None
+    procs = stats.get("processes") or {}
+    if not any(port_adapter(k, kernel) for k in procs):
+        return float(stats["cycles"])
+    top = [v for k, v in procs.items() if k.startswith(kernel + "/") and not port_adapter(k, kernel)]
+    return float(max(top, default=0))
+
+
+def steady_cycles(total_n: float | None, total_1: float | None, n: int) -> float | None:
+    """Cycles per sample in steady state from two runs of the same kernel, on ``n`` samples and
+    on one: each further sample's cycles, the per-call fill (pipeline depths, window
+    generators' start-up) left out, as the plan's ``fwd_interval`` counts them. One sample
+    (big plans) or a failed run: the whole count per sample."""
+    if total_n is None:
+        return None
+    if n < 2 or total_1 is None:
+        return total_n / n
+    return (total_n - total_1) / (n - 1)
+
+
+def _cycles(build: Path, st: dict, stats: dict | None, samples: int, one: dict | None = None) -> dict:
     """The kernel's forward cycles per sample counted in C-simulation (bapipe_csim.h: per
     process the sum over its pipelined loops of trips x II + entries x depth, the max over the
     processes of a DATAFLOW region) beside the plan's (plan.yaml fwd_interval), and each
-    declared-depth stream's peak occupancy. Before the run (or when it failed): None."""
+    declared-depth stream's peak occupancy. Before the run (or when it failed): None.
+
+    ``cycles_per_sample``: steady state (:func:`steady_cycles`, ``one``: the stats of the run on
+    the first sample alone) of the kernel as the Design's stage bench runs it (:func:`alone_cycles`);
+    ``call_cycles_per_sample``: the n-sample call's whole count over n, port adapters included
+    (what one call costs; the Design's ``pipeline_cycles_per_sample`` when the port is narrower)."""
     from bapipe.plan import load_plan
 
     from .design import plan_cycles_per_sample
@@ -426,13 +470,17 @@ def _cycles(build: Path, st: dict, stats: dict | None, samples: int) -> dict:
 
     plan = load_plan(Path(build) / "plan.yaml")
     pos = next((i for i, x in enumerate(plan.stages) if x.index == st.get("index")), None)
-    counted = None if not stats or stats.get("cycles") is None else stats["cycles"] / samples
+    kernel = st.get("kernel", "")
+    call = None if not stats or stats.get("cycles") is None else stats["cycles"] / samples
+    counted = steady_cycles(alone_cycles(stats, kernel), alone_cycles(one, kernel), samples)
     # streams and processes are named after C identifiers: report the model's layer names
     ids = {k: v for k, v in name_map(dict.fromkeys(l["name"] for l in st.get("layers", []))).items() if k != v}
-    return {"cycles_per_sample": counted,
+    return {"cycles_per_sample": counted, "call_cycles_per_sample": call,
             "plan_cycles_per_sample": plan_cycles_per_sample(plan, pos) if pos is not None else None,
             "cycles_source": "counted in C-simulation: loop trips x II + entries x pipeline depth, "
-                             "max over DATAFLOW processes (BAPIPE_LOOP/BAPIPE_TRIP)",
+                             "max over DATAFLOW processes (BAPIPE_LOOP/BAPIPE_TRIP); per sample in "
+                             "steady state (n samples minus 1 sample, over n - 1), input-port width "
+                             "converters left out as in the Design's stage bench",
             "streams": {restore(k, ids): {"depth": v["depth"], "peak": v["peak"]}
                         for k, v in sorted(((stats or {}).get("streams") or {}).items())},
             "processes": {restore(k, ids): v / samples
