@@ -437,7 +437,7 @@ def alone_cycles(stats: dict, kernel: str) -> float | None:
     if not any(port_adapter(k, kernel) for k in procs):
         return float(stats["cycles"])
     top = [v for k, v in procs.items() if k.startswith(kernel + "/") and not port_adapter(k, kernel)]
-    return float(max(top, default=0))
+    return float(max(top)) if top else float(stats["cycles"])
 
 
 def steady_cycles(total_n: float | None, total_1: float | None, n: int) -> float | None:

@@ -46,6 +46,8 @@ def test_port_adapter_is_left_out_as_the_design_bench_does():
     assert alone_cycles({"cycles": 18, "processes": procs}, k) == 8.0
     assert alone_cycles({"cycles": 12, "processes": {"stage3/mvu(in0, out0, w, b, n)": 12.0}}, k) == 12.0
     assert alone_cycles({"cycles": None}, k) is None
+    only = {"stage3/width_conv(in0, out0, (long)n * 64)": 4.0}    # nothing but the adapter: its count
+    assert alone_cycles({"cycles": 4, "processes": only}, k) == 4.0
 
 
 def _build(tmp_path, name: str, model: str, *extra: str):
