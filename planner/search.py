@@ -385,14 +385,19 @@ class Explorer:
         return self._links[key]
 
     def ring(self, boards) -> tuple[float, float]:
-        """(bandwidth, latency per step) of a ring all-reduce over ``boards`` in order."""
+        """(bandwidth, latency per step) of a ring all-reduce over ``boards`` in order (kept per
+        board list: the lower bound asks for the same rings hundreds of thousands of times)."""
         if len(boards) < 2:
             return math.inf, 0.0
-        bw, lat = math.inf, 0.0
-        for a, b in zip(boards, boards[1:] + boards[:1]):
-            bw = min(bw, self.cluster.path_bandwidth(a.name, b.name))
-            lat = max(lat, self.cluster.path_latency(a.name, b.name))
-        return bw, lat
+        key = ("ring",) + tuple(b.name for b in boards)
+        if key not in self._links:
+            bw, lat = math.inf, 0.0
+            for a, b in zip(boards, boards[1:] + boards[:1]):
+                bw = min(bw, self.cluster.path_bandwidth(a.name, b.name))
+                lat = max(lat, self.cluster.path_latency(a.name, b.name))
+            self._links[key] = (bw, lat)
+        return self._links[key]
+
 
     def stashes(self, c: Config, d: int) -> int:
         """Micro-batches whose activations virtual stage d's device holds at its peak, per chunk."""
@@ -593,27 +598,39 @@ class Explorer:
         if lb is None:
             tot = self.sum_floor(c)
             V = c.p * c.v
+            csum, omax, rmin, bw, inv = self.layout_floor(c)
+            xs = 0.0
+            if self.train and rmin > 1 and not self.per_mb_allreduce(c):
+                w = min(float(self.stage_model(t, b, c.recompute, c.schedule, k).PW[-1]) for t, k, b in self.kinds(c))
+                xs = ring_allreduce_s(w, rmin, bw, 0.0)   # a lower bound: no hop latency
+            bott = max(tot / V, omax)
+            if inv is not None:
+                # stage s computes beta_s samples at no less than the per-sample rate u:
+                # sum_s T_s / beta_s >= U, so max_s T_s >= U / sum_s 1 / beta_s
+                types = {t for t, _k, _b in self.kinds(c)}
+                bott = max(bott, self.rate_floor(types, c.recompute) / inv)
+            lb = self._lb[c] = (tot + csum) / c.v + xs + (self.jm(c) * c.v - 1) * bott
+        return lb
+
+    def layout_floor(self, c: Config) -> tuple:
+        """The parts of :meth:`lower_bound` fixed by the layout and the samples per replica
+        (shared by every schedule, recomputation and m with those): (sum of the cuts' least
+        C, largest least O, fewest replicas of a position, fastest ring's bandwidth over the
+        positions, sum over virtual stages of 1 / samples per replica or None with a mesh)."""
+        key = ("layout_floor",) + self._cfg_key(c) + (c.beta,)
+        if key not in self._links:
+            V = c.p * c.v
             csum, omax = 0.0, 0.0
             if V > 1 and not self.meshy(c):
                 for s in range(V - 1):
                     cmin, omin = self.cut_floor(c, s % c.p, (s + 1) % c.p)
                     csum += cmin
                     omax = max(omax, omin)
-            xs = 0.0
             rmin = min(self.reps(c, d) for d in range(c.p))
-            if self.train and rmin > 1 and not self.per_mb_allreduce(c):
-                bw = max(self.ring(self.replica_boards(c, d))[0] for d in range(c.p))
-                w = min(float(self.stage_model(t, b, c.recompute, c.schedule, k).PW[-1]) for t, k, b in self.kinds(c))
-                xs = ring_allreduce_s(w, rmin, bw, 0.0)   # a lower bound: no hop latency
-            bott = max(tot / V, omax)
-            if not self.meshy(c):
-                # stage s computes beta_s samples at no less than the per-sample rate u:
-                # sum_s T_s / beta_s >= U, so max_s T_s >= U / sum_s 1 / beta_s
-                inv = sum(1.0 / self.beta_at(c, s % c.p) for s in range(V))
-                types = {t for t, _k, _b in self.kinds(c)}
-                bott = max(bott, self.rate_floor(types, c.recompute) / inv)
-            lb = self._lb[c] = (tot + csum) / c.v + xs + (self.jm(c) * c.v - 1) * bott
-        return lb
+            bw = max(self.ring(self.replica_boards(c, d))[0] for d in range(c.p)) if rmin > 1 else math.inf
+            inv = None if self.meshy(c) else sum(1.0 / self.beta_at(c, s % c.p) for s in range(V))
+            self._links[key] = (csum, omax, rmin, bw, inv)
+        return self._links[key]
 
     def rate_floor(self, types, recompute: bool) -> float:
         """Seconds per sample of all layers at the fastest of ``types`` per layer, a lower
@@ -1183,8 +1200,12 @@ class Explorer:
             fold = {self.model.layers[x].name: table.fold[x] for x in range(a, b + 1)}
             style = "gpu" if table.board.kind == "gpu" else "time-multiplexed"
             if table.board.kind == "fpga" and table.measured_f is None and self.kd(c, d) == 1:
-                alloc = allocate_stage(list(self.model.layers[a:b + 1]), table.board, self.req.fmt, beta,
-                                       self.req.cap, self.train, chunks=c.v)
+                # candidates share stages (same range, board type, samples and chunks): allocate once
+                akey = ("alloc", a, b, btype, beta, c.v)
+                if akey not in self._links:
+                    self._links[akey] = allocate_stage(list(self.model.layers[a:b + 1]), table.board, self.req.fmt,
+                                                       beta, self.req.cap, self.train, chunks=c.v)
+                alloc = self._links[akey]
                 if alloc.style == "dataflow":
                     # the layer-pipelined engines are faster: same memory and spill traffic
                     cf = alloc.fwd_s
@@ -1197,8 +1218,11 @@ class Explorer:
                 else:
                     # frame buffers beyond the forward kernel's on-chip share go off chip (the
                     # lowering's rule, fpga_models.allocate): a turn waits on their 512-bit words
-                    spill = tm_spill_cycles(list(self.model.layers[a:b + 1]), table.board, fold, self.req.fmt,
-                                            self.req.cap, c.v, self.train) * beta / table.board.clock_hz
+                    skey = ("spill", a, b, btype, c.v)   # fold is the table's, fixed by (btype, v)
+                    if skey not in self._links:
+                        self._links[skey] = tm_spill_cycles(list(self.model.layers[a:b + 1]), table.board, fold,
+                                                            self.req.fmt, self.req.cap, c.v, self.train)
+                    spill = self._links[skey] * beta / table.board.clock_hz
                     r["compute_f"] += spill
                     r["fwd_s"] = max(r["compute_f"], r["traffic_f"])
                     if c.recompute and self.train:   # the recomputed forward waits on them too
