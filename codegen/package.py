@@ -249,7 +249,9 @@ def xrt_manifest(ctx, engines: str) -> dict:
                 (inputs if kernel == "mm2s" else outputs).append(entry)
         boards.append({"name": b.name, "device": dev, "xclbin": b.xclbin, "kernels": kernels,
                        "inputs": inputs, "outputs": outputs})
-    return {"engines": engines, "elem_bytes": elem_bytes, "boards": boards}
+    from .xrt_train import train_manifest   # training builds: what the xrt host trains with
+
+    return {"engines": engines, "elem_bytes": elem_bytes, "boards": boards, "train": train_manifest(ctx, elem_bytes)}
 
 
 #: the build's record (codegen/cli_gen.py writes it as STAMP)

@@ -49,25 +49,28 @@ def read_manifest(build: Path, plan) -> dict:
     return read_xrt_manifest(build, plan.fingerprint())
 
 
-#: why a training build is refused (one line, exit 2): its kernels exist (backward, update,
-#: all-reduce, loss: codegen/hls_bwd.py, codegen/hls_train.py) but no host schedule starts them
-TRAINING_REFUSED = ("backend xrt: training builds are not driven on boards (no host schedule starts their backward, "
-                    "update, all-reduce and loss kernels nor loads their master-weight and velocity buffers); "
-                    "train with --backend verilator or numpy, or plan with --mode inference")
+#: per-stage training (the host driver's workers) is not how boards train: `bapipe run
+#: --backend xrt --epochs` trains through host/train_hw.py and :func:`train_iterations`
+TRAINING_PER_STAGE = ("backend xrt: boards train whole iterations (train_iterations: forward, loss, backward, "
+                      "all-reduce and update kernels in the schedule's order), not stage by stage")
 
 
 def check(options: dict) -> None:
-    """pyxrt importable, not a training plan, the plan's build present, one board per xclbin
-    seen by XRT, every xclbin built."""
+    """pyxrt importable, the plan's build present, one board per xclbin seen by XRT, every
+    xclbin built; a training build also needs its training manifest (host/backends/xrt_train.py)."""
     pyxrt = _pyxrt()
     plan = options["plan"]
-    if plan.mode == "train":
-        raise BackendUnavailable(TRAINING_REFUSED)
-    if len(plan.stages) > 1 and any(s.replicas > 1 for s in plan.stages):
+    if plan.mode != "train" and len(plan.stages) > 1 and any(s.replicas > 1 for s in plan.stages):
         raise BackendUnavailable("backend xrt: data-parallel replicas of a multi-stage plan are not driven yet "
                                  "(one board per stage, or one replicated stage)")
     build = Path(options.get("build") or "build")
     man = read_manifest(build, plan)
+    if plan.mode == "train":
+        from .xrt_train import refused
+
+        why = refused(man)
+        if why:
+            raise BackendUnavailable(why)
     try:
         found = len(pyxrt.enumerate_devices())
     except Exception as e:  # driver not loaded
@@ -82,8 +85,16 @@ def check(options: dict) -> None:
 
 
 def make_stage(model, first, last, quant, options):
-    """Per-stage training is not driven on boards (:data:`TRAINING_REFUSED`)."""
-    raise BackendUnavailable(TRAINING_REFUSED)
+    """Per-stage training is not driven on boards (:data:`TRAINING_PER_STAGE`)."""
+    raise BackendUnavailable(TRAINING_PER_STAGE)
+
+
+def train_iterations(plan, model, cluster, master, x_q, labels, dy, iterations: int, consts, tf,
+                     options: dict) -> dict:
+    """Training iterations on the boards: host/backends/xrt_train.py."""
+    from .xrt_train import train_iterations as run
+
+    return run(plan, model, cluster, master, x_q, labels, dy, iterations, consts, tf, options)
 
 
 class _Board:
