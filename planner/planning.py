@@ -185,8 +185,8 @@ def _user_partition(ex: Explorer, spec, scheds, rc) -> Candidate:
         # the ranges are the p x v chunks in pipeline order; chunk s runs on board s mod p
         if groups is not None or S % 2 or S < 4:
             raise SpecError(None, None, "--partition", f"interleaved takes an even number (>= 4) of ranges without "
-                                                       f"replicas or boards: v = 2 chunks on each of {S}/2 "
-                                                       f"boards; got {S} range(s)")
+                                                       f"replicas or boards (v = 2 chunks on each of ranges / 2 "
+                                                       f"boards, in pipeline order); got {S} range(s)")
         if S // 2 > ex.N:
             raise SpecError(None, None, "--partition", f"{S} chunks need {S // 2} boards but only {ex.N} are "
                                                        "planned on")
