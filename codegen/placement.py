@@ -221,19 +221,25 @@ def _take(free: list[dict], span: list[int], need: Need) -> dict:
 
 
 def assign_banks(board: Board, ports: list[tuple[str, str, int]], slr_of: dict[str, int | None],
-                 bundle_of: dict[tuple[str, str], str] | None = None) -> list[dict]:
+                 bundle_of: dict[tuple[str, str], str] | None = None,
+                 same_as: dict[tuple[str, str], tuple[str, str]] | None = None) -> list[dict]:
     """A bank for each m_axi bundle of each unit; ``ports`` lists (instance, argument, bytes) in
     order, ``bundle_of`` maps (instance, argument) to the bundle the kernel declares (default
     :func:`bundle_name`: one per argument). Arguments sharing a bundle share its bank (v++ maps
     bundles, not arguments). HBM boards: the next free pseudo-channel(s) round-robin (a bundle
     larger than one takes a range ``HBM[a:b]``). DDR boards: by bandwidth: the bank with the
     fewest bytes assigned so far (the arrays are read once per sample, so bytes stand for
-    bandwidth), then the fewest bundles, then the one nearest the unit's SLR, then the name."""
+    bandwidth), then the fewest bundles, then the one nearest the unit's SLR, then the name.
+    ``same_as``: (instance, bundle) -> the (instance, bundle) whose bank it takes (a buffer the
+    host passes to two kernels must sit in one bank: training builds, codegen.xrt_train)."""
     bundle_of = bundle_of or {}
+    same_as = same_as or {}
     groups: dict[tuple[str, str], int] = {}
     for inst, arg, nbytes in ports:
         key = (inst, bundle_of.get((inst, arg), bundle_name(arg)))
         groups[key] = groups.get(key, 0) + nbytes
+    follows = {k: same_as[k] for k in groups if k in same_as and same_as[k] in groups and same_as[k] != k}
+    groups = {k: v for k, v in groups.items() if k not in follows}
     hbm = [b for b in board.banks if b.kind == "hbm"]
     ddr = [b for b in board.banks if b.kind != "hbm"]
     load, nxt, bank_of = {b.name: [0, 0] for b in board.banks}, 0, {}
@@ -257,6 +263,8 @@ def assign_banks(board: Board, ports: list[tuple[str, str, int]], slr_of: dict[s
             load[nm][0] += nbytes
             load[nm][1] += 1
         bank_of[(inst, bundle)] = bank
+    for k, leader in follows.items():
+        bank_of[k] = bank_of[leader]
     out = []
     for inst, arg, nbytes in ports:
         bundle = bundle_of.get((inst, arg), bundle_name(arg))
@@ -498,7 +506,13 @@ def place_project(ctx, cluster, where: str = "plan.yaml", sources: dict | None =
         bundles = kernel_bundles(ctx, sources or {})
         bundle_of = {(i, a): bundles[kernel_of[i]][a] for i, a, _n in _m_axi_ports(b, by_name, ctx.fmt)
                      if a in bundles.get(kernel_of.get(i, ""), {})}
-        ports = assign_banks(board, _m_axi_ports(b, by_name, ctx.fmt), slr_of, bundle_of)
+        from .xrt_train import shared_buffers   # training: one bank per buffer two kernels share
+        same_as = {}
+        for group in shared_buffers(ctx):
+            lead = (group[0][0], bundle_of.get(group[0], bundle_name(group[0][1])))
+            for ia in group[1:]:
+                same_as[(ia[0], bundle_of.get(ia, bundle_name(ia[1])))] = lead
+        ports = assign_banks(board, _m_axi_ports(b, by_name, ctx.fmt), slr_of, bundle_of, same_as)
         used = {"dsp": [0] * len(board.slrs), "bram36": [0] * len(board.slrs), "uram": [0] * len(board.slrs)}
         for p in placed.values():
             if p["slr"] is not None:

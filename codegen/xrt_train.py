@@ -129,3 +129,32 @@ def train_manifest(ctx, elem_bytes: int) -> dict | None:
                 "args": [{"index": 0, "name": "z_in", "kind": "stream"}, {"index": 1, "name": "dz_out", "kind": "stream"},
                          {"index": 2, "name": "labels", "kind": "labels", "bytes": 4 * loss.max_samples},
                          {"index": 3, "name": "n", "kind": "samples"}]}}
+
+
+def shared_buffers(ctx) -> list[list[tuple[str, str]]]:
+    """The (instance, argument) groups one buffer serves (the manifest's ``buffer`` keys): the
+    forward's banked arrays and the update's, the backward's 16-bit weights and the update's,
+    the gradient sums of backward, update and all-reduce, a stash of forward and backward. The
+    first of a group is the one the placement banks; the others take its bank."""
+    out = []
+    for s in ctx.stages:
+        if s.bwd is None or s.engine is None:
+            continue
+        fi, bi = f"{s.name}_1", f"{s.bwd.name}_1"
+        u = s.update
+        ui = f"{u.name}_1" if u else None
+        ai = f"{u.allreduce_name}_1" if u and u.replicas > 1 else None
+        for b in s.engine.stashes:
+            out.append([(fi, b.name)] + [(bi, x) for x in b.ports])
+        if u is None:
+            continue
+        for r, _n in u.roms:
+            out.append([(fi, r), (ui, r)])
+        bw = {w.name for w in s.bwd.weights}
+        for a in u.arrays:
+            if a.name in bw:
+                out.append([(bi, a.name), (ui, a.name)])
+        for g in s.bwd.grad_arrays:
+            out.append([(bi, g.name)] + [(ui, f"g_{a.name}") for a in u.arrays if a.grad == g.name]
+                       + ([(ai, g.name)] if ai else []))
+    return out

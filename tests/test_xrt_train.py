@@ -100,6 +100,19 @@ def test_xrt_trains_iterations_in_the_schedule_order(tmp_path, monkeypatch, repl
         if c[0] == "kernel":
             inst = c[2].split(":")[1].strip("{}")
             assert inst in _nk(build, name[c[1]]), c
+    # one bank per buffer: every kernel argument the host passes the same buffer is placed in
+    # the same memory bank by the link config (XRT allocates a buffer in one bank)
+    for b in stamp["xrt"]["boards"]:
+        bank = dict(re.findall(r"^sp=(\S+):(\S+)$", (build / "link" / f"{b['name']}.cfg").read_text(), re.M))
+        keys: dict = {}
+        for st in t["stages"]:
+            if b["name"] not in st["boards"]:
+                continue
+            for role in ("forward", "backward", "update", "allreduce"):
+                for a in (st[role] or {"args": []})["args"]:
+                    if a.get("buffer"):
+                        keys.setdefault(a["buffer"], set()).add(bank[f"{st[role]['instance']}.{a['name']}"])
+        assert keys and all(len(v) == 1 for v in keys.values()), {k: v for k, v in keys.items() if len(v) > 1}
     # data in: synced before the mover / loss kernel starts; master weights synced back
     for c_i, c in enumerate(fake.calls):
         if c[0] == "start" and c[2].startswith("mm2s_"):
