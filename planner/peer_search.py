@@ -20,7 +20,9 @@ hosts of a level are interchangeable, so the DP below is exact over the space:
 A step places the next stage (layers k..k'-1) with counts c_x <= free_x on each host; every
 step uses at least one board, so states are final in order of decreasing free boards.
 ``bound`` (e.g. the peer's own plan priced) only drops partial plans already above it, so
-the result is the exact optimum whenever that optimum is <= bound.
+the result is the exact optimum whenever that optimum is <= bound; ``search`` widens it by
+BOUND_SLACK, since the DP sums prefix differences where ``price`` sums directly (a plan
+priced at the bound may come out a few ulps above it here).
 """
 from __future__ import annotations
 
@@ -30,6 +32,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from .peer_pipedream import INF, Level, PeerInput, PeerStage, _allreduce
+
+#: relative widening of a given bound (float sums in another order differ by ulps, far below this)
+BOUND_SLACK = 1e-9
 
 State = tuple[tuple[int, int], ...]   # sorted (free boards, marked) per host
 
@@ -188,6 +193,6 @@ def search(inp: PeerInput, levels: list[Level], bound: float = INF) -> tuple[flo
     """The least ``price`` over every flat plan, and one plan reaching it (boards numbered
     host-major, host x's slot g = x * G + g, as ``price`` reads them)."""
     ps = PeerSearch(inp, levels)
-    t, stages = ps.solve(bound)
+    t, stages = ps.solve(bound * (1 + BOUND_SLACK))
     G = levels[0].units
     return t, boards_of(stages, [[x * G + g for g in range(G)] for x in range(levels[1].units)])

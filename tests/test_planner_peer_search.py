@@ -59,6 +59,9 @@ def check(inp, levels):
     assert len(used) == len(set(used)) and max(used) < levels[0].units * levels[1].units
     peer_t, peer_stages = solve(inp, levels)
     assert t <= price(inp, peer_stages, levels) * (1 + REL) and t <= peer_t * (1 + REL)
+    # a bound at the optimum (priced directly: a few ulps off the DP's sums) still finds it
+    tb, _ = search(inp, levels, bound=price(inp, stages, levels))
+    assert tb == t
     return t, peer_t
 
 
