@@ -37,9 +37,9 @@ from typing import Sequence
 from bapipe.layers import Layer
 
 from .boards import Board, bytes_per_element
-from .engines import (MAX_LANES, TM_SWITCH, conv_window_lanes, elementwise_lut, engine_kind, frame_io_cycles,
-                      line_buffer_bytes,
-                      mvu_dsp, mvu_lut, turn_fill, window_stream_fill)
+from .engines import (MAX_LANES, TM_SWITCH, WEIGHT_TILE_SHARE, conv_window_lanes, elementwise_lut, engine_kind,
+                      frame_io_cycles, line_buffer_bytes, mvu_dsp, mvu_lut, turn_fill, weight_stream_beats,
+                      weight_words, window_stream_fill)
 from .cost import (best_folding, divisors, layer_cost, onchip_capacity,
                    matrix_shape, lane_dim)
 
@@ -176,6 +176,112 @@ def tm_fixed_bytes(layers: Sequence[Layer], fmt: str) -> int:
     return total
 
 
+#: weight elements up to which an inference stage's weights are on-chip ROMs (codegen.context's
+#: EMBED_LIMIT); training keeps every weight array in writable m_axi memory, which the update
+#: kernel rewrites every iteration (codegen.hls_train)
+WEIGHT_ROM_LIMIT = 1 << 16
+#: layer types whose weights the HLS lowering fetches into the MVU's tiles (codegen.hls_weights)
+_TILED = ("conv2d", "dense")
+
+
+def weights_offchip(layers: Sequence[Layer], train: bool) -> bool:
+    """A stage's weights live in off-chip memory (m_axi): in training, or beyond WEIGHT_ROM_LIMIT."""
+    return train or sum(int(l.params) for l in layers) > WEIGHT_ROM_LIMIT
+
+
+def weight_resident(elems: int, elem_bytes: int, budget: int | None, vectors: int = 1) -> bool:
+    """A matrix a time-multiplexed kernel holds on chip for its turn (one tile of the ping-pong
+    buffer, :data:`fpga_models.engines.WEIGHT_TILE_SHARE`); otherwise it streams through a FIFO,
+    read once per input vector, which only a layer of one vector a sample (a dense layer) may:
+    a convolution's matrix is always a tile (else it would be read once per output pixel)."""
+    return budget is None or vectors > 1 or elems * elem_bytes <= budget // WEIGHT_TILE_SHARE
+
+
+#: layer types of the stages the HLS engine lowering builds (codegen.rtl_model, codegen.hls_design);
+#: other stages get the library kernels, which read their m_axi weights in place
+ENGINE_TYPES = frozenset({"conv2d", "dense", "maxpool", "avgpool", "globalavgpool", "batchnorm", "add", "relu",
+                          "flatten", "concat"})
+
+
+def engine_built(layers: Sequence[Layer]) -> bool:
+    """The stage is built from the streaming engines: every layer of a kind they have, dense
+    layers on a vector, convolutions ungrouped (codegen.rtl_model raises Unsupported otherwise)."""
+    for l in layers:
+        if l.type not in ENGINE_TYPES:
+            return False
+        if l.type == "dense" and len(l.in_shapes[0]) != 1:
+            return False
+        if l.type == "conv2d" and l.attr.get("groups", 1) != 1:
+            return False
+    return True
+
+
+def weights_all_resident(elems: Sequence[int], elem_bytes: int, budget: int | None) -> bool:
+    """All of a time-multiplexed kernel's matrices stay on chip for a whole call (fetched once
+    at its start, no per-sample traffic): they fit in what two tiles may take."""
+    return budget is None or sum(elems) * elem_bytes <= 2 * (budget // WEIGHT_TILE_SHARE)
+
+
+def tm_weight_tiles(layers: Sequence[Layer], folding: dict[str, tuple[int, int]], fmt: str,
+                    budget: int | None) -> list[tuple[Layer, int, bool]]:
+    """(layer, matrix elements, resident) of a time-multiplexed stage's MVU layers in turn order
+    when its weights are off chip (codegen.hls_weights builds the same); none for a stage the
+    engines do not build (:func:`engine_built`)."""
+    eb = bytes_per_element(fmt)
+    if not engine_built(layers):
+        return []
+    mats = [(l, int(ms[0]) * int(ms[1])) for l in layers if l.type in _TILED
+            for ms in [matrix_shape(l)] if ms is not None]
+    if weights_all_resident([e for _l, e in mats], eb, budget):
+        return [(l, e, True) for l, e in mats]
+    return [(l, e, weight_resident(e, eb, budget, _vectors(l))) for l, e in mats]
+
+
+def _vectors(l: Layer) -> int:
+    """Input vectors a sample of an MVU layer (output pixels of a conv, 1 for a dense layer)."""
+    return int(l.out_elems) // int(matrix_shape(l)[0])
+
+
+def tm_weight_bytes(layers: Sequence[Layer], folding: dict[str, tuple[int, int]], fmt: str, budget: int | None,
+                    train: bool) -> int:
+    """On-chip bytes a time-multiplexed kernel spends on off-chip weights: every matrix when they
+    all stay on chip for the call (:func:`weights_all_resident`), else the ping-pong buffer
+    (two halves of the largest resident matrix) and each streamed matrix's two-deep FIFO of
+    PE x SIMD words; 0 when the weights are on-chip ROMs (:func:`weights_offchip`)."""
+    if not weights_offchip(layers, train):
+        return 0
+    eb = bytes_per_element(fmt)
+    tiles = tm_weight_tiles(layers, folding, fmt, budget)
+    if weights_all_resident([e for _l, e, _r in tiles], eb, budget):   # one copy of each, for the call
+        return sum(e for _l, e, _r in tiles) * eb
+    res = [e for _l, e, r in tiles if r]
+    fifo = sum(2 * folding[l.name][0] * folding[l.name][1] for l, _e, r in tiles if not r)
+    return (2 * max(res) if res else 0) * eb + fifo * eb
+
+
+def tm_weight_turns(layers: Sequence[Layer], folding: dict[str, tuple[int, int]], fmt: str,
+                    budget: int | None) -> tuple[int, dict[str, int]]:
+    """(fill, {layer: cycles}) of a time-multiplexed stage's weight fetches per sample; none when
+    all its matrices stay on chip for the call (:func:`weights_all_resident`). Otherwise the
+    resident matrices take turns in the two halves of the buffer (the first is fetched before
+    the first turn, the fill; each MVU's turn fetches the next one's,
+    fpga_models.engines.weight_tiles_cycles), a streamed matrix is read once per input vector in
+    its own turn."""
+    bits = 8 * bytes_per_element(fmt)
+    tiles = tm_weight_tiles(layers, folding, fmt, budget)
+    if weights_all_resident([e for _l, e, _r in tiles], bits // 8, budget):   # fetched once a call
+        return 0, {}
+    res = [(l, e) for l, e, r in tiles if r]
+    turn = {}
+    for (l, _e), (_n, e_next) in zip(res, res[1:]):
+        turn[l.name] = weight_words(e_next, bits)
+    for l, e, r in tiles:
+        if not r:
+            pe, simd = folding[l.name]
+            turn[l.name] = weight_stream_beats(e, pe * simd, bits) * _vectors(l)
+    return (weight_words(res[0][1], bits) if res else 0), turn
+
+
 def tm_offchip(layers: Sequence[Layer], board: Board, folding: dict[str, tuple[int, int]], fmt: str,
                cap: float, chunks: int = 1, train: bool = True) -> list[bool]:
     """Which frame buffers of a time-multiplexed stage (:func:`tm_frames`, in turn order) go off
@@ -183,14 +289,16 @@ def tm_offchip(layers: Sequence[Layer], board: Board, folding: dict[str, tuple[i
     The planner prices it (:func:`tm_spill_cycles`) and the lowering builds it (codegen.rtl_model)."""
     frames = tm_frames(layers, folding, fmt)
     budget = kernel_onchip_budget(board, cap, chunks, train)
-    return frames_offchip([b for b, _l in frames], tm_fixed_bytes(layers, fmt), budget)
+    fixed = tm_fixed_bytes(layers, fmt) + tm_weight_bytes(layers, folding, fmt, budget, train)
+    return frames_offchip([b for b, _l in frames], fixed, budget)
 
 
 def tm_spill_cycles(layers: Sequence[Layer], board: Board, folding: dict[str, tuple[int, int]], fmt: str,
-                    cap: float, chunks: int = 1, train: bool = True) -> int:
+                    cap: float, chunks: int = 1, train: bool = True, frame_io: dict | None = None) -> int:
     """Forward cycles per sample a time-multiplexed stage loses to its off-chip frame buffers:
     a turn that writes or reads one takes at least :func:`fpga_models.engines.frame_io_cycles`
-    (512-bit words, one a cycle), beyond the layer's own cycles when that is longer."""
+    (512-bit words, one a cycle), beyond the layer's own cycles when that is longer.
+    ``frame_io``: filled with each such turn's longest transfer."""
     frames = tm_frames(layers, folding, fmt)
     off = tm_offchip(layers, board, folding, fmt, cap, chunks, train)
     bits = 8 * bytes_per_element(fmt)
@@ -207,6 +315,30 @@ def tm_spill_cycles(layers: Sequence[Layer], board: Board, folding: dict[str, tu
         if t.name in io:
             pe, simd = folding[t.name]
             extra += max(0, io[t.name] - layer_cost(t, board, pe, simd, fmt, 1).fwd_cycles)
+    if frame_io is not None:
+        frame_io.update(io)
+    return extra
+
+
+def tm_weight_cycles(layers: Sequence[Layer], board: Board, folding: dict[str, tuple[int, int]], fmt: str,
+                     cap: float, chunks: int = 1, train: bool = True) -> int:
+    """Forward cycles per sample a time-multiplexed stage loses to fetching its off-chip weights
+    (:func:`tm_weight_turns`: the fill, and each turn's fetch beyond the longer of the layer's
+    own cycles and its frame transfers, :func:`tm_spill_cycles`); 0 when its weights are
+    on-chip ROMs or all stay on chip for the call (fetched once per call, not per sample)."""
+    if not weights_offchip(layers, train):
+        return 0
+    fill, fetch = tm_weight_turns(layers, folding, fmt, kernel_onchip_budget(board, cap, chunks, train))
+    if not fetch and not fill:
+        return 0
+    io: dict[str, int] = {}
+    tm_spill_cycles(layers, board, folding, fmt, cap, chunks, train, io)
+    extra = fill
+    for t in layers:
+        if t.name in fetch:
+            pe, simd = folding[t.name]
+            own = max(layer_cost(t, board, pe, simd, fmt, 1).fwd_cycles, io.get(t.name, 0))
+            extra += max(0, fetch[t.name] - own)
     return extra
 
 

@@ -226,6 +226,36 @@ def frame_io_cycles(beats: int, lanes: int, elem_bits: int) -> int:
     return beats * ddr_words_per_beat(lanes, elem_bits)
 
 
+#: a weight matrix a time-multiplexed kernel holds on chip for its turn (one tile of its
+#: ping-pong weight buffer) may take at most 1/WEIGHT_TILE_SHARE of the kernel's on-chip share,
+#: so the two halves take at most half of it; a bigger matrix streams through a FIFO instead,
+#: re-read for every input vector [design choice]
+WEIGHT_TILE_SHARE = 4
+
+
+def weight_words(elems: int, elem_bits: int) -> int:
+    """512-bit words a weight matrix of ``elems`` elements takes in off-chip memory: packed
+    densely in the MVU's order (w[nf*SF + sf][p][s], the layout of roms.bin), so fetching it
+    is that many cycles at one word a cycle (a burst at II=1; codegen: bapipe::weight_fetch)."""
+    return -(-elems * elem_bits // DDR_WORD_BITS)
+
+
+def weight_stream_beats(elems: int, lanes: int, elem_bits: int) -> int:
+    """Cycles a weight matrix takes to stream once through a FIFO of ``lanes`` (PE x SIMD)
+    element words (codegen: bapipe::weight_stream): the words read or the beats written,
+    whichever are more."""
+    return max(weight_words(elems, elem_bits), elems // lanes)
+
+
+def weight_tiles_cycles(compute, fetch) -> int:
+    """Cycles of a run of weight tiles through a ping-pong (double) buffer: tile k computes
+    while tile k+1 is fetched into the other half, so the first fetch is the fill and each tile
+    then takes the longer of its compute and the next tile's fetch:
+    ``fetch[0] + sum_k max(compute[k], fetch[k+1])`` (the last tile fetches nothing)."""
+    c, f = list(compute), list(fetch)
+    return (f[0] if f else 0) + sum(max(ck, fk) for ck, fk in zip(c, f[1:] + [0]))
+
+
 def window_stream_fill(k: int, pad: int, h: int, w: int, c: int, lanes: int, elem_bits: int) -> int:
     """Cycles a window engine's turn waits before its first window when its input image comes
     from an off-chip frame buffer in that turn (the window generator streams it, codegen

@@ -182,7 +182,7 @@ def test_time_multiplexed_units_cost_what_the_planner_says():
     add up to its stages' planned forward cycles per sample."""
     from bapipe.plan import load_plan
     from fpga_models.boards import get_board
-    from fpga_models.allocate import tm_spill_cycles
+    from fpga_models.allocate import tm_spill_cycles, tm_weight_cycles
     from fpga_models.cost import folding_cost
     path = _vgg_plan()
     plan = load_plan(path)
@@ -209,8 +209,14 @@ def test_time_multiplexed_units_cost_what_the_planner_says():
         fold = {n: (f.pe, f.simd) if f.lanes is None else (1, f.lanes) for n, f in ps.folding.items()}
         spill = tm_spill_cycles(layers, board, fold, plan.number_format, plan.utilisation_cap, plan.chunks,
                                 plan.mode == "train")
-        assert (ps.index == 0) == (spill > 0) == bool(io), (ps.index, spill, io)
-        assert 0 <= st.job_cycles - ps.cycles["fwd_interval"] <= convs, (st.index, st.job_cycles, ps.cycles)
+        assert (spill > 0) == bool(io), (ps.index, spill, io)
+        # the plan also charges the HLS kernels' off-chip weight fetches (tm_weight_cycles,
+        # codegen.hls_weights: the stages whose weights do not all stay on chip); the RTL keeps
+        # its weights in ROM, so its job is the plan's without them
+        wfetch = tm_weight_cycles(layers, board, fold, plan.number_format, plan.utilisation_cap, plan.chunks,
+                                  plan.mode == "train")
+        assert 0 <= st.job_cycles - (ps.cycles["fwd_interval"] - wfetch) <= convs, (st.index, st.job_cycles,
+                                                                                    ps.cycles, wfetch)
     # interleaved: fpga0 runs stages 0 and 2, fpga2 stages 1 and 3, one sequencer each
     assert [[s.index for s in b.stages] for b in pipe.boards] == [[0, 2], [1, 3]]
     assert pipe.interval == max(sum(s.job_cycles for s in b.stages) for b in pipe.boards)

@@ -32,20 +32,9 @@ from pathlib import Path
 
 import numpy as np
 
+from codegen.csim_train import _kernel_layout, _model_layout   # the kernels' weight layouts, one home
+
 from . import BackendUnavailable
-
-
-def _kernel_layout(a) -> np.ndarray:
-    from fpga_models import fixedpoint as fx
-
-    return (fx.conv_weight_matrix(a) if np.ndim(a) == 4 else np.asarray(a)).reshape(-1)
-
-
-def _model_layout(k: np.ndarray, shape) -> np.ndarray:
-    if len(shape) == 4:
-        o, c, kh, kw = shape
-        return np.asarray(k).reshape(o, kh, kw, c).transpose(0, 3, 1, 2)
-    return np.asarray(k).reshape(shape)
 
 
 def refused(man: dict) -> str | None:
