@@ -162,7 +162,7 @@ class StageCtx:
         the samples of one call)."""
         if self.engine is not None:
             return [f"hls::stream<bapipe::vec<{self.port_lanes(p)}> > &{p.name}" for p in self.inputs + self.outputs] \
-                + [f"const bapipe::rom_t {r.name}{r.dims}" for r in self.engine.external] \
+                + [r.param for r in self.engine.external] \
                 + [f"ap_uint<{f.bits}> {f.name}[{f.words}]" for f in self.engine.frames] \
                 + [f"data_t {b.name}[{b.mb} * {b.elements}]" for b in self.engine.stashes] + ["int n"]
         return [f"hls::stream<data_t> &{p.name}" for p in self.inputs + self.outputs] + self.weight_params

@@ -19,6 +19,8 @@ from fpga_models import fixedpoint as fx
 from fpga_models.allocate import frames_offchip, kernel_onchip_budget
 from fpga_models.engines import DDR_WORD_BITS, ddr_words_per_beat, swg_rows
 
+from .hls_weights import MvuCall, stream_weights
+
 #: Vitis HLS's default hls::stream depth (a wire with no FIFO node on it)
 DEFAULT_DEPTH = 2
 #: ROM words per bank up to which a weight bank is LUTRAM rather than BRAM (a BRAM18 holds
@@ -38,6 +40,9 @@ class Rom:
     partition_dims: tuple[int, ...] = ()   # 1-based dims split completely into registers/banks
     impl: str = "bram"                     # BIND_STORAGE impl of each bank
     external: bool = False                 # an m_axi kernel argument (filled from roms.bin), not a ROM
+    word_bits: int = 0                     # external, read as packed words of this many bits (codegen.hls_weights)
+    words: int = 0                         # ... that many of them
+    buffer: bool = False                   # an on-chip buffer the kernel writes (the weight tiles), not a ROM
 
     @property
     def size(self) -> int:
@@ -46,8 +51,18 @@ class Rom:
 
     @property
     def dims(self) -> str:
-        """C array dimensions, e.g. ``[64][8][9]``."""
-        return "".join(f"[{d}]" for d in self.shape)
+        """C array dimensions, e.g. ``[64][8][9]`` (packed words: ``[words]``)."""
+        return f"[{self.words}]" if self.word_bits else "".join(f"[{d}]" for d in self.shape)
+
+    @property
+    def ctype(self) -> str:
+        """C element type: the raw integer, or the packed word of an m_axi array read in bursts."""
+        return f"ap_uint<{self.word_bits}>" if self.word_bits else "bapipe::rom_t"
+
+    @property
+    def param(self) -> str:
+        """The C parameter declaring it (ROMs and m_axi arrays read-only, a buffer writable)."""
+        return f"{'' if self.buffer else 'const '}{self.ctype} {self.name}{self.dims}"
 
     def text(self) -> str:
         """The C initializer of the raw integers, nested by dims."""
@@ -81,6 +96,7 @@ class UnitFn:
     calls: list[str]
     roms: list["Rom"] = field(default_factory=list)   # the m_axi weight arrays its engines read
     frames: list["DdrFrame"] = field(default_factory=list)   # the off-chip frame buffers it writes or reads
+    once: bool = False              # called once a call, before the samples' turns (codegen.hls_weights)
 
 
 @dataclass
@@ -227,6 +243,7 @@ def engine_stage(st, layers, params: dict, external: bool = False, writable: boo
     calls: list[str] = []
     call_block: list[int] = []       # the block index of each call
     roms: list[Rom] = []
+    mvus: dict = {}                  # weight array -> its MVU call (codegen.hls_weights)
     lb = 0
     acc = 0
     if root(stage_out) == root(stage_in):   # nothing but wiring (a flatten alone): one copy
@@ -275,6 +292,7 @@ def engine_stage(st, layers, params: dict, external: bool = False, writable: boo
             e_out = vectors * m.mh
             calls.append(f"bapipe::mvu<{m.mh}, {m.mw}, {m.pe}, {m.simd}, {'true' if m.relu else 'false'}>"
                          f"({i}, {o}, {wn}, {bn}, (long)n * {vectors})")
+            mvus[wn] = MvuCall(calls[-1], m.mh, m.mw, m.pe, m.simd, bool(m.relu), vectors, i, o, bn, b.inst)
         elif k == "pool":
             c, simd, taps = p["C"], p["SIMD"], p["TAPS"]
             pixels = e_in // (taps * c)
@@ -328,6 +346,9 @@ def engine_stage(st, layers, params: dict, external: bool = False, writable: boo
     between = {v.name: v for u in turns for v in u.params if v.name not in top}
     es = EngineStage(st.in_lanes, st.out_lanes, _decl(top.values()), [], roms, lb, turns, feed,
                      _decl(between.values()), [], onchip_budget, acc)
+    if external:   # off-chip weights: 512-bit bursts into on-chip tiles (codegen.hls_weights)
+        renamed = stream_weights(es, mvus, onchip_budget, elem_bits, st.index)
+        writer = {k: renamed.get(c, c) for k, c in writer.items()}
     if onchip_budget is not None and es.turn_streams:
         # the frame buffers that do not fit go off chip: the planner's rule (fpga_models.allocate)
         # on the figures codegen.onchip states (fixed bytes; each frame's, in turn order)

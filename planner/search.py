@@ -23,7 +23,7 @@ from fpga_models.engines import link_clock, link_transfer
 from fpga_models.cluster import Cluster
 
 from . import partition as part
-from fpga_models.allocate import allocate_stage, engine_share, tm_spill_cycles
+from fpga_models.allocate import allocate_stage, engine_share, tm_spill_cycles, tm_weight_cycles
 
 from .peer_pipedream import PeerInput, cluster_levels, solve as peer_solve
 from fpga_models.collective import ring_allreduce_s, ring_share, ring_steps
@@ -1218,10 +1218,13 @@ class Explorer:
                 else:
                     # frame buffers beyond the forward kernel's on-chip share go off chip (the
                     # lowering's rule, fpga_models.allocate): a turn waits on their 512-bit words
+                    # and a turn fetching off-chip weights waits on their words (codegen.hls_weights)
                     skey = ("spill", a, b, btype, c.v)   # fold is the table's, fixed by (btype, v)
                     if skey not in self._links:
-                        self._links[skey] = tm_spill_cycles(list(self.model.layers[a:b + 1]), table.board, fold,
-                                                            self.req.fmt, self.req.cap, c.v, self.train)
+                        lyr = list(self.model.layers[a:b + 1])
+                        self._links[skey] = (
+                            tm_spill_cycles(lyr, table.board, fold, self.req.fmt, self.req.cap, c.v, self.train)
+                            + tm_weight_cycles(lyr, table.board, fold, self.req.fmt, self.req.cap, c.v, self.train))
                     spill = self._links[skey] * beta / table.board.clock_hz
                     r["compute_f"] += spill
                     r["fwd_s"] = max(r["compute_f"], r["traffic_f"])
