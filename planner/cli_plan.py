@@ -272,5 +272,10 @@ def show_plan(res: dict) -> str:
         lines.append(f"  pareto: {_t(q['iteration_time_s'])} peak {q['peak_memory_bytes'] / 2**30:.2f} GiB "
                      f"{q['boards']} boards ({q['schedule']}, m={q['microbatches']}, r={q['replicas']}"
                      + (f", mesh {q['mesh']}" if q.get("mesh", 1) != 1 else "") + ")")
+    pc = res.get("pipedream_cost")
+    if pc:
+        lines.append(f"layout searched under PipeDream's formula (--cost-model pipedream): {pc['plan']}, "
+                     f"{_t(pc['plan_s'])} per profiled minibatch; the peer's DP plans {pc['peer_plan']} at "
+                     f"{_t(pc['peer_plan_s'])} ({pc['peer_over_plan']:.4f}x)")
     lines.append(f"wrote {res['output']}")
     return "\n".join(lines)

@@ -157,6 +157,8 @@ def test_cost_model_pipedream_cli(tmp_path, capsys):
     assert pc["plan_s"] <= pc["peer_plan_s"] <= pc["peer_dp_s"] * (1 + REL)
     assert pc["plan_s"] * 1e3 == pytest.approx(PUBLISHED["gnmt8"][0], rel=1e-5)
     assert ",".join(f"{s['layers'][0]}-{s['layers'][1]}x{len(s['boards'])}" for s in res["stages"]) == pc["plan"]
+    from planner.cli_plan import show_plan
+    assert f"(--cost-model pipedream): {pc['plan']}, 7.24 ms per profiled minibatch" in show_plan(res)
     for extra, field in ((["--partition", "0-35"], "--partition"), (["--mesh", "4"], "--mesh"),
                          (["--mode", "inference"], "--cost-model")):
         rc = main(["plan", str(mp), "16xV100", "--profile", str(pp), "--cost-model", "pipedream", *extra,
