@@ -149,8 +149,11 @@ def test_link_configs_follow_vitis_conventions(tmp_path):
     k2 = (tmp_path / "b/stage2/stage2.cpp").read_text()
     assert "BAPIPE_PROCESS(bapipe::copy<144>(in0, out0));" in k2   # bn1 passes through stage 2 to the residual add
     mk = (tmp_path / "b/Makefile").read_text()
+    # training: each stage's update kernel and, behind the last stage, the loss kernel (its logits
+    # never leave the board: no s2mm mover; codegen.hls_train, docs/training.md)
     assert ("link/fpga0.xclbin: stage0/stage0.xo stage4/stage4.xo stage0/stage0_bwd.xo stage4/stage4_bwd.xo "
-            "common/mm2s.xo common/s2mm.xo") in mk
+            "stage0/stage0_update.xo stage4/stage4_update.xo stage4/stage4_loss.xo common/mm2s.xo ") in mk
+    assert "stream_connect=stage4_1.out0:stage4_loss_1.z_in" in cfg and "stream_connect=stage4_loss_1.dz_out:stage4_bwd_1.dy_out0" in cfg
     # training: backward kernels with their weight gradients in memory and gradients over the network
     assert "nk=stage2_bwd:1:stage2_bwd_1" in mid and re.search(r"^sp=stage2_bwd_1\.dw_c2:DDR\[[0-3]\]$", mid, re.M)
     assert "stream_connect=stage2_bwd_1.dx_in0:bapipe_net_0.s_axis_tx0" in mid
