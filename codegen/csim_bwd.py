@@ -15,7 +15,8 @@ import numpy as np
 from fpga_models import fixedpoint as fx
 from fpga_models import train_fixed as tfx
 
-#: a weight-gradient array's kind (host_config) -> its key in fpga_models.train_fixed
+#: a weight-gradient array's kind (host_config) -> its key in fpga_models.train_fixed (others,
+#: batchnorm's scale and shift, are their own key)
 KEY = {"dw": "w", "db": "b"}
 #: MACs of a backward run up to which csim runs the micro-batch a second time, one sample a
 #: call, to leave the call's fill out of the per-sample figure (steady_per_sample). Above it
@@ -139,7 +140,7 @@ def csim_backward(build: Path, st: dict, model, params: dict, fmt: fx.Fmt, rng: 
     for p, o in zip(b["outputs"], outs):
         err = max(err, int(np.max(np.abs(from_stream(o, tuple(p["shape"])) - g[p["tensor"]]))))
     for a, got in zip(b["weight_grads"], weight_sums(tail, b["weight_grads"])):
-        ref = kernel_layout(wg[a["layer"]][KEY[a["kind"]]])
+        ref = kernel_layout(wg[a["layer"]][KEY.get(a["kind"], a["kind"])])   # batchnorm: scale / shift
         err = max(err, int(np.max(np.abs(got - ref.reshape(-1)))) if got.size == ref.size else 1 << 30)
     row["max_abs_err_lsb"] = err
     row["passed"] = err <= tolerance_lsb
