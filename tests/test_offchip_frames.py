@@ -11,7 +11,7 @@ import pytest
 from bapipe import toolchain
 from bapipe.spec import load_model
 from fpga_models.allocate import (frames_offchip, kernel_onchip_budget, kernel_onchip_bytes, tm_fixed_bytes,
-                                  tm_frames, tm_offchip, tm_spill_cycles)
+                                  tm_frames, tm_offchip, tm_spill_cycles, tm_weight_bytes)
 from fpga_models.boards import get_board
 from fpga_models.cost import onchip_capacity
 from fpga_models.engines import ddr_words_per_beat, frame_io_cycles, window_stream_fill
@@ -152,7 +152,10 @@ def test_vgg16_frames_off_chip_fit_the_board_and_agree_with_the_planner():
             continue
         layers = [model.layers[model.index[n]] for n in st.layers]
         fold = {n: (f.pe, f.simd) if f.lanes is None else (1, f.lanes) for n, f in st.folding.items()}
-        planner = kernel_onchip_bytes(tm_fixed_bytes(layers, "fixed16"), [b for b, _l in tm_frames(layers, fold, "fixed16")],
+        # fixed: line buffers and the off-chip weights' on-chip buffer (tm_weight_bytes, codegen.hls_weights)
+        fixed = tm_fixed_bytes(layers, "fixed16") + tm_weight_bytes(layers, fold, "fixed16", s.engine.onchip_budget,
+                                                                    plan.mode == "train")
+        planner = kernel_onchip_bytes(fixed, [b for b, _l in tm_frames(layers, fold, "fixed16")],
                                       s.engine.onchip_budget)
         assert planner <= fwd <= 1.01 * planner, (s.name, planner, fwd)
         assert fwd <= s.engine.onchip_budget
