@@ -10,9 +10,9 @@ samples of every micro-batch, with its own memories:
    micro-batch, in the order of the plan's schedule (bapipe.schedules.device_ops: 1F1B
    interleaves forwards and backwards), micro-batch j into slot j mod S, S =
    bapipe.schedules.stash_count; each backward reads the slot as it stands at its turn in that
-   order (so too few slots hand it a later micro-batch's activations). A time-multiplexed
-   stage writes no stashes yet: its forward runs once for the whole batch and its backward's
-   stashes are replayed by the host (``not_in_hls`` says so);
+   order (so too few slots hand it a later micro-batch's activations). A stage whose forward
+   writes no stashes (host_config ``stash_note`` says why) runs its forward once for the whole
+   batch and its backward's stashes are replayed by the host (``not_in_hls`` says so);
 2. the loss gradient of the logits: the loss kernel (stage<last>_loss, codegen.hls_train) on
    the whole batch, checked against fpga_models.train_fixed.softmax_xent_grad (on the host
    when the build has none: a last stage that does not put out one vector of logits);

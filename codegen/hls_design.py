@@ -97,6 +97,7 @@ class UnitFn:
     roms: list["Rom"] = field(default_factory=list)   # the m_axi weight arrays its engines read
     frames: list["DdrFrame"] = field(default_factory=list)   # the off-chip frame buffers it writes or reads
     once: bool = False              # called once a call, before the samples' turns (codegen.hls_weights)
+    stashes: list = field(default_factory=list)   # training: the stash writers in this turn (codegen.hls_stash)
 
 
 @dataclass
@@ -361,6 +362,7 @@ def engine_stage(st, layers, params: dict, external: bool = False, writable: boo
             spill = {names[w] for w in ddr}
         es.frames = [_spill(v, beats_of[v.name], elem_bits, turns, writer) for v in es.turn_streams if v.name in spill]
         es.turn_streams = [v for v in es.turn_streams if v.name not in spill]
+    es.node_out, es.writers = node_out, writer   # codegen.hls_stash tees the turns' streams
     return es
 
 

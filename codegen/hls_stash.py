@@ -16,8 +16,11 @@ the same buffer, slot j mod S of S = bapipe.schedules.stash_count(schedule, stag
 micro-batches) buffers per tensor (the schedule's peak of forwards whose backward has not run).
 Stashes are off chip: the forward and backward are two kernels, which share no on-chip memory.
 
-Time-multiplexed stages (the layers take turns, one sample at a time) get no stash writers yet:
-their backward stashes are replayed by the host (codegen.csim_train says so in ``not_in_hls``).
+Time-multiplexed stages (the layers take turns, one sample at a time): the tee goes into the
+turn that writes the stream, and the turns' loop hands it the stash at sample i. A stream the
+tee cannot reach (written by no single engine, or in a turn that runs once a call) leaves the
+stage without stash writers, and ``stash_note`` says why (codegen.csim_train then replays them
+from the host and lists it in ``not_in_hls``; the xrt host refuses the build).
 """
 from __future__ import annotations
 
@@ -112,8 +115,9 @@ def plan_stashes(sc, model, design_stage, schedule: str, stages: int, position: 
     for p in sc.bwd.stashes:
         if p.tensor not in out:
             stream, chw = _stream_of(p.tensor, sc, model, es.node_out, design_stage)
+            every = es.streams + es.turn_streams + [v for u in es.units for v in u.params + u.streams]
             lanes = es.in_lanes if stream == "in0" else es.out_lanes if stream == "out0" else \
-                next(v.lanes for v in es.streams if v.name == stream)
+                next(v.lanes for v in every if v.name == stream)
             out[p.tensor] = StashBuf(f"st_{_ident(p.tensor)}", p.tensor, stream, lanes, p.elements, sc.bwd.mb,
                                      slots, chw)
         out[p.tensor].ports.append(p.name)
@@ -127,7 +131,8 @@ def add_stash_writers(sc, bufs: list[StashBuf]) -> None:
 
     es = sc.engine
     if es.units:
-        raise ValueError("time-multiplexed stages get no stash writers")
+        _add_to_turns(es, bufs)
+        return
     calls, streams = list(es.calls), list(es.streams)   # changed together at the end (or not at all)
     writer_at = {s: calls.index(c) for s, c in es.writers.items() if c in calls}
     teed: set[str] = set()
@@ -154,12 +159,50 @@ def add_stash_writers(sc, bufs: list[StashBuf]) -> None:
     es.calls, es.streams, es.stashes = calls, streams, bufs
 
 
+def _add_to_turns(es, bufs: list[StashBuf]) -> None:
+    """A time-multiplexed stage: each tee goes into the turn that writes the stream (the stage
+    input: the turn that reads it); a turn runs one sample a call, so the turns' loop hands it
+    the stash at sample i (stage.cpp.j2). All turns change, or none."""
+    from .hls_design import DEFAULT_DEPTH, VStream
+
+    units = list(es.units)
+    saved = [(u, list(u.calls), list(u.streams), list(u.stashes)) for u in units]
+    try:
+        for b in bufs:
+            new = f"{b.stream}_st"
+            pat = re.compile(rf"\b{re.escape(b.stream)}\b")
+            if b.stream == "in0":
+                at = [u for u in units if any(pat.search(c) for c in u.calls)]
+                if len(at) != 1:
+                    raise ValueError("the stage input is read by more than one turn")
+                u = at[0]
+                u.calls = [pat.sub(new, c) for c in u.calls]
+                tee = b.call.replace(f"({new}, {b.stream},", f"({b.stream}, {new},")
+            else:
+                w = es.writers.get(b.stream)
+                at = [u for u in units if w in u.calls]
+                if len(at) != 1:
+                    raise ValueError(f"stream {b.stream}: no single turn writes it")
+                u = at[0]
+                k = u.calls.index(w)
+                u.calls[k] = pat.sub(new, w)
+                tee = b.call
+            if u.once or u is es.feed:
+                raise ValueError(f"stream {b.stream} is not written in a per-sample turn")
+            u.streams.append(VStream(new, b.lanes, DEFAULT_DEPTH))
+            u.calls.append(tee)
+            u.stashes.append(b)
+    except ValueError:
+        for u, c, s, st in saved:
+            u.calls, u.streams, u.stashes = c, s, st
+        raise
+    es.stashes = bufs
+
+
 def build_stashes(sc, model, design_stage, plan, position: int) -> str | None:
     """Give training stage ``sc`` its stash writers; returns why not (None when done)."""
     if sc.engine is None or sc.bwd is None or not sc.bwd.stashes:
         return None if sc.bwd is None or not sc.bwd.stashes else "not an engine kernel"
-    if sc.engine.units:
-        return "time-multiplexed stage: stashes replayed by the host"
     try:
         bufs = plan_stashes(sc, model, design_stage, plan.schedule, len(plan.stages), position,
                             max(1, plan.microbatches))

@@ -173,11 +173,27 @@ def test_batchnorm_trains_in_hls():
     assert {r for r, _ in u.roms} == {a.rom for a in u.arrays}   # every forward array is updated
 
 
-def test_time_multiplexed_stage_says_its_stashes_are_replayed():
+def test_time_multiplexed_stage_writes_its_stashes_in_its_turns():
+    """A time-multiplexed stage (one sample a turn) tees each stashed stream inside the turn
+    that writes it (the input: the turn that reads it); the turns' loop hands that turn the
+    stash at sample i (stage.cpp.j2), and every backward stash port is written."""
+    from codegen.hls import render_files
+
     plan = _plan("tiny-cnn", (), 2, 2)
     plan.stages[0].style = "time-multiplexed"
-    sc = _project(plan).stages[0]
-    assert not sc.engine.stashes and "time-multiplexed" in sc.stash_note
+    ctx = _project(plan)
+    sc = ctx.stages[0]
+    es = sc.engine
+    assert sc.stash_note is None and es.units and es.stashes
+    assert sorted(x for b in es.stashes for x in b.ports) == sorted(q.name for q in sc.bwd.stashes)
+    for b in es.stashes:
+        turns = [u for u in es.units if b in u.stashes]
+        assert len(turns) == 1 and not turns[0].once
+        assert sum(c.startswith("bapipe::stash_write") and f", {b.name}, n)" in c for c in turns[0].calls) == 1
+    src = render_files(ctx, "", None)["stage0/stage0.cpp"]
+    src = src.decode() if isinstance(src, bytes) else src
+    for b in es.stashes:
+        assert f"{b.name} + (long)i * {b.elements}, 1);" in src
 
 
 def test_inference_stages_have_no_update_kernel():
@@ -421,8 +437,11 @@ def test_small_resnet_with_batchnorm_trains_bit_exact(tmp_path, capsys):
 @pytest.mark.soak   # 4 g++ builds: ~30 s
 def test_time_multiplexed_stage_trains_bit_exact(tmp_path, capsys):
     """tiny-cnn in one time-multiplexed stage (its layers take turns; the update kernel writes
-    the m_axi arrays each turn reads), 2 micro-batches of 2: 2 iterations bit-exact."""
+    the m_axi arrays each turn reads; the turns write the stashes), 2 micro-batches of 2:
+    2 iterations bit-exact."""
     plan = _plan("tiny-cnn", (), 2, 2)
     plan.stages[0].style = "time-multiplexed"
     build = _gen(plan, tmp_path / "b")
-    _check_run(_train(build, 2, capsys), 2, 4)
+    r = _train(build, 2, capsys)
+    _check_run(r, 2, 4)
+    assert r["not_in_hls"] == [] and r["per_iteration"][0]["op_order"] == {"stage0": "F0 B0 F1 B1"}
