@@ -17,6 +17,7 @@ from bapipe.layers import Layer, prod
 from bapipe.names import legal
 from bapipe.plan import Folding, Plan, Stage
 from fpga_models import fixedpoint as fx
+from fpga_models.allocate import WEIGHT_ROM_LIMIT
 from fpga_models.weights import layer_draws
 
 GENERATOR = "bapipe gen"
@@ -32,7 +33,9 @@ INFERENCE_ONLY = frozenset({"concat", "mul", "sigmoid", "silu", "clip", "reshape
 #: g++ compiles in seconds). A bigger stage takes every weight array as an m_axi kernel argument
 #: (off-chip memory, as a Vitis kernel for VGG-sized layers would), and its testbench fills those
 #: arrays from weights.bin at run time: a 16 MB initialiser made g++ run for over 15 minutes at 12 GB.
-EMBED_LIMIT = 1 << 16
+#: The number is fpga_models.allocate's (WEIGHT_ROM_LIMIT), which the planner prices the
+#: off-chip weights' fetches by (codegen.hls_weights).
+EMBED_LIMIT = WEIGHT_ROM_LIMIT
 
 #: Vitis platform per board type (the shell a v++ link targets); boards without one get no link cfg
 PLATFORMS = {
