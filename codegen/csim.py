@@ -421,10 +421,14 @@ _NO_BWD_CYCLES = {"cycles_per_sample": None, "plan_cycles_per_sample": None,
 
 
 def port_adapter(process: str, kernel: str) -> bool:
-    """A width converter fed straight by the kernel's input port (``<kernel>/width_conv(in<k>,
-    ...)``): the Design's stage bench has none (it feeds the stage at its first engine's width,
-    codegen.design.stage_bench_files), the link's width being the link's affair."""
-    return bool(re.match(rf"{re.escape(kernel)}/width_conv\(in\d+,", process))
+    """A process that only moves the kernel's input at its port's width: the width converter
+    fed straight by the port (``<kernel>/width_conv(in<k>, ...)``, or by the port's stash tap
+    ``in<k>_st``) and that tap (``<kernel>/stash_write(in<k>, ...)``, the training forward
+    writing its input's stash). The Design's stage bench has neither (it feeds the stage at its
+    first engine's width, codegen.design.stage_bench_files; design.json has no stashes), the
+    link's width being the link's affair."""
+    k = re.escape(kernel)
+    return bool(re.match(rf"{k}/width_conv\(in\d+(_st)?,", process) or re.match(rf"{k}/stash_write\(in\d+,", process))
 
 
 def alone_cycles(stats: dict, kernel: str) -> float | None:

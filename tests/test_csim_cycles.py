@@ -43,6 +43,10 @@ def test_port_adapter_is_left_out_as_the_design_bench_does():
     procs = {"stage3/width_conv(in0, s3_fc_wc0_out, (long)n * 64)": 18.0,
              "stage3/mvu(s3_fc_wc0_out, out0, w, b, (long)n * 1)": 8.0}
     assert port_adapter(next(iter(procs)), k) and not port_adapter("stage3/width_conv(s1, s2, n)", k)
+    # a training forward taps its input for the backward's stash at the port's width, then widens
+    assert port_adapter("stage3/stash_write(in0, in0_st, st_flatten, n)", k)
+    assert port_adapter("stage3/width_conv(in0_st, s3_fc_wc0_out, (long)n * 64)", k)
+    assert not port_adapter("stage3/stash_write(s2_relu, s3_x, st_relu, n)", k)   # a layer's own stash
     assert alone_cycles({"cycles": 18, "processes": procs}, k) == 8.0
     assert alone_cycles({"cycles": 12, "processes": {"stage3/mvu(in0, out0, w, b, n)": 12.0}}, k) == 12.0
     assert alone_cycles({"cycles": None}, k) is None
