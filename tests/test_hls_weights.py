@@ -107,6 +107,7 @@ def _gen(tmp_path, monkeypatch, budget=None):
     return src, files
 
 
+@pytest.mark.slow   # one project generated (~2 s alone)
 def test_tiny_cnn_weights_all_stay_on_chip_for_the_call(tmp_path, monkeypatch):
     """Its 2,440 weights (4,880 bytes) fit a U250 kernel's share: one buffer holds the four
     matrices one after another, filled once a call by a turn whose DATAFLOW region reads the
