@@ -92,7 +92,7 @@ def generate_plan(plan, model, cluster, out_dir: str | Path, plan_text: str | No
     write_stamp(out, ctx.fingerprint, [*paths, *rtl_files], {"engines": engines,
                                                            "xrt": package.xrt_manifest(ctx, engines)})
     design = _design_cycles(ddict)
-    for line in cycle_warnings(plan, ctx.stages, design, model if engines == "hls" else None):
+    for line in cycle_warnings(plan, ctx.stages, design):
         sys.stderr.write(f"bapipe gen: warning: {line}\n")
     return {
         "output": str(out), "fingerprint": ctx.fingerprint, "files": len(paths), "rtl_files": len(rtl_files),
@@ -243,48 +243,23 @@ def _design_cycles(design: dict | None) -> dict[int, float]:
 CYCLE_WARN = 0.02
 
 
-def cycle_warnings(plan, stages, design: dict[int, float], model=None) -> list[str]:
+def cycle_warnings(plan, stages, design: dict[int, float]) -> list[str]:
     """One line per stage whose Design cycles per sample are off the plan's by more than
     :data:`CYCLE_WARN` (a plan whose foldings were edited without re-pricing, or priced from
-    a profile of other hardware): the build is still written, but not silently. ``model``
-    (HLS builds): the Design's cycles plus the kernels' off-chip weight fetches, which the plan
-    prices and the RTL lowering (weights in ROM) does not have."""
+    a profile of other hardware): the build is still written, but not silently. The Design's
+    cycles include a time-multiplexed stage's off-chip weight fetches (codegen.rtl_model
+    .WeightFetch, which the HLS kernels and the RTL both build), as the plan prices them."""
     out = []
     for s in stages:
         d, p = design.get(s.index), _plan_cycles(plan, s.index)
         if d is None or not p:
             continue
-        if model is not None:   # HLS kernels: their off-chip weight fetches (the RTL keeps its weights in ROM)
-            d += _weight_fetch_cycles(plan, model, s.index)
         err = d / p - 1
         if abs(err) > CYCLE_WARN:
             out.append(f"stage {s.index}: the Design runs {d:,.1f} forward cycles per sample, the plan "
                        f"promises {p:,.1f} ({100 * err:+.1f}%): the plan's times do not come from its "
                        f"foldings (re-plan, or expect rtlsim's plan_error to say so)")
     return out
-
-
-def _weight_fetch_cycles(plan, model, index: int) -> int:
-    """Forward cycles per sample the stage's HLS kernel spends fetching off-chip weights beyond
-    its turns (fpga_models.allocate.tm_weight_cycles, codegen.hls_weights), which the plan prices
-    and the Design's RTL, holding its weights in ROM, does not have; 0 for other stages."""
-    from fpga_models.allocate import tm_weight_cycles
-    from fpga_models.boards import get_board
-
-    st = next((x for x in plan.stages if x.index == index), None)
-    if st is None or st.style != "time-multiplexed":
-        return 0
-    try:
-        board = get_board(st.board_type)
-    except Exception:   # a board the catalog does not name (a custom cluster file): no figure
-        return 0
-    if board.kind != "fpga":
-        return 0
-    layers = [model.layers[model.index[n]] for n in st.layers]
-    fold = {l.name: (1, 1) for l in layers}
-    fold.update({n: (f.pe, f.simd) if f.lanes is None else (1, f.lanes) for n, f in st.folding.items()})
-    return tm_weight_cycles(layers, board, fold, plan.number_format, plan.utilisation_cap, plan.chunks,
-                            plan.mode == "train")
 
 
 def _plan_cycles(plan, index: int) -> float | None:

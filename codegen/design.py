@@ -51,6 +51,9 @@ def design_dict(pipe, plan, alone: list[float] | None = None) -> dict:
             "nodes": [_node(b) for b in st.blocks],
             "units": [{"layer": u.layer, "index": u.index, "cycles": u.cycles} for u in st.units],
             "bench": f"rtl/stages/s{i}",
+            # off-chip weights of a time-multiplexed stage (codegen.rtl_model.WeightFetch, from
+            # fpga_models.allocate); the cycles above include their fetches
+            **({"weights": st.weights.as_dict()} if st.weights is not None else {}),
         })
     return {
         "version": DESIGN_VERSION, "plan": plan.fingerprint(), "model": plan.model, "cluster": plan.cluster,

@@ -26,7 +26,7 @@ from .rtl_mem import mvu_memory_files
 TEMPLATE_DIR = Path(__file__).resolve().parent.parent / "hls_templates" / "rtl"
 #: the generic modules every project gets, one per file
 GENERIC = ("axis_fifo", "axis_width_conv", "axis_relu", "axis_gate", "swg",
-           "pool_unit", "tm_sequencer", "axis_batchnorm", "axis_fork", "axis_add")
+           "pool_unit", "tm_sequencer", "ddr_weights", "axis_batchnorm", "axis_fork", "axis_add")
 #: the board-to-board transport's modules (codegen.rtl_link), written when a plan has a link
 TRANSPORT = ("net_pack", "net_tx", "net_send", "net_channel", "net_rx", "net_unpack", "net_recv", "net_link",
              "net_duplex")
@@ -100,8 +100,15 @@ def _sequencer_ctx(b) -> dict | None:
     units = b.units
     cnt_w = count_bits(max([u.out_beats for u in units] + [st.in_beats for st in tm]))
     unit_w = clog2(len(units))
+    # off-chip weights (ddr_weights): words each unit's turn fetches, then each stage's fill
+    # (codegen.rtl_model.WeightFetch, the plan's fpga_models.allocate.tm_weight_turns)
+    words = [st.weights.fetch.get(u.layer, 0) if st.weights else 0 for st in tm for u in st.units]
+    fills = [st.weights.fill if st.weights else 0 for st in tm]
+    w_cnt = count_bits(max(words + fills))
     return {
-        "n_units": len(units), "n_stages": len(tm),
+        "n_units": len(units), "n_stages": len(tm), "unit_w": unit_w,
+        "weight_params": [("N_REQ", len(words) + len(fills)), ("SEL_W", unit_w + 1), ("CNT_W", w_cnt),
+                          ("WORDS", pack_unsigned(words + fills, w_cnt))],
         "units": [f"{u.layer}" for u in units],
         "unit_fire": [f"s{st.index}_c{u.out_wire}" for st in tm for u in st.units],
         "in_fire": [f"s{st.index}_c{st.in_wire}" for st in tm],
@@ -110,7 +117,8 @@ def _sequencer_ctx(b) -> dict | None:
                    ("OUT_BEATS", pack_unsigned([u.out_beats for u in units], cnt_w)),
                    ("FIRST", pack_unsigned([st.units[0].index for st in tm], unit_w)),
                    ("LAST", pack_unsigned([st.units[-1].index for st in tm], unit_w)),
-                   ("IN_BEATS", pack_unsigned([st.in_beats for st in tm], cnt_w))],
+                   ("IN_BEATS", pack_unsigned([st.in_beats for st in tm], cnt_w)),
+                   ("FILL", pack_unsigned([1 if f else 0 for f in fills], 1))],
     }
 
 

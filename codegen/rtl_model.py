@@ -265,6 +265,7 @@ class StageRtl:
     units: list[Unit] = field(default_factory=list)
     in_wire: int | None = None      # time-multiplexed: frame beats are counted on this wire
     in_beats: int = 0               # ... this many per sample
+    weights: "WeightFetch | None" = None   # time-multiplexed with off-chip weights (ddr_weights)
 
     @property
     def job_cycles(self) -> float:
@@ -409,6 +410,73 @@ def offchip_frames(plan: Plan, stage, model, cluster) -> frozenset[str]:
     turns = [l for l in layers if l.type != "flatten"]
     assert len(off) == len(tm_frames(layers, fold, plan.number_format))
     return frozenset(t.name for t, o in zip(turns, off) if o)
+
+
+#: cycles a turn's weight fetch keeps it beyond its words: the sequencer's request register and
+#: ddr_weights loading the count (tm_sequencer, ddr_weights)
+WEIGHT_TURN_LAG = 2
+#: cycles a job's fill adds beyond its words: the request, the count's load, the first grant
+WEIGHT_FILL_LAG = 2
+
+
+@dataclass(frozen=True)
+class WeightFetch:
+    """A time-multiplexed stage's off-chip weights as the plan prices them
+    (fpga_models.allocate: weights_offchip, tm_weight_tiles, tm_weight_turns, tm_weight_cycles),
+    read from there, never re-derived: each matrix resident in the ping-pong tile buffer or
+    streamed through a FIFO, the fill (512-bit words fetched before the first turn of a
+    sample) and the words each turn fetches."""
+
+    budget: int                                   # the kernel's on-chip bytes (kernel_onchip_budget)
+    tiles: tuple[tuple[str, int, bool], ...]      # (layer, matrix elements, resident) in turn order
+    fill: int                                     # words before the first turn, per sample
+    fetch: dict                                   # layer -> words its turn fetches
+    plan_cycles: int                              # tm_weight_cycles: what the plan adds per sample
+
+    def as_dict(self) -> dict:
+        """The Design's record (design.json ``weights``)."""
+        return {"offchip": True, "budget_bytes": self.budget,
+                "tiles": [{"layer": n, "elems": e, "resident": r} for n, e, r in self.tiles],
+                "fill_words": self.fill, "fetch_words": dict(self.fetch), "plan_cycles": self.plan_cycles}
+
+
+def offchip_weights(plan: Plan, stage, model, cluster) -> WeightFetch | None:
+    """The off-chip weight decision of a time-multiplexed stage (:class:`WeightFetch`), None when
+    its weights are on-chip ROMs or all stay on chip for the call (fetched once per call, no
+    traffic per sample), or for other stages."""
+    from fpga_models.allocate import (kernel_onchip_budget, tm_weight_cycles, tm_weight_tiles, tm_weight_turns,
+                                      weights_offchip)
+    if stage.style != "time-multiplexed" or cluster is None or not stage.boards:
+        return None
+    board = next((cb.board for cb in cluster.boards if cb.name == stage.boards[0]), None)
+    if board is None or board.kind != "fpga":
+        return None
+    layers = [model.layers[model.index[n]] for n in stage.layers]
+    train = plan.mode == "train"
+    if not weights_offchip(layers, train):
+        return None
+    fold = {l.name: (1, 1) for l in layers}
+    fold.update({n: (f.pe, f.simd) if f.lanes is None else (1, f.lanes) for n, f in stage.folding.items()})
+    budget = kernel_onchip_budget(board, plan.utilisation_cap, plan.chunks, train)
+    fill, fetch = tm_weight_turns(layers, fold, plan.number_format, budget)
+    if not fill and not fetch:
+        return None
+    tiles = tuple((l.name, int(e), bool(r)) for l, e, r in tm_weight_tiles(layers, fold, plan.number_format, budget))
+    return WeightFetch(budget, tiles, int(fill), {k: int(v) for k, v in fetch.items()},
+                       int(tm_weight_cycles(layers, board, fold, plan.number_format, plan.utilisation_cap,
+                                            plan.chunks, train)))
+
+
+def _wait_weights(units: list[Unit], wf: WeightFetch | None) -> None:
+    """Each turn lasts at least its fetch (tm_sequencer waits on ddr_weights) and the first
+    turn of a job starts after the fill: the plan's fill + max(own, fetch) per turn."""
+    if wf is None:
+        return
+    for u in units:
+        if wf.fetch.get(u.layer):
+            u.cycles = max(u.cycles, wf.fetch[u.layer] + WEIGHT_TURN_LAG)
+    if wf.fill:
+        units[0].cycles += wf.fill + WEIGHT_FILL_LAG
 
 
 def _pool(layer, stage, pre: str, lanes: int | None, elem_w: int, blocks: list, ops: list,
@@ -930,7 +998,7 @@ def _gate(inst: str, lanes: int, beats: int, elem_w: int, unit: int) -> Block:
 
 def tm_chain(plan: Plan, stage, model, params, board_name: str, in_lanes: int | None,
              link_in: LinkSpec | None, elem_w: int, frac: int, ops: list[dict], state: dict,
-             unit0: int, offchip: frozenset[str] = frozenset()) -> StageRtl:
+             unit0: int, offchip: frozenset[str] = frozenset(), weights: WeightFetch | None = None) -> StageRtl:
     """The block chain of a time-multiplexed stage: its layers take turns, one sample at a time.
 
     Each layer's engine sits behind a frame buffer and a gate that the board's
@@ -954,7 +1022,7 @@ def tm_chain(plan: Plan, stage, model, params, board_name: str, in_lanes: int | 
     tin, cons = stage_graph(stage, model, layers)
     if is_dag(layers, cons):
         return _dag_tm(stage, layers, tin, cons, params, state, pre, board_name, in_lanes, link_in, elem_w, frac,
-                       ops, unit0, offchip)
+                       ops, unit0, offchip, weights)
     blocks: list[Block] = []
     lanes = in_lanes
     if link_in is not None:
@@ -1025,12 +1093,14 @@ def tm_chain(plan: Plan, stage, model, params, board_name: str, in_lanes: int | 
         raise Unsupported(f"stage {stage.index} has no layers the RTL can build")
     out_beats = layers[-1].out_elems // lanes
     blocks.append(_fifo(f"{pre}_out_buf", lanes, 2 * out_beats, elem_w, out_beats))
+    _wait_weights(units, weights)
     return StageRtl(stage.index, board_name, "time-multiplexed", blocks, blocks[0].in_lanes, lanes,
-                    link_in is not None, False, layers[0].in_elems, layers[-1].out_elems, units, in_wire, in_beats)
+                    link_in is not None, False, layers[0].in_elems, layers[-1].out_elems, units, in_wire, in_beats,
+                    weights)
 
 
 def _dag_tm(stage, layers, tin, cons, params, state, pre, board_name, in_lanes, link_in, elem_w, frac, ops,
-            unit0: int, offchip: frozenset[str] = frozenset()) -> StageRtl:
+            unit0: int, offchip: frozenset[str] = frozenset(), weights: WeightFetch | None = None) -> StageRtl:
     """A time-multiplexed stage whose layers form a DAG (residual blocks).
 
     Units take turns in the stage's topological order, each behind its frame buffer and
@@ -1150,8 +1220,10 @@ def _dag_tm(stage, layers, tin, cons, params, state, pre, board_name, in_lanes, 
     (wout, lanes, _), = avail[layers[-1].name]
     out_beats = layers[-1].out_elems // lanes
     chain([_fifo(f"{pre}_out_buf", lanes, 2 * out_beats, elem_w, out_beats)], wout)
+    _wait_weights(units, weights)
     return StageRtl(stage.index, board_name, "time-multiplexed", blocks, blocks[0].in_lanes, lanes,
-                    link_in is not None, False, layers[0].in_elems, layers[-1].out_elems, units, in_wire, in_beats)
+                    link_in is not None, False, layers[0].in_elems, layers[-1].out_elems, units, in_wire, in_beats,
+                    weights)
 
 
 def build_pipeline(plan: Plan, model, cluster, params=None, plan_file: str = "plan.yaml",
@@ -1189,7 +1261,8 @@ def build_pipeline(plan: Plan, model, cluster, params=None, plan_file: str = "pl
         bname = s.boards[0]
         if s.style == "time-multiplexed":
             st = tm_chain(plan, s, model, params, bname, lanes, link_in, elem_w, frac, ops, state,
-                          units_on.get(bname, 0), offchip_frames(plan, s, model, cluster))
+                          units_on.get(bname, 0), offchip_frames(plan, s, model, cluster),
+                          offchip_weights(plan, s, model, cluster))
             units_on[bname] = units_on.get(bname, 0) + len(st.units)
         else:
             st = dataflow_chain(plan, s, model, params, bname, lanes, link_in, elem_w, frac, ops, state)

@@ -210,13 +210,15 @@ def test_time_multiplexed_units_cost_what_the_planner_says():
         spill = tm_spill_cycles(layers, board, fold, plan.number_format, plan.utilisation_cap, plan.chunks,
                                 plan.mode == "train")
         assert (spill > 0) == bool(io), (ps.index, spill, io)
-        # the plan also charges the HLS kernels' off-chip weight fetches (tm_weight_cycles,
-        # codegen.hls_weights: the stages whose weights do not all stay on chip); the RTL keeps
-        # its weights in ROM, so its job is the plan's without them
+        # the plan also charges the off-chip weight fetches (tm_weight_cycles: the stages whose
+        # weights do not all stay on chip); the RTL's turns wait on them (ddr_weights), each
+        # waiting turn WEIGHT_TURN_LAG cycles beyond its words and the fill WEIGHT_FILL_LAG
         wfetch = tm_weight_cycles(layers, board, fold, plan.number_format, plan.utilisation_cap, plan.chunks,
                                   plan.mode == "train")
-        assert 0 <= st.job_cycles - (ps.cycles["fwd_interval"] - wfetch) <= convs, (st.index, st.job_cycles,
-                                                                                    ps.cycles, wfetch)
+        assert wfetch == 0 or st.weights is not None, (st.index, wfetch)
+        lags = 0 if st.weights is None else rm.WEIGHT_FILL_LAG + rm.WEIGHT_TURN_LAG * len(st.weights.fetch)
+        assert 0 <= st.job_cycles - ps.cycles["fwd_interval"] <= convs + lags, (st.index, st.job_cycles,
+                                                                                ps.cycles, wfetch)
     # interleaved: fpga0 runs stages 0 and 2, fpga2 stages 1 and 3, one sequencer each
     assert [[s.index for s in b.stages] for b in pipe.boards] == [[0, 2], [1, 3]]
     assert pipe.interval == max(sum(s.job_cycles for s in b.stages) for b in pipe.boards)
@@ -306,7 +308,10 @@ def _zero_params(model):
     ("ddr_frame", {"LANES": 3, "WORDS": 1, "DEPTH_WORDS": 12, "ADDR_W": 4, "COUNT_W": 4}),    # a narrow beat
     ("ddr_frame", {"LANES": 48, "WORDS": 2, "DEPTH_WORDS": 8, "ADDR_W": 3, "COUNT_W": 4}),    # a padded last word
     ("ddr_frame", {"LANES": 512, "WORDS": 16, "DEPTH_WORDS": 64, "ADDR_W": 6, "COUNT_W": 7}),
-    ("swg", {"STREAM": 1}), ("swg", {"STREAM": 1, "STRIDE": 2, "PAD": 0, "K": 2, "OUT_H": 4, "OUT_W": 4})])
+    ("swg", {"STREAM": 1}), ("swg", {"STREAM": 1, "STRIDE": 2, "PAD": 0, "K": 2, "OUT_H": 4, "OUT_W": 4}),
+    # off-chip weights: the fetch engine, and the sequencer waiting on it (two stages, one with a fill)
+    ("ddr_weights", {"N_REQ": 9, "SEL_W": 4, "CNT_W": 12}),
+    ("tm_sequencer", {"N_UNITS": 7, "N_STAGES": 2, "UNIT_W": 3, "STAGE_W": 1, "FILL": "2'b10"})])
 def test_offchip_frame_modules_lint_clean(tmp_path, top, params):
     """`verilator --lint-only -Wall` on the off-chip frame buffer and the streaming window
     generator at the parameters the lowering gives them (the pipelines' lint test sees only
