@@ -94,6 +94,9 @@ class TrainBoard:
     plan_fwd_cycles: float
     plan_bwd_cycles: float
     beta: int = 1                  # samples per micro-batch
+    rank: int = 0                  # replica index of its stage (replicated stages)
+    replicas: int = 1              # replicas of its stage
+    ring: dict | None = None       # replicated: the all-reduce engine's parameters (_ring_spec)
 
     @property
     def fwd_cycles(self) -> int:
@@ -144,14 +147,31 @@ class TrainDesign:
     consts: tfx.SgdConstants
     tf: tfx.TrainFormats
     params: dict = field(default_factory=dict)
+    replicas: int = 1              # every stage's replicas: boards are replica-major chains of `stages`
+    rings: list = field(default_factory=list)   # replicated: per ring hop (src, dst, LinkSpec, lanes, words)
+
+    @property
+    def stages(self) -> int:
+        return len(self.boards) // self.replicas
+
+    def link_index(self, i: int) -> int:
+        """Index into ``links`` of the link leaving board i (chain q, position s)."""
+        p = self.stages
+        return (i // p) * (p - 1) + i % p
+
+    @property
+    def pairs(self) -> list[tuple[int, int]]:
+        """(source, destination) board of every link, in ``links`` order."""
+        p = self.stages
+        return [(q * p + s, q * p + s + 1) for q in range(self.replicas) for s in range(p - 1)]
 
     @property
     def transports(self) -> list:
         """Per link the board-to-board transport (codegen.rtl_link) carrying its vectors each way:
         ``link_lanes`` elements a word, one vector a sample."""
         from .rtl_link import transport
-        return [transport(l, ln, self.elem_w, b.out_elems // ln)
-                for l, ln, b in zip(self.links, self.link_lanes, self.boards)]
+        return [transport(l, ln, self.elem_w, self.boards[i].out_elems // ln)
+                for l, ln, (i, _j) in zip(self.links, self.link_lanes, self.pairs)]
 
     @property
     def lr_q(self) -> int:
@@ -163,7 +183,8 @@ class TrainDesign:
 
     @property
     def acc_w(self) -> int:
-        return 2 * self.elem_w + 16
+        from fpga_models.collective import grad_sum_bits
+        return grad_sum_bits(self.elem_w)
 
 
 def link_lanes(elems: int, elem_bytes: int, bytes_per_cycle: Fraction) -> int:
@@ -188,8 +209,11 @@ def train_design(plan, model, cluster, params=None, plan_file: str = "plan.yaml"
     p, m = len(plan.stages), plan.microbatches
     boards: list[TrainBoard] = []
     for s in plan.stages:
-        if s.replicas != 1 or math.prod(s.mesh) != 1:
-            raise Unsupported(f"stage {s.index}: replicated or meshed stages are not built for training yet")
+        if math.prod(s.mesh) != 1:
+            raise Unsupported(f"stage {s.index}: meshed stages are not built for training yet")
+        if s.replicas != plan.stages[0].replicas:
+            raise Unsupported(f"stage {s.index}: {s.replicas} replicas where stage 0 has {plan.stages[0].replicas}; "
+                              "the training RTL builds replicated plans whose every stage has the same replicas")
         layers = []
         for name in s.layers:
             l = model.layers[model.index[name]]
@@ -201,9 +225,12 @@ def train_design(plan, model, cluster, params=None, plan_file: str = "plan.yaml"
         boards.append(TrainBoard(s.index, s.boards[0], f"{_ident(s.boards[0])}_train", layers, ops,
                                  stash_count(plan.schedule, p, d, m), layers[0].n_in, layers[-1].n_out,
                                  float(s.cycles.get("fwd", 0)), float(s.cycles.get("bwd", 0)), plan.microbatch_size))
+    nrep = plan.stages[0].replicas
+    boards = _replicate(plan, boards, nrep)
     clock = min(cb.board.clock_hz for cb in cluster.boards)
     links, lanes = [], []
-    for a, b in zip(boards, boards[1:]):
+    p_ = len(plan.stages)
+    for a, b in ((boards[q * p_ + k], boards[q * p_ + k + 1]) for q in range(nrep) for k in range(p_ - 1)):
         elems = a.out_elems
         bw = cluster.path_bandwidth(a.name, b.name)
         bpc = Fraction(bw / clock).limit_denominator(64)
@@ -218,8 +245,10 @@ def train_design(plan, model, cluster, params=None, plan_file: str = "plan.yaml"
     if tfx.acc_width(m * plan.microbatch_size) > 2 * elem_w + 16:
         raise Unsupported(f"a global batch of {m * plan.microbatch_size} needs weight-gradient sums wider than "
                           f"the engines' {2 * elem_w + 16} bits")
+    rings = _ring_links(boards, nrep, p_, cluster, clock, elem_w)
     return TrainDesign(boards, links, lanes, elem_w, frac, plan.number_format, plan.schedule, m, clock, consts, tf,
-                       {l.name: params[l.name] for b in boards for l in b.layers if l.kind in WEIGHT_KINDS})
+                       {l.name: params[l.name] for b in boards for l in b.layers if l.kind in WEIGHT_KINDS},
+                       nrep, rings)
 
 
 def _square(v) -> int | None:
@@ -278,6 +307,73 @@ def _train_layer(l, f) -> TrainLayer:
     fc, bc = engines.pool_train_cycles(engines.stream_elements(l), lanes)
     return TrainLayer(name, l.type, ident, l.in_elems, l.out_elems, lanes=lanes, fwd_cycles=fc, bwd_in_cycles=bc,
                       geom=geom)
+
+
+def _replicate(plan, boards: list, r: int) -> list:
+    """The boards of a plan whose every stage has ``r`` replicas: replica-major chains (replica q of
+    stage s is board q * stages + s, on the stage's q-th board), each replica computing
+    1/r of every micro-batch's samples (plan microbatch_size / r, the planner's share) and
+    reducing its weight-gradient sums with the other replicas of its stage (:func:`_ring_spec`)."""
+    if r == 1:
+        return boards
+    from dataclasses import replace
+    if plan.microbatch_size % r:
+        raise Unsupported(f"micro-batches of {plan.microbatch_size} samples do not split over {r} replicas")
+    for b in boards:
+        if any(l.kind not in TRAIN_TYPES for l in b.layers):
+            raise Unsupported(f"stage {b.index}: replicated stages are built for {', '.join(TRAIN_TYPES)} layers only")
+    out = []
+    for q in range(r):
+        for b, s in zip(boards, plan.stages):
+            out.append(replace(b, name=s.boards[q], module=f"{_ident(s.boards[q])}_train", beta=b.beta // r,
+                               rank=q, replicas=r, ring=_ring_spec(b, q, r)))
+    return out
+
+
+def _flat_layers(b) -> list[tuple[object, int, int]]:
+    """(layer, offset, sums) of a board's weighted layers in its flat gradient vector: every
+    dense layer's MH x MW weight sums in tile order, then its MH bias sums."""
+    out, off = [], 0
+    for l in b.layers:
+        if l.kind in WEIGHT_KINDS:            # dense and conv2d: the MH x MW matrix, then MH biases
+            n = l.mh * l.mw + l.mh
+            out.append((l, off, n))
+            off += n
+    return out
+
+
+def _ring_spec(b, rank: int, r: int) -> dict:
+    """The all-reduce engine's parameters of replica ``rank``: shares of ceil(N / r) sums
+    (fpga_models.collective.ring_share_elems); word lanes are set with the ring's links."""
+    from fpga_models.collective import ring_share_elems
+    n = sum(k for _l, _o, k in _flat_layers(b))
+    return {"r": r, "rank": rank, "n": n, "share": ring_share_elems(n, r),
+            "offsets": {l.ident: o for l, o, _k in _flat_layers(b)}}
+
+
+def _ring_links(boards: list, r: int, p: int, cluster, clock: float, elem_w: int) -> list:
+    """Per stage and replica q the ring hop q -> q + 1 (a board-to-board transport carrying
+    ``collective.ring_step_cycles`` lanes of gradient sums a word, one share a message); sets
+    every replica board's ring word lanes and words per share."""
+    from fpga_models.collective import grad_sum_bits, ring_step_cycles
+    if r == 1:
+        return []
+    out = []
+    bits = grad_sum_bits(elem_w)
+    for s in range(p):
+        for q in range(r):
+            a, b = boards[q * p + s], boards[((q + 1) % r) * p + s]
+            bw = cluster.path_bandwidth(a.name, b.name)
+            bpc = Fraction(bw / clock).limit_denominator(64)
+            lat = cluster.path_latency(a.name, b.name)
+            link = make_link(a.name, b.name, bw, lat, clock, 1)
+            ln, _occ, _d = ring_step_cycles(a.ring["n"], r, elem_w, bpc, link.latency)
+            words = -(-a.ring["share"] // ln)
+            link = make_link(a.name, b.name, bw, lat, clock, ln * bits // 8)
+            a.ring.update(lanes=ln, words=words, aw=clog2(a.ring["share"] * r + ln + 1) + 1,
+                          cnt_w=clog2(words + 1))
+            out.append((q * p + s, ((q + 1) % r) * p + s, link, ln, words))
+    return out
 
 
 def _ident(name: str) -> str:
@@ -380,6 +476,8 @@ def _board_ctx(td: TrainDesign, b: TrainBoard, first: bool, last: bool, in_lanes
                      mode=0 if l.kind == "maxpool" else 1)
         else:
             d["cnt_w"] = clog2(max(2, -(-l.n_in // l.lanes)))
+        if b.ring:
+            d["ar_off"] = b.ring["offsets"].get(l.ident, 0)
         layers.append(d)
     return {
         "module": b.module, "board": b.name, "layers": layers, "steps": [{"phase": ph, "inst": i} for ph, i, _ in steps],
@@ -394,7 +492,13 @@ def _board_ctx(td: TrainDesign, b: TrainBoard, first: bool, last: bool, in_lanes
         "lr_shift": td.consts.shift, "mu_frac": tfx.MU_FRAC, "mst_w": td.tf.master.width,
         "mst_shift": td.tf.master.frac - td.tf.act.frac, "vel_w": td.tf.vel.width,
         "first": first, "last": last, "iter_w": 16,
+        "ar": b.ring, "name_sfx": _name_sfx(b),
     }
+
+
+def _name_sfx(b) -> str:
+    """Suffix of a replica board's weight files and dumps (``_r<rank>``; none unreplicated)."""
+    return f"_r{b.rank}" if b.replicas > 1 else ""
 
 
 def render_train(td: TrainDesign, plan_hash: str = "none") -> dict[str, str]:
@@ -414,27 +518,41 @@ def render_train(td: TrainDesign, plan_hash: str = "none") -> dict[str, str]:
     if td.links:
         from .rtl import TRANSPORT
         files.update({f"{name}.v": render_template(name, plan_hash) for name in TRANSPORT})
-    nb = len(td.boards)
+    if td.replicas > 1:
+        files["train_allreduce.v"] = render_template("train_allreduce", plan_hash)
+    p_ = td.stages
     ctxs = []
     for i, b in enumerate(td.boards):
-        in_lanes = b.in_elems if i == 0 else td.link_lanes[i - 1]
-        out_lanes = b.out_elems if i == nb - 1 else td.link_lanes[i]
-        ctx = _board_ctx(td, b, i == 0, i == nb - 1, in_lanes, out_lanes)
+        first, last = i % p_ == 0, i % p_ == p_ - 1
+        in_lanes = b.in_elems if first else td.link_lanes[td.link_index(i - 1)]
+        out_lanes = b.out_elems if last else td.link_lanes[td.link_index(i)]
+        ctx = _board_ctx(td, b, first, last, in_lanes, out_lanes)
         ctxs.append(ctx)
         files[f"{b.module}.v"] = render_template("train_board", plan_hash, **ctx)
         for l in b.layers:
             if l.kind in WEIGHT_KINDS:
                 p = td.params[l.name]
-                files[f"{l.ident}_w.hex"] = hex_lines(tile_order(weight_matrix(p["w"]), l.pe, l.simd), td.elem_w)
-                files[f"{l.ident}_b.hex"] = hex_lines(p["b"], td.elem_w)
+                files[f"{l.ident}{_name_sfx(b)}_w.hex"] = hex_lines(tile_order(weight_matrix(p["w"]), l.pe, l.simd), td.elem_w)
+                files[f"{l.ident}{_name_sfx(b)}_b.hex"] = hex_lines(p["b"], td.elem_w)
     links = []
-    for i, (l, t) in enumerate(zip(td.links, td.transports)):
+    for i, (l, t, (src, dst)) in enumerate(zip(td.links, td.transports, td.pairs)):
         bw = l.bytes_per_cycle
-        links.append({"src": i, "dst": i + 1, "lanes": td.link_lanes[i], "words": t.words, "window": t.window,
+        links.append({"src": src, "dst": dst, "lanes": td.link_lanes[i], "words": t.words, "window": t.window,
                       "latency": l.latency, "bw": f"{bw.numerator}/{bw.denominator}",
                       "params": list(t.link_params().items())})
+    rings = []
+    for src, dst, l, ln, words in td.rings:
+        from .rtl_link import transport
+        t = transport(l, ln, td.acc_w, words)
+        bw = l.bytes_per_cycle
+        rings.append({"src": src, "dst": dst, "lanes": ln, "words": t.words, "window": t.window,
+                      "latency": l.latency, "bw": f"{bw.numerator}/{bw.denominator}",
+                      "params": list(t.link_params().items())})
+    p_ = td.stages
+    chains = [{"head": q * p_, "tail": q * p_ + p_ - 1} for q in range(td.replicas)]
     files["train_cluster_top.v"] = render_template(
-        "train_cluster_top", plan_hash, boards=ctxs, links=links, elem_w=td.elem_w,
+        "train_cluster_top", plan_hash, boards=ctxs, links=links, rings=rings, chains=chains, acc_w=td.acc_w,
+        elem_w=td.elem_w,
         in_w=td.boards[0].in_elems * td.elem_w, out_w=td.boards[-1].out_elems * td.elem_w,
         dx_w=td.boards[0].in_elems * td.elem_w)
     return files
@@ -453,19 +571,32 @@ def design_record(td: TrainDesign, plan) -> dict:
             "index": b.index, "board": b.name, "module": b.module, "stashes": b.stashes,
             "ops": [f"{k}{mb}" for k, mb in b.ops],
             "samples_per_microbatch": b.beta, "fwd_cycles": b.op_fwd_cycles, "bwd_cycles": b.op_bwd_cycles,
-            "update_cycles": b.update_cycles,
+            "update_cycles": b.update_cycles, "rank": b.rank, "replicas": b.replicas,
             "plan_fwd_cycles": b.plan_fwd_cycles, "plan_bwd_cycles": b.plan_bwd_cycles,
             "nodes": [{"layer": l.name, "kind": l.kind, "pe": l.pe, "simd": l.simd, "lanes": l.lanes,
                        "fwd_cycles": l.fwd_cycles, "bwd_in_cycles": l.bwd_in_cycles, "bwd_w_cycles": l.bwd_w_cycles,
                        "update_cycles": l.update_cycles} for l in b.layers],
             "steps": [{"phase": ph, "engine": inst, "cycles": c} for ph, inst, c in b.steps()],
         } for b in td.boards],
+        "rings": [_ring_record(td, src, l, ln, words) for src, _dst, l, ln, words in td.rings],
         "links": [{"src": l.src, "dst": l.dst, "lanes": ln, "bytes_per_cycle": float(l.bytes_per_cycle),
                    "latency": l.latency, "words_per_beat": t.words, "beats_per_vector": t.sample_beats,
                    "window": t.window, "timeout": t.timeout, "cycles_per_vector": float(t.cycles_per_sample),
                    "delivery_latency": t.delivery_latency}
                   for l, ln, t in zip(td.links, td.link_lanes, td.transports)],
     }
+
+
+def _ring_record(td: TrainDesign, src: int, l, lanes: int, words: int) -> dict:
+    """One ring hop of the design record: the share it carries and its cycles per step
+    (fpga_models.collective.ring_step_cycles, the one home of the ring's timing)."""
+    from fpga_models.collective import ring_allreduce_cycles, ring_step_cycles
+    b = td.boards[src]
+    _ln, occ, deliver = ring_step_cycles(b.ring["n"], b.replicas, td.elem_w, l.bytes_per_cycle, l.latency)
+    return {"src": l.src, "dst": l.dst, "sums": b.ring["n"], "share": b.ring["share"], "lanes": lanes,
+            "words": words, "step_cycles": occ, "delivery_cycles": deliver,
+            "allreduce_cycles": ring_allreduce_cycles(b.ring["n"], b.replicas, td.elem_w, l.bytes_per_cycle,
+                                                      l.latency)}
 
 
 def plan_iteration_cycles(plan, clock_hz: float) -> float | None:
@@ -481,13 +612,14 @@ def train_manifest(td: TrainDesign, plan, files: list[str]) -> dict:
     """rtl/train/manifest.json: what `bapipe rtlsim` needs to run and check the training build."""
     dense = [{"name": l.name, "ident": l.ident, "mh": l.mh, "mw": l.mw, "pe": l.pe, "simd": l.simd,
               **({"conv": [l.mh, l.geom["c"], l.geom["k"], l.geom["k"]]} if l.kind == "conv2d" else {})}
-             for b in td.boards for l in b.layers if l.kind in WEIGHT_KINDS]
+             for b in td.boards if b.rank == 0 for l in b.layers if l.kind in WEIGHT_KINDS]
     return {
         "training": True, "plan": plan.fingerprint(), "model": plan.model, "number_format": td.fmt,
-        "microbatch_size": td.boards[0].beta,
+        "microbatch_size": td.boards[0].beta * td.replicas, "replicas": td.replicas,
+        "replica_sfx": [_name_sfx(b) for b in td.boards[::td.stages]],
         "elem_w": td.elem_w, "frac": td.frac, "schedule": td.schedule, "microbatches": td.microbatches,
         "boards": [b.name for b in td.boards], "in_elems": td.boards[0].in_elems,
-        "out_elems": td.boards[-1].out_elems, "layers": [l.name for b in td.boards for l in b.layers],
+        "out_elems": td.boards[-1].out_elems, "layers": [l.name for b in td.boards if b.rank == 0 for l in b.layers],
         "dense": dense, "clock_hz": td.clock_hz, "master_w": td.tf.master.width,
         "sgd": {"mu": td.consts.mu, "lr": td.consts.lr, "lr_scale": td.consts.lr_scale, "shift": td.consts.shift,
                 "learning_rate": LEARNING_RATE, "momentum": MOMENTUM},
@@ -533,13 +665,14 @@ def train_reference_from_manifest(man: dict, rtl_dir, x_q, labels, iterations: i
     if [l.name for l in model.layers] != man["layers"]:
         raise Unsupported("the training build does not hold the whole model (its reference is train_step)")
     params = {}
+    sfx0 = man.get("replica_sfx", [""])[0]     # replicas start equal: replica 0's images
     for l in man["dense"]:
-        flat = read_hex((Path(rtl_dir) / f"{l['ident']}_w.hex").read_text(), man["elem_w"])
+        flat = read_hex((Path(rtl_dir) / f"{l['ident']}{sfx0}_w.hex").read_text(), man["elem_w"])
         w = from_tile_order(flat, l["mh"], l["mw"], l["pe"], l["simd"])
         if "conv" in l:                          # (O, K*K*C) -> (O, C, K, K)
             o, c, kh, kw = l["conv"]
             w = w.reshape(o, kh, kw, c).transpose(0, 3, 1, 2)
-        params[l["name"]] = {"w": w, "b": read_hex((Path(rtl_dir) / f"{l['ident']}_b.hex").read_text(), man["elem_w"])}
+        params[l["name"]] = {"w": w, "b": read_hex((Path(rtl_dir) / f"{l['ident']}{sfx0}_b.hex").read_text(), man["elem_w"])}
     c = man["sgd"]
     consts = tfx.SgdConstants(mu=c["mu"], lr=c["lr"], lr_scale=c["lr_scale"], shift=c["shift"])
     snaps, outs, dys = train_reference(model, params, man["microbatches"], man["number_format"], consts, x_q, labels,

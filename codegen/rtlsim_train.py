@@ -60,7 +60,9 @@ def tb_source(man: dict, max_iterations: int = MAX_ITERATIONS) -> str:
                            max_vectors=max_iterations * man["microbatches"] * man.get("microbatch_size", 1),
                            reset_cycles=RESET_CYCLES, in_w=man["in_elems"] * man["elem_w"],
                            out_w=man["out_elems"] * man["elem_w"], dx_w=man["in_elems"] * man["elem_w"],
-                           nboards=len(man["boards"]))
+                           nboards=len(man["boards"]), nrep=man.get("replicas", 1),
+                           br=man.get("microbatch_size", 1) // man.get("replicas", 1),
+                           batch=man["microbatches"] * man.get("microbatch_size", 1))
 
 
 def build_sim(rtl: Path, man: dict, cache: Path, max_iterations: int = MAX_ITERATIONS) -> Path:
@@ -131,28 +133,41 @@ def run_sim(d: Path, rtl: Path, man: dict, x_stream: np.ndarray, dy_stream: np.n
             raise RuntimeError(f"the training simulation failed: {r.stderr[-500:]}")
         out = {"outputs": [], "iters": {}, "overflow": False, "end": None, "wall_s": wall}
         n_out = man["out_elems"]
+        nrep = man.get("replicas", 1)
+        br = man.get("microbatch_size", 1) // nrep
+        seen = [0] * nrep
+        ys = []
         for line in (run_dir / "events.txt").read_text().splitlines():
             t = line.split()
             if t[0] == "y":
                 v = int(t[2], 16)
-                out["outputs"].append((int(t[1]), [_signed((v >> (k * elem_w)) & ((1 << elem_w) - 1), elem_w)
-                                                   for k in range(n_out)]))
+                q = int(t[3]) if len(t) > 3 else 0
+                c = seen[q]
+                seen[q] += 1
+                # chain q's c-th output is sample (c // br) * micro-batch + q * br + c % br
+                ys.append(((c // br) * nrep * br + q * br + c % br, int(t[1]),
+                           [_signed((v >> (k * elem_w)) & ((1 << elem_w) - 1), elem_w) for k in range(n_out)]))
             elif t[0] == "it":
                 out["iters"].setdefault(int(t[1]), []).append(int(t[2]))
             elif t[0] == "ovf":
                 out["overflow"] = True
             elif t[0] == "end":
                 out["end"] = int(t[1])
-        weights = []
-        for k in range(iterations):
-            snap = {}
-            for l in man["dense"]:
-                wf, bf = run_dir / f"{l['ident']}_w_{k}.hex", run_dir / f"{l['ident']}_b_{k}.hex"
-                if wf.exists() and bf.exists():
-                    mw = man["master_w"]
-                    snap[l["name"]] = {"w": read_hex(wf.read_text(), mw), "b": read_hex(bf.read_text(), mw)}
-            weights.append(snap)
-        out["weights"] = weights
+        out["outputs"] = [(cyc, vec) for _smp, cyc, vec in sorted(ys)]
+        # per replica (chains of a replicated plan) the weights after each iteration's update
+        out["replica_weights"] = []
+        for sfx in man.get("replica_sfx", [""]):
+            weights = []
+            for k in range(iterations):
+                snap = {}
+                for l in man["dense"]:
+                    wf, bf = run_dir / f"{l['ident']}{sfx}_w_{k}.hex", run_dir / f"{l['ident']}{sfx}_b_{k}.hex"
+                    if wf.exists() and bf.exists():
+                        mw = man["master_w"]
+                        snap[l["name"]] = {"w": read_hex(wf.read_text(), mw), "b": read_hex(bf.read_text(), mw)}
+                weights.append(snap)
+            out["replica_weights"].append(weights)
+        out["weights"] = out["replica_weights"][0]
     return out
 
 
@@ -210,21 +225,23 @@ def train_rtlsim(build: Path, iterations: int = 2) -> dict:
     outputs_match = got_y.shape == ref_y.shape and bool(np.array_equal(got_y, ref_y))
     per_iter = []
     for k in range(iterations):
-        snap = out["weights"][k]
-        ok = len(snap) == len(man["dense"])
-        for l in man["dense"]:
-            if not ok:
-                break
-            w = from_tile_order(snap[l["name"]]["w"], l["mh"], l["mw"], l["pe"], l["simd"])
-            ok = bool(np.array_equal(w, snaps[k][l["name"]]["w"]) and np.array_equal(snap[l["name"]]["b"],
-                                                                                      snaps[k][l["name"]]["b"]))
+        ok = True
+        for weights in out["replica_weights"]:     # every replica equal to train_step
+            snap = weights[k]
+            ok = ok and len(snap) == len(man["dense"])
+            for l in man["dense"]:
+                if not ok:
+                    break
+                w = from_tile_order(snap[l["name"]]["w"], l["mh"], l["mw"], l["pe"], l["simd"])
+                ok = bool(np.array_equal(w, snaps[k][l["name"]]["w"]) and np.array_equal(snap[l["name"]]["b"],
+                                                                                          snaps[k][l["name"]]["b"]))
         per_iter.append(ok)
     done = all(len(out["iters"].get(b, [])) >= iterations for b in range(len(man["boards"])))
     cyc = iteration_cycles(out["iters"], iterations) if done else []
     err = [c / plan_it - 1 for c in cyc] if plan_it else []
     return {
         "training": True, "iterations": iterations, "schedule": man["schedule"], "microbatches": m,
-        "microbatch_size": man.get("microbatch_size", 1),
+        "microbatch_size": man.get("microbatch_size", 1), "replicas": man.get("replicas", 1),
         "boards": man["boards"], "weights_match": bool(per_iter) and all(per_iter), "weights_match_per_iteration": per_iter,
         "outputs_match": outputs_match, "iteration_cycles": cyc, "plan_iteration_cycles": plan_it,
         "iteration_error": err, "max_iteration_error": max((abs(e) for e in err), default=None),

@@ -50,7 +50,7 @@ from dataclasses import dataclass, field
 from bapipe.errors import SpecError
 from bapipe.schedules import ASYNC, allreduce_gate, device_ops, stream_ops
 
-from .collective import ring_share, ring_steps
+from .collective import ring_hop_s, ring_share, ring_steps
 from .transfer import hold
 from .engines import link_clock, link_transfer
 
@@ -557,7 +557,13 @@ def simulate(plan, model=None, cluster=None, iterations: int = 1, config: SimCon
         hops = []
         for i in range(r):
             ids, bw, lat = net.path(leads[i], leads[(i + 1) % r])
-            hops.append((ids, share / bw if ids else 0.0, lat, share))
+            # between FPGAs the step carries the exact gradient sums, framed (collective.ring_hop_s)
+            # synchronous schedules only: the asynchronous ones' per-micro-batch rings (not built
+            # in RTL) still move the weight bytes, as the planner prices them
+            clk = None if plan.schedule in ("pipedream", "2bw") else link_clock(
+                cluster.board(leads[i]).board, cluster.board(leads[(i + 1) % r]).board)
+            occ, lat = ring_hop_s(grad, bpe, r, bw, lat, clk)
+            hops.append((ids, occ if ids else 0.0, lat, share))
         rings.append((hops, ring_steps(r), r))
     # per (stage, iteration): remaining replicas to finish; per device and iteration: stages left
     ar_left: dict[tuple[int, int], int] = {}

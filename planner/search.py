@@ -26,7 +26,7 @@ from . import partition as part
 from fpga_models.allocate import allocate_stage, engine_share, tm_spill_cycles, tm_weight_cycles
 
 from .peer_pipedream import PeerInput, cluster_levels, solve as peer_solve
-from fpga_models.collective import ring_allreduce_s, ring_share, ring_steps
+from fpga_models.collective import ring_allreduce_fpga_s, ring_allreduce_s, ring_hop_s, ring_steps
 from .pipeline import replay, replay_2bw, replay_pipedream, steady_pipedream
 from .mesh import Resharder, cut_layouts, cut_shape, tp_stage_model
 from .stagecost import LayerTable, StageModel, cut_bytes, layer_table, layer_times, stage_model
@@ -397,7 +397,6 @@ class Explorer:
                 lat = max(lat, self.cluster.path_latency(a.name, b.name))
             self._links[key] = (bw, lat)
         return self._links[key]
-
 
     def stashes(self, c: Config, d: int) -> int:
         """Micro-batches whose activations virtual stage d's device holds at its peak, per chunk."""
@@ -1254,8 +1253,12 @@ class Explorer:
         if self.train:
             for x in stages:
                 if x["replicas"] > 1:
-                    bw, lat = self.ring(self.replica_boards(c, x["device"]))
-                    ar[x["index"]] = ring_allreduce_s(x["weight_bytes"], x["replicas"], bw, lat)
+                    g = self.replica_boards(c, x["device"])
+                    bw, lat = self.ring(g)
+                    # between FPGAs the ring carries the exact gradient sums, framed (collective.ring_hop_s)
+                    ar[x["index"]] = ring_allreduce_fpga_s(x["weight_bytes"], self.bpe_of_fmt(self.req.fmt),
+                                                           x["replicas"], bw, lat,
+                                                           None if c.schedule in ASYNC else link_clock(g[0].board, g[1].board))
         for x in stages:
             x["allreduce_s"] = ar[x["index"]]
         # the replay shares physical links between transfers: per cut, the forward and
@@ -1281,7 +1284,11 @@ class Explorer:
                 hops = []
                 for i in range(r):
                     ids, bw, lat = self.hop(g[i].name, g[(i + 1) % r].name)
-                    hops.append((ids, ring_share(x["weight_bytes"], r) / bw if ids else 0.0, lat))
+                    # synchronous schedules: the training RTL's ring of exact sums; the asynchronous
+                    # ones' per-micro-batch rings (not built in RTL) still move the weight bytes
+                    clk = None if c.schedule in ASYNC else link_clock(g[i].board, g[(i + 1) % r].board)
+                    occ, lat = ring_hop_s(x["weight_bytes"], self.bpe_of_fmt(self.req.fmt), r, bw, lat, clk)
+                    hops.append((ids, occ if ids else 0.0, lat))
                 rings.append((tuple(hops), ring_steps(r)))
         fw, bw_ = [x["fwd_s"] for x in stages], [x["bwd_s"] for x in stages]
         occ, lat_ = [x["send_occ"] for x in stages[:-1]], [x["send_lat"] for x in stages[:-1]]

@@ -201,3 +201,99 @@ def test_tiny_cnn_trains_bit_exact(tmp_path, schedule):
     assert res["max_iteration_error"] < 0.02, res
     man = json.loads((build / "rtl" / "train" / "manifest.json").read_text())
     assert [l["name"] for l in man["dense"]] == ["conv1", "conv2", "conv3", "fc"]
+
+
+# ------------------------------------------------------------------ replicated stages (ring all-reduce)
+
+_REP_PLANS: dict[str, Path] = {}
+
+
+def _rep_plan(tmp: Path, schedule: str) -> Path:
+    """tiny-mlp on 4 boards, 2 stages x 2 replicas (fc1+relu1 on fpga0/fpga1, fc2..fc4 on
+    fpga2/fpga3), 4 micro-batches of 2 samples (1 a replica); --cap 1.0 makes both stages dataflow
+    (at lower caps the planner folds them time-multiplexed, whose turn fills the training engines
+    do not have)."""
+    if schedule in _REP_PLANS and _REP_PLANS[schedule].exists():
+        return _REP_PLANS[schedule]
+    out = tmp / f"mlp-rep-{schedule}.yaml"
+    subprocess.run([sys.executable, "-m", "bapipe.cli", "plan", "tiny-mlp", "4xU250-ring", "--schedule", schedule,
+                    "--microbatches", "4", "--global-batch", "8", "--partition", "0-1x2,2-6x2", "--cap", "1.0",
+                    "-o", str(out), "--force"], check=True, capture_output=True)
+    _REP_PLANS[schedule] = out
+    return out
+
+
+@pytest.mark.slow  # runs the planner (~2 s)
+def test_replicated_ring_is_priced_as_the_rtl_ring(tmp_path):
+    """One home for the ring's timing: the plan's allreduce_s of each replicated stage is, in cycles,
+    the design's ring (fpga_models.collective.ring_allreduce_cycles over the transport hop): stage 0
+    holds fc1 (64 x 64 + 64) = 4,160 exact 48-bit sums, 2 shares of 2,080 sent as 208 words of
+    10 sums (480 bits, one word a beat): 208 x 64 / (119/3) = 335.6 cycles of line and 150 + 3
+    cycles of delivery a step, 2 steps; the replicas form replica-major chains."""
+    from bapipe.plan import load_plan
+    from bapipe.spec import load_model
+    from codegen.rtl_train import design_record
+    from fpga_models.cluster import load_cluster
+
+    plan = load_plan(_rep_plan(tmp_path, "gpipe"))
+    td = train_design(plan, load_model(plan.model), load_cluster(plan.cluster))
+    assert [b.name for b in td.boards] == ["fpga0", "fpga2", "fpga1", "fpga3"]
+    assert [(b.rank, b.beta) for b in td.boards] == [(0, 1), (0, 1), (1, 1), (1, 1)]
+    rings = design_record(td, plan)["rings"]
+    assert [(r["src"], r["dst"]) for r in rings] == [("fpga0", "fpga1"), ("fpga1", "fpga0"),
+                                                    ("fpga2", "fpga3"), ("fpga3", "fpga2")]
+    r0 = rings[0]
+    assert (r0["sums"], r0["share"], r0["lanes"], r0["words"], r0["delivery_cycles"]) == (4160, 2080, 10, 208, 153)
+    # 1e-12: the same float divisions in another order (a few ulps), no model slack
+    assert r0["step_cycles"] == pytest.approx(208 * 64 * 3 / 119, rel=1e-12)
+    clk = td.clock_hz
+    # plan.yaml keeps 12 significant digits: 1e-9 relative covers the rounding
+    assert [s.allreduce_s * clk for s in plan.stages] == pytest.approx(
+        [rings[0]["allreduce_cycles"], rings[2]["allreduce_cycles"]], rel=1e-9)
+    # 1e-12: float roundings of the same sum, no model slack
+    assert rings[0]["allreduce_cycles"] == pytest.approx(2 * (208 * 64 * 3 / 119 + 153), rel=1e-12)
+
+
+@pytest.mark.verilator
+@pytest.mark.slow  # builds the 4-board replicated cluster once (~4 min wall on the shared machine), runs ~5-12 s
+@pytest.mark.parametrize("schedule", [pytest.param("gpipe", marks=pytest.mark.soak),
+                                      pytest.param("1f1b", marks=pytest.mark.soak)])
+def test_tiny_mlp_replicated_trains_bit_exact(tmp_path, schedule):
+    """`bapipe gen` + `bapipe rtlsim --iterations 2` on a tiny-mlp plan whose two stages each run on
+    two replica boards that reduce their weight-gradient sums in a ring over net_link: every
+    replica's master weights equal train_step's after each iteration (so they equal each other),
+    outputs bit-exact, no overflow, iteration cycles within 2% of the plan (docs/rtl.md)."""
+    plan = _rep_plan(tmp_path, schedule)
+    build = tmp_path / "build"
+    subprocess.run([sys.executable, "-m", "bapipe.cli", "gen", str(plan), "-o", str(build)], check=True,
+                   capture_output=True)
+    r = subprocess.run([sys.executable, "-m", "bapipe.cli", "rtlsim", str(build), "--json", "--iterations", "2"],
+                       capture_output=True, text=True)
+    res = json.loads(r.stdout)
+    assert res["replicas"] == 2 and len(res["boards"]) == 4
+    assert res["weights_match"] and res["outputs_match"] and not res["overflow"], res
+    assert len(res["iteration_cycles"]) == 2
+    assert res["max_iteration_error"] < 0.02, res
+
+
+@pytest.mark.verilator
+@pytest.mark.soak  # builds the 4-board replicated conv cluster (~4 min wall on the shared machine), runs ~20 s
+def test_tiny_cnn_replicated_trains_bit_exact(tmp_path):
+    """tiny-cnn, 2 stages x 2 replicas (conv1 relu1 conv2 relu2 maxpool | conv3 relu3 avgpool flatten fc),
+    GPipe, 4 micro-batches of 2 samples (1 a replica): the conv layers' weight-gradient sums ring
+    all-reduced through conv_bwd_w's all-reduce port like the dense ones; every replica's conv and
+    dense master weights bit-exact against train_step after each iteration, iteration cycles within
+    2% (measured 4302 / 4303 vs 4290.82 planned, +0.28%)."""
+    plan = tmp_path / "cnn-rep.yaml"
+    subprocess.run([sys.executable, "-m", "bapipe.cli", "plan", "tiny-cnn", "4xU250-ring", "--mode", "train",
+                    "--schedule", "gpipe", "--microbatches", "4", "--global-batch", "8", "--partition", "0-4x2,5-9x2",
+                    "--cap", "1.0", "-o", str(plan), "--force"], check=True, capture_output=True)
+    build = tmp_path / "build"
+    subprocess.run([sys.executable, "-m", "bapipe.cli", "gen", str(plan), "-o", str(build)], check=True,
+                   capture_output=True)
+    r = subprocess.run([sys.executable, "-m", "bapipe.cli", "rtlsim", str(build), "--json", "--iterations", "2"],
+                       capture_output=True, text=True)
+    res = json.loads(r.stdout)
+    assert res["replicas"] == 2 and len(res["boards"]) == 4
+    assert res["weights_match"] and res["outputs_match"] and not res["overflow"], res
+    assert res["max_iteration_error"] < 0.02, res

@@ -141,9 +141,15 @@ def test_allreduce_ring_time():
     plan.stages[0].first, plan.stages[0].last = 0, len(MODEL.layers) - 1
     plan.stages[0].layers = [l.name for l in MODEL.layers]
     res = simulate(plan, MODEL, ring(r, bw=bw, lat=lat), config=NO_HOST)
+    from fpga_models.collective import ring_hop_s
     grad = MODEL.params * 2  # fixed16
     compute = m * 3.0       # fwd_s/bwd_s are each replica's time for its share
-    expect = compute + 2 * (r - 1) * (grad / r / bw + lat)
+    # U250s: each step carries a share of the exact 48-bit gradient sums framed by the transport
+    # (collective.ring_hop_s at the 300 MHz kernel clock; the training RTL's ring), 3x the
+    # fixed16 share's bytes plus framing
+    occ, hop_lat = ring_hop_s(grad, 2, r, bw, lat, 300e6)
+    assert occ > 3 * grad / r / bw
+    expect = compute + 2 * (r - 1) * (occ + hop_lat)
     # 1e-3 s and G/r/bw are not binary fractions: the simulator's chain of events and this
     # closed form (about 4 roundings per ring step) each within sim_rel
     assert res.makespan_s == pytest.approx(expect, rel=2 * sim_rel(res))
