@@ -267,6 +267,7 @@ module train_conv_unit #(
     wire [PE*SIMD*48-1:0] gt;
     wire [MH*48-1:0] gb;
     wire [PE*SIMD*16-1:0] bt;
+    wire [47:0] ard;      // the all-reduce port (replicated stages) is idle here
     assign peek_tile = bt;
     train_conv_fwd #(.C(C), .H(H), .W(W), .K(K), .STRIDE(STRIDE), .PAD(PAD), .OH(OH), .OW(OW), .MH(MH), .PE(PE),
                      .SIMD(SIMD), .ELEM_W(16), .FRAC(10), .ACC_W(48), .ADDR_W(ADDR_W)) f (
@@ -277,7 +278,8 @@ module train_conv_unit #(
     conv_bwd_w #(.C(C), .H(H), .W(W), .K(K), .STRIDE(STRIDE), .PAD(PAD), .OH(OH), .OW(OW), .MH(MH), .PE(PE),
                  .SIMD(SIMD), .ELEM_W(16), .ACC_W(48), .ADDR_W(ADDR_W)) bw (
         .clk(clk), .rst(rst), .start(bw_start), .dy(dy), .x(x), .done(bw_done), .g_addr(ga), .g_clr(gclr),
-        .g_clr_bias(gclrb), .g_tile(gt), .g_bias(gb));
+        .g_clr_bias(gclrb), .g_tile(gt), .g_bias(gb), .ar_raddr(16'd0), .ar_rdata(ard), .ar_we(1'b0),
+        .ar_add(1'b0), .ar_waddr(16'd0), .ar_wdata(48'd0));
     sgd_update #(.MW(K*K*C), .MH(MH), .PE(PE), .SIMD(SIMD), .ELEM_W(16), .FRAC(10), .ACC_W(48), .ADDR_W(ADDR_W),
                  .MU_Q(MU_Q), .LR_Q(LR_Q), .LR_SHIFT(LR_SHIFT), .NAME("unit")) u (
         .clk(clk), .rst(rst), .rd_a_addr(fa), .rd_a_tile(ft), .rd_b_addr(peek ? peek_addr : ba), .rd_b_tile(bt),
