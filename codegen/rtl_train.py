@@ -276,6 +276,9 @@ def _train_layer(l, f) -> TrainLayer:
     functions the planner prices the layer with: plan.yaml ``cycles.fwd`` / ``cycles.bwd``)."""
     name, ident = l.name, _ident(l.name)
     if l.type in WEIGHT_KINDS:
+        if f is None:   # the plan gives the layer no PE x SIMD of its own (e.g. a stage's layers share one array)
+            raise Unsupported(f"layer {name}: the plan has no folding for it; the training RTL builds one engine "
+                              "per folded layer")
         if l.type == "dense":
             mh, mw, pix, geom = l.out_elems, l.in_elems, 1, {}
         else:
