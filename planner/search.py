@@ -731,15 +731,27 @@ class Explorer:
         order (a stage's replicas share a host, the pipeline crosses the uplinks) and, with
         several hosts, host-interleaved order (board i of every host in turn: replicas
         spread over hosts, so the all-reduce crosses the uplinks and the pipeline stays
-        inside a host)."""
+        inside a host). Topology order also starts from every host whose rotation puts other
+        boards first, so a plan on fewer boards can use any host's boards."""
         hosts: dict = {}
         for i, cb in enumerate(self.boards):
             hosts.setdefault(cb.host, []).append(i)
-        out = [tuple(range(self.N))]
-        if len(hosts) > 1:
-            cols = list(hosts.values())
-            out.append(tuple(h[i] for i in range(max(map(len, cols))) for h in cols if i < len(h)))
-        return out
+        cols = list(hosts.values())
+        out = []
+        # each order also from every host on (hosts in turn, wrapping): a plan on fewer boards
+        # than the cluster has then starts on any host, not always on board 0 (on a
+        # heterogeneous cluster the fastest boards may sit anywhere; bench/bench_planner_placement.py)
+        seen = set()
+        for k in range(len(cols)):
+            rot = cols[k:] + cols[:k]
+            sig = tuple(tuple(self.boards[b].board.name for b in h) for h in rot)
+            if sig in seen:   # a rotation onto hosts of the same boards, in the same turn: the same plans
+                continue
+            seen.add(sig)
+            out.append(tuple(b for h in rot for b in h))
+            if len(cols) > 1 and k == 0:   # interleaved from host 0 only (the search's time)
+                out.append(tuple(h[i] for i in range(max(map(len, rot))) for h in rot if i < len(h)))
+        return list(dict.fromkeys(out))
 
     def uniform_r(self, groups) -> int:
         """r when ``groups`` is the plain layout (r consecutive boards per position from board

@@ -66,13 +66,25 @@ def _instance(rng: random.Random):
 
 
 def _orders(cluster) -> list[tuple[int, ...]]:
-    """Topology order and host-interleaved order (board i of every host in turn)."""
+    """Topology order and host-interleaved order (board i of every host in turn), each
+    starting from every host (hosts in turn, wrapping) whose rotation is of other boards.
+    Every placement, not only these orders' blocks, is bench/bench_planner_placement.py's."""
     hosts: dict = {}
     for i, cb in enumerate(cluster.boards):
         hosts.setdefault(cb.host, []).append(i)
     cols = list(hosts.values())
-    inter = [h[i] for i in range(max(map(len, cols))) for h in cols if i < len(h)]
-    return [tuple(range(len(cluster.boards))), tuple(inter)]
+    out = []
+    seen = set()
+    for k in range(len(cols)):
+        rot = cols[k:] + cols[:k]
+        sig = tuple(tuple(cluster.boards[b].board.name for b in h) for h in rot)
+        if sig in seen:   # a rotation onto hosts of the same boards, in the same turn: the same plans
+            continue
+        seen.add(sig)
+        out.append(tuple(b for h in rot for b in h))
+        if k == 0:
+            out.append(tuple(h[i] for i in range(max(map(len, rot))) for h in rot if i < len(h)))
+    return list(dict.fromkeys(out))
 
 
 def _vectors(N: int, pmax: int):
@@ -128,7 +140,7 @@ def _brute(ex: Explorer, schedule: str, m: int) -> float:
                 if schedule == "interleaved":
                     # v = 2 chunks per board: uniform replicas in topology order only
                     r = vec[0]
-                    if order != _orders(ex.cluster)[0] or any(x != r for x in vec) or mb % r or m % p \
+                    if order != tuple(range(ex.N)) or any(x != r for x in vec) or mb % r or m % p \
                             or 2 * p > ex.n:
                         continue
                     c = Config(schedule, 2, r, p, m, mb // r, rc)
