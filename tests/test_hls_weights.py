@@ -131,7 +131,8 @@ def test_tiny_cnn_weights_all_stay_on_chip_for_the_call(tmp_path, monkeypatch):
 
 
 @pytest.mark.csim
-@pytest.mark.slow   # one stage kernel compiled and run (~15 s)
+@pytest.mark.slow
+@pytest.mark.soak   # one stage kernel compiled and run (~15 s): make test-all (make test sat at 9 min 59 s)
 @pytest.mark.skipif(toolchain.gxx() is None or toolchain.ap_types_dir() is None,
                     reason="needs g++ and the hls4ml ap_types headers")
 def test_tiny_cnn_weight_tiles_and_streams_are_bit_exact(tmp_path, monkeypatch):
