@@ -437,6 +437,24 @@ def relu_bwd_cycles(elems: int, lanes: int) -> int:
     return stream_cycles(elems, lanes)
 
 
+def batchnorm_train_cycles(elems: int, lanes: int) -> tuple[int, int]:
+    """(forward, backward) cycles per sample of an affine batchnorm's training engine
+    (hls_templates/rtl/train_batchnorm; fpga_models.train_fixed: y = x scale + shift, scale and
+    shift trained): ``lanes`` elements a cycle both ways; the backward's one pass writes
+    dx = dy scale and adds dy x and dy into the per-channel sums (HLS batchnorm_bwd_train: n/L
+    a sample too). The planner's backward work for batchnorm is 2.0 x (fpga_models.cost._BWD_WORK,
+    a batch-statistics norm's two passes), so it charges one stream pass more than this engine."""
+    n = stream_cycles(elems, lanes)
+    return n, n
+
+
+def add_train_cycles(elems: int, lanes: int) -> int:
+    """Cycles per sample of a saturating two-input sum at ``lanes`` elements a cycle
+    (hls_templates/rtl/train_add): a residual add's forward, and in backward the sum of the two
+    gradients where its skip branch forked (the add's own backward passes dy on unchanged)."""
+    return stream_cycles(elems, lanes)
+
+
 def sgd_update_cycles(mh: int, mw: int, pe: int, simd: int) -> int:
     """Cycles of one SGD(+momentum) update of an MH x MW dense layer: one PE x SIMD tile of
     weights (and velocities) a cycle, the MH biases with the last tile; the training RTL runs it
