@@ -41,13 +41,16 @@ module train_bn_unit #(
     wire gclr, gclrb, infl;
     wire [C*48-1:0] gt, gb;
     wire [C*48-1:0] unused_t, unused_b;
+    wire [47:0] ar_f, ar_b;
     wire [C*16-1:0] scale_b;
     train_batchnorm #(.N(N), .C(C), .LANES(LANES), .ELEM_W(16), .FRAC(10), .ACC_W(48), .BWD(0), .CNT_W(CNT_W)) f (
         .clk(clk), .rst(rst), .start(f_start), .x(x), .dy(x), .scale(scale), .shift(shift), .g_clr(1'b0),
-        .g_clr_bias(1'b0), .y(y), .done(f_done), .g_tile(unused_t), .g_bias(unused_b));
+        .g_clr_bias(1'b0), .y(y), .done(f_done), .g_tile(unused_t), .g_bias(unused_b), .ar_raddr(16'd0), .ar_we(1'b0),
+        .ar_add(1'b0), .ar_waddr(16'd0), .ar_wdata(48'd0), .ar_rdata(ar_f));
     train_batchnorm #(.N(N), .C(C), .LANES(LANES), .ELEM_W(16), .FRAC(10), .ACC_W(48), .BWD(1), .CNT_W(CNT_W)) b (
         .clk(clk), .rst(rst), .start(b_start), .x(xs), .dy(dy), .scale(scale_b), .shift(shift), .g_clr(gclr),
-        .g_clr_bias(gclrb), .y(dx), .done(b_done), .g_tile(gt), .g_bias(gb));
+        .g_clr_bias(gclrb), .y(dx), .done(b_done), .g_tile(gt), .g_bias(gb), .ar_raddr(16'd0), .ar_we(1'b0),
+        .ar_add(1'b0), .ar_waddr(16'd0), .ar_wdata(48'd0), .ar_rdata(ar_b));
     sgd_update #(.MW(1), .MH(C), .PE(C), .SIMD(1), .ELEM_W(16), .FRAC(10), .ACC_W(48), .ADDR_W(1),
                  .MU_Q(MU_Q), .LR_Q(LR_Q), .LR_SHIFT(LR_SHIFT), .NAME("unit")) u (
         .clk(clk), .rst(rst), .rd_a_addr(1'b0), .rd_a_tile(scale), .rd_b_addr(1'b0), .rd_b_tile(scale_b),
