@@ -26,6 +26,7 @@ from . import partition as part
 from fpga_models.allocate import allocate_stage, engine_share, tm_spill_cycles, tm_weight_cycles
 
 from .peer_pipedream import PeerInput, cluster_levels, solve as peer_solve
+from .placement import board_classes, placements
 from fpga_models.collective import ring_allreduce_fpga_s, ring_allreduce_s, ring_hop_s, ring_steps
 from .pipeline import replay, replay_2bw, replay_pipedream, steady_pipedream
 from .mesh import Resharder, cut_layouts, cut_shape, tp_stage_model
@@ -44,6 +45,9 @@ DEPTH_SLACK = 3.0
 GROUP_SLACK = 0.05  # explore's slack for per-position replica groups (see explore)
 REPLAY_M = 128      # micro-batches replayed exactly before the replay is extrapolated (finish)
 GROUP_BOARDS = 8    # clusters up to this size search every per-position replica vector
+# every placement (planner.placement: boards to positions or idle, up to interchangeable
+# boards) is searched when there are at most this many, else the board orders of Explorer.orders
+PLACE_LAYOUTS = 2000
 STREAM_K = 16       # asynchronous PipeDream: J of a stream of this many iterations (Explorer.jm)
 HIER_BOARDS = 16    # beyond GROUP_BOARDS and up to this size: PipeDream's hierarchical DP proposes groups
 HIER_BLOCKS = 64    # hier_layouts: the DP's layers (larger models merge consecutive layers into blocks)
@@ -77,6 +81,7 @@ class Request:
     measured: dict | None = None         # {board type or None: {layer: {fwd_s, bwd_s}}} per sample
     meshes: tuple[int, ...] | None = (1,)   # tensor-parallel mesh sizes to explore (None = auto)
     whole_blocks: bool = False           # cut only where one tensor crosses (no open skip)
+    placement_limit: int | None = None   # exact placements enumerated up to this many (None: PLACE_LAYOUTS)
 
 
 @dataclass(frozen=True, order=True)
@@ -196,6 +201,7 @@ class Explorer:
         self.n = len(model.layers)
         self.train = req.mode == "train"
         self.layouts = cut_layouts(model)
+        self.placement_exact = False   # every placement searched (every_placement), not board orders
         self.resharder = Resharder(cluster, self.bpe)
 
     # ---- building blocks -------------------------------------------------------------
@@ -768,6 +774,9 @@ class Explorer:
         HIER_BOARDS, the layouts of :meth:`hier_layouts`."""
         if self.N > GROUP_BOARDS:
             return [g for g in self.hier_layouts() if max(len(x) for x in g) <= rmax]
+        every = self.every_placement(rmax)
+        if every is not None:
+            return every
         out = set()
 
         def vectors(left: int, p_left: int):
@@ -790,6 +799,21 @@ class Explorer:
                 if all(self.stage_type(probe, d) is not None for d in range(len(g))):
                     out.add(g)
         return sorted(out)
+
+    def every_placement(self, rmax: int) -> list[tuple[tuple[int, ...], ...]] | None:
+        """Every placement (planner.placement.placements: each position any non-empty
+        single-type group of at most ``rmax`` boards, replicas in topology order, boards left
+        idle allowed), one per class of interchangeable boards' pattern; None when there are
+        more than the request's placement limit (then :meth:`replica_layouts` cuts groups from
+        :meth:`orders`). Sets ``placement_exact``."""
+        lim = self.req.placement_limit if self.req.placement_limit is not None else PLACE_LAYOUTS
+        key = ("every", rmax, lim)
+        if key not in self._links:
+            types = [cb.board.name for cb in self.boards]
+            self._links[key] = placements(types, board_classes(self.cluster, self.boards),
+                                          min(self.n, self.N), rmax, lim)
+        self.placement_exact = self._links[key] is not None
+        return self._links[key]
 
     def jm(self, c: Config) -> int:
         """The micro-batch count J is computed with: m, or for asynchronous PipeDream (one
