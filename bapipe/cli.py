@@ -190,8 +190,10 @@ def _add_args(name: str, p: argparse.ArgumentParser) -> None:
             p.add_argument("--stage-samples", type=int, default=None,
                            help="samples each stage runs alone (default 3-16, to keep all stages near "
                                 "2M simulated cycles)")
-            p.add_argument("--iterations", type=int, default=2,
-                           help="training builds (mode: train plans): iterations of the schedule to simulate")
+            p.add_argument("--iterations", type=int, default=None,
+                           help="training builds (mode: train plans): iterations of the schedule to simulate "
+                                "(default 2 when they stay under 20 M simulated cycles, else 0; 0 runs the "
+                                "forward pipeline only)")
         if name == "csim":
             p.add_argument("--seed", type=_seed, default=0, help="seed of the random inputs")
             p.add_argument("--samples", type=int, default=4, help="random inputs per stage (big stages run 1)")

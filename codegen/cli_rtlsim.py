@@ -57,6 +57,44 @@ def default_samples(man: dict) -> int:
     return int(min(16, max(3, SAMPLE_BUDGET_CYCLES // max(1.0, steady))))
 
 
+#: iterations a training build simulates when --iterations is not given
+DEFAULT_ITERATIONS = 2
+#: simulated cycles (plan's iteration cycles x DEFAULT_ITERATIONS) above which a training
+#: build's default run is the forward pipeline: VGG-16's 224.5 M-cycle iterations would take
+#: hours in Verilator (and minutes of numpy reference) where the demo's take 9 k cycles
+TRAIN_BUDGET_CYCLES = 20_000_000
+
+
+def default_iterations(build: Path) -> tuple[int, str | None]:
+    """Training iterations a default rtlsim of ``build`` simulates, and why none when 0.
+
+    DEFAULT_ITERATIONS when they fit TRAIN_BUDGET_CYCLES, else 0 (the forward pipeline check
+    only, with the reason reported; ``--iterations K`` still runs K)."""
+    path = build / "rtl" / "train" / "manifest.json"
+    man = read_manifest(path)
+    plan_it = float(man.get("plan_iteration_cycles") or 0)
+    cycles = DEFAULT_ITERATIONS * max(plan_it, float(man.get("sequential_cycles") or 0))
+    if cycles <= TRAIN_BUDGET_CYCLES:
+        return DEFAULT_ITERATIONS, None
+    return 0, (f"{DEFAULT_ITERATIONS} training iterations would simulate {cycles:,.0f} cycles, over the "
+               f"default budget of {TRAIN_BUDGET_CYCLES:,}: ran the forward pipeline; pass --iterations K "
+               f"to simulate K iterations")
+
+
+def per_trained_sample(r: dict) -> dict:
+    """The forward run's keys for a training run, per trained sample: samples trained,
+    measured and planned cycles per sample (iteration cycles / samples an iteration), error,
+    simulation speed; so every rtlsim --json carries the same headline keys."""
+    batch = int(r["microbatches"]) * int(r.get("microbatch_size", 1))
+    cyc, plan_it = r.get("iteration_cycles") or [], r.get("plan_iteration_cycles")
+    cps = sum(cyc) / (len(cyc) * batch) if cyc else None
+    pred = plan_it / batch if plan_it else None
+    return {"samples": int(r["iterations"]) * batch, "cycles_per_sample": cps,
+            "predicted_cycles_per_sample": pred,
+            "error": (cps - pred) / pred if cps is not None and pred else None,
+            "sim_cycles_per_s": r["sim_cycles"] / r["wall_s"] if r.get("wall_s") else None}
+
+
 def cmd_rtlsim(args):
     """Run the pipeline; --json -> outputs_match, samples, cycles_per_sample, predicted, error, speed."""
     from fpga_models.fixedpoint import quantize
@@ -68,7 +106,16 @@ def cmd_rtlsim(args):
     samples = getattr(args, "samples", None)
     if samples is not None and not 2 <= int(samples) <= MAX_SAMPLES:
         raise SpecError(None, None, "--samples", f"expected 2..{MAX_SAMPLES} samples, got {samples}")
-    if (build / "rtl" / "train" / "manifest.json").exists():   # a mode: train plan: k iterations
+    iterations, skipped = getattr(args, "iterations", None), None
+    train_build = (build / "rtl" / "train" / "manifest.json").exists()
+    if iterations is not None and int(iterations) < 0:
+        raise SpecError(None, None, "--iterations", f"expected 0 (forward only) or more, got {iterations}")
+    if iterations is not None and int(iterations) > 0 and not train_build:
+        raise SpecError(None, None, "--iterations", "applies to training builds (mode: train plans); this "
+                        "build has no rtl/train/manifest.json")
+    if train_build and iterations is None:
+        iterations, skipped = default_iterations(build)
+    if train_build and int(iterations) > 0:   # a mode: train plan: k iterations
         from .cli_gen import check_build
         from .rtlsim_train import train_rtlsim
 
@@ -83,7 +130,8 @@ def cmd_rtlsim(args):
                 raise SpecError(None, None, opt, "applies to forward (mode: inference) builds; a training "
                                 "build runs whole iterations with the C++ harness (--iterations K)")
         check_build(build)
-        r = train_rtlsim(build, int(getattr(args, "iterations", 2)))
+        r = train_rtlsim(build, int(iterations))
+        r.update(per_trained_sample(r))
         r.update(stage_agreement(build))   # the forward stages against the plan, as for inference
         return r, (0 if r["weights_match"] and r["outputs_match"] else 1)
     man = _load_manifest(build)
@@ -134,6 +182,8 @@ def cmd_rtlsim(args):
     why = _train_unsupported(build)
     if why:   # a mode: train plan the training RTL cannot build: this run is the forward pass only
         result["training_unsupported"] = why
+    if train_build:   # the training RTL exists but this run is the forward pass: say why
+        result["training_skipped"] = skipped or "--iterations 0: ran the forward pipeline only"
     return result, (0 if match else 1)
 
 
@@ -193,4 +243,6 @@ def show_rtlsim(r: dict) -> str:
         lines.append("  WARNING: a link receiver overflowed (credit accounting error)")
     if r.get("training_unsupported"):
         lines.append(f"  training RTL not built ({r['training_unsupported']}): forward pass only")
+    if r.get("training_skipped"):
+        lines.append(f"  training RTL not simulated: {r['training_skipped']}")
     return "\n".join(lines)
