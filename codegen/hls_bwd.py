@@ -261,6 +261,7 @@ class _Builder:
 def build_bwd(plan, model, st, sc, fmt, board=None) -> BwdCtx:
     """The backward kernel of stage ``st`` (StageCtx ``sc`` holds its ports and weight arrays)."""
     from bapipe.plan import Folding
+    from fpga_models.gradients import gradient_tensors
 
     from .context import ident, mvu_dims
 
@@ -275,8 +276,10 @@ def build_bwd(plan, model, st, sc, fmt, board=None) -> BwdCtx:
         elems[l.name] = l.out_elems
     fold = {n: st.folding.get(n, Folding()) for n in st.layers}
 
-    # which gradients are needed: a layer is active when it learns or passes a needed gradient
-    needed: set[str] = {t for t in in_tensors if t not in model_inputs}
+    # which gradients are needed: a layer is active when it learns or passes a needed gradient;
+    # a stage input carries one unless no parameter lies upstream of it (the model's input:
+    # fpga_models.gradients, the rule the plan prices)
+    needed: set[str] = {t for t in in_tensors if t in gradient_tensors(model)}
     active: set[str] = set()
     for l in layers:
         if l.type in ("dense", "conv2d") or any(i in needed for i in l.inputs):
@@ -697,17 +700,21 @@ def _place_accumulators(users, b: _Builder, board, kernel_budget: int | None = N
 
 def plan_bwd_cycles(plan, model, index: int, board) -> dict:
     """The plan's backward cycles of stage ``index``: per micro-batch (plan.yaml cycles.bwd) and
-    per sample in steady state (dataflow: the slowest layer's fpga_models.cost bwd cycles at the
-    plan's folding; time-multiplexed: the micro-batch's cycles over its samples)."""
+    per sample in steady state (dataflow: the slowest layer's fpga_models.cost backward cycles at
+    the plan's folding, without the input gradient fpga_models.gradients says nothing reads;
+    time-multiplexed: the micro-batch's cycles over its samples)."""
     from bapipe.plan import Folding
     from fpga_models.cost import folding_cost
+    from fpga_models.gradients import backward_work, no_input_gradient
 
     st = plan.stages[index]
     beta = replica_batch(plan, st)
+    no_dx = no_input_gradient(model)
     per_layer = {}
     for n in st.layers:
         l = model.layers[model.index[n]]
-        per_layer[n] = folding_cost(l, board, st.folding.get(n, Folding()), plan.number_format, 1).bwd_cycles
+        c = folding_cost(l, board, st.folding.get(n, Folding()), plan.number_format, 1)
+        per_layer[n] = backward_work(c.bwd_in_cycles, c.bwd_w_cycles, n not in no_dx)
     mbc = float(st.cycles.get("bwd", 0))
     if st.style == "dataflow":
         steady = float(max(per_layer.values(), default=0))

@@ -32,11 +32,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Sequence
+from typing import Collection, Sequence
 
 from bapipe.layers import Layer
 
 from .boards import Board, bytes_per_element
+from .gradients import backward_work
 from .engines import (MAX_LANES, TM_SWITCH, WEIGHT_TILE_SHARE, conv_window_lanes, elementwise_lut, engine_kind,
                       frame_io_cycles, line_buffer_bytes, mvu_dsp, mvu_lut, turn_fill, weight_stream_beats,
                       weight_words, window_stream_fill)
@@ -377,12 +378,15 @@ class Allocation:
 
 
 def time_multiplexed(layers: list[Layer], board: Board, fmt: str = "fixed16", batch: int = 1,
-                     cap: float = 0.8, train: bool = True, chunks: int = 1) -> Allocation:
+                     cap: float = 0.8, train: bool = True, chunks: int = 1,
+                     no_dx: Collection[str] = frozenset()) -> Allocation:
     """Each layer at its fastest folding within the stage's share of the capped budget
     (:func:`stage_budget`, ``chunks`` stages on the board); times add up.
 
     Every sample costs each layer's turn (its cycles plus the engine's fill) and the
     sequencer's switch between jobs (fpga_models.engines), as the generated RTL runs it.
+    ``no_dx``: layers whose backward computes no input gradient
+    (fpga_models.gradients.no_input_gradient: the model input's is never built).
     """
     fold, fc, bc, dsp, lut = {}, 0, 0, 0, 0
     dsp_b, lut_b = stage_budget(board, cap, chunks, train)
@@ -392,7 +396,8 @@ def time_multiplexed(layers: list[Layer], board: Board, fmt: str = "fixed16", ba
         fill = turn_fill(engine_kind(l.type)) * batch
         fold[l.name] = (pe, simd)
         fc += c.fwd_cycles + (fill if c.fwd_cycles else 0)
-        bc += (c.bwd_cycles + (fill if c.bwd_cycles else 0)) if train else 0
+        b = backward_work(c.bwd_in_cycles, c.bwd_w_cycles, l.name not in no_dx)
+        bc += (b + (fill if b else 0)) if train else 0
         dsp, lut = max(dsp, c.dsp), max(lut, c.lut)
     fc += TM_SWITCH * batch if fc else 0
     bc += TM_SWITCH * batch if bc else 0
@@ -424,9 +429,10 @@ def _layer_options(l: Layer):
 
 
 def dataflow(layers: list[Layer], board: Board, fmt: str = "fixed16", batch: int = 1, cap: float = 0.8,
-             train: bool = True, chunks: int = 1) -> Allocation | None:
+             train: bool = True, chunks: int = 1, no_dx: Collection[str] = frozenset()) -> Allocation | None:
     """All layers resident; minimise the slowest layer's cycles within sum DSP / sum LUT of
     the stage's share of the capped budget (:func:`stage_budget`, ``chunks`` stages on the board).
+    ``no_dx``: as :func:`time_multiplexed`.
 
     None when even the smallest folding of every layer exceeds the budget.
     """
@@ -435,7 +441,8 @@ def dataflow(layers: list[Layer], board: Board, fmt: str = "fixed16", batch: int
     work, opts, mvu = [], [], []
     for l in layers:
         c1 = layer_cost(l, board, 1, 1, fmt, 1)
-        w = c1.fwd_cycles + (c1.bwd_cycles if train else 0)   # one engine does F and B: balance both
+        b1 = backward_work(c1.bwd_in_cycles, c1.bwd_w_cycles, l.name not in no_dx)
+        w = c1.fwd_cycles + (b1 if train else 0)   # one engine does F and B: balance both
         work.append(w)
         opts.append(_layer_options(l))
         mvu.append(None if matrix_shape(l) is None else True)
@@ -474,20 +481,22 @@ def dataflow(layers: list[Layer], board: Board, fmt: str = "fixed16", batch: int
         c = layer_cost(l, board, pe, simd, fmt, 1)
         fold[l.name] = (pe, simd)
         f_cyc.append(c.fwd_cycles)
-        b_cyc.append(c.bwd_cycles if train else 0)
+        b_cyc.append(backward_work(c.bwd_in_cycles, c.bwd_w_cycles, l.name not in no_dx) if train else 0)
     fwd = sum(f_cyc) + (batch - 1) * max(f_cyc, default=0)
     bwd = sum(b_cyc) + (batch - 1) * max(b_cyc, default=0)
     return Allocation("dataflow", fold, int(fwd), int(bwd), int(dsp), int(lut), board.clock_hz)
 
 
 def allocate_stage(layers: list[Layer], board: Board, fmt: str = "fixed16", batch: int = 1, cap: float = 0.8,
-                   train: bool = True, style: str = "auto", chunks: int = 1) -> Allocation:
+                   train: bool = True, style: str = "auto", chunks: int = 1,
+                   no_dx: Collection[str] = frozenset()) -> Allocation:
     """The faster of the two styles (``style`` may force one); ties go to time-multiplexed.
-    ``chunks``: stages on the board (each folded within its share, :func:`stage_budget`)."""
-    tm = time_multiplexed(layers, board, fmt, batch, cap, train, chunks)
+    ``chunks``: stages on the board (each folded within its share, :func:`stage_budget`);
+    ``no_dx``: layers without an input gradient (fpga_models.gradients.no_input_gradient)."""
+    tm = time_multiplexed(layers, board, fmt, batch, cap, train, chunks, no_dx)
     if style == "time-multiplexed":
         return tm
-    df = dataflow(layers, board, fmt, batch, cap, train, chunks)
+    df = dataflow(layers, board, fmt, batch, cap, train, chunks, no_dx)
     if style == "dataflow":
         return df if df is not None else tm
     if df is not None and df.fwd_cycles + df.bwd_cycles < tm.fwd_cycles + tm.bwd_cycles:

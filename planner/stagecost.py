@@ -26,6 +26,7 @@ from bapipe.spec import Model
 from bapipe.layers import TRAIN_ONLY
 from fpga_models.boards import Board, bytes_per_element
 from fpga_models.allocate import kernel_share, tm_fixed_bytes
+from fpga_models.gradients import backward_work, no_input_gradient
 from fpga_models.engines import TM_SWITCH, engine_kind, turn_fill, work_cycles
 from fpga_models.cost import (best_folding, layer_cost, elementwise_work, gpu_layer_cost, matrix_shape, onchip_capacity,
                               weight_copies)
@@ -38,7 +39,7 @@ class LayerTable:
     board: Board
     fold: list[tuple[int, int]]
     fwd_work: np.ndarray      # MACs (MVU) or element-ops per sample, forward
-    bwd_work: np.ndarray      # input-grad + weight-grad work per sample
+    bwd_work: np.ndarray      # input-grad (fpga_models.gradients) + weight-grad work per sample
     lanes: np.ndarray         # PE*SIMD (MVU) or lanes (elementwise)
     gpu_f: np.ndarray | None  # GPU roofline seconds per sample (None on FPGAs)
     gpu_b: np.ndarray | None
@@ -60,16 +61,19 @@ def layer_table(model: Model, board: Board, fmt: str, cap: float, measured: dict
             gf[k], gb[k] = g.fwd_s, g.bwd_s
             fold.append((1, 1))
     else:
+        no_dx = no_input_gradient(model)   # the model input's gradient is never computed
         for k, l in enumerate(model.layers):
             pe, simd = best_folding(l, board, fmt, board.usable_dsp * cap, board.usable_lut * cap)
             fold.append((pe, simd))
             lanes[k] = pe * simd
+            dx = l.name not in no_dx
             if matrix_shape(l) is not None:
-                fw[k], bw[k] = l.fwd_macs, l.bwd_macs
+                fw[k], bw[k] = l.fwd_macs, backward_work(l.bwd_in_macs, l.bwd_w_macs, dx)
                 if l.type == "conv2d":   # a window generator slower than the MVU bounds the layer
                     fw[k] = max(fw[k], layer_cost(l, board, pe, simd, fmt).fwd_cycles * lanes[k])
             else:
                 fw[k], bw[k] = elementwise_work(l)
+                bw[k] = backward_work(bw[k], 0, dx)
     fill = None
     if board.kind != "gpu":
         fill = np.array([turn_fill(engine_kind(l.type)) for l in model.layers], dtype=float)

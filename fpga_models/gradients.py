@@ -1,0 +1,47 @@
+"""Which backward passes a model's layers run: the one rule for the planner and the generators.
+
+A layer's backward has two parts (fpga_models.cost.LayerCost): the weight gradient
+(``bwd_w``, layers with parameters) and the input gradient (``bwd_in``: dx, for the layer
+before it). Nothing reads the gradient of a tensor that no parameter lies upstream of -- above
+all the model's input -- so no part builds or charges it (autograd's ``requires_grad``): the
+model's first convolution computes its dW and no dx, and an element-wise layer between the
+input and the first weighted layer has no backward at all.
+
+Read by the planner's layer table (planner.stagecost), the stage allocation
+(fpga_models.allocate), the HLS backward kernel and its plan figure (codegen.hls_bwd) and the
+training RTL (codegen.rtl_train).
+"""
+from __future__ import annotations
+
+from bapipe.layers import Layer
+from bapipe.spec import Model
+
+
+def gradient_tensors(model: Model) -> frozenset[str]:
+    """Tensors whose gradient the backward computes: the output of every layer with parameters
+    and of every layer one of whose inputs has a gradient (model inputs have none)."""
+    out: set[str] = set()
+    for l in model.layers:   # topological order
+        if l.params > 0 or any(i in out for i in l.inputs):
+            out.add(l.name)
+    return frozenset(out)
+
+
+def needs_input_gradient(layer: Layer, model: Model) -> bool:
+    """The layer's backward computes the gradient of its input(s): some input has a gradient
+    (:func:`gradient_tensors`), i.e. it is not fed only by the model's input through layers
+    without parameters."""
+    g = gradient_tensors(model)
+    return any(i in g for i in layer.inputs)
+
+
+def no_input_gradient(model: Model) -> frozenset[str]:
+    """Names of the layers whose backward computes no input gradient (:func:`needs_input_gradient`)."""
+    g = gradient_tensors(model)
+    return frozenset(l.name for l in model.layers if not any(i in g for i in l.inputs))
+
+
+def backward_work(bwd_in, bwd_w, needs_dx: bool):
+    """A layer's backward cycles (or MACs): its weight gradient's, plus its input gradient's when
+    it needs one (a layer without parameters has ``bwd_w`` 0, so it has no backward without one)."""
+    return bwd_w + (bwd_in if needs_dx else 0)
