@@ -4,7 +4,8 @@ A pass over the plan beside the forward lowering (``codegen.rtl_model``): every 
 pipeline gets, per layer, the engines its F and B ops need, and one op sequencer running
 the plan's schedule (``bapipe.schedules.device_ops``: GPipe, 1F1B, eager-1F1B):
 
-- dense: ``train_mvu_fwd`` (forward), ``mvu_bwd_in`` (dx = W^T dy), ``mvu_bwd_w`` (dW, db
+- dense: ``train_mvu_fwd`` (forward), ``mvu_bwd_in`` (dx = W^T dy; none for a layer reading
+  the model's input, fpga_models.gradients: board 0's gradient port then carries zeros), ``mvu_bwd_w`` (dW, db
   summed exactly over the iteration's micro-batches), ``sgd_update`` (owns the weight
   memory both MVUs read; SGD with momentum once per iteration), ``stash_mem`` (the input x);
 - relu: ``train_relu`` forward and backward, ``stash_mem`` (the input);
@@ -40,6 +41,7 @@ import numpy as np
 from bapipe.schedules import device_ops, stash_count
 from fpga_models import engines
 from fpga_models import train_fixed as tfx
+from fpga_models.gradients import no_input_gradient
 
 from .rtl_model import LinkSpec, Unsupported, clog2, elem_format, make_link, plan_weights
 
@@ -73,6 +75,7 @@ class TrainLayer:
     mh: int = 0               # weight matrix rows / columns (dense: units x inputs; conv2d: O x K*K*C)
     mw: int = 0
     geom: dict = field(default_factory=dict)   # conv2d / pools: c, h, w, k, stride, pad, oh, ow
+    dx: bool = True           # builds its input-gradient engine (fpga_models.gradients: not for the model input)
 
     @property
     def bwd_cycles(self) -> int:
@@ -125,7 +128,8 @@ class TrainBoard:
         out = [("F", f"{l.ident}_f", l.fwd_cycles) for l in self.layers if l.kind != "flatten"]
         for l in reversed(self.layers):
             if l.kind in WEIGHT_KINDS:
-                out += [("B", f"{l.ident}_bi", l.bwd_in_cycles), ("B", f"{l.ident}_bw", l.bwd_w_cycles)]
+                out += [("B", f"{l.ident}_bi", l.bwd_in_cycles)] if l.dx else []
+                out += [("B", f"{l.ident}_bw", l.bwd_w_cycles)]
             elif l.kind != "flatten":       # a flatten is a wire both ways (no engine, no cycles)
                 out.append(("B", f"{l.ident}_b", l.bwd_cycles))
         return out
@@ -207,6 +211,7 @@ def train_design(plan, model, cluster, params=None, plan_file: str = "plan.yaml"
     elem_w, frac = elem_format(plan.number_format, plan_file)
     params = plan_weights(plan, model) if params is None else params
     p, m = len(plan.stages), plan.microbatches
+    no_dx = no_input_gradient(model)   # nothing reads the model input's gradient: no engine, no cycles
     boards: list[TrainBoard] = []
     for s in plan.stages:
         if math.prod(s.mesh) != 1:
@@ -219,7 +224,13 @@ def train_design(plan, model, cluster, params=None, plan_file: str = "plan.yaml"
             l = model.layers[model.index[name]]
             if l.type not in TRAIN_TYPES:
                 raise Unsupported(f"layer {name}: no training engine for {l.type} (have {', '.join(TRAIN_TYPES)})")
-            layers.append(_train_layer(l, s.folding.get(name)))
+            t = _train_layer(l, s.folding.get(name))
+            if name in no_dx:
+                if t.kind not in WEIGHT_KINDS:
+                    raise Unsupported(f"layer {name}: the training RTL builds models whose first layers with no "
+                                      "input gradient have weights")
+                t.dx, t.bwd_in_cycles = False, 0
+            layers.append(t)
         d = s.device
         ops = [(op.kind, op.mb) for op in device_ops(plan.schedule, p, d, m)]
         boards.append(TrainBoard(s.index, s.boards[0], f"{_ident(s.boards[0])}_train", layers, ops,

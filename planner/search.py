@@ -24,6 +24,7 @@ from fpga_models.cluster import Cluster
 
 from . import partition as part
 from fpga_models.allocate import allocate_stage, engine_share, tm_spill_cycles, tm_weight_cycles
+from fpga_models.gradients import no_input_gradient
 
 from .peer_pipedream import PeerInput, cluster_levels, solve as peer_solve
 from .placement import board_classes, placements
@@ -1239,7 +1240,8 @@ class Explorer:
                 akey = ("alloc", a, b, btype, beta, c.v)
                 if akey not in self._links:
                     self._links[akey] = allocate_stage(list(self.model.layers[a:b + 1]), table.board, self.req.fmt,
-                                                       beta, self.req.cap, self.train, chunks=c.v)
+                                                       beta, self.req.cap, self.train, chunks=c.v,
+                                                       no_dx=no_input_gradient(self.model))
                 alloc = self._links[akey]
                 if alloc.style == "dataflow":
                     # the layer-pipelined engines are faster: same memory and spill traffic

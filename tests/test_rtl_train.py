@@ -150,8 +150,9 @@ def _cnn_plan(tmp: Path, schedule: str) -> Path:
 def test_cnn_op_cycles_are_the_plans(tmp_path, schedule):
     """tiny-cnn: every board's F and B op takes exactly the plan's stage cycles. conv2d engines take
     NF x SF x pixels a sample each way (conv1 8 x 9 at PE 8 x SIMD 9: 64 pixels x 1 tile = 64 forward,
-    64 + 64 backward), pools stream their window elements (pool1: 512 at 8 lanes = 64), the flatten
-    none: plan cycles.fwd / .bwd = 128/192, 192/256, 48/64, 1/2."""
+    64 backward: its dW, no input gradient for the model's input, fpga_models.gradients; conv2 64 +
+    64), pools stream their window elements (pool1: 512 at 8 lanes = 64), the flatten
+    none: plan cycles.fwd / .bwd = 128/128, 192/256, 48/64, 1/2."""
     from bapipe.plan import load_plan
     from bapipe.spec import load_model
     from fpga_models.cluster import load_cluster
@@ -163,7 +164,8 @@ def test_cnn_op_cycles_are_the_plans(tmp_path, schedule):
         ["conv2d", "relu"], ["conv2d", "relu", "maxpool"], ["conv2d", "relu", "avgpool"], ["flatten", "dense"]]
     got = [(b.op_fwd_cycles, b.op_bwd_cycles) for b in td.boards]
     assert got == [(s.cycles["fwd"], s.cycles["bwd"]) for s in plan.stages]
-    assert got == [(128, 192), (192, 256), (48, 64), (1, 2)]
+    assert got == [(128, 128), (192, 256), (48, 64), (1, 2)]
+    assert [s[1] for s in td.boards[0].steps()] == ["conv1_f", "relu1_f", "relu1_b", "conv1_bw"]
     assert [b.stashes for b in td.boards] == ([4, 4, 4, 4] if schedule == "gpipe" else [4, 3, 2, 1])
     steps = td.boards[3].steps()            # the flatten is a wire: no step either way
     assert [s[1] for s in steps] == ["fc_f", "fc_bi", "fc_bw"]
