@@ -23,6 +23,7 @@ import jinja2
 import numpy as np
 
 from .context import EMBED_LIMIT, PLATFORMS, ProjectCtx, StageCtx, _board_type_key
+from .hls_mac import share_mac
 from .hls_train import build_loss, loss_config, render_loss, update_config
 from .hls_train import render as render_train
 from .placement import link_lines, place_project
@@ -164,7 +165,8 @@ def render_files(ctx: ProjectCtx, plan_text: str, cluster=None, engines: str = "
         clk = _clock_ns(s.board_type, cluster)
         put(f"{d}/{d}.h", "stage.h.j2", header=c_hdr, s=s)
         put(f"{d}/{d}_layers.h", "stage_layers.h.j2", header=c_hdr, s=s)
-        put(f"{d}/{d}.cpp", "stage.cpp.j2", header=c_hdr, s=s)
+        # time-multiplexed: the MVU turns share one MAC array (codegen.hls_mac, the DSP rule)
+        put(f"{d}/{d}.cpp", "stage.cpp.j2", header=c_hdr, s=s, mac=share_mac(s.engine, s.index))
         put(f"{d}/{d}_weights.h", "weights.h.j2", header=c_hdr, s=s, embed_limit=EMBED_LIMIT)
         if s.engine is not None:
             put(f"{d}/{d}_roms.h", "stage_roms.h.j2", header=c_hdr, s=s)

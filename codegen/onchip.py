@@ -92,7 +92,17 @@ def engine_fixed_bytes(e, eb: int) -> int:
     units = list(getattr(e, "units", [])) + ([e.feed] if getattr(e, "feed", None) is not None else [])
     streams = list(e.streams) + [v for u in units for v in u.streams if v.name not in local]
     roms = sum(math.prod(r.shape) * eb for r in e.roms if not getattr(r, "external", False))
-    return sum(v.depth * v.lanes * eb for v in streams) + roms + e.line_buffer_elems * eb + e.acc_bytes
+    return (sum(v.depth * v.lanes * eb for v in streams) + roms + e.line_buffer_elems * eb + e.acc_bytes
+            + mac_buffer_bytes(e, eb))
+
+
+def mac_buffer_bytes(e, eb: int) -> int:
+    """A time-multiplexed kernel's shared MAC array keeps its input vector (the largest MW of its
+    MVU turns) for the row folds after the first (codegen.hls_mac); 0 without one."""
+    from .hls_mac import share_mac
+
+    share = share_mac(e, 0) if getattr(e, "units", None) else None
+    return share.xb * eb if share is not None else 0
 
 
 def frame_order(e) -> list[str]:

@@ -107,6 +107,15 @@ def _gen(tmp_path, monkeypatch, budget=None):
     return src, files
 
 
+def _tiles(src: str, n: int) -> list[tuple[int, int, int]]:
+    """(matrix elements, buffer half, element offset) of each MVU turn of the shared MAC array
+    (codegen.hls_mac) reading the weight buffer of ``n`` elements a half, in turn order."""
+    fold = {t: int(nf) * int(sf) * int(used) for t, nf, sf, used in
+            re.findall(r"case (\d+):\n\s+NF = (\d+), SF = (\d+), used = (\d+),", src)}
+    reads = re.findall(rf"case (\d+): {{\n\s+bapipe::w_tile<{n}, \d+, \d+> w = {{s0_wbuf\[(\d)\] \+ (\d+)L, 0}};", src)
+    return [(fold[t], int(h), int(o)) for t, h, o in reads]
+
+
 @pytest.mark.slow   # one project generated (~2 s alone)
 def test_tiny_cnn_weights_all_stay_on_chip_for_the_call(tmp_path, monkeypatch):
     """Its 2,440 weights (4,880 bytes) fit a U250 kernel's share: one buffer holds the four
@@ -123,8 +132,7 @@ def test_tiny_cnn_weights_all_stay_on_chip_for_the_call(tmp_path, monkeypatch):
                      ("s0_conv3_mvu_w", "648", "1152"), ("s0_fc_mvu_w", "1800", "640")]
     body = src[src.index("static void stage0_turns("):]
     assert body.index("s0_wload(") < body.index("for (int i = 0; i < n; i++)")   # once a call
-    tiles = re.findall(r"bapipe::mvu_tile<(\d+), (\d+), \d+, \d+, \w+, 1, 2440>\(\w+, \w+, s0_wbuf, 0, (\d+)L", src)
-    assert [(int(a) * int(b), int(o)) for a, b, o in tiles] == [(72, 0), (576, 72), (1_152, 648), (640, 1_800)]
+    assert _tiles(src, 2440) == [(72, 0, 0), (576, 0, 72), (1_152, 0, 648), (640, 0, 1_800)]
     km = kernel_memory(files, "stage0/stage0.cpp", "stage0")
     buf = [it for it in km.items if it.path.endswith("/s0_wbuf")]
     assert len(buf) == 1 and buf[0].bits == 2_440 * 16 and buf[0].storage == "uram"
@@ -145,13 +153,12 @@ def test_tiny_cnn_weight_tiles_and_streams_are_bit_exact(tmp_path, monkeypatch):
 
     src, _files = _gen(tmp_path, monkeypatch, 4_000)
     assert "static bapipe::rom_t s0_wbuf[2][1152];" in src
-    tiles = re.findall(r"bapipe::mvu_tile<(\d+), (\d+), \d+, \d+, \w+, 2, 1152>\(\w+, \w+, s0_wbuf, (\d), 0L", src)
-    assert [(int(a) * int(b), int(h)) for a, b, h in tiles] == [(72, 0), (576, 1), (1_152, 0)]
+    assert _tiles(src, 1152) == [(72, 0, 0), (576, 1, 0), (1_152, 0, 0)]
     fetch = re.findall(r"bapipe::weight_fetch<2, 1152, 512>\((\w+), s0_wbuf, (\d), 0L, (\d+)L", src)
     assert fetch == [("s0_conv1_mvu_w", "0", "72"), ("s0_conv2_mvu_w", "1", "576"), ("s0_conv3_mvu_w", "0", "1152")]
     assert src.index("static void s0_wfill(") < src.index("static void s0_turn0(")
     assert re.search(r"bapipe::weight_stream<1, 512>\(s0_fc_mvu_w, s0_fc_mvu_ws, 640L, \(long\)n \* 1\)", src)
-    assert "hls::stream<bapipe::vec<1>, 2> s0_fc_mvu_ws" in src and "bapipe::mvu_fifo<10, 64, 1, 1" in src
+    assert "hls::stream<bapipe::vec<1>, 2> s0_fc_mvu_ws" in src and "bapipe::w_fifo<1, 1> w; w.ws = &s0_fc_mvu_ws" in src
     assert "frame_write<" in src
     r = cs.csim_project(tmp_path, samples=2)
     assert r["passed"] and r["model_max_abs_err_lsb"] == 0, r
