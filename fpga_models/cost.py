@@ -33,8 +33,10 @@ from .engines import (LUT_PER_LANE_OP, LUT_PER_LAYER, LUT_PER_MAC, MAX_LANES, MV
                       elementwise_dsp, elementwise_lut, line_buffer_bytes, mvu_cycles, mvu_dsp, mvu_lut, stream_cycles,
                       stream_elements)
 
-#: elementwise work per output element in backward relative to forward (norms recompute statistics)
-_BWD_WORK = {"layernorm": 2.0, "batchnorm": 2.0, "softmax": 2.0, "gelu": 2.0, "tanh": 1.0, "sigmoid": 1.0}
+#: elementwise work per output element in backward relative to forward (norms recompute statistics;
+#: batchnorm is not here: BaPipe trains it affine, fpga_models.train_fixed, one pass each way as the
+#: RTL and HLS engines run it, fpga_models.engines.batchnorm_train_cycles)
+_BWD_WORK = {"layernorm": 2.0, "softmax": 2.0, "gelu": 2.0, "tanh": 1.0, "sigmoid": 1.0}
 #: GPU formats: fixed16 has no GPU datapath, run it as fp16; bf16 falls back to fp32 where absent
 _GPU_FMT = {"fixed16": "fp16"}
 

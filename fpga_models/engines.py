@@ -442,8 +442,8 @@ def batchnorm_train_cycles(elems: int, lanes: int) -> tuple[int, int]:
     (hls_templates/rtl/train_batchnorm; fpga_models.train_fixed: y = x scale + shift, scale and
     shift trained): ``lanes`` elements a cycle both ways; the backward's one pass writes
     dx = dy scale and adds dy x and dy into the per-channel sums (HLS batchnorm_bwd_train: n/L
-    a sample too). The planner's backward work for batchnorm is 2.0 x (fpga_models.cost._BWD_WORK,
-    a batch-statistics norm's two passes), so it charges one stream pass more than this engine."""
+    a sample too); the planner prices it the same (backward work 1.0 x, fpga_models.cost._BWD_WORK:
+    not the two passes of a batch-statistics norm)."""
     n = stream_cycles(elems, lanes)
     return n, n
 
