@@ -220,18 +220,24 @@ def test_relu_engines_bit_exact(n, lanes, bwd):
 
 
 @pytest.mark.slow  # renders a tiny-mlp training build and lints it whole (~10 s CPU)
-def test_training_rtl_lint_clean(tmp_path):
-    """`verilator --lint-only -Wall` reports nothing on a 4-board training cluster (every module)."""
+@pytest.mark.parametrize("samples,style", [(1, "dataflow"), (4, "dataflow"), (4, "time-multiplexed")])
+def test_training_rtl_lint_clean(tmp_path, samples, style):
+    """`verilator --lint-only -Wall` reports nothing on a 4-board training cluster (every module):
+    micro-batches of one sample, of 4 samples streaming through the layers (the per-sample
+    buffers), and of 4 samples one engine at a time (time-multiplexed stages)."""
+    from dataclasses import replace
+
     from bapipe.toolchain import verilator_bin, wire_verilator
     from codegen.rtl_train import render_train, train_design
     from cocotb_tests.plans import hand_plan
 
     plan = hand_plan("tiny-mlp", "4xU250-ring", [["fc1", "relu1"], ["fc2", "relu2"], ["fc3", "relu3"], ["fc4"]],
-                     {"fc1": (4, 8), "fc2": (4, 8), "fc3": (4, 8), "fc4": (2, 4)}, mode="train")
+                     {"fc1": (4, 8), "fc2": (4, 8), "fc3": (4, 8), "fc4": (2, 4)}, mode="train", style=style)
+    plan = replace(plan, microbatch_size=samples, microbatches=2, global_batch=2 * samples)
     from fpga_models.plancheck import resolve
     model, cluster = resolve(plan)
     files = render_train(train_design(plan, model, cluster))
-    d = CACHE / "lint-train"
+    d = CACHE / f"lint-train-{samples}-{style}"
     d.mkdir(parents=True, exist_ok=True)
     for n, t in files.items():
         if n.endswith(".v"):

@@ -51,12 +51,9 @@ from .rtl_model import LinkSpec, Unsupported, clog2, elem_format, make_link, pla
 LEARNING_RATE = 0.05
 MOMENTUM = 0.9
 #: layer types the training RTL builds
-TRAIN_TYPES = ("dense", "relu", "conv2d", "maxpool", "avgpool", "flatten", "batchnorm", "add", "globalavgpool")
+TRAIN_TYPES = ("dense", "relu", "conv2d", "maxpool", "avgpool", "flatten")
 #: layers with weights (a forward, input-gradient and weight-gradient engine and an sgd_update)
 WEIGHT_KINDS = ("dense", "conv2d")
-#: layers whose parameters an sgd_update trains: dense and conv2d, and batchnorm (scale and shift as its
-#: MH = C, MW = 1 weights and biases; codegen.rtl_train_dag)
-TRAINED_KINDS = WEIGHT_KINDS + ("batchnorm",)
 
 
 @dataclass
@@ -78,8 +75,6 @@ class TrainLayer:
     mh: int = 0               # weight matrix rows / columns (dense: units x inputs; conv2d: O x K*K*C)
     mw: int = 0
     geom: dict = field(default_factory=dict)   # conv2d / pools: c, h, w, k, stride, pad, oh, ow
-    inputs: tuple = ()        # the board layers it reads, in order ("": the board's input vector)
-    fork_cycles: int = 0      # two board layers read its output: the backward sum of their gradients
     dx: bool = True           # builds its input-gradient engine (fpga_models.gradients: not for the model input)
 
     @property
@@ -105,6 +100,12 @@ class TrainBoard:
     rank: int = 0                  # replica index of its stage (replicated stages)
     replicas: int = 1              # replicas of its stage
     ring: dict | None = None       # replicated: the all-reduce engine's parameters (_ring_spec)
+    serial: bool = False           # a time-multiplexed stage: one engine at a time (else samples overlap)
+
+    @property
+    def engine_layers(self) -> list[TrainLayer]:
+        """The layers with engines (a flatten is a wire both ways): the sequencer's units."""
+        return [l for l in self.layers if l.kind != "flatten"]
 
     @property
     def fwd_cycles(self) -> int:
@@ -112,16 +113,29 @@ class TrainBoard:
 
     @property
     def bwd_cycles(self) -> int:
-        return sum(l.bwd_cycles + l.fork_cycles for l in self.layers)
+        return sum(l.bwd_cycles for l in self.layers)
+
+    def _op_cycles(self, per_layer: list[int]) -> int:
+        """An op's cycles from its units' cycles a sample. Dataflow: the samples stream through
+        the units (each starts a sample once the unit before has finished it and it has finished
+        the one before), sum + (beta - 1) x max, fpga_models.allocate.dataflow's stage cycles;
+        time-multiplexed (``serial``): one unit at a time, beta x sum."""
+        if not per_layer:
+            return 0
+        if self.serial:
+            return self.beta * sum(per_layer)
+        return sum(per_layer) + (self.beta - 1) * max(per_layer)
 
     @property
     def op_fwd_cycles(self) -> int:
-        """An F op: its micro-batch's samples one after another."""
-        return self.beta * self.fwd_cycles
+        """An F op: the micro-batch's samples through the forward units (:meth:`_op_cycles`)."""
+        return self._op_cycles([l.fwd_cycles for l in self.engine_layers])
 
     @property
     def op_bwd_cycles(self) -> int:
-        return self.beta * self.bwd_cycles
+        """A B op: through the backward units (a weighted layer's unit runs its input gradient,
+        then its weight gradient)."""
+        return self._op_cycles([l.bwd_cycles for l in self.engine_layers])
 
     @property
     def update_cycles(self) -> int:
@@ -132,12 +146,10 @@ class TrainBoard:
         updates are not steps: each trails its layer's last weight-gradient pass)."""
         out = [("F", f"{l.ident}_f", l.fwd_cycles) for l in self.layers if l.kind != "flatten"]
         for l in reversed(self.layers):
-            if l.fork_cycles:                # the two gradients of its output summed first
-                out.append(("B", f"{l.ident}_fs", l.fork_cycles))
             if l.kind in WEIGHT_KINDS:
                 out += [("B", f"{l.ident}_bi", l.bwd_in_cycles)] if l.dx else []
                 out += [("B", f"{l.ident}_bw", l.bwd_w_cycles)]
-            elif l.kind not in ("flatten", "add"):   # a flatten is a wire both ways, an add passes dy on
+            elif l.kind != "flatten":       # a flatten is a wire both ways (no engine, no cycles)
                 out.append(("B", f"{l.ident}_b", l.bwd_cycles))
         return out
 
@@ -238,13 +250,12 @@ def train_design(plan, model, cluster, params=None, plan_file: str = "plan.yaml"
                                       "input gradient have weights")
                 t.dx, t.bwd_in_cycles = False, 0
             layers.append(t)
-        from .rtl_train_dag import wire_graph
-        wire_graph(model, list(s.layers), layers)
         d = s.device
         ops = [(op.kind, op.mb) for op in device_ops(plan.schedule, p, d, m)]
         boards.append(TrainBoard(s.index, s.boards[0], f"{_ident(s.boards[0])}_train", layers, ops,
                                  stash_count(plan.schedule, p, d, m), layers[0].n_in, layers[-1].n_out,
-                                 float(s.cycles.get("fwd", 0)), float(s.cycles.get("bwd", 0)), plan.microbatch_size))
+                                 float(s.cycles.get("fwd", 0)), float(s.cycles.get("bwd", 0)), plan.microbatch_size,
+                                 serial=s.style == "time-multiplexed"))
     nrep = plan.stages[0].replicas
     boards = _replicate(plan, boards, nrep)
     clock = min(cb.board.clock_hz for cb in cluster.boards)
@@ -267,7 +278,7 @@ def train_design(plan, model, cluster, params=None, plan_file: str = "plan.yaml"
                           f"the engines' {2 * elem_w + 16} bits")
     rings = _ring_links(boards, nrep, p_, cluster, clock, elem_w)
     return TrainDesign(boards, links, lanes, elem_w, frac, plan.number_format, plan.schedule, m, clock, consts, tf,
-                       {l.name: params[l.name] for b in boards for l in b.layers if l.kind in TRAINED_KINDS},
+                       {l.name: params[l.name] for b in boards for l in b.layers if l.kind in WEIGHT_KINDS},
                        nrep, rings)
 
 
@@ -326,9 +337,6 @@ def _train_layer(l, f) -> TrainLayer:
         n = l.out_elems
         return TrainLayer(name, "relu", ident, n, n, lanes=lanes, fwd_cycles=engines.stream_cycles(n, lanes),
                           bwd_in_cycles=engines.relu_bwd_cycles(n, lanes))
-    if l.type in ("batchnorm", "add", "globalavgpool"):
-        from .rtl_train_dag import stream_layer
-        return stream_layer(l, lanes, TrainLayer)
     geom = _window_geom(l)
     fc, bc = engines.pool_train_cycles(engines.stream_elements(l), lanes)
     return TrainLayer(name, l.type, ident, l.in_elems, l.out_elems, lanes=lanes, fwd_cycles=fc, bwd_in_cycles=bc,
@@ -361,7 +369,7 @@ def _flat_layers(b) -> list[tuple[object, int, int]]:
     dense layer's MH x MW weight sums in tile order, then its MH bias sums."""
     out, off = [], 0
     for l in b.layers:
-        if l.kind in TRAINED_KINDS:           # the MH x MW matrix, then MH biases (batchnorm: C scales, C shifts)
+        if l.kind in WEIGHT_KINDS:            # dense and conv2d: the MH x MW matrix, then MH biases
             n = l.mh * l.mw + l.mh
             out.append((l, off, n))
             off += n
@@ -422,7 +430,8 @@ def train_reference(model, params: dict, m: int, fmt: str, consts: tfx.SgdConsta
     """
     tf = tfx.get_formats(fmt)
     up = tf.master.frac - tf.act.frac
-    master = {n: {k: np.asarray(a, dtype=np.int64) << up for k, a in p.items()} for n, p in params.items()}
+    master = {n: {"w": np.asarray(p["w"], dtype=np.int64) << up, "b": np.asarray(p["b"], dtype=np.int64) << up}
+              for n, p in params.items()}
     vel: dict = {}
     snaps, outs, dys = [], [], []
     for it in range(iterations):
@@ -432,7 +441,7 @@ def train_reference(model, params: dict, m: int, fmt: str, consts: tfx.SgdConsta
         master, vel, info = tfx.train_step(model, master, vel, xs, ls, consts, tf, microbatches=m)
         outs.append(info["logits"])
         dys.append(tfx.softmax_xent_grad(info["logits"], ls, tf))
-        snaps.append({n: {k: a.copy() for k, a in p.items()} for n, p in master.items()})
+        snaps.append({n: {"w": p["w"].copy(), "b": p["b"].copy()} for n, p in master.items()})
     return snaps, np.concatenate(outs), np.concatenate(dys)
 
 
@@ -494,7 +503,7 @@ def _board_ctx(td: TrainDesign, b: TrainBoard, first: bool, last: bool, in_lanes
              "lanes": l.lanes, "mh": l.mh, "mw": l.mw, "g": l.geom}
         if l.kind in WEIGHT_KINDS:
             d["addr_w"] = clog2(max(2, (l.mh // l.pe) * (l.mw // l.simd)))
-        elif l.kind in ("maxpool", "avgpool", "globalavgpool"):
+        elif l.kind in ("maxpool", "avgpool"):
             from fpga_models.fixedpoint import AVG_BITS, avg_recip
             d.update(f_cycles=l.fwd_cycles, b_cycles=l.bwd_in_cycles, f_ipc=-(-l.n_out // l.fwd_cycles),
                      b_ipc=-(-l.n_in // l.bwd_in_cycles), recip=avg_recip(l.geom["k"] ** 2), avg_bits=AVG_BITS,
@@ -503,15 +512,20 @@ def _board_ctx(td: TrainDesign, b: TrainBoard, first: bool, last: bool, in_lanes
             d["cnt_w"] = clog2(max(2, -(-l.n_in // l.lanes)))
         if b.ring:
             d["ar_off"] = b.ring["offsets"].get(l.ident, 0)
-        from .rtl_train_dag import board_ctx
-        d.update(board_ctx(b.layers, l, index))
         layers.append(d)
+    smp_w = clog2(beta + 1)
+    units = _unit_wiring(b, smp_w, slot_w)
+    for d, l in zip(layers, b.layers):
+        d.update(units.get(l.ident, {}))
+    n_u = len(b.engine_layers)
+    two = "".join("1" if units[l.ident]["two"] else "0" for l in b.engine_layers)   # bit u = unit u, MSB first
     return {
         "module": b.module, "board": b.name, "layers": layers, "steps": [{"phase": ph, "inst": i} for ph, i, _ in steps],
-        "n_f": nf_, "n_b": nb_, "step_w": clog2(max(2, len(steps))),
+        "n_f": n_u, "n_u": n_u, "two": f"{n_u}'b{two}", "serial": int(b.serial),
+        "overlap": beta > 1 and not b.serial, "n_b": nb_, "step_w": clog2(max(2, len(steps))),
         "nops": nops, "op_w": clog2(nops + 1), "kinds": f"{nops}'b{kinds}",
         "slots": f"{nops * base_w}'h{mbv:0{(nops * base_w + 3) // 4}x}", "slot_w": slot_w, "stashes": b.stashes,
-        "beta": beta, "base_w": base_w, "smp_w": clog2(beta),
+        "beta": beta, "base_w": base_w, "smp_w": smp_w, "idx_w": clog2(beta),
         "in_elems": b.in_elems, "out_elems": b.out_elems, "in_lanes": in_lanes, "out_lanes": out_lanes,
         "depth": td.microbatches * beta, "ptr_w": clog2(td.microbatches * beta),
         "in_beat_w": clog2(max(2, b.in_elems // in_lanes)), "out_beat_w": clog2(max(2, b.out_elems // out_lanes)),
@@ -521,6 +535,50 @@ def _board_ctx(td: TrainDesign, b: TrainBoard, first: bool, last: bool, in_lanes
         "first": first, "last": last, "iter_w": 16,
         "ar": b.ring, "name_sfx": _name_sfx(b),
     }
+
+
+def _unit_wiring(b: TrainBoard, smp_w: int, slot_w: int) -> dict:
+    """Per engine layer of a board, the sequencer signals its engines use (Verilog expressions):
+    forward unit u = the u-th engine layer, backward unit k = the k-th from the end; ``go`` /
+    ``dn``: each engine's start and done; ``src``: the forward unit whose output is the layer's
+    input (None: the board's input), ``dst`` / ``dst_done``: the backward unit whose input
+    gradient is the layer's output gradient (None: the board's gradient input) and its done;
+    ``fslot`` / ``bslot``: the stash slot of the sample in the forward / backward unit; ``fidx`` /
+    ``bidx``: the sample's index in the micro-batch's buffers (``src_idx``, ``dst_idx``: the
+    producers'); ``last``: the iteration's last backward sample of the layer."""
+    eng = b.engine_layers
+    n = len(eng)
+    idx_w = clog2(b.beta)
+    out = {}
+    for u, l in enumerate(eng):
+        k = n - 1 - u
+        two = l.kind in WEIGHT_KINDS and l.dx
+        f = {"f": f"f_start[{u}]"}
+        fd = {"f": f"f_done[{u}]"}
+        if l.kind in WEIGHT_KINDS:
+            if two:
+                go, dn = {"bi": f"b1_start[{k}]", "bw": f"b2_start[{k}]"}, {"bi": f"b1_done[{k}]", "bw": f"b2_done[{k}]"}
+            else:
+                go, dn = {"bw": f"b1_start[{k}]"}, {"bw": f"b1_done[{k}]"}
+        else:
+            go, dn = {"b": f"b1_start[{k}]"}, {"b": f"b1_done[{k}]"}
+        bsmp = f"b_smp[{k * smp_w} +: {smp_w}]"
+        dst = eng[u + 1] if u + 1 < n else None
+        out[l.ident] = {
+            "fu": u, "bu": k, "two": two, "go": {**f, **go}, "dn": {**fd, **dn},
+            "src": u - 1 if u > 0 else None,
+            "src_slot": f"f_slot[{(u - 1) * slot_w} +: {slot_w}]",
+            "dst": None if dst is None else k - 1,
+            "dst_done": None if dst is None else ("b2_done" if dst.kind in WEIGHT_KINDS and dst.dx else "b1_done")
+            + f"[{k - 1}]",
+            "fslot": f"f_slot[{u * slot_w} +: {slot_w}]", "bslot": f"b_slot[{k * slot_w} +: {slot_w}]",
+            # a sample's index in a buffer of the micro-batch (its values < beta need idx_w bits)
+            "fidx": f"f_smp[{u * smp_w} +: {idx_w}]", "bidx": f"b_smp[{k * smp_w} +: {idx_w}]",
+            "src_idx": f"f_smp[{(u - 1) * smp_w} +: {idx_w}]", "dst_idx": f"b_smp[{(k - 1) * smp_w} +: {idx_w}]",
+            "stash": l.kind != "avgpool",
+            "last": f"last_op && {bsmp} == {smp_w}'d{b.beta - 1}",
+        }
+    return out
 
 
 def _name_sfx(b) -> str:
@@ -537,13 +595,9 @@ def render_train(td: TrainDesign, plan_hash: str = "none") -> dict[str, str]:
     kinds = {l.kind for b in td.boards for l in b.layers}
     engines_of = {"dense": ("train_mvu_fwd", "mvu_bwd_in", "mvu_bwd_w", "sgd_update"),
                   "conv2d": ("train_conv_fwd", "conv_bwd_in", "conv_bwd_w", "sgd_update"),
-                  "relu": ("train_relu",), "maxpool": ("train_pool",), "avgpool": ("train_pool",),
-                  "globalavgpool": ("train_pool",), "batchnorm": ("train_batchnorm", "sgd_update"),
-                  "add": ("train_add",)}
+                  "relu": ("train_relu",), "maxpool": ("train_pool",), "avgpool": ("train_pool",)}
     needed = {"stash_mem", "train_vec_rx", "train_vec_tx", "train_sequencer"}
     needed.update(n for k in kinds for n in engines_of.get(k, ()))
-    if any(l.fork_cycles for b in td.boards for l in b.layers):
-        needed.add("train_add")
     for name in sorted(needed):
         files[f"{name}.v"] = render_template(name, plan_hash)
     if td.links:
@@ -565,10 +619,6 @@ def render_train(td: TrainDesign, plan_hash: str = "none") -> dict[str, str]:
                 p = td.params[l.name]
                 files[f"{l.ident}{_name_sfx(b)}_w.hex"] = hex_lines(tile_order(weight_matrix(p["w"]), l.pe, l.simd), td.elem_w)
                 files[f"{l.ident}{_name_sfx(b)}_b.hex"] = hex_lines(p["b"], td.elem_w)
-            elif l.kind == "batchnorm":       # scale and shift: the update's weights and biases
-                p = td.params[l.name]
-                files[f"{l.ident}{_name_sfx(b)}_w.hex"] = hex_lines(p["scale"], td.elem_w)
-                files[f"{l.ident}{_name_sfx(b)}_b.hex"] = hex_lines(p["shift"], td.elem_w)
     links = []
     for i, (l, t, (src, dst)) in enumerate(zip(td.links, td.transports, td.pairs)):
         bw = l.bytes_per_cycle
@@ -646,9 +696,8 @@ def plan_iteration_cycles(plan, clock_hz: float) -> float | None:
 def train_manifest(td: TrainDesign, plan, files: list[str]) -> dict:
     """rtl/train/manifest.json: what `bapipe rtlsim` needs to run and check the training build."""
     dense = [{"name": l.name, "ident": l.ident, "mh": l.mh, "mw": l.mw, "pe": l.pe, "simd": l.simd,
-              **({"conv": [l.mh, l.geom["c"], l.geom["k"], l.geom["k"]]} if l.kind == "conv2d" else {}),
-              **({"bn": True} if l.kind == "batchnorm" else {})}
-             for b in td.boards if b.rank == 0 for l in b.layers if l.kind in TRAINED_KINDS]
+              **({"conv": [l.mh, l.geom["c"], l.geom["k"], l.geom["k"]]} if l.kind == "conv2d" else {})}
+             for b in td.boards if b.rank == 0 for l in b.layers if l.kind in WEIGHT_KINDS]
     return {
         "training": True, "plan": plan.fingerprint(), "model": plan.model, "number_format": td.fmt,
         "microbatch_size": td.boards[0].beta * td.replicas, "replicas": td.replicas,
@@ -704,10 +753,6 @@ def train_reference_from_manifest(man: dict, rtl_dir, x_q, labels, iterations: i
     sfx0 = man.get("replica_sfx", [""])[0]     # replicas start equal: replica 0's images
     for l in man["dense"]:
         flat = read_hex((Path(rtl_dir) / f"{l['ident']}{sfx0}_w.hex").read_text(), man["elem_w"])
-        if l.get("bn"):                          # batchnorm: scale and shift
-            params[l["name"]] = {"scale": flat, "shift": read_hex((Path(rtl_dir) / f"{l['ident']}{sfx0}_b.hex")
-                                                             .read_text(), man["elem_w"])}
-            continue
         w = from_tile_order(flat, l["mh"], l["mw"], l["pe"], l["simd"])
         if "conv" in l:                          # (O, K*K*C) -> (O, C, K, K)
             o, c, kh, kw = l["conv"]
@@ -718,7 +763,5 @@ def train_reference_from_manifest(man: dict, rtl_dir, x_q, labels, iterations: i
     snaps, outs, dys = train_reference(model, params, man["microbatches"], man["number_format"], consts, x_q, labels,
                                        iterations, man.get("microbatch_size", 1))
     # the engines' weight memories hold MH x MW matrices: compare conv weights in that form
-    snaps = [{n: ({"w": weight_matrix(p["w"]), "b": p["b"]} if "w" in p else {"w": p["scale"].reshape(-1, 1),
-                                                                              "b": p["shift"]})
-              for n, p in snap.items()} for snap in snaps]
+    snaps = [{n: {"w": weight_matrix(p["w"]), "b": p["b"]} for n, p in snap.items()} for snap in snaps]
     return snaps, outs, dys

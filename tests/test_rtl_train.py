@@ -19,18 +19,51 @@ ROOT = Path(__file__).resolve().parent.parent
 _PLANS: dict[str, Path] = {}
 
 
-def _plan(tmp: Path, schedule: str) -> Path:
-    """tiny-mlp on 4 boards, one layer pair a board; --cap 0.3 keeps the MVUs at PE x SIMD <= 1024
-    with every stage dataflow (smaller caps make the planner pick time-multiplexed stages, whose
-    turn fills and switches the training RTL does not have: it is then 3-5% faster than the plan)."""
-    if schedule in _PLANS and _PLANS[schedule].exists():   # one planner run per schedule per session
-        return _PLANS[schedule]
-    out = tmp / f"mlp-{schedule}.yaml"
+def _plan(tmp: Path, schedule: str, microbatches: int = 4) -> Path:
+    """tiny-mlp on 4 boards, one layer pair a board, a global batch of 4 in ``microbatches``
+    micro-batches; --cap 0.3 keeps the MVUs at PE x SIMD <= 1024 with every stage dataflow
+    (smaller caps make the planner pick time-multiplexed stages, whose turn fills and switches
+    the training RTL does not have: it is then 3-5% faster than the plan)."""
+    key = schedule if microbatches == 4 else f"{schedule}-m{microbatches}"
+    if key in _PLANS and _PLANS[key].exists():   # one planner run per schedule per session
+        return _PLANS[key]
+    out = tmp / f"mlp-{key}.yaml"
     subprocess.run([sys.executable, "-m", "bapipe.cli", "plan", "tiny-mlp", "4xU250-ring", "--schedule", schedule,
-                    "--microbatches", "4", "--global-batch", "4", "--no-replication", "--partition",
+                    "--microbatches", str(microbatches), "--global-batch", "4", "--no-replication", "--partition",
                     "0-1,2-3,4-5,6", "--cap", "0.3", "-o", str(out), "--force"], check=True, capture_output=True)
-    _PLANS[schedule] = out
+    _PLANS[key] = out
     return out
+
+
+def _default_plan(tmp: Path) -> Path:
+    """tiny-mlp's default training plan (`bapipe plan tiny-mlp 4xU250-ring`): one dataflow board,
+    1F1B, one micro-batch of 32 samples."""
+    if "default" in _PLANS and _PLANS["default"].exists():
+        return _PLANS["default"]
+    out = tmp / "mlp-default.yaml"
+    subprocess.run([sys.executable, "-m", "bapipe.cli", "plan", "tiny-mlp", "4xU250-ring", "-o", str(out), "--force"],
+                   check=True, capture_output=True)
+    _PLANS["default"] = out
+    return out
+
+
+def _design(plan_path: Path):
+    """(plan, TrainDesign) of a plan file."""
+    from bapipe.plan import load_plan
+    from bapipe.spec import load_model
+    from fpga_models.cluster import load_cluster
+
+    plan = load_plan(plan_path)
+    return plan, train_design(plan, load_model(plan.model), load_cluster(plan.cluster))
+
+
+def _gen_rtlsim(plan: Path, build: Path, iterations: int = 2) -> dict:
+    """`bapipe gen` then `bapipe rtlsim --json --iterations k`: the JSON result."""
+    subprocess.run([sys.executable, "-m", "bapipe.cli", "gen", str(plan), "-o", str(build)], check=True,
+                   capture_output=True)
+    r = subprocess.run([sys.executable, "-m", "bapipe.cli", "rtlsim", str(build), "--json", "--iterations",
+                        str(iterations)], capture_output=True, text=True)
+    return json.loads(r.stdout)
 
 
 @pytest.mark.slow  # runs the planner (~2 s)
@@ -38,13 +71,8 @@ def _plan(tmp: Path, schedule: str) -> Path:
 def test_op_cycles_are_the_plans(tmp_path, schedule):
     """Every board's F and B op takes exactly the plan's stage cycles (cycles.fwd / .bwd), and
     the stashes are the schedule's (GPipe: m = 4; 1F1B: p - d)."""
-    from bapipe.plan import load_plan
-    from bapipe.spec import load_model
-    from fpga_models.cluster import load_cluster
-
-    plan = load_plan(_plan(tmp_path, schedule))
+    plan, td = _design(_plan(tmp_path, schedule))
     assert {s.style for s in plan.stages} == {"dataflow"}
-    td = train_design(plan, load_model(plan.model), load_cluster(plan.cluster))
     assert [(b.op_fwd_cycles, b.op_bwd_cycles) for b in td.boards] == \
         [(s.cycles["fwd"], s.cycles["bwd"]) for s in plan.stages]
     assert [b.stashes for b in td.boards] == ([4, 4, 4, 4] if schedule == "gpipe" else [4, 3, 2, 1])
@@ -55,12 +83,7 @@ def test_sgd_constants_are_train_fixeds(tmp_path):
     """The hardware update's constants are fpga_models.train_fixed.sgd_constants(0.05, 0.9, batch 4):
     MU = round(0.9 2^16) = 58982; lr / batch = 0.0125 lies in [2^-7, 2^-6), so L = 15 + 7 = 22,
     LR = round(0.0125 2^22) = 52429 and the shift is 22 + 22 - 24 = 20 (docs/training.md)."""
-    from bapipe.plan import load_plan
-    from bapipe.spec import load_model
-    from fpga_models.cluster import load_cluster
-
-    plan = load_plan(_plan(tmp_path, "gpipe"))
-    c = train_design(plan, load_model(plan.model), load_cluster(plan.cluster)).consts
+    c = _design(_plan(tmp_path, "gpipe"))[1].consts
     assert (c.mu, c.lr, c.lr_scale, c.shift) == (58982, 52429, 22, 20)
 
 
@@ -73,12 +96,7 @@ def test_links_are_priced_as_the_transport(tmp_path):
     150-cycle links: 64 elements = 4 words of 16 lanes, one 256-bit word a beat behind the
     32-bit header, 4 x 64 B / (119/3) = 6.4538 cycles (the payload alone would be 3.2269);
     32 elements: 2 beats, 3.2269; each arrives 150 + 3 (framing registers) cycles later."""
-    from bapipe.plan import load_plan
-    from bapipe.spec import load_model
-    from fpga_models.cluster import load_cluster
-
-    plan = load_plan(_plan(tmp_path, "gpipe"))
-    td = train_design(plan, load_model(plan.model), load_cluster(plan.cluster))
+    plan, td = _design(_plan(tmp_path, "gpipe"))
     clk = td.clock_hz
     occ = [x * clk for x in plan.predicted["link_occupancy_s"]]
     lat = [x * clk for x in plan.predicted["link_latency_s"]]
@@ -87,6 +105,28 @@ def test_links_are_priced_as_the_transport(tmp_path):
     assert lat == pytest.approx([t.delivery_latency for t in td.transports], rel=1e-9)
     assert [(t.words, t.sample_beats, t.delivery_latency) for t in td.transports] == [(1, 4, 153), (1, 4, 153), (1, 2, 153)]
     assert occ == pytest.approx([4 * 64 * 3 / 119, 4 * 64 * 3 / 119, 2 * 64 * 3 / 119], rel=1e-9)
+
+
+@pytest.mark.slow  # runs the planner twice (~4 s)
+def test_overlapped_op_cycles_are_the_plans(tmp_path):
+    """Micro-batches of several samples stream through a dataflow board's layers: an op takes
+    sum + (b - 1) x max of its units' cycles a sample (fpga_models.allocate.dataflow), exactly the
+    plan's cycles.fwd / .bwd. tiny-mlp's default plan (one board, 32 samples): forward units fc1,
+    relu1, fc2, relu2, fc3, relu3, fc4 take 4 cycles each (16 x 64 tiles of 64 x 64: NF x SF = 4;
+    64 / 16 lanes), 28 + 31 x 4 = 152 (one after another: 32 x 28 = 896); backward units fc4, relu3,
+    fc3, relu2, fc2, relu1, fc1 take 8, 4, 8, 4, 8, 4, 4 (input then weight gradient; fc1 has no
+    input gradient), 40 + 31 x 8 = 288 (in series 1,280). The 4-board plan with 2 micro-batches of 2
+    samples: 12/12, 12/20, 6/10, 2/4."""
+    plan, td = _design(_default_plan(tmp_path))
+    assert [(s.style, s.boards, plan.microbatch_size, plan.microbatches) for s in plan.stages] == \
+        [("dataflow", ["fpga0"], 32, 1)]
+    got = [(b.op_fwd_cycles, b.op_bwd_cycles) for b in td.boards]
+    assert got == [(s.cycles["fwd"], s.cycles["bwd"]) for s in plan.stages] == [(152, 288)]
+    b = td.boards[0]
+    assert (b.beta * b.fwd_cycles, b.beta * b.bwd_cycles) == (896, 1280)
+    plan, td = _design(_plan(tmp_path, "gpipe", microbatches=2))
+    got = [(b.op_fwd_cycles, b.op_bwd_cycles) for b in td.boards]
+    assert got == [(s.cycles["fwd"], s.cycles["bwd"]) for s in plan.stages] == [(12, 12), (12, 20), (6, 10), (2, 4)]
 
 
 def test_tile_order_round_trip():
@@ -107,20 +147,30 @@ def test_link_lanes_fill_a_cycle():
 
 @pytest.mark.verilator
 @pytest.mark.slow  # builds the 4-board training cluster once (~17 s CPU, 80 s wall on the shared machine), runs 4 s
-@pytest.mark.parametrize("schedule", ["gpipe", pytest.param("1f1b", marks=pytest.mark.soak),
-                                      pytest.param("eager-1f1b", marks=pytest.mark.soak)])
-def test_tiny_mlp_trains_bit_exact(tmp_path, schedule):
+@pytest.mark.parametrize("schedule,microbatches", [
+    ("gpipe", 4), pytest.param("1f1b", 4, marks=pytest.mark.soak), pytest.param("eager-1f1b", 4, marks=pytest.mark.soak),
+    pytest.param("gpipe", 2, marks=pytest.mark.soak)])
+def test_tiny_mlp_trains_bit_exact(tmp_path, schedule, microbatches):
     """`bapipe gen` + `bapipe rtlsim --iterations 2` on a tiny-mlp 4-board training plan, boards
     joined by the board-to-board transport (net_link): weights bit-exact against numpy after each
     iteration, outputs bit-exact, no overflow, iteration cycles within 2% of plan.yaml's iteration
-    time (gpipe measured 1063 / 1062 vs 1063.27 planned)."""
-    plan = _plan(tmp_path, schedule)
-    build = tmp_path / "build"
-    subprocess.run([sys.executable, "-m", "bapipe.cli", "gen", str(plan), "-o", str(build)], check=True,
-                   capture_output=True)
-    r = subprocess.run([sys.executable, "-m", "bapipe.cli", "rtlsim", str(build), "--json", "--iterations", "2"],
-                       capture_output=True, text=True)
-    res = json.loads(r.stdout)
+    time (gpipe measured 1063 / 1062 vs 1063.27 planned). With 2 micro-batches of 2 samples every
+    board streams its micro-batch's samples through its layers (docs/rtl.md)."""
+    res = _gen_rtlsim(_plan(tmp_path, schedule, microbatches), tmp_path / "build")
+    assert res["weights_match"] and res["outputs_match"] and not res["overflow"], res
+    assert len(res["iteration_cycles"]) == 2
+    assert res["max_iteration_error"] < 0.02, res
+
+
+@pytest.mark.verilator
+@pytest.mark.soak  # builds the one-board cluster of 16 x 64 MVUs (~45 s CPU, ~2 min wall on the shared machine)
+def test_tiny_mlp_default_plan_trains_bit_exact(tmp_path):
+    """tiny-mlp's default training plan (one board, one micro-batch of 32): the samples stream
+    through the layers as the plan prices the stage (152 + 288 cycles an iteration; one after
+    another they took 2,337): weights and outputs bit-exact after each of 2 iterations, iteration
+    cycles within 2% of the plan (docs/rtl.md)."""
+    res = _gen_rtlsim(_default_plan(tmp_path), tmp_path / "build")
+    assert res["microbatch_size"] == 32 and res["boards"] == ["fpga0"]
     assert res["weights_match"] and res["outputs_match"] and not res["overflow"], res
     assert len(res["iteration_cycles"]) == 2
     assert res["max_iteration_error"] < 0.02, res
@@ -153,13 +203,8 @@ def test_cnn_op_cycles_are_the_plans(tmp_path, schedule):
     64 backward: its dW, no input gradient for the model's input, fpga_models.gradients; conv2 64 +
     64), pools stream their window elements (pool1: 512 at 8 lanes = 64), the flatten
     none: plan cycles.fwd / .bwd = 128/128, 192/256, 48/64, 1/2."""
-    from bapipe.plan import load_plan
-    from bapipe.spec import load_model
-    from fpga_models.cluster import load_cluster
-
-    plan = load_plan(_cnn_plan(tmp_path, schedule))
+    plan, td = _design(_cnn_plan(tmp_path, schedule))
     assert {s.style for s in plan.stages} == {"dataflow"}
-    td = train_design(plan, load_model(plan.model), load_cluster(plan.cluster))
     assert [[l.kind for l in b.layers] for b in td.boards] == [
         ["conv2d", "relu"], ["conv2d", "relu", "maxpool"], ["conv2d", "relu", "avgpool"], ["flatten", "dense"]]
     got = [(b.op_fwd_cycles, b.op_bwd_cycles) for b in td.boards]
@@ -191,13 +236,8 @@ def test_tiny_cnn_trains_bit_exact(tmp_path, schedule):
     biases bit-exact against train_fixed.train_step after each iteration, outputs bit-exact, no
     overflow, iteration cycles within 2% of the plan (measured 3290 / 3289 vs 3286.98 gpipe, 3159 / 3158
     vs 3156.71 1f1b, 2777 / 2776 vs 2773.08 eager-1f1b)."""
-    plan = _cnn_plan(tmp_path, schedule)
     build = tmp_path / "build"
-    subprocess.run([sys.executable, "-m", "bapipe.cli", "gen", str(plan), "-o", str(build)], check=True,
-                   capture_output=True)
-    r = subprocess.run([sys.executable, "-m", "bapipe.cli", "rtlsim", str(build), "--json", "--iterations", "2"],
-                       capture_output=True, text=True)
-    res = json.loads(r.stdout)
+    res = _gen_rtlsim(_cnn_plan(tmp_path, schedule), build)
     assert res["weights_match"] and res["outputs_match"] and not res["overflow"], res
     assert len(res["iteration_cycles"]) == 2
     assert res["max_iteration_error"] < 0.02, res
@@ -232,13 +272,9 @@ def test_replicated_ring_is_priced_as_the_rtl_ring(tmp_path):
     holds fc1 (64 x 64 + 64) = 4,160 exact 48-bit sums, 2 shares of 2,080 sent as 208 words of
     10 sums (480 bits, one word a beat): 208 x 64 / (119/3) = 335.6 cycles of line and 150 + 3
     cycles of delivery a step, 2 steps; the replicas form replica-major chains."""
-    from bapipe.plan import load_plan
-    from bapipe.spec import load_model
     from codegen.rtl_train import design_record
-    from fpga_models.cluster import load_cluster
 
-    plan = load_plan(_rep_plan(tmp_path, "gpipe"))
-    td = train_design(plan, load_model(plan.model), load_cluster(plan.cluster))
+    plan, td = _design(_rep_plan(tmp_path, "gpipe"))
     assert [b.name for b in td.boards] == ["fpga0", "fpga2", "fpga1", "fpga3"]
     assert [(b.rank, b.beta) for b in td.boards] == [(0, 1), (0, 1), (1, 1), (1, 1)]
     rings = design_record(td, plan)["rings"]
@@ -265,13 +301,7 @@ def test_tiny_mlp_replicated_trains_bit_exact(tmp_path, schedule):
     two replica boards that reduce their weight-gradient sums in a ring over net_link: every
     replica's master weights equal train_step's after each iteration (so they equal each other),
     outputs bit-exact, no overflow, iteration cycles within 2% of the plan (docs/rtl.md)."""
-    plan = _rep_plan(tmp_path, schedule)
-    build = tmp_path / "build"
-    subprocess.run([sys.executable, "-m", "bapipe.cli", "gen", str(plan), "-o", str(build)], check=True,
-                   capture_output=True)
-    r = subprocess.run([sys.executable, "-m", "bapipe.cli", "rtlsim", str(build), "--json", "--iterations", "2"],
-                       capture_output=True, text=True)
-    res = json.loads(r.stdout)
+    res = _gen_rtlsim(_rep_plan(tmp_path, schedule), tmp_path / "build")
     assert res["replicas"] == 2 and len(res["boards"]) == 4
     assert res["weights_match"] and res["outputs_match"] and not res["overflow"], res
     assert len(res["iteration_cycles"]) == 2
@@ -290,12 +320,7 @@ def test_tiny_cnn_replicated_trains_bit_exact(tmp_path):
     subprocess.run([sys.executable, "-m", "bapipe.cli", "plan", "tiny-cnn", "4xU250-ring", "--mode", "train",
                     "--schedule", "gpipe", "--microbatches", "4", "--global-batch", "8", "--partition", "0-4x2,5-9x2",
                     "--cap", "1.0", "-o", str(plan), "--force"], check=True, capture_output=True)
-    build = tmp_path / "build"
-    subprocess.run([sys.executable, "-m", "bapipe.cli", "gen", str(plan), "-o", str(build)], check=True,
-                   capture_output=True)
-    r = subprocess.run([sys.executable, "-m", "bapipe.cli", "rtlsim", str(build), "--json", "--iterations", "2"],
-                       capture_output=True, text=True)
-    res = json.loads(r.stdout)
+    res = _gen_rtlsim(plan, tmp_path / "build")
     assert res["replicas"] == 2 and len(res["boards"]) == 4
     assert res["weights_match"] and res["outputs_match"] and not res["overflow"], res
     assert res["max_iteration_error"] < 0.02, res
