@@ -19,7 +19,7 @@ from fpga_models import fixedpoint as fx
 from fpga_models.allocate import frames_offchip, kernel_onchip_budget
 from fpga_models.engines import DDR_WORD_BITS, ddr_words_per_beat, swg_rows
 
-from .hls_weights import MvuCall, stream_weights
+from .hls_weights import MvuCall, load_weights_once, stream_weights
 
 #: Vitis HLS's default hls::stream depth (a wire with no FIFO node on it)
 DEFAULT_DEPTH = 2
@@ -43,6 +43,7 @@ class Rom:
     word_bits: int = 0                     # external, read as packed words of this many bits (codegen.hls_weights)
     words: int = 0                         # ... that many of them
     buffer: bool = False                   # an on-chip buffer the kernel writes (the weight tiles), not a ROM
+    banks: int = 0                         # buffer: cyclic banks of its last dim (elements read a cycle)
 
     @property
     def size(self) -> int:
@@ -144,6 +145,12 @@ class EngineStage:
     node_out: dict[str, str] = field(default_factory=dict)   # Design node -> the stream it writes
     writers: dict[str, str] = field(default_factory=dict)    # stream -> the call that writes it
     stashes: list = field(default_factory=list)   # training: stash writers (codegen.hls_stash.StashBuf)
+    loads: list[str] = field(default_factory=list)   # dataflow: weight copies filled per call (codegen.hls_weights)
+
+    @property
+    def buffers(self) -> list[Rom]:
+        """The on-chip buffers the kernel writes (weight tiles or copies), declared in its top function."""
+        return [r for r in self.roms if r.buffer]
 
     @property
     def turn_params(self) -> list[VStream]:
@@ -335,8 +342,12 @@ def engine_stage(st, layers, params: dict, external: bool = False, writable: boo
             u.roms = [r for r in roms if r.external and any(f", {r.name}, " in c for c in u.calls)]
     streams = {w: VStream(nm, lanes[w], depth.get(w, DEFAULT_DEPTH)) for w, nm in names.items()}
     if not units:
-        return EngineStage(st.in_lanes, st.out_lanes, _decl(streams.values()), calls, roms, lb, acc_bytes=acc,
-                           node_out=node_out, writers=writer)
+        es = EngineStage(st.in_lanes, st.out_lanes, _decl(streams.values()), calls, roms, lb, acc_bytes=acc,
+                         node_out=node_out, writers=writer)
+        if external:   # off-chip weights: copied on chip per call in 512-bit bursts (codegen.hls_weights)
+            renamed = load_weights_once(es, mvus, elem_bits, st.index)
+            es.writers = {k: renamed.get(c, c) for k, c in writer.items()}
+        return es
     fns = [UnitFn(u.name, sorted((streams[w] for w in u.params), key=lambda v: v.name),
                   _decl(streams[w] for w in u.streams), u.calls, u.roms) for u in units]
     feed = next((f for f in fns if f.name.endswith("_feed")), None)

@@ -119,6 +119,40 @@ def stream_weights(es, mvus: dict, budget: int | None, elem_bits: int, index: in
     return renamed
 
 
+#: bytes up to which a dataflow MVU's on-chip weight copy is BRAM rather than URAM (one URAM288
+#: holds 36,864 bytes; a smaller matrix would waste most of one) [design choice]
+BRAM_COPY_BYTES = 36_864
+
+
+def load_weights_once(es, mvus: dict, elem_bits: int, index: int) -> dict[str, str]:
+    """A dataflow EngineStage ``es`` whose MVU weights are m_axi arrays (``mvus``: weight array
+    -> MvuCall): every MVU reads an on-chip copy of its matrix (its own buffer: all the layers
+    compute at once), which the kernel fills at the start of every call from its m_axi array,
+    read as 512-bit words in bursts (``es.loads``: ``bapipe::weight_fetch`` calls, one DATAFLOW
+    region before the engines'); the MVU reads it as a tile (``bapipe::mvu_tile``), PE x SIMD
+    elements a cycle, instead of scalar m_axi reads inside its II=1 loop. Per call, not per
+    sample: the training update kernel rewrites the arrays between calls. Returns the MVU calls
+    it replaced (old call -> new call)."""
+    from .hls_design import Rom
+
+    eb = -(-elem_bits // 8)
+    roms = {r.name: r for r in es.roms}
+    renamed: dict[str, str] = {}
+    for wn, m in mvus.items():
+        if not roms[wn].external or m.call not in es.calls:
+            continue
+        roms[wn].word_bits, roms[wn].words = DDR_WORD_BITS, weight_words(roms[wn].size, elem_bits)
+        impl = "bram" if m.elems * eb <= BRAM_COPY_BYTES else "uram"
+        # read PE x SIMD elements a cycle: that many banks (cyclic)
+        buf = Rom(f"{m.inst}_wt", (1, m.elems), np.zeros(0, dtype=np.int64), (), impl, buffer=True, banks=m.pe * m.simd)
+        es.roms.append(buf)
+        new = _tile_call(m, buf, 0, 0)
+        es.calls[es.calls.index(m.call)] = new
+        renamed[m.call] = new
+        es.loads.append(_fetch(wn, buf, 0, 0, m.elems).replace("(long)n)", "1L)"))
+    return renamed
+
+
 def _all_resident(es, order, roms, index: int, renamed: dict[str, str]) -> dict[str, str]:
     """Every matrix stays on chip for the call: one buffer holding them one after another,
     filled at the start of the call by a turn of its own (``once``) whose DATAFLOW region reads

@@ -162,3 +162,38 @@ def test_tiny_cnn_weight_tiles_and_streams_are_bit_exact(tmp_path, monkeypatch):
     assert "frame_write<" in src
     r = cs.csim_project(tmp_path, samples=2)
     assert r["passed"] and r["model_max_abs_err_lsb"] == 0, r
+
+
+@pytest.mark.slow   # one project generated (~2 s alone)
+def test_dataflow_stages_read_on_chip_copies_of_their_weights(tmp_path):
+    """A training build's dataflow stages keep their weights in m_axi memory (the update kernel
+    rewrites them): each MVU reads an on-chip copy of its matrix, PE x SIMD banks, filled once
+    a call from the port in 512-bit bursts (codegen.hls_weights.load_weights_once), never the
+    port inside its II=1 loop; the copies are the Design's on-chip bytes and the C++'s."""
+    from codegen.cli_gen import generate_plan
+    from codegen.cxx_memory import kernel_memory
+    from codegen.onchip import kernel_onchip_bytes
+    from codegen.context import build_project
+    from codegen_plans import make_plan
+
+    plan, model, cluster = make_plan(cuts=(3, 6), style="dataflow", mode="train",
+                                     folding={"conv2": (4, 8), "conv3": (2, 8)})
+    generate_plan(plan, model, cluster, tmp_path)
+    ctx = build_project(plan, model, cluster)
+    files = {str(p.relative_to(tmp_path)): p.read_text() for p in tmp_path.rglob("*") if p.suffix in (".cpp", ".h")}
+    for s in ctx.stages:
+        src = files[f"{s.name}/{s.name}.cpp"]
+        mvus = re.findall(r"bapipe::mvu\w*<[^>]*>\(\w+, \w+, (\w+),", src)
+        assert mvus and all(w.endswith("_mvu_wt") for w in mvus), src   # the copies, not the ports
+        for w in mvus:
+            port = w[:-1]   # s<i>_<layer>_mvu_w
+            [words] = re.findall(rf"port={port} offset=slave bundle={port} depth=(\d+) max_read_burst_length=64 "
+                                    r"max_widen_bitwidth=512", src)
+            elems = next(r.size for r in s.engine.roms if r.name == w)
+            assert int(words) == -(-elems // 32)   # 32 fixed16 elements a 512-bit word
+            assert re.search(rf"bapipe::weight_fetch<1, {elems}, 512>\({port}, {w}, 0, 0L, {elems}L, 1L\)", src)
+        assert src.index(f"{s.name}_wload(") < src.index(f"{s.name}_engines(in0")
+        km = kernel_memory(files, f"{s.name}/{s.name}.cpp", s.name)
+        assert km.total == kernel_onchip_bytes(s, ctx.fmt)
+    s0 = files["stage0/stage0.cpp"]
+    assert "cyclic factor=32 dim=2" in s0   # conv2's copy: 4 x 8 banks
