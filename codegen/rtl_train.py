@@ -115,27 +115,46 @@ class TrainBoard:
     def bwd_cycles(self) -> int:
         return sum(l.bwd_cycles for l in self.layers)
 
-    def _op_cycles(self, per_layer: list[int]) -> int:
+    def unit_fills(self, phase: str) -> list[int]:
+        """Cycles each F (``phase`` "F") or B unit idles after its engine's done before it has
+        finished a sample: none on a dataflow stage; on a time-multiplexed one (``serial``) the
+        units are turns on one shared array, each costing its engine's pipeline fill
+        (``engines.turn_fill``) when it has cycles, and the last unit also the sequencer's
+        switch (``engines.TM_SWITCH``), as the planner prices the stage
+        (fpga_models.allocate.time_multiplexed)."""
+        eng = self.engine_layers if phase == "F" else self.engine_layers[::-1]
+        if not self.serial:
+            return [0] * len(eng)
+        cyc = [l.fwd_cycles if phase == "F" else l.bwd_cycles for l in eng]
+        fills = [engines.turn_fill(engines.engine_kind(l.kind)) if c else 0 for l, c in zip(eng, cyc)]
+        if fills and sum(cyc):
+            fills[-1] += engines.TM_SWITCH
+        return fills
+
+    def _op_cycles(self, phase: str) -> int:
         """An op's cycles from its units' cycles a sample. Dataflow: the samples stream through
         the units (each starts a sample once the unit before has finished it and it has finished
         the one before), sum + (beta - 1) x max, fpga_models.allocate.dataflow's stage cycles;
-        time-multiplexed (``serial``): one unit at a time, beta x sum."""
-        if not per_layer:
+        time-multiplexed (``serial``): one unit at a time, each with its fill
+        (:meth:`unit_fills`), beta x sum."""
+        eng = self.engine_layers
+        cyc = [l.fwd_cycles if phase == "F" else l.bwd_cycles for l in eng]
+        if not cyc:
             return 0
         if self.serial:
-            return self.beta * sum(per_layer)
-        return sum(per_layer) + (self.beta - 1) * max(per_layer)
+            return self.beta * (sum(cyc) + sum(self.unit_fills(phase)))
+        return sum(cyc) + (self.beta - 1) * max(cyc)
 
     @property
     def op_fwd_cycles(self) -> int:
         """An F op: the micro-batch's samples through the forward units (:meth:`_op_cycles`)."""
-        return self._op_cycles([l.fwd_cycles for l in self.engine_layers])
+        return self._op_cycles("F")
 
     @property
     def op_bwd_cycles(self) -> int:
         """A B op: through the backward units (a weighted layer's unit runs its input gradient,
         then its weight gradient)."""
-        return self._op_cycles([l.bwd_cycles for l in self.engine_layers])
+        return self._op_cycles("B")
 
     @property
     def update_cycles(self) -> int:
@@ -522,6 +541,7 @@ def _board_ctx(td: TrainDesign, b: TrainBoard, first: bool, last: bool, in_lanes
     return {
         "module": b.module, "board": b.name, "layers": layers, "steps": [{"phase": ph, "inst": i} for ph, i, _ in steps],
         "n_f": n_u, "n_u": n_u, "two": f"{n_u}'b{two}", "serial": int(b.serial),
+        "f_fill": _fills_literal(b.unit_fills("F")), "b_fill": _fills_literal(b.unit_fills("B")),
         "overlap": beta > 1 and not b.serial, "n_b": nb_, "step_w": clog2(max(2, len(steps))),
         "nops": nops, "op_w": clog2(nops + 1), "kinds": f"{nops}'b{kinds}",
         "slots": f"{nops * base_w}'h{mbv:0{(nops * base_w + 3) // 4}x}", "slot_w": slot_w, "stashes": b.stashes,
@@ -535,6 +555,16 @@ def _board_ctx(td: TrainDesign, b: TrainBoard, first: bool, last: bool, in_lanes
         "first": first, "last": last, "iter_w": 16,
         "ar": b.ring, "name_sfx": _name_sfx(b),
     }
+
+
+def _fills_literal(fills: list[int]) -> str:
+    """A unit fill list as the sequencer's F_FILL / B_FILL parameter (8 bits a unit, unit 0 lowest)."""
+    if any(not 0 <= f < 256 for f in fills):
+        raise Unsupported(f"unit fills {fills} do not fit the sequencer's 8 bits")
+    v = 0
+    for u, f in enumerate(fills):
+        v |= f << (8 * u)
+    return f"{8 * len(fills)}'h{v:0{2 * len(fills)}x}"
 
 
 def _unit_wiring(b: TrainBoard, smp_w: int, slot_w: int) -> dict:

@@ -22,8 +22,7 @@ _PLANS: dict[str, Path] = {}
 def _plan(tmp: Path, schedule: str, microbatches: int = 4) -> Path:
     """tiny-mlp on 4 boards, one layer pair a board, a global batch of 4 in ``microbatches``
     micro-batches; --cap 0.3 keeps the MVUs at PE x SIMD <= 1024 with every stage dataflow
-    (smaller caps make the planner pick time-multiplexed stages, whose turn fills and switches
-    the training RTL does not have: it is then 3-5% faster than the plan)."""
+    (smaller caps make the planner pick time-multiplexed stages: :func:`_tm_plan`)."""
     key = schedule if microbatches == 4 else f"{schedule}-m{microbatches}"
     if key in _PLANS and _PLANS[key].exists():   # one planner run per schedule per session
         return _PLANS[key]
@@ -127,6 +126,48 @@ def test_overlapped_op_cycles_are_the_plans(tmp_path):
     plan, td = _design(_plan(tmp_path, "gpipe", microbatches=2))
     got = [(b.op_fwd_cycles, b.op_bwd_cycles) for b in td.boards]
     assert got == [(s.cycles["fwd"], s.cycles["bwd"]) for s in plan.stages] == [(12, 12), (12, 20), (6, 10), (2, 4)]
+
+
+def _tm_plan(tmp: Path) -> Path:
+    """tiny-mlp on one board, 2 micro-batches of 4 samples, GPipe; --cap 0.1 makes the stage
+    time-multiplexed (fc1..fc3 PE 4 x SIMD 64, fc4 10 x 32)."""
+    if "tm" in _PLANS and _PLANS["tm"].exists():
+        return _PLANS["tm"]
+    out = tmp / "mlp-tm.yaml"
+    subprocess.run([sys.executable, "-m", "bapipe.cli", "plan", "tiny-mlp", "4xU250-ring", "--partition", "0-6",
+                    "--microbatches", "2", "--global-batch", "8", "--schedule", "gpipe", "--cap", "0.1", "-o", str(out),
+                    "--force"], check=True, capture_output=True)
+    _PLANS["tm"] = out
+    return out
+
+
+@pytest.mark.slow  # runs the planner (~2 s)
+def test_time_multiplexed_op_cycles_are_the_plans(tmp_path):
+    """A time-multiplexed stage runs one engine at a time and each unit's turn costs its engine's
+    pipeline fill (fpga_models.engines.turn_fill: MVU 4, relu 0), the last unit's also the
+    sequencer's switch (TM_SWITCH 1), as fpga_models.allocate.time_multiplexed prices it: tiny-mlp
+    at --cap 0.1, 4 samples: forward units fc1 16, relu1 1, fc2 16, relu2 1, fc3 8, relu3 1, fc4 1
+    cycles + fills 4, 0, 4, 0, 4, 0, 5 = 61 a sample, 244 an op; backward units fc4 2, relu3 1,
+    fc3 16, relu2 1, fc2 32, relu1 1, fc1 16 (no input gradient) + the same fills = 86, 344 (plan
+    cycles.fwd / .bwd; without the fills the engines would take 176 / 276)."""
+    plan, td = _design(_tm_plan(tmp_path))
+    assert [s.style for s in plan.stages] == ["time-multiplexed"]
+    b = td.boards[0]
+    assert b.unit_fills("F") == [4, 0, 4, 0, 4, 0, 5] and b.unit_fills("B") == [4, 0, 4, 0, 4, 0, 5]
+    got = [(b.op_fwd_cycles, b.op_bwd_cycles) for b in td.boards]
+    assert got == [(s.cycles["fwd"], s.cycles["bwd"]) for s in plan.stages] == [(244, 344)]
+
+
+@pytest.mark.verilator
+@pytest.mark.soak  # builds a one-board cluster (~1-2 min wall on the shared machine)
+def test_tiny_mlp_time_multiplexed_trains_bit_exact(tmp_path):
+    """A time-multiplexed training stage (tiny-mlp, one board, 2 micro-batches of 4 samples): one
+    engine at a time with each turn's fill and switch, weights and outputs bit-exact after each
+    of 2 iterations, iteration cycles within 2% of the plan (docs/rtl.md)."""
+    res = _gen_rtlsim(_tm_plan(tmp_path), tmp_path / "build")
+    assert res["weights_match"] and res["outputs_match"] and not res["overflow"], res
+    assert len(res["iteration_cycles"]) == 2
+    assert res["max_iteration_error"] < 0.02, res
 
 
 def test_tile_order_round_trip():
@@ -253,8 +294,7 @@ _REP_PLANS: dict[str, Path] = {}
 def _rep_plan(tmp: Path, schedule: str) -> Path:
     """tiny-mlp on 4 boards, 2 stages x 2 replicas (fc1+relu1 on fpga0/fpga1, fc2..fc4 on
     fpga2/fpga3), 4 micro-batches of 2 samples (1 a replica); --cap 1.0 makes both stages dataflow
-    (at lower caps the planner folds them time-multiplexed, whose turn fills the training engines
-    do not have)."""
+    (at lower caps the planner folds them time-multiplexed)."""
     if schedule in _REP_PLANS and _REP_PLANS[schedule].exists():
         return _REP_PLANS[schedule]
     out = tmp / f"mlp-rep-{schedule}.yaml"
