@@ -145,6 +145,9 @@ def _add_args(name: str, p: argparse.ArgumentParser) -> None:
                        help="cut only where one tensor crosses (never inside a residual block): "
                             "plans whose every stage the RTL can build")
         p.add_argument("--boards", type=int, default=None, help="use at most this many boards (default: all of the cluster's)")
+        p.add_argument("--placements", type=int, default=None,
+                       help="search every placement of stages on boards when there are at most this many "
+                            "patterns (default 2000; 0: board orders only; docs/planner.md section 6)")
         p.add_argument("--pareto", action="store_true", help="also list non-dominated plans")
         p.add_argument("--partition", default=None, help="evaluate a given split, e.g. 0-5,6-11,12-36 (default: searched)")
         p.add_argument("--cost-model", default="bapipe", choices=("bapipe", "pipedream"),

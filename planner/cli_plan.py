@@ -97,13 +97,16 @@ def request_from_args(args, model) -> Request:
                                               "board per replica (drop --mesh, or drop --partition)")
     if spec is not None and getattr(args, "no_replication", False) and any((r or 1) > 1 for _a, _b, r, _bl in spec):
         raise SpecError(None, None, "--partition", "asks for replicas (xR) but --no-replication is given")
+    places = getattr(args, "placements", None)
+    if places is not None and places < 0:
+        raise SpecError(None, None, "--placements", f"expected a count >= 0 (0: board orders only), got {places}")
     return Request(schedule=sched, microbatches=m, global_batch=gb, fmt=fmt, mode=mode,
                    optimizer=getattr(args, "optimizer", "sgd"), cap=cap,
                    replication=not getattr(args, "no_replication", False), max_boards=getattr(args, "boards", None),
                    partition=spec,
                    measured=_measured(getattr(args, "measured", None), model),
                    meshes=meshes,
-                   whole_blocks=bool(getattr(args, "whole_blocks", False)))
+                   whole_blocks=bool(getattr(args, "whole_blocks", False)), placement_limit=places)
 
 
 def parse_meshes(text) -> tuple[int, ...] | None:

@@ -26,6 +26,7 @@ class Outcome:
     pareto: list[dict] = field(default_factory=list)
     searched: int = 0
     boards_total: int = 0
+    placement_exact: bool = False   # every placement searched (Explorer.every_placement)
 
 
 def lower_bound_s(model: Model, explorer: Explorer) -> float:
@@ -126,7 +127,8 @@ def make_plan(model: Model, cluster: Cluster, model_arg: str, cluster_arg: str, 
     lb = lower_bound_s(model, ex)
     plan = to_plan(model, cluster, model_arg, cluster_arg, ex, best, baselines, lb)
     check_cap(plan, ex)
-    return Outcome(plan, best, baselines, lb, searched=searched, boards_total=ex.N)
+    return Outcome(plan, best, baselines, lb, searched=searched, boards_total=ex.N,
+                   placement_exact=req.partition is None and ex.placement_exact)
 
 
 def user_groups(ex: Explorer, spec) -> tuple[tuple[int, ...], ...] | None:
@@ -439,7 +441,8 @@ def summary(out: Outcome) -> dict:
         "first_iteration_time_s": p.predicted["iteration_time_s"],
         "chunks": p.chunks, "microbatches": p.microbatches, "microbatch_size": p.microbatch_size,
         "global_batch": p.global_batch, "replicas": replicas_of(out.best), "boards_used": out.best.boards_used,
-        "boards_total": out.boards_total, "recompute": out.best.config.recompute,
+        "boards_total": out.boards_total, "placement_exact": out.placement_exact,
+        "recompute": out.best.config.recompute,
         "bubble_fraction": out.best.bubble, "latency_s": p.predicted["latency_s"],
         "stages": [{"layers": [s.first, s.last], "boards": s.boards, "board_type": s.board_type,
                     "device": s.device, "chunk": s.chunk, "style": s.style, "time_s": s.time_s, "fwd_s": s.fwd_s,

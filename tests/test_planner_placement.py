@@ -97,3 +97,23 @@ def test_placements_one_per_pattern():
         assert set(pats) == want, types
         assert all(g == _sorted(g) for g in got)
         assert placements(types, cls, pmax, rmax, len(want) - 1) is None
+
+
+def _cli(*args):
+    import cli_fork
+    return cli_fork.bapipe(*args)   # the console script, forked (tests/cli_fork.py)
+
+
+def test_cli_reports_placement_exact_and_refuses_a_negative_limit(tmp_path):
+    """`bapipe plan --json` says whether every placement was searched (4xU250-ring: 149
+    patterns, under the default 2,000), `--placements 0` keeps the board orders, and a negative
+    count exits 2 in one line naming the option."""
+    import json
+    r = _cli("plan", "tiny-mlp", "4xU250-ring", "--json", "-o", str(tmp_path / "a.yaml"))
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["placement_exact"] is True
+    r = _cli("plan", "tiny-mlp", "4xU250-ring", "--placements", "0", "--json", "-o", str(tmp_path / "b.yaml"))
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["placement_exact"] is False
+    r = _cli("plan", "tiny-mlp", "4xU250-ring", "--placements", "-1", "-o", str(tmp_path / "c.yaml"))
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "--placements" in r.stderr
