@@ -51,6 +51,7 @@ def test_planner_table_and_allocation_charge_the_first_layer_dw_only():
     assert full.fwd_cycles == skip.fwd_cycles
 
 
+@pytest.mark.slow  # runs the planner (~2 s)
 def test_demo_split_plan_prices_conv1_without_dx(tmp_path):
     """The demo's tiny-cnn split: stage 0 (conv1, relu1; dataflow, micro-batches of 4) was
     priced 576 backward cycles a micro-batch with conv1's bwd_in (128 a sample, its slowest
