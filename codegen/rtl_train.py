@@ -51,9 +51,12 @@ from .rtl_model import LinkSpec, Unsupported, clog2, elem_format, make_link, pla
 LEARNING_RATE = 0.05
 MOMENTUM = 0.9
 #: layer types the training RTL builds
-TRAIN_TYPES = ("dense", "relu", "conv2d", "maxpool", "avgpool", "flatten")
+TRAIN_TYPES = ("dense", "relu", "conv2d", "maxpool", "avgpool", "flatten", "batchnorm", "add", "globalavgpool")
 #: layers with weights (a forward, input-gradient and weight-gradient engine and an sgd_update)
 WEIGHT_KINDS = ("dense", "conv2d")
+#: layers whose parameters an sgd_update trains: dense and conv2d, and batchnorm (scale and shift as its
+#: MH = C, MW = 1 weights and biases; codegen.rtl_train_dag)
+TRAINED_KINDS = WEIGHT_KINDS + ("batchnorm",)
 
 
 @dataclass
@@ -75,11 +78,13 @@ class TrainLayer:
     mh: int = 0               # weight matrix rows / columns (dense: units x inputs; conv2d: O x K*K*C)
     mw: int = 0
     geom: dict = field(default_factory=dict)   # conv2d / pools: c, h, w, k, stride, pad, oh, ow
+    inputs: tuple = ()        # the board layers it reads, in order ("": the board's input vector)
+    fork_cycles: int = 0      # two board layers read its output: the backward sum of their gradients
     dx: bool = True           # builds its input-gradient engine (fpga_models.gradients: not for the model input)
 
     @property
     def bwd_cycles(self) -> int:
-        return self.bwd_in_cycles + self.bwd_w_cycles
+        return self.bwd_in_cycles + self.bwd_w_cycles + self.fork_cycles
 
 
 @dataclass
@@ -165,11 +170,13 @@ class TrainBoard:
         updates are not steps: each trails its layer's last weight-gradient pass)."""
         out = [("F", f"{l.ident}_f", l.fwd_cycles) for l in self.layers if l.kind != "flatten"]
         for l in reversed(self.layers):
+            if l.fork_cycles:                # the two gradients of its output summed first
+                out.append(("B", f"{l.ident}_fs", l.fork_cycles))
             if l.kind in WEIGHT_KINDS:
                 out += [("B", f"{l.ident}_bi", l.bwd_in_cycles)] if l.dx else []
                 out += [("B", f"{l.ident}_bw", l.bwd_w_cycles)]
             elif l.kind != "flatten":       # a flatten is a wire both ways (no engine, no cycles)
-                out.append(("B", f"{l.ident}_b", l.bwd_cycles))
+                out.append(("B", f"{l.ident}_b", l.bwd_in_cycles))
         return out
 
 
@@ -269,6 +276,9 @@ def train_design(plan, model, cluster, params=None, plan_file: str = "plan.yaml"
                                       "input gradient have weights")
                 t.dx, t.bwd_in_cycles = False, 0
             layers.append(t)
+        from .rtl_train_dag import wire_graph
+        wire_graph(model, list(s.layers), layers,
+                   streaming=s.style != "time-multiplexed" and plan.microbatch_size // s.replicas > 1)
         d = s.device
         ops = [(op.kind, op.mb) for op in device_ops(plan.schedule, p, d, m)]
         boards.append(TrainBoard(s.index, s.boards[0], f"{_ident(s.boards[0])}_train", layers, ops,
@@ -297,7 +307,7 @@ def train_design(plan, model, cluster, params=None, plan_file: str = "plan.yaml"
                           f"the engines' {2 * elem_w + 16} bits")
     rings = _ring_links(boards, nrep, p_, cluster, clock, elem_w)
     return TrainDesign(boards, links, lanes, elem_w, frac, plan.number_format, plan.schedule, m, clock, consts, tf,
-                       {l.name: params[l.name] for b in boards for l in b.layers if l.kind in WEIGHT_KINDS},
+                       {l.name: params[l.name] for b in boards for l in b.layers if l.kind in TRAINED_KINDS},
                        nrep, rings)
 
 
@@ -356,6 +366,9 @@ def _train_layer(l, f) -> TrainLayer:
         n = l.out_elems
         return TrainLayer(name, "relu", ident, n, n, lanes=lanes, fwd_cycles=engines.stream_cycles(n, lanes),
                           bwd_in_cycles=engines.relu_bwd_cycles(n, lanes))
+    if l.type in ("batchnorm", "add", "globalavgpool"):
+        from .rtl_train_dag import stream_layer
+        return stream_layer(l, lanes, TrainLayer)
     geom = _window_geom(l)
     fc, bc = engines.pool_train_cycles(engines.stream_elements(l), lanes)
     return TrainLayer(name, l.type, ident, l.in_elems, l.out_elems, lanes=lanes, fwd_cycles=fc, bwd_in_cycles=bc,
@@ -388,7 +401,7 @@ def _flat_layers(b) -> list[tuple[object, int, int]]:
     dense layer's MH x MW weight sums in tile order, then its MH bias sums."""
     out, off = [], 0
     for l in b.layers:
-        if l.kind in WEIGHT_KINDS:            # dense and conv2d: the MH x MW matrix, then MH biases
+        if l.kind in TRAINED_KINDS:           # the MH x MW matrix, then MH biases (batchnorm: C scales, C shifts)
             n = l.mh * l.mw + l.mh
             out.append((l, off, n))
             off += n
@@ -449,8 +462,7 @@ def train_reference(model, params: dict, m: int, fmt: str, consts: tfx.SgdConsta
     """
     tf = tfx.get_formats(fmt)
     up = tf.master.frac - tf.act.frac
-    master = {n: {"w": np.asarray(p["w"], dtype=np.int64) << up, "b": np.asarray(p["b"], dtype=np.int64) << up}
-              for n, p in params.items()}
+    master = {n: {k: np.asarray(a, dtype=np.int64) << up for k, a in p.items()} for n, p in params.items()}
     vel: dict = {}
     snaps, outs, dys = [], [], []
     for it in range(iterations):
@@ -460,7 +472,7 @@ def train_reference(model, params: dict, m: int, fmt: str, consts: tfx.SgdConsta
         master, vel, info = tfx.train_step(model, master, vel, xs, ls, consts, tf, microbatches=m)
         outs.append(info["logits"])
         dys.append(tfx.softmax_xent_grad(info["logits"], ls, tf))
-        snaps.append({n: {"w": p["w"].copy(), "b": p["b"].copy()} for n, p in master.items()})
+        snaps.append({n: {k: a.copy() for k, a in p.items()} for n, p in master.items()})
     return snaps, np.concatenate(outs), np.concatenate(dys)
 
 
@@ -522,7 +534,7 @@ def _board_ctx(td: TrainDesign, b: TrainBoard, first: bool, last: bool, in_lanes
              "lanes": l.lanes, "mh": l.mh, "mw": l.mw, "g": l.geom}
         if l.kind in WEIGHT_KINDS:
             d["addr_w"] = clog2(max(2, (l.mh // l.pe) * (l.mw // l.simd)))
-        elif l.kind in ("maxpool", "avgpool"):
+        elif l.kind in ("maxpool", "avgpool", "globalavgpool"):
             from fpga_models.fixedpoint import AVG_BITS, avg_recip
             d.update(f_cycles=l.fwd_cycles, b_cycles=l.bwd_in_cycles, f_ipc=-(-l.n_out // l.fwd_cycles),
                      b_ipc=-(-l.n_in // l.bwd_in_cycles), recip=avg_recip(l.geom["k"] ** 2), avg_bits=AVG_BITS,
@@ -531,6 +543,8 @@ def _board_ctx(td: TrainDesign, b: TrainBoard, first: bool, last: bool, in_lanes
             d["cnt_w"] = clog2(max(2, -(-l.n_in // l.lanes)))
         if b.ring:
             d["ar_off"] = b.ring["offsets"].get(l.ident, 0)
+        from .rtl_train_dag import board_ctx
+        d.update(board_ctx(b.layers, l))
         layers.append(d)
     smp_w = clog2(beta + 1)
     units = _unit_wiring(b, smp_w, slot_w)
@@ -582,7 +596,8 @@ def _unit_wiring(b: TrainBoard, smp_w: int, slot_w: int) -> dict:
     out = {}
     for u, l in enumerate(eng):
         k = n - 1 - u
-        two = l.kind in WEIGHT_KINDS and l.dx
+        # two engines a backward unit: a weighted layer's dx then dW; a forked layer's gradient sum then its own
+        two = (l.kind in WEIGHT_KINDS and l.dx) or l.fork_cycles > 0
         f = {"f": f"f_start[{u}]"}
         fd = {"f": f"f_done[{u}]"}
         if l.kind in WEIGHT_KINDS:
@@ -590,6 +605,8 @@ def _unit_wiring(b: TrainBoard, smp_w: int, slot_w: int) -> dict:
                 go, dn = {"bi": f"b1_start[{k}]", "bw": f"b2_start[{k}]"}, {"bi": f"b1_done[{k}]", "bw": f"b2_done[{k}]"}
             else:
                 go, dn = {"bw": f"b1_start[{k}]"}, {"bw": f"b1_done[{k}]"}
+        elif l.fork_cycles:
+            go, dn = {"fs": f"b1_start[{k}]", "b": f"b2_start[{k}]"}, {"fs": f"b1_done[{k}]", "b": f"b2_done[{k}]"}
         else:
             go, dn = {"b": f"b1_start[{k}]"}, {"b": f"b1_done[{k}]"}
         bsmp = f"b_smp[{k * smp_w} +: {smp_w}]"
@@ -599,13 +616,14 @@ def _unit_wiring(b: TrainBoard, smp_w: int, slot_w: int) -> dict:
             "src": u - 1 if u > 0 else None,
             "src_slot": f"f_slot[{(u - 1) * slot_w} +: {slot_w}]",
             "dst": None if dst is None else k - 1,
-            "dst_done": None if dst is None else ("b2_done" if dst.kind in WEIGHT_KINDS and dst.dx else "b1_done")
+            "dst_done": None if dst is None else ("b2_done" if (dst.kind in WEIGHT_KINDS and dst.dx) or dst.fork_cycles
+                                                  else "b1_done")
             + f"[{k - 1}]",
             "fslot": f"f_slot[{u * slot_w} +: {slot_w}]", "bslot": f"b_slot[{k * slot_w} +: {slot_w}]",
             # a sample's index in a buffer of the micro-batch (its values < beta need idx_w bits)
             "fidx": f"f_smp[{u * smp_w} +: {idx_w}]", "bidx": f"b_smp[{k * smp_w} +: {idx_w}]",
             "src_idx": f"f_smp[{(u - 1) * smp_w} +: {idx_w}]", "dst_idx": f"b_smp[{(k - 1) * smp_w} +: {idx_w}]",
-            "stash": l.kind != "avgpool",
+            "stash": l.kind not in ("avgpool", "add"),
             "last": f"last_op && {bsmp} == {smp_w}'d{b.beta - 1}",
         }
     return out
@@ -625,12 +643,16 @@ def render_train(td: TrainDesign, plan_hash: str = "none") -> dict[str, str]:
     kinds = {l.kind for b in td.boards for l in b.layers}
     engines_of = {"dense": ("train_mvu_fwd", "mvu_bwd_in", "mvu_bwd_w", "sgd_update"),
                   "conv2d": ("train_conv_fwd", "conv_bwd_in", "conv_bwd_w", "sgd_update"),
-                  "relu": ("train_relu",), "maxpool": ("train_pool",), "avgpool": ("train_pool",)}
+                  "relu": ("train_relu",), "maxpool": ("train_pool",), "avgpool": ("train_pool",),
+                  "globalavgpool": ("train_pool",), "batchnorm": ("train_batchnorm", "sgd_update"),
+                  "add": ("train_add",)}
     needed = {"stash_mem", "train_vec_rx", "train_vec_tx", "train_sequencer"}
     needed.update(n for k in kinds for n in engines_of.get(k, ()))
+    if any(l.fork_cycles for b in td.boards for l in b.layers):
+        needed.add("train_add")
     for name in sorted(needed):
         files[f"{name}.v"] = render_template(name, plan_hash)
-    if td.links:
+    if td.links or td.rings:             # a replicated one-stage plan has ring hops only
         from .rtl import TRANSPORT
         files.update({f"{name}.v": render_template(name, plan_hash) for name in TRANSPORT})
     if td.replicas > 1:
@@ -649,6 +671,10 @@ def render_train(td: TrainDesign, plan_hash: str = "none") -> dict[str, str]:
                 p = td.params[l.name]
                 files[f"{l.ident}{_name_sfx(b)}_w.hex"] = hex_lines(tile_order(weight_matrix(p["w"]), l.pe, l.simd), td.elem_w)
                 files[f"{l.ident}{_name_sfx(b)}_b.hex"] = hex_lines(p["b"], td.elem_w)
+            elif l.kind == "batchnorm":       # scale and shift: the update's weights and biases
+                p = td.params[l.name]
+                files[f"{l.ident}{_name_sfx(b)}_w.hex"] = hex_lines(p["scale"], td.elem_w)
+                files[f"{l.ident}{_name_sfx(b)}_b.hex"] = hex_lines(p["shift"], td.elem_w)
     links = []
     for i, (l, t, (src, dst)) in enumerate(zip(td.links, td.transports, td.pairs)):
         bw = l.bytes_per_cycle
@@ -726,8 +752,9 @@ def plan_iteration_cycles(plan, clock_hz: float) -> float | None:
 def train_manifest(td: TrainDesign, plan, files: list[str]) -> dict:
     """rtl/train/manifest.json: what `bapipe rtlsim` needs to run and check the training build."""
     dense = [{"name": l.name, "ident": l.ident, "mh": l.mh, "mw": l.mw, "pe": l.pe, "simd": l.simd,
-              **({"conv": [l.mh, l.geom["c"], l.geom["k"], l.geom["k"]]} if l.kind == "conv2d" else {})}
-             for b in td.boards if b.rank == 0 for l in b.layers if l.kind in WEIGHT_KINDS]
+              **({"conv": [l.mh, l.geom["c"], l.geom["k"], l.geom["k"]]} if l.kind == "conv2d" else {}),
+              **({"bn": True} if l.kind == "batchnorm" else {})}
+             for b in td.boards if b.rank == 0 for l in b.layers if l.kind in TRAINED_KINDS]
     return {
         "training": True, "plan": plan.fingerprint(), "model": plan.model, "number_format": td.fmt,
         "microbatch_size": td.boards[0].beta * td.replicas, "replicas": td.replicas,
@@ -783,6 +810,10 @@ def train_reference_from_manifest(man: dict, rtl_dir, x_q, labels, iterations: i
     sfx0 = man.get("replica_sfx", [""])[0]     # replicas start equal: replica 0's images
     for l in man["dense"]:
         flat = read_hex((Path(rtl_dir) / f"{l['ident']}{sfx0}_w.hex").read_text(), man["elem_w"])
+        if l.get("bn"):                          # batchnorm: scale and shift
+            params[l["name"]] = {"scale": flat, "shift": read_hex((Path(rtl_dir) / f"{l['ident']}{sfx0}_b.hex")
+                                                             .read_text(), man["elem_w"])}
+            continue
         w = from_tile_order(flat, l["mh"], l["mw"], l["pe"], l["simd"])
         if "conv" in l:                          # (O, K*K*C) -> (O, C, K, K)
             o, c, kh, kw = l["conv"]
@@ -793,5 +824,7 @@ def train_reference_from_manifest(man: dict, rtl_dir, x_q, labels, iterations: i
     snaps, outs, dys = train_reference(model, params, man["microbatches"], man["number_format"], consts, x_q, labels,
                                        iterations, man.get("microbatch_size", 1))
     # the engines' weight memories hold MH x MW matrices: compare conv weights in that form
-    snaps = [{n: {"w": weight_matrix(p["w"]), "b": p["b"]} for n, p in snap.items()} for snap in snaps]
+    snaps = [{n: ({"w": weight_matrix(p["w"]), "b": p["b"]} if "w" in p else {"w": p["scale"].reshape(-1, 1),
+                                                                              "b": p["shift"]})
+              for n, p in snap.items()} for snap in snaps]
     return snaps, outs, dys

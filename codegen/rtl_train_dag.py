@@ -34,8 +34,9 @@ def stream_layer(l, lanes: int, make):
     if l.type == "add":
         if len(l.inputs) != 2:
             raise Unsupported(f"layer {l.name}: the training RTL adds two inputs, not {len(l.inputs)}")
+        # backward: a one-cycle unit passing dy on to both inputs (the sum is at the fork)
         return make(l.name, "add", _ident(l.name), n_out, n_out, lanes=lanes,
-                    fwd_cycles=engines.add_train_cycles(n_out, lanes))
+                    fwd_cycles=engines.add_train_cycles(n_out, lanes), bwd_in_cycles=1)
     # globalavgpool: one H x W window
     c, h, w = l.in_shapes[0]
     if h != w:
@@ -45,11 +46,13 @@ def stream_layer(l, lanes: int, make):
                 geom={"c": c, "h": h, "w": w, "k": h, "stride": h, "pad": 0, "oh": 1, "ow": 1})
 
 
-def wire_graph(model, names: list[str], layers: list) -> None:
+def wire_graph(model, names: list[str], layers: list, streaming: bool = False) -> None:
     """Set each layer's ``inputs`` (board layer names; "" for the board's input vector) and, for a
     layer whose output two board layers read, ``fork_cycles`` (the backward sum of the two
     gradients, ``engines.add_train_cycles`` at its lanes). Unsupported for graphs a board's one
-    input and one output vector cannot carry."""
+    input and one output vector cannot carry, and for graphs on a ``streaming`` board (dataflow,
+    several samples a micro-batch: a skip value or a fork's first gradient would have to wait in a
+    per-sample buffer, not built yet)."""
     inside = set(names)
     readers: dict[str, list[str]] = {n: [] for n in names}
     external = set()
@@ -79,10 +82,15 @@ def wire_graph(model, names: list[str], layers: list) -> None:
         if len(r) > 2:
             raise Unsupported(f"layer {n}: read by {len(r)} layers; the training RTL sums two gradients")
         if len(r) == 2:
+            if t.kind in ("dense", "conv2d"):
+                raise Unsupported(f"layer {n}: a weighted layer read by two layers is not built for training")
             t.fork_cycles = engines.add_train_cycles(t.n_out, max(1, t.lanes))
+    if streaming and any(t.kind == "add" or t.fork_cycles for t in layers):
+        raise Unsupported(f"layers {names[0]}..{names[-1]}: a residual graph on a dataflow board trains one "
+                          "sample a micro-batch (or time-multiplexed); streaming several through it is not built")
 
 
-def board_ctx(layers: list, l, index: dict) -> dict:
+def board_ctx(layers: list, l) -> dict:
     """Template context of one layer's graph wiring: ``xin`` (its input vector), ``x2`` (an add's
     second), ``gsrc`` (its output's gradient), ``fork`` (the fork sum's engine), batchnorm's ``c``."""
     y = {t.name: f"{t.ident}_y" for t in layers}
@@ -107,19 +115,9 @@ def board_ctx(layers: list, l, index: dict) -> dict:
         lanes = max(1, l.lanes)
         d["gsrc"] = f"{l.ident}_fsy"
         d["fork"] = {"a": dx_of(readers[1], l.name), "b": dx_of(readers[0], l.name), "lanes": lanes,
-                     "cnt_w": clog2(max(2, -(-l.n_out // lanes))), "step": index[f"{l.ident}_fs"]}
+                     "cnt_w": clog2(max(2, -(-l.n_out // lanes)))}
     if l.kind == "batchnorm":
         d["c"] = l.mh
-    # each engine's start and done (the board's step sequencer: step k starts with seq_start,
-    # ends with dones[k]); a batchnorm's update starts the cycle after its iteration's last pass
-    step_w = clog2(max(2, len(index)))
-    for sfx in ("f", "b", "fs"):
-        k = index.get(f"{l.ident}_{sfx}")
-        if k is not None:
-            d[f"go_{sfx}"] = f"seq_start && step == {step_w}'d{k}"
-            d[f"dn_{sfx}"] = f"dones[{k}]"
-    if l.kind == "batchnorm":
-        d["upd_after"] = f"{d['dn_b']} && step == {step_w}'d{index[l.ident + '_b']} && last_pass"
     return d
 
 
