@@ -318,7 +318,9 @@ def test_big_stage_path_external_weights_one_sample_mb1(tmp_path, monkeypatch):
     generate_plan(plan, model, cluster, tmp_path)
     assert "static const data_t" not in (tmp_path / "stage0/stage0_weights.h").read_text()
     top = (tmp_path / "stage1/stage1.cpp").read_text()
-    assert "mode=m_axi port=s1_fc_mvu_w offset=slave bundle=s1_fc_mvu_w depth=640" in top
+    # 640 weights as 20 words of 512 bits, copied on chip once a call (codegen.hls_weights.load_weights_once)
+    assert ("mode=m_axi port=s1_fc_mvu_w offset=slave bundle=s1_fc_mvu_w depth=20 max_read_burst_length=64 "
+            "max_widen_bitwidth=512") in top
     assert "mode=s_axilite port=return" in top
     assert re.search(r"^sp=stage1_1\.s1_fc_mvu_w:DDR\[[0-3]\]$", (tmp_path / "link/fpga1.cfg").read_text(), re.M)
     assert "add_files -tb roms.bin" in (tmp_path / "stage1/run_hls.tcl").read_text()
