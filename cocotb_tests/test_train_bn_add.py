@@ -222,15 +222,15 @@ def test_add_engine_bit_exact(n, lanes):
 MINI_RESNET = __import__("pathlib").Path(__file__).parent / "models" / "mini-resnet.yaml"
 
 
-def _mini_resnet_plan(tmp, schedule: str):
+def _mini_resnet_plan(tmp, schedule: str, batch: int = 2, partition: str = "0-9,10-11", cap: str = "0.3"):
     """cocotb_tests/models/mini-resnet.yaml on 2 boards (the residual block | pool, fc), 2
-    micro-batches of 1 sample, both stages dataflow (--cap 0.3)."""
+    micro-batches (of 1 sample by default), both stages dataflow."""
     import subprocess
     import sys
-    out = tmp / f"mini-resnet-{schedule}.yaml"
+    out = tmp / f"mini-resnet-{schedule}-{batch}.yaml"
     subprocess.run([sys.executable, "-m", "bapipe.cli", "plan", str(MINI_RESNET), "4xU250-ring", "--mode", "train",
-                    "--schedule", schedule, "--microbatches", "2", "--global-batch", "2", "--partition", "0-9,10-11",
-                    "--cap", "0.3", "-o", str(out), "--force"], check=True, capture_output=True)
+                    "--schedule", schedule, "--microbatches", "2", "--global-batch", str(batch), "--partition",
+                    partition, "--cap", cap, "-o", str(out), "--force"], check=True, capture_output=True)
     return out
 
 
@@ -263,13 +263,19 @@ def test_mini_resnet_design_is_the_plans(tmp_path):
     assert [l.name for l in b0.layers if l.kind == "batchnorm"] == ["stem_bn", "b1_bn1", "b1_bn2"]
 
 
-@pytest.mark.soak  # gen + a 2-board Verilator build (~2.5 min wall on the shared machine) + 2 iterations
-@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
-def test_mini_resnet_trains_bit_exact(tmp_path, schedule):
+@pytest.mark.soak  # gen + a 2- or 4-board Verilator build (~2.5 / 7 min wall on the shared machine) + 2 iterations
+@pytest.mark.parametrize("schedule,batch,partition,cap", [
+    ("gpipe", 2, "0-9,10-11", "0.3"), ("1f1b", 2, "0-9,10-11", "0.3"),
+    ("gpipe", 4, "0-9,10-11", "0.3"),            # 2 samples a micro-batch stream through the block
+    ("gpipe", 8, "0-9x2,10-11x2", "1.0"),        # 2 replicas a stage, 2 samples each: the ring reduces bn sums
+])
+def test_mini_resnet_trains_bit_exact(tmp_path, schedule, batch, partition, cap):
     """`bapipe gen` + `bapipe rtlsim --iterations 2` on the residual block: every conv, batchnorm
     (scale, shift) and dense master weight bit-exact against train_fixed.train_step after each
     iteration, outputs bit-exact, no overflow, the cluster lint -Wall clean, iteration cycles within
-    2% of the plan (measured gpipe 1062 / 1063 vs 1057.91, +0.48%; 1f1b 902 / 903 vs 897.91, +0.57%)."""
+    2% of the plan (measured gpipe 1062 / 1063 vs 1057.91, +0.48%; 1f1b 902 / 903 vs 897.91, +0.57%;
+    streaming 2 samples a micro-batch 1204 / 1205 vs 1198.82, +0.52%; 2 replicas x 2 samples 1884 /
+    1885 vs 1882.26, +0.15%, every replica bit-exact)."""
     import json
     import os
     import subprocess
@@ -278,7 +284,7 @@ def test_mini_resnet_trains_bit_exact(tmp_path, schedule):
     from bapipe.toolchain import verilator_bin, wire_verilator
 
     build_dir = tmp_path / "build"
-    subprocess.run([sys.executable, "-m", "bapipe.cli", "gen", str(_mini_resnet_plan(tmp_path, schedule)), "-o",
+    subprocess.run([sys.executable, "-m", "bapipe.cli", "gen", str(_mini_resnet_plan(tmp_path, schedule, batch, partition, cap)), "-o",
                     str(build_dir)], check=True, capture_output=True)
     rtl = build_dir / "rtl" / "train"
     env = wire_verilator(dict(os.environ))

@@ -594,6 +594,8 @@ def _unit_wiring(b: TrainBoard, smp_w: int, slot_w: int) -> dict:
     n = len(eng)
     idx_w = clog2(b.beta)
     out = {}
+    from .rtl_train_dag import unit_graph
+    prod, reads = unit_graph(b)
     for u, l in enumerate(eng):
         k = n - 1 - u
         # two engines a backward unit: a weighted layer's dx then dW; a forked layer's gradient sum then its own
@@ -610,19 +612,29 @@ def _unit_wiring(b: TrainBoard, smp_w: int, slot_w: int) -> dict:
         else:
             go, dn = {"b": f"b1_start[{k}]"}, {"b": f"b1_done[{k}]"}
         bsmp = f"b_smp[{k * smp_w} +: {smp_w}]"
-        dst = eng[u + 1] if u + 1 < n else None
+        src = prod(l.inputs[0]) if l.inputs else (u - 1 if u > 0 else None)   # the unit whose output it reads
+        rd = reads(l.name)                                    # the units reading its output
+        dst = eng[rd[0]] if len(rd) == 1 else None            # a fork's two gradients: its own buffers
+        kd = n - 1 - rd[0] if len(rd) == 1 else 0
+
+        def bdone(t, kt):
+            two_t = (t.kind in WEIGHT_KINDS and t.dx) or t.fork_cycles > 0
+            return ("b2_done" if two_t else "b1_done") + f"[{kt}]"
         out[l.ident] = {
             "fu": u, "bu": k, "two": two, "go": {**f, **go}, "dn": {**fd, **dn},
-            "src": u - 1 if u > 0 else None,
-            "src_slot": f"f_slot[{(u - 1) * slot_w} +: {slot_w}]",
-            "dst": None if dst is None else k - 1,
-            "dst_done": None if dst is None else ("b2_done" if (dst.kind in WEIGHT_KINDS and dst.dx) or dst.fork_cycles
-                                                  else "b1_done")
-            + f"[{k - 1}]",
+            "src": src,
+            "src_slot": f"f_slot[{(src or 0) * slot_w} +: {slot_w}]",
+            "dst": None if dst is None else kd,
+            "dst_done": None if dst is None else bdone(dst, kd),
             "fslot": f"f_slot[{u * slot_w} +: {slot_w}]", "bslot": f"b_slot[{k * slot_w} +: {slot_w}]",
             # a sample's index in a buffer of the micro-batch (its values < beta need idx_w bits)
             "fidx": f"f_smp[{u * smp_w} +: {idx_w}]", "bidx": f"b_smp[{k * smp_w} +: {idx_w}]",
-            "src_idx": f"f_smp[{(u - 1) * smp_w} +: {idx_w}]", "dst_idx": f"b_smp[{(k - 1) * smp_w} +: {idx_w}]",
+            "src_idx": f"f_smp[{(src or 0) * smp_w} +: {idx_w}]", "dst_idx": f"b_smp[{kd * smp_w} +: {idx_w}]",
+            # a residual add's second input and a fork's two gradients (codegen.rtl_train_dag)
+            **({"src2_done": f"f_done[{prod(l.inputs[1])}]",
+                "src2_slot": f"f_slot[{prod(l.inputs[1]) * slot_w} +: {slot_w}]"} if l.kind == "add" else {}),
+            **({"fk": [{"done": bdone(eng[r], n - 1 - r), "slot": f"b_slot[{(n - 1 - r) * slot_w} +: {slot_w}]"}
+                       for r in (rd[1], rd[0])]} if len(rd) == 2 else {}),
             "stash": l.kind not in ("avgpool", "add"),
             "last": f"last_op && {bsmp} == {smp_w}'d{b.beta - 1}",
         }

@@ -11,8 +11,9 @@ board whose layers form a graph, not a chain (codegen.rtl_train's lowering calls
 - globalavgpool: ``train_pool`` with one H x W window (``fixedpoint.globalavgpool_fwd`` is the
   average pool of that window; the same reciprocal and rounding).
 
-A board's vectors are registers held until the engine's next start, so a skip branch's forward
-value (and a fork's first gradient) waits in its producer's output register: no FIFO. Cycles are
+A board's vectors are registers held until the engine's next start, so with one sample at a time a
+skip branch's forward value (and a fork's first gradient) waits in its producer's output register;
+when samples stream through a dataflow board, a per-sample buffer (by stash slot) keeps them. Cycles are
 ``fpga_models.engines``' (``batchnorm_train_cycles``, ``add_train_cycles``, ``pool_train_cycles``).
 """
 from __future__ import annotations
@@ -50,9 +51,9 @@ def wire_graph(model, names: list[str], layers: list, streaming: bool = False) -
     """Set each layer's ``inputs`` (board layer names; "" for the board's input vector) and, for a
     layer whose output two board layers read, ``fork_cycles`` (the backward sum of the two
     gradients, ``engines.add_train_cycles`` at its lanes). Unsupported for graphs a board's one
-    input and one output vector cannot carry, and for graphs on a ``streaming`` board (dataflow,
-    several samples a micro-batch: a skip value or a fork's first gradient would have to wait in a
-    per-sample buffer, not built yet)."""
+    input and one output vector cannot carry. (On a ``streaming`` board, dataflow with several
+    samples a micro-batch, the board's template keeps each sample's skip value and fork gradients in
+    stash-slot buffers: train_batchnorm_board.v.j2, train_add_fork.v.j2.)"""
     inside = set(names)
     readers: dict[str, list[str]] = {n: [] for n in names}
     external = set()
@@ -85,9 +86,30 @@ def wire_graph(model, names: list[str], layers: list, streaming: bool = False) -
             if t.kind in ("dense", "conv2d"):
                 raise Unsupported(f"layer {n}: a weighted layer read by two layers is not built for training")
             t.fork_cycles = engines.add_train_cycles(t.n_out, max(1, t.lanes))
-    if streaming and any(t.kind == "add" or t.fork_cycles for t in layers):
-        raise Unsupported(f"layers {names[0]}..{names[-1]}: a residual graph on a dataflow board trains one "
-                          "sample a micro-batch (or time-multiplexed); streaming several through it is not built")
+    del streaming   # streaming boards buffer skip values and fork gradients per sample (train_batchnorm_board)
+
+
+def unit_graph(b):
+    """(producer, readers) of a board's engine units: ``producer(name)`` the unit whose output the
+    tensor ``name`` is (through flattens; None: the board's input), ``readers(name)`` the units
+    reading it (through flattens), in layer order."""
+    eng = [l for l in b.layers if l.kind != "flatten"]
+    pos = {l.name: u for u, l in enumerate(eng)}
+    lay = {l.name: l for l in b.layers}
+
+    def producer(name: str):
+        while name and lay[name].kind == "flatten":
+            name = lay[name].inputs[0] if lay[name].inputs else ""
+        return pos[name] if name else None
+
+    def readers(name: str) -> list[int]:
+        out = []
+        for t in b.layers:
+            if name in t.inputs:
+                out += readers(t.name) if t.kind == "flatten" else [pos[t.name]]
+        return out
+
+    return producer, readers
 
 
 def board_ctx(layers: list, l) -> dict:
