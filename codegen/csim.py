@@ -426,8 +426,10 @@ def port_adapter(process: str, kernel: str) -> bool:
     ``in<k>_st``) and that tap (``<kernel>/stash_write(in<k>, ...)``, the training forward
     writing its input's stash). The Design's stage bench has neither (it feeds the stage at its
     first engine's width, codegen.design.stage_bench_files; design.json has no stashes), the
-    link's width being the link's affair."""
-    k = re.escape(kernel)
+    link's width being the link's affair. The engines' region is ``<kernel>`` itself or, when the
+    kernel first copies its weights on chip (codegen.hls_weights.load_weights_once),
+    ``<kernel>_engines``."""
+    k = re.escape(kernel) + "(?:_engines)?"
     return bool(re.match(rf"{k}/width_conv\(in\d+(_st)?,", process) or re.match(rf"{k}/stash_write\(in\d+,", process))
 
 
@@ -440,7 +442,8 @@ def alone_cycles(stats: dict, kernel: str) -> float | None:
     procs = stats.get("processes") or {}
     if not any(port_adapter(k, kernel) for k in procs):
         return float(stats["cycles"])
-    top = [v for k, v in procs.items() if k.startswith(kernel + "/") and not port_adapter(k, kernel)]
+    top = [v for k, v in procs.items()
+           if k.startswith((kernel + "/", kernel + "_engines/")) and not port_adapter(k, kernel)]
     return float(max(top)) if top else float(stats["cycles"])
 
 

@@ -48,6 +48,14 @@ def test_port_adapter_is_left_out_as_the_design_bench_does():
     assert port_adapter("stage3/width_conv(in0_st, s3_fc_wc0_out, (long)n * 64)", k)
     assert not port_adapter("stage3/stash_write(s2_relu, s3_x, st_relu, n)", k)   # a layer's own stash
     assert alone_cycles({"cycles": 18, "processes": procs}, k) == 8.0
+    # a dataflow kernel copying its off-chip weights on chip first (6e659c2): the engines'
+    # region is stage3_engines, after the copy's stage3_wload
+    procs = {"stage3_wload/weight_fetch(s3_fc_mvu_w, s3_fc_mvu_wt, 0, 0L, 640L, 1L)": 22.0,
+             "stage3_engines/width_conv(in0_st, s3_fc_wc0_out, (long)n * 64)": 18.0,
+             "stage3_engines/stash_write(in0, in0_st, st_flatten, n)": 18.0,
+             "stage3_engines/mvu_tile(s3_fc_wc0_out, out0, s3_fc_mvu_wt, 0, 0L, b, (long)n * 1)": 8.0}
+    assert [port_adapter(p, k) for p in procs] == [False, True, True, False]
+    assert alone_cycles({"cycles": 40, "processes": procs}, k) == 8.0
     assert alone_cycles({"cycles": 12, "processes": {"stage3/mvu(in0, out0, w, b, n)": 12.0}}, k) == 12.0
     assert alone_cycles({"cycles": None}, k) is None
     only = {"stage3/width_conv(in0, out0, (long)n * 64)": 4.0}    # nothing but the adapter: its count
