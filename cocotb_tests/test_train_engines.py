@@ -101,9 +101,33 @@ try:
         await RisingEdge(dut.clk)
         cycles_out.append(n)
 
+    async def _update_and_read(dut, master: dict, vel: dict, acc, gsum, consts, tf, cycles_out: list,
+                               mh: int, mw: int, pe: int, simd: int):
+        """Run sgd_update once (u_start), apply train_fixed.sgd_update to ``master`` / ``vel`` (in
+        place) and read the engine's forward weights back through the peek port, one tile a
+        cycle: (the expected forward weights, biases; the MH x MW matrix read, the biases read)."""
+        from codegen.rtl_train import from_tile_order
+        from fpga_models import train_fixed as tfx
+
+        await _run(dut, dut.u_start, dut.u_done, cycles_out)
+        master["w"], vel["w"] = tfx.sgd_update(master["w"], vel["w"], acc, consts, tf)
+        master["b"], vel["b"] = tfx.sgd_update(master["b"], vel["b"], gsum, consts, tf)
+        fwd = tfx.forward_weights({"l": master}, tf)["l"]
+        dut.peek.value = 1
+        flat = []
+        for a in range((mh // pe) * (mw // simd)):
+            dut.peek_addr.value = a
+            await ReadOnly()
+            flat += _unpack(int(dut.peek_tile.value), pe * simd).tolist()
+            await RisingEdge(dut.clk)
+        await ReadOnly()
+        bias_now = _unpack(int(dut.bias.value), mh)
+        await RisingEdge(dut.clk)
+        dut.peek.value = 0
+        return fwd["w"], fwd["b"], from_tile_order(np.array(flat), mh, mw, pe, simd), bias_now
+
     @cocotb.test()
     async def dense_unit(dut):
-        from codegen.rtl_train import from_tile_order
         from fpga_models import engines
         from fpga_models import train_fixed as tfx
         from fpga_models.fixedpoint import dense_fwd
@@ -139,24 +163,10 @@ try:
                 dw, db = tfx.dense_bwd_weight(dy, x, tf)
                 acc += dw
                 gsum += db
-            await _run(dut, dut.u_start, dut.u_done, cyc["u"])
-            master["w"], vel["w"] = tfx.sgd_update(master["w"], vel["w"], acc, consts, tf)
-            master["b"], vel["b"] = tfx.sgd_update(master["b"], vel["b"], gsum, consts, tf)
-            fwd = tfx.forward_weights({"l": master}, tf)["l"]
-            w, b = fwd["w"], fwd["b"]
-            dut.peek.value = 1
-            flat = []
-            for a in range(n_tiles):
-                dut.peek_addr.value = a
-                await ReadOnly()
-                flat += _unpack(int(dut.peek_tile.value), pe * simd).tolist()
-                await RisingEdge(dut.clk)
-            await ReadOnly()
-            bias_now = _unpack(int(dut.bias.value), mh)
-            await RisingEdge(dut.clk)
-            dut.peek.value = 0
-            assert np.array_equal(from_tile_order(np.array(flat), mh, mw, pe, simd), w), f"weights, iteration {it}"
-            assert np.array_equal(bias_now, b), f"biases, iteration {it}"
+            w, b, got_w, got_b = await _update_and_read(dut, master, vel, acc, gsum, consts, tf, cyc["u"],
+                                                        mh, mw, pe, simd)
+            assert np.array_equal(got_w, w), f"weights, iteration {it}"
+            assert np.array_equal(got_b, b), f"biases, iteration {it}"
         bi, bw = engines.mvu_bwd_cycles(mh, mw, pe, simd)
         assert set(cyc["f"]) == {n_tiles} and set(cyc["bi"]) == {bi} and set(cyc["bw"]) == {bw}
         assert set(cyc["u"]) == {engines.sgd_update_cycles(mh, mw, pe, simd)}
@@ -336,7 +346,7 @@ try:
         outputs (fixedpoint.conv2d_fwd), input gradients (train_fixed.conv2d_bwd_input), the forward
         weights after each update (train_fixed.sgd_update on conv2d_bwd_weight's exact sums, momentum
         carried), every engine exactly engines.conv_train_cycles / sgd_update_cycles."""
-        from codegen.rtl_train import from_tile_order, weight_matrix
+        from codegen.rtl_train import weight_matrix
         from fpga_models import engines
         from fpga_models import train_fixed as tfx
         from fpga_models.fixedpoint import conv2d_fwd
@@ -356,7 +366,6 @@ try:
         for sig in ("f_start", "bi_start", "bw_start", "u_start", "peek"):
             getattr(dut, sig).value = 0
         await tb.start(dut)
-        n_tiles = engines.mvu_vector_cycles(o, mw, pe, simd)
         cyc: dict[str, list] = {"f": [], "bi": [], "bw": [], "u": []}
         for it in range(2):
             acc = np.zeros((o, c, k, k), dtype=np.int64)
@@ -376,25 +385,10 @@ try:
                 dw, db = tfx.conv2d_bwd_weight(dy, x, k, tf, st, pad)
                 acc += dw
                 gsum += db
-            await _run(dut, dut.u_start, dut.u_done, cyc["u"])
-            master["w"], vel["w"] = tfx.sgd_update(master["w"], vel["w"], acc, consts, tf)
-            master["b"], vel["b"] = tfx.sgd_update(master["b"], vel["b"], gsum, consts, tf)
-            fwd = tfx.forward_weights({"l": master}, tf)["l"]
-            w, b = fwd["w"], fwd["b"]
-            dut.peek.value = 1
-            flat = []
-            for a in range(n_tiles):
-                dut.peek_addr.value = a
-                await ReadOnly()
-                flat += _unpack(int(dut.peek_tile.value), pe * simd).tolist()
-                await RisingEdge(dut.clk)
-            await ReadOnly()
-            bias_now = _unpack(int(dut.bias.value), o)
-            await RisingEdge(dut.clk)
-            dut.peek.value = 0
-            assert np.array_equal(from_tile_order(np.array(flat), o, mw, pe, simd), weight_matrix(w)), \
-                f"weights, iteration {it}"
-            assert np.array_equal(bias_now, b), f"biases, iteration {it}"
+            w, b, got_w, got_b = await _update_and_read(dut, master, vel, acc, gsum, consts, tf, cyc["u"],
+                                                        o, mw, pe, simd)
+            assert np.array_equal(got_w, weight_matrix(w)), f"weights, iteration {it}"
+            assert np.array_equal(got_b, b), f"biases, iteration {it}"
         fc, bi, bw = engines.conv_train_cycles(o, mw, oh * ow, pe, simd)
         assert set(cyc["f"]) == {fc} and set(cyc["bi"]) == {bi} and set(cyc["bw"]) == {bw}, cyc
         assert set(cyc["u"]) == {engines.sgd_update_cycles(o, mw, pe, simd)}
