@@ -105,8 +105,11 @@ def measure_stages(build: Path, design: dict, samples: int | None = None, thread
         res = simulate_cpp(d, man, x, cache=build / "rtlsim", threads=threads)
         return k, _row(s, n, _interval(man, res, n), "bench")
 
-    # the benches are independent single-threaded simulations: one per core at a time
-    workers = max(1, min(len(runs), (os.cpu_count() or 1) // max(1, int(threads))))
+    # the benches are independent single-threaded simulations: one per core at a time, leaving
+    # one core to a pipeline run still going (on 2 cores, 3 simulations at once slowed the
+    # pipeline, the longest, by a third)
+    busy = 1 if pipeline is not None and hasattr(pipeline[1], "result") else 0
+    workers = max(1, min(len(runs), ((os.cpu_count() or 1) - busy) // max(1, int(threads))))
     with ThreadPoolExecutor(max_workers=workers) as pool:
         rows.update(dict(pool.map(run, runs)))
     if reused:
