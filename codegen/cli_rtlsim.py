@@ -70,8 +70,9 @@ def default_iterations(build: Path) -> tuple[int, str | None]:
 
     DEFAULT_ITERATIONS when they fit TRAIN_BUDGET_CYCLES, else 0 (the forward pipeline check
     only, with the reason reported; ``--iterations K`` still runs K)."""
-    path = build / "rtl" / "train" / "manifest.json"
-    man = read_manifest(path)
+    from .rtlsim_train import read_train_manifest
+
+    man = read_train_manifest(build / "rtl" / "train" / "manifest.json")
     plan_it = float(man.get("plan_iteration_cycles") or 0)
     cycles = DEFAULT_ITERATIONS * max(plan_it, float(man.get("sequential_cycles") or 0))
     if cycles <= TRAIN_BUDGET_CYCLES:

@@ -195,6 +195,24 @@ def iteration_cycles(iters: dict, iterations: int) -> list[int]:
     return [e - p for e, p in zip(ends, prev)]
 
 
+#: keys of rtl/train/manifest.json a training run reads
+TRAIN_MANIFEST_KEYS = ("boards", "dense", "elem_w", "files", "in_elems", "master_w", "microbatches",
+                       "number_format", "out_elems", "plan_iteration_cycles", "schedule",
+                       "sequential_cycles", "update_cycles")
+
+
+def read_train_manifest(path: Path) -> dict:
+    """rtl/train/manifest.json, or one line naming the file and what is missing (exit 2)."""
+    from .rtlsim import read_manifest
+
+    man = read_manifest(Path(path))
+    missing = [k for k in TRAIN_MANIFEST_KEYS if k not in man]
+    if missing:
+        raise SpecError(str(path), None, missing[0], "expected the training manifest written by `bapipe gen` "
+                        f"(missing {', '.join(missing)}); re-run it")
+    return man
+
+
 def train_rtlsim(build: Path, iterations: int = 2) -> dict:
     """Simulate ``iterations`` training iterations of a build; the --json result."""
     from fpga_models.fixedpoint import quantize
@@ -206,7 +224,7 @@ def train_rtlsim(build: Path, iterations: int = 2) -> dict:
     if not path.exists():
         raise SpecError(str(path), None, "train", "expected a training build written by `bapipe gen` "
                                                   "from a mode: train plan (re-run it)")
-    man = json.loads(path.read_text())
+    man = read_train_manifest(path)
     if not 1 <= iterations <= MAX_ITERATIONS:
         raise SpecError(None, None, "--iterations", f"expected 1..{MAX_ITERATIONS}, got {iterations}")
     m = man["microbatches"]

@@ -8,11 +8,30 @@ from codegen.cli_rtlsim import (DEFAULT_ITERATIONS, TRAIN_BUDGET_CYCLES, default
 
 
 def _build(tmp_path, plan_it, sequential=0):
+    from codegen.rtlsim_train import TRAIN_MANIFEST_KEYS
     d = tmp_path / "rtl" / "train"
     d.mkdir(parents=True)
-    (d / "manifest.json").write_text(json.dumps({"plan_iteration_cycles": plan_it,
-                                                 "sequential_cycles": sequential}))
+    man = {k: None for k in TRAIN_MANIFEST_KEYS}
+    man.update(plan_iteration_cycles=plan_it, sequential_cycles=sequential)
+    (d / "manifest.json").write_text(json.dumps(man))
     return tmp_path
+
+
+@pytest.mark.parametrize("text,field", [("", "(document)"), ("{}", "boards"), ('{"boards": []}', "dense")])
+def test_a_corrupt_training_manifest_is_one_line_exit_2(tmp_path, capsys, text, field):
+    """An empty or partial rtl/train/manifest.json: one line naming the file and the field,
+    exit 2 (it was a JSONDecodeError / KeyError traceback, exit 1)."""
+    from bapipe.cli import main
+    d = tmp_path / "rtl" / "train"
+    d.mkdir(parents=True)
+    (d / "manifest.json").write_text(text)
+    try:
+        code = main(["rtlsim", str(tmp_path), "--iterations", "3"])
+    except SystemExit as e:
+        code = e.code
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1, err
+    assert "manifest.json" in err[0] and field in err[0] and "Traceback" not in err[0]
 
 
 def test_small_training_builds_train_by_default(tmp_path):
