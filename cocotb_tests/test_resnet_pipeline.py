@@ -19,6 +19,7 @@ def _run(style: str, boards: int, samples: int) -> dict:
     return r
 
 
+@pytest.mark.soak  # 83 s in make test at c64382f (over its 10-minute budget); make test-all runs it
 def test_small_resnet_dataflow_2_boards():
     """Identity skip inside fpga0's stage, projection skip forking at fpga1's input; every
     3x3 conv is folded to 3072 cycles per sample, which is then the interval."""
