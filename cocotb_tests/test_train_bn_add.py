@@ -16,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from cocotb_tests.train_tb import pack, run_op, unpack
 from cocotb_tests.common import build, check, needs_verilator, xdist_group
 
 pytestmark = [*needs_verilator, xdist_group("train_bn_add")]
@@ -66,16 +67,7 @@ def _consts():
     return tfx.sgd_constants(0.05, 0.9, MICROBATCHES, tfx.get_formats(FMT))
 
 
-def _pack(v) -> int:
-    out = 0
-    for k, e in enumerate(np.asarray(v).reshape(-1)):
-        out |= (int(e) & 0xFFFF) << (16 * k)
-    return out
-
-
-def _unpack(val: int, n: int) -> np.ndarray:
-    a = np.array([(val >> (16 * k)) & 0xFFFF for k in range(n)], dtype=np.int64)
-    return np.where(a >= 1 << 15, a - (1 << 16), a)
+_pack, _unpack = pack, unpack
 
 
 try:
@@ -84,21 +76,7 @@ try:
 
     from codegen import sim_tb as tb
 
-    async def _run(dut, start, done, cycles_out: list) -> None:
-        """Pulse ``start`` for one cycle; record the cycles from start to done (inclusive)."""
-        start.value = 1
-        n = 1
-        await ReadOnly()
-        while not int(done.value):
-            await RisingEdge(dut.clk)
-            start.value = 0
-            n += 1
-            await ReadOnly()
-        await RisingEdge(dut.clk)
-        start.value = 0
-        await ReadOnly()              # let the last cycle's register writes land
-        await RisingEdge(dut.clk)
-        cycles_out.append(n)
+    _run = run_op
 
     @cocotb.test()
     async def bn_unit(dut):

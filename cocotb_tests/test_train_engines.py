@@ -16,6 +16,7 @@ import subprocess
 import numpy as np
 import pytest
 
+from cocotb_tests.train_tb import pack, run_op, unpack
 from cocotb_tests.common import ELEM_W, build, check, needs_verilator, xdist_group
 from codegen.sim_harness import CACHE, tb_config
 
@@ -67,16 +68,7 @@ endmodule
 """
 
 
-def _pack(v) -> int:
-    out = 0
-    for k, e in enumerate(np.asarray(v).reshape(-1)):
-        out |= (int(e) & 0xFFFF) << (16 * k)
-    return out
-
-
-def _unpack(val: int, n: int) -> np.ndarray:
-    a = np.array([(val >> (16 * k)) & 0xFFFF for k in range(n)], dtype=np.int64)
-    return np.where(a >= 1 << 15, a - (1 << 16), a)
+_pack, _unpack = pack, unpack
 
 
 try:
@@ -85,21 +77,7 @@ try:
 
     from codegen import sim_tb as tb
 
-    async def _run(dut, start, done, cycles_out: list) -> None:
-        """Pulse ``start`` for one cycle; record the cycles from start to done (inclusive)."""
-        start.value = 1
-        n = 1
-        await ReadOnly()
-        while not int(done.value):
-            await RisingEdge(dut.clk)
-            start.value = 0
-            n += 1
-            await ReadOnly()
-        await RisingEdge(dut.clk)
-        start.value = 0
-        await ReadOnly()              # let the last cycle's register writes land
-        await RisingEdge(dut.clk)
-        cycles_out.append(n)
+    _run = run_op
 
     async def _update_and_read(dut, master: dict, vel: dict, acc, gsum, consts, tf, cycles_out: list,
                                mh: int, mw: int, pe: int, simd: int):
