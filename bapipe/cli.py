@@ -195,8 +195,9 @@ def _add_args(name: str, p: argparse.ArgumentParser) -> None:
                                 "2M simulated cycles)")
             p.add_argument("--iterations", type=int, default=None,
                            help="training builds (mode: train plans): iterations of the schedule to simulate "
-                                "(default 2 when they stay under 20 M simulated cycles, else 0; 0 runs the "
-                                "forward pipeline only)")
+                                "(default: codegen.cli_rtlsim.DEFAULT_ITERATIONS when they fit its "
+                                "TRAIN_BUDGET_CYCLES of simulated cycles, else 0; 0 runs the forward "
+                                "pipeline only)")
         if name == "csim":
             p.add_argument("--seed", type=_seed, default=0, help="seed of the random inputs")
             p.add_argument("--samples", type=int, default=4, help="random inputs per stage (big stages run 1)")
