@@ -86,6 +86,11 @@ class BArray:
     def cdims(self) -> str:
         return "".join(f"[{d}]" for d in self.dims)
 
+    @property
+    def decl(self) -> str:
+        """Its C declaration as a parameter."""
+        return f"{self.ctype} {self.name}{self.cdims}"
+
 
 @dataclass
 class StashPort:
@@ -152,6 +157,8 @@ class BwdCtx:
     turns: list[BwdTurn] = field(default_factory=list)   # time-multiplexed: the layers' turns in order
     frames: list[DdrFrame] = field(default_factory=list)   # time-multiplexed: gradient frames off chip
     top_streams: list[BStream] = field(default_factory=list)   # time-multiplexed: the frames on chip
+    mac: object = None   # time-multiplexed: the MVU turns' shared arrays (codegen.hls_mac.BwdMacShare)
+    copies: list[dict] = field(default_factory=list)   # on-chip copies of the m_axi weights, filled once a call
 
     @property
     def declared_streams(self) -> list[BStream]:
@@ -341,6 +348,7 @@ def build_bwd(plan, model, st, sc, fmt, board=None) -> BwdCtx:
         return cur, L
 
     stashes: list[StashPort] = []
+    reads: dict[str, list[tuple[int, int]]] = {}   # weight arrays the engines read -> their copy's partitions
     grads: list[GradArray] = []
     acc_arrays: list[BArray] = []      # weight-gradient accumulators (placed below)
     acc_users: list[tuple[BArray, BArray]] = []
@@ -397,6 +405,7 @@ def build_bwd(plan, model, st, sc, fmt, board=None) -> BwdCtx:
             dy, _ = gradient(l.name, pe)
             lc = lc_of[l.name]
             wname = lc.weights[0].name
+            reads[wname] = [(pe, 1), (simd, 2)]
             st_name = stash(l, src)
             if l.type == "dense":
                 x = b.stream(f"x_{tag}", simd)
@@ -490,6 +499,7 @@ def build_bwd(plan, model, st, sc, fmt, board=None) -> BwdCtx:
             out = b.stream(f"dx_{tag}", L)
             wl = AXI_BITS // WSUM_BITS
             b.turn_of.append(b.turn)
+            reads[lc_of[l.name].weights[0].name] = [(L, 1)]
             b.procs.append(f"bapipe::batchnorm_bwd_train<{n_in}, {ch}, {L}, {gb}, {wl}>({dy}, {x}, {out}, "
                            f"{lc_of[l.name].weights[0].name}, {acc_s.name}, {acc_h.name}, {ds.name}, {dsh.name}, n, "
                            f"flush)")
@@ -595,6 +605,7 @@ def build_bwd(plan, model, st, sc, fmt, board=None) -> BwdCtx:
 
     rom_bytes = sum(int(w.kernel_q.size) for w in sc.weights) * ((W + 7) // 8) if sc.embed_weights else 0
     budget = _bwd_budget(plan, st, board)
+    copies = [] if sc.embed_weights else _copy_weights(sc, reads, W, budget, b)
     _place_accumulators(acc_users, b, board, None if budget is None else budget - rom_bytes)
     acc_ports = [a for a, _ in acc_users if a.storage == "off-chip"]
     b.arrays = [a for a, _ in acc_users if a.storage != "off-chip"] + b.arrays
@@ -603,11 +614,64 @@ def build_bwd(plan, model, st, sc, fmt, board=None) -> BwdCtx:
     stashes.sort(key=lambda s: pos[s.layer])
     ctx = BwdCtx(name=f"{sc.name}_bwd", mb=mb, in_ports=in_ports, out_ports=out_ports, stashes=stashes,
                  grad_arrays=grads, acc_ports=acc_ports, arrays=b.arrays, streams=b.streams, processes=b.procs,
-                 weights=[] if sc.embed_weights else list(sc.weights), engines=b.engines)
+                 weights=[] if sc.embed_weights else [w for w in sc.weights if w.name in reads], engines=b.engines,
+                 copies=copies)
     if st.style == "time-multiplexed":
         frame_elems = {s: elems[t] for t, parts in contrib.items() for s, _l in parts}
         _sequence_turns(ctx, b.turn_of, frame_elems, W, budget, rom_bytes)
+        _share_arrays(ctx, st.index, W)
     return ctx
+
+
+def _copy_weights(sc, reads: dict, width: int, budget: int | None, b: _Builder) -> list[dict]:
+    """On-chip copies of the m_axi weight arrays the engines read (matrices, a trained
+    batchnorm's scale; never the biases, which no backward engine reads), filled at the start of
+    every call by one pipelined loop per array of 512-bit beats (AXI_BITS / width elements a
+    cycle, the port widened to 512 bits), so no engine reads m_axi inside its II=1 loop: when
+    they all fit what the forward's rule gives a kernel's weights (fpga_models.allocate
+    .weights_all_resident, the kernel's on-chip budget), else none (the engines read the m_axi
+    arrays in place). The copies are static arrays of the kernel, partitioned as the engine reads
+    them (PE x SIMD a cycle); the processes read them instead of the ports."""
+    from fpga_models.allocate import weights_all_resident
+
+    from .hls_weights import BRAM_COPY_BYTES
+
+    ws = [w for w in sc.weights if w.name in reads]
+    eb = (width + 7) // 8
+    if not ws or not weights_all_resident([int(w.kernel_q.size) for w in ws], eb, budget):
+        return []
+    out = []
+    for w in ws:
+        dims = tuple(int(d) for d in re.findall(r"\[(\d+)\]", w.dims))
+        dst = f"wc_{w.name}"
+        n = prod(dims)
+        parts = [(f, d) for f, d in reads[w.name] if d <= len(dims)]
+        b.arrays.append(BArray(dst, "data_t", dims, width, "bram" if n * eb <= BRAM_COPY_BYTES else "uram",
+                               partitions=parts))
+        b.procs = [re.sub(rf"\b{re.escape(w.name)}\b", dst, p) for p in b.procs]
+        fn = f"weight_copy<{dims[0]}, {dims[1]}, {AXI_BITS // width}>" if len(dims) == 2 else \
+            f"weight_copy1<{n}, {AXI_BITS // width}>"
+        out.append({"src": w.name, "dst": dst, "words": -(-n * width // AXI_BITS),
+                    "params": f"const data_t {w.name}{w.dims}, data_t {dst}{w.dims}", "args": f"{w.name}, {dst}",
+                    "call": f"bapipe::{fn}({w.name}, {dst})"})
+    return out
+
+
+def _share_arrays(ctx: BwdCtx, index: int, width: int) -> None:
+    """The MVU turns of a time-multiplexed backward kernel take turns on one weight-gradient and
+    one input-gradient array (codegen.hls_mac.share_bwd_mac, the DSP rule): their per-layer
+    engine buffers (dy and x of a vector) become the shared MAC function's, sized by the
+    largest layer."""
+    from .hls_mac import share_bwd_mac
+
+    mac = share_bwd_mac(ctx, index)
+    if mac is None:
+        return
+    ctx.mac = mac
+    tags = {f"{j.aw[3:]}.{k}" for j in mac.jobs for k in ("dyb", "xs")}
+    ctx.arrays = [a for a in ctx.arrays if a.name not in tags] + [
+        BArray(f"{mac.name}.dyb", "data_t", (mac.mh,), width, "registers", local=True),
+        BArray(f"{mac.name}.xs", "data_t", (mac.mw,), width, "lutram", local=True)]
 
 
 def _lb_partitions(kh: int, kw: int, sh: int, w: int, c: int, lin: int, lout: int) -> list[tuple[int, int]]:

@@ -164,13 +164,183 @@ def share_mac(es, index: int) -> MacShare | None:
 
 
 _ENGINE = re.compile(r"\bbapipe::(?:mvu|mvu_tile|mvu_fifo)<\s*\d+\s*,\s*\d+\s*,\s*(\d+)\s*,\s*(\d+)\s*,")
-_ARRAY = re.compile(r"\bbapipe::mac_products<\s*(\d+)\s*>\s*\(")
+_ARRAY = re.compile(r"\bbapipe::(?:mac_products|gmac_products)<\s*(\d+)\s*>\s*\(")
+_BWD_ENGINE = re.compile(r"\bbapipe::mvu_bwd<\s*\d+\s*,\s*\d+\s*,\s*(\d+)\s*,\s*(\d+)\s*,\s*([01])\s*,")
 
 
 def mac_lanes(cpp: str) -> int:
-    """MAC lanes a Vitis build of one generated forward kernel instantiates, read from its C++:
-    each MVU call site is a PE x SIMD array (its template arguments), each shared array's
-    ``mac_products`` call LANES multipliers (the kernel's MAC function, called from one site)."""
+    """MAC lanes a Vitis build of one generated kernel instantiates, read from its C++: each
+    forward MVU call site is a PE x SIMD array (its template arguments), each backward
+    ``mvu_bwd`` call site one for dW and, when it computes dx (DX = 1), one more; each shared
+    array's ``mac_products`` / ``gmac_products`` call LANES multipliers (the kernel's MAC
+    function, called from one site)."""
     body = re.sub(r"//[^\n]*", "", cpp)
     return (sum(int(p) * int(s) for p, s in _ENGINE.findall(body))
+            + sum(int(p) * int(s) * (1 + int(d)) for p, s, d in _BWD_ENGINE.findall(body))
             + sum(int(k) for k in _ARRAY.findall(body)))
+
+
+# ---------------------------------------------------------------- backward kernels
+
+#: the two MAC arrays of a backward kernel's shared engine (fpga_models.allocate.BWD_ARRAYS):
+#: the weight-gradient products dy x^T and the input-gradient products W^T dy
+_MVU_BWD = re.compile(r"^bapipe::mvu_bwd<(.*)>\((.*)\)$")
+
+
+def _split_top(text: str) -> list[str]:
+    """Comma-separated items of ``text`` at template/parenthesis depth 0."""
+    out, depth, cur = [], 0, ""
+    for ch in text:
+        if ch in "<(":
+            depth += 1
+        elif ch in ">)":
+            depth -= 1
+        if ch == "," and depth == 0:
+            out.append(cur.strip())
+            cur = ""
+        else:
+            cur += ch
+    return out + [cur.strip()] if cur.strip() else out
+
+
+def _decl_name(decl: str) -> str:
+    """The parameter a C declaration names (``const data_t *st_fc``, ``bapipe::gacc<37> aw[10][64]``)."""
+    return re.match(r"^.*?(\w+)\s*(\[[^&*]*\])*$", decl.strip()).group(1)
+
+
+@dataclass
+class BwdJob:
+    """One backward MVU turn's use of the shared weight-gradient and input-gradient arrays
+    (what its ``bapipe::mvu_bwd`` call did on arrays of its own)."""
+
+    turn: int
+    mh: int
+    mw: int
+    pe: int
+    simd: int
+    dx: bool           # computes the input gradient (NF*SF more steps a vector)
+    gb: int            # weight-gradient accumulator bits
+    xb: int            # input-gradient accumulator bits
+    wl: int            # sums a 512-bit beat when flushing
+    depth: int         # the loop's pipeline depth (MVU_FILL)
+    out: str           # the dx beat type
+    dy: str
+    x: str
+    dxs: str
+    w: str
+    aw: str
+    ab: str
+    dw: str
+    db: str
+    vec: int           # vectors a sample
+
+    @property
+    def nf(self) -> int:
+        return self.mh // self.pe
+
+    @property
+    def sf(self) -> int:
+        return self.mw // self.simd
+
+    @property
+    def lanes(self) -> int:
+        return self.pe * self.simd
+
+    @property
+    def steps(self) -> int:
+        return self.nf * self.sf * (2 if self.dx else 1)
+
+
+def _bwd_job(turn: int, call: str) -> BwdJob | None:
+    m = _MVU_BWD.match(call.strip())
+    if m is None:
+        return None
+    t, a = _split_top(m.group(1)), _split_top(m.group(2))
+    vec = int(re.match(r"^\(long\)n \* (\d+)$", a[8]).group(1))
+    return BwdJob(turn, int(t[0]), int(t[1]), int(t[2]), int(t[3]), t[4] == "1", int(t[5]), int(t[6]), int(t[7]),
+                  int(t[8]), t[9], *a[:8], vec)
+
+
+@dataclass
+class BwdMacShare:
+    """The render context of a time-multiplexed backward kernel's shared arrays."""
+
+    name: str                  # the MAC function
+    turn_fn: str               # the MVU turns' function (one call site)
+    rest_fn: str               # the MVU turns' other engines
+    lanes_w: int               # weight-gradient lanes (the largest PE x SIMD)
+    lanes_x: int               # input-gradient lanes (the largest PE x SIMD of a turn with dx; 0: none)
+    mh: int                    # the largest MH (dy kept for the input gradient)
+    mw: int                    # the largest MW (the input vector kept for the row folds)
+    pe: int
+    simd: int
+    xb: int                    # the widest input-gradient accumulator
+    depth: int
+    jobs: list[BwdJob]
+    turns: list                # every turn (BwdTurn) in order, the MVU turns without their mvu_bwd
+    mvu_turns: list[int]
+    streams: list              # streams the MVU turns' function declares (BStream)
+    rest_params: list[str]     # C declarations
+    mac_params: list[str]
+    turn_params: list[str]
+
+    @staticmethod
+    def names(decls: list[str]) -> list[str]:
+        return [_decl_name(d) for d in decls]
+
+
+def share_bwd_mac(ctx, index: int) -> BwdMacShare | None:
+    """The shared arrays of a time-multiplexed backward kernel (BwdCtx ``ctx`` with turns,
+    codegen.hls_bwd), or None when it has no turns or no MVU turn.
+
+    Every MVU turn's ``mvu_bwd`` becomes a job of one MAC function (``s<i>_bwd_mac``): one
+    array of ``lanes_w`` multipliers for dW += dy x^T and one of ``lanes_x`` for dx = W^T dy
+    (the Design's two backward arrays, each the largest layer's PE x SIMD), the job's folding
+    chosen at run time by the turn index; one flattened II=1 loop of the same trip count as the
+    ``mvu_bwd`` it replaces (vectors x NF*SF, twice with dx). The turns' other engines stay in
+    their turn functions, called by ``s<i>_bwd_rest`` (a switch) beside the MAC function in one
+    DATAFLOW region, ``s<i>_bwd_mvu_turn``, which the sequencer calls from one site."""
+    from dataclasses import replace as _replace
+
+    if ctx is None or not ctx.turns:
+        return None
+    jobs, turns, moved = [], [], {}
+    for k, u in enumerate(ctx.turns):
+        found = [(p, j) for p in u.processes for j in [_bwd_job(k, p)] if j is not None]
+        if len(found) != 1:
+            turns.append(u)
+            continue
+        call, job = found[0]
+        jobs.append(job)
+        rest = [p for p in u.processes if p is not call]
+        mine = {job.dy, job.x, job.dxs}
+        mv = [s for s in u.streams if s.name in mine]
+        for s in mv:
+            moved[s.name] = s
+        text = "\n".join(rest)
+        used = lambda n: re.search(rf"\b{re.escape(n)}\b", text) is not None   # noqa: E731
+        pairs = [(d, a) for d, a in zip(u.params[:-2], u.args) if used(_decl_name(d))]
+        pairs += [(f"hls::stream<{s.beat} > &{s.name}", s.name) for s in mv if used(s.name)]
+        pairs.sort(key=lambda da: _decl_name(da[0]))
+        turns.append(_replace(u, params=[d for d, _a in pairs] + ["int n", "int flush"], args=[a for _d, a in pairs],
+                              streams=[s for s in u.streams if s.name not in mine], processes=rest))
+    if not jobs:
+        return None
+    mvu_turns = [j.turn for j in jobs]
+    before = {_decl_name(d): d for k in mvu_turns for d in ctx.turns[k].params[:-2]}   # the turns' parameters
+
+    def decl_of(name: str) -> str:
+        if name in moved:
+            return f"hls::stream<{moved[name].beat} > &{name}"
+        return before[name]
+    rest = sorted({_decl_name(d) for k in mvu_turns for d in turns[k].params[:-2]})
+    mac = sorted({n for j in jobs for n in (j.dy, j.x, j.dxs, j.w, j.aw, j.ab, j.dw, j.db)})
+    outer = sorted((set(rest) | set(mac)) - set(moved))
+    dxj = [j for j in jobs if j.dx]
+    s = f"s{index}"
+    return BwdMacShare(f"{s}_bwd_mac", f"{s}_bwd_mvu_turn", f"{s}_bwd_rest", max(j.lanes for j in jobs),
+                       max((j.lanes for j in dxj), default=0), max(j.mh for j in jobs), max(j.mw for j in jobs),
+                       max(j.pe for j in jobs), max(j.simd for j in jobs), max(j.xb for j in jobs),
+                       max(j.depth for j in jobs), jobs, turns, mvu_turns,
+                       sorted(moved.values(), key=lambda v: v.name),
+                       [decl_of(n) for n in rest], [decl_of(n) for n in mac], [decl_of(n) for n in outer])

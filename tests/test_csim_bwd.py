@@ -114,13 +114,14 @@ def test_engines_meet_the_plan_by_construction(plans):
 
 def test_no_whole_tensor_arrays_and_stashes_come_from_memory(plans):
     """tiny-cnn: every stashed activation is an m_axi argument read by its own process; the
-    kernel's on-chip bytes are the accumulators, line buffers, engines' buffers and FIFOs:
-    19,854 bytes (the old kernel held 21 micro-batch arrays of up to 16,384 elements)."""
+    kernel's on-chip bytes are the accumulators, line buffers, engines' buffers and FIFOs
+    (19,854 bytes) and the on-chip copies of the 2,440 matrix weights it reads (4,880 bytes;
+    the old kernel held 21 micro-batch arrays of up to 16,384 elements)."""
     _, _, ctx = _project(plans("tiny-cnn"))
     b = ctx.stages[0].bwd
     assert [s.layer for s in b.stashes] == ["conv1", "relu1", "conv2", "relu2", "pool1", "conv3", "relu3", "fc"]
     assert b.mb == 8                    # 32 samples a micro-batch over 4 replicas
-    assert b.onchip_bytes == 19854
+    assert b.onchip_bytes == 19854 + 4880
     biggest = max(a.bytes for a in b.arrays)
     assert biggest == 5760              # aw_conv3: 16 x 72 accumulators of 39 bits (5 bytes)
     assert all(s.depth == 2 for s in b.streams)   # no skip paths in tiny-cnn
@@ -135,6 +136,8 @@ def _declared_bytes(cpp: str) -> int:
     total = 0
     for ty, dims in re.findall(r"^    static bapipe::gacc<(\d+)> \w+((?:\[\d+\])+);", cpp, re.M):
         total += math.prod(int(d) for d in re.findall(r"\d+", dims)) * ((int(ty) + 7) // 8)
+    for dims in re.findall(r"^    static data_t \w+((?:\[\d+\])+);", cpp, re.M):   # the weights' on-chip copies
+        total += math.prod(int(d) for d in re.findall(r"\d+", dims)) * 2
     for beat, depth in re.findall(r"^    hls::stream<bapipe::(\w+<[\d, ]+>), (\d+)> ", cpp, re.M):
         args = [int(x) for x in re.findall(r"\d+", beat)]
         bits = {"bvec": args[0] * 16, "rvec": args[0] * args[-1], "pvec": args[0] * 24}[beat.split("<")[0]]

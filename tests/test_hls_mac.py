@@ -125,3 +125,78 @@ def test_vgg16_forward_kernels_build_the_planned_dsp():
         lanes = mac_lanes(files[f"{s.name}/{s.name}.cpp"].decode())
         assert math.ceil(lanes * board.dsp_per_mac.get(plan.number_format, 1.0)) == need <= board.usable_dsp, \
             (s.name, lanes, need)
+
+
+# ---------------------------------------------------------------- backward kernels
+
+def test_mac_lanes_counts_backward_engines():
+    """A backward ``mvu_bwd`` call site is a dW array and, when it computes dx (DX = 1), a dx
+    array of PE x SIMD each; a shared array's ``gmac_products`` its LANES."""
+    src = """
+    bapipe::mvu_bwd<10, 64, 1, 32, 1, 37, 35, 8, 4, bapipe::bvec<32> >(a, b, c, w, aw, ab, dw, db, (long)n * 1, f);
+    bapipe::mvu_bwd<8, 9, 4, 9, 0, 43, 38, 8, 4, bapipe::bvec<9> >(a, b, c, w, aw, ab, dw, db, (long)n * 64, f);
+    bapipe::gmac_products<36>(ga, gx, pw, used);
+    """
+    assert mac_lanes(src) == 2 * 32 + 36 + 36
+
+
+@pytest.mark.slow   # plans and generates tiny-cnn (~3 s)
+def test_tiny_cnn_time_multiplexed_backward_kernel_has_two_shared_arrays(tmp_path):
+    """The training plan's backward kernel: fc 1 x 32, conv3 1 x 36, conv2 1 x 36 and conv1
+    4 x 9 (no input gradient: the model's input) take turns on one weight-gradient array and
+    one input-gradient array of 36 lanes each, the Design's 72 DSP (BWD_ARRAYS x the largest
+    layer's 36; one pair per layer built 36 + 2 x (32 + 36 + 36) = 244), called from one site;
+    each turn's folding and steps a run-time job with the loop trip count of its mvu_bwd."""
+    _plan, out = _tiny_cnn_tm(tmp_path, "train")
+    cpp = (out / "stage0" / "stage0_bwd.cpp").read_text()
+    need, usable = _design_dsp(out, "stage0_bwd")
+    assert need == 72 and mac_lanes(cpp) == need <= usable
+    assert cpp.count("bapipe::gmac_products<36>(") == 2 and "bapipe::mvu_bwd<" not in cpp
+    assert cpp.count("s0_bwd_mvu_turn(t, i,") == 1 and cpp.count("s0_bwd_mac(t,") == 1
+    jobs = re.findall(r"case (\d+):   // (\d+) x (\d+) on (\d+) x (\d+)(, no input gradient)?\n\s+steps = (\d+), "
+                      r"nfsf = (\d+), used = (\d+), used_x = (\d+), total = \(long\)n \* (\d+);", cpp)
+    got = [(int(t), int(mh), int(mw), int(pe), int(simd), int(ux), int(total)) for t, mh, mw, pe, simd, _nd, _s, _n, _u,
+           ux, total in jobs]
+    # (turn, MH, MW, PE, SIMD, dx lanes, steps a sample = vectors x NF*SF x (2 with dx))
+    assert got == [(0, 10, 64, 1, 32, 32, 1 * 10 * 2 * 2), (4, 16, 72, 1, 36, 36, 16 * 16 * 2 * 2),
+                   (7, 8, 72, 1, 36, 36, 64 * 8 * 2 * 2), (9, 8, 9, 4, 9, 0, 64 * 2 * 1 * 1)]
+
+
+@pytest.mark.csim
+@pytest.mark.slow   # one g++ build of the backward kernel and its run
+@pytest.mark.skipif(toolchain.gxx() is None or toolchain.ap_types_dir() is None,
+                    reason="needs g++ and the hls4ml ap_types headers")
+def test_tiny_cnn_shared_backward_arrays_bit_exact_and_on_plan(tmp_path):
+    """The same kernel in C-simulation: the input gradient and every weight-gradient sum 0 LSB
+    against train_fixed, no stream beyond its depth, cycles per sample within 10% of the plan."""
+    from test_csim_bwd_tm import _csim_stage
+
+    plan, _out = _tiny_cnn_tm(tmp_path, "train")
+    r = _csim_stage(plan, tmp_path / "b", 0)
+    assert r.get("error") is None, r
+    assert r["max_abs_err_lsb"] == 0, r
+    assert all(s["peak"] <= s["depth"] for s in r["streams"].values())
+    assert abs(r["cycles_per_sample"] - r["plan_cycles_per_sample"]) <= CYCLE_TOL * r["plan_cycles_per_sample"], r
+
+
+@pytest.mark.soak   # the planner's VGG-16 plan rendered in memory with zero weights (~1 min, ~3 GB)
+def test_vgg16_backward_kernels_build_the_planned_dsp():
+    """The default vgg16 4xU250-ring plan: each backward kernel's MAC lanes from the C++ (two
+    shared arrays) equal the Design's DSP (BWD_ARRAYS x the largest layer's array) and fit the
+    board."""
+    from test_link_cfg import _plan, render
+
+    from codegen.placement import kernel_needs
+    from fpga_models.cluster import load_cluster
+
+    cluster = load_cluster("4xU250-ring")
+    plan, model = _plan("vgg16", cluster)
+    ctx, files = render(plan, model, cluster)
+    boards = {cb.name: cb.board for cb in cluster.boards}
+    for s in ctx.stages:
+        assert s.style == "time-multiplexed" and s.bwd.mac is not None
+        board = boards[s.boards[0]]
+        need = kernel_needs(ctx, board, plan.number_format)[s.bwd.name].dsp
+        lanes = mac_lanes(files[f"{s.name}/{s.bwd.name}.cpp"].decode())
+        assert math.ceil(lanes * board.dsp_per_mac.get(plan.number_format, 1.0)) == need <= board.usable_dsp, \
+            (s.bwd.name, lanes, need)
