@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from math import prod
 
 from fpga_models import fixedpoint as fx
+from fpga_models.bwd_memory import ACC_ONCHIP_SHARE, PORTS_TURN, acc_width
 from fpga_models.engines import MVU_FILL, conv_window_lanes
 
 from .hls_design import DdrFrame
@@ -37,18 +38,10 @@ from .hls_design import DdrFrame
 AXI_BITS = 512
 #: default depth of a stream between two engines (the Vitis HLS default handshake FIFO)
 STREAM_DEPTH = 2
-#: share of the board's usable BRAM+URAM the weight-gradient accumulators of one backward
-#: kernel may take on chip (the forward kernel, stashes and FIFOs share the rest) [design choice]
-ACC_ONCHIP_SHARE = 0.5
 #: widest accumulator the C-simulation's 64-bit integer path holds exactly
 MAX_ACC_BITS = 64
 #: bits of one weight-gradient sum in memory (bapipe::wsum_t): the exact accumulator, widened
 WSUM_BITS = 64
-
-
-def acc_width(terms: int, a_width: int, b_width: int) -> int:
-    """Bits of a signed accumulator that sums ``terms`` products exactly (fpga_models.train_fixed)."""
-    return a_width + b_width - 1 + math.ceil(math.log2(max(1, terms) + 1))
 
 
 @dataclass
@@ -157,6 +150,10 @@ class BwdCtx:
     turns: list[BwdTurn] = field(default_factory=list)   # time-multiplexed: the layers' turns in order
     frames: list[DdrFrame] = field(default_factory=list)   # time-multiplexed: gradient frames off chip
     top_streams: list[BStream] = field(default_factory=list)   # time-multiplexed: the frames on chip
+    # time-multiplexed: every frame between turns as built, (writer, reader, lanes, bytes, off chip)
+    frame_turns: list[tuple] = field(default_factory=list)
+    # matrix layers whose backward computes dx (an input-gradient array: fpga_models.gradients)
+    dx_layers: frozenset = frozenset()
     mac: object = None   # time-multiplexed: the MVU turns' shared arrays (codegen.hls_mac.BwdMacShare)
     copies: list[dict] = field(default_factory=list)   # on-chip copies of the m_axi weights, filled once a call
 
@@ -592,7 +589,7 @@ def build_bwd(plan, model, st, sc, fmt, board=None) -> BwdCtx:
 
     # gradients of the stage inputs leave through the dx ports
     out_ports: list[BPort] = []
-    b.turn = "ports"
+    b.turn = PORTS_TURN
     for p in sc.inputs:
         if p.tensor in model_inputs:
             continue
@@ -606,7 +603,15 @@ def build_bwd(plan, model, st, sc, fmt, board=None) -> BwdCtx:
     rom_bytes = sum(int(w.kernel_q.size) for w in sc.weights) * ((W + 7) // 8) if sc.embed_weights else 0
     budget = _bwd_budget(plan, st, board)
     copies = [] if sc.embed_weights else _copy_weights(sc, reads, W, budget, b)
-    _place_accumulators(acc_users, b, board, None if budget is None else budget - rom_bytes)
+    mem = None
+    if st.style == "time-multiplexed":   # the plan's decision (fpga_models.bwd_memory), not re-derived
+        mem = bwd_memory_of(plan, model, st, board, budget)
+        layer_of = {f"aw_{ident(l.name)}": l.name for l in layers}
+        for aw, _ab in acc_users:
+            aw.storage = (("uram" if aw.bytes >= 64 * 1024 else "bram") if mem.acc_onchip[layer_of[aw.name]]
+                          else "off-chip")
+    else:
+        _place_accumulators(acc_users, b, board, None if budget is None else budget - rom_bytes)
     acc_ports = [a for a, _ in acc_users if a.storage == "off-chip"]
     b.arrays = [a for a, _ in acc_users if a.storage != "off-chip"] + b.arrays
     pos = {l.name: i for i, l in enumerate(layers)}
@@ -616,9 +621,10 @@ def build_bwd(plan, model, st, sc, fmt, board=None) -> BwdCtx:
                  grad_arrays=grads, acc_ports=acc_ports, arrays=b.arrays, streams=b.streams, processes=b.procs,
                  weights=[] if sc.embed_weights else [w for w in sc.weights if w.name in reads], engines=b.engines,
                  copies=copies)
+    ctx.dx_layers = frozenset(l.name for l in layers if l.type in ("dense", "conv2d") and l.inputs[0] in needed)
     if st.style == "time-multiplexed":
         frame_elems = {s: elems[t] for t, parts in contrib.items() for s, _l in parts}
-        _sequence_turns(ctx, b.turn_of, frame_elems, W, budget, rom_bytes)
+        _sequence_turns(ctx, b.turn_of, frame_elems, W, mem)
         _share_arrays(ctx, st.index, W)
     return ctx
 
@@ -790,6 +796,50 @@ def plan_bwd_cycles(plan, model, index: int, board) -> dict:
 
 # ---------------------------------------------------------------- time-multiplexed stages
 
+def bwd_memory_of(plan, model, st, board, budget: int | None):
+    """The plan's memory decision for stage ``st``'s backward kernel (fpga_models.bwd_memory:
+    which accumulators and gradient frames stay on chip), at the plan's folding, on ``budget``
+    (:func:`_bwd_budget`)."""
+    from fpga_models.bwd_memory import bwd_memory
+
+    layers = [model.layers[model.index[n]] for n in st.layers]
+    return bwd_memory(model, layers, board, _fold_of(st, layers), plan.number_format, budget,
+                      max(1, plan.microbatches) * replica_batch(plan, st), st.style == "time-multiplexed")
+
+
+def _fold_of(st, layers) -> dict[str, tuple[int, int]]:
+    """The plan's folding as fpga_models reads it: (PE, SIMD) of an MVU, (1, lanes) of the others."""
+    fold = {l.name: (1, 1) for l in layers}
+    fold.update({n: (f.pe, f.simd) if f.lanes is None else (1, f.lanes) for n, f in st.folding.items()})
+    return fold
+
+
+def design_backward_memory(plan, model, cluster) -> list[dict | None]:
+    """Per stage, the Design's record of its backward kernel's memory (design.json
+    ``backward_memory``: fpga_models.bwd_memory.BwdMemory.as_dict, with ``spill_cycles``, the
+    backward cycles a sample its off-chip frames add, which the plan's cycles.bwd holds); None
+    for a stage not on a catalog FPGA."""
+    from fpga_models.bwd_memory import tm_bwd_spill_cycles
+
+    out: list[dict | None] = []
+    for st in plan.stages:
+        cb = next((c for c in cluster.boards if st.boards and c.name == st.boards[0]), None) if cluster else None
+        board = cb.board if cb is not None else None
+        if board is None or getattr(board, "kind", "fpga") != "fpga":
+            out.append(None)
+            continue
+        budget = _bwd_budget(plan, st, board)
+        mem = bwd_memory_of(plan, model, st, board, budget)
+        rec = mem.as_dict()
+        if st.style == "time-multiplexed":
+            layers = [model.layers[model.index[n]] for n in st.layers]
+            rec["spill_cycles"] = tm_bwd_spill_cycles(model, layers, board, _fold_of(st, layers), plan.number_format,
+                                                      budget,
+                                                      max(1, plan.microbatches) * replica_batch(plan, st), mem)
+        out.append(rec)
+    return out
+
+
 def _bwd_budget(plan, st, board) -> int | None:
     """On-chip bytes the backward kernel may keep (fpga_models.allocate.kernel_onchip_budget, the
     forward kernels' rule: the board's capped on-chip bytes over its kernels); None without a board."""
@@ -806,16 +856,14 @@ def _uses(name: str, procs: list[str]) -> list[int]:
     return [k for k, p in enumerate(procs) if pat.search(p)]
 
 
-def _sequence_turns(ctx: BwdCtx, turn_of: list[str], frame_elems: dict[str, int], width: int,
-                    budget: int | None, rom_bytes: int) -> None:
+def _sequence_turns(ctx: BwdCtx, turn_of: list[str], frame_elems: dict[str, int], width: int, mem) -> None:
     """Sequence a time-multiplexed stage's backward as the plan prices it (fpga_models.allocate.
     time_multiplexed: the layers' backward cycles add up): one turn per layer, in the order the
     layers were walked (last layer first), each a DATAFLOW function of its layer's engines called
     once per sample. A stream two turns share is a whole frame (one sample's gradient): a FIFO of
-    its beats in the top function, or, when the kernel's fixed bytes and the smaller frames leave
-    no room for it (fpga_models.allocate.frames_offchip, the forward kernels' rule), an m_axi
+    its beats in the top function, or, where the plan puts it off chip (``mem``,
+    fpga_models.bwd_memory: the frame its writer's turn hands to its reader's), an m_axi
     buffer of 512-bit words written by ``frame_write`` and read back by ``frame_read``."""
-    from fpga_models.allocate import frames_offchip
     from fpga_models.engines import DDR_WORD_BITS, ddr_words_per_beat
 
     order: list[str] = []
@@ -834,9 +882,9 @@ def _sequence_turns(ctx: BwdCtx, turn_of: list[str], frame_elems: dict[str, int]
         s.depth = frame_elems[s.name] // lanes[s.name]
     writer = {s.name: min(turns_using[s.name], key=order.index) for s in frames}
     frames.sort(key=lambda s: (order.index(writer[s.name]), s.name))
-    fixed = (sum(a.bytes for a in ctx.arrays) + rom_bytes
-             + sum(s.bytes for s in ctx.streams if s.name not in {f.name for f in frames}))
-    off = frames_offchip([s.bytes for s in frames], fixed, budget) if budget is not None else [False] * len(frames)
+    reader = {s.name: max(turns_using[s.name], key=order.index) for s in frames}
+    off = [bool(mem.offchip(writer[s.name], reader[s.name])) for s in frames]
+    ctx.frame_turns = [(writer[s.name], reader[s.name], lanes[s.name], s.bytes, o) for s, o in zip(frames, off)]
     ddr: dict[str, DdrFrame] = {}
     for s, o in zip(frames, off):
         if o:

@@ -79,16 +79,20 @@ def stage_dsp(stage_ctx, plan_stage, board: Board, fmt: str) -> int:
 
 def kernel_needs(ctx, board: Board, fmt: str) -> dict[str, Need]:
     """Each stage kernel's need: DSP from the board-budget rule (fpga_models.allocate.kernel_dsp:
-    the forward kernel one PE x SIMD array per MVU layer, the backward kernel two at the same
-    folding, the weight-gradient and the input-gradient MAC arrays of ``mvu_bwd``,
-    codegen.hls_bwd); BRAM36/URAM from the Design's on-chip bytes."""
+    the forward kernel one PE x SIMD array per MVU layer, the backward kernel at the same
+    folding a weight-gradient array and, for the layers whose dx it computes (``dx_layers``,
+    fpga_models.gradients), an input-gradient array, codegen.hls_bwd); BRAM36/URAM from the
+    Design's on-chip bytes."""
     plan_stage = {st.index: st for st in ctx.plan.stages}
     out: dict[str, Need] = {}
     for s in ctx.stages:
         per = layer_dsp(s, plan_stage[s.index], board, fmt)
         style = "dataflow" if s.dataflow else "tm"
+        # the backward kernel's input-gradient arrays: only for the layers whose dx it computes
+        mvus = [lc.name for lc in s.layers if lc.layer is not None and engine_kind(lc.layer.type) == "mvu"]
+        dx = [n in s.bwd.dx_layers for n in mvus] if hasattr(s.bwd, "dx_layers") else None
         for name, role in [(s.name, "fwd")] + ([(s.bwd.name, "bwd")] if s.bwd is not None else []):
-            out[name] = Need(kernel_dsp(per, style, role), 0, 0, kernel_onchip_bytes(s, ctx.fmt, bwd=role == "bwd"))
+            out[name] = Need(kernel_dsp(per, style, role, dx), 0, 0, kernel_onchip_bytes(s, ctx.fmt, bwd=role == "bwd"))
     return out
 
 

@@ -347,7 +347,11 @@ def write_rtl(plan, model, cluster, out_dir: Path, params=None) -> tuple[list[Pa
         design = rtl.parent / "design.json"
         ddict = design_dict(pipe, plan, alone)
         if plan.mode == "train":   # training engines, sequencers and stashes: rtl/train/ (codegen/rtl_train.py)
+            from .hls_bwd import design_backward_memory
             from .rtl_train import write_train
+            for rec, sd in zip(design_backward_memory(plan, model, cluster), ddict["stages"]):
+                if rec is not None:   # the backward kernel's memory decision (fpga_models.bwd_memory)
+                    sd["backward_memory"] = rec
             train_paths, ddict["train"], why = write_train(plan, model, cluster, rtl, params)
             paths += train_paths
             if why:

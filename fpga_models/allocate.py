@@ -85,15 +85,22 @@ def engines_dsp(layer_dsp: Sequence[int], style: str) -> int:
     return sum(layer_dsp) if style == "dataflow" else max(layer_dsp, default=0)
 
 
-def kernel_dsp(layer_dsp: Sequence[int], style: str, role: str) -> int:
-    """DSP a stage's kernel of ``role`` instantiates (:func:`engines_dsp` x its arrays per layer)."""
-    return kernel_arrays(role) * engines_dsp(layer_dsp, style)
+def kernel_dsp(layer_dsp: Sequence[int], style: str, role: str, dx: Sequence[bool] | None = None) -> int:
+    """DSP a stage's kernel of ``role`` instantiates (:func:`engines_dsp` x its arrays per layer).
+    A backward kernel builds the input-gradient array only for the layers ``dx`` flags (default
+    all; fpga_models.gradients: none for a layer fed by the model input): the weight-gradient
+    arrays are :func:`engines_dsp` of every layer, the input-gradient ones of the flagged layers
+    (time-multiplexed: the largest of them, the turns share one)."""
+    if role != "bwd" or dx is None:
+        return kernel_arrays(role) * engines_dsp(layer_dsp, style)
+    return (engines_dsp(layer_dsp, style)
+            + (BWD_ARRAYS - 1) * engines_dsp([d for d, x in zip(layer_dsp, dx) if x], style))
 
 
-def board_dsp(stages: Sequence[tuple[Sequence[int], str]], train: bool) -> int:
+def board_dsp(stages: Sequence[tuple], train: bool) -> int:
     """DSP of every kernel of a board: ``stages`` lists, per stage on it, (each matrix layer's
-    array DSP, style)."""
-    return sum(kernel_dsp(stages[s][0], stages[s][1], role)
+    array DSP, style[, each layer's input-gradient flag: :func:`kernel_dsp`])."""
+    return sum(kernel_dsp(stages[s][0], stages[s][1], role, stages[s][2] if len(stages[s]) > 2 else None)
                for s, role in board_kernels(range(len(stages)), train))
 
 

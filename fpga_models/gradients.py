@@ -8,12 +8,13 @@ model's first convolution computes its dW and no dx, and an element-wise layer b
 input and the first weighted layer has no backward at all.
 
 Read by the planner's layer table (planner.stagecost), the stage allocation
-(fpga_models.allocate), the HLS backward kernel and its plan figure (codegen.hls_bwd) and the
-training RTL (codegen.rtl_train).
+(fpga_models.allocate), the backward kernel's memory (fpga_models.bwd_memory), the HLS backward
+kernel and its plan figure (codegen.hls_bwd), the board's DSP count (fpga_models.allocate
+.kernel_dsp via codegen.placement: no input-gradient array where no dx) and the training RTL
+(codegen.rtl_train).
 """
 from __future__ import annotations
 
-from bapipe.layers import Layer
 from bapipe.spec import Model
 
 
@@ -27,16 +28,10 @@ def gradient_tensors(model: Model) -> frozenset[str]:
     return frozenset(out)
 
 
-def needs_input_gradient(layer: Layer, model: Model) -> bool:
-    """The layer's backward computes the gradient of its input(s): some input has a gradient
-    (:func:`gradient_tensors`), i.e. it is not fed only by the model's input through layers
-    without parameters."""
-    g = gradient_tensors(model)
-    return any(i in g for i in layer.inputs)
-
-
 def no_input_gradient(model: Model) -> frozenset[str]:
-    """Names of the layers whose backward computes no input gradient (:func:`needs_input_gradient`)."""
+    """Names of the layers whose backward computes no input gradient: none of their inputs has a
+    gradient (:func:`gradient_tensors`), i.e. they are fed only by the model's input through
+    layers without parameters."""
     g = gradient_tensors(model)
     return frozenset(l.name for l in model.layers if not any(i in g for i in l.inputs))
 

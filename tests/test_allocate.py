@@ -108,6 +108,12 @@ def test_board_kernels_and_shares():
     assert kernel_dsp([64, 256, 8], "time-multiplexed", "bwd") == 512
     assert board_dsp([([64, 256], "dataflow"), ([100], "time-multiplexed")], train=True) == 3 * 320 + 3 * 100
     assert board_dsp([([64, 256], "dataflow"), ([100], "time-multiplexed")], train=False) == 420
+    # no input-gradient array for a layer without dx (fpga_models.gradients: the model input's)
+    assert kernel_dsp([64, 256, 8], "dataflow", "bwd", [False, True, True]) == 328 + 264
+    assert kernel_dsp([256, 64, 8], "time-multiplexed", "bwd", [False, True, True]) == 256 + 64
+    assert kernel_dsp([64, 256, 8], "time-multiplexed", "bwd", [False, False, False]) == 256
+    assert kernel_dsp([64, 256, 8], "time-multiplexed", "fwd", [False, False, False]) == 256
+    assert board_dsp([([72], "dataflow", [False])], train=True) == 2 * 72     # tiny-cnn's conv1
 
 
 @pytest.mark.parametrize("style", ["time-multiplexed", "dataflow"])

@@ -32,19 +32,23 @@ def _plan(model_name: str, cluster_name: str, **req):
 
 def _board_dsp(plan, model, cluster) -> dict[str, tuple[int, int]]:
     """board -> (DSP its kernels instantiate, ceil(usable x cap)), from the plan's foldings."""
+    from fpga_models.gradients import no_input_gradient
+
     out: dict[str, list[int]] = {}
-    arrays = 3 if plan.mode == "train" else 1          # forward (+ dx and dW arrays)
+    no_dx = no_input_gradient(model)    # no input-gradient array for these (fpga_models.gradients)
     for st in plan.stages:
         board = cluster.board(st.boards[0]).board
         if board.kind != "fpga":
             continue
         dpm = board.dsp_per_mac.get(plan.number_format, 1.0)
-        per = [mvu_dsp(f.pe, f.simd, dpm) for name, f in st.folding.items()
+        per = [(mvu_dsp(f.pe, f.simd, dpm), name not in no_dx) for name, f in st.folding.items()
                if matrix_shape(model.layers[model.index[name]]) is not None]
-        kernel = sum(per) if st.style == "dataflow" else max(per, default=0)
+        pick = sum if st.style == "dataflow" else (lambda v: max(v, default=0))
+        kernel = pick([d for d, _x in per])                    # the forward's arrays, and the dW ones
+        dx = pick([d for d, x in per if x])                    # the dx arrays
         for b in st.boards:     # every replica's board holds the stage's kernels
             cap = math.ceil(cluster.board(b).board.usable_dsp * plan.utilisation_cap - 1e-9)
-            out.setdefault(b, [0, cap])[0] += arrays * kernel
+            out.setdefault(b, [0, cap])[0] += kernel + (kernel + dx if plan.mode == "train" else 0)
     return {b: (need, cap) for b, (need, cap) in out.items()}
 
 
@@ -53,13 +57,16 @@ CASES = [
     ("vgg16", "4xU250-ring", {"schedule": "interleaved"}, 9_216),     # 2 stages x (1,536 + 3,072) per board
     ("vgg16", "4xU250-ring", {"mode": "inference"}, 9_216),
     ("vgg16", "4xU250-ring", {}, 9_216),
-    # fpga0 holds conv1 (fully unrolled: 8 x 9 lanes; the budget rule reserves 3 arrays, though
-    # the kernel builds no input gradient for it: fpga_models.gradients) and relu2/pool1: 216
-    # is all its stages can use (3,648 when conv2 shared the board, before that rule moved it)
-    ("tiny-cnn", "4xU250-ring", {"schedule": "interleaved"}, 216),
-    ("tiny-cnn", "4xU250-ring", {"replication": False}, 216),
-    ("tiny-mlp", "4xU250-ring", {}, 7_920),
-    ("tiny-cnn", "8xU280-ring", {}, 6_360),          # of 6,797 capped on a U280
+    # fpga0 holds conv1 (fully unrolled: 8 x 9 lanes; its forward and dW arrays, no dx array:
+    # the kernel builds no input gradient for it, fpga_models.gradients) and relu2/pool1: 144
+    # is all its stages can use (216 while the rule counted a dx array for conv1; 3,648 when
+    # conv2 shared the board, before that rule moved it)
+    ("tiny-cnn", "4xU250-ring", {"schedule": "interleaved"}, 144),
+    ("tiny-cnn", "4xU250-ring", {"replication": False}, 144),
+    # fc1 and conv1 take the model input: no dx array (7,920 and 6,360 before that rule: fc1's
+    # 1,024 lanes and conv1's 72 fewer)
+    ("tiny-mlp", "4xU250-ring", {}, 6_896),
+    ("tiny-cnn", "8xU280-ring", {}, 6_288),          # of 6,797 capped on a U280
     # fpga2: block 1 (time-multiplexed, 8 x 144 lanes) + fc (10 x 32), 3 arrays each (4,752
     # before batchnorm's backward was priced as one pass, which moved the cut)
     (SMALL_RESNET, "4xU250-ring", {"schedule": "interleaved"}, 4_416),

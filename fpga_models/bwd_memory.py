@@ -1,0 +1,372 @@
+"""The on-chip memory of a stage's backward (training) kernel, decided once for the planner and
+the lowering: which weight-gradient accumulators stay on chip, which gradient frames of a
+time-multiplexed stage go off chip, and the cycles those frames cost.
+
+The backward kernel (codegen.hls_bwd builds it) keeps on chip, besides its stream FIFOs:
+
+- per matrix layer (dense, conv2d) a weight-gradient accumulator ``aw`` of MH x MW exact sums
+  (:func:`acc_width` bits for the iteration's vectors), the MVU's input vector (MW elements)
+  and, for a convolution that passes dx on, a col2im line buffer of KH + SH rows of exact
+  input-gradient sums; a convolution (or overlapping max pool) that streams its stash through
+  the window generator keeps KH + SH - 1 rows of its input;
+- an overlapping pool's col2im line buffer, an unflatten's double buffer.
+
+The accumulators go on chip smallest first while they fit :data:`ACC_ONCHIP_SHARE` of the board
+and what the kernel's share (fpga_models.allocate.kernel_onchip_budget) leaves beside the other
+buffers; the rest are read-modify-written in off-chip memory. A time-multiplexed stage runs its
+layers' backward as turns (last layer first); the gradient one turn hands to a later one is a
+whole frame (one sample's gradient of that tensor), on chip while it fits beside the fixed
+bytes (fpga_models.allocate.frames_offchip, the forward kernels' rule), else in off-chip
+memory: written in 512-bit words by its writer's turn, read back by its reader's, each taking
+at least fpga_models.engines.frame_io_cycles -- cycles the plan charges
+(:func:`tm_bwd_spill_cycles`) and the kernel spends.
+
+Read by the planner (planner.search: the stage's backward time) and codegen.hls_bwd (which
+frames and accumulators it puts off chip), so the two cannot disagree.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from math import prod
+from typing import Collection, Sequence
+
+from bapipe.layers import Layer
+from bapipe.spec import Model
+
+from .allocate import frames_offchip, weights_all_resident
+from .boards import Board, bytes_per_element, on_chip_bytes
+from .cost import layer_cost, matrix_shape
+from .engines import conv_window_lanes, frame_io_cycles
+from .gradients import backward_work, gradient_tensors, no_input_gradient
+
+#: share of the board's usable BRAM+URAM the weight-gradient accumulators of one backward
+#: kernel may take on chip (the forward kernel, stashes and FIFOs share the rest) [design choice]
+ACC_ONCHIP_SHARE = 0.5
+#: the turn of a time-multiplexed backward kernel that sums the gradients of the stage's inputs
+#: for its dx ports (codegen.hls_bwd names it so)
+PORTS_TURN = "ports"
+#: widest lanes of a backward port whose producer asks for none (codegen.hls_bwd)
+PORT_LANES = 16
+
+
+def acc_width(terms: int, a_width: int, b_width: int) -> int:
+    """Bits of a signed accumulator that sums ``terms`` products exactly (fpga_models.train_fixed)."""
+    return a_width + b_width - 1 + math.ceil(math.log2(max(1, terms) + 1))
+
+
+def divisor_at_most(n: int, cap: int) -> int:
+    """The largest divisor of ``n`` not above ``cap``."""
+    return max(d for d in range(1, min(n, cap) + 1) if n % d == 0)
+
+
+def _pair(v) -> tuple[int, int]:
+    return (int(v), int(v)) if isinstance(v, int) else (int(v[0]), int(v[1]))
+
+
+def _window(l: Layer):
+    a = l.attr
+    return _pair(a.get("kernel", 1)), _pair(a.get("stride", 1)), _pair(a.get("padding", 0) or 0)
+
+
+@dataclass(frozen=True)
+class GradFrame:
+    """The gradient of ``tensor`` one backward turn (``writer``, a layer) hands to a later one
+    (``reader``: a layer, or :data:`PORTS_TURN`): one sample, ``nbytes`` on chip, ``lanes`` a beat."""
+
+    tensor: str
+    writer: str
+    reader: str
+    nbytes: int
+    lanes: int
+
+
+@dataclass(frozen=True)
+class BwdMemory:
+    """A stage's backward kernel memory decision (:func:`bwd_memory`)."""
+
+    budget: int | None                 # the kernel's on-chip bytes (None: no board, no limit)
+    acc_onchip: dict                   # matrix layer -> its weight-gradient accumulator stays on chip
+    acc_bytes: dict                    # matrix layer -> the accumulator's bytes
+    other_bytes: int                   # the fixed buffers besides the accumulators
+    frames: tuple = ()                 # GradFrame, time-multiplexed stages only
+    frames_off: tuple = ()             # per frame: off chip
+
+    @property
+    def fixed_bytes(self) -> int:
+        """On-chip bytes besides the frames: the other buffers and the on-chip accumulators."""
+        return self.other_bytes + sum(b for n, b in self.acc_bytes.items() if self.acc_onchip[n])
+
+    @property
+    def onchip_bytes(self) -> int:
+        """The kernel's on-chip bytes as planned: fixed bytes and the frames kept on chip."""
+        return self.fixed_bytes + sum(f.nbytes for f, o in zip(self.frames, self.frames_off) if not o)
+
+    def offchip(self, writer: str, reader: str) -> bool | None:
+        """Whether the frame ``writer`` -> ``reader`` is off chip; None when there is no such frame."""
+        for f, o in zip(self.frames, self.frames_off):
+            if f.writer == writer and f.reader == reader:
+                return o
+        return None
+
+    def as_dict(self) -> dict:
+        """The Design's record of it (design.json, a stage's ``backward_memory``)."""
+        return {"budget_bytes": self.budget, "onchip_bytes": self.onchip_bytes,
+                "accumulators": [{"layer": n, "bytes": b, "onchip": self.acc_onchip[n]}
+                                 for n, b in self.acc_bytes.items()],
+                "frames": [{"tensor": f.tensor, "writer": f.writer, "reader": f.reader, "bytes": f.nbytes,
+                            "lanes": f.lanes, "offchip": o} for f, o in zip(self.frames, self.frames_off)]}
+
+
+def _active(model: Model, layers: Sequence[Layer]) -> tuple[set[str], set[str]]:
+    """(layers whose backward runs, tensors whose gradient the kernel carries): a layer runs when
+    it learns a matrix or passes on a gradient (codegen.hls_bwd's rule: fpga_models.gradients)."""
+    inside = {l.name for l in layers}
+    grads = gradient_tensors(model)
+    needed = {i for l in layers for i in l.inputs if i not in inside and i in grads}
+    active: set[str] = set()
+    for l in layers:
+        if l.type in ("dense", "conv2d") or any(i in needed for i in l.inputs):
+            active.add(l.name)
+            needed.add(l.name)
+    return active, needed
+
+
+def stage_outputs(model: Model, layers: Sequence[Layer]) -> list[str]:
+    """The tensors a stage (a contiguous run of the model's layers) sends on: every tensor crossing
+    the cut after its last layer (its own outputs and skip connections it passes through), the
+    model's output for the last stage (codegen.context.stage_ports)."""
+    last = model.index[layers[-1].name]
+    if last >= len(model.layers) - 1:
+        return [model.layers[-1].name]
+    return [t.producer for t in model.cut_tensors(last)]
+
+
+def _ew_lanes(fold: tuple[int, int]) -> int:
+    return fold[0] * fold[1]
+
+
+def bwd_frames(model: Model, layers: Sequence[Layer], folding: dict[str, tuple[int, int]],
+               fmt: str) -> list[GradFrame]:
+    """The gradient frames between a time-multiplexed backward kernel's turns, in turn order
+    (the writer's; then the reader's input order): every gradient a layer's turn computes for an
+    input that a later turn reads (the input's producer, or the dx ports' sum when several
+    layers read a stage input). A layer that only passes its gradient on (a flatten of a
+    vector, an add with one input to feed) has no turn of its own: its frame goes straight to
+    the next reader. ``folding``: (PE, SIMD) of matrix layers, (1, lanes) of the others."""
+    eb = bytes_per_element(fmt)
+    active, needed = _active(model, layers)
+    names = {l.name: l for l in layers}
+    elems = {l.name: int(l.out_elems) for l in layers}
+    for l in layers:
+        for i, s in zip(l.inputs, l.in_shapes):
+            elems.setdefault(i, int(prod(s)))
+
+    def dy_lanes(t: str) -> int | None:
+        p = names.get(t)
+        if p is None or p.type in ("add", "flatten"):
+            return None
+        return folding[t][0] if matrix_shape(p) is not None else _ew_lanes(folding[t])
+
+    contrib: dict[str, list[tuple[str | None, int]]] = {}
+    for t in stage_outputs(model, layers):
+        if t in needed:
+            contrib.setdefault(t, []).append((None, dy_lanes(t) or divisor_at_most(elems[t], PORT_LANES)))
+    frames: list[GradFrame] = []
+
+    def read(t: str, reader: str, lanes: int | None) -> int:
+        """The reader's turn reads the gradient of t: each part another turn wrote is a frame."""
+        parts = contrib.get(t, [])
+        for w, ln in parts:
+            if w is not None:
+                frames.append(GradFrame(t, w, reader, elems[t] * eb, ln))
+        return lanes or (parts[0][1] if parts else divisor_at_most(elems[t], PORT_LANES))
+
+    def give(t: str, writer: str | None, lanes: int) -> None:
+        contrib.setdefault(t, []).append((writer, lanes))
+
+    for l in reversed(layers):
+        if l.name not in active:
+            continue
+        src = l.inputs[0]
+        dx = [i in needed for i in l.inputs]
+        fo = folding[l.name]
+        if l.type in ("dense", "conv2d"):
+            read(l.name, l.name, fo[0])
+            if not dx[0]:
+                continue
+            if l.type == "dense":
+                give(src, l.name, fo[1])
+            else:
+                c, _h, w = l.in_shapes[0]
+                want = dy_lanes(src) or c
+                give(src, l.name, want if (w * c) % want == 0 else math.gcd(w * c, want))
+        elif l.type == "flatten" and len(l.in_shapes[0]) == 3:
+            lin = read(l.name, l.name, None)
+            n_in = elems[src]
+            want = dy_lanes(src) or lin
+            give(src, l.name, want if n_in % want == 0 else math.gcd(n_in, want))
+        elif l.type in ("flatten", "add"):
+            outs = [i for i, d in zip(l.inputs, dx) if d]
+            parts = contrib.get(l.name, [])
+            if len(parts) == 1 and len(outs) == 1:   # no engine of its own: the gradient passes on
+                contrib.setdefault(outs[0], []).append(parts[0])
+                continue
+            L = read(l.name, l.name, None)
+            for i in outs:
+                give(i, l.name, L)
+        else:   # relu, batchnorm, pools: their element-wise lanes
+            L = _ew_lanes(fo)
+            read(l.name, l.name, L)
+            give(src, l.name, L)
+    inside = set(names)
+    for t in sorted({i for l in layers for i in l.inputs if i not in inside and i in needed}, key=str):
+        if len(contrib.get(t, [])) > 1:   # several readers: their gradients meet in the ports' turn
+            read(t, PORTS_TURN, None)
+    turn = {l.name: k for k, l in enumerate(reversed(layers))}
+    last = len(turn)
+    return sorted(frames, key=lambda f: (turn.get(f.writer, last), turn.get(f.reader, last)))
+
+
+def _acc_bytes(l: Layer, terms: int, bits: int) -> int:
+    mh, mw, pix = matrix_shape(l)
+    vec = int(round(pix)) if l.type == "conv2d" else int(prod(l.in_shapes[0][:-1]))
+    return int(mh) * int(mw) * -(-acc_width(terms * max(1, vec), bits, bits) // 8)
+
+
+def bwd_other_bytes(model: Model, layers: Sequence[Layer], folding: dict[str, tuple[int, int]], fmt: str,
+                    time_multiplexed: bool = False) -> int:
+    """On-chip bytes of a backward kernel's fixed buffers other than the weight-gradient
+    accumulators (registers not counted): the MVUs' input vectors (one, the widest, when the
+    layers take turns on shared arrays: codegen.hls_mac), col2im line buffers,
+    window-generator rows of stashed images, unflatten double buffers."""
+    eb = bytes_per_element(fmt)
+    bits = 8 * eb
+    active, needed = _active(model, layers)
+    total, vectors = 0, []
+    for l in layers:
+        if l.name not in active:
+            continue
+        fo = folding[l.name]
+        src = l.inputs[0]
+        if l.type in ("dense", "conv2d"):
+            mh, mw, _p = matrix_shape(l)
+            vectors.append(int(mw) * eb)                                # the input vector
+            if l.type == "conv2d":
+                c, _h, w = l.in_shapes[0]
+                (kh, kw), (sh, _sw), _pad = _window(l)
+                total += _swg_rows(l, conv_window_lanes(c, kh, fo[1]), fo[1], eb)
+                if src in needed:                                       # col2im of dx
+                    total += (kh + sh) * w * c * -(-acc_width(int(mh) * kh * kw, bits, bits) // 8)
+        elif l.type in ("maxpool", "avgpool"):
+            c, h, w = l.in_shapes[0]
+            (kh, kw), (sh, sw), (ph, pw) = _window(l)
+            if not (kh == kw == sh == sw and ph == pw == 0 and h % kh == 0 and w % kw == 0):
+                gb = bits + math.ceil(math.log2(kh * kw + 1)) + 1
+                total += (kh + sh) * w * c * -(-gb // 8)
+                if l.type == "maxpool":
+                    L = _ew_lanes(fo)
+                    total += _swg_rows(l, (L, 1), L, eb)
+        elif l.type == "flatten" and len(l.in_shapes[0]) == 3:
+            total += 2 * int(prod(l.in_shapes[0])) * eb
+    return total + (max(vectors, default=0) if time_multiplexed else sum(vectors))
+
+
+def _swg_rows(l: Layer, lanes_taps: tuple[int, int], simd: int, eb: int) -> int:
+    """Rows a backward window generator keeps of a stashed image (codegen.hls_bwd's window:
+    square windows whose beats it can build), else 0 (it reads the windows from memory)."""
+    c, _h, w = l.in_shapes[0]
+    (kh, kw), (sh, sw), (ph, pw) = _window(l)
+    lanes, taps = lanes_taps
+    if kh == kw and sh == sw and ph == pw and simd % (lanes * taps) == 0 and c % lanes == 0:
+        return (kh + sh - 1) * w * c * eb
+    return 0
+
+
+def bwd_weight_elems(model: Model, layers: Sequence[Layer]) -> list[int]:
+    """Elements of each weight array a backward kernel's engines read: every matrix (W^T dy for
+    dx), a trained batchnorm's scale (never the biases)."""
+    active, _needed = _active(model, layers)
+    out = []
+    for l in layers:
+        if l.name in active and l.type in ("dense", "conv2d"):
+            mh, mw, _p = matrix_shape(l)
+            out.append(int(mh) * int(mw))
+        elif l.name in active and l.type == "batchnorm":
+            s = l.in_shapes[0]
+            out.append(int(s[0] if len(s) == 3 else s[-1]))
+    return out
+
+
+def bwd_weight_bytes(model: Model, layers: Sequence[Layer], fmt: str, budget: int | None) -> int:
+    """On-chip bytes of the backward kernel's weight copies (codegen.hls_bwd fills them in 512-bit
+    bursts at the start of a call): all the arrays its engines read when they fit what the
+    forward's rule gives a kernel's weights (fpga_models.allocate.weights_all_resident), else
+    none (the engines read them in place)."""
+    eb = bytes_per_element(fmt)
+    elems = bwd_weight_elems(model, layers)
+    return sum(elems) * eb if elems and weights_all_resident(elems, eb, budget) else 0
+
+
+def place_accumulators(acc_bytes: dict[str, int], room: float) -> dict[str, bool]:
+    """Which accumulators stay on chip: smallest first (ties: layer order) while they fit ``room``."""
+    used, out = 0, {}
+    for n in sorted(acc_bytes, key=lambda n: acc_bytes[n]):
+        out[n] = used + acc_bytes[n] <= room
+        if out[n]:
+            used += acc_bytes[n]
+    return {n: out[n] for n in acc_bytes}
+
+
+def bwd_memory(model: Model, layers: Sequence[Layer], board: Board | None, folding: dict[str, tuple[int, int]],
+               fmt: str, budget: int | None, samples: int, time_multiplexed: bool) -> BwdMemory:
+    """The backward kernel's memory decision. ``budget``: its on-chip share
+    (fpga_models.allocate.kernel_onchip_budget; None: unlimited); ``samples``: samples whose
+    gradients an accumulator sums in an iteration (micro-batches x the replica's micro-batch)."""
+    bits = 8 * bytes_per_element(fmt)
+    active, _needed = _active(model, layers)
+    acc = {l.name: _acc_bytes(l, samples, bits) for l in layers
+           if l.name in active and l.type in ("dense", "conv2d")}
+    other = bwd_other_bytes(model, layers, folding, fmt, time_multiplexed) + bwd_weight_bytes(model, layers, fmt,
+                                                                                                budget)
+    room = ACC_ONCHIP_SHARE * on_chip_bytes(board) if board is not None else float("inf")
+    if budget is not None:
+        room = min(room, budget - other)
+    onchip = place_accumulators(acc, room)
+    mem = BwdMemory(budget, onchip, acc, other)
+    if not time_multiplexed:
+        return mem
+    frames = bwd_frames(model, layers, folding, fmt)
+    off = (frames_offchip([f.nbytes for f in frames], mem.fixed_bytes, budget) if budget is not None
+           else [False] * len(frames))
+    return BwdMemory(budget, onchip, acc, other, tuple(frames), tuple(off))
+
+
+def tm_bwd_spill_cycles(model: Model, layers: Sequence[Layer], board: Board, folding: dict[str, tuple[int, int]],
+                        fmt: str, budget: int | None, samples: int, mem: BwdMemory | None = None) -> int:
+    """Backward cycles per sample a time-multiplexed stage loses to its off-chip gradient frames:
+    a turn that writes or reads one takes at least the transfer's 512-bit words
+    (fpga_models.engines.frame_io_cycles), beyond the layer's own backward cycles when that is
+    longer (the dx ports' turn has none of its own the plan charges)."""
+    if mem is None:
+        mem = bwd_memory(model, layers, board, folding, fmt, budget, samples, True)
+    bits = 8 * bytes_per_element(fmt)
+    eb = bits // 8
+    io: dict[str, int] = {}
+    for f, o in zip(mem.frames, mem.frames_off):
+        if o:
+            c = frame_io_cycles(f.nbytes // eb // f.lanes, f.lanes, bits)
+            for t in (f.writer, f.reader):
+                io[t] = max(io.get(t, 0), c)
+    names = {l.name: l for l in layers}
+    no_dx = no_input_gradient(model)
+    extra = 0
+    for t, c in io.items():
+        own = 0
+        if t in names:
+            pe, simd = folding[t]
+            lc = layer_cost(names[t], board, pe, simd, fmt, 1)
+            own = backward_work(lc.bwd_in_cycles, lc.bwd_w_cycles, t not in no_dx)
+        extra += max(0, c - own)
+    return int(extra)
+

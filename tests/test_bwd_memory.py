@@ -1,0 +1,138 @@
+"""The backward kernel's memory decision, one home (fpga_models.bwd_memory) for the planner and
+the lowering: which weight-gradient accumulators and which gradient frames of a time-multiplexed
+stage stay on chip, and the cycles the off-chip frames cost (issue 16 items 4 and 5)."""
+from __future__ import annotations
+
+import pytest
+
+from bapipe.spec import model_from_text
+from fpga_models.boards import get_board
+from fpga_models.bwd_memory import (PORTS_TURN, GradFrame, acc_width, bwd_frames, bwd_memory, bwd_other_bytes,
+                                    tm_bwd_spill_cycles)
+from fpga_models.cost import layer_cost
+
+MLP = ("name: m\ninput: [64]\nlayers:\n  - {name: fc1, type: dense, units: 32}\n  - {name: r1, type: relu}\n"
+       "  - {name: fc2, type: dense, units: 16}\n  - {name: r2, type: relu}\n  - {name: fc3, type: dense, units: 10}\n")
+FOLD = {"fc1": (4, 8), "r1": (1, 32), "fc2": (2, 16), "r2": (1, 4), "fc3": (2, 8)}
+
+
+def test_mlp_frames_accumulators_and_spill_by_hand():
+    """fc1 .. fc3 as one time-multiplexed stage: the turns run fc3, r2, fc2, r1, fc1; each hands
+    its input's gradient to the next (fc1, fed by the model input, computes none), at the
+    writer's dx lanes (a dense layer's SIMD, a relu's lanes)."""
+    m = model_from_text(MLP)
+    layers = list(m.layers)
+    frames = bwd_frames(m, layers, FOLD, "fixed16")
+    assert frames == [GradFrame("r2", "fc3", "r2", 32, 8), GradFrame("fc2", "r2", "fc2", 32, 4),
+                      GradFrame("r1", "fc2", "r1", 64, 16), GradFrame("fc1", "r1", "fc1", 64, 32)]
+    # exact sums of 4 samples x 1 vector: 16 + 16 - 1 + ceil(log2 5) = 34 bits, 5 bytes
+    assert acc_width(4, 16, 16) == 34
+    # one MVU input vector, the widest (the turns share the arrays): fc1's 64 elements
+    assert bwd_other_bytes(m, layers, FOLD, "fixed16", True) == 128
+    assert bwd_other_bytes(m, layers, FOLD, "fixed16", False) == 2 * (64 + 32 + 16)
+    u250 = get_board("U250")
+    mem = bwd_memory(m, layers, u250, FOLD, "fixed16", 3600, 4, True)
+    assert mem.acc_bytes == {"fc1": 32 * 64 * 5, "fc2": 16 * 32 * 5, "fc3": 10 * 16 * 5}
+    # 3600 - 128 leaves 3472: fc3's 800 and fc2's 2,560 fit, fc1's 10,240 does not
+    assert mem.acc_onchip == {"fc1": False, "fc2": True, "fc3": True}
+    assert mem.fixed_bytes == 128 + 800 + 2560
+    # 112 bytes left: the two 32-byte frames, not the 64-byte ones
+    assert list(mem.frames_off) == [False, False, True, True]
+    assert mem.onchip_bytes == 3488 + 64 <= 3600
+    assert mem.offchip("fc2", "r1") is True and mem.offchip("fc3", "r2") is False and mem.offchip("fc1", "r1") is None
+    # fc2 -> r1: 32 elements at 16 lanes, 2 beats of one 512-bit word; r1 -> fc1: 32 at 32 lanes, 1 beat
+    own = {n: layer_cost(l, u250, *FOLD[n], "fixed16", 1) for n, l in ((l.name, l) for l in layers)}
+    io = {"fc2": 2, "r1": 2, "fc1": 1}
+    want = sum(max(0, c - ((own[n].bwd_w_cycles if n == "fc1" else own[n].bwd_in_cycles + own[n].bwd_w_cycles)))
+               for n, c in io.items())
+    assert tm_bwd_spill_cycles(m, layers, u250, FOLD, "fixed16", 3600, 4) == want
+    # no room at all: every frame and accumulator off chip
+    none = bwd_memory(m, layers, u250, FOLD, "fixed16", 0, 4, True)
+    assert not any(none.acc_onchip.values()) and all(none.frames_off)
+    # a dataflow kernel has no frames between turns
+    assert bwd_memory(m, layers, u250, FOLD, "fixed16", 3600, 4, False).frames == ()
+
+
+def test_wide_relu_turn_waits_on_its_frames():
+    """A turn whose own backward is shorter than its off-chip frames' 512-bit words takes the
+    words: r1 at 32 lanes does 32 elements in 1 cycle, but reads 2 words (16-lane beats)."""
+    m = model_from_text(MLP)
+    layers = list(m.layers)
+    u250 = get_board("U250")
+    r1 = layer_cost(layers[1], u250, 1, 32, "fixed16", 1)
+    assert r1.bwd_in_cycles + r1.bwd_w_cycles == 1
+    # budget 0: all four frames off. Words a turn moves: fc3 2 (16 elements at 8 lanes), r2 4,
+    # fc2 4, r1 2, fc1 1; only r1's are more than its own cycles (fc3 20, r2 4, fc2 32, fc1 64)
+    assert tm_bwd_spill_cycles(m, layers, u250, FOLD, "fixed16", 0, 4) == 2 - 1
+
+
+def test_a_stage_input_read_twice_meets_in_the_ports_turn():
+    """Two layers read the stage's input: their gradients are frames into the ports' turn, which
+    sums them for the dx port (as it does a reader's with a pass-through's); a single reader's
+    gradient is the port itself (no frame)."""
+    m = model_from_text("name: f\ninput: [8]\nlayers:\n  - {name: a, type: dense, units: 8}\n"
+                        "  - {name: b, type: dense, units: 8, inputs: [a]}\n"
+                        "  - {name: c, type: dense, units: 8, inputs: [a]}\n"
+                        "  - {name: s, type: add, inputs: [b, c]}\n")
+    layers = [l for l in m.layers if l.name != "a"]
+    fold = {"b": (2, 4), "c": (4, 2), "s": (1, 8)}
+    fr = bwd_frames(m, layers, fold, "fixed16")
+    # s (port dy of 8 lanes: the add asks for none, 8 divides 8) -> dup2 -> b and c; b, c -> ports
+    assert fr == [GradFrame("c", "s", "c", 16, 8), GradFrame("b", "s", "b", 16, 8),
+                  GradFrame("a", "c", PORTS_TURN, 16, 2), GradFrame("a", "b", PORTS_TURN, 16, 4)]
+    # stage [b]: a also passes through it (c reads it later), so b's dx meets a's port gradient
+    assert bwd_frames(m, layers[:1], {"b": (2, 4)}, "fixed16") == [GradFrame("a", "b", PORTS_TURN, 16, 4)]
+    # stage [c, s]: c is a's only reader here, its dx is the port itself; s's to b is a port too
+    assert bwd_frames(m, layers[1:], {"c": (4, 2), "s": (1, 8)}, "fixed16") == [GradFrame("c", "s", "c", 16, 8)]
+
+
+def _tm_plan(tmp_path, model: str, args: list[str]):
+    from bapipe.cli import main
+    from bapipe.plan import load_plan
+    from bapipe.spec import load_model
+
+    pf = tmp_path / "plan.yaml"
+    assert main(["plan", model, "4xU250-ring", "--mode", "train", "--no-replication", *args, "-o", str(pf),
+                 "--force", "--json"]) in (0, None)
+    return pf, load_plan(pf), load_model(model)
+
+
+@pytest.mark.slow   # two plans and their HLS lowering (~10 s)
+@pytest.mark.parametrize("model,args", [("tiny-cnn", ["--cap", "0.01", "--partition", "0-1,2,3-8,9"]),
+                                        ("examples/models/small-resnet.yaml", ["--cap", "0.05"])])
+def test_the_backward_kernel_builds_the_planned_frames(tmp_path, monkeypatch, model, args):
+    """Every time-multiplexed stage's backward kernel (codegen.hls_bwd) hands exactly the frames
+    the plan lists (writer's turn, reader's turn, lanes, bytes) and puts the planned ones off
+    chip; its on-chip bytes (codegen.onchip, the Design's figure) are the plan's plus its
+    two-deep streams, and the plan's are within the kernel's share."""
+    import codegen.hls_bwd as hb
+    from codegen.context import build_project
+    from codegen.onchip import kernel_onchip_bytes
+    from fpga_models.cluster import load_cluster
+
+    pf, plan, m = _tm_plan(tmp_path, model, args)
+    cluster = load_cluster(plan.cluster)
+    tm = [k for k, s in enumerate(plan.stages) if s.style == "time-multiplexed"]
+    assert tm, [s.style for s in plan.stages]
+    for squeeze in (False, True):
+        if squeeze:   # no on-chip room at all: every frame off chip, on both sides
+            monkeypatch.setattr(hb, "_bwd_budget", lambda plan, st, board: 0)
+        ctx = build_project(plan, m, cluster, str(pf))
+        for k in tm:
+            st, sc = plan.stages[k], ctx.stages[k]
+            board = get_board(st.board_type)
+            budget = hb._bwd_budget(plan, st, board)
+            mem = hb.bwd_memory_of(plan, m, st, board, budget)
+            built = sorted(t[:4] for t in sc.bwd.frame_turns)
+            assert built == sorted((f.writer, f.reader, f.lanes, f.nbytes) for f in mem.frames), sc.name
+            assert sorted(sc.bwd.frame_turns) == sorted((f.writer, f.reader, f.lanes, f.nbytes, o)
+                                                        for f, o in zip(mem.frames, mem.frames_off))
+            assert len(sc.bwd.frames) == sum(mem.frames_off)
+            if squeeze:
+                assert all(mem.frames_off)
+                continue
+            # the Design's figure is the plan's (accumulators, buffers, weight copies, frames kept
+            # on chip) plus the kernel's two-deep streams, which the plan leaves out
+            two_deep = sum(x.bytes for x in sc.bwd.streams if x.name not in {t.name for t in sc.bwd.top_streams})
+            assert kernel_onchip_bytes(sc, ctx.fmt, bwd=True) == mem.onchip_bytes + two_deep, sc.name
+            assert mem.onchip_bytes <= budget
