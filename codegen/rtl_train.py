@@ -38,7 +38,7 @@ from fractions import Fraction
 
 import numpy as np
 
-from bapipe.schedules import device_ops, stash_count
+from bapipe.schedules import device_ops, peak_stash, stash_count
 from fpga_models import engines
 from fpga_models import train_fixed as tfx
 from fpga_models.gradients import no_input_gradient
@@ -106,6 +106,8 @@ class TrainBoard:
     replicas: int = 1              # replicas of its stage
     ring: dict | None = None       # replicated: the all-reduce engine's parameters (_ring_spec)
     serial: bool = False           # a time-multiplexed stage: one engine at a time (else samples overlap)
+    device: int = 0                # pipeline position (interleaved: several chunk boards share one)
+    chunk: int = 0                 # interleaved: the model chunk this board's engines hold
 
     @property
     def engine_layers(self) -> list[TrainLayer]:
@@ -198,6 +200,7 @@ class TrainDesign:
     params: dict = field(default_factory=dict)
     replicas: int = 1              # every stage's replicas: boards are replica-major chains of `stages`
     rings: list = field(default_factory=list)   # replicated: per ring hop (src, dst, LinkSpec, lanes, words)
+    turns: list = field(default_factory=list)   # interleaved: per device its chunk boards and op order (_turns)
 
     @property
     def stages(self) -> int:
@@ -251,11 +254,18 @@ def train_design(plan, model, cluster, params=None, plan_file: str = "plan.yaml"
     ``train_fixed.sgd_constants(LEARNING_RATE, MOMENTUM, global batch)``."""
     if plan.mode != "train":
         raise Unsupported("the plan is not a training plan (mode: train)")
-    if plan.schedule not in ("gpipe", "1f1b", "eager-1f1b"):
-        raise Unsupported(f"the training RTL runs gpipe, 1f1b and eager-1f1b, not {plan.schedule}")
+    if plan.schedule not in ("gpipe", "1f1b", "eager-1f1b", "interleaved"):
+        raise Unsupported(f"the training RTL runs gpipe, 1f1b, eager-1f1b and interleaved, not {plan.schedule}")
+    interleaved = plan.schedule == "interleaved"
+    if interleaved and any(s.replicas != 1 for s in plan.stages):
+        raise Unsupported("interleaved plans with replicated stages are not built for training (a device's chunk "
+                          "rings would share its links)")
     elem_w, frac = elem_format(plan.number_format, plan_file)
     params = plan_weights(plan, model) if params is None else params
-    p, m = len(plan.stages), plan.microbatches
+    # p pipeline positions (devices), v chunks a device: virtual stage s = chunk x p + device, one
+    # board module each (the chunks of a device take turns: _turns)
+    p, m, v = (plan.devices, plan.microbatches, plan.chunks) if interleaved else (len(plan.stages), plan.microbatches, 1)
+    _check_sum_widths(model, m * plan.microbatch_size, 2 * elem_w + 16)
     no_dx = no_input_gradient(model)   # nothing reads the model input's gradient: no engine, no cycles
     boards: list[TrainBoard] = []
     for s in plan.stages:
@@ -280,11 +290,17 @@ def train_design(plan, model, cluster, params=None, plan_file: str = "plan.yaml"
         wire_graph(model, list(s.layers), layers,
                    streaming=s.style != "time-multiplexed" and plan.microbatch_size // s.replicas > 1)
         d = s.device
-        ops = [(op.kind, op.mb) for op in device_ops(plan.schedule, p, d, m)]
-        boards.append(TrainBoard(s.index, s.boards[0], f"{_ident(s.boards[0])}_train", layers, ops,
-                                 stash_count(plan.schedule, p, d, m), layers[0].n_in, layers[-1].n_out,
+        if interleaved:     # the chunk's ops of its device's order; its own stash memory (the chunk's peak)
+            mine = [op for op in device_ops(plan.schedule, p, d, m, v) if op.chunk == s.chunk]
+            ops, stashes = [(op.kind, op.mb) for op in mine], peak_stash(mine)
+            module = f"{_ident(s.boards[0])}_c{s.chunk}_train"
+        else:
+            ops = [(op.kind, op.mb) for op in device_ops(plan.schedule, p, d, m)]
+            stashes, module = stash_count(plan.schedule, p, d, m), f"{_ident(s.boards[0])}_train"
+        boards.append(TrainBoard(s.index, s.boards[0], module, layers, ops,
+                                 stashes, layers[0].n_in, layers[-1].n_out,
                                  float(s.cycles.get("fwd", 0)), float(s.cycles.get("bwd", 0)), plan.microbatch_size,
-                                 serial=s.style == "time-multiplexed"))
+                                 serial=s.style == "time-multiplexed", device=d, chunk=s.chunk if interleaved else 0))
     nrep = plan.stages[0].replicas
     boards = _replicate(plan, boards, nrep)
     clock = min(cb.board.clock_hz for cb in cluster.boards)
@@ -302,13 +318,37 @@ def train_design(plan, model, cluster, params=None, plan_file: str = "plan.yaml"
     except ValueError as e:
         raise Unsupported(str(e)) from None
     consts = sgd if sgd is not None else tfx.sgd_constants(LEARNING_RATE, MOMENTUM, m * plan.microbatch_size, tf)
-    if tfx.acc_width(m * plan.microbatch_size) > 2 * elem_w + 16:
-        raise Unsupported(f"a global batch of {m * plan.microbatch_size} needs weight-gradient sums wider than "
-                          f"the engines' {2 * elem_w + 16} bits")
     rings = _ring_links(boards, nrep, p_, cluster, clock, elem_w)
     return TrainDesign(boards, links, lanes, elem_w, frac, plan.number_format, plan.schedule, m, clock, consts, tf,
                        {l.name: params[l.name] for b in boards for l in b.layers if l.kind in TRAINED_KINDS},
-                       nrep, rings)
+                       nrep, rings, _turns(boards, plan.schedule, p, m, v) if interleaved else [])
+
+
+def _check_sum_widths(model, batch: int, bits: int) -> None:
+    """Unsupported when a gradient sum of the model at this global batch could wrap in the engines'
+    ``bits``-bit exact sums: fpga_models.train_fixed.reductions (a weight gradient sums the batch x
+    the output pixels of a conv or batchnorm, an input gradient its units / O x K x K) under the
+    acc_width rule (docs/training.md "Accumulators"). tiny-cnn's conv1 (64 output pixels) fits 48
+    bits up to a batch of 2,047, where the batch alone would have passed up to 131,071."""
+    for name, widths in tfx.model_acc_widths(model, batch).items():
+        for eng in ("wgrad", "bwd_input"):
+            if widths.get(eng, 0) > bits:
+                raise Unsupported(f"layer {name}: at a global batch of {batch} its {eng} sums need "
+                                  f"{widths[eng]} bits, wider than the engines' {bits}")
+
+
+def _turns(boards: list, schedule: str, p: int, m: int, v: int) -> list[dict]:
+    """Interleaved: per device d the boards of its chunks (``boards``: index of chunk c's board) and
+    the chunk of each of its ops in the device's order (``order``, bapipe.schedules.device_ops). The
+    chunk boards' sequencers take turns (train_turns): chunk c's next op may start only while the
+    device's op pointer names c, and the pointer moves on when that op ends, so the device runs one
+    op at a time in the schedule's order, as the planner replays it."""
+    out = []
+    for d in range(p):
+        mine = {b.chunk: i for i, b in enumerate(boards) if b.device == d}
+        out.append({"device": d, "boards": [mine[c] for c in range(v)],
+                    "order": [op.chunk for op in device_ops(schedule, p, d, m, v)]})
+    return out
 
 
 def _square(v) -> int | None:
@@ -669,6 +709,9 @@ def render_train(td: TrainDesign, plan_hash: str = "none") -> dict[str, str]:
         files.update({f"{name}.v": render_template(name, plan_hash) for name in TRANSPORT})
     if td.replicas > 1:
         files["train_allreduce.v"] = render_template("train_allreduce", plan_hash)
+    if td.turns:
+        files["train_turns.v"] = render_template("train_turns", plan_hash)
+    turn_of = {i: (t["device"], t["boards"].index(i)) for t in td.turns for i in t["boards"]}
     p_ = td.stages
     ctxs = []
     for i, b in enumerate(td.boards):
@@ -676,6 +719,7 @@ def render_train(td: TrainDesign, plan_hash: str = "none") -> dict[str, str]:
         in_lanes = b.in_elems if first else td.link_lanes[td.link_index(i - 1)]
         out_lanes = b.out_elems if last else td.link_lanes[td.link_index(i)]
         ctx = _board_ctx(td, b, first, last, in_lanes, out_lanes)
+        ctx["turn"] = {"dev": turn_of[i][0], "c": turn_of[i][1]} if i in turn_of else None
         ctxs.append(ctx)
         files[f"{b.module}.v"] = render_template("train_board", plan_hash, **ctx)
         for l in b.layers:
@@ -705,10 +749,22 @@ def render_train(td: TrainDesign, plan_hash: str = "none") -> dict[str, str]:
     chains = [{"head": q * p_, "tail": q * p_ + p_ - 1} for q in range(td.replicas)]
     files["train_cluster_top.v"] = render_template(
         "train_cluster_top", plan_hash, boards=ctxs, links=links, rings=rings, chains=chains, acc_w=td.acc_w,
+        turns=[_turns_ctx(t) for t in td.turns],
         elem_w=td.elem_w,
         in_w=td.boards[0].in_elems * td.elem_w, out_w=td.boards[-1].out_elems * td.elem_w,
         dx_w=td.boards[0].in_elems * td.elem_w)
     return files
+
+
+def _turns_ctx(t: dict) -> dict:
+    """train_turns' parameters of a device: its ops' chunks as a ROM (CH_W bits an op, op 0 lowest)."""
+    v, n = len(t["boards"]), len(t["order"])
+    ch_w = clog2(v)
+    rom = 0
+    for k, c in enumerate(t["order"]):
+        rom |= c << (k * ch_w)
+    return {"device": t["device"], "v": v, "nops": n, "op_w": clog2(n), "ch_w": ch_w,
+            "order": f"{n * ch_w}'h{rom:0{(n * ch_w + 3) // 4}x}"}
 
 
 def design_record(td: TrainDesign, plan) -> dict:
@@ -724,7 +780,8 @@ def design_record(td: TrainDesign, plan) -> dict:
             "index": b.index, "board": b.name, "module": b.module, "stashes": b.stashes,
             "ops": [f"{k}{mb}" for k, mb in b.ops],
             "samples_per_microbatch": b.beta, "fwd_cycles": b.op_fwd_cycles, "bwd_cycles": b.op_bwd_cycles,
-            "update_cycles": b.update_cycles, "rank": b.rank, "replicas": b.replicas,
+            "update_cycles": b.update_cycles, "rank": b.rank, "replicas": b.replicas, "device": b.device,
+            "chunk": b.chunk,
             "plan_fwd_cycles": b.plan_fwd_cycles, "plan_bwd_cycles": b.plan_bwd_cycles,
             "nodes": [{"layer": l.name, "kind": l.kind, "pe": l.pe, "simd": l.simd, "lanes": l.lanes,
                        "fwd_cycles": l.fwd_cycles, "bwd_in_cycles": l.bwd_in_cycles, "bwd_w_cycles": l.bwd_w_cycles,
@@ -732,6 +789,7 @@ def design_record(td: TrainDesign, plan) -> dict:
             "steps": [{"phase": ph, "engine": inst, "cycles": c} for ph, inst, c in b.steps()],
         } for b in td.boards],
         "rings": [_ring_record(td, src, l, ln, words) for src, _dst, l, ln, words in td.rings],
+        "turns": [{"device": t["device"], "boards": t["boards"], "order": t["order"]} for t in td.turns],
         "links": [{"src": l.src, "dst": l.dst, "lanes": ln, "bytes_per_cycle": float(l.bytes_per_cycle),
                    "latency": l.latency, "words_per_beat": t.words, "beats_per_vector": t.sample_beats,
                    "window": t.window, "timeout": t.timeout, "cycles_per_vector": float(t.cycles_per_sample),

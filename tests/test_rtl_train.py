@@ -365,3 +365,102 @@ def test_tiny_cnn_replicated_trains_bit_exact(tmp_path):
     assert res["replicas"] == 2 and len(res["boards"]) == 4
     assert res["weights_match"] and res["outputs_match"] and not res["overflow"], res
     assert res["max_iteration_error"] < 0.02, res
+
+
+# ------------------------------------------------------------------ interleaved (several chunks a board)
+
+def _il_plan(tmp: Path) -> Path:
+    """tiny-mlp interleaved on 2 boards, v = 2 chunks each (fc1 relu1 | fc2 relu2 | fc3 relu3 | fc4: chunks
+    0, 1 on fpga0 / fpga1 in pipeline order fpga0 fpga1 fpga0 fpga1), 4 micro-batches of 1; at --cap 0.3
+    the planner folds the first chunk of each board time-multiplexed and the second dataflow."""
+    if "il" in _PLANS and _PLANS["il"].exists():
+        return _PLANS["il"]
+    out = tmp / "mlp-il.yaml"
+    subprocess.run([sys.executable, "-m", "bapipe.cli", "plan", "tiny-mlp", "4xU250-ring", "--schedule", "interleaved",
+                    "--microbatches", "4", "--global-batch", "4", "--no-replication", "--partition", "0-1,2-3,4-5,6",
+                    "--cap", "0.3", "-o", str(out), "--force"], check=True, capture_output=True)
+    _PLANS["il"] = out
+    return out
+
+
+@pytest.mark.slow  # runs the planner (~2 s)
+def test_interleaved_chunks_take_turns_in_the_devices_order(tmp_path):
+    """Interleaved: each chunk is a board module of its own (engines, sequencer, stash memory), and a
+    device's chunk boards take turns (train_turns) in the device's op order, bapipe.schedules.device_ops
+    (Megatron-LM's interleaved 1F1B, p = 2, v = 2, m = 4): device 0 runs F0.0 F1.0 F0.1 F1.1 F2.0 B0.1
+    F3.0 B1.1 F2.1 B0.0 F3.1 B1.0 B2.1 B3.1 B2.0 B3.0 (mb.chunk), so chunk 1's own ops are F0 F1 B0 B1
+    F2 F3 B2 B3 and its stash memory holds 2 micro-batches. Every chunk board's F and B op takes
+    the plan's stage cycles (cycles.fwd / .bwd: 14/14, 14/22, 8/12, 1/2)."""
+    from codegen.rtl_train import design_record
+    plan, td = _design(_il_plan(tmp_path))
+    assert (plan.schedule, plan.chunks, plan.devices) == ("interleaved", 2, 2)
+    assert [(b.name, b.device, b.chunk) for b in td.boards] == [("fpga0", 0, 0), ("fpga1", 1, 0), ("fpga0", 0, 1),
+                                                               ("fpga1", 1, 1)]
+    got = [(b.op_fwd_cycles, b.op_bwd_cycles) for b in td.boards]
+    assert got == [(s.cycles["fwd"], s.cycles["bwd"]) for s in plan.stages] == [(14, 14), (14, 22), (8, 12), (1, 2)]
+    rec = design_record(td, plan)
+    assert rec["turns"][0] == {"device": 0, "boards": [0, 2], "order": [0, 0, 1, 1, 0, 1, 0, 1, 1, 0, 1, 0, 1, 1, 0, 0]}
+    assert rec["boards"][2]["ops"] == ["F0", "F1", "B0", "B1", "F2", "F3", "B2", "B3"]
+    assert [b.stashes for b in td.boards] == [4, 3, 2, 1]
+    # the links run along the virtual stages, the last chunk-0 board (fpga1) back to fpga0's chunk 1
+    assert [(l.src, l.dst) for l in td.links] == [("fpga0", "fpga1"), ("fpga1", "fpga0"), ("fpga0", "fpga1")]
+
+
+@pytest.mark.verilator
+@pytest.mark.soak  # builds the 4-module interleaved cluster (~1.5 min wall on the shared machine), runs seconds
+def test_tiny_mlp_interleaved_trains_bit_exact(tmp_path):
+    """`bapipe gen` + `bapipe rtlsim --iterations 2` on the interleaved tiny-mlp plan (2 boards x 2
+    chunks): weights and outputs bit-exact against train_step after each iteration, no overflow,
+    iteration cycles within 2% of the plan (docs/rtl.md, "Interleaved")."""
+    res = _gen_rtlsim(_il_plan(tmp_path), tmp_path / "build")
+    assert res["boards"] == ["fpga0", "fpga1", "fpga0", "fpga1"]
+    assert res["weights_match"] and res["outputs_match"] and not res["overflow"], res
+    assert len(res["iteration_cycles"]) == 2
+    assert res["max_iteration_error"] < 0.02, res
+
+
+def test_gradient_sums_wider_than_the_engines_are_refused():
+    """Issue 17 item 2: the engines' exact gradient sums are 48 bits (fpga_models.collective.grad_sum_bits);
+    a plan whose largest reduction could wrap there is refused. tiny-cnn's conv1 weight gradient sums
+    the batch x 64 output pixels: 48 bits hold a global batch of 2,047 (acc_width(131,008) = 48), not
+    2,048 (49 bits), where the batch alone (acc_width(2,048) = 43) would have passed."""
+    from codegen.rtl_model import Unsupported
+    from handplan import hand_plan
+
+    def design(batch):
+        plan = hand_plan("tiny-cnn", microbatches=1, microbatch_size=batch)
+        plan.mode = "train"
+        return _design_of(plan)
+
+    with pytest.raises(Unsupported, match=r"layer conv1: at a global batch of 2048 its wgrad sums need 49 bits"):
+        design(2048)
+    with pytest.raises(Unsupported, match="no folding"):   # 2,047 passes the width check (then wants foldings)
+        design(2047)
+
+
+def _design_of(plan):
+    from bapipe.spec import load_model
+    from fpga_models.cluster import load_cluster
+    return train_design(plan, load_model(plan.model), load_cluster(plan.cluster))
+
+
+@pytest.mark.verilator
+@pytest.mark.slow  # the planner (~2 s) and a Verilator lint of the whole cluster (~7 s)
+def test_interleaved_training_rtl_lint_clean(tmp_path):
+    """`verilator --lint-only -Wall` reports nothing on the interleaved tiny-mlp training cluster
+    (4 chunk boards, the two devices' train_turns)."""
+    import os
+
+    from bapipe.toolchain import verilator_bin, wire_verilator
+    from codegen.rtl_train import render_train
+
+    _plan_, td = _design(_il_plan(tmp_path))
+    files = render_train(td)
+    assert "train_turns.v" in files and "fpga0_c1_train.v" in files
+    for n, t in files.items():
+        if n.endswith(".v"):
+            (tmp_path / n).write_text(t)
+    r = subprocess.run([str(verilator_bin() / "verilator"), "--lint-only", "-Wall", "--top-module", "train_cluster_top",
+                        *sorted(str(tmp_path / n) for n in files if n.endswith(".v"))], capture_output=True, text=True,
+                       env=wire_verilator(dict(os.environ)))
+    assert r.returncode == 0 and "%Warning" not in r.stderr, r.stderr[:3000]
