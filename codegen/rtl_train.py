@@ -122,18 +122,42 @@ class TrainBoard:
     def bwd_cycles(self) -> int:
         return sum(l.bwd_cycles for l in self.layers)
 
+    def bwd_units(self) -> list[tuple[TrainLayer, str]]:
+        """The B op's units in order: per engine layer from the last, a forked layer's gradient
+        sum (``"fs"``: a unit of its own, so on a dataflow stage it sums sample j + 1 while the
+        layer's backward takes sample j, as the planner's dataflow stage overlaps every pass),
+        then the layer's own backward (``"b"``: a weighted layer's input gradient, then its
+        weight gradient)."""
+        out = []
+        for l in reversed(self.engine_layers):
+            if l.fork_cycles:
+                out.append((l, "fs"))
+            out.append((l, "b"))
+        return out
+
+    def unit_cycles(self, phase: str) -> list[int]:
+        """Each F (``phase`` "F") or B unit's engine cycles a sample, in unit order."""
+        if phase == "F":
+            return [l.fwd_cycles for l in self.engine_layers]
+        return [l.fork_cycles if part == "fs" else l.bwd_in_cycles + l.bwd_w_cycles for l, part in self.bwd_units()]
+
     def unit_fills(self, phase: str) -> list[int]:
         """Cycles each F (``phase`` "F") or B unit idles after its engine's done before it has
         finished a sample: none on a dataflow stage; on a time-multiplexed one (``serial``) the
         units are turns on one shared array, each costing its engine's pipeline fill
         (``engines.turn_fill``) when it has cycles, and the last unit also the sequencer's
         switch (``engines.TM_SWITCH``), as the planner prices the stage
-        (fpga_models.allocate.time_multiplexed)."""
-        eng = self.engine_layers if phase == "F" else self.engine_layers[::-1]
+        (fpga_models.allocate.time_multiplexed). A fork's gradient sum is a turn of its layer's
+        (no fill of its own: the layer's unit has it when the two have cycles)."""
+        if phase == "F":
+            units = [(l, "f") for l in self.engine_layers]
+            cyc = self.unit_cycles("F")
+        else:
+            units = self.bwd_units()
+            cyc = [l.bwd_cycles if part == "b" else 0 for l, part in units]
         if not self.serial:
-            return [0] * len(eng)
-        cyc = [l.fwd_cycles if phase == "F" else l.bwd_cycles for l in eng]
-        fills = [engines.turn_fill(engines.engine_kind(l.kind)) if c else 0 for l, c in zip(eng, cyc)]
+            return [0] * len(units)
+        fills = [engines.turn_fill(engines.engine_kind(l.kind)) if c else 0 for (l, _p), c in zip(units, cyc)]
         if fills and sum(cyc):
             fills[-1] += engines.TM_SWITCH
         return fills
@@ -144,8 +168,7 @@ class TrainBoard:
         the one before), sum + (beta - 1) x max, fpga_models.allocate.dataflow's stage cycles;
         time-multiplexed (``serial``): one unit at a time, each with its fill
         (:meth:`unit_fills`), beta x sum."""
-        eng = self.engine_layers
-        cyc = [l.fwd_cycles if phase == "F" else l.bwd_cycles for l in eng]
+        cyc = self.unit_cycles(phase)
         if not cyc:
             return 0
         if self.serial:
@@ -590,11 +613,12 @@ def _board_ctx(td: TrainDesign, b: TrainBoard, first: bool, last: bool, in_lanes
     units = _unit_wiring(b, smp_w, slot_w)
     for d, l in zip(layers, b.layers):
         d.update(units.get(l.ident, {}))
-    n_u = len(b.engine_layers)
-    two = "".join("1" if units[l.ident]["two"] else "0" for l in b.engine_layers)   # bit u = unit u, MSB first
+    n_f, n_u = len(b.engine_layers), len(b.bwd_units())
+    # bit k = backward unit k (MSB first): two engines, a weighted layer's dx then dW
+    two = "".join("1" if part == "b" and units[l.ident]["two"] else "0" for l, part in b.bwd_units()[::-1])
     return {
         "module": b.module, "board": b.name, "layers": layers, "steps": [{"phase": ph, "inst": i} for ph, i, _ in steps],
-        "n_f": n_u, "n_u": n_u, "two": f"{n_u}'b{two}", "serial": int(b.serial),
+        "n_f": n_f, "n_u": n_u, "two": f"{n_u}'b{two}", "serial": int(b.serial),
         "f_fill": _fills_literal(b.unit_fills("F")), "b_fill": _fills_literal(b.unit_fills("B")),
         "overlap": beta > 1 and not b.serial, "n_b": nb_, "step_w": clog2(max(2, len(steps))),
         "nops": nops, "op_w": clog2(nops + 1), "kinds": f"{nops}'b{kinds}",
@@ -623,23 +647,34 @@ def _fills_literal(fills: list[int]) -> str:
 
 def _unit_wiring(b: TrainBoard, smp_w: int, slot_w: int) -> dict:
     """Per engine layer of a board, the sequencer signals its engines use (Verilog expressions):
-    forward unit u = the u-th engine layer, backward unit k = the k-th from the end; ``go`` /
-    ``dn``: each engine's start and done; ``src``: the forward unit whose output is the layer's
-    input (None: the board's input), ``dst`` / ``dst_done``: the backward unit whose input
-    gradient is the layer's output gradient (None: the board's gradient input) and its done;
-    ``fslot`` / ``bslot``: the stash slot of the sample in the forward / backward unit; ``fidx`` /
-    ``bidx``: the sample's index in the micro-batch's buffers (``src_idx``, ``dst_idx``: the
-    producers'); ``last``: the iteration's last backward sample of the layer."""
+    forward unit u = the u-th engine layer, backward unit k = the k-th of ``TrainBoard.bwd_units``
+    (per layer from the last: a forked layer's gradient sum, then the layer's own backward);
+    ``go`` / ``dn``: each engine's start and done; ``src``: the forward unit whose output is the
+    layer's input (None: the board's input), ``dst`` / ``dst_done``: the backward unit whose
+    output is the layer's output gradient (its reader's, or its own fork sum's; None: the board's
+    gradient input) and its done; ``fslot`` / ``bslot``: the stash slot of the sample in the
+    forward / backward unit (``fs_slot``: in the fork sum's unit); ``fidx`` / ``bidx``: the
+    sample's index in the micro-batch's buffers (``src_idx``, ``dst_idx``: the producers');
+    ``last``: the iteration's last backward sample of the layer."""
     eng = b.engine_layers
-    n = len(eng)
     idx_w = clog2(b.beta)
+    kidx = {(l.ident, part): k for k, (l, part) in enumerate(b.bwd_units())}
     out = {}
     from .rtl_train_dag import unit_graph
     prod, reads = unit_graph(b)
+
+    def two_of(t) -> bool:
+        """Two engines a backward unit: a weighted layer's dx, then its dW."""
+        return t.kind in WEIGHT_KINDS and t.dx
+
+    def bdone(t):
+        kt = kidx[(t.ident, "b")]
+        return ("b2_done" if two_of(t) else "b1_done") + f"[{kt}]"
+
     for u, l in enumerate(eng):
-        k = n - 1 - u
-        # two engines a backward unit: a weighted layer's dx then dW; a forked layer's gradient sum then its own
-        two = (l.kind in WEIGHT_KINDS and l.dx) or l.fork_cycles > 0
+        k = kidx[(l.ident, "b")]
+        kf = kidx.get((l.ident, "fs"))
+        two = two_of(l)
         f = {"f": f"f_start[{u}]"}
         fd = {"f": f"f_done[{u}]"}
         if l.kind in WEIGHT_KINDS:
@@ -647,33 +682,34 @@ def _unit_wiring(b: TrainBoard, smp_w: int, slot_w: int) -> dict:
                 go, dn = {"bi": f"b1_start[{k}]", "bw": f"b2_start[{k}]"}, {"bi": f"b1_done[{k}]", "bw": f"b2_done[{k}]"}
             else:
                 go, dn = {"bw": f"b1_start[{k}]"}, {"bw": f"b1_done[{k}]"}
-        elif l.fork_cycles:
-            go, dn = {"fs": f"b1_start[{k}]", "b": f"b2_start[{k}]"}, {"fs": f"b1_done[{k}]", "b": f"b2_done[{k}]"}
         else:
             go, dn = {"b": f"b1_start[{k}]"}, {"b": f"b1_done[{k}]"}
+        if kf is not None:                                    # the fork's gradient sum: its own unit
+            go["fs"], dn["fs"] = f"b1_start[{kf}]", f"b1_done[{kf}]"
         bsmp = f"b_smp[{k * smp_w} +: {smp_w}]"
         src = prod(l.inputs[0]) if l.inputs else (u - 1 if u > 0 else None)   # the unit whose output it reads
         rd = reads(l.name)                                    # the units reading its output
-        dst = eng[rd[0]] if len(rd) == 1 else None            # a fork's two gradients: its own buffers
-        kd = n - 1 - rd[0] if len(rd) == 1 else 0
-
-        def bdone(t, kt):
-            two_t = (t.kind in WEIGHT_KINDS and t.dx) or t.fork_cycles > 0
-            return ("b2_done" if two_t else "b1_done") + f"[{kt}]"
+        if len(rd) == 1:                                      # its reader's input gradient
+            kd, dst_done = kidx[(eng[rd[0]].ident, "b")], bdone(eng[rd[0]])
+        elif kf is not None:                                  # a fork: the sum of its readers' gradients
+            kd, dst_done = kf, f"b1_done[{kf}]"
+        else:
+            kd, dst_done = None, None
         out[l.ident] = {
-            "fu": u, "bu": k, "two": two, "go": {**f, **go}, "dn": {**fd, **dn},
+            "fu": u, "bu": k, "fsu": kf, "two": two, "go": {**f, **go}, "dn": {**fd, **dn},
             "src": src,
             "src_slot": f"f_slot[{(src or 0) * slot_w} +: {slot_w}]",
-            "dst": None if dst is None else kd,
-            "dst_done": None if dst is None else bdone(dst, kd),
+            "dst": kd,
+            "dst_done": dst_done,
             "fslot": f"f_slot[{u * slot_w} +: {slot_w}]", "bslot": f"b_slot[{k * slot_w} +: {slot_w}]",
+            "fs_slot": None if kf is None else f"b_slot[{kf * slot_w} +: {slot_w}]",
             # a sample's index in a buffer of the micro-batch (its values < beta need idx_w bits)
             "fidx": f"f_smp[{u * smp_w} +: {idx_w}]", "bidx": f"b_smp[{k * smp_w} +: {idx_w}]",
-            "src_idx": f"f_smp[{(src or 0) * smp_w} +: {idx_w}]", "dst_idx": f"b_smp[{kd * smp_w} +: {idx_w}]",
+            "src_idx": f"f_smp[{(src or 0) * smp_w} +: {idx_w}]", "dst_idx": f"b_smp[{(kd or 0) * smp_w} +: {idx_w}]",
             # a residual add's second input and a fork's two gradients (codegen.rtl_train_dag)
             **({"src2_done": f"f_done[{prod(l.inputs[1])}]",
                 "src2_slot": f"f_slot[{prod(l.inputs[1]) * slot_w} +: {slot_w}]"} if l.kind == "add" else {}),
-            **({"fk": [{"done": bdone(eng[r], n - 1 - r), "slot": f"b_slot[{(n - 1 - r) * slot_w} +: {slot_w}]"}
+            **({"fk": [{"done": bdone(eng[r]), "slot": f"b_slot[{kidx[(eng[r].ident, 'b')] * slot_w} +: {slot_w}]"}
                        for r in (rd[1], rd[0])]} if len(rd) == 2 else {}),
             "stash": l.kind not in ("avgpool", "add"),
             "last": f"last_op && {bsmp} == {smp_w}'d{b.beta - 1}",
