@@ -414,6 +414,21 @@ def test_replicated_stage_all_reduces_and_trains_bit_exact(tmp_path, capsys):
 
 
 @pytest.mark.csim
+@pytest.mark.soak   # 8 g++ builds: minutes on a loaded machine
+def test_tiny_cnn_replicated_stages_all_reduce_and_train_bit_exact(tmp_path, capsys):
+    """tiny-cnn in 2 stages (conv1 relu1 conv2 relu2 pool1 | conv3 relu3 pool2 flatten fc), each on
+    2 replicas (2 of the 4 samples of each micro-batch each), the conv and dense weight-gradient
+    sums joined by the all-reduce kernel of each stage: 2 iterations, every replica's master
+    weights and velocities equal to train_step's (the whole batch on one device)."""
+    build = _gen(_plan("tiny-cnn", (4,), 2, 4, (2, 2)), tmp_path / "b")
+    r = _train(build, 2, capsys)
+    _check_run(r, 2, 8)
+    it = r["per_iteration"][0]
+    assert it["replicas"] == {"stage0": 2, "stage1": 2}
+    assert it["cycles"]["stage0"]["allreduce"] > 0 and it["cycles"]["stage1"]["allreduce"] > 0
+
+
+@pytest.mark.csim
 @pytest.mark.soak   # 9 g++ builds: minutes on a loaded machine
 def test_tiny_cnn_three_stages_trains_bit_exact(tmp_path, capsys):
     """tiny-cnn (convolutions, pooling, flatten) in 3 stages, 2 micro-batches of 2: 2 iterations."""
