@@ -48,8 +48,13 @@ GROUP_SLACK = 0.05  # explore's slack for per-position replica groups (see explo
 REPLAY_M = 128      # micro-batches replayed exactly before the replay is extrapolated (finish)
 GROUP_BOARDS = 8    # clusters up to this size search every per-position replica vector
 # every placement (planner.placement: boards to positions or idle, up to interchangeable
-# boards) is searched when there are at most this many, else the board orders of Explorer.orders
-PLACE_LAYOUTS = 2000
+# boards) is searched when its patterns x the (schedule, m) pairs each is tried with are at
+# most this many (Explorer.every_placement), else the board orders of Explorer.orders: every
+# random instance of tests/test_planner_bruteforce.py (up to 25,180 patterns x 1 pair) is
+# searched exactly, while hetero-mix under auto (2,859 x 21) keeps the orders (the sweep's
+# time; docs/planner.md section 6)
+PLACE_WORK = 30000
+PLACE_WORK_MAX = 10 ** 6   # --placements' bound (patterns and their configurations are held in memory)
 STREAM_K = 16       # asynchronous PipeDream: J of a stream of this many iterations (Explorer.jm)
 HIER_BOARDS = 16    # beyond GROUP_BOARDS and up to this size: PipeDream's hierarchical DP proposes groups
 HIER_BLOCKS = 64    # hier_layouts: the DP's layers (larger models merge consecutive layers into blocks)
@@ -83,7 +88,7 @@ class Request:
     measured: dict | None = None         # {board type or None: {layer: {fwd_s, bwd_s}}} per sample
     meshes: tuple[int, ...] | None = (1,)   # tensor-parallel mesh sizes to explore (None = auto)
     whole_blocks: bool = False           # cut only where one tensor crosses (no open skip)
-    placement_limit: int | None = None   # exact placements enumerated up to this many (None: PLACE_LAYOUTS)
+    placement_limit: int | None = None   # every placement searched up to this work (None: PLACE_WORK)
 
 
 @dataclass(frozen=True, order=True)
@@ -463,10 +468,14 @@ class Explorer:
             old = next(iter(self._stage_times))
             self._stage_times_bytes -= self._stage_times.pop(old).nbytes
 
-    def problem(self, c: Config, L: int | None = None, tmax: float = math.inf) -> part.Problem | None:
+    def problem(self, c: Config, L: int | None = None, tmax: float = math.inf,
+                bare: bool = False) -> part.Problem | None:
         """The partition problem of configuration ``c`` (None when a group mixes board types).
 
-        Stage times above ``tmax`` are treated as infeasible (a search bound)."""
+        Stage times above ``tmax`` are treated as infeasible (a search bound). ``bare``: a
+        relaxation whose least J is a lower bound on that of every placement with the same
+        board type and replica count at every position (:meth:`bare_floor`): the stages'
+        compute, no all-reduce (X = None), every cut at its floor (:meth:`pair_floor`)."""
         V = c.p * c.v
         L = L or self.band_length(c, tmax)
         n = self.n
@@ -503,6 +512,25 @@ class Explorer:
                 full = have[st]
                 cache[(btype, kk, beta, st)] = full if tmax == math.inf else np.where(full <= tmax, full, math.inf)
         T = [cache[k] for k in keys]
+        C = np.zeros((max(V - 1, 0), n))
+        O = np.zeros((max(V - 1, 0), n))
+        ways = 2 if self.train else 1
+        if bare:
+            # every cut at its floor: the payload (a floor of the line bytes) over the fastest
+            # route between two boards of the two positions' types, no load on it, the least
+            # route latency; the piece's share as :meth:`pieces` gives it (fixed by the replica
+            # counts). Every placement with these types and replica counts costs no less.
+            for s in range(V - 1):
+                d1, d2 = s % c.p, (s + 1) % c.p
+                bw, lat = self.pair_floor(keys[s][0], keys[s + 1][0])
+                r1, r2 = self.reps(c, d1), self.reps(c, d2)
+                bw *= max(r1, r2) / (r1 if self._forward(c, d1, d2) else r2)
+                O[s] = np.concatenate([self.cut_bytes_at(c, d1) / bw, [0.0]])
+                C[s] = ways * (O[s] + lat)
+            if self.req.whole_blocks and V > 1:
+                C[:, self.open_cuts] = math.inf
+                O[:, self.open_cuts] = math.inf
+            return part.Problem(n, T, C, O, self.jm(c), c.v)
         X = None
         if self.train and any(self.reps(c, d) > 1 for d in range(c.p)):
             # every replicated stage all-reduces its gradients after its last backward; J
@@ -523,9 +551,6 @@ class Explorer:
                 # stage's period is max(compute, all-reduce) (Narayanan et al. SOSP'19, 3.1)
                 T = [np.maximum(t, x) for t, x in zip(T, X)]
                 X = None
-        C = np.zeros((max(V - 1, 0), n))
-        O = np.zeros((max(V - 1, 0), n))
-        ways = 2 if self.train else 1
         for s in range(V - 1):
             if self.meshy(c):
                 # resharding between the two stages' meshes, per cut position (cached)
@@ -605,11 +630,8 @@ class Explorer:
         if lb is None:
             tot = self.sum_floor(c)
             V = c.p * c.v
-            csum, omax, rmin, bw, inv = self.layout_floor(c)
-            xs = 0.0
-            if self.train and rmin > 1 and not self.per_mb_allreduce(c):
-                w = min(float(self.stage_model(t, b, c.recompute, c.schedule, k).PW[-1]) for t, k, b in self.kinds(c))
-                xs = ring_allreduce_s(w, rmin, bw, 0.0)   # a lower bound: no hop latency
+            csum, omax, _rmin, _bw, inv = self.layout_floor(c)
+            xs = self.ring_floor(c)
             bott = max(tot / V, omax)
             if inv is not None:
                 # stage s computes beta_s samples at no less than the per-sample rate u:
@@ -618,6 +640,71 @@ class Explorer:
                 bott = max(bott, self.rate_floor(types, c.recompute) / inv)
             lb = self._lb[c] = (tot + csum) / c.v + xs + (self.jm(c) * c.v - 1) * bott
         return lb
+
+    def ring_floor(self, c: Config) -> float:
+        """A lower bound on J's all-reduce term sum X: when every position is replicated (and
+        the rings run once per iteration), the rings move at least 2 (r_min - 1)/r_min of all
+        weights at the fastest ring's bandwidth, without hop latency; else 0."""
+        _csum, _omax, rmin, bw, _inv = self.layout_floor(c)
+        if not (self.train and rmin > 1 and not self.per_mb_allreduce(c)):
+            return 0.0
+        w = min(float(self.stage_model(t, b, c.recompute, c.schedule, k).PW[-1]) for t, k, b in self.kinds(c))
+        return ring_allreduce_s(w, rmin, bw, 0.0)
+
+    def pair_floor(self, t1: str, t2: str) -> tuple[float, float]:
+        """(most bandwidth, least latency) of a route from a board of type t1 to another board
+        of type t2 ((inf, 0) when there is no such pair): a floor of any cut between positions
+        of those types."""
+        key = ("pair", t1, t2)
+        if key not in self._links:
+            bw, lat = 0.0, math.inf
+            for a in self.boards:
+                for b in self.boards:
+                    if a is not b and a.board.name == t1 and b.board.name == t2:
+                        _h, pbw, plat = self.cluster.path(a.name, b.name)
+                        bw, lat = max(bw, pbw), min(lat, plat)
+            self._links[key] = (bw if bw > 0 else math.inf, lat if math.isfinite(lat) else 0.0)
+        return self._links[key]
+
+    def bare_floor(self, c: Config, jmax: float = math.inf) -> float:
+        """A lower bound on J of a configuration (v = 1, no mesh; explore asks it for
+        per-position groups, whose placements are thousands), tighter than
+        :meth:`lower_bound` and shared by every placement with the same board type and replica
+        count at every position: J >= J* of the bare problem (``problem(bare=True)``: the same
+        stage tables, no all-reduce, every cut at its floor; every term of J only grows with
+        link and ring costs) + the ring floor (:meth:`ring_floor`; the least of a sum over
+        partitions is at least the sum of its terms' least). J* is solved once per (positions'
+        board types and replicas, schedule, m, samples, recomputation); when it cannot reach
+        ``jmax`` the bound returned is >= jmax (``partition.solve``'s early exit), which is all
+        the caller asks."""
+        ring = self.ring_floor(c)
+        csum = self.layout_floor(c)[0]
+        seq = tuple((self.stage_type(c, d), self.reps(c, d)) for d in range(c.p))
+        base = ("bare", c.schedule, c.v, c.m, c.beta * c.r, c.recompute, seq)
+        out = -math.inf
+        # two relaxations: cuts at their floor inside the problem, or free cuts in the
+        # problem and this placement's own least cut costs (layout_floor) added outside
+        for free, extra in ((False, ring), (True, ring + csum / c.v)):
+            need = jmax - extra
+            key = base + (free,)
+            val, exact = self._links.get(key, (-math.inf, False))
+            if not exact and val < need:
+                prob = self.problem(c, bare=True)
+                if prob is not None and free:
+                    prob = replace(prob, C=np.zeros_like(prob.C), O=np.zeros_like(prob.O))
+                sol = part.solve(prob, self.sum_floor(c), need) if prob is not None else None
+                if sol is not None:
+                    # an approximate solve (too many caps) is an upper bound: no bound then
+                    val, exact = (sol.objective if sol.exact else -math.inf), True
+                elif prob is None or not math.isfinite(need):
+                    val, exact = math.inf, True    # nothing fits (mixed types, memory)
+                else:
+                    val = need                     # J* >= need (solve's early exit): a bound only
+                self._links[key] = (val, exact)
+            out = max(out, val + extra)
+            if out >= jmax:
+                break
+        return out
 
     def layout_floor(self, c: Config) -> tuple:
         """The parts of :meth:`lower_bound` fixed by the layout and the samples per replica
@@ -805,10 +892,12 @@ class Explorer:
     def every_placement(self, rmax: int) -> list[tuple[tuple[int, ...], ...]] | None:
         """Every placement (planner.placement.placements: each position any non-empty
         single-type group of at most ``rmax`` boards, replicas in topology order, boards left
-        idle allowed), one per class of interchangeable boards' pattern; None when there are
-        more than the request's placement limit (then :meth:`replica_layouts` cuts groups from
-        :meth:`orders`). Sets ``placement_exact``."""
-        lim = self.req.placement_limit if self.req.placement_limit is not None else PLACE_LAYOUTS
+        idle allowed), one per class of interchangeable boards' pattern; None when the
+        patterns x :meth:`placement_pairs` exceed the request's placement limit (PLACE_WORK by
+        default; then :meth:`replica_layouts` cuts groups from :meth:`orders`). Sets
+        ``placement_exact``."""
+        work = self.req.placement_limit if self.req.placement_limit is not None else PLACE_WORK
+        lim = work // self.placement_pairs()
         key = ("every", rmax, lim)
         if key not in self._links:
             types = [cb.board.name for cb in self.boards]
@@ -816,6 +905,13 @@ class Explorer:
                                           min(self.n, self.N), rmax, lim)
         self.placement_exact = self._links[key] is not None
         return self._links[key]
+
+    def placement_pairs(self) -> int:
+        """(schedule, micro-batch count) pairs a placement is tried with (:meth:`configs`:
+        interleaved has plain shapes only, 2BW none under auto), at least 1: what one more
+        placement pattern costs the search, in configurations (x 2 with recomputation)."""
+        scheds = [x for x in self.schedules() if x != "interleaved" and not (x == "2bw" and self.req.schedule == "auto")]
+        return max(1, sum(len(self.m_candidates(1, 1, x)) for x in scheds))
 
     def jm(self, c: Config) -> int:
         """The micro-batch count J is computed with: m, or for asynchronous PipeDream (one
@@ -1143,6 +1239,10 @@ class Explorer:
             else:
                 lim = best * (1 + (slack if shape in depths else max(slack, DEPTH_SLACK)))
             if lb >= lim:
+                continue
+            if c.groups and c.v == 1 and self.bare_floor(c, lim) >= lim:
+                # what solve_config(c, lim) would find (nothing under lim), from a bound shared
+                # by every placement with the same board types and replica counts (thousands)
                 continue
             cand = self.solve_config(c, lim)
             if cand is None:
