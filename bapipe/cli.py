@@ -145,9 +145,11 @@ def _add_args(name: str, p: argparse.ArgumentParser) -> None:
                        help="cut only where one tensor crosses (never inside a residual block): "
                             "plans whose every stage the RTL can build")
         p.add_argument("--boards", type=int, default=None, help="use at most this many boards (default: all of the cluster's)")
+        from planner.placement import PLACE_WORK, PLACE_WORK_MAX   # lazily: the planner's constants
         p.add_argument("--placements", type=int, default=None,
-                       help="search every placement of stages on boards when there are at most this many "
-                            "patterns (default 2000; 0: board orders only; docs/planner.md section 6)")
+                       help="search every placement of stages on boards when its patterns x the (schedule, "
+                            f"micro-batch count) pairs each is tried with are at most this many (default "
+                            f"{PLACE_WORK}, at most {PLACE_WORK_MAX}; 0: board orders only; docs/planner.md section 6)")
         p.add_argument("--pareto", action="store_true", help="also list non-dominated plans")
         p.add_argument("--partition", default=None, help="evaluate a given split, e.g. 0-5,6-11,12-36 (default: searched)")
         p.add_argument("--cost-model", default="bapipe", choices=("bapipe", "pipedream"),

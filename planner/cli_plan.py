@@ -13,6 +13,7 @@ from fpga_models.boards import FORMATS
 from fpga_models.cluster import load_cluster
 
 from .planning import make_plan, summary
+from .placement import PLACE_WORK_MAX
 from .search import Request
 
 
@@ -98,8 +99,12 @@ def request_from_args(args, model) -> Request:
     if spec is not None and getattr(args, "no_replication", False) and any((r or 1) > 1 for _a, _b, r, _bl in spec):
         raise SpecError(None, None, "--partition", "asks for replicas (xR) but --no-replication is given")
     places = getattr(args, "placements", None)
-    if places is not None and places < 0:
-        raise SpecError(None, None, "--placements", f"expected a count >= 0 (0: board orders only), got {places}")
+    if places is not None and not 0 <= places <= PLACE_WORK_MAX:
+        raise SpecError(None, None, "--placements", f"expected a count 0..{PLACE_WORK_MAX} (0: board orders only), "
+                                                    f"got {places}")
+    if places is not None and spec is not None:
+        raise SpecError(None, None, "--placements", "applies to searched plans only; a --partition gives every "
+                                                    "stage's boards (drop --placements, or drop --partition)")
     return Request(schedule=sched, microbatches=m, global_batch=gb, fmt=fmt, mode=mode,
                    optimizer=getattr(args, "optimizer", "sgd"), cap=cap,
                    replication=not getattr(args, "no_replication", False), max_boards=getattr(args, "boards", None),

@@ -24,6 +24,17 @@ from __future__ import annotations
 
 import itertools
 
+#: every placement is searched (planner.search.Explorer.every_placement) when its patterns x the
+#: (schedule, m) pairs each is tried with are at most this many, else the board orders
+#: (Explorer.orders): every random instance of tests/test_planner_bruteforce.py (up to 25,180
+#: patterns x 1 pair) is searched exactly, while hetero-mix under auto (2,859 patterns x 30
+#: pairs) keeps the orders, for the sweep's time (docs/planner.md section 6). Here, not in
+#: planner.search, so that the CLI's help reads it without importing the search.
+PLACE_WORK = 30000
+#: the most `bapipe plan --placements` accepts: every pattern and its configurations are held in
+#: memory at once (Explorer.configs), so an unbounded count is an unbounded allocation
+PLACE_WORK_MAX = 10 ** 6
+
 
 def route_equivariant(cluster, names: list[str], swap: dict[str, str]) -> bool:
     """Whether the node map ``swap`` (a permutation of some node names, identity elsewhere)

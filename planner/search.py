@@ -28,7 +28,7 @@ from fpga_models.bwd_memory import tm_bwd_spill_cycles
 from fpga_models.gradients import no_input_gradient
 
 from .peer_pipedream import PeerInput, cluster_levels, solve as peer_solve
-from .placement import board_classes, placements
+from .placement import PLACE_WORK, board_classes, placements
 from fpga_models.collective import ring_allreduce_fpga_s, ring_allreduce_s, ring_hop_s, ring_steps
 from .pipeline import replay, replay_2bw, replay_pipedream, steady_pipedream
 from .mesh import Resharder, cut_layouts, cut_shape, tp_stage_model
@@ -47,14 +47,6 @@ DEPTH_SLACK = 3.0
 GROUP_SLACK = 0.05  # explore's slack for per-position replica groups (see explore)
 REPLAY_M = 128      # micro-batches replayed exactly before the replay is extrapolated (finish)
 GROUP_BOARDS = 8    # clusters up to this size search every per-position replica vector
-# every placement (planner.placement: boards to positions or idle, up to interchangeable
-# boards) is searched when its patterns x the (schedule, m) pairs each is tried with are at
-# most this many (Explorer.every_placement), else the board orders of Explorer.orders: every
-# random instance of tests/test_planner_bruteforce.py (up to 25,180 patterns x 1 pair) is
-# searched exactly, while hetero-mix under auto (2,859 x 21) keeps the orders (the sweep's
-# time; docs/planner.md section 6)
-PLACE_WORK = 30000
-PLACE_WORK_MAX = 10 ** 6   # --placements' bound (patterns and their configurations are held in memory)
 STREAM_K = 16       # asynchronous PipeDream: J of a stream of this many iterations (Explorer.jm)
 HIER_BOARDS = 16    # beyond GROUP_BOARDS and up to this size: PipeDream's hierarchical DP proposes groups
 HIER_BLOCKS = 64    # hier_layouts: the DP's layers (larger models merge consecutive layers into blocks)

@@ -10,7 +10,7 @@ import itertools
 import random
 
 from fpga_models.cluster import builtin_clusters
-from planner.placement import board_classes, placements, route_equivariant
+from planner.placement import PLACE_WORK, PLACE_WORK_MAX, board_classes, placements, route_equivariant
 from planner.search import Config, Explorer, Request
 from test_planner_bruteforce import _assignments, _instance, _least
 
@@ -106,8 +106,9 @@ def _cli(*args):
 
 def test_cli_reports_placement_exact_and_refuses_a_negative_limit(tmp_path):
     """`bapipe plan --json` says whether every placement was searched (4xU250-ring: 149
-    patterns, under the default 2,000), `--placements 0` keeps the board orders, and a negative
-    count exits 2 in one line naming the option."""
+    patterns x 18 (schedule, m) pairs, under the default PLACE_WORK), `--placements 0` keeps
+    the board orders; a negative count, one above PLACE_WORK_MAX, or --placements beside
+    --partition exits 2 in one line naming the option."""
     import json
     r = _cli("plan", "tiny-mlp", "4xU250-ring", "--json", "-o", str(tmp_path / "a.yaml"))
     assert r.returncode == 0, r.stderr
@@ -117,3 +118,13 @@ def test_cli_reports_placement_exact_and_refuses_a_negative_limit(tmp_path):
     assert json.loads(r.stdout)["placement_exact"] is False
     r = _cli("plan", "tiny-mlp", "4xU250-ring", "--placements", "-1", "-o", str(tmp_path / "c.yaml"))
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "--placements" in r.stderr
+    # bounded (the patterns are held in memory), and not silently ignored beside --partition
+    r = _cli("plan", "tiny-mlp", "4xU250-ring", "--placements", str(PLACE_WORK_MAX + 1), "-o", str(tmp_path / "d.yaml"))
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and f"0..{PLACE_WORK_MAX}" in r.stderr
+    r = _cli("plan", "tiny-mlp", "4xU250-ring", "--partition", "0-2,3-6", "--placements", "10", "-o",
+             str(tmp_path / "e.yaml"))
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "--placements" in r.stderr
+    assert "--partition" in r.stderr and not (tmp_path / "e.yaml").exists()
+    # the help reads the constants
+    r = _cli("plan", "--help")
+    assert f"{PLACE_WORK}" in " ".join(r.stdout.split()) and f"{PLACE_WORK_MAX}" in " ".join(r.stdout.split())
