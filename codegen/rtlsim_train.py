@@ -65,9 +65,21 @@ def tb_source(man: dict, max_iterations: int = MAX_ITERATIONS) -> str:
                            batch=man["microbatches"] * man.get("microbatch_size", 1))
 
 
-def build_sim(rtl: Path, man: dict, cache: Path, max_iterations: int = MAX_ITERATIONS) -> Path:
-    """Compile (once per source hash) the training testbench for runs of up to
-    ``max_iterations`` iterations; the executable's folder."""
+#: sequential cycles (rtl/train/manifest.json) above which the model's C++ is optimised
+FAST_MODEL_CYCLES = 200_000
+
+
+def cxx_opt(man: dict) -> str:
+    """The C++ optimisation of a training model: -O0 for the short runs (tens of thousands of
+    cycles: a fast build beats a fast model), -O1 for long ones (small-resnet's default plan:
+    955,592 sequential cycles; at -O0 its model takes 2.9 ms of CPU a cycle, most of it in
+    Verilator's uninlined integer helpers of the conv engines' index arithmetic)."""
+    return "-O1" if man.get("sequential_cycles", 0) > FAST_MODEL_CYCLES else "-O0"
+
+
+def build_sim(rtl: Path, man: dict, cache: Path, max_iterations: int = MAX_ITERATIONS, opt: str | None = None) -> Path:
+    """Compile (once per source hash and ``opt``, default :func:`cxx_opt`) the training testbench
+    for runs of up to ``max_iterations`` iterations; the executable's folder."""
     from bapipe.toolchain import verilator_bin, wire_verilator, with_pch_makeflag
 
     if verilator_bin() is None:
@@ -76,7 +88,9 @@ def build_sim(rtl: Path, man: dict, cache: Path, max_iterations: int = MAX_ITERA
     files["train_tb.v"] = tb_source(man, max(MAX_ITERATIONS, int(max_iterations)))
     # the weight images are copied into the run folder before each run, so the build depends on
     # the sources only and is shared by every build of the same design
-    key = hashlib.sha256(json.dumps([sorted(files.items()), MAIN_CPP]).encode()).hexdigest()[:16]
+    opt = cxx_opt(man) if opt is None else opt
+    key = hashlib.sha256(json.dumps([sorted(files.items()), MAIN_CPP] + ([opt] if opt != "-O0" else []))
+                         .encode()).hexdigest()[:16]
     d = cache / f"train-{key}"
     exe = d / "obj" / "Vtrain_tb"
     if exe.exists():
@@ -97,7 +111,9 @@ def build_sim(rtl: Path, man: dict, cache: Path, max_iterations: int = MAX_ITERA
         # The simulated runs are short (thousands of cycles): a fast build beats a fast model.
         # Loops kept as loops (--unroll-count) and unoptimised C++ build in a fraction of the time.
         cmd = ["nice", "verilator", "--cc", "--exe", "--build", "-Wno-fatal", "-Wno-lint", "-Wno-style",
-               "--unroll-count", "4", "--top-module", "train_tb", "-CFLAGS", "-O0", "--build-jobs", "2",
+               "--unroll-count", "4", "--top-module", "train_tb", "-CFLAGS", opt,
+               # an optimising compiler takes about 1 GB on small-resnet's model: one at a time
+               "--build-jobs", "2" if opt == "-O0" else "1",
                "-Mdir", str(d / "obj"),
                f'+define+BAPIPE_MEM_DIR="{run_dir.resolve()}/"', f'+define+BAPIPE_DUMP_DIR="{run_dir.resolve()}/"',
                f'+define+BAPIPE_TB_DIR="{run_dir.resolve()}/"', "+define+BAPIPE_TRAIN_DUMP",
