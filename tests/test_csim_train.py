@@ -461,3 +461,32 @@ def test_time_multiplexed_stage_trains_bit_exact(tmp_path, capsys):
     r = _train(build, 2, capsys)
     _check_run(r, 2, 4)
     assert r["not_in_hls"] == [] and r["per_iteration"][0]["op_order"] == {"stage0": "F0 B0 F1 B1"}
+
+
+@pytest.mark.csim
+@pytest.mark.soak   # the planner, gen and one g++ -fsyntax-only of a backward kernel (~7 s: make test's budget)
+def test_time_multiplexed_backward_without_input_gradients_compiles_werror(tmp_path):
+    """A time-multiplexed backward kernel whose MVU turns have no input gradient (tiny-mlp's fc1 relu1
+    stage: fc1 reads the model input, fpga_models.gradients) has no input-gradient array, so its shared
+    MAC declares no `used_x` (set, never read: g++ -Wall -Werror refused the kernel, which broke
+    `bapipe csim --iterations` on the interleaved tiny-mlp plan's first chunk)."""
+    from codegen.csim import CSIM_FLAGS, CXXFLAGS, _ap_types, _compiler
+
+    import sys
+
+    from bapipe.cli import main
+    plan = tmp_path / "il.yaml"   # tiny-mlp interleaved, 2 boards x 2 chunks; chunk 0 of fpga0 (fc1 relu1) TM
+    subprocess.run([sys.executable, "-m", "bapipe.cli", "plan", "tiny-mlp", "4xU250-ring", "--schedule", "interleaved",
+                    "--microbatches", "4", "--global-batch", "4", "--no-replication", "--partition", "0-1,2-3,4-5,6",
+                    "--cap", "0.3", "-o", str(plan)], check=True, capture_output=True)
+    build = tmp_path / "b"
+    assert main(["gen", str(plan), "-o", str(build)]) in (0, None)
+    assert "time-multiplexed" in plan.read_text()
+    src = build / "stage0" / "stage0_bwd.cpp"
+    text = src.read_text()
+    assert "_bwd_mac(" in text and "used_x" not in text
+    inc = [build / "stage0", build / "common"]
+    inc = [d / "csim" for d in inc if (d / "csim" / "hls_stream.h").is_file()] + inc   # as codegen.csim does
+    r = subprocess.run([_compiler()[0], *CXXFLAGS, *CSIM_FLAGS, "-fsyntax-only", "-isystem", str(_ap_types()),
+                        *[f"-I{d}" for d in inc if d.is_dir()], str(src)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
