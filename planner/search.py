@@ -1232,9 +1232,11 @@ class Explorer:
                 lim = best * (1 + (slack if shape in depths else max(slack, DEPTH_SLACK)))
             if lb >= lim:
                 continue
-            if c.groups and c.v == 1 and self.bare_floor(c, lim) >= lim:
+            if c.groups and c.v == 1 and self.placement_exact and self.bare_floor(c, lim) >= lim:
                 # what solve_config(c, lim) would find (nothing under lim), from a bound shared
-                # by every placement with the same board types and replica counts (thousands)
+                # by every placement with the same board types and replica counts (thousands
+                # when every placement is searched; with the orders' or the hierarchical DP's
+                # few layouts the shared solves cost more than they save: sweep 63.9 -> 92.4 s)
                 continue
             cand = self.solve_config(c, lim)
             if cand is None:
