@@ -34,7 +34,7 @@ from typing import Collection, Sequence
 from bapipe.layers import Layer
 from bapipe.spec import Model
 
-from .allocate import frames_offchip, weights_all_resident
+from .allocate import frames_offchip, weight_resident, weights_all_resident
 from .boards import Board, bytes_per_element, on_chip_bytes
 from .cost import layer_cost, matrix_shape
 from .engines import conv_window_lanes, frame_io_cycles
@@ -308,6 +308,26 @@ def bwd_weight_bytes(model: Model, layers: Sequence[Layer], fmt: str, budget: in
     return sum(elems) * eb if elems and weights_all_resident(elems, eb, budget) else 0
 
 
+def bwd_weight_tile(model: Model, layers: Sequence[Layer], fmt: str, budget: int | None) -> tuple[int, int] | None:
+    """(rows, columns) of a time-multiplexed backward kernel's weight tile (codegen.hls_bwd
+    ._tile_weights fills it before each turn that reads it) when its weights are not all copied
+    on chip (:func:`bwd_weight_bytes` 0): the largest MH and the largest MW of the matrix layers
+    computing dx whose matrix is a tile by the forward's rule (fpga_models.allocate
+    .weight_resident); None when there is none."""
+    eb = bytes_per_element(fmt)
+    if bwd_weight_bytes(model, layers, fmt, budget):
+        return None
+    active, needed = _active(model, layers)
+    tiled = []
+    for l in layers:
+        if l.name in active and l.type in ("dense", "conv2d") and l.inputs[0] in needed:
+            mh, mw, pix = matrix_shape(l)
+            vec = int(round(pix)) if l.type == "conv2d" else int(prod(l.in_shapes[0][:-1]))
+            if weight_resident(int(mh) * int(mw), eb, budget, vec):
+                tiled.append((int(mh), int(mw)))
+    return (max(r for r, _c in tiled), max(c for _r, c in tiled)) if tiled else None
+
+
 def place_accumulators(acc_bytes: dict[str, int], room: float) -> dict[str, bool]:
     """Which accumulators stay on chip: smallest first (ties: layer order) while they fit ``room``."""
     used, out = 0, {}
@@ -329,6 +349,9 @@ def bwd_memory(model: Model, layers: Sequence[Layer], board: Board | None, foldi
            if l.name in active and l.type in ("dense", "conv2d")}
     other = bwd_other_bytes(model, layers, folding, fmt, time_multiplexed) + bwd_weight_bytes(model, layers, fmt,
                                                                                                 budget)
+    tile = bwd_weight_tile(model, layers, fmt, budget) if time_multiplexed else None
+    if tile is not None:
+        other += tile[0] * tile[1] * bytes_per_element(fmt)
     room = ACC_ONCHIP_SHARE * on_chip_bytes(board) if board is not None else float("inf")
     if budget is not None:
         room = min(room, budget - other)

@@ -8,7 +8,7 @@ import pytest
 from bapipe.spec import model_from_text
 from fpga_models.boards import get_board
 from fpga_models.bwd_memory import (PORTS_TURN, GradFrame, acc_width, bwd_frames, bwd_memory, bwd_other_bytes,
-                                    tm_bwd_spill_cycles)
+                                    bwd_weight_tile, tm_bwd_spill_cycles)
 from fpga_models.cost import layer_cost
 
 MLP = ("name: m\ninput: [64]\nlayers:\n  - {name: fc1, type: dense, units: 32}\n  - {name: r1, type: relu}\n"
@@ -31,21 +31,27 @@ def test_mlp_frames_accumulators_and_spill_by_hand():
     assert bwd_other_bytes(m, layers, FOLD, "fixed16", True) == 128
     assert bwd_other_bytes(m, layers, FOLD, "fixed16", False) == 2 * (64 + 32 + 16)
     u250 = get_board("U250")
-    mem = bwd_memory(m, layers, u250, FOLD, "fixed16", 3600, 4, True)
+    # a 1,400-byte share: the 2,720 weights (5,440 B) are not all copied on chip (2 x 350 B), so
+    # the MVU turns with dx read a tile, the largest MH x MW of the matrices within a quarter
+    # of the share (fc3's 10 x 16, 320 B; fc2's 1,024 B is not; fc1 has no dx)
+    assert bwd_weight_tile(m, layers, "fixed16", 1400) == (10, 16)
+    mem = bwd_memory(m, layers, u250, FOLD, "fixed16", 1400, 4, True)
     assert mem.acc_bytes == {"fc1": 32 * 64 * 5, "fc2": 16 * 32 * 5, "fc3": 10 * 16 * 5}
-    # 3600 - 128 leaves 3472: fc3's 800 and fc2's 2,560 fit, fc1's 10,240 does not
-    assert mem.acc_onchip == {"fc1": False, "fc2": True, "fc3": True}
-    assert mem.fixed_bytes == 128 + 800 + 2560
-    # 112 bytes left: the two 32-byte frames, not the 64-byte ones
-    assert list(mem.frames_off) == [False, False, True, True]
-    assert mem.onchip_bytes == 3488 + 64 <= 3600
-    assert mem.offchip("fc2", "r1") is True and mem.offchip("fc3", "r2") is False and mem.offchip("fc1", "r1") is None
-    # fc2 -> r1: 32 elements at 16 lanes, 2 beats of one 512-bit word; r1 -> fc1: 32 at 32 lanes, 1 beat
-    own = {n: layer_cost(l, u250, *FOLD[n], "fixed16", 1) for n, l in ((l.name, l) for l in layers)}
-    io = {"fc2": 2, "r1": 2, "fc1": 1}
-    want = sum(max(0, c - ((own[n].bwd_w_cycles if n == "fc1" else own[n].bwd_in_cycles + own[n].bwd_w_cycles)))
-               for n, c in io.items())
-    assert tm_bwd_spill_cycles(m, layers, u250, FOLD, "fixed16", 3600, 4) == want
+    assert mem.other_bytes == 128 + 320
+    # 1,400 - 448 leaves 952: fc3's 800 fits, fc2's 2,560 and fc1's 10,240 do not
+    assert mem.acc_onchip == {"fc1": False, "fc2": False, "fc3": True}
+    assert mem.fixed_bytes == 448 + 800
+    # 152 bytes left: the two 32-byte frames and one 64-byte one (ties: the earlier turn's)
+    assert list(mem.frames_off) == [False, False, False, True]
+    assert mem.onchip_bytes == 1248 + 128 <= 1400
+    assert mem.offchip("r1", "fc1") is True and mem.offchip("fc2", "r1") is False and mem.offchip("fc1", "r1") is None
+    # r1 -> fc1: 32 elements at 32 lanes, one 512-bit word, less than r1's and fc1's own cycles
+    own = {l.name: layer_cost(l, u250, *FOLD[l.name], "fixed16", 1) for l in layers}
+    assert own["r1"].bwd_in_cycles + own["r1"].bwd_w_cycles >= 1 and own["fc1"].bwd_w_cycles >= 1
+    assert tm_bwd_spill_cycles(m, layers, u250, FOLD, "fixed16", 1400, 4) == 0
+    # a bigger share copies every weight on chip (5,440 B within 2 x 3,000) and needs no tile
+    assert bwd_weight_tile(m, layers, "fixed16", 12_000) is None
+    assert bwd_memory(m, layers, u250, FOLD, "fixed16", 12_000, 4, True).other_bytes == 128 + 5440
     # no room at all: every frame and accumulator off chip
     none = bwd_memory(m, layers, u250, FOLD, "fixed16", 0, 4, True)
     assert not any(none.acc_onchip.values()) and all(none.frames_off)
@@ -173,5 +179,7 @@ def test_big_backward_kernels_build_the_planned_frames(model, req):
         # CYCLE_TOL: issue 16's bound on counted vs planned cycles per sample
         assert abs(counted + spill - p["per_sample"]) <= CYCLE_TOL * p["per_sample"], (sc.name, counted, spill, p)
         two_deep = sum(x.bytes for x in sc.bwd.streams if x.name not in {t.name for t in sc.bwd.top_streams})
+        tile = bwd_weight_tile(m, [m.layers[m.index[n]] for n in st.layers], plan.number_format, budget)
+        assert (tile is not None) == bool(getattr(sc.bwd, "wtile", None)), sc.name   # the kernel builds the tile
         assert kernel_onchip_bytes(sc, ctx.fmt, bwd=True) == mem.onchip_bytes + two_deep, sc.name
         assert mem.onchip_bytes <= budget
