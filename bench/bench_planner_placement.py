@@ -65,7 +65,8 @@ def best_placement(ex: Explorer, schedule: str, m: int):
 
 def case(seed: int, limit: int | None = None) -> dict | None:
     """One random instance: the search's objective (``limit``: its placement limit, None the
-    default PLACE_LAYOUTS, 0 only the board orders) against every placement's."""
+    default PLACE_WORK patterns x (schedule, m) pairs, 0 only the board orders) against every
+    placement's."""
     rng = random.Random(seed)
     model, cluster = _instance(rng)
     schedule = rng.choice(SCHEDULES)
@@ -92,7 +93,8 @@ def main() -> int:
     ap.add_argument("--json", default=str(ROOT / "bench" / "results" / "planner_placement.json"),
                     help="write the rows and summary here (default: %(default)s)")
     ap.add_argument("--limit", type=int, default=None,
-                    help="the search's placement limit (default PLACE_LAYOUTS; 0: board orders only)")
+                    help="the search's placement limit (default PLACE_WORK, patterns x (schedule, m) pairs; "
+                         "0: board orders only)")
     a = ap.parse_args()
     lo, hi = (int(x) for x in a.seeds.split(":"))
     rows, t0 = [], time.process_time()

@@ -206,7 +206,7 @@ def test_search_equals_every_placement_fast(block):
 
 
 @pytest.mark.slow
-@pytest.mark.soak  # 300 instances up to 8 boards (about 8 min CPU): make test-all
+@pytest.mark.soak  # 300 instances up to 8 boards (371 s CPU measured at the default): make test-all
 @pytest.mark.parametrize("block", range(30))
 def test_search_equals_every_placement(block):
     """300 instances (seeds 1000..1299, 10 per block; up to 10 layers, 2-4 hosts, up to 8
