@@ -156,6 +156,7 @@ class BwdCtx:
     dx_layers: frozenset = frozenset()
     mac: object = None   # time-multiplexed: the MVU turns' shared arrays (codegen.hls_mac.BwdMacShare)
     copies: list[dict] = field(default_factory=list)   # on-chip copies of the m_axi weights, filled once a call
+    wtile: dict = field(default_factory=dict)   # time-multiplexed, weights not all resident: the tile (hls_bwd._tile_weights)
 
     @property
     def declared_streams(self) -> list[BStream]:
@@ -626,6 +627,7 @@ def build_bwd(plan, model, st, sc, fmt, board=None) -> BwdCtx:
         frame_elems = {s: elems[t] for t, parts in contrib.items() for s, _l in parts}
         _sequence_turns(ctx, b.turn_of, frame_elems, W, mem)
         _share_arrays(ctx, st.index, W)
+        _tile_weights(ctx, st.index, W, budget)
     return ctx
 
 
@@ -678,6 +680,53 @@ def _share_arrays(ctx: BwdCtx, index: int, width: int) -> None:
     ctx.arrays = [a for a in ctx.arrays if a.name not in tags] + [
         BArray(f"{mac.name}.dyb", "data_t", (mac.mh,), width, "registers", local=True),
         BArray(f"{mac.name}.xs", "data_t", (mac.mw,), width, "lutram", local=True)]
+
+
+def _tile_weights(ctx: BwdCtx, index: int, width: int, budget: int | None) -> None:
+    """A time-multiplexed backward kernel whose weights do not all fit on chip (no ``copies``):
+    each MVU turn with an input gradient whose matrix is a tile by the forward's rule
+    (fpga_models.allocate.weight_resident) reads it from one on-chip tile ``s<i>_bwd_wt`` (the
+    largest such MH x the largest MW, partitioned as the turn reads it, PE x SIMD a cycle),
+    which ``s<i>_bwd_wfetch`` fills before the turn, every sample, from its m_axi array in
+    512-bit beats (the port widened: bapipe::weight_tile), so the MAC loop reads no m_axi.
+    A matrix beyond a tile still is read in place (not streamed yet). ``ctx.wtile``: the tile
+    (BArray), the fetches (turn, weight array, MH, MW) and every array's dims the MAC reads."""
+    from .hls_mac import _decl_name
+    from .hls_weights import BRAM_COPY_BYTES
+    from fpga_models.allocate import weight_resident
+
+    mac = ctx.mac
+    if mac is None or ctx.copies:
+        return
+    eb = (width + 7) // 8
+    wdims = {w.name: tuple(int(d) for d in re.findall(r"\[(\d+)\]", w.dims)) for w in ctx.weights}
+    tiled = [j for j in mac.jobs if j.dx and wdims.get(j.w) == (j.mh, j.mw)
+             and weight_resident(j.mh * j.mw, eb, budget, j.vec)]
+    if not tiled:
+        return
+    r, c = max(j.mh for j in tiled), max(j.mw for j in tiled)
+    tile = BArray(f"s{index}_bwd_wt", "data_t", (r, c), width, "bram" if r * c * eb <= BRAM_COPY_BYTES else "uram",
+                  partitions=[(max(j.pe for j in tiled), 1), (max(j.simd for j in tiled), 2)])
+    ctx.arrays = ctx.arrays + [tile]
+    fetches = [(j.turn, j.w, j.mh, j.mw) for j in tiled]
+    moved = {j.w for j in tiled}
+    for j in tiled:
+        j.w = tile.name
+    still = {j.w for j in mac.jobs}
+    decls = {_decl_name(d): d for d in mac.mac_params if _decl_name(d) not in moved - still}
+    decls[tile.name] = tile.decl
+    mac.mac_params = [decls[n] for n in sorted(decls)]
+    outer = {_decl_name(d): d for d in mac.turn_params}
+    for n in moved - still:
+        if not any(re.search(rf"\b{re.escape(n)}\b", p) for u in mac.turns for p in u.processes):
+            outer.pop(n, None)
+    outer[tile.name] = tile.decl
+    mac.turn_params = [outer[n] for n in sorted(outer)]
+    shapes = {n: wdims[n] for n in still if n in wdims}
+    shapes[tile.name] = (r, c)
+    ctx.wtile = {"tile": tile, "fetches": fetches, "shapes": shapes, "epw": AXI_BITS // width,
+                 "params": [f"const data_t {n}{''.join(f'[{d}]' for d in wdims[n])}" for _t, n, _h, _w in fetches]
+                 + [tile.decl], "args": [n for _t, n, _h, _w in fetches] + [tile.name]}
 
 
 def _lb_partitions(kh: int, kw: int, sh: int, w: int, c: int, lin: int, lout: int) -> list[tuple[int, int]]:
