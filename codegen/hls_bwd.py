@@ -689,7 +689,8 @@ def _tile_weights(ctx: BwdCtx, index: int, width: int, budget: int | None) -> No
     largest such MH x the largest MW, partitioned as the turn reads it, PE x SIMD a cycle),
     which ``s<i>_bwd_wfetch`` fills before the turn, every sample, from its m_axi array in
     512-bit beats (the port widened: bapipe::weight_tile), so the MAC loop reads no m_axi.
-    A matrix beyond a tile still is read in place (not streamed yet). ``ctx.wtile``: the tile
+    A matrix beyond a tile, or beyond what the kernel's share leaves for the tile (smallest
+    matrices first), still is read in place (not streamed yet). ``ctx.wtile``: the tile
     (BArray), the fetches (turn, weight array, MH, MW) and every array's dims the MAC reads."""
     from .hls_mac import _decl_name
     from .hls_weights import BRAM_COPY_BYTES
@@ -700,8 +701,15 @@ def _tile_weights(ctx: BwdCtx, index: int, width: int, budget: int | None) -> No
         return
     eb = (width + 7) // 8
     wdims = {w.name: tuple(int(d) for d in re.findall(r"\[(\d+)\]", w.dims)) for w in ctx.weights}
-    tiled = [j for j in mac.jobs if j.dx and wdims.get(j.w) == (j.mh, j.mw)
-             and weight_resident(j.mh * j.mw, eb, budget, j.vec)]
+    cand = [j for j in mac.jobs if j.dx and wdims.get(j.w) == (j.mh, j.mw)
+            and weight_resident(j.mh * j.mw, eb, budget, j.vec)]
+    # the tile takes what the kernel's share leaves (smallest matrices first; the rest read in place)
+    left = None if budget is None else budget - ctx.onchip_bytes
+    keep: list = []
+    for j in sorted(cand, key=lambda j: (j.mh * j.mw, j.turn)):
+        if left is None or max(x.mh for x in keep + [j]) * max(x.mw for x in keep + [j]) * eb <= left:
+            keep.append(j)
+    tiled = [j for j in cand if j in keep]
     if not tiled:
         return
     r, c = max(j.mh for j in tiled), max(j.mw for j in tiled)
