@@ -65,3 +65,49 @@ def test_tiny_cnn_tiled_backward_weights_bit_exact(tmp_path, monkeypatch):
     assert r["max_abs_err_lsb"] == 0, r
     assert all(s["peak"] <= s["depth"] for s in r["streams"].values())
     assert abs(r["cycles_per_sample"] - r["plan_cycles_per_sample"]) <= CYCLE_TOL * r["plan_cycles_per_sample"], r
+
+
+def _job(turn, mh, mw, w, dx=True, vec=16, pe=1, simd=8):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(turn=turn, mh=mh, mw=mw, w=w, dx=dx, vec=vec, pe=pe, simd=simd)
+
+
+def _ctx(jobs, onchip):
+    from types import SimpleNamespace
+
+    ws = [SimpleNamespace(name=j.w, dims=f"[{j.mh}][{j.mw}]") for j in jobs]
+    decls = [f"const data_t {w.name}{w.dims}" for w in ws]
+    mac = SimpleNamespace(jobs=jobs, mac_params=list(decls), turn_params=list(decls), turns=[])
+    return SimpleNamespace(mac=mac, copies=[], weights=ws, onchip_bytes=onchip, arrays=[], wtile={})
+
+
+def test_tile_takes_what_the_share_leaves():
+    """The tile (largest MH x largest MW of its matrices, 2-byte elements) holds the smallest
+    matrices that fit the kernel's budget less its other on-chip bytes; the others, a turn
+    without dx, and a one-vector dense matrix beyond budget // WEIGHT_TILE_SHARE keep their ports."""
+    from codegen.hls_bwd import _tile_weights
+    from fpga_models.allocate import weight_resident
+
+    jobs = [_job(0, 10, 64, "a_w"), _job(3, 16, 72, "b_w"), _job(5, 8, 72, "c_w"), _job(7, 8, 9, "d_w", dx=False)]
+    ctx = _ctx(jobs, 10_000)
+    # 1,440 bytes left: a (10 x 64 = 1,280) and c (10 x 72 = 1,440 with a) fit, b (16 x 72 = 2,304) not
+    _tile_weights(ctx, 0, 16, 10_000 + 1_440)
+    assert [f[:2] for f in ctx.wtile["fetches"]] == [(0, "a_w"), (5, "c_w")]
+    assert ctx.arrays[0].dims == (10, 72) and ctx.arrays[0].bytes == 1_440
+    assert [j.w for j in jobs] == ["s0_bwd_wt", "b_w", "s0_bwd_wt", "d_w"]
+    assert ctx.wtile["shapes"] == {"s0_bwd_wt": (10, 72), "b_w": (16, 72), "d_w": (8, 9)}
+    assert sorted(ctx.mac.mac_params) == sorted(["const data_t b_w[16][72]", "const data_t d_w[8][9]",
+                                                 "data_t s0_bwd_wt[10][72]"])
+    # no room: nothing changes
+    jobs = [_job(0, 10, 64, "a_w")]
+    ctx = _ctx(jobs, 10_000)
+    _tile_weights(ctx, 0, 16, 10_000)
+    assert ctx.wtile == {} and jobs[0].w == "a_w"
+    # a one-vector (dense) matrix beyond a tile streams in the forward; here it keeps its port
+    big = 1_000_000
+    assert not weight_resident(big, 2, 6_000_000, 1)
+    jobs = [_job(0, 1000, 1000, "fc_w", vec=1)]
+    ctx = _ctx(jobs, 0)
+    _tile_weights(ctx, 0, 16, 6_000_000)
+    assert ctx.wtile == {} and jobs[0].w == "fc_w"
