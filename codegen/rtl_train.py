@@ -81,6 +81,7 @@ class TrainLayer:
     inputs: tuple = ()        # the board layers it reads, in order ("": the board's input vector)
     fork_cycles: int = 0      # two board layers read its output: the backward sum of their gradients
     dx: bool = True           # builds its input-gradient engine (fpga_models.gradients: not for the model input)
+    bias: bool = True         # a dense / conv2d layer's bias (bias: false: no bias sums, none in the ring, b stays 0)
 
     @property
     def bwd_cycles(self) -> int:
@@ -420,7 +421,7 @@ def _train_layer(l, f) -> TrainLayer:
                 raise Unsupported(f"layer {name}: the planner prices its window generator ({win} cycles a sample) "
                                   f"above its MVU ({fc}); the training engine reads its image from memory")
         return TrainLayer(name, l.type, ident, l.in_elems, l.out_elems, pe=f.pe, simd=f.simd, fwd_cycles=fc,
-                          bwd_in_cycles=bi, bwd_w_cycles=bw,
+                          bwd_in_cycles=bi, bwd_w_cycles=bw, bias=bool(l.attr.get("bias", True)),
                           update_cycles=engines.sgd_update_cycles(mh, mw, f.pe, f.simd), mh=mh, mw=mw, geom=geom)
     lanes = f.ew_lanes if f is not None else 1
     if l.type == "flatten":
@@ -465,7 +466,7 @@ def _flat_layers(b) -> list[tuple[object, int, int]]:
     out, off = [], 0
     for l in b.layers:
         if l.kind in TRAINED_KINDS:           # the MH x MW matrix, then MH biases (batchnorm: C scales, C shifts)
-            n = l.mh * l.mw + l.mh
+            n = l.mh * l.mw + (l.mh if l.bias else 0)   # a layer without a bias reduces no bias sums
             out.append((l, off, n))
             off += n
     return out
@@ -594,7 +595,7 @@ def _board_ctx(td: TrainDesign, b: TrainBoard, first: bool, last: bool, in_lanes
     for l in b.layers:
         d = {"step": {sfx: index[f"{l.ident}_{sfx}"] for sfx in ("f", "bi", "bw", "b") if f"{l.ident}_{sfx}" in index},
              "ident": l.ident, "kind": l.kind, "n_in": l.n_in, "n_out": l.n_out, "pe": l.pe, "simd": l.simd,
-             "lanes": l.lanes, "mh": l.mh, "mw": l.mw, "g": l.geom}
+             "lanes": l.lanes, "mh": l.mh, "mw": l.mw, "g": l.geom, "nb": int(l.bias)}
         if l.kind in WEIGHT_KINDS:
             d["addr_w"] = clog2(max(2, (l.mh // l.pe) * (l.mw // l.simd)))
         elif l.kind in ("maxpool", "avgpool", "globalavgpool"):
@@ -859,7 +860,7 @@ def train_manifest(td: TrainDesign, plan, files: list[str]) -> dict:
     """rtl/train/manifest.json: what `bapipe rtlsim` needs to run and check the training build."""
     dense = [{"name": l.name, "ident": l.ident, "mh": l.mh, "mw": l.mw, "pe": l.pe, "simd": l.simd,
               **({"conv": [l.mh, l.geom["c"], l.geom["k"], l.geom["k"]]} if l.kind == "conv2d" else {}),
-              **({"bn": True} if l.kind == "batchnorm" else {})}
+              **({"bn": True} if l.kind == "batchnorm" else {}), **({"bias": False} if not l.bias else {})}
              for b in td.boards if b.rank == 0 for l in b.layers if l.kind in TRAINED_KINDS]
     return {
         "training": True, "plan": plan.fingerprint(), "model": plan.model, "number_format": td.fmt,
@@ -924,13 +925,16 @@ def train_reference_from_manifest(man: dict, rtl_dir, x_q, labels, iterations: i
         if "conv" in l:                          # (O, K*K*C) -> (O, C, K, K)
             o, c, kh, kw = l["conv"]
             w = w.reshape(o, kh, kw, c).transpose(0, 3, 1, 2)
-        params[l["name"]] = {"w": w, "b": read_hex((Path(rtl_dir) / f"{l['ident']}{sfx0}_b.hex").read_text(), man["elem_w"])}
+        params[l["name"]] = {"w": w}
+        if l.get("bias", True):                  # bias: false: the model's layer has none (the engines' stays 0)
+            params[l["name"]]["b"] = read_hex((Path(rtl_dir) / f"{l['ident']}{sfx0}_b.hex").read_text(), man["elem_w"])
     c = man["sgd"]
     consts = tfx.SgdConstants(mu=c["mu"], lr=c["lr"], lr_scale=c["lr_scale"], shift=c["shift"])
     snaps, outs, dys = train_reference(model, params, man["microbatches"], man["number_format"], consts, x_q, labels,
                                        iterations, man.get("microbatch_size", 1))
     # the engines' weight memories hold MH x MW matrices: compare conv weights in that form
-    snaps = [{n: ({"w": weight_matrix(p["w"]), "b": p["b"]} if "w" in p else {"w": p["scale"].reshape(-1, 1),
+    snaps = [{n: ({"w": weight_matrix(p["w"]), "b": p["b"] if "b" in p else np.zeros(len(p["w"]), dtype=np.int64)}
+                  if "w" in p else {"w": p["scale"].reshape(-1, 1),
                                                                               "b": p["shift"]})
               for n, p in snap.items()} for snap in snaps]
     return snaps, outs, dys
