@@ -157,6 +157,7 @@ class BwdCtx:
     mac: object = None   # time-multiplexed: the MVU turns' shared arrays (codegen.hls_mac.BwdMacShare)
     copies: list[dict] = field(default_factory=list)   # on-chip copies of the m_axi weights, filled once a call
     wtile: dict = field(default_factory=dict)   # time-multiplexed, weights not all resident: the tile (hls_bwd._tile_weights)
+    wstream: dict = field(default_factory=dict)   # ... and the one-vector matrices streamed (hls_bwd._stream_weights)
 
     @property
     def declared_streams(self) -> list[BStream]:
@@ -628,6 +629,7 @@ def build_bwd(plan, model, st, sc, fmt, board=None) -> BwdCtx:
         _sequence_turns(ctx, b.turn_of, frame_elems, W, mem)
         _share_arrays(ctx, st.index, W)
         _tile_weights(ctx, st.index, W, budget)
+        _stream_weights(ctx, st.index, W)
     return ctx
 
 
@@ -735,6 +737,41 @@ def _tile_weights(ctx: BwdCtx, index: int, width: int, budget: int | None) -> No
     ctx.wtile = {"tile": tile, "fetches": fetches, "shapes": shapes, "epw": AXI_BITS // width,
                  "params": [f"const data_t {n}{''.join(f'[{d}]' for d in wdims[n])}" for _t, n, _h, _w in fetches]
                  + [tile.decl], "args": [n for _t, n, _h, _w in fetches] + [tile.name]}
+
+
+def _stream_weights(ctx: BwdCtx, index: int, width: int) -> None:
+    """A time-multiplexed backward kernel without copies: each MVU turn with an input gradient
+    of one vector a sample (dense) whose matrix the tile does not hold reads it from a two-deep
+    FIFO ``s<i>_bwd_ws`` of PE x SIMD words, filled once a vector in row order by
+    ``s<i>_bwd_mac_wstream`` (bapipe::weight_stream_rows, a process beside the MAC function),
+    and sums its input gradient in row order (bwd_mac_in_ws / bwd_mac_out_ws): no m_axi read
+    inside the MAC loop. ``ctx.wstream``: the FIFO, the turns, their (turn, array, MH, MW, PE,
+    SIMD, vectors) and the producer's parameters."""
+    from .hls_mac import _decl_name
+
+    mac = ctx.mac
+    if mac is None or ctx.copies:
+        return
+    wdims = {w.name: tuple(int(d) for d in re.findall(r"\[(\d+)\]", w.dims)) for w in ctx.weights}
+    js = [j for j in mac.jobs if j.dx and j.vec == 1 and wdims.get(j.w) == (j.mh, j.mw)]
+    if not js:
+        return
+    ls = max(j.pe * j.simd for j in js)
+    name = f"s{index}_bwd_ws"
+    fifo = BStream(name, f"bapipe::bvec<{ls}>", STREAM_DEPTH, ls * width)
+    mac.streams = sorted(mac.streams + [fifo], key=lambda v: v.name)
+    ctx.streams = ctx.streams + [fifo]   # its bytes (declared by the MVU turns' function)
+    ctx.arrays = ctx.arrays + [BArray(f"{mac.name}.accw", "acc_t", (mac.mw,), mac.xb, "lutram", local=True)]
+    moved = {j.w for j in js}
+    still = {j.w for j in mac.jobs if j not in js}
+    decls = {_decl_name(d): d for d in mac.mac_params if _decl_name(d) not in moved - still}
+    decls[name] = f"hls::stream<bapipe::bvec<{ls}> > &{name}"
+    mac.mac_params = [decls[n] for n in sorted(decls)]
+    ws = sorted(moved)
+    ctx.wstream = {"name": name, "ls": ls, "turns": [j.turn for j in js],
+                   "jobs": [(j.turn, j.w, j.mh, j.mw, j.pe, j.simd, j.vec) for j in js],
+                   "params": [f"const data_t {n}{''.join(f'[{d}]' for d in wdims[n])}" for n in ws]
+                   + [f"hls::stream<bapipe::bvec<{ls}> > &{name}"], "args": ws + [name]}
 
 
 def _lb_partitions(kh: int, kw: int, sh: int, w: int, c: int, lin: int, lout: int) -> list[tuple[int, int]]:
