@@ -761,7 +761,7 @@ def _stream_weights(ctx: BwdCtx, index: int, width: int) -> None:
     fifo = BStream(name, f"bapipe::bvec<{ls}>", STREAM_DEPTH, ls * width)
     mac.streams = sorted(mac.streams + [fifo], key=lambda v: v.name)
     ctx.streams = ctx.streams + [fifo]   # its bytes (declared by the MVU turns' function)
-    ctx.arrays = ctx.arrays + [BArray(f"{mac.name}.accw", "acc_t", (mac.mw,), mac.xb, "lutram", local=True)]
+    ctx.arrays = ctx.arrays + [BArray(f"{mac.name}.accw", "acc_t", (mac.mw,), mac.xb, "bram", local=True)]
     moved = {j.w for j in js}
     still = {j.w for j in mac.jobs if j not in js}
     decls = {_decl_name(d): d for d in mac.mac_params if _decl_name(d) not in moved - still}

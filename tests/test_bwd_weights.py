@@ -85,7 +85,7 @@ def _ctx(jobs, onchip):
 def test_tile_takes_what_the_share_leaves():
     """The tile (largest MH x largest MW of its matrices, 2-byte elements) holds the smallest
     matrices that fit the kernel's budget less its other on-chip bytes; the others, a turn
-    without dx, and a one-vector dense matrix beyond budget // WEIGHT_TILE_SHARE keep their ports."""
+    without dx, and a one-vector dense matrix beyond budget // WEIGHT_TILE_SHARE are not tiled (_stream_weights takes the latter)."""
     from codegen.hls_bwd import _tile_weights
     from fpga_models.allocate import weight_resident
 
@@ -155,7 +155,7 @@ def test_tiny_cnn_backward_streams_a_dense_matrix(tmp_path, monkeypatch):
 def test_tiny_cnn_streamed_backward_weights_bit_exact(tmp_path, monkeypatch):
     """The same kernel in C-simulation: 0 LSB against train_fixed (dx summed in row order is the
     same exact integer sum), the weight FIFO never beyond its depth 2, cycles per sample within
-    10% of the plan (measured 3,561 vs 3,483: the tile fills, 56 beats + 4, are not in the plan;
+    10% of the plan (measured 3,561 vs 3,483: the tile fills, 54 beats + 4, are not in the plan;
     the stream overlaps the MAC)."""
     from test_csim_bwd_tm import _csim_stage
 
