@@ -29,8 +29,29 @@ from dataclasses import dataclass, field, replace
 _MVU = re.compile(r"^bapipe::(mvu|mvu_tile|mvu_fifo)<([^>]*)>\((.*)\)$")
 
 
+class _Folding:
+    """A matrix turn's folding (mh x mw on pe x simd lanes), shared by forward and backward jobs."""
+
+    mh: int
+    mw: int
+    pe: int
+    simd: int
+
+    @property
+    def nf(self) -> int:
+        return self.mh // self.pe
+
+    @property
+    def sf(self) -> int:
+        return self.mw // self.simd
+
+    @property
+    def lanes(self) -> int:
+        return self.pe * self.simd
+
+
 @dataclass
-class MacJob:
+class MacJob(_Folding):
     """One MVU turn's use of the shared array."""
 
     turn: int            # the turn's index in the sequencer (t)
@@ -48,18 +69,6 @@ class MacJob:
     half: int = 0        # tile: the buffer half
     off: str = "0L"      # tile: element offset
     buf_n: int = 0       # tile: elements of a half
-
-    @property
-    def nf(self) -> int:
-        return self.mh // self.pe
-
-    @property
-    def sf(self) -> int:
-        return self.mw // self.simd
-
-    @property
-    def lanes(self) -> int:
-        return self.pe * self.simd
 
     @property
     def source(self) -> str:
@@ -209,7 +218,7 @@ def _decl_name(decl: str) -> str:
 
 
 @dataclass
-class BwdJob:
+class BwdJob(_Folding):
     """One backward MVU turn's use of the shared weight-gradient and input-gradient arrays
     (what its ``bapipe::mvu_bwd`` call did on arrays of its own)."""
 
@@ -233,18 +242,6 @@ class BwdJob:
     dw: str
     db: str
     vec: int           # vectors a sample
-
-    @property
-    def nf(self) -> int:
-        return self.mh // self.pe
-
-    @property
-    def sf(self) -> int:
-        return self.mw // self.simd
-
-    @property
-    def lanes(self) -> int:
-        return self.pe * self.simd
 
     @property
     def steps(self) -> int:

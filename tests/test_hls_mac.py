@@ -20,6 +20,15 @@ from codegen.hls_mac import mac_lanes, share_mac
 CYCLE_TOL = 0.10
 
 
+def assert_exact_on_plan(r: dict) -> None:
+    """A stage's csim result: ran, 0 LSB, no stream beyond its declared depth, cycles per sample
+    within CYCLE_TOL of the plan."""
+    assert r.get("error") is None, r
+    assert r["max_abs_err_lsb"] == 0, r
+    assert all(s["peak"] <= s["depth"] for s in r["streams"].values())
+    assert abs(r["cycles_per_sample"] - r["plan_cycles_per_sample"]) <= CYCLE_TOL * r["plan_cycles_per_sample"], r
+
+
 def _tiny_cnn_tm(tmp_path, mode: str):
     """tiny-cnn as one time-multiplexed stage (the planner at cap 0.01, all layers on one
     U250): the plan, and the build `bapipe gen` writes."""
@@ -173,10 +182,7 @@ def test_tiny_cnn_shared_backward_arrays_bit_exact_and_on_plan(tmp_path):
 
     plan, _out = _tiny_cnn_tm(tmp_path, "train")
     r = _csim_stage(plan, tmp_path / "b", 0)
-    assert r.get("error") is None, r
-    assert r["max_abs_err_lsb"] == 0, r
-    assert all(s["peak"] <= s["depth"] for s in r["streams"].values())
-    assert abs(r["cycles_per_sample"] - r["plan_cycles_per_sample"]) <= CYCLE_TOL * r["plan_cycles_per_sample"], r
+    assert_exact_on_plan(r)
 
 
 @pytest.mark.soak   # the planner's VGG-16 plan rendered in memory with zero weights (~1 min, ~3 GB)
