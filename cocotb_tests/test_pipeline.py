@@ -34,6 +34,8 @@ def _rtlsim(build: Path, samples: int) -> dict:
     return result
 
 
+@pytest.mark.slow
+@pytest.mark.soak  # ~35 s: make test-all; tests/test_rtlsim_cpp.py runs the same 3-board build against numpy in make test, test_agreement the cycles vs plan
 def test_tiny_mlp_3_boards():
     from cocotb_tests.plans import tiny_mlp_plan
     r = _rtlsim(_gen(tiny_mlp_plan(3), "tiny-mlp-3"), samples=12)

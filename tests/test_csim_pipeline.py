@@ -76,6 +76,7 @@ def test_whole_model_reference_is_independent_of_the_chain(tmp_path):
     assert y.shape == (3, 10) and len({tuple(v) for v in y}) == 3 and np.abs(y).max() > 10
 
 
+@pytest.mark.soak  # 10 kernels compiled cold (~54 s on 2 cores): make test-all; test_skip_fifo_depth_is_needed_... keeps a residual skip in make test
 def test_residual_model_with_skips_across_cuts(tmp_path):
     from codegen.csim import csim_project
 
