@@ -628,7 +628,7 @@ def build_bwd(plan, model, st, sc, fmt, board=None) -> BwdCtx:
         frame_elems = {s: elems[t] for t, parts in contrib.items() for s, _l in parts}
         _sequence_turns(ctx, b.turn_of, frame_elems, W, mem)
         _share_arrays(ctx, st.index, W)
-        _tile_weights(ctx, st.index, W, budget)
+        _tile_weights(ctx, st.index, W, mem.tile, {f"aw_{ident(l.name)}": l.name for l in layers})
         _stream_weights(ctx, st.index, W)
     return ctx
 
@@ -684,37 +684,31 @@ def _share_arrays(ctx: BwdCtx, index: int, width: int) -> None:
         BArray(f"{mac.name}.xs", "data_t", (mac.mw,), width, "lutram", local=True)]
 
 
-def _tile_weights(ctx: BwdCtx, index: int, width: int, budget: int | None) -> None:
+def _tile_weights(ctx: BwdCtx, index: int, width: int, plan_tile, layer_of: dict[str, str]) -> None:
     """A time-multiplexed backward kernel whose weights do not all fit on chip (no ``copies``):
-    each MVU turn with an input gradient whose matrix is a tile by the forward's rule
-    (fpga_models.allocate.weight_resident) reads it from one on-chip tile ``s<i>_bwd_wt`` (the
-    largest such MH x the largest MW, partitioned as the turn reads it, PE x SIMD a cycle),
-    which ``s<i>_bwd_wfetch`` fills before the turn, every sample, from its m_axi array in
-    512-bit beats (the port widened: bapipe::weight_tile), so the MAC loop reads no m_axi.
-    A matrix beyond a tile, or beyond what the kernel's share leaves for the tile (smallest
-    matrices first), still is read in place (not streamed yet). ``ctx.wtile``: the tile
-    (BArray), the fetches (turn, weight array, MH, MW) and every array's dims the MAC reads."""
+    each MVU turn the plan tiles (``plan_tile``, fpga_models.bwd_memory.BwdMemory.tile: the
+    matrices, smallest first, that what the kernel's share leaves holds; the planner prices its
+    fills) reads its matrix from one on-chip tile ``s<i>_bwd_wt`` (the largest such MH x the
+    largest MW, partitioned as the turn reads it, PE x SIMD a cycle), which ``s<i>_bwd_wfetch``
+    fills before the turn, every sample, from its m_axi array in 512-bit beats (the port
+    widened: bapipe::weight_tile), so the MAC loop reads no m_axi. The other matrices are read
+    in place or streamed (:func:`_stream_weights`). ``layer_of``: a job's accumulator -> its
+    layer. ``ctx.wtile``: the tile (BArray), the fetches (turn, weight array, MH, MW) and every
+    array's dims the MAC reads."""
     from .hls_mac import _decl_name
     from .hls_weights import BRAM_COPY_BYTES
-    from fpga_models.allocate import weight_resident
 
     mac = ctx.mac
-    if mac is None or ctx.copies:
+    if mac is None or ctx.copies or plan_tile is None:
         return
     eb = (width + 7) // 8
     wdims = {w.name: tuple(int(d) for d in re.findall(r"\[(\d+)\]", w.dims)) for w in ctx.weights}
-    cand = [j for j in mac.jobs if j.dx and wdims.get(j.w) == (j.mh, j.mw)
-            and weight_resident(j.mh * j.mw, eb, budget, j.vec)]
-    # the tile takes what the kernel's share leaves (smallest matrices first; the rest read in place)
-    left = None if budget is None else budget - ctx.onchip_bytes
-    keep: list = []
-    for j in sorted(cand, key=lambda j: (j.mh * j.mw, j.turn)):
-        if left is None or max(x.mh for x in keep + [j]) * max(x.mw for x in keep + [j]) * eb <= left:
-            keep.append(j)
-    tiled = [j for j in cand if j in keep]
-    if not tiled:
-        return
-    r, c = max(j.mh for j in tiled), max(j.mw for j in tiled)
+    want = set(plan_tile.layers)
+    tiled = [j for j in mac.jobs if j.dx and layer_of.get(j.aw) in want]
+    if sorted(layer_of[j.aw] for j in tiled) != sorted(want) or any(wdims.get(j.w) != (j.mh, j.mw) for j in tiled):
+        raise ValueError(f"s{index}_bwd: the planned weight tile's matrices {sorted(want)} are not the kernel's "
+                         f"MVU turns with dx {sorted(layer_of.get(j.aw, j.aw) for j in tiled)}")
+    r, c = plan_tile.rows, plan_tile.cols
     tile = BArray(f"s{index}_bwd_wt", "data_t", (r, c), width, "bram" if r * c * eb <= BRAM_COPY_BYTES else "uram",
                   partitions=[(max(j.pe for j in tiled), 1), (max(j.simd for j in tiled), 2)])
     ctx.arrays = ctx.arrays + [tile]

@@ -21,8 +21,15 @@ memory: written in 512-bit words by its writer's turn, read back by its reader's
 at least fpga_models.engines.frame_io_cycles -- cycles the plan charges
 (:func:`tm_bwd_spill_cycles`) and the kernel spends.
 
+A time-multiplexed kernel whose weights are not all copied on chip reads the smaller matrices
+of its turns with an input gradient from one on-chip weight tile (:func:`choose_tile`: what
+the share leaves), filled before each such turn every sample, in 512-bit beats not overlapped
+with the turn (:func:`tile_fill_cycles`, which the plan charges beside the frames:
+:func:`tm_bwd_extra_cycles`).
+
 Read by the planner (planner.search: the stage's backward time) and codegen.hls_bwd (which
-frames and accumulators it puts off chip), so the two cannot disagree.
+frames and accumulators it puts off chip, which matrices its tile holds), so the two cannot
+disagree.
 """
 from __future__ import annotations
 
@@ -91,6 +98,7 @@ class BwdMemory:
     other_bytes: int                   # the fixed buffers besides the accumulators
     frames: tuple = ()                 # GradFrame, time-multiplexed stages only
     frames_off: tuple = ()             # per frame: off chip
+    tile: "WeightTile | None" = None   # time-multiplexed, weights not all copied: the tile built
 
     @property
     def fixed_bytes(self) -> int:
@@ -115,7 +123,24 @@ class BwdMemory:
                 "accumulators": [{"layer": n, "bytes": b, "onchip": self.acc_onchip[n]}
                                  for n, b in self.acc_bytes.items()],
                 "frames": [{"tensor": f.tensor, "writer": f.writer, "reader": f.reader, "bytes": f.nbytes,
-                            "lanes": f.lanes, "offchip": o} for f, o in zip(self.frames, self.frames_off)]}
+                            "lanes": f.lanes, "offchip": o} for f, o in zip(self.frames, self.frames_off)],
+                **({"weight_tile": {"rows": self.tile.rows, "columns": self.tile.cols,
+                                    "layers": list(self.tile.layers)}} if self.tile is not None else {})}
+
+
+@dataclass(frozen=True)
+class WeightTile:
+    """The one on-chip weight tile of a time-multiplexed backward kernel (:func:`bwd_tile`):
+    ``rows`` x ``cols`` elements, filled before the turn of each of ``layers`` (layer order),
+    every sample, with that layer's matrix (MH x MW) -- ``fills``, (layer, MH, MW)."""
+
+    rows: int
+    cols: int
+    fills: tuple                       # (layer, MH, MW) per tiled turn, layer order
+
+    @property
+    def layers(self) -> tuple[str, ...]:
+        return tuple(n for n, _h, _w in self.fills)
 
 
 def _active(model: Model, layers: Sequence[Layer]) -> tuple[set[str], set[str]]:
@@ -314,18 +339,52 @@ def bwd_weight_tile(model: Model, layers: Sequence[Layer], fmt: str, budget: int
     on chip (:func:`bwd_weight_bytes` 0): the largest MH and the largest MW of the matrix layers
     computing dx whose matrix is a tile by the forward's rule (fpga_models.allocate
     .weight_resident); None when there is none."""
+    tiled = [(h, w) for _n, h, w in tile_candidates(model, layers, fmt, budget)]
+    return (max(r for r, _c in tiled), max(c for _r, c in tiled)) if tiled else None
+
+
+def tile_candidates(model: Model, layers: Sequence[Layer], fmt: str, budget: int | None) -> list[tuple[str, int, int]]:
+    """(layer, MH, MW) of the matrix layers computing dx whose matrix is a tile by the forward's
+    rule (fpga_models.allocate.weight_resident), layer order, when the backward kernel's weights
+    are not all copied on chip (:func:`bwd_weight_bytes` 0); else none."""
     eb = bytes_per_element(fmt)
     if bwd_weight_bytes(model, layers, fmt, budget):
-        return None
+        return []
     active, needed = _active(model, layers)
-    tiled = []
+    out = []
     for l in layers:
         if l.name in active and l.type in ("dense", "conv2d") and l.inputs[0] in needed:
             mh, mw, pix = matrix_shape(l)
             vec = int(round(pix)) if l.type == "conv2d" else int(prod(l.in_shapes[0][:-1]))
             if weight_resident(int(mh) * int(mw), eb, budget, vec):
-                tiled.append((int(mh), int(mw)))
-    return (max(r for r, _c in tiled), max(c for _r, c in tiled)) if tiled else None
+                out.append((l.name, int(mh), int(mw)))
+    return out
+
+
+def choose_tile(cands: Sequence[tuple[str, int, int]], eb: int, left: float | None) -> WeightTile | None:
+    """The tile's matrices among ``cands`` ((layer, MH, MW) in layer order): smallest MH x MW
+    first (ties: the earlier turn, i.e. the later layer) while the largest MH x the largest MW of
+    those taken fits ``left`` bytes (None: no limit); the rest are read in place or streamed
+    (codegen.hls_bwd). None when none fits."""
+    pos = {n: k for k, (n, _h, _w) in enumerate(cands)}
+    keep: list = []
+    for c in sorted(cands, key=lambda c: (c[1] * c[2], -pos[c[0]])):
+        if left is None or max(x[1] for x in keep + [c]) * max(x[2] for x in keep + [c]) * eb <= left:
+            keep.append(c)
+    if not keep:
+        return None
+    fills = tuple(c for c in cands if c in keep)
+    return WeightTile(max(h for _n, h, _w in fills), max(w for _n, _h, w in fills), fills)
+
+
+def tile_fill_cycles(tile: WeightTile | None, fmt: str) -> int:
+    """Cycles a sample the tile's fills take (codegen's bapipe::weight_tile, before each tiled
+    turn, not overlapped with it): per tiled matrix its 512-bit beats plus the loop's 2 cycles
+    of pipeline depth (its BAPIPE_LOOP)."""
+    if tile is None:
+        return 0
+    bits = 8 * bytes_per_element(fmt)
+    return sum(-(-mh * mw * bits // 512) + 2 for _n, mh, mw in tile.fills)
 
 
 def place_accumulators(acc_bytes: dict[str, int], room: float) -> dict[str, bool]:
@@ -362,7 +421,23 @@ def bwd_memory(model: Model, layers: Sequence[Layer], board: Board | None, foldi
     frames = bwd_frames(model, layers, folding, fmt)
     off = (frames_offchip([f.nbytes for f in frames], mem.fixed_bytes, budget) if budget is not None
            else [False] * len(frames))
-    return BwdMemory(budget, onchip, acc, other, tuple(frames), tuple(off))
+    planned = BwdMemory(budget, onchip, acc, other, tuple(frames), tuple(off))
+    # the tile built: what the share leaves beside the kernel's other bytes (the reservation aside)
+    if tile is None:
+        return planned
+    left = None if budget is None else budget - (planned.onchip_bytes - tile[0] * tile[1] * bytes_per_element(fmt))
+    return BwdMemory(budget, onchip, acc, other, tuple(frames), tuple(off),
+                     choose_tile(tile_candidates(model, layers, fmt, budget), bytes_per_element(fmt), left))
+
+
+def tm_bwd_extra_cycles(model: Model, layers: Sequence[Layer], board: Board, folding: dict[str, tuple[int, int]],
+                        fmt: str, budget: int | None, samples: int) -> int:
+    """Backward cycles per sample a time-multiplexed stage spends beyond its layers' own: its
+    off-chip gradient frames (:func:`tm_bwd_spill_cycles`) and its weight tile's fills
+    (:func:`tile_fill_cycles`); what the planner adds to the stage's backward time."""
+    mem = bwd_memory(model, layers, board, folding, fmt, budget, samples, True)
+    return tm_bwd_spill_cycles(model, layers, board, folding, fmt, budget, samples, mem) + tile_fill_cycles(mem.tile,
+                                                                                                          fmt)
 
 
 def tm_bwd_spill_cycles(model: Model, layers: Sequence[Layer], board: Board, folding: dict[str, tuple[int, int]],

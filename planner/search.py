@@ -24,7 +24,7 @@ from fpga_models.cluster import Cluster
 
 from . import partition as part
 from fpga_models.allocate import allocate_stage, engine_share, kernel_onchip_budget, tm_spill_cycles, tm_weight_cycles
-from fpga_models.bwd_memory import tm_bwd_spill_cycles
+from fpga_models.bwd_memory import tm_bwd_extra_cycles
 from fpga_models.gradients import no_input_gradient
 
 from .peer_pipedream import PeerInput, cluster_levels, solve as peer_solve
@@ -1362,11 +1362,11 @@ class Explorer:
                     r["fwd_s"] = max(r["compute_f"], r["traffic_f"])
                     if c.recompute and self.train:   # the recomputed forward waits on them too
                         r["compute_b"] += spill
-                    if self.train:   # and the backward kernel's turns on its off-chip gradient frames
+                    if self.train:   # and the backward kernel's turns on its off-chip frames and weight tile fills
                         bkey = ("bspill", a, b, btype, c.v, c.m * beta)
                         if bkey not in self._links:
                             lyr = list(self.model.layers[a:b + 1])
-                            self._links[bkey] = tm_bwd_spill_cycles(
+                            self._links[bkey] = tm_bwd_extra_cycles(
                                 self.model, lyr, table.board, fold, self.req.fmt,
                                 kernel_onchip_budget(table.board, self.req.cap, c.v, True), c.m * beta)
                         r["compute_b"] += self._links[bkey] * beta / table.board.clock_hz

@@ -14,11 +14,14 @@ import pytest
 from bapipe import toolchain
 
 def _not_resident(monkeypatch):
-    """The backward kernel's weights fail the all-resident rule (hls_bwd._copy_weights makes no
-    copies); the plan and the forward kernel stay the default's."""
+    """The backward kernel's weights fail the all-resident rule, in the plan's backward memory
+    (fpga_models.bwd_memory: no copies, a weight tile whose fills the planner prices) and in the
+    lowering (hls_bwd._copy_weights makes no copies); the forward's rule stays the default's."""
     import codegen.hls_bwd as hb
+    import fpga_models.bwd_memory as bm
 
     monkeypatch.setattr(hb, "_copy_weights", lambda *a, **k: [])
+    monkeypatch.setattr(bm, "weights_all_resident", lambda *a, **k: False)
 
 
 @pytest.mark.slow   # plans and generates tiny-cnn (~3 s)
@@ -49,8 +52,9 @@ def test_tiny_cnn_backward_reads_weights_from_a_tile(tmp_path, monkeypatch):
                     reason="needs g++ and the hls4ml ap_types headers")
 def test_tiny_cnn_tiled_backward_weights_bit_exact(tmp_path, monkeypatch):
     """The same kernel in C-simulation: input gradient and weight-gradient sums 0 LSB against
-    train_fixed, no stream beyond its depth; cycles per sample within 10% of the plan (the tile
-    fills, (640 + 1152 + 576) / 32 = 74 beats a sample, are not in the plan)."""
+    train_fixed, no stream beyond its depth; cycles per sample within 10% of the plan, which
+    prices the tile fills ((640 + 1152 + 576) / 32 = 74 beats + 3 x 2 a sample:
+    fpga_models.bwd_memory.tile_fill_cycles)."""
     from test_csim_bwd_tm import _csim_stage
     from test_hls_mac import _tiny_cnn_tm, assert_exact_on_plan
 
@@ -63,7 +67,7 @@ def test_tiny_cnn_tiled_backward_weights_bit_exact(tmp_path, monkeypatch):
 def _job(turn, mh, mw, w, dx=True, vec=16, pe=1, simd=8):
     from types import SimpleNamespace
 
-    return SimpleNamespace(turn=turn, mh=mh, mw=mw, w=w, dx=dx, vec=vec, pe=pe, simd=simd)
+    return SimpleNamespace(turn=turn, mh=mh, mw=mw, w=w, aw=f"aw_{w[:-2]}", dx=dx, vec=vec, pe=pe, simd=simd)
 
 
 def _ctx(jobs, onchip):
@@ -76,49 +80,60 @@ def _ctx(jobs, onchip):
 
 
 def test_tile_takes_what_the_share_leaves():
-    """The tile (largest MH x largest MW of its matrices, 2-byte elements) holds the smallest
-    matrices that fit the kernel's budget less its other on-chip bytes; the others, a turn
-    without dx, and a one-vector dense matrix beyond budget // WEIGHT_TILE_SHARE are not tiled (_stream_weights takes the latter)."""
+    """fpga_models.bwd_memory.choose_tile: the tile (largest MH x largest MW of its matrices,
+    2-byte elements) holds the smallest matrices (ties: the later layer, whose turn is earlier)
+    that fit the bytes the share leaves; no room, no tile. Its fills: 512-bit beats + 2 a
+    matrix. The lowering builds exactly the plan's tile (hls_bwd._tile_weights), and refuses a
+    tile whose matrices are not its turns with dx."""
     from codegen.hls_bwd import _tile_weights
-    from fpga_models.allocate import weight_resident
+    from fpga_models.bwd_memory import WeightTile, choose_tile, tile_fill_cycles
+
+    cands = [("a", 10, 64), ("b", 16, 72), ("c", 8, 72)]
+    # 1,440 bytes left: c (8 x 72, 1,152) and a (10 x 72 = 1,440 with c) fit, b (16 x 72 = 2,304) not
+    t = choose_tile(cands, 2, 1_440)
+    assert t == WeightTile(10, 72, (("a", 10, 64), ("c", 8, 72))) and t.layers == ("a", "c")
+    assert choose_tile(cands, 2, 1_439) == WeightTile(8, 72, (("c", 8, 72),))
+    assert choose_tile(cands, 2, 1_151) is None
+    assert choose_tile(cands, 2, None) == WeightTile(16, 72, tuple(cands))
+    # equal sizes: the later layer's first; the other does not fit beside it (4 x 8 x 2 = 64 > 32)
+    assert choose_tile([("x", 2, 8), ("y", 4, 4)], 2, 32).layers == ("y",)
+    # fills a sample: ceil(640 x 16 / 512) + 2 and ceil(576 x 16 / 512) + 2
+    assert tile_fill_cycles(t, "fixed16") == (20 + 2) + (18 + 2) and tile_fill_cycles(None, "fixed16") == 0
 
     jobs = [_job(0, 10, 64, "a_w"), _job(3, 16, 72, "b_w"), _job(5, 8, 72, "c_w"), _job(7, 8, 9, "d_w", dx=False)]
     ctx = _ctx(jobs, 10_000)
-    # 1,440 bytes left: a (10 x 64 = 1,280) and c (10 x 72 = 1,440 with a) fit, b (16 x 72 = 2,304) not
-    _tile_weights(ctx, 0, 16, 10_000 + 1_440)
+    _tile_weights(ctx, 0, 16, t, {f"aw_{n}": n for n in "abcd"})
     assert [f[:2] for f in ctx.wtile["fetches"]] == [(0, "a_w"), (5, "c_w")]
     assert ctx.arrays[0].dims == (10, 72) and ctx.arrays[0].bytes == 1_440
     assert [j.w for j in jobs] == ["s0_bwd_wt", "b_w", "s0_bwd_wt", "d_w"]
     assert ctx.wtile["shapes"] == {"s0_bwd_wt": (10, 72), "b_w": (16, 72), "d_w": (8, 9)}
     assert sorted(ctx.mac.mac_params) == sorted(["const data_t b_w[16][72]", "const data_t d_w[8][9]",
                                                  "data_t s0_bwd_wt[10][72]"])
-    # no room: nothing changes
+    # no planned tile: nothing changes
     jobs = [_job(0, 10, 64, "a_w")]
     ctx = _ctx(jobs, 10_000)
-    _tile_weights(ctx, 0, 16, 10_000)
+    _tile_weights(ctx, 0, 16, None, {"aw_a": "a"})
     assert ctx.wtile == {} and jobs[0].w == "a_w"
-    # a one-vector (dense) matrix beyond a tile streams in the forward; here it keeps its port
-    big = 1_000_000
-    assert not weight_resident(big, 2, 6_000_000, 1)
-    jobs = [_job(0, 1000, 1000, "fc_w", vec=1)]
-    ctx = _ctx(jobs, 0)
-    _tile_weights(ctx, 0, 16, 6_000_000)
-    assert ctx.wtile == {} and jobs[0].w == "fc_w"
+    # a planned matrix the kernel's turns with dx do not have (d computes none): refused
+    jobs = [_job(7, 8, 9, "d_w", dx=False)]
+    with pytest.raises(ValueError, match="planned weight tile"):
+        _tile_weights(_ctx(jobs, 0), 0, 16, WeightTile(8, 9, (("d", 8, 9),)), {"aw_d": "d"})
 
 
 def _tiny_cnn_streamed(tmp_path, monkeypatch):
-    """tiny-cnn's TM training plan (made first, untouched), then the backward forced off the
-    copies and every one-vector matrix made too big for a tile: fc (10 x 64, one vector a
-    sample) streams, conv3 and conv2 tile."""
+    """tiny-cnn's TM training plan with the backward forced off the copies and every one-vector
+    matrix made too big for a tile (in fpga_models.bwd_memory, so the plan prices the tile's
+    fills; the forward's rule untouched): fc (10 x 64, one vector a sample) streams, conv3 and
+    conv2 tile."""
     from bapipe.cli import main
 
-    import fpga_models.allocate as al
+    import fpga_models.bwd_memory as bm
 
+    _not_resident(monkeypatch)
+    monkeypatch.setattr(bm, "weight_resident", lambda elems, eb, budget, vectors=1: vectors > 1)
     plan = tmp_path / "plan.yaml"
     assert main(["plan", "tiny-cnn", "4xU250-ring", "--cap", "0.01", "--partition", "0-9", "--mode", "train",
                  "-o", str(plan), "--force"]) in (0, None)
-    _not_resident(monkeypatch)
-    monkeypatch.setattr(al, "weight_resident", lambda elems, eb, budget, vectors=1: vectors > 1)
     return plan
 
 
@@ -148,8 +163,8 @@ def test_tiny_cnn_backward_streams_a_dense_matrix(tmp_path, monkeypatch):
 def test_tiny_cnn_streamed_backward_weights_bit_exact(tmp_path, monkeypatch):
     """The same kernel in C-simulation: 0 LSB against train_fixed (dx summed in row order is the
     same exact integer sum), the weight FIFO never beyond its depth 2, cycles per sample within
-    10% of the plan (measured 3,561 vs 3,483: the tile fills, 54 beats + 4, are not in the plan;
-    the stream overlaps the MAC)."""
+    10% of the plan, which prices the tile fills (54 beats + 2 x 2 a sample; the stream overlaps
+    the MAC)."""
     from test_csim_bwd_tm import _csim_stage
     from test_hls_mac import assert_exact_on_plan
 
