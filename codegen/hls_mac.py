@@ -26,6 +26,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field, replace
 
+from .cxx_memory import split_args
+
 _MVU = re.compile(r"^bapipe::(mvu|mvu_tile|mvu_fifo)<([^>]*)>\((.*)\)$")
 
 
@@ -196,22 +198,6 @@ def mac_lanes(cpp: str) -> int:
 _MVU_BWD = re.compile(r"^bapipe::mvu_bwd<(.*)>\((.*)\)$")
 
 
-def _split_top(text: str) -> list[str]:
-    """Comma-separated items of ``text`` at template/parenthesis depth 0."""
-    out, depth, cur = [], 0, ""
-    for ch in text:
-        if ch in "<(":
-            depth += 1
-        elif ch in ">)":
-            depth -= 1
-        if ch == "," and depth == 0:
-            out.append(cur.strip())
-            cur = ""
-        else:
-            cur += ch
-    return out + [cur.strip()] if cur.strip() else out
-
-
 def _decl_name(decl: str) -> str:
     """The parameter a C declaration names (``const data_t *st_fc``, ``bapipe::gacc<37> aw[10][64]``)."""
     return re.match(r"^.*?(\w+)\s*(\[[^&*]*\])*$", decl.strip()).group(1)
@@ -252,7 +238,7 @@ def _bwd_job(turn: int, call: str) -> BwdJob | None:
     m = _MVU_BWD.match(call.strip())
     if m is None:
         return None
-    t, a = _split_top(m.group(1)), _split_top(m.group(2))
+    t, a = split_args(m.group(1)), split_args(m.group(2))
     vec = int(re.match(r"^\(long\)n \* (\d+)$", a[8]).group(1))
     return BwdJob(turn, int(t[0]), int(t[1]), int(t[2]), int(t[3]), t[4] == "1", int(t[5]), int(t[6]), int(t[7]),
                   int(t[8]), t[9], *a[:8], vec)
