@@ -224,6 +224,10 @@ def _add_args(name: str, p: argparse.ArgumentParser) -> None:
                        help="samples per iteration instead of the plan's (a multiple of its micro-batches; default: the plan's)")
         p.add_argument("--lr", type=float, default=None,
                        help="learning rate (default: the optimizer's rule for the plan's batch)")
+        from host.optim import DEFAULT_LR_SCHEDULE, LR_SCHEDULES   # lazily: the optimizer's schedules
+        p.add_argument("--lr-schedule", default=DEFAULT_LR_SCHEDULE, choices=LR_SCHEDULES,
+                       help="the rate over the epochs: linear steps it down once an epoch to 1/epochs of --lr, "
+                            f"constant keeps it (default: {DEFAULT_LR_SCHEDULE}; every backend applies the same steps)")
         p.add_argument("--seed", type=_seed, default=0, help="seed of the weights and the data order")
         p.add_argument("--precision", default="float32", choices=("float32", "fixed"),
                        help="float32, or fixed to round to the plan's number format")

@@ -53,7 +53,7 @@ module train_bn_unit #(
         .g_clr_bias(gclrb), .y(dx), .done(b_done), .g_tile(gt), .g_bias(gb), .ar_raddr(16'd0), .ar_we(1'b0),
         .ar_add(1'b0), .ar_waddr(16'd0), .ar_wdata(48'd0), .ar_rdata(ar_b));
     sgd_update #(.MW(1), .MH(C), .PE(C), .SIMD(1), .ELEM_W(16), .FRAC(10), .ACC_W(48), .ADDR_W(1),
-                 .MU_Q(MU_Q), .LR_Q(LR_Q), .LR_SHIFT(LR_SHIFT), .NAME("unit")) u (
+                 .MU_Q(MU_Q), .LR_TABLE(LR_Q[31:0]), .LR_SHIFT(LR_SHIFT), .NAME("unit")) u (
         .clk(clk), .rst(rst), .rd_a_addr(1'b0), .rd_a_tile(scale), .rd_b_addr(1'b0), .rd_b_tile(scale_b),
         .bias(shift), .start(u_start), .g_addr(ga), .g_clr(gclr), .g_clr_bias(gclrb), .g_tile(gt), .g_bias(gb),
         .done(u_done), .inflight(infl));

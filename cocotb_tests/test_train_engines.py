@@ -26,15 +26,22 @@ FMT = "fixed16"
 
 
 def _consts():
+    """A two-step rate schedule, one update a step: the second update runs at half the rate, so the
+    engine's own step counter (sgd_update LR_TABLE) is checked against train_fixed.SgdSchedule."""
     from fpga_models import train_fixed as tfx
-    return tfx.sgd_constants(0.05, 0.9, 3, tfx.get_formats(FMT))
+    return tfx.sgd_schedule(0.05, 0.9, 3, tfx.get_formats(FMT), [1.0, 0.5], 1)
+
+
+def _lr_params(s) -> dict:
+    """The wrappers' rate parameters of schedule ``s`` (two steps)."""
+    return {"MU_Q": s.steps[0].mu, "LR_Q0": s.steps[0].lr, "LR_Q1": s.steps[1].lr, "LR_SHIFT": s.steps[0].shift}
 
 WRAPPER = """
 `default_nettype none
 module train_dense_unit #(
     parameter integer MW = 8, parameter integer MH = 6, parameter integer PE = 2, parameter integer SIMD = 4,
-    parameter integer ADDR_W = 3, parameter integer MU_Q = 1, parameter integer LR_Q = 1,
-    parameter integer LR_SHIFT = 1
+    parameter integer ADDR_W = 3, parameter integer MU_Q = 1, parameter integer LR_Q0 = 1,
+    parameter integer LR_Q1 = 1, parameter integer LR_SHIFT = 1
 ) (
     input  wire clk, input wire rst,
     input  wire f_start, input wire [MW*16-1:0] x, output wire [MH*16-1:0] y, output wire f_done,
@@ -59,7 +66,8 @@ module train_dense_unit #(
         .clk(clk), .rst(rst), .start(bw_start), .dy(dy), .x(x), .done(bw_done), .g_addr(ga), .g_clr(gclr),
         .g_clr_bias(gclrb), .g_tile(gt), .g_bias(gb));
     sgd_update #(.MW(MW), .MH(MH), .PE(PE), .SIMD(SIMD), .ELEM_W(16), .FRAC(10), .ACC_W(48), .ADDR_W(ADDR_W),
-                 .MU_Q(MU_Q), .LR_Q(LR_Q), .LR_SHIFT(LR_SHIFT), .NAME("unit")) u (
+                 .MU_Q(MU_Q), .LR_STEPS(2), .LR_PERIOD(1), .LR_TABLE({LR_Q1[31:0], LR_Q0[31:0]}),
+                 .LR_SHIFT(LR_SHIFT), .NAME("unit")) u (
         .clk(clk), .rst(rst), .rd_a_addr(fa), .rd_a_tile(ft), .rd_b_addr(peek ? peek_addr : ba), .rd_b_tile(bt),
         .bias(bias), .start(u_start), .g_addr(ga), .g_clr(gclr), .g_clr_bias(gclrb), .g_tile(gt), .g_bias(gb),
         .done(u_done), .inflight(infl));
@@ -141,7 +149,7 @@ try:
                 dw, db = tfx.dense_bwd_weight(dy, x, tf)
                 acc += dw
                 gsum += db
-            w, b, got_w, got_b = await _update_and_read(dut, master, vel, acc, gsum, consts, tf, cyc["u"],
+            w, b, got_w, got_b = await _update_and_read(dut, master, vel, acc, gsum, consts.at(it), tf, cyc["u"],
                                                         mh, mw, pe, simd)
             assert np.array_equal(got_w, w), f"weights, iteration {it}"
             assert np.array_equal(got_b, b), f"biases, iteration {it}"
@@ -192,8 +200,7 @@ def test_dense_engines_bit_exact(mw, mh, pe, simd):
     addr_w = max(1, ((mh // pe) * (mw // simd) - 1).bit_length())
     c = _consts()
     d = build("train_dense_unit", _dense_files(mw, mh, pe, simd, w, b),
-              parameters={"MW": mw, "MH": mh, "PE": pe, "SIMD": simd, "ADDR_W": addr_w, "MU_Q": c.mu, "LR_Q": c.lr,
-                          "LR_SHIFT": c.shift})
+              parameters={"MW": mw, "MH": mh, "PE": pe, "SIMD": simd, "ADDR_W": addr_w, **_lr_params(c)})
     check(d, "train_dense_unit", "cocotb_tests.test_train_engines", "dense_unit", mw=mw, mh=mh, pe=pe, simd=simd,
           w=w.tolist(), b=b.tolist(), seed=7)
 
@@ -244,8 +251,8 @@ module train_conv_unit #(
     parameter integer C = 2, parameter integer H = 4, parameter integer W = 4, parameter integer K = 3,
     parameter integer STRIDE = 1, parameter integer PAD = 1, parameter integer OH = 4, parameter integer OW = 4,
     parameter integer MH = 4, parameter integer PE = 2, parameter integer SIMD = 6,
-    parameter integer ADDR_W = 3, parameter integer MU_Q = 1, parameter integer LR_Q = 1,
-    parameter integer LR_SHIFT = 1
+    parameter integer ADDR_W = 3, parameter integer MU_Q = 1, parameter integer LR_Q0 = 1,
+    parameter integer LR_Q1 = 1, parameter integer LR_SHIFT = 1
 ) (
     input  wire clk, input wire rst,
     input  wire f_start, input wire [C*H*W*16-1:0] x, output wire [MH*OH*OW*16-1:0] y, output wire f_done,
@@ -275,7 +282,8 @@ module train_conv_unit #(
         .g_clr_bias(gclrb), .g_tile(gt), .g_bias(gb), .ar_raddr(16'd0), .ar_rdata(ard), .ar_we(1'b0),
         .ar_add(1'b0), .ar_waddr(16'd0), .ar_wdata(48'd0));
     sgd_update #(.MW(K*K*C), .MH(MH), .PE(PE), .SIMD(SIMD), .ELEM_W(16), .FRAC(10), .ACC_W(48), .ADDR_W(ADDR_W),
-                 .MU_Q(MU_Q), .LR_Q(LR_Q), .LR_SHIFT(LR_SHIFT), .NAME("unit")) u (
+                 .MU_Q(MU_Q), .LR_STEPS(2), .LR_PERIOD(1), .LR_TABLE({LR_Q1[31:0], LR_Q0[31:0]}),
+                 .LR_SHIFT(LR_SHIFT), .NAME("unit")) u (
         .clk(clk), .rst(rst), .rd_a_addr(fa), .rd_a_tile(ft), .rd_b_addr(peek ? peek_addr : ba), .rd_b_tile(bt),
         .bias(bias), .start(u_start), .g_addr(ga), .g_clr(gclr), .g_clr_bias(gclrb), .g_tile(gt), .g_bias(gb),
         .done(u_done), .inflight(infl));
@@ -363,7 +371,7 @@ try:
                 dw, db = tfx.conv2d_bwd_weight(dy, x, k, tf, st, pad)
                 acc += dw
                 gsum += db
-            w, b, got_w, got_b = await _update_and_read(dut, master, vel, acc, gsum, consts, tf, cyc["u"],
+            w, b, got_w, got_b = await _update_and_read(dut, master, vel, acc, gsum, consts.at(it), tf, cyc["u"],
                                                         o, mw, pe, simd)
             assert np.array_equal(got_w, weight_matrix(w)), f"weights, iteration {it}"
             assert np.array_equal(got_b, b), f"biases, iteration {it}"
@@ -437,8 +445,7 @@ def test_conv_engines_bit_exact(c, h, w, k, stride, pad, o, pe, simd):
     cs = _consts()
     d = build("train_conv_unit", files,
               parameters={"C": c, "H": h, "W": w, "K": k, "STRIDE": stride, "PAD": pad, "OH": oh, "OW": ow, "MH": o,
-                          "PE": pe, "SIMD": simd, "ADDR_W": addr_w, "MU_Q": cs.mu, "LR_Q": cs.lr,
-                          "LR_SHIFT": cs.shift})
+                          "PE": pe, "SIMD": simd, "ADDR_W": addr_w, **_lr_params(cs)})
     check(d, "train_conv_unit", "cocotb_tests.test_train_engines", "conv_unit", c=c, h=h, wd=w, k=k, stride=stride,
           pad=pad, o=o, pe=pe, simd=simd, w=wq.tolist(), b=b.tolist(), seed=5)
 

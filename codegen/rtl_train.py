@@ -219,7 +219,7 @@ class TrainDesign:
     schedule: str
     microbatches: int
     clock_hz: float
-    consts: tfx.SgdConstants
+    sgd: tfx.SgdSchedule           # the update's rate schedule (one step: a constant rate)
     tf: tfx.TrainFormats
     params: dict = field(default_factory=dict)
     replicas: int = 1              # every stage's replicas: boards are replica-major chains of `stages`
@@ -250,8 +250,20 @@ class TrainDesign:
                 for l, ln, (i, _j) in zip(self.links, self.link_lanes, self.pairs)]
 
     @property
+    def consts(self) -> tfx.SgdConstants:
+        """The schedule's first step: mu, lr_scale and shift are every step's."""
+        return self.sgd.steps[0]
+
+    @property
     def lr_q(self) -> int:
         return self.consts.lr
+
+    @property
+    def lr_table(self) -> str:
+        """The schedule's rates as sgd_update's LR_TABLE literal (32 bits a step, step 0 lowest)."""
+        n = len(self.sgd.steps)
+        v = sum(c.lr << (32 * k) for k, c in enumerate(self.sgd.steps))
+        return f"{32 * n}'h{v:0{8 * n}x}"
 
     @property
     def mu_q(self) -> int:
@@ -271,11 +283,11 @@ def link_lanes(elems: int, elem_bytes: int, bytes_per_cycle: Fraction) -> int:
 
 
 def train_design(plan, model, cluster, params=None, plan_file: str = "plan.yaml",
-                 sgd: tfx.SgdConstants | None = None) -> TrainDesign:
+                 sgd: tfx.SgdConstants | tfx.SgdSchedule | None = None) -> TrainDesign:
     """Lower a `mode: train` plan to training RTL; Unsupported for what it cannot build.
 
-    ``sgd``: the update's constants (a run's own learning rate); default
-    ``train_fixed.sgd_constants(LEARNING_RATE, MOMENTUM, global batch)``."""
+    ``sgd``: the update's constants or rate schedule (a run's own learning rate and its steps);
+    default ``train_fixed.sgd_constants(LEARNING_RATE, MOMENTUM, global batch)``."""
     if plan.mode != "train":
         raise Unsupported("the plan is not a training plan (mode: train)")
     if plan.schedule not in ("gpipe", "1f1b", "eager-1f1b", "interleaved"):
@@ -341,7 +353,8 @@ def train_design(plan, model, cluster, params=None, plan_file: str = "plan.yaml"
         tf = tfx.get_formats(plan.number_format)
     except ValueError as e:
         raise Unsupported(str(e)) from None
-    consts = sgd if sgd is not None else tfx.sgd_constants(LEARNING_RATE, MOMENTUM, m * plan.microbatch_size, tf)
+    consts = tfx.as_schedule(sgd if sgd is not None else
+                             tfx.sgd_constants(LEARNING_RATE, MOMENTUM, m * plan.microbatch_size, tf))
     rings = _ring_links(boards, nrep, p_, cluster, clock, elem_w)
     return TrainDesign(boards, links, lanes, elem_w, frac, plan.number_format, plan.schedule, m, clock, consts, tf,
                        {l.name: params[l.name] for b in boards for l in b.layers if l.kind in TRAINED_KINDS},
@@ -513,7 +526,8 @@ def _ident(name: str) -> str:
 
 # ------------------------------------------------------------------ numpy reference
 
-def train_reference(model, params: dict, m: int, fmt: str, consts: tfx.SgdConstants, x_q: np.ndarray,
+def train_reference(model, params: dict, m: int, fmt: str, consts: tfx.SgdConstants | tfx.SgdSchedule,
+                    x_q: np.ndarray,
                     labels: np.ndarray, iterations: int, beta: int = 1):
     """What the training RTL must compute: ``fpga_models.train_fixed.train_step`` per iteration.
 
@@ -533,7 +547,8 @@ def train_reference(model, params: dict, m: int, fmt: str, consts: tfx.SgdConsta
         n = m * beta
         xs = np.asarray(x_q[it * n:(it + 1) * n], dtype=np.int64).reshape((n,) + tuple(model.inputs[0].shape))
         ls = np.asarray(labels[it * n:(it + 1) * n])
-        master, vel, info = tfx.train_step(model, master, vel, xs, ls, consts, tf, microbatches=m)
+        master, vel, info = tfx.train_step(model, master, vel, xs, ls, tfx.as_schedule(consts).at(it), tf,
+                                           microbatches=m)
         outs.append(info["logits"])
         dys.append(tfx.softmax_xent_grad(info["logits"], ls, tf))
         snaps.append({n: {k: a.copy() for k, a in p.items()} for n, p in master.items()})
@@ -628,7 +643,8 @@ def _board_ctx(td: TrainDesign, b: TrainBoard, first: bool, last: bool, in_lanes
         "in_elems": b.in_elems, "out_elems": b.out_elems, "in_lanes": in_lanes, "out_lanes": out_lanes,
         "depth": td.microbatches * beta, "ptr_w": clog2(td.microbatches * beta),
         "in_beat_w": clog2(max(2, b.in_elems // in_lanes)), "out_beat_w": clog2(max(2, b.out_elems // out_lanes)),
-        "elem_w": td.elem_w, "frac": td.frac, "acc_w": td.acc_w, "lr_q": td.consts.lr, "mu_q": td.consts.mu,
+        "elem_w": td.elem_w, "frac": td.frac, "acc_w": td.acc_w, "mu_q": td.consts.mu,
+        "lr_steps": len(td.sgd.steps), "lr_period": td.sgd.period, "lr_table": td.lr_table,
         "lr_shift": td.consts.shift, "mu_frac": tfx.MU_FRAC, "mst_w": td.tf.master.width,
         "mst_shift": td.tf.master.frac - td.tf.act.frac, "vel_w": td.tf.vel.width,
         "first": first, "last": last, "iter_w": 16,
@@ -810,7 +826,8 @@ def design_record(td: TrainDesign, plan) -> dict:
     return {
         "schedule": td.schedule, "microbatches": td.microbatches, "clock_hz": td.clock_hz,
         "optimizer": {"kind": "sgd", "learning_rate": LEARNING_RATE, "momentum": MOMENTUM, "mu_q": td.consts.mu,
-                      "lr_q": td.consts.lr, "lr_shift": td.consts.shift, "master_bits": td.tf.master.width,
+                      "lr_q": [c.lr for c in td.sgd.steps], "lr_period": td.sgd.period,
+                      "lr_shift": td.consts.shift, "master_bits": td.tf.master.width,
                       "velocity_bits": td.tf.vel.width},
         "plan_iteration_cycles": plan_iteration_cycles(plan, td.clock_hz),
         "boards": [{
@@ -871,6 +888,7 @@ def train_manifest(td: TrainDesign, plan, files: list[str]) -> dict:
         "out_elems": td.boards[-1].out_elems, "layers": [l.name for b in td.boards if b.rank == 0 for l in b.layers],
         "dense": dense, "clock_hz": td.clock_hz, "master_w": td.tf.master.width,
         "sgd": {"mu": td.consts.mu, "lr": td.consts.lr, "lr_scale": td.consts.lr_scale, "shift": td.consts.shift,
+                "lr_steps": [c.lr for c in td.sgd.steps], "lr_period": td.sgd.period,
                 "learning_rate": LEARNING_RATE, "momentum": MOMENTUM},
         "plan_iteration_cycles": plan_iteration_cycles(plan, td.clock_hz),
         "update_cycles": [b.update_cycles for b in td.boards],
@@ -929,7 +947,8 @@ def train_reference_from_manifest(man: dict, rtl_dir, x_q, labels, iterations: i
         if l.get("bias", True):                  # bias: false: the model's layer has none (the engines' stays 0)
             params[l["name"]]["b"] = read_hex((Path(rtl_dir) / f"{l['ident']}{sfx0}_b.hex").read_text(), man["elem_w"])
     c = man["sgd"]
-    consts = tfx.SgdConstants(mu=c["mu"], lr=c["lr"], lr_scale=c["lr_scale"], shift=c["shift"])
+    consts = tfx.SgdSchedule(tuple(tfx.SgdConstants(mu=c["mu"], lr=q, lr_scale=c["lr_scale"], shift=c["shift"])
+                                   for q in c.get("lr_steps", [c["lr"]])), c.get("lr_period", 1))
     snaps, outs, dys = train_reference(model, params, man["microbatches"], man["number_format"], consts, x_q, labels,
                                        iterations, man.get("microbatch_size", 1))
     # the engines' weight memories hold MH x MW matrices: compare conv weights in that form

@@ -284,17 +284,49 @@ class SgdConstants:
     shift: int       # right shift of v * lr to the master format
 
 
-def sgd_constants(lr: float, momentum: float, batch: int, tf: TrainFormats) -> SgdConstants:
-    """Constants for w -= (lr / batch) v, v = mu v + g (g the batch-summed gradient)."""
+def sgd_constants(lr: float, momentum: float, batch: int, tf: TrainFormats, factor: float = 1.0) -> SgdConstants:
+    """Constants for w -= (lr factor / batch) v, v = mu v + g (g the batch-summed gradient).
+
+    ``lr`` sets the scale and the shift; ``factor`` in (0, 1] (a rate schedule's step,
+    :func:`sgd_schedule`) scales only the integer rate, so every step of a schedule has the
+    same shift and hardware changes one multiplier between steps.
+    """
     if not (lr > 0 and math.isfinite(lr)) or not (0 <= momentum < 1) or batch < 1:
         raise ValueError(f"expected lr > 0, 0 <= momentum < 1, batch >= 1; got {lr}, {momentum}, {batch}")
+    if not (0 < factor <= 1):
+        raise ValueError(f"expected a rate factor in (0, 1], got {factor}")
     eff = lr / batch
     scale = LR_BITS - 1 - math.floor(math.log2(eff))
     shift = tf.wgrad_frac + scale - tf.master.frac
     if shift < 1:
         raise ValueError(f"learning rate {lr} / batch {batch} is too large for the fixed-point update")
-    return SgdConstants(mu=math.floor(momentum * (1 << MU_FRAC) + 0.5), lr=math.floor(eff * (1 << scale) + 0.5),
-                        lr_scale=scale, shift=shift)
+    return SgdConstants(mu=math.floor(momentum * (1 << MU_FRAC) + 0.5),
+                        lr=max(1, math.floor(eff * factor * (1 << scale) + 0.5)), lr_scale=scale, shift=shift)
+
+
+@dataclass(frozen=True)
+class SgdSchedule:
+    """A rate schedule in hardware terms: ``steps[k]`` applies to updates k*period .. (k+1)*period - 1
+    (the last step to every later update). Every step has the same mu, lr_scale and shift."""
+
+    steps: tuple[SgdConstants, ...]
+    period: int
+
+    def at(self, update: int) -> SgdConstants:
+        """The constants of update number ``update`` (0-based)."""
+        return self.steps[min(update // self.period, len(self.steps) - 1)]
+
+
+def sgd_schedule(lr: float, momentum: float, batch: int, tf: TrainFormats, factors, period: int) -> SgdSchedule:
+    """The constants of a rate schedule: step k uses rate ``lr * factors[k]`` for ``period`` updates."""
+    if period < 1 or not len(factors):
+        raise ValueError(f"expected period >= 1 and at least one step, got {period}, {list(factors)}")
+    return SgdSchedule(tuple(sgd_constants(lr, momentum, batch, tf, f) for f in factors), int(period))
+
+
+def as_schedule(sgd) -> SgdSchedule:
+    """``sgd`` as a schedule: an SgdSchedule as it is, one SgdConstants as a one-step schedule."""
+    return sgd if isinstance(sgd, SgdSchedule) else SgdSchedule((sgd,), 1)
 
 
 def sgd_update(w_m, v, g_acc, c: SgdConstants, tf: TrainFormats) -> tuple[np.ndarray, np.ndarray]:

@@ -21,6 +21,7 @@ def cmd_run(args) -> dict | tuple[dict, int]:
                      precision=args.precision, log=args.log, checkpoint=args.checkpoint, resume=args.resume,
                      ray=args.ray, timeout=args.timeout, build=args.build,
                      global_batch=getattr(args, "global_batch", None), retries=_retries(args),
+                     lr_schedule=getattr(args, "lr_schedule", "linear"),
                      progress=sys.stderr.isatty())  # bars only on a terminal; logs stay clean
     except TrainingDiverged as e:  # a finished run with a NaN loss would be a silent wrong answer
         sys.stderr.write(f"bapipe run: {e}\n")
@@ -86,7 +87,7 @@ def show_run(r: dict) -> str:
         return "\n".join([
             f"{r['backend']} backend trained {r['iterations']} iterations ({r['epochs']} epochs requested), "
             f"{r['stages']} stages, {r['microbatches']} micro-batches of {r['microbatch_size']}, "
-            f"{r['optimizer']} lr {r['lr']:g}, {r['number_format']}",
+            f"{r['optimizer']} lr {r['lr']:g} ({r.get('lr_schedule', 'constant')}), {r['number_format']}",
             f"weights equal to numpy fixed point after every iteration: {r['weights_match']} "
             f"(per epoch {r['weights_match_per_epoch']}; first mismatch {r['first_mismatch']})",
             f"logits equal to numpy fixed point: {r['outputs_match']}",
@@ -101,7 +102,7 @@ def show_run(r: dict) -> str:
         f"{r['backend']} backend, {r['schedule']} schedule: {r['stages']} stages, {r['devices']} pipeline positions, "
         f"{r['workers']} board workers, "
         f"{r['microbatches']} micro-batches of {r['microbatch_size']} (global batch {r['global_batch']}), "
-        f"{r['optimizer']} lr {r['lr']:g}, {r['precision']}",
+        f"{r['optimizer']} lr {r['lr']:g} ({r.get('lr_schedule', 'constant')}), {r['precision']}",
         *(f"  epoch {h['epoch'] + 1}: mean loss {h['mean_loss']:.4f}" for h in r["history"] if h["mean_loss"] is not None),
         f"final loss        {r['final_loss']:.4f}" if r["final_loss"] is not None else "final loss        (no training)",
         f"test accuracy     {r['test_accuracy']:.4f} ({r['test_samples']} digits)",

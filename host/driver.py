@@ -27,7 +27,7 @@ from fpga_models.plancheck import resolve
 from bapipe.schedules import device_ops
 
 from .data import epoch_order, load_digits
-from .optim import default_lr
+from .optim import DEFAULT_LR_SCHEDULE, LR_SCHEDULES, default_lr, lr_factor
 from .workers import StageInfo, WorkerSpec, shard_bounds, worker_main
 
 #: global batch used when the plan's does not fit the data set (see docs/host.md)
@@ -307,8 +307,11 @@ class Pipeline:
                   for d in range(lay.p)]
         return [by_dev[d] for d, _ in lay.workers]
 
-    def train_iteration(self, it: int, xs: list[np.ndarray], ys: list[np.ndarray], scale: float) -> dict:
+    def train_iteration(self, it: int, xs: list[np.ndarray], ys: list[np.ndarray], scale: float,
+                        lr_factor: float = 1.0) -> dict:
         """One synchronous iteration over the micro-batches ``xs``; returns loss and timings.
+
+        ``lr_factor``: the rate schedule's step for this iteration (host.optim.lr_factor).
 
         Checks that every replica of every stage ran exactly one forward and one backward
         per micro-batch.
@@ -321,7 +324,7 @@ class Pipeline:
         t0 = time.perf_counter()
         self._feed(key, xs, ys, scale)
         for inbox in self.inboxes:
-            inbox.put(("cmd", "iter", key, sizes))
+            inbox.put(("cmd", "iter", key, sizes, lr_factor))
         seen: Counter = Counter()
         losses: dict[tuple[int, int], float] = {}
         busy = [0.0] * len(self.plan.stages)
@@ -517,9 +520,11 @@ def train(plan: str | Path | Plan, backend: str = "numpy", epochs: int | None = 
           resume: str | None = None, ray: bool = False, timeout: float = 60.0, build: str | None = None,
           global_batch: int | None = None, progress: bool = False, check_grads: bool = True,
           retries: int = 0, faults: dict | None = None, start_method: str | None = None,
-          max_iterations: int | None = None, pipeline_hook=None) -> dict:
+          max_iterations: int | None = None, pipeline_hook=None, lr_schedule: str = DEFAULT_LR_SCHEDULE) -> dict:
     """Train the plan's model on digits with the plan's schedule; return the run summary.
 
+    ``lr_schedule``: how the rate moves over the epochs (host.optim.lr_factor: ``linear``
+    decays it once an epoch, ``constant`` keeps it); every backend applies the same steps.
     ``plan``: a plan.yaml path or a Plan. ``precision``: float32, or ``fixed`` to round
     weights and activations to the plan's number format. ``retries``: how many worker
     failures to recover from by restarting the workers from the last snapshot (each epoch
@@ -538,6 +543,8 @@ def train(plan: str | Path | Plan, backend: str = "numpy", epochs: int | None = 
         model, _cluster = resolve(plan)  # built in memory (tests): structural checks
     if precision not in ("float32", "fixed"):
         raise SpecError(None, None, "--precision", "expected float32 or fixed")
+    if lr_schedule not in LR_SCHEDULES:
+        raise SpecError(None, None, "--lr-schedule", f"expected one of {', '.join(LR_SCHEDULES)}, got {lr_schedule}")
     hw_train = backend != "numpy" and not resume and plan.mode == "train" and epochs != 0
     if hw_train and not hasattr(_backend_module(backend), "train_iterations"):
         hw_train = False
@@ -572,7 +579,7 @@ def train(plan: str | Path | Plan, backend: str = "numpy", epochs: int | None = 
 
         return train_on_hardware(plan, model, _cluster, backend, epochs, lr, seed,
                                  {"build": build, "timeout": timeout}, max_iterations, plan_file,
-                                 log=log, checkpoint=checkpoint)
+                                 log=log, checkpoint=checkpoint, lr_schedule=lr_schedule)
     if backend != "numpy":  # the RTL and board backends run the plan's forward pass: host/forward.py
         from .forward import run_forward
 
@@ -653,7 +660,7 @@ def train(plan: str | Path | Plan, backend: str = "numpy", epochs: int | None = 
                 if want_check:
                     before = pipe.get_state()
                 try:
-                    r = pipe.train_iteration(gi, xs, ys, 1.0 / B)
+                    r = pipe.train_iteration(gi, xs, ys, 1.0 / B, lr_factor(lr_schedule, epoch, epochs))
                 except PipelineFailure as e:
                     if retries <= 0 or snapshot is None:
                         raise
@@ -733,7 +740,7 @@ def train(plan: str | Path | Plan, backend: str = "numpy", epochs: int | None = 
         "schedule": plan.schedule, "stages": len(plan.stages), "devices": plan.devices,
         "workers": len(Layout.of(plan).workers),
         "microbatches": m, "microbatch_size": mbs, "global_batch": B, "plan_global_batch": plan.global_batch,
-        "optimizer": plan.optimizer, "lr": lr, "precision": precision,
+        "optimizer": plan.optimizer, "lr": lr, "lr_schedule": lr_schedule, "precision": precision,
         "number_format": number_format or "fp32", "iterations": len(records),
         "stage_utilisation": utilisation, "history": history, "test_samples": int(len(data.y_test)),
         "ray": bool(ray),

@@ -27,6 +27,26 @@ def default_lr(kind: str, global_batch: int, schedule: str = "1f1b") -> float:
     return lr * min(1.0, (global_batch / ref) ** 0.5)
 
 
+#: rate schedules over a run's epochs (docs/training.md "Learning-rate schedule")
+LR_SCHEDULES = ("linear", "constant")
+DEFAULT_LR_SCHEDULE = "linear"
+
+
+def lr_factor(schedule: str, epoch: int, epochs: int) -> float:
+    """The rate of ``epoch`` (0-based) of ``epochs`` as a fraction of the peak rate.
+
+    ``linear``: (epochs - epoch) / epochs, stepped once an epoch (1, 0.8, ..., 0.2 over five).
+    At a constant rate the last iterate of momentum SGD is noisy: tiny-mlp's fixed16 test
+    accuracy after 5 epochs at batch 32 spread 0.894..0.967 over 8 seeds (mean 0.946); with
+    the linear decay 0.955..0.969 (mean 0.963), and at rates 0.025 and 0.05 too (docs/training.md).
+    """
+    if schedule == "constant":
+        return 1.0
+    if schedule == "linear":
+        return (epochs - min(epoch, epochs - 1)) / epochs if epochs > 0 else 1.0
+    raise ValueError(f"unknown learning-rate schedule {schedule!r}, expected one of {', '.join(LR_SCHEDULES)}")
+
+
 @dataclass
 class Optimizer:
     """SGD with momentum (PyTorch's form: v = mu v + g; w -= lr v) or Adam (Kingma & Ba)."""
@@ -40,15 +60,15 @@ class Optimizer:
     step_count: int = 0
     slots: dict[str, Nested] = field(default_factory=dict)
 
-    def step(self, params: Nested, grads: Nested) -> None:
-        """Update ``params`` in place from ``grads``.
+    def step(self, params: Nested, grads: Nested, factor: float = 1.0) -> None:
+        """Update ``params`` in place from ``grads`` at rate ``lr * factor`` (a schedule's step).
 
         Integer params are raw fixed-point master weights (host.fixed.FixedTraining): the
         update is fpga_models.train_fixed.sgd_update, and ``lr`` is then the rate per
         batch-summed gradient (the driver passes lr / global batch; docs/training.md).
         """
         if any(np.issubdtype(w.dtype, np.integer) for d in params.values() for w in d.values()):
-            self._step_fixed(params, grads)
+            self._step_fixed(params, grads, factor)
             return
         self.step_count += 1
         f32 = np.float32
@@ -59,7 +79,7 @@ class Optimizer:
                     v = self._slot("v", lname, pname, w)
                     v *= f32(self.momentum)
                     v += g
-                    w -= f32(self.lr) * v
+                    w -= f32(self.lr * factor) * v
                 elif self.kind == "adam":
                     m = self._slot("m", lname, pname, w)
                     s = self._slot("s", lname, pname, w)
@@ -69,11 +89,11 @@ class Optimizer:
                     s += f32(1 - self.beta2) * g * g
                     mhat = m / f32(1 - self.beta1 ** self.step_count)
                     shat = s / f32(1 - self.beta2 ** self.step_count)
-                    w -= (f32(self.lr) * mhat / (np.sqrt(shat) + f32(self.eps))).astype(f32)
+                    w -= (f32(self.lr * factor) * mhat / (np.sqrt(shat) + f32(self.eps))).astype(f32)
                 else:
                     raise ValueError(f"unknown optimizer {self.kind!r}")
 
-    def _step_fixed(self, params: Nested, grads: Nested) -> None:
+    def _step_fixed(self, params: Nested, grads: Nested, factor: float = 1.0) -> None:
         """SGD(+momentum) on raw master weights: every parameter steps (a missing gradient is 0)."""
         from fpga_models import train_fixed as T
 
@@ -82,7 +102,7 @@ class Optimizer:
         if self.kind != "sgd":
             raise ValueError(f"fixed-point training implements sgd (with momentum), not {self.kind!r}")
         tf = int_formats()
-        c = T.sgd_constants(self.lr, self.momentum, 1, tf)
+        c = T.sgd_constants(self.lr, self.momentum, 1, tf, factor)
         self.step_count += 1
         for lname, d in params.items():
             for pname, w in d.items():

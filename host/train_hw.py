@@ -12,7 +12,9 @@ A backend module trains through ``train_iterations(plan, model, cluster, master,
 labels, dy, iterations, consts, tf, options) -> dict`` with keys ``weights`` (a
 master-weight dict per iteration, raw int64, host layout of
 :func:`host.program.fixed_master_params`), ``logits`` (raw, every sample in order) and
-``iteration_cycles`` (list, cycles each iteration took, or None). ``dy`` are the loss
+``iteration_cycles`` (list, cycles each iteration took, or None). ``consts`` is the run's
+rate schedule (``train_fixed.SgdSchedule``; ``as_schedule`` also takes one SgdConstants):
+iteration k updates with ``consts.at(k)``. ``dy`` are the loss
 gradients (``train_fixed.softmax_xent_grad``, raw, every sample in order) of the numpy
 run's logits: a backend whose testbench cannot compute them in the loop feeds these, and
 the run checks that the hardware's own logits equal the numpy ones bit for bit
@@ -42,9 +44,13 @@ def _equal(a: dict, b: dict) -> tuple[bool, str | None]:
 
 def train_on_hardware(plan, model, cluster, backend: str, epochs: int, lr: float | None, seed: int = 0,
                       options: dict | None = None, max_iterations: int | None = None,
-                      plan_file: str = "plan.yaml", log: str | None = None, checkpoint: str | None = None) -> dict:
+                      plan_file: str = "plan.yaml", log: str | None = None, checkpoint: str | None = None,
+                      lr_schedule: str = "linear") -> dict:
     """Train ``epochs`` epochs on ``backend``; compare every iteration's weights with numpy.
 
+    The rate follows ``lr_schedule`` (host.optim.lr_factor, stepped once an epoch): the
+    backend gets the whole schedule in integer constants (train_fixed.SgdSchedule), the
+    hardware's update engines step through it themselves.
     ``log``: per-iteration records (epoch, iteration, loss of the numpy run, weights equal,
     cycles). ``checkpoint``: the hardware's final master weights with the numpy run's
     velocities (the hardware's own when the weights matched) and position, loadable with
@@ -83,15 +89,19 @@ def train_on_hardware(plan, model, cluster, backend: str, epochs: int, lr: float
     idx = [epoch_order(data.n_train, seed, it // per_epoch)[(it % per_epoch) * b:(it % per_epoch + 1) * b]
            for it in range(total)]
     x_q = T.quantize(data.x_train, tf.act)
-    consts = T.sgd_constants(lr, 0.9, b, tf)
+    from .optim import lr_factor
+
+    n_epochs = (total + per_epoch - 1) // per_epoch
+    consts = T.sgd_schedule(lr, 0.9, b, tf, [lr_factor(lr_schedule, e, epochs) for e in range(max(1, n_epochs))],
+                            per_epoch)
     master0 = fixed_master_params(model, 0, len(model.layers) - 1, seed, tf)
 
     # the numpy fixed16 run (the reference the hardware must equal)
     ref, losses, logits = [], [], []
     m, v = master0, {}
     t0 = time.perf_counter()
-    for i in idx:
-        m, v, info = T.train_step(model, m, v, x_q[i], data.y_train[i], consts, tf, max(1, plan.microbatches))
+    for it, i in enumerate(idx):
+        m, v, info = T.train_step(model, m, v, x_q[i], data.y_train[i], consts.at(it), tf, max(1, plan.microbatches))
         ref.append(m)
         losses.append(info["loss"] / b)
         logits.append(info["logits"].reshape(len(i), -1))
@@ -151,7 +161,8 @@ def train_on_hardware(plan, model, cluster, backend: str, epochs: int, lr: float
         "grad_max_rel_err_vs_single_device": None,
         "schedule": plan.schedule, "stages": len(plan.stages), "devices": plan.devices,
         "microbatches": plan.microbatches, "microbatch_size": plan.microbatch_size, "global_batch": b,
-        "optimizer": plan.optimizer, "lr": lr, "precision": "fixed", "number_format": plan.number_format,
-        "test_samples": int(len(data.y_test)), "sgd_constants": {"mu": consts.mu, "lr": consts.lr,
-                                                                 "lr_scale": consts.lr_scale, "shift": consts.shift},
+        "optimizer": plan.optimizer, "lr": lr, "lr_schedule": lr_schedule, "precision": "fixed",
+        "number_format": plan.number_format, "test_samples": int(len(data.y_test)),
+        "sgd_constants": {"mu": consts.steps[0].mu, "lr": [c.lr for c in consts.steps], "lr_period": consts.period,
+                          "lr_scale": consts.steps[0].lr_scale, "shift": consts.steps[0].shift},
     }

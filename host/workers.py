@@ -192,7 +192,7 @@ class Worker:
                 time.sleep(3600)
             raise RuntimeError("injected fault")
 
-    def run_iteration(self, key: tuple, sizes: list[int]) -> None:
+    def run_iteration(self, key: tuple, sizes: list[int], lr_factor: float = 1.0) -> None:
         """Run this worker's ops of one training iteration, all-reduce, then the optimizer step."""
         sp = self.spec
         m = len(sizes)
@@ -239,10 +239,10 @@ class Worker:
             if sp.schedule == "2bw":
                 # 2BW: the next iteration computes with the weights this one updated from
                 old = {l: {n_: w.copy() for n_, w in d.items()} for l, d in self.params[s].items()}
-                self.opts[s].step(self.params[s], grads)
+                self.opts[s].step(self.params[s], grads, lr_factor)
                 self.shadow[s] = old
             else:
-                self.opts[s].step(self.params[s], grads)
+                self.opts[s].step(self.params[s], grads, lr_factor)
         busy_total += time.perf_counter() - t0
         self.results.put(("iter_done", sp.worker, key, busy_total))
 
@@ -305,7 +305,7 @@ class Worker:
             if name == "stop":
                 return
             if name == "iter":
-                self.run_iteration(msg[2], msg[3])
+                self.run_iteration(msg[2], msg[3], msg[4] if len(msg) > 4 else 1.0)
             elif name == "eval":
                 self.run_eval(msg[2], msg[3])
             elif name == "get_state":

@@ -255,7 +255,8 @@ def test_hardware_training_compares_every_iteration(monkeypatch, tmp_path):
             n = len(x_q) // iterations
             m, v, snaps, logits = master, {}, [], []
             for k in range(iterations):
-                m, v, info = T.train_step(model, m, v, x_q[k * n:(k + 1) * n], labels[k * n:(k + 1) * n], consts, tf)
+                m, v, info = T.train_step(model, m, v, x_q[k * n:(k + 1) * n], labels[k * n:(k + 1) * n],
+                                          T.as_schedule(consts).at(k), tf)
                 assert np.array_equal(T.softmax_xent_grad(info["logits"], labels[k * n:(k + 1) * n], tf),
                                       dy[k * n:(k + 1) * n])
                 snap = {l: {p: a.copy() for p, a in d.items()} for l, d in m.items()}

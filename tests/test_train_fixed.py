@@ -332,3 +332,45 @@ def test_small_resnet_step_with_batchnorm_and_residual_forks():
         for n in master[l]:
             assert np.array_equal(m1[l][n], m2[l][n]), (l, n)
             assert not np.array_equal(m1[l][n], master[l][n]), (l, n)   # a zero gradient would be a broken path
+
+
+# ---------------------------------------------------------------- rate schedules
+
+
+def test_linear_schedule_steps_and_one_shift():
+    """host.optim.lr_factor linear: 1, 0.8, 0.6, 0.4, 0.2 over 5 epochs (stays at the last step past
+    them); the integer schedule keeps one shift and scale, and each step's LR is the peak's times
+    the factor to half an integer (round to nearest of lr / batch 2^scale)."""
+    from host.optim import lr_factor
+
+    assert [lr_factor("linear", e, 5) for e in range(7)] == [1.0, 0.8, 0.6, 0.4, 0.2, 0.2, 0.2]
+    assert [lr_factor("constant", e, 5) for e in range(3)] == [1.0] * 3
+    with pytest.raises(ValueError):
+        lr_factor("cosine", 0, 5)
+    lr, b = 0.03535533905932738, 32                   # tiny-mlp's default plan: the sqrt batch rule at 32
+    s = T.sgd_schedule(lr, 0.9, b, TF, [lr_factor("linear", e, 5) for e in range(5)], 44)
+    peak = T.sgd_constants(lr, 0.9, b, TF)
+    assert s.steps[0] == peak and {(c.mu, c.lr_scale, c.shift) for c in s.steps} == {(peak.mu, 25, 23)}
+    # lr / b = 0.0011049 in [2^-10, 2^-9): scale 15 + 10 = 25; exact products 37072.7 x (1 .. 0.2)
+    assert [c.lr for c in s.steps] == [37073, 29658, 22244, 14829, 7415]
+    assert [s.at(i).lr for i in (0, 43, 44, 87, 88, 219, 10_000)] == [37073, 37073, 29658, 29658, 22244, 7415, 7415]
+    assert T.as_schedule(peak).at(5) == peak
+    with pytest.raises(ValueError):
+        T.sgd_constants(lr, 0.9, b, TF, 1.5)
+    with pytest.raises(ValueError):
+        T.sgd_schedule(lr, 0.9, b, TF, [1.0], 0)
+
+
+def test_decayed_step_is_the_smaller_update():
+    """One update at factor f moves the master weights by f times the peak's step (to the rounding of
+    LR, relative 2^-15 at LR >= 2^14, and of the shift, half an LSB of W), momentum unchanged."""
+    rng = np.random.default_rng(12)
+    w = T.quantize(rng.normal(0, 0.3, 400), TF.master)
+    g = rng.integers(-(1 << 30), 1 << 30, 400)
+    full = T.sgd_constants(0.05, 0.9, 64, TF)
+    half = T.sgd_constants(0.05, 0.9, 64, TF, 0.5)
+    w1, v1 = T.sgd_update(w, np.zeros_like(w), g, full, TF)
+    w2, v2 = T.sgd_update(w, np.zeros_like(w), g, half, TF)
+    assert np.array_equal(v1, v2) and (half.mu, half.shift) == (full.mu, full.shift)
+    d1, d2 = (w - w1).astype(np.float64), (w - w2).astype(np.float64)
+    assert (np.abs(d2 - 0.5 * d1) <= np.abs(d1) * 2.0 ** -15 + 1.0).all()

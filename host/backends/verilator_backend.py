@@ -130,8 +130,11 @@ def train_iterations(plan, model, cluster, master, x_q, labels, dy, iterations: 
                                  f"weights, the fixed-point training arithmetic {tf.master.width}-bit master weights "
                                  "(docs/training.md)")
     hw_sgd = man.get("sgd", {})
-    if [hw_sgd.get(k) for k in ("mu", "lr", "lr_scale", "shift")] != [consts.mu, consts.lr, consts.lr_scale,
-                                                                     consts.shift]:
+    sched = T.as_schedule(consts)
+    c0 = sched.steps[0]
+    if ([hw_sgd.get(k) for k in ("mu", "lr", "lr_scale", "shift")] != [c0.mu, c0.lr, c0.lr_scale, c0.shift]
+            or hw_sgd.get("lr_steps", [hw_sgd.get("lr")]) != [c.lr for c in sched.steps]
+            or hw_sgd.get("lr_period", 1) != sched.period):
         raise SpecError(None, None, "--lr", f"the training RTL is generated for learning rate "
                                             f"{hw_sgd.get('learning_rate')} and momentum {hw_sgd.get('momentum')} "
                                             f"(constants {hw_sgd}); the run asks for {consts}")

@@ -145,6 +145,9 @@ def train_iterations(plan, model, cluster, master, x_q, labels, dy, iterations: 
 
     from .xrt_backend import WAIT_MS, _Board, _pyxrt, read_manifest
 
+    from fpga_models.train_fixed import as_schedule
+
+    sched = as_schedule(consts)   # the update kernel takes its rate as an s_axilite argument each iteration
     pyxrt = _pyxrt()
     build = Path(options.get("build") or "build")
     man = read_manifest(build, plan)
@@ -262,7 +265,8 @@ def train_iterations(plan, model, cluster, master, x_q, labels, dy, iterations: 
         for d in range(p):
             for r in reps[d]:
                 if stages[d].get("update"):
-                    r.run("update", {"mu": consts.mu, "lr": consts.lr, "shift": consts.shift})
+                    c = sched.at(it)
+                    r.run("update", {"mu": c.mu, "lr": c.lr, "shift": c.shift})
                     for run, what in r.pending:
                         _wait(pyxrt, run, wait_ms, what)
                     r.pending = []
