@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from math import prod
 
 from fpga_models import fixedpoint as fx
-from fpga_models.bwd_memory import ACC_ONCHIP_SHARE, PORTS_TURN, acc_width
+from fpga_models.bwd_memory import ACC_ONCHIP_SHARE, PORTS_TURN, STREAM_DEPTH, acc_width
 from fpga_models.engines import MVU_FILL, conv_window_lanes
 
 from .hls_design import DdrFrame
@@ -37,7 +37,6 @@ from .hls_design import DdrFrame
 #: the width of an m_axi burst beat (bits): dW/db leave one beat a cycle
 AXI_BITS = 512
 #: default depth of a stream between two engines (the Vitis HLS default handshake FIFO)
-STREAM_DEPTH = 2
 #: widest accumulator the C-simulation's 64-bit integer path holds exactly
 MAX_ACC_BITS = 64
 #: bits of one weight-gradient sum in memory (bapipe::wsum_t): the exact accumulator, widened
@@ -629,7 +628,7 @@ def build_bwd(plan, model, st, sc, fmt, board=None) -> BwdCtx:
         _sequence_turns(ctx, b.turn_of, frame_elems, W, mem)
         _share_arrays(ctx, st.index, W)
         _tile_weights(ctx, st.index, W, mem.tile, {f"aw_{ident(l.name)}": l.name for l in layers})
-        _stream_weights(ctx, st.index, W)
+        _stream_weights(ctx, st.index, W, mem.streamed, {f"aw_{ident(l.name)}": l.name for l in layers})
     return ctx
 
 
@@ -733,9 +732,11 @@ def _tile_weights(ctx: BwdCtx, index: int, width: int, plan_tile, layer_of: dict
                  + [tile.decl], "args": [n for _t, n, _h, _w in fetches] + [tile.name]}
 
 
-def _stream_weights(ctx: BwdCtx, index: int, width: int) -> None:
-    """A time-multiplexed backward kernel without copies: each MVU turn with an input gradient
-    of one vector a sample (dense) whose matrix the tile does not hold reads it from a two-deep
+def _stream_weights(ctx: BwdCtx, index: int, width: int, streamed=(), layer_of: dict[str, str] | None = None) -> None:
+    """A time-multiplexed backward kernel without copies: each MVU turn the plan streams
+    (``streamed``, fpga_models.bwd_memory.BwdMemory.streamed: an input gradient of one vector a
+    sample whose matrix the tile does not hold; ``layer_of``: a job's accumulator -> its layer)
+    reads its matrix from a two-deep
     FIFO ``s<i>_bwd_ws`` of PE x SIMD words, filled once a vector in row order by
     ``s<i>_bwd_mac_wstream`` (bapipe::weight_stream_rows, a process beside the MAC function),
     and sums its input gradient in row order (bwd_mac_in_ws / bwd_mac_out_ws): no m_axi read
@@ -747,7 +748,12 @@ def _stream_weights(ctx: BwdCtx, index: int, width: int) -> None:
     if mac is None or ctx.copies:
         return
     wdims = {w.name: tuple(int(d) for d in re.findall(r"\[(\d+)\]", w.dims)) for w in ctx.weights}
-    js = [j for j in mac.jobs if j.dx and j.vec == 1 and wdims.get(j.w) == (j.mh, j.mw)]
+    want = set(streamed)
+    js = [j for j in mac.jobs if (layer_of or {}).get(j.aw) in want]
+    if sorted(layer_of[j.aw] for j in js) != sorted(want) or any(
+            not (j.dx and j.vec == 1 and wdims.get(j.w) == (j.mh, j.mw)) for j in js):
+        raise ValueError(f"s{index}_bwd: the planned weight stream's matrices {sorted(want)} are not the kernel's "
+                         f"one-vector MVU turns with dx")
     if not js:
         return
     ls = max(j.pe * j.simd for j in js)

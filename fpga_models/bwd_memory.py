@@ -25,11 +25,18 @@ A time-multiplexed kernel whose weights are not all copied on chip reads the sma
 of its turns with an input gradient from one on-chip weight tile (:func:`choose_tile`: what
 the share leaves), filled before each such turn every sample, in 512-bit beats not overlapped
 with the turn (:func:`tile_fill_cycles`, which the plan charges beside the frames:
-:func:`tm_bwd_extra_cycles`).
+:func:`tm_bwd_extra_cycles`); a one-vector matrix with an input gradient that the tile does
+not hold streams through a two-deep FIFO, its dx summed in MW exact sums
+(:func:`weight_stream_layers`, :func:`weight_stream_bytes`).
+
+A time-multiplexed kernel's figure counts all it builds: besides the above, its turns' own
+two-deep streams (:func:`bwd_stream_bytes`, walked as codegen.hls_bwd lays them out) and an
+off-chip frame's two-deep ends (:func:`frame_pipe_bytes`), so ``BwdMemory.onchip_bytes`` is
+the Design's figure (codegen.onchip) and within the share.
 
 Read by the planner (planner.search: the stage's backward time) and codegen.hls_bwd (which
-frames and accumulators it puts off chip, which matrices its tile holds), so the two cannot
-disagree.
+frames and accumulators it puts off chip, which matrices its tile holds and which stream), so
+the two cannot disagree.
 """
 from __future__ import annotations
 
@@ -55,6 +62,9 @@ ACC_ONCHIP_SHARE = 0.5
 PORTS_TURN = "ports"
 #: widest lanes of a backward port whose producer asks for none (codegen.hls_bwd)
 PORT_LANES = 16
+#: depth of a backward kernel's streams inside a turn (and of an off-chip frame's stream in its
+#: writer's and its reader's turn): two beats, the FIFO HLS gives a DATAFLOW channel (codegen.hls_bwd)
+STREAM_DEPTH = 2
 
 
 def acc_width(terms: int, a_width: int, b_width: int) -> int:
@@ -95,20 +105,33 @@ class BwdMemory:
     budget: int | None                 # the kernel's on-chip bytes (None: no board, no limit)
     acc_onchip: dict                   # matrix layer -> its weight-gradient accumulator stays on chip
     acc_bytes: dict                    # matrix layer -> the accumulator's bytes
-    other_bytes: int                   # the fixed buffers besides the accumulators
+    other_bytes: int                   # the fixed buffers besides the accumulators, streams and tile
     frames: tuple = ()                 # GradFrame, time-multiplexed stages only
     frames_off: tuple = ()             # per frame: off chip
     tile: "WeightTile | None" = None   # time-multiplexed, weights not all copied: the tile built
+    stream_bytes: int = 0              # time-multiplexed: the turns' two-deep streams (bwd_stream_bytes)
+    frame_pipes: tuple = ()            # per frame: its two-deep ends when off chip (frame_pipe_bytes)
+    elem_bytes: int = 2                # bytes of one element (the tile's)
+    streamed: tuple = ()               # matrix layers whose dx turn streams its matrix (weight_stream_layers)
+    wstream_bytes: int = 0             # their FIFO and the row-order dx sums (weight_stream_bytes)
+
+    @property
+    def tile_bytes(self) -> int:
+        return self.tile.rows * self.tile.cols * self.elem_bytes if self.tile is not None else 0
 
     @property
     def fixed_bytes(self) -> int:
-        """On-chip bytes besides the frames: the other buffers and the on-chip accumulators."""
-        return self.other_bytes + sum(b for n, b in self.acc_bytes.items() if self.acc_onchip[n])
+        """On-chip bytes besides the frames: the other buffers, the on-chip accumulators, the
+        turns' two-deep streams, the weight tile and the weight stream's FIFO and sums."""
+        return (self.other_bytes + sum(b for n, b in self.acc_bytes.items() if self.acc_onchip[n])
+                + self.stream_bytes + self.tile_bytes + self.wstream_bytes)
 
     @property
     def onchip_bytes(self) -> int:
-        """The kernel's on-chip bytes as planned: fixed bytes and the frames kept on chip."""
-        return self.fixed_bytes + sum(f.nbytes for f, o in zip(self.frames, self.frames_off) if not o)
+        """The kernel's on-chip bytes as planned and built (codegen.onchip's figure): fixed bytes,
+        the frames kept on chip and the two-deep ends of those off chip."""
+        pipes = self.frame_pipes or (0,) * len(self.frames)
+        return self.fixed_bytes + sum(p if o else f.nbytes for f, o, p in zip(self.frames, self.frames_off, pipes))
 
     def offchip(self, writer: str, reader: str) -> bool | None:
         """Whether the frame ``writer`` -> ``reader`` is off chip; None when there is no such frame."""
@@ -125,7 +148,8 @@ class BwdMemory:
                 "frames": [{"tensor": f.tensor, "writer": f.writer, "reader": f.reader, "bytes": f.nbytes,
                             "lanes": f.lanes, "offchip": o} for f, o in zip(self.frames, self.frames_off)],
                 **({"weight_tile": {"rows": self.tile.rows, "columns": self.tile.cols,
-                                    "layers": list(self.tile.layers)}} if self.tile is not None else {})}
+                                    "layers": list(self.tile.layers)}} if self.tile is not None else {}),
+                **({"weight_stream": {"layers": list(self.streamed)}} if self.streamed else {})}
 
 
 @dataclass(frozen=True)
@@ -179,6 +203,30 @@ def bwd_frames(model: Model, layers: Sequence[Layer], folding: dict[str, tuple[i
     layers read a stage input). A layer that only passes its gradient on (a flatten of a
     vector, an add with one input to feed) has no turn of its own: its frame goes straight to
     the next reader. ``folding``: (PE, SIMD) of matrix layers, (1, lanes) of the others."""
+    return _walk(model, layers, folding, fmt)[0]
+
+
+def bwd_stream_bytes(model: Model, layers: Sequence[Layer], folding: dict[str, tuple[int, int]], fmt: str) -> int:
+    """On-chip bytes of the two-deep streams a time-multiplexed backward kernel's turns keep
+    inside themselves (codegen.hls_bwd builds them, :data:`STREAM_DEPTH` beats each): the width
+    converters and sums in front of a turn's engine, its stash and window streams, a
+    convolution's exact dx beats into col2im, a pool's contributions, a dense turn's unused dx;
+    not the frames between turns (:func:`bwd_frames`) nor an off-chip frame's two-deep ends
+    (:func:`frame_pipe_bytes`)."""
+    return sum(STREAM_DEPTH * -(-bits // 8) for _turn, bits in _walk(model, layers, folding, fmt)[1])
+
+
+def frame_pipe_bytes(frame: GradFrame, fmt: str) -> int:
+    """On-chip bytes an off-chip frame keeps: its stream, two deep, in its writer's turn (into
+    frame_write) and in its reader's (from frame_read) (codegen.hls_bwd._sequence_turns)."""
+    return 2 * STREAM_DEPTH * frame.lanes * bytes_per_element(fmt)
+
+
+def _walk(model: Model, layers: Sequence[Layer], folding: dict[str, tuple[int, int]],
+          fmt: str) -> tuple[list[GradFrame], list[tuple[str, int]]]:
+    """The backward kernel's streams as codegen.hls_bwd.build_bwd lays them out, layers walked
+    last first: (the frames between turns, :func:`bwd_frames`; per two-deep stream inside one
+    turn, (turn, beat bits))."""
     eb = bytes_per_element(fmt)
     active, needed = _active(model, layers)
     names = {l.name: l for l in layers}
@@ -198,17 +246,53 @@ def bwd_frames(model: Model, layers: Sequence[Layer], folding: dict[str, tuple[i
         if t in needed:
             contrib.setdefault(t, []).append((None, dy_lanes(t) or divisor_at_most(elems[t], PORT_LANES)))
     frames: list[GradFrame] = []
+    local: list[tuple[str, int]] = []
+    bits = 8 * eb
+
+    def two_deep(turn: str, lanes: int, beat_bits: int = 0) -> None:
+        local.append((turn, beat_bits or lanes * bits))
+
+    def resize(turn: str, a: int, bl: int) -> None:
+        """codegen.hls_bwd's resize from a to bl lanes: one stream, or two through gcd(a, bl)."""
+        if a == bl:
+            return
+        if a % bl and bl % a:
+            g = math.gcd(a, bl)
+            resize(turn, a, g)
+            resize(turn, g, bl)
+            return
+        two_deep(turn, bl)
 
     def read(t: str, reader: str, lanes: int | None) -> int:
-        """The reader's turn reads the gradient of t: each part another turn wrote is a frame."""
+        """The reader's turn reads the gradient of t: each part another turn wrote is a frame;
+        the parts come to the wanted lanes and are summed in the reader's turn."""
         parts = contrib.get(t, [])
         for w, ln in parts:
             if w is not None:
                 frames.append(GradFrame(t, w, reader, elems[t] * eb, ln))
-        return lanes or (parts[0][1] if parts else divisor_at_most(elems[t], PORT_LANES))
+        if not parts:   # no contribution: a stream of zeros
+            L = lanes or divisor_at_most(elems[t], PORT_LANES)
+            two_deep(reader, L)
+            return L
+        L = lanes or parts[0][1]
+        resize(reader, parts[0][1], L)
+        for _w, a in parts[1:]:
+            resize(reader, a, L)
+            two_deep(reader, L)   # grad_sum
+        return L
 
     def give(t: str, writer: str | None, lanes: int) -> None:
         contrib.setdefault(t, []).append((writer, lanes))
+
+    def window(l: Layer, turn: str, lanes_taps: tuple[int, int], simd: int) -> None:
+        """codegen.hls_bwd's window: stash_read, swg and a resize to SIMD, else window_read."""
+        if _swg_rows(l, lanes_taps, simd, eb):
+            lanes, taps = lanes_taps
+            two_deep(turn, lanes)
+            two_deep(turn, lanes * taps)
+            resize(turn, lanes * taps, simd)
+        else:
+            two_deep(turn, simd)
 
     for l in reversed(layers):
         if l.name not in active:
@@ -216,18 +300,29 @@ def bwd_frames(model: Model, layers: Sequence[Layer], folding: dict[str, tuple[i
         src = l.inputs[0]
         dx = [i in needed for i in l.inputs]
         fo = folding[l.name]
+        t = l.name
         if l.type in ("dense", "conv2d"):
-            read(l.name, l.name, fo[0])
-            if not dx[0]:
-                continue
+            read(l.name, t, fo[0])
+            simd = fo[1]
             if l.type == "dense":
-                give(src, l.name, fo[1])
+                two_deep(t, simd)                                   # the stashed input
             else:
                 c, _h, w = l.in_shapes[0]
+                (kh, _kw), _s, _p = _window(l)
+                window(l, t, conv_window_lanes(c, kh, simd), simd)
+            if not dx[0]:
+                two_deep(t, simd)                                   # the MVU's unused dx beats
+                continue
+            if l.type == "dense":
+                give(src, l.name, simd)
+            else:
+                mh, _mw, _pix = matrix_shape(l)
+                (kh, kw), _s, _p = _window(l)
+                two_deep(t, simd, simd * acc_width(int(mh) * kh * kw, bits, bits))   # exact dx into col2im
                 want = dy_lanes(src) or c
                 give(src, l.name, want if (w * c) % want == 0 else math.gcd(w * c, want))
         elif l.type == "flatten" and len(l.in_shapes[0]) == 3:
-            lin = read(l.name, l.name, None)
+            lin = read(l.name, t, None)
             n_in = elems[src]
             want = dy_lanes(src) or lin
             give(src, l.name, want if n_in % want == 0 else math.gcd(n_in, want))
@@ -237,20 +332,36 @@ def bwd_frames(model: Model, layers: Sequence[Layer], folding: dict[str, tuple[i
             if len(parts) == 1 and len(outs) == 1:   # no engine of its own: the gradient passes on
                 contrib.setdefault(outs[0], []).append(parts[0])
                 continue
-            L = read(l.name, l.name, None)
+            L = read(l.name, t, None)
+            for j in range(max(0, len(outs) - 2)):   # a third input on: dup2's fan-out inside the turn
+                two_deep(t, L)
             for i in outs:
                 give(i, l.name, L)
         else:   # relu, batchnorm, pools: their element-wise lanes
             L = _ew_lanes(fo)
-            read(l.name, l.name, L)
+            read(l.name, t, L)
+            if l.type in ("relu", "batchnorm"):
+                two_deep(t, L)                                      # the stashed input
+            elif l.type in ("maxpool", "avgpool"):
+                c, h, w = l.in_shapes[0]
+                (kh, kw), (sh, sw), (ph, pw) = _window(l)
+                if kh == kw == sh == sw and ph == pw == 0 and h % kh == 0 and w % kw == 0:
+                    if l.type == "maxpool":
+                        two_deep(t, L)                              # the stashed input
+                        two_deep(t, L, L * (bits + 8))              # the argmax beats
+                else:
+                    two_deep(t, L, L * (bits + math.ceil(math.log2(kh * kw + 1)) + 1))   # contributions
+                    if l.type == "maxpool":
+                        window(l, t, (L, 1), L)
             give(src, l.name, L)
     inside = set(names)
     for t in sorted({i for l in layers for i in l.inputs if i not in inside and i in needed}, key=str):
         if len(contrib.get(t, [])) > 1:   # several readers: their gradients meet in the ports' turn
             read(t, PORTS_TURN, None)
+            local.pop()                   # the last sum is the dx port itself
     turn = {l.name: k for k, l in enumerate(reversed(layers))}
     last = len(turn)
-    return sorted(frames, key=lambda f: (turn.get(f.writer, last), turn.get(f.reader, last)))
+    return sorted(frames, key=lambda f: (turn.get(f.writer, last), turn.get(f.reader, last))), local
 
 
 def _acc_bytes(l: Layer, terms: int, bits: int) -> int:
@@ -397,37 +508,89 @@ def place_accumulators(acc_bytes: dict[str, int], room: float) -> dict[str, bool
     return {n: out[n] for n in acc_bytes}
 
 
+def weight_stream_layers(model: Model, layers: Sequence[Layer], fmt: str, budget: int | None,
+                         tile: "WeightTile | None" = None) -> list[str]:
+    """The matrix layers of a time-multiplexed backward kernel whose dx turn streams its matrix
+    (codegen.hls_bwd._stream_weights): one vector a sample, an input gradient, the tile
+    (``tile``) not holding it, when the weights are not all copied on chip
+    (:func:`bwd_weight_bytes` 0). Layer order."""
+    eb = bytes_per_element(fmt)
+    if bwd_weight_bytes(model, layers, fmt, budget):
+        return []
+    active, needed = _active(model, layers)
+    tiled = set(tile.layers) if tile is not None else set()
+    out = []
+    for l in layers:
+        if l.name in active and l.type in ("dense", "conv2d") and l.inputs[0] in needed and l.name not in tiled:
+            _mh, _mw, pix = matrix_shape(l)
+            vec = int(round(pix)) if l.type == "conv2d" else int(prod(l.in_shapes[0][:-1]))
+            if vec == 1:
+                out.append(l.name)
+    return out
+
+
+def weight_stream_bytes(model: Model, layers: Sequence[Layer], folding: dict[str, tuple[int, int]], fmt: str,
+                        streamed: Collection[str]) -> int:
+    """On-chip bytes of the weight stream of a time-multiplexed backward kernel whose ``streamed``
+    turns read their matrices from it (codegen.hls_bwd._stream_weights), 0 without one: its
+    two-deep FIFO of the widest PE x SIMD word, and the MW exact dx sums (``accw``: the largest
+    MW of the kernel's matrices, each of the widest dx accumulator's bytes)."""
+    if not streamed:
+        return 0
+    bits = 8 * bytes_per_element(fmt)
+    ls = max(folding[n][0] * folding[n][1] for n in streamed)
+    active, _needed = _active(model, layers)
+    mats = [l for l in layers if l.name in active and l.type in ("dense", "conv2d")]
+    mw = max(int(matrix_shape(l)[1]) for l in mats)
+    xb = max(acc_width(int(matrix_shape(l)[0]) * (prod(_window(l)[0]) if l.type == "conv2d" else 1), bits, bits)
+             for l in mats)
+    return STREAM_DEPTH * -(-ls * bits // 8) + mw * -(-xb // 8)
+
+
 def bwd_memory(model: Model, layers: Sequence[Layer], board: Board | None, folding: dict[str, tuple[int, int]],
                fmt: str, budget: int | None, samples: int, time_multiplexed: bool) -> BwdMemory:
     """The backward kernel's memory decision. ``budget``: its on-chip share
     (fpga_models.allocate.kernel_onchip_budget; None: unlimited); ``samples``: samples whose
-    gradients an accumulator sums in an iteration (micro-batches x the replica's micro-batch)."""
-    bits = 8 * bytes_per_element(fmt)
+    gradients an accumulator sums in an iteration (micro-batches x the replica's micro-batch).
+
+    A time-multiplexed kernel's decision counts what it builds besides: its turns' two-deep
+    streams, an off-chip frame's two-deep ends, the weight tile and the weight stream (FIFO and
+    dx sums). Until the tile is chosen (last: what the share leaves) the largest tile and a
+    stream of every matrix that may stream are reserved; the figure is of those built."""
+    eb = bytes_per_element(fmt)
+    bits = 8 * eb
     active, _needed = _active(model, layers)
     acc = {l.name: _acc_bytes(l, samples, bits) for l in layers
            if l.name in active and l.type in ("dense", "conv2d")}
     other = bwd_other_bytes(model, layers, folding, fmt, time_multiplexed) + bwd_weight_bytes(model, layers, fmt,
                                                                                                 budget)
-    tile = bwd_weight_tile(model, layers, fmt, budget) if time_multiplexed else None
-    if tile is not None:
-        other += tile[0] * tile[1] * bytes_per_element(fmt)
     room = ACC_ONCHIP_SHARE * on_chip_bytes(board) if board is not None else float("inf")
-    if budget is not None:
-        room = min(room, budget - other)
-    onchip = place_accumulators(acc, room)
-    mem = BwdMemory(budget, onchip, acc, other)
     if not time_multiplexed:
-        return mem
-    frames = bwd_frames(model, layers, folding, fmt)
-    off = (frames_offchip([f.nbytes for f in frames], mem.fixed_bytes, budget) if budget is not None
-           else [False] * len(frames))
-    planned = BwdMemory(budget, onchip, acc, other, tuple(frames), tuple(off))
-    # the tile built: what the share leaves beside the kernel's other bytes (the reservation aside)
-    if tile is None:
-        return planned
-    left = None if budget is None else budget - (planned.onchip_bytes - tile[0] * tile[1] * bytes_per_element(fmt))
-    return BwdMemory(budget, onchip, acc, other, tuple(frames), tuple(off),
-                     choose_tile(tile_candidates(model, layers, fmt, budget), bytes_per_element(fmt), left))
+        if budget is not None:
+            room = min(room, budget - other)
+        return BwdMemory(budget, place_accumulators(acc, room), acc, other)
+    frames, local = _walk(model, layers, folding, fmt)
+    streams = sum(STREAM_DEPTH * -(-b // 8) for _t, b in local)
+    pipes = [frame_pipe_bytes(f, fmt) for f in frames]
+    tile = bwd_weight_tile(model, layers, fmt, budget)
+    reserved = tile[0] * tile[1] * eb if tile is not None else 0
+    ws_reserved = weight_stream_bytes(model, layers, folding, fmt, weight_stream_layers(model, layers, fmt, budget))
+    base = other + streams + reserved + ws_reserved + sum(pipes)   # every frame off chip
+    if budget is not None:
+        room = min(room, budget - base)
+    onchip = place_accumulators(acc, room)
+    base += sum(b for n, b in acc.items() if onchip[n])
+    # a frame kept on chip takes its bytes instead of its two-deep ends
+    keep = [f.nbytes - p for f, p in zip(frames, pipes)]
+    off = frames_offchip(keep, base, budget) if budget is not None else [False] * len(frames)
+    off = [o and k > 0 for o, k in zip(off, keep)]   # one no bigger than its two-deep ends never spills
+    built = None
+    if tile is not None:   # the tile built: what the share leaves beside the rest (the reservation aside)
+        left = None if budget is None else budget - (base - reserved + sum(k for k, o in zip(keep, off) if not o))
+        built = choose_tile(tile_candidates(model, layers, fmt, budget), eb, left)
+    streamed = tuple(weight_stream_layers(model, layers, fmt, budget, built))
+    return BwdMemory(budget, onchip, acc, other, tuple(frames), tuple(off), built, streams, tuple(pipes), eb,
+                     streamed, weight_stream_bytes(model, layers, folding, fmt, streamed))
 
 
 def tm_bwd_extra_cycles(model: Model, layers: Sequence[Layer], board: Board, folding: dict[str, tuple[int, int]],

@@ -78,8 +78,9 @@ def _csim_stage(plan_path: Path, out: Path, index: int) -> dict:
 @pytest.mark.csim
 @pytest.mark.slow   # one g++ build of the kernel (~10 s) and its run
 def test_frames_off_chip_bit_exact_and_on_plan(tm_plan, tmp_path, monkeypatch):
-    """With no on-chip room for frames, every gradient frame goes through an m_axi buffer of
-    512-bit words (frame_write in the writer's turn, frame_read in the reader's): the kernel is
+    """With no on-chip room for frames, every gradient frame bigger than its two-deep ends goes
+    through an m_axi buffer of 512-bit words (frame_write in the writer's turn, frame_read in
+    the reader's): the kernel is
     bit-exact against train_fixed, no stream exceeds its declared depth, and the counted cycles
     per sample are within 10% of the plan's."""
     import codegen.hls_bwd as hb
@@ -89,7 +90,10 @@ def test_frames_off_chip_bit_exact_and_on_plan(tm_plan, tmp_path, monkeypatch):
     assert r.get("error") is None, r
     cpp = (tmp_path / "b" / f"stage{TM_STAGE}" / f"stage{TM_STAGE}_bwd.cpp").read_text()
     n_frames = cpp.count("bapipe::frame_write<")
-    assert n_frames == cpp.count("bapipe::frame_read<") == 5   # between the 6 turns that pass a gradient
+    # 5 frames between the 6 turns that pass a gradient; flatten's to pool2 (64 elements, 4 beats
+    # of 16 lanes) takes no more on chip than its two-deep ends off chip would, so it stays
+    # (fpga_models.bwd_memory.frame_pipe_bytes)
+    assert n_frames == cpp.count("bapipe::frame_read<") == 4
     # each its own m_axi bundle (placement gives it its own memory bank)
     assert len(re.findall(r"port=(\w+_ddr) offset=slave bundle=\1 depth=\d+ max_widen_bitwidth=512", cpp)) == n_frames
     cfg = (tmp_path / "b" / "link" / "fpga2.cfg").read_text()   # and a memory bank in the v++ link
