@@ -175,6 +175,16 @@ def stash_count(schedule: str, p: int, d: int, m: int, v: int = 1) -> int:
     return stash_walk(schedule, p, d, m, v)
 
 
+def chunk_stash_count(schedule: str, p: int, d: int, m: int, v: int, chunk: int) -> int:
+    """Activation stashes chunk ``chunk`` of device ``d`` holds at its peak: the size of that
+    chunk's own stash memory (the training RTL builds one a chunk board; the planner charges each
+    virtual stage this count). One chunk (v = 1): :func:`stash_count`. Chunks peak at different
+    times, so the chunks' counts add up to at least the device's :func:`stash_count`."""
+    if v == 1:
+        return stash_count(schedule, p, d, m)
+    return peak_stash([o for o in device_ops(schedule, p, d, m, v) if o.chunk == chunk])
+
+
 def stash_walk(schedule: str, p: int, d: int, m: int, v: int = 1) -> int:
     """:func:`stash_count` from the op order: the most forwards whose last backward has not
     run yet. Asynchronous schedules count the stream over enough iterations."""

@@ -38,7 +38,7 @@ from fractions import Fraction
 
 import numpy as np
 
-from bapipe.schedules import device_ops, peak_stash, stash_count
+from bapipe.schedules import chunk_stash_count, device_ops, stash_count
 from fpga_models import engines
 from fpga_models import train_fixed as tfx
 from fpga_models.gradients import no_input_gradient
@@ -328,7 +328,7 @@ def train_design(plan, model, cluster, params=None, plan_file: str = "plan.yaml"
         d = s.device
         if interleaved:     # the chunk's ops of its device's order; its own stash memory (the chunk's peak)
             mine = [op for op in device_ops(plan.schedule, p, d, m, v) if op.chunk == s.chunk]
-            ops, stashes = [(op.kind, op.mb) for op in mine], peak_stash(mine)
+            ops, stashes = [(op.kind, op.mb) for op in mine], chunk_stash_count(plan.schedule, p, d, m, v, s.chunk)
             module = f"{_ident(s.boards[0])}_c{s.chunk}_train"
         else:
             ops = [(op.kind, op.mb) for op in device_ops(plan.schedule, p, d, m)]

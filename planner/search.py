@@ -15,7 +15,8 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from bapipe.errors import SpecError
-from bapipe.schedules import (ASYNC, MAX_MICROBATCHES, SCHEDULES, gradient_buffers, stash_count, stashes_weights,
+from bapipe.schedules import (ASYNC, MAX_MICROBATCHES, SCHEDULES, chunk_stash_count, gradient_buffers, stash_count,
+                              stashes_weights,
                               weight_versions)
 from bapipe.spec import Model
 from fpga_models.boards import bytes_per_element
@@ -154,6 +155,12 @@ def stashes_at(schedule: str, p: int, d: int, m: int, v: int = 1) -> int:
     """bapipe.schedules.stash_count (its closed forms, else the op-order walk), cached: the
     search asks for the same few counts many times."""
     return stash_count(schedule, p, d, m, v)
+
+
+@lru_cache(maxsize=None)
+def chunk_stashes_at(schedule: str, p: int, d: int, m: int, v: int, chunk: int) -> int:
+    """bapipe.schedules.chunk_stash_count, cached."""
+    return chunk_stash_count(schedule, p, d, m, v, chunk)
 
 
 class Explorer:
@@ -404,13 +411,15 @@ class Explorer:
         return self._links[key]
 
     def stashes(self, c: Config, d: int) -> int:
-        """Micro-batches whose activations virtual stage d's device holds at its peak, per chunk."""
+        """Micro-batches whose activations virtual stage d (chunk d // p of device d % p) holds at its
+        peak: its own stash memory, as the training RTL builds it (one a chunk)."""
         if not self.train:
             return 0
         # one stage too follows its schedule's op order: GPipe's gradient accumulation runs
         # all m forwards first (m stashes), 1F1B alternates (one)
-        s = stashes_at(c.schedule, c.p, d % c.p, c.m, c.v)
-        return int(math.ceil(s / c.v))
+        if c.v == 1:
+            return stashes_at(c.schedule, c.p, d % c.p, c.m, 1)
+        return chunk_stashes_at(c.schedule, c.p, d % c.p, c.m, c.v, d // c.p)
 
     # ---- problem construction -------------------------------------------------------------
     def band_length(self, c: Config, tmax: float = math.inf) -> int:

@@ -402,6 +402,9 @@ def test_interleaved_chunks_take_turns_in_the_devices_order(tmp_path):
     assert rec["turns"][0] == {"device": 0, "boards": [0, 2], "order": [0, 0, 1, 1, 0, 1, 0, 1, 1, 0, 1, 0, 1, 1, 0, 0]}
     assert rec["boards"][2]["ops"] == ["F0", "F1", "B0", "B1", "F2", "F3", "B2", "B3"]
     assert [b.stashes for b in td.boards] == [4, 3, 2, 1]
+    # one stash count: the plan charges each virtual stage the memory the RTL builds for its chunk
+    # (fpga0: 4 + 2 = 6 micro-batches in two memories; the device's joint peak is 5)
+    assert [s.stashes for s in plan.stages] == [b.stashes for b in td.boards]
     # the links run along the virtual stages, the last chunk-0 board (fpga1) back to fpga0's chunk 1
     assert [(l.src, l.dst) for l in td.links] == [("fpga0", "fpga1"), ("fpga1", "fpga0"), ("fpga0", "fpga1")]
 
