@@ -8,8 +8,8 @@ samples of every micro-batch, with its own memories:
    writable m_axi arrays (roms.bin layout) the update kernel wrote last, and writes the
    activations its backward kernel needs to its stash memories (codegen.hls_stash): one call per
    micro-batch, in the order of the plan's schedule (bapipe.schedules.device_ops: 1F1B
-   interleaves forwards and backwards), micro-batch j into slot j mod S, S =
-   bapipe.schedules.stash_count; each backward reads the slot as it stands at its turn in that
+   interleaves forwards and backwards; an interleaved device's chunk its own ops), micro-batch j
+   into slot j mod S, S = bapipe.schedules.chunk_stash_count (the plan's ``stashes``); each backward reads the slot as it stands at its turn in that
    order (so too few slots hand it a later micro-batch's activations). A stage whose forward
    writes no stashes (host_config ``stash_note`` says why) runs its forward once for the whole
    batch and its backward's stashes are replayed by the host (``not_in_hls`` says so);
@@ -255,15 +255,18 @@ def _shard(m: int, size: int, beta: int, k: int) -> np.ndarray:
     return np.concatenate([np.arange(j * size + k * beta, j * size + (k + 1) * beta) for j in range(m)])
 
 
-def _ops(schedule: str, stages: int, position: int, m: int) -> list:
-    """The stage's forward and backward ops of one iteration in the schedule's order."""
+def _ops(plan, index: int, m: int) -> list:
+    """Plan stage ``index``'s forward and backward ops of one iteration in its device's order (an
+    interleaved device's chunk: that chunk's ops, as the training RTL's chunk board runs them)."""
     from bapipe.schedules import device_ops
 
-    return [o for o in device_ops(schedule, stages, position, m) if o.kind in ("F", "B")]
+    st = plan.stages[index]
+    return [o for o in device_ops(plan.schedule, plan.devices, st.device, m, plan.chunks)
+            if o.kind in ("F", "B") and o.chunk == st.chunk]
 
 
 def _forward_pass(stages: list, x: np.ndarray, in_name: str, m: int, size: int, fmt: fx.Fmt, td: Path,
-                  schedule: str):
+                  plan):
     """Every stage's forward kernel, each replica on its share of every micro-batch, checked
     against the fixed-point forward with the weights it read. A stage whose forward kernel
     writes stashes runs one call per micro-batch in the schedule's op order: the forward of
@@ -285,7 +288,7 @@ def _forward_pass(stages: list, x: np.ndarray, in_name: str, m: int, size: int, 
                 slots: dict = {}
                 got: dict = {}
                 f_cyc = 0
-                for op in _ops(schedule, len(stages), d, m):
+                for op in _ops(plan, s.cfg["index"], m):
                     if op.kind == "B":
                         got[op.mb] = slots[op.mb % s.slots]
                         continue
@@ -450,7 +453,7 @@ def csim_train(build: str | Path, iterations: int, seed: int = 0, lr: float = LR
             new_m, new_v, info = tfx.train_step(model, ref_master, ref_vel, x, labels, consts, tf, microbatches=m)
             row = {"iteration": it, "samples": n, "microbatches": m, "loss": round(float(info["loss"]), 6)}
             tensors, ins_of, fwd_err, cyc, reads = _forward_pass(stages, x, model.inputs[0].name, m, size, fmt, td,
-                                                                 plan.schedule)
+                                                                 plan)
             logits = tensors[out_t]
             row["logits_max_abs_err_lsb"] = int(np.max(np.abs(logits - info["logits"])))
             dz = dz_ref = tfx.softmax_xent_grad(logits, labels, tf)   # the host's, when there is no loss kernel
@@ -460,8 +463,8 @@ def csim_train(build: str | Path, iterations: int, seed: int = 0, lr: float = LR
             sums_of, stash_err = _backward_pass(stages, {out_t: dz}, ins_of, m, size, n, fmt, td, cyc, reads)
             row["stash_max_abs_err_lsb"] = stash_err
             row["stash_slots"] = {s.name: s.slots for s in stages if s.stash_bufs}
-            row["op_order"] = {s.name: " ".join(f"{o.kind}{o.mb}" for o in _ops(plan.schedule, len(stages), d, m))
-                               for d, s in enumerate(stages)}
+            row["op_order"] = {s.name: " ".join(f"{o.kind}{o.mb}" for o in _ops(plan, s.cfg["index"], m))
+                               for s in stages}
             before = {(s.name, k, key): v.copy() for s in stages for k, rep in enumerate(s.reps)
                       for key, v in rep.master.items()}
             grad_err = _update_pass(stages, sums_of, info["grads"], consts, fmt, td, cyc)

@@ -12,8 +12,9 @@ of the forward. A dense layer behind a flatten reads its stash in the flattened 
 order while the stream is HWC: the writer permutes the addresses.
 
 Slots: the host gives the forward call of micro-batch j and the backward call of the same j
-the same buffer, slot j mod S of S = bapipe.schedules.stash_count(schedule, stages, stage,
-micro-batches) buffers per tensor (the schedule's peak of forwards whose backward has not run).
+the same buffer, slot j mod S of S = bapipe.schedules.chunk_stash_count(schedule, devices, device,
+micro-batches, chunks, chunk) buffers per tensor (the peak of the stage's forwards whose backward
+has not run; the plan's ``stashes`` of the stage).
 Stashes are off chip: the forward and backward are two kernels, which share no on-chip memory.
 
 Time-multiplexed stages (the layers take turns, one sample at a time): the tee goes into the
@@ -27,7 +28,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from bapipe.schedules import stash_count
+from bapipe.schedules import chunk_stash_count
 
 
 @dataclass
@@ -40,7 +41,7 @@ class StashBuf:
     lanes: int
     elements: int           # per sample
     mb: int                 # samples per call (one micro-batch of one replica)
-    slots: int              # buffers per tensor: bapipe.schedules.stash_count
+    slots: int              # buffers per tensor: bapipe.schedules.chunk_stash_count
     chw: tuple[int, int, int] | None = None   # (C, H, W): write HWC beats in flattened C,H,W order
     ports: list[str] = field(default_factory=list)   # the backward kernel's stash arguments
 
@@ -54,7 +55,7 @@ class StashBuf:
         return {"arg": self.name, "tensor": self.tensor, "elements": self.elements, "samples": self.mb,
                 "slots": self.slots, "backward_args": self.ports,
                 "order": "flattened C,H,W (a dense layer behind a flatten)" if self.chw else "stream (HWC)",
-                "slot_rule": "micro-batch mod slots (bapipe.schedules.stash_count)"}
+                "slot_rule": "micro-batch mod slots (bapipe.schedules.chunk_stash_count)"}
 
 
 def _ident(t: str) -> str:
@@ -105,12 +106,13 @@ def _stream_of(tensor: str, sc, model, node_out: dict[str, str], design_stage) -
     raise ValueError(f"stage {sc.index}: tensor '{tensor}' ({layer.type}) has no forward stream")
 
 
-def plan_stashes(sc, model, design_stage, schedule: str, stages: int, position: int,
-                 microbatches: int) -> list[StashBuf]:
+def plan_stashes(sc, model, design_stage, schedule: str, devices: int, device: int,
+                 microbatches: int, chunks: int = 1, chunk: int = 0) -> list[StashBuf]:
     """The stash writers of training stage ``sc`` (a dataflow engine kernel with its backward
-    kernel), one per stashed tensor, in the backward kernel's port order."""
+    kernel), one per stashed tensor, in the backward kernel's port order; slots: the stage's
+    own stash count (bapipe.schedules.chunk_stash_count, the plan's ``stashes``)."""
     es = sc.engine
-    slots = stash_count(schedule, stages, position, microbatches)
+    slots = chunk_stash_count(schedule, devices, device, microbatches, chunks, chunk)
     out: dict[str, StashBuf] = {}
     for p in sc.bwd.stashes:
         if p.tensor not in out:
@@ -204,8 +206,9 @@ def build_stashes(sc, model, design_stage, plan, position: int) -> str | None:
     if sc.engine is None or sc.bwd is None or not sc.bwd.stashes:
         return None if sc.bwd is None or not sc.bwd.stashes else "not an engine kernel"
     try:
-        bufs = plan_stashes(sc, model, design_stage, plan.schedule, len(plan.stages), position,
-                            max(1, plan.microbatches))
+        st = plan.stages[position]
+        bufs = plan_stashes(sc, model, design_stage, plan.schedule, plan.devices, st.device, max(1, plan.microbatches),
+                            plan.chunks, st.chunk)
         add_stash_writers(sc, bufs)
     except ValueError as e:
         sc.engine.stashes = []

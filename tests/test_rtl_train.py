@@ -405,6 +405,9 @@ def test_interleaved_chunks_take_turns_in_the_devices_order(tmp_path):
     # one stash count: the plan charges each virtual stage the memory the RTL builds for its chunk
     # (fpga0: 4 + 2 = 6 micro-batches in two memories; the device's joint peak is 5)
     assert [s.stashes for s in plan.stages] == [b.stashes for b in td.boards]
+    # and the HLS C-simulation runs each stage's kernels in the same op order (codegen.csim_train)
+    from codegen.csim_train import _ops
+    assert [[(o.kind, o.mb) for o in _ops(plan, b.index, 4)] for b in td.boards] == [list(b.ops) for b in td.boards]
     # the links run along the virtual stages, the last chunk-0 board (fpga1) back to fpga0's chunk 1
     assert [(l.src, l.dst) for l in td.links] == [("fpga0", "fpga1"), ("fpga1", "fpga0"), ("fpga0", "fpga1")]
 
