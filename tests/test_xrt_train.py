@@ -136,3 +136,23 @@ def test_xrt_refuses_too_few_stash_slots_in_one_line(tmp_path, monkeypatch):
         xrt_backend.train_iterations(plan, model, None, master, x, labels, None, 1, consts, tf,
                                      {"build": str(build), "stash_slots": 1})
     assert "\n" not in str(e.value) and "needs 2" in str(e.value)
+
+
+def test_xrt_update_kernel_takes_each_iterations_rate(tmp_path, monkeypatch):
+    """A rate schedule (host.optim.lr_factor, train_fixed.SgdSchedule) reaches the board as the
+    update kernel's s_axilite arguments: iteration k's update call is given step k's LR, with the
+    schedule's one MU and shift (two steps of one iteration each: the full and the half rate)."""
+    from fpga_models import train_fixed as tfx
+    from host.backends import xrt_backend
+
+    plan, build, stamp, fake, model, master, x, labels, consts, tf = _setup(tmp_path, monkeypatch, None)
+    sched = tfx.sgd_schedule(0.05, 0.9, 8, tf, [1.0, 0.5], 1)
+    xrt_backend.train_iterations(plan, model, None, master, x, labels, None, 2, sched, tf, {"build": str(build)})
+    for st in stamp["xrt"]["train"]["stages"]:
+        upd = st["update"]
+        idx = {a["kind"]: a["index"] for a in upd["args"] if a["kind"] in ("mu", "lr", "shift")}
+        got = [c[4] for c in fake.calls if c[0] == "set_arg" and c[2] == upd["instance"] and c[3] == idx["lr"]]
+        # 0.05 / 8 2^23 = 52428.8 -> 52429; half of it 26214.4 -> 26214 (each step rounds on its own)
+        assert got == [sched.steps[0].lr, sched.steps[1].lr] == [52429, 26214]
+        shifts = {c[4] for c in fake.calls if c[0] == "set_arg" and c[2] == upd["instance"] and c[3] == idx["shift"]}
+        assert shifts == {consts.shift}
