@@ -686,13 +686,18 @@ def _share_arrays(ctx: BwdCtx, index: int, width: int) -> None:
 def _tile_weights(ctx: BwdCtx, index: int, width: int, plan_tile, layer_of: dict[str, str]) -> None:
     """A time-multiplexed backward kernel whose weights do not all fit on chip (no ``copies``):
     each MVU turn the plan tiles (``plan_tile``, fpga_models.bwd_memory.BwdMemory.tile: the
-    matrices, smallest first, that what the kernel's share leaves holds; the planner prices its
-    fills) reads its matrix from one on-chip tile ``s<i>_bwd_wt`` (the largest such MH x the
-    largest MW, partitioned as the turn reads it, PE x SIMD a cycle), which ``s<i>_bwd_wfetch``
-    fills before the turn, every sample, from its m_axi array in 512-bit beats (the port
-    widened: bapipe::weight_tile), so the MAC loop reads no m_axi. The other matrices are read
-    in place or streamed (:func:`_stream_weights`). ``layer_of``: a job's accumulator -> its
-    layer. ``ctx.wtile``: the tile (BArray), the fetches (turn, weight array, MH, MW) and every
+    matrices, smallest first, that what the kernel's share leaves holds, in one tile or a
+    ping-pong pair; the planner prices the fills) reads its matrix from an on-chip tile (the
+    largest such MH x the largest MW, partitioned as the turn reads it, PE x SIMD a cycle),
+    filled from its m_axi array in 512-bit beats (the port widened: bapipe::weight_tile), so the
+    MAC loop reads no m_axi. One tile ``s<i>_bwd_wt``: ``s<i>_bwd_mac_wfetch`` fills it before
+    each tiled turn, every sample. A pair ``s<i>_bwd_wt0`` / ``s<i>_bwd_wt1``: the k-th tiled
+    turn (turn order) reads tile k % 2; the first's matrix is filled before its turn, the
+    (k+1)-th's by ``s<i>_bwd_mac_wfetch``, a process of the k-th turn's DATAFLOW region beside
+    the MAC, into the other tile. The other matrices are read in place or streamed
+    (:func:`_stream_weights`). ``layer_of``: a job's accumulator -> its layer. ``ctx.wtile``:
+    the tiles (BArray), the fetches (turn, weight array, MH, MW, tile) -- before the turn (one
+    tile), or during it for the next tiled turn (a pair; ``first``: the one before) -- and every
     array's dims the MAC reads."""
     from .hls_mac import _decl_name
     from .hls_weights import BRAM_COPY_BYTES
@@ -703,33 +708,51 @@ def _tile_weights(ctx: BwdCtx, index: int, width: int, plan_tile, layer_of: dict
     eb = (width + 7) // 8
     wdims = {w.name: tuple(int(d) for d in re.findall(r"\[(\d+)\]", w.dims)) for w in ctx.weights}
     want = set(plan_tile.layers)
-    tiled = [j for j in mac.jobs if j.dx and layer_of.get(j.aw) in want]
+    tiled = sorted((j for j in mac.jobs if j.dx and layer_of.get(j.aw) in want), key=lambda j: j.turn)
     if sorted(layer_of[j.aw] for j in tiled) != sorted(want) or any(wdims.get(j.w) != (j.mh, j.mw) for j in tiled):
         raise ValueError(f"s{index}_bwd: the planned weight tile's matrices {sorted(want)} are not the kernel's "
                          f"MVU turns with dx {sorted(layer_of.get(j.aw, j.aw) for j in tiled)}")
+    double = getattr(plan_tile, "buffers", 1) == 2
+    if double and [layer_of[j.aw] for j in tiled] != [n for n, _h, _w in plan_tile.turn_fills]:
+        raise ValueError(f"s{index}_bwd: the tiled turns run {[layer_of[j.aw] for j in tiled]}, the plan prices "
+                         f"their fills in the order {[n for n, _h, _w in plan_tile.turn_fills]}")
     r, c = plan_tile.rows, plan_tile.cols
-    tile = BArray(f"s{index}_bwd_wt", "data_t", (r, c), width, "bram" if r * c * eb <= BRAM_COPY_BYTES else "uram",
-                  partitions=[(max(j.pe for j in tiled), 1), (max(j.simd for j in tiled), 2)])
-    ctx.arrays = ctx.arrays + [tile]
-    fetches = [(j.turn, j.w, j.mh, j.mw) for j in tiled]
+    names = [f"s{index}_bwd_wt{h}" for h in range(2)] if double else [f"s{index}_bwd_wt"]
+    tiles = [BArray(n, "data_t", (r, c), width, "bram" if r * c * eb <= BRAM_COPY_BYTES else "uram",
+                    partitions=[(max(j.pe for j in tiled), 1), (max(j.simd for j in tiled), 2)]) for n in names]
+    ctx.arrays = ctx.arrays + tiles
+    if double:   # the first before its turn; the (k+1)-th during the k-th turn, into the other tile
+        first = (tiled[0].turn, tiled[0].w, tiled[0].mh, tiled[0].mw, names[0])
+        fetches = [(a.turn, b.w, b.mh, b.mw, names[(k + 1) % 2]) for k, (a, b) in enumerate(zip(tiled, tiled[1:]))]
+    else:
+        first = None
+        fetches = [(j.turn, j.w, j.mh, j.mw, names[0]) for j in tiled]
     moved = {j.w for j in tiled}
-    for j in tiled:
-        j.w = tile.name
+    for k, j in enumerate(tiled):
+        j.w = names[k % len(names)]
     still = {j.w for j in mac.jobs}
     decls = {_decl_name(d): d for d in mac.mac_params if _decl_name(d) not in moved - still}
-    decls[tile.name] = tile.decl
+    for t in tiles:
+        decls[t.name] = t.decl
     mac.mac_params = [decls[n] for n in sorted(decls)]
     outer = {_decl_name(d): d for d in mac.turn_params}
     for n in moved - still:
         if not any(re.search(rf"\b{re.escape(n)}\b", p) for u in mac.turns for p in u.processes):
             outer.pop(n, None)
-    outer[tile.name] = tile.decl
+    fetched = sorted({w for _t, w, _h, _w, _d in fetches}, key=lambda n: [f[1] for f in fetches].index(n))
+    wdecl = {n: f"const data_t {n}{''.join(f'[{d}]' for d in wdims[n])}" for n in moved}
+    if double:   # the in-region fetches read their m_axi arrays inside the MVU turns' function
+        outer.update({n: wdecl[n] for n in fetched})
+    for t in tiles:
+        outer[t.name] = t.decl
     mac.turn_params = [outer[n] for n in sorted(outer)]
     shapes = {n: wdims[n] for n in still if n in wdims}
-    shapes[tile.name] = (r, c)
-    ctx.wtile = {"tile": tile, "fetches": fetches, "shapes": shapes, "epw": AXI_BITS // width,
-                 "params": [f"const data_t {n}{''.join(f'[{d}]' for d in wdims[n])}" for _t, n, _h, _w in fetches]
-                 + [tile.decl], "args": [n for _t, n, _h, _w in fetches] + [tile.name]}
+    shapes.update({n: (r, c) for n in names})
+    ctx.wtile = {"tile": tiles[0], "tiles": tiles, "double": double, "first": first, "fetches": fetches,
+                 "shapes": shapes, "epw": AXI_BITS // width,
+                 "params": [wdecl[n] for n in fetched] + [t.decl for t in tiles],
+                 "args": fetched + names,
+                 "ports": sorted(moved)}
 
 
 def _stream_weights(ctx: BwdCtx, index: int, width: int, streamed=(), layer_of: dict[str, str] | None = None) -> None:
@@ -910,10 +933,11 @@ def _fold_of(st, layers) -> dict[str, tuple[int, int]]:
 
 def design_backward_memory(plan, model, cluster) -> list[dict | None]:
     """Per stage, the Design's record of its backward kernel's memory (design.json
-    ``backward_memory``: fpga_models.bwd_memory.BwdMemory.as_dict, with ``spill_cycles``, the
-    backward cycles a sample its off-chip frames add, which the plan's cycles.bwd holds); None
-    for a stage not on a catalog FPGA."""
-    from fpga_models.bwd_memory import tm_bwd_spill_cycles
+    ``backward_memory``: fpga_models.bwd_memory.BwdMemory.as_dict, with ``spill_cycles`` and
+    ``fill_cycles``, the backward cycles a sample its off-chip frames add and its turns wait on
+    the weight tile's fills, which the plan's cycles.bwd holds); None for a stage not on a
+    catalog FPGA."""
+    from fpga_models.bwd_memory import tm_bwd_fill_cycles, tm_bwd_spill_cycles
 
     out: list[dict | None] = []
     for st in plan.stages:
@@ -927,9 +951,10 @@ def design_backward_memory(plan, model, cluster) -> list[dict | None]:
         rec = mem.as_dict()
         if st.style == "time-multiplexed":
             layers = [model.layers[model.index[n]] for n in st.layers]
-            rec["spill_cycles"] = tm_bwd_spill_cycles(model, layers, board, _fold_of(st, layers), plan.number_format,
-                                                      budget,
-                                                      max(1, plan.microbatches) * replica_batch(plan, st), mem)
+            args = (model, layers, board, _fold_of(st, layers), plan.number_format, budget,
+                    max(1, plan.microbatches) * replica_batch(plan, st), mem)
+            rec["spill_cycles"] = tm_bwd_spill_cycles(*args)
+            rec["fill_cycles"] = tm_bwd_fill_cycles(*args)
         out.append(rec)
     return out
 

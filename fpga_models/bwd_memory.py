@@ -22,12 +22,15 @@ at least fpga_models.engines.frame_io_cycles -- cycles the plan charges
 (:func:`tm_bwd_spill_cycles`) and the kernel spends.
 
 A time-multiplexed kernel whose weights are not all copied on chip reads the smaller matrices
-of its turns with an input gradient from one on-chip weight tile (:func:`choose_tile`: what
-the share leaves), filled before each such turn every sample, in 512-bit beats not overlapped
-with the turn (:func:`tile_fill_cycles`, which the plan charges beside the frames:
-:func:`tm_bwd_extra_cycles`); a one-vector matrix with an input gradient that the tile does
-not hold streams through a two-deep FIFO, its dx summed in MW exact sums
-(:func:`weight_stream_layers`, :func:`weight_stream_bytes`).
+of its turns with an input gradient from an on-chip weight tile (:func:`choose_tile`: what
+the share leaves), filled every sample in 512-bit beats. When two such tiles fit what the share
+leaves and two or more turns read one (:func:`double_tile`), the tile is a ping-pong pair: the
+first tiled turn's matrix is filled before it, and every later one's during the previous tiled
+turn, into the other tile; else one tile, filled before each tiled turn, not overlapped with it.
+The plan charges what the kernel waits on the fills (:func:`tile_stall_cycles`,
+:func:`tm_bwd_fill_cycles`) beside the frames (:func:`tm_bwd_extra_cycles`); a one-vector
+matrix with an input gradient that the tile does not hold streams through a two-deep FIFO, its
+dx summed in MW exact sums (:func:`weight_stream_layers`, :func:`weight_stream_bytes`).
 
 A time-multiplexed kernel's figure counts all it builds: besides the above, its turns' own
 two-deep streams (:func:`bwd_stream_bytes`, walked as codegen.hls_bwd lays them out) and an
@@ -117,7 +120,8 @@ class BwdMemory:
 
     @property
     def tile_bytes(self) -> int:
-        return self.tile.rows * self.tile.cols * self.elem_bytes if self.tile is not None else 0
+        """The weight tile's bytes: both tiles of a ping-pong pair."""
+        return self.tile.buffers * self.tile.rows * self.tile.cols * self.elem_bytes if self.tile is not None else 0
 
     @property
     def fixed_bytes(self) -> int:
@@ -148,23 +152,33 @@ class BwdMemory:
                 "frames": [{"tensor": f.tensor, "writer": f.writer, "reader": f.reader, "bytes": f.nbytes,
                             "lanes": f.lanes, "offchip": o} for f, o in zip(self.frames, self.frames_off)],
                 **({"weight_tile": {"rows": self.tile.rows, "columns": self.tile.cols,
-                                    "layers": list(self.tile.layers)}} if self.tile is not None else {}),
+                                    "layers": list(self.tile.layers), "buffers": self.tile.buffers}}
+                   if self.tile is not None else {}),
                 **({"weight_stream": {"layers": list(self.streamed)}} if self.streamed else {})}
 
 
 @dataclass(frozen=True)
 class WeightTile:
-    """The one on-chip weight tile of a time-multiplexed backward kernel (:func:`bwd_tile`):
-    ``rows`` x ``cols`` elements, filled before the turn of each of ``layers`` (layer order),
-    every sample, with that layer's matrix (MH x MW) -- ``fills``, (layer, MH, MW)."""
+    """The on-chip weight tile of a time-multiplexed backward kernel (:func:`choose_tile`,
+    :func:`double_tile`): ``rows`` x ``cols`` elements, holding for the turn of each of
+    ``layers`` that layer's matrix (MH x MW) -- ``fills``, (layer, MH, MW), layer order -- every
+    sample. ``buffers`` 1: one tile, filled before each tiled turn; 2: a ping-pong pair, the
+    k-th tiled turn (turn order: :attr:`turn_fills`) reads tile k % 2, and the (k+1)-th's matrix
+    is filled into the other one during the k-th turn (the first's before it)."""
 
     rows: int
     cols: int
     fills: tuple                       # (layer, MH, MW) per tiled turn, layer order
+    buffers: int = 1                   # 1: one tile; 2: a ping-pong pair
 
     @property
     def layers(self) -> tuple[str, ...]:
         return tuple(n for n, _h, _w in self.fills)
+
+    @property
+    def turn_fills(self) -> tuple:
+        """``fills`` in turn order (the backward's turns run the layers last first)."""
+        return tuple(reversed(self.fills))
 
 
 def _active(model: Model, layers: Sequence[Layer]) -> tuple[set[str], set[str]]:
@@ -488,14 +502,44 @@ def choose_tile(cands: Sequence[tuple[str, int, int]], eb: int, left: float | No
     return WeightTile(max(h for _n, h, _w in fills), max(w for _n, _h, w in fills), fills)
 
 
+def double_tile(tile: WeightTile | None, eb: int, left: float | None) -> WeightTile | None:
+    """The tile as built: a ping-pong pair (``buffers`` 2) of the same matrices when two tiles
+    fit ``left`` bytes (None: no limit) and two or more turns read it (with one, the only fill
+    is before its turn either way); else the one tile. The decision the planner prices
+    (:func:`tile_stall_cycles`) and codegen.hls_bwd._tile_weights builds."""
+    if tile is None or len(tile.fills) < 2:
+        return tile
+    if left is None or 2 * tile.rows * tile.cols * eb <= left:
+        return WeightTile(tile.rows, tile.cols, tile.fills, 2)
+    return tile
+
+
 def tile_fill_cycles(tile: WeightTile | None, fmt: str) -> int:
-    """Cycles a sample the tile's fills take (codegen's bapipe::weight_tile, before each tiled
-    turn, not overlapped with it): per tiled matrix its 512-bit beats plus the loop's 2 cycles
-    of pipeline depth (its BAPIPE_LOOP)."""
+    """Cycles a sample the tile's fills take end to end (codegen's bapipe::weight_tile): per
+    tiled matrix its 512-bit beats plus the loop's 2 cycles of pipeline depth (its BAPIPE_LOOP).
+    What one tile waits on (:func:`tile_stall_cycles`)."""
+    return sum(_fill_cycles(tile, fmt).values()) if tile is not None else 0
+
+
+def _fill_cycles(tile: WeightTile, fmt: str) -> dict[str, int]:
+    bits = 8 * bytes_per_element(fmt)
+    return {n: -(-mh * mw * bits // 512) + 2 for n, mh, mw in tile.fills}
+
+
+def tile_stall_cycles(tile: WeightTile | None, fmt: str, busy: dict[str, int] | None = None) -> int:
+    """Cycles a sample the kernel waits on its tile's fills. One tile: every fill
+    (:func:`tile_fill_cycles`), before its turn. A ping-pong pair: the first tiled turn's fill,
+    before it, then per later tiled turn what its fill (a process of the previous tiled turn's
+    DATAFLOW region) takes beyond that turn's own: ``max(0, fill[k+1] - busy[k])``, ``busy``
+    (layer -> cycles) the previous tiled turn's region without the fill (its layer's backward
+    cycles, or its off-chip frames' words when longer: :func:`turn_busy_cycles`)."""
     if tile is None:
         return 0
-    bits = 8 * bytes_per_element(fmt)
-    return sum(-(-mh * mw * bits // 512) + 2 for _n, mh, mw in tile.fills)
+    fill = _fill_cycles(tile, fmt)
+    if tile.buffers == 1:
+        return sum(fill.values())
+    order = [n for n, _h, _w in tile.turn_fills]
+    return fill[order[0]] + sum(max(0, fill[b] - (busy or {}).get(a, 0)) for a, b in zip(order, order[1:]))
 
 
 def place_accumulators(acc_bytes: dict[str, int], room: float) -> dict[str, bool]:
@@ -587,7 +631,7 @@ def bwd_memory(model: Model, layers: Sequence[Layer], board: Board | None, foldi
     built = None
     if tile is not None:   # the tile built: what the share leaves beside the rest (the reservation aside)
         left = None if budget is None else budget - (base - reserved + sum(k for k, o in zip(keep, off) if not o))
-        built = choose_tile(tile_candidates(model, layers, fmt, budget), eb, left)
+        built = double_tile(choose_tile(tile_candidates(model, layers, fmt, budget), eb, left), eb, left)
     streamed = tuple(weight_stream_layers(model, layers, fmt, budget, built))
     return BwdMemory(budget, onchip, acc, other, tuple(frames), tuple(off), built, streams, tuple(pipes), eb,
                      streamed, weight_stream_bytes(model, layers, folding, fmt, streamed))
@@ -596,11 +640,54 @@ def bwd_memory(model: Model, layers: Sequence[Layer], board: Board | None, foldi
 def tm_bwd_extra_cycles(model: Model, layers: Sequence[Layer], board: Board, folding: dict[str, tuple[int, int]],
                         fmt: str, budget: int | None, samples: int) -> int:
     """Backward cycles per sample a time-multiplexed stage spends beyond its layers' own: its
-    off-chip gradient frames (:func:`tm_bwd_spill_cycles`) and its weight tile's fills
-    (:func:`tile_fill_cycles`); what the planner adds to the stage's backward time."""
+    off-chip gradient frames (:func:`tm_bwd_spill_cycles`) and what it waits on its weight
+    tile's fills (:func:`tm_bwd_fill_cycles`); what the planner adds to the stage's backward time."""
     mem = bwd_memory(model, layers, board, folding, fmt, budget, samples, True)
-    return tm_bwd_spill_cycles(model, layers, board, folding, fmt, budget, samples, mem) + tile_fill_cycles(mem.tile,
-                                                                                                          fmt)
+    return (tm_bwd_spill_cycles(model, layers, board, folding, fmt, budget, samples, mem)
+            + tm_bwd_fill_cycles(model, layers, board, folding, fmt, budget, samples, mem))
+
+
+def tm_bwd_fill_cycles(model: Model, layers: Sequence[Layer], board: Board, folding: dict[str, tuple[int, int]],
+                       fmt: str, budget: int | None, samples: int, mem: BwdMemory | None = None) -> int:
+    """Backward cycles per sample a time-multiplexed stage waits on its weight tile's fills
+    (:func:`tile_stall_cycles`, the tiled turns' regions as :func:`turn_busy_cycles` gives them)."""
+    if mem is None:
+        mem = bwd_memory(model, layers, board, folding, fmt, budget, samples, True)
+    if mem.tile is None:
+        return 0
+    busy = turn_busy_cycles(model, layers, board, folding, fmt, mem) if mem.tile.buffers > 1 else None
+    return tile_stall_cycles(mem.tile, fmt, busy)
+
+
+def _frame_io(mem: BwdMemory, fmt: str) -> dict[str, int]:
+    """Per turn (a layer, or the ports' turn): the 512-bit words of its longest off-chip frame."""
+    eb = bytes_per_element(fmt)
+    io: dict[str, int] = {}
+    for f, o in zip(mem.frames, mem.frames_off):
+        if o:
+            c = frame_io_cycles(f.nbytes // eb // f.lanes, f.lanes, 8 * eb)
+            for t in (f.writer, f.reader):
+                io[t] = max(io.get(t, 0), c)
+    return io
+
+
+def _own_cycles(name: str, layer: Layer, board: Board, folding: dict[str, tuple[int, int]], fmt: str,
+                no_dx: Collection[str]) -> int:
+    pe, simd = folding[name]
+    lc = layer_cost(layer, board, pe, simd, fmt, 1)
+    return int(backward_work(lc.bwd_in_cycles, lc.bwd_w_cycles, name not in no_dx))
+
+
+def turn_busy_cycles(model: Model, layers: Sequence[Layer], board: Board, folding: dict[str, tuple[int, int]],
+                     fmt: str, mem: BwdMemory) -> dict[str, int]:
+    """Per tiled layer, the cycles its turn's DATAFLOW region takes a sample besides a tile fill:
+    its backward cycles (as the plan charges them), or its off-chip frames' words when longer."""
+    if mem.tile is None:
+        return {}
+    io = _frame_io(mem, fmt)
+    names = {l.name: l for l in layers}
+    no_dx = no_input_gradient(model)
+    return {n: max(io.get(n, 0), _own_cycles(n, names[n], board, folding, fmt, no_dx)) for n in mem.tile.layers}
 
 
 def tm_bwd_spill_cycles(model: Model, layers: Sequence[Layer], board: Board, folding: dict[str, tuple[int, int]],
@@ -611,23 +698,10 @@ def tm_bwd_spill_cycles(model: Model, layers: Sequence[Layer], board: Board, fol
     longer (the dx ports' turn has none of its own the plan charges)."""
     if mem is None:
         mem = bwd_memory(model, layers, board, folding, fmt, budget, samples, True)
-    bits = 8 * bytes_per_element(fmt)
-    eb = bits // 8
-    io: dict[str, int] = {}
-    for f, o in zip(mem.frames, mem.frames_off):
-        if o:
-            c = frame_io_cycles(f.nbytes // eb // f.lanes, f.lanes, bits)
-            for t in (f.writer, f.reader):
-                io[t] = max(io.get(t, 0), c)
     names = {l.name: l for l in layers}
     no_dx = no_input_gradient(model)
     extra = 0
-    for t, c in io.items():
-        own = 0
-        if t in names:
-            pe, simd = folding[t]
-            lc = layer_cost(names[t], board, pe, simd, fmt, 1)
-            own = backward_work(lc.bwd_in_cycles, lc.bwd_w_cycles, t not in no_dx)
+    for t, c in _frame_io(mem, fmt).items():
+        own = _own_cycles(t, names[t], board, folding, fmt, no_dx) if t in names else 0
         extra += max(0, c - own)
     return int(extra)
-
