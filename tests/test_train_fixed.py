@@ -373,4 +373,6 @@ def test_decayed_step_is_the_smaller_update():
     w2, v2 = T.sgd_update(w, np.zeros_like(w), g, half, TF)
     assert np.array_equal(v1, v2) and (half.mu, half.shift) == (full.mu, full.shift)
     d1, d2 = (w - w1).astype(np.float64), (w - w2).astype(np.float64)
+    # the half rate's LR rounds on its own (relative 2^-15 at LR >= 2^14) and each step's shift
+    # rounds to the nearest master LSB (half an LSB each, 1 LSB between the two)
     assert (np.abs(d2 - 0.5 * d1) <= np.abs(d1) * 2.0 ** -15 + 1.0).all()
