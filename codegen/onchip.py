@@ -90,7 +90,9 @@ def engine_fixed_bytes(e, eb: int) -> int:
     the pools' accumulators."""
     local = {f.stream for f in getattr(e, "frames", [])}
     units = list(getattr(e, "units", [])) + ([e.feed] if getattr(e, "feed", None) is not None else [])
-    streams = list(e.streams) + [v for u in units for v in u.streams if v.name not in local]
+    # the top function declares the feed's streams (codegen.hls_design): count each once
+    streams = list({v.name: v for v in list(e.streams) + [v for u in units for v in u.streams
+                                                           if v.name not in local]}.values())
     roms = sum(math.prod(r.shape) * eb for r in e.roms if not getattr(r, "external", False))
     return (sum(v.depth * v.lanes * eb for v in streams) + roms + e.line_buffer_elems * eb + e.acc_bytes
             + mac_buffer_bytes(e, eb))

@@ -37,6 +37,7 @@ from typing import Collection, Sequence
 from bapipe.layers import Layer
 
 from .boards import Board, bytes_per_element
+from .fixedpoint import get_fmt
 from .gradients import backward_work
 from .engines import (MAX_LANES, TM_SWITCH, WEIGHT_TILE_SHARE, conv_window_lanes, elementwise_lut, engine_kind,
                       frame_io_cycles, line_buffer_bytes, mvu_dsp, mvu_lut, turn_fill, weight_stream_beats,
@@ -123,16 +124,19 @@ def kernel_share(onchip_bytes: int, stages_on_board: int = 1, train: bool = True
     return int(onchip_bytes) // (max(1, stages_on_board) * len(board_kernels([0], train)))
 
 
-def frames_offchip(frame_bytes: Sequence[int], fixed_bytes: int, budget: int) -> list[bool]:
+def frames_offchip(frame_bytes: Sequence[int], fixed_bytes: int, budget: int,
+                   ends: Sequence[int] | None = None) -> list[bool]:
     """Which frame buffers of a time-multiplexed kernel go off chip (True): the smallest stay
     on chip (ties: the earlier) while the kernel's fixed bytes and they fit ``budget``; the
-    rest, the biggest, spill (the most bytes freed per m_axi port)."""
+    rest, the biggest, spill (the most bytes freed per m_axi port). ``ends``: the on-chip bytes a
+    frame still takes off chip (its two-deep ends, :func:`tm_frame_ends`), counted until it stays."""
+    ends = list(ends) if ends is not None else [0] * len(frame_bytes)
     order = sorted(range(len(frame_bytes)), key=lambda i: (frame_bytes[i], i))
-    off, used = [True] * len(frame_bytes), fixed_bytes
+    off, used = [True] * len(frame_bytes), fixed_bytes + sum(ends)
     for i in order:
-        if used + frame_bytes[i] > budget:
+        if used - ends[i] + frame_bytes[i] > budget:
             break
-        used += frame_bytes[i]
+        used += frame_bytes[i] - ends[i]
         off[i] = False
     return off
 
@@ -160,14 +164,65 @@ def _in_lanes(l: Layer, folding: tuple[int, int]) -> int:
     return simd if matrix_shape(l) is not None else pe * simd
 
 
+def tm_frame_readers(layers: Sequence[Layer]) -> tuple[list[Layer], dict[str, list[Layer]], list[Layer]]:
+    """(turns, {turn: the later turns reading its output}, the turns reading the stage input) of a
+    time-multiplexed stage (a flatten is a stream, not a turn: its readers read its producer)."""
+    turns = [l for l in layers if l.type != "flatten"]
+    alias = {l.name: l.inputs[0] for l in layers if l.type == "flatten" and l.inputs}
+    readers: dict[str, list[Layer]] = {t.name: [] for t in turns}
+    inputs: list[Layer] = []
+    for t in turns:
+        for i in t.inputs:
+            while i in alias:
+                i = alias[i]
+            if i in readers:
+                readers[i].append(t)
+            elif t not in inputs:
+                inputs.append(t)
+    return turns, readers, inputs
+
+
+def tm_frame_copies(layers: Sequence[Layer], folding: dict[str, tuple[int, int]]) -> list[list[tuple[Layer, int]]]:
+    """Per frame of :func:`tm_frames`: (reader turn, lanes) of each copy the lowering builds: a
+    layer output read by k later turns is forked into k frame buffers, one a reader
+    (codegen.hls_design), each at the wider of the producer's and that reader's beats."""
+    turns, readers, _inputs = tm_frame_readers(layers)
+    out = []
+    for l, n in zip(turns, turns[1:]):
+        rs = readers[l.name] or [n]
+        out.append([(r, max(_out_lanes(l, folding[l.name]), _in_lanes(r, folding[r.name]))) for r in rs])
+    return out
+
+
 def tm_frames(layers: Sequence[Layer], folding: dict[str, tuple[int, int]], fmt: str) -> list[tuple[int, int]]:
     """(bytes, lanes) of the frame buffers of a time-multiplexed stage, one per layer output a
-    later turn reads (every layer but the last; a flatten is a stream, not a turn), at the
-    wider of its producer's and consumer's beats (the lowering converts in the producer's turn)."""
+    later turn reads (every layer but the last; a flatten is a stream, not a turn): its copies'
+    bytes (:func:`tm_frame_copies`, one whole frame per reading turn) at the first copy's
+    lanes (the lowering converts in the producer's turn); the copies go on or off chip together
+    (codegen.rtl_model.offchip_frames names the layer)."""
     eb = bytes_per_element(fmt)
     turns = [l for l in layers if l.type != "flatten"]
-    return [(int(l.out_elems) * eb, max(_out_lanes(l, folding[l.name]), _in_lanes(n, folding[n.name])))
-            for l, n in zip(turns, turns[1:])]
+    return [(int(l.out_elems) * eb * len(cs), cs[0][1]) for l, cs in zip(turns, tm_frame_copies(layers, folding))]
+
+
+def tm_frame_ends(layers: Sequence[Layer], folding: dict[str, tuple[int, int]], fmt: str) -> list[int]:
+    """Per frame of :func:`tm_frames`: the on-chip bytes of its copies when off chip, the
+    two-deep stream each copy becomes in its writer's and in its reader's turn (codegen.hls_design._spill)."""
+    eb = bytes_per_element(fmt)
+    return [sum(2 * 2 * lanes * eb for _r, lanes in cs) for cs in tm_frame_copies(layers, folding)]
+
+
+def tm_feed_bytes(layers: Sequence[Layer], folding: dict[str, tuple[int, int]], fmt: str) -> int:
+    """On-chip bytes of a time-multiplexed stage's feed: a stage input read by more than one
+    turn is forked beside the turns (codegen.hls_design: the feed's streams, declared in the
+    kernel's top function) into a two-deep stream per reading turn at the port's beat
+    (:func:`tm_port_lanes`; counted even where the port turns out as wide as the reader and
+    needs no converter) and, behind each, one whole-frame FIFO; 0 when one turn reads it."""
+    _turns, _readers, inputs = tm_frame_readers(layers)
+    if len(inputs) < 2:
+        return 0
+    eb = bytes_per_element(fmt)
+    return sum(int(math.prod(t.in_shapes[0])) * eb + 2 * tm_port_lanes(layers, folding) * eb for t in inputs)
 
 
 def tm_fixed_bytes(layers: Sequence[Layer], fmt: str) -> int:
@@ -290,15 +345,114 @@ def tm_weight_turns(layers: Sequence[Layer], folding: dict[str, tuple[int, int]]
     return (weight_words(res[0][1], bits) if res else 0), turn
 
 
+def tm_turn_bytes(layers: Sequence[Layer], folding: dict[str, tuple[int, int]], fmt: str) -> int:
+    """On-chip bytes of a time-multiplexed forward kernel's engines inside its turns, as
+    codegen.hls_design builds them (two-deep streams, DEFAULT_DEPTH): a window generator's output
+    (its beat: channels x taps of a conv, the lanes of a pool); a producer's output stream (an
+    MVU's PE lanes, :func:`_out_lanes`) in front of a fork or a width converter into its frame
+    copies (:func:`tm_frame_copies`; the last turn writes the output port) and each fork output
+    converted; a pool's per-channel accumulators (acc_t, bapipe::pool); the shared MAC array's
+    kept input vector (the largest MW, codegen.hls_mac)."""
+    eb = bytes_per_element(fmt)
+    acc_b = -(-get_fmt(fmt).acc_width // 8)
+    turns = [l for l in layers if l.type != "flatten"]
+    total, mw = 0, 0
+    for l in turns:
+        pe, simd = folding[l.name]
+        if l.type in ("conv2d", "maxpool", "avgpool") and len(l.in_shapes[0]) == 3:
+            k = l.attr.get("kernel", 1)
+            k = int(k if isinstance(k, int) else k[0])
+            lanes = math.prod(conv_window_lanes(l.in_shapes[0][0], k, simd)) if l.type == "conv2d" else pe * simd
+            total += 2 * lanes * eb
+        if l.type in ("maxpool", "avgpool", "globalavgpool"):
+            total += int(l.out_shape[0]) * acc_b
+        if matrix_shape(l) is not None and l.type in _TILED:
+            mw = max(mw, int(matrix_shape(l)[1]))
+    for l, cs in zip(turns, tm_frame_copies(layers, folding)):
+        out = _out_lanes(l, folding[l.name])
+        if len(cs) > 1 or any(lanes != out for _r, lanes in cs):
+            total += 2 * out * eb
+        if len(cs) > 1:
+            total += sum(2 * out * eb for _r, lanes in cs if lanes != out)
+    return total + mw * eb
+
+
+def tm_port_lanes(layers: Sequence[Layer], folding: dict[str, tuple[int, int]]) -> int:
+    """The planner's figure of a time-multiplexed stage's input beat: the widest its first
+    readers take (the lowering's port carries the previous stage's output beat, which a stage's
+    own cost does not know)."""
+    _turns, _readers, inputs = tm_frame_readers(layers)
+    return max((_in_lanes(t, folding[t.name]) for t in inputs), default=1)
+
+
+def tm_stashed(layers: Sequence[Layer]) -> list[str]:
+    """The tensors a training stage's backward kernel reads from its stashes (codegen.hls_bwd: a
+    convolution, dense layer, batchnorm or max pool its input, a relu its output), each once,
+    a flatten's as the tensor behind it."""
+    alias = {l.name: l.inputs[0] for l in layers if l.type == "flatten" and l.inputs}
+    out: list[str] = []
+    for l in layers:
+        if l.type in ("conv2d", "dense", "batchnorm", "maxpool") and l.inputs:
+            t = l.inputs[0]
+        elif l.type == "relu":
+            t = l.name
+        else:
+            continue
+        while t in alias:
+            t = alias[t]
+        if t not in out:
+            out.append(t)
+    return out
+
+
+def tm_stash_bytes(layers: Sequence[Layer], folding: dict[str, tuple[int, int]], fmt: str) -> int:
+    """On-chip bytes of a training time-multiplexed forward kernel's stash tees (codegen.hls_stash:
+    the stream carrying each stashed tensor, :func:`tm_stashed`, is teed through a two-deep copy
+    at its beat: its producer's output lanes, :func:`_out_lanes`, or the input port's,
+    :func:`tm_port_lanes`); none when the stash is the stage input and more than one turn reads
+    it (the lowering then leaves the stage without stash writers)."""
+    eb = bytes_per_element(fmt)
+    turns, _readers, inputs = tm_frame_readers(layers)
+    by_name = {t.name: t for t in turns}
+    tensors = tm_stashed(layers)
+    if len(inputs) > 1 and any(t not in by_name for t in tensors):
+        return 0
+    return sum(2 * (_out_lanes(by_name[t], folding[t]) if t in by_name else tm_port_lanes(layers, folding)) * eb
+               for t in tensors)
+
+
+def tm_onchip_parts(layers: Sequence[Layer], board: Board, folding: dict[str, tuple[int, int]], fmt: str,
+                    cap: float, chunks: int = 1, train: bool = True) -> dict:
+    """The planner's figure of a time-multiplexed forward kernel's on-chip bytes, item by item,
+    as codegen.hls_design builds it (codegen.onchip states the Design's): ``line_buffers``
+    (:func:`tm_fixed_bytes`), ``weights`` (the weight buffer or FIFOs, :func:`tm_weight_bytes`)
+    and, for a stage the engines build (:func:`engine_built`), ``feed`` (:func:`tm_feed_bytes`),
+    ``turns`` (:func:`tm_turn_bytes`) and in training ``stashes`` (:func:`tm_stash_bytes`);
+    their sum ``fixed``; ``frames`` and ``ends`` per frame (:func:`tm_frames`,
+    :func:`tm_frame_ends`), ``off`` (:func:`frames_offchip` on the kernel's share,
+    :func:`kernel_onchip_budget`) and ``onchip_bytes``: fixed, the frames kept, the ends of the
+    others."""
+    budget = kernel_onchip_budget(board, cap, chunks, train)
+    frames = [b for b, _l in tm_frames(layers, folding, fmt)]
+    ends = tm_frame_ends(layers, folding, fmt)
+    built = engine_built(layers)
+    parts = {"budget": budget, "line_buffers": tm_fixed_bytes(layers, fmt),
+             "weights": tm_weight_bytes(layers, folding, fmt, budget, train),
+             "feed": tm_feed_bytes(layers, folding, fmt) if built else 0,
+             "turns": tm_turn_bytes(layers, folding, fmt) if built else 0,
+             "stashes": tm_stash_bytes(layers, folding, fmt) if built and train else 0}
+    fixed = sum(parts[k] for k in ("line_buffers", "weights", "feed", "turns", "stashes"))
+    off = frames_offchip(frames, fixed, budget, ends)
+    return parts | {"fixed": fixed, "frames": frames, "ends": ends, "off": off,
+                    "onchip_bytes": fixed + sum(e if o else b for b, e, o in zip(frames, ends, off))}
+
+
 def tm_offchip(layers: Sequence[Layer], board: Board, folding: dict[str, tuple[int, int]], fmt: str,
                cap: float, chunks: int = 1, train: bool = True) -> list[bool]:
     """Which frame buffers of a time-multiplexed stage (:func:`tm_frames`, in turn order) go off
-    chip: :func:`frames_offchip` on the kernel's share of the board (:func:`kernel_onchip_budget`).
+    chip: :func:`frames_offchip` on the kernel's share of the board (:func:`tm_onchip_parts`).
     The planner prices it (:func:`tm_spill_cycles`) and the lowering builds it (codegen.rtl_model)."""
-    frames = tm_frames(layers, folding, fmt)
-    budget = kernel_onchip_budget(board, cap, chunks, train)
-    fixed = tm_fixed_bytes(layers, fmt) + tm_weight_bytes(layers, folding, fmt, budget, train)
-    return frames_offchip([b for b, _l in frames], fixed, budget)
+    return tm_onchip_parts(layers, board, folding, fmt, cap, chunks, train)["off"]
 
 
 def tm_spill_cycles(layers: Sequence[Layer], board: Board, folding: dict[str, tuple[int, int]], fmt: str,
@@ -307,18 +461,19 @@ def tm_spill_cycles(layers: Sequence[Layer], board: Board, folding: dict[str, tu
     a turn that writes or reads one takes at least :func:`fpga_models.engines.frame_io_cycles`
     (512-bit words, one a cycle), beyond the layer's own cycles when that is longer.
     ``frame_io``: filled with each such turn's longest transfer."""
-    frames = tm_frames(layers, folding, fmt)
+    copies = tm_frame_copies(layers, folding)
     off = tm_offchip(layers, board, folding, fmt, cap, chunks, train)
     bits = 8 * bytes_per_element(fmt)
     turns = [l for l in layers if l.type != "flatten"]
     io = {}   # turn -> the longest of its off-chip frame transfers (its input's and its output's)
     extra = 0
-    for k, ((nbytes, lanes), o) in enumerate(zip(frames, off)):
+    for k, (cs, o) in enumerate(zip(copies, off)):
         if o:
-            c = frame_io_cycles(nbytes * 8 // bits // lanes, lanes, bits)
-            for t in turns[k:k + 2]:   # the producer's turn writes it, the consumer's reads it
-                io[t.name] = max(io.get(t.name, 0), c)
-            extra += _stream_fill(turns[k + 1], lanes, bits)
+            for reader, lanes in cs:   # the producer's turn writes each copy, its reader reads it
+                c = frame_io_cycles(int(turns[k].out_elems) // lanes, lanes, bits)
+                for t in (turns[k], reader):
+                    io[t.name] = max(io.get(t.name, 0), c)
+                extra += _stream_fill(reader, lanes, bits)
     for t in turns:
         if t.name in io:
             pe, simd = folding[t.name]
