@@ -500,8 +500,12 @@ def test_link_configs_consistent_vgg16():
     # forward + input-gradient + weight-gradient arrays): 1,536 DSP forward, 3,072 backward per
     # stage, 9,216 per board (before the rule: 4 x 9,216 = 36,864 DSP of 11,520)
     for b in pl["boards"].values():
-        need = sorted(u["need"]["dsp"] for u in b["units"] if u["kernel"].startswith("stage"))
+        arrays = [u for u in b["units"] if re.fullmatch(r"stage\d+(_bwd)?", u["kernel"])]
+        need = sorted(u["need"]["dsp"] for u in arrays)
         assert need == [1_536, 1_536, 3_072, 3_072]
+        # the update, all-reduce and loss kernels take no DSP: their products are bound to fabric
+        # (bapipe_update.h sgd_step, loss.cpp BIND_OP impl=fabric)
+        assert all(u["need"]["dsp"] == 0 for u in b["units"] if u["kernel"].startswith("stage") and u not in arrays)
         assert sum(need) <= 11_520 * plan.utilisation_cap
     # on-chip memory fits too since the frame buffers beyond a kernel's share go off chip
     # (fpga_models.allocate.frames_offchip; fpga0/fpga1 needed 69,150,078 bytes of 57,802,752
