@@ -57,6 +57,8 @@ def test_conv_mini_3_boards():
 
 
 @pytest.mark.slow
+@pytest.mark.soak   # 67 s cold (session 10: make test 11:38 cold): make test-all; make test keeps a multi-board conv
+# pipeline bit-exact with cycles vs plan (tests/test_agreement.py::test_demo_plan_every_stage_meets_the_plan, 4 boards)
 def test_tiny_cnn_3_boards():
     from cocotb_tests.plans import tiny_cnn_plan
     r = _rtlsim(_gen(tiny_cnn_plan(), "tiny-cnn"), samples=4)
@@ -64,6 +66,8 @@ def test_tiny_cnn_3_boards():
     assert abs(r["error"]) <= 0.02, r
 
 
+@pytest.mark.soak   # 83 s cold: make test-all; make test keeps time-multiplexed turns against the plan
+# (tests/test_agreement.py::test_time_multiplexed_stage_meets_the_plan) and the interleaved chunk order (test_rtl_train)
 def test_tiny_cnn_interleaved_time_multiplexed():
     """Two boards taking turns between two stages each, layers in turns inside a stage: bit-exact,
     and the measured cycles per sample within 1% of the turn-taking replay."""
