@@ -182,7 +182,12 @@ def chunk_stash_count(schedule: str, p: int, d: int, m: int, v: int, chunk: int)
     times, so the chunks' counts add up to at least the device's :func:`stash_count`."""
     if v == 1:
         return stash_count(schedule, p, d, m)
-    return peak_stash([o for o in device_ops(schedule, p, d, m, v) if o.chunk == chunk])
+    return peak_stash(chunk_ops(schedule, p, d, m, v, chunk))
+
+
+def chunk_ops(schedule: str, p: int, d: int, m: int, v: int, chunk: int) -> list[Op]:
+    """Chunk ``chunk``'s ops in device ``d``'s order: what that chunk's stage runs (v = 1: all)."""
+    return [o for o in device_ops(schedule, p, d, m, v) if o.chunk == chunk]
 
 
 def stash_walk(schedule: str, p: int, d: int, m: int, v: int = 1) -> int:

@@ -258,11 +258,11 @@ def _shard(m: int, size: int, beta: int, k: int) -> np.ndarray:
 def _ops(plan, index: int, m: int) -> list:
     """Plan stage ``index``'s forward and backward ops of one iteration in its device's order (an
     interleaved device's chunk: that chunk's ops, as the training RTL's chunk board runs them)."""
-    from bapipe.schedules import device_ops
+    from bapipe.schedules import chunk_ops
 
     st = plan.stages[index]
-    return [o for o in device_ops(plan.schedule, plan.devices, st.device, m, plan.chunks)
-            if o.kind in ("F", "B") and o.chunk == st.chunk]
+    return [o for o in chunk_ops(plan.schedule, plan.devices, st.device, m, plan.chunks, st.chunk)
+            if o.kind in ("F", "B")]
 
 
 def _forward_pass(stages: list, x: np.ndarray, in_name: str, m: int, size: int, fmt: fx.Fmt, td: Path,

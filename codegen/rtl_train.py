@@ -38,7 +38,7 @@ from fractions import Fraction
 
 import numpy as np
 
-from bapipe.schedules import chunk_stash_count, device_ops, stash_count
+from bapipe.schedules import chunk_ops, chunk_stash_count, device_ops, stash_count
 from fpga_models import engines
 from fpga_models import train_fixed as tfx
 from fpga_models.gradients import no_input_gradient
@@ -255,10 +255,6 @@ class TrainDesign:
         return self.sgd.steps[0]
 
     @property
-    def lr_q(self) -> int:
-        return self.consts.lr
-
-    @property
     def lr_table(self) -> str:
         """The schedule's rates as sgd_update's LR_TABLE literal (32 bits a step, step 0 lowest)."""
         n = len(self.sgd.steps)
@@ -327,7 +323,7 @@ def train_design(plan, model, cluster, params=None, plan_file: str = "plan.yaml"
                    streaming=s.style != "time-multiplexed" and plan.microbatch_size // s.replicas > 1)
         d = s.device
         if interleaved:     # the chunk's ops of its device's order; its own stash memory (the chunk's peak)
-            mine = [op for op in device_ops(plan.schedule, p, d, m, v) if op.chunk == s.chunk]
+            mine = chunk_ops(plan.schedule, p, d, m, v, s.chunk)
             ops, stashes = [(op.kind, op.mb) for op in mine], chunk_stash_count(plan.schedule, p, d, m, v, s.chunk)
             module = f"{_ident(s.boards[0])}_c{s.chunk}_train"
         else:
@@ -542,13 +538,13 @@ def train_reference(model, params: dict, m: int, fmt: str, consts: tfx.SgdConsta
     up = tf.master.frac - tf.act.frac
     master = {n: {k: np.asarray(a, dtype=np.int64) << up for k, a in p.items()} for n, p in params.items()}
     vel: dict = {}
+    sched = tfx.as_schedule(consts)
     snaps, outs, dys = [], [], []
     for it in range(iterations):
         n = m * beta
         xs = np.asarray(x_q[it * n:(it + 1) * n], dtype=np.int64).reshape((n,) + tuple(model.inputs[0].shape))
         ls = np.asarray(labels[it * n:(it + 1) * n])
-        master, vel, info = tfx.train_step(model, master, vel, xs, ls, tfx.as_schedule(consts).at(it), tf,
-                                           microbatches=m)
+        master, vel, info = tfx.train_step(model, master, vel, xs, ls, sched.at(it), tf, microbatches=m)
         outs.append(info["logits"])
         dys.append(tfx.softmax_xent_grad(info["logits"], ls, tf))
         snaps.append({n: {k: a.copy() for k, a in p.items()} for n, p in master.items()})
