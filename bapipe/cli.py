@@ -26,18 +26,18 @@ _FILE_OUTPUTS = ("plan", "export")
 
 # name -> (handler module, help)
 COMMANDS: dict[str, tuple[str, str]] = {
-    "models": ("fpga_models.cli_info", "list the model zoo"),
-    "boards": ("fpga_models.cli_info", "list the board catalog"),
-    "clusters": ("fpga_models.cli_info", "list the built-in clusters"),
-    "profile": ("fpga_models.cli_info", "per-layer cost of MODEL on each board type of CLUSTER"),
-    "plan": ("planner.cli_plan", "plan pipeline-parallel training/inference of MODEL on CLUSTER"),
-    "sim": ("fpga_models.cli_sim", "cycle-approximate simulation of a plan"),
-    "reshard": ("planner.cli_reshard", "plan one cross-mesh resharding"),
-    "gen": ("codegen.cli_gen", "generate the HLS/RTL project of a plan"),
-    "csim": ("codegen.cli_csim", "g++ C-simulation of every generated stage against numpy"),
-    "rtlsim": ("codegen.cli_rtlsim", "Verilator run of the generated multi-board pipeline"),
-    "synth": ("codegen.cli_synth", "yosys synth_xilinx resource counts of the generated RTL"),
-    "run": ("host.cli_run", "run a plan's schedule on a backend (numpy, verilator, xrt)"),
+    "models": ("bapipe.fpga_models.cli_info", "list the model zoo"),
+    "boards": ("bapipe.fpga_models.cli_info", "list the board catalog"),
+    "clusters": ("bapipe.fpga_models.cli_info", "list the built-in clusters"),
+    "profile": ("bapipe.fpga_models.cli_info", "per-layer cost of MODEL on each board type of CLUSTER"),
+    "plan": ("bapipe.planner.cli_plan", "plan pipeline-parallel training/inference of MODEL on CLUSTER"),
+    "sim": ("bapipe.fpga_models.cli_sim", "cycle-approximate simulation of a plan"),
+    "reshard": ("bapipe.planner.cli_reshard", "plan one cross-mesh resharding"),
+    "gen": ("bapipe.codegen.cli_gen", "generate the HLS/RTL project of a plan"),
+    "csim": ("bapipe.codegen.cli_csim", "g++ C-simulation of every generated stage against numpy"),
+    "rtlsim": ("bapipe.codegen.cli_rtlsim", "Verilator run of the generated multi-board pipeline"),
+    "synth": ("bapipe.codegen.cli_synth", "yosys synth_xilinx resource counts of the generated RTL"),
+    "run": ("bapipe.host.cli_run", "run a plan's schedule on a backend (numpy, verilator, xrt)"),
     "export": ("bapipe.cli_export", "write a zoo model as ONNX"),
 }
 
@@ -145,7 +145,7 @@ def _add_args(name: str, p: argparse.ArgumentParser) -> None:
                        help="cut only where one tensor crosses (never inside a residual block): "
                             "plans whose every stage the RTL can build")
         p.add_argument("--boards", type=int, default=None, help="use at most this many boards (default: all of the cluster's)")
-        from planner.placement import PLACE_WORK, PLACE_WORK_MAX   # lazily: the planner's constants
+        from bapipe.planner.placement import PLACE_WORK, PLACE_WORK_MAX   # lazily: the planner's constants
         p.add_argument("--placements", type=int, default=None,
                        help="search every placement of stages on boards when its patterns x the (schedule, "
                             f"micro-batch count) pairs each is tried with are at most this many (default "
@@ -224,7 +224,7 @@ def _add_args(name: str, p: argparse.ArgumentParser) -> None:
                        help="samples per iteration instead of the plan's (a multiple of its micro-batches; default: the plan's)")
         p.add_argument("--lr", type=float, default=None,
                        help="learning rate (default: the optimizer's rule for the plan's batch)")
-        from host.optim import DEFAULT_LR_SCHEDULE, LR_SCHEDULES   # lazily: the optimizer's schedules
+        from bapipe.host.optim import DEFAULT_LR_SCHEDULE, LR_SCHEDULES   # lazily: the optimizer's schedules
         p.add_argument("--lr-schedule", default=DEFAULT_LR_SCHEDULE, choices=LR_SCHEDULES,
                        help="the rate over the epochs: linear steps it down once an epoch to 1/epochs of --lr, "
                             f"constant keeps it (default: {DEFAULT_LR_SCHEDULE}; every backend applies the same steps)")

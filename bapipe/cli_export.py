@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from .onnx_export import export_onnx
-from .spec import load_model
+from .models import load_model
 
 
 def cmd_export(args) -> dict:

@@ -160,8 +160,8 @@ def _train_in_verilator() -> int:
         return 1
     _line("plan", True, f"{TRAIN_MODEL} for training: {r['schedule']}, {len(r['stages'])} stages, "
           f"{r['microbatches']} micro-batches of {r['microbatch_size']}", dt)
-    from host.backends import BackendUnavailable
-    from host.driver import train
+    from bapipe.host.backends import BackendUnavailable
+    from bapipe.host.driver import train
 
     from .errors import SpecError
 

@@ -6,7 +6,7 @@ link bytes (``fpga_models.boards.bytes_per_element``), the fixed-point reference
 HLS/RTL types (``fpga_models.fixedpoint.FORMATS``: fixed16 follows hls4ml's default
 ``ap_fixed<16,6>``, https://fastmachinelearning.org/hls4ml/ "Configuration"), the
 training formats (``fpga_models.train_fixed``) and the HLS type names
-(``codegen.context.format_ctx``). Per-format DSP costs are board facts
+(``codegen.design.context.format_ctx``). Per-format DSP costs are board facts
 (``fpga_models.boards``), not format facts.
 """
 from __future__ import annotations

@@ -486,7 +486,7 @@ def main_torch(argv: list[str]) -> int:
     import argparse
     import sys
 
-    from .spec import load_model
+    from .models import load_model
 
     ap = argparse.ArgumentParser(prog="python -m bapipe.profiles torch-table",
                                  description="import a PyTorch profiler per-module table (CSV) as a profile")

@@ -10,12 +10,11 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 from functools import cached_property
-from pathlib import Path
 from typing import Any
 
 from .errors import SpecError
 from .layers import LAYER_TYPES, MULTI_INPUT, Layer, Shape, build_layer, prod
-from .yamlio import Fields, Node, NodeList, load_file, loads
+from .yamlio import Fields, Node, NodeList, loads
 
 
 @dataclass(frozen=True)
@@ -250,25 +249,6 @@ def parse_model(doc: Any, file: str = "<input>", source: str | None = None) -> M
             raise ln.error("name", f"the output of layer '{l.name}' is never used (only the last layer may be the model output)")
     return Model(name=name, inputs=tuple(inputs), layers=tuple(layers), source=source or file,
                  description=desc, doc=_plain(doc))
-
-
-def load_model(name_or_path: str, opaque: dict[str, tuple[float, float]] | None = None) -> Model:
-    """A zoo model by name, or a model file (.yaml/.yml/.onnx); ``opaque``: ONNX op -> (fwd_s, bwd_s)."""
-    from . import zoo
-
-    if name_or_path in zoo.ZOO:
-        return zoo.get(name_or_path)
-    p = Path(name_or_path)
-    if p.suffix in (".yaml", ".yml"):
-        return parse_model(load_file(p), str(p), str(p))
-    if p.suffix == ".onnx":
-        try:
-            from .onnx_import import load_onnx  # added by the ONNX issue
-        except ImportError:
-            raise SpecError(str(p), None, None, "ONNX import is not available in this build") from None
-        return load_onnx(str(p), opaque)
-    raise SpecError(name_or_path, None, "MODEL",
-                    f"expected a zoo model ({', '.join(zoo.ZOO)}) or a .yaml/.onnx file")
 
 
 def model_from_text(text: str, file: str = "<input>") -> Model:

@@ -21,11 +21,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bapipe.errors import SpecError  # noqa: E402
-from bapipe.spec import load_model  # noqa: E402
+from bapipe.models import load_model
 from bapipe.zoo import ZOO  # noqa: E402
-from fpga_models.cluster import builtin_clusters  # noqa: E402
-from planner.planning import make_plan, summary  # noqa: E402
-from planner.search import Request  # noqa: E402
+from bapipe.fpga_models.cluster import builtin_clusters  # noqa: E402
+from bapipe.planner.planning import make_plan, summary  # noqa: E402
+from bapipe.planner.search import Request  # noqa: E402
 
 
 def run_one(model_name: str, cluster_name: str, cluster, trace: bool = False) -> dict:
@@ -67,7 +67,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--models", default=",".join(ZOO))
     ap.add_argument("--clusters", default=",".join(builtin_clusters()))
-    ap.add_argument("-o", "--output", default=str(ROOT / "bench" / "results" / "planner.json"))
+    ap.add_argument("-o", "--output", default=str(ROOT / "bench" / "results" / "bapipe.planner.json"))
     ap.add_argument("--before", default=str(ROOT / "bench" / "planner_before.json"),
                     help="earlier plan times to compare with ('vs old': old time / new time); '' for none")
     args = ap.parse_args(argv)

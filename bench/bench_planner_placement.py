@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
-from planner.search import Config, Explorer, Request  # noqa: E402
+from bapipe.planner.search import Config, Explorer, Request  # noqa: E402
 from test_planner_bruteforce import _instance, _least, _vectors  # noqa: E402
 
 MAX_BOARDS = 6

@@ -13,7 +13,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from planner.reshard.suite import SUITE, run_case  # noqa: E402
+from bapipe.planner.reshard.suite import SUITE, run_case  # noqa: E402
 
 FAMILIES = ("p2p", "gather", "chain")
 

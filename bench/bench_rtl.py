@@ -3,7 +3,7 @@
 1. Simulation speed of the 4-board tiny-mlp pipeline (cluster_top with 3 link emulators):
    simulated cycles per second of a plain Verilator C++ harness (input always valid, output
    always ready), of the cocotb-driven `bapipe rtlsim --engine cocotb` run (Python drives every
-   beat) and of `bapipe rtlsim --engine cpp` (codegen/rtlsim_cpp.py, outputs checked too).
+   beat) and of `bapipe rtlsim --engine cpp` (codegen/check/rtlsim_cpp.py, outputs checked too).
 2. Link utilisation: link_tx -> link_emulator -> link_rx with a source that never idles and
    a sink that never stalls; beats x beat bytes per cycle against the configured bandwidth
    (target >= 98%), for links slower than, equal to and faster than the stream.
@@ -106,11 +106,12 @@ def bench_pipeline(cycles: int, samples: int) -> dict:
     """4-board tiny-mlp: Verilator C++ speed, and the cocotb rtlsim run (speed, check, cycles/sample)."""
     import argparse as ap
 
-    from fpga_models.plancheck import resolve
-    from cocotb_tests.plans import tiny_mlp_plan
-    from codegen.cli_rtlsim import cmd_rtlsim
-    from codegen.rtl import render_pipeline, render_rtl
-    from codegen.rtl_model import build_pipeline
+    from bapipe.fpga_models.plancheck import resolve
+    from tests.handplan import tiny_mlp_plan
+    from bapipe.codegen.cli_rtlsim import cmd_rtlsim
+    from bapipe.codegen.rtl.pipeline import render_pipeline
+    from bapipe.codegen.rtl.write import render_rtl
+    from bapipe.codegen.design.dataflow import build_pipeline
 
     plan = tiny_mlp_plan(4)
     model, cluster = resolve(plan)

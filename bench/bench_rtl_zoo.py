@@ -41,10 +41,10 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
 
     from bapipe.plan import load_plan
-    from fpga_models.plancheck import resolve
-    from codegen.cli_rtlsim import cmd_rtlsim
-    from codegen.rtl import render_rtl
-    from codegen.rtl_model import build_pipeline
+    from bapipe.fpga_models.plancheck import resolve
+    from bapipe.codegen.cli_rtlsim import cmd_rtlsim
+    from bapipe.codegen.rtl.write import render_rtl
+    from bapipe.codegen.design.dataflow import build_pipeline
 
     work = Path(tempfile.mkdtemp(prefix="bapipe-bench-rtl-zoo-"))
     bapipe = [sys.executable, "-m", "bapipe.cli"]

@@ -21,11 +21,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bapipe.plan import Plan, Stage, load_plan  # noqa: E402
-from fpga_models.plancheck import resolve  # noqa: E402
-from bapipe.spec import load_model  # noqa: E402
+from bapipe.fpga_models.plancheck import resolve  # noqa: E402
+from bapipe.models import load_model
 from bapipe.zoo import ZOO  # noqa: E402
-from fpga_models.cluster import builtin_clusters, load_cluster  # noqa: E402
-from fpga_models.sim import SimConfig, simulate  # noqa: E402
+from bapipe.fpga_models.cluster import builtin_clusters, load_cluster  # noqa: E402
+from bapipe.fpga_models.sim import SimConfig, simulate  # noqa: E402
 
 
 

@@ -23,11 +23,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bapipe.plan import load_plan  # noqa: E402
-from fpga_models import train_fixed as T  # noqa: E402
-from fpga_models.plancheck import resolve  # noqa: E402
-from host.data import epoch_order, load_digits  # noqa: E402
-from host.optim import LR_SCHEDULES, default_lr, lr_factor  # noqa: E402
-from host.program import fixed_master_params  # noqa: E402
+from bapipe.fpga_models import train_fixed as T  # noqa: E402
+from bapipe.fpga_models.plancheck import resolve  # noqa: E402
+from bapipe.host.data import epoch_order, load_digits  # noqa: E402
+from bapipe.host.optim import LR_SCHEDULES, default_lr, lr_factor  # noqa: E402
+from bapipe.host.program import fixed_master_params  # noqa: E402
 
 
 def final_accuracy(plan, model, lr: float, schedule: str, seed: int, epochs: int) -> float:

@@ -32,12 +32,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bapipe.profiles import import_pipedream_graph, load_profile, load_profiles  # noqa: E402
-from bapipe.spec import load_model  # noqa: E402
-from fpga_models.cluster import load_cluster  # noqa: E402
-from planner.peer_pipedream import PeerStage, cluster_levels, peer_input, price, solve  # noqa: E402
-from planner.peer_search import search as peer_formula_search  # noqa: E402
-from planner.planning import make_plan  # noqa: E402
-from planner.search import Request  # noqa: E402
+from bapipe.models import load_model
+from bapipe.fpga_models.cluster import load_cluster  # noqa: E402
+from bapipe.planner.peer_pipedream import PeerStage, cluster_levels, peer_input, price, solve  # noqa: E402
+from bapipe.planner.peer_search import search as peer_formula_search  # noqa: E402
+from bapipe.planner.planning import make_plan  # noqa: E402
+from bapipe.planner.search import Request  # noqa: E402
 
 FIXTURES = ROOT / "tests" / "fixtures" / "pipedream"
 #: model -> (fixture folder, the batch the profile was recorded at: the Input node's bytes /

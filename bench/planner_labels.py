@@ -17,11 +17,11 @@ sys.path.insert(0, str(ROOT))
 
 from bapipe.errors import SpecError  # noqa: E402
 from bapipe.schedules import SCHEDULES  # noqa: E402
-from bapipe.spec import load_model  # noqa: E402
-from fpga_models.cluster import builtin_clusters  # noqa: E402
-from planner.cli_plan import parse_partition  # noqa: E402
-from planner.planning import make_plan, summary  # noqa: E402
-from planner.search import Request  # noqa: E402
+from bapipe.models import load_model
+from bapipe.fpga_models.cluster import builtin_clusters  # noqa: E402
+from bapipe.planner.cli_plan import parse_partition  # noqa: E402
+from bapipe.planner.planning import make_plan, summary  # noqa: E402
+from bapipe.planner.search import Request  # noqa: E402
 
 MODELS = ("tiny-mlp", "tiny-cnn", "vgg16")
 CLUSTERS = ("4xU250-ring", "hetero-mix", "16xV100")

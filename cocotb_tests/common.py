@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from codegen.sim_harness import build, run, verilator_available
+from bapipe.codegen.check.sim_harness import build, run, verilator_available
 
 ELEM_W = 16
 

@@ -6,7 +6,7 @@ import random
 import pytest
 
 from cocotb_tests.common import ELEM_W, build, check, needs_verilator, xdist_group
-from codegen.sim_harness import tb_config
+from bapipe.codegen.check.sim_harness import tb_config
 
 
 # ----------------------------------------------------------------- cocotb side
@@ -15,7 +15,7 @@ try:
     import cocotb
     from cocotb.triggers import ClockCycles
 
-    from codegen import sim_tb as tb
+    from bapipe.codegen.check import sim_tb as tb
 
     @cocotb.test()
     async def fifo_random(dut):
@@ -65,8 +65,8 @@ pytestmark = [*needs_verilator, xdist_group("axis_fifo")]
 
 
 def _build(depth: int, lanes: int):
-    from codegen.rtl import render_template
-    from codegen.rtl_model import clog2, count_bits
+    from bapipe.codegen.rtl.env import render_template
+    from bapipe.codegen.design.dataflow import clog2, count_bits
     return build("axis_fifo", {"axis_fifo.v": render_template("axis_fifo")},
                  {"DATA_W": lanes * ELEM_W, "DEPTH": depth, "ADDR_W": clog2(depth), "COUNT_W": count_bits(depth)})
 

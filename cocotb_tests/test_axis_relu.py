@@ -7,17 +7,17 @@ import numpy as np
 import pytest
 
 from cocotb_tests.common import ELEM_W, build, check, needs_verilator, xdist_group
-from codegen.sim_harness import tb_config
+from bapipe.codegen.check.sim_harness import tb_config
 
 try:
     import cocotb
 
-    from codegen import sim_tb as tb
+    from bapipe.codegen.check import sim_tb as tb
 
     @cocotb.test()
     async def relu_random(dut):
         """Random idle/backpressure; output = numpy relu of the input, beat for beat."""
-        from fpga_models.fixedpoint import relu_fwd
+        from bapipe.fpga_models.fixedpoint import relu_fwd
         cfg = tb_config()
         rng = random.Random(cfg["seed"])
         lanes = cfg["lanes"]
@@ -37,7 +37,7 @@ pytestmark = [*needs_verilator, xdist_group("axis_relu")]
 
 
 def _build(lanes):
-    from codegen.rtl import render_template
+    from bapipe.codegen.rtl.env import render_template
     return build("axis_relu", {"axis_relu.v": render_template("axis_relu")}, {"LANES": lanes, "ELEM_W": ELEM_W})
 
 

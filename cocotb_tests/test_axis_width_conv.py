@@ -6,12 +6,12 @@ import random
 import pytest
 
 from cocotb_tests.common import ELEM_W, build, check, needs_verilator, xdist_group
-from codegen.sim_harness import tb_config
+from bapipe.codegen.check.sim_harness import tb_config
 
 try:
     import cocotb
 
-    from codegen import sim_tb as tb
+    from bapipe.codegen.check import sim_tb as tb
 
     @cocotb.test()
     async def wc_random(dut):
@@ -50,8 +50,8 @@ pytestmark = [*needs_verilator, xdist_group("axis_width_conv")]
 
 
 def _build(a: int, b: int):
-    from codegen.rtl import render_template
-    from codegen.rtl_model import count_bits
+    from bapipe.codegen.rtl.env import render_template
+    from bapipe.codegen.design.dataflow import count_bits
     return build("axis_width_conv", {"axis_width_conv.v": render_template("axis_width_conv")},
                  {"IN_W": a * ELEM_W, "OUT_W": b * ELEM_W, "COUNT_W": count_bits(max(a, b) // min(a, b))})
 

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from cocotb_tests.common import build, check, needs_verilator, xdist_group
-from codegen.sim_harness import CACHE, tb_config
+from bapipe.codegen.check.sim_harness import CACHE, tb_config
 
 try:
     import cocotb
@@ -24,7 +24,7 @@ try:
     from cocotbext.axi import (AxiLiteBus, AxiLiteMaster, AxiStreamBus, AxiStreamFrame, AxiStreamSink,
                                AxiStreamSource)
 
-    from codegen import sim_tb as tb
+    from bapipe.codegen.check import sim_tb as tb
 
     async def _read(axil, addr: int) -> int:
         return int.from_bytes(await axil.read(addr, 4), "little")
@@ -95,8 +95,8 @@ pytestmark = [*needs_verilator, xdist_group("kernel_wrapper")]
 def _kernel(name: str, plan, stage: int):
     """Generate the plan's RTL build (a fixed folder under the cache, so the compiled
     simulation is reused); the stage's kernel sources by file name."""
-    from codegen.cli_gen import generate_plan
-    from fpga_models.plancheck import resolve
+    from bapipe.codegen.cli_gen import generate_plan
+    from bapipe.fpga_models.plancheck import resolve
 
     model, cluster = resolve(plan)
     out = CACHE / "kernel_wrapper" / name
@@ -113,8 +113,8 @@ def _hwc(a: np.ndarray) -> np.ndarray:
 
 
 def _run_kernel(name: str, plan, stage: int, samples: int, runs: list[int], seed: int, p: float) -> None:
-    from codegen.rtl import read_params
-    from fpga_models.fixedpoint import model_fwd
+    from bapipe.codegen.rtl.pipeline import read_params
+    from bapipe.fpga_models.fixedpoint import model_fwd
 
     model, out, files = _kernel(name, plan, stage)
     layers = [model.layers[model.index[n]] for n in plan.stages[stage].layers]
@@ -139,7 +139,7 @@ def _run_kernel(name: str, plan, stage: int, samples: int, runs: list[int], seed
 @pytest.mark.slow   # one Verilator build: ~46 s from scratch on a shared 2-core machine, ~7 s cached
 def test_kernel_wrapper_bit_exact():
     """tiny-mlp stage 2 (fc3 + relu3), 5 samples in two runs, 20% idle and backpressure."""
-    from cocotb_tests.plans import tiny_mlp_plan
+    from tests.handplan import tiny_mlp_plan
 
     _run_kernel("tiny-mlp-4", tiny_mlp_plan(4), 2, 5, [3, 2], 0, 0.2)
 
@@ -149,6 +149,6 @@ def test_kernel_wrapper_bit_exact():
 def test_kernel_wrapper_conv_stage_soak():
     """tiny-cnn stage 0 (conv1, relu1, conv2, relu2: window generators, 4-lane output narrowed
     to one element a beat), 60 images in three runs, 30% idle and backpressure."""
-    from cocotb_tests.plans import tiny_cnn_plan
+    from tests.handplan import tiny_cnn_plan
 
     _run_kernel("tiny-cnn-3", tiny_cnn_plan(), 0, 60, [25, 1, 34], 3, 0.3)

@@ -14,12 +14,12 @@ from pathlib import Path
 import pytest
 
 from cocotb_tests.common import ELEM_W, build, check, needs_verilator, xdist_group
-from codegen.sim_harness import tb_config
+from bapipe.codegen.check.sim_harness import tb_config
 
 try:
     import cocotb
 
-    from codegen import sim_tb as tb
+    from bapipe.codegen.check import sim_tb as tb
 
     @cocotb.test()
     async def link_random(dut):
@@ -65,15 +65,15 @@ WRAPPER = Path(__file__).with_name("link_chain.v")
 
 def link_files() -> dict[str, str]:
     """Sources of the link_chain testbench top."""
-    from codegen.rtl import render_template
+    from bapipe.codegen.rtl.env import render_template
     files = {f"{n}.v": render_template(n) for n in ("axis_fifo", "link_tx", "link_rx", "link_emulator")}
     files["link_chain.v"] = WRAPPER.read_text()
     return files
 
 
 def link_params(lanes: int, bw: Fraction, latency: int, credits: int | None = None) -> tuple[dict, object]:
-    """link_chain parameters for a link of ``bw`` bytes/cycle, sized by codegen.rtl_model."""
-    from codegen.rtl_model import LinkSpec, clog2, count_bits, credit_depth
+    """link_chain parameters for a link of ``bw`` bytes/cycle, sized by codegen.design.dataflow."""
+    from bapipe.codegen.design.dataflow import LinkSpec, clog2, count_bits, credit_depth
     beat_bytes = lanes * ELEM_W // 8
     rate = min(Fraction(1), bw / beat_bytes)
     link = LinkSpec("a", "b", beat_bytes, bw.numerator, bw.denominator, latency,
@@ -84,12 +84,12 @@ def link_params(lanes: int, bw: Fraction, latency: int, credits: int | None = No
 
 
 # The inference pipelines now cross boards through the transport (test_transport.py); this
-# single-clock credit link remains for the training RTL (codegen/rtl_train.py) and
+# single-clock credit link remains for the training RTL (codegen/rtl/train.py) and
 # bench/bench_rtl.py, so its runs moved to make test-all.
 @pytest.mark.soak
 @pytest.mark.parametrize("lanes,bw,latency", [(4, Fraction(5), 20), (1, Fraction(3, 4), 3)])
 def test_link_short(lanes, bw, latency):
-    from codegen.rtl_model import LINK_LOOP
+    from bapipe.codegen.design.dataflow import LINK_LOOP
     params, link = link_params(lanes, bw, latency)
     d = build("link_chain", link_files(), params)
     check(d, "link_chain", "cocotb_tests.test_link", "link_timing", lanes=lanes, beats=1500, bw=str(bw),
@@ -102,7 +102,7 @@ def test_link_short(lanes, bw, latency):
 @pytest.mark.soak
 def test_link_credit_starved():
     """Half the credits the round trip needs: the rate falls to credits per round trip."""
-    from codegen.rtl_model import LINK_LOOP
+    from bapipe.codegen.design.dataflow import LINK_LOOP
     params, link = link_params(4, Fraction(8), 20, credits=20)
     d = build("link_chain", link_files(), params)
     rate = Fraction(20, 2 * 20 + LINK_LOOP)

@@ -6,15 +6,16 @@ from __future__ import annotations
 import subprocess
 
 from cocotb_tests.common import needs_verilator, xdist_group
-from codegen.sim_harness import CACHE
+from bapipe.codegen.check.sim_harness import CACHE
 
 pytestmark = [*needs_verilator, xdist_group("lint")]
 
 
 def _projects():
-    from fpga_models.plancheck import resolve
-    from cocotb_tests.plans import conv_mini_plan, tiny_cnn_interleaved_plan, tiny_cnn_plan, tiny_mlp_plan
-    from codegen.rtl import render_router, render_rtl
+    from bapipe.fpga_models.plancheck import resolve
+    from tests.handplan import conv_mini_plan, tiny_cnn_interleaved_plan, tiny_cnn_plan, tiny_mlp_plan
+    from bapipe.codegen.rtl.pipeline import render_router
+    from bapipe.codegen.rtl.write import render_rtl
     out = CACHE / "lint"
     dirs = []
     for name, plan in (("tiny-mlp-4", tiny_mlp_plan(4)), ("conv-mini", conv_mini_plan()), ("tiny-cnn", tiny_cnn_plan()),

@@ -12,17 +12,17 @@ import numpy as np
 import pytest
 
 from cocotb_tests.common import ELEM_W, build, check, needs_verilator, xdist_group
-from codegen.sim_harness import tb_config
+from bapipe.codegen.check.sim_harness import tb_config
 
 FMT = "fixed16"
 
 try:
     import cocotb
 
-    from codegen import sim_tb as tb
+    from bapipe.codegen.check import sim_tb as tb
 
     def _case(cfg, n_vec):
-        from fpga_models.fixedpoint import dense_fwd, relu_fwd
+        from bapipe.fpga_models.fixedpoint import dense_fwd, relu_fwd
         w = np.array(cfg["w"], dtype=np.int64)
         b = np.array(cfg["b"], dtype=np.int64)
         rng = np.random.default_rng(cfg["seed"])
@@ -47,7 +47,7 @@ try:
     @cocotb.test()
     async def mvu_timing(dut):
         """No stalls: exactly NF*SF cycles per vector and MVU_FILL cycles of fill latency."""
-        from codegen.rtl_model import MVU_FILL
+        from bapipe.codegen.design.dataflow import MVU_FILL
         cfg = tb_config()
         await tb.start(dut)
         n_vec = cfg["vectors"]
@@ -69,7 +69,7 @@ pytestmark = [*needs_verilator, xdist_group("mvu")]
 
 
 def _spec(mw, mh, pe, simd, relu, seed):
-    from codegen.rtl_model import MvuSpec
+    from bapipe.codegen.design.dataflow import MvuSpec
     rng = np.random.default_rng(seed)
     w = rng.integers(-1500, 1500, (mh, mw))
     b = rng.integers(-3000, 3000, mh)
@@ -77,8 +77,8 @@ def _spec(mw, mh, pe, simd, relu, seed):
 
 
 def _build(spec):
-    from codegen.rtl import render_mvu
-    from codegen.rtl_mem import mvu_memory_files
+    from bapipe.codegen.rtl.pipeline import render_mvu
+    from bapipe.codegen.rtl.memories import mvu_memory_files
     return build(spec.module, {f"{spec.module}.v": render_mvu(spec), **mvu_memory_files(spec)})
 
 
@@ -119,9 +119,9 @@ def test_mvu_wide_compiles_fast():
 
 def test_mvu_images_from_mem_dir():
     """`bapipe rtlsim`'s way: images stay in a directory (mem_dir), only Verilog is passed."""
-    from codegen.rtl import render_mvu
-    from codegen.rtl_mem import mvu_memory_files
-    from codegen.sim_harness import CACHE
+    from bapipe.codegen.rtl.pipeline import render_mvu
+    from bapipe.codegen.rtl.memories import mvu_memory_files
+    from bapipe.codegen.check.sim_harness import CACHE
     spec = _spec(8, 6, 2, 4, False, seed=5)
     mem = CACHE / "mvu_mem_dir"   # a fixed path: the build (keyed by it) is reused across runs
     mem.mkdir(parents=True, exist_ok=True)

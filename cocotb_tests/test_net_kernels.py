@@ -19,8 +19,8 @@ from cocotb_tests.common import ELEM_W, build, check, needs_verilator, xdist_gro
 try:
     import cocotb
 
-    from codegen import sim_tb as tb
-    from codegen.sim_harness import tb_config
+    from bapipe.codegen.check import sim_tb as tb
+    from bapipe.codegen.check.sim_harness import tb_config
 
     @cocotb.test()
     async def net_kernels_pair(dut):
@@ -106,24 +106,24 @@ def pair_top(a: str, a_text: str, b: str, b_text: str, a2b: dict[int, int], b2a:
 
 def _build_files(seed: int, p: float):
     """(Verilog sources, top parameters-free, the cocotb stream list) for the tiny-cnn training
-    build's fpga0 <-> fpga1 cable, rendered in memory by codegen.hls.render_files."""
+    build's fpga0 <-> fpga1 cable, rendered in memory by codegen.package.project.render_files."""
     import json
     from dataclasses import replace
 
-    import codegen.context as C
-    import codegen.hls as H
-    from codegen.package_net import channel_spec, net_kernels
-    from codegen.rtl import render_template
-    from codegen.rtl_link import Faults
-    from cocotb_tests.plans import hand_plan
-    from fpga_models.plancheck import resolve
+    from bapipe.codegen.design.lower import build_project
+    from bapipe.codegen.package.network import channel_spec, net_kernels
+    from bapipe.codegen.rtl.env import render_template
+    from bapipe.codegen.design.links import Faults
+    from tests.handplan import named_plan
+    from bapipe.fpga_models.plancheck import resolve
 
     fold = {"conv1": (4, 3), "conv2": (4, 8), "pool1": (2, 1), "conv3": (8, 4), "pool2": (4, 1), "fc": (2, 16)}
     cuts = [["conv1", "relu1", "conv2", "relu2"], ["pool1", "conv3", "relu3"], ["pool2", "flatten", "fc"]]
-    plan = hand_plan("tiny-cnn", "4xU250-ring", cuts, fold, mode="train")   # a stream each way per cable
+    plan = named_plan("tiny-cnn", "4xU250-ring", cuts, fold, mode="train")   # a stream each way per cable
     model, cluster = resolve(plan)
-    ctx = C.build_project(plan, model, cluster)
-    files = H.render_files(ctx, plan.dumps(), cluster)
+    ctx = build_project(plan, model, cluster)
+    from bapipe.codegen.package.project import render_files
+    files = render_files(ctx, plan.dumps(), cluster)
     pl = json.loads(files["placement.json"])
     kernels = {(k.board, k.qsfp): k for k in net_kernels(ctx, cluster, pl, "hls")}
     ka = kernels[("fpga0", next(q for (b, q), k in kernels.items() if b == "fpga0" and k.towards == "fpga1"))]

@@ -12,14 +12,14 @@ from pathlib import Path
 import pytest
 
 from cocotb_tests.common import needs_verilator, xdist_group
-from codegen.sim_harness import CACHE
+from bapipe.codegen.check.sim_harness import CACHE
 
 pytestmark = [*needs_verilator, xdist_group("pipeline")]
 
 
 def _gen(plan, name: str) -> Path:
-    from fpga_models.plancheck import resolve
-    from codegen.rtl import render_rtl
+    from bapipe.fpga_models.plancheck import resolve
+    from bapipe.codegen.rtl.write import render_rtl
     out = CACHE / f"pipeline-{name}"
     model, cluster = resolve(plan)
     render_rtl(plan, model, cluster, out)
@@ -27,7 +27,7 @@ def _gen(plan, name: str) -> Path:
 
 
 def _rtlsim(build: Path, samples: int) -> dict:
-    from codegen.cli_rtlsim import cmd_rtlsim
+    from bapipe.codegen.cli_rtlsim import cmd_rtlsim
     result, rc = cmd_rtlsim(argparse.Namespace(build=str(build), samples=samples, json=True))
     assert rc == 0
     json.dumps(result)  # the --json object must serialise
@@ -37,7 +37,7 @@ def _rtlsim(build: Path, samples: int) -> dict:
 @pytest.mark.slow
 @pytest.mark.soak  # ~35 s: make test-all; tests/test_rtlsim_cpp.py runs the same 3-board build against numpy in make test, test_agreement the cycles vs plan
 def test_tiny_mlp_3_boards():
-    from cocotb_tests.plans import tiny_mlp_plan
+    from tests.handplan import tiny_mlp_plan
     r = _rtlsim(_gen(tiny_mlp_plan(3), "tiny-mlp-3"), samples=12)
     assert r["outputs_match"] and len(r["boards"]) == 3
     # error = measured / predicted cycles per sample - 1: a model-accuracy criterion (docs/rtl.md:
@@ -50,7 +50,7 @@ def test_tiny_mlp_3_boards():
 @pytest.mark.slow
 @pytest.mark.soak   # ~35 s; its conv/pool/dense chain is covered by test_tiny_cnn_3_boards (make test-all keeps it)
 def test_conv_mini_3_boards():
-    from cocotb_tests.plans import conv_mini_plan
+    from tests.handplan import conv_mini_plan
     r = _rtlsim(_gen(conv_mini_plan(), "conv-mini"), samples=4)
     assert r["outputs_match"]
     assert abs(r["error"]) <= 0.02, r
@@ -60,7 +60,7 @@ def test_conv_mini_3_boards():
 @pytest.mark.soak   # 67 s cold (session 10: make test 11:38 cold): make test-all; make test keeps a multi-board conv
 # pipeline bit-exact with cycles vs plan (tests/test_agreement.py::test_demo_plan_every_stage_meets_the_plan, 4 boards)
 def test_tiny_cnn_3_boards():
-    from cocotb_tests.plans import tiny_cnn_plan
+    from tests.handplan import tiny_cnn_plan
     r = _rtlsim(_gen(tiny_cnn_plan(), "tiny-cnn"), samples=4)
     assert r["outputs_match"]
     assert abs(r["error"]) <= 0.02, r
@@ -71,7 +71,7 @@ def test_tiny_cnn_3_boards():
 def test_tiny_cnn_interleaved_time_multiplexed():
     """Two boards taking turns between two stages each, layers in turns inside a stage: bit-exact,
     and the measured cycles per sample within 1% of the turn-taking replay."""
-    from cocotb_tests.plans import tiny_cnn_interleaved_plan
+    from tests.handplan import tiny_cnn_interleaved_plan
     r = _rtlsim(_gen(tiny_cnn_interleaved_plan(), "tiny-cnn-tm"), samples=6)
     assert r["outputs_match"] and r["boards"] == ["fpga0", "fpga1"]
     assert abs(r["error"]) <= 0.01, r

@@ -11,15 +11,15 @@ import numpy as np
 import pytest
 
 from cocotb_tests.common import ELEM_W, build, check, needs_verilator, xdist_group
-from codegen.sim_harness import tb_config
+from bapipe.codegen.check.sim_harness import tb_config
 
 try:
     import cocotb
 
-    from codegen import sim_tb as tb
+    from bapipe.codegen.check import sim_tb as tb
 
     def _case(cfg, n_img, seed):
-        from fpga_models.fixedpoint import im2col, maxpool_fwd, avgpool_fwd
+        from bapipe.fpga_models.fixedpoint import im2col, maxpool_fwd, avgpool_fwd
         c, h, w, k, pad = cfg["c"], cfg["h"], cfg["w"], cfg["k"], cfg["pad"]
         rng = np.random.default_rng(seed)
         x = rng.integers(-32768, 32768, (n_img, c, h, w))
@@ -53,9 +53,9 @@ pytestmark = [*needs_verilator, xdist_group("pool")]
 
 
 def _build(c, simd, k, mode):
-    from codegen.rtl import render_template
-    from codegen.rtl_model import clog2
-    from fpga_models.fixedpoint import AVG_BITS, avg_recip
+    from bapipe.codegen.rtl.env import render_template
+    from bapipe.codegen.design.dataflow import clog2
+    from bapipe.fpga_models.fixedpoint import AVG_BITS, avg_recip
     taps = k * k
     return build("pool_unit", {"pool_unit.v": render_template("pool_unit")},
                  {"C": c, "SIMD": simd, "TAPS": taps, "MODE": mode, "ELEM_W": ELEM_W, "ACC_W": ELEM_W + clog2(taps) + 1,

@@ -6,7 +6,7 @@ import random
 import pytest
 
 from cocotb_tests.common import ELEM_W, build, check, needs_verilator, xdist_group
-from codegen.sim_harness import tb_config
+from bapipe.codegen.check.sim_harness import tb_config
 
 #: beat i of each 6-beat sample goes to these outputs (scatter, then a broadcast, then pairs)
 TABLE = [[0], [1], [2], [0, 1, 2], [0, 2], [1]]
@@ -16,7 +16,7 @@ try:
     import cocotb
     from cocotb.triggers import ClockCycles
 
-    from codegen import sim_tb as tb
+    from bapipe.codegen.check import sim_tb as tb
 
     def _expected(words, lanes):
         outs = [[] for _ in range(N_OUT)]
@@ -69,7 +69,7 @@ pytestmark = [*needs_verilator, xdist_group("reshard_router")]
 
 
 def _build(lanes: int):
-    from codegen.rtl import render_router
+    from bapipe.codegen.rtl.pipeline import render_router
     return build("reshard_router", {"reshard_router.v": render_router("reshard_router", N_OUT, TABLE)},
                  {"DATA_W": lanes * ELEM_W})
 
@@ -82,10 +82,10 @@ def test_router_short():
 
 
 def test_router_table_literal():
-    from codegen.rtl import router_table
+    from bapipe.codegen.rtl.pipeline import router_table
     assert router_table([[0], [1, 2]], 3) == "6'h31"       # beat0 -> bit0, beat1 -> bits 4,5
     with pytest.raises(ValueError):
-        from codegen.rtl import render_router
+        from bapipe.codegen.rtl.pipeline import render_router
         render_router("r", 2, [[2]])
 
 

@@ -9,15 +9,15 @@ import numpy as np
 import pytest
 
 from cocotb_tests.common import ELEM_W, build, check, needs_verilator, xdist_group
-from codegen.sim_harness import tb_config
+from bapipe.codegen.check.sim_harness import tb_config
 
 MOD = "cocotb_tests.test_resnet_blocks"
 
 
 def bn_params(c: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """Per-channel raw (scale, shift), folded as codegen.context.make_weights folds the project's
+    """Per-channel raw (scale, shift), folded as codegen.design.context.make_weights folds the project's
     draws (fpga_models.weights), with variances down to 0.05 so larger scales occur too."""
-    from fpga_models.fixedpoint import fold_batchnorm
+    from bapipe.fpga_models.fixedpoint import fold_batchnorm
     rng = np.random.default_rng(seed)
     gamma, beta = rng.uniform(0.5, 1.5, c), rng.uniform(-0.5, 0.5, c)
     mean, var = rng.uniform(-0.5, 0.5, c), rng.uniform(0.05, 1.0, c)
@@ -38,12 +38,12 @@ try:
     import cocotb
     from cocotb.triggers import ClockCycles
 
-    from codegen import sim_tb as tb
+    from bapipe.codegen.check import sim_tb as tb
 
     @cocotb.test()
     async def bn_random(dut):
         """Folded batchnorm per channel of an HWC stream: numpy batchnorm_fwd, beat for beat."""
-        from fpga_models.fixedpoint import batchnorm_fwd
+        from bapipe.fpga_models.fixedpoint import batchnorm_fwd
         cfg = tb_config()
         rng = random.Random(cfg["seed"])
         lanes, c = cfg["lanes"], cfg["c"]
@@ -59,7 +59,7 @@ try:
     @cocotb.test()
     async def gap_random(dut):
         """pool_unit with TAPS = H*W on a bare HWC stream = global average pool (globalavgpool_fwd)."""
-        from fpga_models.fixedpoint import globalavgpool_fwd
+        from bapipe.fpga_models.fixedpoint import globalavgpool_fwd
         cfg = tb_config()
         rng = random.Random(cfg["seed"])
         lanes, c, hw, n = cfg["lanes"], cfg["c"], cfg["hw"], cfg["images"]
@@ -98,7 +98,7 @@ try:
     @cocotb.test()
     async def add_random(dut):
         """Saturating add of two independently paced streams: numpy add_fwd, beat for beat."""
-        from fpga_models.fixedpoint import add_fwd
+        from bapipe.fpga_models.fixedpoint import add_fwd
         cfg = tb_config()
         rng = random.Random(cfg["seed"])
         lanes, n = cfg["lanes"], cfg["beats"] * cfg["lanes"]
@@ -121,7 +121,7 @@ try:
     async def swg_pad_min(dut):
         """Window generator with PAD_MIN = 1 (ResNet's padded 3x3/2 max pool): padding is the
         most negative value, as fixedpoint.maxpool_fwd's -inf padding never wins either."""
-        from fpga_models.fixedpoint import im2col
+        from bapipe.fpga_models.fixedpoint import im2col
         cfg = tb_config()
         rng = random.Random(cfg["seed"])
         c, h = cfg["c"], cfg["h"]
@@ -139,8 +139,9 @@ pytestmark = [*needs_verilator, xdist_group("resnet_blocks")]
 
 
 def _bn(lanes: int, c: int, pseed: int):
-    from codegen.rtl import render_template, verilog_hex
-    from codegen.rtl_model import clog2
+    from bapipe.codegen.rtl.pipeline import verilog_hex
+    from bapipe.codegen.rtl.env import render_template
+    from bapipe.codegen.design.dataflow import clog2
     scale, shift = bn_params(c, pseed)
     return build("axis_batchnorm", {"axis_batchnorm.v": render_template("axis_batchnorm")},
                  {"LANES": lanes, "ELEM_W": ELEM_W, "FRAC": 10, "C": c, "CF_W": clog2(c // lanes),
@@ -148,7 +149,7 @@ def _bn(lanes: int, c: int, pseed: int):
 
 
 def _glue(name: str, params: dict):
-    from codegen.rtl import render_template
+    from bapipe.codegen.rtl.env import render_template
     return build(name, {f"{name}.v": render_template(name)}, params)
 
 
@@ -159,9 +160,9 @@ def test_batchnorm():
 
 
 def test_global_avgpool():
-    from codegen.rtl import render_template
-    from codegen.rtl_model import clog2
-    from fpga_models.fixedpoint import AVG_BITS, avg_recip
+    from bapipe.codegen.rtl.env import render_template
+    from bapipe.codegen.design.dataflow import clog2
+    from bapipe.fpga_models.fixedpoint import AVG_BITS, avg_recip
     c, lanes, hw = 8, 2, 49
     d = build("pool_unit", {"pool_unit.v": render_template("pool_unit")},
               {"C": c, "SIMD": lanes, "TAPS": hw, "MODE": 1, "ELEM_W": ELEM_W, "ACC_W": ELEM_W + clog2(hw) + 1,
@@ -192,8 +193,8 @@ def test_fork_add_100k():
 
 
 def test_swg_pad_min():
-    from codegen.rtl import render_template
-    from codegen.rtl_model import SwgSpec
+    from bapipe.codegen.rtl.env import render_template
+    from bapipe.codegen.design.dataflow import SwgSpec
     spec = SwgSpec(4, 7, 7, 3, 1, 2, 2)
     d = build("swg", {"swg.v": render_template("swg")}, {**spec.params(ELEM_W), "PAD_MIN": 1})
     check(d, "swg", MOD, "swg_pad_min", c=4, h=7, simd=2, images=3, seed=2, p_idle=0.2, p_stall=0.2)

@@ -12,7 +12,7 @@ pytestmark = [*needs_verilator, xdist_group("resnet_pipeline")]
 
 
 def _run(style: str, boards: int, samples: int) -> dict:
-    from cocotb_tests.plans import small_resnet_plan
+    from tests.handplan import small_resnet_plan
     r = _rtlsim(_gen(small_resnet_plan(style, boards=boards), f"small-resnet-{style}-{boards}"), samples=samples)
     assert r["outputs_match"] and r["max_abs_err_lsb"] == 0 and len(r["boards"]) == boards
     assert abs(r["error"]) <= 0.02, r   # docs/rtl.md's throughput criterion (2%), not a rounding bound
@@ -51,7 +51,7 @@ def test_small_resnet_lint_clean():
     from bapipe.toolchain import verilator_bin, wire_verilator
     env = wire_verilator(dict(os.environ))
     exe = str(verilator_bin() / "verilator")
-    from cocotb_tests.plans import small_resnet_plan
+    from tests.handplan import small_resnet_plan
     failures = []
     for style, boards in (("dataflow", 2), ("time-multiplexed", 3)):
         rtl = _gen(small_resnet_plan(style, boards=boards), f"small-resnet-{style}-{boards}") / "rtl"

@@ -13,15 +13,15 @@ import numpy as np
 import pytest
 
 from cocotb_tests.common import ELEM_W, build, check, needs_verilator, xdist_group
-from codegen.sim_harness import tb_config
+from bapipe.codegen.check.sim_harness import tb_config
 
 try:
     import cocotb
 
-    from codegen import sim_tb as tb
+    from bapipe.codegen.check import sim_tb as tb
 
     def _case(cfg, n_img, seed):
-        from fpga_models.fixedpoint import im2col
+        from bapipe.fpga_models.fixedpoint import im2col
         c, h, w = cfg["c"], cfg["h"], cfg["w"]
         rng = np.random.default_rng(seed)
         x = rng.integers(-32768, 32768, (n_img, c, h, w))
@@ -61,12 +61,12 @@ pytestmark = [*needs_verilator, xdist_group("swg")]
 
 
 def _spec(c, h, w, k, pad, stride, simd, taps=1):
-    from codegen.rtl_model import SwgSpec
+    from bapipe.codegen.design.dataflow import SwgSpec
     return SwgSpec(c, h, w, k, pad, stride, simd, taps)
 
 
 def _build(s):
-    from codegen.rtl import render_template
+    from bapipe.codegen.rtl.env import render_template
     return build("swg", {"swg.v": render_template("swg")}, s.params(ELEM_W))
 
 

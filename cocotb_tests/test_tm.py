@@ -13,7 +13,7 @@ import random
 import pytest
 
 from cocotb_tests.common import ELEM_W, build, check, needs_verilator, xdist_group
-from codegen.sim_harness import tb_config
+from bapipe.codegen.check.sim_harness import tb_config
 
 #: axis_gate under test: a frame of 7 beats (7 = 2**CNT_W - 1, the widest count) of 2 lanes
 GATE_BEATS, GATE_LANES = 7, 2
@@ -87,7 +87,7 @@ try:
     import cocotb
     from cocotb.triggers import FallingEdge, RisingEdge, with_timeout
 
-    from codegen import sim_tb as tb
+    from bapipe.codegen.check import sim_tb as tb
 
     class EnDriver:
         """Drives the gate's `en`: high until BEATS beats passed (plus 0..max_hold cycles), then
@@ -288,8 +288,8 @@ MOD = "cocotb_tests.test_tm"
 
 
 def _build_gate():
-    from codegen.rtl import render_template
-    from codegen.rtl_model import count_bits
+    from bapipe.codegen.rtl.env import render_template
+    from bapipe.codegen.design.dataflow import count_bits
     return build("axis_gate", {"axis_gate.v": render_template("axis_gate")},
                  {"DATA_W": GATE_LANES * ELEM_W, "BEATS": GATE_BEATS, "CNT_W": count_bits(GATE_BEATS)})
 
@@ -299,11 +299,12 @@ def _seq_env():
 
 
 def _build_seq():
-    from codegen.rtl import pack_unsigned, render_template
-    from codegen.rtl_model import clog2, count_bits
+    from bapipe.codegen.rtl.pipeline import pack_unsigned
+    from bapipe.codegen.rtl.env import render_template
+    from bapipe.codegen.design.dataflow import clog2, count_bits
     cnt_w = count_bits(max(SEQ_OUT_BEATS + SEQ_IN_BEATS))
     unit_w = clog2(len(SEQ_OUT_BEATS))
-    # the same parameter set the board top gives it (codegen.rtl._sequencer_ctx)
+    # the same parameter set the board top gives it (codegen.rtl.pipeline._sequencer_ctx)
     return build("tm_sequencer", {"tm_sequencer.v": render_template("tm_sequencer")},
                  {"N_UNITS": len(SEQ_OUT_BEATS), "N_STAGES": len(SEQ_IN_BEATS), "UNIT_W": unit_w,
                   "STAGE_W": clog2(len(SEQ_IN_BEATS)), "CNT_W": cnt_w, "FRAMES_W": 2,

@@ -63,7 +63,7 @@ endmodule
 
 
 def _consts():
-    from fpga_models import train_fixed as tfx
+    from bapipe.fpga_models import train_fixed as tfx
     return tfx.sgd_constants(0.05, 0.9, MICROBATCHES, tfx.get_formats(FMT))
 
 
@@ -74,16 +74,16 @@ try:
     import cocotb
     from cocotb.triggers import ReadOnly, RisingEdge
 
-    from codegen import sim_tb as tb
+    from bapipe.codegen.check import sim_tb as tb
 
     _run = run_op
 
     @cocotb.test()
     async def bn_unit(dut):
-        from codegen.sim_harness import tb_config
-        from fpga_models import engines
-        from fpga_models import train_fixed as tfx
-        from fpga_models.fixedpoint import batchnorm_fwd
+        from bapipe.codegen.check.sim_harness import tb_config
+        from bapipe.fpga_models import engines
+        from bapipe.fpga_models import train_fixed as tfx
+        from bapipe.fpga_models.fixedpoint import batchnorm_fwd
 
         cfg = tb_config()
         c, hw, lanes = cfg["c"], cfg["hw"], cfg["lanes"]
@@ -136,10 +136,10 @@ try:
 
     @cocotb.test()
     async def add_unit(dut):
-        from codegen.sim_harness import tb_config
-        from fpga_models import engines
-        from fpga_models import train_fixed as tfx
-        from fpga_models.fixedpoint import add_fwd
+        from bapipe.codegen.check.sim_harness import tb_config
+        from bapipe.fpga_models import engines
+        from bapipe.fpga_models import train_fixed as tfx
+        from bapipe.fpga_models.fixedpoint import add_fwd
 
         cfg = tb_config()
         n, lanes = cfg["n"], cfg["lanes"]
@@ -167,8 +167,8 @@ except ImportError:  # pragma: no cover - cocotb missing: the pytest side skips
 # directions of batchnorm training (a 3-channel, 5-pixel vector whose 4-lane chunks straddle channels)
 @pytest.mark.slow
 def test_batchnorm_engines_bit_exact():
-    from codegen.rtl import render_template
-    from codegen.rtl_train import hex_lines
+    from bapipe.codegen.rtl.env import render_template
+    from bapipe.codegen.design.training import hex_lines
     c, hw, lanes = 3, 5, 4
     rng = np.random.default_rng(17)
     scale = rng.integers(-2048, 2048, c)
@@ -189,7 +189,7 @@ def test_batchnorm_engines_bit_exact():
 @pytest.mark.soak  # one Verilator build per parameter set (~10 s CPU), cached after
 @pytest.mark.parametrize("n,lanes", [(10, 4), (16, 16)])
 def test_add_engine_bit_exact(n, lanes):
-    from codegen.rtl import render_template
+    from bapipe.codegen.rtl.env import render_template
     d = build("train_add", {"train_add.v": render_template("train_add")},
               parameters={"N": n, "LANES": lanes, "CNT_W": max(1, (-(-n // lanes) - 1).bit_length())})
     check(d, "train_add", "cocotb_tests.test_train_bn_add", "add_unit", n=n, lanes=lanes, seed=29)
@@ -223,9 +223,9 @@ def test_mini_resnet_design_is_the_plans(tmp_path):
     plan has 192 (it prices the add's backward as a 16-cycle stream pass and the fork's sum as none);
     board 1 17 / 18."""
     from bapipe.plan import load_plan
-    from bapipe.spec import load_model
-    from codegen.rtl_train import train_design
-    from fpga_models.cluster import load_cluster
+    from bapipe.models import load_model
+    from bapipe.codegen.design.training import train_design
+    from bapipe.fpga_models.cluster import load_cluster
 
     plan = load_plan(_mini_resnet_plan(tmp_path, "gpipe"))
     td = train_design(plan, load_model(plan.model), load_cluster(plan.cluster))
@@ -304,9 +304,9 @@ def test_small_resnet_design_is_the_plans(tmp_path):
     none). With the sum inside the relu's unit (session 8) that unit took 8,192 a sample and the op
     148,098 (+10.7%). The F op is the plan's, 104,768."""
     from bapipe.plan import load_plan
-    from bapipe.spec import load_model
-    from codegen.rtl_train import train_design
-    from fpga_models.cluster import load_cluster
+    from bapipe.models import load_model
+    from bapipe.codegen.design.training import train_design
+    from bapipe.fpga_models.cluster import load_cluster
 
     plan = load_plan(_small_resnet_plan(tmp_path))
     td = train_design(plan, load_model(plan.model), load_cluster(plan.cluster))

@@ -18,7 +18,7 @@ import pytest
 
 from cocotb_tests.train_tb import pack, run_op, unpack
 from cocotb_tests.common import ELEM_W, build, check, needs_verilator, xdist_group
-from codegen.sim_harness import CACHE, tb_config
+from bapipe.codegen.check.sim_harness import CACHE, tb_config
 
 pytestmark = [*needs_verilator, xdist_group("train_engines")]
 
@@ -28,7 +28,7 @@ FMT = "fixed16"
 def _consts():
     """A two-step rate schedule, one update a step: the second update runs at half the rate, so the
     engine's own step counter (sgd_update LR_TABLE) is checked against train_fixed.SgdSchedule."""
-    from fpga_models import train_fixed as tfx
+    from bapipe.fpga_models import train_fixed as tfx
     return tfx.sgd_schedule(0.05, 0.9, 3, tfx.get_formats(FMT), [1.0, 0.5], 1)
 
 
@@ -83,7 +83,7 @@ try:
     import cocotb
     from cocotb.triggers import ReadOnly, RisingEdge
 
-    from codegen import sim_tb as tb
+    from bapipe.codegen.check import sim_tb as tb
 
     _run = run_op
 
@@ -92,8 +92,8 @@ try:
         """Run sgd_update once (u_start), apply train_fixed.sgd_update to ``master`` / ``vel`` (in
         place) and read the engine's forward weights back through the peek port, one tile a
         cycle: (the expected forward weights, biases; the MH x MW matrix read, the biases read)."""
-        from codegen.rtl_train import from_tile_order
-        from fpga_models import train_fixed as tfx
+        from bapipe.codegen.design.training import from_tile_order
+        from bapipe.fpga_models import train_fixed as tfx
 
         await _run(dut, dut.u_start, dut.u_done, cycles_out)
         master["w"], vel["w"] = tfx.sgd_update(master["w"], vel["w"], acc, consts, tf)
@@ -114,9 +114,9 @@ try:
 
     @cocotb.test()
     async def dense_unit(dut):
-        from fpga_models import engines
-        from fpga_models import train_fixed as tfx
-        from fpga_models.fixedpoint import dense_fwd
+        from bapipe.fpga_models import engines
+        from bapipe.fpga_models import train_fixed as tfx
+        from bapipe.fpga_models.fixedpoint import dense_fwd
 
         cfg = tb_config()
         mw, mh, pe, simd = cfg["mw"], cfg["mh"], cfg["pe"], cfg["simd"]
@@ -159,8 +159,8 @@ try:
 
     @cocotb.test()
     async def relu_unit(dut):
-        from fpga_models import engines
-        from fpga_models.fixedpoint import relu_bwd, relu_fwd
+        from bapipe.fpga_models import engines
+        from bapipe.fpga_models.fixedpoint import relu_bwd, relu_fwd
 
         cfg = tb_config()
         n, lanes, bwd = cfg["n"], cfg["lanes"], cfg["bwd"]
@@ -182,8 +182,8 @@ except ImportError:  # pragma: no cover - cocotb missing: the pytest side skips
 
 
 def _dense_files(mw, mh, pe, simd, w, b):
-    from codegen.rtl import render_template
-    from codegen.rtl_train import hex_lines, tile_order
+    from bapipe.codegen.rtl.env import render_template
+    from bapipe.codegen.design.training import hex_lines, tile_order
     files = {f"{n}.v": render_template(n) for n in ("train_mvu_fwd", "mvu_bwd_in", "mvu_bwd_w", "sgd_update")}
     files["train_dense_unit.v"] = WRAPPER
     files["unit_w.hex"] = hex_lines(tile_order(w, pe, simd), ELEM_W)
@@ -208,7 +208,7 @@ def test_dense_engines_bit_exact(mw, mh, pe, simd):
 @pytest.mark.soak  # one Verilator build per parameter set (~10 s CPU), cached after
 @pytest.mark.parametrize("n,lanes,bwd", [(10, 4, 0), (10, 4, 1)])
 def test_relu_engines_bit_exact(n, lanes, bwd):
-    from codegen.rtl import render_template
+    from bapipe.codegen.rtl.env import render_template
     d = build("train_relu", {"train_relu.v": render_template("train_relu")},
               parameters={"N": n, "LANES": lanes, "BWD": bwd, "CNT_W": 2})
     check(d, "train_relu", "cocotb_tests.test_train_engines", "relu_unit", n=n, lanes=lanes, bwd=bwd, seed=3)
@@ -223,13 +223,14 @@ def test_training_rtl_lint_clean(tmp_path, samples, style):
     from dataclasses import replace
 
     from bapipe.toolchain import verilator_bin, wire_verilator
-    from codegen.rtl_train import render_train, train_design
-    from cocotb_tests.plans import hand_plan
+    from bapipe.codegen.rtl.train import render_train
+    from bapipe.codegen.design.training import train_design
+    from tests.handplan import named_plan
 
-    plan = hand_plan("tiny-mlp", "4xU250-ring", [["fc1", "relu1"], ["fc2", "relu2"], ["fc3", "relu3"], ["fc4"]],
+    plan = named_plan("tiny-mlp", "4xU250-ring", [["fc1", "relu1"], ["fc2", "relu2"], ["fc3", "relu3"], ["fc4"]],
                      {"fc1": (4, 8), "fc2": (4, 8), "fc3": (4, 8), "fc4": (2, 4)}, mode="train", style=style)
     plan = replace(plan, microbatch_size=samples, microbatches=2, global_batch=2 * samples)
-    from fpga_models.plancheck import resolve
+    from bapipe.fpga_models.plancheck import resolve
     model, cluster = resolve(plan)
     files = render_train(train_design(plan, model, cluster))
     d = CACHE / f"lint-train-{samples}-{style}"
@@ -324,7 +325,7 @@ try:
     import cocotb
     from cocotb.triggers import ReadOnly, RisingEdge
 
-    from codegen import sim_tb as tb
+    from bapipe.codegen.check import sim_tb as tb
 
     @cocotb.test()
     async def conv_unit(dut):
@@ -332,10 +333,10 @@ try:
         outputs (fixedpoint.conv2d_fwd), input gradients (train_fixed.conv2d_bwd_input), the forward
         weights after each update (train_fixed.sgd_update on conv2d_bwd_weight's exact sums, momentum
         carried), every engine exactly engines.conv_train_cycles / sgd_update_cycles."""
-        from codegen.rtl_train import weight_matrix
-        from fpga_models import engines
-        from fpga_models import train_fixed as tfx
-        from fpga_models.fixedpoint import conv2d_fwd
+        from bapipe.codegen.design.training import weight_matrix
+        from bapipe.fpga_models import engines
+        from bapipe.fpga_models import train_fixed as tfx
+        from bapipe.fpga_models.fixedpoint import conv2d_fwd
 
         cfg = tb_config()
         c, h, w_, k, st, pad, o, pe, simd = (cfg[n] for n in ("c", "h", "wd", "k", "stride", "pad", "o", "pe", "simd"))
@@ -384,8 +385,8 @@ try:
         """train_pool's four engines (max / avg, forward / backward) on random images, against
         fixedpoint.maxpool_fwd / avgpool_fwd and train_fixed.maxpool_bwd / avgpool_bwd (ties
         included: the values are drawn from a small range), each exactly its CYCLES."""
-        from fpga_models import train_fixed as tfx
-        from fpga_models.fixedpoint import avgpool_fwd, maxpool_fwd
+        from bapipe.fpga_models import train_fixed as tfx
+        from bapipe.fpga_models.fixedpoint import avgpool_fwd, maxpool_fwd
 
         cfg = tb_config()
         c, h, w_, k, st, pad = (cfg[n] for n in ("c", "h", "w", "k", "stride", "pad"))
@@ -430,8 +431,8 @@ except ImportError:  # pragma: no cover - cocotb missing: the pytest side skips
 def test_conv_engines_bit_exact(c, h, w, k, stride, pad, o, pe, simd):
     """conv2d's training engines (tiny-cnn's 3 x 3 / pad 1 shape, and a stride-2 one whose windows
     leave input pixels out and cross the padding)."""
-    from codegen.rtl import render_template
-    from codegen.rtl_train import hex_lines, tile_order, weight_matrix
+    from bapipe.codegen.rtl.env import render_template
+    from bapipe.codegen.design.training import hex_lines, tile_order, weight_matrix
     rng = np.random.default_rng(c * 100 + h)
     wq = rng.integers(-600, 600, (o, c, k, k))
     b = rng.integers(-200, 200, o)
@@ -455,9 +456,9 @@ def test_conv_engines_bit_exact(c, h, w, k, stride, pad, o, pe, simd):
 def test_pool_engines_bit_exact(c, h, w, k, stride, pad, lanes):
     """max / avg pool forward and backward (tiny-cnn's 2 x 2 / stride 2, and overlapping 3 x 3 /
     stride 2 / pad 1 windows whose gradients add), cycles from engines.pool_train_cycles."""
-    from codegen.rtl import render_template
-    from fpga_models import engines
-    from fpga_models.fixedpoint import avg_recip
+    from bapipe.codegen.rtl.env import render_template
+    from bapipe.fpga_models import engines
+    from bapipe.fpga_models.fixedpoint import avg_recip
     oh, ow = (h + 2 * pad - k) // stride + 1, (w + 2 * pad - k) // stride + 1
     work = c * oh * ow * k * k                      # the layer's fwd_ops: windows x taps (stream_elements)
     fc, bc = engines.pool_train_cycles(work, lanes)

@@ -5,7 +5,7 @@ Checks: with frames lost and reordered and acknowledgements lost and reordered b
 channel model (LFSR-seeded), the receiving stage gets exactly the words sent, in order,
 once each, under random idle and backpressure, and the faults really happened (frames lost
 and held, retransmissions); without faults the line runs at >= 98% of its configured rate
-with no retransmission and no dropped beat; every parameter comes from codegen.rtl_link.
+with no retransmission and no dropped beat; every parameter comes from codegen.design.links.
 """
 from __future__ import annotations
 
@@ -20,8 +20,8 @@ from cocotb_tests.common import ELEM_W, build, check, needs_verilator, xdist_gro
 try:
     import cocotb
 
-    from codegen import sim_tb as tb
-    from codegen.sim_harness import tb_config
+    from bapipe.codegen.check import sim_tb as tb
+    from bapipe.codegen.check.sim_harness import tb_config
 
     def _stats(dut) -> dict[str, int]:
         return {k: int(getattr(dut, k).value) for k in ("lost", "held", "rewinds", "dropped", "overflow")}
@@ -115,14 +115,14 @@ MODULES = ("axis_width_conv", "net_pack", "net_tx", "net_send", "net_channel", "
 
 def transport_files() -> dict[str, str]:
     """Sources of the net_link top."""
-    from codegen.rtl import render_template
+    from bapipe.codegen.rtl.env import render_template
     return {f"{n}.v": render_template(n) for n in MODULES}
 
 
 def chain(lanes: int, bw: Fraction, latency: int, sample_words: int, faults=None):
     """(net_link parameters, TransportSpec) for ``lanes`` x 16-bit words over a ``bw`` B/cycle link."""
-    from codegen.rtl_link import Faults, transport
-    from codegen.rtl_model import LinkSpec
+    from bapipe.codegen.design.links import Faults, transport
+    from bapipe.codegen.design.dataflow import LinkSpec
     link = LinkSpec("a", "b", lanes * ELEM_W // 8, bw.numerator, bw.denominator, latency, 0)
     t = transport(link, lanes, ELEM_W, sample_words, dest=3, faults=faults or Faults())
     return t.link_params(), t
@@ -137,7 +137,7 @@ def net_beats(t, stage_beats: int) -> int:
 
 
 def run_random(lanes, bw, latency, sample_words, stage_beats, seed, p_loss, p_reorder, p_ack_loss):
-    from codegen.rtl_link import Faults
+    from bapipe.codegen.design.links import Faults
     params, t = chain(lanes, bw, latency, sample_words, Faults(p_loss, p_reorder, p_ack_loss, seed))
     d = build("net_link", transport_files(), params)
     check(d, "net_link", "cocotb_tests.test_transport", "transport_random", lanes=lanes, stage_beats=stage_beats,
@@ -161,8 +161,8 @@ def test_transport_2k():
 def test_transport_duplex():
     """Acknowledgements in band (net_duplex): 12,000 words each way at once, 4% of the
     datagrams (acknowledgements included) lost and 4% reordered on both lines."""
-    from codegen.rtl import render_template
-    from codegen.rtl_link import Faults
+    from bapipe.codegen.rtl.env import render_template
+    from bapipe.codegen.design.links import Faults
     params, t = chain(8, Fraction(20), 12, 10, Faults(0.04, 0.04, 0.0, 3))
     files = {**transport_files(), **{f"{n}.v": render_template(n) for n in ("net_duplex", "net_pair")}}
     d = build("net_pair", files, params)
@@ -173,11 +173,12 @@ def test_transport_duplex():
 @pytest.mark.soak  # a third build (two framing kernels): make test-all
 @pytest.mark.slow
 def test_transport_ports():
-    """Framing kernels as codegen.netnames names them (bapipe_net_t2r1 on one board,
+    """Framing kernels as codegen.design.netnames names them (bapipe_net_t2r1 on one board,
     bapipe_net_t1r2 on the other): three streams over one line each way, round robin between
     two outgoing channels, acknowledgements in band, TDEST renumbered as socket tables do;
     3% of datagrams lost and 3% reordered on both lines."""
-    from codegen.rtl_link import Faults, render_net_port
+    from bapipe.codegen.design.links import Faults
+    from bapipe.codegen.rtl.net_port import render_net_port
     _, t0 = chain(8, Fraction(20), 12, 10)
     _, t1 = chain(40, Fraction(20), 12, 6)
     files = dict(transport_files())
@@ -214,7 +215,7 @@ def test_transport_lint_clean(tmp_path):
     import os
     import subprocess
     from bapipe.toolchain import verilator_bin, wire_verilator
-    from codegen.rtl import render_template
+    from bapipe.codegen.rtl.env import render_template
     env = wire_verilator(dict(os.environ))
     files = {**transport_files(), **{f"{n}.v": render_template(n) for n in ("net_duplex", "net_pair")}}
     for name, text in files.items():
@@ -233,7 +234,7 @@ def test_transport_lint_clean(tmp_path):
 
 def test_transport_sizing():
     """Window, timeout, packing and cycle model from the link, as docs/network.md states them."""
-    from codegen.rtl_link import slice_width
+    from bapipe.codegen.design.links import slice_width
     _, t = chain(30, Fraction(40), 20, 64)
     assert t.words == 1 and t.round_trip == 2 * 20 + 8 + 4
     assert t.window == 33 + 2            # ceil(40/64 x 52) + 2

@@ -6,7 +6,7 @@ import sys
 
 from bapipe.errors import SpecError
 
-from .csim import csim_project
+from bapipe.codegen.check.csim import csim_project
 
 #: most random inputs per stage `csim` runs
 MAX_SAMPLES = 4096
@@ -19,7 +19,7 @@ def cmd_csim(args) -> tuple[dict, int]:
 
     The folder must be exactly what `bapipe gen` wrote (see cli_gen.check_build).
     """
-    from .cli_gen import check_build
+    from bapipe.codegen.cli_gen import check_build
 
     iterations = getattr(args, "iterations", None)
     if iterations is not None:
@@ -38,9 +38,9 @@ def cmd_csim(args) -> tuple[dict, int]:
 
 
 def _cmd_train(args, iterations: int) -> tuple[dict, int]:
-    """`--iterations K` on a training build: codegen.csim_train; exit 1 when a weight differs."""
-    from .cli_gen import check_build
-    from .csim_train import csim_train
+    """`--iterations K` on a training build: codegen.check.csim_train; exit 1 when a weight differs."""
+    from bapipe.codegen.cli_gen import check_build
+    from bapipe.codegen.check.csim_train import csim_train
 
     if not 1 <= iterations <= MAX_ITERATIONS:
         raise SpecError(None, None, "--iterations", f"expected 1 to {MAX_ITERATIONS} iterations, got {iterations}")

@@ -9,8 +9,6 @@ call :func:`check_build` and refuse a folder whose plan or Design changed since 
 from __future__ import annotations
 
 import hashlib
-import importlib
-import importlib.util
 import json
 import os
 import shutil
@@ -20,14 +18,16 @@ from pathlib import Path
 
 from bapipe.errors import SpecError
 from bapipe.plan import load_plan
-from fpga_models.plancheck import resolve
+from bapipe.fpga_models.plancheck import resolve
 
-from .design import merge_placement, plan_cycles_per_sample
-from .placement import placement_warnings
-from .package import BUILD_STAMP
+from bapipe.codegen.design.record import plan_cycles_per_sample
+from bapipe.codegen.design.placement import placement_warnings
+from bapipe.codegen.package.kernels import BUILD_STAMP
 
-from .context import build_project
-from .hls import render_files, write_files
+from bapipe.codegen.design.lower import lower
+from bapipe.codegen.rtl.write import write_rtl
+from bapipe.codegen.hls.project import write_files
+from bapipe.codegen.package.project import render_files
 
 
 def generate(plan_path: str | Path, out_dir: str | Path, engines: str = "hls") -> dict:
@@ -55,38 +55,33 @@ def generate_plan(plan, model, cluster, out_dir: str | Path, plan_text: str | No
                   plan_file: str = "plan.yaml", engines: str = "hls") -> dict:
     """Generate from in-memory objects (tests build plans by hand). ``engines``: which kernels
     the Makefile and link configs build, the HLS ones or the packaged RTL ones (codegen.package)."""
-    from . import package
+    from bapipe.codegen.package import kernels as package
 
     package.check_engines_plan(engines, plan)
-    ctx = build_project(plan, model, cluster, plan_file)
-    ctx.plan_file = plan_file   # the placement pass's errors name the plan file (codegen.placement)
+    design = lower(plan, model, cluster, plan_file, engines)   # the one lowering of this gen
+    ctx = design.project
+    ctx.plan_file = plan_file   # the placement pass's errors name the plan file (codegen.design.placement)
     package.check_engines(engines, ctx, True, None)
-    out = Path(out_dir)
-    rtl_files: list[Path] = []
-    ddict = None    # the Design (codegen.design.design_dict) when the RTL lowering built one
-    kernels = []
-    if importlib.util.find_spec("codegen.rtl") is not None:
-        rtl = importlib.import_module("codegen.rtl")
-        params = rtl.plan_weights(plan, model) if engines == "rtl" else None
-        rtl_paths, ddict = rtl.write_rtl(plan, model, cluster, out / "rtl", params=params)
-        rtl_files = list(rtl_paths)
-        if engines == "rtl":
-            man = json.loads((out / "rtl" / "manifest.json").read_text(encoding="utf-8"))
-            package.check_engines(engines, ctx, bool(man.get("supported")), man.get("reason"))
-            main = {p.name: p.read_text(encoding="utf-8") for p in (out / "rtl").glob("*.v")}
-            kernels, kfiles = package.rtl_kernels(plan, model, cluster, params, ctx.stages, main)
-            rtl_files += write_files({n: t.encode() for n, t in kfiles.items()}, out)
-    elif engines == "rtl":
-        package.check_engines(engines, ctx, False, "the RTL generator is not installed")
-    if engines == "rtl":   # RTL kernels hold their weights on chip: no m_axi weight ports to wire
+    if engines == "rtl":
+        package.check_engines(engines, ctx, design.pipeline is not None,
+                              None if design.pipeline is not None else str(design.pipeline_error))
+        # RTL kernels hold their weights on chip: no m_axi weight ports to wire
         ctx = replace(ctx, boards=package.strip_rtl_weight_ports(ctx.boards, ctx.stages))
     files = render_files(ctx, plan_text if plan_text is not None else plan.dumps(), cluster, engines=engines)
     if engines == "hls":   # the m_axi weight arrays as the kernels read them, for the xrt backend
         for s in ctx.stages:
             if not s.embed_weights:
                 files[package.weight_image_path(s)] = package.weight_image(s, ctx.fmt.width)
+    out = Path(out_dir)
+    # design.json is written once, with the placement pass's section (codegen.design.placement)
+    rtl_paths, ddict = write_rtl(design, out / "rtl", placement=json.loads(files["placement.json"]))
+    rtl_files: list[Path] = list(rtl_paths)
+    kernels = []
+    if engines == "rtl":
+        main = {p.name: p.read_text(encoding="utf-8") for p in (out / "rtl").glob("*.v")}
+        kernels, kfiles = package.rtl_kernels(design, main)
+        rtl_files += write_files({n: t.encode() for n, t in kfiles.items()}, out)
     paths = write_files(files, out)
-    merge_placement(out)   # design.json gets the placement pass's section (codegen.placement)
     for line in placement_warnings(json.loads(files["placement.json"])):
         sys.stderr.write(f"bapipe gen: warning: {line}\n")
     write_stamp(out, ctx.fingerprint, [*paths, *rtl_files], {"engines": engines,
@@ -247,7 +242,7 @@ def cycle_warnings(plan, stages, design: dict[int, float]) -> list[str]:
     """One line per stage whose Design cycles per sample are off the plan's by more than
     :data:`CYCLE_WARN` (a plan whose foldings were edited without re-pricing, or priced from
     a profile of other hardware): the build is still written, but not silently. The Design's
-    cycles include a time-multiplexed stage's off-chip weight fetches (codegen.rtl_model
+    cycles include a time-multiplexed stage's off-chip weight fetches (codegen.design.dataflow
     .WeightFetch, which the HLS kernels and the RTL both build), as the plan prices them."""
     out = []
     for s in stages:

@@ -15,10 +15,10 @@
 The board budget (one rule, :func:`board_kernels` / :func:`engine_share`): a board holds,
 for every plan stage placed on it (interleaved plans place ``chunks`` stages on each board),
 the stage's forward kernel and, in training, its backward kernel, as the generators build
-them: the forward kernel has one PE x SIMD array per matrix layer (codegen.context: the
-``stage<i>`` HLS kernel; codegen.rtl_model), the backward kernel two more at the same
-folding, the input-gradient and the weight-gradient array (codegen.rtl_train:
-``mvu_bwd_in``, ``mvu_bwd_w``; codegen.hls_bwd: ``stage<i>_bwd``'s ``mvu_bwd``, whose dW and
+them: the forward kernel has one PE x SIMD array per matrix layer (codegen.design.context: the
+``stage<i>`` HLS kernel; codegen.design.dataflow), the backward kernel two more at the same
+folding, the input-gradient and the weight-gradient array (codegen.rtl.train:
+``mvu_bwd_in``, ``mvu_bwd_w``; codegen.design.backward: ``stage<i>_bwd``'s ``mvu_bwd``, whose dW and
 dx loops each unroll PE x SIMD MACs). The board's capped DSP and LUT (``cap`` x usable) are
 split evenly: each stage's forward engines are folded within ``engine_share`` of it
 (1 / (stages on the board x arrays per matrix layer)), so the sum over the board's kernels
@@ -49,7 +49,7 @@ from .cost import (best_folding, divisors, layer_cost, onchip_capacity,
 #: PE x SIMD arrays per matrix layer in a stage's forward kernel (the forward MVU)
 FWD_ARRAYS = 1
 #: PE x SIMD arrays per matrix layer in a stage's backward kernel: input gradient (dx = W^T dy)
-#: and weight gradient (dW += dy x^T), at the forward's folding (codegen.rtl_train, codegen.hls_bwd)
+#: and weight gradient (dW += dy x^T), at the forward's folding (codegen.rtl.train, codegen.design.backward)
 BWD_ARRAYS = 2
 
 
@@ -106,7 +106,7 @@ def board_dsp(stages: Sequence[tuple], train: bool) -> int:
 
 
 # ---------------------------------------------------------------- on-chip memory of a kernel
-# One rule for the planner and the lowering (codegen.hls_design): a kernel keeps on chip its
+# One rule for the planner and the lowering (codegen.design.tm_kernel): a kernel keeps on chip its
 # fixed buffers (line buffers, ROMs, FIFOs) and as many of its time-multiplexed frame buffers as
 # fit its share of the board's on-chip memory; the others are off-chip (one m_axi port each,
 # read and written in 512-bit bursts: fpga_models.engines.frame_io_cycles).
@@ -143,7 +143,7 @@ def frames_offchip(frame_bytes: Sequence[int], fixed_bytes: int, budget: int,
 
 def kernel_onchip_bytes(fixed_bytes: int, frame_bytes: Sequence[int], budget: int) -> int:
     """A time-multiplexed kernel's on-chip bytes: fixed plus the frames :func:`frames_offchip`
-    keeps (the figure the planner prices and the Design states, codegen.onchip)."""
+    keeps (the figure the planner prices and the Design states, codegen.design.onchip)."""
     off = frames_offchip(frame_bytes, fixed_bytes, budget)
     return fixed_bytes + sum(b for b, o in zip(frame_bytes, off) if not o)
 
@@ -185,7 +185,7 @@ def tm_frame_readers(layers: Sequence[Layer]) -> tuple[list[Layer], dict[str, li
 def tm_frame_copies(layers: Sequence[Layer], folding: dict[str, tuple[int, int]]) -> list[list[tuple[Layer, int]]]:
     """Per frame of :func:`tm_frames`: (reader turn, lanes) of each copy the lowering builds: a
     layer output read by k later turns is forked into k frame buffers, one a reader
-    (codegen.hls_design), each at the wider of the producer's and that reader's beats."""
+    (codegen.design.tm_kernel), each at the wider of the producer's and that reader's beats."""
     turns, readers, _inputs = tm_frame_readers(layers)
     out = []
     for l, n in zip(turns, turns[1:]):
@@ -199,7 +199,7 @@ def tm_frames(layers: Sequence[Layer], folding: dict[str, tuple[int, int]], fmt:
     later turn reads (every layer but the last; a flatten is a stream, not a turn): its copies'
     bytes (:func:`tm_frame_copies`, one whole frame per reading turn) at the first copy's
     lanes (the lowering converts in the producer's turn); the copies go on or off chip together
-    (codegen.rtl_model.offchip_frames names the layer)."""
+    (codegen.design.dataflow.offchip_frames names the layer)."""
     eb = bytes_per_element(fmt)
     turns = [l for l in layers if l.type != "flatten"]
     return [(int(l.out_elems) * eb * len(cs), cs[0][1]) for l, cs in zip(turns, tm_frame_copies(layers, folding))]
@@ -207,14 +207,14 @@ def tm_frames(layers: Sequence[Layer], folding: dict[str, tuple[int, int]], fmt:
 
 def tm_frame_ends(layers: Sequence[Layer], folding: dict[str, tuple[int, int]], fmt: str) -> list[int]:
     """Per frame of :func:`tm_frames`: the on-chip bytes of its copies when off chip, the
-    two-deep stream each copy becomes in its writer's and in its reader's turn (codegen.hls_design._spill)."""
+    two-deep stream each copy becomes in its writer's and in its reader's turn (codegen.design.tm_kernel._spill)."""
     eb = bytes_per_element(fmt)
     return [sum(2 * 2 * lanes * eb for _r, lanes in cs) for cs in tm_frame_copies(layers, folding)]
 
 
 def tm_feed_bytes(layers: Sequence[Layer], folding: dict[str, tuple[int, int]], fmt: str) -> int:
     """On-chip bytes of a time-multiplexed stage's feed: a stage input read by more than one
-    turn is forked beside the turns (codegen.hls_design: the feed's streams, declared in the
+    turn is forked beside the turns (codegen.design.tm_kernel: the feed's streams, declared in the
     kernel's top function) into a two-deep stream per reading turn at the port's beat
     (:func:`tm_port_lanes`; counted even where the port turns out as wide as the reader and
     needs no converter) and, behind each, one whole-frame FIFO; 0 when one turn reads it."""
@@ -239,11 +239,11 @@ def tm_fixed_bytes(layers: Sequence[Layer], fmt: str) -> int:
     return total
 
 
-#: weight elements up to which an inference stage's weights are on-chip ROMs (codegen.context's
+#: weight elements up to which an inference stage's weights are on-chip ROMs (codegen.design.context's
 #: EMBED_LIMIT); training keeps every weight array in writable m_axi memory, which the update
-#: kernel rewrites every iteration (codegen.hls_train)
+#: kernel rewrites every iteration (codegen.design.train_kernels)
 WEIGHT_ROM_LIMIT = 1 << 16
-#: layer types whose weights the HLS lowering fetches into the MVU's tiles (codegen.hls_weights)
+#: layer types whose weights the HLS lowering fetches into the MVU's tiles (codegen.design.weight_memory)
 _TILED = ("conv2d", "dense")
 
 
@@ -260,7 +260,7 @@ def weight_resident(elems: int, elem_bytes: int, budget: int | None, vectors: in
     return budget is None or vectors > 1 or elems * elem_bytes <= budget // WEIGHT_TILE_SHARE
 
 
-#: layer types of the stages the HLS engine lowering builds (codegen.rtl_model, codegen.hls_design);
+#: layer types of the stages the HLS engine lowering builds (codegen.design.dataflow, codegen.design.tm_kernel);
 #: other stages get the library kernels, which read their m_axi weights in place
 ENGINE_TYPES = frozenset({"conv2d", "dense", "maxpool", "avgpool", "globalavgpool", "batchnorm", "add", "relu",
                           "flatten", "concat"})
@@ -268,7 +268,7 @@ ENGINE_TYPES = frozenset({"conv2d", "dense", "maxpool", "avgpool", "globalavgpoo
 
 def engine_built(layers: Sequence[Layer]) -> bool:
     """The stage is built from the streaming engines: every layer of a kind they have, dense
-    layers on a vector, convolutions ungrouped (codegen.rtl_model raises Unsupported otherwise)."""
+    layers on a vector, convolutions ungrouped (codegen.design.dataflow raises Unsupported otherwise)."""
     for l in layers:
         if l.type not in ENGINE_TYPES:
             return False
@@ -288,7 +288,7 @@ def weights_all_resident(elems: Sequence[int], elem_bytes: int, budget: int | No
 def tm_weight_tiles(layers: Sequence[Layer], folding: dict[str, tuple[int, int]], fmt: str,
                     budget: int | None) -> list[tuple[Layer, int, bool]]:
     """(layer, matrix elements, resident) of a time-multiplexed stage's MVU layers in turn order
-    when its weights are off chip (codegen.hls_weights builds the same); none for a stage the
+    when its weights are off chip (codegen.design.weight_memory builds the same); none for a stage the
     engines do not build (:func:`engine_built`)."""
     eb = bytes_per_element(fmt)
     if not engine_built(layers):
@@ -347,12 +347,12 @@ def tm_weight_turns(layers: Sequence[Layer], folding: dict[str, tuple[int, int]]
 
 def tm_turn_bytes(layers: Sequence[Layer], folding: dict[str, tuple[int, int]], fmt: str) -> int:
     """On-chip bytes of a time-multiplexed forward kernel's engines inside its turns, as
-    codegen.hls_design builds them (two-deep streams, DEFAULT_DEPTH): a window generator's output
+    codegen.design.tm_kernel builds them (two-deep streams, DEFAULT_DEPTH): a window generator's output
     (its beat: channels x taps of a conv, the lanes of a pool); a producer's output stream (an
     MVU's PE lanes, :func:`_out_lanes`) in front of a fork or a width converter into its frame
     copies (:func:`tm_frame_copies`; the last turn writes the output port) and each fork output
     converted; a pool's per-channel accumulators (acc_t, bapipe::pool); the shared MAC array's
-    kept input vector (the largest MW, codegen.hls_mac)."""
+    kept input vector (the largest MW, codegen.design.mac_share)."""
     eb = bytes_per_element(fmt)
     acc_b = -(-get_fmt(fmt).acc_width // 8)
     turns = [l for l in layers if l.type != "flatten"]
@@ -386,7 +386,7 @@ def tm_port_lanes(layers: Sequence[Layer], folding: dict[str, tuple[int, int]]) 
 
 
 def tm_stashed(layers: Sequence[Layer]) -> list[str]:
-    """The tensors a training stage's backward kernel reads from its stashes (codegen.hls_bwd: a
+    """The tensors a training stage's backward kernel reads from its stashes (codegen.design.backward: a
     convolution, dense layer, batchnorm or max pool its input, a relu its output), each once,
     a flatten's as the tensor behind it."""
     alias = {l.name: l.inputs[0] for l in layers if l.type == "flatten" and l.inputs}
@@ -406,7 +406,7 @@ def tm_stashed(layers: Sequence[Layer]) -> list[str]:
 
 
 def tm_stash_bytes(layers: Sequence[Layer], folding: dict[str, tuple[int, int]], fmt: str) -> int:
-    """On-chip bytes of a training time-multiplexed forward kernel's stash tees (codegen.hls_stash:
+    """On-chip bytes of a training time-multiplexed forward kernel's stash tees (codegen.design.stash:
     the stream carrying each stashed tensor, :func:`tm_stashed`, is teed through a two-deep copy
     at its beat: its producer's output lanes, :func:`_out_lanes`, or the input port's,
     :func:`tm_port_lanes`); none when the stash is the stage input and more than one turn reads
@@ -424,7 +424,7 @@ def tm_stash_bytes(layers: Sequence[Layer], folding: dict[str, tuple[int, int]],
 def tm_onchip_parts(layers: Sequence[Layer], board: Board, folding: dict[str, tuple[int, int]], fmt: str,
                     cap: float, chunks: int = 1, train: bool = True) -> dict:
     """The planner's figure of a time-multiplexed forward kernel's on-chip bytes, item by item,
-    as codegen.hls_design builds it (codegen.onchip states the Design's): ``line_buffers``
+    as codegen.design.tm_kernel builds it (codegen.design.onchip states the Design's): ``line_buffers``
     (:func:`tm_fixed_bytes`), ``weights`` (the weight buffer or FIFOs, :func:`tm_weight_bytes`)
     and, for a stage the engines build (:func:`engine_built`), ``feed`` (:func:`tm_feed_bytes`),
     ``turns`` (:func:`tm_turn_bytes`) and in training ``stashes`` (:func:`tm_stash_bytes`);
@@ -451,7 +451,7 @@ def tm_offchip(layers: Sequence[Layer], board: Board, folding: dict[str, tuple[i
                cap: float, chunks: int = 1, train: bool = True) -> list[bool]:
     """Which frame buffers of a time-multiplexed stage (:func:`tm_frames`, in turn order) go off
     chip: :func:`frames_offchip` on the kernel's share of the board (:func:`tm_onchip_parts`).
-    The planner prices it (:func:`tm_spill_cycles`) and the lowering builds it (codegen.rtl_model)."""
+    The planner prices it (:func:`tm_spill_cycles`) and the lowering builds it (codegen.design.dataflow)."""
     return tm_onchip_parts(layers, board, folding, fmt, cap, chunks, train)["off"]
 
 

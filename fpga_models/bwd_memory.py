@@ -2,7 +2,7 @@
 the lowering: which weight-gradient accumulators stay on chip, which gradient frames of a
 time-multiplexed stage go off chip, and the cycles those frames cost.
 
-The backward kernel (codegen.hls_bwd builds it) keeps on chip, besides its stream FIFOs:
+The backward kernel (codegen.design.backward builds it) keeps on chip, besides its stream FIFOs:
 
 - per matrix layer (dense, conv2d) a weight-gradient accumulator ``aw`` of MH x MW exact sums
   (:func:`acc_width` bits for the iteration's vectors), the MVU's input vector (MW elements)
@@ -33,11 +33,11 @@ matrix with an input gradient that the tile does not hold streams through a two-
 dx summed in MW exact sums (:func:`weight_stream_layers`, :func:`weight_stream_bytes`).
 
 A time-multiplexed kernel's figure counts all it builds: besides the above, its turns' own
-two-deep streams (:func:`bwd_stream_bytes`, walked as codegen.hls_bwd lays them out) and an
+two-deep streams (:func:`bwd_stream_bytes`, walked as codegen.design.backward lays them out) and an
 off-chip frame's two-deep ends (:func:`frame_pipe_bytes`), so ``BwdMemory.onchip_bytes`` is
-the Design's figure (codegen.onchip) and within the share.
+the Design's figure (codegen.design.onchip) and within the share.
 
-Read by the planner (planner.search: the stage's backward time) and codegen.hls_bwd (which
+Read by the planner (planner.search: the stage's backward time) and codegen.design.backward (which
 frames and accumulators it puts off chip, which matrices its tile holds and which stream), so
 the two cannot disagree.
 """
@@ -61,12 +61,12 @@ from .gradients import backward_work, gradient_tensors, no_input_gradient
 #: kernel may take on chip (the forward kernel, stashes and FIFOs share the rest) [design choice]
 ACC_ONCHIP_SHARE = 0.5
 #: the turn of a time-multiplexed backward kernel that sums the gradients of the stage's inputs
-#: for its dx ports (codegen.hls_bwd names it so)
+#: for its dx ports (codegen.design.backward names it so)
 PORTS_TURN = "ports"
-#: widest lanes of a backward port whose producer asks for none (codegen.hls_bwd)
+#: widest lanes of a backward port whose producer asks for none (codegen.design.backward)
 PORT_LANES = 16
 #: depth of a backward kernel's streams inside a turn (and of an off-chip frame's stream in its
-#: writer's and its reader's turn): two beats, the FIFO HLS gives a DATAFLOW channel (codegen.hls_bwd)
+#: writer's and its reader's turn): two beats, the FIFO HLS gives a DATAFLOW channel (codegen.design.backward)
 STREAM_DEPTH = 2
 
 
@@ -132,7 +132,7 @@ class BwdMemory:
 
     @property
     def onchip_bytes(self) -> int:
-        """The kernel's on-chip bytes as planned and built (codegen.onchip's figure): fixed bytes,
+        """The kernel's on-chip bytes as planned and built (codegen.design.onchip's figure): fixed bytes,
         the frames kept on chip and the two-deep ends of those off chip."""
         pipes = self.frame_pipes or (0,) * len(self.frames)
         return self.fixed_bytes + sum(p if o else f.nbytes for f, o, p in zip(self.frames, self.frames_off, pipes))
@@ -183,7 +183,7 @@ class WeightTile:
 
 def _active(model: Model, layers: Sequence[Layer]) -> tuple[set[str], set[str]]:
     """(layers whose backward runs, tensors whose gradient the kernel carries): a layer runs when
-    it learns a matrix or passes on a gradient (codegen.hls_bwd's rule: fpga_models.gradients)."""
+    it learns a matrix or passes on a gradient (codegen.design.backward's rule: fpga_models.gradients)."""
     inside = {l.name for l in layers}
     grads = gradient_tensors(model)
     needed = {i for l in layers for i in l.inputs if i not in inside and i in grads}
@@ -198,7 +198,7 @@ def _active(model: Model, layers: Sequence[Layer]) -> tuple[set[str], set[str]]:
 def stage_outputs(model: Model, layers: Sequence[Layer]) -> list[str]:
     """The tensors a stage (a contiguous run of the model's layers) sends on: every tensor crossing
     the cut after its last layer (its own outputs and skip connections it passes through), the
-    model's output for the last stage (codegen.context.stage_ports)."""
+    model's output for the last stage (codegen.design.context.stage_ports)."""
     last = model.index[layers[-1].name]
     if last >= len(model.layers) - 1:
         return [model.layers[-1].name]
@@ -222,7 +222,7 @@ def bwd_frames(model: Model, layers: Sequence[Layer], folding: dict[str, tuple[i
 
 def bwd_stream_bytes(model: Model, layers: Sequence[Layer], folding: dict[str, tuple[int, int]], fmt: str) -> int:
     """On-chip bytes of the two-deep streams a time-multiplexed backward kernel's turns keep
-    inside themselves (codegen.hls_bwd builds them, :data:`STREAM_DEPTH` beats each): the width
+    inside themselves (codegen.design.backward builds them, :data:`STREAM_DEPTH` beats each): the width
     converters and sums in front of a turn's engine, its stash and window streams, a
     convolution's exact dx beats into col2im, a pool's contributions, a dense turn's unused dx;
     not the frames between turns (:func:`bwd_frames`) nor an off-chip frame's two-deep ends
@@ -232,13 +232,13 @@ def bwd_stream_bytes(model: Model, layers: Sequence[Layer], folding: dict[str, t
 
 def frame_pipe_bytes(frame: GradFrame, fmt: str) -> int:
     """On-chip bytes an off-chip frame keeps: its stream, two deep, in its writer's turn (into
-    frame_write) and in its reader's (from frame_read) (codegen.hls_bwd._sequence_turns)."""
+    frame_write) and in its reader's (from frame_read) (codegen.design.backward._sequence_turns)."""
     return 2 * STREAM_DEPTH * frame.lanes * bytes_per_element(fmt)
 
 
 def _walk(model: Model, layers: Sequence[Layer], folding: dict[str, tuple[int, int]],
           fmt: str) -> tuple[list[GradFrame], list[tuple[str, int]]]:
-    """The backward kernel's streams as codegen.hls_bwd.build_bwd lays them out, layers walked
+    """The backward kernel's streams as codegen.design.backward.build_bwd lays them out, layers walked
     last first: (the frames between turns, :func:`bwd_frames`; per two-deep stream inside one
     turn, (turn, beat bits))."""
     eb = bytes_per_element(fmt)
@@ -267,7 +267,7 @@ def _walk(model: Model, layers: Sequence[Layer], folding: dict[str, tuple[int, i
         local.append((turn, beat_bits or lanes * bits))
 
     def resize(turn: str, a: int, bl: int) -> None:
-        """codegen.hls_bwd's resize from a to bl lanes: one stream, or two through gcd(a, bl)."""
+        """codegen.design.backward's resize from a to bl lanes: one stream, or two through gcd(a, bl)."""
         if a == bl:
             return
         if a % bl and bl % a:
@@ -299,7 +299,7 @@ def _walk(model: Model, layers: Sequence[Layer], folding: dict[str, tuple[int, i
         contrib.setdefault(t, []).append((writer, lanes))
 
     def window(l: Layer, turn: str, lanes_taps: tuple[int, int], simd: int) -> None:
-        """codegen.hls_bwd's window: stash_read, swg and a resize to SIMD, else window_read."""
+        """codegen.design.backward's window: stash_read, swg and a resize to SIMD, else window_read."""
         if _swg_rows(l, lanes_taps, simd, eb):
             lanes, taps = lanes_taps
             two_deep(turn, lanes)
@@ -388,7 +388,7 @@ def bwd_other_bytes(model: Model, layers: Sequence[Layer], folding: dict[str, tu
                     time_multiplexed: bool = False) -> int:
     """On-chip bytes of a backward kernel's fixed buffers other than the weight-gradient
     accumulators (registers not counted): the MVUs' input vectors (one, the widest, when the
-    layers take turns on shared arrays: codegen.hls_mac), col2im line buffers,
+    layers take turns on shared arrays: codegen.design.mac_share), col2im line buffers,
     window-generator rows of stashed images, unflatten double buffers."""
     eb = bytes_per_element(fmt)
     bits = 8 * eb
@@ -423,7 +423,7 @@ def bwd_other_bytes(model: Model, layers: Sequence[Layer], folding: dict[str, tu
 
 
 def _swg_rows(l: Layer, lanes_taps: tuple[int, int], simd: int, eb: int) -> int:
-    """Rows a backward window generator keeps of a stashed image (codegen.hls_bwd's window:
+    """Rows a backward window generator keeps of a stashed image (codegen.design.backward's window:
     square windows whose beats it can build), else 0 (it reads the windows from memory)."""
     c, _h, w = l.in_shapes[0]
     (kh, kw), (sh, sw), (ph, pw) = _window(l)
@@ -449,7 +449,7 @@ def bwd_weight_elems(model: Model, layers: Sequence[Layer]) -> list[int]:
 
 
 def bwd_weight_bytes(model: Model, layers: Sequence[Layer], fmt: str, budget: int | None) -> int:
-    """On-chip bytes of the backward kernel's weight copies (codegen.hls_bwd fills them in 512-bit
+    """On-chip bytes of the backward kernel's weight copies (codegen.design.backward fills them in 512-bit
     bursts at the start of a call): all the arrays its engines read when they fit what the
     forward's rule gives a kernel's weights (fpga_models.allocate.weights_all_resident), else
     none (the engines read them in place)."""
@@ -459,7 +459,7 @@ def bwd_weight_bytes(model: Model, layers: Sequence[Layer], fmt: str, budget: in
 
 
 def bwd_weight_tile(model: Model, layers: Sequence[Layer], fmt: str, budget: int | None) -> tuple[int, int] | None:
-    """(rows, columns) of a time-multiplexed backward kernel's weight tile (codegen.hls_bwd
+    """(rows, columns) of a time-multiplexed backward kernel's weight tile (codegen.design.backward
     ._tile_weights fills it before each turn that reads it) when its weights are not all copied
     on chip (:func:`bwd_weight_bytes` 0): the largest MH and the largest MW of the matrix layers
     computing dx whose matrix is a tile by the forward's rule (fpga_models.allocate
@@ -490,7 +490,7 @@ def choose_tile(cands: Sequence[tuple[str, int, int]], eb: int, left: float | No
     """The tile's matrices among ``cands`` ((layer, MH, MW) in layer order): smallest MH x MW
     first (ties: the earlier turn, i.e. the later layer) while the largest MH x the largest MW of
     those taken fits ``left`` bytes (None: no limit); the rest are read in place or streamed
-    (codegen.hls_bwd). None when none fits."""
+    (codegen.design.backward). None when none fits."""
     pos = {n: k for k, (n, _h, _w) in enumerate(cands)}
     keep: list = []
     for c in sorted(cands, key=lambda c: (c[1] * c[2], -pos[c[0]])):
@@ -506,7 +506,7 @@ def double_tile(tile: WeightTile | None, eb: int, left: float | None) -> WeightT
     """The tile as built: a ping-pong pair (``buffers`` 2) of the same matrices when two tiles
     fit ``left`` bytes (None: no limit) and two or more turns read it (with one, the only fill
     is before its turn either way); else the one tile. The decision the planner prices
-    (:func:`tile_stall_cycles`) and codegen.hls_bwd._tile_weights builds."""
+    (:func:`tile_stall_cycles`) and codegen.design.backward._tile_weights builds."""
     if tile is None or len(tile.fills) < 2:
         return tile
     if left is None or 2 * tile.rows * tile.cols * eb <= left:
@@ -555,7 +555,7 @@ def place_accumulators(acc_bytes: dict[str, int], room: float) -> dict[str, bool
 def weight_stream_layers(model: Model, layers: Sequence[Layer], fmt: str, budget: int | None,
                          tile: "WeightTile | None" = None) -> list[str]:
     """The matrix layers of a time-multiplexed backward kernel whose dx turn streams its matrix
-    (codegen.hls_bwd._stream_weights): one vector a sample, an input gradient, the tile
+    (codegen.design.backward._stream_weights): one vector a sample, an input gradient, the tile
     (``tile``) not holding it, when the weights are not all copied on chip
     (:func:`bwd_weight_bytes` 0). Layer order."""
     eb = bytes_per_element(fmt)
@@ -576,7 +576,7 @@ def weight_stream_layers(model: Model, layers: Sequence[Layer], fmt: str, budget
 def weight_stream_bytes(model: Model, layers: Sequence[Layer], folding: dict[str, tuple[int, int]], fmt: str,
                         streamed: Collection[str]) -> int:
     """On-chip bytes of the weight stream of a time-multiplexed backward kernel whose ``streamed``
-    turns read their matrices from it (codegen.hls_bwd._stream_weights), 0 without one: its
+    turns read their matrices from it (codegen.design.backward._stream_weights), 0 without one: its
     two-deep FIFO of the widest PE x SIMD word, and the MW exact dx sums (``accw``: the largest
     MW of the kernel's matrices, each of the widest dx accumulator's bytes)."""
     if not streamed:

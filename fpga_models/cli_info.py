@@ -4,7 +4,7 @@ from __future__ import annotations
 import io
 
 from bapipe.errors import SpecError
-from bapipe.spec import load_model
+from bapipe.models import load_model
 
 
 def _table(headers: list[str], rows: list[list], title: str | None = None) -> str:
@@ -53,7 +53,7 @@ def show_models(r: dict) -> str:
 
 def cmd_boards(args) -> dict:
     """The board catalog."""
-    from fpga_models.boards import BOARDS
+    from bapipe.fpga_models.boards import BOARDS
 
     return {"boards": [b.to_dict() for b in BOARDS.values()]}
 
@@ -69,7 +69,7 @@ def show_boards(r: dict) -> str:
 
 def cmd_clusters(args) -> dict:
     """The built-in clusters."""
-    from fpga_models.cluster import builtin_clusters
+    from bapipe.fpga_models.cluster import builtin_clusters
 
     out = []
     for c in builtin_clusters().values():
@@ -87,8 +87,8 @@ def show_clusters(r: dict) -> str:
 
 def cmd_profile(args) -> dict:
     """Per-layer counts and cost on each board type of the cluster."""
-    from fpga_models.boards import FORMATS, bytes_per_element
-    from fpga_models.cluster import load_cluster
+    from bapipe.fpga_models.boards import FORMATS, bytes_per_element
+    from bapipe.fpga_models.cluster import load_cluster
 
     if args.format not in FORMATS:
         raise SpecError(None, None, "--format", f"expected one of {', '.join(FORMATS)}; got {args.format!r}")
@@ -103,7 +103,7 @@ def cmd_profile(args) -> dict:
         from bapipe.profiles import load_profile
 
         measured = {t: load_profile(args.measured, model, board=t, batch=args.batch) for t in cluster.board_types()}
-    from fpga_models.cost import profile_layer
+    from bapipe.fpga_models.cost import profile_layer
 
     bpe = bytes_per_element(args.format)
     types = cluster.board_types()

@@ -15,7 +15,7 @@ PROGRESS_OPS = 100_000
 def cmd_sim(args) -> dict:
     """Simulate the plan; write the Gantt chart / trace if asked; return the --json object."""
     from bapipe.plan import load_plan
-    from fpga_models.plancheck import resolve
+    from bapipe.fpga_models.plancheck import resolve
 
     from .sim import simulate
     from .trace import gantt_format, write_gantt, write_trace

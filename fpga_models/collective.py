@@ -35,7 +35,7 @@ def ring_allreduce_s(nbytes, r: int, bandwidth: float, latency: float):
 
 # ---------------------------------------------------------------- the ring on FPGA links
 # What the training RTL's all-reduce engine (hls_templates/rtl/train_allreduce.v.j2,
-# codegen/rtl_train.py) moves: a board's exact weight-gradient sums, one flat vector of every
+# codegen/rtl/train.py) moves: a board's exact weight-gradient sums, one flat vector of every
 # dense layer's weights (tile order) then biases, each sum ``grad_sum_bits`` wide, cut into r
 # shares of ``ring_share_elems``; each step's share is one message of the board-to-board
 # transport (fpga_models.engines.link_*), and a replica sends its next step once the previous
@@ -44,7 +44,7 @@ def ring_allreduce_s(nbytes, r: int, bandwidth: float, latency: float):
 def grad_sum_bits(elem_bits: int) -> int:
     """Bits of one weight-gradient sum the training engines keep and the ring carries: the
     product of two ``elem_bits`` values plus 16 bits of headroom (2 x 16 + 16 = 48 for fixed16;
-    ``train_fixed.acc_width`` of the global batch must fit, which codegen.rtl_train checks)."""
+    ``train_fixed.acc_width`` of the global batch must fit, which codegen.rtl.train checks)."""
     return 2 * elem_bits + 16
 
 

@@ -3,7 +3,7 @@
 Every engine the generators build is described here once: its legal foldings, its cycles
 per sample, its fill (turn overhead), its DSP/LUT and its buffers. The planner prices
 layers with these (through ``fpga_models.cost`` and ``fpga_models.allocate``), the RTL
-lowering (``codegen.rtl_model``) sizes its blocks and predicts its timing with the same
+lowering (``codegen.design.dataflow``) sizes its blocks and predicts its timing with the same
 functions, and ``bapipe rtlsim`` sets the plan against what Verilator measures. If a number
 below is wrong, the plan and the hardware are wrong together, and the per-stage agreement
 report shows it.
@@ -277,7 +277,7 @@ def link_beat_cycles(beat_bytes: float, bytes_per_cycle: float) -> float:
 # ---------------------------------------------------------------- link: the board-to-board transport
 # One home of the transport's timing (docs/network.md, "Transport RTL"): the planner's link cost
 # (planner.search, through link_transfer), the cycle simulator (fpga_models.sim, the same) and the
-# RTL lowering (codegen.rtl_link.TransportSpec, codegen.rtl_train) all read these.
+# RTL lowering (codegen.design.links.TransportSpec, codegen.rtl.train) all read these.
 
 #: bits of one network beat: the XUP VNx network layer's application stream (S_AXIS_sk2nl /
 #: M_AXIS_nl2sk, github.com/Xilinx/xup_vitis_network_example NetLayers/README.md: 512-bit data,
@@ -397,7 +397,7 @@ def link_transfer(payload_bytes, elem_bytes: int, samples: int, bandwidth_Bps: f
 
 
 # ---------------------------------------------------------------- training engines (backward, update)
-# The training RTL (codegen/rtl_train.py, hls_templates/rtl/mvu_bwd_*.v.j2, sgd_update.v.j2,
+# The training RTL (codegen/rtl/train.py, hls_templates/rtl/mvu_bwd_*.v.j2, sgd_update.v.j2,
 # train_relu.v.j2) runs each engine for exactly these cycles per sample; the planner prices a
 # layer's backward as ceil((bwd_in + bwd_w MACs) / (PE*SIMD)) (fpga_models.cost), equal to
 # their sum when PE | MH and SIMD | MW.

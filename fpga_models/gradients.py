@@ -9,9 +9,9 @@ input and the first weighted layer has no backward at all.
 
 Read by the planner's layer table (planner.stagecost), the stage allocation
 (fpga_models.allocate), the backward kernel's memory (fpga_models.bwd_memory), the HLS backward
-kernel and its plan figure (codegen.hls_bwd), the board's DSP count (fpga_models.allocate
-.kernel_dsp via codegen.placement: no input-gradient array where no dx) and the training RTL
-(codegen.rtl_train).
+kernel and its plan figure (codegen.design.backward), the board's DSP count (fpga_models.allocate
+.kernel_dsp via codegen.design.placement: no input-gradient array where no dx) and the training RTL
+(codegen.rtl.train).
 """
 from __future__ import annotations
 

@@ -29,7 +29,7 @@ def resolve(plan: Plan, plan_file: str | None = None):
     """
     strict = plan_file is not None
     plan_file = plan_file or "<plan>"
-    from bapipe.spec import load_model
+    from bapipe.models import load_model
 
     from .cluster import load_cluster
 

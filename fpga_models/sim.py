@@ -333,7 +333,7 @@ def simulate(plan, model=None, cluster=None, iterations: int = 1, config: SimCon
     t_wall = time.perf_counter()
     cfg = config or SimConfig()
     if model is None or cluster is None:
-        from fpga_models.plancheck import resolve
+        from bapipe.fpga_models.plancheck import resolve
         model, cluster = resolve(plan)
     if iterations < 1:
         raise SpecError(None, None, "iterations", f"expected at least 1, got {iterations}")

@@ -1,7 +1,7 @@
 """The project's one weight generator: deterministic float draws per layer.
 
 Every consumer of initial weights reads these draws: the hardware's fixed-point weights
-(``codegen.context.make_weights``: ``fixedpoint.quantize`` of the draws, batch norm folded
+(``codegen.design.context.make_weights``: ``fixedpoint.quantize`` of the draws, batch norm folded
 to scale/shift), the host's float training start (``host.program.init_stage_params``, the
 draws as float32) and the fixed-point training masters (``host.program.fixed_master_params``:
 the draws rounded to the forward format). So hardware weights = quantize(the draws the

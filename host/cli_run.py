@@ -53,7 +53,7 @@ def _check_rtl_folder(plan_file: str, build: str | None) -> None:
 
     from bapipe.errors import SpecError
     from bapipe.plan import load_plan
-    from codegen.cli_gen import STAMP, check_build
+    from bapipe.codegen.cli_gen import STAMP, check_build
 
     folder = Path(build or "build")
     if not folder.is_dir():

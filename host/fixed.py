@@ -33,13 +33,13 @@ class FixedTraining:
     """
 
     def __init__(self, number_format: str):
-        from fpga_models import train_fixed as T
+        from bapipe.fpga_models import train_fixed as T
 
         self.number_format = number_format
         self.tf = T.get_formats(number_format)
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
-        from fpga_models import fixedpoint as fx
+        from bapipe.fpga_models import fixedpoint as fx
 
         return fx.dequantize(fx.quantize(x, self.tf.act), self.tf.act).astype(np.float32)
 
@@ -50,7 +50,7 @@ INT_TRAIN_FORMAT = "fixed16"
 
 def int_formats():
     """The training formats of integer (raw fixed-point) host arrays."""
-    from fpga_models import train_fixed as T
+    from bapipe.fpga_models import train_fixed as T
 
     return T.get_formats(INT_TRAIN_FORMAT)
 
@@ -65,11 +65,11 @@ def make_quant(number_format: str) -> Callable[[np.ndarray], np.ndarray] | None:
     if number_format == "bf16":
         return _bf16
     try:
-        from fpga_models import fixedpoint as fx
+        from bapipe.fpga_models import fixedpoint as fx
     except ImportError:  # the fixed-point reference is another helper's module
         raise SpecError(None, None, "--precision", "fixed-point mode needs fpga_models/fixedpoint.py, "
                                                    "which is not installed; use --precision float32") from None
-    from fpga_models import train_fixed as T
+    from bapipe.fpga_models import train_fixed as T
 
     if number_format in T.TRAIN_FORMATS:
         return FixedTraining(number_format)

@@ -3,7 +3,7 @@
 The generated stage kernels compute the forward pass in the plan's fixed-point format with
 weights baked in at generation time. This runs the test digits through them and compares
 every output with ``fpga_models.fixedpoint`` (the bit-exact numpy reference of the same
-kernels). Weights: the ones the kernels bake in (``codegen.rtl_model.plan_weights``) or, with
+kernels). Weights: the ones the kernels bake in (``codegen.design.dataflow.plan_weights``) or, with
 ``--resume ckpt.npz``, weights trained on the numpy backend, rounded to the format.
 """
 from __future__ import annotations
@@ -24,7 +24,7 @@ def trained_params(checkpoint: str, plan, model) -> dict[str, dict[str, np.ndarr
     Dense weights are stored (in, units) by the host and (units, in) = (MH, MW) by the
     generator; conv weights are (O, C, kh, kw) in both.
     """
-    from fpga_models import fixedpoint as fx
+    from bapipe.fpga_models import fixedpoint as fx
 
     from .checkpoint import load
 
@@ -36,7 +36,7 @@ def trained_params(checkpoint: str, plan, model) -> dict[str, dict[str, np.ndarr
             if layer.type not in ("dense", "conv2d"):
                 continue
             if "w" in p:  # raw master weights of fixed-point training (fpga_models.train_fixed)
-                from fpga_models import train_fixed as T
+                from bapipe.fpga_models import train_fixed as T
 
                 fw = T.forward_weights({lname: p}, T.get_formats(plan.number_format))[lname]
                 out[lname] = {"w": fw["w"], "b": fw.get("b")}
@@ -49,7 +49,7 @@ def trained_params(checkpoint: str, plan, model) -> dict[str, dict[str, np.ndarr
 
 def reference_logits(model, params: dict, x_q: np.ndarray, fmt: str) -> np.ndarray:
     """Raw fixed-point logits of the whole model from fpga_models.fixedpoint (numpy)."""
-    from fpga_models import fixedpoint as fx
+    from bapipe.fpga_models import fixedpoint as fx
 
     out = fx.model_fwd(model.layers, {model.inputs[0].name: x_q}, params, fmt)
     return np.asarray(out[model.layers[-1].name]).reshape(len(x_q), -1)
@@ -58,8 +58,8 @@ def reference_logits(model, params: dict, x_q: np.ndarray, fmt: str) -> np.ndarr
 def run_forward(plan, model, backend: str, build: str | None = None, seed: int = 0, plan_file: str = "plan.yaml",
                 checkpoint: str | None = None, timeout: float = 60.0, limit: int | None = None) -> dict:
     """Run the test set through ``backend`` and compare with the numpy fixed-point reference."""
-    from fpga_models import fixedpoint as fx
-    from fpga_models.cluster import load_cluster
+    from bapipe.fpga_models import fixedpoint as fx
+    from bapipe.fpga_models.cluster import load_cluster
 
     be = get_backend(backend)
     be.check({"build": build, "plan": plan})
@@ -70,7 +70,7 @@ def run_forward(plan, model, backend: str, build: str | None = None, seed: int =
     if checkpoint:
         params = trained_params(checkpoint, plan, model)
     else:
-        from codegen.rtl_model import plan_weights
+        from bapipe.codegen.design.dataflow import plan_weights
 
         params = plan_weights(plan, model)   # what `bapipe gen` bakes into the kernels
     data = load_digits(model.inputs[0].shape, seed)

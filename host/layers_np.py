@@ -19,8 +19,8 @@ import numpy as np
 
 from bapipe.errors import SpecError
 from bapipe.layers import Layer
-from fpga_models.weights import draw
-from fpga_models.weights import norm_channels as _norm_channels
+from bapipe.fpga_models.weights import draw
+from bapipe.fpga_models.weights import norm_channels as _norm_channels
 
 #: the layers' float type: float32, what the pipeline computes in; float64 only while
 #: :func:`float_type` says so (the single-device gradient reference of host.driver)
@@ -443,7 +443,7 @@ def softmax_cross_entropy(logits: np.ndarray, labels: np.ndarray, scale: float) 
     1 / batch lives in the learning-rate constant), the loss is still scaled.
     """
     if np.issubdtype(np.asarray(logits).dtype, np.integer):
-        from fpga_models import train_fixed as T
+        from bapipe.fpga_models import train_fixed as T
 
         from .fixed import int_formats
 

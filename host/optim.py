@@ -96,7 +96,7 @@ class Optimizer:
 
     def _step_fixed(self, params: Nested, grads: Nested, factor: float = 1.0) -> None:
         """SGD(+momentum) on raw master weights: every parameter steps (a missing gradient is 0)."""
-        from fpga_models import train_fixed as T
+        from bapipe.fpga_models import train_fixed as T
 
         from .fixed import int_formats
 

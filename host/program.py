@@ -15,7 +15,7 @@ from typing import Callable
 import numpy as np
 
 from bapipe.spec import Model
-from fpga_models.weights import layer_draws
+from bapipe.fpga_models.weights import layer_draws
 
 from . import layers_np as L
 
@@ -121,7 +121,7 @@ def fixed_master_params(model: Model, first: int, last: int, seed: int, tf) -> d
     in) and ``b``; conv2d ``w`` (O, C, kh, kw) and ``b``; batchnorm ``scale`` (gamma) and
     ``shift`` (beta).
     """
-    from fpga_models import train_fixed as T
+    from bapipe.fpga_models import train_fixed as T
 
     out = {}
     for pos in range(first, last + 1):
@@ -154,7 +154,7 @@ class FixedStageProgram:
 
     def __post_init__(self):
         from bapipe.errors import SpecError
-        from fpga_models import train_fixed as T
+        from bapipe.fpga_models import train_fixed as T
 
         bind_span(self, T.SUPPORTED, lambda layer: SpecError(
             None, None, f"layers.{layer.name}.type", f"fixed-point training supports {', '.join(T.SUPPORTED)}; "
@@ -166,14 +166,14 @@ class FixedStageProgram:
                 {l.name: {} for l in self.layers})
 
     def _raw(self, a: np.ndarray) -> np.ndarray:
-        from fpga_models import train_fixed as T
+        from bapipe.fpga_models import train_fixed as T
 
         return np.asarray(a, np.int64) if np.issubdtype(np.asarray(a).dtype, np.integer) else \
             T.quantize(a, self.tf.act)
 
     def forward(self, params: dict[str, Arrays], x: Arrays, train: bool, state: dict[str, Arrays]):
         """Raw outputs by tensor name and the cache backward needs (every forward tensor)."""
-        from fpga_models import train_fixed as T
+        from bapipe.fpga_models import train_fixed as T
 
         wq = T.forward_weights({l.name: params.get(l.name, {}) for l in self.layers}, self.tf)
         acts = T.layers_fwd(self.layers, {n: self._raw(x[n]) for n in self.inputs}, wq, self.tf)
@@ -181,7 +181,7 @@ class FixedStageProgram:
 
     def backward(self, cache, grad_out: Arrays) -> tuple[Arrays, dict[str, Arrays]]:
         """Raw gradients of the stage inputs and the exact weight-gradient sums of this micro-batch."""
-        from fpga_models import train_fixed as T
+        from bapipe.fpga_models import train_fixed as T
 
         wq, acts = cache
         g, wgrads = T.layers_bwd(self.layers, acts, {n: np.asarray(d, np.int64) for n, d in grad_out.items()},

@@ -30,7 +30,7 @@ import time
 from collections import deque
 
 from .backends import BackendUnavailable
-from .driver import Pipeline
+from .pipeline import Pipeline
 from .workers import worker_main
 
 #: how long one result poll waits inside an actor before answering "nothing yet"

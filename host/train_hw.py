@@ -56,9 +56,9 @@ def train_on_hardware(plan, model, cluster, backend: str, epochs: int, lr: float
     velocities (the hardware's own when the weights matched) and position, loadable with
     ``--resume`` (forward runs) like a numpy-backend checkpoint.
     """
-    from fpga_models import train_fixed as T
+    from bapipe.fpga_models import train_fixed as T
 
-    from .driver import effective_batch
+    from .pipeline import effective_batch
     from .program import fixed_master_params
 
     try:
@@ -130,7 +130,7 @@ def train_on_hardware(plan, model, cluster, backend: str, epochs: int, lr: float
         per_epoch_match.append(ok)
     cycles = got.get("iteration_cycles")
     if log:
-        from .driver import _write_log
+        from .pipeline import _write_log
 
         _write_log(log, [{"epoch": it // per_epoch, "iteration": it, "loss": losses[it], "weights_match": same_at[it],
                           "iteration_cycles": cycles[it] if cycles else None} for it in range(total)])

@@ -8,9 +8,9 @@ from dataclasses import replace
 
 from bapipe.errors import SpecError
 from bapipe.schedules import SCHEDULES
-from bapipe.spec import load_model
-from fpga_models.boards import FORMATS
-from fpga_models.cluster import load_cluster
+from bapipe.models import load_model
+from bapipe.fpga_models.boards import FORMATS
+from bapipe.fpga_models.cluster import load_cluster
 
 from .planning import make_plan, summary
 from .placement import PLACE_WORK_MAX

@@ -15,7 +15,7 @@ def _network(args, src_mesh, dst_mesh):
     destination mesh takes the last boards and the meshes share boards (in place)."""
     if not args.cluster:
         return default_network(src_mesh, dst_mesh)
-    from fpga_models.cluster import load_cluster
+    from bapipe.fpga_models.cluster import load_cluster
 
     cluster = load_cluster(args.cluster)
     names = [cb.name for cb in cluster.boards]

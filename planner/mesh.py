@@ -30,7 +30,7 @@ from dataclasses import replace
 import numpy as np
 
 from bapipe.spec import Model
-from fpga_models.boards import bytes_per_element
+from bapipe.fpga_models.boards import bytes_per_element
 
 from .stagecost import StageModel
 

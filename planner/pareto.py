@@ -5,7 +5,7 @@ from dataclasses import replace
 
 from bapipe.errors import SpecError
 from bapipe.spec import Model
-from fpga_models.cluster import Cluster
+from bapipe.fpga_models.cluster import Cluster
 
 from .search import Explorer, Request
 

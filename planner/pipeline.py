@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from functools import lru_cache, partial
 
 from bapipe.schedules import device_ops
-from fpga_models.collective import ring_allreduce_s  # noqa: F401  (planner.search imports it from here)
-from fpga_models.transfer import hold
+from bapipe.fpga_models.collective import ring_allreduce_s  # noqa: F401  (planner.search imports it from here)
+from bapipe.fpga_models.transfer import hold
 
 
 @dataclass

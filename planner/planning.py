@@ -7,8 +7,8 @@ from dataclasses import dataclass, field, replace
 from bapipe.errors import SpecError
 from bapipe.plan import Folding, Plan, Stage
 from bapipe.spec import Model
-from fpga_models.cluster import Cluster
-from fpga_models.cost import layer_cost, matrix_shape, onchip_blocks, weight_copies
+from bapipe.fpga_models.cluster import Cluster
+from bapipe.fpga_models.cost import layer_cost, matrix_shape, onchip_blocks, weight_copies
 
 from .search import Candidate, Config, Explorer, Request, _ckey
 
@@ -45,7 +45,7 @@ def lower_bound_s(model: Model, explorer: Explorer) -> float:
     for cb in explorer.boards:
         b = cb.board
         if b.kind == "gpu":
-            from fpga_models.cost import gpu_format
+            from bapipe.fpga_models.cost import gpu_format
             rate += b.peak_flops[gpu_format(b, explorer.req.fmt)] / 2
         else:
             rate += b.usable_dsp / b.dsp_per_mac.get(explorer.req.fmt, 1.0) * b.clock_hz

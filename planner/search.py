@@ -19,18 +19,18 @@ from bapipe.schedules import (ASYNC, MAX_MICROBATCHES, SCHEDULES, chunk_stash_co
                               stashes_weights,
                               weight_versions)
 from bapipe.spec import Model
-from fpga_models.boards import bytes_per_element
-from fpga_models.engines import link_clock, link_transfer
-from fpga_models.cluster import Cluster
+from bapipe.fpga_models.boards import bytes_per_element
+from bapipe.fpga_models.engines import link_clock, link_transfer
+from bapipe.fpga_models.cluster import Cluster
 
 from . import partition as part
-from fpga_models.allocate import allocate_stage, engine_share, kernel_onchip_budget, tm_spill_cycles, tm_weight_cycles
-from fpga_models.bwd_memory import tm_bwd_extra_cycles
-from fpga_models.gradients import no_input_gradient
+from bapipe.fpga_models.allocate import allocate_stage, engine_share, kernel_onchip_budget, tm_spill_cycles, tm_weight_cycles
+from bapipe.fpga_models.bwd_memory import tm_bwd_extra_cycles
+from bapipe.fpga_models.gradients import no_input_gradient
 
 from .peer_pipedream import PeerInput, cluster_levels, solve as peer_solve
 from .placement import PLACE_WORK, board_classes, placements
-from fpga_models.collective import ring_allreduce_fpga_s, ring_allreduce_s, ring_hop_s, ring_steps
+from bapipe.fpga_models.collective import ring_allreduce_fpga_s, ring_allreduce_s, ring_hop_s, ring_steps
 from .pipeline import replay, replay_2bw, replay_pipedream, steady_pipedream
 from .mesh import Resharder, cut_layouts, cut_shape, tp_stage_model
 from .stagecost import LayerTable, StageModel, cut_bytes, layer_table, layer_times, stage_model
@@ -1359,7 +1359,7 @@ class Explorer:
                 else:
                     # frame buffers beyond the forward kernel's on-chip share go off chip (the
                     # lowering's rule, fpga_models.allocate): a turn waits on their 512-bit words
-                    # and a turn fetching off-chip weights waits on their words (codegen.hls_weights)
+                    # and a turn fetching off-chip weights waits on their words (codegen.design.weight_memory)
                     skey = ("spill", a, b, btype, c.v)   # fold is the table's, fixed by (btype, v)
                     if skey not in self._links:
                         lyr = list(self.model.layers[a:b + 1])

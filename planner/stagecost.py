@@ -24,11 +24,11 @@ import numpy as np
 
 from bapipe.spec import Model
 from bapipe.layers import TRAIN_ONLY
-from fpga_models.boards import Board, bytes_per_element
-from fpga_models.allocate import kernel_share, tm_fixed_bytes
-from fpga_models.gradients import backward_work, no_input_gradient
-from fpga_models.engines import TM_SWITCH, engine_kind, turn_fill, work_cycles
-from fpga_models.cost import (best_folding, layer_cost, elementwise_work, gpu_layer_cost, matrix_shape, onchip_capacity,
+from bapipe.fpga_models.boards import Board, bytes_per_element
+from bapipe.fpga_models.allocate import kernel_share, tm_fixed_bytes
+from bapipe.fpga_models.gradients import backward_work, no_input_gradient
+from bapipe.fpga_models.engines import TM_SWITCH, engine_kind, turn_fill, work_cycles
+from bapipe.fpga_models.cost import (best_folding, layer_cost, elementwise_work, gpu_layer_cost, matrix_shape, onchip_capacity,
                               weight_copies)
 
 

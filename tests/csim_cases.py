@@ -3,8 +3,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from codegen.csim import HarnessCase, HarnessIO, to_stream
-from fpga_models import fixedpoint as fx
+from bapipe.codegen.check.csim import HarnessCase, HarnessIO
+from bapipe.codegen.check.cxx_run import to_stream
+from bapipe.fpga_models import fixedpoint as fx
 
 FMT = "fixed16"
 ONE = 1 << fx.FORMATS[FMT].frac

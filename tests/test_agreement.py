@@ -1,5 +1,5 @@
 """The plan's promise, checked against Verilator: every stage's forward cycles per sample as
-measured (the stage's engines alone, codegen/agreement.py) within 2% of what the planner
+measured (the stage's engines alone, codegen/check/agreement.py) within 2% of what the planner
 put in plan.yaml, on plans `bapipe plan` writes.
 
 2% is the product's promise (docs/architecture.md); the engines' fills and per-image
@@ -14,8 +14,8 @@ from dataclasses import replace
 import pytest
 
 from bapipe.plan import load_plan
-from codegen.agreement import load_design, measure_stages, plan_error
-from codegen.cli_gen import generate
+from bapipe.codegen.check.agreement import load_design, measure_stages, plan_error
+from bapipe.codegen.cli_gen import generate
 
 pytestmark = [pytest.mark.verilator, pytest.mark.xdist_group("agreement")]
 
@@ -56,11 +56,11 @@ def test_time_multiplexed_stage_meets_the_plan(tmp_path):
     """tiny-cnn cut in four, its third stage (pool1, conv3, relu3, pool2, flatten) run as one
     shared engine per layer in turns, priced by the planner's time-multiplexed model
     (fpga_models.allocate.time_multiplexed: turns with their fills and the switch)."""
-    from fpga_models.allocate import time_multiplexed
-    from fpga_models.boards import get_board
-    from fpga_models.plancheck import resolve
+    from bapipe.fpga_models.allocate import time_multiplexed
+    from bapipe.fpga_models.boards import get_board
+    from bapipe.fpga_models.plancheck import resolve
     from bapipe.plan import Folding
-    from fpga_models.cost import matrix_shape
+    from bapipe.fpga_models.cost import matrix_shape
 
     path = _plan(tmp_path, "cnn4", "tiny-cnn", "4xU250-ring", "--partition", "0-1,2-3,4-8,9")
     plan = load_plan(path)
@@ -90,8 +90,8 @@ def test_one_stage_bench_taken_from_the_pipeline_run(tmp_path):
     the pipeline, and a different --stage-samples count is not reused."""
     import json
 
-    from codegen.agreement import same_rtl
-    from codegen.rtlsim import read_manifest
+    from bapipe.codegen.check.agreement import same_rtl
+    from bapipe.codegen.check.rtlsim import read_manifest
 
     build = tmp_path / "one"
     generate(_plan(tmp_path, "one", "tiny-mlp", "4xU250-ring", "--partition", "0-6", "--mode", "inference"), build)
@@ -119,8 +119,8 @@ def test_one_stage_plan_reuses_the_pipeline_run(tmp_path):
     longer pipeline is not the pipeline and runs its own bench."""
     import json
 
-    from codegen.agreement import same_rtl
-    from codegen.rtlsim import read_manifest
+    from bapipe.codegen.check.agreement import same_rtl
+    from bapipe.codegen.check.rtlsim import read_manifest
 
     build = tmp_path / "one"
     generate(_plan(tmp_path, "one", "tiny-mlp", "4xU250-ring", "--partition", "0-6", "--mode", "inference"), build)

@@ -4,11 +4,11 @@ from dataclasses import replace
 
 import pytest
 
-from bapipe.spec import load_model
-from fpga_models.allocate import (allocate_stage, board_dsp, board_kernels, dataflow, engine_share, kernel_dsp,
+from bapipe.models import load_model
+from bapipe.fpga_models.allocate import (allocate_stage, board_dsp, board_kernels, dataflow, engine_share, kernel_dsp,
                                   stage_budget, time_multiplexed)
-from fpga_models.boards import get_board
-from fpga_models.cost import best_folding, folding_candidates, layer_cost
+from bapipe.fpga_models.boards import get_board
+from bapipe.fpga_models.cost import best_folding, folding_candidates, layer_cost
 from tolerances import f64_sum
 
 

@@ -14,17 +14,17 @@ import math
 
 import pytest
 
-from bapipe.spec import load_model
-from fpga_models.cluster import load_cluster
-from fpga_models.cost import matrix_shape
-from fpga_models.engines import mvu_dsp
+from bapipe.models import load_model
+from bapipe.fpga_models.cluster import load_cluster
+from bapipe.fpga_models.cost import matrix_shape
+from bapipe.fpga_models.engines import mvu_dsp
 
 SMALL_RESNET = "examples/models/small-resnet.yaml"
 
 
 def _plan(model_name: str, cluster_name: str, **req):
-    from planner.planning import make_plan
-    from planner.search import Request
+    from bapipe.planner.planning import make_plan
+    from bapipe.planner.search import Request
     model = load_model(model_name)
     cluster = load_cluster(cluster_name)
     return make_plan(model, cluster, model_name, cluster_name, Request(**req)).plan, model, cluster
@@ -32,7 +32,7 @@ def _plan(model_name: str, cluster_name: str, **req):
 
 def _board_dsp(plan, model, cluster) -> dict[str, tuple[int, int]]:
     """board -> (DSP its kernels instantiate, ceil(usable x cap)), from the plan's foldings."""
-    from fpga_models.gradients import no_input_gradient
+    from bapipe.fpga_models.gradients import no_input_gradient
 
     out: dict[str, list[int]] = {}
     no_dx = no_input_gradient(model)    # no input-gradient array for these (fpga_models.gradients)
@@ -96,11 +96,11 @@ def test_interleaved_vgg16_is_folded_within_a_sixth():
 
 @pytest.mark.xdist_group("placement_builds")
 def test_design_placement_within_the_capped_dsp():
-    """The Design's placement pass (codegen.placement, from the HLS kernels gen renders) of a
+    """The Design's placement pass (codegen.design.placement, from the HLS kernels gen renders) of a
     training plan with two stages per board: every kernel placed, the summed DSP per board
     within ceil(usable x cap), and equal to the plan-side count above."""
-    from codegen.context import build_project
-    from codegen.placement import place_project, placement_warnings
+    from bapipe.codegen.design.lower import build_project
+    from bapipe.codegen.design.placement import place_project, placement_warnings
     plan, model, cluster = _plan("tiny-cnn", "4xU250-ring", schedule="interleaved")
     assert plan.chunks == 2 and plan.mode == "train"
     ctx = build_project(plan, model, cluster)

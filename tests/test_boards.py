@@ -5,7 +5,7 @@ import pytest
 
 from bapipe.errors import SpecError
 from bapipe.yamlio import loads
-from fpga_models.boards import (BOARDS, FORMATS, RESOURCES, Board, bytes_per_element, get_board, on_chip_bytes,
+from bapipe.fpga_models.boards import (BOARDS, FORMATS, RESOURCES, Board, bytes_per_element, get_board, on_chip_bytes,
                                 with_overrides)
 
 

@@ -8,11 +8,11 @@ import dataclasses
 import pytest
 
 from bapipe.spec import model_from_text
-from fpga_models.boards import get_board
-from fpga_models.bwd_memory import (PORTS_TURN, GradFrame, acc_width, bwd_frames, bwd_memory, bwd_other_bytes,
+from bapipe.fpga_models.boards import get_board
+from bapipe.fpga_models.bwd_memory import (PORTS_TURN, GradFrame, acc_width, bwd_frames, bwd_memory, bwd_other_bytes,
                                     bwd_stream_bytes, WeightTile, bwd_weight_tile, tile_fill_cycles,
                                     tm_bwd_extra_cycles, tm_bwd_spill_cycles, weight_stream_bytes)
-from fpga_models.cost import layer_cost
+from bapipe.fpga_models.cost import layer_cost
 
 MLP = ("name: m\ninput: [64]\nlayers:\n  - {name: fc1, type: dense, units: 32}\n  - {name: r1, type: relu}\n"
        "  - {name: fc2, type: dense, units: 16}\n  - {name: r2, type: relu}\n  - {name: fc3, type: dense, units: 10}\n")
@@ -59,7 +59,7 @@ def test_mlp_frames_accumulators_and_spill_by_hand():
     assert mem.tile == WeightTile(10, 16, (("fc3", 10, 16),)) and mem.streamed == ("fc2",)
     assert mem.wstream_bytes == weight_stream_bytes(m, layers, FOLD, "fixed16", ["fc2"]) == 128 + 320
     assert mem.fixed_bytes == 128 + 800 + 472 + 320 + 448
-    # what codegen.hls_bwd builds: the fixed bytes and the frames (32 + 32 + 64 + 64)
+    # what codegen.design.backward builds: the fixed bytes and the frames (32 + 32 + 64 + 64)
     assert mem.onchip_bytes == 2168 + 192 == 2360 <= 3000
     assert mem.offchip("r1", "fc1") is False and mem.offchip("fc1", "r1") is None
     # one tiled turn: one tile (a second would only hold the same fill, before the same turn)
@@ -127,7 +127,7 @@ def test_a_stage_input_read_twice_meets_in_the_ports_turn():
 def _tm_plan(tmp_path, model: str, args: list[str]):
     from bapipe.cli import main
     from bapipe.plan import load_plan
-    from bapipe.spec import load_model
+    from bapipe.models import load_model
 
     pf = tmp_path / "plan.yaml"
     assert main(["plan", model, "4xU250-ring", "--mode", "train", "--no-replication", *args, "-o", str(pf),
@@ -139,14 +139,14 @@ def _tm_plan(tmp_path, model: str, args: list[str]):
 @pytest.mark.parametrize("model,args", [("tiny-cnn", ["--cap", "0.01", "--partition", "0-1,2,3-8,9"]),
                                         ("examples/models/small-resnet.yaml", ["--cap", "0.05"])])
 def test_the_backward_kernel_builds_the_planned_frames(tmp_path, monkeypatch, model, args):
-    """Every time-multiplexed stage's backward kernel (codegen.hls_bwd) hands exactly the frames
+    """Every time-multiplexed stage's backward kernel (codegen.design.backward) hands exactly the frames
     the plan lists (writer's turn, reader's turn, lanes, bytes) and puts the planned ones off
-    chip; its on-chip bytes (codegen.onchip, the Design's figure) are the plan's, within the
+    chip; its on-chip bytes (codegen.design.onchip, the Design's figure) are the plan's, within the
     kernel's share."""
-    import codegen.hls_bwd as hb
-    from codegen.context import build_project
-    from codegen.onchip import kernel_onchip_bytes
-    from fpga_models.cluster import load_cluster
+    import bapipe.codegen.design.backward as hb
+    from bapipe.codegen.design.lower import build_project
+    from bapipe.codegen.design.onchip import kernel_onchip_bytes
+    from bapipe.fpga_models.cluster import load_cluster
 
     pf, plan, m = _tm_plan(tmp_path, model, args)
     cluster = load_cluster(plan.cluster)
@@ -186,9 +186,9 @@ def test_big_backward_kernels_build_the_planned_frames(model, req):
     the Design's on-chip bytes are the plan's, within the kernel's share."""
     from test_link_cfg import _plan, render
 
-    import codegen.hls_bwd as hb
-    from codegen.onchip import kernel_onchip_bytes
-    from fpga_models.cluster import load_cluster
+    import bapipe.codegen.design.backward as hb
+    from bapipe.codegen.design.onchip import kernel_onchip_bytes
+    from bapipe.fpga_models.cluster import load_cluster
     from test_csim_bwd import CYCLE_TOL
 
     cluster = load_cluster("4xU250-ring")
@@ -214,7 +214,7 @@ def test_big_backward_kernels_build_the_planned_frames(model, req):
         spill = records[k]["spill_cycles"] + records[k]["fill_cycles"]
         # CYCLE_TOL: issue 16's bound on counted vs planned cycles per sample
         assert abs(counted + spill - p["per_sample"]) <= CYCLE_TOL * p["per_sample"], (sc.name, counted, spill, p)
-        # the kernel builds the plan's weight tile (BwdMemory.tile, codegen.hls_bwd._tile_weights)
+        # the kernel builds the plan's weight tile (BwdMemory.tile, codegen.design.backward._tile_weights)
         # and weight stream (BwdMemory.streamed, _stream_weights)
         assert (sc.bwd.wtile["tile"].dims if getattr(sc.bwd, "wtile", None) else None) == (
             (mem.tile.rows, mem.tile.cols) if mem.tile else None), sc.name

@@ -1,4 +1,4 @@
-"""Backward weights that do not all fit on chip (issue 16 item 1; codegen.hls_bwd._tile_weights).
+"""Backward weights that do not all fit on chip (issue 16 item 1; codegen.design.backward._tile_weights).
 
 A time-multiplexed backward kernel whose weights fail the forward's all-resident rule
 (fpga_models.allocate.weights_all_resident) copies each input-gradient turn's matrix into one
@@ -17,8 +17,8 @@ def _not_resident(monkeypatch):
     """The backward kernel's weights fail the all-resident rule, in the plan's backward memory
     (fpga_models.bwd_memory: no copies, a weight tile whose fills the planner prices) and in the
     lowering (hls_bwd._copy_weights makes no copies); the forward's rule stays the default's."""
-    import codegen.hls_bwd as hb
-    import fpga_models.bwd_memory as bm
+    import bapipe.codegen.design.backward as hb
+    import bapipe.fpga_models.bwd_memory as bm
 
     monkeypatch.setattr(hb, "_copy_weights", lambda *a, **k: [])
     monkeypatch.setattr(bm, "weights_all_resident", lambda *a, **k: False)
@@ -92,8 +92,8 @@ def test_tile_takes_what_the_share_leaves():
     that fit the bytes the share leaves; no room, no tile. Its fills: 512-bit beats + 2 a
     matrix. The lowering builds exactly the plan's tile (hls_bwd._tile_weights), and refuses a
     tile whose matrices are not its turns with dx."""
-    from codegen.hls_bwd import _tile_weights
-    from fpga_models.bwd_memory import WeightTile, choose_tile, tile_fill_cycles
+    from bapipe.codegen.design.backward import _tile_weights
+    from bapipe.fpga_models.bwd_memory import WeightTile, choose_tile, tile_fill_cycles
 
     cands = [("a", 10, 64), ("b", 16, 72), ("c", 8, 72)]
     # 1,440 bytes left: c (8 x 72, 1,152) and a (10 x 72 = 1,440 with c) fit, b (16 x 72 = 2,304) not
@@ -134,8 +134,8 @@ def test_ping_pong_tile_when_two_fit():
     waits on the first fill (turn order: the later layer first) and on each later one only for
     what it takes beyond the previous tiled turn's region (tile_stall_cycles). The lowering
     reads tile k % 2 in the k-th tiled turn and fills the next one's matrix during it."""
-    from codegen.hls_bwd import _tile_weights
-    from fpga_models.bwd_memory import WeightTile, choose_tile, double_tile, tile_stall_cycles
+    from bapipe.codegen.design.backward import _tile_weights
+    from bapipe.fpga_models.bwd_memory import WeightTile, choose_tile, double_tile, tile_stall_cycles
 
     cands = [("a", 10, 64), ("c", 8, 72)]
     one = choose_tile(cands, 2, 1_440)
@@ -173,7 +173,7 @@ def _tiny_cnn_streamed(tmp_path, monkeypatch):
     conv2 tile."""
     from bapipe.cli import main
 
-    import fpga_models.bwd_memory as bm
+    import bapipe.fpga_models.bwd_memory as bm
 
     _not_resident(monkeypatch)
     monkeypatch.setattr(bm, "weight_resident", lambda elems, eb, budget, vectors=1: vectors > 1)

@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 
 from bapipe.errors import SpecError
 from bapipe.plan import load_plan
-from fpga_models.plancheck import resolve
+from bapipe.fpga_models.plancheck import resolve
 from cli_fork import ForkServer
 from docpaths import doc_paths
 
@@ -78,7 +78,7 @@ def ws(tmp_path_factory, fork) -> Path:
     (d / "p_other.yaml").write_text(text.replace("cluster: 4xU250-ring", "cluster: 8xU280-ring", 1))
     (d / "p_sched.yaml").write_text(re.sub(r"(?m)^schedule: \S+$", "schedule: zigzag", text, count=1))
     # a valid cluster file; the plan made on it is then loaded against an edited copy
-    from fpga_models.cluster import load_cluster  # noqa: F401  (the builtin must exist)
+    from bapipe.fpga_models.cluster import load_cluster  # noqa: F401  (the builtin must exist)
     (d / "cl.yaml").write_text(_cluster_yaml(1.0e10))
     r = fork.run(["plan", "tiny-mlp", "cl.yaml", "-o", "pcl.yaml"], d)
     assert r.returncode == 0, r.stderr

@@ -10,8 +10,8 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from bapipe.errors import SpecError
 from bapipe.yamlio import loads
-from fpga_models.boards import BOARDS
-from fpga_models.cluster import (Cluster, builtin_clusters, dump_cluster_yaml, load_cluster, parse_cluster,
+from bapipe.fpga_models.boards import BOARDS
+from bapipe.fpga_models.cluster import (Cluster, builtin_clusters, dump_cluster_yaml, load_cluster, parse_cluster,
                                  torus_position)
 from docpaths import doc_paths
 from tolerances import f64_sum

@@ -10,10 +10,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bapipe.errors import SpecError
-from codegen.cli_gen import generate_plan
-from codegen.context import build_project
+from bapipe.codegen.cli_gen import generate_plan
+from bapipe.codegen.design.lower import build_project
 
-from codegen_plans import make_plan, residual_model_file
+from handplan import make_plan, residual_model_file
 
 FOLD = {"conv1": (2, 3), "conv2": (4, 8), "conv3": (8, 24), "fc": (2, 16), "pool1": (2, 1)}
 
@@ -53,7 +53,7 @@ def test_weights_depend_only_on_the_plan(tmp_path):
 
 def test_folding_drives_pragmas(tmp_path):
     # an inference plan: a training build keeps every weight array in writable m_axi memory
-    # (the update kernel rewrites it, codegen.hls_train), so it has no ROM pragmas to check
+    # (the update kernel rewrites it, codegen.design.train_kernels), so it has no ROM pragmas to check
     plan, model, cluster = make_plan(folding=FOLD, mode="inference")
     generate_plan(plan, model, cluster, tmp_path)
     # the per-layer wrappers still take the plan's folding
@@ -89,7 +89,7 @@ def test_backward_kernel_structure(tmp_path):
     generate_plan(plan, model, cluster, tmp_path)
     b0 = (tmp_path / "stage0/stage0_bwd.cpp").read_text()
     assert "#define MB 4" in b0
-    # streaming backward (codegen/hls_bwd.py): dy in, stashes from memory, one DATAFLOW region
+    # streaming backward (codegen/design/backward.py): dy in, stashes from memory, one DATAFLOW region
     assert ("void stage0_bwd(hls::stream<bapipe::bvec<1> > &dy_out0, const data_t st_conv1[MB * 64], "
             "const data_t st_relu1[MB * 512]") in b0
     assert "dx_in0" not in b0                      # the model input needs no gradient
@@ -139,7 +139,7 @@ def test_link_configs_follow_vitis_conventions(tmp_path):
     assert "platform=xilinx_u250_gen3x16_xdma_4_1_202210_1" in cfg
     assert "nk=stage0:1:stage0_1" in cfg and "nk=stage4:1:stage4_1" in cfg
     assert "stream_connect=mm2s_stage0_in0.out:stage0_1.in0" in cfg
-    # banks and SLRs come from the placement pass (codegen.placement; tests/test_link_cfg.py)
+    # banks and SLRs come from the placement pass (codegen.design.placement; tests/test_link_cfg.py)
     assert re.search(r"^sp=mm2s_stage0_in0\.mem:DDR\[[0-3]\]$", cfg, re.M)
     assert re.search(r"^slr=stage0_1:SLR[0-3]$", cfg, re.M)
     mid = (tmp_path / "b/link/fpga2.cfg").read_text()
@@ -150,7 +150,7 @@ def test_link_configs_follow_vitis_conventions(tmp_path):
     assert "BAPIPE_PROCESS(bapipe::copy<144>(in0, out0));" in k2   # bn1 passes through stage 2 to the residual add
     mk = (tmp_path / "b/Makefile").read_text()
     # training: each stage's update kernel and, behind the last stage, the loss kernel (its logits
-    # never leave the board: no s2mm mover; codegen.hls_train, docs/training.md)
+    # never leave the board: no s2mm mover; codegen.design.train_kernels, docs/training.md)
     assert ("link/fpga0.xclbin: stage0/stage0.xo stage4/stage4.xo stage0/stage0_bwd.xo stage4/stage4_bwd.xo "
             "stage0/stage0_update.xo stage4/stage4_update.xo stage4/stage4_loss.xo common/mm2s.xo ") in mk
     assert "stream_connect=stage4_1.out0:stage4_loss_1.z_in" in cfg and "stream_connect=stage4_loss_1.dz_out:stage4_bwd_1.dy_out0" in cfg

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fpga_models import fixedpoint as fx
+from bapipe.fpga_models import fixedpoint as fx
 
 F16 = fx.FORMATS["fixed16"]
 LSB = 2.0 ** -F16.frac
@@ -126,7 +126,7 @@ def test_unsupported_type_raises():
        st.integers(0, 2**31 - 1))
 def test_imatmul_is_exact(m, k, n, bits, seed):
     """The float64 BLAS shortcut equals int64 matmul, and wide values fall back to int64."""
-    from fpga_models.fixedpoint import imatmul
+    from bapipe.fpga_models.fixedpoint import imatmul
 
     rng = np.random.default_rng(seed)
     lim = 1 << (bits - 1)

@@ -1,9 +1,9 @@
 """Per-layer FPGA/GPU cost formulas against hand-computed values."""
 import pytest
 
-from bapipe.spec import load_model
-from fpga_models.boards import BRAM36_BYTES, URAM_BYTES, get_board
-from fpga_models.cost import (Budget, best_folding, divisors, folding_candidates, gpu_layer_cost, layer_cost,
+from bapipe.models import load_model
+from bapipe.fpga_models.boards import BRAM36_BYTES, URAM_BYTES, get_board
+from bapipe.fpga_models.cost import (Budget, best_folding, divisors, folding_candidates, gpu_layer_cost, layer_cost,
                               matrix_shape, mvu_cycles, onchip_blocks, onchip_capacity, profile_layer, weight_copies)
 from tolerances import U64
 

@@ -1,4 +1,4 @@
-"""HLS backward kernels (codegen/hls_bwd.py, bapipe_layers_bwd.h.j2): structure, on-chip
+"""HLS backward kernels (codegen/design/backward.py, bapipe_layers_bwd.h.j2): structure, on-chip
 memory against the board, accumulator widths, the plan's cycles; and C-simulation of whole
 backward kernels (0 LSB against fpga_models.fixedpoint.stage_bwd, cycles counted in the run
 within 10% of the plan's)."""
@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from bapipe.plan import load_plan
-from bapipe.spec import load_model
-from fpga_models.boards import get_board, on_chip_bytes
+from bapipe.models import load_model
+from bapipe.fpga_models.boards import get_board, on_chip_bytes
 
 ROOT = Path(__file__).resolve().parent.parent
 CACHE = Path(os.environ.get("BAPIPE_TEST_CSIM_CACHE", Path(tempfile.gettempdir()) / "bapipe-csim-cache"))
@@ -42,8 +42,8 @@ def plans(tmp_path_factory):
 
 def _project(plan_path: Path):
     from bapipe.plan import load_plan as lp
-    from codegen.context import build_project
-    from fpga_models.cluster import load_cluster
+    from bapipe.codegen.design.lower import build_project
+    from bapipe.fpga_models.cluster import load_cluster
 
     plan = lp(plan_path)
     model = load_model(plan.model)
@@ -52,8 +52,9 @@ def _project(plan_path: Path):
 
 def _write_hls(plan_path: Path, out: Path):
     """Only the HLS tree (no RTL): what csim needs."""
-    from codegen.hls import render_files, write_files
-    from fpga_models.cluster import load_cluster
+    from bapipe.codegen.hls.project import write_files
+    from bapipe.codegen.package.project import render_files
+    from bapipe.fpga_models.cluster import load_cluster
 
     plan, model, ctx = _project(plan_path)
     write_files(render_files(ctx, plan_path.read_text(), load_cluster(plan.cluster)), out)
@@ -61,9 +62,9 @@ def _write_hls(plan_path: Path, out: Path):
 
 
 def _csim_bwd(plan_path: Path, out: Path, seed: int = 3) -> list[dict]:
-    from codegen.csim import load_weights, stage_macs
-    from codegen.csim_bwd import csim_backward
-    from fpga_models import fixedpoint as fx
+    from bapipe.codegen.check.cxx_run import load_weights, stage_macs
+    from bapipe.codegen.check.csim_bwd import csim_backward
+    from bapipe.fpga_models import fixedpoint as fx
 
     plan, model, _ = _write_hls(plan_path, out)
     cfg = json.loads((out / "host_config.json").read_text())
@@ -85,7 +86,7 @@ def test_plan_backward_figure_is_the_planners(plans):
     """plan_bwd_cycles' per-layer figures rebuild plan.yaml's cycles.bwd exactly (dataflow:
     sum + (beta - 1) x max, fpga_models.allocate.dataflow), so the steady-state figure the
     kernels are held to is the planner's own."""
-    from codegen.hls_bwd import plan_bwd_cycles
+    from bapipe.codegen.design.backward import plan_bwd_cycles
 
     for m in ("tiny-mlp", "tiny-cnn", "examples/models/small-resnet.yaml"):
         plan = load_plan(plans(m))
@@ -101,7 +102,7 @@ def test_plan_backward_figure_is_the_planners(plans):
 def test_engines_meet_the_plan_by_construction(plans):
     """The slowest engine's cycles per sample (the loop trip counts hls_bwd prints) are within
     10% of the plan's steady-state backward cycles on tiny-mlp, tiny-cnn and small-resnet."""
-    from codegen.hls_bwd import plan_bwd_cycles
+    from bapipe.codegen.design.backward import plan_bwd_cycles
 
     for m in ("tiny-mlp", "tiny-cnn", "examples/models/small-resnet.yaml"):
         plan, model, ctx = _project(plans(m))
@@ -163,8 +164,8 @@ def test_accumulators_sized_from_the_reduction(plans):
     """Weight-gradient accumulators hold acc_width(T) bits for T = samples x vectors (the
     tight rule of fpga_models.train_fixed): tiny-cnn conv1 sums 8 x 64 products of 16-bit
     values, 31 + ceil(log2(513)) = 41 bits; VGG-16 conv1_1 on 4xU250 sums 50,176 x beta."""
-    from codegen.hls_bwd import acc_width
-    from fpga_models.train_fixed import acc_width as tight
+    from bapipe.codegen.design.backward import acc_width
+    from bapipe.fpga_models.train_fixed import acc_width as tight
 
     assert acc_width(8 * 64, 16, 16) == tight(8 * 64) == 41
     _, _, ctx = _project(plans("tiny-cnn"))
@@ -239,7 +240,7 @@ def test_undersized_skip_fifo_deadlocks_and_is_reported(plans, tmp_path, monkeyp
     """The residual add's skip FIFOs are what keeps the backward dataflow moving: with depth 2
     on every path the fixture's kernel deadlocks, and csim says so (bapipe_csim.h) instead of
     passing; with the sized FIFOs (test_general_backward_paths_bit_exact) it runs at 0 LSB."""
-    import codegen.hls_bwd as hb
+    import bapipe.codegen.design.backward as hb
 
     monkeypatch.setattr(hb, "_skip_depths", lambda add_layer, layers, elems, lanes: [2] * len(add_layer.inputs))
     rows = _csim_bwd(plans(str(FIXTURE)), tmp_path / "b")

@@ -1,4 +1,4 @@
-"""Backward kernels of time-multiplexed stages (codegen.hls_bwd._sequence_turns): the layers'
+"""Backward kernels of time-multiplexed stages (codegen.design.backward._sequence_turns): the layers'
 backward engines take turns, as fpga_models.allocate.time_multiplexed prices them (the
 layers' backward cycles add up), with whole gradient frames between turns on chip or, past
 the kernel's on-chip share, in off-chip memory (512-bit words).
@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 from bapipe.plan import load_plan
-from bapipe.spec import load_model
-from fpga_models.boards import get_board
+from bapipe.models import load_model
+from bapipe.fpga_models.boards import get_board
 
 from test_csim_bwd import CACHE, CYCLE_TOL, _project, _write_hls
 
@@ -40,7 +40,7 @@ def test_turns_follow_the_plan(tm_plan):
     """One turn per layer that computes a gradient, last layer first; every stream two turns
     share holds one sample's whole gradient (depth = elements / lanes); the turns' slowest
     engines add up to the plan's backward cycles per sample within 10%."""
-    from codegen.hls_bwd import plan_bwd_cycles
+    from bapipe.codegen.design.backward import plan_bwd_cycles
 
     plan, model, ctx = _project(tm_plan)
     st = plan.stages[TM_STAGE]
@@ -61,9 +61,9 @@ def test_turns_follow_the_plan(tm_plan):
 
 
 def _csim_stage(plan_path: Path, out: Path, index: int) -> dict:
-    from codegen.csim import load_weights, stage_macs
-    from codegen.csim_bwd import csim_backward
-    from fpga_models import fixedpoint as fx
+    from bapipe.codegen.check.cxx_run import load_weights, stage_macs
+    from bapipe.codegen.check.csim_bwd import csim_backward
+    from bapipe.fpga_models import fixedpoint as fx
 
     plan, model, _ = _write_hls(plan_path, out)
     cfg = json.loads((out / "host_config.json").read_text())
@@ -83,7 +83,7 @@ def test_frames_off_chip_bit_exact_and_on_plan(tm_plan, tmp_path, monkeypatch):
     the reader's): the kernel is
     bit-exact against train_fixed, no stream exceeds its declared depth, and the counted cycles
     per sample are within 10% of the plan's."""
-    import codegen.hls_bwd as hb
+    import bapipe.codegen.design.backward as hb
 
     monkeypatch.setattr(hb, "_bwd_budget", lambda plan, st, board: 0)
     r = _csim_stage(tm_plan, tmp_path / "b", TM_STAGE)
@@ -113,9 +113,9 @@ def test_vgg16_backward_turns_sum_to_the_plan():
     its gradient frames beyond the kernel's share are off chip, so the board's kernels fit."""
     from test_link_cfg import _plan, render
 
-    from codegen.hls_bwd import plan_bwd_cycles
-    from codegen.onchip import kernel_onchip_bytes
-    from fpga_models.cluster import load_cluster
+    from bapipe.codegen.design.backward import plan_bwd_cycles
+    from bapipe.codegen.design.onchip import kernel_onchip_bytes
+    from bapipe.fpga_models.cluster import load_cluster
 
     cluster = load_cluster("4xU250-ring")
     plan, model = _plan("vgg16", cluster)

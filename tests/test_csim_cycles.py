@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import pytest
 
-from codegen.csim import alone_cycles, port_adapter, steady_cycles
-from codegen.csim_bwd import steady_per_sample
+from bapipe.codegen.check.csim import alone_cycles, port_adapter, steady_cycles
+from bapipe.codegen.check.csim_bwd import steady_per_sample
 
 #: the issue's bound on counted vs planned cycles per sample (item 4)
 CYCLE_TOL = 0.10
@@ -84,7 +84,7 @@ def test_every_stage_meets_the_plan(tmp_path, monkeypatch, name, model, extra):
     within 10% of the plan's, the stage holding the model's first layer included (neither the
     kernel nor the plan computes the model input's gradient: fpga_models.gradients)."""
     from bapipe.plan import load_plan
-    from codegen.csim import csim_project
+    from bapipe.codegen.check.csim import csim_project
 
     monkeypatch.setenv("BAPIPE_CSIM_CACHE", str(tmp_path.parent / "csim-cycles-cache"))
     out = _build(tmp_path, name, model, *extra)

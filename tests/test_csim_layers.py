@@ -21,7 +21,7 @@ CACHE = Path(os.environ.get("BAPIPE_TEST_CSIM_CACHE", Path(tempfile.gettempdir()
 
 @pytest.fixture(scope="module")
 def harness_run(tmp_path_factory):
-    from codegen.csim import run_harness
+    from bapipe.codegen.check.csim import run_harness
 
     cases = all_cases()
     outs, comp, run_s = run_harness([c for c, _ in cases], "fixed16", tmp_path_factory.mktemp("harness"),
@@ -59,7 +59,7 @@ def test_outputs_are_not_trivial(harness_run):
 
 def test_int64_mac_path_equals_numpy(tmp_path):
     """The 64-bit integer MAC path (big stages in csim) is bit-exact too, on every MAC layer."""
-    from codegen.csim import run_harness
+    from bapipe.codegen.check.csim import run_harness
 
     cases = [(c, e) for c, e in all_cases() if c.name.startswith(("dense", "conv2d"))]
     outs, _, _ = run_harness([c for c, _ in cases], "fixed16", tmp_path, cache=CACHE, name="layers_int64",

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from bapipe import toolchain
-from codegen.cli_gen import generate_plan
+from bapipe.codegen.cli_gen import generate_plan
 
-from codegen_plans import make_plan, residual_model_file
+from handplan import make_plan, residual_model_file
 
 pytestmark = [pytest.mark.csim,
               pytest.mark.skipif(toolchain.gxx() is None or toolchain.ap_types_dir() is None,
@@ -51,8 +51,9 @@ def test_tiny_cnn_three_stages_chained_match_numpy(tmp_path, capsys):
 
 def test_whole_model_reference_is_independent_of_the_chain(tmp_path):
     """Numpy over the whole model from the stage-0 inputs equals the last stage's C output."""
-    from codegen.csim import csim_project, load_weights
-    from fpga_models import fixedpoint as fx
+    from bapipe.codegen.check.csim import csim_project
+    from bapipe.codegen.check.cxx_run import load_weights
+    from bapipe.fpga_models import fixedpoint as fx
 
     plan, model, cluster = make_plan(mode="inference")   # shares its binaries with the cache test
     generate_plan(plan, model, cluster, tmp_path)
@@ -69,7 +70,7 @@ def test_whole_model_reference_is_independent_of_the_chain(tmp_path):
     for st in cfg["stages"]:
         params.update(load_weights(tmp_path, st, fx.FORMATS["fixed16"]))
     rng = np.random.default_rng(7)
-    from codegen.csim import random_input
+    from bapipe.codegen.check.cxx_run import random_input
     x = random_input(rng, 3, (1, 8, 8), fx.FORMATS["fixed16"])
     y = fx.model_fwd(model.layers, {"input": x}, params, "fixed16")["fc"]
     # integer LSBs: a non-triviality threshold, not a tolerance
@@ -78,7 +79,7 @@ def test_whole_model_reference_is_independent_of_the_chain(tmp_path):
 
 @pytest.mark.soak  # 10 kernels compiled cold (~54 s on 2 cores): make test-all; test_skip_fifo_depth_is_needed_... keeps a residual skip in make test
 def test_residual_model_with_skips_across_cuts(tmp_path):
-    from codegen.csim import csim_project
+    from bapipe.codegen.check.csim import csim_project
 
     CACHE.mkdir(parents=True, exist_ok=True)   # a stable model path keeps the plan (and the cache key) stable
     plan, model, cluster = make_plan(residual_model_file(CACHE), cuts=(1, 2, 3, 5),
@@ -91,7 +92,7 @@ def test_residual_model_with_skips_across_cuts(tmp_path):
 
 
 def test_int8_format(tmp_path):
-    from codegen.csim import csim_project
+    from bapipe.codegen.check.csim import csim_project
 
     plan, model, cluster = make_plan(fmt="int8", cuts=(4,), folding={"conv2": (2, 9)}, mode="inference")
     generate_plan(plan, model, cluster, tmp_path)
@@ -101,7 +102,7 @@ def test_int8_format(tmp_path):
 
 
 def test_second_run_uses_the_cache(tmp_path):
-    from codegen.csim import csim_project
+    from bapipe.codegen.check.csim import csim_project
 
     plan, model, cluster = make_plan(mode="inference")
     generate_plan(plan, model, cluster, tmp_path)
@@ -112,9 +113,9 @@ def test_second_run_uses_the_cache(tmp_path):
 
 def test_backward_reference_gradients_are_not_trivial():
     """The backward comparison means something: numpy gradients of a tiny-CNN stage are mostly nonzero."""
-    from fpga_models import fixedpoint as fx
-    from codegen.context import make_weights
-    from codegen.csim import random_input
+    from bapipe.fpga_models import fixedpoint as fx
+    from bapipe.codegen.design.context import make_weights
+    from bapipe.codegen.check.cxx_run import random_input
 
     plan, model, cluster = make_plan()
     params = make_weights(plan, model)
@@ -136,7 +137,7 @@ def test_a_wrong_weight_is_caught(tmp_path, capsys, monkeypatch):
 
     # `bapipe csim` refuses an edited build by its hashes (bapipe-build.json); this test is
     # about csim's own comparison, so the hash check is switched off
-    monkeypatch.setattr("codegen.cli_gen.check_build", lambda *a, **k: {})
+    monkeypatch.setattr("bapipe.codegen.cli_gen.check_build", lambda *a, **k: {})
 
     plan, model, cluster = make_plan(mode="inference")
     generate_plan(plan, model, cluster, tmp_path)
@@ -154,7 +155,7 @@ def test_a_wrong_weight_is_caught(tmp_path, capsys, monkeypatch):
 def test_wrong_beat_counts_fail_the_stage(tmp_path):
     """An engine that reads more beats than arrive blocks forever: the bounded csim reports the
     deadlock (kernel, stream, occupancy) instead of reading garbage (plain hls_stream.h only warns)."""
-    from codegen.csim import csim_project
+    from bapipe.codegen.check.csim import csim_project
 
     plan, model, cluster = make_plan(mode="inference")
     generate_plan(plan, model, cluster, tmp_path)
@@ -193,7 +194,7 @@ def test_skip_fifo_depth_is_needed_and_an_under_deep_one_deadlocks(tmp_path):
     """The residual block's skip FIFO (the Design's depth) carries the branch difference: csim
     records its peak occupancy above the default depth of 2, and the same kernel with that
     stream at depth 2 is reported as a deadlock naming the kernel, the stream and 2/2."""
-    from codegen.csim import csim_project
+    from bapipe.codegen.check.csim import csim_project
 
     CACHE.mkdir(parents=True, exist_ok=True)   # a stable model path keeps the plan (and the cache key) stable
     mf = CACHE / "one-skip.yaml"
@@ -240,7 +241,7 @@ def test_streaming_engines_bit_exact_on_every_window_shape(tmp_path):
     wins), a padded average pool (zeros count), gcd width converters (3 -> 1 -> 2 lanes), a
     flatten into a dense layer. 0 LSB against numpy; counted cycles within 10% of the
     Design's own figure for the stage (design.json; the hand-built plan has no cycles)."""
-    from codegen.csim import csim_project
+    from bapipe.codegen.check.csim import csim_project
 
     CACHE.mkdir(parents=True, exist_ok=True)   # a stable model path keeps the cache key stable
     mf = CACHE / "engine-mix.yaml"
@@ -272,7 +273,7 @@ def test_counted_cycles_meet_the_plan_tiny_cnn(tmp_path):
     within 10% of plan.yaml's fwd_interval (the issue's target; 16 samples a call: the window
     generators' start-up and the pipeline depths are paid once a call), 0 LSB."""
     from bapipe.cli import main
-    from codegen.csim import csim_project
+    from bapipe.codegen.check.csim import csim_project
 
     pf = tmp_path / "plan.yaml"
     assert main(["plan", "tiny-cnn", "4xU250-ring", "--mode", "inference", "-o", str(pf)]) == 0
@@ -295,7 +296,7 @@ def test_counted_cycles_meet_the_plan_soak(tmp_path, model, samples):
     """tiny-mlp (2 cycles a sample: 32 samples so the pipeline depth of a call is amortised)
     and small-resnet: counted cycles within 10% of the plan, 0 LSB."""
     from bapipe.cli import main
-    from codegen.csim import csim_project
+    from bapipe.codegen.check.csim import csim_project
 
     pf = tmp_path / "plan.yaml"
     assert main(["plan", model, "4xU250-ring", "--mode", "inference", "-o", str(pf)]) == 0
@@ -309,8 +310,8 @@ def test_big_stage_path_external_weights_one_sample_mb1(tmp_path, monkeypatch):
     """The path VGG-16/ResNet-50 take, on tiny-cnn: forward engines with their weight matrices as
     m_axi arguments (banked, read by the testbench from roms.bin), the backward kernel's from
     weights.bin, the int64 MAC, one sample, backward rebuilt with -DMB=1; still 0 LSB."""
-    import codegen.context as cx
-    import codegen.csim as cs
+    import bapipe.codegen.design.context as cx
+    import bapipe.codegen.check.csim as cs
 
     monkeypatch.setattr(cx, "EMBED_LIMIT", 0)
     monkeypatch.setattr(cs, "BIG_STAGE_MACS", 0)
@@ -319,14 +320,14 @@ def test_big_stage_path_external_weights_one_sample_mb1(tmp_path, monkeypatch):
     generate_plan(plan, model, cluster, tmp_path)
     assert "static const data_t" not in (tmp_path / "stage0/stage0_weights.h").read_text()
     top = (tmp_path / "stage1/stage1.cpp").read_text()
-    # 640 weights as 20 words of 512 bits, copied on chip once a call (codegen.hls_weights.load_weights_once)
+    # 640 weights as 20 words of 512 bits, copied on chip once a call (codegen.design.weight_memory.load_weights_once)
     assert ("mode=m_axi port=s1_fc_mvu_w offset=slave bundle=s1_fc_mvu_w depth=20 max_read_burst_length=64 "
             "max_widen_bitwidth=512") in top
     assert "mode=s_axilite port=return" in top
     assert re.search(r"^sp=stage1_1\.s1_fc_mvu_w:DDR\[[0-3]\]$", (tmp_path / "link/fpga1.cfg").read_text(), re.M)
     assert "add_files -tb roms.bin" in (tmp_path / "stage1/run_hls.tcl").read_text()
     # roms.bin: the banked matrices and (a training build: writable for the update kernel,
-    # codegen.hls_train) the biases, 16-bit raw (conv3 8*3*3*16 = 1152 + 16, fc 64*10 = 640 + 10)
+    # codegen.design.train_kernels) the biases, 16-bit raw (conv3 8*3*3*16 = 1152 + 16, fc 64*10 = 640 + 10)
     assert (tmp_path / "stage1/roms.bin").stat().st_size == 2 * (1152 + 16 + 640 + 10)
     r = cs.csim_project(tmp_path, samples=4)
     assert r["passed"] and r["samples"] == 1 and r["model_max_abs_err_lsb"] == 0, r
@@ -338,7 +339,7 @@ def test_big_stage_path_external_weights_one_sample_mb1(tmp_path, monkeypatch):
 
 def test_over_budget_kernels_are_reported_skipped(tmp_path, monkeypatch):
     """A kernel beyond the run budget is listed as skipped and the project does not pass."""
-    import codegen.csim as cs
+    import bapipe.codegen.check.csim as cs
 
     plan, model, cluster = make_plan(mode="inference")
     generate_plan(plan, model, cluster, tmp_path)
@@ -356,9 +357,9 @@ def test_counted_cycles_meet_the_plan_big_forward(tmp_path, monkeypatch, model, 
     10% of plan.yaml's fwd_interval, 0 LSB, one sample. Forward kernels only (the backward
     ones have tests/test_csim_bwd.py). The placement check is switched off: it refuses these
     plans today, pricing a DSP array per layer of a time-multiplexed stage (docs/codegen.md)."""
-    import codegen.csim as cs
-    import codegen.csim_bwd as cb
-    import codegen.placement as pl
+    import bapipe.codegen.check.csim as cs
+    import bapipe.codegen.check.csim_bwd as cb
+    import bapipe.codegen.design.placement as pl
     from bapipe.cli import main
 
     def skip_backward(build, st, *a, **k):

@@ -1,5 +1,5 @@
-"""HLS training (issue 17 item 4): the SGD update kernel (codegen/hls_train.py,
-bapipe_update.h) and `bapipe csim build/ --iterations K` (codegen/csim_train.py): forward,
+"""HLS training (issue 17 item 4): the SGD update kernel (codegen/design/train_kernels.py,
+bapipe_update.h) and `bapipe csim build/ --iterations K` (codegen/check/csim_train.py): forward,
 backward and update kernels in C-simulation, the weights after every iteration bit-exact
 against fpga_models.train_fixed.train_step."""
 from __future__ import annotations
@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bapipe.spec import load_model
-from fpga_models import train_fixed as tfx
+from bapipe.models import load_model
+from bapipe.fpga_models import train_fixed as tfx
 from handplan import hand_plan
 
 CACHE = Path(os.environ.get("BAPIPE_TEST_CSIM_CACHE", Path(tempfile.gettempdir()) / "bapipe-csim-cache"))
@@ -22,16 +22,16 @@ TF = tfx.get_formats("fixed16")
 
 
 def _gen(plan, out: Path) -> Path:
-    from codegen.cli_gen import generate_plan
-    from fpga_models.cluster import load_cluster
+    from bapipe.codegen.cli_gen import generate_plan
+    from bapipe.fpga_models.cluster import load_cluster
 
     generate_plan(plan, load_model(plan.model), load_cluster(plan.cluster), out)
     return out
 
 
 def _project(plan):
-    from codegen.context import build_project
-    from fpga_models.cluster import load_cluster
+    from bapipe.codegen.design.lower import build_project
+    from bapipe.fpga_models.cluster import load_cluster
 
     return build_project(plan, load_model(plan.model), load_cluster(plan.cluster))
 
@@ -40,7 +40,7 @@ def _plan(model: str, cuts: tuple[int, ...], microbatches: int, size: int, repli
     """A hand plan with every matrix layer folded (the training RTL that gen also writes needs
     a folding): PE and SIMD the largest divisors up to 4 of the MVU's rows and columns."""
     from bapipe.plan import Folding
-    from codegen.context import mvu_dims
+    from bapipe.codegen.design.context import mvu_dims
 
     plan = hand_plan(model, cuts=cuts, microbatches=microbatches, microbatch_size=size, replicas=replicas)
     mdl = load_model(model)
@@ -61,7 +61,7 @@ def test_update_kernel_writes_the_layouts_the_kernels_read(model, cuts):
     backward: kernel layout) and has an update that reads its backward gradient; the update
     kernel's banked index ((r/PE*SF + c/SIMD)*PE + r%PE)*SIMD + c%SIMD (bapipe_update.h)
     puts every kernel-layout weight where the forward MVU's array holds it (Rom values)."""
-    from codegen.hls_train import UpdateArray, build_update
+    from bapipe.codegen.design.train_kernels import UpdateArray, build_update
 
     ctx = _project(_plan(model, cuts, 2, 4))
     colmaps = []
@@ -154,7 +154,7 @@ def test_batchnorm_trains_in_hls():
     backward kernel sums dscale/dshift per channel (batchnorm_bwd_train, its input stashed by the
     forward: the conv's output before the batchnorm), the update kernel rewrites every batchnorm
     array the forward reads ([C/LANES][LANES], in place), and nothing is left untrained."""
-    from codegen.hls_train import build_update
+    from bapipe.codegen.design.train_kernels import build_update
 
     ctx = _project(_plan("examples/models/small-resnet.yaml", (), 2, 1))
     sc = ctx.stages[0]
@@ -178,7 +178,7 @@ def test_time_multiplexed_stage_writes_its_stashes_in_its_turns():
     """A time-multiplexed stage (one sample a turn) tees each stashed stream inside the turn
     that writes it (the input: the turn that reads it); the turns' loop hands that turn the
     stash at sample i (stage.cpp.j2), and every backward stash port is written."""
-    from codegen.hls import render_files
+    from bapipe.codegen.package.project import render_files
 
     plan = _plan("tiny-cnn", (), 2, 2)
     plan.stages[0].style = "time-multiplexed"
@@ -198,7 +198,7 @@ def test_time_multiplexed_stage_writes_its_stashes_in_its_turns():
 
 
 def test_inference_stages_have_no_update_kernel():
-    from codegen.hls_train import stage_update
+    from bapipe.codegen.design.train_kernels import stage_update
 
     plan = _plan("tiny-mlp", (3,), 1, 2)
     plan.mode = "inference"
@@ -230,7 +230,7 @@ def test_iterations_refuses_bad_input_in_one_line(tmp_path, capsys):
 # ---------------------------------------------------------------- C-simulation
 
 def _update_io(u_cfg: dict, g, m, v, consts) -> bytes:
-    from codegen.csim_train import _words
+    from bapipe.codegen.check.csim_train import _words
 
     parts = [np.array([consts.mu, consts.lr, consts.shift], "<i4")]
     for a in u_cfg["arrays"]:
@@ -246,8 +246,8 @@ def test_update_kernel_matches_sgd_update_at_the_extremes(tmp_path):
     at +-2^47, master weights at the int32 limits, for two constant sets (lr 0.05 / batch 64 with
     momentum 0.9; lr 4 / batch 1 without momentum). Every master weight, velocity and 16-bit
     forward copy equal, bit for bit."""
-    from codegen.csim import compile_sources
-    from codegen.csim_train import _unwords
+    from bapipe.codegen.check.cxx_run import compile_sources
+    from bapipe.codegen.check.csim_train import _unwords
 
     build = _gen(_plan("tiny-mlp", (), 1, 2), tmp_path / "b")
     st = json.loads((build / "host_config.json").read_text())["stages"][0]
@@ -296,8 +296,8 @@ def test_ring_allreduce_kernel_gives_every_replica_the_exact_total(tmp_path):
     (reduce-scatter, all-gather; arrays of 4096, 64, ..., 10 sums, so chunks of 1366 and 4 with
     padding): every replica ends with train_fixed.allreduce of the three replicas' sums, bit
     for bit, for sums up to +-2^60; the cycles counted are the kernel's 2 (R-1) ceil(N/R) words."""
-    from codegen.csim import compile_sources
-    from codegen.csim_train import _unwords, _words
+    from bapipe.codegen.check.cxx_run import compile_sources
+    from bapipe.codegen.check.csim_train import _unwords, _words
 
     build = _gen(_plan("tiny-mlp", (), 1, 3, (3,)), tmp_path / "b")
     st = json.loads((build / "host_config.json").read_text())["stages"][0]
@@ -338,7 +338,7 @@ def test_loss_kernel_matches_softmax_xent_grad_over_the_whole_logit_range(tmp_pa
     logits spread over the whole 16-bit range (differences to the max up to 2^16 - 1 LSB: the
     2^t table's shifts beyond 40 and full saturation), plus equal and one-hot rows: every
     gradient bit-identical; without arguments its testbench's own check passes."""
-    from codegen.csim import compile_sources
+    from bapipe.codegen.check.cxx_run import compile_sources
 
     build = _gen(_plan("tiny-mlp", (), 16, 16), tmp_path / "b")
     lk = json.loads((build / "host_config.json").read_text())["loss"]
@@ -385,7 +385,7 @@ def _check_run(r: dict, iterations: int, samples: int) -> None:
 def test_tiny_mlp_two_stages_two_microbatches_trains_bit_exact(tmp_path, capsys):
     """tiny-mlp cut in 2 stages, 2 micro-batches of 4: 3 iterations through the CLI, the
     master weights and velocities of both stages equal to train_step's after every one."""
-    from codegen.csim_train import csim_train
+    from bapipe.codegen.check.csim_train import csim_train
 
     build = _gen(_plan("tiny-mlp", (3,), 2, 4), tmp_path / "b")
     r = _train(build, 3, capsys)
@@ -470,7 +470,7 @@ def test_time_multiplexed_backward_without_input_gradients_compiles_werror(tmp_p
     stage: fc1 reads the model input, fpga_models.gradients) has no input-gradient array, so its shared
     MAC declares no `used_x` (set, never read: g++ -Wall -Werror refused the kernel, which broke
     `bapipe csim --iterations` on the interleaved tiny-mlp plan's first chunk)."""
-    from codegen.csim import CSIM_FLAGS, CXXFLAGS, _ap_types, _compiler
+    from bapipe.codegen.check.cxx_run import CSIM_FLAGS, CXXFLAGS, _ap_types, _compiler
 
     import sys
 
@@ -486,7 +486,7 @@ def test_time_multiplexed_backward_without_input_gradients_compiles_werror(tmp_p
     text = src.read_text()
     assert "_bwd_mac(" in text and "used_x" not in text
     inc = [build / "stage0", build / "common"]
-    inc = [d / "csim" for d in inc if (d / "csim" / "hls_stream.h").is_file()] + inc   # as codegen.csim does
+    inc = [d / "csim" for d in inc if (d / "csim" / "hls_stream.h").is_file()] + inc   # as codegen.check.csim does
     r = subprocess.run([_compiler()[0], *CXXFLAGS, *CSIM_FLAGS, "-fsyntax-only", "-isystem", str(_ap_types()),
                         *[f"-I{d}" for d in inc if d.is_dir()], str(src)], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-2000:]

@@ -6,8 +6,8 @@ import pytest
 
 from bapipe.spec import model_from_text
 from bapipe.zoo import get
-from fpga_models.boards import get_board
-from fpga_models.gradients import backward_work, gradient_tensors, no_input_gradient
+from bapipe.fpga_models.boards import get_board
+from bapipe.fpga_models.gradients import backward_work, gradient_tensors, no_input_gradient
 
 
 @pytest.mark.parametrize("name,first", [("tiny-cnn", "conv1"), ("tiny-mlp", "fc1"), ("vgg16", "conv1"),
@@ -31,9 +31,9 @@ def test_layers_without_parameters_before_the_first_weights_have_no_backward():
 def test_planner_table_and_allocation_charge_the_first_layer_dw_only():
     """tiny-mlp on a U250: the planner's layer table holds fc1's bwd_w MACs (not bwd_in + bwd_w),
     every other dense layer both; fpga_models.allocate's stage backward drops fc1's bwd_in cycles."""
-    from fpga_models.allocate import time_multiplexed
-    from fpga_models.cost import layer_cost
-    from planner.stagecost import layer_table
+    from bapipe.fpga_models.allocate import time_multiplexed
+    from bapipe.fpga_models.cost import layer_cost
+    from bapipe.planner.stagecost import layer_table
 
     m = get("tiny-mlp")
     u250 = get_board("U250")
@@ -58,7 +58,7 @@ def test_demo_split_plan_prices_conv1_without_dx(tmp_path):
     plan_bwd_cycles' steady state 64, what csim counts (tests/test_csim_cycles.py, soak)."""
     from bapipe.cli import main
     from bapipe.plan import load_plan
-    from codegen.hls_bwd import plan_bwd_cycles
+    from bapipe.codegen.design.backward import plan_bwd_cycles
 
     pf = tmp_path / "p.yaml"
     assert main(["plan", "tiny-cnn", "4xU250-ring", "-o", str(pf), "--force", "--partition", "0-1,2-3,4-8,9"]) in (0, None)
@@ -71,8 +71,8 @@ def test_demo_split_plan_prices_conv1_without_dx(tmp_path):
     assert got["per_sample"] == 64 and got["layers"] == {"conv1": 64, "relu1": 64}
     # the backward kernel builds what the plan prices: conv1's mvu_bwd makes dW only (one pass
     # of its NF x SF tiles a pixel), every other MVU dx and dW (two), at the plan's cycles
-    from codegen.context import build_project
-    from fpga_models.cluster import load_cluster
+    from bapipe.codegen.design.lower import build_project
+    from bapipe.fpga_models.cluster import load_cluster
 
     ctx = build_project(plan, m, load_cluster(plan.cluster), str(pf))
     for k, s in enumerate(plan.stages):

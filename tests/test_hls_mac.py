@@ -1,8 +1,8 @@
-"""One MAC array per time-multiplexed kernel (issue 16, the DSP rule; codegen.hls_mac).
+"""One MAC array per time-multiplexed kernel (issue 16, the DSP rule; codegen.design.mac_share).
 
-The MAC lanes a Vitis build instantiates, read from the generated C++ (codegen.hls_mac.mac_lanes:
+The MAC lanes a Vitis build instantiates, read from the generated C++ (codegen.design.mac_share.mac_lanes:
 each MVU call site a PE x SIMD array, each shared array's ``mac_products`` LANES multipliers),
-equal the Design's DSP figure for the kernel (codegen.placement.kernel_needs, from the planner's
+equal the Design's DSP figure for the kernel (codegen.design.placement.kernel_needs, from the planner's
 fpga_models.allocate.kernel_dsp: the largest layer's array when the layers take turns) and fit
 the board; csim stays 0 LSB and its counted cycles on the plan."""
 from __future__ import annotations
@@ -14,7 +14,7 @@ import re
 import pytest
 
 from bapipe import toolchain
-from codegen.hls_mac import mac_lanes, share_mac
+from bapipe.codegen.design.mac_share import mac_lanes, share_mac
 
 #: issue 16's bound on csim's counted cycles per sample against the plan's
 CYCLE_TOL = 0.10
@@ -79,7 +79,7 @@ def test_tiny_cnn_time_multiplexed_kernel_has_one_array(tmp_path):
     jobs = re.findall(r"case (\d+):\n\s+NF = (\d+), SF = (\d+), used = (\d+),", cpp)
     assert [(int(t), int(u)) for t, _nf, _sf, u in jobs] == [(0, 36), (2, 36), (5, 36), (8, 32)]
     # the on-chip bytes the C++ declares are the Design's (the array's input vector counted by both)
-    from codegen.cxx_memory import kernel_memory
+    from bapipe.codegen.check.cxx_memory import kernel_memory
     files = {str(p.relative_to(out)): p.read_text() for p in out.rglob("*") if p.suffix in (".cpp", ".h")}
     d = json.loads((out / "design.json").read_text())
     onchip = next(u["need"]["onchip_bytes"] for b in d["placement"]["boards"].values() for u in b["units"]
@@ -120,8 +120,8 @@ def test_vgg16_forward_kernels_build_the_planned_dsp():
     45,248) and fit the board."""
     from test_link_cfg import _plan, render
 
-    from codegen.placement import kernel_needs
-    from fpga_models.cluster import load_cluster
+    from bapipe.codegen.design.placement import kernel_needs
+    from bapipe.fpga_models.cluster import load_cluster
 
     cluster = load_cluster("4xU250-ring")
     plan, model = _plan("vgg16", cluster)
@@ -192,8 +192,8 @@ def test_vgg16_backward_kernels_build_the_planned_dsp():
     board."""
     from test_link_cfg import _plan, render
 
-    from codegen.placement import kernel_needs
-    from fpga_models.cluster import load_cluster
+    from bapipe.codegen.design.placement import kernel_needs
+    from bapipe.fpga_models.cluster import load_cluster
 
     cluster = load_cluster("4xU250-ring")
     plan, model = _plan("vgg16", cluster)

@@ -2,7 +2,7 @@
 into a ping-pong buffer of whole-matrix tiles, or a FIFO for a matrix too big to be a tile.
 One rule (fpga_models.allocate: weight_resident, tm_weight_bytes, tm_weight_turns; the cycle
 formula fpga_models.engines.weight_tiles_cycles) for the planner and the lowering
-(codegen.hls_weights); csim stays 0 LSB."""
+(codegen.design.weight_memory); csim stays 0 LSB."""
 from __future__ import annotations
 
 import re
@@ -10,11 +10,11 @@ import re
 import pytest
 
 from bapipe import toolchain
-from bapipe.spec import load_model
-from fpga_models.allocate import (kernel_onchip_budget, tm_weight_bytes, tm_weight_tiles, tm_weight_turns,
+from bapipe.models import load_model
+from bapipe.fpga_models.allocate import (kernel_onchip_budget, tm_weight_bytes, tm_weight_tiles, tm_weight_turns,
                                   weight_resident, weights_offchip)
-from fpga_models.boards import get_board
-from fpga_models.engines import weight_stream_beats, weight_tiles_cycles, weight_words
+from bapipe.fpga_models.boards import get_board
+from bapipe.fpga_models.engines import weight_stream_beats, weight_tiles_cycles, weight_words
 
 
 def test_weight_words_and_the_ping_pong_formula_by_hand():
@@ -83,10 +83,10 @@ def test_vgg16_first_block_tiles_by_hand():
 def _gen(tmp_path, monkeypatch, budget=None):
     """tiny-cnn as one time-multiplexed stage with its weights off chip (EMBED_LIMIT 0), the
     kernel's on-chip share forced to ``budget`` bytes (None: the U250's)."""
-    import codegen.context as cx
-    import codegen.hls_design as hd
-    from codegen.cli_gen import generate_plan
-    from codegen_plans import make_plan
+    import bapipe.codegen.design.context as cx
+    import bapipe.codegen.design.tm_kernel as hd
+    from bapipe.codegen.cli_gen import generate_plan
+    from handplan import make_plan
 
     monkeypatch.setattr(cx, "EMBED_LIMIT", 0)
     if budget is not None:
@@ -109,7 +109,7 @@ def _gen(tmp_path, monkeypatch, budget=None):
 
 def _tiles(src: str, n: int) -> list[tuple[int, int, int]]:
     """(matrix elements, buffer half, element offset) of each MVU turn of the shared MAC array
-    (codegen.hls_mac) reading the weight buffer of ``n`` elements a half, in turn order."""
+    (codegen.design.mac_share) reading the weight buffer of ``n`` elements a half, in turn order."""
     fold = {t: int(nf) * int(sf) * int(used) for t, nf, sf, used in
             re.findall(r"case (\d+):\n\s+NF = (\d+), SF = (\d+), used = (\d+),", src)}
     reads = re.findall(rf"case (\d+): {{\n\s+bapipe::w_tile<{n}, \d+, \d+> w = {{s0_wbuf\[(\d)\] \+ (\d+)L, 0}};", src)
@@ -122,7 +122,7 @@ def test_tiny_cnn_weights_all_stay_on_chip_for_the_call(tmp_path, monkeypatch):
     matrices one after another, filled once a call by a turn whose DATAFLOW region reads the
     four ports at once, before the samples' turns; each MVU reads its part; the C++
     declarations hold the buffer (URAM) and the Design counts the same bytes."""
-    from codegen.cxx_memory import kernel_memory
+    from bapipe.codegen.check.cxx_memory import kernel_memory
 
     src, files = _gen(tmp_path, monkeypatch)
     assert "static bapipe::rom_t s0_wbuf[1][2440];" in src
@@ -149,7 +149,7 @@ def test_tiny_cnn_weight_tiles_and_streams_are_bit_exact(tmp_path, monkeypatch):
     (conv3, 1,152), the fill turn fetching conv1's before its turn, conv1's turn conv2's into
     the other half, conv2's conv3's; fc (1,280 bytes, one vector a sample) streams through a
     two-deep FIFO; the frame buffers go off chip too; csim 0 LSB against numpy."""
-    import codegen.csim as cs
+    import bapipe.codegen.check.csim as cs
 
     src, _files = _gen(tmp_path, monkeypatch, 4_000)
     assert "static bapipe::rom_t s0_wbuf[2][1152];" in src
@@ -168,13 +168,13 @@ def test_tiny_cnn_weight_tiles_and_streams_are_bit_exact(tmp_path, monkeypatch):
 def test_dataflow_stages_read_on_chip_copies_of_their_weights(tmp_path):
     """A training build's dataflow stages keep their weights in m_axi memory (the update kernel
     rewrites them): each MVU reads an on-chip copy of its matrix, PE x SIMD banks, filled once
-    a call from the port in 512-bit bursts (codegen.hls_weights.load_weights_once), never the
+    a call from the port in 512-bit bursts (codegen.design.weight_memory.load_weights_once), never the
     port inside its II=1 loop; the copies are the Design's on-chip bytes and the C++'s."""
-    from codegen.cli_gen import generate_plan
-    from codegen.cxx_memory import kernel_memory
-    from codegen.onchip import kernel_onchip_bytes
-    from codegen.context import build_project
-    from codegen_plans import make_plan
+    from bapipe.codegen.cli_gen import generate_plan
+    from bapipe.codegen.check.cxx_memory import kernel_memory
+    from bapipe.codegen.design.onchip import kernel_onchip_bytes
+    from bapipe.codegen.design.lower import build_project
+    from handplan import make_plan
 
     plan, model, cluster = make_plan(cuts=(3, 6), style="dataflow", mode="train",
                                      folding={"conv2": (4, 8), "conv3": (2, 8)})

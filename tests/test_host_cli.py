@@ -65,10 +65,10 @@ def test_bad_plan_and_checkpoint_are_one_line_exit_2(plan_file, tmp_path, capsys
 
 @pytest.mark.slow  # a training run whose worker dies: ~3 s
 def test_failed_worker_exits_1_with_one_line(plan_file, capsys, monkeypatch):
-    import host.driver as drv
+    import bapipe.host.driver as drv
 
     real = drv.train
-    monkeypatch.setattr("host.cli_run.train", lambda *a, **k: real(*a, faults={1: {"iteration": 0, "op": 0,
+    monkeypatch.setattr("bapipe.host.cli_run.train", lambda *a, **k: real(*a, faults={1: {"iteration": 0, "op": 0,
                                                                                    "mode": "die"}}, **k))
     assert main(["run", str(plan_file), "--epochs", "1"]) == 1
     err = capsys.readouterr().err.strip()

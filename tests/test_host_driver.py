@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from host.driver import Pipeline, PipelineFailure, train
+from bapipe.host.driver import Pipeline, PipelineFailure, train
 from handplan import hand_plan
 from tolerances import grad_tolerance
 
@@ -166,9 +166,9 @@ def test_fixed16_interleaved_gradients_are_the_exact_single_device_sums():
 
 def _train_fixed_reference(model, plan, iterations: int, lr: float, seed: int = 0):
     """The same iterations by fpga_models.train_fixed.train_step on one device."""
-    from fpga_models import train_fixed as T
-    from host.data import epoch_order, load_digits
-    from host.program import fixed_master_params
+    from bapipe.fpga_models import train_fixed as T
+    from bapipe.host.data import epoch_order, load_digits
+    from bapipe.host.program import fixed_master_params
 
     tf = T.get_formats("fixed16")
     master = fixed_master_params(model, 0, len(model.layers) - 1, seed, tf)
@@ -189,7 +189,7 @@ def test_fixed16_pipeline_weights_bit_identical_to_train_step(tmp_path):
     """tiny-cnn (conv, maxpool, avgpool, flatten, dense) on 3 stages with 2, 1 and 3 replicas in
     fixed16: after 3 iterations every master weight and velocity equals train_step's."""
     from bapipe.zoo import get
-    from host.checkpoint import load
+    from bapipe.host.checkpoint import load
 
     plan = hand_plan("tiny-cnn", "8xU280-ring", cuts=(2, 6), schedule="gpipe", microbatches=2, microbatch_size=16,
                      replicas=(2, 1, 3))
@@ -247,8 +247,8 @@ def test_hardware_training_compares_every_iteration(monkeypatch, tmp_path):
     iteration 2 is reported as the first mismatch of epoch 0."""
     import types
 
-    from fpga_models import train_fixed as T
-    from host import driver, train_hw
+    from bapipe.fpga_models import train_fixed as T
+    from bapipe.host import driver, train_hw
 
     def make(corrupt: bool):
         def train_iterations(plan, model, cluster, master, x_q, labels, dy, iterations, consts, tf, options):
@@ -285,7 +285,7 @@ def test_hardware_training_compares_every_iteration(monkeypatch, tmp_path):
             assert r["weights_match"] and r["weights_match_per_epoch"] == [True] and r["first_mismatch"] is None
             assert r["test_accuracy"] == r["numpy_test_accuracy"]
             from bapipe.zoo import get
-            from host.checkpoint import load
+            from bapipe.host.checkpoint import load
 
             epoch, it, state = load(str(ck), plan, get("tiny-mlp"))
             want, _ = _train_fixed_reference(get("tiny-mlp"), plan, 4, 0.05)

@@ -8,9 +8,9 @@ from hypothesis import strategies as st
 
 from bapipe.spec import parse_model
 from bapipe.zoo import get
-from host import layers_np as L
-from host.optim import Optimizer
-from host.program import StageProgram, init_stage_params
+from bapipe.host import layers_np as L
+from bapipe.host.optim import Optimizer
+from bapipe.host.program import StageProgram, init_stage_params
 from tolerances import U32
 
 F64 = np.float64

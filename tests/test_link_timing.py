@@ -1,6 +1,6 @@
 """The board-to-board transport's timing has one home (fpga_models.engines link_*): the planner's
 and bapipe sim's price of a transfer (engines.link_transfer) is what the RTL's transport
-(codegen.rtl_link.TransportSpec) does with the same vector, for every message size and line rate
+(codegen.design.links.TransportSpec) does with the same vector, for every message size and line rate
 tried; a link that is not between two FPGAs carries the bare payload."""
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from codegen.rtl_link import transport
-from codegen.rtl_model import make_link
-from fpga_models import engines
+from bapipe.codegen.design.links import transport
+from bapipe.codegen.design.dataflow import make_link
+from bapipe.fpga_models import engines
 
 CLOCK = 300e6
 

@@ -8,14 +8,14 @@ import pytest
 
 from bapipe.errors import SpecError
 from bapipe.plan import load_plan
-from bapipe.spec import load_model
-from fpga_models.boards import get_board
-from fpga_models.cluster import load_cluster
-from fpga_models.sim import SimConfig, simulate
-from planner import mesh
-from planner.planning import make_plan
-from planner.search import Request
-from planner.stagecost import layer_table, stage_model
+from bapipe.models import load_model
+from bapipe.fpga_models.boards import get_board
+from bapipe.fpga_models.cluster import load_cluster
+from bapipe.fpga_models.sim import SimConfig, simulate
+from bapipe.planner import mesh
+from bapipe.planner.planning import make_plan
+from bapipe.planner.search import Request
+from bapipe.planner.stagecost import layer_table, stage_model
 from tolerances import PLAN_DIGITS, f64_sum
 
 
@@ -100,7 +100,7 @@ def test_mesh_plan_records_mesh_layout_and_reshard_cost(mesh_plans):
         assert len({cl.board(b).host for b in s.boards}) == 1
         assert s.layout == lays[s.last]
     # the link time of a cut is best_transfer's (fast) on the two meshes' boards
-    from planner.reshard import best_transfer, network_from_cluster
+    from bapipe.planner.reshard import best_transfer, network_from_cluster
     a, b = plan.stages[0], plan.stages[1]
     shape = mesh.cut_shape(model, a.last, plan.microbatch_size)
     res = best_transfer(shape, 2, (1, 4), a.layout, (1, 4), a.layout, network_from_cluster(cl, a.boards, b.boards),
@@ -150,7 +150,7 @@ def test_mesh_auto_and_errors():
     assert a.predicted["iteration_time_s"] <= one.predicted["iteration_time_s"]
     with pytest.raises(SpecError):
         _plan("tiny-mlp", "8xU280-ring", meshes=(3,))
-    from planner.cli_plan import parse_meshes
+    from bapipe.planner.cli_plan import parse_meshes
     assert parse_meshes("auto") is None and parse_meshes("1,4") == (1, 4)
     with pytest.raises(SpecError):
         parse_meshes("x")
@@ -160,7 +160,7 @@ def test_mixed_meshes_reshard_and_eager_overlap():
     """--mesh 4+1+1+1+1 on 8xU280-ring: the 4-board mesh hands a feature-split (RS1) activation
     to one board (a 4 -> 1 gather, its gradient scattered back), priced by best_transfer;
     the simulator agrees and eager-1F1B hides part of it at more memory."""
-    from planner.reshard import best_transfer, network_from_cluster
+    from bapipe.planner.reshard import best_transfer, network_from_cluster
     plans = {s: _plan("bert-large", "8xU280-ring", meshes=((4, 1, 1, 1, 1),), schedule=s, microbatches=8)
              for s in ("1f1b", "eager-1f1b")}
     p1, model, cl = plans["1f1b"]
@@ -189,13 +189,13 @@ def test_mixed_meshes_reshard_and_eager_overlap():
         _plan("bert-large", "8xU280-ring", meshes=((4, 4, 4),))
     with pytest.raises(SpecError):
         _plan("bert-large", "8xU280-ring", meshes=((2, 4, 2),))    # the 4-mesh would span two hosts
-    from planner.cli_plan import parse_meshes
+    from bapipe.planner.cli_plan import parse_meshes
     assert parse_meshes("4+1+1+1+1") == ((4, 1, 1, 1, 1),)
 
 
 @pytest.mark.slow  # a Pareto sweep of bert-large over sub-clusters: about 60 s
 def test_pareto_with_meshes():
     """--pareto with --mesh: sub-clusters too small for the mesh fall back to one board per stage."""
-    from planner.pareto import pareto_plans
+    from bapipe.planner.pareto import pareto_plans
     pts = pareto_plans(load_model("bert-large"), load_cluster("8xU280-ring"), Request(meshes=(1, 4)))
     assert any(p["mesh"] == 4 for p in pts) and any(p["boards"] == 1 for p in pts)

@@ -1,6 +1,6 @@
 """Off-chip frame buffers of time-multiplexed stages (issue 16 items 1 and 5): one rule
 (fpga_models.allocate: kernel_onchip_budget, frames_offchip) that the planner prices
-(tm_spill_cycles) and the lowering (codegen.hls_design) builds, the frames moved through
+(tm_spill_cycles) and the lowering (codegen.design.tm_kernel) builds, the frames moved through
 512-bit m_axi words (bapipe::frame_write / frame_read), still bit-exact in csim."""
 from __future__ import annotations
 
@@ -9,12 +9,12 @@ import re
 import pytest
 
 from bapipe import toolchain
-from bapipe.spec import load_model
-from fpga_models.allocate import (frames_offchip, kernel_onchip_budget, kernel_onchip_bytes, tm_fixed_bytes,
+from bapipe.models import load_model
+from bapipe.fpga_models.allocate import (frames_offchip, kernel_onchip_budget, kernel_onchip_bytes, tm_fixed_bytes,
                                   tm_frames, tm_offchip, tm_spill_cycles)
-from fpga_models.boards import get_board
-from fpga_models.cost import onchip_capacity
-from fpga_models.engines import ddr_words_per_beat, frame_io_cycles, window_stream_fill
+from bapipe.fpga_models.boards import get_board
+from bapipe.fpga_models.cost import onchip_capacity
+from bapipe.fpga_models.engines import ddr_words_per_beat, frame_io_cycles, window_stream_fill
 
 
 # --- the rule ----------------------------------------------------------------------------------
@@ -93,10 +93,10 @@ def test_tiny_cnn_with_every_frame_off_chip_is_bit_exact(tmp_path, monkeypatch):
     between turns becomes an m_axi argument of 512-bit words (its own bundle and bank, a
     frame_write in the turn that makes it, a frame_read in the turn that reads it), the
     kernel keeps none of them, and csim is still 0 LSB against numpy."""
-    import codegen.csim as cs
-    import codegen.hls_design as hd
-    from codegen.cli_gen import generate_plan
-    from codegen_plans import make_plan
+    import bapipe.codegen.check.csim as cs
+    import bapipe.codegen.design.tm_kernel as hd
+    from bapipe.codegen.cli_gen import generate_plan
+    from handplan import make_plan
 
     monkeypatch.setattr(hd, "onchip_budget", lambda *a: 0)
     plan, model, cluster = make_plan(cuts=(), style="time-multiplexed", mode="inference")
@@ -131,16 +131,16 @@ def test_big_frames_off_chip_fit_the_board_and_agree_with_the_planner(model_name
     bytes as the planner counts them (fpga_models.allocate.tm_onchip_parts: line buffers, weight
     buffer, the feed's forks, the turns' two-deep streams, pool accumulators, the MAC's input
     vector, stash tees, every fork copy of a frame, the off-chip frames' two-deep ends) what the
-    kernel declares (the Design, codegen.onchip, and the C++, codegen.cxx_memory, to the byte)
+    kernel declares (the Design, codegen.design.onchip, and the C++, codegen.check.cxx_memory, to the byte)
     and within the kernel's share. The one difference allowed: a stage input read by two turns
     is forked at the port's beat, which the planner takes as its readers' (the previous stage's
     output beat is not the stage's own): resnet50's stage1 port is 256 lanes, not 512, so the
     plan counts 2 x 2 x 256 x 2 = 2,048 bytes more than is built."""
-    from codegen.cxx_memory import kernel_memory
-    from codegen.onchip import kernel_onchip_bytes as design_bytes
-    from fpga_models.allocate import tm_onchip_parts
+    from bapipe.codegen.check.cxx_memory import kernel_memory
+    from bapipe.codegen.design.onchip import kernel_onchip_bytes as design_bytes
+    from bapipe.fpga_models.allocate import tm_onchip_parts
     from test_link_cfg import _plan, render
-    from fpga_models.cluster import load_cluster
+    from bapipe.fpga_models.cluster import load_cluster
 
     cluster = load_cluster("4xU250-ring")
     plan, model = _plan(model_name, cluster, **req)
@@ -178,7 +178,7 @@ def test_the_planner_refuses_a_stage_whose_line_buffers_exceed_the_kernel_share(
     ZCU102 (912 BRAM36, no URAM) at cap 0.2 leaves 912 x 4,608 x 0.2 / 2 = 420,249 bytes a
     kernel; conv1 alone (4,032 bytes of line buffer) fits, the whole model (1,165,248) does not,
     though its bytes fit the board's memory with DDR."""
-    from planner.stagecost import layer_table, stage_model
+    from bapipe.planner.stagecost import layer_table, stage_model
     model = load_model("vgg16")
     zcu = get_board("ZCU102")
     sm = stage_model(model, layer_table(model, zcu, "fixed16", 0.2), 1, "fixed16", 0.2, "train", "sgd", 1, False)
@@ -190,17 +190,17 @@ def test_the_planner_refuses_a_stage_whose_line_buffers_exceed_the_kernel_share(
 
 
 def test_gen_refuses_a_board_whose_kernels_exceed_its_on_chip_bytes():
-    """codegen.placement.check_stage_fits: a board whose kernels' Design bytes (forward and
+    """codegen.design.placement.check_stage_fits: a board whose kernels' Design bytes (forward and
     backward) exceed its usable on-chip bytes is refused in one line naming the plan field,
     the board, each kernel's bytes and the usable bytes (tiny-cnn on a U250 left one BRAM36:
     4,608 bytes)."""
     from dataclasses import replace
 
     from bapipe.errors import SpecError
-    from codegen.context import build_project
-    from codegen.onchip import kernel_onchip_bytes as design_bytes
-    from codegen.placement import check_stage_fits
-    from codegen_plans import make_plan
+    from bapipe.codegen.design.lower import build_project
+    from bapipe.codegen.design.onchip import kernel_onchip_bytes as design_bytes
+    from bapipe.codegen.design.placement import check_stage_fits
+    from handplan import make_plan
 
     plan, model, cluster = make_plan(cuts=())
     ctx = build_project(plan, model, cluster)
@@ -225,10 +225,10 @@ def _plan_all_frames_off_chip(tmp_path, monkeypatch):
     """tiny-cnn on one board, time-multiplexed (cap 0.01), planned with a kernel share of 0 bytes
     (fpga_models.allocate.kernel_onchip_budget patched for the planner and the lowering alike):
     every frame between turns is off chip and priced so."""
-    import fpga_models.allocate as al
+    import bapipe.fpga_models.allocate as al
     from bapipe.cli import main
     from bapipe.plan import load_plan
-    from fpga_models.plancheck import resolve
+    from bapipe.fpga_models.plancheck import resolve
 
     monkeypatch.setattr(al, "kernel_onchip_budget", lambda *a, **k: 0)
     path = tmp_path / "plan.yaml"
@@ -241,13 +241,13 @@ def _plan_all_frames_off_chip(tmp_path, monkeypatch):
 
 @pytest.mark.slow   # plans tiny-cnn and lowers it to RTL and HLS in process: ~3 s of CPU
 def test_rtl_lowering_builds_the_frames_the_plan_spills(tmp_path, monkeypatch, capsys):
-    """The RTL lowering (codegen.rtl_model.offchip_frames) reads the planner's rule: one ddr_frame
+    """The RTL lowering (codegen.design.dataflow.offchip_frames) reads the planner's rule: one ddr_frame
     per off-chip frame, at the wider of its producer's and consumer's beats, moving
     frame_io_cycles; window generators behind one stream (STREAM 1); the stage's turns add up to
     the plan's forward cycles per sample (fills included) and the HLS kernel spills the same
-    frames (codegen.hls_design reads the Design's ddr_frame nodes)."""
-    import codegen.rtl_model as rm
-    from codegen.context import build_project
+    frames (codegen.design.tm_kernel reads the Design's ddr_frame nodes)."""
+    import bapipe.codegen.design.dataflow as rm
+    from bapipe.codegen.design.lower import build_project
 
     _path, plan, model, cluster = _plan_all_frames_off_chip(tmp_path, monkeypatch)
     s = plan.stages[0]
@@ -281,7 +281,7 @@ def test_rtl_frames_off_chip_are_bit_exact_and_meet_the_plan(tmp_path, monkeypat
     import json
 
     from bapipe.cli import main
-    from codegen.cli_gen import generate
+    from bapipe.codegen.cli_gen import generate
 
     path, plan, _model, _cluster = _plan_all_frames_off_chip(tmp_path, monkeypatch)
     generate(str(path), tmp_path / "build")
@@ -299,17 +299,18 @@ def test_rtl_frames_off_chip_are_bit_exact_and_meet_the_plan(tmp_path, monkeypat
 def test_residual_stage_with_frames_off_chip_is_bit_exact(tmp_path, monkeypatch, capsys):
     """small-resnet on one board, time-multiplexed (cap 0.03), kernel share 0 bytes: every
     frame off chip, forks writing two ddr_frames in their producer's turn and both inputs of
-    each add read from DDR in its turn (codegen.rtl_model._dag_tm). Outputs bit-exact; measured
+    each add read from DDR in its turn (codegen.design.dataflow._dag_tm). Outputs bit-exact; measured
     within 2% of the plan (2026-11-24: 40,998 measured, 40,997 Design, 40,981 plan)."""
-    import fpga_models.allocate as al
+    import bapipe.fpga_models.allocate as al
     import numpy as np
     from bapipe.cli import main
     from bapipe.plan import load_plan
-    from bapipe.spec import load_model
-    from codegen.rtl import read_params, render_rtl
-    from codegen.rtlsim import measure, read_manifest, reference, simulate, stream_order
-    from fpga_models.cluster import load_cluster
-    from fpga_models.fixedpoint import quantize
+    from bapipe.models import load_model
+    from bapipe.codegen.rtl.pipeline import read_params
+    from bapipe.codegen.rtl.write import render_rtl
+    from bapipe.codegen.check.rtlsim import measure, read_manifest, reference, simulate, stream_order
+    from bapipe.fpga_models.cluster import load_cluster
+    from bapipe.fpga_models.fixedpoint import quantize
 
     monkeypatch.setattr(al, "kernel_onchip_budget", lambda *a, **k: 0)
     path = tmp_path / "plan.yaml"

@@ -1,6 +1,6 @@
-"""On-chip bytes per kernel (issue 16 item 5): the Design's figure (codegen.onchip, from the
+"""On-chip bytes per kernel (issue 16 item 5): the Design's figure (codegen.design.onchip, from the
 engines and the context's decisions) against an independent reading of the generated C++
-declarations (codegen.cxx_memory: arrays, hls::stream depths, ROMs, BIND_STORAGE), within 10%,
+declarations (codegen.check.cxx_memory: arrays, hls::stream depths, ROMs, BIND_STORAGE), within 10%,
 and against the board's usable BRAM/URAM, for tiny-cnn and the planner's vgg16 on 4xU250-ring.
 
 The 10% bound: the C++ reading also counts what the Design leaves out on purpose (a pool's
@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import pytest
 
-from codegen.cxx_memory import kernel_memory, parse_program, kernel_items, eval_expr, type_bits
-from codegen.onchip import kernel_onchip_bytes
+from bapipe.codegen.check.cxx_memory import kernel_memory, parse_program, kernel_items, eval_expr, type_bits
+from bapipe.codegen.design.onchip import kernel_onchip_bytes
 from test_link_cfg import build
 
 #: the Design's figure and the C++ reading agree within this fraction (see the module docstring)

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bapipe.spec import load_model
+from bapipe.models import load_model
 from tests.handplan import hand_plan
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -71,9 +71,9 @@ ONE_HOME = {
     r"\.(uniform|standard_normal|normal)\(": {
         "fpga_models/weights.py",
         "bapipe/onnx_export.py",       # placeholder initializers of exported ONNX files (every op's layout)
-        "codegen/agreement.py",        # input samples of the stage benches
+        "codegen/check/agreement.py",        # input samples of the stage benches
         "codegen/cli_rtlsim.py",       # input samples of `bapipe rtlsim`
-        "codegen/rtlsim_train.py",     # input samples of the training RTL run
+        "codegen/check/rtlsim_train.py",     # input samples of the training RTL run
     },
     # a route's bandwidth (slowest link) and latency (sum of links)
     r"min\([^)]*bandwidth_Bps\s+for": {"fpga_models/cluster.py"},
@@ -126,11 +126,11 @@ def test_hardware_weights_are_the_quantized_host_draws():
     """codegen's fixed-point weights = quantize(the draws the host's float start holds), per
     layer, batch norm folded from the same gamma/beta/mean/var the host's running statistics
     start at; the fixed-point training masters are the same draws rounded."""
-    from codegen.context import make_weights, weight_seed
-    from fpga_models import fixedpoint as fx
-    from fpga_models import train_fixed as T
-    from fpga_models.weights import layer_draws
-    from host.program import fixed_master_params, init_stage_params
+    from bapipe.codegen.design.context import make_weights, weight_seed
+    from bapipe.fpga_models import fixedpoint as fx
+    from bapipe.fpga_models import train_fixed as T
+    from bapipe.fpga_models.weights import layer_draws
+    from bapipe.host.program import fixed_master_params, init_stage_params
 
     model = load_model(str(ROOT / "examples/models/small-resnet.yaml"))
     plan = hand_plan(str(ROOT / "examples/models/small-resnet.yaml"), cuts=(3,))
@@ -168,7 +168,7 @@ def test_hardware_weights_are_the_quantized_host_draws():
 def test_draws_do_not_depend_on_the_partition(monkeypatch):
     """A layer's draws come from (seed, position): under one seed, the same weights however
     the plan cuts the model (plans seed by their fingerprint, so the seed is pinned here)."""
-    import codegen.context as C
+    import bapipe.codegen.design.context as C
 
     path = str(ROOT / "examples/models/small-resnet.yaml")
     model = load_model(path)
@@ -183,7 +183,7 @@ def test_draws_do_not_depend_on_the_partition(monkeypatch):
 def test_number_format_tables_are_the_one_table():
     from bapipe import numformats as N
     from bapipe.plan import FORMATS as PLAN_FORMATS
-    from fpga_models import boards, fixedpoint as fx
+    from bapipe.fpga_models import boards, fixedpoint as fx
 
     assert PLAN_FORMATS == boards.FORMATS == N.FORMATS == ("fixed16", "int8", "fp16", "bf16", "fp32")
     assert {n: boards.bytes_per_element(n) for n in N.FORMATS} == {"fixed16": 2, "int8": 1, "fp16": 2, "bf16": 2,
@@ -196,8 +196,8 @@ def test_number_format_tables_are_the_one_table():
 def test_route_readers_agree_with_cluster_path():
     """The simulator's and the planner's route figures are Cluster.path's (16xV100: routes
     through the switch and the hosts' PCIe)."""
-    from fpga_models.cluster import load_cluster
-    from fpga_models.sim import _Net
+    from bapipe.fpga_models.cluster import load_cluster
+    from bapipe.fpga_models.sim import _Net
 
     cl = load_cluster("16xV100")
     names = [b.name for b in cl.boards]

@@ -17,7 +17,8 @@ from bapipe.cli import main  # noqa: E402
 from bapipe.errors import SpecError  # noqa: E402
 from bapipe.onnx_export import build_onnx, export_onnx  # noqa: E402
 from bapipe.onnx_import import import_model_proto, load_onnx, parse_opaque  # noqa: E402
-from bapipe.spec import load_model, parse_model  # noqa: E402
+from bapipe.spec import parse_model
+from bapipe.models import load_model
 
 
 class G:

@@ -18,8 +18,9 @@ import numpy as np
 import pytest
 
 from bapipe import toolchain
-from codegen.csim import HarnessCase, HarnessIO, to_stream
-from fpga_models import fixedpoint as fx
+from bapipe.codegen.check.csim import HarnessCase, HarnessIO
+from bapipe.codegen.check.cxx_run import to_stream
+from bapipe.fpga_models import fixedpoint as fx
 
 FIX = Path(__file__).resolve().parent / "fixtures" / "onnx"
 FMT = "fixed16"
@@ -148,7 +149,7 @@ def _cases():
 @pytest.mark.slow   # one g++ compile of the harness (~10 s cold, cached after)
 @needs_gxx
 def test_new_library_kernels_bit_exact(tmp_path):
-    from codegen.csim import run_harness
+    from bapipe.codegen.check.csim import run_harness
 
     cases = _cases()
     outs, _, _ = run_harness([c for c, _ in cases], FMT, tmp_path, cache=CACHE, name="onnx_layers")
@@ -212,7 +213,7 @@ def test_training_plan_refused_in_one_line_without_output(tmp_path, capsys):
 
 def test_codegen_refuses_what_the_library_cannot_stream():
     from bapipe.spec import parse_model
-    from codegen.context import library_refusal
+    from bapipe.codegen.design.context import library_refusal
 
     def one(layer):
         shapes = {"x": [2, 3, 3], "v": [3]}
@@ -272,7 +273,7 @@ def test_axis_concat_lints_clean(tmp_path):
     import subprocess
 
     from bapipe.toolchain import verilator_bin, wire_verilator
-    from codegen.rtl import render_template
+    from bapipe.codegen.rtl.env import render_template
 
     src = tmp_path / "axis_concat.v"
     src.write_text(render_template("axis_concat", "0" * 16))
@@ -305,9 +306,9 @@ def test_engine_facts_of_the_new_kinds():
     """fpga_models.engines is their one home: kind, elements streamed, DSPs; the planner's
     layer_cost reads them."""
     from bapipe.spec import parse_model
-    from fpga_models.boards import get_board
-    from fpga_models.cost import layer_cost
-    from fpga_models.engines import elementwise_dsp, engine_kind, stream_elements
+    from bapipe.fpga_models.boards import get_board
+    from bapipe.fpga_models.cost import layer_cost
+    from bapipe.fpga_models.engines import elementwise_dsp, engine_kind, stream_elements
 
     m = parse_model({"name": "se", "inputs": [{"name": "x", "shape": [8, 4, 4]}, {"name": "s", "shape": [8, 1, 1]}],
                      "layers": [{"name": "m", "type": "mul", "inputs": ["s", "x"]},

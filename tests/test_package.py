@@ -1,4 +1,4 @@
-"""Packaged RTL kernels (`bapipe gen --engines rtl`, codegen/package.py): every stage's
+"""Packaged RTL kernels (`bapipe gen --engines rtl`, codegen/package/kernels.py): every stage's
 kernel files present and consistent with the Design (build/design.json), kernel.xml and the
 package_xo script agreeing on names, ports and the register map, the Makefile building what
 the engines option says, the choice recorded in bapipe-build.json, byte-identical output,
@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from codegen.sim_harness import verilator_available
+from bapipe.codegen.check.sim_harness import verilator_available
 from test_link_cfg import check_kernel_files, check_net_kernels, parse_cfg
 
 
 def _gen(tmp_path, plan, engines: str = "rtl", name: str = "build") -> Path:
-    from codegen.cli_gen import generate_plan
-    from fpga_models.plancheck import resolve
+    from bapipe.codegen.cli_gen import generate_plan
+    from bapipe.fpga_models.plancheck import resolve
 
     model, cluster = resolve(plan)
     out = tmp_path / name
@@ -28,7 +28,7 @@ def _gen(tmp_path, plan, engines: str = "rtl", name: str = "build") -> Path:
 
 
 def _plans():
-    from cocotb_tests.plans import tiny_cnn_interleaved_plan, tiny_cnn_plan
+    from handplan import tiny_cnn_interleaved_plan, tiny_cnn_plan
     return {"tiny-cnn": tiny_cnn_plan(), "tiny-cnn-interleaved": tiny_cnn_interleaved_plan()}
 
 
@@ -108,10 +108,10 @@ def _cnt_w(top: str) -> int:
 def test_engines_choose_the_makefile_rules_and_weight_ports(tmp_path, monkeypatch):
     """hls builds stage<i>.xo with Vitis HLS and wires m_axi weights; rtl packages the RTL
     kernels (weights in on-chip ROM: no weight sp lines), same kernel and port names."""
-    import codegen.context
+    import bapipe.codegen.design.context
     from handplan import hand_plan
 
-    monkeypatch.setattr(codegen.context, "EMBED_LIMIT", 0)   # every stage with weights: m_axi
+    monkeypatch.setattr(bapipe.codegen.design.context, "EMBED_LIMIT", 0)   # every stage with weights: m_axi
     plan = hand_plan("tiny-cnn", cuts=(1, 3, 5))
     plan.mode = "inference"
     hls, rtl = _gen(tmp_path, plan, "hls", "hls"), _gen(tmp_path, plan, "rtl", "rtl")
@@ -159,7 +159,7 @@ def test_engines_refusals_are_one_line(tmp_path, capsys):
 def test_cli_gen_engines_rtl_json(tmp_path, capsys):
     """`bapipe gen --engines rtl --json`: one JSON object naming the engines and the kernels."""
     from bapipe.cli import main
-    from cocotb_tests.plans import tiny_mlp_plan
+    from handplan import tiny_mlp_plan
 
     pf = tmp_path / "plan.yaml"
     pf.write_text(tiny_mlp_plan(4).dumps())

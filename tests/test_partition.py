@@ -8,10 +8,10 @@ from hypothesis import strategies as st
 
 from bapipe.schedules import SCHEDULES
 from bapipe.spec import model_from_text
-from fpga_models.cluster import parse_cluster
+from bapipe.fpga_models.cluster import parse_cluster
 from bapipe.yamlio import loads
-from planner import partition as part
-from planner.search import Config, Explorer, Request
+from bapipe.planner import partition as part
+from bapipe.planner.search import Config, Explorer, Request
 from tolerances import f64_sum
 
 

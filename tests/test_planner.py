@@ -5,12 +5,12 @@ import pytest
 
 from bapipe.plan import load_plan
 from bapipe.schedules import SCHEDULES, stash_count, stash_walk
-from bapipe.spec import load_model
-from fpga_models.cluster import load_cluster
-from planner.cli_plan import parse_partition
-from planner.pipeline import closed_form_bubble, flowshop_time, replay, ring_allreduce_s
-from planner.planning import equal_bounds, make_plan, summary
-from planner.search import Request, stashes_at
+from bapipe.models import load_model
+from bapipe.fpga_models.cluster import load_cluster
+from bapipe.planner.cli_plan import parse_partition
+from bapipe.planner.pipeline import closed_form_bubble, flowshop_time, replay, ring_allreduce_s
+from bapipe.planner.planning import equal_bounds, make_plan, summary
+from bapipe.planner.search import Request, stashes_at
 from tolerances import PLAN_DIGITS, f64_sum
 import cli_fork
 
@@ -179,7 +179,7 @@ def test_measured_profile_hook(tmp_path):
     rows = "\n".join(f"  - {{name: {n}, fwd_us: {10 * (i + 1)}, bwd_us: {20 * (i + 1)}, activation_bytes: 64, "
                      f"param_bytes: 0}}" for i, n in enumerate(names))
     prof.write_text(f"model: tiny-mlp\nbatch: 1\nlayers:\n{rows}\n")
-    from planner.cli_plan import _measured
+    from bapipe.planner.cli_plan import _measured
     out = _plan("tiny-mlp", measured=_measured(str(prof), load_model("tiny-mlp")), replication=False)
     assert all(st.replicas == 1 for st in out.plan.stages)
     for st in out.plan.stages:
@@ -193,7 +193,7 @@ def test_measured_profile_hook(tmp_path):
 
 
 def test_pareto_set_is_non_dominated():
-    from planner.pareto import non_dominated, pareto_plans
+    from bapipe.planner.pareto import non_dominated, pareto_plans
     pts = [{"iteration_time_s": 1.0, "peak_memory_bytes": 5, "boards": 4},
            {"iteration_time_s": 2.0, "peak_memory_bytes": 3, "boards": 4},
            {"iteration_time_s": 2.5, "peak_memory_bytes": 6, "boards": 4},   # dominated by the first
@@ -256,8 +256,8 @@ def test_whole_blocks_never_cuts_inside_a_residual_block(model_name):
     """--whole-blocks: every stage boundary carries exactly one tensor (no open skip), where
     the free optimum of the same 4-stage pipeline (no replication) cuts inside a block."""
     import json
-    from bapipe.spec import load_model
-    from planner.search import Explorer
+    from bapipe.models import load_model
+    from bapipe.planner.search import Explorer
 
     model = load_model(model_name)
     cluster = load_cluster("4xU250-ring")
@@ -284,7 +284,7 @@ def test_lone_ring_equals_the_event_replay(monkeypatch):
     (planner.pipeline._lone_ring); it must give the same floats as the event loop."""
     import random
 
-    import planner.pipeline as pl
+    import bapipe.planner.pipeline as pl
 
     rng = random.Random(1)
     for _ in range(200):

@@ -19,10 +19,10 @@ import pytest
 
 from bapipe.spec import model_from_text
 from bapipe.yamlio import loads
-from fpga_models.cluster import parse_cluster
-from planner import partition as part
-from planner.placement import board_classes
-from planner.search import Config, Explorer, Request
+from bapipe.fpga_models.cluster import parse_cluster
+from bapipe.planner import partition as part
+from bapipe.planner.placement import board_classes
+from bapipe.planner.search import Config, Explorer, Request
 from tolerances import f64_sum
 
 TYPES = ("U250", "U280", "VCU118")

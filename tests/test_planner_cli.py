@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 
 from bapipe.errors import SpecError
-from bapipe.spec import load_model
-from fpga_models.cluster import load_cluster
-from planner.cli_plan import board_list, compare, show_plan
-from planner.planning import make_plan, summary
-from planner.search import Request
+from bapipe.models import load_model
+from bapipe.fpga_models.cluster import load_cluster
+from bapipe.planner.cli_plan import board_list, compare, show_plan
+from bapipe.planner.planning import make_plan, summary
+from bapipe.planner.search import Request
 
 
 def _plan_cli(capsys, *args) -> tuple[int, str]:
@@ -143,8 +143,8 @@ def test_partition_conflicts_are_named(args, field, words, tmp_path, capsys):
 def test_cap_check_names_an_internal_overrun_as_such():
     """Foldings the search chose (not the smallest) above the cap are the planner's own
     inconsistency: the message says so instead of asking the user for a larger cap."""
-    from planner.planning import check_cap
-    from planner.search import Explorer
+    from bapipe.planner.planning import check_cap
+    from bapipe.planner.search import Explorer
 
     model, cluster = load_model("tiny-cnn"), load_cluster("4xU250-ring")
     out = make_plan(model, cluster, "tiny-cnn", "4xU250-ring", Request())

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from bapipe.errors import SpecError
-from bapipe.spec import load_model
-from fpga_models.cluster import load_cluster
-from planner.planning import make_plan
-from planner.search import Request
+from bapipe.models import load_model
+from bapipe.fpga_models.cluster import load_cluster
+from bapipe.planner.planning import make_plan
+from bapipe.planner.search import Request
 
 BASE = """name: {name}
 inputs:

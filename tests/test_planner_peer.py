@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from planner.peer_pipedream import Level, PeerInput, PeerStage, price, solve
+from bapipe.planner.peer_pipedream import Level, PeerInput, PeerStage, price, solve
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
@@ -87,7 +87,7 @@ def test_pipedream_graph_imports_with_multi_output_nodes(tmp_path):
     dropped as PipeDream's optimizer drops them; the model loads and every cut's bytes are
     those of the tensors crossing it."""
     from bapipe.profiles import import_pipedream_graph, load_profile
-    from bapipe.spec import load_model
+    from bapipe.models import load_model
 
     mtext, ptext = import_pipedream_graph(str(ROOT / "tests/fixtures/pipedream/gnmt/graph.txt"), 32, name="gnmt8")
     (tmp_path / "m.yaml").write_text(mtext)
@@ -105,8 +105,8 @@ def test_peer_plans_on_published_profiles():
     """PipeDream's DP on its own profiles, 16xV100 (4 hosts x 4 V100): VGG-16 gets the
     paper's kind of plan, a 12-3-1 replicated pipeline, priced back to its DP value."""
     from peer import CLUSTER, load_case
-    from fpga_models.cluster import load_cluster
-    from planner.peer_pipedream import cluster_levels, peer_input
+    from bapipe.fpga_models.cluster import load_cluster
+    from bapipe.planner.peer_pipedream import cluster_levels, peer_input
     import tempfile
 
     levels, _ = cluster_levels(load_cluster(CLUSTER))
@@ -162,8 +162,8 @@ def test_hierarchical_layouts_respect_the_replica_limit():
     import tempfile
 
     from peer import load_case
-    from fpga_models.cluster import load_cluster
-    from planner.search import Explorer, Request
+    from bapipe.fpga_models.cluster import load_cluster
+    from bapipe.planner.search import Explorer, Request
 
     with tempfile.TemporaryDirectory() as tmp:
         model, _prof, meas, *_ = load_case("gnmt8", Path(tmp))

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from planner.peer_pipedream import Level, PeerInput, PeerStage, price, solve
-from planner.peer_search import search
+from bapipe.planner.peer_pipedream import Level, PeerInput, PeerStage, price, solve
+from bapipe.planner.peer_search import search
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
@@ -116,8 +116,8 @@ def test_peer_search_on_published_profiles(name, tmp_path):
     ResNet-50 (4 stages: 6-3-3-4), equal on GNMT-8."""
     from peer import CLUSTER, load_case
 
-    from fpga_models.cluster import load_cluster
-    from planner.peer_pipedream import cluster_levels, peer_input
+    from bapipe.fpga_models.cluster import load_cluster
+    from bapipe.planner.peer_pipedream import cluster_levels, peer_input
 
     levels, _ = cluster_levels(load_cluster(CLUSTER))
     model, prof, *_ = load_case(name, tmp_path)
@@ -157,7 +157,7 @@ def test_cost_model_pipedream_cli(tmp_path, capsys):
     assert pc["plan_s"] <= pc["peer_plan_s"] <= pc["peer_dp_s"] * (1 + REL)
     assert pc["plan_s"] * 1e3 == pytest.approx(PUBLISHED["gnmt8"][0], rel=1e-5)
     assert ",".join(f"{s['layers'][0]}-{s['layers'][1]}x{len(s['boards'])}" for s in res["stages"]) == pc["plan"]
-    from planner.cli_plan import show_plan
+    from bapipe.planner.cli_plan import show_plan
     assert f"(--cost-model pipedream): {pc['plan']}, 7.24 ms per profiled minibatch" in show_plan(res)
     for extra, field in ((["--partition", "0-35"], "--partition"), (["--mesh", "4"], "--mesh"),
                          (["--mode", "inference"], "--cost-model")):

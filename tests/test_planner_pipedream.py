@@ -8,13 +8,13 @@ import json
 import pytest
 
 from bapipe.schedules import ASYNC, allreduce_gate, device_ops, stash_count, stream_ops
-from bapipe.spec import load_model
-from fpga_models.cluster import load_cluster
-from fpga_models.sim import SimConfig, simulate
-from planner.cli_plan import parse_partition
-from planner.pipeline import replay_pipedream, steady_pipedream
-from planner.planning import make_plan
-from planner.search import Explorer, Request, stashes_at
+from bapipe.models import load_model
+from bapipe.fpga_models.cluster import load_cluster
+from bapipe.fpga_models.sim import SimConfig, simulate
+from bapipe.planner.cli_plan import parse_partition
+from bapipe.planner.pipeline import replay_pipedream, steady_pipedream
+from bapipe.planner.planning import make_plan
+from bapipe.planner.search import Explorer, Request, stashes_at
 import cli_fork
 
 #: the replay and the simulator add the same floats in the same event order; measured

@@ -9,9 +9,9 @@ from __future__ import annotations
 import itertools
 import random
 
-from fpga_models.cluster import builtin_clusters
-from planner.placement import PLACE_WORK, PLACE_WORK_MAX, board_classes, placements, route_equivariant
-from planner.search import Config, Explorer, Request
+from bapipe.fpga_models.cluster import builtin_clusters
+from bapipe.planner.placement import PLACE_WORK, PLACE_WORK_MAX, board_classes, placements, route_equivariant
+from bapipe.planner.search import Config, Explorer, Request
 from test_planner_bruteforce import _assignments, _instance, _least
 
 

@@ -10,9 +10,9 @@ import pytest
 from bapipe.errors import SpecError
 from bapipe.profiles import import_pipedream_graph, load_profiles
 from bapipe.spec import model_from_text
-from fpga_models.cluster import load_cluster
-from planner.planning import make_plan
-from planner.search import Request
+from bapipe.fpga_models.cluster import load_cluster
+from bapipe.planner.planning import make_plan
+from bapipe.planner.search import Request
 from tolerances import f64_sum
 import cli_fork
 

@@ -6,12 +6,12 @@ import json
 import pytest
 
 from bapipe.schedules import SCHEDULES
-from bapipe.spec import load_model
-from fpga_models.cluster import load_cluster
-from planner.cli_plan import parse_partition
-from planner.pipeline import replay
-from planner.planning import make_plan
-from planner.search import Request
+from bapipe.models import load_model
+from bapipe.fpga_models.cluster import load_cluster
+from bapipe.planner.cli_plan import parse_partition
+from bapipe.planner.pipeline import replay
+from bapipe.planner.planning import make_plan
+from bapipe.planner.search import Request
 from tolerances import PLAN_DIGITS, f64_sum
 import cli_fork
 
@@ -116,7 +116,7 @@ def test_partition_per_stage_replicas_round_trip(tmp_path):
     """A peer's 12-3-1 plan can be priced: replicas per stage, boards in topology order,
     written to plan.yaml and read back unchanged; bapipe sim replays it to the same time."""
     from bapipe.plan import load_plan
-    from fpga_models.sim import SimConfig, simulate
+    from bapipe.fpga_models.sim import SimConfig, simulate
 
     spec = parse_partition("0-16x12,17-24x3,25-36x1", 37)
     assert spec == [(0, 16, 12, None), (17, 24, 3, None), (25, 36, 1, None)]
@@ -165,7 +165,7 @@ def test_2bw_is_priced_without_a_flush(model_name, cluster_name):
     """PipeDream-2BW's iteration is its steady state (no fill or drain; the all-reduce of
     iteration j gates iteration j + 2), which bapipe sim reaches over several iterations;
     plan.yaml's iteration_time_s stays the first iteration from an empty pipeline."""
-    from fpga_models.sim import SimConfig, simulate
+    from bapipe.fpga_models.sim import SimConfig, simulate
 
     out = _plan(model_name, cluster_name, schedule="2bw")
     assert out.plan.schedule == "2bw" and len(out.plan.stages) > 1
@@ -194,9 +194,9 @@ def test_interleaved_on_one_board_is_one_line(tmp_path):
 def test_interleaved_more_chunks_replay_equals_sim(v, monkeypatch):
     """Interleaved plans with v = 3 and 4 chunks a board (planner.search.INTERLEAVE_CHUNKS
     searches 2-4): the plan's first iteration equals bapipe sim's replay of its plan.yaml."""
-    import planner.search as search
+    import bapipe.planner.search as search
     from bapipe.plan import load_plan
-    from fpga_models.sim import SimConfig, simulate
+    from bapipe.fpga_models.sim import SimConfig, simulate
 
     monkeypatch.setattr(search, "INTERLEAVE_CHUNKS", (v,))
     out = _plan("tiny-cnn", "4xU250-ring", schedule="interleaved")

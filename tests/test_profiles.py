@@ -154,7 +154,7 @@ def test_torch_table_imports_per_call_times_and_model_bytes(tmp_path):
     import csv
 
     from bapipe.profiles import import_torch_table
-    from bapipe.spec import load_model
+    from bapipe.models import load_model
 
     model = load_model("tiny-mlp")
     prof = tmp_path / "p.yaml"

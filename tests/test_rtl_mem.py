@@ -1,4 +1,4 @@
-"""MVU memory images (codegen/rtl_mem.py): the vectorised layout equals MvuSpec.weight_word
+"""MVU memory images (codegen/rtl/memories.py): the vectorised layout equals MvuSpec.weight_word
 word by word, and the $readmemh text parses back to the same two's-complement values."""
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from codegen.rtl_mem import hex_lines, mvu_memory_files, weight_words
-from codegen.rtl_model import MvuSpec
+from bapipe.codegen.rtl.memories import hex_lines, mvu_memory_files, weight_words
+from bapipe.codegen.design.dataflow import MvuSpec
 
 
 def _parse(text: bytes, elem_w: int) -> list[int]:

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from codegen.rtl_train import from_tile_order, link_lanes, tile_order, train_design
+from bapipe.codegen.design.training import from_tile_order, link_lanes, tile_order, train_design
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -49,8 +49,8 @@ def _default_plan(tmp: Path) -> Path:
 def _design(plan_path: Path):
     """(plan, TrainDesign) of a plan file."""
     from bapipe.plan import load_plan
-    from bapipe.spec import load_model
-    from fpga_models.cluster import load_cluster
+    from bapipe.models import load_model
+    from bapipe.fpga_models.cluster import load_cluster
 
     plan = load_plan(plan_path)
     return plan, train_design(plan, load_model(plan.model), load_cluster(plan.cluster))
@@ -90,7 +90,7 @@ def test_sgd_constants_are_train_fixeds(tmp_path):
 def test_links_are_priced_as_the_transport(tmp_path):
     """One home for the link's timing: the plan's per-link occupancy and latency (plan.yaml
     predicted.link_occupancy_s / link_latency_s) are, in cycles, the training RTL transport's
-    cycles per vector and delivery latency (codegen.rtl_link.TransportSpec, both from
+    cycles per vector and delivery latency (codegen.design.links.TransportSpec, both from
     fpga_models.engines' link_* functions). tiny-mlp on 4xU250-ring at 300 MHz, 119/3 B/cycle,
     150-cycle links: 64 elements = 4 words of 16 lanes, one 256-bit word a beat behind the
     32-bit header, 4 x 64 B / (119/3) = 6.4538 cycles (the payload alone would be 3.2269);
@@ -261,7 +261,7 @@ def test_cnn_op_cycles_are_the_plans(tmp_path, schedule):
 def test_conv_weight_matrix_round_trip():
     """Conv weights travel as the MH x MW = O x K*K*C engine matrix (column (ky*K + kx)*C + c, the
     forward engines' im2col order) in tile order; the manifest's reshape recovers OIHW."""
-    from codegen.rtl_train import weight_matrix
+    from bapipe.codegen.design.training import weight_matrix
     w = np.arange(4 * 2 * 3 * 3).reshape(4, 2, 3, 3)
     m = weight_matrix(w)
     assert m.shape == (4, 18) and m[1, 0 * 2 + 1] == w[1, 1, 0, 0] and m[3, (2 * 3 + 1) * 2 + 0] == w[3, 0, 2, 1]
@@ -313,7 +313,7 @@ def test_replicated_ring_is_priced_as_the_rtl_ring(tmp_path):
     holds fc1 (64 x 64 + 64) = 4,160 exact 48-bit sums, 2 shares of 2,080 sent as 208 words of
     10 sums (480 bits, one word a beat): 208 x 64 / (119/3) = 335.6 cycles of line and 150 + 3
     cycles of delivery a step, 2 steps; the replicas form replica-major chains."""
-    from codegen.rtl_train import design_record
+    from bapipe.codegen.rtl.train import design_record
 
     plan, td = _design(_rep_plan(tmp_path, "gpipe"))
     assert [b.name for b in td.boards] == ["fpga0", "fpga2", "fpga1", "fpga3"]
@@ -391,7 +391,7 @@ def test_interleaved_chunks_take_turns_in_the_devices_order(tmp_path):
     F3.0 B1.1 F2.1 B0.0 F3.1 B1.0 B2.1 B3.1 B2.0 B3.0 (mb.chunk), so chunk 1's own ops are F0 F1 B0 B1
     F2 F3 B2 B3 and its stash memory holds 2 micro-batches. Every chunk board's F and B op takes
     the plan's stage cycles (cycles.fwd / .bwd: 14/14, 14/22, 8/12, 1/2)."""
-    from codegen.rtl_train import design_record
+    from bapipe.codegen.rtl.train import design_record
     plan, td = _design(_il_plan(tmp_path))
     assert (plan.schedule, plan.chunks, plan.devices) == ("interleaved", 2, 2)
     assert [(b.name, b.device, b.chunk) for b in td.boards] == [("fpga0", 0, 0), ("fpga1", 1, 0), ("fpga0", 0, 1),
@@ -405,8 +405,8 @@ def test_interleaved_chunks_take_turns_in_the_devices_order(tmp_path):
     # one stash count: the plan charges each virtual stage the memory the RTL builds for its chunk
     # (fpga0: 4 + 2 = 6 micro-batches in two memories; the device's joint peak is 5)
     assert [s.stashes for s in plan.stages] == [b.stashes for b in td.boards]
-    # and the HLS C-simulation runs each stage's kernels in the same op order (codegen.csim_train)
-    from codegen.csim_train import _ops
+    # and the HLS C-simulation runs each stage's kernels in the same op order (codegen.check.csim_train)
+    from bapipe.codegen.check.csim_train import _ops
     assert [[(o.kind, o.mb) for o in _ops(plan, b.index, 4)] for b in td.boards] == [list(b.ops) for b in td.boards]
     # the links run along the virtual stages, the last chunk-0 board (fpga1) back to fpga0's chunk 1
     assert [(l.src, l.dst) for l in td.links] == [("fpga0", "fpga1"), ("fpga1", "fpga0"), ("fpga0", "fpga1")]
@@ -442,7 +442,7 @@ def test_gradient_sums_wider_than_the_engines_are_refused():
     a plan whose largest reduction could wrap there is refused. tiny-cnn's conv1 weight gradient sums
     the batch x 64 output pixels: 48 bits hold a global batch of 2,047 (acc_width(131,008) = 48), not
     2,048 (49 bits), where the batch alone (acc_width(2,048) = 43) would have passed."""
-    from codegen.rtl_model import Unsupported
+    from bapipe.codegen.design.unsupported import Unsupported
     from handplan import hand_plan
 
     def design(batch):
@@ -457,8 +457,8 @@ def test_gradient_sums_wider_than_the_engines_are_refused():
 
 
 def _design_of(plan):
-    from bapipe.spec import load_model
-    from fpga_models.cluster import load_cluster
+    from bapipe.models import load_model
+    from bapipe.fpga_models.cluster import load_cluster
     return train_design(plan, load_model(plan.model), load_cluster(plan.cluster))
 
 
@@ -470,7 +470,7 @@ def test_interleaved_training_rtl_lint_clean(tmp_path):
     import os
 
     from bapipe.toolchain import verilator_bin, wire_verilator
-    from codegen.rtl_train import render_train
+    from bapipe.codegen.rtl.train import render_train
 
     _plan_, td = _design(_il_plan(tmp_path))
     files = render_train(td)

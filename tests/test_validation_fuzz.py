@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from bapipe.errors import SpecError
 from bapipe.plan import load_plan, parse_plan
-from fpga_models.plancheck import resolve
+from bapipe.fpga_models.plancheck import resolve
 from bapipe.yamlio import loads
 from docpaths import doc_paths
 

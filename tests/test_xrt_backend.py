@@ -17,8 +17,8 @@ from handplan import hand_plan
 
 def _gen(tmp_path, plan, engines: str = "hls", name: str = "build"):
     """`bapipe gen` of ``plan`` (no csim/rtlsim), with stand-in xclbins where the Makefile puts them."""
-    from codegen.cli_gen import generate_plan
-    from fpga_models.plancheck import resolve
+    from bapipe.codegen.cli_gen import generate_plan
+    from bapipe.fpga_models.plancheck import resolve
 
     model, cluster = resolve(plan)
     out = tmp_path / name
@@ -32,9 +32,9 @@ def _gen(tmp_path, plan, engines: str = "hls", name: str = "build"):
 def _program(plan, model):
     """The boards' data path for the fake: mm2s input bytes -> the numpy reference's s2mm bytes
     (the whole model: every test plan's boards together compute it)."""
-    from codegen.rtl_model import plan_weights
-    from fpga_models import fixedpoint as fx
-    from host.forward import reference_logits
+    from bapipe.codegen.design.dataflow import plan_weights
+    from bapipe.fpga_models import fixedpoint as fx
+    from bapipe.host.forward import reference_logits
 
     params = plan_weights(plan, model)
     fmt = fx.get_fmt(plan.number_format)
@@ -69,11 +69,11 @@ def _run(monkeypatch, plan, model, out, stamp, limit: int = 6, program=None):
     """check + forward of the backend on ``limit`` random raw inputs in [-2, 2); outputs against
     the numpy fixed-point reference (host.forward.run_forward's comparison, without the digits
     data set, whose sklearn import alone takes ~10 s here)."""
-    from codegen.rtl_model import plan_weights
-    from fpga_models import fixedpoint as fx
-    from fpga_models.cluster import load_cluster
-    from host.backends import xrt_backend
-    from host.forward import reference_logits
+    from bapipe.codegen.design.dataflow import plan_weights
+    from bapipe.fpga_models import fixedpoint as fx
+    from bapipe.fpga_models.cluster import load_cluster
+    from bapipe.host.backends import xrt_backend
+    from bapipe.host.forward import reference_logits
 
     fake = fake_pyxrt.make(len(stamp["xrt"]["boards"]), program or _program(plan, model))
     monkeypatch.setitem(sys.modules, "pyxrt", fake)
@@ -161,9 +161,9 @@ def test_external_weights_are_loaded_from_the_manifest(tmp_path, monkeypatch):
     manifest names (engine kernels: their external ROM banks, roms.bin; per-layer kernels: the
     kernel-layout weights_kernel.bin); engine kernels start once for all N samples, per-layer
     ones once per sample; downstream first."""
-    import codegen.context
+    import bapipe.codegen.design.context
 
-    monkeypatch.setattr(codegen.context, "EMBED_LIMIT", 0)
+    monkeypatch.setattr(bapipe.codegen.design.context, "EMBED_LIMIT", 0)
     plan = _inference(hand_plan("tiny-cnn", cuts=(1, 3, 5)))
     out, model, stamp = _gen(tmp_path, plan)
     hc = json.loads((out / "host_config.json").read_text())
@@ -215,7 +215,7 @@ def test_external_weights_are_loaded_from_the_manifest(tmp_path, monkeypatch):
 def test_interleaved_boards_open_once(tmp_path, monkeypatch, engines):
     """tiny-cnn as 4 stages on 2 boards (stages 0 and 2 on fpga0): 2 devices, not 4; each
     stage's kernel is opened on its board's device."""
-    from cocotb_tests.plans import tiny_cnn_interleaved_plan
+    from handplan import tiny_cnn_interleaved_plan
 
     plan = tiny_cnn_interleaved_plan()
     out, model, stamp = _gen(tmp_path, plan, engines)
@@ -232,7 +232,7 @@ def test_interleaved_boards_open_once(tmp_path, monkeypatch, engines):
 def test_images_travel_channel_last(tmp_path, monkeypatch):
     """conv-mini (2-channel 6x6 images, 3 boards): the input buffer holds HWC rows, as the
     kernels stream them; the boards' reference reads them back as such, bit-exact."""
-    from cocotb_tests.plans import conv_mini_plan
+    from handplan import conv_mini_plan
 
     plan = conv_mini_plan()
     out, model, stamp = _gen(tmp_path, plan)
@@ -247,7 +247,7 @@ def test_replicas_of_one_stage_split_the_samples(tmp_path, monkeypatch):
     each board's movers and kernel get a contiguous chunk (7 samples: 2, 2, 2, 1), outputs
     come back in sample order, bit-exact."""
     from bapipe.plan import Plan, Stage
-    from fpga_models.plancheck import resolve
+    from bapipe.fpga_models.plancheck import resolve
 
     base = _inference(hand_plan("tiny-cnn", cuts=()))
     st = base.stages[0]
@@ -273,8 +273,8 @@ def test_replicas_of_one_stage_split_the_samples(tmp_path, monkeypatch):
 
 def test_check_names_the_missing_xclbin_and_the_stale_build(tmp_path, monkeypatch):
     from bapipe.errors import SpecError
-    from host.backends import BackendUnavailable
-    from host.backends import xrt_backend
+    from bapipe.host.backends import BackendUnavailable
+    from bapipe.host.backends import xrt_backend
 
     plan = _inference(hand_plan("tiny-cnn", cuts=(1, 3, 5)))
     out, model, stamp = _gen(tmp_path, plan)
@@ -299,7 +299,7 @@ def test_training_builds_the_host_cannot_train_are_refused_in_one_line(tmp_path,
     """A training build trains on boards (tests/test_xrt_train.py) from its manifest's ``train``
     section; a build without one (an older gen) is refused by check() in one line, before a
     device is opened."""
-    from host.backends import BackendUnavailable, xrt_backend
+    from bapipe.host.backends import BackendUnavailable, xrt_backend
     from test_csim_train import _plan   # every matrix layer folded (the training RTL gen also writes needs it)
 
     plan = _plan("tiny-cnn", (1, 3), 2, 2)
@@ -320,8 +320,8 @@ def test_training_builds_the_host_cannot_train_are_refused_in_one_line(tmp_path,
 def test_vgg16_interleaved(tmp_path, monkeypatch):
     """VGG-16 as 4 stages on 2 boards (interleaved: stages 0 and 2 on fpga0), every stage's
     weights off chip: 2 devices; each weight buffer the size host_config states; one sample."""
-    from fpga_models.cluster import load_cluster
-    from host.backends import xrt_backend
+    from bapipe.fpga_models.cluster import load_cluster
+    from bapipe.host.backends import xrt_backend
 
     plan = _inference(hand_plan("vgg16", cuts=(9, 23, 30), schedule="interleaved", chunks=2))
     out, model, stamp = _gen(tmp_path, plan)

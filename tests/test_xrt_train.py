@@ -1,4 +1,4 @@
-"""The xrt host's training path (host/backends/xrt_train.py, manifest codegen/xrt_train.py)
+"""The xrt host's training path (host/backends/xrt_train.py, manifest codegen/package/xrt_train.py)
 against the recording fake of pyxrt (tests/fake_pyxrt.py): no board exists here, so these
 check what the host asks of the boards - the kernels it starts in the schedule's order, the
 stash slot it reuses only after that slot's backward finished, the buffers it syncs - and that
@@ -24,9 +24,9 @@ def _nk(build, board: str) -> set[str]:
 
 
 def _setup(tmp_path, monkeypatch, replicas=None):
-    from bapipe.spec import load_model
-    from fpga_models import train_fixed as tfx
-    from host.program import fixed_master_params
+    from bapipe.models import load_model
+    from bapipe.fpga_models import train_fixed as tfx
+    from bapipe.host.program import fixed_master_params
 
     plan = _plan("tiny-mlp", (3,), 4, 2, replicas)
     build = _gen(plan, tmp_path / "b")
@@ -54,7 +54,7 @@ def test_xrt_trains_iterations_in_the_schedule_order(tmp_path, monkeypatch, repl
     inputs and labels are synced to the board before their kernels start, master weights synced
     back after the update; every instance started is in the board's link config."""
     from bapipe.schedules import device_ops
-    from host.backends import xrt_backend
+    from bapipe.host.backends import xrt_backend
 
     plan, build, stamp, fake, model, master, x, labels, consts, tf = _setup(tmp_path, monkeypatch, replicas)
     xrt_backend.check({"build": str(build), "plan": plan})      # a training build is accepted now
@@ -129,7 +129,7 @@ def test_xrt_trains_iterations_in_the_schedule_order(tmp_path, monkeypatch, repl
 def test_xrt_refuses_too_few_stash_slots_in_one_line(tmp_path, monkeypatch):
     """The test of the slot rule: with 1 slot on stage 0 (1F1B needs 2), its second forward would
     overwrite the first micro-batch's stash before the backward read it: refused in one line."""
-    from host.backends import BackendUnavailable, xrt_backend
+    from bapipe.host.backends import BackendUnavailable, xrt_backend
 
     plan, build, stamp, fake, model, master, x, labels, consts, tf = _setup(tmp_path, monkeypatch)
     with pytest.raises(BackendUnavailable, match="stash slot") as e:
@@ -142,8 +142,8 @@ def test_xrt_update_kernel_takes_each_iterations_rate(tmp_path, monkeypatch):
     """A rate schedule (host.optim.lr_factor, train_fixed.SgdSchedule) reaches the board as the
     update kernel's s_axilite arguments: iteration k's update call is given step k's LR, with the
     schedule's one MU and shift (two steps of one iteration each: the full and the half rate)."""
-    from fpga_models import train_fixed as tfx
-    from host.backends import xrt_backend
+    from bapipe.fpga_models import train_fixed as tfx
+    from bapipe.host.backends import xrt_backend
 
     plan, build, stamp, fake, model, master, x, labels, consts, tf = _setup(tmp_path, monkeypatch, None)
     sched = tfx.sgd_schedule(0.05, 0.9, 8, tf, [1.0, 0.5], 1)

@@ -21,4 +21,4 @@ def get_backend(name: str):
     """The backend module by name."""
     if name not in BACKENDS:
         raise BackendUnavailable(f"unknown backend {name!r}; expected one of {', '.join(BACKENDS)}")
-    return importlib.import_module(f"host.backends.{name}_backend")
+    return importlib.import_module(f"bapipe.host.backends.{name}_backend")

