@@ -591,6 +591,7 @@ class Scanner:
             elif kind == "block":
                 self._structure(node[1], scope, depth, None, mult)
             elif kind == "simple":
+                self._object(node[1], scope)
                 for callee, args, targs in self._calls(node[1], scope):
                     if depth >= self.max_depth:
                         continue
@@ -703,7 +704,7 @@ class Scanner:
     def _acc_text(self, text: str, scope: _Scope, depth: int) -> _Acc:
         acc = _Acc()
         self._object(text, scope)
-        decl = re.match(r"^(?:static\s+)?(?:const\s+)?[\w:]+(?:\s*<[^;]*?>)?\s+\w+\s*(?:\[[^\]]+\])+\s*$", text)
+        decl = re.match(r"^(?!(?:return|else|case|delete|throw)\b)(?:static\s+)?(?:const\s+)?[\w:]+(?:\s*<[^;]*?>)?\s+\w+\s*(?:\[[^\]]+\])+\s*$", text)
         if not decl:
             self._subscripts(text, scope.names, acc, scope.ndims)
         self._streams(text, scope.names, acc)
@@ -715,8 +716,14 @@ class Scanner:
             if ta and tb and not _INT_TYPES.match(ta) and not _INT_TYPES.match(tb):
                 acc.mults.append((self._bits_or0(ta, scope.env), self._bits_or0(tb, scope.env)))
         # method calls on struct objects bound to arrays (e.g. a weight tile's at())
+        called = set()
         for mm in re.finditer(r"\b(\w+)\s*\.\s*(\w+)\s*\(", text):
             obj = scope.objs.get(mm.group(1))
+            pc = matching(text, mm.end() - 1, "(", ")")
+            key = (mm.group(1), mm.group(2), re.sub(r"\s+", "", text[mm.end():pc]))
+            if key in called:
+                continue   # the same element read twice in one statement: one read
+            called.add(key)
             if obj and mm.group(2) in self.src.methods.get(obj[0], {}):
                 _, mbody = self.src.methods[obj[0]][mm.group(2)]
                 mdims = dict(self.src.members.get(obj[0], []))
