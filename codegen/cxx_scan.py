@@ -25,7 +25,7 @@ import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from .cxx_memory import (Program, Unknown, _decl, _tparams, eval_expr, matching, preprocess, split_args,
+from .cxx_memory import (Program, Unknown, _scan, _tparams, eval_expr, matching, preprocess, split_args,
                          type_bits, _TEMPLATE)
 
 _INT_TYPES = re.compile(r"^(?:const\s+)?(?:unsigned\s+|signed\s+)?(?:bool|char|short|int|long|long long|size_t|"
@@ -128,7 +128,6 @@ def read_source(files: dict[str, str | bytes], kernel_file: str) -> Source:
     for raw in _order(files, kernel_file):
         text = preprocess(raw, prog.defines, macros)
         pre.append(text)
-        from .cxx_memory import _scan
         _scan(text, prog)
     sigs, methods, members = {}, {}, {}
     for text in pre:
