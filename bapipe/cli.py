@@ -34,6 +34,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "sim": ("bapipe.fpga_models.cli_sim", "cycle-approximate simulation of a plan"),
     "reshard": ("bapipe.planner.cli_reshard", "plan one cross-mesh resharding"),
     "gen": ("bapipe.codegen.cli_gen", "generate the HLS/RTL project of a plan"),
+    "check": ("bapipe.codegen.cli_check", "apply the vendor's physical rules to a generated build (blocks, II, ports)"),
     "csim": ("bapipe.codegen.cli_csim", "g++ C-simulation of every generated stage against numpy"),
     "rtlsim": ("bapipe.codegen.cli_rtlsim", "Verilator run of the generated multi-board pipeline"),
     "synth": ("bapipe.codegen.cli_synth", "yosys synth_xilinx resource counts of the generated RTL"),
@@ -181,6 +182,10 @@ def _add_args(name: str, p: argparse.ArgumentParser) -> None:
         p.add_argument("--engines", default="hls", choices=("hls", "rtl"),
                        help="stage kernels the Makefile and link configs build: Vitis HLS (default) or the "
                             "packaged RTL kernels (rtl/kernels/)")
+        p.add_argument("--allow-rule-violations", action="store_true",
+                       help="write the build even when `bapipe check` finds a board that breaks a physical rule")
+    elif name == "check":
+        p.add_argument("build", nargs="?", default="build", help="project folder written by `bapipe gen`")
     elif name in ("csim", "rtlsim", "synth"):
         p.add_argument("build", nargs="?", default="build", help="project folder written by `bapipe gen`")
         if name == "rtlsim":

@@ -213,6 +213,7 @@ def cmd_gen(args) -> dict:
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         result = generate(args.plan, tmp, getattr(args, "engines", "hls"))
+        result["check"] = _physical_check(tmp, getattr(args, "allow_rule_violations", False), text)
         if target.exists():
             target.rename(old)  # the previous build stays whole until the new one is in place
         tmp.rename(target)
@@ -224,6 +225,22 @@ def cmd_gen(args) -> dict:
         shutil.rmtree(old, ignore_errors=True)
     result["output"] = text
     return result
+
+
+def _physical_check(build: Path, allow: bool, name: str) -> dict:
+    """`bapipe check` on the freshly written build (codegen.check.physical_rules): a build a board
+    cannot hold is refused (SpecError, one line; the caller removes the folder) unless ``allow``."""
+    from bapipe.codegen.cli_check import refusal
+    from bapipe.codegen.check.physical_rules import check_build as physical_check
+
+    result = physical_check(build)
+    if not result["ok"] and not allow:
+        raise SpecError(name, None, "--allow-rule-violations", refusal(result))
+    for b in result["boards"]:
+        if not all(b["rules"].values()):
+            sys.stderr.write(f"bapipe gen: warning: {b['board']} breaks the physical rules "
+                             f"{', '.join(r for r, ok in b['rules'].items() if not ok)} (bapipe check)\n")
+    return {"ok": result["ok"], "failed_rules": result["failed_rules"]}
 
 
 def _design_cycles(design: dict | None) -> dict[int, float]:

@@ -134,6 +134,46 @@ def make(n_devices: int, program=None):
     def enumerate_devices():
         return [object() for _ in range(n_devices)]
 
-    for obj in (xclBOSyncDirection, ert_cmd_state, xclbin, device, kernel, bo, run, enumerate_devices):
+    # A VNx networklayer behind pyxrt.ip: its AXI-lite registers, written here as XUP VNx
+    # xrt_host_api/include/vnx/networklayer.hpp lays them out (the fake's own copy of the map, so
+    # the host's is checked against it): 16 sockets (VNx's build default); an ARP discovery
+    # (a 0 -> 1 write at 0x1010) fills the table with every other networklayer in the same /24
+    # that has its IP set (the fake's boards are all cabled), entry = the IP's last octet, the
+    # address stored first octet lowest, valid flags one byte per entry from 0x1100.
+    nets: dict[tuple[int, str], dict[int, int]] = {}
+    state["nets"] = nets
+
+    class ip:  # noqa: N801
+        def __init__(self, dev, uuid, name: str):
+            if uuid != ("uuid", dev.index, dev.loaded):
+                raise XrtMisuse(f"ip {name}: uuid of another device or xclbin")
+            kname, inst = name.split(":")
+            if kname != "networklayer":
+                raise XrtMisuse(f"ip {name}: only networklayer instances have registers here")
+            self.key = (dev.index, inst.strip("{}"))
+            nets.setdefault(self.key, {0xA10: 16})
+            calls.append(("ip", dev.index, self.key[1]))
+
+        def read_register(self, offset: int) -> int:
+            calls.append(("ip_read", *self.key, offset))
+            return nets[self.key].get(offset, 0)
+
+        def write_register(self, offset: int, value: int):
+            if not 0 <= int(value) < 1 << 32:
+                raise XrtMisuse(f"{self.key}: register 0x{offset:x} is 32 bits, got {value}")
+            regs = nets[self.key]
+            if offset == 0x1010 and value == 1 and regs.get(0x1010, 0) == 0:
+                mine = regs.get(0x18, 0)
+                for other, oregs in nets.items():
+                    theirs = oregs.get(0x18, 0)
+                    if other != self.key and theirs and mine and (theirs >> 8) == (mine >> 8):
+                        i = theirs & 0xFF
+                        regs[0x1400 + 4 * i] = int.from_bytes(theirs.to_bytes(4, "big"), "little")
+                        w = 0x1100 + (i // 4) * 4
+                        regs[w] = regs.get(w, 0) | (1 << (8 * (i % 4)))
+            regs[offset] = int(value)
+            calls.append(("ip_write", *self.key, offset, int(value)))
+
+    for obj in (xclBOSyncDirection, ert_cmd_state, xclbin, device, kernel, bo, run, enumerate_devices, ip):
         setattr(m, obj.__name__, obj)
     return m

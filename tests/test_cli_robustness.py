@@ -62,7 +62,7 @@ def ws(tmp_path_factory, fork) -> Path:
     assert r.returncode == 0, r.stderr
     r = fork.run(["plan", "tiny-cnn", "4xU250-ring", "-o", "pc.yaml"], d)
     assert r.returncode == 0, r.stderr
-    r = fork.run(["gen", "p.yaml", "-o", "build"], d)
+    r = fork.run(["gen", "p.yaml", "-o", "build", "--allow-rule-violations"], d)
     assert r.returncode == 0, r.stderr
     text = (d / "p.yaml").read_text()
     (d / "bad.yaml").write_text("a: [1,\n")
@@ -153,10 +153,10 @@ BAD = [
      ["--src"]),
     (["reshard", "--shape", "4,4", "--src-mesh", "2x2", "--src", "S0R", "--dst-mesh", "2x2", "--dst", "RS0",
       "--cluster", "bad.yaml"], ["bad.yaml"]),
-    (["gen", "nosuch.yaml", "-o", "x"], ["nosuch.yaml"]),
-    (["gen", "p_other.yaml", "-o", "x"], ["p_other.yaml", "cluster"]),
-    (["gen", "p.yaml", "-o", "afile"], ["afile", "-o"]),
-    (["gen", "p.yaml", "-o", "afile/sub"], ["afile/sub", "-o"]),
+    (["gen", "nosuch.yaml", "-o", "x", "--allow-rule-violations"], ["nosuch.yaml"]),
+    (["gen", "p_other.yaml", "-o", "x", "--allow-rule-violations"], ["p_other.yaml", "cluster"]),
+    (["gen", "p.yaml", "-o", "afile", "--allow-rule-violations"], ["afile", "-o"]),
+    (["gen", "p.yaml", "-o", "afile/sub", "--allow-rule-violations"], ["afile/sub", "-o"]),
     (["csim", "nosuch"], ["nosuch"]),
     (["csim", "afile"], ["afile"]),
     (["csim", "emptyb"], ["emptyb", "host_config.json"]),
@@ -214,7 +214,7 @@ GOOD = [
     ["models"], ["boards"], ["clusters"], ["profile", "tiny-mlp", "4xU250-ring"],
     ["plan", "tiny-cnn", "4xU250-ring", "-o", "j.yaml"], ["sim", "p.yaml", "--trace", "t.json"],
     ["reshard", "--shape", "8,8", "--src-mesh", "2x2", "--src", "S0R", "--dst-mesh", "2x2", "--dst", "RS0"],
-    ["gen", "p.yaml", "-o", "jbuild"], ["csim", "build"], ["run", "p.yaml", "--epochs", "1"],
+    ["gen", "p.yaml", "-o", "jbuild", "--allow-rule-violations"], ["csim", "build"], ["run", "p.yaml", "--epochs", "1"],
     ["run", "p.yaml", "--epochs", "0"], ["export", "tiny-mlp", "-o", "m.onnx"],
 ]
 

@@ -209,14 +209,14 @@ def test_cli_gen_json_and_error_exit(tmp_path, capsys):
     plan, _, _ = make_plan(folding=FOLD)
     pf = tmp_path / "plan.yaml"
     plan.save(pf)
-    assert main(["gen", str(pf), "-o", str(tmp_path / "build"), "--json"]) == 0
+    assert main(["gen", str(pf), "-o", str(tmp_path / "build"), "--json", "--allow-rule-violations"]) == 0
     r = json.loads(capsys.readouterr().out)
     assert r["fingerprint"] == plan.fingerprint() and [s["name"] for s in r["stages"]] == ["stage0", "stage1", "stage2"]
     assert (tmp_path / "build/plan.yaml").read_text() == pf.read_text()
     bad, _, _ = make_plan(folding={"fc": (3, 1)})
     bf = tmp_path / "bad.yaml"
     bad.save(bf)
-    assert main(["gen", str(bf), "-o", str(tmp_path / "bad")]) == 2
+    assert main(["gen", str(bf), "-o", str(tmp_path / "bad"), "--allow-rule-violations"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "folding.fc" in err
 
@@ -252,6 +252,6 @@ def test_identical_across_processes_and_hash_seeds(tmp_path):
     plan.save(pf)
     for seed in ("1", "2"):
         env = dict(os.environ, PYTHONHASHSEED=seed)
-        subprocess.run([sys.executable, "-m", "bapipe.cli", "gen", str(pf), "-o", str(tmp_path / seed)],
+        subprocess.run([sys.executable, "-m", "bapipe.cli", "gen", str(pf), "-o", str(tmp_path / seed), "--allow-rule-violations"],
                        check=True, env=env, capture_output=True)
     assert _tree(tmp_path / "1") == _tree(tmp_path / "2")

@@ -36,7 +36,7 @@ def test_tiny_cnn_three_stages_chained_match_numpy(tmp_path, capsys):
                                                            "fc": (2, 16), "pool1": (2, 1), "pool2": (4, 1)})
     pf = tmp_path / "plan.yaml"
     plan.save(pf)
-    assert main(["gen", str(pf), "-o", str(tmp_path / "build")]) == 0
+    assert main(["gen", str(pf), "-o", str(tmp_path / "build"), "--allow-rule-violations"]) == 0
     capsys.readouterr()
     rc = main(["csim", str(tmp_path / "build"), "--json"])
     r = json.loads(capsys.readouterr().out)
@@ -277,7 +277,7 @@ def test_counted_cycles_meet_the_plan_tiny_cnn(tmp_path):
 
     pf = tmp_path / "plan.yaml"
     assert main(["plan", "tiny-cnn", "4xU250-ring", "--mode", "inference", "-o", str(pf)]) == 0
-    assert main(["gen", str(pf), "-o", str(tmp_path / "b")]) == 0
+    assert main(["gen", str(pf), "-o", str(tmp_path / "b"), "--allow-rule-violations"]) == 0
     r = csim_project(tmp_path / "b", samples=16)
     assert r["passed"] and r["model_max_abs_err_lsb"] == 0, r
     _within_plan(r, 0.10)
@@ -300,7 +300,7 @@ def test_counted_cycles_meet_the_plan_soak(tmp_path, model, samples):
 
     pf = tmp_path / "plan.yaml"
     assert main(["plan", model, "4xU250-ring", "--mode", "inference", "-o", str(pf)]) == 0
-    assert main(["gen", str(pf), "-o", str(tmp_path / "b")]) == 0
+    assert main(["gen", str(pf), "-o", str(tmp_path / "b"), "--allow-rule-violations"]) == 0
     r = csim_project(tmp_path / "b", samples=samples)
     assert r["passed"] and r["model_max_abs_err_lsb"] == 0, r
     _within_plan(r, 0.10)
@@ -370,7 +370,7 @@ def test_counted_cycles_meet_the_plan_big_forward(tmp_path, monkeypatch, model, 
     monkeypatch.setattr(cb, "csim_backward", skip_backward)
     pf = tmp_path / "plan.yaml"
     assert main(["plan", model, "4xU250-ring", *extra, "-o", str(pf)]) == 0
-    assert main(["gen", str(pf), "-o", str(tmp_path / "b")]) == 0
+    assert main(["gen", str(pf), "-o", str(tmp_path / "b"), "--allow-rule-violations"]) == 0
     r = cs.csim_project(tmp_path / "b", samples=1)
     fwd = [x for x in r["stages"] if not x["name"].endswith("_bwd")]
     assert all(x["passed"] and x["max_abs_err_lsb"] == 0 for x in fwd), fwd

@@ -480,7 +480,7 @@ def test_time_multiplexed_backward_without_input_gradients_compiles_werror(tmp_p
                     "--microbatches", "4", "--global-batch", "4", "--no-replication", "--partition", "0-1,2-3,4-5,6",
                     "--cap", "0.3", "-o", str(plan)], check=True, capture_output=True)
     build = tmp_path / "b"
-    assert main(["gen", str(plan), "-o", str(build)]) in (0, None)
+    assert main(["gen", str(plan), "-o", str(build), "--allow-rule-violations"]) in (0, None)
     assert "time-multiplexed" in plan.read_text()
     src = build / "stage0" / "stage0_bwd.cpp"
     text = src.read_text()

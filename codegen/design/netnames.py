@@ -127,11 +127,14 @@ AURORA_INIT_CLK = "init_clk"
 #: per board type: (GT quad interface of port p, its reference clock, the free-running clock),
 #: as str.format templates of ``p``. U250/U200 gen3x16 shells name the QSFP28 cages
 #: io_gt_qsfp_0<p>; U280/U55C gen3x16 shells io_gt_qsfp<p>_00 (XUP VNx post_sys_link.tcl's
-#: two platform branches; the Aurora tutorial's U200 config for the free-running clock).
+#: two platform branches). The free-running clock per platform as VNx's post_sys_link.tcl has
+#: it ("U280 -> frc0 (50 MHz), U250 -> frc1 (100 MHz), U50 -> frc2, U55c -> frc2"): U280 the
+#: shell's clk_gt_freerun port, U250 ii_level1_wire/ulp_m_aclk_freerun_ref_00, U50/U55C
+#: ii_level0_wire/ulp_m_aclk_freerun_ref_00; U200 as U250 (same xdma shell family) [verify].
 PLATFORM_GT = {
-    "U250": ("io_gt_qsfp_0{p}", "io_clk_qsfp_refclka_0{p}", "ii_level0_wire/ulp_m_aclk_freerun_ref_00"),
-    "U200": ("io_gt_qsfp_0{p}", "io_clk_qsfp_refclka_0{p}", "ii_level0_wire/ulp_m_aclk_freerun_ref_00"),
-    "U280": ("io_gt_qsfp{p}_00", "io_clk_qsfp{p}_refclka_00", "ii_level0_wire/ulp_m_aclk_freerun_ref_00"),
+    "U250": ("io_gt_qsfp_0{p}", "io_clk_qsfp_refclka_0{p}", "ii_level1_wire/ulp_m_aclk_freerun_ref_00"),
+    "U200": ("io_gt_qsfp_0{p}", "io_clk_qsfp_refclka_0{p}", "ii_level1_wire/ulp_m_aclk_freerun_ref_00"),
+    "U280": ("io_gt_qsfp{p}_00", "io_clk_qsfp{p}_refclka_00", "clk_gt_freerun"),
     "U55C": ("io_gt_qsfp{p}_00", "io_clk_qsfp{p}_refclka_00", "ii_level0_wire/ulp_m_aclk_freerun_ref_00"),
     "U50": ("io_gt_qsfp_0{p}", "io_clk_qsfp_refclka_0{p}", "ii_level0_wire/ulp_m_aclk_freerun_ref_00"),
 }

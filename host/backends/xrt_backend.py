@@ -134,6 +134,8 @@ def forward(plan, model, cluster, params, x_q: np.ndarray, options: dict) -> np.
     last = max(k["stage"] for b in man["boards"] for k in b["kernels"])
     wait_ms = int(options.get("timeout", WAIT_MS / 1000) * 1000)
     boards = [_Board(pyxrt, build, b) for b in man["boards"]]   # one device per board
+    from .xrt_net import bring_up
+    bring_up(pyxrt, build, {bd.entry["name"]: bd for bd in boards})   # VNx addresses before any transfer
     share = _shares(boards, n)
 
     # stage kernels under host control, in pipeline order (started downstream first below)

@@ -161,6 +161,8 @@ def train_iterations(plan, model, cluster, master, x_q, labels, dy, iterations: 
     stages = sorted(t["stages"], key=lambda s: s["position"])
     p = len(stages)
     boards = {b["name"]: _Board(pyxrt, build, b) for b in man["boards"]}
+    from .xrt_net import bring_up
+    bring_up(pyxrt, build, boards)   # VNx addresses and sockets before any transfer
     reps = {st["position"]: [_Replica(pyxrt, boards[bn], st, k, build, master, tf, dtype)
                              for k, bn in enumerate(st["boards"])] for st in stages}
     slots = {d: int(options.get("stash_slots") or st["slots"]) for d, st in enumerate(stages)}
