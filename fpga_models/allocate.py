@@ -119,6 +119,16 @@ def kernel_onchip_budget(board: Board, cap: float, stages_on_board: int = 1, tra
     return kernel_share(onchip_capacity(board, cap), stages_on_board, train)
 
 
+def stage_onchip_budget(plan, stage, board: Board | None) -> int | None:
+    """On-chip bytes one kernel of ``stage`` may keep on ``board`` (:func:`kernel_onchip_budget`
+    over the kernels of every stage sharing the board): the one rule the forward and backward
+    kernels' lowering reads; None off an FPGA."""
+    if board is None or getattr(board, "kind", "fpga") != "fpga":
+        return None
+    on_board = sum(1 for x in plan.stages if stage.boards and stage.boards[0] in x.boards) or 1
+    return kernel_onchip_budget(board, plan.utilisation_cap, on_board, plan.mode == "train")
+
+
 def kernel_share(onchip_bytes: int, stages_on_board: int = 1, train: bool = True) -> int:
     """``onchip_bytes`` split evenly over the kernels of ``stages_on_board`` stages (:func:`board_kernels`)."""
     return int(onchip_bytes) // (max(1, stages_on_board) * len(board_kernels([0], train)))

@@ -960,14 +960,11 @@ def design_backward_memory(plan, model, cluster) -> list[dict | None]:
 
 
 def _bwd_budget(plan, st, board) -> int | None:
-    """On-chip bytes the backward kernel may keep (fpga_models.allocate.kernel_onchip_budget, the
-    forward kernels' rule: the board's capped on-chip bytes over its kernels); None without a board."""
-    from bapipe.fpga_models.allocate import kernel_onchip_budget
+    """On-chip bytes the backward kernel may keep: the forward kernels' rule
+    (fpga_models.allocate.stage_onchip_budget); None without a board."""
+    from bapipe.fpga_models.allocate import stage_onchip_budget
 
-    if board is None or getattr(board, "kind", "fpga") != "fpga":
-        return None
-    on_board = sum(1 for x in plan.stages if st.boards and st.boards[0] in x.boards) or 1
-    return kernel_onchip_budget(board, plan.utilisation_cap, on_board, plan.mode == "train")
+    return stage_onchip_budget(plan, st, board)
 
 
 def _uses(name: str, procs: list[str]) -> list[int]:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from bapipe.fpga_models import fixedpoint as fx
-from bapipe.fpga_models.allocate import frames_offchip, kernel_onchip_budget
+from bapipe.fpga_models.allocate import frames_offchip, stage_onchip_budget
 from bapipe.fpga_models.engines import DDR_WORD_BITS, ddr_words_per_beat, swg_rows
 
 from bapipe.codegen.design.weight_memory import MvuCall, load_weights_once, stream_weights
@@ -29,15 +29,12 @@ def _rom_impl(words: int) -> str:
 
 
 def onchip_budget(plan, stage, cluster) -> int | None:
-    """On-chip bytes a stage's kernel may keep on its board (fpga_models.allocate.kernel_onchip_budget:
-    the board's capped on-chip bytes over its kernels); None without a cluster."""
+    """On-chip bytes a stage's kernel may keep on its board (fpga_models.allocate.stage_onchip_budget);
+    None without a cluster."""
     if cluster is None or not stage.boards:
         return None
     board = next((cb.board for cb in cluster.boards if cb.name == stage.boards[0]), None)
-    if board is None or board.kind != "fpga":
-        return None
-    on_board = sum(1 for x in plan.stages if stage.boards[0] in x.boards)
-    return kernel_onchip_budget(board, plan.utilisation_cap, on_board, plan.mode == "train")
+    return stage_onchip_budget(plan, stage, board)
 
 
 def engine_stage(st, layers, params: dict, external: bool = False, writable: bool = False,
