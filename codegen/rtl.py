@@ -16,7 +16,7 @@ from pathlib import Path
 import jinja2
 import numpy as np
 
-from bapipe.names import legal, name_map
+from bapipe.names import legal, name_map, shown
 
 from .design import design_dict, stage_bench_files
 from .rtl_model import (MvuSpec, Pipeline, Unsupported, build_pipeline, clog2, count_bits, link_transport,
@@ -36,7 +36,9 @@ GENERATOR_VERSION = "0.1.0"
 @lru_cache(maxsize=1)
 def rtl_env() -> jinja2.Environment:
     """The Jinja environment for Verilog templates (delimiters that never clash with Verilog)."""
-    return jinja2.Environment(
+    from bapipe.names import shown
+
+    env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(TEMPLATE_DIR)),
         block_start_string="[%", block_end_string="%]",
         variable_start_string="[@", variable_end_string="@]",
@@ -44,6 +46,8 @@ def rtl_env() -> jinja2.Environment:
         trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True,
         undefined=jinja2.StrictUndefined, autoescape=False,
     )
+    env.filters["shown"] = shown   # a model's own names in comments and strings (bapipe.names)
+    return env
 
 
 def render_template(name: str, plan_hash: str = "none", **ctx) -> str:
@@ -109,7 +113,7 @@ def _sequencer_ctx(b) -> dict | None:
         "n_units": len(units), "n_stages": len(tm), "unit_w": unit_w,
         "weight_params": [("N_REQ", len(words) + len(fills)), ("SEL_W", unit_w + 1), ("CNT_W", w_cnt),
                           ("WORDS", pack_unsigned(words + fills, w_cnt))],
-        "units": [f"{u.layer}" for u in units],
+        "units": [shown(u.layer) for u in units],
         "unit_fire": [f"s{st.index}_c{u.out_wire}" for st in tm for u in st.units],
         "in_fire": [f"s{st.index}_c{st.in_wire}" for st in tm],
         "params": [("N_UNITS", len(units)), ("N_STAGES", len(tm)), ("UNIT_W", unit_w),
