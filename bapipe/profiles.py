@@ -237,13 +237,16 @@ def load_profiles(path: str, model: Model, batch: int | None = None,
     return result
 
 
-def load_profile(path: str, model: Model, board: str | None = None, batch: int | None = None) -> dict[str, Entry]:
+def load_profile(path: str, model: Model, board: str | None = None, batch: int | None = None,
+                 require_batch: bool = False) -> dict[str, Entry]:
     """One profile: {layer: {fwd_s, bwd_s, activation_bytes, param_bytes}} in model order.
 
     A file without boards serves every board. A file with boards needs ``board`` (unless it
     has exactly one); naming a board it lacks is a SpecError listing the ones it has.
+    ``require_batch`` as in :func:`load_profiles` (every command line reads with it: `bapipe
+    profile` and `bapipe plan` take a file by the same rule).
     """
-    all_ = load_profiles(path, model, batch)
+    all_ = load_profiles(path, model, batch, require_batch)
     if None in all_:
         return all_[None]
     if board is None:

@@ -195,7 +195,7 @@ def peer_layout(args, model, cluster, req: Request) -> tuple[Request, dict]:
                                                     f"(its two levels); {cluster.name} has "
                                                     f"{len({cb.host for cb in cluster.boards})} host(s)")
     levels, cols = lv
-    inp = peer_input(model, load_profile(args.measured, model))
+    inp = peer_input(model, load_profile(args.measured, model, require_batch=True))
     peer_s, peer_stages = solve(inp, levels)
     peer_priced = price(inp, peer_stages, levels)
     ours_s, stages = search(inp, levels, bound=peer_priced)
