@@ -14,6 +14,7 @@ import json
 import os
 import signal
 import sys
+import threading
 from pathlib import Path
 
 from . import _early_exit
@@ -290,8 +291,9 @@ def main(argv: list[str] | None = None) -> int:
     Ctrl-C and SIGTERM at any moment, also while the command's modules are still being
     imported, end it with one line and exit 130 / 143 (no traceback)."""
     previous = _handle_sigterm()
-    if signal.getsignal(signal.SIGINT) is _early_exit:   # bapipe/__init__.py's, for the imports
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+    previous_int = signal.getsignal(signal.SIGINT)
+    if previous_int is not signal.SIG_IGN and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, _on_sigint)   # (an ignored Ctrl-C stays ignored: nohup, &)
     try:
         return _main(argv)
     except Terminated:   # before or after the command ran (its own handler names it)
@@ -302,6 +304,16 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     finally:
         signal.signal(signal.SIGTERM, previous)
+        if signal.getsignal(signal.SIGINT) is _on_sigint:
+            signal.signal(signal.SIGINT, signal.default_int_handler if previous_int is _early_exit else previous_int)
+
+
+def _on_sigint(signum, frame):
+    """Ctrl-C: stop every compiler and simulator first (any thread's), then unwind as usual."""
+    from .proc import kill_all
+
+    kill_all()
+    raise KeyboardInterrupt
 
 
 def _main(argv: list[str] | None) -> int:
@@ -364,6 +376,9 @@ def _handle_sigterm():
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             os.kill(os.getpid(), signal.SIGTERM)
             return
+        from .proc import kill_all
+
+        kill_all()   # compilers and simulators of every thread, before the main thread unwinds
         raise Terminated()
 
     return signal.signal(signal.SIGTERM, on_term)

@@ -66,6 +66,14 @@ def is_legal(name: str) -> bool:
             and len(name) <= MAX_IDENT)
 
 
+def is_board_name(name: str) -> bool:
+    """A cluster's board name: an identifier of at most ``MAX_IDENT`` characters. Generated
+    code always adds a prefix or suffix to it (``<board>_top``, ``u_<board>``,
+    ``link/<board>.cfg``), so a keyword such as ``small`` is fine; anything else (a quote,
+    a newline, a ``/``) is refused where the cluster is read."""
+    return bool(_IDENT.match(name)) and len(name) <= MAX_IDENT and not name.startswith("__")
+
+
 def legal(name: str) -> str:
     """A legal C++/Verilog identifier for ``name``: itself when it already is one, else its
     letters, digits and underscores (runs of anything else become one ``_``) plus an 8-digit

@@ -8,6 +8,11 @@ ends the wait (Ctrl-C, SIGTERM raised as ``bapipe.cli.Terminated``, a timeout), 
 whole group before the exception goes on. The group also keeps a terminal's Ctrl-C away
 from the children: the command decides what stops, and stops all of it.
 
+Every live group is also registered: ``kill_all`` (called by bapipe.cli's SIGINT and SIGTERM
+handlers before they raise) stops the ones started by other threads too, such as rtlsim's
+pipeline build that runs beside its stage benches, which an exception in the main thread
+does not reach (the thread pool would wait for the build to finish).
+
 ``signals_held`` defers SIGINT and SIGTERM while a few file-system steps that must happen
 together run (the swap of a finished build into place and the removal of the old one);
 the signal is delivered, and handled as usual, right after.
@@ -19,6 +24,20 @@ import os
 import signal
 import subprocess
 import threading
+
+_live: set[subprocess.Popen] = set()
+_lock = threading.Lock()
+
+
+def kill_all() -> None:
+    """Kill every process group ``run`` has started and not yet seen end (any thread's)."""
+    with _lock:
+        procs = list(_live)
+    for p in procs:
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
 
 
 def kill_group(proc: subprocess.Popen) -> None:
@@ -43,11 +62,16 @@ def run(cmd, *, input=None, timeout: float | None = None, capture_output: bool =
     if input is not None:
         kw["stdin"] = subprocess.PIPE
     with subprocess.Popen(cmd, **kw) as proc:
+        with _lock:
+            _live.add(proc)
         try:
             out, err = proc.communicate(input, timeout=timeout)
         except BaseException:
             kill_group(proc)
             raise
+        finally:
+            with _lock:
+                _live.discard(proc)
         return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 

@@ -50,8 +50,10 @@ def _stray(marker: str) -> list[str]:
 def _interrupt(args, cwd: Path, sig: int, after_s: float, env: dict) -> tuple[int, str, float]:
     """Start ``bapipe ARGS``, send ``sig`` after ``after_s`` seconds (unless it ended); returns
     (exit code, stderr, seconds it took to stop after the signal)."""
+    # a suite started in the background inherits an ignored SIGINT, which the command keeps
+    # ignoring (as it should: nohup, &): give the child the default a terminal would
     p = subprocess.Popen([BAPIPE, *map(str, args)], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         text=True, env=env)
+                         text=True, env=env, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     _wait_for_toolkit(p)
     time.sleep(after_s)
     t0 = time.perf_counter()
