@@ -1216,11 +1216,39 @@ def check_proto(model, file: str) -> None:
         what = ", ".join(w for w, ok in (("inputs", [i for i in g.input if i.name not in inits]),
                                          ("nodes", g.node), ("outputs", g.output)) if not ok)
         raise SpecError(file, None, "graph", f"expected a graph with inputs, nodes and outputs; it has no {what}")
+    for t in g.initializer:
+        _check_initializer(t, file)
     newest = onnx.defs.onnx_opset_version()
     for o in model.opset_import:
         if o.domain in ("", "ai.onnx") and not MIN_OPSET <= o.version <= newest:
             raise SpecError(file, None, "opset_import", f"expected a default-domain opset from {MIN_OPSET} to {newest} "
                                                         f"(onnx {onnx.__version__}), got {o.version}")
+
+
+#: element types whose stored bytes are whole elements (packed 2/4/6-bit types are not checked)
+_BYTE_TYPES = {1: 4, 2: 1, 3: 1, 4: 2, 5: 2, 6: 4, 7: 8, 9: 1, 10: 2, 11: 8, 12: 4, 13: 8, 16: 2}
+
+
+def _check_initializer(t, file: str) -> None:
+    """An initializer's dims are >= 0 and its inline data holds exactly that many elements
+    (a cut file or a hand edit once reached numpy's reshape as a ValueError)."""
+    import onnx
+
+    if any(d < 0 for d in t.dims):
+        raise SpecError(file, None, "graph.initializer", f"'{t.name}' has a negative dim {list(t.dims)}")
+    if t.data_location == onnx.TensorProto.EXTERNAL or t.data_type not in _BYTE_TYPES:
+        return
+    n = prod(t.dims)
+    if t.raw_data:
+        got = len(t.raw_data) // _BYTE_TYPES[t.data_type]
+        if len(t.raw_data) != n * _BYTE_TYPES[t.data_type]:
+            raise SpecError(file, None, "graph.initializer", f"'{t.name}' has dims {list(t.dims)} ({n} elements) "
+                                                             f"but {len(t.raw_data)} bytes of data ({got} elements)")
+        return
+    got = sum(len(f) for f in (t.float_data, t.int32_data, t.int64_data, t.double_data, t.uint64_data))
+    if got != n:
+        raise SpecError(file, None, "graph.initializer", f"'{t.name}' has dims {list(t.dims)} ({n} elements) "
+                                                         f"but holds {got} values")
 
 
 def import_model_proto(model, file: str = "<onnx>", opaque: dict[str, tuple[float, float]] | None = None) -> Model:
