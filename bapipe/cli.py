@@ -14,8 +14,10 @@ import json
 import os
 import signal
 import sys
+import threading
 from pathlib import Path
 
+from . import _early_exit
 from .errors import SpecError
 from .schedules import MAX_MICROBATCHES, SCHEDULES  # one micro-batch bound for the CLI and the planner
 
@@ -289,7 +291,37 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the `bapipe` console script."""
+    """Entry point of the `bapipe` console script.
+
+    Ctrl-C and SIGTERM at any moment, also while the command's modules are still being
+    imported, end it with one line and exit 130 / 143 (no traceback)."""
+    previous = _handle_sigterm()
+    previous_int = signal.getsignal(signal.SIGINT)
+    if previous_int is not signal.SIG_IGN and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, _on_sigint)   # (an ignored Ctrl-C stays ignored: nohup, &)
+    try:
+        return _main(argv)
+    except Terminated:   # before or after the command ran (its own handler names it)
+        sys.stderr.write("bapipe: terminated (SIGTERM)\n")
+        return 143
+    except KeyboardInterrupt:
+        sys.stderr.write("bapipe: interrupted\n")
+        return 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        if signal.getsignal(signal.SIGINT) is _on_sigint:
+            signal.signal(signal.SIGINT, signal.default_int_handler if previous_int is _early_exit else previous_int)
+
+
+def _on_sigint(signum, frame):
+    """Ctrl-C: stop every compiler and simulator first (any thread's), then unwind as usual."""
+    from .proc import kill_all
+
+    kill_all()
+    raise KeyboardInterrupt
+
+
+def _main(argv: list[str] | None) -> int:
     from .toolchain import wire_verilator
 
     wire_verilator()
@@ -300,8 +332,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     mod = importlib.import_module(COMMANDS[args.command][0])
     handler = getattr(mod, "cmd_" + args.command.replace("-", "_"), None) or getattr(mod, "run")
-    previous = _handle_sigterm()
     try:
+        _check_paths(args)
         _check_new_output(args)
         _check_dependent(parser, args, list(sys.argv[1:] if argv is None else argv))
         result = handler(args)
@@ -330,8 +362,6 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write(f"bapipe {args.command}: internal error: {type(e).__name__}: {e} "
                          f"(set BAPIPE_DEBUG=1 for the traceback)\n")
         return 1
-    finally:
-        signal.signal(signal.SIGTERM, previous)
     if text:
         sys.stdout.write(text.rstrip("\n") + "\n")
     return rc
@@ -351,6 +381,9 @@ def _handle_sigterm():
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             os.kill(os.getpid(), signal.SIGTERM)
             return
+        from .proc import kill_all
+
+        kill_all()   # compilers and simulators of every thread, before the main thread unwinds
         raise Terminated()
 
     return signal.signal(signal.SIGTERM, on_term)
@@ -398,6 +431,37 @@ def _check_dependent(parser: argparse.ArgumentParser, args, argv: list[str]) -> 
     for cmd, dest, opt, applies, needs in _DEPENDENT:
         if cmd == args.command and dest in given and not applies(args):
             raise SpecError(None, None, opt, f"{needs}; it has no effect here")
+
+
+#: arguments that name a file or folder (checked up front by _check_paths)
+PATH_ARGS = {"output": "-o", "plan": "PLAN", "model": "MODEL", "cluster": "CLUSTER", "measured": "--profile",
+             "build": "BUILD", "trace": "--trace", "gantt": "--gantt", "log": "--log", "checkpoint": "--checkpoint",
+             "resume": "--resume"}
+#: longest file or folder name accepted: Linux file systems take 255 bytes (NAME_MAX), and
+#: commands write beside an output under a longer name (gen's ``.<name>.gen-<pid>``)
+MAX_PATH_NAME = 200
+#: longest path accepted (PATH_MAX is 4096 bytes, the generated files go below it)
+MAX_PATH = 3000
+
+
+def _check_paths(args) -> None:
+    """A path no file system takes (a 300-character name, a NUL) is refused in one line
+    before any work, instead of failing with ENAMETOOLONG halfway."""
+    for dest, opt in PATH_ARGS.items():
+        v = getattr(args, dest, None)
+        if not isinstance(v, (str, Path)):
+            continue
+        text = str(v)
+        raw = os.fsencode(text)
+        shown = text if len(text) <= 60 else text[:40] + "..." + text[-12:]
+        if b"\0" in raw:
+            raise SpecError(None, None, opt, f"expected a path, got one with a NUL character: {shown!r}")
+        longest = max((len(c) for c in raw.split(b"/")), default=0)
+        if longest > MAX_PATH_NAME:
+            raise SpecError(None, None, opt, f"expected file and folder names of at most {MAX_PATH_NAME} bytes, "
+                                             f"got one of {longest}: {shown!r}")
+        if len(raw) > MAX_PATH:
+            raise SpecError(None, None, opt, f"expected a path of at most {MAX_PATH} bytes, got {len(raw)}")
 
 
 def _check_new_output(args) -> None:

@@ -10,7 +10,18 @@ generated identifier to its layer.
 same answer without passing a table around. Names that already are identifiers (every zoo
 and YAML name) are returned unchanged; any other name becomes its readable part plus a
 short hash of the whole name, which keeps two names apart that differ only in punctuation
-(``a.b`` and ``a/b``).
+(``a.b`` and ``a/b``). Identifiers are bounded (``MAX_IDENT``): a 10,000-character
+name, legal or not, becomes its first ``MAX_BASE`` characters plus the hash, so file names
+and tool symbols built from it stay short.
+
+Names are data, never code: where generated text shows an original name (a comment, a
+string, a report line in C++, Verilog, TCL, a Makefile or a .cfg), it goes through ``shown``,
+which keeps a bounded run of characters that mean nothing in any of those languages
+(letters, digits and ``_ . : / + = @ -``; no quote, backslash, ``*``, ``#``, ``%``, ``$``,
+brace, bracket, newline or non-ASCII character) and marks any change with the hash of the
+whole name. ``legal`` and ``shown`` are the one way a user-provided name reaches generated
+text (tests/test_names_injection.py feeds hostile names through ``gen`` and compiles the
+result).
 """
 from __future__ import annotations
 
@@ -42,11 +53,25 @@ wand weak0 weak1 wire wor xnor
 
 #: longest readable part kept before the hash (tools print module names; keep them short)
 MAX_BASE = 48
+#: longest identifier ``legal`` returns (a longer legal name is shortened like an illegal one)
+MAX_IDENT = 64
+#: longest readable part ``shown`` keeps
+MAX_SHOWN = 64
+_SHOWN_OK = re.compile(r"[A-Za-z0-9_.:/+=@ -]")
 
 
 def is_legal(name: str) -> bool:
     """True when ``name`` is usable as is in C++ and Verilog (and as a file name)."""
-    return bool(_IDENT.match(name)) and name not in RESERVED and not name.startswith("__")
+    return (bool(_IDENT.match(name)) and name not in RESERVED and not name.startswith("__")
+            and len(name) <= MAX_IDENT)
+
+
+def is_board_name(name: str) -> bool:
+    """A cluster's board name: an identifier of at most ``MAX_IDENT`` characters. Generated
+    code always adds a prefix or suffix to it (``<board>_top``, ``u_<board>``,
+    ``link/<board>.cfg``), so a keyword such as ``small`` is fine; anything else (a quote,
+    a newline, a ``/``) is refused where the cluster is read."""
+    return bool(_IDENT.match(name)) and len(name) <= MAX_IDENT and not name.startswith("__")
 
 
 def legal(name: str) -> str:
@@ -58,7 +83,28 @@ def legal(name: str) -> str:
     base = re.sub(r"[^A-Za-z0-9]+", "_", name).strip("_")[:MAX_BASE].strip("_")
     if not base or base[0].isdigit():
         base = "n_" + base if base else "n"
-    return f"{base}_{hashlib.sha1(name.encode()).hexdigest()[:8]}"
+    return f"{base}_{_hash(name)}"
+
+
+def _hash(name: str) -> str:
+    # surrogatepass: a YAML or ONNX string may hold a lone surrogate; it still has one hash
+    return hashlib.sha1(name.encode("utf-8", "surrogatepass")).hexdigest()[:8]
+
+
+def shown(name) -> str:
+    """``name`` as it may appear inside a comment or string literal of generated C++,
+    Verilog, TCL, Makefile or .cfg text: one line of at most ``MAX_SHOWN`` + 9 characters
+    that can neither end the comment or string nor start a new one (module docstring).
+    Returned unchanged when it already is such text; otherwise every other character
+    becomes ``_``, the text is cut to ``MAX_SHOWN`` characters and ``~`` plus the 8-digit
+    hash of the whole name is appended, so two names that differ only in what was
+    replaced still read apart."""
+    name = str(name)
+    keep = "".join(c if _SHOWN_OK.match(c) else "_" for c in name)
+    keep = keep.replace("  ", "_ ")   # no runs of spaces (a name is one token to the reader)
+    if keep == name and len(name) <= MAX_SHOWN and name.strip() == name and name:
+        return name
+    return f"{keep[:MAX_SHOWN].strip()}~{_hash(name)}"
 
 
 def name_map(names) -> dict[str, str]:

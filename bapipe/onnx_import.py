@@ -1045,6 +1045,8 @@ class _Importer:
             wd = self.full_shape(data, node)
             if len(wd) != 2 or axis != 0:
                 raise self.err(node, "an embedding Gather needs a 2-D table and axis=0")
+            if idx not in self.index_tensors:   # ONNX's Gather takes int32/int64 indices only
+                raise self.err(node, f"an embedding Gather needs integer indices (int32 or int64); '{idx}' is float")
             self.emit(node, out, "embedding", [self.use(idx, node)], {"vocab": wd[0], "dim": wd[1]}, [data],
                       weight=data, like=idx)
             return
@@ -1197,12 +1199,65 @@ def _infer(file: str):
     return infer
 
 
+#: oldest default-domain opset the importer reads (PyTorch's legacy exporter writes 7 and up)
+MIN_OPSET = 7
+
+
+def check_proto(model, file: str) -> None:
+    """Refuse, in one line, a ModelProto that is not a model this importer can read at all:
+    no graph (an empty or 0-byte file parses as one), no inputs, nodes or outputs, or a
+    default-domain opset outside what the installed onnx package defines (an opset 99
+    file would be read by opset-23 rules: a silent misreading)."""
+    import onnx
+
+    g = model.graph
+    inits = {t.name for t in g.initializer}
+    if not g.node or not g.output or not [i for i in g.input if i.name not in inits]:
+        what = ", ".join(w for w, ok in (("inputs", [i for i in g.input if i.name not in inits]),
+                                         ("nodes", g.node), ("outputs", g.output)) if not ok)
+        raise SpecError(file, None, "graph", f"expected a graph with inputs, nodes and outputs; it has no {what}")
+    for t in g.initializer:
+        _check_initializer(t, file)
+    newest = onnx.defs.onnx_opset_version()
+    for o in model.opset_import:
+        if o.domain in ("", "ai.onnx") and not MIN_OPSET <= o.version <= newest:
+            raise SpecError(file, None, "opset_import", f"expected a default-domain opset from {MIN_OPSET} to {newest} "
+                                                        f"(onnx {onnx.__version__}), got {o.version}")
+
+
+#: element types whose stored bytes are whole elements (packed 2/4/6-bit types are not checked)
+_BYTE_TYPES = {1: 4, 2: 1, 3: 1, 4: 2, 5: 2, 6: 4, 7: 8, 9: 1, 10: 2, 11: 8, 12: 4, 13: 8, 16: 2}
+
+
+def _check_initializer(t, file: str) -> None:
+    """An initializer's dims are >= 0 and its inline data holds exactly that many elements
+    (a cut file or a hand edit once reached numpy's reshape as a ValueError)."""
+    import onnx
+
+    if any(d < 0 for d in t.dims):
+        raise SpecError(file, None, "graph.initializer", f"'{t.name}' has a negative dim {list(t.dims)}")
+    if t.data_location == onnx.TensorProto.EXTERNAL or t.data_type not in _BYTE_TYPES:
+        return
+    n = prod(t.dims)
+    if t.raw_data:
+        got = len(t.raw_data) // _BYTE_TYPES[t.data_type]
+        if len(t.raw_data) != n * _BYTE_TYPES[t.data_type]:
+            raise SpecError(file, None, "graph.initializer", f"'{t.name}' has dims {list(t.dims)} ({n} elements) "
+                                                             f"but {len(t.raw_data)} bytes of data ({got} elements)")
+        return
+    got = sum(len(f) for f in (t.float_data, t.int32_data, t.int64_data, t.double_data, t.uint64_data))
+    if got != n:
+        raise SpecError(file, None, "graph.initializer", f"'{t.name}' has dims {list(t.dims)} ({n} elements) "
+                                                         f"but holds {got} values")
+
+
 def import_model_proto(model, file: str = "<onnx>", opaque: dict[str, tuple[float, float]] | None = None) -> Model:
     """Import an in-memory ONNX ModelProto (weights need not be loaded)."""
     import onnx
 
     from .onnx_fold import fold_constants, light_copy
 
+    check_proto(model, file)
     m = onnx.ModelProto()
     m.CopyFrom(model)
     _fix_batch(m)
@@ -1229,6 +1284,8 @@ def load_onnx(path: str, opaque: dict[str, tuple[float, float]] | None = None) -
     p = Path(path)
     if not p.is_file():
         raise SpecError(path, None, None, "expected an ONNX file, got a folder" if p.is_dir() else "file not found")
+    if p.stat().st_size == 0:
+        raise SpecError(path, None, None, "expected an ONNX model, got an empty file (0 bytes)")
     try:
         model = onnx.load(str(p), load_external_data=False)
     except Exception as e:  # DecodeError and friends: not an ONNX file

@@ -25,6 +25,7 @@ from __future__ import annotations
 import csv
 import difflib
 import io
+import json
 import math
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,8 @@ TIME_FIELDS = {"fwd": {"fwd_s": 1.0, "fwd_ms": 1e-3, "fwd_us": 1e-6, "forward_co
 BYTE_FIELDS = {"activation_bytes": "activation_bytes", "activation_size": "activation_bytes",
                "param_bytes": "param_bytes", "parameter_size": "param_bytes"}
 NAME_FIELDS = ("name", "layer")
+#: longest time a profile may give one layer for its batch (an hour: real layers take ms)
+MAX_LAYER_S = 3600.0
 
 Entry = dict[str, float]
 
@@ -87,6 +90,9 @@ def _entry(loc: _Loc, rec: dict[str, Any]) -> tuple[str, Entry]:
                                        + (f"; got {', '.join(given)}" if given else ""))
         k = given[0]
         out[f"{kind}_s"] = _number(loc, k, rec[k], False) * fields[k]
+        if out[f"{kind}_s"] > MAX_LAYER_S:   # 1e300 ms once made a plan every later command refused
+            raise loc.err(k, f"expected at most {MAX_LAYER_S:g} s for one layer on the profiled batch, "
+                             f"got {out[f'{kind}_s']:g} s")
     for k, canon in BYTE_FIELDS.items():
         if k in rec and rec[k] not in (None, ""):
             if canon in out:
@@ -237,13 +243,16 @@ def load_profiles(path: str, model: Model, batch: int | None = None,
     return result
 
 
-def load_profile(path: str, model: Model, board: str | None = None, batch: int | None = None) -> dict[str, Entry]:
+def load_profile(path: str, model: Model, board: str | None = None, batch: int | None = None,
+                 require_batch: bool = False) -> dict[str, Entry]:
     """One profile: {layer: {fwd_s, bwd_s, activation_bytes, param_bytes}} in model order.
 
     A file without boards serves every board. A file with boards needs ``board`` (unless it
     has exactly one); naming a board it lacks is a SpecError listing the ones it has.
+    ``require_batch`` as in :func:`load_profiles` (every command line reads with it: `bapipe
+    profile` and `bapipe plan` take a file by the same rule).
     """
-    all_ = load_profiles(path, model, batch)
+    all_ = load_profiles(path, model, batch, require_batch)
     if None in all_:
         return all_[None]
     if board is None:
@@ -380,15 +389,18 @@ def import_pipedream_graph(path: str, batch: int, bytes_per_element: int = 4,
     def elems(nbytes: float) -> int:
         return max(1, int(round(nbytes / batch / bytes_per_element)))
 
+    # names are data: quoted as JSON strings (valid YAML), so a node id such as 'true', 'null',
+    # '12' or 'a: b' stays the string it is instead of becoming a bool, None, int or mapping
+    q = json.dumps
     mname = name or Path(path).stem
     mlines = [f"# imported from PipeDream profiler output {Path(path).name} (batch {batch}, "
               f"{bytes_per_element} bytes per element) by bapipe.profiles.import_pipedream_graph",
-              f"name: {mname}", "inputs:"]
+              f"name: {q(mname)}", "inputs:"]
     for n in inputs:
-        mlines.append(f"  - {{name: {n}, shape: [{elems(nodes[n][1]['activation_size'])}]}}")
+        mlines.append(f"  - {{name: {q(n)}, shape: [{elems(nodes[n][1]['activation_size'])}]}}")
     mlines.append("layers:")
     plines = [f"# measured times and bytes from {Path(path).name}, as PipeDream recorded them",
-              f"model: {mname}", f"batch: {batch}", "layers:"]
+              f"model: {q(mname)}", f"batch: {batch}", "layers:"]
     for n in order:
         if n in inputs:
             continue
@@ -396,14 +408,32 @@ def import_pipedream_graph(path: str, batch: int, bytes_per_element: int = 4,
         params = int(round(v["parameter_size"] / bytes_per_element))
         # the per-sample fwd_s/bwd_s of the opaque layer are informational: the profile's
         # measured times (for the whole batch) are what the planner uses
-        mlines.append(f"  - {{name: {n}, type: opaque, inputs: [{', '.join(preds[n])}], "
+        mlines.append(f"  - {{name: {q(n)}, type: opaque, inputs: [{', '.join(map(q, preds[n]))}], "
                       f"shape: [{elems(v['activation_size'])}], params: {params}, "
                       f"fwd_s: {v['forward_compute_time'] * 1e-3 / batch:.6g}, "
                       f"bwd_s: {v['backward_compute_time'] * 1e-3 / batch:.6g}}}  # {desc}")
-        plines.append(f"  - {{name: {n}, fwd_ms: {v['forward_compute_time']:g}, "
+        plines.append(f"  - {{name: {q(n)}, fwd_ms: {v['forward_compute_time']:g}, "
                       f"bwd_ms: {v['backward_compute_time']:g}, activation_bytes: {int(round(v['activation_size']))}, "
                       f"param_bytes: {int(round(v['parameter_size']))}}}")
-    return "\n".join(mlines) + "\n", "\n".join(plines) + "\n"
+    model_text, prof_text = "\n".join(mlines) + "\n", "\n".join(plines) + "\n"
+    _check_pair(file, model_text, prof_text)
+    return model_text, prof_text
+
+
+def _check_pair(file: str, model_text: str, prof_text: str) -> None:
+    """Read the written pair back as `bapipe plan` will: what it would refuse is refused now,
+    naming the graph file, instead of an import that writes files the planner rejects."""
+    import tempfile
+
+    from .spec import model_from_text
+
+    try:
+        model = model_from_text(model_text, file)
+        with tempfile.TemporaryDirectory(prefix="bapipe-pd-") as d:
+            (Path(d) / "profile.yaml").write_text(prof_text, encoding="utf-8")
+            load_profiles(str(Path(d) / "profile.yaml"), model, batch=1, require_batch=True)
+    except SpecError as e:
+        raise SpecError(file, None, "graph", f"imports as a model the planner refuses: {e.expected}"[:400]) from None
 
 
 # --- PyTorch profiler per-module table (CSV) -------------------------------------------------
@@ -530,14 +560,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--bytes-per-element", type=int, default=4)
     ap.add_argument("-o", "--output", required=True, help="directory for model.yaml and profile.yaml")
     args = ap.parse_args(argv)
+    out = Path(args.output)
     try:
+        if out.exists() and not out.is_dir():
+            raise SpecError(args.output, None, "-o", "expected a folder for model.yaml and profile.yaml, got a file")
         model_text, prof_text = import_pipedream_graph(args.graph, args.batch, args.bytes_per_element)
-        out = Path(args.output)
         out.mkdir(parents=True, exist_ok=True)
         (out / "model.yaml").write_text(model_text, encoding="utf-8")
         (out / "profile.yaml").write_text(prof_text, encoding="utf-8")
     except SpecError as e:
         print(f"python -m bapipe.profiles: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:   # the folder cannot be made or written
+        print(f"python -m bapipe.profiles: {args.output}: -o: cannot write ({e.strerror or e})", file=sys.stderr)
         return 2
     print(f"wrote {out / 'model.yaml'} and {out / 'profile.yaml'}")
     return 0

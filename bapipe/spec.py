@@ -226,6 +226,11 @@ def parse_model(doc: Any, file: str = "<input>", source: str | None = None) -> M
                 raise lf.err("inputs", f"'{s}' is not an earlier layer or a model input (layers must be in topological order)")
         if len(srcs) > 1 and ltype not in MULTI_INPUT:
             raise lf.err("inputs", f"a {ltype} layer takes one input, got {len(srcs)}")
+        if ltype == "embedding":   # a lookup by token id: a float input would be rounded to a row silently
+            floats = [i.name for i in inputs if i.name in srcs and i.dtype != "int"]
+            if floats:
+                raise lf.err("inputs", f"an embedding reads token ids: model input '{floats[0]}' has dtype float "
+                                       "(declare it with dtype: int)")
         tied = lf.str("tied_to", None) if lf.has("tied_to") else None
         if tied is not None and tied not in {l.name for l in layers}:
             raise lf.err("tied_to", f"'{tied}' is not an earlier layer")

@@ -17,6 +17,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from bapipe.errors import SpecError
+from bapipe.proc import signals_held
 from bapipe.plan import load_plan
 from bapipe.fpga_models.plancheck import resolve
 
@@ -214,15 +215,19 @@ def cmd_gen(args) -> dict:
     try:
         result = generate(args.plan, tmp, getattr(args, "engines", "hls"))
         result["check"] = _physical_check(tmp, getattr(args, "allow_rule_violations", False), text)
-        if target.exists():
-            target.rename(old)  # the previous build stays whole until the new one is in place
-        tmp.rename(target)
+        with signals_held():   # both renames or neither: a signal between them lost the build
+            if target.exists():
+                target.rename(old)  # the previous build stays whole until the new one is in place
+            tmp.rename(target)
     except (FileExistsError, NotADirectoryError, IsADirectoryError, PermissionError, FileNotFoundError) as e:
         # the output folder cannot be made or written: bad -o, not a bug
         raise SpecError(text, None, "-o", f"expected a writable folder: {e.strerror or e}") from None
     finally:  # interrupted, refused or done: no half-written folder is left behind
-        shutil.rmtree(tmp, ignore_errors=True)
-        shutil.rmtree(old, ignore_errors=True)
+        with signals_held():   # a SIGTERM during the removal left a hidden .<name>.old-PID behind
+            if old.exists() and not target.exists():
+                old.rename(target)
+            shutil.rmtree(tmp, ignore_errors=True)
+            shutil.rmtree(old, ignore_errors=True)
     result["output"] = text
     return result
 

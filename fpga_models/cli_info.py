@@ -102,7 +102,9 @@ def cmd_profile(args) -> dict:
     if getattr(args, "measured", None):
         from bapipe.profiles import load_profile
 
-        measured = {t: load_profile(args.measured, model, board=t, batch=args.batch) for t in cluster.board_types()}
+        # require_batch: the planner's rule; a file without its batch once read as batch 1 here (64x off)
+        measured = {t: load_profile(args.measured, model, board=t, batch=args.batch, require_batch=True)
+                    for t in cluster.board_types()}
     from bapipe.fpga_models.cost import profile_layer
 
     bpe = bytes_per_element(args.format)

@@ -36,6 +36,7 @@ from typing import Any
 import yaml
 
 from bapipe.errors import SpecError
+from bapipe.names import MAX_IDENT, is_board_name, shown
 from bapipe.yamlio import Fields, Node, NodeList, _kind, load_file, loads
 
 from .boards import BOARDS, Board, FrozenMap, board_overrides, read_int, read_number, with_overrides
@@ -373,6 +374,9 @@ def parse_cluster(node: Any, file: str | None = None) -> Cluster:
             raise item.error("type", f"unknown board type {btype!r}; expected one of {', '.join(BOARDS)}")
         board = BOARDS[btype]
         bname = bf.str("name", None)
+        if bname is not None and not is_board_name(bname):   # it names files, modules and kernels
+            raise item.error("name", f"expected a board name of letters, digits and '_' not starting with a digit "
+                                     f"(at most {MAX_IDENT} characters), got {shown(bname)!r}")
         count = read_int(item, "count", minimum=1, maximum=MAX_BOARDS) if bf.has("count") else 1
         if bname is not None and count != 1:
             raise item.error("count", "a board with a name stands for one board; drop the name to generate "

@@ -17,7 +17,7 @@ from typing import Any
 
 from bapipe.errors import SpecError
 from bapipe.plan import Folding, Plan, Stage
-from bapipe.schedules import ASYNC
+from bapipe.schedules import ASYNC, MAX_MICROBATCHES
 
 def resolve(plan: Plan, plan_file: str | None = None):
     """Load the plan's model and cluster and check they are the ones it was made for.
@@ -97,6 +97,9 @@ def validate(plan: Plan, model, cluster, plan_file: str = "plan.yaml", strict: b
 
 def _check_batch(plan: Plan, err) -> None:
     """Batch fields: global_batch = microbatches x microbatch_size, chunks only when interleaved."""
+    if not 1 <= plan.microbatches <= MAX_MICROBATCHES:   # gen's accumulators, sim's op count, run's replays
+        raise err("microbatches", f"expected 1..{MAX_MICROBATCHES} micro-batches (the bound `bapipe plan` "
+                                  f"keeps), got {plan.microbatches}")
     if plan.global_batch != plan.microbatches * plan.microbatch_size:
         raise err("global_batch", f"expected microbatches x microbatch_size = {plan.microbatches} x "
                                   f"{plan.microbatch_size} = {plan.microbatches * plan.microbatch_size}, "

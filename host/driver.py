@@ -21,6 +21,7 @@ from bapipe.errors import SpecError
 from bapipe.plan import Plan, load_plan
 from bapipe.fpga_models.plancheck import resolve
 
+from . import diverge
 from .data import epoch_order, load_digits
 from .optim import DEFAULT_LR_SCHEDULE, LR_SCHEDULES, default_lr, lr_factor
 from .pipeline import (Layout, Pipeline, PipelineFailure, TrainingDiverged, _write_log,
@@ -213,6 +214,7 @@ def train(plan: str | Path | Plan, backend: str = "numpy", epochs: int | None = 
     train_wall = 0.0
     samples = 0
     final_loss = float("nan")
+    first_loss = None   # the run's first loss: host/diverge.py measures divergence from it
     bar = _Progress(progress, total=max(0, (epochs - start_epoch) * iters_per_epoch - start_iter))
     if ray:
         from .ray_mode import RayPipeline as _P
@@ -272,6 +274,10 @@ def train(plan: str | Path | Plan, backend: str = "numpy", epochs: int | None = 
                 if not np.isfinite(r["loss"]):
                     raise TrainingDiverged(f"training diverged: loss {r['loss']} at epoch {epoch + 1}, "
                                            f"iteration {i} (lr {lr:g}); lower --lr")
+                why = diverge.loss_diverged(r["loss"], first_loss, epoch, i, lr)
+                if why:
+                    raise TrainingDiverged(why)
+                first_loss = r["loss"] if first_loss is None else first_loss
                 ledger[epoch].append(idx)
                 train_wall += r["wall_s"]
                 samples += r["samples"]
@@ -296,7 +302,13 @@ def train(plan: str | Path | Plan, backend: str = "numpy", epochs: int | None = 
             if checkpoint:
                 ckpt.save(checkpoint, plan, pipe.get_state(), epoch, 0, seed)
         logits = pipe.predict(0, np.array_split(data.x_test, m))
-        acc = float(np.mean(np.argmax(logits.reshape(len(data.y_test), -1), axis=1) == data.y_test))
+        z = logits.reshape(len(data.y_test), -1)
+        acc = float(np.mean(np.argmax(z, axis=1) == data.y_test))
+        full = sum(1 for h in history if h["iterations"] == iters_per_epoch)
+        why = diverge.learned_nothing(acc, z.shape[1], first_loss, history[-1]["mean_loss"] if history else None,
+                                      full, lr)
+        if why:
+            raise TrainingDiverged(why)
         utilisation = [b / train_wall if train_wall else 0.0 for b in pipe.busy]
     except (PipelineFailure, TrainingDiverged, KeyboardInterrupt):  # KeyboardInterrupt: also SIGTERM
         if log:  # the iterations that did run are what a failure is debugged from

@@ -42,6 +42,19 @@ def _equal(a: dict, b: dict) -> tuple[bool, str | None]:
     return True, None
 
 
+def _check_divergence(losses: list[float], per_epoch: int, lr: float) -> None:
+    """The numpy run's losses by host/diverge.py's loss rule (the hardware's weights equal it)."""
+    from . import diverge
+    from .pipeline import TrainingDiverged
+
+    for it, loss in enumerate(losses):
+        why = (f"training diverged: loss {loss} at epoch {it // per_epoch + 1}, iteration {it % per_epoch} "
+               f"(lr {lr:g}); lower --lr") if not np.isfinite(loss) else \
+            diverge.loss_diverged(loss, losses[0], it // per_epoch, it % per_epoch, lr)
+        if why:
+            raise TrainingDiverged(why)
+
+
 def train_on_hardware(plan, model, cluster, backend: str, epochs: int, lr: float | None, seed: int = 0,
                       options: dict | None = None, max_iterations: int | None = None,
                       plan_file: str = "plan.yaml", log: str | None = None, checkpoint: str | None = None,
@@ -92,8 +105,11 @@ def train_on_hardware(plan, model, cluster, backend: str, epochs: int, lr: float
     from .optim import lr_factor
 
     n_epochs = (total + per_epoch - 1) // per_epoch
-    consts = T.sgd_schedule(lr, 0.9, b, tf, [lr_factor(lr_schedule, e, epochs) for e in range(max(1, n_epochs))],
-                            per_epoch)
+    try:
+        consts = T.sgd_schedule(lr, 0.9, b, tf, [lr_factor(lr_schedule, e, epochs) for e in range(max(1, n_epochs))],
+                                per_epoch)
+    except ValueError as e:   # a rate the integer update cannot represent
+        raise SpecError(None, None, "--lr", str(e)) from None
     master0 = fixed_master_params(model, 0, len(model.layers) - 1, seed, tf)
 
     # the numpy fixed16 run (the reference the hardware must equal)
@@ -106,6 +122,7 @@ def train_on_hardware(plan, model, cluster, backend: str, epochs: int, lr: float
         losses.append(info["loss"] / b)
         logits.append(info["logits"].reshape(len(i), -1))
     numpy_s = time.perf_counter() - t0
+    _check_divergence(losses, per_epoch, lr)   # before the hardware run: a diverging rate wastes minutes there
 
     all_idx = np.concatenate(idx) if idx else np.zeros(0, np.int64)
     ref_logits = np.concatenate(logits) if logits else np.zeros((0, model.layers[-1].out_elems), np.int64)
@@ -149,11 +166,19 @@ def train_on_hardware(plan, model, cluster, backend: str, epochs: int, lr: float
 
     hw_logits = np.asarray(got.get("logits", []), dtype=np.int64).reshape(-1, ref_logits.shape[1])
     outputs_match = hw_logits.shape == ref_logits.shape and bool(np.array_equal(hw_logits, ref_logits))
-    final = hw[-1] if hw else master0
+    final = {l: hw[-1].get(l, d) for l, d in master0.items()} if hw else master0  # layers without weights keep theirs
+    test_acc = accuracy(final)
+    from . import diverge
+    from .pipeline import TrainingDiverged
+
+    why = diverge.learned_nothing(test_acc, int(ref_logits.shape[1]), losses[0] if losses else None,
+                                  float(np.mean(losses[-per_epoch:])) if losses else None, total // per_epoch, lr)
+    if why:
+        raise TrainingDiverged(why)
     return {
         "backend": backend, "epochs": epochs, "iterations": total,
         "final_loss": float(np.mean(losses[-per_epoch:])) if losses else None,
-        "test_accuracy": accuracy(final), "numpy_test_accuracy": accuracy(ref[-1] if ref else master0),
+        "test_accuracy": test_acc, "numpy_test_accuracy": accuracy(ref[-1] if ref else master0),
         "weights_match": bool(per_epoch_match) and all(per_epoch_match), "weights_match_per_epoch": per_epoch_match,
         "first_mismatch": first_bad, "outputs_match": outputs_match,
         "samples_per_s": total * b / hw_s if hw_s else 0.0, "numpy_s": numpy_s, "hardware_s": hw_s,

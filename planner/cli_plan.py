@@ -24,7 +24,9 @@ def parse_partition(text: str, n: int) -> list[tuple]:
     out = []
     for part in str(text).split(","):
         part = part.strip()
-        rng, _, boards = part.partition("@")
+        rng, at, boards = part.partition("@")
+        if at and not boards.strip():   # '0-4@' once dropped the empty list and placed the range anywhere
+            raise SpecError(None, None, "--partition", f"expected board names after '@' in {part!r}")
         rng, _, reps = rng.partition("x")
         try:
             if "-" in rng:
@@ -129,6 +131,20 @@ def parse_meshes(text) -> tuple[int, ...] | None:
     return ks
 
 
+def _check_result(plan, model, cluster, args) -> None:
+    """The plan passes the check every later command applies (fpga_models.plancheck): inputs
+    the search accepts but that make an out-of-range plan (a profile's huge times) are
+    refused here, before a plan is written that `bapipe sim` and `gen` would refuse."""
+    from bapipe.fpga_models.plancheck import validate
+
+    try:
+        validate(plan, model, cluster, str(args.output))
+    except SpecError as e:
+        src = getattr(args, "measured", None) or args.model
+        raise SpecError(str(src), None, None, f"the plan made from it is out of range ({e.field}: "
+                                              f"{e.expected})"[:400]) from None
+
+
 def cmd_plan(args):
     """Plan MODEL on CLUSTER, write plan.yaml, return the --json object."""
     from bapipe.onnx_import import parse_opaque
@@ -149,6 +165,7 @@ def cmd_plan(args):
     if getattr(args, "pareto", False):
         from .pareto import pareto_plans
         out.pareto = pareto_plans(model, cluster, replace(req, global_batch=out.plan.global_batch))
+    _check_result(out.plan, model, cluster, args)
     try:
         out.plan.save(args.output)
     except OSError as e:
@@ -195,7 +212,7 @@ def peer_layout(args, model, cluster, req: Request) -> tuple[Request, dict]:
                                                     f"(its two levels); {cluster.name} has "
                                                     f"{len({cb.host for cb in cluster.boards})} host(s)")
     levels, cols = lv
-    inp = peer_input(model, load_profile(args.measured, model))
+    inp = peer_input(model, load_profile(args.measured, model, require_batch=True))
     peer_s, peer_stages = solve(inp, levels)
     peer_priced = price(inp, peer_stages, levels)
     ours_s, stages = search(inp, levels, bound=peer_priced)

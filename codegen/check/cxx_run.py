@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bapipe import toolchain
+from bapipe import proc, toolchain
 from bapipe.errors import SpecError
 from bapipe.fpga_models import fixedpoint as fx
 
@@ -107,7 +107,11 @@ def compile_sources(sources: list[Path], include_dirs: list[Path], cache: Path, 
     cmd = [cxx, *flags, "-isystem", str(ap), *[f"-I{d}" for d in include_dirs], *map(str, sources),
            "-o", str(tmp)]
     t0 = time.perf_counter()
-    r = subprocess.run(cmd, capture_output=True, text=True)
+    try:   # g++ and its cc1plus in one process group: an interrupted csim stops them all
+        r = proc.run(cmd, capture_output=True, text=True)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     dt = time.perf_counter() - t0
     if r.returncode != 0:
         raise RuntimeError(f"g++ failed for {name}:\n{r.stderr[-4000:]}")
@@ -201,7 +205,7 @@ def read_stats(path: Path) -> dict:
 def _run(cmd: list[str], stats: Path, env: dict | None = None, **kw) -> subprocess.CompletedProcess:
     """Run a csim binary with $BAPIPE_CSIM_STATS set; a deadlock or leftover data raises."""
     env = {**os.environ, **(env or {}), "BAPIPE_CSIM_STATS": str(stats)}
-    r = subprocess.run(cmd, capture_output=True, text=True, env=env, **kw)
+    r = proc.run(cmd, capture_output=True, text=True, env=env, **kw)
     if r.returncode in (DEADLOCK_EXIT, LEFTOVER_EXIT):
         line = next((l for l in r.stderr.splitlines() if l.startswith(("BAPIPE_DEADLOCK", "BAPIPE_LEFTOVER"))),
                     r.stderr.strip()[-500:])

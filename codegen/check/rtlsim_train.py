@@ -14,12 +14,12 @@ import fcntl
 import hashlib
 import json
 import os
-import subprocess
 import time
 from pathlib import Path
 
 import numpy as np
 
+from bapipe import proc
 from bapipe.errors import SpecError
 
 #: most iterations one run simulates (the testbench's input memories are sized for it)
@@ -118,7 +118,7 @@ def build_sim(rtl: Path, man: dict, cache: Path, max_iterations: int = MAX_ITERA
                f'+define+BAPIPE_MEM_DIR="{run_dir.resolve()}/"', f'+define+BAPIPE_DUMP_DIR="{run_dir.resolve()}/"',
                f'+define+BAPIPE_TB_DIR="{run_dir.resolve()}/"', "+define+BAPIPE_TRAIN_DUMP",
                *[str(src / n) for n in sorted(files)], str(src / "main.cpp")]
-        r = subprocess.run(cmd, capture_output=True, text=True, env=env)
+        r = proc.run(cmd, capture_output=True, text=True, env=env)   # make, g++: one group
         (d / "build.log").write_text(r.stdout + r.stderr)
         if r.returncode != 0 or not exe.exists():
             raise RuntimeError(f"Verilator could not build the training testbench (see {d / 'build.log'})")
@@ -142,7 +142,7 @@ def run_sim(d: Path, rtl: Path, man: dict, x_stream: np.ndarray, dy_stream: np.n
         (run_dir / "x.hex").write_text(_vec_hex(x_stream, elem_w))
         (run_dir / "dy.hex").write_text(_vec_hex(dy_stream, elem_w))
         t0 = time.perf_counter()
-        r = subprocess.run([str(d / "obj" / "Vtrain_tb"), str(max_cycles + RESET_CYCLES + 10), f"+n={len(x_stream)}",
+        r = proc.run([str(d / "obj" / "Vtrain_tb"), str(max_cycles + RESET_CYCLES + 10), f"+n={len(x_stream)}",
                             f"+iters={iterations}", f"+max={max_cycles}"], capture_output=True, text=True, cwd=run_dir)
         wall = time.perf_counter() - t0
         if r.returncode != 0:

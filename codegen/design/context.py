@@ -14,7 +14,7 @@ import numpy as np
 
 from bapipe.errors import SpecError
 from bapipe.layers import Layer, prod
-from bapipe.names import legal
+from bapipe.names import legal, shown
 from bapipe.plan import Folding, Plan, Stage
 from bapipe.fpga_models import fixedpoint as fx
 from bapipe.fpga_models.allocate import WEIGHT_ROM_LIMIT
@@ -416,7 +416,7 @@ def layer_ctx(l: Layer, fo: Folding, params: dict[str, np.ndarray], fmt: str = "
     cid = ident(l.name)
     t = l.type
     ins = " + ".join(_shape_str(s) for s in l.in_shapes)
-    desc = f"{l.name}: {t} {ins} -> {_shape_str(l.out_shape)}"
+    desc = f"{shown(l.name)}: {t} {ins} -> {_shape_str(l.out_shape)}"
     weights: list[WeightArray] = []
     n_in = 1
     if t in ("dense", "conv2d"):

@@ -15,7 +15,6 @@ drops a frame for want of room. Channel ``k`` is the XUP VNx socket index carrie
 """
 from __future__ import annotations
 
-import re
 
 from bapipe.fpga_models.engines import LINK_BEAT_BITS
 
@@ -48,7 +47,9 @@ def net_board_kernel(board: str, port: int) -> str:
     (codegen.package.network.net_kernels): its stream widths, sample lengths and window sizes are that
     port's channels', so every board port is its own kernel (the RTL module inside is
     ``net_kernel(tx, rx)``'s shape, renamed ``<kernel>_core``)."""
-    return f"bapipe_net_{re.sub(r'[^0-9A-Za-z_]', '_', board)}_q{port}"
+    from bapipe.names import legal   # the one way a board name becomes an identifier
+
+    return f"bapipe_net_{legal(board)}_q{port}"
 
 
 def net_instance(port: int) -> str:

@@ -59,7 +59,9 @@ class StashBuf:
 
 
 def _ident(t: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_]", "_", t)
+    from bapipe.names import legal   # the one way a tensor name becomes an identifier
+
+    return legal(t)
 
 
 def _layer_nodes(sc, layer: str, node_out: dict[str, str], design_stage) -> list[str]:

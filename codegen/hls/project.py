@@ -37,14 +37,26 @@ DEFAULT_CLOCK_HZ = 300e6
 
 def environment() -> jinja2.Environment:
     """The Jinja environment: strict (a missing field is an error), whitespace-tidy."""
-    return jinja2.Environment(loader=templates.loader("hls"), undefined=jinja2.StrictUndefined,
-                              trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True,
-                              autoescape=False)
+    from bapipe.names import shown
+
+    env = jinja2.Environment(loader=templates.loader("hls"), undefined=jinja2.StrictUndefined,
+                             trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True,
+                             autoescape=False)
+    env.filters["shown"] = shown   # a model's own names in comments and strings (bapipe.names)
+    return env
 
 
 def comment(lines: list[str], marker: str) -> str:
     """The provenance header as comment lines."""
-    return "\n".join(f"{marker} {l}" for l in lines)
+    from bapipe.names import shown
+
+    return "\n".join(f"{marker} {_one_line(l, shown)}" for l in lines)
+
+
+def _one_line(line: str, shown) -> str:
+    """A header line with every word a name could bring in (the model and cluster files'
+    paths, a model's name) shown safely: words already safe stay as written."""
+    return " ".join(w if shown(w) == w else shown(w) for w in line.split(" "))
 
 
 def _clock_ns(board_type: str, cluster) -> float:

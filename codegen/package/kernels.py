@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from bapipe.errors import SpecError
+from bapipe.names import shown
 
 ENGINES = ("hls", "rtl")
 KERNELS = "rtl/kernels"
@@ -106,7 +107,7 @@ def rtl_kernels(d, main: dict[str, str] | None = None) -> tuple[list[RtlKernel],
         down = {"count_w": _bits(ratio)} if ratio > 1 else None
         cnt_w = 32 + _bits(max(k.in_beats, k.out_beats))
         files[f"{d}/{name}.v"] = render_template(
-            "kernel_top", plan_hash, kernel=name, index=ps.index, layers=", ".join(ps.layers), in_port=k.in_port,
+            "kernel_top", plan_hash, kernel=name, index=ps.index, layers=", ".join(map(shown, ps.layers)), in_port=k.in_port,
             out_port=k.out_port, elem_w=ew, in_beats=k.in_beats, out_beats=k.out_beats, core=core,
             core_in_w=st.in_lanes * ew, core_out_w=k.core_out_w, down=down, cnt_w=cnt_w,
             pos_w=_bits(max(k.in_beats, k.out_beats) - 1))

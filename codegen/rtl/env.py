@@ -19,7 +19,9 @@ GENERATOR_VERSION = "0.1.0"
 @lru_cache(maxsize=1)
 def rtl_env() -> jinja2.Environment:
     """The Jinja environment for Verilog templates (delimiters that never clash with Verilog)."""
-    return jinja2.Environment(
+    from bapipe.names import shown
+
+    env = jinja2.Environment(
         loader=templates.loader("rtl"),
         block_start_string="[%", block_end_string="%]",
         variable_start_string="[@", variable_end_string="@]",
@@ -27,6 +29,8 @@ def rtl_env() -> jinja2.Environment:
         trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True,
         undefined=jinja2.StrictUndefined, autoescape=False,
     )
+    env.filters["shown"] = shown   # a model's own names in comments and strings (bapipe.names)
+    return env
 
 
 def render_template(name: str, plan_hash: str = "none", **ctx) -> str:

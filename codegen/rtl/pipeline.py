@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bapipe.names import legal, name_map
+from bapipe.names import legal, name_map, shown
 
 from bapipe.codegen.design.dataflow import (MvuSpec, Pipeline, clog2, count_bits, link_transport, timing_model,
                                             verilog_hex)
@@ -77,7 +77,7 @@ def _sequencer_ctx(b) -> dict | None:
         "n_units": len(units), "n_stages": len(tm), "unit_w": unit_w,
         "weight_params": [("N_REQ", len(words) + len(fills)), ("SEL_W", unit_w + 1), ("CNT_W", w_cnt),
                           ("WORDS", pack_unsigned(words + fills, w_cnt))],
-        "units": [f"{u.layer}" for u in units],
+        "units": [shown(u.layer) for u in units],
         "unit_fire": [f"s{st.index}_c{u.out_wire}" for st in tm for u in st.units],
         "in_fire": [f"s{st.index}_c{st.in_wire}" for st in tm],
         "params": [("N_UNITS", len(units)), ("N_STAGES", len(tm)), ("UNIT_W", unit_w),

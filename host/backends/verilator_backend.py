@@ -160,21 +160,33 @@ def train_iterations(plan, model, cluster, master, x_q, labels, dy, iterations: 
         raise BackendUnavailable(f"backend verilator: {e}") from None
     if out["overflow"]:
         raise BackendUnavailable("backend verilator: a link receiver overflowed during training")
-    weights = []
-    for snap in out["weights"]:
-        it = {}
-        for l in man["dense"]:
-            if l["name"] in snap:
-                it[l["name"]] = {"w": from_tile_order(snap[l["name"]]["w"], l["mh"], l["mw"], l["pe"],
-                                                                l["simd"]),
-                                 "b": np.asarray(snap[l["name"]]["b"], np.int64)}
-        weights.append(it)
+    weights = [{l["name"]: host_layout(l, snap[l["name"]]) for l in man["dense"] if l["name"] in snap}
+               for snap in out["weights"]]
     done = all(len(out["iters"].get(b, [])) >= iterations for b in range(len(man["boards"])))
     options["sim_s"] = out["wall_s"]
     options["compile_s"] = compile_s
     return {"weights": weights, "logits": [v for _, v in out["outputs"]],
             "iteration_cycles": rtlsim_train.iteration_cycles(out["iters"], iterations) if done else None,
             "plan_iteration_cycles": man.get("plan_iteration_cycles"), "compile_s": compile_s}
+
+
+def host_layout(entry: dict, snap: dict) -> dict:
+    """One layer's weights read back from the training RTL (``snap``: its ``w`` in tile order
+    and ``b``) in the host's layout (:func:`host.program.fixed_master_params`), the layout
+    host/train_hw.py compares with numpy's and computes the test accuracy from: conv ``w``
+    (O, C, kh, kw), not the engine's (O, kh*kw*C) matrix; batchnorm ``scale``/``shift``; no
+    ``b`` for a layer without bias (the engine's stays 0). ``entry``: the layer's record in
+    the training manifest's ``dense`` list (as rtl_train.reference_from_build reads it)."""
+    from bapipe.codegen.rtl import train as rtl_train
+
+    b = np.asarray(snap["b"], np.int64)
+    if entry.get("bn"):
+        return {"scale": np.asarray(snap["w"], np.int64).reshape(-1), "shift": b}
+    w = rtl_train.from_tile_order(snap["w"], entry["mh"], entry["mw"], entry["pe"], entry["simd"])
+    if "conv" in entry:   # (O, kh*kw*C), column (ky*kw + kx)*C + c -> (O, C, kh, kw)
+        o, c, kh, kw = entry["conv"]
+        w = w.reshape(o, kh, kw, c).transpose(0, 3, 1, 2)
+    return {"w": w, "b": b} if entry.get("bias", True) else {"w": w}
 
 
 def _cap(fn, iterations: int) -> dict:
