@@ -174,6 +174,14 @@ def _add_args(name: str, p: argparse.ArgumentParser) -> None:
         p.add_argument("--dst", required=True, help="destination layout, e.g. RS0R")
         p.add_argument("--cluster", help="cluster whose links to use (default: groups of 4, 100 Gb/s)")
         p.add_argument("--seed", type=_seed, default=0, help="seed of the randomised strategies")
+        p.add_argument("--execute", action="store_true",
+                       help="run the best plan (and the p2p/first baseline) between OS processes, one per device, "
+                            "over torch.distributed; check every destination tile bit for bit (needs the [torch] extra)")
+        p.add_argument("--backend", default="gloo", choices=("gloo", "nccl"),
+                       help="--execute: torch.distributed backend (nccl needs CUDA GPUs)")
+        p.add_argument("--repeat", type=int, default=1, help="--execute: runs of each plan (the median is reported)")
+        p.add_argument("--timeout", type=float, default=120.0,
+                       help="--execute: seconds before a silent device process is declared hung")
     elif name == "gen":
         p.add_argument("plan", help="plan.yaml written by `bapipe plan`")
         p.add_argument("-o", "--output", default="build", help="project folder to write")
@@ -356,6 +364,9 @@ def _handle_sigterm():
 _DEPENDENT = (
     ("run", "build", "--build", lambda a: a.backend in ("verilator", "xrt"),
      "applies to --backend verilator or xrt (the numpy backend uses no generated project)"),
+    ("reshard", "backend", "--backend", lambda a: a.execute, "applies to --execute"),
+    ("reshard", "repeat", "--repeat", lambda a: a.execute, "applies to --execute"),
+    ("reshard", "timeout", "--timeout", lambda a: a.execute, "applies to --execute"),
     ("csim", "lr", "--lr", lambda a: a.iterations is not None, "applies to a training run: add --iterations K"),
     ("csim", "momentum", "--momentum", lambda a: a.iterations is not None,
      "applies to a training run: add --iterations K"),
