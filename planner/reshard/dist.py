@@ -156,8 +156,9 @@ def _run_ranks(job: dict, fault, timeout_s: float) -> list[dict]:
                 if r not in reports and c.poll():
                     try:
                         reports[r] = c.recv()
-                    except EOFError:
-                        pass  # died before reporting: seen below
+                    except EOFError:  # its end of the pipe closed without a report: it died
+                        procs[r].join(5)
+                        raise TransferFailure(_death(job, r, procs[r])) from None
             for r, p in enumerate(procs):
                 if r not in reports and not p.is_alive() and not conns[r].poll():
                     raise TransferFailure(_death(job, r, p))
