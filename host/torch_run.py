@@ -146,7 +146,7 @@ def rank_main(rank: int, job: dict, conn) -> None:
         mods.append(mod)
         stages.append(pl.PipelineStage(mod, c * p + d, p * v, torch.device("cpu"), group=pp))
     params = [q for mod in mods for q in mod.parameters()]
-    opt = make_optimizer(torch, params, job["optimizer"], job["lr"])
+    opt = make_optimizer(torch, params, job["optimizer"], job["lr"]) if params else None  # pool-only stages
 
     def loss_fn(out, target):
         return F.cross_entropy(out, target)
@@ -158,7 +158,7 @@ def rank_main(rank: int, job: dict, conn) -> None:
     dist.barrier()
     for it, (ep, rows) in enumerate(job["batches"]):
         mine = replica_rows(rows, m, R, r)
-        for g in opt.param_groups:
+        for g in (opt.param_groups if opt else ()):
             g["lr"] = job["lr"] * job["factors"][ep]
         t0s.append(time.perf_counter())
         losses: list = []
@@ -170,8 +170,9 @@ def rank_main(rank: int, job: dict, conn) -> None:
             for q in params:  # average over the replicas of this position
                 dist.all_reduce(q.grad, group=dp)
                 q.grad.div_(R)
-        opt.step()
-        opt.zero_grad(set_to_none=False)
+        if opt:
+            opt.step()
+            opt.zero_grad(set_to_none=False)
         t1s.append(time.perf_counter())
         if last:
             losses_all.append([float(l.detach()) for l in losses])
