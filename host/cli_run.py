@@ -149,4 +149,9 @@ def show_run(r: dict) -> str:
         f"grad rel. error   {err:.2e} vs single device (measured on the first iteration)" if err is not None
         else "grad rel. error   (not checked)",
     ]
+    if r.get("ray"):
+        hosts = sorted({p["host"] for p in r.get("ray_placement", []) if p["host"]})
+        lines.append(f"ray               ran on Ray: {r.get('ray_nodes', '?')} of {r.get('ray_cluster_nodes', '?')} "
+                     f"node(s), workers " + ("placed by host (" + ", ".join(hosts) + ")" if r.get("ray_placed")
+                                             else "not placed (the Ray cluster offers no board resources)"))
     return "\n".join(lines)

@@ -743,7 +743,7 @@ def train(plan: str | Path | Plan, backend: str = "numpy", epochs: int | None = 
         "optimizer": plan.optimizer, "lr": lr, "lr_schedule": lr_schedule, "precision": precision,
         "number_format": number_format or "fp32", "iterations": len(records),
         "stage_utilisation": utilisation, "history": history, "test_samples": int(len(data.y_test)),
-        "ray": bool(ray),
+        "ray": bool(ray), **getattr(pipe, "ray_info", {}),  # Ray: nodes and where each worker ran
     }
 
 
