@@ -98,6 +98,7 @@ def test_torch_layers_equal_numpy_layers(model, residual):
     np.testing.assert_allclose(got, env[m.layers[-1].name], rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow  # ~20-30 s on the loaded machine: plan, then 5 iterations, the reference and the test set
 def test_cli_run_torch_json(tmp_path):
     plan = tmp_path / "p.yaml"
     r = cli_fork.bapipe("plan", "tiny-mlp", "4xU250-ring", "--no-replication", "--schedule", "gpipe",
@@ -146,3 +147,14 @@ def test_profile_measure_torch_feeds_the_planner(tmp_path):
     assert r.returncode == 0, r.stderr
     run = json.loads(r.stdout)
     assert run["matches_single_process"] and run["processes"] == 2 and run["predicted_iteration_s"] > 0
+
+
+def test_driver_train_routes_to_the_torch_backend():
+    from bapipe.errors import SpecError
+    from host.driver import train
+
+    plan = hand_plan("tiny-mlp", cuts=(3,), schedule="1f1b", microbatches=2, microbatch_size=16)
+    r = train(plan, backend="torch", epochs=1, max_iterations=2)
+    assert r["backend"] == "torch" and r["processes"] == 2 and r["matches_single_process"]
+    with pytest.raises(SpecError, match="--ray"):
+        train(plan, backend="torch", ray=True)
