@@ -41,7 +41,7 @@ def run_resharding(res: Result, shape, dtype: str, src_mesh, src_layout: Layout,
     the plan's bytes over the measured aggregate rate of concurrent pairs (on one machine
     the processes share its cores and memory, which the per-port model does not describe).
     """
-    tr = transport or measure_transport(backend)
+    tr = transport or measure_transport(backend, reps=10)
     net = transport_network(src_devices, dst_devices, tr)
     kw = dict(shape=shape, dtype=dtype, src_mesh=src_mesh, src_layout=src_layout, dst_mesh=dst_mesh,
               dst_layout=dst_layout, src_devices=src_devices, dst_devices=dst_devices, backend=backend,
