@@ -1,10 +1,12 @@
 """The transport a run between processes uses, measured, and the network model built from it.
 
 ``measure_transport`` times torch.distributed point-to-point messages between forked
-processes on this machine: latency (half a ping-pong of a 4-byte message, median), one
-pair's bandwidth (a large one-way message acknowledged by 4 bytes, minus the latency,
-median), and the aggregate bandwidth of several pairs sending at once (on one machine
-every copy shares the CPU cores and memory, so pairs do not add up).
+processes on this machine: latency (half a ping-pong of a 4-byte message, median: under
+load a blocked receiver's wake-up is part of every hop), one pair's bandwidth (the slope
+between the fastest 4 MiB and 16 MiB rounds, each acknowledged by 4 bytes, so latency
+cancels; other jobs only ever slow a copy down), and the aggregate bandwidth of several
+pairs sending at once (on one machine every copy shares the CPU cores and memory, so pairs
+do not add up).
 
 ``transport_network`` is the resharding cost model (``cost.Network``) for processes on
 that transport: every process its own group, with one sending and one receiving port at
