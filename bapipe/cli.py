@@ -127,6 +127,13 @@ def _add_args(name: str, p: argparse.ArgumentParser) -> None:
         p.add_argument("--profile", dest="measured",
                        help="measured per-layer profile (.yaml/.csv) (default: none, the engines' cost model)")
         p.add_argument("--opaque", action="append", default=[], help="ONNX: OP=fwd_s,bwd_s cost for an unsupported op")
+        p.add_argument("--measure", choices=("torch",), default=None,
+                       help="measure MODEL's layers in PyTorch on this machine instead (the [torch] extra): writes "
+                            "the profile to -o and, at CLUSTER (a .yaml path), the cluster of --processes CPU processes")
+        p.add_argument("-o", "--output", default=None, help="--measure: the profile .yaml to write")
+        p.add_argument("--processes", type=int, default=2, help="--measure: CPU processes the cluster describes")
+        p.add_argument("--reps", type=int, default=20, help="--measure: timed runs per layer (the median is kept)")
+        p.add_argument("--force", action="store_true", help="--measure: overwrite existing files")
     elif name == "plan":
         p.add_argument("model", help="zoo name or .yaml/.onnx path")
         p.add_argument("cluster", help="built-in cluster name or .yaml path")
@@ -177,6 +184,14 @@ def _add_args(name: str, p: argparse.ArgumentParser) -> None:
         p.add_argument("--dst", required=True, help="destination layout, e.g. RS0R")
         p.add_argument("--cluster", help="cluster whose links to use (default: groups of 4, 100 Gb/s)")
         p.add_argument("--seed", type=_seed, default=0, help="seed of the randomised strategies")
+        p.add_argument("--execute", action="store_true",
+                       help="run the best plan (and the p2p/first baseline) between OS processes, one per device, "
+                            "over torch.distributed; check every destination tile bit for bit (needs the [torch] extra)")
+        p.add_argument("--backend", default="gloo", choices=("gloo", "nccl"),
+                       help="--execute: torch.distributed backend (nccl needs CUDA GPUs)")
+        p.add_argument("--repeat", type=int, default=1, help="--execute: runs of each plan (the median is reported)")
+        p.add_argument("--timeout", type=float, default=120.0,
+                       help="--execute: seconds before a silent device process is declared hung")
     elif name == "gen":
         p.add_argument("plan", help="plan.yaml written by `bapipe plan`")
         p.add_argument("-o", "--output", default="build", help="project folder to write")
@@ -221,9 +236,10 @@ def _add_args(name: str, p: argparse.ArgumentParser) -> None:
             p.add_argument("--timeout", type=float, default=600.0, help="wall-time limit per board, seconds")
     elif name == "run":
         p.add_argument("plan", help="plan.yaml written by `bapipe plan`")
-        p.add_argument("--backend", default="numpy", choices=("numpy", "verilator", "xrt"),
+        p.add_argument("--backend", default="numpy", choices=("numpy", "verilator", "xrt", "torch"),
                        help="numpy trains; verilator trains a mode: train plan on the generated training RTL "
-                            "(the forward pass with --resume); xrt runs the generated forward pass")
+                            "(the forward pass with --resume); xrt runs the generated forward pass; torch trains "
+                            "in PyTorch, one CPU process per board, with torch.distributed.pipelining (the [torch] extra)")
         p.add_argument("--epochs", type=int, default=None,
                        help="training epochs, counted from the start of training (numpy and verilator backends; "
                             "default 5)")
@@ -330,7 +346,10 @@ def _main(argv: list[str] | None) -> int:
     if not args.command:
         parser.print_help()
         return 2
-    mod = importlib.import_module(COMMANDS[args.command][0])
+    modname = COMMANDS[args.command][0]
+    if args.command == "profile" and getattr(args, "measure", None):
+        modname = "bapipe.host.cli_profile"  # measured in PyTorch on this machine: the host's job
+    mod = importlib.import_module(modname)
     handler = getattr(mod, "cmd_" + args.command.replace("-", "_"), None) or getattr(mod, "run")
     try:
         _check_paths(args)
@@ -394,6 +413,21 @@ def _handle_sigterm():
 _DEPENDENT = (
     ("run", "build", "--build", lambda a: a.backend in ("verilator", "xrt"),
      "applies to --backend verilator or xrt (the numpy backend uses no generated project)"),
+    ("reshard", "backend", "--backend", lambda a: a.execute, "applies to --execute"),
+    ("profile", "output", "-o", lambda a: a.measure, "applies to --measure torch"),
+    ("profile", "processes", "--processes", lambda a: a.measure, "applies to --measure torch"),
+    ("profile", "reps", "--reps", lambda a: a.measure, "applies to --measure torch"),
+    ("profile", "force", "--force", lambda a: a.measure, "applies to --measure torch"),
+    ("profile", "measured", "--profile", lambda a: not a.measure, "does not apply to --measure torch"),
+    ("run", "precision", "--precision", lambda a: a.backend != "torch", "the torch backend trains in float32 only"),
+    ("run", "checkpoint", "--checkpoint", lambda a: a.backend != "torch", "does not apply to --backend torch"),
+    ("run", "resume", "--resume", lambda a: a.backend != "torch", "does not apply to --backend torch"),
+    ("run", "retries", "--retries", lambda a: a.backend != "torch", "does not apply to --backend torch"),
+    ("run", "log", "--log", lambda a: a.backend != "torch", "does not apply to --backend torch"),
+    ("run", "ray", "--ray", lambda a: a.backend != "torch", "does not apply to --backend torch (it starts its own "
+                                                            "processes)"),
+    ("reshard", "repeat", "--repeat", lambda a: a.execute, "applies to --execute"),
+    ("reshard", "timeout", "--timeout", lambda a: a.execute, "applies to --execute"),
     ("csim", "lr", "--lr", lambda a: a.iterations is not None, "applies to a training run: add --iterations K"),
     ("csim", "momentum", "--momentum", lambda a: a.iterations is not None,
      "applies to a training run: add --iterations K"),

@@ -16,6 +16,8 @@ def cmd_run(args) -> dict | tuple[dict, int]:
     """
     if args.backend == "verilator":
         _check_rtl_folder(args.plan, args.build)
+    if args.backend == "torch":
+        return _run_torch(args)
     try:
         return train(args.plan, backend=args.backend, epochs=args.epochs, lr=args.lr, seed=args.seed,
                      precision=args.precision, log=args.log, checkpoint=args.checkpoint, resume=args.resume,
@@ -33,6 +35,40 @@ def cmd_run(args) -> dict | tuple[dict, int]:
         msg = str(e)
         sys.stderr.write(f"bapipe run: {msg}\n")
         return {"backend": args.backend, "error": msg}, 1
+
+
+def _run_torch(args) -> dict | tuple[dict, int]:
+    """--backend torch: host/torch_train.py (one line, exit 2 without torch; exit 1 when a rank fails)."""
+    from .torch_train import train_torch
+
+    try:
+        return train_torch(args.plan, epochs=args.epochs, lr=args.lr, seed=args.seed,
+                           global_batch=getattr(args, "global_batch", None), timeout=args.timeout,
+                           lr_schedule=getattr(args, "lr_schedule", "linear"),
+                           max_iterations=getattr(args, "iterations", None))
+    except BackendUnavailable as e:
+        sys.stderr.write(f"bapipe run: {e}\n")
+        return {"backend": "torch", "error": str(e)}, 2
+    except PipelineFailure as e:
+        sys.stderr.write(f"bapipe run: {e}\n")
+        return {"backend": "torch", "error": str(e)}, 1
+
+
+def _show_torch(r: dict) -> str:
+    """Human summary of a --backend torch run."""
+    pred = r["predicted_iteration_s"]
+    lines = [f"torch backend, {r['schedule']} schedule (torch.distributed.pipelining over {r['transport']}): "
+             f"{r['processes']} processes = {r['devices']} positions x {r['replicas']} replicas, {r['stages']} stages, "
+             f"{r['microbatches']} micro-batches of {r['microbatch_size']}",
+             f"iterations        {r['iterations']}, final loss {r['final_loss']:.4f}, test accuracy "
+             f"{r['test_accuracy']:.4f}",
+             f"iteration time    {r['measured_iteration_s'] * 1e3:.2f} ms measured (median), "
+             + (f"{pred * 1e3:.2f} ms predicted by the plan" if pred else "no prediction in the plan")]
+    if "loss_max_rel_err" in r:
+        lines.append(f"single process    losses within {r['loss_max_rel_err']:.1e}, weights within "
+                     f"{r['weight_max_rel_err']:.1e} (tolerance {r['tolerance']:.0e}): "
+                     f"{'match' if r['matches_single_process'] else 'DIFFER'}")
+    return "\n".join(lines)
 
 
 def _retries(args) -> int:
@@ -82,6 +118,8 @@ def show_run(r: dict) -> str:
             f"test accuracy     {r['test_accuracy']:.4f} (numpy reference {r['numpy_test_accuracy']:.4f})",
             f"throughput        {r['samples_per_s']:.1f} samples/s",
         ])
+    if r.get("backend") == "torch":
+        return _show_torch(r)
     if "weights_match" in r:  # training on generated hardware (host/train_hw.py)
         cyc, plan_c = r["iteration_cycles"], r["plan_iteration_cycles"]
         return "\n".join([
@@ -111,4 +149,9 @@ def show_run(r: dict) -> str:
         f"grad rel. error   {err:.2e} vs single device (measured on the first iteration)" if err is not None
         else "grad rel. error   (not checked)",
     ]
+    if r.get("ray"):
+        hosts = sorted({p["host"] for p in r.get("ray_placement", []) if p["host"]})
+        lines.append(f"ray               ran on Ray: {r.get('ray_nodes', '?')} of {r.get('ray_cluster_nodes', '?')} "
+                     f"node(s), workers " + ("placed by host (" + ", ".join(hosts) + ")" if r.get("ray_placed")
+                                             else "not placed (the Ray cluster offers no board resources)"))
     return "\n".join(lines)

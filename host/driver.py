@@ -119,6 +119,15 @@ def train(plan: str | Path | Plan, backend: str = "numpy", epochs: int | None = 
     """
     from . import checkpoint as ckpt
 
+    if backend == "torch":  # PyTorch processes, torch.distributed.pipelining: host/torch_train.py
+        for name, given in (("--precision", precision != "float32"), ("--log", log), ("--checkpoint", checkpoint),
+                            ("--resume", resume), ("--ray", ray), ("--retries", retries)):
+            if given:
+                raise SpecError(None, None, name, "does not apply to --backend torch")
+        from .torch_train import train_torch
+
+        return train_torch(plan, epochs=epochs, lr=lr, seed=seed, global_batch=global_batch, timeout=timeout,
+                           lr_schedule=lr_schedule, max_iterations=max_iterations)
     plan_file = str(plan) if not isinstance(plan, Plan) else "<plan>"
     if not isinstance(plan, Plan):
         plan = load_plan(plan)
@@ -338,7 +347,7 @@ def train(plan: str | Path | Plan, backend: str = "numpy", epochs: int | None = 
         "optimizer": plan.optimizer, "lr": lr, "lr_schedule": lr_schedule, "precision": precision,
         "number_format": number_format or "fp32", "iterations": len(records),
         "stage_utilisation": utilisation, "history": history, "test_samples": int(len(data.y_test)),
-        "ray": bool(ray),
+        "ray": bool(ray), **getattr(pipe, "ray_info", {}),  # Ray: nodes and where each worker ran
     }
 
 

@@ -42,10 +42,100 @@ def test_cli_ray_json_is_one_object_equal_to_local(tmp_path):
         assert r[k] == local[k], k
 
 
+def test_workers_placed_by_host_on_a_two_node_cluster(tmp_path):
+    """A local 2-node Ray cluster, each node standing for one host of 8xU280-ring (its
+    bapipe_board_* resources): `run --ray` puts every board's worker on its host's node, sends
+    tensors through the object store, trains exactly as local processes, and says so."""
+    from ray.cluster_utils import Cluster
+
+    from bapipe.fpga_models.cluster import load_cluster
+    from bapipe.host.ray_mode import node_resources
+
+    assert not ray.is_initialized()
+    cl = load_cluster("8xU280-ring")
+    cluster = Cluster(initialize_head=True, head_node_args={
+        "num_cpus": 1, "resources": node_resources(cl, "host0"), "include_dashboard": False,
+        "object_store_memory": 80 << 20})
+    try:
+        cluster.add_node(num_cpus=1, resources=node_resources(cl, "host1"), object_store_memory=80 << 20)
+        cluster.wait_for_nodes()
+        plan_file = tmp_path / "plan.yaml"
+        # boards fpga0..fpga4: positions 0-2 (position 2 twice) on host0, position 3 on host1
+        hand_plan("tiny-mlp", cluster="8xU280-ring", replicas=(1, 1, 2, 1), **PLAN).save(plan_file)
+        env = dict(os.environ, RAY_ADDRESS=cluster.address)
+        out = subprocess.run([sys.executable, "-m", "bapipe.cli", "run", str(plan_file), "--backend", "numpy",
+                              "--ray", "--epochs", "1", "--json"], capture_output=True, text=True, env=env,
+                             timeout=300)
+        assert out.returncode == 0, out.stderr
+        r = json.loads(out.stdout)
+        ray.init(address=cluster.address, log_to_driver=False)
+        node_of_host = {}
+        for n in ray.nodes():
+            for h in ("host0", "host1"):
+                if n["Alive"] and f"bapipe_host_{h}" in n["Resources"]:
+                    node_of_host[h] = n["NodeID"]
+        assert len(set(node_of_host.values())) == 2
+        assert r["ray"] and r["ray_placed"] and r["ray_nodes"] == 2 and r["ray_cluster_nodes"] == 2
+        got = {(p["board"], p["host"], p["node_id"]) for p in r["ray_placement"]}
+        want = {(b, cl.board(b).host, node_of_host[cl.board(b).host]) for b in ("fpga0", "fpga1", "fpga2",
+                                                                              "fpga3", "fpga4")}
+        assert got == want
+        local = train(str(plan_file), epochs=1)
+        for k in ("final_loss", "test_accuracy", "iterations", "history"):
+            assert r[k] == local[k], k
+    finally:
+        if ray.is_initialized():
+            ray.shutdown()
+        cluster.shutdown()
+
+
+def test_actor_messages_carry_object_refs_not_arrays():
+    """What an actor call carries: every array replaced by an object-store reference."""
+    from bapipe.host.ray_mode import _ActorInbox, _fetch, _ObjectRefs
+
+    store = {}
+
+    class FakeRay:
+        def put(self, a):
+            store[id(a)] = a
+            return id(a)
+
+        def get(self, ref):
+            return store[ref]
+
+    sent = []
+
+    class FakeActor:
+        class deliver:
+            @staticmethod
+            def remote(msg):
+                sent.append(msg)
+
+    a, g = np.arange(6.0).reshape(2, 3), {"fc1": {"W": np.ones((3, 3))}}
+    _ActorInbox(FakeActor(), FakeRay()).put(("act", ("train", 1), 0, 2, -1, {"x": a}))
+    _ActorInbox(FakeActor(), FakeRay()).put(("gred", ("train", 1), 0, 1, g))
+
+    def arrays(m):
+        if isinstance(m, np.ndarray):
+            return 1
+        if isinstance(m, (tuple, list)):
+            return sum(arrays(x) for x in m)
+        return sum(arrays(x) for x in m.values()) if isinstance(m, dict) else 0
+
+    assert [arrays(m) for m in sent] == [0, 0]
+    assert isinstance(sent[0][5]["x"], _ObjectRefs)
+    back = _fetch(FakeRay(), sent[0])
+    assert np.array_equal(back[5]["x"], a) and back[:5] == ("act", ("train", 1), 0, 2, -1)
+    assert np.array_equal(_fetch(FakeRay(), sent[1])[4]["fc1"]["W"], g["fc1"]["W"])
+
+
 @pytest.fixture(scope="module")
 def ray_session():
-    """One local Ray instance for the in-process tests."""
-    started = init_ray()
+    """One local Ray instance for the in-process tests (its node stands for every host of 4xU250-ring)."""
+    from bapipe.fpga_models.cluster import load_cluster
+    from bapipe.host.ray_mode import all_resources
+
+    started = init_ray(resources=all_resources(load_cluster("4xU250-ring")))
     yield
     if started:
         ray.shutdown()

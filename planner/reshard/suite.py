@@ -44,29 +44,60 @@ SUITE: tuple[Case, ...] = (
 )
 
 
+#: The cases of Alpa's own cross-mesh resharding test (alpa-projects/alpa,
+#: tests/pipeline_parallel/test_cross_mesh_resharding.py at 25a066e: test_4gpu_send_recv,
+#: test_4gpu_allgather, test_8gpu_2_dim_allgather, test_4gpu_broadcast, test_8gpu_broadcast),
+#: in our notation: a (1, n) Alpa mesh is `1xn`; Chunked([2]) over ShardedAxis(0) on a
+#: (1, 2) mesh is S1 (split over the two devices); Replicated is R; the 8-GPU tests' 2 x 2
+#: sharding of a (1, 4) mesh is written on a `1x2x2` mesh (axes 1 and 2 split two dims).
+#: Alpa's tensors are int32 and tiny (its tests check correctness, not speed).
+ALPA_CASES: tuple[Case, ...] = (
+    Case("alpa-4gpu-repl-to-s0", (4, 8, 16), "int32", "1x2", "RRR", "1x2", "S1RR", note="send_recv, replicated src"),
+    Case("alpa-4gpu-s0-to-s0", (4, 8, 16), "int32", "1x2", "S1RR", "1x2", "S1RR", note="send_recv, same split"),
+    Case("alpa-4gpu-s1-to-s0", (4, 8, 16), "int32", "1x2", "RS1R", "1x2", "S1RR", note="send_recv, split moves"),
+    Case("alpa-4gpu-allgather-repl", (4, 8, 16), "int32", "1x2", "RRR", "1x2", "RRR", note="allgather"),
+    Case("alpa-4gpu-allgather-s0", (4, 8, 16), "int32", "1x2", "S1RR", "1x2", "RRR", note="allgather dim 0"),
+    Case("alpa-4gpu-allgather-s1", (4, 8, 16), "int32", "1x2", "RS1R", "1x2", "RRR", note="allgather dim 1"),
+    Case("alpa-4gpu-allgather-s1-odd", (3, 8, 2), "int32", "1x2", "RS1R", "1x2", "RRR",
+         note="allgather at the second dim, (3, 8, 2)"),
+    Case("alpa-8gpu-allgather-4", (6, 8, 16), "int32", "1x4", "RRR", "1x4", "RRR", note="2-dim allgather, 4 devices"),
+    Case("alpa-8gpu-bcast-2d-to-repl", (2, 64, 64), "int32", "1x2x2", "S1S2R", "1x2x2", "RRR",
+         note="broadcast: 2x2 sharded to replicated"),
+    Case("alpa-8gpu-bcast-2d-move", (64, 64, 64), "int32", "1x2x2", "S1S2R", "1x2x2", "S1RS2",
+         note="broadcast: second split moves to dim 2"),
+)
+
+
 def get_case(name: str) -> Case:
-    """A suite case by name."""
-    for c in SUITE:
+    """A suite case (or an Alpa case) by name."""
+    for c in SUITE + ALPA_CASES:
         if c.name == name:
             return c
     raise KeyError(name)
 
 
-def run_case(case: Case, seed: int = 0):
-    """Plan one suite case; the api Result."""
+def case_network(case: Case):
+    """The network a case is planned on: its cluster's boards (source mesh first), else the default."""
     from math import prod
 
-    from .api import best_transfer
     from .cost import default_network, network_from_cluster
+    from .layout import parse_mesh
+
+    sm, dm = parse_mesh(case.src_mesh), parse_mesh(case.dst_mesh)
+    if not case.cluster:
+        return default_network(sm, dm)
+    from bapipe.fpga_models.cluster import load_cluster
+
+    cl = load_cluster(case.cluster)
+    names = [cb.name for cb in cl.boards]
+    return network_from_cluster(cl, names[: prod(sm)], names[prod(sm): prod(sm) + prod(dm)])
+
+
+def run_case(case: Case, seed: int = 0, shape: tuple[int, ...] | None = None):
+    """Plan one suite case (optionally at another tensor shape of the same rank); the api Result."""
+    from .api import best_transfer
     from .layout import dtype_bytes, parse_mesh
 
     sm, dm = parse_mesh(case.src_mesh), parse_mesh(case.dst_mesh)
-    if case.cluster:
-        from bapipe.fpga_models.cluster import load_cluster
-
-        cl = load_cluster(case.cluster)
-        names = [cb.name for cb in cl.boards]
-        net = network_from_cluster(cl, names[: prod(sm)], names[prod(sm): prod(sm) + prod(dm)])
-    else:
-        net = default_network(sm, dm)
-    return best_transfer(case.shape, dtype_bytes(case.dtype), sm, case.src, dm, case.dst, net, seed)
+    return best_transfer(shape or case.shape, dtype_bytes(case.dtype), sm, case.src, dm, case.dst,
+                         case_network(case), seed)
