@@ -312,10 +312,11 @@ def test_big_stage_path_external_weights_one_sample_mb1(tmp_path, monkeypatch):
     weights.bin, the int64 MAC, one sample, backward rebuilt with -DMB=1; still 0 LSB."""
     import bapipe.codegen.design.context as cx
     import bapipe.codegen.check.csim as cs
+    import bapipe.codegen.check.cxx_run as cr
 
     monkeypatch.setattr(cx, "EMBED_LIMIT", 0)
     monkeypatch.setattr(cs, "BIG_STAGE_MACS", 0)
-    monkeypatch.setattr(cs, "AP_MAC_LIMIT", 0)
+    monkeypatch.setattr(cr, "AP_MAC_LIMIT", 0)
     plan, model, cluster = make_plan(cuts=(4,), folding={"conv2": (4, 8), "fc": (2, 16)})
     generate_plan(plan, model, cluster, tmp_path)
     assert "static const data_t" not in (tmp_path / "stage0/stage0_weights.h").read_text()

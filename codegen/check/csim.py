@@ -24,8 +24,16 @@ from bapipe.fpga_models import fixedpoint as fx
 
 from bapipe.codegen.check.cxx_run import (Deadlock, Compiled, cache_dir, compile_sources, to_stream,
                                           _stream_shape, from_stream, random_input, load_weights,
-                                          _check_streams, _run, run_binary, stage_macs, build_flags,
-                                          BIG_STAGE_MACS, RUN_LIMIT_MACS)
+                                          _check_streams, _run, run_binary, stage_macs, build_flags)
+
+
+#: Budgets of `bapipe csim` (docs/codegen.md, "C-simulation budgets"); MACs per kernel run.
+#: A stage above this many forward MACs per sample is "big": the whole pipeline runs on 1 sample
+#: and its backward kernel is rebuilt with -DMB=1 (one sample of the micro-batch).
+BIG_STAGE_MACS = 200_000_000
+#: A kernel run above this many MACs is not run at all: reported as "skipped" with the reason
+#: (~2-3 minutes at the measured ~1 ns per MAC of the int64 path).
+RUN_LIMIT_MACS = 150_000_000_000
 
 
 def _skip_row(name: str, reason: str) -> dict:

@@ -249,12 +249,6 @@ def run_binary(binary: Path, inputs: list[np.ndarray], n: int, out_elems: list[i
 #: Kernels up to AP_MAC_LIMIT simulate the acc_t arithmetic itself (-DBAPIPE_AP_MAC, ~8 ns per
 #: MAC); bigger ones keep the same exact sum in a 64-bit integer (bapipe_layers.h, mac_t).
 AP_MAC_LIMIT = 50_000_000
-#: A stage above this many forward MACs per sample is "big": the whole pipeline runs on 1 sample
-#: and its backward kernel is rebuilt with -DMB=1 (one sample of the micro-batch).
-BIG_STAGE_MACS = 200_000_000
-#: A kernel run above this many MACs is not run at all: reported as "skipped" with the reason
-#: (~2-3 minutes at the measured ~1 ns per MAC of the int64 path).
-RUN_LIMIT_MACS = 150_000_000_000
 #: No -O1 for big kernels: once the weights are m_axi arguments g++ takes 2-6 s at -O2 for
 #: every VGG-16/ResNet-50 kernel, and -O2 runs them up to 2x faster (docs/codegen.md).
 
