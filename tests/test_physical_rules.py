@@ -137,11 +137,11 @@ def test_snippet_ports_ii_and_dataflow():
     assert [(d["channel"], d["writers"]) for d in fig.dataflow_violations] == [("top/big", 2)]
 
 
-def _tiny(tmp_path, mode):
+def _tiny(tmp_path, mode, model="tiny-cnn"):
     from bapipe.cli import main
 
     plan = tmp_path / "p.yaml"
-    assert main(["plan", "tiny-cnn", "4xU250-ring", "--mode", mode, "-o", str(plan)]) == 0
+    assert main(["plan", model, "4xU250-ring", "--mode", mode, "-o", str(plan)]) == 0
     return plan
 
 
@@ -158,10 +158,34 @@ def test_gen_keeps_a_build_that_passes_and_check_says_ok(tmp_path, capsys):
     assert b["board_type"] == "U250" and b["usable"]["uram"] == 1280 and b["masters_per_bank"]
 
 
-def test_gen_refuses_a_build_that_breaks_a_rule(tmp_path, capsys):
+def test_tiny_cnn_training_build_passes_every_rule(tmp_path, capsys):
+    """The planner's default tiny-cnn training plan (all of it on each of 4 data-parallel
+    boards): gen keeps it without --allow-rule-violations and check passes every rule: the MVU
+    weight copies' banks of a few words in LUTRAM (208 BRAM36 a board, was 1,428 with SLR2 at
+    1,234 of 576), at most 15 masters a bank (15 on DDR[2], was 22), biases copied on chip (no
+    m_axi read in an MVU loop)."""
     from bapipe.cli import main
 
     plan = _tiny(tmp_path, "train")
+    assert main(["gen", str(plan), "-o", str(tmp_path / "b")]) == 0
+    capsys.readouterr()
+    assert main(["check", str(tmp_path / "b"), "--json"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["ok"] and len(r["boards"]) == 4
+    for b in r["boards"]:
+        assert max(b["masters_per_bank"].values()) <= 15 and b["bram36"] <= b["usable"]["bram36"]
+        assert b["ii_violations"] == 0 and b["dataflow_violations"] == 0
+        assert all(t <= b["plan_seconds_per_sample"] for t in b["bank_seconds_per_sample"].values())
+    k = r["kernels"]["stage0_bwd"]
+    # the weight-gradient sums are written by the flush call, once an iteration; the weight copies once a call
+    assert k["m_axi_bytes_per_flush"]["dw_fc"] == 640 * 8 and "dw_fc" not in k["m_axi_bytes_per_sample"]
+    assert k["m_axi_bytes_per_call"]["fc_w"] == 640 * 2
+
+
+def test_gen_refuses_a_build_that_breaks_a_rule(tmp_path, capsys):
+    from bapipe.cli import main
+
+    plan = _tiny(tmp_path, "train", "tiny-mlp")   # one board: BRAM, masters, bandwidth (docs/check.md)
     capsys.readouterr()
     assert main(["gen", str(plan), "-o", str(tmp_path / "b")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
@@ -172,7 +196,7 @@ def test_gen_refuses_a_build_that_breaks_a_rule(tmp_path, capsys):
     capsys.readouterr()
     assert main(["check", str(tmp_path / "b")]) == 1
     out = capsys.readouterr().out.splitlines()
-    assert len([x for x in out if x.startswith("fpga")]) == 4 and "FAILS" in out[0]
+    assert len([x for x in out if x.startswith("fpga")]) == 1 and "FAILS" in out[0]
 
 
 def test_check_of_a_folder_that_is_not_a_build(tmp_path, capsys):

@@ -85,6 +85,8 @@ class KernelScan:
     loops: list[Loop]
     dataflows: list[Dataflow]
     problems: list[str]
+    takes_n: bool = False          # the top has a sample count ``n`` (its loops scale with it)
+    takes_flush: bool = False      # the top has ``flush`` (a call that ends the iteration)
 
 
 # --- reading the sources ---------------------------------------------------------------------
@@ -407,8 +409,8 @@ class _Scope:
 class Scanner:
     """Walks one kernel; see the module docstring."""
 
-    def __init__(self, src: Source, top: str, max_depth: int = 14):
-        self.src, self.top, self.max_depth = src, top, max_depth
+    def __init__(self, src: Source, top: str, max_depth: int = 14, samples: int = 1, flush: int | None = None):
+        self.src, self.top, self.max_depth, self.samples, self.flush = src, top, max_depth, samples, flush
         self.decls: dict[str, Decl] = {}
         self.loops: list[Loop] = []
         self.dataflows: list[Dataflow] = []
@@ -552,11 +554,15 @@ class Scanner:
     # -- structure
     def run(self) -> KernelScan:
         env = dict(self.src.prog.defines)
-        if any(name == "n" and not dims for _, name, dims in self.src.sigs.get(self.top, [])):
-            env["n"] = 1    # the generated kernels' sample count per call: figures are per sample
+        takes_n = any(name == "n" and not dims for _, name, dims in self.src.sigs.get(self.top, []))
+        if takes_n:
+            env["n"] = self.samples   # the generated kernels' sample count per call
+        takes_flush = any(name == "flush" and not dims for _, name, dims in self.src.sigs.get(self.top, []))
+        if takes_flush and self.flush is not None:
+            env["flush"] = self.flush   # the backward kernels: the call that ends an iteration (None: either)
         scope, body = self._enter(self.top, env, {}, self.top, top=True)
         self._structure(parse_stmts(body), scope, 0, body, 1)
-        return KernelScan(self.top, self.decls, self.loops, self.dataflows, self.problems)
+        return KernelScan(self.top, self.decls, self.loops, self.dataflows, self.problems, takes_n, takes_flush)
 
     def _structure(self, stmts: list, scope: _Scope, depth: int, body: str | None = None,
                    mult: int | None = 1) -> None:
@@ -582,8 +588,13 @@ class Scanner:
                         inner = mult    # a dispatch over the turns: each case runs once a sweep
                     self._structure(node[2], scope, depth, None, inner)
             elif kind == "if":
-                self._structure(node[2], scope, depth, None, mult)
-                self._structure(node[3], scope, depth, None, mult)
+                taken = known_cond(node[1], scope.env)
+                if taken is not False:
+                    if taken and [x for x in node[2] if x[0] != "pragma"] == [("simple", "return")]:
+                        break   # `if (!flush) return;` with flush known: the rest does not run
+                    self._structure(node[2], scope, depth, None, mult)
+                if taken is not True:
+                    self._structure(node[3], scope, depth, None, mult)
             elif kind == "switch":
                 for c in node[2]:
                     self._structure(c, scope, depth, None, mult)
@@ -810,7 +821,7 @@ class Scanner:
         self._streams(body, names, acc)
         r, w = acc.rw["x"] if "x" in acc.rw else (0, 0)
         u = ("r" if r else "") + ("w" if w else "")
-        if re.search(rf"\{{\s*{re.escape(param)}\b", body):   # wrapped in a struct object: read
+        if re.search(rf"=\s*\{{\s*{re.escape(param)}\b", body):   # wrapped in a struct object (an initializer): read
             u = u if "r" in u else "r" + u
         if depth < 6:
             scope = _Scope(fname, fname, env, {param: "x"}, {}, {})
@@ -824,6 +835,33 @@ class Scanner:
         self.decls.pop("x", None)
         self._usage_cache[key] = u
         return u
+
+
+def known_cond(cond: str, env: dict) -> bool | None:
+    """The value of an ``if`` condition when the scalars it names are known (the top's ``n`` and
+    ``flush``, template arguments), else None: ``!``, ``&&`` and ``||`` over eval_expr's terms; a
+    conjunction with one known-false term is false, a disjunction with one known-true term true."""
+    def term(t: str) -> bool | None:
+        t = t.strip()
+        neg = False
+        while t.startswith("!") and not t.startswith("!="):
+            neg, t = not neg, t[1:].strip()
+        if t.startswith("(") and t.endswith(")"):
+            inner = known_cond(t[1:-1], env)
+            return None if inner is None else inner != neg
+        try:
+            return bool(eval_expr(t, env)) != neg
+        except Unknown:
+            return None
+
+    c = cond.strip()
+    if "||" in c:
+        vals = [known_cond(p, env) for p in c.split("||")]
+        return True if True in vals else (None if None in vals else False)
+    if "&&" in c:
+        vals = [term(p) for p in c.split("&&")]
+        return False if False in vals else (None if None in vals else True)
+    return term(c)
 
 
 def _stream_elem(typ: str) -> str:
@@ -852,9 +890,18 @@ def _is_dataflow(stmts: list, defines: dict) -> bool:
     return False
 
 
-def scan_kernel(files: dict[str, str | bytes], kernel_file: str, top: str) -> KernelScan:
-    """The storage, pipelined loops and DATAFLOW regions of kernel ``top`` in ``kernel_file``."""
+def scan_kernel(files: dict[str, str | bytes], kernel_file: str, top: str, samples: int = 1,
+                flush: int | None = None) -> KernelScan:
+    """The storage, pipelined loops and DATAFLOW regions of kernel ``top`` in ``kernel_file``;
+    loop iterations for a call of ``samples`` samples (the top's ``n``) and, for a kernel
+    taking ``flush``, a call with that flush (None: both branches, every loop)."""
+    return scan_calls(files, kernel_file, top, [(samples, flush)])[0]
+
+
+def scan_calls(files: dict[str, str | bytes], kernel_file: str, top: str,
+               calls: list[tuple[int, int | None]]) -> list[KernelScan]:
+    """:func:`scan_kernel` for several (samples, flush) calls of one kernel, its sources read once."""
     src = read_source(files, kernel_file)
     if top not in src.prog.functions:
         raise Unknown(f"function {top}")
-    return Scanner(src, top).run()
+    return [Scanner(src, top, samples=n, flush=f).run() for n, f in calls]

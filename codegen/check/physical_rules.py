@@ -28,7 +28,7 @@ from pathlib import Path
 from bapipe.fpga_models.boards import BOARDS
 from bapipe.fpga_models.memory_blocks import PORTS_PER_BANK, Blocks, array_blocks, fifo_impl
 
-from bapipe.codegen.check.cxx_scan import Decl, KernelScan, scan_kernel
+from bapipe.codegen.check.cxx_scan import Decl, KernelScan, scan_calls
 
 #: UG1393 / UG1700 "Mapping Kernel Ports to Memory": "Up to 15 separate kernel interfaces can be
 #: connected to a given global memory bank"
@@ -141,30 +141,25 @@ class KernelFigures:
     traffic: dict[str, float]                # m_axi argument -> bytes per sample (priced loops)
     unpriced_loops: int
     largest: list[dict] = field(default_factory=list)
+    call_traffic: dict[str, float] = field(default_factory=dict)   # m_axi argument -> bytes once a call
+    takes_n: bool = False                    # called with n samples (forward, backward, movers)
+    call_cycles: int = 0                     # cycles of one call's pipelined loops (n = 1)
+    flush_traffic: dict[str, float] = field(default_factory=dict)   # m_axi argument -> bytes once an iteration
 
     def to_dict(self) -> dict:
         return {"kernel": self.kernel, "file": self.file, **self.blocks.to_dict(), "dsp": self.dsp,
                 "pipelined_loops": self.loops, "ii_violations": self.ii_violations,
                 "dataflow_violations": self.dataflow_violations, "m_axi_bytes_per_sample": self.traffic,
-                "unpriced_loops": self.unpriced_loops, "largest": self.largest}
+                "m_axi_bytes_per_call": self.call_traffic, "takes_n": self.takes_n,
+                "m_axi_bytes_per_flush": self.flush_traffic,
+                "call_cycles": self.call_cycles, "unpriced_loops": self.unpriced_loops, "largest": self.largest}
 
 
-def kernel_figures(scan: KernelScan, file: str) -> KernelFigures:
-    """Blocks, DSP, II and DATAFLOW findings of one scanned kernel."""
-    total, sized = Blocks(), []
-    for d in scan.decls.values():
-        b = decl_blocks(d)
-        total = total + b
-        if b.bram18 or b.uram:
-            sized.append((b.uram * 8 + b.bram18, d, b))
-    dsp, ii_bad, traffic, unpriced = 0, [], {}, 0
+def _port_traffic(scan: KernelScan) -> tuple[dict[str, float], int]:
+    """m_axi argument -> bytes of one call (the priced loops), and how many loops with m_axi
+    accesses have trip counts the scan does not know."""
+    traffic, unpriced = {}, 0
     for lp in scan.loops:
-        dsp += sum(dsp_per_multiplier(a, b) for a, b in lp.mults)
-        reach, why = reach_ii(lp, scan.decls)
-        if reach > lp.ii:
-            r, w = lp.access[why]
-            ii_bad.append({"loop": f"{lp.path}:{lp.label}", "declared_ii": lp.ii, "reachable_ii": reach,
-                           "by": why, "reads": r, "writes": w})
         if lp.iterations is None:
             unpriced += any(scan.decls.get(x) is not None and scan.decls[x].kind == "m_axi" for x in lp.access)
             continue
@@ -173,6 +168,55 @@ def kernel_figures(scan: KernelScan, file: str) -> KernelFigures:
             if d is not None and d.kind == "m_axi":
                 port = did.split(":", 1)[1]
                 traffic[port] = traffic.get(port, 0.0) + (r + w) * d.elem_bits / 8 * lp.iterations
+    return traffic, unpriced
+
+
+def _call_cycles(scan: KernelScan) -> int:
+    """Cycles of one call: its pipelined loops' iterations x II, in sequence (a kernel with a
+    DATAFLOW region: its longest loop, the processes overlapping)."""
+    cyc = [lp.iterations * lp.ii for lp in scan.loops if lp.iterations]
+    if not cyc:
+        return 0
+    return max(cyc) if scan.dataflows else sum(cyc)
+
+
+def _scans(files, file: str, top: str) -> list:
+    """The kernel scanned whole (every branch: blocks, II, DATAFLOW, DSP), then for its traffic:
+    calls of one and two samples that do not flush, and the flush call of no samples."""
+    whole = scan_calls(files, file, top, [(1, None)])[0]
+    if not whole.takes_n:
+        return [whole]
+    calls = [(1, 0), (2, 0)] + ([(0, 1)] if whole.takes_flush else [])
+    return [whole, *scan_calls(files, file, top, calls)]
+
+
+def kernel_figures(scan: KernelScan, one: KernelScan | None = None, two: KernelScan | None = None,
+                   flush: KernelScan | None = None, file: str = "") -> KernelFigures:
+    """Blocks, DSP, II and DATAFLOW findings of one scanned kernel (``scan``: every branch).
+    Traffic: ``one`` and ``two``, the kernel scanned for calls of one and two samples that do not
+    flush: what grows with ``n`` is per sample, the rest is paid once a call (weight copies);
+    ``flush``: the call that ends an iteration (the weight-gradient sums written once)."""
+    total, sized = Blocks(), []
+    for d in scan.decls.values():
+        b = decl_blocks(d)
+        total = total + b
+        if b.bram18 or b.uram:
+            sized.append((b.uram * 8 + b.bram18, d, b))
+    dsp, ii_bad = 0, []
+    for lp in scan.loops:
+        dsp += sum(dsp_per_multiplier(a, b) for a, b in lp.mults)
+        reach, why = reach_ii(lp, scan.decls)
+        if reach > lp.ii:
+            r, w = lp.access[why]
+            ii_bad.append({"loop": f"{lp.path}:{lp.label}", "declared_ii": lp.ii, "reachable_ii": reach,
+                           "by": why, "reads": r, "writes": w})
+    whole, unpriced = _port_traffic(scan)
+    traffic, call, per_flush = {}, whole, {}
+    if one is not None and two is not None:
+        t1, t2 = _port_traffic(one)[0], _port_traffic(two)[0]
+        traffic = {p: t2.get(p, 0.0) - t1.get(p, 0.0) for p in sorted(set(t1) | set(t2))}
+        call = {p: t1.get(p, 0.0) - traffic[p] for p in traffic}
+        per_flush = _port_traffic(flush)[0] if flush is not None else {}
     df_bad = []
     for df in scan.dataflows:
         for did, uses in df.channels.items():
@@ -186,8 +230,10 @@ def kernel_figures(scan: KernelScan, file: str) -> KernelFigures:
     sized.sort(key=lambda x: -x[0])
     largest = [{"decl": d.id, "impl": layout(d)[0], "banks": layout(d)[1], **b.to_dict()} for _, d, b in sized[:5]]
     bundles = {did.split(":", 1)[1]: d.bundle for did, d in scan.decls.items() if d.kind == "m_axi"}
-    return KernelFigures(scan.kernel, file, total, dsp, len(scan.loops), ii_bad, df_bad, bundles, traffic,
-                         unpriced, largest)
+    return KernelFigures(scan.kernel, file, total, dsp, len(scan.loops), ii_bad, df_bad, bundles,
+                         {p: v for p, v in traffic.items() if v}, unpriced, largest,
+                         {p: v for p, v in call.items() if v}, scan.takes_n, _call_cycles(scan),
+                         {p: v for p, v in per_flush.items() if v})
 
 
 # --- the build -------------------------------------------------------------------------------
@@ -247,8 +293,11 @@ def _files(build: Path) -> dict[str, str]:
             for p in build.rglob("*") if p.suffix in (".cpp", ".h") and "csim" not in p.parts and p.is_file()}
 
 
-def _plan_times(build: Path) -> dict[str, float]:
-    """board -> the plan's seconds per sample of the stage it runs (fwd + bwd per micro-batch / size)."""
+def _plan_times(build: Path) -> dict[str, tuple[float, int, int]]:
+    """board -> (the plan's seconds per sample of the stages it runs, the samples of one call of
+    its stage kernels, the calls an iteration). A stage's fwd_s and bwd_s are one replica's micro-batch of
+    ceil(microbatch_size / replicas) samples (codegen.design.backward.replica_batch: the ``n`` the
+    host passes); a board running several stages (interleaved chunks) adds their times."""
     import yaml
 
     try:
@@ -256,11 +305,14 @@ def _plan_times(build: Path) -> dict[str, float]:
     except (OSError, yaml.YAMLError):
         return {}
     size = max(1, int(plan.get("microbatch_size") or 1))
-    out = {}
+    m = max(1, int(plan.get("microbatches") or 1))
+    out: dict[str, tuple[float, int, int]] = {}
     for st in plan.get("stages") or []:
-        t = float(st.get("fwd_s") or 0) + float(st.get("bwd_s") or 0)
+        mb = max(1, math.ceil(size / max(1, int(st.get("replicas") or 1))))
+        t = (float(st.get("fwd_s") or 0) + float(st.get("bwd_s") or 0)) / mb
         for b in st.get("boards") or []:
-            out[b] = out.get(b, 0.0) + t / size
+            prev = out.get(b, (0.0, mb, m))
+            out[b] = (prev[0] + t, min(prev[1], mb), m)
     return out
 
 
@@ -281,7 +333,7 @@ def check_build(build: str | Path) -> dict:
             "boards": boards, "kernels": {k: f.to_dict() for k, f in sorted(figures.items())}}
 
 
-def _board_check(link: LinkConfig, sources, files, figures, time_s) -> dict:
+def _board_check(link: LinkConfig, sources, files, figures, plan_time) -> dict:
     spec = BOARDS.get(link.board_type)
     per_slr: dict[int, list] = {}
     total, dsp, not_read = Blocks(), 0, []
@@ -294,7 +346,7 @@ def _board_check(link: LinkConfig, sources, files, figures, time_s) -> dict:
             continue
         if kernel not in figures:
             file, top = sources[kernel]
-            figures[kernel] = kernel_figures(scan_kernel(files, file, top), file)
+            figures[kernel] = kernel_figures(*_scans(files, file, top), file=file)
         f = figures[kernel]
         for cu in cus:
             cu_kernel[cu] = kernel
@@ -315,27 +367,44 @@ def _board_check(link: LinkConfig, sources, files, figures, time_s) -> dict:
                                         ("dsp", d, s.usable_dsp)):
                     if have > cap:
                         over.append(f"SLR{k} {name} {have:,.0f} > {cap:,}")
-    masters, traffic = {}, {}
+    time_s, mb, calls = plan_time if plan_time else (None, 1, 1)
+    masters, traffic, per_call = {}, {}, {}
     for port, bank in link.sp.items():
         cu, arg = port.split(".", 1)
         kernel = cu_kernel.get(cu)
         bundle = figures[kernel].bundles.get(arg, arg) if kernel else arg
         masters.setdefault(bank, set()).add((cu, bundle))
-        if kernel:
-            traffic[bank] = traffic.get(bank, 0.0) + figures[kernel].traffic.get(arg, 0.0)
+        if not kernel:
+            continue
+        f = figures[kernel]
+        if f.takes_n:   # per sample; what a call of mb samples pays once; what the iteration's flush writes
+            traffic[bank] = (traffic.get(bank, 0.0) + f.traffic.get(arg, 0.0) + f.call_traffic.get(arg, 0.0) / mb
+                             + f.flush_traffic.get(arg, 0.0) / (mb * calls))
+        elif f.call_traffic.get(arg):   # once an iteration (update, all-reduce): within its own loops' time
+            per_call.setdefault(cu, {}).setdefault(bank, 0.0)
+            per_call[cu][bank] += f.call_traffic[arg]
     masters_n = {b: len(s) for b, s in sorted(masters.items())}
     bank_time = {}
     for bank, nbytes in sorted(traffic.items()):
         bk = spec.bank(bank) if spec is not None else None
         if bk is not None:
             bank_time[bank] = nbytes / bk.bw_Bps
+    call_time = {}
+    for cu, banks in sorted(per_call.items()):
+        f = figures[cu_kernel[cu]]
+        own = f.call_cycles / spec.clock_hz if spec is not None else None
+        for bank, nbytes in sorted(banks.items()):
+            bk = spec.bank(bank) if spec is not None else None
+            if bk is not None and own is not None:
+                call_time[f"{cu}@{bank}"] = {"bytes": round(nbytes), "bank_s": nbytes / bk.bw_Bps, "kernel_s": own}
     kernels = sorted({k for k in cu_kernel.values() if k})
     rules = {
         "blocks": not over and spec is not None,
         "ii": not any(figures[k].ii_violations for k in kernels),
         "dataflow": not any(figures[k].dataflow_violations for k in kernels),
         "masters": all(n <= MAX_MASTERS_PER_BANK for n in masters_n.values()),
-        "bandwidth": time_s is None or all(t <= time_s for t in bank_time.values()),
+        "bandwidth": (time_s is None or all(t <= time_s for t in bank_time.values()))
+                     and all(c["bank_s"] <= c["kernel_s"] for c in call_time.values()),
     }
     return {"board": link.board, "board_type": link.board_type, **total.to_dict(), "dsp": dsp,
             "usable": ({"bram36": spec.usable_bram36, "uram": spec.usable_uram, "dsp": spec.usable_dsp}
@@ -344,6 +413,7 @@ def _board_check(link: LinkConfig, sources, files, figures, time_s) -> dict:
             "over": over, "masters_per_bank": masters_n,
             "bank_bytes_per_sample": {b: round(v) for b, v in sorted(traffic.items())},
             "bank_seconds_per_sample": bank_time, "plan_seconds_per_sample": time_s,
+            "samples_per_call": mb, "per_call_kernels": call_time,
             "kernels": kernels, "not_read": sorted(not_read),
             "ii_violations": sum(len(figures[k].ii_violations) for k in kernels),
             "dataflow_violations": sum(len(figures[k].dataflow_violations) for k in kernels),

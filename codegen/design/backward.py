@@ -30,7 +30,7 @@ from math import prod
 
 from bapipe.fpga_models import fixedpoint as fx
 from bapipe.fpga_models.bwd_memory import ACC_ONCHIP_SHARE, PORTS_TURN, STREAM_DEPTH, acc_width
-from bapipe.fpga_models.engines import MVU_FILL, conv_window_lanes
+from bapipe.fpga_models.engines import MVU_FILL, conv_window_lanes, ddr_words_per_beat
 
 from bapipe.codegen.design.kernel_types import DdrFrame
 
@@ -252,6 +252,13 @@ class _Builder:
         self.streams.append(BStream(name, beat, depth, bits))
         return name
 
+    def stash_read(self, st_name: str, out: str, n: int, lanes: int, layer: str) -> None:
+        """A stash reader: ``n`` elements a sample, ``lanes`` a vector, in as many 512-bit port
+        beats as a vector takes (fpga_models.engines.ddr_words_per_beat), one a cycle."""
+        beats = ddr_words_per_beat(lanes, self.w)
+        self.proc(f"bapipe::stash_read<{n}, {lanes}, {beats}>({st_name}, {out})", layer, "stash_read",
+                  n // lanes * beats)
+
     def proc(self, call: str, layer: str, what: str, cycles: int) -> None:
         """One DATAFLOW process; every engine takes the call's sample count ``n`` last."""
         call = call.rstrip(";")
@@ -367,8 +374,7 @@ def build_bwd(plan, model, st, sc, fmt, board=None) -> BwdCtx:
         lanes, taps = conv_window_lanes(c, kh, simd) if l.type == "conv2d" else (simd, 1)
         if kh == kw and sh == sw and ph == pw and simd % (lanes * taps) == 0 and c % lanes == 0:
             raw = b.stream(f"xs_{tag}", lanes)
-            b.proc(f"bapipe::stash_read<{c * h * w_}, {lanes}>({st_name}, {raw})", l.name, "stash_read",
-                   c * h * w_ // lanes)
+            b.stash_read(st_name, raw, c * h * w_, lanes, l.name)
             rows = kh + sh - 1                  # as the forward's window generator (codegen.design.tm_kernel)
             col = b.stream(f"col_{tag}", lanes * taps)
             b.proc(f"bapipe::swg<{c}, {h}, {w_}, {kh}, {ph}, {sh}, {lanes}, {taps}, {rows}, false>({raw}, {col})",
@@ -408,8 +414,7 @@ def build_bwd(plan, model, st, sc, fmt, board=None) -> BwdCtx:
             if l.type == "dense":
                 x = b.stream(f"x_{tag}", simd)
                 vec = prod(l.in_shapes[0][:-1])
-                b.proc(f"bapipe::stash_read<{vec * mw}, {simd}>({st_name}, {x});", l.name, "stash_read",
-                       vec * mw // simd)
+                b.stash_read(st_name, x, vec * mw, simd, l.name)
                 terms_dx = mh
             else:
                 c, h, w_ = l.in_shapes[0]
@@ -471,7 +476,7 @@ def build_bwd(plan, model, st, sc, fmt, board=None) -> BwdCtx:
             # the relu's output, not its input: relu(x) > 0 exactly when x > 0, and a relu fused
             # into the MVU before it has no forward stream of its input (codegen.design.stash)
             st_name = stash(l, l.name)
-            b.proc(f"bapipe::stash_read<{n_in}, {L}>({st_name}, {x});", l.name, "stash_read", n_in // L)
+            b.stash_read(st_name, x, n_in, L, l.name)
             out = b.stream(f"dx_{tag}", L)
             b.proc(f"bapipe::relu_bwd<{n_in}, {L}>({x}, {dy}, {out});", l.name, "relu_bwd", n_in // L)
             contrib[src].append((out, L))
@@ -484,7 +489,7 @@ def build_bwd(plan, model, st, sc, fmt, board=None) -> BwdCtx:
             # iteration (fpga_models.train_fixed.batchnorm_bwd_weight), x from its stash
             x = b.stream(f"x_{tag}", L)
             st_name = stash(l, src)
-            b.proc(f"bapipe::stash_read<{n_in}, {L}>({st_name}, {x});", l.name, "stash_read", n_in // L)
+            b.stash_read(st_name, x, n_in, L, l.name)
             gb = acc_width(max(1, plan.microbatches) * mb * (n_in // ch), W, W)
             if gb > MAX_ACC_BITS:
                 raise ValueError(f"layer '{l.name}': a {gb}-bit gradient accumulator exceeds {MAX_ACC_BITS} bits")
@@ -518,7 +523,7 @@ def build_bwd(plan, model, st, sc, fmt, board=None) -> BwdCtx:
                 if l.type == "maxpool":
                     x = b.stream(f"x_{tag}", L)
                     st_name = stash(l, src)
-                    b.proc(f"bapipe::stash_read<{n_in}, {L}>({st_name}, {x});", l.name, "stash_read", n_in // L)
+                    b.stash_read(st_name, x, n_in, L, l.name)
                     pv = b.stream(f"arg_{tag}", L)
                     b.streams[-1].beat, b.streams[-1].beat_bits = f"bapipe::pvec<{L}>", L * (W + 8)
                     b.proc(f"bapipe::maxpool_bwd_scan<{c}, {h}, {w_}, {kh}, {L}>({x}, {dy}, {pv});",

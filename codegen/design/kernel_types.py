@@ -30,6 +30,8 @@ class Rom:
     words: int = 0                         # ... that many of them
     buffer: bool = False                   # an on-chip buffer the kernel writes (the weight tiles), not a ROM
     banks: int = 0                         # buffer: cyclic banks of its last dim (elements read a cycle)
+    copy_of: str = ""                      # buffer: what it is an on-chip copy of (for the comment)
+    copied: bool = False                   # external, copied on chip once a call (never read in a loop)
 
     @property
     def size(self) -> int:
@@ -132,6 +134,7 @@ class EngineStage:
     writers: dict[str, str] = field(default_factory=dict)    # stream -> the call that writes it
     stashes: list = field(default_factory=list)   # training: stash writers (codegen.design.stash.StashBuf)
     loads: list[str] = field(default_factory=list)   # dataflow: weight copies filled per call (codegen.design.weight_memory)
+    load_roms: list[Rom] = field(default_factory=list)   # ... the m_axi arrays they read, in argument order
 
     @property
     def buffers(self) -> list[Rom]:

@@ -30,6 +30,9 @@ from bapipe.codegen.design.onchip import elem_bytes, kernel_onchip_bytes
 
 #: kernels that move data between host memory and the stage streams (codegen.design.context)
 MOVERS = ("mm2s", "s2mm")
+#: UG1393 / UG1700 "Mapping Kernel Ports to Memory": up to 15 kernel interfaces on one global
+#: memory bank (what `bapipe check`'s masters rule holds the link configs to)
+MAX_MASTERS_PER_BANK = 15
 
 
 def bundle_name(arg: str) -> str:
@@ -244,6 +247,8 @@ def assign_banks(board: Board, ports: list[tuple[str, str, int]], slr_of: dict[s
         groups[key] = groups.get(key, 0) + nbytes
     follows = {k: same_as[k] for k in groups if k in same_as and same_as[k] in groups and same_as[k] != k}
     groups = {k: v for k, v in groups.items() if k not in follows}
+    # masters a group brings to its bank: itself and the bundles that must share it
+    brings = {k: 1 + sum(1 for f in follows.values() if f == k) for k in groups}
     hbm = [b for b in board.banks if b.kind == "hbm"]
     ddr = [b for b in board.banks if b.kind != "hbm"]
     load, nxt, bank_of = {b.name: [0, 0] for b in board.banks}, 0, {}
@@ -261,11 +266,15 @@ def assign_banks(board: Board, ports: list[tuple[str, str, int]], slr_of: dict[s
         else:
             slr = slr_of.get(inst)
             dist = (lambda b: 0) if slr is None else (lambda b: abs(b.slr - slr))
-            pick = min(ddr, key=lambda b: (load[b.name][0], load[b.name][1], dist(b), b.name))
+            # the vendor's limit first (UG1393: at most MAX_MASTERS_PER_BANK interfaces a bank),
+            # then bandwidth
+            k = brings[(inst, bundle)]
+            pick = min(ddr, key=lambda b: (load[b.name][1] + k > MAX_MASTERS_PER_BANK, load[b.name][0],
+                                           load[b.name][1], dist(b), b.name))
             names, bank = [pick.name], pick.name
         for nm in names:
             load[nm][0] += nbytes
-            load[nm][1] += 1
+            load[nm][1] += brings[(inst, bundle)]
         bank_of[(inst, bundle)] = bank
     for k, leader in follows.items():
         bank_of[k] = bank_of[leader]

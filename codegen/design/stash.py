@@ -28,6 +28,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from bapipe.fpga_models import fixedpoint as fx
+from bapipe.fpga_models.engines import ddr_words_per_beat
 from bapipe.schedules import chunk_stash_count
 
 
@@ -44,12 +46,13 @@ class StashBuf:
     slots: int              # buffers per tensor: bapipe.schedules.chunk_stash_count
     chw: tuple[int, int, int] | None = None   # (C, H, W): write HWC beats in flattened C,H,W order
     ports: list[str] = field(default_factory=list)   # the backward kernel's stash arguments
+    beats: int = 1          # 512-bit port beats a vector takes (fpga_models.engines.ddr_words_per_beat)
 
     @property
     def call(self) -> str:
         c, h, w = self.chw or (1, 1, 1)
         return (f"bapipe::stash_write<{self.lanes}, {self.elements}, {c}, {h}, {w}, "
-                f"{'true' if self.chw else 'false'}>({self.stream}_st, {self.stream}, {self.name}, n)")
+                f"{'true' if self.chw else 'false'}, {self.beats}>({self.stream}_st, {self.stream}, {self.name}, n)")
 
     def host_config(self) -> dict:
         return {"arg": self.name, "tensor": self.tensor, "elements": self.elements, "samples": self.mb,
@@ -109,7 +112,7 @@ def _stream_of(tensor: str, sc, model, node_out: dict[str, str], design_stage) -
 
 
 def plan_stashes(sc, model, design_stage, schedule: str, devices: int, device: int,
-                 microbatches: int, chunks: int = 1, chunk: int = 0) -> list[StashBuf]:
+                 microbatches: int, chunks: int = 1, chunk: int = 0, elem_bits: int = 16) -> list[StashBuf]:
     """The stash writers of training stage ``sc`` (a dataflow engine kernel with its backward
     kernel), one per stashed tensor, in the backward kernel's port order; slots: the stage's
     own stash count (bapipe.schedules.chunk_stash_count, the plan's ``stashes``)."""
@@ -123,7 +126,7 @@ def plan_stashes(sc, model, design_stage, schedule: str, devices: int, device: i
             lanes = es.in_lanes if stream == "in0" else es.out_lanes if stream == "out0" else \
                 next(v.lanes for v in every if v.name == stream)
             out[p.tensor] = StashBuf(f"st_{_ident(p.tensor)}", p.tensor, stream, lanes, p.elements, sc.bwd.mb,
-                                     slots, chw)
+                                     slots, chw, beats=ddr_words_per_beat(lanes, elem_bits))
         out[p.tensor].ports.append(p.name)
     return list(out.values())
 
@@ -210,7 +213,7 @@ def build_stashes(sc, model, design_stage, plan, position: int) -> str | None:
     try:
         st = plan.stages[position]
         bufs = plan_stashes(sc, model, design_stage, plan.schedule, plan.devices, st.device, max(1, plan.microbatches),
-                            plan.chunks, st.chunk)
+                            plan.chunks, st.chunk, fx.get_fmt(plan.number_format).width)
         add_stash_writers(sc, bufs)
     except ValueError as e:
         sc.engine.stashes = []

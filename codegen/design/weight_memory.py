@@ -133,7 +133,7 @@ def load_weights_once(es, mvus: dict, elem_bits: int, index: int) -> dict[str, s
     elements a cycle, instead of scalar m_axi reads inside its II=1 loop. Per call, not per
     sample: the training update kernel rewrites the arrays between calls. Returns the MVU calls
     it replaced (old call -> new call)."""
-    from bapipe.codegen.design.kernel_types import Rom
+    from bapipe.codegen.design.kernel_types import LUTRAM_WORDS, Rom
 
     eb = -(-elem_bits // 8)
     roms = {r.name: r for r in es.roms}
@@ -142,7 +142,10 @@ def load_weights_once(es, mvus: dict, elem_bits: int, index: int) -> dict[str, s
         if not roms[wn].external or m.call not in es.calls:
             continue
         roms[wn].word_bits, roms[wn].words = DDR_WORD_BITS, weight_words(roms[wn].size, elem_bits)
-        impl = "bram" if m.elems * eb <= BRAM_COPY_BYTES else "uram"
+        # banks of a few words each are LUTRAM (as the ROMs: kernel_types.LUTRAM_WORDS): a BRAM18
+        # a bank would hold 1,024 words
+        impl = "lutram" if -(-m.elems // (m.pe * m.simd)) <= LUTRAM_WORDS else \
+            "bram" if m.elems * eb <= BRAM_COPY_BYTES else "uram"
         # read PE x SIMD elements a cycle: that many banks (cyclic)
         buf = Rom(f"{m.inst}_wt", (1, m.elems), np.zeros(0, dtype=np.int64), (), impl, buffer=True, banks=m.pe * m.simd)
         es.roms.append(buf)
@@ -150,7 +153,31 @@ def load_weights_once(es, mvus: dict, elem_bits: int, index: int) -> dict[str, s
         es.calls[es.calls.index(m.call)] = new
         renamed[m.call] = new
         es.loads.append(_fetch(wn, buf, 0, 0, m.elems).replace("(long)n)", "1L)"))
+        es.load_roms.append(roms[wn])
+        if roms[m.bias].external:   # a trained bias (the update rewrites it): on chip too
+            new = _bias_copy(es, roms[m.bias], m, new)
+            es.calls[es.calls.index(renamed[m.call])] = new
+            renamed[m.call] = new
     return renamed
+
+
+def _bias_copy(es, bias, m: MvuCall, call: str) -> str:
+    """The MVU reads its bias from an on-chip copy (PE banks: one row of PE a cycle), filled
+    beside the weights at the start of every call from the m_axi array, BIAS_WORD_BITS a beat
+    (``bapipe::bias_copy``): no m_axi read inside the MVU's II=1 loop (UG1399: one read a cycle
+    per m_axi port). Returns the MVU call reading the copy."""
+    from bapipe.codegen.design.kernel_types import LUTRAM_WORDS, Rom
+
+    nf, pe = bias.shape
+    impl = "lutram" if nf <= LUTRAM_WORDS else "bram"
+    copy = Rom(f"{m.inst}_bt", (nf, pe), np.zeros(0, dtype=np.int64), (), impl, buffer=True, banks=pe,
+               copy_of=f"{m.inst}'s bias")
+    es.roms.append(copy)
+    es.loads.append(f"bapipe::bias_copy<{nf}, {pe}, {DDR_WORD_BITS}>({bias.name}, {copy.name})")
+    es.load_roms.append(bias)
+    bias.copied = True
+    head, _, tail = call.rpartition(f", {bias.name}, ")
+    return f"{head}, {copy.name}, {tail}"
 
 
 def _all_resident(es, order, roms, index: int, renamed: dict[str, str]) -> dict[str, str]:
