@@ -18,6 +18,9 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="resharding between processes needs the [torch] extra")
 
+#: every test starts torch.distributed process groups (forked ranks, gloo): 1-17 s each: make test, not make test-fast
+pytestmark = pytest.mark.slow
+
 from bapipe.planner.reshard import parse_layout  # noqa: E402
 from bapipe.planner.reshard.dist import TransferFailure, execute_distributed  # noqa: E402
 from bapipe.planner.reshard.dist_rank import pattern  # noqa: E402

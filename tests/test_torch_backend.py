@@ -11,6 +11,9 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="the torch backend needs the [torch] extra")
 
+#: every test imports torch (~13 s cold) and most start pipeline processes: make test, not make test-fast
+pytestmark = pytest.mark.slow
+
 from bapipe.spec import load_model  # noqa: E402
 from handplan import hand_plan  # noqa: E402
 from bapipe.host import layers_np as L  # noqa: E402
