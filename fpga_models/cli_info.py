@@ -4,7 +4,6 @@ from __future__ import annotations
 import io
 
 from bapipe.errors import SpecError
-from bapipe.spec import load_model
 
 
 def _table(headers: list[str], rows: list[list], title: str | None = None) -> str:
@@ -85,27 +84,30 @@ def show_clusters(r: dict) -> str:
     return _table(["cluster", "boards", "types", "topology", "hosts", "links"], rows, "built-in clusters")
 
 
-def cmd_profile(args) -> dict:
-    """Per-layer counts and cost on each board type of the cluster."""
-    from fpga_models.boards import FORMATS, bytes_per_element
-    from fpga_models.cluster import load_cluster
+def check_profile_options(fmt: str, batch: int) -> None:
+    """SpecError naming --format or --batch (checked before any model is loaded)."""
+    from fpga_models.boards import FORMATS
 
-    if args.format not in FORMATS:
-        raise SpecError(None, None, "--format", f"expected one of {', '.join(FORMATS)}; got {args.format!r}")
-    if args.batch < 1:
+    if fmt not in FORMATS:
+        raise SpecError(None, None, "--format", f"expected one of {', '.join(FORMATS)}; got {fmt!r}")
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
         raise SpecError(None, None, "--batch", "expected an integer >= 1")
-    from bapipe.onnx_import import parse_opaque
 
-    model = load_model(args.model, opaque=parse_opaque(args.opaque) if args.opaque else None)
-    cluster = load_cluster(args.cluster)
-    measured = {}
-    if getattr(args, "measured", None):
+
+def profile_result(model, cluster, fmt: str = "fixed16", batch: int = 1, measured: str | None = None) -> dict:
+    """Per-layer counts and cost of ``model`` on each board type of ``cluster`` (loaded
+    objects; ``measured``: a profile file replacing the cost model): the --json object of
+    `bapipe profile` (bapipe.api.profile and the command both come here)."""
+    from fpga_models.boards import bytes_per_element
+
+    check_profile_options(fmt, batch)
+    if measured:
         from bapipe.profiles import load_profile
 
-        measured = {t: load_profile(args.measured, model, board=t, batch=args.batch) for t in cluster.board_types()}
+        measured = {t: load_profile(measured, model, board=t, batch=batch) for t in cluster.board_types()}
     from fpga_models.cost import profile_layer
 
-    bpe = bytes_per_element(args.format)
+    bpe = bytes_per_element(fmt)
     types = cluster.board_types()
     boards = {t: next(cb.board for cb in cluster.boards if cb.board.name == t) for t in types}
     layers = []
@@ -116,17 +118,17 @@ def cmd_profile(args) -> dict:
                 m = measured[t][layer.name]
                 cost[t] = {"fwd_s": m["fwd_s"], "bwd_s": m["bwd_s"], "source": "measured"}
             else:
-                c = profile_layer(layer, b, args.format, args.batch)
+                c = profile_layer(layer, b, fmt, batch)
                 cost[t] = {"fwd_s": c["fwd_s"], "bwd_s": c["bwd_s"]}
         layers.append({
             "name": layer.name, "type": layer.type, "out_shape": list(layer.out_shape),
             "params": layer.weight_params, "fwd_macs": layer.fwd_macs, "bwd_macs": layer.bwd_macs,
-            "activation_bytes": layer.out_elems * bpe * args.batch, "weight_bytes": layer.weight_params * bpe,
+            "activation_bytes": layer.out_elems * bpe * batch, "weight_bytes": layer.weight_params * bpe,
             "cost": cost,
         })
     totals = {t: {"fwd_s": sum(l["cost"][t]["fwd_s"] for l in layers),
                   "bwd_s": sum(l["cost"][t]["bwd_s"] for l in layers)} for t in types}
-    return {"model": model.name, "cluster": cluster.name, "format": args.format, "batch": args.batch,
+    return {"model": model.name, "cluster": cluster.name, "format": fmt, "batch": batch,
             "params": model.params, "fwd_macs": model.fwd_macs, "layers": layers, "totals": totals}
 
 

@@ -12,24 +12,23 @@ MAX_SIM_OPS = 10_000_000
 PROGRESS_OPS = 100_000
 
 
-def cmd_sim(args) -> dict:
-    """Simulate the plan; write the Gantt chart / trace if asked; return the --json object."""
-    from bapipe.plan import load_plan
-    from fpga_models.plancheck import resolve
-
+def sim_result(plan, model, cluster, plan_file: str, iterations: int = 1, gantt: str | None = None,
+               trace: str | None = None) -> dict:
+    """Simulate ``plan`` (with its loaded model and cluster; ``plan_file`` names it in errors);
+    write the Gantt chart / trace if asked; return the --json object (bapipe.api's
+    Plan.simulate and `bapipe sim` both come here)."""
     from .sim import simulate
     from .trace import gantt_format, write_gantt, write_trace
 
-    iterations = getattr(args, "iterations", 1)
-    if iterations is None or iterations < 1:
+    if iterations is None or isinstance(iterations, bool) or not isinstance(iterations, int) or iterations < 1:
         raise SpecError(None, None, "--iterations", f"expected a positive integer, got {iterations}")
-    if getattr(args, "gantt", None):
-        gantt_format(args.gantt)  # a wrong suffix is refused before the simulation, not after
-    plan = load_plan(args.plan)
-    model, cluster = resolve(plan, args.plan)
+    if gantt:
+        gantt_format(gantt)  # a wrong suffix is refused before the simulation, not after
+        from bapipe.extras import require
+        require("plot", "a Gantt chart (--gantt)")
     ops = iterations * plan.microbatches * len(plan.stages) * (2 if plan.mode == "train" else 1)
     if ops > MAX_SIM_OPS:
-        raise SpecError(args.plan, None, "microbatches" if iterations == 1 else "--iterations",
+        raise SpecError(plan_file, None, "microbatches" if iterations == 1 else "--iterations",
                         f"expected at most {MAX_SIM_OPS:,} simulated ops (iterations {iterations} x "
                         f"micro-batches {plan.microbatches} x stages {len(plan.stages)} x passes), got {ops:,}; "
                         "simulate fewer --iterations or plan fewer micro-batches")
@@ -46,8 +45,7 @@ def cmd_sim(args) -> dict:
     if predicted:
         out["planner_iteration_time_s"] = float(predicted)
         out["sim_vs_planner"] = result.iteration_time_s / float(predicted) - 1.0
-    for opt, write in (("gantt", write_gantt), ("trace", write_trace)):
-        path = getattr(args, opt, None)
+    for opt, write, path in (("gantt", write_gantt, gantt), ("trace", write_trace, trace)):
         if path:
             try:
                 out[opt] = str(write(result, path))

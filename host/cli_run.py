@@ -3,36 +3,26 @@ from __future__ import annotations
 
 import sys
 
-from .backends import BackendUnavailable
-from .driver import PipelineFailure, TrainingDiverged, train
+from .driver import train
 
 
-def cmd_run(args) -> dict | tuple[dict, int]:
-    """Run the plan's schedule; the --json object has backend, epochs, final_loss,
-    test_accuracy, samples_per_s and grad_max_rel_err_vs_single_device.
+def run_result(args) -> dict:
+    """Run the plan's schedule (``args``: the `run` command's options; ``args.plan`` a plan file
+    or a bapipe.plan.Plan); the --json object has backend, engine, epochs, final_loss,
+    test_accuracy, samples_per_s and grad_max_rel_err_vs_single_device. bapipe.api.run and
+    `bapipe run` both come here.
 
-    A missing tool or board exits 2 with one line; a failed worker exits 1 with one line
-    naming the stage and micro-batch.
+    A missing tool or board raises BackendUnavailable (exit 2), a failed worker PipelineFailure
+    naming the stage and micro-batch and a NaN loss TrainingDiverged (exit 1): one line each.
     """
     if args.backend == "verilator":
         _check_rtl_folder(args.plan, args.build)
-    try:
-        return train(args.plan, backend=args.backend, epochs=args.epochs, lr=args.lr, seed=args.seed,
-                     precision=args.precision, log=args.log, checkpoint=args.checkpoint, resume=args.resume,
-                     ray=args.ray, timeout=args.timeout, build=args.build,
-                     global_batch=getattr(args, "global_batch", None), retries=_retries(args),
-                     lr_schedule=getattr(args, "lr_schedule", "linear"),
-                     progress=sys.stderr.isatty())  # bars only on a terminal; logs stay clean
-    except TrainingDiverged as e:  # a finished run with a NaN loss would be a silent wrong answer
-        sys.stderr.write(f"bapipe run: {e}\n")
-        return {"backend": args.backend, "error": str(e)}, 1
-    except BackendUnavailable as e:
-        sys.stderr.write(f"bapipe run: {e}\n")
-        return {"backend": args.backend, "error": str(e)}, 2
-    except PipelineFailure as e:
-        msg = str(e)
-        sys.stderr.write(f"bapipe run: {msg}\n")
-        return {"backend": args.backend, "error": msg}, 1
+    return train(args.plan, backend=args.backend, epochs=args.epochs, lr=args.lr, seed=args.seed,
+                 precision=args.precision, log=args.log, checkpoint=args.checkpoint, resume=args.resume,
+                 ray=args.ray, timeout=args.timeout, build=args.build,
+                 global_batch=getattr(args, "global_batch", None), retries=_retries(args),
+                 lr_schedule=getattr(args, "lr_schedule", "linear"),
+                 progress=sys.stderr.isatty())  # bars only on a terminal; logs stay clean
 
 
 def _retries(args) -> int:
@@ -45,14 +35,14 @@ def _retries(args) -> int:
     return n
 
 
-def _check_rtl_folder(plan_file: str, build: str | None) -> None:
+def _check_rtl_folder(plan_file, build: str | None) -> None:
     """The verilator backend writes its RTL (~100 MB for big plans) into ``BUILD/host_rtl``:
     BUILD must be new, empty, a `bapipe gen` build of this very plan, or a folder holding only
     an earlier ``host_rtl``; any other folder is refused rather than written into."""
     from pathlib import Path
 
     from bapipe.errors import SpecError
-    from bapipe.plan import load_plan
+    from bapipe.plan import Plan, load_plan
     from codegen.cli_gen import STAMP, check_build
 
     folder = Path(build or "build")
@@ -66,7 +56,8 @@ def _check_rtl_folder(plan_file: str, build: str | None) -> None:
     if STAMP not in names:
         raise SpecError(str(folder), None, "--build", "expected a new or empty folder, or a `bapipe gen` build "
                                                       "of this plan (the RTL would be written into it)")
-    check_build(folder, load_plan(plan_file).fingerprint(), "--build")
+    plan = plan_file if isinstance(plan_file, Plan) else load_plan(plan_file)
+    check_build(folder, plan.fingerprint(), "--build")
 
 
 def show_run(r: dict) -> str:

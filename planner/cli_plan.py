@@ -8,7 +8,6 @@ from dataclasses import replace
 
 from bapipe.errors import SpecError
 from bapipe.schedules import SCHEDULES
-from bapipe.spec import load_model
 from fpga_models.boards import FORMATS
 from fpga_models.cluster import load_cluster
 
@@ -129,13 +128,12 @@ def parse_meshes(text) -> tuple[int, ...] | None:
     return ks
 
 
-def cmd_plan(args):
-    """Plan MODEL on CLUSTER, write plan.yaml, return the --json object."""
-    from bapipe.onnx_import import parse_opaque
-
-    opaque = parse_opaque(args.opaque) if getattr(args, "opaque", None) else None
-    model = load_model(args.model, opaque=opaque)
-    cluster = load_cluster(args.cluster)
+def plan_outcome(model, cluster, model_ref: str, cluster_ref: str, args) -> tuple:
+    """Plan ``model`` on ``cluster`` (loaded objects; ``model_ref``/``cluster_ref``: the names
+    the plan file records, which reload them) with the options in ``args`` (the `plan` command's
+    dests; bapipe.api.plan fills the defaults): the planner's Outcome and its --json object
+    (without ``output``: nothing is written here, bapipe.api.Plan.save writes)."""
+    opaque = {k: tuple(v) for k, v in model_opaque(args).items()} or None
     req = request_from_args(args, model)
     peer_cost = None
     if getattr(args, "cost_model", "bapipe") == "pipedream":
@@ -143,22 +141,24 @@ def cmd_plan(args):
     if sys.stderr.isatty():  # big models on big clusters search for seconds (resnet50 on 64xU55C: ~10 s)
         sys.stderr.write(f"bapipe plan: searching {len(model.layers)} layers over {len(cluster.boards)} boards "
                          "(the zoo's largest on 64 boards: ~10 s)\n")
-    out = make_plan(model, cluster, args.model, args.cluster, req)
+    out = make_plan(model, cluster, model_ref, cluster_ref, req)
     if opaque:  # the plan must reload the same model (resolve() checks the fingerprint)
         out.plan.opaque = {k: list(v) for k, v in sorted(opaque.items())}
     if getattr(args, "pareto", False):
         from .pareto import pareto_plans
         out.pareto = pareto_plans(model, cluster, replace(req, global_batch=out.plan.global_batch))
-    try:
-        out.plan.save(args.output)
-    except OSError as e:
-        raise SpecError(str(args.output), None, "-o", f"cannot write the plan: {e.strerror or e}") from None
     res = summary(out)
     res["cost_model"] = getattr(args, "cost_model", "bapipe")
     if peer_cost is not None:
         res["pipedream_cost"] = peer_cost
-    res["output"] = str(args.output)
-    return res
+    return out, res
+
+
+def model_opaque(args) -> dict:
+    """--opaque OP=fwd_s,bwd_s given for an ONNX model, parsed ({} when none)."""
+    from bapipe.onnx_import import parse_opaque
+
+    return parse_opaque(args.opaque) if getattr(args, "opaque", None) else {}
 
 
 #: options --cost-model pipedream cannot honour: it searches every layout of all the boards itself

@@ -3,7 +3,8 @@
 Every import in the product packages is read from the source (module level and inside
 functions alike: a lazy import is still a dependency), and one that reaches a package later
 in the flow than its own fails the test, naming file, line and target. The CLI entry points
-(bapipe.cli, bapipe.demo) dispatch to every command and are the only modules allowed to.
+(bapipe.cli, bapipe.demo), the Python API (bapipe.api) and the commands' arguments
+(bapipe.options) dispatch to every command and are the only modules allowed to.
 Command modules (``cli_*``) hold arguments, handlers and printing; library code does not
 import them (it imports the library they call).
 """
@@ -16,7 +17,7 @@ ROOT = Path(__file__).resolve().parent.parent
 #: the flow, first to last: a package may import itself and packages before it
 FLOW = ["bapipe", "fpga_models", "planner", "codegen", "host"]
 #: entry points: parse arguments and call every package's handler
-ENTRY_POINTS = {"bapipe/cli.py", "bapipe/demo.py", "bapipe/__main__.py"}
+ENTRY_POINTS = {"bapipe/cli.py", "bapipe/demo.py", "bapipe/__main__.py", "bapipe/api.py", "bapipe/options.py"}
 #: packages that are not product code and must not be imported by it
 TEST_ONLY = {"tests", "cocotb_tests", "bench"}
 
