@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 
 from .errors import SpecError
-from .options import MAX_GLOBAL_BATCH, SCHEDULE_CHOICES, add_args  # noqa: F401 (the CLI contract)
+from .options import EXIT_CODES, MAX_GLOBAL_BATCH, SCHEDULE_CHOICES, add_args  # noqa: F401 (the CLI contract)
 
 #: commands whose -o names one file that is not overwritten without --force
 _FILE_OUTPUTS = ("plan", "export")
@@ -32,7 +32,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "clusters": ("fpga_models.cli_info", "list the built-in clusters"),
     "profile": ("fpga_models.cli_info", "per-layer cost of MODEL on each board type of CLUSTER"),
     "plan": ("planner.cli_plan", "plan pipeline-parallel training/inference of MODEL on CLUSTER"),
-    "sim": ("fpga_models.cli_sim", "cycle-approximate simulation of a plan"),
+    "sim": ("fpga_models.cli_sim", "event replay of a plan's schedule (its stage times and links)"),
     "reshard": ("planner.cli_reshard", "plan one cross-mesh resharding"),
     "gen": ("codegen.cli_gen", "generate the HLS/RTL project of a plan"),
     "csim": ("codegen.cli_csim", "g++ C-simulation of every generated stage against numpy"),
@@ -75,7 +75,7 @@ class _Formatter(argparse.ArgumentDefaultsHelpFormatter):
     def _get_help_string(self, action):
         # identity, not ==: a default of 0 (--seed, --retries) equals False and must be shown
         if action.default is None or action.default is False or action.default is argparse.SUPPRESS \
-                or action.default == []:
+                or action.default == [] or action.nargs == 0:   # a flag (--no-stages): on or off, no default
             return action.help
         return super()._get_help_string(action)
 
@@ -83,13 +83,13 @@ class _Formatter(argparse.ArgumentDefaultsHelpFormatter):
 def build_parser() -> argparse.ArgumentParser:
     """The full parser, with only the subcommands whose modules exist."""
     parser = _Parser(prog="bapipe", description="BaPipe: plan, simulate, generate and run pipeline-parallel "
-                                                 "DNN training on FPGA clusters.")
+                                                 "DNN training on FPGA clusters.", epilog=EXIT_CODES)
     parser.add_argument("--version", action="version", version=f"bapipe {version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for name, (_, help_) in COMMANDS.items():
         if not _available(name):
             continue
-        p = sub.add_parser(name, help=help_, description=help_, formatter_class=_Formatter)
+        p = sub.add_parser(name, help=help_, description=help_, formatter_class=_Formatter, epilog=EXIT_CODES)
         add_args(name, p)
         p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     return parser

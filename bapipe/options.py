@@ -130,8 +130,8 @@ def add_args(name: str, p: argparse.ArgumentParser) -> None:
         p.add_argument("-o", "--output", default="build", help="project folder to write")
         p.add_argument("--force", action="store_true", help="replace a non-empty output folder")
         p.add_argument("--engines", default="hls", choices=("hls", "rtl"),
-                       help="stage kernels the Makefile and link configs build: Vitis HLS (default) or the "
-                            "packaged RTL kernels (rtl/kernels/)")
+                       help="stage kernels the Makefile and link configs build: hls (Vitis HLS) or rtl (the "
+                            "packaged RTL kernels in rtl/kernels/)")
     elif name in ("csim", "rtlsim", "synth"):
         p.add_argument("build", nargs="?", default="build", help="project folder written by `bapipe gen`")
         if name == "rtlsim":
@@ -147,10 +147,9 @@ def add_args(name: str, p: argparse.ArgumentParser) -> None:
                            help="samples each stage runs alone (default 3-16, to keep all stages near "
                                 "2M simulated cycles)")
             p.add_argument("--iterations", type=int, default=None,
-                           help="training builds (mode: train plans): iterations of the schedule to simulate "
-                                "(default: codegen.cli_rtlsim.DEFAULT_ITERATIONS when they fit its "
-                                "TRAIN_BUDGET_CYCLES of simulated cycles, else 0; 0 runs the forward "
-                                "pipeline only)")
+                           help="training builds (mode: train plans): iterations of the schedule to simulate; "
+                                "0 runs the forward pipeline only (default: 2 when they take at most 20 M "
+                                "simulated cycles, else 0)")
         if name == "csim":
             p.add_argument("--seed", type=_seed, default=0, help="seed of the random inputs")
             p.add_argument("--samples", type=int, default=4, help="random inputs per stage (big stages run 1)")
@@ -158,7 +157,9 @@ def add_args(name: str, p: argparse.ArgumentParser) -> None:
                            help="training builds (mode: train plans): run this many iterations of forward, "
                                 "backward and weight update and check the weights after each against "
                                 "fpga_models.train_fixed (default: the forward check only)")
-            p.add_argument("--lr", type=float, default=0.05, help="--iterations: SGD learning rate")
+            p.add_argument("--lr", type=float, default=None,
+                           help="--iterations: SGD learning rate (default: the rule `bapipe run` uses for the "
+                                "plan's global batch)")
             p.add_argument("--momentum", type=float, default=0.9, help="--iterations: SGD momentum")
         if name == "synth":
             p.add_argument("--board", action="append", help="synthesise only this board (repeatable; default: every board)")
@@ -178,14 +179,17 @@ def add_args(name: str, p: argparse.ArgumentParser) -> None:
         from host.optim import DEFAULT_LR_SCHEDULE, LR_SCHEDULES   # lazily: the optimizer's schedules
         p.add_argument("--lr-schedule", default=DEFAULT_LR_SCHEDULE, choices=LR_SCHEDULES,
                        help="the rate over the epochs: linear steps it down once an epoch to 1/epochs of --lr, "
-                            f"constant keeps it (default: {DEFAULT_LR_SCHEDULE}; every backend applies the same steps)")
+                            "constant keeps it (every backend applies the same steps)")
         p.add_argument("--seed", type=_seed, default=0, help="seed of the weights and the data order")
-        p.add_argument("--precision", default="float32", choices=("float32", "fixed"),
-                       help="float32, or fixed to round to the plan's number format")
+        p.add_argument("--precision", default="plan", choices=("plan", "fixed", "float32"),
+                       help="arithmetic of the numpy backend: plan (the plan's number format: fixed for a fixed16 "
+                            "or int8 plan with sgd, as the hardware trains; float32 for fp32 or adam plans), "
+                            "fixed, or float32")
         p.add_argument("--log", help="write a per-iteration log (.json or .csv; default: none)")
         p.add_argument("--checkpoint", help="save weights and optimizer state here after every epoch (default: none)")
         p.add_argument("--resume", help="resume from a checkpoint (default: start from fresh weights)")
-        p.add_argument("--ray", action="store_true", help="run board workers as Ray actors")
+        p.add_argument("--ray", action="store_true", help="run board workers as Ray actors (the 'ray' extra)")
+        p.add_argument("--verbose", action="store_true", help="also show third-party warnings (Ray's)")
         p.add_argument("--timeout", type=float, default=60.0, help="seconds before a silent worker is declared hung")
         p.add_argument("--retries", type=int, default=0,
                        help="worker failures to recover from by restarting the workers and replaying the epoch")
@@ -205,3 +209,9 @@ def defaults(name: str) -> dict:
     p = argparse.ArgumentParser(add_help=False)
     add_args(name, p)
     return {a.dest: a.default for a in p._actions if a.dest != argparse.SUPPRESS}
+
+
+#: what every command's exit status means (shown at the end of each --help)
+EXIT_CODES = ("exit status: 0 done; 1 a check failed (csim/rtlsim mismatch, synth failure, a failed or diverged "
+              "run); 2 bad input, or a tool or extra that is missing; 130 interrupted (Ctrl-C); 143 terminated "
+              "(SIGTERM)")

@@ -22,13 +22,21 @@ def _table(headers: list[str], rows: list[list], title: str | None = None) -> st
 
 
 def _si(x: float, unit: str = "") -> str:
-    """Engineering notation: 1.23G, 4.56m, 7.89u."""
-    if x == 0:
-        return f"0{unit}"
-    for div, p in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"), (1.0, ""), (1e-3, "m"), (1e-6, "u"), (1e-9, "n")):
-        if abs(x) >= div:
-            return f"{x / div:.3g}{p}{unit}"
-    return f"{x:.3g}{unit}"
+    """Engineering notation (bapipe.units.si): 1.23G, 4.56 ms, 250 MHz."""
+    from bapipe.units import si
+
+    return si(x, unit)
+
+
+def _iec(n: float) -> str:
+    """Bytes in IEC units (bapipe.units.nbytes): 64 GiB, 1 KiB."""
+    from bapipe.units import nbytes
+
+    return nbytes(n)
+
+
+#: the number format whose peak `bapipe boards` shows: every command's default (fixed16)
+PEAK_FORMAT = "fixed16"
 
 
 def cmd_models(args) -> dict:
@@ -60,10 +68,10 @@ def cmd_boards(args) -> dict:
 def show_boards(r: dict) -> str:
     """Board table."""
     rows = [[b["name"], b["kind"], f"{b['dsp']:,}", f"{b['usable_dsp']:,}", f"{b['bram36']:,}", f"{b['uram']:,}",
-             f"{b['lut']:,}", _si(b["clock_hz"], "Hz"), _si(b["offchip_bytes"], "B"), _si(b["offchip_bw_Bps"], "B/s"),
-             _si(max(b.get("peak_flops", {}).values() or [0]), "FLOP/s")] for b in r["boards"]]
+             f"{b['lut']:,}", _si(b["clock_hz"], "Hz"), _iec(b["offchip_bytes"]), _iec(b["offchip_bw_Bps"]) + "/s",
+             _si(b.get("peak_flops", {}).get(PEAK_FORMAT, 0), "FLOP/s")] for b in r["boards"]]
     return _table(["board", "kind", "DSP", "usable DSP", "BRAM36", "URAM", "LUT", "clock", "off-chip", "bandwidth",
-                   "peak"], rows, "board catalog")
+                   f"peak {PEAK_FORMAT}"], rows, "board catalog (peak at the default number format; --json: every format)")
 
 
 def cmd_clusters(args) -> dict:
@@ -141,7 +149,7 @@ def show_profile(r: dict) -> str:
     rows = []
     for l in r["layers"]:
         row = [l["name"], l["type"], "x".join(map(str, l["out_shape"])), f"{l['params']:,}", _si(l["fwd_macs"]),
-               _si(l["activation_bytes"], "B")]
+               _iec(l["activation_bytes"])]
         for t in types:
             row += [_si(l["cost"][t]["fwd_s"], "s"), _si(l["cost"][t]["bwd_s"], "s")]
         rows.append(row)

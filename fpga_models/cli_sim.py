@@ -56,16 +56,18 @@ def sim_result(plan, model, cluster, plan_file: str, iterations: int = 1, gantt:
 
 def show_sim(r: dict) -> str:
     """Human table of a simulation."""
+    from bapipe.units import seconds, si
+
     lines = [f"{r['model']} on {r['cluster']}: {r['schedule']} ({r['mode']}), {r['devices']} pipeline positions"
              + (f" x {r['chunks']} chunks" if r["chunks"] > 1 else "")
              + f", {r['microbatches']} micro-batches, {r['iterations']} iteration(s)",
              "simulated (event replay of the plan's stage times and links):",
-             f"iteration time  {r['iteration_time_s']:.6g} s ({r['iteration_cycles']} cycles of the first board)",
-             f"throughput      {r['throughput_samples_per_s']:.6g} samples/s",
+             f"iteration time  {seconds(r['iteration_time_s'], 4)} ({r['iteration_cycles']:,} cycles of the first board)",
+             f"throughput      {si(r['throughput_samples_per_s'], 'samples/s', 4)}",
              f"bubble          {r['bubble_fraction']:.2%} of the busiest board's time idle "
              f"(as `bapipe plan` predicts it); {r['bubble_mean_over_boards']:.2%} averaged over boards"]
     if "planner_iteration_time_s" in r:
-        lines.append(f"planner         {r['planner_iteration_time_s']:.6g} s predicted (simulated {r['sim_vs_planner']:+.2%}"
+        lines.append(f"planner         {seconds(r['planner_iteration_time_s'], 4)} predicted (simulated {r['sim_vs_planner']:+.2%}"
                      "; both use the plan's stage times, so this checks the schedule and links, not the cycle model)")
     lines.append("")
     lines.append(f"{'board':<12}{'pos':>4}{'busy':>8}{'bubble':>8}{'stall':>8}{'peak memory':>16}{'off-chip':>14}")
@@ -81,7 +83,7 @@ def show_sim(r: dict) -> str:
         if len(used) > 16:
             lines.append(f"... {len(used) - 16} more links (see --json)")
     lines.append("")
-    lines.append(f"{r['events']} events in {r['wall_s']:.3f} s")
+    lines.append(f"{r['events']:,} events in {seconds(r['wall_s'])}")
     for k in ("gantt", "trace"):
         if k in r:
             lines.append(f"wrote {r[k]}")
@@ -89,8 +91,6 @@ def show_sim(r: dict) -> str:
 
 
 def _bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
-        n /= 1024
-    return str(n)
+    from bapipe.units import nbytes
+
+    return nbytes(n, 4)

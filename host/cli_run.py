@@ -15,14 +15,29 @@ def run_result(args) -> dict:
     A missing tool or board raises BackendUnavailable (exit 2), a failed worker PipelineFailure
     naming the stage and micro-batch and a NaN loss TrainingDiverged (exit 1): one line each.
     """
+    import logging
+
+    if getattr(args, "verbose", False):   # host.ray_mode shows Ray's warnings only then
+        logging.getLogger("bapipe").setLevel(logging.INFO)
     if args.backend == "verilator":
         _check_rtl_folder(args.plan, args.build)
-    return train(args.plan, backend=args.backend, epochs=args.epochs, lr=args.lr, seed=args.seed,
+    r = train(args.plan, backend=args.backend, epochs=args.epochs, lr=args.lr, seed=args.seed,
                  precision=args.precision, log=args.log, checkpoint=args.checkpoint, resume=args.resume,
                  ray=args.ray, timeout=args.timeout, build=args.build,
                  global_batch=getattr(args, "global_batch", None), retries=_retries(args),
                  lr_schedule=getattr(args, "lr_schedule", "linear"),
                  progress=sys.stderr.isatty())  # bars only on a terminal; logs stay clean
+    r["engine"] = engine_of(args.backend, r)
+    return r
+
+
+def engine_of(backend: str, r: dict) -> str:
+    """What ran the run: ``ray`` (board workers as Ray actors), ``processes`` (local worker
+    processes), or the hardware backend's own (``verilator``: the C++ Verilator harness of the
+    generated RTL; ``xrt``: the boards through XRT)."""
+    if backend != "numpy":
+        return backend
+    return "ray" if r.get("ray") else "processes"
 
 
 def _retries(args) -> int:
@@ -60,8 +75,14 @@ def _check_rtl_folder(plan_file, build: str | None) -> None:
     check_build(folder, plan.fingerprint(), "--build")
 
 
+#: run --json ``engine`` -> how the summary names it
+_ENGINES = {"ray": "Ray actors", "processes": "local processes"}
+
+
 def show_run(r: dict) -> str:
     """Human summary of a run."""
+    from bapipe.units import si
+
     if "error" in r:
         return ""
     if "mismatches_vs_numpy" in r:  # a forward pass on generated hardware
@@ -71,7 +92,7 @@ def show_run(r: dict) -> str:
             f"outputs differing from numpy fixed point: {r['mismatches_vs_numpy']} "
             f"(max abs error {r['max_abs_err_vs_numpy']:g})",
             f"test accuracy     {r['test_accuracy']:.4f} (numpy reference {r['numpy_test_accuracy']:.4f})",
-            f"throughput        {r['samples_per_s']:.1f} samples/s",
+            f"throughput        {si(r['samples_per_s'], 'samples/s')}",
         ])
     if "weights_match" in r:  # training on generated hardware (host/train_hw.py)
         cyc, plan_c = r["iteration_cycles"], r["plan_iteration_cycles"]
@@ -91,13 +112,13 @@ def show_run(r: dict) -> str:
     err = r["grad_max_rel_err_vs_single_device"]
     lines = [
         f"{r['backend']} backend, {r['schedule']} schedule: {r['stages']} stages, {r['devices']} pipeline positions, "
-        f"{r['workers']} board workers, "
+        f"{r['workers']} board workers ({_ENGINES.get(r.get('engine'), r.get('engine'))}), "
         f"{r['microbatches']} micro-batches of {r['microbatch_size']} (global batch {r['global_batch']}), "
         f"{r['optimizer']} lr {r['lr']:g} ({r.get('lr_schedule', 'constant')}), {r['precision']}",
         *(f"  epoch {h['epoch'] + 1}: mean loss {h['mean_loss']:.4f}" for h in r["history"] if h["mean_loss"] is not None),
         f"final loss        {r['final_loss']:.4f}" if r["final_loss"] is not None else "final loss        (no training)",
         f"test accuracy     {r['test_accuracy']:.4f} ({r['test_samples']} digits)",
-        f"throughput        {r['samples_per_s']:.0f} samples/s (measured on this host's {r['backend']} workers)",
+        f"throughput        {si(r['samples_per_s'], 'samples/s')} (measured on this host's {r['backend']} workers)",
         f"stage utilisation {util}",
         f"grad rel. error   {err:.2e} vs single device (measured on the first iteration)" if err is not None
         else "grad rel. error   (not checked)",

@@ -212,12 +212,9 @@ def peer_layout(args, model, cluster, req: Request) -> tuple[Request, dict]:
 
 
 def _t(x) -> str:
-    if x is None:
-        return "-"
-    for unit, f in (("s", 1), ("ms", 1e3), ("us", 1e6)):
-        if x * f >= 1:
-            return f"{x * f:.3g} {unit}"
-    return f"{x * 1e9:.3g} ns"
+    from bapipe.units import seconds
+
+    return seconds(x)
 
 
 def board_list(names) -> str:
@@ -246,7 +243,8 @@ def compare(plan_s: float, other_s: float) -> str:
 
 
 def show_plan(res: dict) -> str:
-    """Human-readable plan table."""
+    """Human-readable plan table (bytes in IEC units, times and rates in engineering notation)."""
+    from bapipe.units import nbytes, si
     bw = max([22] + [len(board_list(s["boards"])) for s in res["stages"]])
     lines = [f"plan {res['model']} on {res['cluster']} ({res['mode']}): schedule {res['schedule']}"
              + (f" v={res['chunks']}" if res['chunks'] > 1 else "")
@@ -263,10 +261,10 @@ def show_plan(res: dict) -> str:
     for i, s in enumerate(res["stages"]):
         b = board_list(s["boards"])
         lines.append(f"{i:>5} {s['layers'][0]:>4}-{s['layers'][1]:<4} {b:<{bw}} {s['style']:<16} "
-                     f"{_t(s['fwd_s']):>9} {_t(s['bwd_s']):>9} {_t(s['send_s']):>9} {s['memory_bytes'] / 2**20:>8.1f}MB")
+                     f"{_t(s['fwd_s']):>9} {_t(s['bwd_s']):>9} {_t(s['send_s']):>9} {nbytes(s['memory_bytes']):>10}")
     # every number here is the planner's prediction (its cycle model and link model), not a measurement
     lines.append(f"predicted by the planner: iteration {_t(res['iteration_time_s'])}, "
-                 f"{res['throughput_samples_per_s']:.4g} samples/s, bubble {res['bubble_fraction']:.1%} "
+                 f"{si(res['throughput_samples_per_s'], 'samples/s')}, bubble {res['bubble_fraction']:.1%} "
                  f"(idle share of the busiest board); lower bound {_t(res['lower_bound_s'])}")
     if res["baselines"]:
         lines.append("baselines (predicted by the same model):")
@@ -277,7 +275,7 @@ def show_plan(res: dict) -> str:
             lines.append(f"  {name:<15} {_t(b['iteration_time_s']):>9} ({b['schedule']}, m={b['microbatches']}): "
                          + compare(res["iteration_time_s"], b["iteration_time_s"]))
     for q in res.get("pareto") or []:
-        lines.append(f"  pareto: {_t(q['iteration_time_s'])} peak {q['peak_memory_bytes'] / 2**30:.2f} GiB "
+        lines.append(f"  pareto: {_t(q['iteration_time_s'])} peak {nbytes(q['peak_memory_bytes'])} "
                      f"{q['boards']} boards ({q['schedule']}, m={q['microbatches']}, r={q['replicas']}"
                      + (f", mesh {q['mesh']}" if q.get("mesh", 1) != 1 else "") + ")")
     pc = res.get("pipedream_cost")
