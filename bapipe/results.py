@@ -148,18 +148,24 @@ class CsimResult(Result):
 
     passed: bool = None
     format: str = None
-    mode: str = None
     stages: list = None
     samples: int = None
-    seed: int = None
     model_max_abs_err_lsb: int = None
+    cache: str = None
     skipped: list = None
     deadlocks: list = None
+    mode: str = None
     iterations: int = None
+    weights_match: bool = None
     per_iteration: list = None
     lr: float = None
     momentum: float = None
+    sgd_constants: dict = None
+    compile_s: float = None
+    cached: bool = None
+    run_s: float = None
     not_in_hls: list = None
+    schedule: str = None
 
 
 @dataclass
@@ -188,11 +194,18 @@ class RtlsimResult(Result):
     training_skipped: str = None
     training: bool = None
     weights_match: bool = None
+    weights_match_per_iteration: list = None
+    completed: int = None
     iterations: int = None
     microbatches: int = None
     microbatch_size: int = None
+    replicas: Any = None
+    schedule: str = None
     iteration_cycles: list = None
+    iteration_error: list = None
+    max_iteration_error: float = None
     plan_iteration_cycles: float = None
+    update_cycles: Any = None
     wall_s: float = None
 
 
@@ -209,7 +222,8 @@ class SynthResult(Result):
 
 @dataclass
 class RunResult(Result):
-    """`bapipe run --json`: a training run (or a forward pass on generated hardware)."""
+    """`bapipe run --json`: a training run (numpy, or on the generated training RTL) or a
+    forward pass on generated hardware; ``engine`` says what ran it."""
 
     backend: str = None
     engine: str = None
@@ -218,6 +232,40 @@ class RunResult(Result):
     test_accuracy: float = None
     samples_per_s: float = None
     grad_max_rel_err_vs_single_device: float = None
+    schedule: str = None
+    stages: int = None
+    devices: int = None
+    workers: int = None
+    microbatches: int = None
+    microbatch_size: int = None
+    global_batch: int = None
+    plan_global_batch: int = None
+    optimizer: str = None
+    lr: float = None
+    lr_schedule: str = None
+    precision: str = None
+    number_format: str = None
+    iterations: int = None
+    stage_utilisation: list = None
+    history: list = None
+    test_samples: int = None
+    ray: bool = None
+    # a forward pass on generated hardware (host/forward.py)
+    samples: int = None
+    mismatches_vs_numpy: int = None
+    max_abs_err_vs_numpy: float = None
+    numpy_test_accuracy: float = None
+    weights: int = None
+    # training on the generated RTL (host/train_hw.py)
+    weights_match: bool = None
+    weights_match_per_epoch: list = None
+    first_mismatch: Any = None
+    outputs_match: bool = None
+    numpy_s: float = None
+    hardware_s: float = None
+    iteration_cycles: list = None
+    plan_iteration_cycles: float = None
+    sgd_constants: dict = None
     error: str = None
 
 

@@ -149,3 +149,12 @@ def test_plan_name_survives_the_submodule():
     from bapipe.plan import load_plan  # noqa: F401  (imports the submodule)
 
     assert callable(bapipe.plan) and bapipe.plan.__module__ == "bapipe.api"
+
+
+def test_run_through_the_api(tmp_path):
+    """bapipe.run trains the plan in its number format and says what ran it; the keys are the
+    command's (`bapipe run --json`), every one a field."""
+    p = bapipe.plan("tiny-mlp", CLUSTER)
+    r = bapipe.run(p, epochs=1)
+    assert r.extra == {} and r.engine == "processes" and r.precision == "fixed" and r.backend == "numpy"
+    assert r.epochs == 1 and len(r.history) == 1 and 0.0 <= r.test_accuracy <= 1.0
