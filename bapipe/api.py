@@ -56,7 +56,7 @@ def _back(dest: str) -> str:
     return next((k for k, v in _ALIASES.items() if v == dest), dest)
 
 
-def _ref(obj, what: str) -> str:
+def _ref(obj) -> str:
     """The name a plan file records for a loaded model or cluster (its zoo/built-in name or the
     file it came from), so the plan reloads it."""
     src = getattr(obj, "source", None)
@@ -200,8 +200,8 @@ def plan(model, cluster, **options) -> Plan:
         args.microbatches = str(args.microbatches)
     m = load_model(model, opaque=model_opaque(args) or None)
     c = load_cluster(cluster)
-    model_ref = str(model) if isinstance(model, (str, Path)) else _ref(m, "model")
-    cluster_ref = str(cluster) if isinstance(cluster, (str, Path)) else _ref(c, "cluster")
+    model_ref = str(model) if isinstance(model, (str, Path)) else _ref(m)
+    cluster_ref = str(cluster) if isinstance(cluster, (str, Path)) else _ref(c)
     out, res = plan_outcome(m, c, model_ref, cluster_ref, args)
     return Plan(out.plan, m, c, PlanResult.from_json(res))
 

@@ -9,7 +9,6 @@ from dataclasses import replace
 from bapipe.errors import SpecError
 from bapipe.schedules import SCHEDULES
 from fpga_models.boards import FORMATS
-from fpga_models.cluster import load_cluster
 
 from .planning import make_plan, summary
 from .placement import PLACE_WORK_MAX
