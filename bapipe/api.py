@@ -37,18 +37,21 @@ _ALIASES = {"profile": "measured"}
 def _options(command: str, given: dict, positional: tuple[str, ...] = ()) -> SimpleNamespace:
     """The command's options: its CLI defaults (bapipe.options) overridden by ``given``. An
     unknown keyword is refused in one line naming it and the known ones."""
-    from .options import defaults
+    from .options import actions, convert
 
-    known = defaults(command)
+    known = actions(command)
     for k in positional + ("json", "output", "force"):
         known.pop(k, None)
-    opts = dict(known)
+    opts = {k: a.default for k, a in known.items()}
     for key, value in given.items():
         dest = _ALIASES.get(key, key)
         if dest not in known:
             raise SpecError(None, None, key, f"expected an option of {command} "
                                              f"({', '.join(sorted({_back(k) for k in known}))})")
-        opts[dest] = value
+        try:   # the parser's types, bounds and choices, as for typed text
+            opts[dest] = convert(known[dest], value)
+        except ValueError as e:
+            raise SpecError(None, None, key, str(e)) from None
     return SimpleNamespace(**opts)
 
 
@@ -196,8 +199,6 @@ def plan(model, cluster, **options) -> Plan:
     from planner.cli_plan import model_opaque, plan_outcome
 
     args = _options("plan", options, ("model", "cluster"))
-    if isinstance(args.microbatches, int):
-        args.microbatches = str(args.microbatches)
     m = load_model(model, opaque=model_opaque(args) or None)
     c = load_cluster(cluster)
     model_ref = str(model) if isinstance(model, (str, Path)) else _ref(m)
@@ -300,7 +301,7 @@ def run(plan, backend: str = "numpy", **options) -> RunResult:
     _require("run", {**options, "backend": backend})
     args = _options("run", {**options, "backend": backend}, ("plan",))
     p = _as_plan(plan)
-    args.plan = str(p.path) if p.path is not None and p._text is not None else p.spec
+    args.plan = str(p.path) if p.path is not None else p.spec   # a file is checked in full on load
     return RunResult.from_json(run_result(args))
 
 

@@ -204,6 +204,32 @@ def add_args(name: str, p: argparse.ArgumentParser) -> None:
 
 
 
+def actions(name: str) -> dict:
+    """Command ``name``'s argparse actions by dest (their type, choices and default)."""
+    p = argparse.ArgumentParser(add_help=False)
+    add_args(name, p)
+    return {a.dest: a for a in p._actions if a.dest != argparse.SUPPRESS}
+
+
+def convert(action: argparse.Action, value):
+    """``value`` given in Python for ``action``'s option, checked as the parser checks typed text:
+    its type (bounds included) and choices. ValueError with argparse's message when refused."""
+    if action.nargs == 0:   # a flag
+        if not isinstance(value, bool):
+            raise ValueError(f"expected True or False, got {value!r}")
+        return value
+    if value is None or isinstance(value, list):
+        return value
+    if action.type is not None and not isinstance(value, bool):
+        try:
+            value = action.type(str(value) if not isinstance(value, str) else value)
+        except (argparse.ArgumentTypeError, ValueError) as e:
+            raise ValueError(str(e)) from None
+    if action.choices is not None and value not in action.choices:
+        raise ValueError(f"expected one of {', '.join(map(str, action.choices))}, got {value!r}")
+    return value
+
+
 def defaults(name: str) -> dict:
     """Every option of command ``name`` (its dests) with its default, as the CLI parses them."""
     p = argparse.ArgumentParser(add_help=False)

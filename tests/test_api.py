@@ -100,6 +100,12 @@ def test_errors_are_one_documented_type(planned, tmp_path):
     assert "\n" not in str(e.value) and e.value.exit_code == 2
     with pytest.raises(bapipe.SpecError, match="schedul: expected an option of plan"):
         bapipe.plan(MODEL, CLUSTER, schedul="gpipe")
+    with pytest.raises(bapipe.SpecError, match="global_batch: expected at most 1048576 samples"):
+        bapipe.plan(MODEL, CLUSTER, global_batch=10**9)   # the parser's bounds apply to Python values too
+    with pytest.raises(bapipe.SpecError, match="mode: expected one of train, inference, infer"):
+        bapipe.plan(MODEL, CLUSTER, mode="training")
+    with pytest.raises(bapipe.SpecError, match="no_replication: expected True or False"):
+        bapipe.plan(MODEL, CLUSTER, no_replication="yes")
     with pytest.raises(bapipe.SpecError, match="expected a new file"):
         planned.save(planned.save(tmp_path / "x.yaml"))
     with pytest.raises(bapipe.SpecError, match="--iterations"):
