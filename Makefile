@@ -1,9 +1,10 @@
 # The two commands: `make demo` and `make test`. Both set up what is missing first.
 #
-# `make setup` installs exactly requirements.lock (versions and hashes) into .venv with uv,
-# so every fresh machine runs the suite on the versions it was run with. pyproject.toml
-# keeps ranges for people who `pip install` the package into their own environment;
-# `make lock` re-resolves those ranges to today's newest versions (see README).
+# `make setup` installs exactly requirements.lock (versions and hashes: the core and every extra)
+# into .venv with uv, so every fresh machine runs the suite on the versions it was run with.
+# pyproject.toml keeps ranges for people who `pip install` the package (core or with extras)
+# into their own environment; `make lock` re-resolves them keeping the locked versions that
+# still fit, and `make lock-upgrade` moves everything to the newest versions (see README).
 PY ?= python3.11
 UV_VERSION := 0.13.9
 VENV := .venv
@@ -11,26 +12,37 @@ BIN := $(VENV)/bin
 # uv lives beside the environment, not in it, so `pip freeze` lists exactly the lock.
 UV := $(VENV)/uv/bin/uv
 STAMP := $(VENV)/.installed
+# Local wheels (this machine's pip config: find-links=/opt/wheels). The `torch` extra is locked
+# to the CPU build found here (torch==2.13.0+cpu, 190 MB) instead of the index's CUDA build
+# (2.5 GB with its nvidia-* wheels); uv reads the folder for both `lock` and `setup`.
+WHEELS ?= /opt/wheels
+FIND_LINKS := $(if $(wildcard $(WHEELS)/*.whl),--find-links $(WHEELS))
+LOCK_FLAGS := --all-extras --quiet --generate-hashes $(FIND_LINKS) --python-version 3.11 \
+  --python-platform x86_64-manylinux_2_28 -o requirements.lock
 
-.PHONY: setup lock demo test test-all test-fast bench clean
+.PHONY: setup lock lock-upgrade demo test test-all test-fast bench clean
 
 $(UV):
 	@test -x $(BIN)/python || $(shell command -v $(PY) || echo python3) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check --target $(VENV)/uv uv==$(UV_VERSION)
 
 $(STAMP): requirements.lock pyproject.toml | $(UV)
-	$(UV) pip sync --quiet --python $(BIN)/python --require-hashes requirements.lock
+	$(UV) pip sync --quiet --python $(BIN)/python --require-hashes $(FIND_LINKS) requirements.lock
 	$(UV) pip install --quiet --python $(BIN)/python --no-deps -e .
 	@touch $(STAMP)
 
 setup: $(STAMP)
 
-# Re-resolve pyproject.toml's ranges to the newest versions the registry serves, for
-# Python 3.11 on x86-64 Linux. Run it when a dependency is added or on purpose to move
-# to newer versions; then run `make test` and commit requirements.lock with the result.
+# Re-resolve pyproject.toml (core and every extra) for Python 3.11 on x86-64 Linux after a
+# dependency was added, removed or its range changed. uv keeps every version pinned in
+# requirements.lock that still satisfies the ranges (the lock is its preference), so only what
+# must move moves. `make lock-upgrade` moves everything to the newest versions on purpose.
+# Either way: run `make test`, then commit requirements.lock with the result.
 lock: | $(UV)
-	$(UV) pip compile pyproject.toml --quiet --upgrade --generate-hashes \
-	  --python-version 3.11 --python-platform x86_64-manylinux_2_28 -o requirements.lock
+	$(UV) pip compile pyproject.toml $(LOCK_FLAGS)
+
+lock-upgrade: | $(UV)
+	$(UV) pip compile pyproject.toml --upgrade $(LOCK_FLAGS)
 
 demo: $(STAMP)
 	$(BIN)/python -m bapipe.demo

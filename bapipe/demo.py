@@ -1,185 +1,183 @@
-"""`make demo`: the main job end to end on a built-in default, with a short report.
+"""`make demo`: where pipelining wins, predicted and measured, on the planner's own plans;
+written with the Python API (bapipe.api), as a user would.
 
-plan -> sim -> gen -> csim -> rtlsim -> run, each step through the real CLI, skipping
-only steps whose command is not part of this build; then tiny-mlp trains a few iterations
-on the generated training RTL in Verilator (host.driver.train, what `bapipe run --backend
-verilator` runs), its weights checked against the numpy fixed16 run and its iteration
-cycles against the plan.
+1. Where pipelining wins (predicted by the planner, replayed by the simulator): VGG-16 and
+   tiny-mlp, each training on 4 U250s, against data parallelism (every board a replica,
+   gradients all-reduced) and against the best plan on one board, at the same batch.
+2. The hardware flow on tiny-mlp's plan, the planner's own choice: gen, csim (bit-exact vs
+   numpy), rtlsim (training iterations on the generated training RTL in Verilator: weights
+   equal to numpy fixed16, cycles per iteration measured; each stage's forward cycles against
+   the plan), and 5 epochs of training on the host in the plan's fixed16 arithmetic.
+3. Measured: the one-board and the data-parallel plans train on their generated RTL too, so the
+   pipeline's factor over each is measured in Verilator cycles next to the predicted one.
+No split is forced: every plan here is the planner's (data parallel and one board are its
+baselines, planned with the same options).
 """
 from __future__ import annotations
 
-import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-from .cli import _available
 from .toolchain import wire_verilator
+from .units import seconds, si
 
-MODEL = os.environ.get("BAPIPE_DEMO_MODEL", "tiny-cnn")
-BIG_MODEL = os.environ.get("BAPIPE_DEMO_BIG_MODEL", "vgg16")
 CLUSTER = os.environ.get("BAPIPE_DEMO_CLUSTER", "4xU250-ring")
 OUT = Path(os.environ.get("BAPIPE_DEMO_OUT", "build/demo"))
+#: the model whose plans are generated and measured: small enough for Verilator in minutes
+MODEL = "tiny-mlp"
+#: its plans' resource cap: at a 1% share of each U250 the planner's plan is 3 stages on 3
+#: boards, 1.83x faster than data parallelism and 2.18x faster than one board (predicted); every
+#: stage has one replica, so the training RTL builds it (and the one-board and 4-replica plans)
+CAP = 0.01
+#: training iterations each plan runs in Verilator (the first fills the pipeline; both are timed)
+ITERATIONS = 2
 #: every stage's measured cycles per sample within this of the plan's (the product's promise)
 PLAN_TOLERANCE = 0.02
 
-
-def _vs_dp(speedup: float) -> str:
-    """The plan against data parallelism as a factor above 1 (a ratio below 1 read as "faster"
-    misleads: tiny-cnn's fixed 4-stage split is slower than one board per replica)."""
-    if speedup >= 1:
-        return f", {speedup:.2f}x faster than data parallel"
-    return f", {1 / speedup:.2f}x slower than data parallel (predicted)"
+def _step(name: str, ok: bool, text: str, t0: float) -> int:
+    print(f"[{'ok  ' if ok else 'FAIL'}] {name:<9} {text}  ({time.perf_counter() - t0:.1f} s)", flush=True)
+    return 0 if ok else 1
 
 
-def _bapipe(*args: str, json_out: bool = True) -> tuple[int, dict | str, float]:
-    t0 = time.perf_counter()
-    cmd = [sys.executable, "-m", "bapipe.cli", *args] + (["--json"] if json_out else [])
-    r = subprocess.run(cmd, capture_output=True, text=True)
-    dt = time.perf_counter() - t0
-    if r.returncode != 0:
-        return r.returncode, (r.stderr.strip().splitlines() or ["(no message)"])[-1], dt
-    return 0, (json.loads(r.stdout) if json_out else r.stdout), dt
+def _factor(a: float, b: float) -> str:
+    """How many times faster time ``a`` is than ``b``, as a factor read the right way round."""
+    return f"{b / a:.2f}x faster" if b >= a else f"{a / b:.2f}x SLOWER"
 
 
-def _line(step: str, ok: bool, text: str, dt: float) -> None:
-    mark = "ok  " if ok else "FAIL"
-    print(f"[{mark}] {step:<8} {text}  ({dt:.1f} s)", flush=True)
-
-
-def main() -> int:
-    """Run the demo; exit non-zero if a step fails."""
-    wire_verilator(os.environ)
-    OUT.mkdir(parents=True, exist_ok=True)
-    failed = 0
-    print(f"BaPipe demo: {BIG_MODEL} and {MODEL} on {CLUSTER}  (outputs in {OUT}/)\n", flush=True)
-
-    rc, out, dt = _bapipe("profile", BIG_MODEL, CLUSTER, json_out=False)
-    if rc == 0:
-        print(out)
-    _line("profile", rc == 0, f"{BIG_MODEL}: per-layer cost table above" if rc == 0 else str(out), dt)
-    failed += rc != 0
-
-    if not _available("plan"):
-        print("\n(plan, sim, gen, csim, rtlsim and run arrive with later issues)")
-        return 1 if failed else 0
-
-    # the big model gets the planner's free choice; the tiny one is split over the 4 boards
-    # (the planner would put all of it on one: 22.8 us against 30.2 us an iteration) so gen,
-    # csim, rtlsim and run exercise stages chained across boards
-    for model, extra in ((BIG_MODEL, ()), (MODEL, MODEL_SPLIT)):
-        plan = OUT / f"{model}.plan.yaml"
-        # --force: the demo owns its output folder and rewrites it on every run
-        rc, r, dt = _bapipe("plan", model, CLUSTER, "-o", str(plan), "--force", *extra)
-        if rc:
-            _line("plan", False, str(r), dt)
-            failed += 1
-            continue
-        dp = r.get("speedup_vs_data_parallel")
-        _line("plan", True, f"{model}: {r['schedule']}, {len(r['stages'])} stages, {r['microbatches']} micro-batches, "
-              f"{r['iteration_time_s'] * 1e3:.3f} ms/iteration, {r['throughput_samples_per_s']:.1f} samples/s"
-              + (_vs_dp(dp) if isinstance(dp, (int, float)) else f", data parallel: {dp}"), dt)
-        if _available("sim"):
-            rc, s, dt = _bapipe("sim", str(plan), "--gantt", str(OUT / f"{model}.gantt.png"),
-                                "--trace", str(OUT / f"{model}.trace.json"))
-            if rc:
-                _line("sim", False, str(s), dt)
-                failed += 1
-            else:
-                err = s["iteration_time_s"] / r["iteration_time_s"] - 1
-                _line("sim", True, f"{model}: {s['iteration_time_s'] * 1e3:.3f} ms/iteration "
-                      f"(planner {err * 100:+.2f}%), bubble {s['bubble_fraction'] * 100:.1f}%, "
-                      f"Gantt {OUT / (model + '.gantt.png')}", dt)
-
-    plan = OUT / f"{MODEL}.plan.yaml"
-    build = OUT / "build"
-    if _available("gen") and plan.exists():
-        rc, g, dt = _bapipe("gen", str(plan), "-o", str(build), "--force")
-        _line("gen", rc == 0, f"{build}/" if rc == 0 else str(g), dt)
-        failed += rc != 0
-        if rc == 0 and _available("csim"):
-            rc, c, dt = _bapipe("csim", str(build))
-            if rc == 0 or isinstance(c, dict):
-                st = c["stages"]
-                _line("csim", c["passed"], f"{sum(s['passed'] for s in st)}/{len(st)} stages match numpy, "
-                      f"max error {max(s['max_abs_err_lsb'] for s in st)} LSB", dt)
-                failed += not c["passed"]
-            else:
-                _line("csim", False, str(c), dt)
-                failed += 1
-        if rc == 0 and _available("rtlsim"):
-            rc, v, dt = _bapipe("rtlsim", str(build))
-            if isinstance(v, dict):
-                stages = v.get("stages") or []
-                per = "; ".join(f"stage {s['index']} {s['measured_cycles_per_sample']:.1f} vs "
-                                f"{s['plan_cycles_per_sample']:.1f}" for s in stages)
-                worst = v.get("plan_error")
-                ok = bool(v["outputs_match"]) and worst is not None and worst <= PLAN_TOLERANCE
-                _line("rtlsim", ok, f"outputs match numpy: {v['outputs_match']}; forward cycles/sample, "
-                      f"Verilator vs the plan: {per} (worst {worst * 100:.2f}%)" if worst is not None else
-                      f"outputs match numpy: {v['outputs_match']}; no per-stage figures", dt)
-                failed += not ok
-            else:
-                _line("rtlsim", False, str(v), dt)
-                failed += 1
-    if _available("run") and plan.exists():
-        rc, t, dt = _bapipe("run", str(plan), "--backend", "numpy", "--epochs", "5")
-        if isinstance(t, dict):
-            _line("run", True, f"trained {MODEL} {t['epochs']} epochs on digits: loss {t['final_loss']:.4f}, "
-                  f"test accuracy {t['test_accuracy'] * 100:.1f}%, {t['samples_per_s']:.0f} samples/s, "
-                  f"grad error vs single device {t['grad_max_rel_err_vs_single_device']:.1e}", dt)
-        else:
-            _line("run", False, str(t), dt)
-            failed += 1
-    if _available("run"):
-        failed += _train_in_verilator()
-    print(f"\n{'all steps passed' if not failed else f'{failed} step(s) failed'}")
-    return 1 if failed else 0
-
-
-#: the tiny CNN's 4-stage split (conv1+relu1, conv2+relu2, pool1..flatten, fc): one board a stage
-MODEL_SPLIT = ("--partition", "0-1,2-3,4-8,9") if MODEL == "tiny-cnn" else ("--no-replication",)
-
-#: the model trained on the training RTL, and how: 4 boards, 4 micro-batches of 2 samples
-TRAIN_MODEL = "tiny-mlp"
-TRAIN_ITERATIONS = int(os.environ.get("BAPIPE_DEMO_TRAIN_ITERATIONS", "4"))
-TRAIN_PLAN_ARGS = ("--no-replication", "--schedule", "1f1b", "--microbatches", "4", "--global-batch", "8",
-                   "--partition", "0-1,2-3,4-5,6", "--cap", "0.005")   # small foldings: a short Verilator build
-
-
-def _train_in_verilator() -> int:
-    """Plan tiny-mlp for training on 4 boards, train a few iterations on the generated training
-    RTL in Verilator (host.driver.train, what `bapipe run --backend verilator` runs) and report
-    the weights against the numpy fixed16 run and the iteration cycles against the plan."""
-    plan = OUT / f"{TRAIN_MODEL}.train.plan.yaml"
-    rc, r, dt = _bapipe("plan", TRAIN_MODEL, CLUSTER, "-o", str(plan), "--force", *TRAIN_PLAN_ARGS)
-    if rc:
-        _line("plan", False, str(r), dt)
-        return 1
-    _line("plan", True, f"{TRAIN_MODEL} for training: {r['schedule']}, {len(r['stages'])} stages, "
-          f"{r['microbatches']} micro-batches of {r['microbatch_size']}", dt)
-    from bapipe.host.backends import BackendUnavailable
-    from bapipe.host.driver import train
-
-    from .errors import SpecError
+def wins(model: str, **options) -> tuple[int, object]:
+    """Part 1 for one model: the planner's plan against data parallel and one board, predicted
+    and simulated. Returns (failures, the plan)."""
+    import bapipe
 
     t0 = time.perf_counter()
     try:
-        t = train(str(plan), backend="verilator", epochs=1, max_iterations=TRAIN_ITERATIONS,
-                  build=str(OUT / "train_build"))
-    except (BackendUnavailable, SpecError) as e:
-        _line("train", False, str(e), time.perf_counter() - t0)
+        p = bapipe.plan(model, CLUSTER, **options)
+        # the same samples per iteration on one board (its default would be 8 per board)
+        one = bapipe.plan(model, CLUSTER, boards=1, global_batch=p.result.global_batch, **options)
+    except bapipe.BapipeError as e:
+        return _step("plan", False, f"{model}: {e}", t0), None
+    r, dp = p.result, p.result.baselines.get("data_parallel", {})
+    s = p.simulate()
+    p.save(OUT / f"{model}.plan.yaml", force=True)
+    shape = " + ".join(f"{len(st.boards)}x[{st.first}-{st.last}]" for st in p.spec.stages)
+    print(f"\n{model} training on {CLUSTER}: the planner's plan is {len(p.spec.stages)} stages ({shape} boards x "
+          f"[layers]), {r.schedule}, {r.microbatches} micro-batches of {r.microbatch_size}")
+    print(f"  {'':<26}{'iteration':>12}{'samples/s':>14}   plan vs it")
+    rows = [("pipeline (planner)", r.iteration_time_s, None), ("  same, simulated", s.iteration_time_s, None)]
+    if "iteration_time_s" in dp:
+        rows.append(("data parallel (4 x 1)", dp["iteration_time_s"], "predicted"))
+    rows.append(("one board (--boards 1)", one.result.iteration_time_s, "predicted"))
+    for name, t, _ in rows:
+        cmp = "" if name.startswith(("pipeline", "  same")) else _factor(r.iteration_time_s, t)
+        print(f"  {name:<26}{seconds(t):>12}{si(r.global_batch / t):>14}   {cmp}")
+    ok = "iteration_time_s" in dp and r.iteration_time_s < dp["iteration_time_s"] \
+        and r.iteration_time_s <= one.result.iteration_time_s
+    return _step("plan+sim", ok, f"{model}: predicted by the planner and replayed by `sim` "
+                 f"({100 * (s.iteration_time_s / r.iteration_time_s - 1):+.2f}%)", t0), (p, one)
+
+
+def measured(p, one, pipeline_cycles: float | None) -> int:
+    """Part 3: the one-board and the data-parallel plan train ITERATIONS iterations on their
+    generated training RTL in Verilator (host.driver.train, `bapipe run --backend verilator`);
+    the pipeline's measured cycles per iteration (from rtlsim, part 2) against theirs."""
+    import bapipe
+    from bapipe.host.driver import train
+
+    dp = bapipe.plan(MODEL, CLUSTER, cap=CAP, partition="0-6x4", microbatches=1, schedule="1f1b",
+                     global_batch=p.result.global_batch)
+    rows = [("pipeline (planner)", p.result.iteration_time_s, pipeline_cycles)]
+    failed = 0
+    for name, plan in (("data parallel (4 x 1)", dp), ("one board", one)):
+        t0 = time.perf_counter()
+        tag = name.split(" (")[0].replace(" ", "_")
+        try:
+            path = plan.save(OUT / f"{MODEL}.{tag}.plan.yaml", force=True)
+            t = train(str(path), backend="verilator", epochs=1, max_iterations=ITERATIONS,
+                      build=str(OUT / f"{MODEL}.{tag}.rtl"))
+        except bapipe.BapipeError as e:
+            failed += _step("measure", False, f"{name}: {e}", t0)
+            continue
+        cyc = t.get("iteration_cycles") or []
+        ok = bool(t["weights_match"]) and bool(cyc)
+        failed += _step("measure", ok, f"{name}: {t['iterations']} iterations on its training RTL, weights equal "
+                        f"numpy fixed16: {t['weights_match']}", t0)
+        rows.append((name, plan.result.iteration_time_s, sum(cyc) / len(cyc) if cyc else None))
+    print(f"\n{MODEL} training, one iteration of {p.result.global_batch} samples: predicted by the planner, "
+          "measured in Verilator (cycles of the generated RTL)")
+    print(f"  {'':<24}{'predicted':>12}{'measured':>14}   pipeline vs it: predicted, measured")
+    base_t, base_c = rows[0][1], rows[0][2]
+    for name, t, c in rows:
+        meas = f"{c:,.0f} cyc" if c else "-"
+        cmp = "" if name.startswith("pipeline") else \
+            f"{_factor(base_t, t)}, {_factor(base_c, c) if c and base_c else '-'}"
+        print(f"  {name:<24}{seconds(t):>12}{meas:>14}   {cmp}")
+    return failed
+
+
+def flow(p) -> tuple[int, float | None]:
+    """Part 2: gen, csim, rtlsim (training iterations and each stage) and host training on the
+    planner's own plan. Returns (failures, measured cycles per training iteration)."""
+    import bapipe
+
+    failed, cycles = 0, None
+    t0 = time.perf_counter()
+    build = OUT / f"{MODEL}.build"
+    try:
+        b = p.generate(build, force=True)
+    except bapipe.BapipeError as e:
+        return _step("gen", False, str(e), t0), None
+    failed += _step("gen", True, f"{build}/: {b.result.files} files + {b.result.rtl_files} RTL files", t0)
+    t0 = time.perf_counter()
+    try:
+        c = b.csim()
+        st = c.stages
+        failed += _step("csim", c.passed, f"{sum(s['passed'] for s in st)}/{len(st)} stages match numpy, max error "
+                        f"{max((s['max_abs_err_lsb'] or 0) for s in st)} LSB", t0)
+    except bapipe.BapipeError as e:
+        failed += _step("csim", False, str(e), t0)
+    t0 = time.perf_counter()
+    try:
+        v = b.rtlsim(iterations=ITERATIONS)
+        per = "; ".join(f"stage {s['index']} {s['measured_cycles_per_sample']:.1f} vs {s['plan_cycles_per_sample']:.1f}"
+                        for s in v.stages or [])
+        cyc = v.iteration_cycles or []
+        cycles = sum(cyc) / len(cyc) if cyc else None
+        ok = bool(v.weights_match) and bool(v.outputs_match) and v.plan_error is not None \
+            and v.plan_error <= PLAN_TOLERANCE
+        failed += _step("rtlsim", ok, f"{v.iterations} training iterations on the generated RTL, weights equal numpy "
+                        f"fixed16: {v.weights_match}; {cycles or 0:,.0f} cycles/iteration vs "
+                        f"{v.plan_iteration_cycles or 0:,.0f} planned; forward cycles/sample per stage, Verilator "
+                        f"vs the plan: {per} (worst {100 * (v.plan_error or 0):.2f}%)", t0)
+    except bapipe.BapipeError as e:
+        failed += _step("rtlsim", False, str(e), t0)
+    t0 = time.perf_counter()
+    try:
+        t = bapipe.run(p, epochs=5)
+        failed += _step("run", True, f"trained {t.epochs} epochs on digits ({t.precision} {t.number_format}, "
+                        f"{t.workers} {t.engine}): loss {t.final_loss:.4f}, test accuracy {100 * t.test_accuracy:.1f}%",
+                        t0)
+    except bapipe.BapipeError as e:
+        failed += _step("run", False, str(e), t0)
+    return failed, cycles
+
+
+def main() -> int:
+    """Run the demo; exit 1 if a step fails."""
+    wire_verilator(os.environ)
+    OUT.mkdir(parents=True, exist_ok=True)
+    print(f"BaPipe demo on {CLUSTER} (outputs in {OUT}/)")
+    failed, _big = wins("vgg16")
+    f, small = wins(MODEL, cap=CAP)
+    failed += f
+    if small is None:
         return 1
-    dt = time.perf_counter() - t0
-    cyc, plan_c = t.get("iteration_cycles") or [], t.get("plan_iteration_cycles")
-    vs = (f"{sum(cyc) / len(cyc):.0f} cycles/iteration in Verilator vs {plan_c:.0f} planned "
-          f"({(sum(cyc) / len(cyc) / plan_c - 1) * 100:+.1f}%)" if cyc and plan_c else "no cycle figures")
-    ok = bool(t["weights_match"] and t["outputs_match"])
-    _line("train", ok, f"{TRAIN_MODEL} {t['iterations']} iterations on the training RTL: weights match numpy "
-          f"fixed16 after every iteration: {t['weights_match']}, logits match: {t['outputs_match']}; {vs}", dt)
-    return 0 if ok else 1
+    print(f"\nthe hardware flow on the planner's own {MODEL} plan:")
+    f, cycles = flow(small[0])
+    failed += f + measured(*small, cycles)
+    print(f"\n{'all steps passed' if not failed else f'{failed} step(s) failed'}")
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -44,7 +44,9 @@ def _cmd_train(args, iterations: int) -> tuple[dict, int]:
 
     if not 1 <= iterations <= MAX_ITERATIONS:
         raise SpecError(None, None, "--iterations", f"expected 1 to {MAX_ITERATIONS} iterations, got {iterations}")
-    lr, mu = getattr(args, "lr", 0.05), getattr(args, "momentum", 0.9)
+    lr, mu = getattr(args, "lr", None), getattr(args, "momentum", 0.9)
+    if lr is None:   # the rate `bapipe run` trains this plan with (bapipe.training.default_lr)
+        lr = _plan_lr(args.build)
     if not (math.isfinite(lr) and lr > 0):
         raise SpecError(None, None, "--lr", f"expected a learning rate > 0, got {lr}")
     if not 0 <= mu < 1:
@@ -55,6 +57,17 @@ def _cmd_train(args, iterations: int) -> tuple[dict, int]:
                          f"and running {iterations} training iteration(s)\n")
     r = csim_train(args.build, iterations, seed=getattr(args, "seed", 0), lr=lr, momentum=mu)
     return r, 0 if r["passed"] else 1
+
+
+def _plan_lr(build) -> float:
+    """bapipe.training.default_lr for the build's plan (sgd: csim trains sgd with momentum)."""
+    from pathlib import Path
+
+    from bapipe.plan import load_plan
+    from bapipe.training import default_lr
+
+    plan = load_plan(Path(build) / "plan.yaml")
+    return default_lr("sgd", plan.global_batch, plan.schedule)
 
 
 def show_train(r: dict) -> str:

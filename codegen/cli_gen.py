@@ -36,6 +36,14 @@ def generate(plan_path: str | Path, out_dir: str | Path, engines: str = "hls") -
     plan_file = str(plan_path)
     plan = load_plan(plan_file)
     model, cluster = resolve(plan, plan_file)
+    check_generable(plan, plan_file)
+    return generate_plan(plan, model, cluster, out_dir, Path(plan_file).read_text(encoding="utf-8"), plan_file,
+                         engines)
+
+
+def check_generable(plan, plan_file: str) -> None:
+    """SpecError (one line) for a plan `bapipe gen` has no hardware for: a GPU stage, or
+    PipeDream's per-micro-batch weight versions in training."""
     gpu = [s for s in plan.stages if s.style == "gpu"]
     if gpu:  # the generators build FPGA kernels; a GPU stage has no hardware to generate
         raise SpecError(plan_file, None, f"stages[{gpu[0].index}].style",
@@ -48,8 +56,6 @@ def generate(plan_path: str | Path, out_dir: str | Path, engines: str = "hls") -
                                                      "interleaved, eager-1f1b or 2bw); pipedream's stashed weight "
                                                      "versions and per-micro-batch updates have no hardware (plan "
                                                      "with --schedule 2bw or 1f1b)")
-    return generate_plan(plan, model, cluster, out_dir, Path(plan_file).read_text(encoding="utf-8"), plan_file,
-                         engines)
 
 
 def generate_plan(plan, model, cluster, out_dir: str | Path, plan_text: str | None = None,
@@ -189,12 +195,15 @@ def check_build(build: str | Path, plan_fingerprint: str | None = None, option: 
     return stamp
 
 
-def cmd_gen(args) -> dict:
-    """CLI handler: generate into a temporary sibling folder, then swap it in whole.
-
-    An existing non-empty ``-o`` folder is replaced only with ``--force``.
-    """
-    text = str(args.output)
+def generate_folder(plan, model, cluster, output: str | Path, plan_text: str, plan_file: str,
+                    engines: str = "hls", force: bool = False, allow_rule_violations: bool = False) -> dict:
+    """Generate ``plan`` (loaded, with its model and cluster) into the folder ``output``: into a
+    temporary sibling folder first, swapped in whole, so a refused or interrupted gen leaves the
+    previous folder as it was. An existing non-empty folder is replaced only with ``force``.
+    bapipe.api's Plan.generate and `bapipe gen` both come here; returns the --json object. The
+    physical rules (`bapipe check`) run on the new build; one a board breaks is refused unless
+    ``allow_rule_violations``."""
+    text = str(output)
     if not text.strip():
         raise SpecError(None, None, "-o", "expected a folder name, got an empty string")
     out = Path(text)
@@ -203,18 +212,19 @@ def cmd_gen(args) -> dict:
     target = out.resolve()
     if target == Path.cwd().resolve() or target in Path.cwd().resolve().parents or target.parent == target:
         raise SpecError(text, None, "-o", "expected a project folder, not the current folder or one above it")
-    if out.is_dir() and any(out.iterdir()) and not getattr(args, "force", False):
+    if out.is_dir() and any(out.iterdir()) and not force:
         raise SpecError(text, None, "-o", "expected an empty or new folder (add --force to replace it)")
     if not target.parent.is_dir():
         raise SpecError(text, None, "-o", f"expected a writable folder: '{target.parent}' does not exist")
+    check_generable(plan, plan_file)
     if sys.stderr.isatty():  # big plans take tens of seconds and write gigabytes: say so first
-        sys.stderr.write(f"bapipe gen: rendering {args.plan} into {text} (VGG-sized plans: ~1 minute, ~1.5 GB)\n")
+        sys.stderr.write(f"bapipe gen: rendering {plan_file} into {text} (VGG-sized plans: ~1 minute, ~1.5 GB)\n")
     tmp = target.with_name(f".{target.name}.gen-{os.getpid()}")
     old = target.with_name(f".{target.name}.old-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     try:
-        result = generate(args.plan, tmp, getattr(args, "engines", "hls"))
-        result["check"] = _physical_check(tmp, getattr(args, "allow_rule_violations", False), text)
+        result = generate_plan(plan, model, cluster, tmp, plan_text, plan_file, engines)
+        result["check"] = _physical_check(tmp, allow_rule_violations, text)
         with signals_held():   # both renames or neither: a signal between them lost the build
             if target.exists():
                 target.rename(old)  # the previous build stays whole until the new one is in place

@@ -4,7 +4,6 @@ from __future__ import annotations
 import io
 
 from bapipe.errors import SpecError
-from bapipe.models import load_model
 
 
 def _table(headers: list[str], rows: list[list], title: str | None = None) -> str:
@@ -23,13 +22,21 @@ def _table(headers: list[str], rows: list[list], title: str | None = None) -> st
 
 
 def _si(x: float, unit: str = "") -> str:
-    """Engineering notation: 1.23G, 4.56m, 7.89u."""
-    if x == 0:
-        return f"0{unit}"
-    for div, p in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"), (1.0, ""), (1e-3, "m"), (1e-6, "u"), (1e-9, "n")):
-        if abs(x) >= div:
-            return f"{x / div:.3g}{p}{unit}"
-    return f"{x:.3g}{unit}"
+    """Engineering notation (bapipe.units.si): 1.23G, 4.56 ms, 250 MHz."""
+    from bapipe.units import si
+
+    return si(x, unit)
+
+
+def _iec(n: float) -> str:
+    """Bytes in IEC units (bapipe.units.nbytes): 64 GiB, 1 KiB."""
+    from bapipe.units import nbytes
+
+    return nbytes(n)
+
+
+#: the number format whose peak `bapipe boards` shows: every command's default (fixed16)
+PEAK_FORMAT = "fixed16"
 
 
 def cmd_models(args) -> dict:
@@ -61,10 +68,10 @@ def cmd_boards(args) -> dict:
 def show_boards(r: dict) -> str:
     """Board table."""
     rows = [[b["name"], b["kind"], f"{b['dsp']:,}", f"{b['usable_dsp']:,}", f"{b['bram36']:,}", f"{b['uram']:,}",
-             f"{b['lut']:,}", _si(b["clock_hz"], "Hz"), _si(b["offchip_bytes"], "B"), _si(b["offchip_bw_Bps"], "B/s"),
-             _si(max(b.get("peak_flops", {}).values() or [0]), "FLOP/s")] for b in r["boards"]]
+             f"{b['lut']:,}", _si(b["clock_hz"], "Hz"), _iec(b["offchip_bytes"]), _iec(b["offchip_bw_Bps"]) + "/s",
+             _si(b.get("peak_flops", {}).get(PEAK_FORMAT, 0), "FLOP/s")] for b in r["boards"]]
     return _table(["board", "kind", "DSP", "usable DSP", "BRAM36", "URAM", "LUT", "clock", "off-chip", "bandwidth",
-                   "peak"], rows, "board catalog")
+                   f"peak {PEAK_FORMAT}"], rows, "board catalog (peak at the default number format; --json: every format)")
 
 
 def cmd_clusters(args) -> dict:
@@ -85,29 +92,32 @@ def show_clusters(r: dict) -> str:
     return _table(["cluster", "boards", "types", "topology", "hosts", "links"], rows, "built-in clusters")
 
 
-def cmd_profile(args) -> dict:
-    """Per-layer counts and cost on each board type of the cluster."""
-    from bapipe.fpga_models.boards import FORMATS, bytes_per_element
-    from bapipe.fpga_models.cluster import load_cluster
+def check_profile_options(fmt: str, batch: int) -> None:
+    """SpecError naming --format or --batch (checked before any model is loaded)."""
+    from bapipe.fpga_models.boards import FORMATS
 
-    if args.format not in FORMATS:
-        raise SpecError(None, None, "--format", f"expected one of {', '.join(FORMATS)}; got {args.format!r}")
-    if args.batch < 1:
+    if fmt not in FORMATS:
+        raise SpecError(None, None, "--format", f"expected one of {', '.join(FORMATS)}; got {fmt!r}")
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
         raise SpecError(None, None, "--batch", "expected an integer >= 1")
-    from bapipe.onnx_import import parse_opaque
 
-    model = load_model(args.model, opaque=parse_opaque(args.opaque) if args.opaque else None)
-    cluster = load_cluster(args.cluster)
-    measured = {}
-    if getattr(args, "measured", None):
+
+def profile_result(model, cluster, fmt: str = "fixed16", batch: int = 1, measured: str | None = None) -> dict:
+    """Per-layer counts and cost of ``model`` on each board type of ``cluster`` (loaded
+    objects; ``measured``: a profile file replacing the cost model): the --json object of
+    `bapipe profile` (bapipe.api.profile and the command both come here)."""
+    from bapipe.fpga_models.boards import bytes_per_element
+
+    check_profile_options(fmt, batch)
+    if measured:
         from bapipe.profiles import load_profile
 
         # require_batch: the planner's rule; a file without its batch once read as batch 1 here (64x off)
-        measured = {t: load_profile(args.measured, model, board=t, batch=args.batch, require_batch=True)
+        measured = {t: load_profile(measured, model, board=t, batch=batch, require_batch=True)
                     for t in cluster.board_types()}
     from bapipe.fpga_models.cost import profile_layer
 
-    bpe = bytes_per_element(args.format)
+    bpe = bytes_per_element(fmt)
     types = cluster.board_types()
     boards = {t: next(cb.board for cb in cluster.boards if cb.board.name == t) for t in types}
     layers = []
@@ -118,17 +128,17 @@ def cmd_profile(args) -> dict:
                 m = measured[t][layer.name]
                 cost[t] = {"fwd_s": m["fwd_s"], "bwd_s": m["bwd_s"], "source": "measured"}
             else:
-                c = profile_layer(layer, b, args.format, args.batch)
+                c = profile_layer(layer, b, fmt, batch)
                 cost[t] = {"fwd_s": c["fwd_s"], "bwd_s": c["bwd_s"]}
         layers.append({
             "name": layer.name, "type": layer.type, "out_shape": list(layer.out_shape),
             "params": layer.weight_params, "fwd_macs": layer.fwd_macs, "bwd_macs": layer.bwd_macs,
-            "activation_bytes": layer.out_elems * bpe * args.batch, "weight_bytes": layer.weight_params * bpe,
+            "activation_bytes": layer.out_elems * bpe * batch, "weight_bytes": layer.weight_params * bpe,
             "cost": cost,
         })
     totals = {t: {"fwd_s": sum(l["cost"][t]["fwd_s"] for l in layers),
                   "bwd_s": sum(l["cost"][t]["bwd_s"] for l in layers)} for t in types}
-    return {"model": model.name, "cluster": cluster.name, "format": args.format, "batch": args.batch,
+    return {"model": model.name, "cluster": cluster.name, "format": fmt, "batch": batch,
             "params": model.params, "fwd_macs": model.fwd_macs, "layers": layers, "totals": totals}
 
 
@@ -141,7 +151,7 @@ def show_profile(r: dict) -> str:
     rows = []
     for l in r["layers"]:
         row = [l["name"], l["type"], "x".join(map(str, l["out_shape"])), f"{l['params']:,}", _si(l["fwd_macs"]),
-               _si(l["activation_bytes"], "B")]
+               _iec(l["activation_bytes"])]
         for t in types:
             row += [_si(l["cost"][t]["fwd_s"], "s"), _si(l["cost"][t]["bwd_s"], "s")]
         rows.append(row)

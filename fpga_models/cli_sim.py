@@ -12,24 +12,23 @@ MAX_SIM_OPS = 10_000_000
 PROGRESS_OPS = 100_000
 
 
-def cmd_sim(args) -> dict:
-    """Simulate the plan; write the Gantt chart / trace if asked; return the --json object."""
-    from bapipe.plan import load_plan
-    from bapipe.fpga_models.plancheck import resolve
-
+def sim_result(plan, model, cluster, plan_file: str, iterations: int = 1, gantt: str | None = None,
+               trace: str | None = None) -> dict:
+    """Simulate ``plan`` (with its loaded model and cluster; ``plan_file`` names it in errors);
+    write the Gantt chart / trace if asked; return the --json object (bapipe.api's
+    Plan.simulate and `bapipe sim` both come here)."""
     from .sim import simulate
     from .trace import gantt_format, write_gantt, write_trace
 
-    iterations = getattr(args, "iterations", 1)
-    if iterations is None or iterations < 1:
+    if iterations is None or isinstance(iterations, bool) or not isinstance(iterations, int) or iterations < 1:
         raise SpecError(None, None, "--iterations", f"expected a positive integer, got {iterations}")
-    if getattr(args, "gantt", None):
-        gantt_format(args.gantt)  # a wrong suffix is refused before the simulation, not after
-    plan = load_plan(args.plan)
-    model, cluster = resolve(plan, args.plan)
+    if gantt:
+        gantt_format(gantt)  # a wrong suffix is refused before the simulation, not after
+        from bapipe.extras import require
+        require("plot", "a Gantt chart (--gantt)")
     ops = iterations * plan.microbatches * len(plan.stages) * (2 if plan.mode == "train" else 1)
     if ops > MAX_SIM_OPS:
-        raise SpecError(args.plan, None, "microbatches" if iterations == 1 else "--iterations",
+        raise SpecError(plan_file, None, "microbatches" if iterations == 1 else "--iterations",
                         f"expected at most {MAX_SIM_OPS:,} simulated ops (iterations {iterations} x "
                         f"micro-batches {plan.microbatches} x stages {len(plan.stages)} x passes), got {ops:,}; "
                         "simulate fewer --iterations or plan fewer micro-batches")
@@ -46,8 +45,7 @@ def cmd_sim(args) -> dict:
     if predicted:
         out["planner_iteration_time_s"] = float(predicted)
         out["sim_vs_planner"] = result.iteration_time_s / float(predicted) - 1.0
-    for opt, write in (("gantt", write_gantt), ("trace", write_trace)):
-        path = getattr(args, opt, None)
+    for opt, write, path in (("gantt", write_gantt, gantt), ("trace", write_trace, trace)):
         if path:
             try:
                 out[opt] = str(write(result, path))
@@ -58,16 +56,18 @@ def cmd_sim(args) -> dict:
 
 def show_sim(r: dict) -> str:
     """Human table of a simulation."""
+    from bapipe.units import seconds, si
+
     lines = [f"{r['model']} on {r['cluster']}: {r['schedule']} ({r['mode']}), {r['devices']} pipeline positions"
              + (f" x {r['chunks']} chunks" if r["chunks"] > 1 else "")
              + f", {r['microbatches']} micro-batches, {r['iterations']} iteration(s)",
              "simulated (event replay of the plan's stage times and links):",
-             f"iteration time  {r['iteration_time_s']:.6g} s ({r['iteration_cycles']} cycles of the first board)",
-             f"throughput      {r['throughput_samples_per_s']:.6g} samples/s",
+             f"iteration time  {seconds(r['iteration_time_s'], 4)} ({r['iteration_cycles']:,} cycles of the first board)",
+             f"throughput      {si(r['throughput_samples_per_s'], 'samples/s', 4)}",
              f"bubble          {r['bubble_fraction']:.2%} of the busiest board's time idle "
              f"(as `bapipe plan` predicts it); {r['bubble_mean_over_boards']:.2%} averaged over boards"]
     if "planner_iteration_time_s" in r:
-        lines.append(f"planner         {r['planner_iteration_time_s']:.6g} s predicted (simulated {r['sim_vs_planner']:+.2%}"
+        lines.append(f"planner         {seconds(r['planner_iteration_time_s'], 4)} predicted (simulated {r['sim_vs_planner']:+.2%}"
                      "; both use the plan's stage times, so this checks the schedule and links, not the cycle model)")
     lines.append("")
     lines.append(f"{'board':<12}{'pos':>4}{'busy':>8}{'bubble':>8}{'stall':>8}{'peak memory':>16}{'off-chip':>14}")
@@ -83,7 +83,7 @@ def show_sim(r: dict) -> str:
         if len(used) > 16:
             lines.append(f"... {len(used) - 16} more links (see --json)")
     lines.append("")
-    lines.append(f"{r['events']} events in {r['wall_s']:.3f} s")
+    lines.append(f"{r['events']:,} events in {seconds(r['wall_s'])}")
     for k in ("gantt", "trace"):
         if k in r:
             lines.append(f"wrote {r[k]}")
@@ -91,8 +91,6 @@ def show_sim(r: dict) -> str:
 
 
 def _bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
-        n /= 1024
-    return str(n)
+    from bapipe.units import nbytes
+
+    return nbytes(n, 4)

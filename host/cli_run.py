@@ -4,37 +4,48 @@ from __future__ import annotations
 import sys
 
 from .backends import BackendUnavailable
-from .driver import PipelineFailure, TrainingDiverged, train
+from .driver import train
+from .pipeline import PipelineFailure
+
+
+def run_result(args) -> dict:
+    """Run the plan's schedule (``args``: the `run` command's options; ``args.plan`` a plan file
+    or a bapipe.plan.Plan); the --json object has backend, engine, epochs, final_loss,
+    test_accuracy, samples_per_s and grad_max_rel_err_vs_single_device. bapipe.api.run and
+    `bapipe run` both come here.
+
+    A missing tool or board raises BackendUnavailable (exit 2), a failed worker PipelineFailure
+    naming the stage and micro-batch and a NaN loss TrainingDiverged (exit 1): one line each.
+    """
+    import logging
+
+    if getattr(args, "verbose", False):   # host.ray_mode shows Ray's warnings only then
+        logging.getLogger("bapipe").setLevel(logging.INFO)
+    if args.backend == "verilator":
+        _check_rtl_folder(args.plan, args.build)
+    r = train(args.plan, backend=args.backend, epochs=args.epochs, lr=args.lr, seed=args.seed,
+                 precision=args.precision, log=args.log, checkpoint=args.checkpoint, resume=args.resume,
+                 ray=args.ray, timeout=args.timeout, build=args.build,
+                 global_batch=getattr(args, "global_batch", None), retries=_retries(args),
+                 lr_schedule=getattr(args, "lr_schedule", "linear"),
+                 progress=sys.stderr.isatty())  # bars only on a terminal; logs stay clean
+    r["engine"] = engine_of(args.backend, r)
+    return r
+
+
+def engine_of(backend: str, r: dict) -> str:
+    """What ran the run: ``ray`` (board workers as Ray actors), ``processes`` (local worker
+    processes), or the hardware backend's own (``verilator``: the C++ Verilator harness of the
+    generated RTL; ``xrt``: the boards through XRT)."""
+    if backend != "numpy":
+        return backend
+    return "ray" if r.get("ray") else "processes"
 
 
 def cmd_run(args) -> dict | tuple[dict, int]:
-    """Run the plan's schedule; the --json object has backend, epochs, final_loss,
-    test_accuracy, samples_per_s and grad_max_rel_err_vs_single_device.
-
-    A missing tool or board exits 2 with one line; a failed worker exits 1 with one line
-    naming the stage and micro-batch.
-    """
-    if args.backend == "verilator":
-        _check_rtl_folder(args.plan, args.build)
-    if args.backend == "torch":
-        return _run_torch(args)
-    try:
-        return train(args.plan, backend=args.backend, epochs=args.epochs, lr=args.lr, seed=args.seed,
-                     precision=args.precision, log=args.log, checkpoint=args.checkpoint, resume=args.resume,
-                     ray=args.ray, timeout=args.timeout, build=args.build,
-                     global_batch=getattr(args, "global_batch", None), retries=_retries(args),
-                     lr_schedule=getattr(args, "lr_schedule", "linear"),
-                     progress=sys.stderr.isatty())  # bars only on a terminal; logs stay clean
-    except TrainingDiverged as e:  # a finished run with a NaN loss would be a silent wrong answer
-        sys.stderr.write(f"bapipe run: {e}\n")
-        return {"backend": args.backend, "error": str(e)}, 1
-    except BackendUnavailable as e:
-        sys.stderr.write(f"bapipe run: {e}\n")
-        return {"backend": args.backend, "error": str(e)}, 2
-    except PipelineFailure as e:
-        msg = str(e)
-        sys.stderr.write(f"bapipe run: {msg}\n")
-        return {"backend": args.backend, "error": msg}, 1
+    """`bapipe run --backend torch` (the CLI calls it directly: its result is the torch run's,
+    not a RunResult)."""
+    return _run_torch(args)
 
 
 def _run_torch(args) -> dict | tuple[dict, int]:
@@ -81,14 +92,14 @@ def _retries(args) -> int:
     return n
 
 
-def _check_rtl_folder(plan_file: str, build: str | None) -> None:
+def _check_rtl_folder(plan_file, build: str | None) -> None:
     """The verilator backend writes its RTL (~100 MB for big plans) into ``BUILD/host_rtl``:
     BUILD must be new, empty, a `bapipe gen` build of this very plan, or a folder holding only
     an earlier ``host_rtl``; any other folder is refused rather than written into."""
     from pathlib import Path
 
     from bapipe.errors import SpecError
-    from bapipe.plan import load_plan
+    from bapipe.plan import Plan, load_plan
     from bapipe.codegen.cli_gen import STAMP, check_build
 
     folder = Path(build or "build")
@@ -102,11 +113,18 @@ def _check_rtl_folder(plan_file: str, build: str | None) -> None:
     if STAMP not in names:
         raise SpecError(str(folder), None, "--build", "expected a new or empty folder, or a `bapipe gen` build "
                                                       "of this plan (the RTL would be written into it)")
-    check_build(folder, load_plan(plan_file).fingerprint(), "--build")
+    plan = plan_file if isinstance(plan_file, Plan) else load_plan(plan_file)
+    check_build(folder, plan.fingerprint(), "--build")
+
+
+#: run --json ``engine`` -> how the summary names it
+_ENGINES = {"ray": "Ray actors", "processes": "local processes"}
 
 
 def show_run(r: dict) -> str:
     """Human summary of a run."""
+    from bapipe.units import si
+
     if "error" in r:
         return ""
     if "mismatches_vs_numpy" in r:  # a forward pass on generated hardware
@@ -116,7 +134,7 @@ def show_run(r: dict) -> str:
             f"outputs differing from numpy fixed point: {r['mismatches_vs_numpy']} "
             f"(max abs error {r['max_abs_err_vs_numpy']:g})",
             f"test accuracy     {r['test_accuracy']:.4f} (numpy reference {r['numpy_test_accuracy']:.4f})",
-            f"throughput        {r['samples_per_s']:.1f} samples/s",
+            f"throughput        {si(r['samples_per_s'], 'samples/s')}",
         ])
     if r.get("backend") == "torch":
         return _show_torch(r)
@@ -138,13 +156,13 @@ def show_run(r: dict) -> str:
     err = r["grad_max_rel_err_vs_single_device"]
     lines = [
         f"{r['backend']} backend, {r['schedule']} schedule: {r['stages']} stages, {r['devices']} pipeline positions, "
-        f"{r['workers']} board workers, "
+        f"{r['workers']} board workers ({_ENGINES.get(r.get('engine'), r.get('engine'))}), "
         f"{r['microbatches']} micro-batches of {r['microbatch_size']} (global batch {r['global_batch']}), "
         f"{r['optimizer']} lr {r['lr']:g} ({r.get('lr_schedule', 'constant')}), {r['precision']}",
         *(f"  epoch {h['epoch'] + 1}: mean loss {h['mean_loss']:.4f}" for h in r["history"] if h["mean_loss"] is not None),
         f"final loss        {r['final_loss']:.4f}" if r["final_loss"] is not None else "final loss        (no training)",
         f"test accuracy     {r['test_accuracy']:.4f} ({r['test_samples']} digits)",
-        f"throughput        {r['samples_per_s']:.0f} samples/s (measured on this host's {r['backend']} workers)",
+        f"throughput        {si(r['samples_per_s'], 'samples/s')} (measured on this host's {r['backend']} workers)",
         f"stage utilisation {util}",
         f"grad rel. error   {err:.2e} vs single device (measured on the first iteration)" if err is not None
         else "grad rel. error   (not checked)",

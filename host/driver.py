@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bapipe.errors import SpecError
+from bapipe.errors import BapipeError, SpecError
 from bapipe.plan import Plan, load_plan
 from bapipe.fpga_models.plancheck import resolve
 
@@ -99,8 +99,15 @@ def _merge(state_by_stage: dict, part: str) -> dict:
     return out
 
 
+def plan_precision(plan: Plan) -> str:
+    """--precision plan: train in the plan's number format (``fixed``), as the hardware does,
+    except where the host has no such arithmetic: an fp32 plan, or an adam plan (fixed-point
+    training implements sgd with momentum), which train in float32."""
+    return "float32" if plan.number_format == "fp32" or plan.optimizer != "sgd" else "fixed"
+
+
 def train(plan: str | Path | Plan, backend: str = "numpy", epochs: int | None = None, lr: float | None = None, seed: int = 0,
-          precision: str = "float32", log: str | None = None, checkpoint: str | None = None,
+          precision: str = "plan", log: str | None = None, checkpoint: str | None = None,
           resume: str | None = None, ray: bool = False, timeout: float = 60.0, build: str | None = None,
           global_batch: int | None = None, progress: bool = False, check_grads: bool = True,
           retries: int = 0, faults: dict | None = None, start_method: str | None = None,
@@ -109,7 +116,8 @@ def train(plan: str | Path | Plan, backend: str = "numpy", epochs: int | None = 
 
     ``lr_schedule``: how the rate moves over the epochs (host.optim.lr_factor: ``linear``
     decays it once an epoch, ``constant`` keeps it); every backend applies the same steps.
-    ``plan``: a plan.yaml path or a Plan. ``precision``: float32, or ``fixed`` to round
+    ``plan``: a plan.yaml path or a Plan. ``precision``: ``plan`` (:func:`plan_precision`),
+    float32, or ``fixed`` to round
     weights and activations to the plan's number format. ``retries``: how many worker
     failures to recover from by restarting the workers from the last snapshot (each epoch
     start) and replaying; 0 stops at the first failure with PipelineFailure.
@@ -134,8 +142,9 @@ def train(plan: str | Path | Plan, backend: str = "numpy", epochs: int | None = 
         model, _cluster = resolve(plan, plan_file)  # a file: checked in full
     else:
         model, _cluster = resolve(plan)  # built in memory (tests): structural checks
-    if precision not in ("float32", "fixed"):
-        raise SpecError(None, None, "--precision", "expected float32 or fixed")
+    if precision not in ("plan", "float32", "fixed"):
+        raise SpecError(None, None, "--precision", "expected plan, float32 or fixed")
+    precision = plan_precision(plan) if precision == "plan" else precision
     if lr_schedule not in LR_SCHEDULES:
         raise SpecError(None, None, "--lr-schedule", f"expected one of {', '.join(LR_SCHEDULES)}, got {lr_schedule}")
     hw_train = backend != "numpy" and not resume and plan.mode == "train" and epochs != 0

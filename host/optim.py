@@ -11,20 +11,8 @@ import numpy as np
 
 Nested = dict[str, dict[str, np.ndarray]]
 
-#: learning rates measured on digits (tiny-mlp, tiny-cnn; docs/host.md) at the reference batch
-DEFAULT_LR = {"sgd": (0.05, 64), "adam": (0.01, 16)}
-
-
-def default_lr(kind: str, global_batch: int, schedule: str = "1f1b") -> float:
-    """The default learning rate: the measured one, scaled by sqrt(batch / reference) below it.
-
-    Small batches with momentum diverged at the large-batch rate in our sweep, so the rate
-    shrinks with the square root of the batch (Krizhevsky's rule) and never grows past it.
-    """
-    lr, ref = DEFAULT_LR[kind]
-    if schedule == "2bw":  # one-step-stale gradients with momentum diverged at the full rate
-        lr *= 0.4
-    return lr * min(1.0, (global_batch / ref) ** 0.5)
+# the defaults every backend shares (csim too): bapipe.training
+from bapipe.training import DEFAULT_LR, default_lr  # noqa: E402,F401  (host.optim's names)
 
 
 #: rate schedules over a run's epochs (docs/training.md "Learning-rate schedule")

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bapipe.errors import SpecError
+from bapipe.errors import BapipeError, SpecError
 from bapipe.plan import Plan
 from bapipe.schedules import device_ops
 
@@ -36,11 +36,11 @@ class _PipeSender:
         self.conn.send(msg)
 
 
-class PipelineFailure(Exception):
+class PipelineFailure(BapipeError):
     """A worker died, hung or raised: one line naming the stage and micro-batch."""
 
 
-class TrainingDiverged(Exception):
+class TrainingDiverged(BapipeError):
     """The loss became NaN or infinite: training stops (continuing would only spread NaNs)."""
 
 

@@ -34,7 +34,7 @@ arguments carry only the message's small fields.
 A dead actor (``ray.kill``, a crashed process) shows as a failed ``run`` reference, which
 the driver's watchdog turns into the usual one-line ``PipelineFailure`` naming the stage
 and micro-batch. ``ray.init`` joins RAY_ADDRESS when set, else starts a quiet local
-instance (2 CPUs, no dashboard, loopback only, worker output not forwarded to stdout)
+instance (2 CPUs, no dashboard, loopback only, errors only, worker output not forwarded to stdout)
 that ``close`` shuts down again; a session the caller started is left running.
 """
 from __future__ import annotations
@@ -74,7 +74,8 @@ def require_ray():
     try:
         import ray
     except ImportError:
-        raise BackendUnavailable("--ray needs Ray, which is not installed: pip install 'ray>=2.40'") from None
+        raise BackendUnavailable("--ray needs the 'ray' extra (Ray), which is not installed: "
+                                 "pip install 'bapipe[ray]'") from None
     return ray
 
 
@@ -82,15 +83,19 @@ def init_ray(num_cpus: int | None = None, resources: dict[str, float] | None = N
     """Connect to Ray (RAY_ADDRESS) or start a local instance; True when this call started it.
 
     The settings make a local start quick and quiet on a small offline machine: no
-    dashboard, no usage-stats report, loopback address, a small object store, warnings
-    only, and workers' stdout kept out of the driver's (so ``--json`` stays one object).
+    dashboard, no usage-stats report, loopback address, a small object store, errors only
+    (warnings too with --verbose), and workers' stdout kept out of the driver's (so ``--json`` stays one object).
     """
     ray = require_ray()
     if ray.is_initialized():
         return False
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # no network call, no prompt
     address = os.environ.get("RAY_ADDRESS")
-    kwargs = dict(include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING,
+    # Ray's own warnings (e.g. "Token authentication is enabled") are for Ray's operators, not
+    # for a `bapipe run` user: kept off the terminal unless --verbose (bapipe.verbose) asks
+    level = logging.WARNING if logging.getLogger("bapipe").isEnabledFor(logging.INFO) else logging.ERROR
+    logging.getLogger("ray").setLevel(level)
+    kwargs = dict(include_dashboard=False, log_to_driver=False, logging_level=level,
                   configure_logging=True)
     if not address:
         kwargs.update(num_cpus=num_cpus or min(2, os.cpu_count() or 1), _node_ip_address="127.0.0.1",

@@ -8,9 +8,7 @@ from dataclasses import replace
 
 from bapipe.errors import SpecError
 from bapipe.schedules import SCHEDULES
-from bapipe.models import load_model
 from bapipe.fpga_models.boards import FORMATS
-from bapipe.fpga_models.cluster import load_cluster
 
 from .planning import make_plan, summary
 from .placement import PLACE_WORK_MAX
@@ -138,20 +136,19 @@ def _check_result(plan, model, cluster, args) -> None:
     from bapipe.fpga_models.plancheck import validate
 
     try:
-        validate(plan, model, cluster, str(args.output))
+        validate(plan, model, cluster, str(getattr(args, "output", None) or "plan.yaml"))
     except SpecError as e:
-        src = getattr(args, "measured", None) or args.model
+        src = getattr(args, "measured", None) or getattr(args, "model", None) or "MODEL"
         raise SpecError(str(src), None, None, f"the plan made from it is out of range ({e.field}: "
                                               f"{e.expected})"[:400]) from None
 
 
-def cmd_plan(args):
-    """Plan MODEL on CLUSTER, write plan.yaml, return the --json object."""
-    from bapipe.onnx_import import parse_opaque
-
-    opaque = parse_opaque(args.opaque) if getattr(args, "opaque", None) else None
-    model = load_model(args.model, opaque=opaque)
-    cluster = load_cluster(args.cluster)
+def plan_outcome(model, cluster, model_ref: str, cluster_ref: str, args) -> tuple:
+    """Plan ``model`` on ``cluster`` (loaded objects; ``model_ref``/``cluster_ref``: the names
+    the plan file records, which reload them) with the options in ``args`` (the `plan` command's
+    dests; bapipe.api.plan fills the defaults): the planner's Outcome and its --json object
+    (without ``output``: nothing is written here, bapipe.api.Plan.save writes)."""
+    opaque = {k: tuple(v) for k, v in model_opaque(args).items()} or None
     req = request_from_args(args, model)
     peer_cost = None
     if getattr(args, "cost_model", "bapipe") == "pipedream":
@@ -159,23 +156,25 @@ def cmd_plan(args):
     if sys.stderr.isatty():  # big models on big clusters search for seconds (resnet50 on 64xU55C: ~10 s)
         sys.stderr.write(f"bapipe plan: searching {len(model.layers)} layers over {len(cluster.boards)} boards "
                          "(the zoo's largest on 64 boards: ~10 s)\n")
-    out = make_plan(model, cluster, args.model, args.cluster, req)
+    out = make_plan(model, cluster, model_ref, cluster_ref, req)
     if opaque:  # the plan must reload the same model (resolve() checks the fingerprint)
         out.plan.opaque = {k: list(v) for k, v in sorted(opaque.items())}
     if getattr(args, "pareto", False):
         from .pareto import pareto_plans
         out.pareto = pareto_plans(model, cluster, replace(req, global_batch=out.plan.global_batch))
     _check_result(out.plan, model, cluster, args)
-    try:
-        out.plan.save(args.output)
-    except OSError as e:
-        raise SpecError(str(args.output), None, "-o", f"cannot write the plan: {e.strerror or e}") from None
     res = summary(out)
     res["cost_model"] = getattr(args, "cost_model", "bapipe")
     if peer_cost is not None:
         res["pipedream_cost"] = peer_cost
-    res["output"] = str(args.output)
-    return res
+    return out, res
+
+
+def model_opaque(args) -> dict:
+    """--opaque OP=fwd_s,bwd_s given for an ONNX model, parsed ({} when none)."""
+    from bapipe.onnx_import import parse_opaque
+
+    return parse_opaque(args.opaque) if getattr(args, "opaque", None) else {}
 
 
 #: options --cost-model pipedream cannot honour: it searches every layout of all the boards itself
@@ -229,12 +228,9 @@ def peer_layout(args, model, cluster, req: Request) -> tuple[Request, dict]:
 
 
 def _t(x) -> str:
-    if x is None:
-        return "-"
-    for unit, f in (("s", 1), ("ms", 1e3), ("us", 1e6)):
-        if x * f >= 1:
-            return f"{x * f:.3g} {unit}"
-    return f"{x * 1e9:.3g} ns"
+    from bapipe.units import seconds
+
+    return seconds(x)
 
 
 def board_list(names) -> str:
@@ -263,7 +259,8 @@ def compare(plan_s: float, other_s: float) -> str:
 
 
 def show_plan(res: dict) -> str:
-    """Human-readable plan table."""
+    """Human-readable plan table (bytes in IEC units, times and rates in engineering notation)."""
+    from bapipe.units import nbytes, si
     bw = max([22] + [len(board_list(s["boards"])) for s in res["stages"]])
     lines = [f"plan {res['model']} on {res['cluster']} ({res['mode']}): schedule {res['schedule']}"
              + (f" v={res['chunks']}" if res['chunks'] > 1 else "")
@@ -280,10 +277,10 @@ def show_plan(res: dict) -> str:
     for i, s in enumerate(res["stages"]):
         b = board_list(s["boards"])
         lines.append(f"{i:>5} {s['layers'][0]:>4}-{s['layers'][1]:<4} {b:<{bw}} {s['style']:<16} "
-                     f"{_t(s['fwd_s']):>9} {_t(s['bwd_s']):>9} {_t(s['send_s']):>9} {s['memory_bytes'] / 2**20:>8.1f}MB")
+                     f"{_t(s['fwd_s']):>9} {_t(s['bwd_s']):>9} {_t(s['send_s']):>9} {nbytes(s['memory_bytes']):>10}")
     # every number here is the planner's prediction (its cycle model and link model), not a measurement
     lines.append(f"predicted by the planner: iteration {_t(res['iteration_time_s'])}, "
-                 f"{res['throughput_samples_per_s']:.4g} samples/s, bubble {res['bubble_fraction']:.1%} "
+                 f"{si(res['throughput_samples_per_s'], 'samples/s')}, bubble {res['bubble_fraction']:.1%} "
                  f"(idle share of the busiest board); lower bound {_t(res['lower_bound_s'])}")
     if res["baselines"]:
         lines.append("baselines (predicted by the same model):")
@@ -294,7 +291,7 @@ def show_plan(res: dict) -> str:
             lines.append(f"  {name:<15} {_t(b['iteration_time_s']):>9} ({b['schedule']}, m={b['microbatches']}): "
                          + compare(res["iteration_time_s"], b["iteration_time_s"]))
     for q in res.get("pareto") or []:
-        lines.append(f"  pareto: {_t(q['iteration_time_s'])} peak {q['peak_memory_bytes'] / 2**30:.2f} GiB "
+        lines.append(f"  pareto: {_t(q['iteration_time_s'])} peak {nbytes(q['peak_memory_bytes'])} "
                      f"{q['boards']} boards ({q['schedule']}, m={q['microbatches']}, r={q['replicas']}"
                      + (f", mesh {q['mesh']}" if q.get("mesh", 1) != 1 else "") + ")")
     pc = res.get("pipedream_cost")

@@ -82,14 +82,15 @@ def _execute(args, res, shape, src_mesh, src, dst_mesh, dst, net, out):
 
 def show_reshard(r: dict) -> str:
     """Human table: predicted time, effective bandwidth and ratio to the bound per strategy."""
+    from bapipe.units import nbytes, seconds
     lines = [f"reshard {'x'.join(map(str, r['shape']))} {r['dtype']}: {r['src_mesh']} {r['src']} -> "
              f"{r['dst_mesh']} {r['dst']}  (network {r['network']}, {r['tasks']} unit tasks, "
-             f"{r['delivered_bytes'] / 1e6:.3f} MB delivered)",
-             f"lower bound {r['lower_bound_s'] * 1e6:.3f} us", "",
-             f"  {'strategy':<16} {'time (us)':>12} {'eff. GB/s':>10} {'x bound':>8}"]
+             f"{nbytes(r['delivered_bytes'])} delivered)",
+             f"lower bound {seconds(r['lower_bound_s'], 4)}", "",
+             f"  {'strategy':<16} {'time':>12} {'eff. GiB/s':>10} {'x bound':>8}"]
     for s in r["strategies"]:
         mark = "*" if s["name"] == r["best"] else " "
-        lines.append(f"{mark} {s['name']:<16} {s['time_s'] * 1e6:>12.3f} {s['effective_Bps'] / 1e9:>10.2f} "
+        lines.append(f"{mark} {s['name']:<16} {seconds(s['time_s'], 4):>12} {s['effective_Bps'] / 2**30:>10.2f} "
                      f"{s['ratio_to_bound']:>8.3f}")
     lines += ["", f"best: {r['best']}  (effective bandwidth = bytes the receivers take in / time)"]
     if "error" in r:

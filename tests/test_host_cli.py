@@ -80,4 +80,4 @@ def test_ray_missing_is_one_line_exit_2(plan_file, capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, "ray", None)  # makes `import ray` fail as if it were not installed
     assert main(["run", str(plan_file), "--ray", "--epochs", "1"]) == 2
     err = capsys.readouterr().err.strip()
-    assert "\n" not in err and "pip install 'ray" in err
+    assert "\n" not in err and "pip install 'bapipe[ray]'" in err

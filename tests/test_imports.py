@@ -11,8 +11,9 @@ The installed package is ``bapipe``; the design card's folders are mapped under 
 - no module reaches a command module (``cli_*``) but the entry points and other commands;
 - the module graph has no circle (Tarjan's strongly connected components).
 
-The CLI entry points (bapipe.cli, bapipe.demo, bapipe.__main__) dispatch to every command and
-are the only modules allowed to point up.
+The CLI entry points (bapipe.cli, bapipe.demo, bapipe.__main__), the Python API (bapipe.api) and
+the commands' arguments (bapipe.options) dispatch to every command and are the only modules
+allowed to point up.
 """
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ FLOW = ["bapipe", "fpga_models", "planner", "codegen", "host", "hls_templates"]
 #: codegen's rooms, first to last (modules directly in codegen/ are its commands: last)
 ROOMS = ["design", "hls", "rtl", "package", "check", ""]
 #: entry points: parse arguments and call every package's handler
-ENTRY_POINTS = {"bapipe/cli.py", "bapipe/demo.py", "bapipe/__main__.py", "bapipe/api.py"}
+ENTRY_POINTS = {"bapipe/cli.py", "bapipe/demo.py", "bapipe/__main__.py", "bapipe/api.py", "bapipe/options.py"}
 #: packages that are not product code and must not be imported by it
 TEST_ONLY = {"tests", "cocotb_tests", "bench"}
 #: bare names that would only import from a source checkout, never from the installed package

@@ -498,7 +498,7 @@ def test_version(capsys):
 
 def test_every_option_has_help_and_shows_its_default():
     """Walks every subcommand's parser: each argument has help text, each option with a
-    default (not a flag's False) shows it in `--help`, and each optional one without a value
+    value and a default shows it in `--help` (a flag shows none), and each optional one without a value
     by default (None) says in its help what happens when it is not given."""
     from bapipe.cli import build_parser
 
@@ -512,8 +512,9 @@ def test_every_option_has_help_and_shows_its_default():
                 continue
             if not a.help:
                 missing.append(f"{name} {a.option_strings or a.dest}")
-            elif a.option_strings and not (a.default is None or a.default is False or a.default == []
-                                           or a.default is argparse.SUPPRESS):   # 0 == False: identity
+            elif a.option_strings and a.nargs != 0 and not (a.default is None or a.default is False or a.default == []
+                                                            or a.default is argparse.SUPPRESS):   # 0 == False: identity
+                # (a flag, nargs 0, is on or off: "--no-stages (default: True)" read as the opposite)
                 shown = fmt._get_help_string(a) % {"default": a.default, "prog": p.prog}
                 if str(a.default) not in shown:
                     no_default.append(f"{name} {a.option_strings[0]}")

@@ -10,11 +10,15 @@ from __future__ import annotations
 
 import importlib
 
+from bapipe.errors import BapipeError
+
 BACKENDS = ("numpy", "verilator", "xrt")
 
 
-class BackendUnavailable(Exception):
+class BackendUnavailable(BapipeError):
     """A backend cannot run here (tool, build or board missing): one line for the user."""
+
+    exit_code = 2
 
 
 def get_backend(name: str):
