@@ -69,7 +69,8 @@ def _ref(obj) -> str:
 def load_model(model, opaque: dict | None = None):
     """A model: a zoo name, a .yaml/.onnx path, or a loaded Model (returned as is).
     ``opaque``: ONNX op -> (fwd_s, bwd_s) for ops the toolkit cannot price."""
-    from .spec import Model, load_model as _load
+    from .models import load_model as _load
+    from .spec import Model
 
     if isinstance(model, Model):
         return model
@@ -273,7 +274,7 @@ class Build:
         _require(command, options)
         args = _options(command, options, ("build",))
         args.build = str(self.path)
-        return importlib.import_module(f"codegen.cli_{command}").__dict__[handler](args)
+        return importlib.import_module(f"bapipe.codegen.cli_{command}").__dict__[handler](args)
 
 
 def _require(command: str, options: dict) -> None:
@@ -318,7 +319,7 @@ def invoke(command: str, args) -> tuple[dict, int]:
         p._save(args.output, True, "-o")   # cli checked -o before planning (--force)
         return p.result.to_json(), 0
     if command == "profile":
-        return profile(opts.pop("model"), opts.pop("cluster"), **_alias(opts)).to_json(), 0
+        return profile(opts.pop("model"), opts.pop("cluster"), **_alias(_drop(opts, "output", "force"))).to_json(), 0
     if command == "sim":
         return load_plan(args.plan).simulate(args.iterations, args.gantt, args.trace).to_json(), 0
     if command == "gen":

@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 
 from bapipe.errors import SpecError
-from bapipe.spec import load_model
+from bapipe.models import load_model
 
 
 def _target(path: str, force: bool, field: str) -> Path:

@@ -211,6 +211,12 @@ def train(plan: str | Path | Plan, backend: str = "numpy", epochs: int | None = 
         if plan.optimizer != "sgd":
             raise SpecError(plan_file, None, "optimizer", f"fixed-point training implements sgd (with momentum), "
                                                           f"got {plan.optimizer}; use --precision float32")
+        from bapipe.fpga_models import train_fixed as T
+
+        try:   # a rate the integer update cannot represent: refused here, not in a worker mid-run
+            T.sgd_constants(lr / B, 0.9, 1, fixed_tf)
+        except ValueError as e:
+            raise SpecError(None, None, "--lr", str(e)) from None
     iters_per_epoch = data.n_train // B
     if ray:
         from .ray_mode import require_ray

@@ -14,7 +14,7 @@ torch = pytest.importorskip("torch", reason="the torch backend needs the [torch]
 #: every test imports torch (~13 s cold) and most start pipeline processes: make test, not make test-fast
 pytestmark = pytest.mark.slow
 
-from bapipe.spec import load_model  # noqa: E402
+from bapipe.models import load_model
 from handplan import hand_plan  # noqa: E402
 from bapipe.host import layers_np as L  # noqa: E402
 from bapipe.host.torch_model import whole_model  # noqa: E402

@@ -74,9 +74,16 @@ def test_a_5000_character_layer_name_plans_and_generates(tmp_path, capsys):
 
 @pytest.mark.slow   # the numpy backend's board workers start and stop (~4 s CPU); the rule is tested below
 def test_run_lr_1e10_stops_as_diverged(capsys, mlp_plan):
-    """--lr 1e10: the loss went 2.4 -> 1e35 and the run exited 0 with chance accuracy."""
-    line = _refused(capsys, ["run", mlp_plan, "--epochs", "1", "--lr", "1e10"], "diverged", "--lr", rc_want=1)
+    """--lr 1e10: the loss went 2.4 -> 1e35 and the run exited 0 with chance accuracy (float32)."""
+    line = _refused(capsys, ["run", mlp_plan, "--epochs", "1", "--lr", "1e10", "--precision", "float32"],
+                    "diverged", "--lr", rc_want=1)
     assert "100x" in line
+
+
+def test_run_lr_1e10_in_fixed_point_is_refused_up_front(capsys, mlp_plan):
+    """The plan's fixed16 arithmetic (the default precision) cannot represent the step: refused
+    on --lr before any worker starts, not a worker's ValueError mid-run."""
+    _refused(capsys, ["run", mlp_plan, "--epochs", "1", "--lr", "1e10"], "--lr", "fixed-point update")
 
 
 def test_divergence_rules():
