@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from planner.peer_pipedream import Level, PeerInput, PeerStage, price, solve
+from planner.peer_pipedream import Level, PeerInput, PeerStage, flat_price as price, solve
 from planner.peer_search import search
 
 ROOT = Path(__file__).resolve().parents[1]
