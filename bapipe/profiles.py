@@ -291,6 +291,11 @@ def _pd_node(file: str, line: int, text: str) -> tuple[str, str, dict[str, float
     missing = [k for k in _PD_FIELDS if k not in vals]
     if missing:
         raise SpecError(file, line, missing[0], f"missing field '{missing[0]}'")
+    if len(parts) > 3:   # the optimizer's output graph (-o DIR: gpus=N.txt) adds " -- stage_id=S"
+        k, _, v = parts[3].partition("=")
+        if k.strip() != "stage_id" or not v.strip().isdigit():
+            raise SpecError(file, line, "stage_id", f"expected 'stage_id=<integer>', got {parts[3]!r}"[:120])
+        vals["stage_id"] = int(v)
     return parts[0], parts[1], vals
 
 
@@ -356,8 +361,11 @@ def import_pipedream_graph(path: str, batch: int, bytes_per_element: int = 4,
         del nodes[n], preds[n], succs[n]
 
     def key(n: str) -> tuple:
+        # a graph the optimizer wrote (stage ids) is ordered stage by stage, so that each of
+        # its stages is a contiguous layer range (a stage is a downset minus the previous
+        # ones, so every predecessor sits in the same or an earlier stage)
         digits = "".join(ch for ch in n if ch.isdigit())
-        return (int(digits) if digits else 0, n)
+        return (nodes[n][1].get("stage_id", 0), int(digits) if digits else 0, n)
 
     # model inputs: Input nodes, and sources that do no work and hold no weights (GNMT's
     # initial "hidden" state): PipeDream's optimizer gives both no compute

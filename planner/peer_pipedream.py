@@ -98,35 +98,70 @@ def peer_input(model, prof: dict) -> PeerInput:
 
 
 def _allreduce(w, m: int, bw: float):
-    """The released optimizer's data-parallel term: 4 (m - 1) |w| / (m B)."""
-    return 4.0 * (m - 1) * w / (m * bw)
+    """The released optimizer's data-parallel term: 4 (m - 1) |w| / (m B) (as it writes it:
+    (4 (m-1) |w|) / (B m))."""
+    return (4.0 * (m - 1) * w) / (bw * m)
 
 
-def _level(base: np.ndarray, W: np.ndarray, cut: np.ndarray, lv: Level, rows: int | None = None):
-    """One level's DP for every range i..j (``base[i, j]``: the range's time on one unit,
-    inf outside i <= j), for starts i < ``rows`` (all by default; the top level needs i = 0
-    only). Returns A[i, j, m-1] and the choices to rebuild the plan: kind[i, j, m-1] = 0
-    whole range replicated m times, 1 fewer units (m-1), 2 split at split[i, j, m-1] with
-    mp[i, j, m-1] units on the last stage."""
+@dataclass(frozen=True)
+class Options:
+    """The released optimizer's switches that change its formula.
+
+    ``acr``: ``--activation_compression_ratio``; None (its default) leaves every transfer
+    out, a number counts 2 a / (B q) / acr for the activations entering a stage (and, when
+    the range does not end the model, leaving it). The paper always counts them: 1.0 here.
+    ``fewer``: ``--use_fewer_machines`` (a range may take the value of one unit fewer)."""
+
+    acr: float | None = 1.0
+    fewer: bool = False
+
+
+RELEASED = Options()
+
+
+def _transfer(a, q: int, bw: float, opts: Options):
+    """(2 a) / (B q) / acr: a cut's activations (and gradients back) shared by the q units of
+    the stage that receives them (the released optimizer's input/output transfer time)."""
+    t = (2.0 * a) / (bw * q)
+    return t / opts.acr
+
+
+def _level(base: np.ndarray, W: np.ndarray, cut: np.ndarray, lv: Level, within: int, opts: Options,
+           rows: int | None = None):
+    """One level's DP (msr-fiddle/pipedream optimizer_graph_hierarchical.py's recurrence,
+    written here from reading it) for every range i..j (``base[i, j]``: the range's value one
+    level down, inf outside i <= j), for starts i < ``rows`` (all by default; the top level
+    needs i = 0 only). ``within``: boards in one unit of this level (1 for boards, G for
+    hosts). A range as one stage on q units (the DP's first candidate):
+        (base + AR(q, B) / within) / q
+    the last stage of a split (s+1..j on q units after i..s on m - q):
+        max(A(i..s, m-q), (base + AR(q, B)) / q, 2 a_s / (B q) / acr, 2 a_j / (B q) / acr if j < n-1)
+    (the released code divides the all-reduce by ``within`` only in the first candidate, and
+    counts the transfers only with an activation compression ratio).
+    Returns A[i, j, m-1] and the choices: kind 0 whole range on m units, 1 fewer units, 2 split
+    at split[i, j, m-1] with mp[i, j, m-1] units on the last stage."""
     n, M = base.shape[0], lv.units
     R = n if rows is None else rows
-    # T[i, j, q-1]: range i..j as one stage on q units (any start: it can be a last stage)
-    T = np.stack([(base + _allreduce(W, q, lv.bandwidth)) / q for q in range(1, M + 1)], axis=2)
-    A = T[:R].copy()
+    whole = np.stack([(base + _allreduce(W, q, lv.bandwidth) / within) / q for q in range(1, M + 1)], axis=2)
+    last = np.stack([(base + _allreduce(W, q, lv.bandwidth)) / q for q in range(1, M + 1)], axis=2)
+    A = whole[:R].copy()
     kind = np.zeros((R, n, M), dtype=np.int8)
     split = np.full((R, n, M), -1, dtype=np.int32)
     mp = np.zeros((R, n, M), dtype=np.int32)
-    comm = 2.0 * cut / lv.bandwidth   # comm[s]: the cut after layer s
     before = np.arange(n)[None, :] < np.arange(R)[:, None]   # s < i: not a split of i..j
     rr = np.arange(R)
     for j in range(n):
         for m in range(1, M + 1):
-            if m > 1:
+            if m > 1 and opts.fewer:
                 fewer = A[:, j, m - 2] < A[:, j, m - 1]
                 A[fewer, j, m - 1] = A[fewer, j, m - 2]
                 kind[fewer, j, m - 1] = 1
             for q in range(1, m if j > 0 else 1):
-                cand = np.maximum(np.maximum(A[:, :j, m - q - 1], comm[None, :j]), T[1:j + 1, j, q - 1][None, :])
+                cand = np.maximum(A[:, :j, m - q - 1], last[1:j + 1, j, q - 1][None, :])
+                if opts.acr is not None:
+                    cand = np.maximum(cand, _transfer(cut[:j], q, lv.bandwidth, opts)[None, :])
+                    if j < n - 1:
+                        cand = np.maximum(cand, _transfer(cut[j], q, lv.bandwidth, opts))
                 cand[before[:, :j]] = INF
                 s = np.argmin(cand, axis=1)
                 best = cand[rr, s]
@@ -155,10 +190,20 @@ def _unfold(tabs, i: int, j: int, m: int) -> list[tuple[int, int, int]]:
             return out[::-1]
 
 
-def solve(inp: PeerInput, levels: list[Level]) -> tuple[float, list[PeerStage]]:
+def solve(inp: PeerInput, levels: list[Level], opts: Options = RELEASED) -> tuple[float, list[PeerStage]]:
     """PipeDream's optimum for the whole model on the cluster ``levels`` (innermost first,
-    e.g. [Level(4 GPUs, NVLink), Level(4 servers, network)]): (time per minibatch, stages).
-    Boards are numbered host-major: server h's GPU g is h * levels[0].units + g."""
+    e.g. [Level(4 GPUs, NVLink), Level(4 servers, network)]) under the released optimizer's
+    formula (``opts``: its switches): (time per minibatch, stages). Stages are contiguous
+    ranges of the layers' order (the released code's states are the downsets its antichain
+    walk reaches; on a chain they are these ranges). Boards are numbered host-major: server
+    h's GPU g is h * levels[0].units + g."""
+    return solve_hier(inp, levels, opts)[:2]
+
+
+def solve_hier(inp: PeerInput, levels: list[Level], opts: Options = RELEASED):
+    """:func:`solve` and the plan as the released optimizer prints it: (time, stages, top)
+    where ``top`` lists the top-level stages as (first, last, units, [(first, last, units)
+    of the level below]) (two levels)."""
     c = np.asarray(inp.compute_s)
     w = np.asarray(inp.param_bytes)
     n = len(c)
@@ -169,25 +214,67 @@ def solve(inp: PeerInput, levels: list[Level]) -> tuple[float, list[PeerStage]]:
     base = np.where(valid, cs[j + 1] - cs[i], INF)
     cut = np.asarray(inp.cut_bytes, dtype=float)
     tabs = []
+    within = 1
     for k, lv in enumerate(levels):
-        t = _level(base, W, cut, lv, rows=1 if k == len(levels) - 1 else None)
+        t = _level(base, W, cut, lv, within, opts, rows=1 if k == len(levels) - 1 else None)
         tabs.append(t)
         base = t[0][:, :, lv.units - 1]
+        within *= lv.units
     # expand from the top level down: a unit at level k is a block of prod(units below k) boards
     sizes = [1]
     for lv in levels[:-1]:
         sizes.append(sizes[-1] * lv.units)
     stages = [(0, n - 1, [0])]   # (first, last, first boards of the units used at this level)
+    top = []
     for k in range(len(levels) - 1, -1, -1):
         nxt = []
         for a, b, starts in stages:
             used = 0
-            for f, l, q in _unfold(tabs[k], a, b, levels[k].units):
+            parts = _unfold(tabs[k], a, b, levels[k].units)
+            if k == len(levels) - 1:
+                top = [(f, l, q, []) for f, l, q in parts]
+            elif k == len(levels) - 2 and top:
+                for t_ in top:
+                    if t_[0] == a and t_[1] == b:
+                        t_[3].extend(parts)
+            for f, l, q in parts:
                 nxt.append((f, l, [s0 + (used + u) * sizes[k] for s0 in starts for u in range(q)]))
                 used += q
         stages = nxt
     time = float(tabs[-1][0][0, n - 1, levels[-1].units - 1])
-    return time, [PeerStage(f, l, tuple(sorted(bs))) for f, l, bs in stages]
+    return time, [PeerStage(f, l, tuple(sorted(bs))) for f, l, bs in stages], top
+
+
+def hier_value(inp: PeerInput, levels: list[Level], top, opts: Options = RELEASED) -> float:
+    """The released formula's value of one two-level plan, ``top`` as :func:`solve_hier`
+    gives it (top-level stages (first, last, hosts, [(first, last, boards a host)])): the
+    recurrence evaluated along the plan instead of minimised (what the optimizer prints as
+    "Time per stage in pipeline" for its own plan)."""
+    c, w = np.asarray(inp.compute_s, float), np.asarray(inp.param_bytes, float)
+    n = len(c)
+    cut = inp.cut_bytes
+    l1, l2 = levels
+    G = l1.units
+
+    def chain(parts, lv: Level, within: int, value) -> float:
+        """max over a level's stages: the first as a whole range, the others as splits."""
+        out = -INF
+        for k, (f, l, q) in enumerate(parts):
+            v = value(f, l)
+            W = float(w[f:l + 1].sum())
+            if k == 0:
+                out = max(out, (v + _allreduce(W, q, lv.bandwidth) / within) / q)
+                continue
+            out = max(out, (v + _allreduce(W, q, lv.bandwidth)) / q)
+            if opts.acr is not None:
+                out = max(out, _transfer(cut[f - 1], q, lv.bandwidth, opts))
+                if l < n - 1:
+                    out = max(out, _transfer(cut[l], q, lv.bandwidth, opts))
+        return out
+
+    inner = {(f, l): parts for f, l, _q, parts in top}
+    low = lambda f, l: chain(inner[(f, l)], l1, 1, lambda a, b: float(c[a:b + 1].sum()))  # noqa: E731
+    return chain([(f, l, q) for f, l, q, _p in top], l2, G, low)
 
 
 def stage_time(C: float, W: float, n: int, g: int, h: int, b1: float, b2: float, overlap: bool = False) -> float:
@@ -208,8 +295,42 @@ def host_counts(boards, units: int) -> dict[int, int]:
     return hosts
 
 
-def price(inp: PeerInput, stages: list[PeerStage], levels: list[Level], overlap: bool = False) -> float:
-    """The peer's formula applied to a flat plan (any replica counts and boards): per stage
+def hierarchy(stages: list[PeerStage], units: int) -> list:
+    """A flat plan read as the released optimizer's two-level plans: runs of consecutive
+    stages each spread evenly (the same count on each host) over one same set of hosts are
+    one top-level stage of h hosts whose stages take g boards a host; a stage spread unevenly
+    is a top-level stage alone, read as its busiest host's count on each of its hosts (the
+    formula has no other reading of it; it can only be charged more than its boards'
+    share). Returns :func:`hier_value`'s ``top``."""
+    top: list = []
+    prev = None
+    for s in stages:
+        hosts = host_counts(s.boards, units)
+        g, h = max(hosts.values()), len(hosts)
+        even = len(set(hosts.values())) == 1
+        key = frozenset(hosts) if even else None
+        if key is not None and key == prev:
+            f, _l, hh, parts = top[-1]
+            top[-1] = (f, s.last, hh, parts + [(s.first, s.last, g)])
+        else:
+            top.append((s.first, s.last, h, [(s.first, s.last, g)]))
+        prev = key
+    return top
+
+
+def price(inp: PeerInput, stages: list[PeerStage], levels: list[Level], opts: Options = RELEASED) -> float:
+    """The released optimizer's formula applied to a flat plan (any replica counts and
+    boards, host-major board numbers): :func:`hier_value` of the plan read by
+    :func:`hierarchy`. On the peer's own plans this is the DP's value (the plan is read back
+    as the DP built it)."""
+    if len(levels) != 2:
+        raise ValueError("price: expected two levels (boards in hosts, hosts on a network)")
+    return hier_value(inp, levels, hierarchy(stages, levels[0].units), opts)
+
+
+def flat_price(inp: PeerInput, stages: list[PeerStage], levels: list[Level], overlap: bool = False) -> float:
+    """An earlier per-stage reading of the peer's formula for a flat plan (what
+    planner.peer_search minimises exactly) (any replica counts and boards): per stage
     ``stage_time`` (n boards, at most g on a host, h hosts), and 2 a / B for each cut: B_1
     when both stages are balanced (the same count on each of their hosts) on the same hosts,
     so that every host's share of the samples, and hence the traffic, stays inside it; B_2

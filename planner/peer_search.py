@@ -7,7 +7,7 @@ count on each of them) and plans the peer's DP cannot express: a stage's replica
 unevenly over hosts, a stage on part of a host while the next spans that host and others,
 stages of one host block sharing hosts with the next block.
 
-The objective is ``peer_pipedream.price`` of the plan, exactly: per stage
+The objective is ``peer_pipedream.flat_price`` of the plan, exactly: per stage
 ``stage_time(C, W, n, g, h)`` (n boards, at most g on one host, h hosts), per cut 2 a / B_1
 when both stages are balanced on the same hosts and 2 a / B_2 otherwise; a plan costs its
 largest term. The price depends on a stage's boards only through its count on each host, and
@@ -75,7 +75,7 @@ def _steps(state: State) -> list[Step]:
 
 
 class PeerSearch:
-    """The exact optimum of ``price`` over every flat plan on ``levels`` (two levels)."""
+    """The exact optimum of ``flat_price`` over every flat plan on ``levels`` (two levels)."""
 
     def __init__(self, inp: PeerInput, levels: list[Level]):
         if len(levels) != 2:
@@ -190,8 +190,8 @@ def boards_of(stages, cols: list[list[int]]) -> list[PeerStage]:
 
 
 def search(inp: PeerInput, levels: list[Level], bound: float = INF) -> tuple[float, list[PeerStage]]:
-    """The least ``price`` over every flat plan, and one plan reaching it (boards numbered
-    host-major, host x's slot g = x * G + g, as ``price`` reads them)."""
+    """The least ``flat_price`` over every flat plan, and one plan reaching it (boards numbered
+    host-major, host x's slot g = x * G + g, as ``flat_price`` reads them)."""
     ps = PeerSearch(inp, levels)
     t, stages = ps.solve(bound * (1 + BOUND_SLACK))
     G = levels[0].units
