@@ -354,110 +354,195 @@ def _link_params(node: Node | None, need_bandwidth: bool = False, kind: str = "n
     return FrozenMap(out)
 
 
-def parse_cluster(node: Any, file: str | None = None) -> Cluster:
-    """Validate a loaded YAML document into a Cluster; every problem is a SpecError."""
-    file = file or getattr(node, "file", None) or "<input>"
-    if not isinstance(node, Node):
-        raise SpecError(file, getattr(node, "line", None), None, f"expected a cluster mapping, got {_kind(node)}")
-    f = Fields(node, "cluster")
-    name = f.str("name")
-    topology = f.str("topology", choices=TOPOLOGIES)
+@dataclass
+class _Entry:
+    """One board as the YAML lists it: its name, spec, the host it names (or None), its
+    entry and the entry's field that gave the name (None: a generated name)."""
 
-    # boards
+    name: str
+    board: Board
+    host: str | None
+    item: Node
+    key: str | None
+
+
+def _board_item(item: Node) -> tuple[Board, str | None, int, str | None]:
+    """One ``boards`` entry: (board with its overrides, name or None, count, host or None)."""
+    bf = Fields(item, "board")
+    btype = bf.str("type")
+    if btype not in BOARDS:
+        raise item.error("type", f"unknown board type {btype!r}; expected one of {', '.join(BOARDS)}")
+    board = BOARDS[btype]
+    bname = bf.str("name", None)
+    if bname is not None and not is_board_name(bname):   # it names files, modules and kernels
+        raise item.error("name", f"expected a board name of letters, digits and '_' not starting with a digit "
+                                 f"(at most {MAX_IDENT} characters), got {shown(bname)!r}")
+    count = read_int(item, "count", minimum=1, maximum=MAX_BOARDS) if bf.has("count") else 1
+    if bname is not None and count != 1:
+        raise item.error("count", "a board with a name stands for one board; drop the name to generate "
+                                  f"{count} names, or list each board")
+    host = bf.str("host", None)
+    ov = bf.mapping("overrides", None)
+    bf.done()
+    if ov is not None:
+        board = with_overrides(board, ov)
+    return board, bname, count, host
+
+
+def _parse_boards(f: Fields) -> tuple[list[_Entry], dict[str, int]]:
+    """The ``boards`` list, counts expanded (generated names: prefix + position), and each
+    board name's position; a duplicate name is an error."""
     blist = f.list("boards")
-    entries: list[tuple[str, Board, str | None, Node, str | None]] = []  # name, board, host, entry, key
+    entries: list[_Entry] = []
     for i in range(len(blist)):
         item = _item(blist, i, "{type, count} or {name, type}")
-        bf = Fields(item, "board")
-        btype = bf.str("type")
-        if btype not in BOARDS:
-            raise item.error("type", f"unknown board type {btype!r}; expected one of {', '.join(BOARDS)}")
-        board = BOARDS[btype]
-        bname = bf.str("name", None)
-        if bname is not None and not is_board_name(bname):   # it names files, modules and kernels
-            raise item.error("name", f"expected a board name of letters, digits and '_' not starting with a digit "
-                                     f"(at most {MAX_IDENT} characters), got {shown(bname)!r}")
-        count = read_int(item, "count", minimum=1, maximum=MAX_BOARDS) if bf.has("count") else 1
-        if bname is not None and count != 1:
-            raise item.error("count", "a board with a name stands for one board; drop the name to generate "
-                                      f"{count} names, or list each board")
-        host = bf.str("host", None)
-        ov = bf.mapping("overrides", None)
-        bf.done()
-        if ov is not None:
-            board = with_overrides(board, ov)
+        board, bname, count, host = _board_item(item)
         if len(entries) + count > MAX_BOARDS:
             raise item.error("count", f"expected at most {MAX_BOARDS} boards in a cluster")
         for _ in range(count):
             pos = len(entries)
             nm = bname if bname is not None else f"{_prefix(board)}{pos}"
-            entries.append((nm, board, host, item, "name" if bname is not None else None))
+            entries.append(_Entry(nm, board, host, item, "name" if bname is not None else None))
     board_names: dict[str, int] = {}
-    for pos, (nm, _b, _h, item, key) in enumerate(entries):
-        if nm in board_names:
-            raise item.error(key, f"duplicate board name '{nm}' (board {board_names[nm]} has it too)")
-        board_names[nm] = pos
-    n = len(entries)
+    for pos, e in enumerate(entries):
+        if e.name in board_names:
+            raise e.item.error(e.key, f"duplicate board name '{e.name}' (board {board_names[e.name]} has it too)")
+        board_names[e.name] = pos
+    return entries, board_names
 
-    # hosts
-    hlist = f.list("hosts", None)
+
+def _listed_hosts(hlist: NodeList | None, board_names: dict[str, int]) -> tuple[dict[str, dict], dict[str, str]]:
+    """The ``hosts`` list: per host its PCIe bandwidth and latency (None: the default) and its
+    entry; the host of each board a host lists."""
     host_specs: dict[str, dict] = {}
     member: dict[str, str] = {}
-    if hlist is not None:
-        for i in range(len(hlist)):
-            item = _item(hlist, i, "{name, boards, pcie_bw, pcie_latency}")
-            hf = Fields(item, "host")
-            hname = hf.str("name")
-            if hname in host_specs:
-                raise item.error("name", f"duplicate host name '{hname}'")
-            if hname in board_names:
-                raise item.error("name", f"host name '{hname}' is already a board name")
-            spec = {"bw": _opt_number(hf, "pcie_bw"), "lat": _opt_number(hf, "pcie_latency"), "node": item}
-            hb = hf.list("boards", None)
-            hf.done()
-            if hb is not None:
-                for j in range(len(hb)):
-                    b = _name_at(hb, j, "board")
-                    where = _at(hb, j)
-                    if b not in board_names:
-                        raise SpecError(*where, f"unknown board '{b}'; expected one of {_names(board_names)}")
-                    if b in member:
-                        raise SpecError(*where, f"board '{b}' is already in host '{member[b]}'")
-                    member[b] = hname
-            host_specs[hname] = spec
-    for nm, _b, h, item, _k in entries:
-        if h is None:
+    for i in range(len(hlist) if hlist is not None else 0):
+        item = _item(hlist, i, "{name, boards, pcie_bw, pcie_latency}")
+        hf = Fields(item, "host")
+        hname = hf.str("name")
+        if hname in host_specs:
+            raise item.error("name", f"duplicate host name '{hname}'")
+        if hname in board_names:
+            raise item.error("name", f"host name '{hname}' is already a board name")
+        spec = {"bw": _opt_number(hf, "pcie_bw"), "lat": _opt_number(hf, "pcie_latency"), "node": item}
+        hb = hf.list("boards", None)
+        hf.done()
+        for j in range(len(hb) if hb is not None else 0):
+            b = _name_at(hb, j, "board")
+            where = _at(hb, j)
+            if b not in board_names:
+                raise SpecError(*where, f"unknown board '{b}'; expected one of {_names(board_names)}")
+            if b in member:
+                raise SpecError(*where, f"board '{b}' is already in host '{member[b]}'")
+            member[b] = hname
+        host_specs[hname] = spec
+    return host_specs, member
+
+
+def _join_hosts(node: Node, entries: list[_Entry], listed: bool, host_specs: dict[str, dict],
+                member: dict[str, str], board_names: dict[str, int]) -> None:
+    """Boards that name their host (``host:``) join it (without a ``hosts`` list, naming a host
+    creates it); with no host anywhere, BOARDS_PER_HOST boards a host (host0, host1, ...).
+    Every board must end in one host."""
+    for e in entries:
+        if e.host is None:
             continue
-        if h not in host_specs:
-            if hlist is not None:
-                raise item.error("host", f"unknown host '{h}'; expected one of {_names(host_specs)}")
-            if h in board_names:
-                raise item.error("host", f"host name '{h}' is already a board name")
-            host_specs[h] = {"bw": None, "lat": None, "node": item}
-        if member.get(nm, h) != h:
-            raise item.error("host", f"board '{nm}' is already in host '{member[nm]}'")
-        member[nm] = h
+        if e.host not in host_specs:
+            if listed:
+                raise e.item.error("host", f"unknown host '{e.host}'; expected one of {_names(host_specs)}")
+            if e.host in board_names:
+                raise e.item.error("host", f"host name '{e.host}' is already a board name")
+            host_specs[e.host] = {"bw": None, "lat": None, "node": e.item}
+        if member.get(e.name, e.host) != e.host:
+            raise e.item.error("host", f"board '{e.name}' is already in host '{member[e.name]}'")
+        member[e.name] = e.host
     if not host_specs:  # default grouping: BOARDS_PER_HOST boards per host
-        for pos, (nm, *_rest) in enumerate(entries):
+        for pos, e in enumerate(entries):
             h = f"host{pos // BOARDS_PER_HOST}"
             if h in board_names:
                 raise node.error("hosts", f"default host name '{h}' is already a board name; list hosts")
             host_specs.setdefault(h, {"bw": None, "lat": None, "node": node})
-            member[nm] = h
-    for nm, _b, _h, item, key in entries:
-        if nm not in member:
-            raise item.error(key, f"board '{nm}' belongs to no host; list it under a host's boards or give it host:")
+            member[e.name] = h
+    for e in entries:
+        if e.name not in member:
+            raise e.item.error(e.key, f"board '{e.name}' belongs to no host; list it under a host's boards or "
+                                      "give it host:")
+
+
+def _parse_hosts(f: Fields, node: Node, entries: list[_Entry],
+                 board_names: dict[str, int]) -> tuple[list[Host], dict[str, str]]:
+    """The hosts (listed, named by boards, or the default grouping) and each board's host; a
+    host's PCIe bandwidth defaults to its slowest board's, its latency to DEFAULT_PCIE_LATENCY_S."""
+    hlist = f.list("hosts", None)
+    host_specs, member = _listed_hosts(hlist, board_names)
+    _join_hosts(node, entries, hlist is not None, host_specs, member, board_names)
     hosts: list[Host] = []
     for hname, spec in host_specs.items():
-        hb = tuple(nm for nm, *_ in entries if member[nm] == hname)
+        hb = tuple(e.name for e in entries if member[e.name] == hname)
         if not hb:
             raise spec["node"].error("name", f"host '{hname}' has no boards")
-        bw = spec["bw"] if spec["bw"] is not None else min(entries[board_names[b]][1].pcie_bw_Bps for b in hb)
+        bw = spec["bw"] if spec["bw"] is not None else min(entries[board_names[b]].board.pcie_bw_Bps for b in hb)
         lat = spec["lat"] if spec["lat"] is not None else DEFAULT_PCIE_LATENCY_S
         hosts.append(Host(hname, hb, bw, lat))
-    boards = tuple(ClusterBoard(nm, b, member[nm]) for nm, b, *_ in entries)
+    return hosts, member
 
-    # topology parameters
+
+def _torus_params(node: Node, t: Node | None, n: int) -> FrozenMap:
+    """``torus: {rows, cols}`` of a torus2d topology; rows x cols must be the board count."""
+    if t is None:
+        raise node.error("topology", "missing field 'torus' ({rows, cols}) for topology torus2d")
+    tf = Fields(t, "torus")
+    tf.raw("rows"), tf.raw("cols")
+    rows = read_int(t, "rows", minimum=1, maximum=MAX_BOARDS)
+    cols = read_int(t, "cols", minimum=1, maximum=MAX_BOARDS)
+    tf.done()
+    if rows * cols != n:
+        raise node.error("torus", f"rows x cols = {rows} x {cols} = {rows * cols} must equal the board count {n}")
+    return FrozenMap({"rows": rows, "cols": cols})
+
+
+def _switch_params(node: Node, s: Node | None, nodes: dict[str, str]) -> FrozenMap:
+    """``switch: {name, attach}`` of a switch topology; the switch joins ``nodes``."""
+    sw = {"name": DEFAULT_SWITCH_NAME, "attach": "boards"}
+    if s is not None:
+        sf = Fields(s, "switch")
+        sw["name"] = sf.str("name", DEFAULT_SWITCH_NAME)
+        sw["attach"] = sf.str("attach", "boards", choices=("boards", "hosts"))
+        sf.done()
+    if sw["name"] in nodes:
+        where = (s, "name") if s is not None and "name" in s else (node, "topology")
+        raise where[0].error(where[1], f"switch name '{sw['name']}' is already a {nodes[sw['name']]} name")
+    nodes[sw["name"]] = "switch"
+    return FrozenMap(sw)
+
+
+def _host_link_params(hl: Node) -> FrozenMap:
+    """``host_link``: the full mesh inside each host (bandwidth required)."""
+    hf = Fields(hl, "host_link")
+    hf.raw("bandwidth")
+    out = FrozenMap({"bandwidth": read_number(hl, "bandwidth"),
+                     "latency": _opt_number(hf, "latency", DEFAULT_HOST_LINK_LATENCY_S),
+                     "kind": hf.str("kind", "nvlink")})
+    hf.done()
+    return out
+
+
+def _switch_names(slist: NodeList, nodes: dict[str, str]) -> tuple[str, ...]:
+    """``switches``: extra non-board nodes for explicit links; each joins ``nodes``."""
+    names = []
+    for j in range(len(slist)):
+        s_name = _name_at(slist, j, "switch")
+        if s_name in nodes:
+            raise SpecError(*_at(slist, j), f"switch name '{s_name}' is already a {nodes[s_name]} name")
+        nodes[s_name] = "switch"
+        names.append(s_name)
+    return tuple(names)
+
+
+def _topology_params(f: Fields, node: Node, topology: str, n: int, board_names: dict[str, int],
+                     hosts: list[Host]) -> tuple[dict[str, Any], dict[str, str]]:
+    """The generator parameters (link defaults, torus, switch, host_link, switches) and every
+    routing node by kind (board, host, switch)."""
     params: dict[str, Any] = {}
     nodes: dict[str, str] = {nm: "board" for nm in board_names}
     for h in hosts:
@@ -467,89 +552,61 @@ def parse_cluster(node: Any, file: str | None = None) -> Cluster:
         if sect[k] is not None and topology != want:
             raise node.error(k, f"'{k}' is only valid with topology {want}; the topology is {topology}")
     if topology == "torus2d":
-        t = sect["torus"]
-        if t is None:
-            raise node.error("topology", "missing field 'torus' ({rows, cols}) for topology torus2d")
-        tf = Fields(t, "torus")
-        tf.raw("rows"), tf.raw("cols")
-        rows = read_int(t, "rows", minimum=1, maximum=MAX_BOARDS)
-        cols = read_int(t, "cols", minimum=1, maximum=MAX_BOARDS)
-        tf.done()
-        if rows * cols != n:
-            raise node.error("torus", f"rows x cols = {rows} x {cols} = {rows * cols} must equal the board count {n}")
-        params["torus"] = FrozenMap({"rows": rows, "cols": cols})
-    attach = "boards"
+        params["torus"] = _torus_params(node, sect["torus"], n)
     if topology == "switch":
-        s = sect["switch"]
-        sw = {"name": DEFAULT_SWITCH_NAME, "attach": "boards"}
-        if s is not None:
-            sf = Fields(s, "switch")
-            sw["name"] = sf.str("name", DEFAULT_SWITCH_NAME)
-            sw["attach"] = attach = sf.str("attach", "boards", choices=("boards", "hosts"))
-            sf.done()
-        if sw["name"] in nodes:
-            where = (s, "name") if s is not None and "name" in s else (node, "topology")
-            raise where[0].error(where[1], f"switch name '{sw['name']}' is already a {nodes[sw['name']]} name")
-        nodes[sw["name"]] = "switch"
-        params["switch"] = FrozenMap(sw)
-    need_bw = topology == "switch" and attach == "hosts"
+        params["switch"] = _switch_params(node, sect["switch"], nodes)
+    need_bw = topology == "switch" and params["switch"]["attach"] == "hosts"
     if need_bw and sect["link"] is None:
         raise node.error("topology", "missing field 'link' ({bandwidth, latency}): switch attach hosts needs "
                                      "the host network bandwidth")
     params["link"] = _link_params(sect["link"], need_bandwidth=need_bw)
     if sect["host_link"] is not None:
-        hl = sect["host_link"]
-        hf = Fields(hl, "host_link")
-        hf.raw("bandwidth")
-        params["host_link"] = FrozenMap({"bandwidth": read_number(hl, "bandwidth"),
-                                         "latency": _opt_number(hf, "latency", DEFAULT_HOST_LINK_LATENCY_S),
-                                         "kind": hf.str("kind", "nvlink")})
-        hf.done()
+        params["host_link"] = _host_link_params(sect["host_link"])
     slist = f.list("switches", None)
     if slist is not None:
-        names = []
-        for j in range(len(slist)):
-            s_name = _name_at(slist, j, "switch")
-            if s_name in nodes:
-                raise SpecError(*_at(slist, j), f"switch name '{s_name}' is already a {nodes[s_name]} name")
-            nodes[s_name] = "switch"
-            names.append(s_name)
-        params["switches"] = tuple(names)
-    params_f = FrozenMap(params)
-    links = _generate_links(topology, boards, hosts, params_f)
+        params["switches"] = _switch_names(slist, nodes)
+    return params, nodes
 
-    # explicit / extra links
+
+def _listed_link(item: Node, nodes: dict[str, str], ports: dict[str, float], lk: FrozenMap) -> Link:
+    """One ``links`` entry; bandwidth, latency and kind default to ``link:``'s (bandwidth:
+    else the slower board port of its ends)."""
+    lf = Fields(item, "link")
+    ends = []
+    for key in ("a", "b"):
+        e = lf.str(key)
+        if e not in nodes:
+            raise item.error(key, f"unknown board '{e}'; expected a board, host or switch name: {_names(nodes)}")
+        ends.append(e)
+    if ends[0] == ends[1]:
+        raise item.error("b", f"a link needs two different ends, got '{ends[0]}' twice")
+    if lf.has("bandwidth"):
+        bw = read_number(item, "bandwidth")
+    elif "bandwidth" in lk:
+        bw = lk["bandwidth"]
+    elif any(e in ports for e in ends):
+        bw = min(ports[e] for e in ends if e in ports)
+    else:
+        raise item.error(None, "missing field 'bandwidth' (neither end is a board)")
+    lat = _opt_number(lf, "latency", lk["latency"])
+    kind = lf.str("kind", lk["kind"])
+    lf.done()
+    return Link(ends[0], ends[1], bw, lat, kind)
+
+
+def _listed_links(f: Fields, node: Node, topology: str, nodes: dict[str, str], boards: tuple[ClusterBoard, ...],
+                  lk: FrozenMap) -> list[Link]:
+    """The ``links`` list (required, non-empty, for topology explicit; extra links otherwise)."""
     llist = f.list("links", None, nonempty=topology == "explicit")
     if topology == "explicit" and llist is None:
         raise node.error("topology", "missing field 'links' for topology explicit")
     ports = {cb.name: cb.board.port_bw_Bps for cb in boards}
-    lk = params["link"]
-    for i in range(len(llist or [])):
-        item = _item(llist, i, "{a, b, bandwidth, latency, kind}")
-        lf = Fields(item, "link")
-        ends = []
-        for key in ("a", "b"):
-            e = lf.str(key)
-            if e not in nodes:
-                raise item.error(key, f"unknown board '{e}'; expected a board, host or switch name: {_names(nodes)}")
-            ends.append(e)
-        if ends[0] == ends[1]:
-            raise item.error("b", f"a link needs two different ends, got '{ends[0]}' twice")
-        if lf.has("bandwidth"):
-            bw = read_number(item, "bandwidth")
-        elif "bandwidth" in lk:
-            bw = lk["bandwidth"]
-        elif any(e in ports for e in ends):
-            bw = min(ports[e] for e in ends if e in ports)
-        else:
-            raise item.error(None, "missing field 'bandwidth' (neither end is a board)")
-        lat = _opt_number(lf, "latency", lk["latency"])
-        kind = lf.str("kind", lk["kind"])
-        lf.done()
-        links.append(Link(ends[0], ends[1], bw, lat, kind))
-    f.done()
+    return [_listed_link(_item(llist, i, "{a, b, bandwidth, latency, kind}"), nodes, ports, lk)
+            for i in range(len(llist or []))]
 
-    # every board reachable from the first
+
+def _check_reachable(node: Node, boards: tuple[ClusterBoard, ...], links: list[Link], nodes: dict[str, str]) -> None:
+    """Every board reachable from the first."""
     adj: dict[str, set[str]] = {x: set() for x in nodes}
     for ln in links:
         adj[ln.a].add(ln.b)
@@ -564,6 +621,25 @@ def parse_cluster(node: Any, file: str | None = None) -> Cluster:
         if cb.name not in seen:
             key = "links" if "links" in node else "topology"
             raise node.error(key, f"board '{cb.name}' is unreachable from '{boards[0].name}'; add a link to it")
+
+
+def parse_cluster(node: Any, file: str | None = None) -> Cluster:
+    """Validate a loaded YAML document into a Cluster; every problem is a SpecError."""
+    file = file or getattr(node, "file", None) or "<input>"
+    if not isinstance(node, Node):
+        raise SpecError(file, getattr(node, "line", None), None, f"expected a cluster mapping, got {_kind(node)}")
+    f = Fields(node, "cluster")
+    name = f.str("name")
+    topology = f.str("topology", choices=TOPOLOGIES)
+    entries, board_names = _parse_boards(f)
+    hosts, member = _parse_hosts(f, node, entries, board_names)
+    boards = tuple(ClusterBoard(e.name, e.board, member[e.name]) for e in entries)
+    params, nodes = _topology_params(f, node, topology, len(entries), board_names, hosts)
+    params_f = FrozenMap(params)
+    links = _generate_links(topology, boards, hosts, params_f)
+    links += _listed_links(f, node, topology, nodes, boards, params["link"])
+    f.done()
+    _check_reachable(node, boards, links, nodes)
     return Cluster(name=name, topology=topology, boards=boards, links=tuple(links), hosts=tuple(hosts),
                    source=file, params=params_f)
 

@@ -42,6 +42,7 @@ Times are float seconds; per-board cycle counts use each board's own clock.
 from __future__ import annotations
 
 import heapq
+import itertools
 import math
 import time
 from collections import deque
@@ -57,6 +58,7 @@ from .engines import link_clock, link_transfer
 # event codes
 _OP_DONE, _ARRIVE, _CREDIT, _AR_ARRIVE = 0, 1, 2, 3
 KINDS = ("F", "B", "W")
+_push = heapq.heappush
 _KIND_CODE = {"F": 0, "B": 1, "W": 2}
 
 
@@ -324,17 +326,31 @@ class _Channel:
         self.peak_inflight = 0
 
 
-def simulate(plan, model=None, cluster=None, iterations: int = 1, config: SimConfig | None = None) -> SimResult:
-    """Simulate ``iterations`` training (or inference) iterations of ``plan``.
+@dataclass
+class _Pipeline:
+    """The plan's pipeline as the replay walks it: its stages by index, p devices x v chunks."""
 
-    ``model`` and ``cluster`` default to ``fpga_models.plancheck.resolve(plan)``. Raises SpecError
-    when the plan cannot run (unknown boards, a deadlock from too few credits).
-    """
-    t_wall = time.perf_counter()
-    cfg = config or SimConfig()
-    if model is None or cluster is None:
-        from bapipe.fpga_models.plancheck import resolve
-        model, cluster = resolve(plan)
+    stages: list
+    p: int                          # pipeline positions (devices)
+    v: int                          # chunks per device (interleaved), else 1
+    m: int                          # micro-batches per iteration
+    iterations: int
+    train: bool
+    sched: str
+    by_dc: dict[tuple[int, int], int]   # (device, chunk) -> position in ``stages``
+    dev_boards: list[list[str]]     # per device: the boards that work in lock-step on it
+    mbs: int                        # samples per micro-batch
+    samples: int                    # per iteration, over all replicas
+
+    @property
+    def pd(self) -> bool:
+        """Asynchronous PipeDream: per-micro-batch all-reduce, no iteration gate."""
+        return self.train and self.sched == "pipedream"
+
+
+def _pipeline(plan, iterations: int, cfg: SimConfig) -> _Pipeline:
+    """Check the plan and the knobs can be replayed (one stage per device and chunk, boards on
+    every device) and return its pipeline; every problem is a SpecError."""
     if iterations < 1:
         raise SpecError(None, None, "iterations", f"expected at least 1, got {iterations}")
     if (cfg.rx_credits is not None and cfg.rx_credits < 1) or cfg.tx_slots < 1:
@@ -342,15 +358,12 @@ def simulate(plan, model=None, cluster=None, iterations: int = 1, config: SimCon
     stages = sorted(plan.stages, key=lambda s: s.index)
     if not stages:
         raise SpecError(None, None, "stages", "expected at least one stage")
-    S = len(stages)
     devs = sorted({s.device for s in stages})
     if devs != list(range(len(devs))):
         raise SpecError(None, None, "stages.device", f"expected pipeline positions 0..{len(devs) - 1}, got {devs}")
     p = len(devs)
-    train = plan.mode == "train"
     sched = plan.schedule
     v = plan.chunks if sched == "interleaved" else 1
-    m = plan.microbatches
     by_dc = {}
     for k, s in enumerate(stages):
         if (s.device, s.chunk) in by_dc:
@@ -360,8 +373,6 @@ def simulate(plan, model=None, cluster=None, iterations: int = 1, config: SimCon
         for c in range(v):
             if (d, c) not in by_dc:
                 raise SpecError(None, None, "stages", f"no stage for device {d} chunk {c} ({sched}, v={v})")
-
-    # --- boards of each device ------------------------------------------------------
     dev_boards: list[list[str]] = [[] for _ in range(p)]
     for s in stages:
         for b in s.boards:
@@ -369,175 +380,256 @@ def simulate(plan, model=None, cluster=None, iterations: int = 1, config: SimCon
                 dev_boards[s.device].append(b)
     if any(not bl for bl in dev_boards):
         raise SpecError(None, None, "stages.boards", "every stage needs at least one board")
-
-    # --- channels -------------------------------------------------------------------
-    net = _Net(cluster)
-    bpe = _bytes_per_element(plan.number_format)
-    mbs = max(1, plan.microbatch_size)
     m = plan.microbatches
-    samples = max(plan.global_batch, m * mbs)  # per iteration, over all replicas
+    mbs = max(1, plan.microbatch_size)
+    return _Pipeline(stages=stages, p=p, v=v, m=m, iterations=iterations, train=plan.mode == "train", sched=sched,
+                     by_dc=by_dc, dev_boards=dev_boards, mbs=mbs, samples=max(plan.global_batch, m * mbs))
 
-    def credits_for(nbytes: int, pieces, rate_s: float) -> int:
-        """Receive slots of a channel: fixed by the config, or (auto) the fewest that cover the
-        credit round trip (wire time + latency there and back) at one message per ``rate_s``,
-        as a designer sizes a FIFO to the bandwidth-delay product; at least 2 (double buffer)."""
-        if cfg.rx_buffer_bytes is not None and nbytes > 0:
-            return max(1, cfg.rx_buffer_bytes // nbytes)
-        if cfg.rx_credits is not None:
-            return cfg.rx_credits
-        loop = max((pc[1] + 2 * pc[2] for pc in pieces), default=0.0)
-        if rate_s <= 0:
-            return 2 if loop <= 0 else 1 << 20
-        return max(2, math.ceil(loop / rate_s) + 1)
 
-    def replica_leads(s) -> list[str]:
-        size = max(1, math.prod(s.mesh)) if s.mesh else 1
-        r = max(1, s.replicas)
-        return [s.boards[min(i * size, len(s.boards) - 1)] for i in range(r)]
+# --- channels ------------------------------------------------------------------------------
+# a piece of a message is (directed link ids, seconds on the wire, latency, bytes)
 
-    def stage_pieces(a, b, nbytes: int, holders: int | None = None, samples: int = 1):
-        """Each replica of ``a`` sends its ``nbytes`` (its share of the micro-batch, ``samples``
-        samples); with r_a == r_b replica i talks to replica i; otherwise the r_a x nbytes are
-        spread over max(r_a, r_b) pieces, piece i from replica i mod r_a to replica i mod r_b.
-        ``holders``: how many replicas ``nbytes`` is the share of (a gradient going back is
-        the activation's tensor: the forward sender's replica count), default r_a. Between FPGAs
-        a piece holds its route for its framed line bytes and arrives the framing's latency
-        later (fpga_models.engines.link_transfer, as the planner prices it)."""
-        ra, rb = replica_leads(a), replica_leads(b)
-        n = max(len(ra), len(rb))
-        out = []
-        frac = (holders or len(ra)) / n
-        share = nbytes * frac
-        for i in range(n):
-            x, y = ra[i % len(ra)], rb[i % len(rb)]
-            ids, bw, lat = net.path(x, y)
-            line, extra = link_transfer(nbytes, bpe, samples, bw, link_clock(cluster.board(x).board,
-                                                                              cluster.board(y).board))
-            out.append((ids, line * frac / bw if ids else 0.0, lat + (extra if ids else 0.0), share))
-        return out
+def _credits_for(cfg: SimConfig, nbytes: int, pieces, rate_s: float) -> int:
+    """Receive slots of a channel: fixed by the config, or (auto) the fewest that cover the
+    credit round trip (wire time + latency there and back) at one message per ``rate_s``,
+    as a designer sizes a FIFO to the bandwidth-delay product; at least 2 (double buffer)."""
+    if cfg.rx_buffer_bytes is not None and nbytes > 0:
+        return max(1, cfg.rx_buffer_bytes // nbytes)
+    if cfg.rx_credits is not None:
+        return cfg.rx_credits
+    loop = max((pc[1] + 2 * pc[2] for pc in pieces), default=0.0)
+    if rate_s <= 0:
+        return 2 if loop <= 0 else 1 << 20
+    return max(2, math.ceil(loop / rate_s) + 1)
 
-    channels: list[_Channel] = []
-    fwd_in: list[int] = [-1] * S    # channel feeding stage k's forward
-    bwd_in: list[int] = [-1] * S    # channel feeding stage k's backward
-    fwd_out: list[int] = [-1] * S
-    bwd_out: list[int] = [-1] * S
 
-    def add(src, dst, pieces, msg_bytes, label, rate_s) -> int:
+def _replica_leads(s) -> list[str]:
+    """The first board of each replica of stage ``s`` (a replica's mesh moves as one)."""
+    size = max(1, math.prod(s.mesh)) if s.mesh else 1
+    r = max(1, s.replicas)
+    return [s.boards[min(i * size, len(s.boards) - 1)] for i in range(r)]
+
+
+def _stage_pieces(net: _Net, bpe: int, a, b, nbytes: int, holders: int | None = None, samples: int = 1):
+    """Each replica of ``a`` sends its ``nbytes`` (its share of the micro-batch, ``samples``
+    samples); with r_a == r_b replica i talks to replica i; otherwise the r_a x nbytes are
+    spread over max(r_a, r_b) pieces, piece i from replica i mod r_a to replica i mod r_b.
+    ``holders``: how many replicas ``nbytes`` is the share of (a gradient going back is
+    the activation's tensor: the forward sender's replica count), default r_a. Between FPGAs
+    a piece holds its route for its framed line bytes and arrives the framing's latency
+    later (fpga_models.engines.link_transfer, as the planner prices it)."""
+    cluster = net.cluster
+    ra, rb = _replica_leads(a), _replica_leads(b)
+    n = max(len(ra), len(rb))
+    out = []
+    frac = (holders or len(ra)) / n
+    share = nbytes * frac
+    for i in range(n):
+        x, y = ra[i % len(ra)], rb[i % len(rb)]
+        ids, bw, lat = net.path(x, y)
+        line, extra = link_transfer(nbytes, bpe, samples, bw, link_clock(cluster.board(x).board,
+                                                                          cluster.board(y).board))
+        out.append((ids, line * frac / bw if ids else 0.0, lat + (extra if ids else 0.0), share))
+    return out
+
+
+def _mesh_pieces(net: _Net, src, dst, cut):
+    """A resharding between meshes (``cut``: the stage whose output crosses), replayed as
+    the planner priced it (``cut.send_s``, the best transfer of planner.reshard): one timed
+    transfer holding every link on the routes between the two meshes' boards."""
+    ids = sorted({i for x in src.boards for y in dst.boards if x != y for i in net.path(x, y)[0]})
+    return [(tuple(ids), cut.send_s, 0.0, int(cut.send_bytes))]
+
+
+def _is_mesh_cut(a, b) -> bool:
+    return a.layout is not None and (math.prod(a.mesh or [1]) > 1 or math.prod(b.mesh or [1]) > 1)
+
+
+def _host_pieces(net: _Net, pipe: _Pipeline, st, per_sample: int, to_board: bool):
+    """Every replica of the first (last) stage reads (writes) its share over its own PCIe."""
+    leads = _replica_leads(st)
+    nb = per_sample * pipe.samples / (pipe.m * len(leads))
+    out = []
+    for b in leads:
+        ids, bw, lat = net.pcie(b, to_board)
+        out.append((ids, nb / bw, lat, nb))
+    return out, int(nb)
+
+
+@dataclass
+class _Wiring:
+    """The channels and, per stage, the channel feeding (leaving) its forward and backward; -1: none."""
+
+    channels: list[_Channel]
+    fwd_in: list[int]
+    bwd_in: list[int]
+    fwd_out: list[int]
+    bwd_out: list[int]
+
+    def add(self, cfg: SimConfig, src: int, dst: int, pieces, msg_bytes: int, label: str, rate_s: float) -> int:
+        """A new channel from ``src`` to ``dst`` (devices; -1 the host); its index."""
         credit_lat = max((pc[2] for pc in pieces), default=0.0)
-        channels.append(_Channel(src, dst, credits_for(msg_bytes, pieces, rate_s), pieces, credit_lat, msg_bytes,
-                                 label))
-        return len(channels) - 1
+        self.channels.append(_Channel(src, dst, _credits_for(cfg, msg_bytes, pieces, rate_s), pieces, credit_lat,
+                                      msg_bytes, label))
+        return len(self.channels) - 1
 
-    def mesh_pieces(src, dst, cut):
-        """A resharding between meshes (``cut``: the stage whose output crosses), replayed as
-        the planner priced it (``cut.send_s``, the best transfer of planner.reshard): one timed
-        transfer holding every link on the routes between the two meshes' boards."""
-        ids = sorted({i for x in src.boards for y in dst.boards if x != y for i in net.path(x, y)[0]})
-        return [(tuple(ids), cut.send_s, 0.0, int(cut.send_bytes))]
 
-    def is_mesh_cut(a, b) -> bool:
-        return a.layout is not None and (math.prod(a.mesh or [1]) > 1 or math.prod(b.mesh or [1]) > 1)
-
+def _wire(plan, model, pipe: _Pipeline, cfg: SimConfig, net: _Net) -> _Wiring:
+    """Activations forward and gradients back between consecutive stages, plus the host's input
+    (and, inference, output) over PCIe."""
+    stages, S, train = pipe.stages, len(pipe.stages), pipe.train
+    bpe = _bytes_per_element(plan.number_format)
+    w = _Wiring([], [-1] * S, [-1] * S, [-1] * S, [-1] * S)
     for k in range(S - 1):
         a, b = stages[k], stages[k + 1]
         nb = int(a.send_bytes)
-        mesh_cut = is_mesh_cut(a, b)
-        smp = -(-mbs // max(1, a.replicas))    # samples per replica per micro-batch (planner: beta_at)
-        pcs = mesh_pieces(a, b, a) if mesh_cut else stage_pieces(a, b, nb, samples=smp)
-        c = add(a.device, b.device, pcs, nb, f"act {a.index}->{b.index}", b.fwd_s)
-        fwd_out[k], fwd_in[k + 1] = c, c
+        mesh_cut = _is_mesh_cut(a, b)
+        smp = -(-pipe.mbs // max(1, a.replicas))    # samples per replica per micro-batch (planner: beta_at)
+        pcs = _mesh_pieces(net, a, b, a) if mesh_cut else _stage_pieces(net, bpe, a, b, nb, samples=smp)
+        c = w.add(cfg, a.device, b.device, pcs, nb, f"act {a.index}->{b.index}", b.fwd_s)
+        w.fwd_out[k], w.fwd_in[k + 1] = c, c
         if train:
-            pcs = mesh_pieces(b, a, a) if mesh_cut else stage_pieces(b, a, nb, len(replica_leads(a)), smp)
-            c = add(b.device, a.device, pcs, nb, f"grad {b.index}->{a.index}", a.bwd_s)
-            bwd_out[k + 1], bwd_in[k] = c, c
+            pcs = (_mesh_pieces(net, b, a, a) if mesh_cut
+                   else _stage_pieces(net, bpe, b, a, nb, len(_replica_leads(a)), smp))
+            c = w.add(cfg, b.device, a.device, pcs, nb, f"grad {b.index}->{a.index}", a.bwd_s)
+            w.bwd_out[k + 1], w.bwd_in[k] = c, c
     if cfg.host_io:
-        # every replica of the first (last) stage reads (writes) its share over its own PCIe
-        def host_pieces(st, per_sample: int, to_board: bool):
-            leads = replica_leads(st)
-            nb = per_sample * samples / (m * len(leads))
-            out = []
-            for b in leads:
-                ids, bw, lat = net.pcie(b, to_board)
-                out.append((ids, nb / bw, lat, nb))
-            return out, int(nb)
-
-        pcs, nb = host_pieces(stages[0], _input_bytes(model, plan.number_format), True)
-        fwd_in[0] = add(-1, stages[0].device, pcs, nb, "host input", stages[0].fwd_s)
+        pcs, nb = _host_pieces(net, pipe, stages[0], _input_bytes(model, plan.number_format), True)
+        w.fwd_in[0] = w.add(cfg, -1, stages[0].device, pcs, nb, "host input", stages[0].fwd_s)
         if not train:
-            pcs, nb = host_pieces(stages[-1], model.layers[-1].out_elems * _bytes_per_element(plan.number_format),
-                                  False)
-            fwd_out[S - 1] = add(stages[-1].device, -1, pcs, nb, "host output", stages[-1].fwd_s)
+            pcs, nb = _host_pieces(net, pipe, stages[-1],
+                                   model.layers[-1].out_elems * _bytes_per_element(plan.number_format), False)
+            w.fwd_out[S - 1] = w.add(cfg, stages[-1].device, -1, pcs, nb, "host output", stages[-1].fwd_s)
+    return w
 
-    # --- op lists per device ----------------------------------------------------------
-    N = iterations
-    two_bw = sched == "2bw"
-    pd = train and sched == "pipedream"          # per-micro-batch all-reduce, no iteration gate
-    ar_gate = allreduce_gate(sched) if pd else 0
-    op_kind, op_mb, op_chunk, op_stage, op_dur, op_in, op_out, op_free, op_iter_end, op_gate = \
-        ([] for _ in range(10))
-    op_argate: list[list[int]] = []   # PipeDream: micro-batch whose all-reduce must end first, or -1
-    if sched == "interleaved" and m % p:
-        raise SpecError(None, None, "microbatches", f"interleaved needs a multiple of {p} micro-batches, got {m}")
-    for d in range(p):
-        if not train:
-            seq = [(o, 0) for o in device_ops(sched, p, d, m * N, v, forward_only=True)]
-        elif sched in ASYNC or v == 1:
-            seq = stream_ops(sched, p, d, m, N)
+
+# --- op lists per device -------------------------------------------------------------------
+
+@dataclass
+class _OpTable:
+    """Every device's ops in order as parallel lists (``kind[d][i]`` ... ``argate[d][i]``):
+    what the event loop indexes."""
+
+    kind: list[list[int]] = field(default_factory=list)     # _KIND_CODE
+    mb: list[list[int]] = field(default_factory=list)
+    chunk: list[list[int]] = field(default_factory=list)
+    stage: list[list[int]] = field(default_factory=list)    # position in the pipeline's stages
+    dur: list[list[float]] = field(default_factory=list)
+    cin: list[list[int]] = field(default_factory=list)      # channel of the op's input, or -1
+    cout: list[list[int]] = field(default_factory=list)     # channel of the op's output, or -1
+    free: list[list[bool]] = field(default_factory=list)    # the op frees its micro-batch's stash
+    iter_end: list[list[int]] = field(default_factory=list)  # iteration the op ends for its chunk, or -1
+    gate: list[list[int]] = field(default_factory=list)     # iteration whose end must come first, or -1
+    argate: list[list[int]] = field(default_factory=list)   # PipeDream: micro-batch whose ring must end first, or -1
+
+    def rows(self) -> tuple[list, ...]:
+        """The per-device lists, in field order."""
+        return (self.kind, self.mb, self.chunk, self.stage, self.dur, self.cin, self.cout, self.free, self.iter_end,
+                self.gate, self.argate)
+
+
+def _op_sequence(pipe: _Pipeline, d: int) -> list[tuple]:
+    """Device d's ops over all iterations, each with its iteration: (op, j)."""
+    p, m, v, N, sched = pipe.p, pipe.m, pipe.v, pipe.iterations, pipe.sched
+    if not pipe.train:
+        return [(o, 0) for o in device_ops(sched, p, d, m * N, v, forward_only=True)]
+    if sched in ASYNC or v == 1:
+        return stream_ops(sched, p, d, m, N)
+    seq = []
+    base = device_ops(sched, p, d, m, v)
+    for j in range(N):
+        seq += [(type(o)(o.kind, o.mb + j * m, o.chunk), j) for o in base]
+    return seq
+
+
+def _sequence_marks(pipe: _Pipeline, seq: list[tuple]) -> tuple[dict, dict, dict]:
+    """Positions in ``seq``: the last backward of each (micro-batch, chunk) (it frees the stash),
+    the last backward of each (chunk, iteration) (it ends the iteration), and the first op of
+    each iteration with the iteration that must have ended before it starts (flush: j - 1;
+    2BW: j - 2; asynchronous PipeDream: none)."""
+    last_bwd = {}
+    for i, (o, j) in enumerate(seq):
+        if o.kind != "F":
+            last_bwd[(o.mb, o.chunk)] = i
+    last_of_iter = {}
+    for i, (o, j) in enumerate(seq):
+        if pipe.train and o.kind != "F":
+            last_of_iter[(o.chunk, j)] = i
+    first_of_iter = {}
+    for i, (o, j) in enumerate(seq):
+        first_of_iter.setdefault(j, i)
+    gate_at = {}
+    if pipe.train and not pipe.pd:
+        for j, i in first_of_iter.items():
+            need = j - 2 if pipe.sched == "2bw" else j - 1
+            if need >= 0:
+                gate_at[i] = need
+    return last_bwd, last_of_iter, gate_at
+
+
+def _device_rows(pipe: _Pipeline, w: _Wiring, cfg: SimConfig, d: int, ar_gate: int) -> tuple[list, ...]:
+    """Device d's ops in order, one list per field of :class:`_OpTable`."""
+    seq = _op_sequence(pipe, d)
+    last_bwd, last_of_iter, gate_at = _sequence_marks(pipe, seq)
+    row = tuple([] for _ in range(11))
+    kinds, mbl, chl, stl, dur, cin, cout, free, iend, gate, argate = row
+    for i, (o, j) in enumerate(seq):
+        k = pipe.by_dc[(d, o.chunk)]
+        st = pipe.stages[k]
+        kinds.append(_KIND_CODE[o.kind])
+        mbl.append(o.mb)
+        chl.append(o.chunk)
+        stl.append(k)
+        dur.append(op_seconds(st, o.kind))
+        if o.kind == "F":
+            cin.append(w.fwd_in[k])
+            cout.append(w.fwd_out[k])
+            free.append(False)
         else:
-            seq = []
-            base = device_ops(sched, p, d, m, v)
-            for j in range(N):
-                seq += [(type(o)(o.kind, o.mb + j * m, o.chunk), j) for o in base]
-        kinds, mbl, chl, stl, dur, cin, cout, free, iend, gate = ([] for _ in range(10))
-        argate = []
-        last_bwd = {}
-        for i, (o, j) in enumerate(seq):
-            if o.kind != "F":
-                last_bwd[(o.mb, o.chunk)] = i
-        last_of_iter = {}
-        for i, (o, j) in enumerate(seq):
-            if train and o.kind != "F":
-                last_of_iter[(o.chunk, j)] = i
-        first_of_iter = {}
-        for i, (o, j) in enumerate(seq):
-            first_of_iter.setdefault(j, i)
-        gate_at = {}
-        if train and not pd:
-            for j, i in first_of_iter.items():
-                need = j - 2 if two_bw else j - 1
-                if need >= 0:
-                    gate_at[i] = need
-        for i, (o, j) in enumerate(seq):
-            k = by_dc[(d, o.chunk)]
-            st = stages[k]
-            kinds.append(_KIND_CODE[o.kind])
-            mbl.append(o.mb)
-            chl.append(o.chunk)
-            stl.append(k)
-            dur.append(op_seconds(st, o.kind))
-            if o.kind == "F":
-                cin.append(fwd_in[k])
-                cout.append(fwd_out[k])
-                free.append(False)
-            else:
-                cin.append(bwd_in[k] if o.kind == "B" else -1)
-                cout.append(bwd_out[k] if o.kind == "B" else -1)
-                free.append(last_bwd.get((o.mb, o.chunk)) == i)
-            iend.append(j if (train and last_of_iter.get((o.chunk, j)) == i) else -1)
-            gate.append(gate_at.get(i, -1))
-            rep_ring = pd and cfg.allreduce and st.replicas > 1
-            argate.append(o.mb - ar_gate if rep_ring and o.kind == "B" and o.mb >= ar_gate else -1)
-        for lst, val in ((op_kind, kinds), (op_mb, mbl), (op_chunk, chl), (op_stage, stl), (op_dur, dur),
-                         (op_in, cin), (op_out, cout), (op_free, free), (op_iter_end, iend), (op_gate, gate),
-                         (op_argate, argate)):
-            lst.append(val)
+            cin.append(w.bwd_in[k] if o.kind == "B" else -1)
+            cout.append(w.bwd_out[k] if o.kind == "B" else -1)
+            free.append(last_bwd.get((o.mb, o.chunk)) == i)
+        iend.append(j if (pipe.train and last_of_iter.get((o.chunk, j)) == i) else -1)
+        gate.append(gate_at.get(i, -1))
+        rep_ring = pipe.pd and cfg.allreduce and st.replicas > 1
+        argate.append(o.mb - ar_gate if rep_ring and o.kind == "B" and o.mb >= ar_gate else -1)
+    return row
 
-    # --- all-reduce rings -------------------------------------------------------------
+
+def _op_table(pipe: _Pipeline, w: _Wiring, cfg: SimConfig) -> _OpTable:
+    """Each device's op order (``bapipe.schedules``) with every op's duration, channels,
+    stash release, iteration end and gates."""
+    if pipe.sched == "interleaved" and pipe.m % pipe.p:
+        raise SpecError(None, None, "microbatches",
+                        f"interleaved needs a multiple of {pipe.p} micro-batches, got {pipe.m}")
+    ar_gate = allreduce_gate(pipe.sched) if pipe.pd else 0
+    table = _OpTable()
+    for d in range(pipe.p):
+        for lst, val in zip(table.rows(), _device_rows(pipe, w, cfg, d, ar_gate)):
+            lst.append(val)
+    return table
+
+
+# --- all-reduce rings ----------------------------------------------------------------------
+
+@dataclass
+class _Rings:
+    """Per stage None or (pieces per replica step i -> i+1, steps, replicas); with
+    ``per_device`` only a device's first stage (``dev_rep``) carries the device's ring."""
+
+    rings: list
+    per_device: bool
+    dev_rep: dict[int, int]     # device -> its first stage
+
+
+def _rings(plan, model, cluster, pipe: _Pipeline, cfg: SimConfig, net: _Net) -> _Rings:
+    """The ring all-reduce of every replicated stage (training), hop by hop between replica leads."""
     bpe = _bytes_per_element(plan.number_format)
     if cfg.allreduce_per not in ("stage", "device"):
         raise SpecError(None, None, "allreduce_per", f"expected 'stage' or 'device', got {cfg.allreduce_per!r}")
     per_device = cfg.allreduce_per == "device"
-    dev_rep = {}  # device -> its first stage (carries the device's ring in "device" mode)
+    stages = pipe.stages
+    dev_rep = {}
     for k, st in enumerate(stages):
         dev_rep.setdefault(st.device, k)
 
@@ -545,15 +637,15 @@ def simulate(plan, model=None, cluster=None, iterations: int = 1, config: SimCon
         # the plan's weight bytes are the gradient bytes (same format); else count the params
         return st.weight_bytes or sum(l.weight_params for l in model.layers[st.first:st.last + 1]) * bpe
 
-    rings = []  # per stage: None or (pieces per replica step i -> i+1, steps, replicas)
+    rings = []
     for k, st in enumerate(stages):
         r = max(1, st.replicas)
-        if not (train and cfg.allreduce and r > 1) or (per_device and dev_rep[st.device] != k):
+        if not (pipe.train and cfg.allreduce and r > 1) or (per_device and dev_rep[st.device] != k):
             rings.append(None)
             continue
         grad = sum(grad_bytes(x) for x in stages if x.device == st.device) if per_device else grad_bytes(st)
         share = ring_share(grad, r)
-        leads = replica_leads(st)
+        leads = _replica_leads(st)
         hops = []
         for i in range(r):
             ids, bw, lat = net.path(leads[i], leads[(i + 1) % r])
@@ -565,70 +657,93 @@ def simulate(plan, model=None, cluster=None, iterations: int = 1, config: SimCon
             occ, lat = ring_hop_s(grad, bpe, r, bw, lat, clk)
             hops.append((ids, occ if ids else 0.0, lat, share))
         rings.append((hops, ring_steps(r), r))
-    # per (stage, iteration): remaining replicas to finish; per device and iteration: stages left
-    ar_left: dict[tuple[int, int], int] = {}
-    ar_start: dict[tuple[int, int], float] = {}
-    dev_stages = [sum(1 for s in stages if s.device == d) for d in range(p)]
-    dev_iter_left: dict[tuple[int, int], int] = {}
-    dev_bwd_left: dict[tuple[int, int], int] = {}
-    dev_stage_ids = [[k for k, s in enumerate(stages) if s.device == d] for d in range(p)]
-    dev_iter_done: dict[tuple[int, int], float] = {}
-    iter_end = [0.0] * N
-    ar_done_mb: set = set()                     # PipeDream: (stage, micro-batch) all-reduced
-    pd_left: dict[tuple[int, int], int] = {}    # PipeDream: (stage, iteration) rings + last B pending
+    return _Rings(rings, per_device, dev_rep)
 
-    # --- memory -----------------------------------------------------------------------
-    # static bytes (weights x copies, optimizer state, line buffers) are what the plan's
-    # memory_bytes holds beyond its stashes; stash_bytes covers ``stashes`` micro-batches
-    weights = [0] * p
-    for st in stages:
+
+def _static_memory(pipe: _Pipeline) -> tuple[list[int], list[float]]:
+    """Per device its static bytes (weights x copies, optimizer state, line buffers: what the
+    plan's memory_bytes holds beyond its stashes) and per stage the stash bytes of one
+    micro-batch (stash_bytes covers ``stashes`` micro-batches; none in inference)."""
+    weights = [0] * pipe.p
+    for st in pipe.stages:
         static = st.memory_bytes - st.stash_bytes if st.memory_bytes >= st.stash_bytes + st.weight_bytes else 0
         weights[st.device] += int(max(static, st.weight_bytes))
-    stash = [(st.stash_bytes / st.stashes if st.stashes > 0 else st.stash_bytes) if train else 0 for st in stages]
-    live = weights[:]
-    peak = weights[:]
-    mem_tl: list[list[tuple[float, int]]] = [[(0.0, w)] for w in weights]
+    stash = [(st.stash_bytes / st.stashes if st.stashes > 0 else st.stash_bytes) if pipe.train else 0
+             for st in pipe.stages]
+    return weights, stash
 
-    # --- engine state -----------------------------------------------------------------
-    idx = [0] * p
-    nops = [len(x) for x in op_kind]
-    busy_flag = [False] * p
-    busy_s = [0.0] * p
-    stall_s = [0.0] * p
-    wait_kind = [0] * p      # 0 not waiting, 1 bubble (input / gate), 2 stall (no transmit slot)
-    wait_since = [0.0] * p
-    cur_start = [0.0] * p
-    heap: list = []
-    seq_no = 0
-    n_events = 0
-    record = cfg.record
-    rec_ops: list[tuple] = []
-    rec_tx: list[tuple] = []
-    rec_stall: list[tuple] = []
-    rec_ar: list[tuple] = []
-    push, pop = heapq.heappush, heapq.heappop
-    net_free, net_busy, net_bytes, net_count, net_names = net.free, net.busy, net.nbytes, net.count, net.names
-    tx_slots = cfg.tx_slots
 
-    def reserve(pieces, now: float, label) -> float:
+# --- the event replay ----------------------------------------------------------------------
+
+class _Replay:
+    """The discrete-event replay of one plan: a compute engine per device runs its op list in
+    order; channels carry micro-batches under credits; rings all-reduce replicated stages;
+    stash memory is tracked per device. ``start`` then ``run`` drain the event heap."""
+
+    def __init__(self, pipe: _Pipeline, cfg: SimConfig, w: _Wiring, ops: _OpTable, rings: _Rings, net: _Net):
+        p, stages = pipe.p, pipe.stages
+        self.pipe, self.cfg, self.net = pipe, cfg, net
+        self.stages, self.S, self.m, self.N = stages, len(stages), pipe.m, pipe.iterations
+        self.train, self.pd = pipe.train, pipe.pd
+        self.channels, self.fwd_in = w.channels, w.fwd_in
+        self.rings, self.per_device, self.dev_rep = rings.rings, rings.per_device, rings.dev_rep
+        self.record, self.tx_slots = cfg.record, cfg.tx_slots
+        # iterations: per (stage, iteration) replicas still in the ring; per device and iteration stages left
+        self.ar_left: dict[tuple[int, int], int] = {}
+        self.ar_start: dict[tuple[int, int], float] = {}
+        self.dev_stages = [sum(1 for s in stages if s.device == d) for d in range(p)]
+        self.dev_iter_left: dict[tuple[int, int], int] = {}
+        self.dev_bwd_left: dict[tuple[int, int], int] = {}
+        self.dev_stage_ids = [[k for k, s in enumerate(stages) if s.device == d] for d in range(p)]
+        self.dev_iter_done: dict[tuple[int, int], float] = {}
+        self.iter_end = [0.0] * self.N
+        self.ar_done_mb: set = set()                     # PipeDream: (stage, micro-batch) all-reduced
+        self.pd_left: dict[tuple[int, int], int] = {}    # PipeDream: (stage, iteration) rings + last B pending
+        # memory
+        weights, self.stash = _static_memory(pipe)
+        self.live = weights[:]
+        self.peak = weights[:]
+        self.mem_tl: list[list[tuple[float, int]]] = [[(0.0, x)] for x in weights]
+        # engines
+        self.idx = [0] * p
+        self.nops = [len(x) for x in ops.kind]
+        (self.op_kind, self.op_mb, self.op_chunk, self.op_stage, self.op_dur, self.op_cin, self.op_cout, self.op_free,
+         self.op_iter_end, self.op_gate, self.op_argate) = ops.rows()
+        self.busy_flag = [False] * p
+        self.busy_s = [0.0] * p
+        self.stall_s = [0.0] * p
+        self.wait_kind = [0] * p      # 0 not waiting, 1 bubble (input / gate), 2 stall (no transmit slot)
+        self.wait_since = [0.0] * p
+        self.cur_start = [0.0] * p
+        self.heap: list = []
+        self.seq = itertools.count(1)   # ties in time go in push order
+        self.n_events = 0
+        self.rec_ops: list[tuple] = []
+        self.rec_tx: list[tuple] = []
+        self.rec_stall: list[tuple] = []
+        self.rec_ar: list[tuple] = []
+
+    # links and channels
+    def reserve(self, pieces, now: float, label) -> float:
         """Reserve each piece's route; return when the last piece has arrived."""
+        net, record = self.net, self.record
         arrive = now
         for ids, wire, lat, nb in pieces:
-            start = hold(net_free, ids, now, wire)   # the planner's replay holds links the same way
+            start = hold(net.free, ids, now, wire)   # the planner's replay holds links the same way
             end = start + wire
             for i in ids:
-                net_busy[i] += wire
-                net_bytes[i] += nb
-                net_count[i] += 1
+                net.busy[i] += wire
+                net.nbytes[i] += nb
+                net.count[i] += 1
                 if record:
-                    rec_tx.append((net_names[i], start, end, label))
+                    self.rec_tx.append((net.names[i], start, end, label))
             if end + lat > arrive:
                 arrive = end + lat
         return arrive
 
-    def try_send(ci: int, now: float) -> None:
-        nonlocal seq_no
-        ch = channels[ci]
+    def try_send(self, ci: int, now: float) -> None:
+        """Send channel ci's waiting outputs while it has credits; unblock its sender."""
+        ch = self.channels[ci]
         q = ch.queue
         while q and ch.credits > 0:
             mb = q.popleft()
@@ -636,238 +751,279 @@ def simulate(plan, model=None, cluster=None, iterations: int = 1, config: SimCon
             ch.inflight += 1
             if ch.inflight > ch.peak_inflight:
                 ch.peak_inflight = ch.inflight
-            t = reserve(ch.pieces, now, mb)
-            seq_no += 1
-            push(heap, (t, seq_no, _ARRIVE, ci, mb))
-        if ch.blocked and len(q) < tx_slots:
+            t = self.reserve(ch.pieces, now, mb)
+            _push(self.heap, (t, next(self.seq), _ARRIVE, ci, mb))
+        if ch.blocked and len(q) < self.tx_slots:
             ch.blocked = False
-            try_start(ch.src, now)
+            self.try_start(ch.src, now)
 
-    def try_start(d: int, now: float) -> None:
-        nonlocal seq_no
-        if busy_flag[d]:
+    # engines
+    def try_start(self, d: int, now: float) -> None:
+        """Start device d's next op if nothing holds it, else note why it waits."""
+        if self.busy_flag[d]:
             return
-        i = idx[d]
-        if i >= nops[d]:
+        i = self.idx[d]
+        if i >= self.nops[d]:
             return
-        g = op_gate[d][i]
-        ga = op_argate[d][i]
-        reason = 0
-        if g >= 0 and (d, g) not in dev_iter_done:
-            reason = 1
-        elif ga >= 0 and (op_stage[d][i], ga) not in ar_done_mb:
-            reason = 1
-        else:
-            ci = op_in[d][i]
-            mb = op_mb[d][i]
-            if ci >= 0 and mb not in channels[ci].arrived:
-                reason = 1
-            else:
-                co = op_out[d][i]
-                if co >= 0 and len(channels[co].queue) >= tx_slots:
-                    channels[co].blocked = True
-                    reason = 2
+        reason = self.wait_reason(d, i)
         if reason:
-            wk = wait_kind[d]
-            if wk != reason:
-                if wk == 2:
-                    stall_s[d] += now - wait_since[d]
-                    if record:
-                        rec_stall.append((d, wait_since[d], now))
-                wait_kind[d] = reason
-                wait_since[d] = now
+            if self.wait_kind[d] != reason:
+                if self.wait_kind[d] == 2:
+                    self.end_stall(d, now)
+                self.wait_kind[d] = reason
+                self.wait_since[d] = now
             return
-        # start the op
-        if wait_kind[d] == 2:
-            stall_s[d] += now - wait_since[d]
-            if record:
-                rec_stall.append((d, wait_since[d], now))
-        wait_kind[d] = 0
+        self.start_op(d, i, now)
+
+    def wait_reason(self, d: int, i: int) -> int:
+        """0: device d's op i can start; 1: it waits for its input or a gate (bubble); 2: its
+        output channel has no free transmit slot (stall; the channel is marked blocked)."""
+        g = self.op_gate[d][i]
+        ga = self.op_argate[d][i]
+        if g >= 0 and (d, g) not in self.dev_iter_done:
+            return 1
+        if ga >= 0 and (self.op_stage[d][i], ga) not in self.ar_done_mb:
+            return 1
+        ci = self.op_cin[d][i]
+        if ci >= 0 and self.op_mb[d][i] not in self.channels[ci].arrived:
+            return 1
+        co = self.op_cout[d][i]
+        if co >= 0 and len(self.channels[co].queue) >= self.tx_slots:
+            self.channels[co].blocked = True
+            return 2
+        return 0
+
+    def end_stall(self, d: int, end: float) -> None:
+        self.stall_s[d] += end - self.wait_since[d]
+        if self.record:
+            self.rec_stall.append((d, self.wait_since[d], end))
+
+    def start_op(self, d: int, i: int, now: float) -> None:
+        """Device d starts its op i: its input leaves the receive buffer (the credit goes back:
+        at once to the host, else after the reverse path latency); a forward stashes."""
+        if self.wait_kind[d] == 2:
+            self.end_stall(d, now)
+        self.wait_kind[d] = 0
+        ci = self.op_cin[d][i]
         if ci >= 0:
-            ch = channels[ci]
-            ch.arrived.discard(mb)
+            ch = self.channels[ci]
+            ch.arrived.discard(self.op_mb[d][i])
             ch.inflight -= 1
             if ch.src < 0:
                 ch.credits += 1
-                try_send(ci, now)
+                self.try_send(ci, now)
             else:
-                seq_no += 1
-                push(heap, (now + ch.credit_lat, seq_no, _CREDIT, ci, 0))
-        if op_kind[d][i] == 0:
-            sb = stash[op_stage[d][i]]
-            if sb:
-                live[d] += sb
-                if live[d] > peak[d]:
-                    peak[d] = live[d]
-                if record:
-                    mem_tl[d].append((now, live[d]))
-        busy_flag[d] = True
-        cur_start[d] = now
-        dt = op_dur[d][i]
-        busy_s[d] += dt
-        seq_no += 1
-        push(heap, (now + dt, seq_no, _OP_DONE, d, 0))
+                _push(self.heap, (now + ch.credit_lat, next(self.seq), _CREDIT, ci, 0))
+        if self.op_kind[d][i] == 0 and self.stash[self.op_stage[d][i]]:
+            self.stash_change(d, self.stash[self.op_stage[d][i]], now)
+        self.busy_flag[d] = True
+        self.cur_start[d] = now
+        dt = self.op_dur[d][i]
+        self.busy_s[d] += dt
+        _push(self.heap, (now + dt, next(self.seq), _OP_DONE, d, 0))
 
-    def stage_done(k: int, j: int, now: float) -> None:
+    def stash_change(self, d: int, nbytes: float, now: float) -> None:
+        """Device d's live stash grows by ``nbytes`` (a forward) or shrinks (its last backward)."""
+        self.live[d] += nbytes
+        if self.live[d] > self.peak[d]:
+            self.peak[d] = self.live[d]
+        if self.record:
+            self.mem_tl[d].append((now, self.live[d]))
+
+    def on_done(self, d: int, now: float) -> None:
+        """Device d's current op ended: record it, send its output, close its iteration, go on."""
+        i = self.idx[d]
+        self.busy_flag[d] = False
+        kind = self.op_kind[d][i]
+        mb = self.op_mb[d][i]
+        k = self.op_stage[d][i]
+        if self.record:
+            self.rec_ops.append((d, KINDS[kind], mb, self.op_chunk[d][i], self.cur_start[d], now))
+        if self.op_free[d][i] and self.stash[k]:
+            self.stash_change(d, -self.stash[k], now)
+        co = self.op_cout[d][i]
+        self.idx[d] = i + 1
+        if co >= 0:
+            self.channels[co].queue.append(mb)
+            self.try_send(co, now)
+        m, iter_end = self.m, self.iter_end
+        if not self.train and k == self.S - 1 and mb // m < self.N and now > iter_end[mb // m]:
+            iter_end[mb // m] = now  # forward-only: an iteration ends when its last micro-batch leaves
+        j = self.op_iter_end[d][i]
+        if self.pd and kind == 1 and self.rings[k] is not None:
+            self.start_allreduce(k, ("mb", mb), now)   # after the gradient has left
+        if j >= 0:
+            self.last_backward(d, k, j, now)
+        self.try_start(d, now)
+
+    # iterations and all-reduce
+    def last_backward(self, d: int, k: int, j: int, now: float) -> None:
+        """Stage k (on device d) ran its last backward of iteration j: reduce, or be done."""
+        rings = self.rings
+        if self.pd and rings[k] is not None:
+            self.pd_step(k, j, now)
+        elif self.per_device:
+            key = (d, j)
+            left = self.dev_bwd_left.get(key, self.dev_stages[d]) - 1
+            self.dev_bwd_left[key] = left
+            if left == 0:
+                kr = self.dev_rep[d]
+                if rings[kr] is not None:
+                    self.start_allreduce(kr, j, now)
+                else:
+                    for kk in self.dev_stage_ids[d]:
+                        self.stage_done(kk, j, now)
+        elif rings[k] is not None:
+            self.start_allreduce(k, j, now)
+        else:
+            self.stage_done(k, j, now)
+
+    def stage_done(self, k: int, j: int, now: float) -> None:
         """Stage k finished iteration j (last backward, plus its all-reduce)."""
-        d = stages[k].device
+        d = self.stages[k].device
         key = (d, j)
-        left = dev_iter_left.get(key, dev_stages[d]) - 1
-        dev_iter_left[key] = left
-        if now > iter_end[j]:
-            iter_end[j] = now
+        left = self.dev_iter_left.get(key, self.dev_stages[d]) - 1
+        self.dev_iter_left[key] = left
+        if now > self.iter_end[j]:
+            self.iter_end[j] = now
         if left == 0:
-            dev_iter_done[key] = now
-            try_start(d, now)
+            self.dev_iter_done[key] = now
+            self.try_start(d, now)
 
-    def pd_step(k: int, j: int, now: float) -> None:
+    def pd_step(self, k: int, j: int, now: float) -> None:
         """PipeDream: one of stage k's pending events of iteration j (a micro-batch's ring or
         the iteration's last backward) is over; the stage is done with j after all of them."""
         key = (k, j)
-        left = pd_left.get(key, m + 1) - 1
-        pd_left[key] = left
+        left = self.pd_left.get(key, self.m + 1) - 1
+        self.pd_left[key] = left
         if left == 0:
-            stage_done(k, j, now)
+            self.stage_done(k, j, now)
 
-    def start_allreduce(k: int, j, now: float) -> None:
-        nonlocal seq_no
-        hops, steps, r = rings[k]
-        ar_left[(k, j)] = r
-        ar_start[(k, j)] = now
+    def start_allreduce(self, k: int, j, now: float) -> None:
+        hops, steps, r = self.rings[k]
+        self.ar_left[(k, j)] = r
+        self.ar_start[(k, j)] = now
         for i in range(r):
-            t = reserve((hops[i],), now, f"allreduce s{k}")
-            seq_no += 1
-            push(heap, (t, seq_no, _AR_ARRIVE, (k, j, 0), (i + 1) % r))
+            t = self.reserve((hops[i],), now, f"allreduce s{k}")
+            _push(self.heap, (t, next(self.seq), _AR_ARRIVE, (k, j, 0), (i + 1) % r))
 
-    def on_done(d: int, now: float) -> None:
-        i = idx[d]
-        busy_flag[d] = False
-        kind = op_kind[d][i]
-        mb = op_mb[d][i]
-        if record:
-            rec_ops.append((d, KINDS[kind], mb, op_chunk[d][i], cur_start[d], now))
-        if op_free[d][i]:
-            sb = stash[op_stage[d][i]]
-            if sb:
-                live[d] -= sb
-                if record:
-                    mem_tl[d].append((now, live[d]))
-        co = op_out[d][i]
-        idx[d] = i + 1
-        if co >= 0:
-            channels[co].queue.append(mb)
-            try_send(co, now)
-        if not train and op_stage[d][i] == S - 1 and mb // m < N and now > iter_end[mb // m]:
-            iter_end[mb // m] = now  # forward-only: an iteration ends when its last micro-batch leaves
-        j = op_iter_end[d][i]
-        if pd and kind == 1 and rings[op_stage[d][i]] is not None:
-            start_allreduce(op_stage[d][i], ("mb", mb), now)   # after the gradient has left
-        if j >= 0 and pd and rings[op_stage[d][i]] is not None:
-            pd_step(op_stage[d][i], j, now)
-        elif j >= 0:
-            k = op_stage[d][i]
-            if per_device:
-                key = (d, j)
-                left = dev_bwd_left.get(key, dev_stages[d]) - 1
-                dev_bwd_left[key] = left
-                if left == 0:
-                    kr = dev_rep[d]
-                    if rings[kr] is not None:
-                        start_allreduce(kr, j, now)
-                    else:
-                        for kk in dev_stage_ids[d]:
-                            stage_done(kk, j, now)
-            elif rings[k] is not None:
-                start_allreduce(k, j, now)
-            else:
-                stage_done(k, j, now)
-        try_start(d, now)
+    def ring_step(self, x: tuple, y: int, now: float) -> None:
+        """Step ``x`` = (stage, iteration, step) of a ring arrived at replica y: forward it, or
+        count the replica done with the ring."""
+        k, j, step = x
+        hops, steps, r = self.rings[k]
+        if step + 1 < steps:
+            t = self.reserve((hops[y],), now, f"allreduce s{k}")
+            _push(self.heap, (t, next(self.seq), _AR_ARRIVE, (k, j, step + 1), (y + 1) % r))
+            return
+        self.ar_left[(k, j)] -= 1
+        if self.ar_left[(k, j)] == 0:
+            self.ring_done(k, j, now)
 
-    for d in range(p):
-        try_start(d, 0.0)
-    if cfg.host_io:
-        # the host staged the first inputs during the previous iteration (a training loop
-        # overlaps them), so they sit in the receive buffer at t=0; the rest stream over PCIe
-        ci = fwd_in[0]
-        ch = channels[ci]
-        first = min(ch.credits, m * N) if cfg.prefetch_input else 0
-        ch.arrived.update(range(first))
-        ch.credits -= first
-        ch.inflight = ch.peak_inflight = first
-        ch.queue.extend(range(first, m * N))
-        try_send(ci, 0.0)
+    def ring_done(self, k: int, j, now: float) -> None:
+        stages, m = self.stages, self.m
+        if isinstance(j, tuple):   # PipeDream: one micro-batch's ring
+            mbk = j[1]
+            self.ar_done_mb.add((k, mbk))
+            if self.record:
+                self.rec_ar.append((stages[k].index, mbk // m, self.ar_start[(k, j)], now))
+            self.pd_step(k, mbk // m, now)
+            self.try_start(stages[k].device, now)
+            return
+        if self.record:
+            self.rec_ar.append((stages[k].index, j, self.ar_start[(k, j)], now))
+        for kk in (self.dev_stage_ids[stages[k].device] if self.per_device else (k,)):
+            self.stage_done(kk, j, now)
+
+    def arrive(self, ci: int, mb: int, now: float) -> None:
+        """Micro-batch mb arrived at the end of channel ci."""
+        ch = self.channels[ci]
+        if ch.dst < 0:          # the host drains its output at once
+            ch.inflight -= 1
+            ch.credits += 1
+            self.try_send(ci, now)
+            if not self.train:
+                j = mb // self.m
+                if now > self.iter_end[j]:
+                    self.iter_end[j] = now
+        else:
+            ch.arrived.add(mb)
+            self.try_start(ch.dst, now)
+
+    # the run
+    def start(self) -> None:
+        """Time 0: every engine tries its first op; the host's input starts streaming."""
+        p, cfg = self.pipe.p, self.cfg
         for d in range(p):
-            try_start(d, 0.0)
+            self.try_start(d, 0.0)
+        if cfg.host_io:
+            # the host staged the first inputs during the previous iteration (a training loop
+            # overlaps them), so they sit in the receive buffer at t=0; the rest stream over PCIe
+            ci = self.fwd_in[0]
+            ch = self.channels[ci]
+            total = self.m * self.N
+            first = min(ch.credits, total) if cfg.prefetch_input else 0
+            ch.arrived.update(range(first))
+            ch.credits -= first
+            ch.inflight = ch.peak_inflight = first
+            ch.queue.extend(range(first, total))
+            self.try_send(ci, 0.0)
+            for d in range(p):
+                self.try_start(d, 0.0)
 
-    now = 0.0
-    while heap:
-        now, _, code, x, y = pop(heap)
-        n_events += 1
-        if code == _OP_DONE:
-            on_done(x, now)
-        elif code == _ARRIVE:
-            ch = channels[x]
-            if ch.dst < 0:          # the host drains its output at once
-                ch.inflight -= 1
-                ch.credits += 1
+    def run(self) -> float:
+        """Drain the event heap; the time of the last event."""
+        heap, pop, channels = self.heap, heapq.heappop, self.channels
+        on_done, arrive, try_send, ring_step = self.on_done, self.arrive, self.try_send, self.ring_step
+        now = 0.0
+        n = 0
+        while heap:
+            now, _, code, x, y = pop(heap)
+            n += 1
+            if code == _OP_DONE:
+                on_done(x, now)
+            elif code == _ARRIVE:
+                arrive(x, y, now)
+            elif code == _CREDIT:
+                channels[x].credits += 1
                 try_send(x, now)
-                if not train:
-                    j = y // m
-                    if now > iter_end[j]:
-                        iter_end[j] = now
-            else:
-                ch.arrived.add(y)
-                try_start(ch.dst, now)
-        elif code == _CREDIT:
-            channels[x].credits += 1
-            try_send(x, now)
-        else:  # all-reduce step arrived at replica y
-            k, j, step = x
-            hops, steps, r = rings[k]
-            if step + 1 < steps:
-                t = reserve((hops[y],), now, f"allreduce s{k}")
-                seq_no += 1
-                push(heap, (t, seq_no, _AR_ARRIVE, (k, j, step + 1), (y + 1) % r))
-            else:
-                ar_left[(k, j)] -= 1
-                if ar_left[(k, j)] == 0 and isinstance(j, tuple):   # PipeDream: one micro-batch's ring
-                    mbk = j[1]
-                    ar_done_mb.add((k, mbk))
-                    if record:
-                        rec_ar.append((stages[k].index, mbk // m, ar_start[(k, j)], now))
-                    pd_step(k, mbk // m, now)
-                    try_start(stages[k].device, now)
-                elif ar_left[(k, j)] == 0:
-                    if record:
-                        rec_ar.append((stages[k].index, j, ar_start[(k, j)], now))
-                    for kk in (dev_stage_ids[stages[k].device] if per_device else (k,)):
-                        stage_done(kk, j, now)
+            else:  # all-reduce step arrived at replica y
+                ring_step(x, y, now)
+        self.n_events = n
+        return now
 
-    stuck = [d for d in range(p) if idx[d] < nops[d]]
-    if stuck:
-        d = stuck[0]
-        i = idx[d]
-        what = f"{KINDS[op_kind[d][i]]}{op_mb[d][i]}" + (f".{op_chunk[d][i]}" if op_chunk[d][i] else "")
-        raise SpecError(None, None, "sim", f"deadlock at t={now:.6g} s: device {d} cannot start {what} "
-                                           f"(rx_credits={cfg.rx_credits}, tx_slots={cfg.tx_slots}); "
-                                           "expected larger receive buffers")
-    # the run ends with the last iteration (last backward / all-reduce, or the last output at
-    # the host), not with trailing bookkeeping such as credits flowing back
-    makespan = max(iter_end) if max(iter_end) > 0 else now
-    for d in range(p):  # close waits still open at the end (idle tails count as bubble)
-        if wait_kind[d] == 2 and wait_since[d] < makespan:
-            stall_s[d] += makespan - wait_since[d]
-            if record:
-                rec_stall.append((d, wait_since[d], makespan))
+    def finish(self, now: float) -> float:
+        """Refuse a deadlock; the makespan, with waits still open at its end closed."""
+        stuck = [d for d in range(self.pipe.p) if self.idx[d] < self.nops[d]]
+        if stuck:
+            d = stuck[0]
+            i = self.idx[d]
+            c = self.op_chunk[d][i]
+            what = f"{KINDS[self.op_kind[d][i]]}{self.op_mb[d][i]}" + (f".{c}" if c else "")
+            raise SpecError(None, None, "sim", f"deadlock at t={now:.6g} s: device {d} cannot start {what} "
+                                               f"(rx_credits={self.cfg.rx_credits}, tx_slots={self.cfg.tx_slots}); "
+                                               "expected larger receive buffers")
+        # the run ends with the last iteration (last backward / all-reduce, or the last output at
+        # the host), not with trailing bookkeeping such as credits flowing back
+        makespan = max(self.iter_end) if max(self.iter_end) > 0 else now
+        for d in range(self.pipe.p):  # close waits still open at the end (idle tails count as bubble)
+            if self.wait_kind[d] == 2 and self.wait_since[d] < makespan:
+                self.end_stall(d, makespan)
+        return makespan
 
+
+def _board_stats(cluster, rp: _Replay, makespan: float) -> list[BoardStats]:
+    """Every board's time breakdown and memory (the boards of a device share its timeline)."""
     from .boards import on_chip_bytes
+    p = rp.pipe.p
     boards_out: list[BoardStats] = []
     buf_bytes = [0] * p
-    for ch in channels:
+    for ch in rp.channels:
         if ch.dst >= 0:
             buf_bytes[ch.dst] += ch.peak_inflight * ch.msg_bytes
+    busy_s, stall_s, peak = rp.busy_s, rp.stall_s, rp.peak
     for d in range(p):
-        for b in dev_boards[d]:
+        for b in rp.pipe.dev_boards[d]:
             board = cluster.board(b).board
             cap = on_chip_bytes(board)
             boards_out.append(BoardStats(
@@ -875,19 +1031,45 @@ def simulate(plan, model=None, cluster=None, iterations: int = 1, config: SimCon
                 bubble_s=max(0.0, makespan - busy_s[d] - stall_s[d]), makespan_s=makespan,
                 peak_memory_bytes=round(peak[d]), peak_onchip_bytes=round(min(peak[d], cap)),
                 peak_offchip_bytes=round(max(0, peak[d] - cap)), peak_buffer_bytes=buf_bytes[d]))
-    links_out = [LinkStats(name=net.names[i], kind=net.kinds[i], bandwidth_Bps=net.bw[i], busy_s=net.busy[i],
-                           bytes=int(round(net.nbytes[i])), transfers=net.count[i],
-                           utilisation=net.busy[i] / makespan if makespan else 0.0)
-                 for i in range(len(net.names))]
+    return boards_out
+
+
+def _link_stats(net: _Net, makespan: float) -> list[LinkStats]:
+    """Every directed link the replay used, in the order it first used it."""
+    return [LinkStats(name=net.names[i], kind=net.kinds[i], bandwidth_Bps=net.bw[i], busy_s=net.busy[i],
+                      bytes=int(round(net.nbytes[i])), transfers=net.count[i],
+                      utilisation=net.busy[i] / makespan if makespan else 0.0)
+            for i in range(len(net.names))]
+
+
+def simulate(plan, model=None, cluster=None, iterations: int = 1, config: SimConfig | None = None) -> SimResult:
+    """Simulate ``iterations`` training (or inference) iterations of ``plan``.
+
+    ``model`` and ``cluster`` default to ``fpga_models.plancheck.resolve(plan)``. Raises SpecError
+    when the plan cannot run (unknown boards, a deadlock from too few credits).
+    """
+    t_wall = time.perf_counter()
+    cfg = config or SimConfig()
+    if model is None or cluster is None:
+        from bapipe.fpga_models.plancheck import resolve
+        model, cluster = resolve(plan)
+    pipe = _pipeline(plan, iterations, cfg)
+    net = _Net(cluster)
+    wiring = _wire(plan, model, pipe, cfg, net)
+    ops = _op_table(pipe, wiring, cfg)
+    rp = _Replay(pipe, cfg, wiring, ops, _rings(plan, model, cluster, pipe, cfg, net), net)
+    rp.start()
+    makespan = rp.finish(rp.run())
+    p, N, busy_s = pipe.p, pipe.iterations, rp.busy_s
     total_busy = sum(busy_s)
     bubble_fraction = 1.0 - total_busy / (p * makespan) if makespan else 0.0
     bubble_ratio = (p * makespan - total_busy) / total_busy if total_busy else 0.0
-    ref_clock = cluster.board(dev_boards[0][0]).board.clock_hz
+    ref_clock = cluster.board(pipe.dev_boards[0][0]).board.clock_hz
     return SimResult(
-        plan_model=plan.model, plan_cluster=plan.cluster, schedule=sched, mode=plan.mode, devices=p, chunks=v,
-        microbatches=m, iterations=N, samples_per_iteration=samples, makespan_s=makespan,
-        iteration_time_s=makespan / N, iteration_ends_s=list(iter_end), bubble_fraction=bubble_fraction,
-        bubble_ratio=bubble_ratio, boards=boards_out, links=links_out, device_boards=dev_boards,
-        events=n_events, wall_s=time.perf_counter() - t_wall, ops=rec_ops, transfers=rec_tx, stalls=rec_stall,
-        allreduces=rec_ar, memory=mem_tl, reference_clock_hz=ref_clock,
-        stage_boards={s.index: list(s.boards) for s in stages})
+        plan_model=plan.model, plan_cluster=plan.cluster, schedule=pipe.sched, mode=plan.mode, devices=p,
+        chunks=pipe.v, microbatches=pipe.m, iterations=N, samples_per_iteration=pipe.samples, makespan_s=makespan,
+        iteration_time_s=makespan / N, iteration_ends_s=list(rp.iter_end), bubble_fraction=bubble_fraction,
+        bubble_ratio=bubble_ratio, boards=_board_stats(cluster, rp, makespan), links=_link_stats(net, makespan),
+        device_boards=pipe.dev_boards, events=rp.n_events, wall_s=time.perf_counter() - t_wall, ops=rp.rec_ops,
+        transfers=rp.rec_tx, stalls=rp.rec_stall, allreduces=rp.rec_ar, memory=rp.mem_tl, reference_clock_hz=ref_clock,
+        stage_boards={s.index: list(s.boards) for s in pipe.stages})

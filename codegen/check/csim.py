@@ -14,8 +14,9 @@ import json
 import re
 import shutil
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -41,22 +42,29 @@ def _skip_row(name: str, reason: str) -> dict:
             "cached": False, "skipped": reason}
 
 
-def csim_project(build: str | Path, samples: int = 4, seed: int = 0, tolerance_lsb: int = 0) -> dict:
-    """Compile and run every stage, chaining stage outputs into the next stage's inputs.
+@dataclass
+class _Run:
+    """One C-simulation of a build: what every stage reads, and what the chain carries from
+    one stage to the next."""
 
-    Each stage is compared with numpy on the very inputs it got; the last stage's outputs
-    are also compared with numpy run over the whole model from the first stage's inputs.
-    Big plans run on one sample (BIG_STAGE_MACS); a kernel beyond RUN_LIMIT_MACS is reported
-    as skipped (``"passed": null``, ``"skipped": reason``) and the project then does not pass.
-    """
+    build: Path
+    model: Any
+    fmt: Any
+    rng: np.random.Generator
+    cache: Path
+    samples: int
+    big: bool                       # VGG-sized stages: one sample, backward micro-batches of one
+    tolerance_lsb: int
+    tensors: dict[str, np.ndarray] = field(default_factory=dict)       # model-layout batches the C stages produced
+    model_inputs: dict[str, np.ndarray] = field(default_factory=dict)  # what any stage was fed from outside
+    all_params: dict[str, dict] = field(default_factory=dict)
+
+
+def _read_build(build: Path) -> tuple[dict, Any]:
+    """The build's host configuration and plan; a folder `bapipe gen` did not write, or whose
+    plan.yaml changed since, is a SpecError."""
     from bapipe.plan import load_plan
-    from bapipe.models import load_model
 
-    if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
-        raise SpecError(None, None, "--samples", f"expected a positive integer, got {samples}")
-    if seed < 0:  # numpy refuses negative seeds with a bare ValueError
-        raise SpecError(None, None, "--seed", f"expected a non-negative integer, got {seed}")
-    build = Path(build)
     cfg_path = build / "host_config.json"
     if not cfg_path.exists():
         raise SpecError(str(build), None, "host_config.json", "expected a folder written by `bapipe gen`")
@@ -71,107 +79,163 @@ def csim_project(build: str | Path, samples: int = 4, seed: int = 0, tolerance_l
     if cfg.get("plan_fingerprint") != plan.fingerprint():  # plan.yaml swapped or edited after gen
         raise SpecError(str(build / "plan.yaml"), None, "plan_fingerprint",
                         "expected the plan this folder was generated from; re-run `bapipe gen`")
+    return cfg, plan
+
+
+def _stage_inputs(run: _Run, st: dict) -> list[np.ndarray]:
+    """The stage's input batches: what an earlier stage produced, else fresh random samples."""
+    ins = []
+    for p in st["inputs"]:
+        t = p["tensor"]
+        if t not in run.tensors:
+            run.tensors[t] = random_input(run.rng, run.samples, tuple(p["shape"]), run.fmt)
+            run.model_inputs[t] = run.tensors[t]
+        ins.append(run.tensors[t])
+    return ins
+
+
+def _weights_file(build: Path, st: dict) -> Path | None:
+    """What the testbench reads its weights from: none (embedded), the weights file, or an
+    engine kernel's banked weight arrays."""
+    wfile = None if st["embedded_weights"] else build / st["weights_file"]
+    if st.get("roms_file"):
+        wfile = build / st["roms_file"]
+    return wfile
+
+
+def _check_outputs(run: _Run, st: dict, layers, ins: list[np.ndarray], outs, params: dict, row: dict) -> None:
+    """Compare the stage's outputs with numpy on the very inputs it got (raw integers: the
+    largest difference in LSB); the outputs feed the next stages."""
+    t0 = time.perf_counter()
+    ref = fx.model_fwd(layers, {p["tensor"]: x for p, x in zip(st["inputs"], ins)}, params, run.fmt)
+    row["numpy_s"] = round(time.perf_counter() - t0, 3)
+    err = 0
+    for p, o in zip(st["outputs"], outs):
+        got = from_stream(o, _stream_shape(run.model, p)).reshape((len(o),) + tuple(p["shape"]))
+        err = max(err, int(np.max(np.abs(got - ref[p["tensor"]]))) if got.size else 0)
+        run.tensors[p["tensor"]] = got
+    del ref
+    row["max_abs_err_lsb"] = err
+    row["passed"] = err <= run.tolerance_lsb
+
+
+def _forward_stage(run: _Run, st: dict, layers) -> tuple[dict, dict]:
+    """Compile and run one forward stage on its inputs (then on its first sample alone, for
+    the steady-state cycles) and check it: (its row, its weights). A row with ``skipped``
+    or ``error`` ends the chain."""
+    name, build, samples = st["kernel"], run.build, run.samples
+    sdir = build / name
+    fwd_macs, _ = stage_macs(layers)
+    row = {"name": name, "passed": False, "max_abs_err_lsb": None, "compile_s": 0.0, "run_s": 0.0,
+           "cached": False, "samples": samples, "macs": fwd_macs * samples,
+           **_cycles(build, st, None, samples)}
+    params = load_weights(build, st, run.fmt)
+    run.all_params.update(params)
+    if fwd_macs * samples > RUN_LIMIT_MACS:
+        return {**_skip_row(name, f"{fwd_macs * samples} MACs exceed the csim budget of "
+                                  f"{RUN_LIMIT_MACS} per kernel run"), **_cycles(build, st, None, samples)}, params
+    flags = build_flags(fwd_macs * samples)
+    row["mac"] = "acc_t" if "-DBAPIPE_AP_MAC" in flags else "int64"
+    comp = compile_sources([sdir / f"{name}.cpp", sdir / f"tb_{name}.cpp"], [sdir, build / "common"], run.cache,
+                           name, flags)
+    row["compile_s"], row["cached"] = round(comp.compile_s, 3), comp.cached
+    ins = _stage_inputs(run, st)
+    wfile = _weights_file(build, st)
+    out_elems = [p["elements"] for p in st["outputs"]]
+    stats: dict = {}
+    try:
+        outs, _, row["run_s"] = run_binary(comp.path, [to_stream(x.reshape((len(x),) + _stream_shape(run.model, p)))
+                                                       for p, x in zip(st["inputs"], ins)], samples,
+                                           out_elems, wfile, stats)
+    except RuntimeError as e:
+        row["error"] = str(e).splitlines()[0]
+        row["deadlock"] = isinstance(e, Deadlock)
+        return row, params
+    row["run_s"] = round(row["run_s"], 3)
+    one: dict = {}
+    if samples > 1:   # the same kernel on its first sample alone: the per-call fill, for the steady state
+        run_binary(comp.path, [to_stream(x[:1].reshape((1,) + _stream_shape(run.model, p)))
+                               for p, x in zip(st["inputs"], ins)], 1, out_elems, wfile, one)
+    row.update(_cycles(build, st, stats, samples, one))
+    _check_outputs(run, st, layers, ins, outs, params, row)
+    return row, params
+
+
+def _backward_stage(run: _Run, st: dict, params: dict, bwd_macs: int) -> dict:
+    """The stage's streaming backward kernel (codegen.check.csim_bwd) on one micro-batch, or a
+    skipped row beyond the csim budget."""
+    mb = st["backward"]["microbatch"]
+    if run.big and mb > 1:
+        mb = 1
+    if mb * bwd_macs > RUN_LIMIT_MACS:
+        return {**_skip_row(st["backward"]["kernel"], f"{mb * bwd_macs} MACs exceed the csim "
+                                                      f"budget of {RUN_LIMIT_MACS} per kernel run"), **_NO_BWD_CYCLES}
+    from bapipe.codegen.check.csim_bwd import csim_backward as csim_bwd_kernel   # the streaming backward kernel
+    return csim_bwd_kernel(run.build, st, run.model, params, run.fmt, run.rng, run.cache, run.tolerance_lsb, mb=mb,
+                           macs=mb * bwd_macs)
+
+
+def _run_stages(run: _Run, cfg: dict, stage_layers: dict) -> tuple[list[dict], bool]:
+    """Every stage in order (its backward kernel after it), each fed what the one before
+    produced: (rows, whether the chain ran to the end)."""
+    results = []
+    for st in cfg["stages"]:
+        layers = stage_layers[st["kernel"]]
+        row, params = _forward_stage(run, st, layers)
+        results.append(row)
+        if row.get("skipped") or "error" in row:
+            return results, False   # later stages would have no inputs
+        if st.get("backward"):
+            results.append(_backward_stage(run, st, params, stage_macs(layers)[1]))
+    return results, True
+
+
+def _model_error(run: _Run, cfg: dict, results: list[dict], chain_ok: bool) -> int | None:
+    """The last stage's outputs against numpy run over the whole model from the first
+    stage's inputs, in LSB; None unless every forward stage ran."""
+    fwd_rows = [r for r in results if not r["name"].endswith("_bwd")]
+    if not (chain_ok and fwd_rows and all(r.get("max_abs_err_lsb") is not None for r in fwd_rows)
+            and len(fwd_rows) == len(cfg["stages"])):
+        return None
+    model = run.model
+    first = cfg["stages"][0]["layers"][0]["name"]
+    last = cfg["stages"][-1]
+    lo = model.index[first]
+    hi = model.index[last["layers"][-1]["name"]]
+    full = fx.model_fwd(model.layers[lo:hi + 1], dict(run.model_inputs), run.all_params, run.fmt)
+    return max(int(np.max(np.abs(run.tensors[p["tensor"]] - full[p["tensor"]]))) for p in last["outputs"])
+
+
+def csim_project(build: str | Path, samples: int = 4, seed: int = 0, tolerance_lsb: int = 0) -> dict:
+    """Compile and run every stage, chaining stage outputs into the next stage's inputs.
+
+    Each stage is compared with numpy on the very inputs it got; the last stage's outputs
+    are also compared with numpy run over the whole model from the first stage's inputs.
+    Big plans run on one sample (BIG_STAGE_MACS); a kernel beyond RUN_LIMIT_MACS is reported
+    as skipped (``"passed": null``, ``"skipped": reason``) and the project then does not pass.
+    """
+    from bapipe.models import load_model
+
+    if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
+        raise SpecError(None, None, "--samples", f"expected a positive integer, got {samples}")
+    if seed < 0:  # numpy refuses negative seeds with a bare ValueError
+        raise SpecError(None, None, "--seed", f"expected a non-negative integer, got {seed}")
+    build = Path(build)
+    cfg, plan = _read_build(build)
     model = load_model(plan.model)
     fmt = fx.get_fmt(cfg["format"]["name"])
     rng = np.random.default_rng(seed)
     cache = cache_dir(build)
-    common = build / "common"
     stage_layers = {st["kernel"]: [model.layers[model.index[l["name"]]] for l in st["layers"]] for st in cfg["stages"]}
     big = max((stage_macs(ls)[0] for ls in stage_layers.values()), default=0) > BIG_STAGE_MACS
-    if big:
-        samples = 1   # VGG-sized stages: one sample through the whole pipeline
-
-    tensors: dict[str, np.ndarray] = {}       # model-layout batches produced by the C stages
-    model_inputs: dict[str, np.ndarray] = {}  # what the first stage (or any) was fed from outside
-    all_params: dict[str, dict] = {}
-    results = []
-    chain_ok = True
-    for st in cfg["stages"]:
-        name = st["kernel"]
-        sdir = build / name
-        layers = stage_layers[name]
-        fwd_macs, bwd_macs = stage_macs(layers)
-        row = {"name": name, "passed": False, "max_abs_err_lsb": None, "compile_s": 0.0, "run_s": 0.0,
-               "cached": False, "samples": samples, "macs": fwd_macs * samples,
-               **_cycles(build, st, None, samples)}
-        params = load_weights(build, st, fmt)
-        all_params.update(params)
-        if fwd_macs * samples > RUN_LIMIT_MACS:
-            results.append({**_skip_row(name, f"{fwd_macs * samples} MACs exceed the csim budget of "
-                                            f"{RUN_LIMIT_MACS} per kernel run"), **_cycles(build, st, None, samples)})
-            chain_ok = False
-            break   # later stages would have no inputs
-        flags = build_flags(fwd_macs * samples)
-        row["mac"] = "acc_t" if "-DBAPIPE_AP_MAC" in flags else "int64"
-        comp = compile_sources([sdir / f"{name}.cpp", sdir / f"tb_{name}.cpp"], [sdir, common], cache, name, flags)
-        row["compile_s"], row["cached"] = round(comp.compile_s, 3), comp.cached
-        ins = []
-        for p in st["inputs"]:
-            t = p["tensor"]
-            if t not in tensors:
-                tensors[t] = random_input(rng, samples, tuple(p["shape"]), fmt)
-                model_inputs[t] = tensors[t]
-            ins.append(tensors[t])
-        wfile = None if st["embedded_weights"] else build / st["weights_file"]
-        if st.get("roms_file"):   # an engine kernel reads its banked weight arrays
-            wfile = build / st["roms_file"]
-        stats: dict = {}
-        try:
-            outs, _, row["run_s"] = run_binary(comp.path, [to_stream(x.reshape((len(x),) + _stream_shape(model, p)))
-                                                           for p, x in zip(st["inputs"], ins)], samples,
-                                               [p["elements"] for p in st["outputs"]], wfile, stats)
-        except RuntimeError as e:
-            row["error"] = str(e).splitlines()[0]
-            row["deadlock"] = isinstance(e, Deadlock)
-            results.append(row)
-            chain_ok = False
-            break   # later stages would have no inputs
-        row["run_s"] = round(row["run_s"], 3)
-        one: dict = {}
-        if samples > 1:   # the same kernel on its first sample alone: the per-call fill, for the steady state
-            run_binary(comp.path, [to_stream(x[:1].reshape((1,) + _stream_shape(model, p)))
-                                   for p, x in zip(st["inputs"], ins)], 1,
-                       [p["elements"] for p in st["outputs"]], wfile, one)
-        row.update(_cycles(build, st, stats, samples, one))
-        t0 = time.perf_counter()
-        ref = fx.model_fwd(layers, {p["tensor"]: x for p, x in zip(st["inputs"], ins)}, params, fmt)
-        row["numpy_s"] = round(time.perf_counter() - t0, 3)
-        err = 0
-        for p, o in zip(st["outputs"], outs):
-            got = from_stream(o, _stream_shape(model, p)).reshape((len(o),) + tuple(p["shape"]))
-            err = max(err, int(np.max(np.abs(got - ref[p["tensor"]]))) if got.size else 0)
-            tensors[p["tensor"]] = got
-        del ref
-        row["max_abs_err_lsb"] = err
-        row["passed"] = err <= tolerance_lsb
-        results.append(row)
-        if st.get("backward"):
-            mb = st["backward"]["microbatch"]
-            if big and mb > 1:
-                mb = 1
-            if mb * bwd_macs > RUN_LIMIT_MACS:
-                results.append({**_skip_row(st["backward"]["kernel"], f"{mb * bwd_macs} MACs exceed the csim "
-                                                f"budget of {RUN_LIMIT_MACS} per kernel run"), **_NO_BWD_CYCLES})
-                continue
-            from bapipe.codegen.check.csim_bwd import csim_backward as csim_bwd_kernel   # the streaming backward kernel
-            results.append(csim_bwd_kernel(build, st, model, params, fmt, rng, cache, tolerance_lsb, mb=mb,
-                                           macs=mb * bwd_macs))
-
-    model_err = None
-    fwd_rows = [r for r in results if not r["name"].endswith("_bwd")]
-    if chain_ok and fwd_rows and all(r.get("max_abs_err_lsb") is not None for r in fwd_rows) \
-            and len(fwd_rows) == len(cfg["stages"]):
-        first = cfg["stages"][0]["layers"][0]["name"]
-        last = cfg["stages"][-1]
-        lo = model.index[first]
-        hi = model.index[last["layers"][-1]["name"]]
-        full = fx.model_fwd(model.layers[lo:hi + 1], dict(model_inputs), all_params, fmt)
-        model_err = max(int(np.max(np.abs(tensors[p["tensor"]] - full[p["tensor"]]))) for p in last["outputs"])
+    run = _Run(build, model, fmt, rng, cache, 1 if big else samples, big, tolerance_lsb)
+    results, chain_ok = _run_stages(run, cfg, stage_layers)
+    model_err = _model_error(run, cfg, results, chain_ok)
     skipped = [r["name"] for r in results if r.get("skipped")]
     deadlocks = [f"{r['name']}: {r['error']}" for r in results if r.get("deadlock")]
     passed = (bool(results) and not skipped and chain_ok and all(r["passed"] for r in results)
               and (model_err is None or model_err <= tolerance_lsb))
-    return {"stages": results, "passed": passed, "samples": samples, "model_max_abs_err_lsb": model_err,
+    return {"stages": results, "passed": passed, "samples": run.samples, "model_max_abs_err_lsb": model_err,
             "format": fmt.name, "cache": str(cache), "skipped": skipped, "deadlocks": deadlocks}
 
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from fractions import Fraction
+from typing import Any
 
 import numpy as np
 
@@ -1097,6 +1098,160 @@ def tm_chain(plan: Plan, stage, model, params, board_name: str, in_lanes: int | 
                     weights)
 
 
+@dataclass
+class _Turn:
+    """One layer's unit while :class:`_DagTm` builds it: the wire and lanes it reads, the unit
+    that produced them (None: the stage input), its engine's window generator (or None) and
+    input lanes, and its turn's cycles (busy, fill)."""
+
+    layer: Any
+    unit: int
+    wire: str
+    lanes: int
+    producer: int | None
+    swg: Block | None
+    lin: int
+    busy: int
+    fill: int
+
+
+class _DagTm:
+    """The blocks of a time-multiplexed DAG stage while :func:`_dag_tm` lays them out.
+
+    ``recs``: per unit in turn order [layer, out_wire, out_beats, busy, fill]; ``avail``: per
+    tensor the branches no consumer has taken yet, [(wire, lanes, producer unit)]; ``in_wire``
+    / ``in_beats``: where whole input frames are counted (the stage's job start)."""
+
+    def __init__(self, stage, cons, pre: str, elem_w: int, unit0: int, offchip: frozenset[str], ops: list):
+        self.stage, self.cons, self.pre, self.elem_w = stage, cons, pre, elem_w
+        self.unit0, self.offchip, self.ops = unit0, offchip, ops
+        self.blocks: list[Block] = []
+        self.count = 0
+        self.recs: list[list] = []
+        self.avail: dict[str, list[tuple[str, int | None, int | None]]] = {}
+        self.in_wire: str | None = None
+        self.in_beats = 0
+
+    def fresh(self) -> str:
+        self.count += 1
+        return f"k{self.count}"
+
+    def chain(self, new: list[Block], w: str) -> str:
+        return _wire_chain(self.blocks, new, w, self.fresh)
+
+    def inst(self, layer, suffix: str = "") -> str:
+        return f"{self.pre}_{legal(layer.name)}{suffix}"
+
+    def emit(self, t: str, w: str, ln: int | None, elems: int, producer: int | None) -> None:
+        """Tensor t leaves on wire w: forked into one branch per consumer."""
+        k = max(1, len(self.cons.get(t, [])))
+        if k > 1 and ln is None:
+            raise Unsupported(f"stage {self.stage.index}: tensor '{t}' forks straight from the host input")
+        ends = _fork_to(self.blocks, self.pre, t, w, ln, elems // ln, k, self.elem_w, self.fresh) if k > 1 else [w]
+        self.avail[t] = [(e, ln, producer) for e in ends]
+
+    def off(self, producer: int | None) -> bool:
+        return producer is not None and self.recs[producer][0] in self.offchip
+
+    def bump(self, producer: int | None, extra: list[Block]) -> None:
+        # Converters in front of a consumer's buffer run in the producer's turn.
+        if producer is not None:
+            self.recs[producer][3] = max([self.recs[producer][3]] + [b.cycles for b in extra])
+
+    def add_unit(self, layer) -> None:
+        """An add is a unit: both inputs wait in one-frame FIFOs (two frames when fed straight
+        from the stage input; a ddr_frame when off chip) and its gate opens the first."""
+        u = self.unit0 + len(self.recs)
+        if len(layer.inputs) != 2:
+            raise Unsupported(f"layer '{layer.name}': add of {len(layer.inputs)} tensors (RTL adds two)")
+        elem_w = self.elem_w
+        (wa, la, pa), (wb, lb, pb) = [self.avail[t].pop(0) for t in layer.inputs]
+        beats = layer.out_elems // la
+        conv = _converters(self.inst(layer, "_in1"), lb, la, elem_w, layer.in_elems // lb)
+        self.bump(pb, conv)
+
+        def frame(k: int, p: int | None) -> Block:
+            if self.off(p):
+                d = _ddr(self.inst(layer, f"_ddr{k}"), la, beats, elem_w)
+                self.bump(p, [d])
+                return d
+            return _fifo(self.inst(layer, f"_buf{k}"), la, beats * (2 if p is None else 1), elem_w, beats)
+
+        fa, fb = frame(0, pa), frame(1, pb)
+        wa = self.chain([fa, _gate(self.inst(layer, "_gate"), la, beats, elem_w, u)], wa)
+        wb = self.chain(conv + [fb], wb)
+        add = Block("add", self.inst(layer), "axis_add", {"LANES": la, "ELEM_W": elem_w}, la, la,
+                    beats_in=beats, cycles=beats, ins=[wa, wb], outs=[self.fresh()])
+        self.blocks.append(add)
+        self.ops.append({"layer": layer.name, "type": "add"})
+        self.recs.append([layer.name, add.outs[0], beats,
+                          max([beats] + [f.cycles for f in (fa, fb) if f.kind == "ddr_frame"]), 0])
+        self.emit(layer.name, add.outs[0], la, layer.out_elems, len(self.recs) - 1)
+
+    def engine_unit(self, layer, eng) -> None:
+        """A layer's engine (``_tm_engine``'s tuple; None: flatten, the stream unchanged) behind
+        its input: an off-chip frame, its window generator's banks, or a frame FIFO."""
+        u = self.unit0 + len(self.recs)
+        wi, ln, pi = self.avail[layer.inputs[0]].pop(0)
+        if eng is None:
+            self.emit(layer.name, wi, ln, layer.out_elems, pi)
+            return
+        sblk, e_blocks, lin, lout, out_beats, busy, fill = eng
+        t = _Turn(layer, u, wi, lin if ln is None else ln, pi, sblk, lin, busy, fill)
+        if self.off(pi):
+            self.offchip_input(t)
+        elif sblk is not None:
+            self.swg_input(t)
+        else:
+            self.fifo_input(t)
+        wo = self.chain(e_blocks, t.wire)
+        self.recs.append([layer.name, wo, out_beats, t.busy, t.fill])
+        self.emit(layer.name, wo, lout, layer.out_elems, len(self.recs) - 1)
+
+    def offchip_input(self, t: _Turn) -> None:
+        """An off-chip frame (as tm_chain): written in the producer's turn, read in this one,
+        at the wider of the two widths, behind the gate."""
+        layer, elem_w, n = t.layer, self.elem_w, t.layer.in_elems
+        fl = max(t.lanes, t.lin)
+        pre_conv = _converters(self.inst(layer), t.lanes, fl, elem_w, n // t.lanes)
+        ddr = _ddr(self.inst(layer, "_ddr"), fl, n // fl, elem_w)
+        self.bump(t.producer, pre_conv + [ddr])
+        post = _converters(self.inst(layer, "_in"), fl, t.lin, elem_w, n // fl)
+        t.wire = self.chain(pre_conv + [ddr, _gate(self.inst(layer, "_gate"), fl, n // fl, elem_w, t.unit)]
+                            + post + ([_stream_swg(t.swg)] if t.swg is not None else []), t.wire)
+        t.busy = max([t.busy, ddr.cycles] + [b.cycles for b in post])
+        t.fill += len(post) + _stream_fill(t.swg, fl, elem_w)
+
+    def swg_input(self, t: _Turn) -> None:
+        """The window generator's two image banks are the frame buffer; the gate sits on its output."""
+        layer, sblk = t.layer, t.swg
+        pre_conv = _converters(self.inst(layer), t.lanes, t.lin, self.elem_w, layer.in_elems // t.lanes)
+        self.bump(t.producer, pre_conv)
+        t.fill += len(pre_conv)   # the image is complete only once they have drained
+        t.wire = self.chain(pre_conv, t.wire)
+        if t.producer is None and self.in_wire is None:
+            self.in_wire, self.in_beats = t.wire, sblk.swg.frame_beats
+        t.wire = self.chain([sblk, _gate(self.inst(layer, "_gate"), sblk.out_lanes, sblk.swg.out_beats, self.elem_w,
+                                         t.unit)], t.wire)
+
+    def fifo_input(self, t: _Turn) -> None:
+        """A frame FIFO (two frames when it reads the stage input) and the gate; widening
+        converters run in the producer's turn, narrowing ones after the gate."""
+        layer, elem_w = t.layer, self.elem_w
+        first = t.producer is None        # reads the stage input: its buffer holds two frames
+        conv = _converters(self.inst(layer), t.lanes, t.lin, elem_w, layer.in_elems // t.lanes)
+        pre_conv, post, fl = (conv, [], t.lin) if t.lin > t.lanes else ([], conv, t.lanes)
+        self.bump(t.producer, pre_conv)
+        t.wire = self.chain(pre_conv, t.wire)
+        frame = layer.in_elems // fl
+        if first and self.in_wire is None:
+            self.in_wire, self.in_beats = t.wire, frame
+        t.wire = self.chain([_fifo(self.inst(layer, "_buf"), fl, frame * (2 if first else 1), elem_w, frame),
+                             _gate(self.inst(layer, "_gate"), fl, frame, elem_w, t.unit)] + post, t.wire)
+        t.busy = max([t.busy] + [b.cycles for b in post])
+        t.fill += len(post)
+
+
 def _dag_tm(stage, layers, tin, cons, params, state, pre, board_name, in_lanes, link_in, elem_w, frac, ops,
             unit0: int, offchip: frozenset[str] = frozenset(), weights: WeightFetch | None = None) -> StageRtl:
     """A time-multiplexed stage whose layers form a DAG (residual blocks).
@@ -1110,117 +1265,28 @@ def _dag_tm(stage, layers, tin, cons, params, state, pre, board_name, in_lanes, 
     chip (``offchip``, :func:`tm_chain`) reaches each of its consumers through a ``ddr_frame``
     in place of the frame buffer, ahead of the gate.
     """
-    blocks: list[Block] = []
-    count = [0]
-
-    def fresh() -> str:
-        count[0] += 1
-        return f"k{count[0]}"
-
-    def chain(new: list[Block], w: str) -> str:
-        return _wire_chain(blocks, new, w, fresh)
-
+    g = _DagTm(stage, cons, pre, elem_w, unit0, offchip, ops)
     w, lanes = "0", in_lanes
     if link_in is not None:
-        w = chain([_rx(pre, link_in, lanes, elem_w, layers[0].in_elems // lanes)], w)
-    recs: list[list] = []            # [layer, out_wire, out_beats, busy, fill] per unit, in turn order
-    avail: dict[str, list[tuple[str, int | None, int | None]]] = {}    # tensor -> [(wire, lanes, producer)]
-    in_wire, in_beats = None, 0
-
-    def emit(t: str, w: str, ln: int | None, elems: int, producer: int | None) -> None:
-        k = max(1, len(cons.get(t, [])))
-        if k > 1 and ln is None:
-            raise Unsupported(f"stage {stage.index}: tensor '{t}' forks straight from the host input")
-        ends = _fork_to(blocks, pre, t, w, ln, elems // ln, k, elem_w, fresh) if k > 1 else [w]
-        avail[t] = [(e, ln, producer) for e in ends]
-
-    def off(producer: int | None) -> bool:
-        return producer is not None and recs[producer][0] in offchip
-
-    def bump(producer: int | None, extra: list[Block]) -> None:
-        # Converters in front of a consumer's buffer run in the producer's turn.
-        if producer is not None:
-            recs[producer][3] = max([recs[producer][3]] + [b.cycles for b in extra])
-
+        w = g.chain([_rx(pre, link_in, lanes, elem_w, layers[0].in_elems // lanes)], w)
     if len(cons[tin]) > 1 and lanes is not None:
-        in_wire, in_beats = w, layers[0].in_elems // lanes      # whole frames counted before the fork
-    emit(tin, w, lanes, layers[0].in_elems, None)
+        g.in_wire, g.in_beats = w, layers[0].in_elems // lanes      # whole frames counted before the fork
+    g.emit(tin, w, lanes, layers[0].in_elems, None)
     for layer in layers:
-        u = unit0 + len(recs)
         if layer.type == "add":
-            if len(layer.inputs) != 2:
-                raise Unsupported(f"layer '{layer.name}': add of {len(layer.inputs)} tensors (RTL adds two)")
-            (wa, la, pa), (wb, lb, pb) = [avail[t].pop(0) for t in layer.inputs]
-            beats = layer.out_elems // la
-            conv = _converters(f"{pre}_{legal(layer.name)}_in1", lb, la, elem_w, layer.in_elems // lb)
-            bump(pb, conv)
-            def frame(k: int, p: int | None) -> Block:
-                if off(p):
-                    d = _ddr(f"{pre}_{legal(layer.name)}_ddr{k}", la, beats, elem_w)
-                    bump(p, [d])
-                    return d
-                return _fifo(f"{pre}_{legal(layer.name)}_buf{k}", la, beats * (2 if p is None else 1), elem_w, beats)
-            fa, fb = frame(0, pa), frame(1, pb)
-            wa = chain([fa, _gate(f"{pre}_{legal(layer.name)}_gate", la, beats, elem_w, u)], wa)
-            wb = chain(conv + [fb], wb)
-            add = Block("add", f"{pre}_{legal(layer.name)}", "axis_add", {"LANES": la, "ELEM_W": elem_w}, la, la,
-                        beats_in=beats, cycles=beats, ins=[wa, wb], outs=[fresh()])
-            blocks.append(add)
-            ops.append({"layer": layer.name, "type": "add"})
-            recs.append([layer.name, add.outs[0], beats, max([beats] + [f.cycles for f in (fa, fb)
-                                                                          if f.kind == "ddr_frame"]), 0])
-            emit(layer.name, add.outs[0], la, layer.out_elems, len(recs) - 1)
-            continue
-        eng = _tm_engine(stage, layer, params, state, pre, elem_w, frac, ops)
-        wi, ln, pi = avail[layer.inputs[0]].pop(0)
-        if eng is None:   # flatten: the stream is unchanged
-            emit(layer.name, wi, ln, layer.out_elems, pi)
-            continue
-        sblk, e_blocks, lin, lout, out_beats, busy, fill = eng
-        ln = lin if ln is None else ln
-        first = pi is None        # reads the stage input: its buffer holds two frames
-        if off(pi):   # an off-chip frame (as tm_chain): written in the producer's turn, read in this one
-            fl = max(ln, lin)
-            pre_conv = _converters(f"{pre}_{legal(layer.name)}", ln, fl, elem_w, layer.in_elems // ln)
-            ddr = _ddr(f"{pre}_{legal(layer.name)}_ddr", fl, layer.in_elems // fl, elem_w)
-            bump(pi, pre_conv + [ddr])
-            post = _converters(f"{pre}_{legal(layer.name)}_in", fl, lin, elem_w, layer.in_elems // fl)
-            wi = chain(pre_conv + [ddr, _gate(f"{pre}_{legal(layer.name)}_gate", fl, layer.in_elems // fl, elem_w, u)]
-                       + post + ([_stream_swg(sblk)] if sblk is not None else []), wi)
-            busy = max([busy, ddr.cycles] + [b.cycles for b in post])
-            fill += len(post) + _stream_fill(sblk, fl, elem_w)
-        elif sblk is not None:
-            pre_conv = _converters(f"{pre}_{legal(layer.name)}", ln, lin, elem_w, layer.in_elems // ln)
-            bump(pi, pre_conv)
-            fill += len(pre_conv)   # the image is complete only once they have drained
-            wi = chain(pre_conv, wi)
-            if first and in_wire is None:
-                in_wire, in_beats = wi, sblk.swg.frame_beats
-            wi = chain([sblk, _gate(f"{pre}_{legal(layer.name)}_gate", sblk.out_lanes, sblk.swg.out_beats, elem_w, u)], wi)
+            g.add_unit(layer)
         else:
-            conv = _converters(f"{pre}_{legal(layer.name)}", ln, lin, elem_w, layer.in_elems // ln)
-            pre_conv, post, fl = (conv, [], lin) if lin > ln else ([], conv, ln)
-            bump(pi, pre_conv)
-            wi = chain(pre_conv, wi)
-            frame = layer.in_elems // fl
-            if first and in_wire is None:
-                in_wire, in_beats = wi, frame
-            wi = chain([_fifo(f"{pre}_{legal(layer.name)}_buf", fl, frame * (2 if first else 1), elem_w, frame),
-                        _gate(f"{pre}_{legal(layer.name)}_gate", fl, frame, elem_w, u)] + post, wi)
-            busy = max([busy] + [b.cycles for b in post])
-            fill += len(post)
-        wo = chain(e_blocks, wi)
-        recs.append([layer.name, wo, out_beats, busy, fill])
-        emit(layer.name, wo, lout, layer.out_elems, len(recs) - 1)
-    if not recs or in_wire is None:
+            g.engine_unit(layer, _tm_engine(stage, layer, params, state, pre, elem_w, frac, ops))
+    if not g.recs or g.in_wire is None:
         raise Unsupported(f"stage {stage.index} has no layers the RTL can build")
-    units = [Unit(name, unit0 + i, wire, beats, busy + fill) for i, (name, wire, beats, busy, fill) in enumerate(recs)]
-    (wout, lanes, _), = avail[layers[-1].name]
+    units = [Unit(name, unit0 + i, wire, beats, busy + fill)
+             for i, (name, wire, beats, busy, fill) in enumerate(g.recs)]
+    (wout, lanes, _), = g.avail[layers[-1].name]
     out_beats = layers[-1].out_elems // lanes
-    chain([_fifo(f"{pre}_out_buf", lanes, 2 * out_beats, elem_w, out_beats)], wout)
+    g.chain([_fifo(f"{pre}_out_buf", lanes, 2 * out_beats, elem_w, out_beats)], wout)
     _wait_weights(units, weights)
-    return StageRtl(stage.index, board_name, "time-multiplexed", blocks, blocks[0].in_lanes, lanes,
-                    link_in is not None, False, layers[0].in_elems, layers[-1].out_elems, units, in_wire, in_beats,
+    return StageRtl(stage.index, board_name, "time-multiplexed", g.blocks, g.blocks[0].in_lanes, lanes,
+                    link_in is not None, False, layers[0].in_elems, layers[-1].out_elems, units, g.in_wire, g.in_beats,
                     weights)
 
 
