@@ -77,8 +77,10 @@ def add_args(name: str, p: argparse.ArgumentParser) -> None:
         p.add_argument("--opaque", action="append", default=[], help="ONNX: OP=fwd_s,bwd_s cost for an unsupported op")
         p.add_argument("--measure", choices=("torch",), default=None,
                        help="measure MODEL's layers in PyTorch on this machine instead (the [torch] extra): writes "
-                            "the profile to -o and, at CLUSTER (a .yaml path), the cluster of --processes CPU processes")
-        p.add_argument("-o", "--output", default=None, help="--measure: the profile .yaml to write")
+                            "the profile to -o and, at CLUSTER (a .yaml path), the cluster of --processes CPU processes "
+                            "(default: none, the engines' cost model)")
+        p.add_argument("-o", "--output", default=None,
+                       help="--measure: the profile .yaml to write (default: none; --measure needs it)")
         p.add_argument("--processes", type=int, default=2, help="--measure: CPU processes the cluster describes")
         p.add_argument("--reps", type=int, default=20, help="--measure: timed runs per layer (the median is kept)")
         p.add_argument("--force", action="store_true", help="--measure: overwrite existing files")

@@ -84,7 +84,7 @@ def _gen(tmp_path, monkeypatch, budget=None):
     """tiny-cnn as one time-multiplexed stage with its weights off chip (EMBED_LIMIT 0), the
     kernel's on-chip share forced to ``budget`` bytes (None: the U250's)."""
     import bapipe.codegen.design.context as cx
-    import bapipe.codegen.design.tm_kernel as hd
+    import bapipe.codegen.design.lower as hd   # the lowering pass reads the budget
     from bapipe.codegen.cli_gen import generate_plan
     from handplan import make_plan
 

@@ -94,7 +94,7 @@ def test_tiny_cnn_with_every_frame_off_chip_is_bit_exact(tmp_path, monkeypatch):
     frame_write in the turn that makes it, a frame_read in the turn that reads it), the
     kernel keeps none of them, and csim is still 0 LSB against numpy."""
     import bapipe.codegen.check.csim as cs
-    import bapipe.codegen.design.tm_kernel as hd
+    import bapipe.codegen.design.lower as hd   # the lowering pass reads the budget
     from bapipe.codegen.cli_gen import generate_plan
     from handplan import make_plan
 
