@@ -1082,7 +1082,10 @@ def tm_chain(plan: Plan, stage, model, params, board_name: str, in_lanes: int | 
             blocks.append(_gate(f"{pre}_{legal(layer.name)}_gate", fl, frame, elem_w, u))
             blocks += post
             busy = max([busy] + [b.cycles for b in post])
-            fill += len(post)
+            # a widening converter runs in the producer's turn, which ends on the producer's
+            # last beat; its wide word reaches this buffer one cycle a converter later, inside
+            # this turn (Verilator: relu3 after a 1-lane MVU fires one cycle after its grant)
+            fill += len(post) + (0 if first else len(pre_conv))
         blocks += e_blocks
         pending.append([layer.name, len(blocks), out_beats, busy, fill])
         lanes = lout
@@ -1208,7 +1211,7 @@ def _dag_tm(stage, layers, tin, cons, params, state, pre, board_name, in_lanes, 
             wi = chain([_fifo(f"{pre}_{legal(layer.name)}_buf", fl, frame * (2 if first else 1), elem_w, frame),
                         _gate(f"{pre}_{legal(layer.name)}_gate", fl, frame, elem_w, u)] + post, wi)
             busy = max([busy] + [b.cycles for b in post])
-            fill += len(post)
+            fill += len(post) + (0 if first else len(pre_conv))   # widening: as tm_chain
         wo = chain(e_blocks, wi)
         recs.append([layer.name, wo, out_beats, busy, fill])
         emit(layer.name, wo, lout, layer.out_elems, len(recs) - 1)
