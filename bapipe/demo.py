@@ -27,9 +27,9 @@ CLUSTER = os.environ.get("BAPIPE_DEMO_CLUSTER", "4xU250-ring")
 OUT = Path(os.environ.get("BAPIPE_DEMO_OUT", "build/demo"))
 #: the model whose plans are generated and measured: small enough for Verilator in minutes
 MODEL = "tiny-mlp"
-#: its plans' resource cap: at a 1% share of each U250 the planner's plan is 3 stages on 3
-#: boards, 1.83x faster than data parallelism and 2.18x faster than one board (predicted); every
-#: stage has one replica, so the training RTL builds it (and the one-board and 4-replica plans)
+#: its plans' resource cap: at a 1% share of each U250 the planner's plan is 2 stages of 2
+#: replicas on 4 boards (since the planner's polish step, 2026-12-07; it was 3 stages on 3
+#: boards), 1.97x faster than data parallelism and 2.34x faster than one board (predicted)
 CAP = 0.01
 #: training iterations each plan runs in Verilator (the first fills the pipeline; both are timed)
 ITERATIONS = 2
@@ -125,10 +125,18 @@ def flow(p) -> tuple[int, float | None]:
     t0 = time.perf_counter()
     build = OUT / f"{MODEL}.build"
     try:
-        b = p.generate(build, force=True)
+        # the planner's plan breaks `bapipe check`'s physical rules on its boards (open: the
+        # planner does not price them yet); gen would refuse it, so the demo generates it anyway
+        # and prints the check's verdict on its own line below, never hiding it
+        b = p.generate(build, force=True, allow_rule_violations=True)
     except bapipe.BapipeError as e:
         return _step("gen", False, str(e), t0), None
     failed += _step("gen", True, f"{build}/: {b.result.files} files + {b.result.rtl_files} RTL files", t0)
+    chk = b.result.check or {}
+    broken = "; ".join(f"{board} breaks {', '.join(rules)}" for board, rules in sorted((chk.get("boards") or {}).items()))
+    print(f"[{'ok  ' if chk.get('ok') else 'RULE'}] check     physical rules (`bapipe check`) on this build: "
+          f"{'every board passes' if chk.get('ok') else broken + ' (generated with allow_rule_violations=True)'}",
+          flush=True)
     t0 = time.perf_counter()
     try:
         c = b.csim()

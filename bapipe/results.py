@@ -139,7 +139,7 @@ class GenResult(Result):
     skipped: list = None
     engines: str = None
     rtl_kernels: list = None
-    check: dict = None           # `bapipe check` on the new build: ok, failed_rules
+    check: dict = None           # `bapipe check` on the new build: ok, failed_rules, boards (board: rules broken)
 
 
 @dataclass

@@ -255,7 +255,9 @@ def _physical_check(build: Path, allow: bool, name: str) -> dict:
         if not all(b["rules"].values()):
             sys.stderr.write(f"bapipe gen: warning: {b['board']} breaks the physical rules "
                              f"{', '.join(r for r, ok in b['rules'].items() if not ok)} (bapipe check)\n")
-    return {"ok": result["ok"], "failed_rules": result["failed_rules"]}
+    broken = {b["board"]: [r for r, ok in b["rules"].items() if not ok] for b in result["boards"]}
+    return {"ok": result["ok"], "failed_rules": result["failed_rules"],
+            "boards": {k: v for k, v in broken.items() if v}}
 
 
 def _design_cycles(design: dict | None) -> dict[int, float]:

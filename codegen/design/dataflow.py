@@ -1083,7 +1083,10 @@ def tm_chain(plan: Plan, stage, model, params, board_name: str, in_lanes: int | 
             blocks.append(_gate(f"{pre}_{legal(layer.name)}_gate", fl, frame, elem_w, u))
             blocks += post
             busy = max([busy] + [b.cycles for b in post])
-            fill += len(post)
+            # a widening converter runs in the producer's turn, which ends on the producer's
+            # last beat; its wide word reaches this buffer one cycle a converter later, inside
+            # this turn (Verilator: relu3 after a 1-lane MVU fires one cycle after its grant)
+            fill += len(post) + (0 if first else len(pre_conv))
         blocks += e_blocks
         pending.append([layer.name, len(blocks), out_beats, busy, fill])
         lanes = lout
@@ -1249,7 +1252,7 @@ class _DagTm:
         t.wire = self.chain([_fifo(self.inst(layer, "_buf"), fl, frame * (2 if first else 1), elem_w, frame),
                              _gate(self.inst(layer, "_gate"), fl, frame, elem_w, t.unit)] + post, t.wire)
         t.busy = max([t.busy] + [b.cycles for b in post])
-        t.fill += len(post)
+        t.fill += len(post) + (0 if first else len(pre_conv))   # widening: as tm_chain
 
 
 def _dag_tm(stage, layers, tin, cons, params, state, pre, board_name, in_lanes, link_in, elem_w, frac, ops,
