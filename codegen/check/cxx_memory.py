@@ -491,13 +491,15 @@ class KernelMemory:
                 **{s: self.bytes(s) for s in ("bram", "uram", "lutram", "unspecified", "fifo", "register")}}
 
 
-def kernel_memory(files: dict[str, str | bytes], kernel_file: str, top: str) -> KernelMemory:
-    """The on-chip memory of kernel ``top`` defined in ``kernel_file``, reading the files it
-    includes (quoted includes resolved in its folder, then common/) from ``files``."""
-    def text(p):
-        v = files[p]
-        return v.decode() if isinstance(v, bytes) else v
+def file_text(files: dict[str, str | bytes], path: str) -> str:
+    """A rendered file's text (the renderers hand bytes or str)."""
+    v = files[path]
+    return v.decode() if isinstance(v, bytes) else v
 
+
+def include_order(files: dict[str, str | bytes], kernel_file: str) -> list[str]:
+    """``kernel_file`` and the files it includes, included ones first (quoted includes resolved
+    in its folder, then common/; the csim-only stream header left out)."""
     folder = kernel_file.rsplit("/", 1)[0] if "/" in kernel_file else ""
     order, seen = [], set()
 
@@ -505,7 +507,7 @@ def kernel_memory(files: dict[str, str | bytes], kernel_file: str, top: str) -> 
         if p in seen:
             return
         seen.add(p)
-        for inc in re.findall(r'#\s*include\s+"([^"]+)"', text(p)):
+        for inc in re.findall(r'#\s*include\s+"([^"]+)"', file_text(files, p)):
             for cand in (f"{folder}/{inc}" if folder else inc, f"common/{inc}"):
                 if cand in files and "csim/" not in cand:
                     visit(cand)
@@ -513,5 +515,12 @@ def kernel_memory(files: dict[str, str | bytes], kernel_file: str, top: str) -> 
         order.append(p)
 
     visit(kernel_file)
-    prog = parse_program([text(p) for p in order])
+    return order
+
+
+def kernel_memory(files: dict[str, str | bytes], kernel_file: str, top: str) -> KernelMemory:
+    """The on-chip memory of kernel ``top`` defined in ``kernel_file``, reading the files it
+    includes (:func:`include_order`) from ``files``."""
+    order = include_order(files, kernel_file)
+    prog = parse_program([file_text(files, p) for p in order])
     return KernelMemory(top, kernel_items(prog, top))

@@ -25,8 +25,9 @@ import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from bapipe.codegen.check.cxx_memory import (Program, Unknown, _scan, _tparams, eval_expr, matching, preprocess, split_args,
-                         type_bits, _TEMPLATE)
+from bapipe.codegen.check.cxx_memory import (Program, Unknown, _scan, _tparams, eval_expr, file_text,
+                                             include_order, matching, preprocess, split_args, type_bits,
+                                             _TEMPLATE)
 
 _INT_TYPES = re.compile(r"^(?:const\s+)?(?:unsigned\s+|signed\s+)?(?:bool|char|short|int|long|long long|size_t|"
                         r"u?int\d+_t)\s*&?$")
@@ -102,26 +103,8 @@ class Source:
 
 
 def _order(files: dict[str, str | bytes], kernel_file: str) -> list[str]:
-    def text(p):
-        v = files[p]
-        return v.decode() if isinstance(v, bytes) else v
-
-    folder = kernel_file.rsplit("/", 1)[0] if "/" in kernel_file else ""
-    order, seen = [], set()
-
-    def visit(p):
-        if p in seen:
-            return
-        seen.add(p)
-        for inc in re.findall(r'#\s*include\s+"([^"]+)"', text(p)):
-            for cand in (f"{folder}/{inc}" if folder else inc, f"common/{inc}"):
-                if cand in files and "csim/" not in cand:
-                    visit(cand)
-                    break
-        order.append(text(p))
-
-    visit(kernel_file)
-    return order
+    """The texts of ``kernel_file`` and its includes, included ones first."""
+    return [file_text(files, p) for p in include_order(files, kernel_file)]
 
 
 def read_source(files: dict[str, str | bytes], kernel_file: str) -> Source:
