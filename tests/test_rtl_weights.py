@@ -93,7 +93,10 @@ def test_design_records_the_plans_weight_placement(tmp_path, capsys):
     assert st.units[0].layer == "fc1" and st.units[0].cycles >= 2_048 + 256 + rm.WEIGHT_FILL_LAG
     plan_fwd = ps.cycles["fwd_interval"]
     assert plan_fwd == 2_902
-    assert 0 <= st.job_cycles - plan_fwd <= rm.WEIGHT_FILL_LAG + 2, (st.job_cycles, plan_fwd)   # 2,906
+    # the Design also counts one cycle per widening width converter between turns (fc1/fc2/fc3
+    # feeding wider ReLUs: 3), measured in Verilator (7ceca0f); the plan does not price them yet
+    widening = 3
+    assert 0 <= st.job_cycles - plan_fwd <= rm.WEIGHT_FILL_LAG + 2 + widening, (st.job_cycles, plan_fwd)   # 2,909
     # without the fetches the job would be 256 cycles (8.8%) short of the plan
     from bapipe.codegen.design.record import design_dict
     d = design_dict(pipe, plan)
