@@ -177,10 +177,11 @@ class Plan:
                           s.allreduce_s, s.time_s, s.memory_bytes, s.time_s / slow) for s in self.spec.stages]
 
     def generate(self, path, engines: str = "hls", force: bool = False,
-                 allow_rule_violations: bool = False) -> "Build":
+                 allow_rule_violations: bool = True) -> "Build":
         """Generate the HLS/RTL project into folder ``path`` (`bapipe gen`); returns its Build.
-        A build some board cannot hold (`bapipe check`'s physical rules) is refused unless
-        ``allow_rule_violations``."""
+        `bapipe check`'s physical rules run on it: a board that breaks one is reported (stderr and
+        ``Build.result.check``); with ``allow_rule_violations=False`` (`gen --strict-rules`) such a
+        build is refused and nothing is written."""
         from bapipe.codegen.cli_gen import generate_folder
 
         text = self._text if self._text is not None else self.spec.dumps()
@@ -323,8 +324,10 @@ def invoke(command: str, args) -> tuple[dict, int]:
     if command == "sim":
         return load_plan(args.plan).simulate(args.iterations, args.gantt, args.trace).to_json(), 0
     if command == "gen":
-        b = load_plan(args.plan).generate(args.output, args.engines, args.force,
-                                          getattr(args, "allow_rule_violations", False))
+        strict = getattr(args, "strict_rules", False)
+        if strict and getattr(args, "allow_rule_violations", False):
+            raise SpecError(None, None, "--strict-rules", "expected --strict-rules or --allow-rule-violations, not both")
+        b = load_plan(args.plan).generate(args.output, args.engines, args.force, not strict)
         return b.result.to_json(), 0
     if command in ("csim", "rtlsim", "synth"):
         b = Build(opts.pop("build"))

@@ -149,8 +149,13 @@ def add_args(name: str, p: argparse.ArgumentParser) -> None:
         p.add_argument("--engines", default="hls", choices=("hls", "rtl"),
                        help="stage kernels the Makefile and link configs build: hls (Vitis HLS) or rtl (the "
                             "packaged RTL kernels in rtl/kernels/)")
+        p.add_argument("--strict-rules", action="store_true",
+                       help="refuse the build (exit 2, nothing written) when `bapipe check` finds a board that "
+                            "breaks a physical rule (default: write it and warn per board: the planner's default "
+                            "vgg16 and resnet50 builds break them today, issue #32)")
         p.add_argument("--allow-rule-violations", action="store_true",
-                       help="write the build even when `bapipe check` finds a board that breaks a physical rule")
+                       help="write the build when a board breaks a physical rule, warning per board (what gen "
+                            "does unless --strict-rules; say it to keep a script's intent explicit)")
     elif name in ("csim", "rtlsim", "synth", "check"):
         p.add_argument("build", nargs="?", default="build", help="project folder written by `bapipe gen`")
         if name == "rtlsim":

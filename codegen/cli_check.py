@@ -47,4 +47,4 @@ def refusal(result: dict) -> str:
     where = (f"{first['board']} breaks {', '.join(r for r, ok in first['rules'].items() if not ok)}"
              if first else "a rule fails")
     return (f"expected a build every board can hold: {len(bad)} of {len(result['boards'])} boards break the "
-            f"physical rules ({where}; `bapipe check` on a build made with --allow-rule-violations lists them)")
+            f"physical rules ({where}; `bapipe check` on a build made without --strict-rules lists them)")

@@ -196,7 +196,7 @@ def check_build(build: str | Path, plan_fingerprint: str | None = None, option: 
 
 
 def generate_folder(plan, model, cluster, output: str | Path, plan_text: str, plan_file: str,
-                    engines: str = "hls", force: bool = False, allow_rule_violations: bool = False) -> dict:
+                    engines: str = "hls", force: bool = False, allow_rule_violations: bool = True) -> dict:
     """Generate ``plan`` (loaded, with its model and cluster) into the folder ``output``: into a
     temporary sibling folder first, swapped in whole, so a refused or interrupted gen leaves the
     previous folder as it was. An existing non-empty folder is replaced only with ``force``.
@@ -243,14 +243,15 @@ def generate_folder(plan, model, cluster, output: str | Path, plan_text: str, pl
 
 
 def _physical_check(build: Path, allow: bool, name: str) -> dict:
-    """`bapipe check` on the freshly written build (codegen.check.physical_rules): a build a board
-    cannot hold is refused (SpecError, one line; the caller removes the folder) unless ``allow``."""
+    """`bapipe check` on the freshly written build (codegen.check.physical_rules): each board that
+    breaks a rule is named on stderr; with ``allow`` False (`--strict-rules`) the build is refused
+    (SpecError, one line; the caller removes the folder)."""
     from bapipe.codegen.cli_check import refusal
     from bapipe.codegen.check.physical_rules import check_build as physical_check
 
     result = physical_check(build)
     if not result["ok"] and not allow:
-        raise SpecError(name, None, "--allow-rule-violations", refusal(result))
+        raise SpecError(name, None, "--strict-rules", refusal(result))
     for b in result["boards"]:
         if not all(b["rules"].values()):
             sys.stderr.write(f"bapipe gen: warning: {b['board']} breaks the physical rules "

@@ -187,13 +187,15 @@ def test_gen_refuses_a_build_that_breaks_a_rule(tmp_path, capsys):
 
     plan = _tiny(tmp_path, "train", "tiny-mlp")   # one board: BRAM, masters, bandwidth (docs/check.md)
     capsys.readouterr()
-    assert main(["gen", str(plan), "-o", str(tmp_path / "b")]) == 2
+    assert main(["gen", str(plan), "-o", str(tmp_path / "b"), "--strict-rules"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "--allow-rule-violations" in err[0] and "physical rules" in err[0]
+    assert len(err) == 1 and "--strict-rules" in err[0] and "physical rules" in err[0]
     assert not (tmp_path / "b").exists()                       # no half-written build
     assert not list(tmp_path.glob(".b.gen-*"))
-    assert main(["gen", str(plan), "-o", str(tmp_path / "b"), "--allow-rule-violations"]) == 0
-    capsys.readouterr()
+    assert main(["gen", str(plan), "-o", str(tmp_path / "b"), "--strict-rules", "--allow-rule-violations"]) == 2
+    assert "not both" in capsys.readouterr().err
+    assert main(["gen", str(plan), "-o", str(tmp_path / "b")]) == 0   # the default: written, each board warned
+    assert "breaks the physical rules" in capsys.readouterr().err
     assert main(["check", str(tmp_path / "b")]) == 1
     out = capsys.readouterr().out.splitlines()
     assert len([x for x in out if x.startswith("fpga")]) == 1 and "FAILS" in out[0]
