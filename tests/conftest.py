@@ -37,8 +37,27 @@ SOAK = {
 }
 
 
+#: node-id prefix -> why it is slow (make test, not make test-fast): over ~2 s of CPU since gen
+#: runs the physical-rules check on every build (measured 2026-12-07, load ~2)
+SLOW = {
+    "tests/test_validation_cases.py::test_gen_refuses_a_non_empty_folder_and_replaces_it_whole_with_force": "9.9 s",
+    "tests/test_physical_rules.py::test_gen_refuses_a_build_that_breaks_a_rule": "7.7 s",
+    "tests/test_validation_cases.py::test_long_steps_say_so_on_a_terminal": "6.4 s",
+    "tests/test_validation_cases.py::test_a_legal_folding_edited_without_repricing_is_not_silent": "6.0 s",
+    "tests/test_physical_rules.py::test_tiny_cnn_training_build_passes_every_rule": "5.9 s",
+    "tests/test_validation_cases.py::test_gen_table_shows_the_designs_cycles_beside_the_plans": "5.9 s",
+    "tests/test_codegen.py::test_cli_gen_json_and_error_exit": "5.1 s",
+    "tests/test_validation_cases.py::test_synth_of_a_replica_board_synthesises_the_rtl_it_runs": "3.3 s",
+    "tests/test_planner_cli.py::test_a_million_samples_plan_fast_within_the_microbatch_bound": "3.0 s",
+    "tests/test_cli_robustness.py::test_json_is_one_object[gen ": "2.8 s",
+    "tests/test_planner_pipedream.py::test_replay_equals_bapipe_sim_over_partitions[4xU250-ring]": "2.3 s",
+}
+
+
 def pytest_collection_modifyitems(config, items):
-    """Mark the SOAK tests soak (each with its reason above)."""
+    """Mark the SOAK tests soak and the SLOW ones slow (each with its reason above)."""
     for item in items:
         if any(item.nodeid.startswith(k) for k in SOAK):
             item.add_marker(pytest.mark.soak)
+        if any(item.nodeid.startswith(k) for k in SLOW):
+            item.add_marker(pytest.mark.slow)
