@@ -393,17 +393,23 @@ def _storage(impl: str | None, dims: list[int], complete: set[int]) -> str:
     return "unspecified"
 
 
-def _walk(prog: Program, fname: str, env: dict, path: str, items: list[Item], depth: int, max_depth: int,
-          top_level: bool = False) -> None:
-    tparams, body = prog.functions[fname]
+def local_constants(body: str, env: dict) -> dict:
+    """``env`` with a function body's integer constants (``const int N = ...;``) evaluated in it;
+    one that cannot be evaluated is left out."""
     env = dict(env)
-    # local constants
     for cm in re.finditer(r"(?:static\s+)?(?:constexpr|const)\s+(?:int|long|unsigned|long long)\s+(\w+)\s*=\s*"
                           r"([^;]+);", body):
         try:
             env[cm.group(1)] = eval_expr(cm.group(2), env)
         except Unknown:
             pass
+    return env
+
+
+def _walk(prog: Program, fname: str, env: dict, path: str, items: list[Item], depth: int, max_depth: int,
+          top_level: bool = False) -> None:
+    tparams, body = prog.functions[fname]
+    env = local_constants(body, env)
     prag = _pragmas(body)
     # streams
     for sm in _STREAM.finditer(body):

@@ -26,7 +26,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from bapipe.codegen.check.cxx_memory import (Program, Unknown, _scan, _tparams, eval_expr, file_text,
-                                             include_order, matching, preprocess, split_args, type_bits,
+                                             include_order, local_constants, matching, preprocess, split_args, type_bits,
                                              _TEMPLATE)
 
 _INT_TYPES = re.compile(r"^(?:const\s+)?(?:unsigned\s+|signed\s+)?(?:bool|char|short|int|long|long long|size_t|"
@@ -407,13 +407,7 @@ class Scanner:
     def _enter(self, fname: str, env: dict, binds: dict, path: str, top: bool = False) -> tuple[_Scope, str]:
         tparams, _ = self.src.prog.functions[fname]
         body = self._body(fname)
-        env = dict(env)
-        for cm in re.finditer(r"(?:static\s+)?(?:constexpr|const)\s+(?:int|long|unsigned|long long)\s+(\w+)\s*=\s*"
-                              r"([^;]+);", body):
-            try:
-                env[cm.group(1)] = eval_expr(cm.group(2), env)
-            except Unknown:
-                pass
+        env = local_constants(body, env)
         names = dict(binds)
         types = {name: typ for typ, name, _ in self.src.sigs.get(fname, [])}
         ndims = {name: len(dims) for _, name, dims in self.src.sigs.get(fname, [])}
