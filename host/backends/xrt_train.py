@@ -141,13 +141,10 @@ def train_iterations(plan, model, cluster, master, x_q, labels, dy, iterations: 
     weights read back after each ({"weights": [{layer: {key: raw}}]}), as host/train_hw.py
     compares them with numpy's. ``dy`` is not used: the loss kernel computes it on the board.
     ``options["stash_slots"]`` (tests) overrides the slots the host cycles through."""
-    from bapipe.schedules import device_ops
-
-    from .xrt_device import WAIT_MS, _Board, _pyxrt, read_manifest
-
     from bapipe.fpga_models.train_fixed import as_schedule
 
-    sched = as_schedule(consts)   # the update kernel takes its rate as an s_axilite argument each iteration
+    from .xrt_device import WAIT_MS, _pyxrt, read_manifest
+
     pyxrt = _pyxrt()
     build = Path(options.get("build") or "build")
     man = read_manifest(build, plan)
@@ -156,126 +153,167 @@ def train_iterations(plan, model, cluster, master, x_q, labels, dy, iterations: 
         raise BackendUnavailable(why)
     t = man["train"]
     dtype = {1: np.int8, 2: np.int16}[man["elem_bytes"]]
-    wait_ms = int(options.get("timeout", WAIT_MS / 1000) * 1000)
-    m, size = t["microbatches"], t["microbatch_size"]
-    stages = sorted(t["stages"], key=lambda s: s["position"])
-    p = len(stages)
-    boards = {b["name"]: _Board(pyxrt, build, b) for b in man["boards"]}
-    from .xrt_net import bring_up
-    bring_up(pyxrt, build, boards)   # VNx addresses and sockets before any transfer
-    reps = {st["position"]: [_Replica(pyxrt, boards[bn], st, k, build, master, tf, dtype)
-                             for k, bn in enumerate(st["boards"])] for st in stages}
-    slots = {d: int(options.get("stash_slots") or st["slots"]) for d, st in enumerate(stages)}
-    movers = {b["name"]: [i for i in b["inputs"] if i["stage"] == stages[0]["stage"]] for b in man["boards"]}
-    lk = t["loss"]
-    loss_k = {bn: boards[bn].kernel(pyxrt, lk["kernel"], lk["instance"]) for bn in lk["boards"]}
-    to_dev = pyxrt.xclBOSyncDirection.XCL_BO_SYNC_BO_TO_DEVICE
-    from_dev = pyxrt.xclBOSyncDirection.XCL_BO_SYNC_BO_FROM_DEVICE
     x = np.asarray(x_q)
     if x.ndim == 4:   # HWC on the wire
         x = x.transpose(0, 2, 3, 1)
     x = np.ascontiguousarray(x.reshape(len(x), -1).astype(dtype))
-    labels = np.asarray(labels, dtype=np.int64)
-    per_it = m * size
+    per_it = t["microbatches"] * t["microbatch_size"]
     if len(x) < iterations * per_it:
         raise BackendUnavailable(f"backend xrt: {iterations} iterations need {iterations * per_it} samples, got {len(x)}")
-    weights, order = [], []
+    s = _Session(pyxrt, build, man, master, tf, dtype, x, np.asarray(labels, dtype=np.int64),
+                 int(options.get("timeout", WAIT_MS / 1000) * 1000), options.get("stash_slots"))
+    sched = as_schedule(consts)   # the update kernel takes its rate as an s_axilite argument each iteration
+    weights = []
     for it in range(iterations):
-        base = it * per_it
-        issued: set = set()
-        ops = {d: [o for o in device_ops(t["schedule"], p, d, m) if o.kind in ("F", "B")] for d in range(p)}
-        ptr = {d: 0 for d in range(p)}
+        s.schedule(it)
+        s.finish(sched.at(it))
+        weights.append(s.masters(master))
+    return {"weights": weights, "op_order": s.order}
 
-        def shard(d: int, k: int, j: int) -> np.ndarray:
-            mb = stages[d]["mb"]
-            return np.arange(base + j * size + k * mb, base + j * size + (k + 1) * mb)
 
-        def issue(d: int, o) -> None:
-            st = stages[d]
-            for k, r in enumerate(reps[d]):
-                slot = o.mb % slots[d]
-                if o.kind == "B":
-                    r.bwd_runs[o.mb] = r.run("backward", {"samples": st["mb"], "flush": 0}, slot)
-                    continue
-                prev = o.mb - slots[d]
-                if prev >= 0:   # the slot's last reader must be done before it is overwritten
-                    if ("B", d, prev) not in issued:
-                        raise BackendUnavailable(
-                            f"backend xrt: {st['name']} has {slots[d]} stash slot(s): the forward of micro-batch "
-                            f"{o.mb} would overwrite micro-batch {prev}'s stash before its backward runs "
-                            f"({t['schedule']} needs {st['slots']})")
-                    _wait(pyxrt, r.bwd_runs[prev], wait_ms, st["backward"]["instance"])
-                if d == 0:
-                    for i in movers[st["boards"][k]]:
-                        kern = boards[st["boards"][k]].kernel(pyxrt, i["kernel"], i["instance"])
-                        data = x[shard(d, k, o.mb)].tobytes()
-                        bo = pyxrt.bo(boards[st["boards"][k]].device, len(data), pyxrt.bo.normal,
-                                      kern.group_id(i["args"]["mem"]))
-                        bo.write(data, 0)
-                        bo.sync(to_dev, len(data), 0)
-                        run = pyxrt.run(kern)
-                        run.set_arg(i["args"]["mem"], bo)
-                        run.set_arg(i["args"]["n"], len(data) // x.itemsize)
-                        run.start()
-                        r.pending.append((run, i["instance"]))
-                r.run("forward", {"samples": st["mb"]}, slot)
-                if d == p - 1:   # the loss kernel turns the logits into dz on the board
-                    bn = st["boards"][k]
-                    lab = labels[shard(d, k, o.mb)].astype("<i4").tobytes()
-                    kern = loss_k[bn]
-                    bo = pyxrt.bo(boards[bn].device, len(lab), pyxrt.bo.normal, kern.group_id(2))
-                    bo.write(lab, 0)
-                    bo.sync(to_dev, len(lab), 0)
-                    run = pyxrt.run(kern)
-                    run.set_arg(2, bo)
-                    run.set_arg(3, st["mb"])
-                    run.start()
-                    r.pending.append((run, lk["instance"]))
-            issued.add((o.kind, d, o.mb))
-            order.append((it, st["name"], f"{o.kind}{o.mb}"))
+class _Session:
+    """The boards of one training run: replicas, input movers and loss kernels, and the op order
+    the host issued."""
 
-        while any(ptr[d] < len(ops[d]) for d in range(p)):
+    def __init__(self, pyxrt, build: Path, man: dict, master: dict, tf, dtype, x: np.ndarray, labels: np.ndarray,
+                 wait_ms: int, stash_slots):
+        from .xrt_device import _Board
+        from .xrt_net import bring_up
+
+        t = man["train"]
+        self.pyxrt, self.t, self.x, self.labels, self.wait_ms = pyxrt, t, x, labels, wait_ms
+        self.m, self.size = t["microbatches"], t["microbatch_size"]
+        self.stages = sorted(t["stages"], key=lambda s: s["position"])
+        self.p = len(self.stages)
+        self.boards = {b["name"]: _Board(pyxrt, build, b) for b in man["boards"]}
+        bring_up(pyxrt, build, self.boards)   # VNx addresses and sockets before any transfer
+        self.reps = {st["position"]: [_Replica(pyxrt, self.boards[bn], st, k, build, master, tf, dtype)
+                                      for k, bn in enumerate(st["boards"])] for st in self.stages}
+        self.slots = {d: int(stash_slots or st["slots"]) for d, st in enumerate(self.stages)}
+        first = self.stages[0]["stage"]
+        self.movers = {b["name"]: [i for i in b["inputs"] if i["stage"] == first] for b in man["boards"]}
+        self.lk = t["loss"]
+        self.loss_k = {bn: self.boards[bn].kernel(pyxrt, self.lk["kernel"], self.lk["instance"])
+                       for bn in self.lk["boards"]}
+        self.order: list = []
+        self.base = 0
+        self.issued: set = set()
+
+    def schedule(self, it: int) -> None:
+        """Issue iteration ``it``'s forward and backward ops in the schedule's order per stage,
+        each as soon as its input is issued."""
+        from bapipe.schedules import device_ops
+
+        self.base, self.issued = it * self.m * self.size, set()
+        ops = {d: [o for o in device_ops(self.t["schedule"], self.p, d, self.m) if o.kind in ("F", "B")]
+               for d in range(self.p)}
+        ptr = {d: 0 for d in range(self.p)}
+        while any(ptr[d] < len(ops[d]) for d in range(self.p)):
             moved = False
-            for d in range(p):
+            for d in range(self.p):
                 while ptr[d] < len(ops[d]):
                     o = ops[d][ptr[d]]
-                    ready = (d == 0 or ("F", d - 1, o.mb) in issued) if o.kind == "F" else \
-                        (d == p - 1 or ("B", d + 1, o.mb) in issued)
+                    ready = (d == 0 or ("F", d - 1, o.mb) in self.issued) if o.kind == "F" else \
+                        (d == self.p - 1 or ("B", d + 1, o.mb) in self.issued)
                     if not ready:
                         break
-                    issue(d, o)
+                    self._issue(it, d, o)
                     ptr[d] += 1
                     moved = True
             if not moved:
-                raise BackendUnavailable(f"backend xrt: the {t['schedule']} op orders of the stages wait on each other")
-        for d in range(p):   # the flush: every backward kernel writes its exact sums
-            for r in reps[d]:
-                r.run("backward", {"samples": 0, "flush": 1}, 0)
-        for d in range(p):
-            for r in reps[d]:
-                for run, what in r.pending:
-                    _wait(pyxrt, run, wait_ms, what)
-                r.pending, r.bwd_runs = [], {}
-        for d in range(p):   # the replicas' all-reduce: all started, then all waited for
-            if stages[d].get("allreduce"):
-                for r in reps[d]:
-                    r.run("allreduce", {"rank": r.rank, "replicas": len(reps[d])})
-                for r in reps[d]:
-                    for run, what in r.pending:
-                        _wait(pyxrt, run, wait_ms, what)
-                    r.pending = []
-        for d in range(p):
-            for r in reps[d]:
-                if stages[d].get("update"):
-                    c = sched.at(it)
+                raise BackendUnavailable(f"backend xrt: the {self.t['schedule']} op orders of the stages wait on "
+                                         f"each other")
+
+    def _shard(self, d: int, k: int, j: int) -> np.ndarray:
+        """The samples replica k of stage d computes in micro-batch j."""
+        mb = self.stages[d]["mb"]
+        return np.arange(self.base + j * self.size + k * mb, self.base + j * self.size + (k + 1) * mb)
+
+    def _issue(self, it: int, d: int, o) -> None:
+        st = self.stages[d]
+        for k, r in enumerate(self.reps[d]):
+            slot = o.mb % self.slots[d]
+            if o.kind == "B":
+                r.bwd_runs[o.mb] = r.run("backward", {"samples": st["mb"], "flush": 0}, slot)
+                continue
+            prev = o.mb - self.slots[d]
+            if prev >= 0:   # the slot's last reader must be done before it is overwritten
+                if ("B", d, prev) not in self.issued:
+                    raise BackendUnavailable(
+                        f"backend xrt: {st['name']} has {self.slots[d]} stash slot(s): the forward of micro-batch "
+                        f"{o.mb} would overwrite micro-batch {prev}'s stash before its backward runs "
+                        f"({self.t['schedule']} needs {st['slots']})")
+                _wait(self.pyxrt, r.bwd_runs[prev], self.wait_ms, st["backward"]["instance"])
+            if d == 0:
+                self._feed(r, st["boards"][k], self._shard(d, k, o.mb))
+            r.run("forward", {"samples": st["mb"]}, slot)
+            if d == self.p - 1:   # the loss kernel turns the logits into dz on the board
+                self._loss(r, st["boards"][k], self._shard(d, k, o.mb), st["mb"])
+        self.issued.add((o.kind, d, o.mb))
+        self.order.append((it, st["name"], f"{o.kind}{o.mb}"))
+
+    def _feed(self, r, bn: str, samples: np.ndarray) -> None:
+        """The input movers of board bn stream the samples into the first stage."""
+        pyxrt = self.pyxrt
+        for i in self.movers[bn]:
+            kern = self.boards[bn].kernel(pyxrt, i["kernel"], i["instance"])
+            data = self.x[samples].tobytes()
+            bo = pyxrt.bo(self.boards[bn].device, len(data), pyxrt.bo.normal, kern.group_id(i["args"]["mem"]))
+            bo.write(data, 0)
+            bo.sync(pyxrt.xclBOSyncDirection.XCL_BO_SYNC_BO_TO_DEVICE, len(data), 0)
+            run = pyxrt.run(kern)
+            run.set_arg(i["args"]["mem"], bo)
+            run.set_arg(i["args"]["n"], len(data) // self.x.itemsize)
+            run.start()
+            r.pending.append((run, i["instance"]))
+
+    def _loss(self, r, bn: str, samples: np.ndarray, n: int) -> None:
+        """The loss kernel of board bn gets the samples' labels."""
+        pyxrt = self.pyxrt
+        lab = self.labels[samples].astype("<i4").tobytes()
+        kern = self.loss_k[bn]
+        bo = pyxrt.bo(self.boards[bn].device, len(lab), pyxrt.bo.normal, kern.group_id(2))
+        bo.write(lab, 0)
+        bo.sync(pyxrt.xclBOSyncDirection.XCL_BO_SYNC_BO_TO_DEVICE, len(lab), 0)
+        run = pyxrt.run(kern)
+        run.set_arg(2, bo)
+        run.set_arg(3, n)
+        run.start()
+        r.pending.append((run, self.lk["instance"]))
+
+    def _drain(self, r) -> None:
+        for run, what in r.pending:
+            _wait(self.pyxrt, run, self.wait_ms, what)
+        r.pending = []
+
+    def finish(self, c) -> None:
+        """The iteration's end: the flush (every backward kernel writes its exact sums), the
+        replicas' all-reduce (all started, then all waited for), then the update with rate ``c``."""
+        every = [r for d in range(self.p) for r in self.reps[d]]
+        for r in every:
+            r.run("backward", {"samples": 0, "flush": 1}, 0)
+        for r in every:
+            self._drain(r)
+            r.bwd_runs = {}
+        for d in range(self.p):
+            if self.stages[d].get("allreduce"):
+                for r in self.reps[d]:
+                    r.run("allreduce", {"rank": r.rank, "replicas": len(self.reps[d])})
+                for r in self.reps[d]:
+                    self._drain(r)
+        for d in range(self.p):
+            if self.stages[d].get("update"):
+                for r in self.reps[d]:
                     r.run("update", {"mu": c.mu, "lr": c.lr, "shift": c.shift})
-                    for run, what in r.pending:
-                        _wait(pyxrt, run, wait_ms, what)
-                    r.pending = []
+                    self._drain(r)
+
+    def masters(self, master: dict) -> dict:
+        """Replica 0's master weights of every stage (the all-reduce makes every replica's equal)."""
+        from_dev = self.pyxrt.xclBOSyncDirection.XCL_BO_SYNC_BO_FROM_DEVICE
         got: dict = {}
-        for d in range(p):   # replica 0's master weights (the all-reduce makes every replica's equal)
-            r = reps[d][0]
-            for a in (stages[d]["update"] or {"args": []})["args"]:
+        for d in range(self.p):
+            r = self.reps[d][0]
+            for a in (self.stages[d]["update"] or {"args": []})["args"]:
                 if a["kind"] != "master":
                     continue
                 bo = r.bos[a["buffer"]]
@@ -283,5 +321,4 @@ def train_iterations(plan, model, cluster, master, x_q, labels, dy, iterations: 
                 raw = np.frombuffer(bytes(bo.read(a["bytes"], 0)), dtype="<i4").astype(np.int64)
                 shape = np.shape(master[a["layer"]][a["key"]])
                 got.setdefault(a["layer"], {})[a["key"]] = _model_layout(raw, shape)
-        weights.append(got)
-    return {"weights": weights, "op_order": order}
+        return got
