@@ -130,15 +130,33 @@ def forward(plan, model, cluster, params, x_q: np.ndarray, options: dict) -> np.
     if x.ndim == 4:  # images travel channel-last on the wire (HWC), as the generator streams them
         x = x.transpose(0, 2, 3, 1)
     x = np.ascontiguousarray(x.reshape(n, -1).astype(dtype))
-    out_elems = int(np.prod(model.layers[-1].out_shape))
-    last = max(k["stage"] for b in man["boards"] for k in b["kernels"])
     wait_ms = int(options.get("timeout", WAIT_MS / 1000) * 1000)
     boards = [_Board(pyxrt, build, b) for b in man["boards"]]   # one device per board
     from .xrt_net import bring_up
     bring_up(pyxrt, build, {bd.entry["name"]: bd for bd in boards})   # VNx addresses before any transfer
     share = _shares(boards, n)
+    controlled = _controlled(pyxrt, build, boards, share)
+    outs = _start_outputs(pyxrt, boards, share, dtype)
+    once = _start_kernels(pyxrt, controlled, "once")
+    ins = _start_inputs(pyxrt, boards, share, x, model.inputs[0].name)
+    _run_per_sample(pyxrt, controlled, wait_ms)
+    for run, i in ins:
+        _wait(pyxrt, run, wait_ms, i["instance"])
+    last = max(k["stage"] for b in man["boards"] for k in b["kernels"])
+    results = _collect(pyxrt, outs, last, dtype, wait_ms)
+    for run, k in once:
+        _wait(pyxrt, run, wait_ms, k["instance"])
+    if not results:
+        raise BackendUnavailable("backend xrt: the build has no output mover on the last stage")
+    ports = list(dict.fromkeys(p for p, _ in results))
+    # rows of one port come board by board (the chunks' order); ports side by side
+    y = np.concatenate([np.concatenate([r for p, r in results if p == q], axis=0) for q in ports], axis=1)
+    return y.reshape(n, int(np.prod(model.layers[-1].out_shape))).astype(np.int64)
 
-    # stage kernels under host control, in pipeline order (started downstream first below)
+
+def _controlled(pyxrt, build: Path, boards: list[_Board], share: dict) -> list[tuple]:
+    """Stage kernels under host control with their weight buffers, in reverse pipeline order
+    (started downstream first)."""
     controlled = []
     for bd in boards:
         for k in bd.entry["kernels"]:
@@ -148,9 +166,13 @@ def forward(plan, model, cluster, params, x_q: np.ndarray, options: dict) -> np.
             bos = _weights(pyxrt, build, bd, kern, k)
             controlled.append((k["stage"], k, kern, bos, share[bd.entry["name"]][1]))
     controlled.sort(key=lambda c: -c[0])
+    return controlled
 
+
+def _start_outputs(pyxrt, boards: list[_Board], share: dict, dtype) -> list[tuple]:
+    """The output movers, s2mm(in_stream, mem, n), started first."""
     outs = []
-    for bd in boards:   # output movers first: s2mm(in_stream, mem, n)
+    for bd in boards:
         m = share[bd.entry["name"]][1]
         for o in bd.entry["outputs"]:
             kern = bd.kernel(pyxrt, o["kernel"], o["instance"])
@@ -161,9 +183,14 @@ def forward(plan, model, cluster, params, x_q: np.ndarray, options: dict) -> np.
             run.set_arg(o["args"]["n"], m * o["elements"])
             run.start()
             outs.append((run, bo, nbytes, m, o))
-    once = []
+    return outs
+
+
+def _start_kernels(pyxrt, controlled: list[tuple], starts: str) -> list[tuple]:
+    """Start the controlled kernels whose ``starts`` is ``starts`` (samples, weights, scratch set)."""
+    started = []
     for _, k, kern, bos, m in controlled:
-        if k["starts"] != "once":
+        if k["starts"] != starts:
             continue
         run = pyxrt.run(kern)
         for a in k["args"]:
@@ -172,12 +199,17 @@ def forward(plan, model, cluster, params, x_q: np.ndarray, options: dict) -> np.
             elif a["kind"] in ("weights", "scratch"):
                 run.set_arg(a["index"], bos[a["index"]])
         run.start()
-        once.append((run, k))
+        started.append((run, k))
+    return started
+
+
+def _start_inputs(pyxrt, boards: list[_Board], share: dict, x: np.ndarray, model_input: str) -> list[tuple]:
+    """The input movers, mm2s(mem, out_stream, n), each with its board's share of the samples."""
     ins = []
-    for bd in boards:   # input movers: mm2s(mem, out_stream, n)
+    for bd in boards:
         first, m = share[bd.entry["name"]]
         for i in bd.entry["inputs"]:
-            if i["tensor"] != model.inputs[0].name:
+            if i["tensor"] != model_input:
                 raise BackendUnavailable(f"backend xrt: {i['instance']} feeds {i['tensor']!r}, not the model input")
             kern = bd.kernel(pyxrt, i["kernel"], i["instance"])
             data = x[first:first + m].tobytes()
@@ -189,6 +221,11 @@ def forward(plan, model, cluster, params, x_q: np.ndarray, options: dict) -> np.
             run.set_arg(i["args"]["n"], m * i["elements"])
             run.start()
             ins.append((run, i))
+    return ins
+
+
+def _run_per_sample(pyxrt, controlled: list[tuple], wait_ms: int) -> None:
+    """Kernels called once a sample: all start, then all finish, sample by sample."""
     runs = []
     for _, k, kern, bos, m in controlled:
         if k["starts"] != "per_sample":
@@ -198,28 +235,23 @@ def forward(plan, model, cluster, params, x_q: np.ndarray, options: dict) -> np.
             if a["kind"] == "weights":
                 run.set_arg(a["index"], bos[a["index"]])
         runs.append((run, k, m))
-    for j in range(max((m for _, _, m in runs), default=0)):   # one sample per call: all start, then all finish
+    for j in range(max((m for _, _, m in runs), default=0)):
         live = [(run, k) for run, k, m in runs if j < m]
         for run, _k in live:
             run.start()
         for run, k in live:
             _wait(pyxrt, run, wait_ms, k["instance"])
-    for run, i in ins:
-        _wait(pyxrt, run, wait_ms, i["instance"])
+
+
+def _collect(pyxrt, outs: list[tuple], last: int, dtype, wait_ms: int) -> list[tuple]:
+    """(port, rows) the last stage's output movers wrote."""
     results = []
     for run, bo, nbytes, m, o in outs:
         _wait(pyxrt, run, wait_ms, o["instance"])
         bo.sync(pyxrt.xclBOSyncDirection.XCL_BO_SYNC_BO_FROM_DEVICE, nbytes, 0)
         if o["stage"] == last:
             results.append((o["port"], np.frombuffer(bytes(bo.read(nbytes, 0)), dtype=dtype).reshape(m, -1)))
-    for run, k in once:
-        _wait(pyxrt, run, wait_ms, k["instance"])
-    if not results:
-        raise BackendUnavailable("backend xrt: the build has no output mover on the last stage")
-    ports = list(dict.fromkeys(p for p, _ in results))
-    # rows of one port come board by board (the chunks' order); ports side by side
-    y = np.concatenate([np.concatenate([r for p, r in results if p == q], axis=0) for q in ports], axis=1)
-    return y.reshape(n, out_elems).astype(np.int64)
+    return results
 
 
 def _wait(pyxrt, run, ms: int, what: str) -> None:
