@@ -66,167 +66,197 @@ def _profile_batch(text: str) -> int:
 
 def add_args(name: str, p: argparse.ArgumentParser) -> None:
     """Arguments of each subcommand (kept here so the CLI contract reads in one place)."""
-    if name == "profile":
-        p.add_argument("model", help="zoo name or .yaml/.onnx path")
-        p.add_argument("cluster", help="built-in cluster name or .yaml path")
-        p.add_argument("--format", default="fixed16", help="number format (fixed16, int8, fp16, bf16, fp32)")
-        p.add_argument("--batch", type=_profile_batch, default=1,
-                       help=f"samples per pass (1..{MAX_GLOBAL_BATCH})")
-        p.add_argument("--profile", dest="measured",
-                       help="measured per-layer profile (.yaml/.csv) (default: none, the engines' cost model)")
-        p.add_argument("--opaque", action="append", default=[], help="ONNX: OP=fwd_s,bwd_s cost for an unsupported op")
-        p.add_argument("--measure", choices=("torch",), default=None,
-                       help="measure MODEL's layers in PyTorch on this machine instead (the [torch] extra): writes "
-                            "the profile to -o and, at CLUSTER (a .yaml path), the cluster of --processes CPU processes "
-                            "(default: none, the engines' cost model)")
-        p.add_argument("-o", "--output", default=None,
-                       help="--measure: the profile .yaml to write (default: none; --measure needs it)")
-        p.add_argument("--processes", type=int, default=2, help="--measure: CPU processes the cluster describes")
-        p.add_argument("--reps", type=int, default=20, help="--measure: timed runs per layer (the median is kept)")
-        p.add_argument("--force", action="store_true", help="--measure: overwrite existing files")
-    elif name == "plan":
-        p.add_argument("model", help="zoo name or .yaml/.onnx path")
-        p.add_argument("cluster", help="built-in cluster name or .yaml path")
-        p.add_argument("-o", "--output", default="plan.yaml", help="plan file to write")
-        p.add_argument("--force", action="store_true", help="overwrite an existing output file")
-        # choices, so that a typo or an empty string is refused rather than read as auto
-        p.add_argument("--schedule", default="auto", choices=SCHEDULE_CHOICES, metavar="SCHEDULE",
-                       help="|".join(SCHEDULE_CHOICES))
-        p.add_argument("--microbatches", default="auto", type=_microbatches,
-                       help=f"auto or N (at most {MAX_MICROBATCHES})")
-        p.add_argument("--global-batch", type=_global_batch, default=None,
-                       help=f"samples per iteration (at most {MAX_GLOBAL_BATCH}; default: 8 per board)")
-        p.add_argument("--mode", default="train", choices=("train", "inference", "infer"), help="what to plan for")
-        p.add_argument("--format", default="fixed16", help="number format (fixed16, int8, fp16, bf16, fp32)")
-        p.add_argument("--optimizer", default="sgd", choices=("sgd", "adam"), help="optimizer whose state is stored")
-        p.add_argument("--cap", type=float, default=0.8, help="resource utilisation cap, a fraction in (0, 1]")
-        p.add_argument("--no-replication", action="store_true", help="one board per stage")
-        p.add_argument("--whole-blocks", action="store_true",
-                       help="cut only where one tensor crosses (never inside a residual block): "
-                            "plans whose every stage the RTL can build")
-        p.add_argument("--boards", type=int, default=None, help="use at most this many boards (default: all of the cluster's)")
-        from bapipe.planner.placement import PLACE_WORK, PLACE_WORK_MAX   # lazily: the planner's constants
-        p.add_argument("--placements", type=int, default=None,
-                       help="search every placement of stages on boards when its patterns x the (schedule, "
-                            f"micro-batch count) pairs each is tried with are at most this many (default "
-                            f"{PLACE_WORK}, at most {PLACE_WORK_MAX}; 0: board orders only; docs/planner.md section 6)")
-        p.add_argument("--pareto", action="store_true", help="also list non-dominated plans")
-        p.add_argument("--partition", default=None, help="evaluate a given split, e.g. 0-5,6-11,12-36 (default: searched)")
-        p.add_argument("--cost-model", default="bapipe", choices=("bapipe", "pipedream"),
-                       help="what the search minimises: bapipe (the planner's model) or pipedream (PipeDream's "
-                            "formula over every layout; needs --profile; the plan is then priced by bapipe's model)")
-        p.add_argument("--profile", dest="measured",
-                       help="measured per-layer profile (.yaml/.csv) (default: none, the engines' cost model)")
-        p.add_argument("--opaque", action="append", default=[], help="ONNX: OP=fwd_s,bwd_s cost for an unsupported op")
-        p.add_argument("--mesh", default="1", help="tensor-parallel boards per stage: auto (1 and the host size), "
-                                                   "N, a list 1,4 to explore, or per stage 4+1+1+1+1")
-    elif name == "sim":
-        p.add_argument("plan", help="plan.yaml written by `bapipe plan`")
-        p.add_argument("--iterations", type=int, default=1, help="training iterations to simulate")
-        p.add_argument("--trace", help="write a Chrome trace-event JSON (default: none)")
-        p.add_argument("--gantt", help="write a Gantt chart (.png, .pdf or .svg: the suffix sets the format; default: none)")
-    elif name == "reshard":
-        p.add_argument("--shape", required=True, help="tensor shape, e.g. 1024,1024,512")
-        p.add_argument("--dtype", default="fp32", help="element type of the tensor (sets its bytes)")
-        p.add_argument("--src-mesh", required=True, help="e.g. 2x4")
-        p.add_argument("--src", required=True, help="source layout, e.g. S0RR")
-        p.add_argument("--dst-mesh", required=True, help="destination mesh, e.g. 2x4")
-        p.add_argument("--dst", required=True, help="destination layout, e.g. RS0R")
-        p.add_argument("--cluster", help="cluster whose links to use (default: groups of 4, 100 Gb/s)")
-        p.add_argument("--seed", type=_seed, default=0, help="seed of the randomised strategies")
-        p.add_argument("--execute", action="store_true",
-                       help="run the best plan (and the p2p/first baseline) between OS processes, one per device, "
-                            "over torch.distributed; check every destination tile bit for bit (needs the [torch] extra)")
-        p.add_argument("--backend", default="gloo", choices=("gloo", "nccl"),
-                       help="--execute: torch.distributed backend (nccl needs CUDA GPUs)")
-        p.add_argument("--repeat", type=int, default=1, help="--execute: runs of each plan (the median is reported)")
-        p.add_argument("--timeout", type=float, default=120.0,
-                       help="--execute: seconds before a silent device process is declared hung")
-    elif name == "gen":
-        p.add_argument("plan", help="plan.yaml written by `bapipe plan`")
-        p.add_argument("-o", "--output", default="build", help="project folder to write")
-        p.add_argument("--force", action="store_true", help="replace a non-empty output folder")
-        p.add_argument("--engines", default="hls", choices=("hls", "rtl"),
-                       help="stage kernels the Makefile and link configs build: hls (Vitis HLS) or rtl (the "
-                            "packaged RTL kernels in rtl/kernels/)")
-        p.add_argument("--strict-rules", action="store_true",
-                       help="refuse the build (exit 2, nothing written) when `bapipe check` finds a board that "
-                            "breaks a physical rule (default: write it and warn per board: the planner's default "
-                            "vgg16 and resnet50 builds break them today, issue #32)")
-        p.add_argument("--allow-rule-violations", action="store_true",
-                       help="write the build when a board breaks a physical rule, warning per board (what gen "
-                            "does unless --strict-rules; say it to keep a script's intent explicit)")
-    elif name in ("csim", "rtlsim", "synth", "check"):
-        p.add_argument("build", nargs="?", default="build", help="project folder written by `bapipe gen`")
-        if name == "rtlsim":
-            p.add_argument("--samples", type=int, default=None,
-                           help="inputs to stream (default 16; fewer, at least 3, when boards take turns "
-                                "between layers, to keep the run near 4M simulated cycles)")
-            p.add_argument("--engine", default="cpp", choices=("cpp", "cocotb"),
-                           help="C++ Verilator harness (fast) or the cocotb testbench")
-            p.add_argument("--threads", type=int, default=1, help="Verilator model threads (cpp engine)")
-            p.add_argument("--no-stages", dest="stages", action="store_false",
-                           help="skip running each stage alone (the per-stage plan vs measured report)")
-            p.add_argument("--stage-samples", type=int, default=None,
-                           help="samples each stage runs alone (default 3-16, to keep all stages near "
-                                "2M simulated cycles)")
-            p.add_argument("--iterations", type=int, default=None,
-                           help="training builds (mode: train plans): iterations of the schedule to simulate; "
-                                "0 runs the forward pipeline only (default: 2 when they take at most 20 M "
-                                "simulated cycles, else 0)")
-        if name == "csim":
-            p.add_argument("--seed", type=_seed, default=0, help="seed of the random inputs")
-            p.add_argument("--samples", type=int, default=4, help="random inputs per stage (big stages run 1)")
-            p.add_argument("--iterations", type=int, default=None,
-                           help="training builds (mode: train plans): run this many iterations of forward, "
-                                "backward and weight update and check the weights after each against "
-                                "fpga_models.train_fixed (default: the forward check only)")
-            p.add_argument("--lr", type=float, default=None,
-                           help="--iterations: SGD learning rate (default: the rule `bapipe run` uses for the "
-                                "plan's global batch)")
-            p.add_argument("--momentum", type=float, default=0.9, help="--iterations: SGD momentum")
-        if name == "synth":
-            p.add_argument("--board", action="append", help="synthesise only this board (repeatable; default: every board)")
-            p.add_argument("--timeout", type=float, default=600.0, help="wall-time limit per board, seconds")
-    elif name == "run":
-        p.add_argument("plan", help="plan.yaml written by `bapipe plan`")
-        p.add_argument("--backend", default="numpy", choices=("numpy", "verilator", "xrt", "torch"),
-                       help="numpy trains; verilator trains a mode: train plan on the generated training RTL "
-                            "(the forward pass with --resume); xrt runs the generated forward pass; torch trains "
-                            "in PyTorch, one CPU process per board, with torch.distributed.pipelining (the [torch] extra)")
-        p.add_argument("--epochs", type=int, default=None,
-                       help="training epochs, counted from the start of training (numpy and verilator backends; "
-                            "default 5)")
-        p.add_argument("--global-batch", type=int, default=None,
-                       help="samples per iteration instead of the plan's (a multiple of its micro-batches; default: the plan's)")
+    if name in ("csim", "rtlsim", "synth", "check"):
+        _build_args(name, p)
+    elif name in _ARGS:
+        _ARGS[name](p)
+
+
+def _profile_args(p: argparse.ArgumentParser) -> None:
+    """`bapipe profile`: model, cluster, format, batch, a measured profile or --measure torch."""
+    p.add_argument("model", help="zoo name or .yaml/.onnx path")
+    p.add_argument("cluster", help="built-in cluster name or .yaml path")
+    p.add_argument("--format", default="fixed16", help="number format (fixed16, int8, fp16, bf16, fp32)")
+    p.add_argument("--batch", type=_profile_batch, default=1,
+                   help=f"samples per pass (1..{MAX_GLOBAL_BATCH})")
+    p.add_argument("--profile", dest="measured",
+                   help="measured per-layer profile (.yaml/.csv) (default: none, the engines' cost model)")
+    p.add_argument("--opaque", action="append", default=[], help="ONNX: OP=fwd_s,bwd_s cost for an unsupported op")
+    p.add_argument("--measure", choices=("torch",), default=None,
+                   help="measure MODEL's layers in PyTorch on this machine instead (the [torch] extra): writes "
+                        "the profile to -o and, at CLUSTER (a .yaml path), the cluster of --processes CPU processes "
+                        "(default: none, the engines' cost model)")
+    p.add_argument("-o", "--output", default=None,
+                   help="--measure: the profile .yaml to write (default: none; --measure needs it)")
+    p.add_argument("--processes", type=int, default=2, help="--measure: CPU processes the cluster describes")
+    p.add_argument("--reps", type=int, default=20, help="--measure: timed runs per layer (the median is kept)")
+    p.add_argument("--force", action="store_true", help="--measure: overwrite existing files")
+
+
+def _plan_args(p: argparse.ArgumentParser) -> None:
+    """`bapipe plan`: what to plan for and the search's options."""
+    p.add_argument("model", help="zoo name or .yaml/.onnx path")
+    p.add_argument("cluster", help="built-in cluster name or .yaml path")
+    p.add_argument("-o", "--output", default="plan.yaml", help="plan file to write")
+    p.add_argument("--force", action="store_true", help="overwrite an existing output file")
+    # choices, so that a typo or an empty string is refused rather than read as auto
+    p.add_argument("--schedule", default="auto", choices=SCHEDULE_CHOICES, metavar="SCHEDULE",
+                   help="|".join(SCHEDULE_CHOICES))
+    p.add_argument("--microbatches", default="auto", type=_microbatches,
+                   help=f"auto or N (at most {MAX_MICROBATCHES})")
+    p.add_argument("--global-batch", type=_global_batch, default=None,
+                   help=f"samples per iteration (at most {MAX_GLOBAL_BATCH}; default: 8 per board)")
+    p.add_argument("--mode", default="train", choices=("train", "inference", "infer"), help="what to plan for")
+    p.add_argument("--format", default="fixed16", help="number format (fixed16, int8, fp16, bf16, fp32)")
+    p.add_argument("--optimizer", default="sgd", choices=("sgd", "adam"), help="optimizer whose state is stored")
+    p.add_argument("--cap", type=float, default=0.8, help="resource utilisation cap, a fraction in (0, 1]")
+    p.add_argument("--no-replication", action="store_true", help="one board per stage")
+    p.add_argument("--whole-blocks", action="store_true",
+                   help="cut only where one tensor crosses (never inside a residual block): "
+                        "plans whose every stage the RTL can build")
+    p.add_argument("--boards", type=int, default=None, help="use at most this many boards (default: all of the cluster's)")
+    from bapipe.planner.placement import PLACE_WORK, PLACE_WORK_MAX   # lazily: the planner's constants
+    p.add_argument("--placements", type=int, default=None,
+                   help="search every placement of stages on boards when its patterns x the (schedule, "
+                        f"micro-batch count) pairs each is tried with are at most this many (default "
+                        f"{PLACE_WORK}, at most {PLACE_WORK_MAX}; 0: board orders only; docs/planner.md section 6)")
+    p.add_argument("--pareto", action="store_true", help="also list non-dominated plans")
+    p.add_argument("--partition", default=None, help="evaluate a given split, e.g. 0-5,6-11,12-36 (default: searched)")
+    p.add_argument("--cost-model", default="bapipe", choices=("bapipe", "pipedream"),
+                   help="what the search minimises: bapipe (the planner's model) or pipedream (PipeDream's "
+                        "formula over every layout; needs --profile; the plan is then priced by bapipe's model)")
+    p.add_argument("--profile", dest="measured",
+                   help="measured per-layer profile (.yaml/.csv) (default: none, the engines' cost model)")
+    p.add_argument("--opaque", action="append", default=[], help="ONNX: OP=fwd_s,bwd_s cost for an unsupported op")
+    p.add_argument("--mesh", default="1", help="tensor-parallel boards per stage: auto (1 and the host size), "
+                                               "N, a list 1,4 to explore, or per stage 4+1+1+1+1")
+
+
+def _sim_args(p: argparse.ArgumentParser) -> None:
+    """`bapipe sim`: the plan, iterations, trace and Gantt outputs."""
+    p.add_argument("plan", help="plan.yaml written by `bapipe plan`")
+    p.add_argument("--iterations", type=int, default=1, help="training iterations to simulate")
+    p.add_argument("--trace", help="write a Chrome trace-event JSON (default: none)")
+    p.add_argument("--gantt", help="write a Gantt chart (.png, .pdf or .svg: the suffix sets the format; default: none)")
+
+
+def _reshard_args(p: argparse.ArgumentParser) -> None:
+    """`bapipe reshard`: the tensor, both meshes and layouts, and --execute."""
+    p.add_argument("--shape", required=True, help="tensor shape, e.g. 1024,1024,512")
+    p.add_argument("--dtype", default="fp32", help="element type of the tensor (sets its bytes)")
+    p.add_argument("--src-mesh", required=True, help="e.g. 2x4")
+    p.add_argument("--src", required=True, help="source layout, e.g. S0RR")
+    p.add_argument("--dst-mesh", required=True, help="destination mesh, e.g. 2x4")
+    p.add_argument("--dst", required=True, help="destination layout, e.g. RS0R")
+    p.add_argument("--cluster", help="cluster whose links to use (default: groups of 4, 100 Gb/s)")
+    p.add_argument("--seed", type=_seed, default=0, help="seed of the randomised strategies")
+    p.add_argument("--execute", action="store_true",
+                   help="run the best plan (and the p2p/first baseline) between OS processes, one per device, "
+                        "over torch.distributed; check every destination tile bit for bit (needs the [torch] extra)")
+    p.add_argument("--backend", default="gloo", choices=("gloo", "nccl"),
+                   help="--execute: torch.distributed backend (nccl needs CUDA GPUs)")
+    p.add_argument("--repeat", type=int, default=1, help="--execute: runs of each plan (the median is reported)")
+    p.add_argument("--timeout", type=float, default=120.0,
+                   help="--execute: seconds before a silent device process is declared hung")
+
+
+def _gen_args(p: argparse.ArgumentParser) -> None:
+    """`bapipe gen`: the plan, the folder, the stage engines and the physical-rules policy."""
+    p.add_argument("plan", help="plan.yaml written by `bapipe plan`")
+    p.add_argument("-o", "--output", default="build", help="project folder to write")
+    p.add_argument("--force", action="store_true", help="replace a non-empty output folder")
+    p.add_argument("--engines", default="hls", choices=("hls", "rtl"),
+                   help="stage kernels the Makefile and link configs build: hls (Vitis HLS) or rtl (the "
+                        "packaged RTL kernels in rtl/kernels/)")
+    p.add_argument("--strict-rules", action="store_true",
+                   help="refuse the build (exit 2, nothing written) when `bapipe check` finds a board that "
+                        "breaks a physical rule (default: write it and warn per board: the planner's default "
+                        "vgg16 and resnet50 builds break them today, issue #32)")
+    p.add_argument("--allow-rule-violations", action="store_true",
+                   help="write the build when a board breaks a physical rule, warning per board (what gen "
+                        "does unless --strict-rules; say it to keep a script's intent explicit)")
+
+
+def _build_args(name: str, p: argparse.ArgumentParser) -> None:
+    """`bapipe csim|rtlsim|synth|check`: the build folder and each command's own options."""
+    p.add_argument("build", nargs="?", default="build", help="project folder written by `bapipe gen`")
+    if name == "rtlsim":
+        p.add_argument("--samples", type=int, default=None,
+                       help="inputs to stream (default 16; fewer, at least 3, when boards take turns "
+                            "between layers, to keep the run near 4M simulated cycles)")
+        p.add_argument("--engine", default="cpp", choices=("cpp", "cocotb"),
+                       help="C++ Verilator harness (fast) or the cocotb testbench")
+        p.add_argument("--threads", type=int, default=1, help="Verilator model threads (cpp engine)")
+        p.add_argument("--no-stages", dest="stages", action="store_false",
+                       help="skip running each stage alone (the per-stage plan vs measured report)")
+        p.add_argument("--stage-samples", type=int, default=None,
+                       help="samples each stage runs alone (default 3-16, to keep all stages near "
+                            "2M simulated cycles)")
+        p.add_argument("--iterations", type=int, default=None,
+                       help="training builds (mode: train plans): iterations of the schedule to simulate; "
+                            "0 runs the forward pipeline only (default: 2 when they take at most 20 M "
+                            "simulated cycles, else 0)")
+    if name == "csim":
+        p.add_argument("--seed", type=_seed, default=0, help="seed of the random inputs")
+        p.add_argument("--samples", type=int, default=4, help="random inputs per stage (big stages run 1)")
+        p.add_argument("--iterations", type=int, default=None,
+                       help="training builds (mode: train plans): run this many iterations of forward, "
+                            "backward and weight update and check the weights after each against "
+                            "fpga_models.train_fixed (default: the forward check only)")
         p.add_argument("--lr", type=float, default=None,
-                       help="learning rate (default: the optimizer's rule for the plan's batch)")
-        from bapipe.host.optim import DEFAULT_LR_SCHEDULE, LR_SCHEDULES   # lazily: the optimizer's schedules
-        p.add_argument("--lr-schedule", default=DEFAULT_LR_SCHEDULE, choices=LR_SCHEDULES,
-                       help="the rate over the epochs: linear steps it down once an epoch to 1/epochs of --lr, "
-                            "constant keeps it (every backend applies the same steps)")
-        p.add_argument("--seed", type=_seed, default=0, help="seed of the weights and the data order")
-        p.add_argument("--precision", default="plan", choices=("plan", "fixed", "float32"),
-                       help="arithmetic of the numpy backend: plan (the plan's number format: fixed for a fixed16 "
-                            "or int8 plan with sgd, as the hardware trains; float32 for fp32 or adam plans), "
-                            "fixed, or float32")
-        p.add_argument("--log", help="write a per-iteration log (.json or .csv; default: none)")
-        p.add_argument("--checkpoint", help="save weights and optimizer state here after every epoch (default: none)")
-        p.add_argument("--resume", help="resume from a checkpoint (default: start from fresh weights)")
-        p.add_argument("--ray", action="store_true", help="run board workers as Ray actors (the 'ray' extra)")
-        p.add_argument("--verbose", action="store_true", help="also show third-party warnings (Ray's)")
-        p.add_argument("--timeout", type=float, default=60.0, help="seconds before a silent worker is declared hung")
-        p.add_argument("--retries", type=int, default=0,
-                       help="worker failures to recover from by restarting the workers and replaying the epoch")
-        p.add_argument("--build", default=None, help="generated project (verilator/xrt backends; default: build)")
-    elif name == "export":
-        p.add_argument("model", help="zoo name or .yaml path")
-        p.add_argument("-o", "--output", required=True, help=".onnx file to write")
-        p.add_argument("--force", action="store_true", help="overwrite an existing output file")
-        p.add_argument("--weights", default="random", choices=("random", "zero"), help="initial weights")
-        p.add_argument("--seed", type=_seed, default=0, help="seed of the random weights")
+                       help="--iterations: SGD learning rate (default: the rule `bapipe run` uses for the "
+                            "plan's global batch)")
+        p.add_argument("--momentum", type=float, default=0.9, help="--iterations: SGD momentum")
+    if name == "synth":
+        p.add_argument("--board", action="append", help="synthesise only this board (repeatable; default: every board)")
+        p.add_argument("--timeout", type=float, default=600.0, help="wall-time limit per board, seconds")
 
 
+def _run_args(p: argparse.ArgumentParser) -> None:
+    """`bapipe run`: backend, epochs, rate, precision, logs and checkpoints."""
+    p.add_argument("plan", help="plan.yaml written by `bapipe plan`")
+    p.add_argument("--backend", default="numpy", choices=("numpy", "verilator", "xrt", "torch"),
+                   help="numpy trains; verilator trains a mode: train plan on the generated training RTL "
+                        "(the forward pass with --resume); xrt runs the generated forward pass; torch trains "
+                        "in PyTorch, one CPU process per board, with torch.distributed.pipelining (the [torch] extra)")
+    p.add_argument("--epochs", type=int, default=None,
+                   help="training epochs, counted from the start of training (numpy and verilator backends; "
+                        "default 5)")
+    p.add_argument("--global-batch", type=int, default=None,
+                   help="samples per iteration instead of the plan's (a multiple of its micro-batches; default: the plan's)")
+    p.add_argument("--lr", type=float, default=None,
+                   help="learning rate (default: the optimizer's rule for the plan's batch)")
+    from bapipe.host.optim import DEFAULT_LR_SCHEDULE, LR_SCHEDULES   # lazily: the optimizer's schedules
+    p.add_argument("--lr-schedule", default=DEFAULT_LR_SCHEDULE, choices=LR_SCHEDULES,
+                   help="the rate over the epochs: linear steps it down once an epoch to 1/epochs of --lr, "
+                        "constant keeps it (every backend applies the same steps)")
+    p.add_argument("--seed", type=_seed, default=0, help="seed of the weights and the data order")
+    p.add_argument("--precision", default="plan", choices=("plan", "fixed", "float32"),
+                   help="arithmetic of the numpy backend: plan (the plan's number format: fixed for a fixed16 "
+                        "or int8 plan with sgd, as the hardware trains; float32 for fp32 or adam plans), "
+                        "fixed, or float32")
+    p.add_argument("--log", help="write a per-iteration log (.json or .csv; default: none)")
+    p.add_argument("--checkpoint", help="save weights and optimizer state here after every epoch (default: none)")
+    p.add_argument("--resume", help="resume from a checkpoint (default: start from fresh weights)")
+    p.add_argument("--ray", action="store_true", help="run board workers as Ray actors (the 'ray' extra)")
+    p.add_argument("--verbose", action="store_true", help="also show third-party warnings (Ray's)")
+    p.add_argument("--timeout", type=float, default=60.0, help="seconds before a silent worker is declared hung")
+    p.add_argument("--retries", type=int, default=0,
+                   help="worker failures to recover from by restarting the workers and replaying the epoch")
+    p.add_argument("--build", default=None, help="generated project (verilator/xrt backends; default: build)")
+
+
+def _export_args(p: argparse.ArgumentParser) -> None:
+    """`bapipe export`: the model, the .onnx file and its weights."""
+    p.add_argument("model", help="zoo name or .yaml path")
+    p.add_argument("-o", "--output", required=True, help=".onnx file to write")
+    p.add_argument("--force", action="store_true", help="overwrite an existing output file")
+    p.add_argument("--weights", default="random", choices=("random", "zero"), help="initial weights")
+    p.add_argument("--seed", type=_seed, default=0, help="seed of the random weights")
+
+
+_ARGS = {"profile": _profile_args, "plan": _plan_args, "sim": _sim_args, "reshard": _reshard_args,
+         "gen": _gen_args, "run": _run_args, "export": _export_args}
 
 
 def actions(name: str) -> dict:
