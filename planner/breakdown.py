@@ -28,12 +28,17 @@ from bapipe.fpga_models.engines import link_clock, weight_words, work_cycles
 from bapipe.fpga_models.gradients import backward_work, no_input_gradient
 
 from .pipeline import pipedream_window, replay, replay_2bw, replay_pipedream
-from .search import REPLAY_M, Candidate, Explorer
+from .search import Candidate, Explorer
 
 #: the parts of a position's iteration, in the order they add up to the iteration time
 PARTS = ("compute_s", "fills_s", "offchip_s", "link_s", "allreduce_s", "update_s", "bubble_s")
 #: parts the planner does not price yet (reported as 0; docs/planner.md says so)
 UNPRICED = ("update_s",)
+#: micro-batches the split replays exactly (rounded up to a multiple of the positions);
+#: beyond twice that its link and all-reduce parts are extrapolated linearly, as the planner
+#: extrapolates its iteration time past 2 x REPLAY_M (a 64-position plan: two replays of 64
+#: and 128 micro-batches, 0.3 s, instead of 128 and 256)
+SPLIT_M = 32
 
 
 def busy_parts(ex: Explorer, cand: Candidate, x: dict) -> dict:
@@ -62,16 +67,26 @@ def busy_parts(ex: Explorer, cand: Candidate, x: dict) -> dict:
     fill_f, fill_b = _tm_fills(ex, table, sm, a, b, beta)
     fold = {ex.model.layers[k].name: table.fold[k] for k in range(a, b + 1)}
     fmt, cap, train = ex.req.fmt, ex.req.cap, ex.train
-    spill = (tm_spill_cycles(lyr, board, fold, fmt, cap, c.v, train)
-             + tm_weight_cycles(lyr, board, fold, fmt, cap, c.v, train)) * beta / clk
+    btype = x["board_type"]
+    spill = _priced(ex, ("spill", a, b, btype, c.v), lambda: (tm_spill_cycles(lyr, board, fold, fmt, cap, c.v, train)
+                                                              + tm_weight_cycles(lyr, board, fold, fmt, cap, c.v,
+                                                                                 train))) * beta / clk
     extra_b = 0.0
     if train:
-        extra_b = tm_bwd_extra_cycles(ex.model, lyr, board, fold, fmt, kernel_onchip_budget(board, cap, c.v, True),
-                                      c.m * beta) * beta / clk
+        extra_b = _priced(ex, ("bspill", a, b, btype, c.v, c.m * beta), lambda: tm_bwd_extra_cycles(
+            ex.model, lyr, board, fold, fmt, kernel_onchip_budget(board, cap, c.v, True), c.m * beta)) * beta / clk
         if c.recompute:   # the backward re-runs the forward, its fills and off-chip waits too
             fill_b, extra_b = fill_b + fill_f, extra_b + spill
     ddr += (_tm_words(lyr, board, fold, fmt, cap, c.v, train) * beta / clk) + extra_b
     return {"fills": fill_f + fill_b, "offchip": spill + over_f + extra_b + over_b, "ddr_s": ddr}
+
+
+def _priced(ex: Explorer, key: tuple, price) -> float:
+    """The cycles Explorer.finish priced under ``key`` (its cache of a stage's off-chip
+    cycles, so a vgg16- or GPT-3-sized stage's backward memory is not walked twice), else
+    ``price()``: the same function with the same arguments."""
+    got = ex._links.get(key)
+    return got if isinstance(got, (int, float)) else price()
 
 
 def _tm_fills(ex: Explorer, table, sm, a: int, b: int, beta: int) -> tuple[float, float]:
@@ -201,7 +216,7 @@ class _Probe:
 
 def idle_parts(ex: Explorer, cand: Candidate) -> np.ndarray:
     """Per device (link, all-reduce) seconds per iteration from the planner's replay (exact up
-    to 2 x REPLAY_M micro-batches, then extrapolated like the planner's iteration time)."""
+    to 2 x SPLIT_M micro-batches, then extrapolated linearly like the planner's iteration time)."""
     c = cand.config
     inp = replay_inputs(ex, cand)
     fw, bw, routes, rings = inp["fw"], inp["bw"], inp["routes"], inp["rings"]
@@ -224,7 +239,11 @@ def idle_parts(ex: Explorer, cand: Candidate) -> np.ndarray:
             out.append((link, gate + max(0.0, rp.finish_s[d] - pr.last_end(d))))   # the ring after the last op
         return np.array(out)
 
-    return Explorer.replayed(measure, c) if c.m > 2 * REPLAY_M else measure(c.m)
+    m1 = p * -(-SPLIT_M // p)   # a multiple of p (interleaving), past 1F1B's warm-up
+    if c.m <= 2 * m1:
+        return measure(c.m)
+    t1, t2 = measure(m1), measure(2 * m1)   # Explorer.replayed's rule at m1: linear in m past the warm-up
+    return t2 + (c.m - 2 * m1) * (t2 - t1) / m1
 
 
 def _close(parts: list[float], total: float) -> float:
