@@ -11,6 +11,7 @@ time (compute includes fills) and MAC/DSP: MACs a DSP does per cycle while its e
 in docs/planner.md, "What limits a plan". Prints a table and writes
 bench/results/roofline.json.
 Usage: python bench/bench_roofline.py [--models a,b] [--clusters x,y] [-o FILE]
+       python bench/bench_roofline.py --markdown FILE   (the BENCHMARKS.md table of a saved run)
 """
 from __future__ import annotations
 
@@ -77,13 +78,36 @@ def _num(x, fmt="{:.3g}") -> str:
     return "-" if x is None else fmt.format(x)
 
 
+def markdown(rows: list[dict]) -> str:
+    """The table of a run as BENCHMARKS.md shows it."""
+    out = ["| model | cluster | samples/s | DSP roofline | fraction | off-chip roofline (binds) | of it | limit "
+           "| compute | off-chip | link | all-reduce | bubble | MAC/DSP busy |",
+           "|---|---|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        if "infeasible" in r:
+            out.append(f"| {r['model']} | {r['cluster']} | does not fit | | | | | | | | | | | |")
+            continue
+        binds = r["bound"] == "offchip"
+        sp = r["split"]
+        out.append(f"| {r['model']} | {r['cluster']} | {r['samples_per_s']:.4g} | {r['dsp_roofline']:.4g} "
+                   f"| {r['fraction']:.1%} | {format(r['offchip_roofline'], '.4g') if binds else '-'} "
+                   f"| {format(r['offchip_fraction'], '.1%') if binds else '-'} | {r['limit']} "
+                   f"| {sp['compute'] + sp['fills']:.1%} | {sp['offchip']:.1%} | {sp['link']:.1%} "
+                   f"| {sp['allreduce']:.1%} | {sp['bubble']:.1%} | {_num(r.get('mac_per_dsp_busy'), '{:.2f}')} |")
+    return "\n".join(out)
+
+
 def main(argv=None) -> int:
-    """Run the sweep, print the table, write the JSON."""
+    """Run the sweep, print the table, write the JSON (or print a saved run's markdown)."""
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--models", default=",".join(ZOO))
     ap.add_argument("--clusters", default=",".join(fpga_clusters()))
     ap.add_argument("-o", "--output", default=str(ROOT / "bench" / "results" / "roofline.json"))
+    ap.add_argument("--markdown", metavar="FILE", help="print the markdown table of a saved run and stop")
     args = ap.parse_args(argv)
+    if args.markdown:
+        print(markdown(json.loads(Path(args.markdown).read_text())["rows"]))
+        return 0
     clusters = builtin_clusters()
     print(f"{'model':<12} {'cluster':<16} {'samples/s':>10} {'DSP roof':>10} {'fraction':>8} {'DDR roof':>10} "
           f"{'of DDR':>7} {'limit':<10} {'compute':>7} {'off-chip':>8} {'link':>6} {'allred':>6} {'bubble':>6} {'MAC/DSP':>7}")
