@@ -285,6 +285,7 @@ def breakdown(ex: Explorer, cand: Candidate) -> list[dict]:
             vals[0] = max(0.0, vals[0] + bubble)
             bubble = max(0.0, _close(vals, T))
         out.append({"position": d, "stages": [x["index"] for x in xs], "boards": xs[0]["boards"],
+                    "board_kind": ex.table(xs[0]["board_type"], c.v).board.kind,
                     **dict(zip(PARTS, vals + [bubble])),
                     "ddr_busy_s": c.m * sum(q["ddr_s"] for q in parts)})
     return out

@@ -44,13 +44,17 @@ def limit(positions: list[dict], iteration_s: float) -> dict:
     """The one resource that limits the plan, on the position that idles least (the one the
     others wait for): the largest of its engines' time (compute + fills: DSP), its DDR's busy
     time (``ddr_busy_s``: a DDR bank), its off-chip waits when they outlast that busy time (the
-    data waited for does not fit on chip: BRAM/URAM), its link waits and its all-reduce (a link)."""
+    data waited for does not fit on chip: BRAM/URAM), its link waits and its all-reduce (a link).
+    A GPU position limited by its own time says "GPU compute" (it has no DSPs)."""
     crit = min(positions, key=lambda q: (q["bubble_s"], q["position"]))
     waits = crit["offchip_s"] if crit["offchip_s"] > crit["ddr_busy_s"] else 0.0
     score = {"compute": crit["compute_s"] + crit["fills_s"], "offchip": crit["ddr_busy_s"], "onchip": waits,
              "link": crit["link_s"], "allreduce": crit["allreduce_s"]}
     part = max(score, key=lambda k: (score[k], -list(score).index(k)))
     b = crit["boards"][0]
+    if crit.get("board_kind") == "gpu" and part == "compute":   # no DSPs: the GPU's arithmetic
+        return {"resource": "GPU compute", "position": crit["position"], "stages": crit["stages"], "part": part,
+                "share": score[part] / iteration_s if iteration_s else 0.0, "where": f"the arithmetic units of {b}"}
     res, where = {
         "compute": ("DSP", f"the MAC arrays of {b} ({crit['compute_s'] / iteration_s:.0%} compute, "
                            f"{crit['fills_s'] / iteration_s:.0%} fills)"),
