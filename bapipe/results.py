@@ -76,6 +76,10 @@ class PlanResult(Result):
     pareto: list = None
     cost_model: str = None
     pipedream_cost: dict = None
+    breakdown: list = None       # per pipeline position: compute/fills/offchip/link/allreduce/update/bubble seconds
+    unpriced: list = None        # parts of the breakdown the planner does not price yet (reported as 0)
+    roofline: dict = None        # DSP and off-chip rooflines and the fraction reached
+    limit: dict = None           # the one resource that limits the plan
     output: str = None
 
 

@@ -7,7 +7,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-COLOURS = {"F": "#4C72B0", "B": "#55A868", "W": "#DD8452", "allreduce": "#C44E52", "stall": "#BBBBBB"}
+COLOURS = {"F": "#4C72B0", "B": "#55A868", "W": "#DD8452", "allreduce": "#C44E52", "stall": "#BBBBBB",
+           "transfer": "#8172B3"}
 
 
 def trace_events(result) -> dict:
@@ -91,7 +92,9 @@ def gantt_format(path: str | Path) -> str:
 
 def write_gantt(result, path: str | Path, max_labels: int = 600) -> Path:
     """Write a Gantt chart (PNG, PDF or SVG by suffix): one row per board, ops coloured by
-    kind, labelled by micro-batch.
+    kind, labelled by micro-batch; below them one row per directed link that carried
+    something (activations and gradients purple, ring all-reduce steps red) and one
+    all-reduce row (each stage's ring from its start to its end).
 
     Labels are drawn only when there are at most ``max_labels`` ops (else they would
     overlap into noise); stalls are grey, all-reduces red on every board of their stage.
@@ -107,12 +110,14 @@ def write_gantt(result, path: str | Path, max_labels: int = 600) -> Path:
     fmt = gantt_format(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     rows: list[tuple[int, str]] = [(d, b) for d, boards in enumerate(result.device_boards) for b in boards]
+    link_rows = link_rows_of(result)
     rows_of: dict[int, list[int]] = {}
     for r, (d, _) in enumerate(rows):
         rows_of.setdefault(d, []).append(r)
     span = result.makespan_s or 1.0
     scale, unit = _time_unit(span)
-    height = min(40.0, 1.2 + 0.45 * len(rows))
+    nrows = len(rows) + len(link_rows)
+    height = min(40.0, 1.2 + 0.45 * nrows)
     fig, ax = plt.subplots(figsize=(14, height), dpi=100)
     bars: dict[tuple[int, str], list[tuple[float, float]]] = {}
     for d, kind, mb, chunk, t0, t1 in result.ops:
@@ -124,6 +129,10 @@ def write_gantt(result, path: str | Path, max_labels: int = 600) -> Path:
     for (r, kind), spans in sorted(bars.items()):
         ax.broken_barh(spans, (r - 0.4, 0.8), facecolors=COLOURS.get(kind, "#888888"),
                        edgecolor="white" if len(result.ops) < 4000 else "none", linewidth=0.3)
+    for r, spans in enumerate(link_rows.values(), start=len(rows)):
+        for kind, items in spans.items():
+            ax.broken_barh([(t0 * scale, (t1 - t0) * scale) for t0, t1 in items], (r - 0.4, 0.8),
+                           facecolors=COLOURS[kind], edgecolor="none")
     board_row = {b: r for r, (_, b) in enumerate(rows)}
     # an all-reduce involves the boards of its stage: a thin red bar along their rows
     for stage, it, t0, t1 in result.allreduces:
@@ -140,16 +149,17 @@ def write_gantt(result, path: str | Path, max_labels: int = 600) -> Path:
             for r in rows_of[d]:
                 ax.text((t0 * scale) + w / 2, r, label, ha="center", va="center", fontsize=6, color="white",
                         clip_on=True)
-    ax.set_yticks(range(len(rows)))
-    ax.set_yticklabels([f"{b} [{d}]" for d, b in rows], fontsize=7 if len(rows) > 16 else 9)
-    ax.set_ylim(len(rows) - 0.5, -0.5)
+    ax.set_yticks(range(nrows))
+    ax.set_yticklabels([f"{b} [{d}]" for d, b in rows] + list(link_rows), fontsize=7 if nrows > 16 else 9)
+    ax.set_ylim(nrows - 0.5, -0.5)
     ax.set_xlim(0, span * scale)
     ax.set_xlabel(f"time ({unit})")
     ax.set_title(f"{result.plan_model} on {result.plan_cluster}: {result.schedule}, m={result.microbatches}, "
                  f"{result.iterations} iteration(s), {result.iteration_time_s * scale:.4g} {unit}/iteration, "
                  f"bubble {result.bubble_busiest:.1%} (busiest board idle)", fontsize=10)
-    handles = [Patch(color=COLOURS[k], label=k) for k in ("F", "B", "W", "stall", "allreduce")
-               if k in {kk for (_, kk) in bars} or (k == "allreduce" and result.allreduces)]
+    handles = [Patch(color=COLOURS[k], label=k) for k in ("F", "B", "W", "stall", "allreduce", "transfer")
+               if k in {kk for (_, kk) in bars} or (k == "allreduce" and result.allreduces)
+               or (k == "transfer" and any("transfer" in v for v in link_rows.values()))]
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.002, 1.0), fontsize=8)
     ax.grid(axis="x", alpha=0.3)
     fig.tight_layout()
@@ -159,6 +169,20 @@ def write_gantt(result, path: str | Path, max_labels: int = 600) -> Path:
     finally:
         plt.close(fig)
     return path
+
+
+def link_rows_of(result) -> dict[str, dict[str, list[tuple[float, float]]]]:
+    """The Gantt chart's rows below the boards: per directed link that carried something (in
+    the order the simulation first used it) its transfers ("transfer") and ring steps
+    ("allreduce") as (start, end) spans, then one "all-reduce" row of the stages' rings."""
+    rows: dict[str, dict[str, list]] = {f"link {ln.name}": {} for ln in result.links if ln.transfers}
+    for name, t0, t1, label in result.transfers:
+        kind = "allreduce" if str(label).startswith("allreduce") else "transfer"
+        rows.setdefault(f"link {name}", {}).setdefault(kind, []).append((t0, t1))
+    rows = {k: v for k, v in rows.items() if v}
+    if result.allreduces:
+        rows["all-reduce"] = {"allreduce": [(t0, t1) for _stage, _it, t0, t1 in result.allreduces]}
+    return rows
 
 
 def _time_unit(span_s: float) -> tuple[float, str]:

@@ -167,7 +167,23 @@ def plan_outcome(model, cluster, model_ref: str, cluster_ref: str, args) -> tupl
     res["cost_model"] = getattr(args, "cost_model", "bapipe")
     if peer_cost is not None:
         res["pipedream_cost"] = peer_cost
+    res.update(limits(out))
     return out, res
+
+
+def limits(out) -> dict:
+    """What limits the plan (docs/planner.md, "What limits a plan"): per pipeline position
+    the iteration split into compute, fills, off-chip, link, all-reduce, update and bubble
+    (planner.breakdown), the DSP and off-chip rooflines (planner.roofline) and the one
+    resource that holds the plan back."""
+    from .breakdown import UNPRICED, breakdown
+    from .roofline import limit, roofline
+
+    ex, best = out.explorer, out.best
+    pos = breakdown(ex, best)
+    roof = roofline(ex.model, ex.boards, ex.req.fmt, ex.train, out.plan.global_batch, best.iteration_s, pos)
+    return {"breakdown": pos, "unpriced": [k[:-2] for k in UNPRICED], "roofline": roof,
+            "limit": limit(pos, best.iteration_s)}
 
 
 def model_opaque(args) -> dict:
@@ -282,6 +298,7 @@ def show_plan(res: dict) -> str:
     lines.append(f"predicted by the planner: iteration {_t(res['iteration_time_s'])}, "
                  f"{si(res['throughput_samples_per_s'], 'samples/s')}, bubble {res['bubble_fraction']:.1%} "
                  f"(idle share of the busiest board); lower bound {_t(res['lower_bound_s'])}")
+    lines += show_limits(res)
     if res["baselines"]:
         lines.append("baselines (predicted by the same model):")
     for name, b in res["baselines"].items():
@@ -301,3 +318,34 @@ def show_plan(res: dict) -> str:
                      f"{_t(pc['peer_plan_s'])} ({pc['peer_over_plan']:.4f}x)")
     lines.append(f"wrote {res['output']}")
     return "\n".join(lines)
+
+
+def show_limits(res: dict) -> list[str]:
+    """The breakdown, roofline and limit lines of the plan table (none when absent)."""
+    from bapipe.units import si
+
+    pos, roof, lim = res.get("breakdown"), res.get("roofline"), res.get("limit")
+    if not pos:
+        return []
+    T = res["iteration_time_s"]
+    bw = max([12] + [len(board_list(q["boards"])) for q in pos])
+    heads = ("compute", "fills", "off-chip", "link", "all-reduce", "update", "bubble")
+    un = res.get("unpriced") or []
+    lines = ["where the iteration goes, per pipeline position (share of the iteration"
+             + (f"; not priced yet, shown as 0: {', '.join(un)}" if un else "") + "):",
+             f"{'pos':>5} {'boards':<{bw}} " + " ".join(f"{h:>10}" for h in heads)]
+    keys = ("compute_s", "fills_s", "offchip_s", "link_s", "allreduce_s", "update_s", "bubble_s")
+    for q in pos:
+        lines.append(f"{q['position']:>5} {board_list(q['boards']):<{bw}} "
+                     + " ".join(f"{q[k] / T:>10.1%}" for k in keys))
+    if roof and roof.get("fraction") is not None:
+        mem = roof.get("offchip_roofline_samples_per_s")
+        lines.append(f"roofline: {si(roof['throughput_samples_per_s'], 'samples/s')} is {roof['fraction']:.1%} of the "
+                     f"DSP roofline {si(roof['dsp_roofline_samples_per_s'], 'samples/s')} ({roof['boards']} boards, "
+                     f"{si(roof['peak_macs_per_s'], 'MAC/s')} peak, {si(roof['macs_per_sample'], 'MAC')} a sample)"
+                     + (f"; off-chip roofline {si(mem, 'samples/s')} ({roof['offchip_fraction']:.1%} reached)"
+                        if mem else "")
+                     + ("; the off-chip roofline binds" if roof.get("bound") == "offchip" else ""))
+    if lim:
+        lines.append(f"limited by: {lim['resource']} on position {lim['position']}: {lim['where']}")
+    return lines

@@ -57,7 +57,7 @@ def closed_form_bubble(p: int, m: int, v: int = 1) -> float:
 
 def run_events(p: int, ops: list, fwd: list[float], bwd: list[float], routes: list, rings: list | None,
                n_stages: int, n_mb: int, deadlock: str, link_free: dict, gate=None, after_op=None,
-               after_ring=None) -> tuple[list[float], list[float]]:
+               after_ring=None, probe=None) -> tuple[list[float], list[float]]:
     """The one event loop under every replay here; returns (per device: when its last op
     ended, its busy seconds).
 
@@ -75,6 +75,11 @@ def run_events(p: int, ops: list, fwd: list[float], bwd: list[float], routes: li
     replica. Events at equal times run
     in the order they were made (a sequence number), so the sums are the same floats
     whichever replay drives the loop.
+
+    ``probe`` (optional, planner.breakdown): called as each op starts with ``(d, is_f, mb, s,
+    free, sent, arrived, start, dur)``: when the device became free, when the op's input left
+    its producer (0.0 for none), when it arrived, and when the op starts (later than both when
+    a gate held it). It observes only; the replay's times are the same with or without it.
     """
     last = n_stages - 1
     f_arr = [[None] * n_mb for _ in range(n_stages)]   # [stage][mb]: activations arrived
@@ -87,6 +92,9 @@ def run_events(p: int, ops: list, fwd: list[float], bwd: list[float], routes: li
     seq = 0
     push, pop = heapq.heappush, heapq.heappop
     send = partial(reserve, link_free)
+    # probe only: when each input left its producer, [stage][mb] (forward, backward)
+    sent_f = [[0.0] * n_mb for _ in range(n_stages)] if probe is not None else None
+    sent_b = [[0.0] * n_mb for _ in range(n_stages)] if probe is not None else None
 
     def try_start(d: int) -> None:
         nonlocal seq
@@ -100,6 +108,7 @@ def run_events(p: int, ops: list, fwd: list[float], bwd: list[float], routes: li
             ready = 0.0 if s == last else b_arr[s][mb]
         if ready is None:
             return
+        arrived = ready
         if gate is not None:
             ready = gate(d, i, is_f, mb, s, ready)
             if ready is None:
@@ -108,7 +117,10 @@ def run_events(p: int, ops: list, fwd: list[float], bwd: list[float], routes: li
         idle[d] = False
         busy[d] += dur
         seq += 1
-        push(heap, ((free[d] if free[d] > ready else ready) + dur, seq, 0, d))
+        start = free[d] if free[d] > ready else ready
+        if probe is not None:
+            probe(d, is_f, mb, s, free[d], (sent_f if is_f else sent_b)[s][mb], arrived, start, dur)
+        push(heap, (start + dur, seq, 0, d))
 
     def ring_step(s: int, tag, step: int, y: int, now: float) -> None:
         nonlocal seq
@@ -139,9 +151,13 @@ def run_events(p: int, ops: list, fwd: list[float], bwd: list[float], routes: li
         if is_f and s < last:
             f_arr[s + 1][mb] = send(routes[s][0], end)
             wake = (s + 1) % p
+            if sent_f is not None:
+                sent_f[s + 1][mb] = end
         elif not is_f and s > 0:
             b_arr[s - 1][mb] = send(routes[s - 1][1], end)
             wake = (s - 1) % p
+            if sent_b is not None:
+                sent_b[s - 1][mb] = end
         if after_op is not None:
             after_op(d, is_f, mb, s, end, start_ring)
         if wake >= 0 and wake != d:
@@ -154,7 +170,8 @@ def run_events(p: int, ops: list, fwd: list[float], bwd: list[float], routes: li
 
 def replay(schedule: str, p: int, m: int, fwd: list[float], bwd: list[float], send_occ: list[float],
            send_lat: list[float], v: int = 1, allreduce: list[float] | None = None,
-           forward_only: bool = False, routes: list | None = None, rings: list | None = None) -> Replay:
+           forward_only: bool = False, routes: list | None = None, rings: list | None = None,
+           probe=None) -> Replay:
     """Replay one iteration. ``fwd``/``bwd`` per virtual stage s (device s % p, chunk s // p);
     ``send_occ``/``send_lat`` per virtual link s -> s+1 (len p*v - 1), same both directions;
     ``allreduce`` per virtual stage: seconds of its gradient ring, which starts after that
@@ -170,7 +187,7 @@ def replay(schedule: str, p: int, m: int, fwd: list[float], bwd: list[float], se
     links instead of charging ``allreduce``: after the stage's last backward, replica i sends
     a 1/r share to replica i+1 over hop i, and each replica forwards the next step as soon as
     the previous one arrives, for 2(r-1) steps (the ring reserves links like any transfer).
-    Runs on :func:`run_events` without a gate.
+    Runs on :func:`run_events` without a gate (``probe``: passed to it).
     """
     V = p * v
     if routes is None:
@@ -207,7 +224,7 @@ def replay(schedule: str, p: int, m: int, fwd: list[float], bwd: list[float], se
 
     free, busy = run_events(p, ops, fwd, bwd, routes, rings, V, m,
                             f"schedule {schedule} deadlocked in replay (p={p}, m={m}, v={v})", link_free,
-                            after_op=after_op, after_ring=after_ring)
+                            after_op=after_op, after_ring=after_ring, probe=probe)
     finish = list(free)
     if rings is not None and not forward_only:
         for s in range(V):
@@ -273,7 +290,7 @@ def reserve(link_free: dict, pieces, now: float) -> float:
 
 
 def replay_2bw(p: int, m: int, fwd: list[float], bwd: list[float], routes: list, rings: list | None,
-               iterations: int = 4) -> tuple[float, float]:
+               iterations: int = 4, probe=None) -> tuple[float, float]:
     """PipeDream-2BW without a flush: (steady seconds per iteration, first iteration's end).
 
     ``iterations`` x m micro-batches run as one 1F1B stream per device (v = 1). A stage's
@@ -329,7 +346,7 @@ def replay_2bw(p: int, m: int, fwd: list[float], bwd: list[float], routes: list,
             try_start(s)
 
     run_events(p, ops, fwd, bwd, routes, rings, p, M, f"2bw deadlocked in replay (p={p}, m={m})", defaultdict(float),
-               gate=gate, after_op=after_op, after_ring=after_ring)
+               gate=gate, after_op=after_op, after_ring=after_ring, probe=probe)
     ends = [max(max(ops_end[d][j], done_at.get((d, j), 0.0)) for d in range(p)) for j in range(K)]
     # the last iteration ends early (nothing after it waits on its rings): mean gap between
     # the ends of the first K - 1 iterations
@@ -337,7 +354,7 @@ def replay_2bw(p: int, m: int, fwd: list[float], bwd: list[float], routes: list,
 
 
 def replay_pipedream(p: int, m: int, fwd: list[float], bwd: list[float], routes: list, rings: list | None,
-                     iterations: int = 1) -> list[float]:
+                     iterations: int = 1, probe=None) -> list[float]:
     """Asynchronous PipeDream (Narayanan et al. SOSP'19): the end of each of ``iterations``
     iterations of ``m`` micro-batches run as one 1F1B stream per device (v = 1, no flush).
 
@@ -383,7 +400,7 @@ def replay_pipedream(p: int, m: int, fwd: list[float], bwd: list[float], routes:
             try_start(s)
 
     run_events(p, ops, fwd, bwd, routes, rings, p, M, f"pipedream deadlocked in replay (p={p}, m={m})", defaultdict(float),
-               gate=gate, after_op=after_op, after_ring=after_ring)
+               gate=gate, after_op=after_op, after_ring=after_ring, probe=probe)
     return ends
 
 
@@ -399,9 +416,15 @@ def steady_pipedream(p: int, m: int, fwd: list[float], bwd: list[float], routes:
     16xV100, one stage x 16, m = 1: 7.19 and 8.79 ms), so the n gaps span a multiple of 12
     micro-batches (periods 1, 2, 3, 4 and 6 average out exactly) when m <= 24; beyond, two
     gaps of m micro-batches each."""
-    j0 = -(-p // m)
-    n = max(2, 12 // math.gcd(m, 12)) if m <= 24 else 2
+    j0, n = pipedream_window(p, m)
     # the drain reaches back over the last ceil(p / m) iterations (their micro-batches were
     # still in flight when device 0 ran out of forwards): j0 + 1 more are left out after j0 + n
     ends = replay_pipedream(p, m, fwd, bwd, routes, rings, 2 * j0 + n + 1)
     return (ends[j0 + n] - ends[j0]) / n
+
+
+def pipedream_window(p: int, m: int) -> tuple[int, int]:
+    """(j0, n): :func:`steady_pipedream` measures iterations j0 .. j0 + n of a stream of
+    2 j0 + n + 1 (planner.breakdown splits the same window)."""
+    j0 = -(-p // m)
+    return j0, (max(2, 12 // math.gcd(m, 12)) if m <= 24 else 2)

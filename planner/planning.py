@@ -27,6 +27,7 @@ class Outcome:
     searched: int = 0
     boards_total: int = 0
     placement_exact: bool = False   # every placement searched (Explorer.every_placement)
+    explorer: Explorer | None = field(default=None, repr=False)   # what priced it (planner.breakdown reads it)
 
 
 def lower_bound_s(model: Model, explorer: Explorer) -> float:
@@ -128,7 +129,7 @@ def make_plan(model: Model, cluster: Cluster, model_arg: str, cluster_arg: str, 
     plan = to_plan(model, cluster, model_arg, cluster_arg, ex, best, baselines, lb)
     check_cap(plan, ex)
     return Outcome(plan, best, baselines, lb, searched=searched, boards_total=ex.N,
-                   placement_exact=req.partition is None and ex.placement_exact)
+                   placement_exact=req.partition is None and ex.placement_exact, explorer=ex)
 
 
 def user_groups(ex: Explorer, spec) -> tuple[tuple[int, ...], ...] | None:
