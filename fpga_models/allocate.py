@@ -566,9 +566,9 @@ def time_multiplexed(layers: list[Layer], board: Board, fmt: str = "fixed16", ba
         pe, simd = best_folding(l, board, fmt, dsp_b, lut_b)
         c = layer_cost(l, board, pe, simd, fmt, batch)
         fill = turn_fill(engine_kind(l.type)) * batch
-        # the inference MVU's adder tree adds register stages with SIMD (engines.mvu_fill);
-        # the training engines keep the SIMD = 1 fill
-        fill_f = fill if train else turn_fill(engine_kind(l.type), simd) * batch
+        # the forward MVU's adder tree adds register stages with SIMD (engines.mvu_fill); the
+        # backward (training) engines keep the SIMD = 1 fill
+        fill_f = turn_fill(engine_kind(l.type), simd) * batch
         fold[l.name] = (pe, simd)
         fc += c.fwd_cycles + (fill_f if c.fwd_cycles else 0)
         b = backward_work(c.bwd_in_cycles, c.bwd_w_cycles, l.name not in no_dx)
