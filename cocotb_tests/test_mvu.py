@@ -1,8 +1,8 @@
 """Matrix-vector unit: bit-exact against fpga_models.fixedpoint, exactly NF*SF cycles per vector.
 
-Fill latency (documented in docs/rtl.md): MVU_FILL = 4 cycles from the step that completes a
-row fold (for the first row fold: the cycle the vector's last input beat is taken) to that
-fold's output beat.
+Fill latency (documented in docs/rtl.md): fpga_models.engines.mvu_fill(SIMD) = 4 cycles plus
+the adder tree's register stages, from the step that completes a row fold (for the first row
+fold: the cycle the vector's last input beat is taken) to that fold's output beat.
 """
 from __future__ import annotations
 
@@ -46,8 +46,8 @@ try:
 
     @cocotb.test()
     async def mvu_timing(dut):
-        """No stalls: exactly NF*SF cycles per vector and MVU_FILL cycles of fill latency."""
-        from bapipe.codegen.design.dataflow import MVU_FILL
+        """No stalls: exactly NF*SF cycles per vector and mvu_fill(SIMD) cycles of fill latency."""
+        from bapipe.fpga_models.engines import mvu_fill
         cfg = tb_config()
         await tb.start(dut)
         n_vec = cfg["vectors"]
@@ -59,9 +59,9 @@ try:
         per_vec = [b - a for a, b in zip(starts, starts[1:])]
         fill = hout.cycles[0] - hin.cycles[sf - 1]
         dut._log.info("cycles/vector min %d max %d (model NF*SF = %d), fill %d (model %d)",
-                      min(per_vec), max(per_vec), nf * sf, fill, MVU_FILL)
+                      min(per_vec), max(per_vec), nf * sf, fill, mvu_fill(cfg["simd"]))
         assert set(per_vec) == {nf * sf}, per_vec[:10]
-        assert fill == MVU_FILL
+        assert fill == mvu_fill(cfg["simd"])
 except ImportError:
     pass
 
@@ -78,8 +78,8 @@ def _spec(mw, mh, pe, simd, relu, seed):
 
 def _build(spec):
     from bapipe.codegen.rtl.pipeline import render_mvu
-    from bapipe.codegen.rtl.memories import mvu_memory_files
-    return build(spec.module, {f"{spec.module}.v": render_mvu(spec), **mvu_memory_files(spec)})
+    from bapipe.codegen.rtl.mem_words import mvu_word_files
+    return build(spec.module, {f"{spec.module}.v": render_mvu(spec), **mvu_word_files(spec)})
 
 
 def _env(spec, seed, **kw):
@@ -87,7 +87,8 @@ def _env(spec, seed, **kw):
                 seed=seed, **kw)
 
 
-CASES = [(8, 6, 2, 4, True), (16, 8, 1, 1, False), (12, 9, 3, 3, True)]
+# SIMD 4: one tree stage; 1: none; 3 (odd, non-power-of-two lanes): one; 20: three (20 -> 5 -> 2 -> 1 terms)
+CASES = [(8, 6, 2, 4, True), (16, 8, 1, 1, False), (12, 9, 3, 3, True), (40, 6, 3, 20, False)]
 
 
 @pytest.mark.parametrize("mw,mh,pe,simd,relu", CASES)
@@ -120,12 +121,12 @@ def test_mvu_wide_compiles_fast():
 def test_mvu_images_from_mem_dir():
     """`bapipe rtlsim`'s way: images stay in a directory (mem_dir), only Verilog is passed."""
     from bapipe.codegen.rtl.pipeline import render_mvu
-    from bapipe.codegen.rtl.memories import mvu_memory_files
+    from bapipe.codegen.rtl.mem_words import mvu_word_files
     from bapipe.codegen.check.sim_harness import CACHE
     spec = _spec(8, 6, 2, 4, False, seed=5)
     mem = CACHE / "mvu_mem_dir"   # a fixed path: the build (keyed by it) is reused across runs
     mem.mkdir(parents=True, exist_ok=True)
-    for name, data in mvu_memory_files(spec).items():
+    for name, data in mvu_word_files(spec).items():
         (mem / name).write_bytes(data)
     d = build(spec.module, {f"{spec.module}.v": render_mvu(spec)}, mem_dir=mem)
     assert not list((d / "src").glob("*.hex"))

@@ -107,9 +107,11 @@ def synth_files(workdir: Path, sources: list[str], top: str, tag: str | None = N
     log, stat = f"{tag}.log", f"{tag}.stat.json"
     (workdir / stat).unlink(missing_ok=True)
     define = "" if mem_dir is None else f'-DBAPIPE_MEM_DIR="{mem_dir.rstrip("/")}/" '
-    script = (f"read_verilog {define}{' '.join(sources)}; "
+    sta = f"{tag}.sta.txt"
+    (workdir / sta).unlink(missing_ok=True)
+    script = (f"read_verilog -DSYNTHESIS {define}{' '.join(sources)}; "
               f"synth_xilinx -family xcup -top {top} -flatten -noiopad; "
-              f"tee -q -o {stat} stat -json")
+              f"tee -q -o {stat} stat -json; tee -q -o {sta} sta")
     t0 = time.perf_counter()
     done = _run_bounded([sys.executable, "-c", _RUN, "-q", "-l", log, "-p", script], workdir, timeout_s, tag)
     if done is None:
@@ -127,7 +129,46 @@ def synth_files(workdir: Path, sources: list[str], top: str, tag: str | None = N
                     "needs more; synthesise a smaller board with --board, or plan smaller foldings with --cap)")
         return {"status": "error", "wall_s": wall, "log": str(workdir / log), "message": msg}
     cells = parse_stat_json((workdir / stat).read_text())
-    return {"status": "ok", "wall_s": wall, "cells": dict(sorted(cells.items())), **resources(cells)}
+    sta_text = (workdir / sta).read_text() if (workdir / sta).exists() else ""
+    return {"status": "ok", "wall_s": wall, "cells": dict(sorted(cells.items())), **resources(cells),
+            "longest_path_ns": parse_sta(sta_text), "untimed_cells": untimed_cells(sta_text),
+            "memories": inferred_memories(cells)}
+
+
+def untimed_cells(text: str) -> list[str]:
+    """Cell types yosys ``sta`` has no timing arcs for (its "Module 'X' has no timing arcs!"):
+    paths through them are not in the longest path (yosys 0.70: CARRY4, DSP48E2, FDRE, RAMs)."""
+    return sorted(set(re.findall(r"Module '([^']+)' has no timing arcs", text)))
+
+
+def parse_sta(text: str) -> float | None:
+    """Longest path in ns from yosys ``sta`` ("Latest arrival time in 'top' is N", N in ps:
+    the arrival times of the Xilinx cells' abc9 timing models, logic and carry chains; block
+    RAM and DSP cells carry no arcs there, so paths through them count from their outputs)."""
+    m = re.search(r"Latest arrival time in '[^']*' is (\d+)", text)
+    return round(int(m.group(1)) / 1000, 3) if m else None
+
+
+def inferred_memories(cells: dict[str, int]) -> dict[str, int]:
+    """RAM primitives of a mapped netlist: RAMB18E2, RAMB36E2, URAM288, distributed RAM."""
+    return {k: v for k, v in sorted(cells.items())
+            if k.startswith(("RAMB18", "RAMB36", "URAM288")) or (k in LUTRAM_LUTS and not k.startswith("SRL"))}
+
+
+#: share of the clock period left for routing: a longest logic path (yosys sta, no wires) must
+#: fit (1 - ROUTING_MARGIN) of it. [assumption] on UltraScale+ routing delay is commonly of the
+#: order of the logic delay on a timed path; we keep 40% of the period for it.
+ROUTING_MARGIN = 0.4
+
+
+def timing(path_ns: float | None, clock_hz: float | None) -> dict:
+    """The longest path beside the clock: ``{clock_ns, budget_ns, longest_path_ns, fits}``."""
+    if not clock_hz:
+        return {"clock_ns": None, "budget_ns": None, "longest_path_ns": path_ns, "fits": None}
+    period = 1e9 / clock_hz
+    budget = round(period * (1 - ROUTING_MARGIN), 3)
+    return {"clock_ns": round(period, 3), "budget_ns": budget, "longest_path_ns": path_ns,
+            "fits": None if path_ns is None else path_ns <= budget}
 
 
 #: seconds between "still running" lines on stderr while yosys works (a board takes minutes)
@@ -189,7 +230,7 @@ def board_sources(rtl: Path, files: list[str], top: str) -> list[str]:
 def ratios(synth: dict, planned: dict) -> dict[str, float | None]:
     """synthesised / planned for DSP, LUT and BRAM (None where the plan budgets nothing)."""
     out = {}
-    for k in ("dsp", "lut", "bram36"):
+    for k in ("dsp", "lut", "bram36", "uram"):
         p = planned.get(k)
         out[k] = round(synth[k] / p, 3) if synth.get("status") == "ok" and p else None
     return out
@@ -223,6 +264,19 @@ def _replica_of(build: Path, board: str, tops: dict) -> str | None:
         if board in st.boards:
             return next((b for b in st.boards if b in tops), None)
     return None
+
+
+def _clock_hz(build: Path, board: str) -> float | None:
+    """The planned kernel clock of ``board`` (its board type's), or None when unknown."""
+    from bapipe.plan import load_plan
+    from bapipe.fpga_models.plancheck import resolve
+
+    try:
+        plan = load_plan(build / "plan.yaml")
+        _model, cluster = resolve(plan)
+    except (SpecError, OSError, ValueError):
+        return None
+    return next((cb.board.clock_hz for cb in cluster.boards if cb.name == board), None)
 
 
 def cmd_synth(args):
@@ -260,7 +314,9 @@ def cmd_synth(args):
         s = synth_files(out_dir, board_sources(build / "rtl", man["files"], tops[src]), tops[src], tag=board,
                         timeout_s=timeout_s, mem_dir="../rtl")
         planned = dict(man.get("plan_resources", {}).get(src, {}))
+        clk = _clock_hz(build, src)
         rows.append({"board": board, "top": tops[src], "synth": s, "planned": planned, "ratio": ratios(s, planned),
+                     "timing": timing(s.get("longest_path_ns"), clk),
                      **({"replica_of": src} if src != board else {})})
     res = {"tool": TOOL, "timeout_s": timeout_s, "boards": rows, "total_wall_s": round(time.perf_counter() - t0, 1),
            "logs": str(out_dir)}
@@ -287,6 +343,17 @@ def show_synth(r: dict) -> str:
         ff = f"{s['ff']:g}" if s.get("status") == "ok" else s.get("status")
         lines.append(f"{row['board']:<8} {_cell(s, p, 'dsp'):>16} {_ratio(q['dsp']):>6} {_cell(s, p, 'lut'):>18} "
                      f"{_ratio(q['lut']):>6} {ff:>8} {_cell(s, p, 'bram36'):>18} {s['wall_s']:>7.1f}")
+        t = row.get("timing") or {}
+        if s.get("status") == "ok":
+            clock = "" if t.get("clock_ns") is None else (f" vs clock {t['clock_ns']:g} ns (budget {t['budget_ns']:g} ns "
+                                                          f"after a {ROUTING_MARGIN:.0%} routing margin: "
+                                                          f"{'fits' if t.get('fits') else 'does not fit'})")
+            mems = ", ".join(f"{n} {k}" for k, n in s.get("memories", {}).items()) or "none"
+            lines.append(f"  {row['board']}: URAM {_cell(s, p, 'uram')}; longest path {s.get('longest_path_ns')} ns"
+                         f"{clock}; memories: {mems}")
+            if s.get("untimed_cells"):
+                lines.append(f"  {row['board']}: the path leaves out {', '.join(s['untimed_cells'])} "
+                             f"(no timing arcs in yosys sta): carry chains, DSPs and RAMs are not timed")
         if row.get("replica_of"):
             lines.append(f"  {row['board']}: a replica, runs the RTL of {row['replica_of']} (synthesised here)")
         if s.get("status") == "error":

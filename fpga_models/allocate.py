@@ -566,8 +566,11 @@ def time_multiplexed(layers: list[Layer], board: Board, fmt: str = "fixed16", ba
         pe, simd = best_folding(l, board, fmt, dsp_b, lut_b)
         c = layer_cost(l, board, pe, simd, fmt, batch)
         fill = turn_fill(engine_kind(l.type)) * batch
+        # the forward MVU's adder tree adds register stages with SIMD (engines.mvu_fill); the
+        # backward (training) engines keep the SIMD = 1 fill
+        fill_f = turn_fill(engine_kind(l.type), simd) * batch
         fold[l.name] = (pe, simd)
-        fc += c.fwd_cycles + (fill if c.fwd_cycles else 0)
+        fc += c.fwd_cycles + (fill_f if c.fwd_cycles else 0)
         b = backward_work(c.bwd_in_cycles, c.bwd_w_cycles, l.name not in no_dx)
         bc += (b + (fill if b else 0)) if train else 0
         dsp, lut = max(dsp, c.dsp), max(lut, c.lut)

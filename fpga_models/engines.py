@@ -53,8 +53,13 @@ MAX_LANES = 256
 
 # Fill and turn overheads of the generated RTL (hls_templates/rtl), measured in Verilator by
 # cocotb_tests (test_mvu, test_pool, test_tm) and held there to these values.
-#: cycles from the MVU step that completes a row fold to that fold's output beat
+#: cycles from the MVU step that completes a row fold to that fold's output beat, for SIMD = 1
+#: (weight read, product, accumulate, output queue); wider units add their adder tree's
+#: register stages: :func:`mvu_fill`
 MVU_FILL = 4
+#: terms one registered stage of the MVU's adder tree adds (two adder levels between registers,
+#: so a 48-bit stage is two carry chains deep: docs/rtl.md "Timing") [design choice]
+MVU_TREE_FANIN = 4
 #: fill cycles of a pool unit's turn beyond its window generator's replay
 POOL_FILL = 1
 #: cycles of a batchnorm unit's turn beyond its beats (its output register)
@@ -264,9 +269,26 @@ def window_stream_fill(k: int, pad: int, h: int, w: int, c: int, lanes: int, ele
     return min(k - pad, h) * (w * c // lanes) * ddr_words_per_beat(lanes, elem_bits)
 
 
-def turn_fill(kind: str) -> int:
-    """Cycles a time-multiplexed unit's turn takes beyond its beats (pipeline fill)."""
-    return {"mvu": MVU_FILL, "pool": POOL_FILL, "norm": BN_FILL}.get(kind, 0)
+def mvu_tree_stages(simd: int) -> int:
+    """Registered stages of an MVU's adder tree over ``simd`` products: each adds up to
+    MVU_TREE_FANIN terms, so ceil(log_FANIN(simd)) stages (0 for SIMD = 1)."""
+    stages, n = 0, max(1, int(simd))
+    while n > 1:
+        n = -(-n // MVU_TREE_FANIN)
+        stages += 1
+    return stages
+
+
+def mvu_fill(simd: int = 1) -> int:
+    """Cycles from the MVU step that completes a row fold to its output beat: MVU_FILL plus
+    the adder tree's register stages (hls_templates/rtl/engine/mvu.v.j2)."""
+    return MVU_FILL + mvu_tree_stages(simd)
+
+
+def turn_fill(kind: str, simd: int = 1) -> int:
+    """Cycles a time-multiplexed unit's turn takes beyond its beats (pipeline fill); an MVU's
+    depends on its SIMD (:func:`mvu_fill`)."""
+    return {"mvu": mvu_fill(simd), "pool": POOL_FILL, "norm": BN_FILL}.get(kind, 0)
 
 
 def link_beat_cycles(beat_bytes: float, bytes_per_cycle: float) -> float:

@@ -46,6 +46,7 @@ class LayerTable:
     measured_f: np.ndarray | None = None   # measured seconds per sample (profile hook)
     measured_b: np.ndarray | None = None
     fill: np.ndarray | None = None         # FPGA: cycles each layer's turn adds per sample (engine fill)
+    fill_f: np.ndarray | None = None       # FPGA: the same for forward turns (the MVU's adder tree: engines.mvu_fill)
 
 
 def layer_table(model: Model, board: Board, fmt: str, cap: float, measured: dict | None = None) -> LayerTable:
@@ -77,7 +78,8 @@ def layer_table(model: Model, board: Board, fmt: str, cap: float, measured: dict
     fill = None
     if board.kind != "gpu":
         fill = np.array([turn_fill(engine_kind(l.type)) for l in model.layers], dtype=float)
-    t = LayerTable(board, fold, fw, bw, lanes, gf, gb, fill=fill)
+        fill_f = np.array([turn_fill(engine_kind(l.type), s) for l, (_p, s) in zip(model.layers, fold)], dtype=float)
+    t = LayerTable(board, fold, fw, bw, lanes, gf, gb, fill=fill, fill_f=None if fill is None else fill_f)
     if measured:
         t.measured_f = np.array([measured[l.name]["fwd_s"] for l in model.layers], dtype=float)
         t.measured_b = np.array([measured[l.name]["bwd_s"] for l in model.layers], dtype=float)
@@ -97,7 +99,8 @@ def layer_times(t: LayerTable, beta: int) -> tuple[np.ndarray, np.ndarray]:
         return t.gpu_f * beta, t.gpu_b * beta
     clk = t.board.clock_hz
     fill = t.fill * beta if t.fill is not None else 0.0   # every turn's fill, per sample
-    f = (work_cycles(t.fwd_work, t.lanes, beta) + np.where(t.fwd_work > 0, fill, 0.0)) / clk
+    fill_f = t.fill_f * beta if t.fill_f is not None else fill
+    f = (work_cycles(t.fwd_work, t.lanes, beta) + np.where(t.fwd_work > 0, fill_f, 0.0)) / clk
     b = (work_cycles(t.bwd_work, t.lanes, beta) + np.where(t.bwd_work > 0, fill, 0.0)) / clk
     return f, b
 

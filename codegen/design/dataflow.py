@@ -35,7 +35,7 @@ import numpy as np
 from bapipe.errors import SpecError
 from bapipe.names import legal  # layer names -> Verilog identifiers (imported models: "/features/features.0/Conv")
 from bapipe.plan import Folding, Plan
-from bapipe.fpga_models.engines import (BN_FILL, DDR_WORD_BITS, MVU_FILL, POOL_FILL, TM_SWITCH,  # noqa: F401
+from bapipe.fpga_models.engines import (BN_FILL, DDR_WORD_BITS, MVU_FILL, POOL_FILL, TM_SWITCH, mvu_fill,  # noqa: F401
                                  conv_window_lanes, ddr_words_per_beat, frame_io_cycles, link_beat_cycles,
                                  mvu_vector_cycles, swg_beats, width_conv_cycles, window_stream_fill)
 from bapipe.fpga_models.engines import concat_cycles
@@ -930,7 +930,7 @@ def _tm_engine(stage, layer, params, state: dict, pre: str, elem_w: int, frac: i
         swg, mw, mh, wmat, vectors = _matrix_layer(stage, layer, p, f, state)
         blocks: list[Block] = []
         sblk = None
-        fill = MVU_FILL
+        fill = mvu_fill(f.simd)
         lin = f.simd
         if swg:
             sblk = Block("swg", f"{pre}_{legal(layer.name)}_swg", "swg", swg.params(elem_w), swg.simd, swg.out_lanes,

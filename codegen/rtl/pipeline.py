@@ -21,12 +21,15 @@ from bapipe.codegen.rtl.env import GENERATOR_VERSION, GENERIC, TRANSPORT, render
 
 def render_mvu(spec: MvuSpec, plan_hash: str = "none") -> str:
     """Verilog of one matrix-vector unit; its weights and biases are not in the text but in
-    ``<module>_w.hex`` / ``<module>_b.hex`` (``codegen.rtl.memories.mvu_memory_files(spec)``),
+    ``<module>_w.hex`` / ``<module>_b.hex`` (``codegen.rtl.mem_words.mvu_word_files(spec)``),
     loaded with $readmemh from the ``BAPIPE_MEM_DIR`` macro's directory."""
+    from bapipe.codegen.rtl.mem_words import mvu_memory_params
+
     return render_template(
         "mvu", plan_hash, module=spec.module, layer=spec.layer, relu=spec.relu,
         mw=spec.mw, mh=spec.mh, pe=spec.pe, simd=spec.simd, elem_w=spec.elem_w, frac=spec.frac,
         acc_w=spec.acc_w, sf_w=clog2(spec.sf), nf_w=clog2(spec.nf), waddr_w=clog2(spec.cycles_per_vector),
+        nf=spec.nf, sf=spec.sf, **mvu_memory_params(spec),
     )
 
 

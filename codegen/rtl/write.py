@@ -12,7 +12,7 @@ from bapipe.codegen.design.lower import RTL_PASSES, Design, lower
 from bapipe.codegen.design.record import design_json
 from bapipe.codegen.rtl.benches import stage_bench_files
 from bapipe.codegen.rtl.env import GENERATOR_VERSION, GENERIC, render_template
-from bapipe.codegen.rtl.memories import mvu_memory_files
+from bapipe.codegen.rtl.mem_words import mvu_word_files
 from bapipe.codegen.rtl.pipeline import manifest, mvu_specs, render_pipeline, write_params
 from bapipe.codegen.rtl.train import write_train_files
 
@@ -69,7 +69,7 @@ def _write_pipeline(d: Design, rtl: Path, placement: dict | None) -> tuple[dict[
     mem_names = []
     for spec in mvu_specs(pipe):
         # Written one MVU at a time: VGG-16's images total ~0.7 GB.
-        for name, data in mvu_memory_files(spec).items():
+        for name, data in mvu_word_files(spec).items():
             (rtl / name).write_bytes(data)
             paths.append(rtl / name)
             mem_names.append(name)
