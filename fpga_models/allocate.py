@@ -41,6 +41,7 @@ from .fixedpoint import get_fmt
 from .gradients import backward_work
 from .engines import (MAX_LANES, TM_SWITCH, WEIGHT_TILE_SHARE, conv_window_lanes, elementwise_lut, engine_kind,
                       frame_io_cycles, line_buffer_bytes, mvu_dsp, mvu_lut, turn_fill, weight_stream_beats,
+                      WEIGHT_FILL_LAG, fetch_turn_cycles,
                       weight_words, window_stream_fill)
 from .cost import (best_folding, divisors, layer_cost, onchip_capacity,
                    matrix_shape, lane_dim)
@@ -506,12 +507,13 @@ def tm_weight_cycles(layers: Sequence[Layer], board: Board, folding: dict[str, t
         return 0
     io: dict[str, int] = {}
     tm_spill_cycles(layers, board, folding, fmt, cap, chunks, train, io)
-    extra = fill
+    extra = fill + WEIGHT_FILL_LAG if fill else 0
     for t in layers:
-        if t.name in fetch:
+        if t.name in fetch:   # the turn as the RTL's sequencer runs it (engines.fetch_turn_cycles)
             pe, simd = folding[t.name]
             own = max(layer_cost(t, board, pe, simd, fmt, 1).fwd_cycles, io.get(t.name, 0))
-            extra += max(0, fetch[t.name] - own)
+            tf = turn_fill(engine_kind(t.type), simd)
+            extra += fetch_turn_cycles(own, tf, fetch[t.name]) - (own + tf)
     return extra
 
 
@@ -566,9 +568,9 @@ def time_multiplexed(layers: list[Layer], board: Board, fmt: str = "fixed16", ba
         pe, simd = best_folding(l, board, fmt, dsp_b, lut_b)
         c = layer_cost(l, board, pe, simd, fmt, batch)
         fill = turn_fill(engine_kind(l.type)) * batch
-        # the forward MVU's adder tree adds register stages with SIMD (engines.mvu_fill); the
-        # backward (training) engines keep the SIMD = 1 fill
-        fill_f = turn_fill(engine_kind(l.type), simd) * batch
+        # the inference MVU's adder tree adds register stages with SIMD (engines.mvu_fill); a
+        # training plan runs the training engines (rtl_train), which keep the SIMD = 1 fill
+        fill_f = fill if train else turn_fill(engine_kind(l.type), simd) * batch
         fold[l.name] = (pe, simd)
         fc += c.fwd_cycles + (fill_f if c.fwd_cycles else 0)
         b = backward_work(c.bwd_in_cycles, c.bwd_w_cycles, l.name not in no_dx)

@@ -285,6 +285,20 @@ def mvu_fill(simd: int = 1) -> int:
     return MVU_FILL + mvu_tree_stages(simd)
 
 
+#: cycles a turn's off-chip weight fetch keeps it beyond its words: the sequencer's request
+#: register and ddr_weights loading the count (hls_templates/rtl: tm_sequencer, ddr_weights)
+WEIGHT_TURN_LAG = 2
+#: cycles a job's weight fill adds beyond its words: the request, the count's load, the first grant
+WEIGHT_FILL_LAG = 2
+
+
+def fetch_turn_cycles(own: int, fill: int, fetch: int) -> int:
+    """Cycles of a time-multiplexed turn that computes for ``own`` + ``fill`` cycles while its
+    off-chip weights arrive in ``fetch`` words: the longer of the two (the sequencer holds the
+    turn until ddr_weights has counted its words, WEIGHT_TURN_LAG after the last)."""
+    return max(own + fill, fetch + WEIGHT_TURN_LAG) if fetch else own + fill
+
+
 def turn_fill(kind: str, simd: int = 1) -> int:
     """Cycles a time-multiplexed unit's turn takes beyond its beats (pipeline fill); an MVU's
     depends on its SIMD (:func:`mvu_fill`)."""

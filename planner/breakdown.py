@@ -276,8 +276,8 @@ def breakdown(ex: Explorer, cand: Candidate) -> list[dict]:
         compute = max(0.0, busy - fills - offchip)
         link, ar = (float(v) for v in idle[d])
         room = T - busy
-        if link + ar > room:   # a steady window's ops straddle its ends: keep within the iteration
-            k = max(0.0, room) / (link + ar)
+        if link + ar > max(0.0, room):   # a steady window's ops straddle its ends: keep within the iteration
+            k = max(0.0, room) / (link + ar)   # link + ar > 0 here
             link, ar = link * k, ar * k
         vals = [compute, fills, offchip, link, ar, 0.0]
         bubble = _close(vals, T)

@@ -225,7 +225,8 @@ class Explorer:
         if key not in self._vtables:
             board = board if board is not None else self.tables[btype].board
             share = engine_share(v, self.req.mode == "train")
-            self._vtables[key] = layer_table(self.model, board, self.req.fmt, self.req.cap * share, self._meas[btype])
+            self._vtables[key] = layer_table(self.model, board, self.req.fmt, self.req.cap * share, self._meas[btype],
+                                             self.req.mode == "train")
         return self._vtables[key]
 
     def stage_model(self, btype: str, beta: int, recompute: bool, schedule: str, k: int = 1,

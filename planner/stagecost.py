@@ -49,8 +49,11 @@ class LayerTable:
     fill_f: np.ndarray | None = None       # FPGA: the same for forward turns (the MVU's adder tree: engines.mvu_fill)
 
 
-def layer_table(model: Model, board: Board, fmt: str, cap: float, measured: dict | None = None) -> LayerTable:
-    """Per-layer work and folding of ``model`` on ``board`` (tm style: each layer gets the whole budget)."""
+def layer_table(model: Model, board: Board, fmt: str, cap: float, measured: dict | None = None,
+                train: bool = False) -> LayerTable:
+    """Per-layer work and folding of ``model`` on ``board`` (tm style: each layer gets the whole
+    budget). Forward turns' fill: the inference MVU's adder tree (engines.mvu_fill of its SIMD);
+    ``train`` plans run the training engines, whose forward keeps the SIMD = 1 fill."""
     n = len(model.layers)
     fw, bw, lanes = np.zeros(n), np.zeros(n), np.ones(n)
     fold = []
@@ -78,8 +81,9 @@ def layer_table(model: Model, board: Board, fmt: str, cap: float, measured: dict
     fill = None
     if board.kind != "gpu":
         fill = np.array([turn_fill(engine_kind(l.type)) for l in model.layers], dtype=float)
-        fill_f = np.array([turn_fill(engine_kind(l.type), s) for l, (_p, s) in zip(model.layers, fold)], dtype=float)
-    t = LayerTable(board, fold, fw, bw, lanes, gf, gb, fill=fill, fill_f=None if fill is None else fill_f)
+        fill_f = None if train else np.array([turn_fill(engine_kind(l.type), s) for l, (_p, s)
+                                              in zip(model.layers, fold)], dtype=float)
+    t = LayerTable(board, fold, fw, bw, lanes, gf, gb, fill=fill, fill_f=fill_f)
     if measured:
         t.measured_f = np.array([measured[l.name]["fwd_s"] for l in model.layers], dtype=float)
         t.measured_b = np.array([measured[l.name]["bwd_s"] for l in model.layers], dtype=float)

@@ -566,7 +566,7 @@ def test_synth_of_a_replica_board_synthesises_the_rtl_it_runs(at, capsys, monkey
     seen = []
     monkeypatch.setattr(cs, "synth_files", lambda out, srcs, top, tag, timeout_s, mem_dir:
                         seen.append((top, tag)) or {"status": "ok", "wall_s": 0.0, "dsp": 1, "lut": 2, "ff": 3,
-                                                    "bram36": 0})
+                                                    "bram36": 0, "uram": 0})
     assert main(["synth", "brep", "--board", replica, "--json"]) == 0
     r = json.loads(capsys.readouterr().out)
     assert seen == [(tops[first], replica)]

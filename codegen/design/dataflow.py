@@ -35,7 +35,8 @@ import numpy as np
 from bapipe.errors import SpecError
 from bapipe.names import legal  # layer names -> Verilog identifiers (imported models: "/features/features.0/Conv")
 from bapipe.plan import Folding, Plan
-from bapipe.fpga_models.engines import (BN_FILL, DDR_WORD_BITS, MVU_FILL, POOL_FILL, TM_SWITCH, mvu_fill,  # noqa: F401
+from bapipe.fpga_models.engines import (BN_FILL, DDR_WORD_BITS, MVU_FILL, POOL_FILL, TM_SWITCH, WEIGHT_FILL_LAG,
+                                        WEIGHT_TURN_LAG, fetch_turn_cycles, mvu_fill,  # noqa: F401
                                  conv_window_lanes, ddr_words_per_beat, frame_io_cycles, link_beat_cycles,
                                  mvu_vector_cycles, swg_beats, width_conv_cycles, window_stream_fill)
 from bapipe.fpga_models.engines import concat_cycles
@@ -411,11 +412,6 @@ def offchip_frames(plan: Plan, stage, model, cluster) -> frozenset[str]:
     return frozenset(t.name for t, o in zip(turns, off) if o)
 
 
-#: cycles a turn's weight fetch keeps it beyond its words: the sequencer's request register and
-#: ddr_weights loading the count (tm_sequencer, ddr_weights)
-WEIGHT_TURN_LAG = 2
-#: cycles a job's fill adds beyond its words: the request, the count's load, the first grant
-WEIGHT_FILL_LAG = 2
 
 
 @dataclass(frozen=True)
@@ -473,7 +469,7 @@ def _wait_weights(units: list[Unit], wf: WeightFetch | None) -> None:
         return
     for u in units:
         if wf.fetch.get(u.layer):
-            u.cycles = max(u.cycles, wf.fetch[u.layer] + WEIGHT_TURN_LAG)
+            u.cycles = fetch_turn_cycles(u.cycles, 0, wf.fetch[u.layer])
     if wf.fill:
         units[0].cycles += wf.fill + WEIGHT_FILL_LAG
 
