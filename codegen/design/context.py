@@ -666,7 +666,7 @@ def _train_kernels(s: StageCtx, loss, mem: str, kernels: dict, connects: list, s
             ak = u.allreduce_name
             kernels.setdefault(ak, []).append(f"{ak}_1")
             slr.append(f"{ak}_1:SLR0")
-            sp.extend(f"{ak}_1.{g}:{mem}" for g, _ in u.grads)
+            sp.extend(f"{ak}_1.{x}{g}:{mem}" for g, _ in u.grads for x in ("snd_", ""))
             connects.append(f"{ak}_1.ring_out:net_tx_1.{ak}_ring_out")
             connects.append(f"net_rx_1.{ak}_ring_in:{ak}_1.ring_in")
     if loss is not None:

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field, replace
 from bapipe.errors import SpecError
 from bapipe.plan import Plan, Stage
 from bapipe.fpga_models import fixedpoint as fx
-from bapipe.fpga_models.boards import get_board
+from bapipe.fpga_models.boards import bytes_per_element, get_board
 
 from bapipe.codegen.design.backward import build_bwd, design_backward_memory
 from bapipe.codegen.design.context import (ProjectCtx, StageCtx, build_boards, build_stage, check_plan, format_ctx, header_lines,
@@ -34,7 +34,7 @@ from bapipe.codegen.design.context import (ProjectCtx, StageCtx, build_boards, b
 from bapipe.codegen.design.dataflow import Pipeline, Unsupported, build_pipeline
 from bapipe.codegen.design.stash import build_stashes
 from bapipe.codegen.design.tm_kernel import engine_stage, onchip_budget
-from bapipe.codegen.design.train_kernels import build_loss, stage_update
+from bapipe.codegen.design.train_kernels import build_loss, kernel_site, stage_update
 from bapipe.codegen.design.training import train_design
 
 
@@ -133,7 +133,9 @@ def training_kernels(d: Design) -> None:
     for pos, sc in d.contexts.items():
         st = d.plan.stages[pos]
         sc.bwd = build_bwd(d.plan, d.model, st, sc, fx.get_fmt(d.plan.number_format), _board_of(d, st))
-        sc.update, sc.update_note = stage_update(sc, d.model, st.replicas)
+        samples = max(1, d.plan.microbatches) * max(1, d.plan.microbatch_size)
+        site = kernel_site(sc, st, d.cluster, _board_of(d, st), samples, bytes_per_element(d.plan.number_format))
+        sc.update, sc.update_note = stage_update(sc, d.model, st.replicas, site)
         if pos in engines:   # the forward kernel writes the backward's stashes
             sc.stash_note = build_stashes(sc, d.model, d.pipeline.stages[pos], d.plan, pos)
 

@@ -681,5 +681,5 @@ def shared_buffers(ctx) -> list[list[tuple[str, str]]]:
                 out.append([(bi, a.name), (ui, a.name)])
         for g in s.bwd.grad_arrays:
             out.append([(bi, g.name)] + [(ui, f"g_{a.name}") for a in u.arrays if a.grad == g.name]
-                       + ([(ai, g.name)] if ai else []))
+                       + ([(ai, f"snd_{g.name}"), (ai, g.name)] if ai else []))
     return out

@@ -1,6 +1,7 @@
 """The weight-update (SGD with momentum) kernel of a training stage and, for a replicated stage,
 the all-reduce kernel between its replicas, decided here and printed by stage_update.cpp.j2 and
-stage_allreduce.cpp.j2 (helpers: hls_templates/hls/bapipe_update.h.j2).
+stage_allreduce.cpp.j2 (helpers: hls_templates/hls/bapipe_update.h.j2); their cycles are
+fpga_models.update's and fpga_models.allreduce's, the functions the planner prices them with.
 
 Update: one call per iteration, after the backward kernel's flush (and the replicas'
 all-reduce): for every weight array of the stage (layer weights and biases, kernel layout) it reads
@@ -13,13 +14,17 @@ train_fixed.sgd_constants are s_axilite arguments, so a run's --lr and momentum 
 rebuild) and writes master and velocity back, plus the 16[10] forward copy twice: in the
 backward kernel's layout (``data_t [MH][MW]``, the m_axi weight arguments of stage<i>_bwd) and,
 for engine kernels (codegen.design.tm_kernel), in the forward MVU's banked layout
-``[NF*SF][PE][SIMD]`` (its writable m_axi weight arrays; biases ``[NF][PE]``). One element a
-cycle per array (II=1); the arrays follow one another.
+``[NF*SF][PE][SIMD]`` (its writable m_axi weight arrays; biases ``[NF][PE]``). One word of
+``LANES`` elements a trip (512-bit beats of sums and velocities), at the II fpga_models.update
+gives the array (its banks' bandwidth; a forward copy whose words do not land whole is written
+an element a cycle); the arrays follow one another.
 
 All-reduce (replicas > 1): each replica's ``stage<i>_allreduce`` reads the exact gradient sums
-its backward kernel flushed, runs a ring reduce-scatter and all-gather with its neighbours over
-two AXI4-Stream ports (one 64-bit sum a beat) and writes the total back in place, before the
-update kernel reads it (bapipe::ring_allreduce).
+its backward kernel flushed and runs a ring reduce-scatter and all-gather with its neighbours
+over two AXI4-Stream ports, one word of ``LANES`` sums (480 bits, a network beat's payload) a
+trip; each step is a DATAFLOW region of a sender and a receiver process, so no write and read
+on the ring share a loop (fpga_models.allreduce). The totals are written back in place before
+the update kernel reads them.
 
 Batchnorm scale and shift train like biases: the backward kernel's exact per-channel sums
 (ds_*/dsh_*, codegen.design.backward), the forward's ``[C/LANES][LANES]`` arrays written in place.
@@ -30,7 +35,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from bapipe.fpga_models.collective import ring_steps
+from bapipe.fpga_models import allreduce as ar
+from bapipe.fpga_models import update as upd
 
 
 #: elements of a weight array on which the forward layout is checked at gen time (spread evenly;
@@ -53,6 +59,31 @@ class UpdateArray:
     simd: int = 1             # ... and columns in SIMD lanes
     colmap: list[int] | None = None   # forward column of each kernel column (a dense layer behind a
                                       # flatten reads its vector in HWC order); None: the same
+    ii: int = 1               # the update loop's II (fpga_models.update.update_ii)
+
+    @property
+    def words(self) -> int:
+        """Words of LANES elements the update loop takes (the buffers are whole words)."""
+        return -(-self.count // ar.LANES)
+
+    @property
+    def permuted(self) -> bool:
+        """Does the forward read its columns in another order than the kernel layout?"""
+        return self.colmap is not None and list(self.colmap) != list(range(self.cols))
+
+    @property
+    def wide(self) -> bool:
+        """Does every word land whole in the forward's banked copy (fpga_models.update.wide)?"""
+        return upd.wide(self.count, self.rom is not None, self.cols, self.simd, self.permuted)
+
+    @property
+    def rom_param(self) -> str | None:
+        """The C parameter of the forward's banked array it writes: words when they land whole."""
+        if self.rom is None:
+            return None
+        if self.wide:
+            return f"bapipe::wword_t {self.rom}[{self.count // ar.LANES}]"
+        return f"bapipe::rom_t {self.rom}[{self.count}]"
 
     @property
     def colmap_name(self) -> str:
@@ -62,18 +93,9 @@ class UpdateArray:
     def count(self) -> int:
         return self.rows * self.cols
 
-    @property
-    def call(self) -> str:
-        """The C call that updates it (template bapipe::sgd_array)."""
-        rom = self.rom or "(bapipe::rom_t *)0"
-        cmap = self.colmap_name if self.colmap is not None else "(const int *)0"
-        return (f"bapipe::sgd_array<{self.rows}, {self.cols}, {self.pe}, {self.simd}, {int(self.rom is not None)}, "
-                f"{int(self.colmap is not None)}>(g_{self.name}, m_{self.name}, v_{self.name}, {self.name}, {rom}, "
-                f"{cmap}, mu, lr, shift)")
-
     def dest(self, e: np.ndarray) -> np.ndarray:
         """Where kernel-layout element e lands in the forward's array (flat): the same index
-        arithmetic as bapipe::sgd_array."""
+        arithmetic as bapipe::banked_index."""
         e = np.asarray(e, dtype=np.int64)
         r, c = e // self.cols, e % self.cols
         if self.colmap is not None:
@@ -109,6 +131,11 @@ class UpdateCtx:
     grads: list[tuple[str, int]] = field(default_factory=list)   # the backward kernel's gradient arrays
     replicas: int = 1               # data-parallel copies of the stage: > 1 adds the all-reduce kernel
     mb: int = 1                     # samples of a replica's micro-batch (the backward kernel's MB)
+    ring: ar.RingTiming | None = None   # the all-reduce as built (fpga_models.allreduce), replicas > 1
+    elem_bytes: int = 2             # bytes of one forward-format weight
+    banks: int = 1                  # memory banks the update's streams spread over (fpga_models.update)
+    bank_bpc: float = 64.0          # bytes a cycle of one of them
+    clock_hz: float = 300e6         # the kernels' clock (the board's)
 
     @property
     def consts(self):
@@ -118,42 +145,72 @@ class UpdateCtx:
         return sgd_constants(0.05, 0.9, self.mb, get_formats("fixed16"))
 
     @property
+    def lanes(self) -> int:
+        return ar.LANES
+
+    @property
+    def send_depth(self) -> int:
+        return ar.SEND_DEPTH
+
+    @property
+    def recv_depth(self) -> int:
+        return ar.RECV_DEPTH
+
+    @property
+    def update_depth(self) -> int:
+        return upd.UPDATE_DEPTH
+
+    @property
     def allreduce_name(self) -> str:
         return f"{self.stage}_allreduce"
 
     @property
+    def grad_words(self) -> list[tuple[str, int, int]]:
+        """(name, sums, words) of every gradient array (buffers of whole words)."""
+        return [(g, n, -(-n // ar.LANES)) for g, n in self.grads]
+
+    @property
     def allreduce_params(self) -> list[str]:
-        """The all-reduce kernel's C parameters: the ring's two stream ports, the gradient sums
-        (the backward kernel's dw_*/db_* memory, read and rewritten), this replica's rank."""
-        return (["hls::stream<bapipe::ring_t> &ring_in", "hls::stream<bapipe::ring_t> &ring_out"]
-                + [f"bapipe::wsum_t {g}[{n}]" for g, n in self.grads] + ["int rank", "int replicas"])
+        """The all-reduce kernel's C parameters: the ring's two stream ports, then per gradient
+        array (the backward kernel's dw_*/db_* memory) a read-only view for the sender
+        (``snd_<name>``) and the read-write view of the receiver (the host passes one buffer
+        to both), this replica's rank and the replica count."""
+        out = ["hls::stream<bapipe::ring_t> &ring_in", "hls::stream<bapipe::ring_t> &ring_out"]
+        out += [f"const bapipe::gword_t snd_{g}[{w}]" for g, _n, w in self.grad_words]
+        out += [f"bapipe::gword_t {g}[{w}]" for g, _n, w in self.grad_words]
+        return out + ["int rank", "int replicas"]
+
+    @property
+    def allreduce_args(self) -> list[str]:
+        return (["ring_in", "ring_out"] + [f"snd_{g}" for g, _n, _w in self.grad_words]
+                + [g for g, _n, _w in self.grad_words] + ["rank", "replicas"])
 
     @staticmethod
     def ring_lanes(elem_bits: int) -> int:
-        """The ring's beat (one 64-bit sum) in elements of the plan's format (network channels)."""
-        return 64 // elem_bits
+        """The ring's word (fpga_models.allreduce.WORD_BITS) in elements of the plan's format
+        (network channels size their stage ports in elements)."""
+        return ar.WORD_BITS // elem_bits
 
     def ring_elements(self, elem_bits: int) -> int:
-        """Elements of one ring step (a chunk of ceil(N / R) sums of every array), as a network
-        channel counts a sample's elements."""
-        return sum(-(-n // self.replicas) for _, n in self.grads) * self.ring_lanes(elem_bits)
+        """Elements of one ring step (a chunk of every array), as a network channel counts a
+        sample's elements."""
+        return sum(self.ring.chunks if self.ring else ()) * self.ring_lanes(elem_bits)
 
     @property
     def allreduce_cycles(self) -> int:
-        """Loop trips of one all-reduce call: 2 (R - 1) chunks (``ring_steps``) of ceil(N / R)
-        words per array."""
-        r = self.replicas
-        return sum(ring_steps(r) * (-(-n // r)) for _, n in self.grads)
+        """Cycles of one all-reduce call (fpga_models.allreduce.RingTiming.cycles)."""
+        return self.ring.cycles if self.ring is not None else 0
 
     @property
     def params(self) -> list[str]:
-        """The C parameter list of the top function (flat arrays: the same memory as the
+        """The C parameter list of the top function (whole words: the same memory as the
         backward kernel's [MH][MW] arguments and the forward's banked ones)."""
         out = []
         for a in self.arrays:
-            out += [f"const bapipe::wsum_t g_{a.name}[{a.count}]", f"int m_{a.name}[{a.count}]",
-                    f"long long v_{a.name}[{a.count}]", f"data_t {a.name}[{a.count}]"]
-        out += [f"bapipe::rom_t {r}[{n}]" for r, n in self.roms]
+            out += [f"const bapipe::gword_t g_{a.name}[{a.words}]", f"bapipe::mword_t m_{a.name}[{a.words}]",
+                    f"bapipe::gword_t v_{a.name}[{a.words}]", f"bapipe::wword_t {a.name}[{a.words}]"]
+        by_rom = {a.rom: a for a in self.arrays if a.rom is not None}
+        out += [by_rom[r].rom_param for r, _n in self.roms]
         return out + ["int mu", "int lr", "int shift"]
 
     @property
@@ -165,30 +222,90 @@ class UpdateCtx:
 
     @property
     def cycles(self) -> int:
-        """Loop trips of one call: one element a cycle, array after array."""
-        return sum(a.count for a in self.arrays)
+        """Cycles of one call (fpga_models.update.update_cycles: each array's words at its II)."""
+        return upd.update_cycles([upd.UpdArray(a.count, a.rom is not None, a.wide) for a in self.arrays],
+                                 self.elem_bytes, self.banks, self.bank_bpc)
+
+    @property
+    def flush_cycles(self) -> float:
+        """Cycles of the backward kernel's flush of the sums (fpga_models.update.flush_cycles)."""
+        return upd.flush_cycles([n for _g, n in self.grads], self.bank_bpc)
 
     def host_config(self) -> dict:
+        clk = self.clock_hz
         return {"kernel": self.name,
                 "arrays": [{"name": a.name, "layer": a.layer, "kind": a.key, "grad": a.grad, "elements": a.count,
-                            "rows": a.rows, "cols": a.cols, "rom": a.rom} for a in self.arrays],
+                            "words": a.words, "rows": a.rows, "cols": a.cols, "rom": a.rom, "ii": a.ii,
+                            "rom_words": a.rom is not None and a.wide} for a in self.arrays],
                 "roms": [{"name": r, "elements": n} for r, n in self.roms],
                 "formats": {"master": "int32 raw, 24 fraction bits", "velocity": "int64 raw (48-bit saturating), "
                             "22 fraction bits", "gradient": "int64 exact sum, 22 fraction bits"},
                 "constants": "mu, lr, shift: fpga_models.train_fixed.sgd_constants (s_axilite)",
-                "cycles": self.cycles,
+                "lanes": ar.LANES, "cycles": self.cycles, "seconds": self.cycles / clk,
+                "flush_cycles": self.flush_cycles, "flush_s": self.flush_cycles / clk,
                 "allreduce": None if self.replicas < 2 else {
                     "kernel": self.allreduce_name, "replicas": self.replicas, "cycles": self.allreduce_cycles,
-                    "arrays": [{"name": g, "elements": n} for g, n in self.grads],
-                    "ring": "reduce-scatter then all-gather, one 64-bit sum a beat; ring_out of replica k feeds "
-                            "ring_in of replica k+1 mod R"}}
+                    "seconds": self.allreduce_cycles / clk,
+                    "ii_reduce_scatter": self.ring.ii_rs, "ii_all_gather": self.ring.ii_ag,
+                    "latency": self.ring.latency, "chunk_words": list(self.ring.chunks),
+                    "arrays": [{"name": g, "elements": n, "words": w} for g, n, w in self.grad_words],
+                    "ring": f"reduce-scatter then all-gather, {ar.LANES} sums of {ar.WIRE_BITS} bits a word "
+                            "(a network beat's payload); ring_out of replica k feeds ring_in of replica k+1 mod R"}}
 
 
-def build_update(sc, model=None, replicas: int = 1) -> UpdateCtx | None:
+@dataclass(frozen=True)
+class KernelSite:
+    """Where a stage's update and all-reduce kernels run, as their timing needs it: the ring's
+    slowest hop (bytes a cycle, latency cycles), the board's clock and memory banks, the
+    global batch (the ring's sums must fit fpga_models.allreduce.WIRE_BITS) and the weights'
+    bytes. Defaults: an ideal link and memory (unit tests of the layouts)."""
+
+    link_bpc: float = float("inf")
+    link_latency: int = 1
+    clock_hz: float = 300e6
+    banks: int = 1
+    bank_bpc: float = float("inf")
+    samples: int = 1
+    elem_bytes: int = 2
+
+
+def kernel_site(sc, st, cluster, board, samples: int, elem_bytes: int) -> KernelSite:
+    """The KernelSite of plan stage ``st`` (StageCtx ``sc``) on ``board`` (fpga_models.boards.Board,
+    None when unknown) in ``cluster``: the ring over its replicas' boards in order, the
+    slowest hop's bandwidth and latency (the planner's Explorer.ring)."""
+    clk = board.clock_hz if board is not None else 300e6
+    bpc, lat = float("inf"), 1
+    names = list(sc.boards)
+    if cluster is not None and len(names) > 1:
+        bw, lat_s = float("inf"), 0.0
+        for a, b in zip(names, names[1:] + names[:1]):
+            bw = min(bw, cluster.path_bandwidth(a, b))
+            lat_s = max(lat_s, cluster.path_latency(a, b))
+        bpc, lat = bw / clk, max(1, round(lat_s * clk))
+    banks = upd.bank_count(board) if board is not None else 1
+    bank = upd.bank_Bps(board) / clk if board is not None else float("inf")
+    return KernelSite(bpc, lat, clk, banks, bank, max(1, samples), elem_bytes)
+
+
+def _sum_terms(layer, samples: int) -> int:
+    """Products one exact weight-gradient sum of ``layer`` adds over ``samples`` samples (its
+    largest array's): a vector per output pixel (conv2d), per row (dense), per position
+    (batchnorm)."""
+    from math import prod
+    if layer.type == "conv2d":
+        return samples * int(layer.out_shape[1]) * int(layer.out_shape[2])
+    if layer.type == "batchnorm":
+        return samples * (int(prod(layer.out_shape)) // int(layer.out_shape[0]))
+    return samples * int(prod(layer.in_shapes[0][:-1]))
+
+
+def build_update(sc, model=None, replicas: int = 1, site: KernelSite | None = None) -> UpdateCtx | None:
     """The update kernel of training stage ``sc`` (a codegen.design.context.StageCtx with its backward
     kernel), or None for an inference stage or one without weights. ValueError names a layer it
-    cannot train.
-    ``model`` (the spec Model) finds a flatten in an earlier stage (the forward's column order)."""
+    cannot train, or a replicated stage whose sums do not fit the ring's word.
+    ``model`` (the spec Model) finds a flatten in an earlier stage (the forward's column order);
+    ``site`` where it runs (its cycles)."""
+    site = site or KernelSite()
     from bapipe.codegen.design.dataflow import legal
 
     if sc.bwd is None:
@@ -230,15 +347,28 @@ def build_update(sc, model=None, replicas: int = 1) -> UpdateCtx | None:
     missing = [r for r, _ in ext if r not in written]
     if missing:
         raise ValueError(f"stage {sc.index}: forward arrays {', '.join(missing)} have no update")
-    return UpdateCtx(name=f"{sc.name}_update", stage=sc.name, arrays=arrays, roms=ext,
-                     grads=[(g.name, g.count) for g in sc.bwd.grad_arrays], replicas=max(1, replicas), mb=sc.bwd.mb)
+    for a in arrays:
+        a.ii = upd.update_ii(site.elem_bytes, a.rom is not None, a.wide, site.banks, site.bank_bpc)
+    grads = [(g.name, g.count) for g in sc.bwd.grad_arrays]
+    r = max(1, replicas)
+    ring = None
+    if r > 1:
+        bits = max((ar.sum_bits(_sum_terms(lc.layer, site.samples), 8 * site.elem_bytes)
+                    for lc in sc.layers if lc.layer is not None and lc.weights), default=0)
+        if bits > ar.WIRE_BITS:
+            raise ValueError(f"stage {sc.index}: the all-reduce carries {ar.WIRE_BITS}-bit sums, its gradients "
+                             f"need {bits} bits over {site.samples} samples (fpga_models.allreduce)")
+        ring = ar.ring_timing([n for _g, n in grads], r, site.link_bpc, site.link_latency, site.bank_bpc)
+    return UpdateCtx(name=f"{sc.name}_update", stage=sc.name, arrays=arrays, roms=ext, grads=grads,
+                     replicas=r, mb=sc.bwd.mb, ring=ring, elem_bytes=site.elem_bytes, banks=site.banks,
+                     bank_bpc=site.bank_bpc, clock_hz=site.clock_hz)
 
 
-def stage_update(sc, model=None, replicas: int = 1) -> tuple[UpdateCtx | None, str | None]:
+def stage_update(sc, model=None, replicas: int = 1, site: KernelSite | None = None) -> tuple[UpdateCtx | None, str | None]:
     """(the update kernel, None), or (None, why not) for a training stage it cannot train
     (gen still writes the forward and backward kernels), or (None, None) for inference."""
     try:
-        return build_update(sc, model, replicas), None
+        return build_update(sc, model, replicas, site), None
     except ValueError as e:
         return None, str(e)
 

@@ -142,6 +142,8 @@ def render_kernels(ctx: ProjectCtx, plan_text: str, cluster=None) -> tuple[dict[
     """Every HLS file of the project, path -> bytes (kernels, testbenches, HLS scripts, host
     config, link configs), and the placement pass's result (nothing touches the disk here).
     codegen.package.project adds the network kernels and the Makefile."""
+    from bapipe.fpga_models import allreduce as ar_model
+
     env = environment()
     c_hdr = comment(ctx.header, "//")
     h_hdr = comment(ctx.header, "#")
@@ -160,7 +162,8 @@ def render_kernels(ctx: ProjectCtx, plan_text: str, cluster=None) -> tuple[dict[
     put("common/csim/hls_stream.h", "hls_stream_csim.h.j2", header=c_hdr)
     if any(s.bwd is not None for s in ctx.stages):
         put("common/bapipe_layers_bwd.h", "bapipe_layers_bwd.h.j2", header=c_hdr)
-        put("common/bapipe_update.h", "bapipe_update.h.j2", header=c_hdr)
+        put("common/bapipe_update.h", "bapipe_update.h.j2", header=c_hdr, lanes=ar_model.LANES,
+            wire_bits=ar_model.WIRE_BITS)
         put("common/bapipe_stash.h", "bapipe_stash.h.j2", header=c_hdr)
     put("common/mm2s.cpp", "mm2s.cpp.j2", header=c_hdr)
     put("common/s2mm.cpp", "s2mm.cpp.j2", header=c_hdr)

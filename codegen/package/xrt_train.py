@@ -22,6 +22,13 @@ from __future__ import annotations
 WSUM_BYTES = 8
 
 
+def _whole(n: int) -> int:
+    """Elements of a buffer the update and all-reduce kernels stream as words
+    (fpga_models.update.padded_elements: whole 64-byte words of sums; the pad lanes stay zero)."""
+    from bapipe.fpga_models.update import padded_elements
+    return padded_elements(n)
+
+
 def _arg(args: list, name: str, kind: str, **kw) -> None:
     args.append({"index": len(args), "name": name, "kind": kind, **kw})
 
@@ -50,11 +57,11 @@ def _backward(s, eb: int) -> list[dict]:
     for st in b.stashes:
         _arg(args, st.name, "stash", buffer=f"stash:{st.tensor}", tensor=st.tensor, bytes=b.mb * st.elements * eb)
     for g in b.grad_arrays:
-        _arg(args, g.name, "grad", buffer=f"grad:{g.name}", bytes=g.count * WSUM_BYTES)
+        _arg(args, g.name, "grad", buffer=f"grad:{g.name}", bytes=_whole(g.count) * WSUM_BYTES)
     for a in b.acc_ports:
         _arg(args, a.name, "scratch", bytes=a.bytes)
     for w in b.weights:
-        _arg(args, w.name, "weights16", buffer=f"w16:{w.name}", bytes=int(w.kernel_q.size) * eb)
+        _arg(args, w.name, "weights16", buffer=f"w16:{w.name}", bytes=_whole(int(w.kernel_q.size)) * eb)
     for f in b.frames:
         _arg(args, f.name, "scratch", bytes=f.bytes)
     _arg(args, "n", "samples")
@@ -65,11 +72,12 @@ def _backward(s, eb: int) -> list[dict]:
 def _update(u, eb: int) -> list[dict]:
     args: list[dict] = []
     for a in u.arrays:
-        _arg(args, f"g_{a.name}", "grad", buffer=f"grad:{a.grad}", bytes=a.count * WSUM_BYTES)
-        _arg(args, f"m_{a.name}", "master", buffer=f"master:{a.name}", bytes=a.count * 4, layer=a.layer, key=a.key,
-             rows=a.rows, cols=a.cols)
-        _arg(args, f"v_{a.name}", "velocity", buffer=f"vel:{a.name}", bytes=a.count * 8)
-        _arg(args, a.name, "weights16", buffer=f"w16:{a.name}", bytes=a.count * eb)
+        n = _whole(a.count)
+        _arg(args, f"g_{a.name}", "grad", buffer=f"grad:{a.grad}", bytes=n * WSUM_BYTES)
+        _arg(args, f"m_{a.name}", "master", buffer=f"master:{a.name}", bytes=n * 4, layer=a.layer, key=a.key,
+             rows=a.rows, cols=a.cols, elements=a.count)
+        _arg(args, f"v_{a.name}", "velocity", buffer=f"vel:{a.name}", bytes=n * 8)
+        _arg(args, a.name, "weights16", buffer=f"w16:{a.name}", bytes=n * eb)
     for r, n in u.roms:
         _arg(args, r, "weights", buffer=f"rom:{r}", bytes=n * eb)
     for c in ("mu", "lr", "shift"):
@@ -81,8 +89,10 @@ def _allreduce(u) -> list[dict]:
     args: list[dict] = []
     _arg(args, "ring_in", "stream")
     _arg(args, "ring_out", "stream")
-    for g, n in u.grads:
-        _arg(args, g, "grad", buffer=f"grad:{g}", bytes=n * WSUM_BYTES)
+    for g, n in u.grads:   # the sender's read-only view of each sum buffer ...
+        _arg(args, f"snd_{g}", "grad", buffer=f"grad:{g}", bytes=_whole(n) * WSUM_BYTES)
+    for g, n in u.grads:   # ... and the receiver's read-write one: the same buffer
+        _arg(args, g, "grad", buffer=f"grad:{g}", bytes=_whole(n) * WSUM_BYTES)
     _arg(args, "rank", "rank")
     _arg(args, "replicas", "replicas")
     return args

@@ -96,9 +96,10 @@ class _Replica:
             if len(data) != a["bytes"]:
                 raise BackendUnavailable(f"backend xrt: {build / a['file']} holds fewer bytes than {a['name']} needs")
             return data
-        if k == "master":
-            return _kernel_layout(master[a["layer"]][a["key"]]).astype("<i4").tobytes()
-        if k == "velocity":
+        if k == "master":   # whole words (codegen.package.xrt_train): the pad lanes zero
+            data = _kernel_layout(master[a["layer"]][a["key"]]).astype("<i4").tobytes()
+            return data + bytes(a["bytes"] - len(data))
+        if k in ("velocity", "grad"):   # zeros: the pad lanes of the words the kernels stream stay zero
             return bytes(a["bytes"])
         if k == "weights16":   # the 16-bit copy of the master weights, kernel layout
             up = next((x for x in self.st["update"]["args"] if x.get("buffer") == a["buffer"].replace("w16:", "master:")),
@@ -106,7 +107,8 @@ class _Replica:
             if up is None:
                 return None
             q = T.rescale(_kernel_layout(master[up["layer"]][up["key"]]), tf.master.frac, tf.act)
-            return np.asarray(q).astype(elem_dtype).tobytes()
+            data = np.asarray(q).astype(elem_dtype).tobytes()
+            return data + bytes(a["bytes"] - len(data))
         return None
 
     def run(self, role: str, scalars: dict, slot: int | None = None):
@@ -319,6 +321,7 @@ class _Session:
                 bo = r.bos[a["buffer"]]
                 bo.sync(from_dev, a["bytes"], 0)
                 raw = np.frombuffer(bytes(bo.read(a["bytes"], 0)), dtype="<i4").astype(np.int64)
+                raw = raw[:a.get("elements", raw.size)]   # whole words: the pad lanes dropped
                 shape = np.shape(master[a["layer"]][a["key"]])
                 got.setdefault(a["layer"], {})[a["key"]] = _model_layout(raw, shape)
         return got

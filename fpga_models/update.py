@@ -1,0 +1,207 @@
+"""What a training stage pays once per iteration beside its micro-batches, as the HLS kernels
+build it: the backward kernel's flush of the exact weight-gradient sums, the all-reduce between
+replicas (fpga_models.allreduce) and the SGD update kernel (``bapipe::sgd_words``,
+hls_templates/hls/library/bapipe_update.h.j2). The one home of their cycles: the planner
+(planner.search, planner.breakdown), the simulator (fpga_models.sim), the Design
+(codegen.design.train_kernels) and csim read these.
+
+Update kernel: per weight array (kernel layout, one after another), one **word** of
+:data:`LANES` elements a trip: the gradient sums (int64) and velocities (int64) as one 512-bit
+beat each, the master weights (int32) as 256 bits, the backward's 16-bit copy as 128 bits and,
+for an engine kernel, the forward's banked copy (``[NF*SF][PE][SIMD]``): one 128-bit write when
+the word's 8 elements land on 8 consecutive, aligned places there (:func:`wide`), else 8
+writes of one element (a dense layer reading a flattened image in HWC order, SIMD not a
+multiple of 8: the port takes one a cycle, and each costs a whole burst of the bank). The
+trip's II is the larger of that and the busiest bank's bytes per word at the bank's bandwidth,
+the streams spread over the board's banks heaviest first (:func:`spread`): the kernel's
+``#pragma HLS PIPELINE II``.
+
+Flush: the backward kernel writes each array's sums one 512-bit beat (8 sums) a cycle
+(codegen.design.backward's ``bwd_flush``), at most the gradient bank's bandwidth.
+
+Every buffer these kernels read as words is allocated in whole 64-byte words
+(:func:`padded_elements`); the pad lanes hold zeros and stay zero.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from .allreduce import LANES, MEM_WORD_BITS, ring_timing
+
+#: pipeline depth of one array's update loop (its BAPIPE_LOOP depth): reads, the two products,
+#: the saturations, the writes
+UPDATE_DEPTH = 6
+#: pipeline depth of one flush loop of the backward kernel (its BAPIPE_LOOP depth)
+FLUSH_DEPTH = 2
+#: bytes a 64-byte memory beat moves
+BEAT_BYTES = MEM_WORD_BITS // 8
+
+
+def bank_Bps(board) -> float:
+    """Bandwidth of one memory bank of ``board`` (bytes/s): the banks its placement uses
+    (HBM pseudo-channels when the board has them, else its DDR banks), the slowest; a board
+    without a bank table: its whole off-chip bandwidth as one bank."""
+    banks = [b for b in board.banks if b.kind == "hbm"] or list(board.banks)
+    return min(b.bw_Bps for b in banks) if banks else float(board.offchip_bw_Bps)
+
+
+def bank_count(board) -> int:
+    """Banks the update's streams can spread over (:func:`bank_Bps`'s kind)."""
+    banks = [b for b in board.banks if b.kind == "hbm"] or list(board.banks)
+    return max(1, len(banks))
+
+
+def padded_elements(n: int, lanes: int = LANES) -> int:
+    """Elements of a buffer the kernels read as words of ``lanes``: n rounded up."""
+    return -(-int(n) // lanes) * lanes
+
+
+def wide(count: int, banked: bool, cols: int = 1, simd: int = 1, permuted: bool = False) -> bool:
+    """Does every word of an array land whole in the forward's banked copy? Always when there
+    is none (``banked`` False); else when the array is whole words and (a weight matrix of
+    ``cols`` columns in SIMD-wide runs, ``cols`` 1 for biases and batchnorm arrays, which are
+    laid out as they are) no column permutation moves its elements apart and the runs are
+    whole words."""
+    if not banked:
+        return True
+    if count % LANES:
+        return False
+    if cols == 1:
+        return True
+    return not permuted and simd % LANES == 0 and cols % LANES == 0
+
+
+def stream_bytes(elem_bytes: int, banked: bool, is_wide: bool) -> dict[str, float]:
+    """Bytes each of the update's memory streams moves per element: gradient read (8), master
+    read and write (4 + 4), velocity read and write (8 + 8), the backward's copy, and the
+    forward's banked copy (a burst per element when the word does not land whole)."""
+    out = {"grad": 8.0, "master": 8.0, "vel": 16.0, "w": float(elem_bytes)}
+    if banked:
+        out["rom"] = float(elem_bytes) if is_wide else float(BEAT_BYTES)
+    return out
+
+
+def spread(loads: dict[str, float], banks: int) -> float:
+    """The busiest bank's load when the streams go heaviest first to the least-loaded bank."""
+    fill = [0.0] * max(1, banks)
+    for _name, b in sorted(loads.items(), key=lambda kv: (-kv[1], kv[0])):
+        k = min(range(len(fill)), key=lambda i: (fill[i], i))
+        fill[k] += b
+    return max(fill)
+
+
+def update_ii(elem_bytes: int, banked: bool, is_wide: bool, banks: int, bank_bytes_per_cycle: float) -> int:
+    """II of one array's update loop: 1 a word, or :data:`LANES` when the forward's copy is
+    written element by element; at least the busiest bank's bytes per word at its bandwidth."""
+    compute = 1 if is_wide else LANES
+    busiest = spread(stream_bytes(elem_bytes, banked, is_wide), banks) * LANES
+    # 1e-9: bandwidths are float quotients (64 bytes a cycle can come out 1 ulp off)
+    return max(compute, math.ceil(busiest / bank_bytes_per_cycle - 1e-9))
+
+
+@dataclass(frozen=True)
+class UpdArray:
+    """One array the update kernel rewrites, as timing sees it."""
+
+    count: int
+    banked: bool = False
+    wide: bool = True
+
+
+def update_cycles(arrays, elem_bytes: int, banks: int, bank_bytes_per_cycle: float) -> int:
+    """Cycles of one update call: per array its words at its II, plus the loop's depth."""
+    return sum(-(-a.count // LANES) * update_ii(elem_bytes, a.banked, a.wide, banks, bank_bytes_per_cycle)
+               + UPDATE_DEPTH for a in arrays if a.count > 0)
+
+
+def flush_cycles(counts, bank_bytes_per_cycle: float) -> float:
+    """Cycles of the backward kernel's flush: per gradient array its 512-bit beats, one a
+    cycle or the bank's bandwidth if slower, plus the loop's depth."""
+    per = max(1.0, BEAT_BYTES / bank_bytes_per_cycle) if bank_bytes_per_cycle > 0 else 1.0
+    return sum(-(-int(n) // LANES) * per + FLUSH_DEPTH for n in counts if n > 0)
+
+
+# ---------------------------------------------------------------- a stage's arrays from the spec
+
+def layer_arrays(layer, banked: bool, simd: int = 1, permuted: bool = False) -> tuple[list[int], list[UpdArray]]:
+    """(gradient sums per array the backward kernel writes and the all-reduce reduces, arrays the
+    update rewrites) of one model layer: a dense or conv2d layer's MH x MW matrix and MH bias
+    sums (the bias updated when the layer has one), a batchnorm's scale and shift; other
+    weighted layers one array of their parameters. ``banked``: the forward kernel keeps its
+    weights in banked m_axi arrays (a time-multiplexed engine kernel) that the update rewrites
+    too; ``simd``: the layer's SIMD; ``permuted``: its columns are read in another order (a
+    dense layer behind a flatten of an H x W > 1 image)."""
+    t, n = layer.type, int(layer.weight_params)
+    if n <= 0:
+        return [], []
+    if t in ("dense", "conv2d"):
+        a = layer.attr
+        mh = int(a["units"] if t == "dense" else a["out_channels"])
+        bias = bool(a.get("bias", True))
+        mw = (n - (mh if bias else 0)) // mh
+        w = UpdArray(mh * mw, banked, wide(mh * mw, banked, mw, simd, permuted))
+        upd = [w] + ([UpdArray(mh, banked, wide(mh, banked))] if bias else [])
+        return [mh * mw, mh], upd
+    if t == "batchnorm":
+        c = n // 2
+        return [c, c], [UpdArray(c, banked, wide(c, banked)), UpdArray(c, banked, wide(c, banked))]
+    return [n], [UpdArray(n, banked, wide(n, banked))]
+
+
+def permuted_columns(model, index: int) -> bool:
+    """Is layer ``index`` (of ``model``) a dense layer reading a flattened H x W > 1 image, whose
+    columns the forward reads in HWC order (codegen.design.dataflow.flatten_perm)?"""
+    layer = model.layers[index]
+    if layer.type != "dense" or not layer.inputs:
+        return False
+    src = layer.inputs[0]
+    if src not in model.index:
+        return False
+    prev = model.layers[model.index[src]]
+    if prev.type != "flatten" or len(prev.in_shapes[0]) != 3:
+        return False
+    _c, h, w = prev.in_shapes[0]
+    return h * w > 1
+
+
+@dataclass(frozen=True)
+class Tail:
+    """A stage's per-iteration tail after its last backward, in seconds: the flush, the
+    all-reduce (0 for one replica) and the update."""
+
+    flush_s: float
+    allreduce_s: float
+    update_s: float
+    ring_occ_s: float = 0.0     # seconds a ring step holds its hop (the event replays' rings)
+    ring_lat_s: float = 0.0     # seconds of a ring step's latency
+
+    @property
+    def total_s(self) -> float:
+        return self.flush_s + self.allreduce_s + self.update_s
+
+
+def stage_tail(model, first: int, last: int, board, elem_bytes: int, replicas: int, banked: bool,
+               folding: dict | None = None, ring_hop: tuple[float, float] | None = None) -> Tail:
+    """The tail of a training stage of layers ``first..last`` on ``board`` (an FPGA: its clock
+    and banks), ``replicas`` copies joined by a ring whose slowest hop is ``ring_hop`` =
+    (bytes/s, latency s); ``folding``: layer name -> SIMD (for :func:`wide`)."""
+    folding = folding or {}
+    grads, upd = [], []
+    for k in range(first, last + 1):
+        layer = model.layers[k]
+        g, u = layer_arrays(layer, banked and layer.type in ("dense", "conv2d", "batchnorm"),
+                            int(folding.get(layer.name, 1)), permuted_columns(model, k))
+        grads += g
+        upd += u
+    clk = board.clock_hz
+    bank = bank_Bps(board) / clk
+    flush = flush_cycles(grads, bank) / clk
+    update = update_cycles(upd, elem_bytes, bank_count(board), bank) / clk
+    ar = occ = lat = 0.0
+    if replicas > 1 and grads and ring_hop is not None:
+        bw, lat_s = ring_hop
+        t = ring_timing(grads, replicas, bw / clk, max(1, round(lat_s * clk)), bank)
+        o, lc = t.hop()
+        ar, occ, lat = t.cycles / clk, o / clk, lc / clk
+    return Tail(flush, ar, update, occ, lat)
