@@ -166,6 +166,27 @@ def permuted_columns(model, index: int) -> bool:
 
 
 @dataclass(frozen=True)
+class LayerTail:
+    """One layer's share of a stage's tail: its gradient arrays (sums each), the flush's and
+    the update's cycles."""
+
+    grads: tuple[int, ...]
+    flush: float
+    update: int
+
+
+def layer_tail(model, index: int, board, elem_bytes: int, banked: bool, simd: int = 1) -> LayerTail:
+    """Layer ``index`` of ``model`` in a training stage on ``board`` (:func:`layer_arrays`;
+    ``banked``: the stage's forward is an engine kernel with banked weight arrays)."""
+    layer = model.layers[index]
+    grads, upd = layer_arrays(layer, banked and layer.type in ("dense", "conv2d", "batchnorm"), int(simd),
+                              permuted_columns(model, index))
+    bank = bank_Bps(board) / board.clock_hz
+    return LayerTail(tuple(grads), flush_cycles(grads, bank),
+                     update_cycles(upd, elem_bytes, bank_count(board), bank))
+
+
+@dataclass(frozen=True)
 class Tail:
     """A stage's per-iteration tail after its last backward, in seconds: the flush, the
     all-reduce (0 for one replica) and the update."""
@@ -187,21 +208,16 @@ def stage_tail(model, first: int, last: int, board, elem_bytes: int, replicas: i
     and banks), ``replicas`` copies joined by a ring whose slowest hop is ``ring_hop`` =
     (bytes/s, latency s); ``folding``: layer name -> SIMD (for :func:`wide`)."""
     folding = folding or {}
-    grads, upd = [], []
-    for k in range(first, last + 1):
-        layer = model.layers[k]
-        g, u = layer_arrays(layer, banked and layer.type in ("dense", "conv2d", "batchnorm"),
-                            int(folding.get(layer.name, 1)), permuted_columns(model, k))
-        grads += g
-        upd += u
+    parts = [layer_tail(model, k, board, elem_bytes, banked, int(folding.get(model.layers[k].name, 1)))
+             for k in range(first, last + 1)]
+    grads = [n for p in parts for n in p.grads]
     clk = board.clock_hz
-    bank = bank_Bps(board) / clk
-    flush = flush_cycles(grads, bank) / clk
-    update = update_cycles(upd, elem_bytes, bank_count(board), bank) / clk
+    flush = sum(p.flush for p in parts) / clk
+    update = sum(p.update for p in parts) / clk
     ar = occ = lat = 0.0
     if replicas > 1 and grads and ring_hop is not None:
         bw, lat_s = ring_hop
-        t = ring_timing(grads, replicas, bw / clk, max(1, round(lat_s * clk)), bank)
+        t = ring_timing(grads, replicas, bw / clk, max(1, round(lat_s * clk)), bank_Bps(board) / clk)
         o, lc = t.hop()
         ar, occ, lat = t.cycles / clk, o / clk, lc / clk
     return Tail(flush, ar, update, occ, lat)

@@ -32,8 +32,19 @@ from .search import Candidate, Explorer
 
 #: the parts of a position's iteration, in the order they add up to the iteration time
 PARTS = ("compute_s", "fills_s", "offchip_s", "link_s", "allreduce_s", "update_s", "bubble_s")
-#: parts the planner does not price yet (reported as 0; docs/planner.md says so)
+#: parts the planner does not price for some plans (reported as 0; docs/planner.md says so): the
+#: update of the asynchronous schedules (per micro-batch, not built in HLS), of GPU stages and of
+#: measured profiles (:func:`unpriced`)
 UNPRICED = ("update_s",)
+
+
+def unpriced(ex: Explorer, cand: Candidate) -> list[str]:
+    """The parts of the candidate's breakdown left at 0 because nothing prices them: the update
+    when some stage's tail (fpga_models.update) is not priced (Explorer.tails_priced)."""
+    c = cand.config
+    if ex.train and all(ex.tails_priced(c, x["board_type"]) and x["mesh"] == 1 for x in cand.stages):
+        return []
+    return [k[:-2] for k in UNPRICED]
 #: micro-batches the split replays exactly (rounded up to a multiple of the positions);
 #: beyond twice that its link and all-reduce parts are extrapolated linearly, as the planner
 #: extrapolates its iteration time past 2 x REPLAY_M (a 64-position plan: two replays of 64
@@ -150,9 +161,12 @@ def replay_inputs(ex: Explorer, cand: Candidate) -> dict:
     fmt_b = ex.bpe_of_fmt(ex.req.fmt)
     async_ = c.schedule in ASYNC
     ar = [0.0] * len(stages)
+    tails = ex.stage_tails(c, stages)   # the same tails Explorer.finish replayed
     if ex.train:
         for x in stages:
-            if x["replicas"] > 1:
+            if tails[x["index"]] is not None:
+                ar[x["index"]] = tails[x["index"]].allreduce_s
+            elif x["replicas"] > 1:
                 g = ex.replica_boards(c, x["device"])
                 bw, lat = ex.ring(g)
                 ar[x["index"]] = ring_allreduce_fpga_s(x["weight_bytes"], fmt_b, x["replicas"], bw, lat,
@@ -174,15 +188,22 @@ def replay_inputs(ex: Explorer, cand: Candidate) -> dict:
                 rings.append(None)
                 continue
             hops = []
+            t = tails[x["index"]]
             for i in range(r):
                 ids, bw, lat = ex.hop(g[i].name, g[(i + 1) % r].name)
+                if t is not None:
+                    hops.append((ids, t.ring_occ_s if ids else 0.0, t.ring_lat_s))
+                    continue
                 clk = None if async_ else link_clock(g[i].board, g[(i + 1) % r].board)
                 occ, lat = ring_hop_s(x["weight_bytes"], fmt_b, r, bw, lat, clk)
                 hops.append((ids, occ if ids else 0.0, lat))
             rings.append((tuple(hops), ring_steps(r)))
+    tl = None
+    if any(x.get("update_s") or x.get("flush_s") for x in stages):
+        tl = [(x.get("flush_s", 0.0), x.get("update_s", 0.0)) for x in stages]
     return {"fw": [x["fwd_s"] for x in stages], "bw": [x["bwd_s"] for x in stages],
             "occ": [x["send_occ"] for x in stages[:-1]], "lat": [x["send_lat"] for x in stages[:-1]],
-            "ar": ar, "routes": routes, "rings": rings}
+            "ar": ar, "routes": routes, "rings": rings, "tails": tl}
 
 
 class _Probe:
@@ -232,7 +253,7 @@ def idle_parts(ex: Explorer, cand: Candidate) -> np.ndarray:
             steady, first = replay_2bw(p, m, fw, bw, routes, rings, probe=pr)
             return np.array([pr.split(d, first, first + 2 * steady) for d in range(p)]) / 2
         rp = replay(c.schedule, p, m, fw, bw, inp["occ"], inp["lat"], c.v, inp["ar"], forward_only=not ex.train,
-                    routes=routes, rings=rings, probe=pr)
+                    routes=routes, rings=rings, probe=pr, tails=inp["tails"])
         out = []
         for d in range(p):
             link, gate = pr.split(d, 0.0, rp.iteration_s)
@@ -279,7 +300,10 @@ def breakdown(ex: Explorer, cand: Candidate) -> list[dict]:
         if link + ar > max(0.0, room):   # a steady window's ops straddle its ends: keep within the iteration
             k = max(0.0, room) / (link + ar)   # link + ar > 0 here
             link, ar = link * k, ar * k
-        vals = [compute, fills, offchip, link, ar, 0.0]
+        # the tail after the device's last op is its stages' flush, ring and update: the flush
+        # and the update (fpga_models.update) are the update part, the rest the all-reduce
+        upd = min(ar, sum(x.get("flush_s", 0.0) + x.get("update_s", 0.0) for x in xs))
+        vals = [compute, fills, offchip, link, ar - upd, upd]
         bubble = _close(vals, T)
         if bubble < 0:   # rounding only (|bubble| ~ ulps of T): taken off compute instead
             vals[0] = max(0.0, vals[0] + bubble)

@@ -176,13 +176,13 @@ def limits(out) -> dict:
     the iteration split into compute, fills, off-chip, link, all-reduce, update and bubble
     (planner.breakdown), the DSP and off-chip rooflines (planner.roofline) and the one
     resource that holds the plan back."""
-    from .breakdown import UNPRICED, breakdown
+    from .breakdown import breakdown, unpriced
     from .roofline import limit, roofline
 
     ex, best = out.explorer, out.best
     pos = breakdown(ex, best)
     roof = roofline(ex.model, ex.boards, ex.req.fmt, ex.train, out.plan.global_batch, best.iteration_s, pos)
-    return {"breakdown": pos, "unpriced": [k[:-2] for k in UNPRICED], "roofline": roof,
+    return {"breakdown": pos, "unpriced": unpriced(ex, best), "roofline": roof,
             "limit": limit(pos, best.iteration_s)}
 
 

@@ -171,7 +171,7 @@ def run_events(p: int, ops: list, fwd: list[float], bwd: list[float], routes: li
 def replay(schedule: str, p: int, m: int, fwd: list[float], bwd: list[float], send_occ: list[float],
            send_lat: list[float], v: int = 1, allreduce: list[float] | None = None,
            forward_only: bool = False, routes: list | None = None, rings: list | None = None,
-           probe=None) -> Replay:
+           probe=None, tails: list | None = None) -> Replay:
     """Replay one iteration. ``fwd``/``bwd`` per virtual stage s (device s % p, chunk s // p);
     ``send_occ``/``send_lat`` per virtual link s -> s+1 (len p*v - 1), same both directions;
     ``allreduce`` per virtual stage: seconds of its gradient ring, which starts after that
@@ -188,8 +188,15 @@ def replay(schedule: str, p: int, m: int, fwd: list[float], bwd: list[float], se
     a 1/r share to replica i+1 over hop i, and each replica forwards the next step as soon as
     the previous one arrives, for 2(r-1) steps (the ring reserves links like any transfer).
     Runs on :func:`run_events` without a gate (``probe``: passed to it).
+
+    ``tails`` (optional, per virtual stage): (seconds before its ring, seconds after it): the
+    backward kernel's flush of the gradient sums and the update kernel
+    (fpga_models.update.stage_tail); a stage without a ring runs them back to back after its
+    last backward. The iteration ends when every stage's tail has.
     """
     V = p * v
+    pre = [t[0] for t in tails] if tails else [0.0] * V
+    post = [t[1] for t in tails] if tails else [0.0] * V
     if routes is None:
         routes = []
         for s in range(V - 1):
@@ -208,14 +215,15 @@ def replay(schedule: str, p: int, m: int, fwd: list[float], bwd: list[float], se
             return
         last_b[s] = end
         b_left[s] -= 1
-        # the gradient for the previous stage leaves first, then the ring starts
+        # the gradient for the previous stage leaves first, then the flush, then the ring starts
         if b_left[s] == 0 and rings is not None and rings[s] is not None and not forward_only:
             hops = rings[s][0]
+            t0 = end + pre[s] if pre[s] else end
             if V == 1 and _disjoint(hops):   # nothing else moves: the ring alone (same sums)
-                ar_end[s] = _lone_ring(hops, rings[s][1], end, link_free)
+                ar_end[s] = _lone_ring(hops, rings[s][1], t0, link_free)
             else:
                 ar_left[s] = len(hops)
-                start_ring(s, None, end)
+                start_ring(s, None, t0)
 
     def after_ring(s, _tag, end, _try_start) -> None:
         ar_left[s] -= 1
@@ -226,15 +234,22 @@ def replay(schedule: str, p: int, m: int, fwd: list[float], bwd: list[float], se
                             f"schedule {schedule} deadlocked in replay (p={p}, m={m}, v={v})", link_free,
                             after_op=after_op, after_ring=after_ring, probe=probe)
     finish = list(free)
-    if rings is not None and not forward_only:
+    if forward_only:
+        return Replay(max(finish), busy, finish)
+    if rings is not None:
         for s in range(V):
-            finish[s % p] = max(finish[s % p], ar_end[s])
-    elif allreduce and not forward_only:
+            if rings[s] is not None:
+                end = ar_end[s] + post[s] if post[s] else ar_end[s]
+            else:
+                end = last_b[s] + pre[s] + post[s] if tails else 0.0
+            finish[s % p] = max(finish[s % p], end)
+    elif allreduce or tails:
+        ar = allreduce or [0.0] * V
         for d in range(p):
             t = 0.0
             for s in sorted(range(d, V, p), key=lambda x: (last_b[x], x)):
-                if allreduce[s] > 0:
-                    t = max(t, last_b[s]) + allreduce[s]
+                if ar[s] > 0 or pre[s] > 0 or post[s] > 0:
+                    t = max(t, last_b[s]) + pre[s] + ar[s] + post[s]
             finish[d] = max(free[d], t)
     return Replay(max(finish), busy, finish)
 

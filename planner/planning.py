@@ -321,7 +321,9 @@ def baselines_of(model: Model, ex: Explorer, best: Candidate,
 
 def _stage_cycles(s: dict, clk: float, slowest: int) -> dict[str, float]:
     """fwd/bwd cycles per micro-batch and ``fwd_interval``: forward cycles per sample in steady
-    state (a long stream of samples), what `bapipe rtlsim` measures per stage.
+    state (a long stream of samples), what `bapipe rtlsim` measures per stage; a training FPGA
+    stage also its per-iteration ``flush``, ``allreduce`` and ``update`` cycles (what the
+    Design's kernels record, codegen.design.train_kernels).
 
     Dataflow stages overlap their layers, so the slowest layer's cycles set the interval
     (unless off-chip traffic is slower); time-multiplexed stages take every layer's turn for
@@ -331,7 +333,11 @@ def _stage_cycles(s: dict, clk: float, slowest: int) -> dict[str, float]:
     interval = fwd / s["beta"]
     if s["style"] == "dataflow" and s["fwd_s"] <= s["compute_f"] * (1 + 1e-9):
         interval = float(slowest)
-    return {"fwd": fwd, "bwd": int(round(s["bwd_s"] * clk)), "fwd_interval": round(interval, 3)}
+    out = {"fwd": fwd, "bwd": int(round(s["bwd_s"] * clk)), "fwd_interval": round(interval, 3)}
+    if s.get("update_s"):   # the per-iteration tail as the HLS kernels build it (fpga_models.update)
+        out.update(flush=int(round(s["flush_s"] * clk)), allreduce=int(round(s["allreduce_s"] * clk)),
+                   update=int(round(s["update_s"] * clk)))
+    return out
 
 
 _CAPPED = (("dsp", "usable_dsp", "DSP"), ("lut", "usable_lut", "LUT"))

@@ -32,6 +32,8 @@ from .peer_pipedream import PeerInput, cluster_levels, solve as peer_solve
 from .peer_search import search as flat_search
 from .placement import PLACE_WORK, board_classes, placements
 from bapipe.fpga_models.collective import ring_allreduce_fpga_s, ring_allreduce_s, ring_hop_s, ring_steps
+from bapipe.fpga_models import allreduce as ar_model
+from bapipe.fpga_models.update import Tail, bank_Bps, layer_tail, stage_tail
 from .pipeline import replay, replay_2bw, replay_pipedream, steady_pipedream
 from .mesh import Resharder, cut_layouts, cut_shape, tp_stage_model
 from .stagecost import LayerTable, StageModel, cut_bytes, layer_table, layer_times, stage_model
@@ -540,13 +542,19 @@ class Explorer:
                 O[:, self.open_cuts] = math.inf
             return part.Problem(n, T, C, O, self.jm(c), c.v)
         X = None
-        if self.train and any(self.reps(c, d) > 1 for d in range(c.p)):
-            # every replicated stage all-reduces its gradients after its last backward; J
-            # charges them all in full (the replay overlaps them with the backward drain)
+        tails = [self.tails_priced(c, keys[s][0]) and keys[s][1] == 1 for s in range(V)]
+        if self.train and (any(self.reps(c, d) > 1 for d in range(c.p)) or any(tails)):
+            # every replicated stage all-reduces its gradients after its last backward, and
+            # every FPGA stage flushes its gradient sums and updates its weights (the kernels'
+            # tail, fpga_models.update); J charges them all in full (the replay overlaps them
+            # with the backward drain)
             X = [None] * V
             for s in range(V):
                 d = s % c.p
                 r = self.reps(c, d)
+                if tails[s]:
+                    X[s] = self.tail_table(c, d, s, ic, jj, valid)
+                    continue
                 if r == 1:
                     X[s] = np.zeros((n, L))
                     continue
@@ -1073,6 +1081,70 @@ class Explorer:
         """One stage: 1F1B with p = 1 is gradient accumulation (one stash); forward-only: gpipe."""
         return "1f1b" if self.train else "gpipe"
 
+    def tails_priced(self, c: Config, btype: str | None) -> bool:
+        """Does a stage of board type ``btype`` pay its flush, all-reduce and update as the HLS
+        kernels build them (fpga_models.update)? Training FPGA stages of synchronous schedules
+        (the asynchronous ones update per micro-batch, not built in HLS), the table's own
+        engines (not a measured profile)."""
+        if not self.train or c.schedule in ASYNC or btype is None:
+            return False
+        table = self.table(btype, c.v)
+        return table.board.kind == "fpga" and table.measured_f is None
+
+    def tail_prefix(self, btype: str, v: int, r: int) -> dict:
+        """Prefix sums over the layers (length n + 1) of a training stage's tail on board type
+        ``btype`` (fpga_models.update.layer_tail, the stage priced time-multiplexed as J
+        prices it): flush and update cycles, and for ``r`` replicas the ring's chunk words and
+        gradient arrays (fpga_models.allreduce: its cycles are linear in both)."""
+        key = ("tail", btype, v, r)
+        if key not in self._links:
+            table = self.table(btype, v)
+            bpe = self.bpe_of_fmt(self.req.fmt)
+            parts = [layer_tail(self.model, k, table.board, bpe, True, table.fold[k][1]) for k in range(self.n)]
+            z = lambda x: np.concatenate([[0.0], np.cumsum(np.asarray(x, dtype=float))])  # noqa: E731
+            self._links[key] = {"flush": z([t.flush for t in parts]), "update": z([t.update for t in parts]),
+                                "words": z([sum(ar_model.chunk_words(g, r) for g in t.grads) for t in parts]),
+                                "arrays": z([len(t.grads) for t in parts])}
+        return self._links[key]
+
+    def tail_table(self, c: Config, d: int, s: int, ic: np.ndarray, jj: np.ndarray, valid: np.ndarray) -> np.ndarray:
+        """Seconds of virtual stage s's tail (flush, ring, update) for every range [ic, jj] of
+        the partition problem (0 where not ``valid``): the per-layer prefix sums of
+        :meth:`tail_prefix`, the ring over position d's replicas (fpga_models.allreduce)."""
+        btype = self.stage_type(c, d)
+        r = self.reps(c, d)
+        pre = self.tail_prefix(btype, c.v, r)
+        board = self.table(btype, c.v).board
+        clk = board.clock_hz
+        rng = lambda a: a[jj + 1] - a[ic]  # noqa: E731
+        cyc = rng(pre["flush"]) + rng(pre["update"])
+        if r > 1:
+            bw, lat = self.ring(self.replica_boards(c, d))
+            bank = bank_Bps(board) / clk
+            ii = ar_model.step_ii(ar_model.RS_ACCESSES, bw / clk, bank) + ar_model.step_ii(ar_model.AG_ACCESSES,
+                                                                                           bw / clk, bank)
+            lc = ar_model.ring_timing([1], r, bw / clk, max(1, round(lat * clk)), bank).latency
+            arrays = rng(pre["arrays"])
+            ring = (r - 1) * (2 * lc + ii * rng(pre["words"]) + 2 * ar_model.RECV_DEPTH * arrays)
+            cyc = cyc + np.where(arrays > 0, ring, 0.0)
+        return np.where(valid, cyc / clk, 0.0)
+
+    def stage_tails(self, c: Config, stages: list[dict]) -> list[Tail | None]:
+        """Per stage of a finished candidate its tail as the kernels build it
+        (fpga_models.update.stage_tail: its board, style, folding and replica ring), None where
+        it is not priced (:meth:`tails_priced`)."""
+        out: list[Tail | None] = []
+        for x in stages:
+            if not self.tails_priced(c, x["board_type"]) or x["mesh"] > 1:
+                out.append(None)
+                continue
+            board = self.table(x["board_type"], c.v).board
+            hop = self.ring(self.replica_boards(c, x["device"])) if x["replicas"] > 1 else None
+            simd = {k: f[1] for k, f in x["folding"].items()}
+            out.append(stage_tail(self.model, x["first"], x["last"], board, self.bpe_of_fmt(self.req.fmt),
+                                  x["replicas"], x["style"] == "time-multiplexed", simd, hop))
+        return out
+
     def per_mb_allreduce(self, c: Config) -> bool:
         """Whether replicated stages all-reduce after every micro-batch (PipeDream), not once
         per iteration."""
@@ -1213,7 +1285,10 @@ class Explorer:
                 return math.inf
             ts.append(float(r["time_s"][0]))
             rr = self.reps(c, d)
-            if self.train and rr > 1:
+            if self.tails_priced(c, btype) and self.kd(c, d) == 1:   # flush, ring, update (as problem())
+                one = np.array([[True]])
+                xs.append(float(self.tail_table(c, d, s, np.array([[a]]), np.array([[b]]), one)[0, 0]))
+            elif self.train and rr > 1:
                 bw, lat = self.ring(self.replica_boards(c, d))
                 W = float(sm.PW[b + 1] - sm.PW[a])
                 x = ring_allreduce_s(W, rr, bw, lat if s < c.p else 0.0)
@@ -1460,9 +1535,12 @@ class Explorer:
                            "mesh": self.kd(c, d), "layout": self.layouts[b] if self.meshy(c) else None,
                            "replicas": self.reps(c, d), "beta": beta})
         ar = [0.0] * V          # per stage (chunk): its own ring after its last backward
+        tails = self.stage_tails(c, stages)   # FPGA stages: flush, ring and update as built
         if self.train:
             for x in stages:
-                if x["replicas"] > 1:
+                if tails[x["index"]] is not None:
+                    ar[x["index"]] = tails[x["index"]].allreduce_s
+                elif x["replicas"] > 1:
                     g = self.replica_boards(c, x["device"])
                     bw, lat = self.ring(g)
                     # between FPGAs the ring carries the exact gradient sums, framed (collective.ring_hop_s)
@@ -1471,6 +1549,8 @@ class Explorer:
                                                            None if c.schedule in ASYNC else link_clock(g[0].board, g[1].board))
         for x in stages:
             x["allreduce_s"] = ar[x["index"]]
+            t = tails[x["index"]]
+            x["flush_s"], x["update_s"] = (t.flush_s, t.update_s) if t is not None else (0.0, 0.0)
         # the replay shares physical links between transfers: per cut, the forward and
         # backward pieces (directed link ids, busy seconds, route latency)
         routes = []
@@ -1492,10 +1572,14 @@ class Explorer:
                     rings.append(None)
                     continue
                 hops = []
+                t = tails[x["index"]]
                 for i in range(r):
                     ids, bw, lat = self.hop(g[i].name, g[(i + 1) % r].name)
-                    # synchronous schedules: the training RTL's ring of exact sums; the asynchronous
-                    # ones' per-micro-batch rings (not built in RTL) still move the weight bytes
+                    if t is not None:   # the HLS kernel's ring: every hop at the slowest one's pace
+                        hops.append((ids, t.ring_occ_s if ids else 0.0, t.ring_lat_s))
+                        continue
+                    # other boards and the asynchronous schedules' per-micro-batch rings (not
+                    # built in HLS) still move the weight bytes
                     clk = None if c.schedule in ASYNC else link_clock(g[i].board, g[(i + 1) % r].board)
                     occ, lat = ring_hop_s(x["weight_bytes"], self.bpe_of_fmt(self.req.fmt), r, bw, lat, clk)
                     hops.append((ids, occ if ids else 0.0, lat))
@@ -1503,9 +1587,11 @@ class Explorer:
         fw, bw_ = [x["fwd_s"] for x in stages], [x["bwd_s"] for x in stages]
         occ, lat_ = [x["send_occ"] for x in stages[:-1]], [x["send_lat"] for x in stages[:-1]]
 
+        tl = [(x["flush_s"], x["update_s"]) for x in stages] if any(t is not None for t in tails) else None
+
         def once(m: int) -> float:
             return replay(c.schedule, c.p, m, fw, bw_, occ, lat_, c.v, ar, forward_only=not self.train,
-                          routes=routes, rings=rings).iteration_s
+                          routes=routes, rings=rings, tails=tl).iteration_s
 
         def steady(m: int) -> float:
             return replay_2bw(c.p, m, fw, bw_, routes, rings)[0]
