@@ -56,7 +56,7 @@ from .transfer import hold
 from .engines import link_clock, link_transfer
 
 # event codes
-_OP_DONE, _ARRIVE, _CREDIT, _AR_ARRIVE = 0, 1, 2, 3
+_OP_DONE, _ARRIVE, _CREDIT, _AR_ARRIVE, _TAIL = 0, 1, 2, 3, 4
 KINDS = ("F", "B", "W")
 _push = heapq.heappush
 _KIND_CODE = {"F": 0, "B": 1, "W": 2}
@@ -620,6 +620,7 @@ class _Rings:
     rings: list
     per_device: bool
     dev_rep: dict[int, int]     # device -> its first stage
+    tails: list = field(default_factory=list)   # per stage None or fpga_models.update.Tail (flush, ring, update)
 
 
 def _rings(plan, model, cluster, pipe: _Pipeline, cfg: SimConfig, net: _Net) -> _Rings:
@@ -637,6 +638,7 @@ def _rings(plan, model, cluster, pipe: _Pipeline, cfg: SimConfig, net: _Net) -> 
         # the plan's weight bytes are the gradient bytes (same format); else count the params
         return st.weight_bytes or sum(l.weight_params for l in model.layers[st.first:st.last + 1]) * bpe
 
+    tails = [_tail(plan, model, cluster, st, net) if pipe.train and not per_device else None for st in stages]
     rings = []
     for k, st in enumerate(stages):
         r = max(1, st.replicas)
@@ -649,6 +651,9 @@ def _rings(plan, model, cluster, pipe: _Pipeline, cfg: SimConfig, net: _Net) -> 
         hops = []
         for i in range(r):
             ids, bw, lat = net.path(leads[i], leads[(i + 1) % r])
+            if tails[k] is not None:   # the HLS kernel's ring: every hop at the slowest one's pace
+                hops.append((ids, tails[k].ring_occ_s if ids else 0.0, tails[k].ring_lat_s, share))
+                continue
             # between FPGAs the step carries the exact gradient sums, framed (collective.ring_hop_s)
             # synchronous schedules only: the asynchronous ones' per-micro-batch rings (not built
             # in RTL) still move the weight bytes, as the planner prices them
@@ -657,7 +662,32 @@ def _rings(plan, model, cluster, pipe: _Pipeline, cfg: SimConfig, net: _Net) -> 
             occ, lat = ring_hop_s(grad, bpe, r, bw, lat, clk)
             hops.append((ids, occ if ids else 0.0, lat, share))
         rings.append((hops, ring_steps(r), r))
-    return _Rings(rings, per_device, dev_rep)
+    return _Rings(rings, per_device, dev_rep, tails)
+
+
+def _tail(plan, model, cluster, st, net: _Net):
+    """Stage ``st``'s per-iteration tail as the HLS kernels build it (fpga_models.update.stage_tail,
+    the planner's Explorer.stage_tails): training FPGA stages of synchronous schedules, one board
+    a replica; None otherwise (nothing after the last backward but the ring)."""
+    from .update import stage_tail
+
+    if plan.schedule in ASYNC or (st.mesh and math.prod(st.mesh) > 1):
+        return None
+    board = cluster.board(st.boards[0]).board
+    if board.kind != "fpga":
+        return None
+    r = max(1, st.replicas)
+    hop = None
+    if r > 1:
+        leads = _replica_leads(st)
+        bw, lat = math.inf, 0.0
+        for i in range(r):
+            _ids, b, lt = net.path(leads[i], leads[(i + 1) % r])
+            bw, lat = min(bw, b), max(lat, lt)
+        hop = (bw, lat)
+    simd = {n: (f.simd if f.lanes is None else 1) for n, f in st.folding.items()}
+    return stage_tail(model, st.first, st.last, board, _bytes_per_element(plan.number_format), r,
+                      st.style == "time-multiplexed", simd, hop)
 
 
 def _static_memory(pipe: _Pipeline) -> tuple[list[int], list[float]]:
@@ -687,6 +717,7 @@ class _Replay:
         self.train, self.pd = pipe.train, pipe.pd
         self.channels, self.fwd_in = w.channels, w.fwd_in
         self.rings, self.per_device, self.dev_rep = rings.rings, rings.per_device, rings.dev_rep
+        self.tails = rings.tails or [None] * len(stages)
         self.record, self.tx_slots = cfg.record, cfg.tx_slots
         # iterations: per (stage, iteration) replicas still in the ring; per device and iteration stages left
         self.ar_left: dict[tuple[int, int], int] = {}
@@ -873,6 +904,12 @@ class _Replay:
                 else:
                     for kk in self.dev_stage_ids[d]:
                         self.stage_done(kk, j, now)
+        elif self.tails[k] is not None:   # the flush, then the ring (or the update at once)
+            t = self.tails[k]
+            if rings[k] is not None:
+                _push(self.heap, (now + t.flush_s, next(self.seq), _TAIL, ("ring", k, j), 0))
+            else:
+                _push(self.heap, (now + t.flush_s + t.update_s, next(self.seq), _TAIL, ("done", k, j), 0))
         elif rings[k] is not None:
             self.start_allreduce(k, j, now)
         else:
@@ -932,6 +969,9 @@ class _Replay:
             return
         if self.record:
             self.rec_ar.append((stages[k].index, j, self.ar_start[(k, j)], now))
+        if not self.per_device and self.tails[k] is not None:   # the update kernel after the ring
+            _push(self.heap, (now + self.tails[k].update_s, next(self.seq), _TAIL, ("done", k, j), 0))
+            return
         for kk in (self.dev_stage_ids[stages[k].device] if self.per_device else (k,)):
             self.stage_done(kk, j, now)
 
@@ -987,8 +1027,14 @@ class _Replay:
             elif code == _CREDIT:
                 channels[x].credits += 1
                 try_send(x, now)
-            else:  # all-reduce step arrived at replica y
+            elif code == _AR_ARRIVE:  # all-reduce step arrived at replica y
                 ring_step(x, y, now)
+            else:  # a stage's tail: its flush ended (start the ring) or its update did
+                what, k, j = x
+                if what == "ring":
+                    self.start_allreduce(k, j, now)
+                else:
+                    self.stage_done(k, j, now)
         self.n_events = n
         return now
 
