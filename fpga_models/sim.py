@@ -669,7 +669,7 @@ def _tail(plan, model, cluster, st, net: _Net):
     """Stage ``st``'s per-iteration tail as the HLS kernels build it (fpga_models.update.stage_tail,
     the planner's Explorer.stage_tails): training FPGA stages of synchronous schedules, one board
     a replica; None otherwise (nothing after the last backward but the ring)."""
-    from .update import stage_tail
+    from .update import engine_kernel, stage_tail
 
     if plan.schedule in ASYNC or (st.mesh and math.prod(st.mesh) > 1):
         return None
@@ -687,7 +687,7 @@ def _tail(plan, model, cluster, st, net: _Net):
         hop = (bw, lat)
     simd = {n: (f.simd if f.lanes is None else 1) for n, f in st.folding.items()}
     return stage_tail(model, st.first, st.last, board, _bytes_per_element(plan.number_format), r,
-                      st.style == "time-multiplexed", simd, hop)
+                      engine_kernel(model, st.first, st.last), simd, hop)
 
 
 def _static_memory(pipe: _Pipeline) -> tuple[list[int], list[float]]:

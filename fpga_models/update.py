@@ -165,6 +165,15 @@ def permuted_columns(model, index: int) -> bool:
     return h * w > 1
 
 
+def engine_kernel(model, first: int, last: int) -> bool:
+    """Is a stage of layers ``first..last`` one engine kernel, whose forward keeps its weights
+    in banked m_axi arrays the update rewrites too? When one tensor enters and one leaves it
+    (codegen.design.lower's engine positions)."""
+    ins = 1 if first == 0 else len(model.cut_tensors(first - 1))
+    outs = 1 if last >= len(model.layers) - 1 else len(model.cut_tensors(last))
+    return ins == 1 and outs == 1
+
+
 @dataclass(frozen=True)
 class LayerTail:
     """One layer's share of a stage's tail: its gradient arrays (sums each), the flush's and

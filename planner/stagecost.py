@@ -78,7 +78,7 @@ def layer_table(model: Model, board: Board, fmt: str, cap: float, measured: dict
             else:
                 fw[k], bw[k] = elementwise_work(l)
                 bw[k] = backward_work(bw[k], 0, dx)
-    fill = None
+    fill = fill_f = None   # GPU boards: no engine fills
     if board.kind != "gpu":
         fill = np.array([turn_fill(engine_kind(l.type)) for l in model.layers], dtype=float)
         fill_f = None if train else np.array([turn_fill(engine_kind(l.type), s) for l, (_p, s)

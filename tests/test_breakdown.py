@@ -127,7 +127,7 @@ def test_idle_parts_match_the_event_simulator(which, request):
         assert b.bubble_s + b.stall_s == pytest.approx(q["link_s"] + q["allreduce_s"] + q["update_s"] + q["bubble_s"],
                                                        rel=tol, abs=tol * r.iteration_time_s)
     rep = [q for q in pos if q["allreduce_s"] > 0.01 * out.best.iteration_s]
-    assert bool(rep) == (which == "vgg16_rep")   # honest pricing: the default plan replicates nothing
+    assert rep or which == "vgg16"   # the replicated plan's rings outlast their last backward
     for q in rep:
         ring = max(t1 - t0 for st, _it, t0, t1 in r.allreduces if st in q["stages"])
         assert q["allreduce_s"] == pytest.approx(ring, rel=tol, abs=tol * r.iteration_time_s)
@@ -159,11 +159,11 @@ def test_roofline_fraction_from_profile_and_boards(tmp_path, capsys):
     assert total == plan["iteration_time_s"]   # through JSON: floats round-trip exactly
 
 
-def test_vgg16_is_limited_by_its_fc_stage_ddr(vgg16):
-    """The issue's reading of vgg16 on 4xU250-ring: the FC layers stream their weights from
-    DDR every sample, and their update (fc6's forward copy in HWC order: an element a cycle)
-    is not overlapped with the backward."""
-    out = vgg16
+def test_vgg16_is_limited_by_its_fc_stage_ddr(vgg16_rep):
+    """The issue's reading of vgg16 on 4xU250-ring (its plan then: two stages on two boards
+    each): the FC layers stream their weights from DDR every sample, and their update (fc6's
+    forward copy in HWC order: an element a cycle) is not overlapped with the backward."""
+    out = vgg16_rep
     lim = limits(out)
     fc = next(q for q in lim["breakdown"] if any("fc6" in out.plan.stages[s].layers for s in q["stages"]))
     assert lim["limit"]["resource"] == "DDR bank" and lim["limit"]["stages"] == fc["stages"]
