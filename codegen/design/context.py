@@ -18,7 +18,9 @@ from bapipe.names import legal, shown
 from bapipe.plan import Folding, Plan, Stage
 from bapipe.fpga_models import fixedpoint as fx
 from bapipe.fpga_models.allocate import WEIGHT_ROM_LIMIT
-from bapipe.fpga_models.weights import layer_draws
+from bapipe.fpga_models.weights import layer_draws, rounded_draws
+
+from bapipe.codegen.design.weight_layout import MvuMatrix
 
 GENERATOR = "bapipe gen"
 VERSION = "0.1.0"
@@ -382,10 +384,9 @@ def make_weights(plan: Plan, model) -> dict[str, dict[str, np.ndarray]]:
             pos = model.index[name]
             l = model.layers[pos]
             if l.type in ("dense", "conv2d"):
-                d = layer_draws(l, seed, pos)
+                d = rounded_draws(l, seed, pos, fmt)   # = fx.quantize(layer_draws(...)), kept narrow
                 mh = d["w"].shape[0]
-                b = fx.quantize(d["b"], fmt) if "b" in d else np.zeros(mh, dtype=np.int64)
-                out[name] = {"w": fx.quantize(d["w"], fmt), "b": b}
+                out[name] = {"w": d["w"], "b": d["b"] if "b" in d else np.zeros(mh, dtype=d["w"].dtype)}
             elif l.type == "batchnorm":
                 d = layer_draws(l, seed, pos)
                 scale, shift = fx.fold_batchnorm(d["gamma"], d["beta"], d["mean"], d["var"], fmt)
@@ -422,7 +423,7 @@ def layer_ctx(l: Layer, fo: Folding, params: dict[str, np.ndarray], fmt: str = "
     if t in ("dense", "conv2d"):
         mh, mw = mvu_dims(l)
         wq = params["w"]
-        km = wq if t == "dense" else fx.conv_weight_matrix(wq)
+        km = wq if t == "dense" else MvuMatrix(wq)   # conv: fx.conv_weight_matrix's (O, kh*kw*C), built when read
         weights = [WeightArray(f"{cid}_w", (mh, mw), tuple(wq.shape), km, wq, [(fo.pe, 1), (fo.simd, 2)]),
                    WeightArray(f"{cid}_b", (mh,), (mh,), params["b"], params["b"], [(fo.pe, 1)])]
         folds = (mh // fo.pe) * (mw // fo.simd)

@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from bapipe.codegen.design.weight_layout import flat_blocks
+
 #: Vitis HLS's default hls::stream depth (a wire with no FIFO node on it)
 DEFAULT_DEPTH = 2
 #: ROM words per bank up to which a weight bank is LUTRAM rather than BRAM (a BRAM18 holds
@@ -22,7 +24,7 @@ class Rom:
 
     name: str
     shape: tuple[int, ...]
-    values: np.ndarray
+    values: np.ndarray              # or codegen.design.weight_layout.Banked (an MVU's weights, built when read)
     partition_dims: tuple[int, ...] = ()   # 1-based dims split completely into registers/banks
     impl: str = "bram"                     # BIND_STORAGE impl of each bank
     external: bool = False                 # an m_axi kernel argument (filled from roms.bin), not a ROM
@@ -157,4 +159,4 @@ class EngineStage:
         """The external arrays' raw values (little-endian, 16 or 8 bits as weights.bin), in
         argument order: what the testbench (or the host) copies into them."""
         dt = np.dtype("<i2") if width > 8 else np.dtype("i1")
-        return b"".join(np.asarray(r.values, dtype=np.int64).reshape(-1).astype(dt).tobytes() for r in self.external)
+        return b"".join(b.astype(dt).tobytes() for r in self.external for b in flat_blocks(r.values))
