@@ -69,7 +69,8 @@ class WeightArray:
     kernel_q: np.ndarray            # raw ints in kernel layout
     model_q: np.ndarray             # raw ints in model layout
     partitions: list[tuple[int, int]] = field(default_factory=list)   # (factor, dim) cyclic
-    offset: int = 0                 # element offset in the stage's weights.bin
+    offset: int = 0                 # element offset in the stage's weight image (codegen.design.weight_image)
+    slot: "object | None" = None    # ... and how it lies there (weight_image.Slot; set by lower.weight_images)
 
     @property
     def dims(self) -> str:
@@ -159,6 +160,7 @@ class StageCtx:
     update_note: str | None = None        # why a training stage has no update kernel
     stash_note: str | None = None         # why the forward kernel writes no stashes (codegen.design.stash)
     loss: "LossCtx | None" = None         # the loss-gradient kernel behind the last training stage
+    image: list = field(default_factory=list)   # the weight image's arrays (codegen.design.weight_image.Slot)
 
     @property
     def weights(self) -> list[WeightArray]:
@@ -623,11 +625,6 @@ def build_stage(plan: Plan, model, st: Stage, weights: dict[str, dict[str, np.nd
         fan_out(l.name)
     # sort stream declarations by name for a stable, readable order
     streams = sorted({s.name: s for s in streams}.values(), key=lambda s: s.name)
-    off = 0
-    for lc in lctx:
-        for w in lc.weights:
-            w.offset = off
-            off += int(w.model_q.size)
     return StageCtx(index=st.index, name=f"stage{st.index}", boards=list(st.boards), board_type=st.board_type,
                     style=st.style, dataflow=st.style == "dataflow", layers=lctx, inputs=inputs, outputs=outputs,
                     streams=streams, statements=statements, embed_weights=embed,

@@ -7,8 +7,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from bapipe.codegen.design.weight_layout import flat_blocks
-
 #: Vitis HLS's default hls::stream depth (a wire with no FIFO node on it)
 DEFAULT_DEPTH = 2
 #: ROM words per bank up to which a weight bank is LUTRAM rather than BRAM (a BRAM18 holds
@@ -34,6 +32,7 @@ class Rom:
     banks: int = 0                         # buffer: cyclic banks of its last dim (elements read a cycle)
     copy_of: str = ""                      # buffer: what it is an on-chip copy of (for the comment)
     copied: bool = False                   # external, copied on chip once a call (never read in a loop)
+    offset: int = 0                        # elements before it in the stage's weight image (codegen.design.weight_image)
 
     @property
     def size(self) -> int:
@@ -154,9 +153,3 @@ class EngineStage:
     def external(self) -> list[Rom]:
         """The weight arrays that are m_axi kernel arguments, in argument order."""
         return [r for r in self.roms if r.external]
-
-    def roms_bin(self, width: int) -> bytes:
-        """The external arrays' raw values (little-endian, 16 or 8 bits as weights.bin), in
-        argument order: what the testbench (or the host) copies into them."""
-        dt = np.dtype("<i2") if width > 8 else np.dtype("i1")
-        return b"".join(b.astype(dt).tobytes() for r in self.external for b in flat_blocks(r.values))
