@@ -27,7 +27,7 @@ from bapipe.codegen.package.kernels import BUILD_STAMP
 
 from bapipe.codegen.design.lower import lower
 from bapipe.codegen.rtl.write import write_rtl
-from bapipe.codegen.hls.project import write_files
+from bapipe.codegen.hls.project import write_files, write_images
 from bapipe.codegen.package.project import render_files
 
 
@@ -75,11 +75,10 @@ def generate_plan(plan, model, cluster, out_dir: str | Path, plan_text: str | No
         # RTL kernels hold their weights on chip: no m_axi weight ports to wire
         ctx = replace(ctx, boards=package.strip_rtl_weight_ports(ctx.boards, ctx.stages))
     files = render_files(ctx, plan_text if plan_text is not None else plan.dumps(), cluster, engines=engines)
-    if engines == "hls":   # the m_axi weight arrays as the kernels read them, for the xrt backend
-        for s in ctx.stages:
-            if not s.embed_weights:
-                files[package.weight_image_path(s)] = package.weight_image(s, ctx.fmt.width)
     out = Path(out_dir)
+    # one weight image per stage, read by the HLS testbenches, the host and the RTL alike
+    # (codegen.design.weight_image), streamed to disk
+    images = write_images(ctx, out)
     # design.json is written once, with the placement pass's section (codegen.design.placement)
     rtl_paths, ddict = write_rtl(design, out / "rtl", placement=json.loads(files["placement.json"]))
     rtl_files: list[Path] = list(rtl_paths)
@@ -88,16 +87,19 @@ def generate_plan(plan, model, cluster, out_dir: str | Path, plan_text: str | No
         main = {p.name: p.read_text(encoding="utf-8") for p in (out / "rtl").glob("*.v")}
         kernels, kfiles = package.rtl_kernels(design, main)
         rtl_files += write_files({n: t.encode() for n, t in kfiles.items()}, out)
+        # Vivado's package_xo reads the MVUs' $readmemh text: a tool that needs it, so it is written now
+        from bapipe.codegen.rtl.mem_images import ensure_memories
+        rtl_files += ensure_memories(out / "rtl")
     paths = write_files(files, out)
     for line in placement_warnings(json.loads(files["placement.json"])):
         sys.stderr.write(f"bapipe gen: warning: {line}\n")
-    write_stamp(out, ctx.fingerprint, [*paths, *rtl_files], {"engines": engines,
+    write_stamp(out, ctx.fingerprint, [*paths, *images, *rtl_files], {"engines": engines,
                                                            "xrt": package.xrt_manifest(ctx, engines)})
     design = _design_cycles(ddict)
     for line in cycle_warnings(plan, ctx.stages, design):
         sys.stderr.write(f"bapipe gen: warning: {line}\n")
     return {
-        "output": str(out), "fingerprint": ctx.fingerprint, "files": len(paths), "rtl_files": len(rtl_files),
+        "output": str(out), "fingerprint": ctx.fingerprint, "files": len(paths) + len(images), "rtl_files": len(rtl_files),
         "format": ctx.fmt.name,
         "stages": [{"name": s.name, "layers": len(s.layers), "boards": s.boards, "inputs": len(s.inputs),
                     "outputs": len(s.outputs), "weights": s.weight_elements,

@@ -305,6 +305,9 @@ def cmd_synth(args):
         raise SpecError(None, None, "--timeout", f"expected a positive finite number of seconds, got {timeout_s:g}")
     out_dir = build / "synth"
     out_dir.mkdir(parents=True, exist_ok=True)
+    from bapipe.codegen.rtl.mem_images import ensure_memories
+
+    ensure_memories(build / "rtl")   # yosys reads the MVUs' $readmemh text (from the weight images)
     rows, t0 = [], time.perf_counter()
     for k, board in enumerate(wanted):
         # progress on stderr (stdout stays one --json object): a board can take minutes

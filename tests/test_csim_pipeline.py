@@ -132,7 +132,8 @@ def test_backward_reference_gradients_are_not_trivial():
 
 
 def test_a_wrong_weight_is_caught(tmp_path, capsys, monkeypatch):
-    """The comparison is live: numpy reads weights.bin, the kernel its header; change one weight."""
+    """The comparison is live: numpy reads the weight image weights.bin, the kernel its header;
+    change one weight."""
     from bapipe.cli import main
 
     # `bapipe csim` refuses an edited build by its hashes (bapipe-build.json); this test is
@@ -308,8 +309,9 @@ def test_counted_cycles_meet_the_plan_soak(tmp_path, model, samples):
 
 def test_big_stage_path_external_weights_one_sample_mb1(tmp_path, monkeypatch):
     """The path VGG-16/ResNet-50 take, on tiny-cnn: forward engines with their weight matrices as
-    m_axi arguments (banked, read by the testbench from roms.bin), the backward kernel's from
-    weights.bin, the int64 MAC, one sample, backward rebuilt with -DMB=1; still 0 LSB."""
+    m_axi arguments (banked, read by the testbench from the stage's one weight image, weights.bin),
+    the backward kernel's unfolded from the same image, the int64 MAC, one sample, backward
+    rebuilt with -DMB=1; still 0 LSB."""
     import bapipe.codegen.design.context as cx
     import bapipe.codegen.check.csim as cs
     import bapipe.codegen.check.cxx_run as cr
@@ -326,10 +328,14 @@ def test_big_stage_path_external_weights_one_sample_mb1(tmp_path, monkeypatch):
             "max_widen_bitwidth=512") in top
     assert "mode=s_axilite port=return" in top
     assert re.search(r"^sp=stage1_1\.s1_fc_mvu_w:DDR\[[0-3]\]$", (tmp_path / "link/fpga1.cfg").read_text(), re.M)
-    assert "add_files -tb roms.bin" in (tmp_path / "stage1/run_hls.tcl").read_text()
-    # roms.bin: the banked matrices and (a training build: writable for the update kernel,
-    # codegen.design.train_kernels) the biases, 16-bit raw (conv3 8*3*3*16 = 1152 + 16, fc 64*10 = 640 + 10)
-    assert (tmp_path / "stage1/roms.bin").stat().st_size == 2 * (1152 + 16 + 640 + 10)
+    assert "add_files -tb weights.bin" in (tmp_path / "stage1/run_hls.tcl").read_text()
+    assert "add_files -tb weights.bin" in (tmp_path / "stage1/run_hls_bwd.tcl").read_text()
+    # the image: the banked matrices and (a training build: writable for the update kernel,
+    # codegen.design.train_kernels) the biases, 16-bit raw (conv3 8*3*3*16 = 1152 + 16, fc 64*10 = 640 + 10);
+    # no second copy in another layout
+    assert (tmp_path / "stage1/weights.bin").stat().st_size == 2 * (1152 + 16 + 640 + 10)
+    assert sorted(p.name for p in (tmp_path / "stage1").glob("*.bin")) == ["csim_bwd_in.bin", "csim_in.bin",
+                                                                          "weights.bin"]
     r = cs.csim_project(tmp_path, samples=4)
     assert r["passed"] and r["samples"] == 1 and r["model_max_abs_err_lsb"] == 0, r
     assert [s["name"] for s in r["stages"]] == ["stage0", "stage0_bwd", "stage1", "stage1_bwd"]

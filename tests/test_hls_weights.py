@@ -18,7 +18,7 @@ from bapipe.fpga_models.engines import weight_stream_beats, weight_tiles_cycles,
 
 
 def test_weight_words_and_the_ping_pong_formula_by_hand():
-    # fixed16: 32 elements a 512-bit word, packed densely (the bytes of roms.bin)
+    # fixed16: 32 elements a 512-bit word, packed densely (the bytes of the stage's weight image)
     assert weight_words(64 * 27, 16) == 54                 # VGG conv1_1: 1,728 weights
     assert weight_words(512 * 4_608, 16) == 73_728         # conv5_x: 4.7 MB
     assert weight_words(4_096 * 25_088, 16) == 3_211_264   # fc6: 205 MB

@@ -129,7 +129,9 @@ def test_engines_choose_the_makefile_rules_and_weight_ports(tmp_path, monkeypatc
         # everything else (nk, stream_connect) names the same kernels and ports
         assert [l for l in cfg_h.splitlines() if l.startswith(("nk=", "stream_connect="))] == \
             [l for l in cfg_r.splitlines() if l.startswith(("nk=", "stream_connect="))]
-    assert (hls / "stage0" / "weights_kernel.bin").stat().st_size == \
+    # one weight image a stage (the kernel's arrays, kernel layout: 16 bits an element), no second copy
+    assert sorted(p.name for p in (hls / "stage0").glob("*.bin")) == ["csim_in.bin", "weights.bin"]
+    assert (hls / "stage0" / "weights.bin").stat().st_size == \
         2 * sum(w["elements"] for w in json.loads((hls / "host_config.json").read_text())["stages"][0]["weights"])
     assert not (hls / "rtl" / "kernels").exists()
 

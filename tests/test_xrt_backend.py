@@ -157,10 +157,10 @@ def test_tiny_cnn_4_boards_rtl(tmp_path, monkeypatch):
 
 def test_external_weights_are_loaded_from_the_manifest(tmp_path, monkeypatch):
     """Stages whose weights live off chip (EMBED_LIMIT forced to 0): every m_axi weight argument
-    gets a buffer of the manifest's size in the bank of its argument, filled from the image the
-    manifest names (engine kernels: their external ROM banks, roms.bin; per-layer kernels: the
-    kernel-layout weights_kernel.bin); engine kernels start once for all N samples, per-layer
-    ones once per sample; downstream first."""
+    gets a buffer of the manifest's size in the bank of its argument, filled from the stage's one
+    weight image at the array's offset (engine kernels: their external ROM banks, banked;
+    per-layer kernels: their arrays in kernel layout); engine kernels start once for all N
+    samples, per-layer ones once per sample; downstream first."""
     import bapipe.codegen.design.context
 
     monkeypatch.setattr(bapipe.codegen.design.context, "EMBED_LIMIT", 0)
@@ -187,25 +187,32 @@ def test_external_weights_are_loaded_from_the_manifest(tmp_path, monkeypatch):
             for a in w:
                 assert ("bo", b["device"], a["bytes"], a["index"]) in bos
                 assert ("set_arg", b["device"], k["instance"], a["index"], ("bo", a["bytes"])) in calls
-                # the buffer is filled from the file the manifest names, at its offset
-                assert a["file"] == (st["roms_file"] if engine else f"{k['name']}/weights_kernel.bin")
+                # the buffer is filled from the stage's image, at the array's offset there
+                assert a["file"] == st["weights_file"] == f"{k['name']}/weights.bin"
+                assert [a["offset"] for a in w] == [2 * x["offset"] for x in want]
             starts = [c for c in calls if c[0] == "start" and c[2] == k["instance"]]
             if engine:
                 assert len(starts) == 1 and k["starts"] == "once"
             else:
                 assert len(starts) == (n if w else 0) and k["starts"] == ("per_sample" if w else "never")
     assert engine_kernels, "no stage of the plan lowered to engine kernels"
-    # every stage kernel's weights reach the board: the engine ROM images total the weight matrices
+    # every stage kernel's weights reach the board: each image holds every array of its stage once,
+    # and unfolds to the plan's weights
+    from bapipe.codegen.design.dataflow import plan_weights
+    from bapipe.codegen.design.weight_image import read_model
+    from bapipe.fpga_models.fixedpoint import conv_weight_matrix
+
+    ref = plan_weights(plan, model)
+    for st in hc["stages"]:
+        image = np.fromfile(out / st["weights_file"], dtype="<i2")
+        assert image.size == sum(w["elements"] for w in st["weights"]) > 0
+        for w in st["weights"]:
+            assert np.array_equal(read_model(out, w), ref[w["layer"]][w["key"]]), w["name"]
     st = hc["stages"][0]
-    if st["samples_per_call"] == "n":
-        roms = np.fromfile(out / st["roms_file"], dtype="<i2")
-        assert roms.size == sum(r["elements"] for r in st["roms"]) > 0
-    else:   # the per-layer image holds the kernel layout: conv OIHW -> [o][(ky*KW+kx)*C + c]
+    if st["samples_per_call"] != "n":   # the per-layer image holds the kernel layout: conv OIHW -> [o][(ky*KW+kx)*C + c]
         conv = st["weights"][0]
-        o, c, kh, kw = conv["shape"]
-        model_w = np.fromfile(out / st["weights_file"], dtype="<i2")[conv["offset"]:conv["offset"] + conv["elements"]]
-        image = np.fromfile(out / "stage0" / "weights_kernel.bin", dtype="<i2")[:conv["elements"]]
-        assert np.array_equal(image, model_w.reshape(o, c, kh, kw).transpose(0, 2, 3, 1).reshape(-1))
+        raw = np.fromfile(out / st["weights_file"], dtype="<i2")[conv["offset"]:conv["offset"] + conv["elements"]]
+        assert np.array_equal(raw, conv_weight_matrix(ref[conv["layer"]]["w"]).reshape(-1))
     # the stage kernels start downstream first
     order = [c[2] for c in calls if c[0] == "start" and c[2].startswith("stage")]
     assert order[:4] == ["stage3_1", "stage2_1", "stage1_1", "stage0_1"]

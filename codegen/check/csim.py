@@ -95,12 +95,8 @@ def _stage_inputs(run: _Run, st: dict) -> list[np.ndarray]:
 
 
 def _weights_file(build: Path, st: dict) -> Path | None:
-    """What the testbench reads its weights from: none (embedded), the weights file, or an
-    engine kernel's banked weight arrays."""
-    wfile = None if st["embedded_weights"] else build / st["weights_file"]
-    if st.get("roms_file"):
-        wfile = build / st["roms_file"]
-    return wfile
+    """What the testbench reads its weights from: none (embedded), else the stage's weight image."""
+    return None if st["embedded_weights"] else build / st["weights_file"]
 
 
 def _check_outputs(run: _Run, st: dict, layers, ins: list[np.ndarray], outs, params: dict, row: dict) -> None:

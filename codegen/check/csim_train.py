@@ -51,12 +51,6 @@ def _kernel_layout(a: np.ndarray) -> np.ndarray:
     return (fx.conv_weight_matrix(a) if np.ndim(a) == 4 else np.asarray(a)).reshape(-1)
 
 
-def _model_layout(k: np.ndarray, shape: list[int]) -> np.ndarray:
-    """Kernel layout (conv: MVU matrix [o][(ky*KW+kx)*C + c]) -> model layout (OIHW)."""
-    if len(shape) == 4:
-        o, c, kh, kw = shape
-        return np.asarray(k).reshape(o, kh, kw, c).transpose(0, 3, 1, 2)
-    return np.asarray(k).reshape(shape)
 
 
 def _words(a: np.ndarray, wide: bool) -> np.ndarray:
@@ -85,20 +79,19 @@ def _check_build(cfg: dict, build: Path) -> None:
 
 
 class _Replica:
-    """One replica's kernel-side state: the memories its kernels share (weights.bin: the
-    backward kernel's weights; roms.bin: the forward engine kernel's banked arrays), and the
-    master weights and velocities the update kernel keeps (kernel layout)."""
+    """One replica's kernel-side state: its weight image (weights.bin, codegen.design.weight_image:
+    the forward kernel's arrays, which the backward kernel's testbench unfolds into its own
+    layout and the update kernel rewrites), and the master weights and velocities the update
+    kernel keeps (kernel layout)."""
 
     def __init__(self, build: Path, st: dict, fmt: fx.Fmt, work: Path):
         from bapipe.codegen.check.cxx_run import load_weights
 
         self.cfg = st
         work.mkdir(parents=True, exist_ok=True)
-        self.weights_file = work / "weights.bin"
-        self.weights_file.write_bytes((build / st["weights_file"]).read_bytes())
-        self.roms_file = work / "roms.bin"
-        if st.get("roms_file"):
-            self.roms_file.write_bytes((build / st["roms_file"]).read_bytes())
+        self.image = work / "weights.bin"
+        self.image.write_bytes((build / st["weights_file"]).read_bytes())
+        self.dtype = np.dtype(st["weights_dtype"])
         init = load_weights(build, st, fmt)     # the 16-bit weights gen wrote: the initial master weights
         shift = tfx.get_formats(fmt.name).master.frac - fmt.frac
         self.arrays = st["update"]["arrays"] if st.get("update") else []   # a stage without weights: none
@@ -107,14 +100,10 @@ class _Replica:
         self.vel = {a["name"]: np.zeros_like(self.master[a["name"]]) for a in self.arrays}
 
     def weights(self, fmt: fx.Fmt) -> dict:
-        """The 16-bit weights the kernels read now (model layout, per layer), from weights.bin."""
-        dt = np.dtype("<i2") if fmt.width > 8 else np.dtype("i1")
-        raw = np.fromfile(self.weights_file, dtype=dt).astype(np.int64)
-        out: dict = {}
-        for w in self.cfg["weights"]:
-            out.setdefault(w["layer"], {})[w["name"].rsplit("_", 1)[1]] = \
-                raw[w["offset"]:w["offset"] + w["elements"]].reshape(w["shape"])
-        return out
+        """The 16-bit weights the kernels read now (model layout, per layer), from the image."""
+        from bapipe.codegen.design.weight_image import read_layers
+
+        return read_layers(self.image.parent, [dict(w, file=self.image.name) for w in self.cfg["weights"]])
 
 
 class _Stage:
@@ -163,8 +152,7 @@ def _forward(s: _Stage, rep: _Replica, xs: list[np.ndarray], n: int, td: Path) -
 
     fin, fout = td / "fwd_in.bin", td / "fwd_out.bin"
     fin.write_bytes(b"".join(p.tobytes() for p in [np.array([n], "<i4")] + [to_stream(x).astype("<i4") for x in xs]))
-    cmd = [s.bins["fwd"], fin, fout] + ([rep.roms_file] if s.cfg.get("roms_file") else
-                                        [] if s.cfg["embedded_weights"] else [rep.weights_file])
+    cmd = [s.bins["fwd"], fin, fout] + ([] if s.cfg["embedded_weights"] else [rep.image])
     vals, stats = _run(cmd, td)
     outs, pos = [], 0
     for p in s.cfg["outputs"]:
@@ -186,7 +174,7 @@ def _backward(s: _Stage, rep: _Replica, stashes: list[np.ndarray], dys: list[np.
     parts = [np.array([n], "<i4")] + [np.asarray(x).astype("<i4") for x in stashes] \
         + [to_stream(x).astype("<i4") for x in dys]
     fin.write_bytes(b"".join(p.tobytes() for p in parts))
-    vals, stats = _run([s.bins["bwd"], fin, fout, rep.weights_file], td)
+    vals, stats = _run([s.bins["bwd"], fin, fout, rep.image], td)
     outs, pos = [], 0
     for p in b["outputs"]:
         outs.append(from_stream(vals[pos:pos + n * p["elements"]].reshape(n, p["elements"]), tuple(p["shape"])))
@@ -225,20 +213,36 @@ def _update(s: _Stage, rep: _Replica, sums: dict, c: tfx.SgdConstants, fmt: fx.F
         rep.master[a["name"]] = vals[pos:pos + k]
         rep.vel[a["name"]] = _unwords(vals[pos + k:pos + 3 * k])
         pos += 3 * k
-    # the forward copy in the backward kernel's layout -> weights.bin (model layout, as gen writes it)
-    dt = np.dtype("<i2") if fmt.width > 8 else np.dtype("i1")
-    w16 = np.fromfile(fw, dtype=dt).astype(np.int64)
-    shapes = {w["name"]: w for w in s.cfg["weights"]}
-    out = np.zeros(sum(w["elements"] for w in s.cfg["weights"]), dtype=np.int64)
+    _rewrite_image(s.cfg, rep, np.fromfile(fw, dtype=rep.dtype), np.fromfile(fr, dtype=rep.dtype))
+    return int(stats.get("cycles") or 0)
+
+
+def _rewrite_image(st: dict, rep: _Replica, w16: np.ndarray, roms: np.ndarray) -> None:
+    """The replica's weight image after an update: the forward engine kernel's arrays as the
+    update kernel wrote them (``roms``, in argument order), or, for a per-layer kernel, its
+    16-bit copy in kernel layout (``w16``, the update arrays in order), which is the image's
+    layout there. The 16-bit copy the backward kernel reads on a board must hold what the image
+    holds: checked array by array (the backward's testbench reads the image)."""
+    from bapipe.codegen.design.weight_image import kernel_layout
+
+    img = np.fromfile(rep.image, dtype=rep.dtype)
+    entries = {w["name"]: w for w in st["weights"]}
+    pos = 0
+    for r in st["roms"]:
+        img[r["offset"]:r["offset"] + r["elements"]] = roms[pos:pos + r["elements"]]
+        pos += r["elements"]
     pos = 0
     for a in rep.arrays:
-        w = shapes[a["name"]]
-        out[w["offset"]:w["offset"] + w["elements"]] = _model_layout(w16[pos:pos + a["elements"]], w["shape"]).reshape(-1)
+        w, k = entries[a["name"]], w16[pos:pos + a["elements"]]
         pos += a["elements"]
-    rep.weights_file.write_bytes(out.astype(dt).tobytes())
-    if s.cfg.get("roms_file"):
-        rep.roms_file.write_bytes(fr.read_bytes())   # the forward engine kernel's banked arrays, as written
-    return int(stats.get("cycles") or 0)
+        if not st["roms"]:
+            img[w["offset"]:w["offset"] + w["elements"]] = k
+            continue
+        held = kernel_layout(img[w["offset"]:w["offset"] + w["elements"]].astype(np.int64), w).reshape(-1)
+        if not np.array_equal(held, k.astype(np.int64)):
+            raise RuntimeError(f"{st['update']['kernel']}: the 16-bit copy of {a['name']} differs from the forward "
+                               f"kernel's array it rewrote ({int(np.sum(held != k))} elements)")
+    img.tofile(rep.image)
 
 
 def _loss(binary: Path, logits: np.ndarray, labels: np.ndarray, td: Path) -> tuple[np.ndarray, int]:

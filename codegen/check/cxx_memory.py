@@ -19,6 +19,7 @@ Pure functions of the rendered files (path -> text); nothing is compiled.
 from __future__ import annotations
 
 import ast
+import functools
 import math
 import operator
 import re
@@ -117,7 +118,17 @@ _CMP = {ast.Lt: operator.lt, ast.LtE: operator.le, ast.Gt: operator.gt, ast.GtE:
 
 def eval_expr(expr: str, env: dict) -> int:
     """A C integer expression (+ - * / % << >> & |, comparisons, ?:, casts to int/long)."""
-    e = str(expr).strip()
+    tree = _parsed(str(expr))
+    if tree is None:
+        raise Unknown(expr)
+    return _ev(tree.body, env, 0)
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _parsed(expr: str) -> ast.Expression | None:
+    """The Python tree of a C integer expression (None: not one); parsed once per text, as the
+    physical-rules scan evaluates the same bounds in every call site and every scanned call."""
+    e = expr.strip()
     e = re.sub(r"\((?:long long|long|int|unsigned|size_t)\)", "", e)
     e = re.sub(r"(\d+)(?:ULL|LL|UL|L|U)\b", r"\1", e)
     e = e.replace("true", "1").replace("false", "0")
@@ -130,10 +141,9 @@ def eval_expr(expr: str, env: dict) -> int:
             break
         e = e[:m.start()] + f"(({m.group(2)}) if ({m.group(1)}) else ({m.group(3)}))" + e[m.end():]
     try:
-        tree = ast.parse(e, mode="eval")
+        return ast.parse(e, mode="eval")
     except SyntaxError:
-        raise Unknown(expr) from None
-    return _ev(tree.body, env, 0)
+        return None
 
 
 def _ev(n, env, depth):

@@ -159,28 +159,23 @@ def random_input(rng: np.random.Generator, n: int, shape: tuple[int, ...], fmt: 
 # ---------------------------------------------------------------- a generated project
 
 def load_weights(build: Path, stage_cfg: dict, fmt: fx.Fmt) -> dict[str, dict[str, np.ndarray]]:
-    """Per layer {w, b} or {scale, shift} from the stage's weights.bin (model layout)."""
-    dt = np.dtype("<i2") if fmt.width > 8 else np.dtype("i1")
-    # int32, not int64: VGG-16 has 138 M weights; the reference widens per layer as it goes
+    """Per layer {w, b} or {scale, shift} (model layout) from the stage's weight image
+    (codegen.design.weight_image: each array where host_config.json says it lies, unfolded)."""
+    from bapipe.codegen.design.weight_image import read_model
+
+    dt = np.dtype(stage_cfg.get("weights_dtype") or ("<i2" if fmt.width > 8 else "i1"))
     wpath = build / stage_cfg["weights_file"]
     if not wpath.is_file():
         raise SpecError(str(wpath), None, "weights", "expected the weights file written by `bapipe gen`; re-run it")
-    raw = np.fromfile(wpath, dtype=dt).astype(np.int32)
-    need = max((w["offset"] + w["elements"] for w in stage_cfg["weights"]), default=0)
-    if raw.size < need:  # truncated or from another plan: refuse rather than reshape garbage
-        raise SpecError(str(wpath), None, "weights", f"expected at least {need * dt.itemsize} bytes, got "
-                        f"{raw.size * dt.itemsize}; re-run `bapipe gen`")
+    need = max((w["offset"] + w["elements"] for w in stage_cfg["weights"]), default=0) * dt.itemsize
+    if wpath.stat().st_size < need:  # truncated or from another plan: refuse rather than reshape garbage
+        raise SpecError(str(wpath), None, "weights", f"expected at least {need} bytes, got "
+                        f"{wpath.stat().st_size}; re-run `bapipe gen`")
     out: dict[str, dict[str, np.ndarray]] = {}
     for w in stage_cfg["weights"]:
-        key = w["name"][len(_ident_prefix(w)):]
-        arr = raw[w["offset"]:w["offset"] + w["elements"]].reshape(w["shape"])
-        out.setdefault(w["layer"], {})[key] = arr
+        # int32, not int64: VGG-16 has 138 M weights; the reference widens per layer as it goes
+        out.setdefault(w["layer"], {})[w["key"]] = read_model(build, w).astype(np.int32)
     return out
-
-
-def _ident_prefix(w: dict) -> str:
-    # weight arrays are named <ident>_<key>; the key is the part after the last underscore
-    return w["name"].rsplit("_", 1)[0] + "_"
 
 
 def _check_streams(name: str, stdout: str) -> None:
@@ -219,7 +214,7 @@ def run_binary(binary: Path, inputs: list[np.ndarray], n: int, out_elems: list[i
     """Run a stage testbench: inputs (N, elements) per port in stream order.
 
     The files are little-endian int32 (count, then values; see tb_<stage>_io.h). ``weights``:
-    the stage's weights.bin, for kernels whose weights are m_axi arguments.
+    the stage's weight image, for kernels whose weights are m_axi arguments.
     Returns (outputs (N, elements) per port, the values written after them, run seconds);
     ``stats_out`` (when given) is filled with the run's counts (read_stats). Raises Deadlock
     when the run deadlocked. ``env``: extra environment of the run (BAPIPE_CSIM_CALL: tb_bwd).

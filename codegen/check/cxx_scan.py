@@ -20,6 +20,7 @@ Pure function of the rendered files (path -> text).
 """
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections import defaultdict
@@ -100,6 +101,25 @@ class Source:
     sigs: dict[str, list[tuple[str, str, list[str]]]]      # function -> [(type, name, dims)]
     methods: dict[str, dict[str, tuple[list[str], str]]]   # struct -> method -> (params, body)
     members: dict[str, list[tuple[str, int]]] = field(default_factory=dict)   # struct -> [(member, dims)]
+    # what every Scanner of the kernel reads again and again, computed once (pure functions of
+    # the text): a function's body with its macros expanded, a text's statements and calls
+    bodies: dict[str, str] = field(default_factory=dict)
+    stmts: dict[str, list] = field(default_factory=dict)
+    calls: dict[str, list] = field(default_factory=dict)
+
+    def body(self, fname: str) -> str:
+        """``fname``'s body, function-like macros expanded."""
+        b = self.bodies.get(fname)
+        if b is None:
+            b = self.bodies[fname] = expand_macros(self.prog.functions[fname][1], self.macros)
+        return b
+
+    def parsed(self, text: str) -> list:
+        """:func:`parse_stmts` of ``text`` (read-only: callers never change the nodes)."""
+        st = self.stmts.get(text)
+        if st is None:
+            st = self.stmts[text] = parse_stmts(text)
+        return st
 
 
 def _order(files: dict[str, str | bytes], kernel_file: str) -> list[str]:
@@ -134,11 +154,24 @@ def _param(p: str) -> tuple[str, str, list[str]]:
     return (typ.rstrip("&").strip(), m.group(2), dims)
 
 
+#: a (qualified) name, maybe with template arguments: a call's start (codegen.check.cxx_memory's _CALL)
+_CALL = re.compile(r"(?<![\w.>])((?:\w+::)*)(\w+)\s*(<)?")
+_CALL_AT = re.compile(r"((?:\w+::)*)(\w+)\s*(<)?")
+#: a name (with at most one ``ns::`` qualifier) followed by ``(``, not a member or a suffix:
+#: every place a function of the program may be defined or called
+_NAMED_PAREN = re.compile(r"(?<![\w.:>])(?:\w+::)?(\w+)\s*\(")
+
+
 def _signatures(text: str, prog: Program, out: dict) -> None:
     """Parameters of every function definition; overloads (a second definition of a name, e.g.
-    the array and the stream ``mvu``) are added to ``prog.functions`` as ``name@k``."""
+    the array and the stream ``mvu``) are added to ``prog.functions`` as ``name@k``.
+    The text is scanned once (the places each name is followed by ``(``), then the names are
+    taken in the program's order, each at its places in text order."""
+    places: dict[str, list] = defaultdict(list)
+    for m in _NAMED_PAREN.finditer(text):
+        places[m.group(1)].append(m)
     for name in [f for f in prog.functions if "@" not in f]:
-        for m in re.finditer(rf"(?<![\w.:>])(?:\w+::)?{re.escape(name)}\s*\(", text):
+        for m in places.get(name, ()):
             po = m.end() - 1
             try:
                 pc = matching(text, po, "(", ")")
@@ -402,7 +435,7 @@ class Scanner:
 
     # -- declarations
     def _body(self, fname: str) -> str:
-        return expand_macros(self.src.prog.functions[fname][1], self.src.macros)
+        return self.src.body(fname)
 
     def _enter(self, fname: str, env: dict, binds: dict, path: str, top: bool = False) -> tuple[_Scope, str]:
         tparams, _ = self.src.prog.functions[fname]
@@ -538,7 +571,7 @@ class Scanner:
         if takes_flush and self.flush is not None:
             env["flush"] = self.flush   # the backward kernels: the call that ends an iteration (None: either)
         scope, body = self._enter(self.top, env, {}, self.top, top=True)
-        self._structure(parse_stmts(body), scope, 0, body, 1)
+        self._structure(self.src.parsed(body), scope, 0, body, 1)
         return KernelScan(self.top, self.decls, self.loops, self.dataflows, self.problems, takes_n, takes_flush)
 
     def _structure(self, stmts: list, scope: _Scope, depth: int, body: str | None = None,
@@ -591,19 +624,27 @@ class Scanner:
                             if did.startswith("axis:") or self.decls[did].kind in ("stream", "array", "m_axi", "axis"):
                                 channels[did].append((cpath, self._usage(callee, p, sub[0])))
                     cscope, cbody = self._enter(callee, sub[0], sub[1], cpath)
-                    self._structure(parse_stmts(cbody), cscope, depth + 1, cbody, mult)
+                    self._structure(self.src.parsed(cbody), cscope, depth + 1, cbody, mult)
         if dataflow and processes:
             self.dataflows.append(Dataflow(scope.path, processes, dict(channels)))
 
-    def _calls(self, text: str, scope: _Scope):
+    def _calls(self, text: str, scope: _Scope) -> list[tuple[str, list[str], list[str]]]:
         """Calls of the program's functions in ``text``: (name, arg texts, template arg texts)."""
+        got = self.src.calls.get(text)
+        if got is None:
+            got = self.src.calls[text] = list(self._find_calls(text))
+        return got
+
+    def _find_calls(self, text: str):
         k = 0
         while True:
-            m = re.search(r"(?<![\w.>])((?:\w+::)*)(\w+)\s*(<)?", text[k:])
+            # the next call at k or after: a name at k itself is not held to what precedes it
+            # (the scan resumes there: inside a call's arguments, after its template arguments)
+            m = _CALL_AT.match(text, k) or _CALL.search(text, k + 1)
             if not m:
                 return
-            s, name = k + m.start(), m.group(2)
-            k = k + m.end()
+            name = m.group(2)
+            k = m.end()
             if name not in self.src.prog.functions or name in _KEYWORDS:
                 continue
             name0 = name
@@ -616,10 +657,11 @@ class Scanner:
                     continue
                 targs = split_args(text[lt + 1:gt])
                 k = gt + 1
-            rest = text[k:].lstrip()
-            if not rest.startswith("("):
+            po = k
+            while po < len(text) and text[po].isspace():
+                po += 1
+            if not text.startswith("(", po):
                 continue
-            po = len(text) - len(rest)
             pc = matching(text, po, "(", ")")
             args = split_args(text[po + 1:pc])
             yield self._overload(name0, len(args), len(targs)), args, targs
@@ -691,23 +733,22 @@ class Scanner:
     def _acc_text(self, text: str, scope: _Scope, depth: int) -> _Acc:
         acc = _Acc()
         self._object(text, scope)
-        decl = re.match(r"^(?!(?:return|else|case|delete|throw)\b)(?:static\s+)?(?:const\s+)?[\w:]+(?:\s*<[^;]*?>)?\s+\w+\s*(?:\[[^\]]+\])+\s*$", text)
+        decl = _LOCAL_ARRAY.match(text)
         if not decl:
             self._subscripts(text, scope.names, acc, scope.ndims)
         self._streams(text, scope.names, acc)
         # products of two data-typed parameters: the multipliers (DSP48E2, UG579)
-        opnd = r"\(?\s*(\w+)\s*(?:\[[^\]]*\]\s*)*\)?(?:\.V)?"
-        for pm in re.finditer(opnd + r"\s*\*\s*" + opnd, text):
+        for pm in _PRODUCT.finditer(text):
             a, b = pm.group(1), pm.group(2)
             ta, tb = scope.types.get(a), scope.types.get(b)
             if ta and tb and not _INT_TYPES.match(ta) and not _INT_TYPES.match(tb):
                 acc.mults.append((self._bits_or0(ta, scope.env), self._bits_or0(tb, scope.env)))
         # method calls on struct objects bound to arrays (e.g. a weight tile's at())
         called = set()
-        for mm in re.finditer(r"\b(\w+)\s*\.\s*(\w+)\s*\(", text):
+        for mm in _METHOD_CALL.finditer(text):
             obj = scope.objs.get(mm.group(1))
             pc = matching(text, mm.end() - 1, "(", ")")
-            key = (mm.group(1), mm.group(2), re.sub(r"\s+", "", text[mm.end():pc]))
+            key = (mm.group(1), mm.group(2), _SPACES.sub("", text[mm.end():pc]))
             if key in called:
                 continue   # the same element read twice in one statement: one read
             called.add(key)
@@ -715,7 +756,7 @@ class Scanner:
                 _, mbody = self.src.methods[obj[0]][mm.group(2)]
                 mdims = dict(self.src.members.get(obj[0], []))
                 mscope = _Scope(scope.fname, scope.path, scope.env, dict(obj[1]), {}, {}, mdims)
-                acc.add(self._acc(parse_stmts(mbody), mscope, depth + 1))
+                acc.add(self._acc(self.src.parsed(mbody), mscope, depth + 1))
         if depth < self.max_depth:
             for callee, args, targs in self._calls(text, scope):
                 env, binds = self._bind(callee, args, targs, scope)
@@ -723,12 +764,12 @@ class Scanner:
                 for (typ, pname, _), a in zip(self.src.sigs.get(callee, []), args):
                     if _root(a) in scope.objs:
                         cscope.objs[pname] = scope.objs[_root(a)]
-                acc.add(self._acc(parse_stmts(cbody), cscope, depth + 1))
+                acc.add(self._acc(self.src.parsed(cbody), cscope, depth + 1))
         return acc
 
     def _object(self, text: str, scope: _Scope) -> None:
         """``Struct<..> obj = {a, b}``: obj's members bound to the arrays a, b name."""
-        m = re.match(r"^(?:bapipe::)?(\w+)\s*(?:<.*>)?\s+(\w+)\s*=\s*\{(.*)\}$", text, re.S)
+        m = _OBJECT_INIT.match(text)
         if not m or m.group(1) not in self.src.members:
             return
         members = [name for name, _ in self.src.members.get(m.group(1), [])]
@@ -743,45 +784,36 @@ class Scanner:
         """Reads and writes of named arrays in one statement; the same element read twice in a
         statement (same index text) is one read, as the scheduler shares it."""
         seen = set()
-        for m in re.finditer(r"(?<![\w.>])(\w+)\s*\[", text):
-            did = names.get(m.group(1))
+        for name, nsub, key_text, assigns, how in _subscript_sites(text):
+            did = names.get(name)
             if not did or did not in self.decls:
                 continue
-            d = self.decls[did]
-            j, nsub = m.end() - 1, 0
-            while j < len(text) and text[j] == "[":
-                j = matching(text, j, "[", "]") + 1
-                nsub += 1
-                while j < len(text) and text[j] in " \t":
-                    j += 1
-            if nsub < (ndims or {}).get(m.group(1), 0):
+            if nsub < 0:
+                raise Unknown(key_text)
+            if nsub < (ndims or {}).get(name, 0):
                 continue   # an address (a row of the array), not an access
-            after = text[j:].lstrip()
-            key = (did, re.sub(r"\s+", "", text[m.end() - 1:j]))
-            if key in seen and not re.match(r"(?:[-+*/%&|^]|<<|>>)?=(?!=)", after):
+            key = (did, key_text)
+            if key in seen and not assigns:
                 continue
             seen.add(key)
-            while after.startswith("."):   # a member of an element
-                mm = re.match(r"\.\s*\w+\s*", after)
-                after = after[mm.end():] if mm else after[1:]
-            before = text[:m.start()].rstrip()
-            if re.match(r"(?:[-+*/%&|^]|<<|>>)=", after) or after.startswith(("++", "--")) or before.endswith(("++", "--")):
+            if how == "rw":
                 acc.rw[did][0] += 1
                 acc.rw[did][1] += 1
-            elif after.startswith("=") and not after.startswith("=="):
+            elif how == "w":
                 acc.rw[did][1] += 1
             else:
                 acc.rw[did][0] += 1
 
     def _streams(self, text: str, names: dict, acc: _Acc) -> None:
-        for m in re.finditer(r"\b(\w+)\s*(?:\.|->)\s*(read|write|read_nb|write_nb)\s*\(", text):
-            did = names.get(m.group(1))
+        calls, shifts = _stream_sites(text)
+        for name, read in calls:
+            did = names.get(name)
             if did and did in self.decls:
-                acc.rw[did][0 if m.group(2).startswith("read") else 1] += 1
-        for m in re.finditer(r"\b(\w+)\s*(>>|<<)\s*(?!=)", text):
-            did = names.get(m.group(1))
+                acc.rw[did][0 if read else 1] += 1
+        for name, read in shifts:
+            did = names.get(name)
             if did and did in self.decls and self.decls[did].kind in ("stream", "axis", "probe"):
-                acc.rw[did][0 if m.group(2) == ">>" else 1] += 1
+                acc.rw[did][0 if read else 1] += 1
 
     # -- channel direction of a parameter (DATAFLOW single reader / writer)
     def _usage(self, fname: str, param: str, env: dict, depth: int = 0) -> str:
@@ -812,6 +844,67 @@ class Scanner:
         self.decls.pop("x", None)
         self._usage_cache[key] = u
         return u
+
+
+#: a statement declaring a local array (its subscripts are sizes, not accesses)
+_LOCAL_ARRAY = re.compile(r"^(?!(?:return|else|case|delete|throw)\b)(?:static\s+)?(?:const\s+)?[\w:]+"
+                          r"(?:\s*<[^;]*?>)?\s+\w+\s*(?:\[[^\]]+\])+\s*$")
+_OPERAND = r"\(?\s*(\w+)\s*(?:\[[^\]]*\]\s*)*\)?(?:\.V)?"
+#: ``a * b`` of two operands (a multiplier when both are data-typed)
+_PRODUCT = re.compile(_OPERAND + r"\s*\*\s*" + _OPERAND)
+_METHOD_CALL = re.compile(r"\b(\w+)\s*\.\s*(\w+)\s*\(")
+_OBJECT_INIT = re.compile(r"^(?:bapipe::)?(\w+)\s*(?:<.*>)?\s+(\w+)\s*=\s*\{(.*)\}$", re.S)
+_SUBSCRIPT = re.compile(r"(?<![\w.>])(\w+)\s*\[")
+_ASSIGN_OR_COMPOUND = re.compile(r"(?:[-+*/%&|^]|<<|>>)?=(?!=)")
+_COMPOUND = re.compile(r"(?:[-+*/%&|^]|<<|>>)=")
+_MEMBER = re.compile(r"\.\s*\w+\s*")
+_SPACES = re.compile(r"\s+")
+_STREAM_CALL = re.compile(r"\b(\w+)\s*(?:\.|->)\s*(read|write|read_nb|write_nb)\s*\(")
+_STREAM_SHIFT = re.compile(r"\b(\w+)\s*(>>|<<)\s*(?!=)")
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def _subscript_sites(text: str) -> tuple[tuple[str, int, str, bool, str], ...]:
+    """Every ``name[...]...`` of a text, in order: (name, subscripts, the subscripts' text
+    without spaces, whether an assignment follows, access: 'r', 'w' or 'rw' (compound
+    assignment, ++/--)). A pure function of the text: what Scanner._subscripts counts, read
+    once per text however many scopes read it."""
+    out = []
+    for m in _SUBSCRIPT.finditer(text):
+        j, nsub = m.end() - 1, 0
+        try:
+            while j < len(text) and text[j] == "[":
+                j = matching(text, j, "[", "]") + 1
+                nsub += 1
+                while j < len(text) and text[j] in " \t":
+                    j += 1
+        except Unknown as e:   # unbalanced: raised when a scope reads this name (as before)
+            out.append((m.group(1), -1, str(e), False, ""))
+            continue
+        after = text[j:].lstrip()
+        key = _SPACES.sub("", text[m.end() - 1:j])
+        assigns = bool(_ASSIGN_OR_COMPOUND.match(after))
+        while after.startswith("."):   # a member of an element
+            mm = _MEMBER.match(after)
+            after = after[mm.end():] if mm else after[1:]
+        before = text[:m.start()].rstrip()
+        if _COMPOUND.match(after) or after.startswith(("++", "--")) or before.endswith(("++", "--")):
+            how = "rw"
+        elif after.startswith("=") and not after.startswith("=="):
+            how = "w"
+        else:
+            how = "r"
+        out.append((m.group(1), nsub, key, assigns, how))
+    return tuple(out)
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def _stream_sites(text: str) -> tuple[tuple, tuple]:
+    """(``x.read(``/``x.write(`` calls, ``x >>``/``x <<`` shifts) of a text, in order, as
+    (name, is a read): what Scanner._streams counts, read once per text."""
+    calls = tuple((m.group(1), m.group(2).startswith("read")) for m in _STREAM_CALL.finditer(text))
+    shifts = tuple((m.group(1), m.group(2) == ">>") for m in _STREAM_SHIFT.finditer(text))
+    return calls, shifts
 
 
 def known_cond(cond: str, env: dict) -> bool | None:
@@ -846,9 +939,15 @@ def _stream_elem(typ: str) -> str:
     return split_args(m.group(1))[0] if m else typ
 
 
+_CASTS = re.compile(r"^\s*(?:\([\w\s:<>,*]+\)\s*)*[&*]?\s*")
+_WORD = re.compile(r"(\w+)")
+
+
+@functools.lru_cache(maxsize=1 << 14)
 def _root(expr: str) -> str:
-    e = re.sub(r"^\s*(?:\([\w\s:<>,*]+\)\s*)*[&*]?\s*", "", expr.strip())
-    m = re.match(r"(\w+)", e)
+    """The variable an argument expression names (casts, ``&`` and ``*`` dropped)."""
+    e = _CASTS.sub("", expr.strip())
+    m = _WORD.match(e)
     return m.group(1) if m else ""
 
 

@@ -58,6 +58,7 @@ def simulate(build: Path, man: dict, x_stream: np.ndarray, engine: str = "cpp", 
     Verilator threads); "cocotb" the Python testbench (codegen/check/rtlsim_tb.py). Same result keys.
     """
     from bapipe.codegen.check.sim_harness import build as sim_build, run as sim_run, verilator_available
+    from bapipe.codegen.rtl.mem_images import ensure_memories
 
     if engine not in ENGINES:
         raise SpecError(None, None, "--engine", f"expected one of {', '.join(ENGINES)}, got {engine!r}")
@@ -70,6 +71,7 @@ def simulate(build: Path, man: dict, x_stream: np.ndarray, engine: str = "cpp", 
             raise SpecError(None, None, "--threads", f"expected at least 1, got {threads}")
         return simulate_cpp(build / "rtl", man, x_stream, cache=build / "rtlsim", threads=int(threads))
     rtl = build / "rtl"
+    ensure_memories(rtl)   # the MVUs' $readmemh text, from the stages' weight images (first run)
     files = {n: (rtl / n).read_text() for n in man["files"]}
     t0 = time.perf_counter()
     bdir = sim_build(man["top"], files, cache=build / "rtlsim", mem_dir=rtl)

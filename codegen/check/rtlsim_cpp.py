@@ -201,7 +201,11 @@ def simulate_cpp(rtl_dir: Path, man: dict, x_stream: np.ndarray, cache: Path, th
     before every output arrived (default: :func:`default_max_idle`).
     """
     rtl_dir = Path(rtl_dir)
+    from bapipe.codegen.rtl.mem_images import ensure_memories
+
     exe, compile_s = compile_harness(rtl_dir, man, Path(cache), threads)
+    # the MVUs' $readmemh text, from the stages' weight images (first run; a bench reads the main build's)
+    ensure_memories(Path(rtl_dir) / man["mem_dir"] if man.get("mem_dir") else Path(rtl_dir))
     in_lanes, out_lanes = int(man["in_lanes"]), int(man["out_lanes"])
     flat = np.asarray(x_stream, dtype=np.int64).reshape(-1)
     n_in = -(-flat.size // in_lanes)

@@ -18,7 +18,9 @@ from bapipe.names import legal, shown
 from bapipe.plan import Folding, Plan, Stage
 from bapipe.fpga_models import fixedpoint as fx
 from bapipe.fpga_models.allocate import WEIGHT_ROM_LIMIT
-from bapipe.fpga_models.weights import layer_draws
+from bapipe.fpga_models.weights import layer_draws, rounded_draws
+
+from bapipe.codegen.design.weight_layout import MvuMatrix
 
 GENERATOR = "bapipe gen"
 VERSION = "0.1.0"
@@ -67,7 +69,8 @@ class WeightArray:
     kernel_q: np.ndarray            # raw ints in kernel layout
     model_q: np.ndarray             # raw ints in model layout
     partitions: list[tuple[int, int]] = field(default_factory=list)   # (factor, dim) cyclic
-    offset: int = 0                 # element offset in the stage's weights.bin
+    offset: int = 0                 # element offset in the stage's weight image (codegen.design.weight_image)
+    slot: "object | None" = None    # ... and how it lies there (weight_image.Slot; set by lower.weight_images)
 
     @property
     def dims(self) -> str:
@@ -157,6 +160,7 @@ class StageCtx:
     update_note: str | None = None        # why a training stage has no update kernel
     stash_note: str | None = None         # why the forward kernel writes no stashes (codegen.design.stash)
     loss: "LossCtx | None" = None         # the loss-gradient kernel behind the last training stage
+    image: list = field(default_factory=list)   # the weight image's arrays (codegen.design.weight_image.Slot)
 
     @property
     def weights(self) -> list[WeightArray]:
@@ -382,10 +386,9 @@ def make_weights(plan: Plan, model) -> dict[str, dict[str, np.ndarray]]:
             pos = model.index[name]
             l = model.layers[pos]
             if l.type in ("dense", "conv2d"):
-                d = layer_draws(l, seed, pos)
+                d = rounded_draws(l, seed, pos, fmt)   # = fx.quantize(layer_draws(...)), kept narrow
                 mh = d["w"].shape[0]
-                b = fx.quantize(d["b"], fmt) if "b" in d else np.zeros(mh, dtype=np.int64)
-                out[name] = {"w": fx.quantize(d["w"], fmt), "b": b}
+                out[name] = {"w": d["w"], "b": d["b"] if "b" in d else np.zeros(mh, dtype=d["w"].dtype)}
             elif l.type == "batchnorm":
                 d = layer_draws(l, seed, pos)
                 scale, shift = fx.fold_batchnorm(d["gamma"], d["beta"], d["mean"], d["var"], fmt)
@@ -422,7 +425,7 @@ def layer_ctx(l: Layer, fo: Folding, params: dict[str, np.ndarray], fmt: str = "
     if t in ("dense", "conv2d"):
         mh, mw = mvu_dims(l)
         wq = params["w"]
-        km = wq if t == "dense" else fx.conv_weight_matrix(wq)
+        km = wq if t == "dense" else MvuMatrix(wq)   # conv: fx.conv_weight_matrix's (O, kh*kw*C), built when read
         weights = [WeightArray(f"{cid}_w", (mh, mw), tuple(wq.shape), km, wq, [(fo.pe, 1), (fo.simd, 2)]),
                    WeightArray(f"{cid}_b", (mh,), (mh,), params["b"], params["b"], [(fo.pe, 1)])]
         folds = (mh // fo.pe) * (mw // fo.simd)
@@ -622,11 +625,6 @@ def build_stage(plan: Plan, model, st: Stage, weights: dict[str, dict[str, np.nd
         fan_out(l.name)
     # sort stream declarations by name for a stable, readable order
     streams = sorted({s.name: s for s in streams}.values(), key=lambda s: s.name)
-    off = 0
-    for lc in lctx:
-        for w in lc.weights:
-            w.offset = off
-            off += int(w.model_q.size)
     return StageCtx(index=st.index, name=f"stage{st.index}", boards=list(st.boards), board_type=st.board_type,
                     style=st.style, dataflow=st.style == "dataflow", layers=lctx, inputs=inputs, outputs=outputs,
                     streams=streams, statements=statements, embed_weights=embed,

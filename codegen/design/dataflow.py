@@ -42,6 +42,7 @@ from bapipe.fpga_models.engines import (BN_FILL, DDR_WORD_BITS, MVU_FILL, POOL_F
 from bapipe.fpga_models.engines import concat_cycles
 
 from bapipe.codegen.design.unsupported import Unsupported
+from bapipe.codegen.design.weight_layout import MvuMatrix, flatten_perm  # noqa: F401 (flatten_perm: importers of it here)
 
 #: cycles a credit spends outside the link's two latencies (rx FIFO, credit register, tx)
 LINK_LOOP = 3
@@ -85,7 +86,7 @@ class MvuSpec:
     relu: bool
     elem_w: int
     frac: int
-    weights: np.ndarray
+    weights: MvuMatrix              # W, computed from the layer's model-layout weights when read (np.asarray)
     bias: np.ndarray
 
     @property
@@ -518,11 +519,6 @@ def _fold(stage, name: str) -> Folding:
     return stage.folding.get(name) or Folding(1, 1)
 
 
-def flatten_perm(c: int, h: int, w: int) -> np.ndarray:
-    """perm[j] = model (CHW) index of the element that is j-th on the HWC stream."""
-    return np.arange(c * h * w).reshape(c, h, w).transpose(1, 2, 0).reshape(-1)
-
-
 def _matrix_layer(stage, layer, p: dict, f: Folding, state: dict):
     """A dense/conv2d layer as an MVU job: (window generator or None, MW, MH, weight matrix in
     the stream's column order, vectors per sample). Checks that the folding divides."""
@@ -530,9 +526,8 @@ def _matrix_layer(stage, layer, p: dict, f: Folding, state: dict):
         if len(layer.in_shapes[0]) != 1:
             raise Unsupported(f"layer '{layer.name}': dense on a {len(layer.in_shapes[0])}-D input")
         mw, mh = layer.in_shapes[0][0], layer.attr["units"]
-        wmat = np.asarray(p["w"], dtype=np.int64)
-        if state.get("hwc"):  # the vector arrives in HWC order after a flatten
-            wmat = wmat[:, flatten_perm(*state.pop("hwc"))]
+        # the vector arrives in HWC order after a flatten: W's columns follow it
+        wmat = MvuMatrix(p["w"], tuple(state.pop("hwc")) if state.get("hwc") else None)
         vectors = 1
         swg = None
     else:
@@ -545,8 +540,7 @@ def _matrix_layer(stage, layer, p: dict, f: Folding, state: dict):
         # packs its column stream (contiguous in the MVU's column order) to SIMD.
         swg = SwgSpec(c, h, w, k[0], pd[0], s[0], *conv_window_lanes(c, k[0], f.simd))
         mw, mh = k[0] * k[0] * c, layer.attr["out_channels"]
-        from bapipe.fpga_models.fixedpoint import conv_weight_matrix
-        wmat = conv_weight_matrix(p["w"])
+        wmat = MvuMatrix(p["w"])   # conv: columns (ky*KW + kx)*C + c, as fixedpoint.conv_weight_matrix
         vectors = swg.out_hw[0] * swg.out_hw[1]
     if mh % f.pe or mw % f.simd:
         raise SpecError("plan.yaml", None, f"stages[{stage.index}].folding.{layer.name}",
@@ -627,7 +621,7 @@ def _df_engine(stage, layer, fuse_relu: bool, params, state: dict, pre: str, lan
         blocks.append(Block("mvu", f"{pre}_{legal(layer.name)}_mvu", mvu.module, {}, f.simd, f.pe, mvu=mvu,
                             beats_in=vectors * mvu.sf, cycles=vectors * mvu.cycles_per_vector))
         ops.append({"layer": layer.name, "type": layer.type, "relu": fuse_relu,
-                    "w": np.asarray(p["w"], dtype=np.int64), "b": bias,
+                    "w": p["w"], "b": bias,
                     **({"stride": swg.stride, "padding": swg.pad, "in_shape": [swg.c, swg.h, swg.w]} if swg else {})})
         lanes = f.pe
         elems = layer.out_elems
@@ -940,7 +934,7 @@ def _tm_engine(stage, layer, params, state: dict, pre: str, elem_w: int, frac: i
         blocks.append(Block("mvu", f"{pre}_{legal(layer.name)}_mvu", mvu.module, {}, f.simd, f.pe, mvu=mvu,
                             beats_in=vectors * mvu.sf, cycles=vectors * mvu.cycles_per_vector))
         ops.append({"layer": layer.name, "type": layer.type, "relu": False,
-                    "w": np.asarray(p["w"], dtype=np.int64), "b": bias,
+                    "w": p["w"], "b": bias,
                     **({"stride": swg.stride, "padding": swg.pad, "in_shape": [swg.c, swg.h, swg.w]} if swg else {})})
         busy = max([b.cycles for b in blocks] + ([sblk.cycles] if sblk else []))
         return sblk, blocks, lin, f.pe, vectors * mvu.nf, busy, fill

@@ -22,7 +22,7 @@ class Rom:
 
     name: str
     shape: tuple[int, ...]
-    values: np.ndarray
+    values: np.ndarray              # or codegen.design.weight_layout.Banked (an MVU's weights, built when read)
     partition_dims: tuple[int, ...] = ()   # 1-based dims split completely into registers/banks
     impl: str = "bram"                     # BIND_STORAGE impl of each bank
     external: bool = False                 # an m_axi kernel argument (filled from roms.bin), not a ROM
@@ -32,6 +32,7 @@ class Rom:
     banks: int = 0                         # buffer: cyclic banks of its last dim (elements read a cycle)
     copy_of: str = ""                      # buffer: what it is an on-chip copy of (for the comment)
     copied: bool = False                   # external, copied on chip once a call (never read in a loop)
+    offset: int = 0                        # elements before it in the stage's weight image (codegen.design.weight_image)
 
     @property
     def size(self) -> int:
@@ -152,9 +153,3 @@ class EngineStage:
     def external(self) -> list[Rom]:
         """The weight arrays that are m_axi kernel arguments, in argument order."""
         return [r for r in self.roms if r.external]
-
-    def roms_bin(self, width: int) -> bytes:
-        """The external arrays' raw values (little-endian, 16 or 8 bits as weights.bin), in
-        argument order: what the testbench (or the host) copies into them."""
-        dt = np.dtype("<i2") if width > 8 else np.dtype("i1")
-        return b"".join(np.asarray(r.values, dtype=np.int64).reshape(-1).astype(dt).tobytes() for r in self.external)

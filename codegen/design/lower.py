@@ -36,6 +36,7 @@ from bapipe.codegen.design.stash import build_stashes
 from bapipe.codegen.design.tm_kernel import engine_stage, onchip_budget
 from bapipe.codegen.design.train_kernels import build_loss, kernel_site, stage_update
 from bapipe.codegen.design.training import train_design
+from bapipe.codegen.design.weight_image import stage_slots
 
 
 @dataclass
@@ -147,6 +148,23 @@ def loss_kernel(d: Design) -> None:
         last.loss = build_loss(d.plan, last)
 
 
+def weight_images(d: Design) -> None:
+    """Each stage's weight image (codegen.design.weight_image): its arrays in the order and layout
+    its forward kernel reads them, and where each lies in the one file every reader shares."""
+    for sc in d.contexts.values():
+        sc.image = stage_slots(sc)
+        at = {(s.layer, s.key): s for s in sc.image}
+        for lc in sc.layers:
+            for w in lc.weights:
+                w.slot = at[(lc.name, w.name.rsplit("_", 1)[1])]
+                w.offset = w.slot.offset
+        if sc.engine is not None:
+            by_name = {s.rom: s for s in sc.image}
+            for r in sc.engine.roms:
+                if r.name in by_name:
+                    r.offset = by_name[r.name].offset
+
+
 def boards(d: Design) -> None:
     """Kernels, movers, connections and SLRs per board: the ProjectCtx the HLS renderer prints."""
     plan = d.plan
@@ -203,10 +221,10 @@ def rtl_kernels(d: Design) -> None:
 
 #: the lowering, in order
 PASSES = (check, draw_weights, stage_contexts, lower_dataflow, engine_kernels, training_kernels, loss_kernel,
-          boards, backward_memory, training_rtl, stage_benches, rtl_kernels)
+          weight_images, boards, backward_memory, training_rtl, stage_benches, rtl_kernels)
 
 #: the passes the HLS project needs (tests and csim build kernels without the RTL's passes)
-HLS_PASSES = PASSES[:8]
+HLS_PASSES = PASSES[:9]
 #: the passes the RTL needs (render_rtl of a plan the HLS generators may refuse)
 RTL_PASSES = (draw_weights, lower_dataflow, backward_memory, training_rtl, stage_benches)
 #: the passes the training RTL alone needs (the host's verilator backend trains on it)

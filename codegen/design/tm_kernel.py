@@ -18,6 +18,7 @@ from bapipe.fpga_models import fixedpoint as fx
 from bapipe.fpga_models.allocate import frames_offchip, stage_onchip_budget
 from bapipe.fpga_models.engines import DDR_WORD_BITS, ddr_words_per_beat, swg_rows
 
+from bapipe.codegen.design.weight_layout import Banked, MvuMatrix
 from bapipe.codegen.design.weight_memory import MvuCall, load_weights_once, stream_weights
 
 from bapipe.codegen.design.kernel_types import (_ALIASES, DEFAULT_DEPTH, LUTRAM_WORDS, DdrFrame, EngineStage, Rom,
@@ -140,9 +141,10 @@ def engine_stage(st, layers, params: dict, external: bool = False, writable: boo
         elif k == "mvu":
             m = b.mvu
             nf, sf = m.nf, m.sf
-            w = np.asarray(m.weights, dtype=np.int64).reshape(nf, m.pe, sf, m.simd).transpose(0, 2, 1, 3)
+            # w[nf*SF + sf][p][s] = W[nf*PE + p][sf*SIMD + s], computed when read (codegen.design.weight_layout)
+            mat = m.weights if isinstance(m.weights, MvuMatrix) else MvuMatrix(np.asarray(m.weights))
             wn, bn = f"{b.inst}_w", f"{b.inst}_b"
-            roms.append(Rom(wn, (nf * sf, m.pe, m.simd), w.reshape(nf * sf, m.pe, m.simd), (2, 3),
+            roms.append(Rom(wn, (nf * sf, m.pe, m.simd), Banked(mat, m.pe, m.simd), (2, 3),
                             _rom_impl(nf * sf), external))
             roms.append(Rom(bn, (nf, m.pe), np.asarray(m.bias, dtype=np.int64).reshape(nf, m.pe), (2,),
                             _rom_impl(nf), writable))

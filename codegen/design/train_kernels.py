@@ -37,6 +37,7 @@ import numpy as np
 
 from bapipe.fpga_models import allreduce as ar
 from bapipe.fpga_models import update as upd
+from bapipe.codegen.design.weight_layout import take_flat
 
 
 #: elements of a weight array on which the forward layout is checked at gen time (spread evenly;
@@ -114,9 +115,8 @@ class UpdateArray:
         most CHECK_ELEMENTS elements spread over the array (VGG-16's fc6 has 102 M)."""
         n = self.count
         e = np.unique(np.linspace(0, n - 1, min(n, CHECK_ELEMENTS)).astype(np.int64))
-        q = np.asarray(kernel_q).reshape(-1)
-        want = np.asarray(rom_values).reshape(-1)
-        return want.size == n and bool(np.array_equal(want[self.dest(e)], q[e]))
+        size = rom_values.size if hasattr(rom_values, "size") else np.asarray(rom_values).size
+        return size == n and bool(np.array_equal(take_flat(rom_values, self.dest(e)), take_flat(kernel_q, e)))
 
 
 

@@ -10,8 +10,9 @@ Layout of the output folder::
     common/csim/          hls_stream.h: csim-only shadow of the vendor header (bapipe csim)
     stage<i>/             stage<i>.{h,cpp}, stage<i>_weights.h, stage<i>_roms.h (engine kernels), tb_stage<i>.cpp, tb_stage<i>_io.h,
                           training: stage<i>_bwd.cpp, stage<i>_update.cpp (codegen.design.train_kernels) and their tb_*.cpp,
-                          run_hls.tcl, hls_config.cfg, weights.bin (raw little-endian ints, model
-                          layout), csim_in.bin (testbench stimulus: little-endian int32)
+                          run_hls.tcl, hls_config.cfg, weights.bin (the stage's one weight image: raw
+                          little-endian ints as the forward kernel reads them, codegen.design.weight_image),
+                          csim_in.bin (testbench stimulus: little-endian int32)
     link/<board>.cfg      v++ link config per board
 """
 from __future__ import annotations
@@ -28,6 +29,7 @@ from bapipe.codegen.design.train_kernels import loss_config, update_config
 from bapipe.codegen.hls.training import render_loss
 from bapipe.codegen.hls.training import render as render_train
 from bapipe.codegen.design.placement import link_lines, place_project
+from bapipe.codegen.design.weight_image import IMAGE, image_path, raw_dtype, write_image
 from bapipe import hls_templates as templates
 
 
@@ -67,13 +69,6 @@ def _clock_ns(board_type: str, cluster) -> float:
                 hz = cb.board.clock_hz
                 break
     return round(1e9 / hz, 3)
-
-
-def weights_bin(s: StageCtx, width: int) -> bytes:
-    """The stage's weights as raw little-endian ints (int16 or int8), model layout, in layer order."""
-    dt = np.dtype("<i2") if width > 8 else np.dtype("i1")
-    parts = [np.asarray(w.model_q, dtype=np.int64).reshape(-1).astype(dt) for w in s.weights]
-    return b"".join(p.tobytes() for p in parts)
 
 
 def tb_file(count: int, arrays: list[np.ndarray]) -> bytes:
@@ -117,13 +112,14 @@ def host_config(ctx: ProjectCtx) -> dict:
             "samples_per_call": "n" if s.engine is not None else 1,
             "layers": [{"name": l.name, "type": l.type, "func": l.func, "tparams": l.tparams}
                        for l in s.layers],
-            "weights_file": f"{s.name}/weights.bin",
-            # engine kernels whose weights are m_axi arguments: their banked arrays (raw, as weights.bin)
-            "roms_file": f"{s.name}/roms.bin" if s.engine is not None and s.engine.external else None,
-            "roms": [{"name": r.name, "shape": list(r.shape), "elements": r.size}
+            # the stage's one weight image (codegen.design.weight_image): every array where it lies
+            # and how (kernel layout, or an MVU's banked words), in the order the forward kernel reads them
+            "weights_file": image_path(s.name),
+            "weights_dtype": raw_dtype(ctx.fmt.width).str,
+            # engine kernels whose weights are m_axi arguments: those arrays (in argument order) in the image
+            "roms": [{"name": r.name, "shape": list(r.shape), "elements": r.size, "offset": r.offset}
                      for r in (s.engine.external if s.engine is not None else [])],
-            "weights": [{"name": w.name, "layer": l.name, "shape": list(w.model_shape), "offset": w.offset,
-                         "elements": int(w.model_q.size)} for l in s.layers for w in l.weights],
+            "weights": [w.describe(image_path(s.name), raw_dtype(ctx.fmt.width)) for w in s.image],
             "embedded_weights": s.embed_weights,
             "backward": None if s.bwd is None else s.bwd.host_config(),   # codegen.design.backward
             "update": update_config(s),   # codegen.design.train_kernels: the SGD update kernel (training)
@@ -181,10 +177,9 @@ def render_kernels(ctx: ProjectCtx, plan_text: str, cluster=None) -> tuple[dict[
             put(f"{d}/{d}_roms.h", "stage_roms.h.j2", header=c_hdr, s=s)
         put(f"{d}/tb_{d}_io.h", "tb_io.h.j2", header=c_hdr, s=s)
         put(f"{d}/tb_{d}.cpp", "tb.cpp.j2", header=c_hdr, s=s)
-        # external weights: the testbench reads weights.bin from the csim run folder
-        wb = [] if s.embed_weights else ["weights.bin"]
-        wf = ["roms.bin"] if s.engine is not None and s.engine.external else wb   # the forward testbench's
-        stim, stim_files = " ".join(["csim_in.bin", "csim_out.bin"] + wf), ["csim_in.bin"] + wf
+        # external weights: the testbenches read the stage's weight image from the csim run folder
+        wb = [] if s.embed_weights else [IMAGE]
+        stim, stim_files = " ".join(["csim_in.bin", "csim_out.bin"] + wb), ["csim_in.bin"] + wb
         put(f"{d}/run_hls.tcl", "run_hls.tcl.j2", header=h_hdr, top=d, kernel_file=f"{d}.cpp",
             tb_file=f"tb_{d}.cpp", part=part, clock_ns=clk, tcl_name="run_hls.tcl", stim=stim, stim_files=stim_files)
         put(f"{d}/hls_config.cfg", "hls_config.cfg.j2", header=h_hdr, top=d, kernel_file=f"{d}.cpp",
@@ -205,9 +200,6 @@ def render_kernels(ctx: ProjectCtx, plan_text: str, cluster=None) -> tuple[dict[
             files.update(render_train(s, put, c_hdr, h_hdr, part, clk))
             if s is ctx.stages[-1]:   # the loss gradient behind the last stage
                 render_loss(loss, put, c_hdr, h_hdr, part, clk)
-        files[f"{d}/weights.bin"] = weights_bin(s, ctx.fmt.width)
-        if s.engine is not None and s.engine.external:
-            files[f"{d}/roms.bin"] = s.engine.roms_bin(ctx.fmt.width)
         files[f"{d}/csim_in.bin"] = csim_input(ctx, s)
     pl = place_project(ctx, cluster, sources=files)   # SLRs, banks, network glue (codegen.design.placement)
     files["placement.json"] = (json.dumps(pl, indent=1, sort_keys=True) + "\n").encode()
@@ -217,6 +209,11 @@ def render_kernels(ctx: ProjectCtx, plan_text: str, cluster=None) -> tuple[dict[
         put(f"link/{b.name}.cfg", "link.cfg.j2", header=h_hdr, b=b,
             link=link_lines(b, pl["boards"][b.name], pl["channels"], pl["local"]))
     return files, pl
+
+
+def write_images(ctx: ProjectCtx, out_dir: Path) -> list[Path]:
+    """Each stage's weight image (codegen.design.weight_image), written a block at a time."""
+    return [write_image(Path(out_dir) / image_path(s.name), s.image, ctx.fmt.width) for s in ctx.stages]
 
 
 def write_files(files: dict[str, bytes], out_dir: Path) -> list[Path]:
@@ -231,4 +228,4 @@ def write_files(files: dict[str, bytes], out_dir: Path) -> list[Path]:
     return written
 
 
-__all__ = ["render_kernels", "write_files", "host_config", "environment", "PLATFORMS"]
+__all__ = ["render_kernels", "write_files", "write_images", "host_config", "environment", "PLATFORMS"]

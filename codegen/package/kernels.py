@@ -24,10 +24,10 @@ import json
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-import numpy as np
-
 from bapipe.errors import SpecError
 from bapipe.names import shown
+
+from bapipe.codegen.design.weight_image import image_path
 
 ENGINES = ("hls", "rtl")
 KERNELS = "rtl/kernels"
@@ -180,17 +180,6 @@ def strip_rtl_weight_ports(boards, stages):
     return [replace(b, sp=[l for l in b.sp if not any(l.startswith(d) for d in drop)]) for b in boards]
 
 
-def weight_image(s, width: int) -> bytes:
-    """A stage's m_axi weight arrays in kernel layout (what the kernel reads), concatenated in
-    argument order, little-endian int16 (int8 for 8-bit formats)."""
-    dt = np.dtype("<i2") if width > 8 else np.dtype("i1")
-    return b"".join(np.asarray(w.kernel_q, dtype=np.int64).reshape(-1).astype(dt).tobytes() for w in s.weights)
-
-
-def weight_image_path(s) -> str:
-    return f"{s.name}/weights_kernel.bin"
-
-
 def xrt_manifest(ctx, engines: str) -> dict:
     """What the xrt backend loads, starts and feeds, board by board (see the module docstring)."""
     elem_bytes = 2 if ctx.fmt.width > 8 else 1
@@ -214,12 +203,10 @@ def xrt_manifest(ctx, engines: str) -> dict:
                 args = streams + [{"index": len(streams), "name": "samples", "kind": "samples"}]
             elif getattr(s, "engine", None) is not None:   # HLS engine kernels: n samples per call
                 control, starts = "hs", "once"
-                args, off = list(streams), 0
-                for r in s.engine.external:   # m_axi weight arrays (stages beyond on-chip ROM), from roms.bin
-                    nbytes = r.size * elem_bytes
-                    args.append({"index": len(args), "name": r.name, "kind": "weights", "bytes": nbytes,
-                                 "file": f"{s.name}/roms.bin", "offset": off})
-                    off += nbytes
+                args = list(streams)
+                for r in s.engine.external:   # m_axi weight arrays (stages beyond on-chip ROM), from the image
+                    args.append({"index": len(args), "name": r.name, "kind": "weights", "bytes": r.size * elem_bytes,
+                                 "file": image_path(s.name), "offset": r.offset * elem_bytes})
                 for f in s.engine.frames:   # off-chip frame buffers: device memory the kernel writes and reads
                     args.append({"index": len(args), "name": f.name, "kind": "scratch", "bytes": f.bytes})
                 args.append({"index": len(args), "name": "n", "kind": "samples"})
@@ -227,12 +214,11 @@ def xrt_manifest(ctx, engines: str) -> dict:
                 control, starts, args = "none", "never", streams
             else:
                 control, starts = "hs", "per_sample"
-                args, off = list(streams), 0
-                for w in s.weights:
-                    nbytes = int(w.kernel_q.size) * elem_bytes
-                    args.append({"index": len(args), "name": w.name, "kind": "weights", "bytes": nbytes,
-                                 "file": weight_image_path(s), "offset": off})
-                    off += nbytes
+                args = list(streams)
+                for w in s.weights:   # kernel layout in the image (codegen.design.weight_image)
+                    args.append({"index": len(args), "name": w.name, "kind": "weights",
+                                 "bytes": int(w.kernel_q.size) * elem_bytes, "file": image_path(s.name),
+                                 "offset": w.offset * elem_bytes})
             kernels.append({"name": kname, "instance": f"{kname}_1", "stage": s.index, "engine": engines,
                             "control": control, "starts": starts, "args": args})
         for line in b.nk:
@@ -279,5 +265,5 @@ def read_xrt_manifest(build: Path, plan_fingerprint: str) -> dict:
     return stamp["xrt"]
 
 
-__all__ = ["read_xrt_manifest", "ENGINES", "RtlKernel", "rtl_kernels", "check_engines", "strip_rtl_weight_ports", "weight_image",
+__all__ = ["read_xrt_manifest", "ENGINES", "RtlKernel", "rtl_kernels", "check_engines", "strip_rtl_weight_ports",
            "xrt_manifest"]

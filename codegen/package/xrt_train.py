@@ -8,7 +8,7 @@ call of micro-batch j and the backward call of j get slot j mod S) and, per kern
 backward, update, all-reduce), its arguments with a kind and, for the memories several
 kernels share, a ``buffer`` key (the host passes them one buffer):
 
-- ``rom:<name>``     the forward's banked weight arrays (loaded from roms.bin), rewritten by the update;
+- ``rom:<name>``     the forward's banked weight arrays (loaded from the stage's weights.bin), rewritten by the update;
 - ``w16:<name>``     the backward's 16-bit weights (kernel layout), rewritten by the update;
 - ``grad:<name>``    the backward's exact gradient sums, read (and all-reduced) for the update;
 - ``master:<name>``, ``vel:<name>``  the update's master weights (int32) and velocities (int64);
@@ -18,6 +18,8 @@ kernels share, a ``buffer`` key (the host passes them one buffer):
 And the loss kernel behind the last stage (logits in, gradient out on streams; labels).
 """
 from __future__ import annotations
+
+from bapipe.codegen.design.weight_image import image_path
 
 WSUM_BYTES = 8
 
@@ -37,10 +39,9 @@ def _forward(s, eb: int) -> list[dict]:
     args: list[dict] = []
     for p in s.inputs + s.outputs:
         _arg(args, p.name, "stream")
-    off = 0
-    for r in s.engine.external:
-        _arg(args, r.name, "weights", buffer=f"rom:{r.name}", bytes=r.size * eb, file=f"{s.name}/roms.bin", offset=off)
-        off += r.size * eb
+    for r in s.engine.external:   # from the stage's weight image (codegen.design.weight_image)
+        _arg(args, r.name, "weights", buffer=f"rom:{r.name}", bytes=r.size * eb, file=image_path(s.name),
+             offset=r.offset * eb)
     for f in s.engine.frames:
         _arg(args, f.name, "scratch", bytes=f.bytes)
     for b in s.engine.stashes:

@@ -9,6 +9,7 @@ Jinja delimiters are ``[@ expr @]``, ``[% stmt %]`` and ``[# comment #]`` so tha
 """
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -226,44 +227,19 @@ def manifest(pipe: Pipeline, plan, files: list[str], mem_files: list[str] = ()) 
     }
 
 
-def _param_dtype(a: np.ndarray):
-    """The narrowest of int16/int32/int64 holding every value of ``a`` (exact)."""
-    for dt in (np.int16, np.int32):
-        info = np.iinfo(dt)
-        if a.size == 0 or (a.min() >= info.min and a.max() <= info.max):
-            return dt
-    return np.int64
-
-
 #: per-layer parameter arrays the RTL bakes in: dense/conv weights and biases, batchnorm scale/shift
 PARAM_KEYS = ("w", "b", "scale", "shift")
 
 
-def write_params(rtl: Path, pipe: Pipeline) -> list[Path]:
-    """The pipeline's raw parameters as ``params/<layer>.<key>.npy`` (key: w, b for dense/conv,
-    scale, shift for batchnorm; <layer> made a file name by ``bapipe.names.legal``); what `bapipe rtlsim` checks against: the numpy reference
-    runs on exactly these."""
-    d = rtl / "params"
-    d.mkdir(exist_ok=True)
-    paths = []
-    for op in pipe.ops:
-        for key in PARAM_KEYS:
-            if key not in op:
-                continue
-            a = np.asarray(op[key], dtype=np.int64)
-            path = d / f"{legal(op['layer'])}.{key}.npy"   # imported layer names hold '/' and '.'
-            np.save(path, a.astype(_param_dtype(a)))
-            paths.append(path)
-    return paths
-
-
 def read_params(rtl: Path, layers: list[str]) -> dict[str, dict[str, np.ndarray]]:
-    """Inverse of :func:`write_params` for the named layers (int64 arrays, the keys each has)."""
-    out = {}
-    for n in layers:
-        out[n] = {k: np.load(rtl / "params" / f"{legal(n)}.{k}.npy").astype(np.int64) for k in PARAM_KEYS
-                  if (rtl / "params" / f"{legal(n)}.{k}.npy").exists()}
-    return out
+    """The named layers' parameters (int64, model layout, the keys each has), read from the
+    stages' weight images where ``rtl/manifest.json`` says they lie (``params``): the arrays the
+    MVU memories hold, which `bapipe rtlsim`'s numpy reference runs on."""
+    from bapipe.codegen.design.weight_image import read_model
+
+    rtl = Path(rtl)
+    table = json.loads((rtl / "manifest.json").read_text(encoding="utf-8")).get("params") or {}
+    return {n: {k: read_model(rtl.parent, e) for k, e in table.get(n, {}).items()} for n in layers}
 
 
 __all__ = ["render_template", "render_mvu", "render_router", "render_pipeline", "rtl_env",

@@ -1,5 +1,6 @@
 """Write ``build/rtl/`` and build/design.json from the Design: the pipeline's modules, board and
-cluster tops, the MVUs' weight images, raw parameters, single-stage benches and, for a training
+cluster tops, the manifest (with where each MVU memory and each layer's parameters lie in the
+stages' weight images, codegen.rtl.mem_images), single-stage benches and, for a training
 plan, the training RTL. Nothing here lowers: every structure is the Design's
 (codegen.design.lower)."""
 from __future__ import annotations
@@ -12,15 +13,17 @@ from bapipe.codegen.design.lower import RTL_PASSES, Design, lower
 from bapipe.codegen.design.record import design_json
 from bapipe.codegen.rtl.benches import stage_bench_files
 from bapipe.codegen.rtl.env import GENERATOR_VERSION, GENERIC, render_template
-from bapipe.codegen.rtl.mem_words import mvu_word_files
-from bapipe.codegen.rtl.pipeline import manifest, mvu_specs, render_pipeline, write_params
+from bapipe.codegen.design.weight_image import image_path, pipeline_slots, raw_dtype, write_image
+from bapipe.codegen.rtl.mem_images import memory_table
+from bapipe.codegen.rtl.pipeline import PARAM_KEYS, manifest, render_pipeline
 from bapipe.codegen.rtl.train import write_train_files
 
 
 def render_rtl(plan, model, cluster, out_dir: Path, params=None) -> list[Path]:
     """Lower ``plan`` (the RTL's passes; ``params``: weights to build with, default the plan's)
-    and write ``out_dir/rtl/``: every module, board tops, cluster top, the MVUs' weight memory
-    images (.hex), manifest.json and params/ (raw weights for the reference).
+    and write ``out_dir/rtl/``: every module, board tops, cluster top and manifest.json, and
+    the stages' weight images ``out_dir/stage<i>/weights.bin`` (codegen.design.weight_image) the
+    MVU memories and the reference read (codegen.rtl.mem_images, codegen.rtl.pipeline.read_params).
 
     When the plan needs what the RTL cannot build yet, only the generic glue is written with
     ``manifest.json`` saying ``supported: false`` and why (`bapipe rtlsim` reports it).
@@ -59,6 +62,22 @@ def write_rtl(d: Design, out_dir: Path, placement: dict | None = None) -> tuple[
     return sorted(paths), ddict
 
 
+def _weight_images(d: Design, root: Path) -> tuple[dict[tuple[str, str], dict], list[Path]]:
+    """(layer, key) -> the described array of a stage image (codegen.design.weight_image), and
+    the images written here: none when the Design has HLS stages (gen writes their images),
+    else the pipeline's own (render_rtl)."""
+    width = d.pipeline.elem_w
+    dt = raw_dtype(width)
+    if d.contexts:
+        slots = {sc.name: sc.image for sc in d.contexts.values()}
+        written = []
+    else:
+        slots = {f"stage{i}": v for i, v in pipeline_slots(d.pipeline).items()}
+        written = [write_image(root / image_path(name), v, width) for name, v in slots.items()]
+    entries = {(s.layer, s.key): s.describe(image_path(name), dt) for name, v in slots.items() for s in v}
+    return entries, written
+
+
 def _write_pipeline(d: Design, rtl: Path, placement: dict | None) -> tuple[dict[str, str], list[Path], dict]:
     plan, pipe = d.plan, d.pipeline
     plan_hash = plan.fingerprint()[:16]
@@ -66,16 +85,18 @@ def _write_pipeline(d: Design, rtl: Path, placement: dict | None) -> tuple[dict[
     written = render_pipeline(pipe, plan.cluster, plan_hash)
     # Order matters to some tools: leaves first, tops last.
     order = sorted(written, key=lambda n: (n == "cluster_top.v", n.endswith("_top.v"), n))
-    mem_names = []
-    for spec in mvu_specs(pipe):
-        # Written one MVU at a time: VGG-16's images total ~0.7 GB.
-        for name, data in mvu_word_files(spec).items():
-            (rtl / name).write_bytes(data)
-            paths.append(rtl / name)
-            mem_names.append(name)
-    written["manifest.json"] = json.dumps(manifest(pipe, plan, order, sorted(mem_names)), indent=1,
-                                          sort_keys=True) + "\n"
-    paths += write_params(rtl, pipe)
+    # the weights: the stages' images (gen's HLS stages wrote them; an RTL-only lowering writes
+    # its own), which the MVU memories' $readmemh text is written from when a tool reads it
+    entries, images = _weight_images(d, rtl.parent)
+    paths += images
+    table = memory_table(pipe, entries)
+    for name in table:   # text of an earlier render is stale once the image is rewritten
+        (rtl / name).unlink(missing_ok=True)
+    man = manifest(pipe, plan, order, sorted(table))
+    man["memories"] = table
+    man["params"] = {op["layer"]: {k: entries[(op["layer"], k)] for k in PARAM_KEYS if k in op}
+                     for op in pipe.ops if any(k in op for k in PARAM_KEYS)}
+    written["manifest.json"] = json.dumps(man, indent=1, sort_keys=True) + "\n"
     benches, alone = stage_bench_files(d, plan_hash, dict(written))
     written.update(benches)
     (rtl / "stages").mkdir(exist_ok=True)

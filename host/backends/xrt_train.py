@@ -4,7 +4,7 @@
 
 Per board it opens the device once, loads the xclbin, and allocates every memory the
 stage's kernels share once (the host passes one buffer to every kernel argument with the
-same ``buffer`` key): the forward's banked weight arrays (from roms.bin), the backward's
+same ``buffer`` key): the forward's banked weight arrays (from the stage's weight image), the backward's
 16-bit weights, the gradient sums, master weights and velocities (from the host's initial
 master weights, in the kernels' layout), the stash slots (S per stashed tensor, S =
 bapipe.schedules.stash_count) and each kernel's scratch.
@@ -32,7 +32,8 @@ from pathlib import Path
 
 import numpy as np
 
-from bapipe.codegen.check.csim_train import _kernel_layout, _model_layout   # the kernels' weight layouts, one home
+from bapipe.codegen.check.csim_train import _kernel_layout   # the kernels' weight layouts, one home
+from bapipe.codegen.design.weight_image import to_model as _model_layout
 
 from . import BackendUnavailable
 

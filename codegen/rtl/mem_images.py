@@ -1,0 +1,85 @@
+"""The MVUs' ``$readmemh`` images, written from the stages' weight images when a tool reads them.
+
+The MVU (hls_templates/rtl/engine/mvu.v.j2) loads ``<module>_w.hex`` / ``<module>_b.hex`` with
+``$readmemh`` from the ``BAPIPE_MEM_DIR`` directory: Verilator and yosys read text, one word a
+line (codegen.rtl.mem_words). The words themselves are the stage's weight image's bytes
+(codegen.design.weight_image: an engine kernel's MVU array is banked exactly as the memory
+holds it), so `bapipe gen` does not write them a second time as text (VGG-16's would be
+0.9 GB). ``rtl/manifest.json`` says, per image, which array of which stage image it is
+(``memories``); :func:`ensure_memories` writes the text next to the RTL the first time a
+simulator, synthesiser or packager needs it, and leaves it there (it is a pure function of
+the image, which a new gen replaces with the whole folder). The host's weights and the
+reference's (``params``) come from the same table (codegen.rtl.pipeline.read_params).
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+
+from bapipe.codegen.design.weight_image import banked_words, read_raw
+from bapipe.codegen.rtl.mem_words import word_lines
+
+#: memory words converted to text at a time (each PE x SIMD lanes): bounds the memory of fc6-sized images
+WORDS_PER_BLOCK = 1 << 14
+
+
+def memory_table(pipe, entries: dict[tuple[str, str], dict]) -> dict[str, dict]:
+    """``{"<module>_w.hex": {...}, "<module>_b.hex": {...}}`` of every MVU of ``pipe``: the
+    image array it is read from (``entries[(layer, key)]``, weight_image.Slot.describe) and the
+    memory's shape (words of lanes) and the folding the words are laid out for."""
+    table = {}
+    for st in pipe.stages:
+        for b in st.blocks:
+            m = b.mvu
+            if m is None:
+                continue
+            hwc = getattr(m.weights, "hwc", None)
+            table[f"{m.module}_w.hex"] = {"array": entries[(m.layer, "w")], "words": m.nf * m.sf,
+                                          "lanes": m.pe * m.simd, "pe": m.pe, "simd": m.simd,
+                                          "hwc": list(hwc) if hwc else None, "elem_w": m.elem_w}
+            table[f"{m.module}_b.hex"] = {"array": entries[(m.layer, "b")], "words": m.nf, "lanes": m.pe,
+                                          "elem_w": m.elem_w}
+    return table
+
+
+def _text(root: Path, spec: dict, out) -> None:
+    """Write one memory's ``$readmemh`` text to the open file ``out``, a block of words at a time."""
+    a, words, lanes = spec["array"], int(spec["words"]), int(spec["lanes"])
+    for w0 in range(0, words, WORDS_PER_BLOCK):
+        w1 = min(words, w0 + WORDS_PER_BLOCK)
+        if "pe" in spec:   # an MVU's weights: NF*SF words of PE*SIMD lanes
+            v = banked_words(root, a, int(spec["pe"]), int(spec["simd"]), spec.get("hwc"), (w0, w1))
+        else:              # its bias: b[nf][p], the array's own order
+            part = dict(a, offset=int(a["offset"]) + w0 * lanes, elements=(w1 - w0) * lanes)
+            v = read_raw(root, part).reshape(w1 - w0, lanes)
+        out.write(word_lines(np.asarray(v), int(spec["elem_w"])))
+
+
+def ensure_memories(mem_dir: Path) -> list[Path]:
+    """Write the ``$readmemh`` images ``mem_dir/manifest.json`` lists that are not there yet
+    (each through a temporary file, so an interrupted write leaves none half-written); returns
+    every image's path. A manifest without ``memories`` (the images were written with the RTL)
+    needs nothing."""
+    mem_dir = Path(mem_dir)
+    if not (mem_dir / "manifest.json").is_file():
+        return []
+    man = json.loads((mem_dir / "manifest.json").read_text(encoding="utf-8"))
+    table = man.get("memories") or {}
+    root = mem_dir.parent   # the build: the images' paths are relative to it
+    paths = []
+    for name in sorted(table):
+        path = mem_dir / name
+        paths.append(path)
+        if path.exists():
+            continue
+        tmp = path.with_name(f".{name}.{os.getpid()}")
+        try:
+            with tmp.open("wb") as f:
+                _text(root, table[name], f)
+            tmp.replace(path)
+        finally:
+            tmp.unlink(missing_ok=True)
+    return paths
