@@ -263,7 +263,9 @@ def _layer(g: _Graph, l: Layer, weight_of: dict[str, str]) -> None:
     elif t == "globalavgpool":
         g.node("GlobalAveragePool", xs, f"{n}/gap", name=n)
         g.node("Flatten", [f"{n}/gap"], n, name=f"{n}/flatten", axis=1)
-    elif t in ("relu", "gelu", "tanh", "sigmoid"):
+    elif t == "gelu":   # the layer's default is the tanh form; ONNX Gelu's default is the exact one
+        g.node("Gelu", xs, n, approximate=l.attr.get("approximate", "tanh"))
+    elif t in ("relu", "tanh", "sigmoid"):
         g.node(t.capitalize(), xs, n)
     elif t == "softmax":
         g.node("Softmax", xs, n, axis=-1)
@@ -288,7 +290,12 @@ def _layer(g: _Graph, l: Layer, weight_of: dict[str, str]) -> None:
     elif t == "take":
         g.node("Gather", [xs[0], g.const(f"index_{l.attr['index']}", np.array(l.attr["index"], np.int64))], n, axis=1)
     elif t == "reshape":
-        g.node("Reshape", [xs[0], g.ints("shape_" + "_".join(map(str, (0,) + l.out_shape)), (0,) + l.out_shape)], n)
+        src = xs[0]
+        if "perm" in l.attr:   # an imported Transpose: view as pre, permute, then reshape
+            pre, perm = l.attr["pre"], l.attr["perm"]
+            src = g.node("Reshape", [src, g.ints("shape_" + "_".join(map(str, (0,) + pre)), (0,) + pre)], f"{n}/pre")
+            src = g.node("Transpose", [src], f"{n}/perm", perm=[0] + [p + 1 for p in perm])
+        g.node("Reshape", [src, g.ints("shape_" + "_".join(map(str, (0,) + l.out_shape)), (0,) + l.out_shape)], n)
     else:
         raise SpecError("<export>", None, n, f"a '{t}' layer has no ONNX form (opaque layers cannot be exported)")
     g.tag = ""
