@@ -191,7 +191,10 @@ def _matmul(c: _Ctx) -> _Out:
     macs = prod(a[:-2]) * a[-2] * a[-1] * bn
     # scale: a constant factor on the product (attention's 1/sqrt(d), folded from the exporter's Mul/Div)
     scale = c.f.num("scale", 1.0, positive=False)
-    return _Out(a[:-1] + (bn,), {"transpose_b": tb, **({"scale": scale} if scale != 1.0 else {})},
+    # causal: the product's entries above the diagonal are -inf (a causal mask folded from the graph)
+    causal = c.f.bool("causal", False)
+    return _Out(a[:-1] + (bn,), {"transpose_b": tb, **({"scale": scale} if scale != 1.0 else {}),
+                                 **({"causal": True} if causal else {})},
                 fwd=macs, bwd_in=2 * macs)
 
 

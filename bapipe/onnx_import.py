@@ -738,7 +738,46 @@ class _Importer:
         srcs = {self.env[i].src for i in data}
         if len(srcs) != 1:
             raise self.err(node, "Where must select between one activation and constants")
+        if not self.where_keeps(node, data[0]) and self.causal_matmul(node, data[0]):
+            return self.alias(node, data[0])
         self.alias(node, data[0], folded=not self.where_keeps(node, data[0]))
+
+    def causal_matmul(self, node, x: str, additive=None) -> bool:
+        """Where(constant mask, scores, -inf) keeping exactly the lower triangle of a matmul's
+        output (GPT-2's causal mask buffer), or ``additive``: a constant added to the scores that
+        is 0 on the lower triangle and at most -1e30 above it (Hugging Face's finfo.min mask:
+        softmax gives those entries exactly 0, as for -inf). The matmul becomes ``causal`` (its
+        upper triangle is -inf, as the zoo's attention layer's); True when it did."""
+        ref = self.env[x]
+        lay = self.built.get(ref.src)
+        if lay is None or lay.type != "matmul" or ref.view is not None \
+                or ref.order is not None or ref.mult != 1.0 or ref.pending or self.consumers.get(x, 0) != 1:
+            return False
+        if additive is not None:
+            a = np.asarray(additive, dtype=np.float64)
+            if a.size < 2 or not np.all((a == 0) | (a <= -1e30)):
+                return False
+            keep = a == 0
+        else:
+            cond = node.input[0]
+            if cond not in self.const:
+                return False
+            v = self.value_any(cond)
+            other = self.value_any(node.input[2 if list(node.input).index(x) == 1 else 1])
+            if v is None or other is None or not np.all(np.isneginf(other)):
+                return False
+            keep = v.astype(bool) if list(node.input).index(x) == 1 else ~v.astype(bool)
+        sq, sk = lay.out_shape[-2:]
+        try:
+            keep = np.broadcast_to(keep, ref.full).reshape(-1, sq, sk)
+        except ValueError:
+            return False
+        if not (keep == np.tril(np.ones((sq, sk), bool), sk - sq)).all():
+            return False
+        d = self.layers[self.order[ref.src]]
+        d["causal"] = True
+        self.built[ref.src] = self.probe(node, d)
+        return True
 
     def where_keeps(self, node, x: str) -> bool:
         """Whether Where(cond, ...) passes the activation ``x`` through unchanged: a constant
@@ -1121,8 +1160,12 @@ class _Importer:
                 self.built[ref.src] = self.probe(node, d)
                 return self.alias(node, x)
             return self.alias(node, x, mult=ref.mult * f)
-        same = v is not None and tuple(np.broadcast_shapes(v.shape, ref.full)) == tuple(ref.full) if v is not None \
-            else False
+        if op == "Add" and v is not None and self.causal_matmul(node, x, additive=v):
+            return self.alias(node, x)
+        try:
+            same = v is not None and tuple(np.broadcast_shapes(v.shape, ref.full)) == tuple(ref.full)
+        except ValueError:
+            same = False
         noop = same and not (first and op in ("Sub", "Div")) and (
             (op in ("Add", "Sub") and not v.any()) or (op in ("Mul", "Div") and bool((v == 1).all())))
         self.alias(node, x, folded=not noop)
@@ -1147,11 +1190,15 @@ class _Importer:
         if lay is not None and lay.type == "embedding" and ref.shape == lay.out_shape \
                 and all(len(d) == 2 and d[1] == lay.out_shape[-1] for d in tables):
             d = self.layers[self.order[ref.src]]
-            for rows, _ in tables:
+            w = self.wsrc.setdefault(ref.src, {})
+            for (rows, _), p in zip(tables, params):
                 if not d.get("positions") and rows >= lay.out_shape[0]:
                     d["positions"] = rows
+                    w["positions"] = ("t", p, "rows")
                 else:
                     d["token_types"] = d.get("token_types", 0) + rows
+                    prev = w.get("token_types", ("cat", (), 0))[1]
+                    w["token_types"] = ("cat", prev + (p,), "rows")
             self.built[ref.src] = self.probe(node, d)
             for p in params:
                 self.owner.setdefault(p, ref.src)

@@ -26,7 +26,7 @@ from .spec import Model
 
 #: weights that are trained (the rest of a layer's arrays are state)
 TRAINED = {"conv2d": ("W", "b"), "dense": ("W", "b"), "batchnorm": ("gamma", "beta"),
-           "layernorm": ("gamma", "beta"), "embedding": ("table",), "add_param": ("p",),
+           "layernorm": ("gamma", "beta"), "embedding": ("table", "positions", "token_types"), "add_param": ("p",),
            "concat_param": ("p",), "lstm": ("W", "R", "B")}
 
 
@@ -78,9 +78,10 @@ def _resolve(imp, path: str, layer: str, key: str, recipe: tuple) -> np.ndarray:
         return np.ones(recipe[1], np.float32)
     if kind == "value":
         return np.float32(recipe[1])
-    if kind == "cat":
-        parts = [_resolve(imp, path, layer, key, ("t", t, None)) for t in recipe[1]]
-        return np.concatenate(parts, axis=recipe[2])
+    if kind == "cat":   # several tensors on one axis ("rows": each as a (rows, dim) table)
+        how = recipe[2]
+        parts = [_resolve(imp, path, layer, key, ("t", t, "rows" if how == "rows" else None)) for t in recipe[1]]
+        return np.concatenate(parts, axis=0 if how == "rows" else how)
     _, t, how = recipe
     v = imp.value_any(t)
     if v is None:
@@ -94,6 +95,8 @@ def _resolve(imp, path: str, layer: str, key: str, recipe: tuple) -> np.ndarray:
         v = v.reshape(-1)
     elif how == "neg":
         v = -v
+    elif how == "rows":   # a table stored with leading unit axes ([1, rows, dim])
+        v = v.reshape(-1, v.shape[-1])
     elif how == "scalar":
         v = np.float32(v.reshape(-1)[0])
     return v
@@ -109,7 +112,9 @@ def _layout(layer, a: dict[str, np.ndarray], path: str) -> tuple[dict, dict]:
         params["p"] = params["p"].reshape(layer.attr["param_shape"])
     if t == "concat_param":   # (size, rest of a sample): the batch axis (1) of the file's tensor dropped
         params["p"] = params["p"].reshape((layer.attr["size"],) + tuple(layer.out_shape[1:]))
-    missing = [k for k in trained if k not in params and not (k == "b" and not layer.attr.get("bias", True))]
+    optional = {"b"} if not layer.attr.get("bias", True) else set()
+    optional |= {"positions", "token_types"} if t == "embedding" else set()
+    missing = [k for k in trained if k not in params and k not in optional]
     if missing and t in TRAINED:
         raise SpecError(path, None, f"layers.{layer.name}", f"no tensor in the file for its {', '.join(missing)}")
     return params, state

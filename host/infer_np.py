@@ -50,8 +50,11 @@ def _matmul(layer, p, s, xs):
     a, b = xs
     if layer.attr["transpose_b"]:
         b = np.swapaxes(b, -1, -2)
-    y = a @ b
-    return (y * L.F32(layer.attr.get("scale", 1.0))).astype(L.F32)
+    y = (a @ b) * L.F32(layer.attr.get("scale", 1.0))
+    if layer.attr.get("causal"):   # key j > query i (+ the extra keys) is masked out
+        sq, sk = y.shape[-2:]
+        y = np.where(np.tril(np.ones((sq, sk), bool), sk - sq), y, L.F32(-np.inf))
+    return y.astype(L.F32)
 
 
 def _reshape(layer, p, s, xs):
