@@ -179,10 +179,14 @@ def _dense(c: _Ctx) -> _Out:
 
 
 def _matmul(c: _Ctx) -> _Out:
-    if len(c.in_shapes) != 2:
-        raise c.err("inputs", f"matmul multiplies two activations: expected 2 inputs, got {len(c.in_shapes)}")
+    # key_mask: a third input, one value per key (column of the product): columns whose value is
+    # "zero" (BERT's attention_mask) or "nonzero" (a key padding mask) are -inf
+    key_mask = c.f.str("key_mask", None, choices=("zero", "nonzero"))
+    if len(c.in_shapes) != 2 + bool(key_mask):
+        raise c.err("inputs", f"matmul multiplies two activations{' and reads a key mask' if key_mask else ''}: "
+                              f"expected {2 + bool(key_mask)} inputs, got {len(c.in_shapes)}")
     tb = c.f.bool("transpose_b", False)
-    a, b = c.in_shapes
+    a, b = c.in_shapes[:2]
     if len(a) < 2 or len(b) < 2:
         raise c.err("inputs", f"matmul inputs must have rank >= 2, got {list(a)} and {list(b)}")
     bk, bn = (b[-1], b[-2]) if tb else (b[-2], b[-1])
@@ -193,8 +197,10 @@ def _matmul(c: _Ctx) -> _Out:
     scale = c.f.num("scale", 1.0, positive=False)
     # causal: the product's entries above the diagonal are -inf (a causal mask folded from the graph)
     causal = c.f.bool("causal", False)
+    if key_mask and prod(c.in_shapes[2]) != bn:
+        raise c.err("inputs", f"a key mask needs one value per key ({bn}), got shape {list(c.in_shapes[2])}")
     return _Out(a[:-1] + (bn,), {"transpose_b": tb, **({"scale": scale} if scale != 1.0 else {}),
-                                 **({"causal": True} if causal else {})},
+                                 **({"causal": True} if causal else {}), **({"key_mask": key_mask} if key_mask else {})},
                 fwd=macs, bwd_in=2 * macs)
 
 

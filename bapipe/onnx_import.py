@@ -740,7 +740,94 @@ class _Importer:
             raise self.err(node, "Where must select between one activation and constants")
         if not self.where_keeps(node, data[0]) and self.causal_matmul(node, data[0]):
             return self.alias(node, data[0])
+        cond, pos = node.input[0], list(node.input).index(data[0])
+        other = self.value_any(node.input[3 - pos])
+        if cond in self.masks and other is not None and np.all(other <= -1e30) \
+                and self.key_mask(node, data[0], cond, keep_side=(pos == 1)):
+            return self.alias(node, data[0])
         self.alias(node, data[0], folded=not self.where_keeps(node, data[0]))
+
+    def _scores(self, x: str):
+        """The matmul layer whose own output ``x`` is (scores a mask may be put on), or None."""
+        ref = self.env[x]
+        lay = self.built.get(ref.src)
+        if lay is None or lay.type != "matmul" or ref.view is not None or ref.order is not None \
+                or ref.mult != 1.0 or ref.pending or self.consumers.get(x, 0) != 1:
+            return None
+        return lay
+
+    def mask_values(self, t: str, inp: str, value) -> "np.ndarray | None":
+        """The value of mask tensor ``t`` when model input ``inp`` is ``value`` (the file's own
+        nodes from ``inp`` to ``t``, run by onnx's reference evaluator), or None."""
+        import onnx
+        from onnx.reference import ReferenceEvaluator
+
+        producer = {o: n for n in self.full_graph.node for o in n.output if o}
+        need, stack, seen = [], [t], set()
+        while stack:
+            u = stack.pop()
+            if u in seen or u == inp or u not in producer:
+                continue
+            seen.add(u)
+            n = producer[u]
+            need.append(n)
+            stack.extend(i for i in n.input if i)
+        order = {id(n): k for k, n in enumerate(self.full_graph.node)}
+        nodes = sorted({id(n): n for n in need}.values(), key=lambda n: order[id(n)])
+        vi = next(i for i in self.g.input if i.name == inp)
+        reads = {i for n in nodes for i in n.input}
+        inits = [x for x in self.full_graph.initializer if x.name in reads]
+        g = onnx.helper.make_graph(nodes, "mask", [vi], [onnx.helper.make_empty_tensor_value_info(t)], inits)
+        m = onnx.helper.make_model(g, opset_imports=[onnx.helper.make_opsetid("", self.opset)])
+        try:
+            return np.asarray(ReferenceEvaluator(m).run(None, {inp: value})[0])
+        except Exception:  # noqa: BLE001 - a chain the reference cannot run: not a recognised mask
+            return None
+
+    def key_mask(self, node, x: str, m: str, keep_side=None) -> bool:
+        """A mask computed from a model input (BERT's attention_mask, nn.MultiheadAttention's key
+        padding mask) on a matmul's scores: when it is, per key position, 0 for one input value
+        and at most -1e30 (-inf, finfo.min) for the other, the matmul reads that input as its
+        ``key_mask`` (keys whose input is 0, or nonzero, are masked out, as softmax then gives
+        them exactly 0). ``keep_side`` (a Where's condition): the condition's value keeps x."""
+        lay = self._scores(x)
+        ref = self.env.get(m)
+        if lay is None or ref is None or ref.src not in self.input_shapes or len(lay.inputs) != 2:
+            return False
+        inp = ref.src
+        full = self.full_shape(inp, node)
+        sk = lay.out_shape[-1]
+        if prod(full) != sk:
+            return False
+        dtype = onnx_np_type(next(i for i in self.g.input if i.name == inp).type.tensor_type.elem_type)
+        alt = (np.arange(sk) % 2).astype(dtype).reshape(full)
+        vals = [self.mask_values(m, inp, v) for v in (np.ones(full, dtype), np.zeros(full, dtype), alt)]
+        if any(v is None for v in vals):
+            return False
+        if keep_side is None:   # additive: 0 keeps, <= -1e30 masks
+            kept = [np.broadcast_to(v == 0, v.shape) for v in vals]
+            if not all(np.all((v == 0) | (v <= -1e30)) for v in vals):
+                return False
+        else:
+            kept = [np.asarray(v).astype(bool) == keep_side for v in vals]
+        try:
+            per_key = [np.broadcast_to(k, np.broadcast_shapes(k.shape, (sk,))).reshape(-1, sk) for k in kept]
+        except ValueError:
+            return False
+        if not all((p == p[0]).all() for p in per_key):
+            return False   # the mask differs between rows: not a mask over keys
+        ones, zeros, mixed = (p[0] for p in per_key)
+        if ones.all() and not zeros.any() and (mixed == (np.arange(sk) % 2 == 1)).all():
+            how = "zero"        # keys whose input is 0 are masked (attention_mask: 1 = attend)
+        elif zeros.all() and not ones.any() and (mixed == (np.arange(sk) % 2 == 0)).all():
+            how = "nonzero"     # keys whose input is nonzero / True are masked (key_padding_mask)
+        else:
+            return False
+        d = self.layers[self.order[self.env[x].src]]
+        d["inputs"] = list(d["inputs"]) + [inp]
+        d["key_mask"] = how
+        self.built[d["name"]] = self.probe(node, d)
+        return True
 
     def causal_matmul(self, node, x: str, additive=None) -> bool:
         """Where(constant mask, scores, -inf) keeping exactly the lower triangle of a matmul's
@@ -810,6 +897,9 @@ class _Importer:
         if not real:
             return self.mask(node, acts)
         if len(real) == 1:   # attention mask added (or multiplied) onto the scores: no layer
+            masks = [a for a in acts if a not in real]
+            if t == "Add" and len(masks) == 1 and self.key_mask(node, real[0], masks[0]):
+                return self.alias(node, real[0])
             return self.alias(node, real[0], folded=True)
         refs = [self.env[a] for a in real]
         lns = [a for a in real if self.env[a].src in self.ln_parts]
@@ -1458,6 +1548,12 @@ class _Importer:
         if self.folded_tables:
             desc = f"{desc}; {folded_note(self.folded_tables)}"
         return {"name": self.name, "description": desc, "inputs": inputs, "layers": self.layers}
+
+
+def onnx_np_type(elem_type: int):
+    """The numpy dtype of an ONNX tensor element type."""
+    import onnx
+    return onnx.helper.tensor_dtype_to_np_dtype(elem_type)
 
 
 def folded_note(tables: list[tuple[str, tuple]]) -> str:

@@ -47,13 +47,16 @@ def layer_forward(layer: Layer, p: dict, s: dict, xs: list[np.ndarray]) -> np.nd
 
 
 def _matmul(layer, p, s, xs):
-    a, b = xs
+    a, b = xs[:2]
     if layer.attr["transpose_b"]:
         b = np.swapaxes(b, -1, -2)
     y = (a @ b) * L.F32(layer.attr.get("scale", 1.0))
     if layer.attr.get("causal"):   # key j > query i (+ the extra keys) is masked out
         sq, sk = y.shape[-2:]
         y = np.where(np.tril(np.ones((sq, sk), bool), sk - sq), y, L.F32(-np.inf))
+    if "key_mask" in layer.attr:   # one value per key: masked columns are -inf
+        m = xs[2].reshape(len(y), *([1] * (y.ndim - 2)), y.shape[-1]) != 0
+        y = np.where(~m if layer.attr["key_mask"] == "zero" else m, L.F32(-np.inf), y)
     return y.astype(L.F32)
 
 

@@ -37,9 +37,6 @@ TOL = 2.0 ** -16
 #: lookups into the rows read; tests/test_onnx_torch.py FOLDED_TABLES, docs/onnx.md): imported - torch
 FOLDED = {"bert.dynamo.onnx": -1088, "bert_mask.dynamo.onnx": -1088, "hf_bert.dynamo.onnx": -64,
           "hf_bert_sdpa.dynamo.onnx": -64, "hf_gpt2.dynamo.onnx": -512, "hf_gpt2_sdpa.dynamo.onnx": -512}
-#: exports whose layers do not compute the file's function, refused by the forward in one line:
-#: the attention mask is a model input the layer list does not read (docs/onnx.md)
-MASK_INPUT = {"bert_mask", "transformer_encoder_mask", "hf_bert", "hf_bert_sdpa"}
 
 
 def _io(stem: str):
@@ -71,11 +68,6 @@ def test_import_equals_torch(file):
     assert m.params == int(d["params"]) + FOLDED.get(file, 0)
     assert w.weight_count() == m.params           # every counted parameter is an array read from the file
     assert m.fwd_macs == int(d["macs"])
-    if stem in MASK_INPUT:
-        assert w.notes and all("\n" not in n for n in w.notes)
-        with pytest.raises(SpecError, match="do not compute the file's function"):
-            forward_model(m, w.params, w.state, _inputs(m, d), w.notes)
-        return
     assert w.notes == []
     y = forward_model(m, w.params, w.state, _inputs(m, d), w.notes).reshape(-1)
     assert y.shape == ref.shape
@@ -122,6 +114,48 @@ def test_a_wrong_layer_fails_the_tolerance():
     assert _err("squeezenet.legacy.onnx", no_bias) > 10 * TOL
     assert _err("vit.dynamo.onnx", tanh_gelu) > 10 * TOL
     assert _err("squeezenet_ceil.legacy.onnx", padded_pool) > 10 * TOL
+
+    def no_key_mask(w):   # the import before 2026-12-07: the attention mask input was not read
+        from dataclasses import replace
+        w.model = replace(w.model, layers=[replace(l, attrs=tuple((k, v) for k, v in l.attrs if k != "key_mask"),
+                                                   inputs=l.inputs[:2]) if l.attr.get("key_mask") else l
+                                           for l in w.model.layers])
+    assert _err("hf_bert.legacy.onnx", no_key_mask) > 10 * TOL
+
+
+def test_masks_are_model_inputs_read_by_the_scores():
+    """BERT's attention_mask (1 = attend) and nn.TransformerEncoder's key padding mask (True =
+    padded) are read by each attention's score matmul as its key_mask; the fixtures' inputs hide
+    the last 5 of 16 and 3 of 10 keys."""
+    for file, inp, how in (("bert_mask.legacy.onnx", "attention_mask", "zero"),
+                           ("hf_bert_sdpa.dynamo.onnx", "attention_mask", "zero"),
+                           ("transformer_encoder_mask.dynamo.onnx", "pad", "nonzero")):
+        m = load_onnx_weights(str(FIX / file)).model
+        assert inp in [i.name for i in m.inputs]
+        masked = [l for l in m.layers if l.type == "matmul" and "key_mask" in l.attr]
+        assert len(masked) == 2 and all(l.inputs[2] == inp and l.attr["key_mask"] == how for l in masked)
+
+
+def test_a_folded_op_no_layer_computes_is_refused_in_one_line():
+    """A constant added to the scores that is no mask (here: +1 everywhere) is counted as before
+    but noted; the forward refuses the model in one line instead of computing another function."""
+    import onnx
+
+    from bapipe.onnx_import import import_with_sources
+    proto = onnx.load(str(FIX / "vit.legacy.onnx"))
+    sm = next(n for n in proto.graph.node if n.op_type == "Softmax")
+    one = onnx.helper.make_tensor("plus_one", onnx.TensorProto.FLOAT, [], [1.0])
+    proto.graph.initializer.append(one)
+    add = onnx.helper.make_node("Add", [sm.input[0], "plus_one"], ["shifted"], name="shift_scores")
+    sm.input[0] = "shifted"
+    proto.graph.node.insert(list(proto.graph.node).index(sm), add)
+    model, imp = import_with_sources(proto, "shifted.onnx")
+    assert model.params == load_onnx_weights(str(FIX / "vit.legacy.onnx")).model.params
+    notes = list(imp.notes.values())
+    assert len(notes) == 1 and "shift_scores" in notes[0] and "\n" not in notes[0]
+    with pytest.raises(SpecError, match="do not compute the file's function") as e:
+        forward_model(model, {}, {}, {}, [notes[0]])
+    assert "\n" not in str(e.value)
 
 
 def test_codegen_refuses_what_it_would_build_differently(tmp_path, capsys):

@@ -129,9 +129,9 @@ def test_transformer_patterns(exp):
     assert t.count("slice") == 6 and t.count("gelu") == 2 and "tanh" not in t
     head = m.layers[-1]
     assert head.type == "dense" and head.tied_to == m.layers[0].name and m.layers[0].attr["positions"] == 16
-    # BERT with an attention mask: the mask makes no layer and the mask input is not a model input
+    # BERT with an attention mask: the mask makes no layer; each score matmul reads the mask input
     m, t = _types(f"bert_mask.{exp}.onnx")
-    assert [i.name for i in m.inputs] == ["input_ids"] and t.count("matmul") == 4
+    assert [i.name for i in m.inputs] == ["input_ids", "attention_mask"] and t.count("matmul") == 4
     # two graph outputs (sequence, pooled) are carried side by side to the end
     assert m.layers[-1].type == "concat" and m.output_shape == (16 * 32 + 32,)
     # nn.TransformerEncoder works sequence-first inside: [S, N*H, D] reshapes at batch 1
@@ -139,9 +139,9 @@ def test_transformer_patterns(exp):
         m, t = _types(f)
         mm = [l for l in m.layers if l.type == "matmul"]
         assert len(mm) == 4 and mm[0].out_shape == (4, 10, 10) and not any(l.tied_to for l in m.layers)
-    # a key padding mask input (bool) is plumbing: no layer reads it
+    # a key padding mask input (bool) makes no layer: the score matmuls read it as their key_mask
     m, t = _types(f"transformer_encoder_mask.{exp}.onnx")
-    assert [i.name for i in m.inputs] == ["x"] and t.count("matmul") == 4
+    assert [i.name for i in m.inputs] == ["x", "pad"] and t.count("matmul") == 4
 
 
 @pytest.mark.parametrize("exp", ["legacy", "dynamo"])
