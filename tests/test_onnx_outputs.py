@@ -174,3 +174,23 @@ def test_codegen_refuses_what_it_would_build_differently(tmp_path, capsys):
     assert main(["gen", str(plan), "-o", str(tmp_path / "build"), "--allow-rule-violations"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "ceil_mode pooling" in err and not (tmp_path / "build").exists()
+
+
+@pytest.mark.parametrize("file", ["gpt.legacy.onnx", "transformer_encoder_mask.dynamo.onnx",
+                                  "squeezenet_ceil.legacy.onnx", "lstm_bidir.legacy.onnx"])
+def test_export_of_an_import_keeps_what_the_forward_reads(tmp_path, file):
+    """bapipe export writes scale, causal, key_mask, ceil_mode, permuting reshapes and slices as
+    ONNX nodes that import back to the same layers (a scale to float32: 1 ulp)."""
+    from bapipe.onnx_export import export_onnx
+    from bapipe.onnx_import import load_onnx
+
+    m = load_onnx(str(FIX / file))
+    export_onnx(m, str(tmp_path / "x.onnx"))
+    back = load_onnx(str(tmp_path / "x.onnx"))
+    assert (back.params, back.fwd_macs, [l.type for l in back.layers]) == (m.params, m.fwd_macs,
+                                                                           [l.type for l in m.layers])
+    for a, b in zip(m.layers, back.layers):
+        assert {k: v for k, v in a.attrs if k != "scale"} == {k: v for k, v in b.attrs if k != "scale"}
+        assert b.attr.get("scale", 1.0) == pytest.approx(a.attr.get("scale", 1.0), rel=2 ** -23)
+    assert any("perm" in l.attr or "causal" in l.attr or "key_mask" in l.attr or "ceil_mode" in l.attr
+               or l.type == "slice" for l in m.layers)
