@@ -1239,6 +1239,8 @@ class _Importer:
         op = node.op_type
         first = node.input[0] == c
         v = self.value_any(c)
+        if v is not None and v.dtype.kind not in "biuf":
+            v = None   # not a number: nothing to fold
         if v is not None and v.size == 1 and op in ("Mul", "Div") and not (op == "Div" and first) \
                 and float(v.ravel()[0]) != 0:
             f = float(v.ravel()[0]) if op == "Mul" else 1.0 / float(v.ravel()[0])
