@@ -158,6 +158,7 @@ def test_a_folded_op_no_layer_computes_is_refused_in_one_line():
     assert "\n" not in str(e.value)
 
 
+@pytest.mark.slow   # plan + gen of a 28-layer export (gen refuses before writing)
 def test_codegen_refuses_what_it_would_build_differently(tmp_path, capsys):
     """ceil_mode pooling with a partial last window has no HLS/RTL kernel: gen says so in one
     line rather than building floor-mode windows (the squeezenet fixture's windows fit)."""
