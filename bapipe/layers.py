@@ -124,7 +124,18 @@ def _pair(c: _Ctx, key: str, default) -> tuple[int, int]:
     return int(v[0]), int(v[1])
 
 
-def _window(c: _Ctx, shape: Shape, kernel_default=None, stride_default=None) -> tuple:
+def pool_out(size: int, k: int, s: int, p: int, ceil: bool) -> int:
+    """Output length of a window over ``size`` (padding ``p`` each side). ``ceil`` is PyTorch's
+    (and ONNX's) ceil_mode: a last, partial window is kept when it starts inside the input or
+    its left padding (so it never starts in the right padding)."""
+    span = size + 2 * p - k
+    if not ceil:
+        return span // s + 1
+    out = -(-span // s) + 1
+    return out - 1 if (out - 1) * s >= size + p else out
+
+
+def _window(c: _Ctx, shape: Shape, kernel_default=None, stride_default=None, ceil: bool = False) -> tuple:
     C, H, W = shape
     kh, kw = _pair(c, "kernel", kernel_default if kernel_default is not None else ...)
     sh, sw = _pair(c, "stride", stride_default if stride_default is not None else (kh, kw))
@@ -135,7 +146,7 @@ def _window(c: _Ctx, shape: Shape, kernel_default=None, stride_default=None) -> 
         raise c.err("padding", "padding must be >= 0")
     if ph >= kh or pw >= kw:
         raise c.err("padding", f"padding must be smaller than the kernel ({kh}x{kw})")
-    ho, wo = (H + 2 * ph - kh) // sh + 1, (W + 2 * pw - kw) // sw + 1
+    ho, wo = pool_out(H, kh, sh, ph, ceil), pool_out(W, kw, sw, pw, ceil)
     if ho < 1 or wo < 1 or H + 2 * ph < kh or W + 2 * pw < kw:
         raise c.err("kernel", f"kernel {kh}x{kw} does not fit the {H}x{W} input (padding {ph},{pw})")
     return (kh, kw), (sh, sw), (ph, pw), ho, wo
@@ -168,17 +179,29 @@ def _dense(c: _Ctx) -> _Out:
 
 
 def _matmul(c: _Ctx) -> _Out:
-    if len(c.in_shapes) != 2:
-        raise c.err("inputs", f"matmul multiplies two activations: expected 2 inputs, got {len(c.in_shapes)}")
+    # key_mask: a third input, one value per key (column of the product): columns whose value is
+    # "zero" (BERT's attention_mask) or "nonzero" (a key padding mask) are -inf
+    key_mask = c.f.str("key_mask", None, choices=("zero", "nonzero"))
+    if len(c.in_shapes) != 2 + bool(key_mask):
+        raise c.err("inputs", f"matmul multiplies two activations{' and reads a key mask' if key_mask else ''}: "
+                              f"expected {2 + bool(key_mask)} inputs, got {len(c.in_shapes)}")
     tb = c.f.bool("transpose_b", False)
-    a, b = c.in_shapes
+    a, b = c.in_shapes[:2]
     if len(a) < 2 or len(b) < 2:
         raise c.err("inputs", f"matmul inputs must have rank >= 2, got {list(a)} and {list(b)}")
     bk, bn = (b[-1], b[-2]) if tb else (b[-2], b[-1])
     if a[-1] != bk or a[:-2] != b[:-2]:
         raise c.err("inputs", f"shapes {list(a)} and {list(b)} do not multiply (transpose_b={tb})")
     macs = prod(a[:-2]) * a[-2] * a[-1] * bn
-    return _Out(a[:-1] + (bn,), {"transpose_b": tb}, fwd=macs, bwd_in=2 * macs)
+    # scale: a constant factor on the product (attention's 1/sqrt(d), folded from the exporter's Mul/Div)
+    scale = c.f.num("scale", 1.0, positive=False)
+    # causal: the product's entries above the diagonal are -inf (a causal mask folded from the graph)
+    causal = c.f.bool("causal", False)
+    if key_mask and prod(c.in_shapes[2]) != bn:
+        raise c.err("inputs", f"a key mask needs one value per key ({bn}), got shape {list(c.in_shapes[2])}")
+    return _Out(a[:-1] + (bn,), {"transpose_b": tb, **({"scale": scale} if scale != 1.0 else {}),
+                                 **({"causal": True} if causal else {}), **({"key_mask": key_mask} if key_mask else {})},
+                fwd=macs, bwd_in=2 * macs)
 
 
 def _attention(c: _Ctx) -> _Out:
@@ -255,10 +278,21 @@ def _embedding(c: _Ctx) -> _Out:
 def _pool(kind: str) -> Callable[[_Ctx], _Out]:
     def build(c: _Ctx) -> _Out:
         shape = c.one_input(3)
-        (kh, kw), (sh, sw), (ph, pw), ho, wo = _window(c, shape)
-        return _Out((shape[0], ho, wo), {"kernel": (kh, kw), "stride": (sh, sw), "padding": (ph, pw)},
-                    ops=shape[0] * ho * wo * kh * kw)
+        ceil = c.f.bool("ceil_mode", False)   # PyTorch's ceil_mode (SqueezeNet): a partial last window
+        (kh, kw), (sh, sw), (ph, pw), ho, wo = _window(c, shape, ceil=ceil)
+        attrs = {"kernel": (kh, kw), "stride": (sh, sw), "padding": (ph, pw)}
+        if ceil and (ho, wo) != (pool_out(shape[1], kh, sh, ph, False), pool_out(shape[2], kw, sw, pw, False)):
+            attrs["ceil_mode"] = True   # kept only where it changes the output: else it is floor mode
+        return _Out((shape[0], ho, wo), attrs, ops=shape[0] * ho * wo * kh * kw)
     return build
+
+
+def _gelu(c: _Ctx) -> _Out:
+    """GELU: ``approximate: tanh`` (the default: GPT-2's form, what the zoo models use) or
+    ``none``, the exact x * Phi(x) (PyTorch's nn.GELU() default, ONNX Gelu's default)."""
+    s = c.one_input()
+    how = c.f.str("approximate", "tanh", choices=("tanh", "none"))
+    return _Out(s, {"approximate": how} if how != "tanh" else {}, ops=8 * prod(s))
 
 
 def _global_pool(c: _Ctx) -> _Out:
@@ -344,7 +378,16 @@ def _reshape(c: _Ctx) -> _Out:
     shape = c.f.ints("shape")
     if prod(shape) != prod(s):
         raise c.err("shape", f"{list(shape)} does not hold the {prod(s)} elements of the input {list(s)}")
-    return _Out(tuple(shape), {"shape": tuple(shape)})
+    attrs = {"shape": tuple(shape)}
+    # an element order other than the input's: view the input as ``pre``, permute its axes by ``perm``
+    # (an imported Transpose), then read the result as ``shape``; without them the order is kept
+    if c.f.has("perm") or c.f.has("pre"):
+        pre, perm = c.f.ints("pre"), c.f.ints("perm", min=0)
+        if prod(pre) != prod(s) or sorted(perm) != list(range(len(pre))):
+            raise c.err("perm", f"expected a permutation of the {len(pre)} axes of pre {list(pre)} "
+                                f"({prod(s)} elements), got {list(perm)}")
+        attrs.update(pre=tuple(pre), perm=tuple(perm))
+    return _Out(tuple(shape), attrs)
 
 
 def _opaque(c: _Ctx) -> _Out:
@@ -429,7 +472,7 @@ LAYER_TYPES: dict[str, Callable[[_Ctx], _Out]] = {
     "avgpool": _pool("avg"),
     "globalavgpool": _global_pool,
     "relu": _elementwise(1),
-    "gelu": _elementwise(8),
+    "gelu": _gelu,
     "tanh": _elementwise(4),
     "sigmoid": _elementwise(4),
     "softmax": _elementwise(3),

@@ -221,6 +221,35 @@ def _embedding(g: _Graph, l: Layer, x: str, weight_of: dict[str, str]) -> None:
         g.node("Add", [y, te], n)
 
 
+def _matmul(g: _Graph, l: Layer, xs: list[str]) -> None:
+    """MatMul, then the imported extras: the scale (Mul), the causal triangle and the key mask
+    (Where of -inf), in the order the importer reads them back."""
+    n, a = l.name, l.attr
+    b = xs[1]
+    if a["transpose_b"]:
+        r = len(l.in_shapes[1]) + 1
+        b = g.node("Transpose", [b], f"{n}/b_t", perm=list(range(r - 2)) + [r - 1, r - 2])
+    steps = [k for k in ("scale", "causal", "key_mask") if k in a]
+    y = g.node("MatMul", [xs[0], b], n if not steps else f"{n}/matmul", name=n if not steps else f"{n}/matmul")
+    sq, sk = l.out_shape[-2:]
+    ninf = g.const("neg_inf", np.array(-np.inf, np.float32))
+    for i, k in enumerate(steps):
+        out = n if i == len(steps) - 1 else f"{n}/{k}"
+        if k == "scale":
+            y = g.node("Mul", [y, g.const(f"{n}/scale_value", np.array(a["scale"], np.float32))], out)
+        elif k == "causal":
+            keep = np.tril(np.ones((sq, sk), bool), sk - sq)
+            y = g.node("Where", [g.const(f"causal_{sq}x{sk}", keep), y, ninf], out)
+        else:   # key_mask: one value per key, broadcast over the rows (and heads)
+            r = len(l.out_shape) + 1
+            m = g.node("Reshape", [xs[2], g.ints(f"mask_shape_{r}_{sk}", [0] + [1] * (r - 2) + [sk])], f"{n}/mask")
+            hit = g.node("Equal", [g.node("Cast", [m], f"{n}/mask_f", to=1), g.const("zero_f", np.array(0, np.float32))],
+                         f"{n}/mask_zero")
+            if a["key_mask"] == "nonzero":
+                hit = g.node("Not", [hit], f"{n}/mask_set")
+            y = g.node("Where", [hit, ninf, y], out)
+
+
 def _window(l: Layer) -> dict:
     (ph, pw) = l.attr["padding"]
     return {"kernel_shape": list(l.attr["kernel"]), "strides": list(l.attr["stride"]), "pads": [ph, pw, ph, pw]}
@@ -245,11 +274,7 @@ def _layer(g: _Graph, l: Layer, weight_of: dict[str, str]) -> None:
     elif t == "dense":
         _dense(g, l, xs[0], weight_of)
     elif t == "matmul":
-        b = xs[1]
-        if l.attr["transpose_b"]:
-            r = len(l.in_shapes[1]) + 1
-            b = g.node("Transpose", [b], f"{n}/b_t", perm=list(range(r - 2)) + [r - 1, r - 2])
-        g.node("MatMul", [xs[0], b], n)
+        _matmul(g, l, xs)
     elif t == "attention":
         _attention(g, l, xs)
     elif t == "additive_attention":
@@ -259,11 +284,15 @@ def _layer(g: _Graph, l: Layer, weight_of: dict[str, str]) -> None:
     elif t == "embedding":
         _embedding(g, l, xs[0], weight_of)
     elif t in ("maxpool", "avgpool"):
-        g.node("MaxPool" if t == "maxpool" else "AveragePool", xs, n, **_window(l))
+        g.node("MaxPool" if t == "maxpool" else "AveragePool", xs, n, **_window(l),
+               **({"ceil_mode": 1} if l.attr.get("ceil_mode") else {}),
+               **({"count_include_pad": 1} if t == "avgpool" and any(l.attr["padding"]) else {}))
     elif t == "globalavgpool":
         g.node("GlobalAveragePool", xs, f"{n}/gap", name=n)
         g.node("Flatten", [f"{n}/gap"], n, name=f"{n}/flatten", axis=1)
-    elif t in ("relu", "gelu", "tanh", "sigmoid"):
+    elif t == "gelu":   # the layer's default is the tanh form; ONNX Gelu's default is the exact one
+        g.node("Gelu", xs, n, approximate=l.attr.get("approximate", "tanh"))
+    elif t in ("relu", "tanh", "sigmoid"):
         g.node(t.capitalize(), xs, n)
     elif t == "softmax":
         g.node("Softmax", xs, n, axis=-1)
@@ -287,8 +316,17 @@ def _layer(g: _Graph, l: Layer, weight_of: dict[str, str]) -> None:
         g.node("Flatten", xs, n, axis=1)
     elif t == "take":
         g.node("Gather", [xs[0], g.const(f"index_{l.attr['index']}", np.array(l.attr["index"], np.int64))], n, axis=1)
+    elif t == "slice":   # positions start..end of one axis (the batch axis first in ONNX)
+        a = l.attr
+        g.node("Slice", [xs[0], g.ints(f"starts_{a['start']}", [a["start"]]), g.ints(f"ends_{a['end']}", [a["end"]]),
+                         g.ints(f"axes_{a['axis'] + 1}", [a["axis"] + 1])], n)
     elif t == "reshape":
-        g.node("Reshape", [xs[0], g.ints("shape_" + "_".join(map(str, (0,) + l.out_shape)), (0,) + l.out_shape)], n)
+        src = xs[0]
+        if "perm" in l.attr:   # an imported Transpose: view as pre, permute, then reshape
+            pre, perm = l.attr["pre"], l.attr["perm"]
+            src = g.node("Reshape", [src, g.ints("shape_" + "_".join(map(str, (0,) + pre)), (0,) + pre)], f"{n}/pre")
+            src = g.node("Transpose", [src], f"{n}/perm", perm=[0] + [p + 1 for p in perm])
+        g.node("Reshape", [src, g.ints("shape_" + "_".join(map(str, (0,) + l.out_shape)), (0,) + l.out_shape)], n)
     else:
         raise SpecError("<export>", None, n, f"a '{t}' layer has no ONNX form (opaque layers cannot be exported)")
     g.tag = ""

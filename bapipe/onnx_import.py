@@ -29,6 +29,8 @@ from __future__ import annotations
 
 import heapq
 import json
+
+import numpy as np
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +42,8 @@ from .yamlio import Fields
 
 TAG = "bapipe:"
 VIEW_OPS = frozenset({"Reshape", "Transpose", "Squeeze", "Unsqueeze", "Identity", "Dropout", "Cast", "Flatten"})
+#: ops imported as the activation they approximate (costs only: a forward computes the layer's own)
+APPROXIMATED = frozenset({"LeakyRelu", "HardSigmoid", "HardSwish"})
 ELEMENTWISE = {"Relu": "relu", "Gelu": "gelu", "Tanh": "tanh", "Sigmoid": "sigmoid", "Softmax": "softmax",
                # piecewise-linear relatives, costed like the activation they approximate (MobileNetV3, GANs)
                "LeakyRelu": "relu", "HardSigmoid": "sigmoid", "HardSwish": "silu"}
@@ -59,6 +63,83 @@ class _Ref:
     batch: int = 0                # axis of the batch dimension in the full ONNX tensor
     view: str | None = None       # name of the last view node that gave it this shape
     full: tuple[int, ...] = ()    # the full ONNX shape (with batch)
+    # element order: None keeps the producer's; (pre, perm) reads the producer's elements as the
+    # shape ``pre`` with its axes permuted by ``perm`` (Transposes on the way); UNKNOWN: no such pair
+    order: tuple | str | None = None
+    mult: float = 1.0             # a constant factor folded on the way (attention's 1/sqrt(d))
+    pending: tuple[str, ...] = ()  # folded nodes whose effect on the values no layer carries
+
+
+UNKNOWN = "unknown"
+
+
+def _refine(a: tuple, b: tuple) -> tuple[list[int], list[list[int]], list[list[int]]] | None:
+    """The common refinement of two shapes of the same elements: axes R such that each axis of
+    ``a`` and of ``b`` is a run of consecutive R axes (unit axes get no R axis), with the runs;
+    None when the shapes cut the elements at incompatible places."""
+    def bounds(shape):
+        out, p = [], 1
+        for d in shape:
+            p *= d
+            out.append(p)
+        return out
+    ba, bb = bounds(a), bounds(b)
+    cuts = sorted(set(ba) | set(bb) | {1})
+    if any(y % x for x, y in zip(cuts, cuts[1:])):
+        return None
+    sizes = [y // x for x, y in zip(cuts, cuts[1:])]
+
+    def runs(shape, bs):
+        out, prev = [], 1
+        for d, p in zip(shape, bs):
+            out.append(list(range(cuts.index(prev), cuts.index(p))) if d != 1 else [])
+            prev = p
+        return out
+    return sizes, runs(a, ba), runs(b, bb)
+
+
+def _canon(pre: tuple, perm: tuple) -> tuple[tuple, tuple]:
+    """(pre, perm) without unit axes and with axes that stay neighbours merged: one form per order."""
+    keep = [i for i, d in enumerate(pre) if d != 1]
+    perm = [keep.index(p) for p in perm if p in keep]
+    pre = [pre[i] for i in keep]
+    groups: list[list[int]] = []
+    for p in perm:
+        if groups and groups[-1][-1] + 1 == p:
+            groups[-1].append(p)
+        else:
+            groups.append([p])
+    starts = sorted(g[0] for g in groups)
+    new_pre = [prod([pre[i] for i in next(g for g in groups if g[0] == s0)]) for s0 in starts]
+    return tuple(new_pre), tuple(starts.index(g[0]) for g in groups)
+
+
+def _is_identity(order) -> bool:
+    if order is None:
+        return True
+    if order == UNKNOWN:
+        return False
+    return list(_canon(*order)[1]) in ([], [0])
+
+
+def _transpose_order(order, cur: tuple, perm: list[int]):
+    """The order after Transpose(perm) of a tensor of full shape ``cur`` read in ``order``."""
+    if order == UNKNOWN:
+        return UNKNOWN
+    pre, p0 = order if order is not None else (cur, tuple(range(len(cur))))
+    tshape = tuple(pre[i] for i in p0)
+    r = _refine(tshape, cur)
+    if r is None:
+        return UNKNOWN
+    sizes, runs_t, runs_c = r
+    inv = {p: i for i, p in enumerate(p0)}
+    refined_pre, where = [], {}
+    for j in range(len(pre)):            # pre axis j is T axis inv[j], split into R axes
+        for k in runs_t[inv[j]]:
+            where[k] = len(refined_pre)
+            refined_pre.append(sizes[k])
+    new_perm = [where[k] for a in perm for k in runs_c[a]]
+    return tuple(refined_pre), tuple(new_perm)
 
 
 def _attr(node, name, default=None):
@@ -152,6 +233,12 @@ class _Importer:
         self.built: dict[str, Layer] = {}
         self.names: set[str] = set()
         self.consumers: dict[str, int] = {}
+        # what the float forward needs (bapipe.onnx_weights): per layer, where each weight comes from
+        # (("t", tensor, how) | ("zeros", n) | ("ones", n) | ("value", float)), and why the layers would
+        # not compute the file's function (layer or node -> one line)
+        self.wsrc: dict[str, dict[str, tuple]] = {}
+        self.notes: dict[str, str] = {}
+        self._stash: list[str] = []
 
     # -- errors and shapes ---------------------------------------------------------------
     def err(self, node, expected: str) -> SpecError:
@@ -293,24 +380,42 @@ class _Importer:
         """Per-sample output shape of a layer or model input."""
         return self.built[src].out_shape if src in self.built else self.input_shapes[src]
 
-    def use(self, t: str, node) -> str:
-        """The layer/input name to read tensor ``t`` from, inserting a reshape for a changed view."""
+    def use(self, t: str, node, absorb: bool = False) -> str:
+        """The layer/input name to read tensor ``t`` from, inserting a reshape for a changed view
+        (with the element order of any Transpose on the way). A factor or other folded operation
+        on the way that the reader does not take in (``absorb``) is noted: the layers would not
+        compute the file's function."""
         if t not in self.env:
             raise self.err(node, f"input '{t}' is not an activation the importer knows (constant or missing)")
         ref = self.env[t]
         have = self.src_shape(ref.src)
-        if ref.shape == have:
-            return ref.src
-        if prod(ref.shape) != prod(have):
-            raise self.err(node, f"tensor '{t}' has shape {list(ref.shape)} per sample but its producer "
-                                 f"'{ref.src}' gives {list(have)}")
-        base = ref.view or f"{ref.src}_view"
-        if len(ref.shape) == 1:
-            name = self.add_layer(None, base, "flatten", [ref.src], {})
-        else:
-            name = self.add_layer(None, base, "reshape", [ref.src], {"shape": list(ref.shape)})
-        self.env[t] = _Ref(name, ref.shape, ref.batch, None, ref.full)
-        return name
+        if ref.order == UNKNOWN:
+            self.note(node, f"the element order of '{t}' (Transposes between reshapes) has no reshape/permute form")
+        ident = _is_identity(ref.order)
+        if not (ref.shape == have and ident):
+            if prod(ref.shape) != prod(have):
+                raise self.err(node, f"tensor '{t}' has shape {list(ref.shape)} per sample but its producer "
+                                     f"'{ref.src}' gives {list(have)}")
+            base = ref.view or f"{ref.src}_view"
+            if ident and len(ref.shape) == 1:
+                name = self.add_layer(None, base, "flatten", [ref.src], {})
+            else:
+                attrs = {"shape": list(ref.shape)}
+                if not ident and ref.order != UNKNOWN:
+                    pre, perm = _canon(*ref.order)
+                    attrs.update(pre=list(pre), perm=list(perm))
+                name = self.add_layer(None, base, "reshape", [ref.src], attrs)
+            ref = _Ref(name, ref.shape, ref.batch, None, ref.full, None, ref.mult, ref.pending)
+            self.env[t] = ref
+        if not absorb and (ref.mult != 1.0 or ref.pending):
+            what = f"folded {', '.join(ref.pending)}" if ref.pending else f"a factor {ref.mult:g}"
+            self.note(node, f"'{t}' carries {what} that no layer computes")
+        return ref.src
+
+    def note(self, node, why: str) -> None:
+        """Remember why the layers about to be made would not compute the file's function."""
+        where = f"node '{node.name or node.output[0]}' ({node.op_type})" if node is not None else "graph output"
+        self._stash.append(f"{where}: {why}")
 
     def add_layer(self, node, base: str, type_: str, inputs: list[str], attrs: dict,
                   tied_to: str | None = None) -> str:
@@ -322,6 +427,9 @@ class _Importer:
         self.built[name] = self.probe(node, d)
         self.order[name] = len(self.layers)
         self.layers.append(d)
+        if self._stash:
+            self.notes[name] = "; ".join(dict.fromkeys(self._stash))
+            self._stash.clear()
         return name
 
     def probe(self, node, d: dict) -> Layer:
@@ -336,7 +444,8 @@ class _Importer:
 
 
     def emit(self, node, out: str, type_: str, inputs: list[str], attrs: dict, consts: list[str] = (),
-             base: str | None = None, weight: str | None = None, like: str | None = None) -> str:
+             base: str | None = None, weight: str | None = None, like: str | None = None,
+             weights: dict | None = None) -> str:
         """Add a layer for ``node`` writing tensor ``out`` and bind ``out`` to it.
 
         ``weight`` is the layer's main weight tensor: only it can make the layer tied to an
@@ -349,6 +458,8 @@ class _Importer:
         if weight:
             self.claim(weight, name)
             self.fx_param[name] = _fx_param(node)
+        if weights:
+            self.wsrc[name] = dict(weights)
         for c in consts:
             for o in self.origin.get(c, frozenset()) if c else ():
                 self.owner.setdefault(o, name)
@@ -362,6 +473,24 @@ class _Importer:
             return None
         from onnx import numpy_helper
         return numpy_helper.to_array(init)
+
+    def value_any(self, t: str):
+        """The numpy value of a constant (initializer or Constant node), or None."""
+        v = self.value(t)
+        if v is not None:
+            return v
+        import onnx
+        for n in self.full_graph.node:
+            if n.op_type == "Constant" and n.output[0] == t:
+                a = _attr(n, "value")
+                if a is not None:
+                    return onnx.numpy_helper.to_array(a)
+                for k in ("value_float", "value_floats", "value_int", "value_ints"):
+                    a = _attr(n, k)
+                    if a is not None:
+                        import numpy as np
+                        return np.asarray(a)
+        return None
 
     def _weight_keys(self, t: str) -> list[tuple]:
         """Fingerprints of a 2-D weight's values and of its transpose (a tie the exporter folded)."""
@@ -490,7 +619,13 @@ class _Importer:
                 rank = len(self.full_shape(acts[0], node))
                 if axis not in (-1, rank - 1):
                     raise self.err(node, f"Softmax over axis {axis} (not the last) is not supported")
-            return self.emit(node, out, ELEMENTWISE[t], [self.use(acts[0], node)], {}, like=acts[0])
+            attrs = {}
+            if t == "Gelu" and _str(_attr(node, "approximate", "none")) != "tanh":
+                attrs["approximate"] = "none"
+            if t in APPROXIMATED:
+                self.note(node, f"imported as {ELEMENTWISE[t]} for its cost: the layer computes {ELEMENTWISE[t]}, "
+                                f"not {t}")
+            return self.emit(node, out, ELEMENTWISE[t], [self.use(acts[0], node)], attrs, like=acts[0])
         if t == "Clip":   # ReLU6 and friends: a clamp with its bounds (a missing bound is open)
             return self.emit(node, out, "clip", [self.use(acts[0], node)], self.clip_bounds(node), like=acts[0])
         if t == "Conv":
@@ -499,7 +634,10 @@ class _Importer:
             x = acts[0]
             attrs = self.window(node, _attr(node, "kernel_shape"), self.full_shape(x, node)[2:])
             if _attr(node, "ceil_mode", 0):
-                attrs["padding"] = self.ceil_pads(node, attrs, self.full_shape(x, node)[2:])
+                attrs["ceil_mode"] = True   # the layer keeps it only where a partial window exists
+            if t == "AveragePool" and any(attrs["padding"]) and not _attr(node, "count_include_pad", 0):
+                self.note(node, "an average over the window without its padding (count_include_pad=0): "
+                                "the avgpool layer divides by the whole window")
             return self.emit(node, out, "maxpool" if t == "MaxPool" else "avgpool", [self.use(x, node)], attrs,
                              like=x)
         if t == "GlobalAveragePool":
@@ -507,24 +645,36 @@ class _Importer:
         if t == "ReduceMean":
             return self.reduce_mean(node, acts[0])
         if t == "BatchNormalization":
+            if _attr(node, "training_mode", 0):
+                self.note(node, "training_mode=1 (batch statistics): the batchnorm layer reads running ones")
+            w = {k: ("t", i, None) for k, i in zip(("gamma", "beta", "running_mean", "running_var"), node.input[1:5])}
             return self.emit(node, out, "batchnorm", [self.use(node.input[0], node)], {}, node.input[1:3],
-                             like=node.input[0])
+                             like=node.input[0], weights={**w, "eps": ("value", float(_attr(node, "epsilon", 1e-5)))})
         if t == "LayerNormalization":
             rank = len(self.full_shape(node.input[0], node))
             if _attr(node, "axis", -1) not in (-1, rank - 1):
                 raise self.err(node, "LayerNormalization over more than the last axis is not supported")
+            d = self.full_shape(node.input[0], node)[-1]
+            w = {"gamma": ("t", node.input[1], None),
+                 "beta": ("t", node.input[2], None) if len(node.input) > 2 and node.input[2] else ("zeros", d),
+                 "eps": ("value", float(_attr(node, "epsilon", 1e-5)))}
             return self.emit(node, out, "layernorm", [self.use(node.input[0], node)], {}, node.input[1:3],
-                             like=node.input[0])
+                             like=node.input[0], weights=w)
         if t in ("Gemm", "MatMul"):
             return self.linear(node, acts)
         if t == "Pow" and node.input[0] in self.env and node.input[1] in self.const:
-            return self.alias(node, node.input[0])   # x**3 inside tanh-GELU: part of the activation
+            # x**3 inside tanh-GELU, (x - mean)**2 of a decomposed layernorm: part of one layer
+            return self.alias(node, node.input[0], folded=self.env[node.input[0]].src not in self.ln_parts)
         if t in SCALE_OPS and len(acts) == 1:
             return self.scale(node, acts[0])
         if t in ("Sqrt", "Reciprocal") and self.env[acts[0]].src in self.ln_parts:
             return self.alias(node, acts[0])   # the standard deviation of a decomposed layernorm
         if t == "Erf":  # PyTorch's exact GELU below opset 20: x * 0.5 * (1 + erf(x / sqrt 2))
-            return self.emit(node, out, "gelu", [self.use(acts[0], node)], {}, like=acts[0])
+            ref = self.env[acts[0]]
+            if abs(ref.mult - 2 ** -0.5) > 1e-6 or ref.pending:
+                self.note(node, "an Erf whose input is not x / sqrt(2): not a GELU")
+            return self.emit(node, out, "gelu", [self.use(acts[0], node, absorb=True)], {"approximate": "none"},
+                             like=acts[0])
         if t in ("Mul", "Add", "Sum", "Sub", "Div") and len(acts) >= 2:
             return self.binary(node, acts)
         if t == "Where":
@@ -554,16 +704,25 @@ class _Importer:
                 out[key] = float(_attr(node, key))
         return out
 
-    def alias(self, node, x: str) -> None:
-        """The node's output is the input's data for costing (an elementwise part folded away)."""
+    def alias(self, node, x: str, mult: float | None = None, pending: tuple | None = None,
+              folded: bool = False) -> None:
+        """The node's output is the input's data for costing (an elementwise part folded away).
+        ``mult``/``pending`` replace the input's factor and unaccounted nodes; ``folded`` adds
+        this node to the unaccounted ones (its effect on the values is in no layer)."""
         ref = self.env[x]
         full = self.full_shape(node.output[0], node)
+        mult = ref.mult if mult is None else mult
+        pending = ref.pending if pending is None else pending
+        if folded:
+            pending = pending + (node.name or node.output[0],)
         if full == ref.full:
-            self.env[node.output[0]] = ref
+            self.env[node.output[0]] = _Ref(ref.src, ref.shape, ref.batch, ref.view, ref.full, ref.order, mult,
+                                            pending)
         else:   # a broadcast (x * scale of another shape): keep the batch axis where it was
             nb = ref.batch if 0 <= ref.batch < len(full) and full[ref.batch] == 1 else _first_unit(full)
+            order = ref.order if ref.order is None or prod(full) == prod(ref.full) else UNKNOWN
             self.env[node.output[0]] = _Ref(ref.src, full[:nb] + full[nb + 1:] if nb >= 0 else full, nb,
-                                            ref.view, full)
+                                            ref.view, full, order, mult, pending)
 
     def mask(self, node, acts) -> None:
         """Comparisons, IsNaN, Not, ...: a boolean mask of activations, no layer (Where reads it)."""
@@ -579,7 +738,146 @@ class _Importer:
         srcs = {self.env[i].src for i in data}
         if len(srcs) != 1:
             raise self.err(node, "Where must select between one activation and constants")
-        self.alias(node, data[0])
+        if not self.where_keeps(node, data[0]) and self.causal_matmul(node, data[0]):
+            return self.alias(node, data[0])
+        cond, pos = node.input[0], list(node.input).index(data[0])
+        other = self.value_any(node.input[3 - pos])
+        if cond in self.masks and other is not None and np.all(other <= -1e30) \
+                and self.key_mask(node, data[0], cond, keep_side=(pos == 1)):
+            return self.alias(node, data[0])
+        self.alias(node, data[0], folded=not self.where_keeps(node, data[0]))
+
+    def _scores(self, x: str):
+        """The matmul layer whose own output ``x`` is (scores a mask may be put on), or None."""
+        ref = self.env[x]
+        lay = self.built.get(ref.src)
+        if lay is None or lay.type != "matmul" or ref.view is not None or ref.order is not None \
+                or ref.mult != 1.0 or ref.pending or self.consumers.get(x, 0) != 1:
+            return None
+        return lay
+
+    def mask_values(self, t: str, inp: str, value) -> "np.ndarray | None":
+        """The value of mask tensor ``t`` when model input ``inp`` is ``value`` (the file's own
+        nodes from ``inp`` to ``t``, run by onnx's reference evaluator), or None."""
+        import onnx
+        from onnx.reference import ReferenceEvaluator
+
+        producer = {o: n for n in self.full_graph.node for o in n.output if o}
+        need, stack, seen = [], [t], set()
+        while stack:
+            u = stack.pop()
+            if u in seen or u == inp or u not in producer:
+                continue
+            seen.add(u)
+            n = producer[u]
+            need.append(n)
+            stack.extend(i for i in n.input if i)
+        order = {id(n): k for k, n in enumerate(self.full_graph.node)}
+        nodes = sorted({id(n): n for n in need}.values(), key=lambda n: order[id(n)])
+        vi = next(i for i in self.g.input if i.name == inp)
+        reads = {i for n in nodes for i in n.input}
+        inits = [x for x in self.full_graph.initializer if x.name in reads]
+        g = onnx.helper.make_graph(nodes, "mask", [vi], [onnx.helper.make_empty_tensor_value_info(t)], inits)
+        m = onnx.helper.make_model(g, opset_imports=[onnx.helper.make_opsetid("", self.opset)])
+        try:
+            return np.asarray(ReferenceEvaluator(m).run(None, {inp: value})[0])
+        except Exception:  # noqa: BLE001 - a chain the reference cannot run: not a recognised mask
+            return None
+
+    def key_mask(self, node, x: str, m: str, keep_side=None) -> bool:
+        """A mask computed from a model input (BERT's attention_mask, nn.MultiheadAttention's key
+        padding mask) on a matmul's scores: when it is, per key position, 0 for one input value
+        and at most -1e30 (-inf, finfo.min) for the other, the matmul reads that input as its
+        ``key_mask`` (keys whose input is 0, or nonzero, are masked out, as softmax then gives
+        them exactly 0). ``keep_side`` (a Where's condition): the condition's value keeps x."""
+        lay = self._scores(x)
+        ref = self.env.get(m)
+        if lay is None or ref is None or ref.src not in self.input_shapes or len(lay.inputs) != 2:
+            return False
+        inp = ref.src
+        full = self.full_shape(inp, node)
+        sk = lay.out_shape[-1]
+        if prod(full) != sk:
+            return False
+        dtype = onnx_np_type(next(i for i in self.g.input if i.name == inp).type.tensor_type.elem_type)
+        alt = (np.arange(sk) % 2).astype(dtype).reshape(full)
+        vals = [self.mask_values(m, inp, v) for v in (np.ones(full, dtype), np.zeros(full, dtype), alt)]
+        if any(v is None for v in vals):
+            return False
+        if keep_side is None:   # additive: 0 keeps, <= -1e30 masks
+            kept = [np.broadcast_to(v == 0, v.shape) for v in vals]
+            if not all(np.all((v == 0) | (v <= -1e30)) for v in vals):
+                return False
+        else:
+            kept = [np.asarray(v).astype(bool) == keep_side for v in vals]
+        try:
+            per_key = [np.broadcast_to(k, np.broadcast_shapes(k.shape, (sk,))).reshape(-1, sk) for k in kept]
+        except ValueError:
+            return False
+        if not all((p == p[0]).all() for p in per_key):
+            return False   # the mask differs between rows: not a mask over keys
+        ones, zeros, mixed = (p[0] for p in per_key)
+        if ones.all() and not zeros.any() and (mixed == (np.arange(sk) % 2 == 1)).all():
+            how = "zero"        # keys whose input is 0 are masked (attention_mask: 1 = attend)
+        elif zeros.all() and not ones.any() and (mixed == (np.arange(sk) % 2 == 0)).all():
+            how = "nonzero"     # keys whose input is nonzero / True are masked (key_padding_mask)
+        else:
+            return False
+        d = self.layers[self.order[self.env[x].src]]
+        d["inputs"] = list(d["inputs"]) + [inp]
+        d["key_mask"] = how
+        self.built[d["name"]] = self.probe(node, d)
+        return True
+
+    def causal_matmul(self, node, x: str, additive=None) -> bool:
+        """Where(constant mask, scores, -inf) keeping exactly the lower triangle of a matmul's
+        output (GPT-2's causal mask buffer), or ``additive``: a constant added to the scores that
+        is 0 on the lower triangle and at most -1e30 above it (Hugging Face's finfo.min mask:
+        softmax gives those entries exactly 0, as for -inf). The matmul becomes ``causal`` (its
+        upper triangle is -inf, as the zoo's attention layer's); True when it did."""
+        ref = self.env[x]
+        lay = self.built.get(ref.src)
+        if lay is None or lay.type != "matmul" or ref.view is not None \
+                or ref.order is not None or ref.mult != 1.0 or ref.pending or self.consumers.get(x, 0) != 1:
+            return False
+        if additive is not None:
+            a = np.asarray(additive, dtype=np.float64)
+            if a.size < 2 or not np.all((a == 0) | (a <= -1e30)):
+                return False
+            keep = a == 0
+        else:
+            cond = node.input[0]
+            if cond not in self.const:
+                return False
+            v = self.value_any(cond)
+            other = self.value_any(node.input[2 if list(node.input).index(x) == 1 else 1])
+            if v is None or other is None or not np.all(np.isneginf(other)):
+                return False
+            keep = v.astype(bool) if list(node.input).index(x) == 1 else ~v.astype(bool)
+        sq, sk = lay.out_shape[-2:]
+        try:
+            keep = np.broadcast_to(keep, ref.full).reshape(-1, sq, sk)
+        except ValueError:
+            return False
+        if not (keep == np.tril(np.ones((sq, sk), bool), sk - sq)).all():
+            return False
+        d = self.layers[self.order[ref.src]]
+        d["causal"] = True
+        self.built[ref.src] = self.probe(node, d)
+        return True
+
+    def where_keeps(self, node, x: str) -> bool:
+        """Whether Where(cond, ...) passes the activation ``x`` through unchanged: a constant
+        condition that selects it everywhere, or a condition computed from an activation (the
+        NaN guard dynamo puts after a softmax). A causal mask or a mask read from a model input
+        changes the values (the layers do not compute it)."""
+        cond = node.input[0]
+        if cond in self.const:
+            v = self.value_any(cond)
+            pos = list(node.input).index(x)
+            return v is not None and bool(v.all() if pos == 1 else not v.any())
+        ref = self.env.get(cond)
+        return ref is not None and cond in self.masks and ref.src not in self.input_shapes
 
     def _is_mask(self, x: str, out_full: tuple) -> bool:
         """An operand that is a mask: boolean-derived, or read from a model input and broadcast."""
@@ -599,7 +897,10 @@ class _Importer:
         if not real:
             return self.mask(node, acts)
         if len(real) == 1:   # attention mask added (or multiplied) onto the scores: no layer
-            return self.alias(node, real[0])
+            masks = [a for a in acts if a not in real]
+            if t == "Add" and len(masks) == 1 and self.key_mask(node, real[0], masks[0]):
+                return self.alias(node, real[0])
+            return self.alias(node, real[0], folded=True)
         refs = [self.env[a] for a in real]
         lns = [a for a in real if self.env[a].src in self.ln_parts]
         if len(real) == 2 and lns:   # x - mean(x) of a decomposed layernorm: the layernorm's work
@@ -607,7 +908,7 @@ class _Importer:
             if self.env[other].src in (self.ln_parts[self.env[lns[0]].src], self.env[lns[0]].src):
                 return self.alias(node, lns[0])
         if len({r.src for r in refs}) == 1:   # x + 0.044715 x^3, x * x: parts of one activation
-            return self.alias(node, real[0])
+            return self.alias(node, real[0], folded=True)
         if t == "Mul" and len(real) == 2 and self.gated(node, real):
             return None
         if t in ("Sub", "Div"):
@@ -636,7 +937,11 @@ class _Importer:
                 d = self.layers[self.order[g.src]]     # sigmoid: x * sigmoid(x), SiLU
                 d["type"] = "gelu" if lay.type == "tanh" else "silu"
                 self.built[g.src] = self.probe(node, d)
-            self.alias(node, acts[0] if g is a else acts[1])
+                self.notes.pop(g.src, None)   # the tanh's folded input is the GELU's own polynomial
+            # x (1 + erf(x/sqrt 2)) and x (1 + tanh(...)) are twice the GELU: the exporter's 0.5 (before
+            # or after this product) brings the factor back to 1; x * sigmoid(x) is the SiLU itself
+            k = 1.0 if lay.type == "sigmoid" else 2.0
+            self.alias(node, acts[0] if g is a else acts[1], mult=k * x.mult, pending=x.pending)
             return True
         return False
 
@@ -653,9 +958,17 @@ class _Importer:
             bias = not bn
         attrs = {"out_channels": wd[0], "groups": _attr(node, "group", 1), "bias": bias,
                  **self.window(node, _attr(node, "kernel_shape") or wd[2:], self.full_shape(x, node)[2:])}
-        name = self.emit(node, out, "conv2d", [self.use(x, node)], attrs, node.input[1:], like=x)
+        w = {"W": ("t", w, None)}
+        if bn:   # the file holds W' = W * s and b' = (b - mean) * s + beta: the conv keeps W', the batchnorm b'
+            has_b = len(node.input) > 2 and bool(node.input[2])   # dynamo drops an all-zero b'
+            bw = {"gamma": ("ones", wd[0]), "beta": ("t", node.input[2], None) if has_b else ("zeros", wd[0]),
+                  "running_mean": ("zeros", wd[0]),
+                  "running_var": ("ones", wd[0]), "eps": ("value", 0.0)}
+        elif bias:
+            w["b"] = ("t", node.input[2], None) if len(node.input) > 2 and node.input[2] else ("zeros", wd[0])
+        name = self.emit(node, out, "conv2d", [self.use(x, node)], attrs, node.input[1:], like=x, weights=w)
         if bn:
-            self.emit(node, out, "batchnorm", [name], {}, base=bn, like=out)
+            self.emit(node, out, "batchnorm", [name], {}, base=bn, like=out, weights=bw)
 
     def folded_bn(self, node) -> str | None:
         """Name for the batchnorm an exporter folded into this Conv (eval mode), or None.
@@ -673,17 +986,6 @@ class _Importer:
         if len(node.input) > 2 and node.input[2] and all(o.startswith("onnx::Conv_") for o in srcs):
             return base.removesuffix("/Conv") + "/bn" if base.endswith("/Conv") else base + "_bn"
         return None
-
-    def ceil_pads(self, node, attrs: dict, hw) -> list[int]:
-        """ceil_mode=1: the symmetric padding whose floor-mode output has ONNX's (ceil) size."""
-        want = self.full_shape(node.output[0], node)[2:]
-        pads = []
-        for h, k, s, p, o in zip(hw, attrs["kernel"], attrs["stride"], attrs["padding"], want):
-            q = next((q for q in range(p, k) if (h + 2 * q - k) // s + 1 == o), None)
-            if q is None:
-                raise self.err(node, f"ceil_mode=1 output {list(want)} has no symmetric-padding equivalent")
-            pads.append(q)
-        return pads
 
     def reduce_mean(self, node, x: str) -> None:
         """ReduceMean over H and W (AdaptiveAvgPool2d(1), dynamo's form) -> globalavgpool."""
@@ -728,8 +1030,10 @@ class _Importer:
                 raise self.err(node, "Concat of constants is supported only as one learned block on the "
                                      "first axis after the batch (a class token)")
             size = sum(self.full_shape(c, node)[axis] for c in consts)
+            if list(node.input).index(acts[0]) != len(node.input) - 1:
+                self.note(node, "learned rows after the activation: concat_param puts them in front")
             return self.emit(node, out, "concat_param", [self.use(acts[0], node)], {"size": size}, consts,
-                             like=acts[0])
+                             like=acts[0], weights={"p": ("cat", tuple(consts), axis)})
         return self.emit(node, out, "concat", [self.use(a, node) for a in acts], {"axis": pa}, like=acts[0])
 
     def _per_sample_axis(self, node, x: str, axis: int) -> int:
@@ -789,6 +1093,7 @@ class _Importer:
             raise self.err(node, f"an opaque op may feed only its first output onward (give {t} a mapping or "
                                  "export without reading its other outputs)")
         fwd, bwd = self.opaque[t]
+        self.note(node, "an opaque layer (--opaque): a cost, no computation")
         consts = [i for i in node.input if i and i in self.const]
         # trainable tensors only: Clip's bounds, ReduceMean's axes, shapes are not parameters
         srcs = sorted({o for c in consts for o in self.origin.get(c, ()) if self.is_param(o) and o not in self.owner})
@@ -841,7 +1146,8 @@ class _Importer:
         else:  # Identity, Dropout, Cast
             nb = b
         shape = full[:nb] + full[nb + 1:] if nb >= 0 else full
-        self.env[out] = _Ref(ref.src, shape, nb, node.name or ref.view, full)
+        order = _transpose_order(ref.order, ref.full, perm) if t == "Transpose" else ref.order
+        self.env[out] = _Ref(ref.src, shape, nb, node.name or ref.view, full, order, ref.mult, ref.pending)
         if x in self.masks:
             self.masks.add(out)
 
@@ -896,6 +1202,7 @@ class _Importer:
                 and prod(cdims) == last["units"] and ref.shape == self.built[last["name"]].out_shape):
             last["bias"] = True   # MatMul + Add(bias): PyTorch's form of a Linear on sequences
             self.built[last["name"]] = self.probe(node, last)
+            self.wsrc.setdefault(last["name"], {})["b"] = ("t", c, "flat")
             for o in self.origin.get(c, ()):
                 self.owner.setdefault(o, last["name"])
             self.env[node.output[0]] = ref
@@ -904,6 +1211,14 @@ class _Importer:
         if ref.src in self.ln_parts and node.op_type in ("Mul", "Add"):
             for o in params:   # gamma and beta: already counted by the layernorm layer (2d)
                 self.owner.setdefault(o, ref.src)
+            w = self.wsrc.setdefault(ref.src, {})
+            n = prod(self.dims.get(c, ()))
+            if n == 1 and node.op_type == "Add" and "gamma" not in w:
+                w["eps"] = ("t", c, "scalar")          # the variance's epsilon
+            elif node.op_type == "Mul":
+                w["gamma"] = ("t", c, "flat")
+            else:
+                w["beta"] = ("t", c, "flat")
             return self.alias(node, x)
         lay = self.built.get(ref.src)
         if not params and node.op_type == "Add" and lay is not None and lay.type == "embedding" \
@@ -914,7 +1229,38 @@ class _Importer:
                 self.folded_tables.append((c, tuple(self.dims.get(c, ()))))
         if params and node.op_type in ("Add", "Sub"):
             return self.param_add(node, x, c, params)
-        self.alias(node, x)
+        self.fold_const(node, x, c)
+
+    def fold_const(self, node, x: str, c: str) -> None:
+        """x (+-*/) a constant that is no parameter: a scalar factor travels with the tensor (a
+        matmul takes it in: attention's 1/sqrt(d)); adding 0 or multiplying by 1 changes nothing;
+        anything else is a folded operation no layer computes (noted where it is read)."""
+        ref = self.env[x]
+        op = node.op_type
+        first = node.input[0] == c
+        v = self.value_any(c)
+        if v is not None and v.dtype.kind not in "biuf":
+            v = None   # not a number: nothing to fold
+        if v is not None and v.size == 1 and op in ("Mul", "Div") and not (op == "Div" and first) \
+                and float(v.ravel()[0]) != 0:
+            f = float(v.ravel()[0]) if op == "Mul" else 1.0 / float(v.ravel()[0])
+            lay = self.built.get(ref.src)
+            if lay is not None and lay.type == "matmul" and ref.view is None and ref.order is None \
+                    and ref.mult == 1.0 and not ref.pending and self.consumers.get(x, 0) == 1:
+                d = self.layers[self.order[ref.src]]   # (q k^T) * scale: the matmul's own factor
+                d["scale"] = float(d.get("scale", 1.0) * f)
+                self.built[ref.src] = self.probe(node, d)
+                return self.alias(node, x)
+            return self.alias(node, x, mult=ref.mult * f)
+        if op == "Add" and v is not None and self.causal_matmul(node, x, additive=v):
+            return self.alias(node, x)
+        try:
+            same = v is not None and tuple(np.broadcast_shapes(v.shape, ref.full)) == tuple(ref.full)
+        except ValueError:
+            same = False
+        noop = same and not (first and op in ("Sub", "Div")) and (
+            (op in ("Add", "Sub") and not v.any()) or (op in ("Mul", "Div") and bool((v == 1).all())))
+        self.alias(node, x, folded=not noop)
 
     def is_param(self, t: str) -> bool:
         """A trainable tensor of the file: a float initializer with more than one element that the
@@ -936,18 +1282,28 @@ class _Importer:
         if lay is not None and lay.type == "embedding" and ref.shape == lay.out_shape \
                 and all(len(d) == 2 and d[1] == lay.out_shape[-1] for d in tables):
             d = self.layers[self.order[ref.src]]
-            for rows, _ in tables:
+            w = self.wsrc.setdefault(ref.src, {})
+            for (rows, _), p in zip(tables, params):
                 if not d.get("positions") and rows >= lay.out_shape[0]:
                     d["positions"] = rows
+                    w["positions"] = ("t", p, "rows")
                 else:
                     d["token_types"] = d.get("token_types", 0) + rows
+                    prev = w.get("token_types", ("cat", (), 0))[1]
+                    w["token_types"] = ("cat", prev + (p,), "rows")
             self.built[ref.src] = self.probe(node, d)
             for p in params:
                 self.owner.setdefault(p, ref.src)
+            # the forward adds what the graph adds (rows already looked up, or a slice of the table)
+            self.wsrc.setdefault(ref.src, {}).setdefault("adds", []).append(
+                ("t", c, "neg" if node.op_type == "Sub" else None))
             return self.alias(node, x)
         shape = list(tables[0]) if len(tables) == 1 else list(self.full_shape(c, node))
+        if node.input[0] == c and node.op_type == "Sub":
+            self.note(node, "a learned tensor minus the activation: add_param adds the activation")
         name = self.add_layer(node, node.name or f"add_param_{len(self.layers)}", "add_param", [self.use(x, node)],
                               {"param_shape": shape})
+        self.wsrc[name] = {"p": ("t", c, "neg" if node.op_type == "Sub" else None)}
         for p in params:
             self.owner.setdefault(p, name)
         self.bind(node, node.output[0], name, like=x)
@@ -971,20 +1327,32 @@ class _Importer:
             bias = t == "Gemm" and len(node.input) > 2 and bool(node.input[2])
             bias = bias or _dropped_bias(node)
             consts = [b] + ([node.input[2]] if len(node.input) > 2 and node.input[2] else [])
+            if t == "Gemm" and (_attr(node, "alpha", 1.0) != 1.0 or _attr(node, "beta", 1.0) != 1.0):
+                self.note(node, "Gemm with alpha or beta other than 1")
+            w = {"W": ("t", b, "T" if trans else None)}   # the dense layer's W is (in, units)
+            if bias:
+                w["b"] = ("t", node.input[2], "flat") if len(consts) > 1 else ("zeros", units)
             self.emit(node, out, "dense", [self.use(a, node)], {"units": units, "bias": bias}, consts, weight=b,
-                      like=a)
+                      like=a, weights=w)
             return
         if b not in self.env:
             raise self.err(node, f"input '{b}' is neither a constant nor an activation")
         tb = bool(t == "Gemm" and _attr(node, "transB", 0))
-        aname = self.use(a, node)   # resolve in input order so inserted views come out in that order
+        ra = self.env[a]
+        aname = self.use(a, node, absorb=True)   # resolve in input order so inserted views come out in that order
         rb = self.env[b]
         src_b = self.src_shape(rb.src)
-        if not tb and len(src_b) >= 2 and rb.shape == src_b[:-2] + (src_b[-1], src_b[-2]) and rb.shape != src_b:
+        swapped = src_b[:-2] + (src_b[-1], src_b[-2]) if len(src_b) >= 2 else None
+        if not tb and rb.shape == swapped and rb.shape != src_b and rb.order not in (None, UNKNOWN) \
+                and _canon(*rb.order) == _canon(src_b, tuple(range(len(src_b) - 2)) + (len(src_b) - 1, len(src_b) - 2)):
             tb = True  # MatMul(a, Transpose(b)) on the last two axes: read b directly
             bname = rb.src
         else:
-            bname = self.use(b, node)
+            bname = self.use(b, node, absorb=True)
+        for r, name in ((ra, a), (rb, b)):
+            if r.pending:
+                self.note(node, f"'{name}' carries folded {', '.join(r.pending)} that no layer computes")
+        scale = ra.mult * rb.mult
         sa, sb = self.src_shape(aname), self.src_shape(bname)
         if len(sa) != len(sb) and _squeezed(sa[:-2]) == _squeezed(sb[:-2]):
             # one side lost its unit batch axis in a reshape: give both the longer rank
@@ -993,7 +1361,8 @@ class _Importer:
             want = tgt[:-2] + other[-2:]
             v = self.add_layer(None, f"{n}_view", "reshape", [n], {"shape": list(want)})
             aname, bname = (aname, v) if n == bname else (v, bname)
-        self.emit(node, out, "matmul", [aname, bname], {"transpose_b": tb}, like=a)
+        self.emit(node, out, "matmul", [aname, bname],
+                  {"transpose_b": tb, **({"scale": scale} if scale != 1.0 else {})}, like=a)
 
 
     def lstm(self, node) -> None:
@@ -1017,6 +1386,17 @@ class _Importer:
         h = _attr(node, "hidden_size") or self.full_shape(node.input[2], node)[-1]
         attrs = {"hidden": int(h), "bidirectional": direction == "bidirectional"}
         name = self.add_layer(node, node.name or f"lstm_{len(self.layers)}", "lstm", [self.use(x, node)], attrs)
+        self.wsrc[name] = {"W": ("t", node.input[1], None), "R": ("t", node.input[2], None),
+                           "B": ("t", node.input[3], None) if len(node.input) > 3 and node.input[3]
+                           else ("zeros", 8 * int(h) * (2 if attrs["bidirectional"] else 1))}
+        for k, i in (("h0", 5), ("c0", 6)):
+            if len(node.input) > i and node.input[i]:
+                self.wsrc[name][k] = ("t", node.input[i], None)
+        if len(node.input) > 4 and node.input[4]:
+            self.wsrc[name]["seq_lens"] = ("t", node.input[4], None)
+        odd = [k for k in ("activations", "clip", "input_forget") if _attr(node, k) not in (None, 0, [])]
+        if odd and _attr(node, "activations") not in (None, [b"Sigmoid", b"Tanh", b"Tanh"] * (1 + attrs["bidirectional"])):
+            self.note(node, f"LSTM with {', '.join(odd)}: the lstm layer has sigmoid/tanh gates, no clip or coupling")
         for o in frozenset().union(*(self.origin.get(c, frozenset()) for c in node.input[1:4] if c)):
             self.owner.setdefault(o, name)
         y = node.output[0]
@@ -1030,7 +1410,14 @@ class _Importer:
             self.env[y] = _Ref(name, shape, nb, node.name or None, full)
         if len(node.output) > 1 and node.output[1] in self.live_reads:
             steps = self.built[name].out_shape[0]
-            hn = self.add_layer(node, f"{node.name or name}_h_n", "take", [name], {"index": steps - 1})
+            base = f"{node.name or name}_h_n"
+            hn = self.add_layer(node, base, "take", [name], {"index": steps - 1})
+            if attrs["bidirectional"]:   # the reverse direction ends at step 0: [fwd at S-1, rev at 0]
+                hr = self.add_layer(node, f"{base}_rev", "take", [name], {"index": 0})
+                h_ = int(h)
+                f = self.add_layer(node, f"{base}_fwd_half", "slice", [hn], {"axis": 0, "start": 0, "end": h_})
+                r = self.add_layer(node, f"{base}_rev_half", "slice", [hr], {"axis": 0, "start": h_, "end": 2 * h_})
+                hn = self.add_layer(node, f"{base}_cat", "concat", [f, r], {"axis": 0})
             full = self.full_shape(node.output[1], node)          # [dirs, N, h] (layout 0) or [N, dirs, h]
             nb = 0 if layout else 1
             self.env[node.output[1]] = _Ref(hn, full[:nb] + full[nb + 1:], nb, None, full)
@@ -1048,7 +1435,7 @@ class _Importer:
             if idx not in self.index_tensors:   # ONNX's Gather takes int32/int64 indices only
                 raise self.err(node, f"an embedding Gather needs integer indices (int32 or int64); '{idx}' is float")
             self.emit(node, out, "embedding", [self.use(idx, node)], {"vocab": wd[0], "dim": wd[1]}, [data],
-                      weight=data, like=idx)
+                      weight=data, like=idx, weights={"table": ("t", data, None)})
             return
         if data in self.env and idx in self.const:
             ref = self.env[data]
@@ -1145,6 +1532,9 @@ class _Importer:
             raise SpecError(self.file, None, "graph.output",
                             f"output '{self.g.output[0].name}' does not depend on any input")
         lasts = list(dict.fromkeys(self.use(o, None) for o in outs))
+        if self._stash:
+            self.notes["graph output"] = "; ".join(dict.fromkeys(self._stash))
+            self._stash.clear()
         if len(lasts) > 1:
             # several results (BERT's sequence and pooled outputs): carried to the end side by side
             flat = [n if len(self.src_shape(n)) == 1 else self.add_layer(None, f"{n}_flat", "flatten", [n], {})
@@ -1160,6 +1550,12 @@ class _Importer:
         if self.folded_tables:
             desc = f"{desc}; {folded_note(self.folded_tables)}"
         return {"name": self.name, "description": desc, "inputs": inputs, "layers": self.layers}
+
+
+def onnx_np_type(elem_type: int):
+    """The numpy dtype of an ONNX tensor element type."""
+    import onnx
+    return onnx.helper.tensor_dtype_to_np_dtype(elem_type)
 
 
 def folded_note(tables: list[tuple[str, tuple]]) -> str:
@@ -1253,6 +1649,12 @@ def _check_initializer(t, file: str) -> None:
 
 def import_model_proto(model, file: str = "<onnx>", opaque: dict[str, tuple[float, float]] | None = None) -> Model:
     """Import an in-memory ONNX ModelProto (weights need not be loaded)."""
+    return import_with_sources(model, file, opaque)[0]
+
+
+def import_with_sources(model, file: str = "<onnx>", opaque: dict[str, tuple[float, float]] | None = None):
+    """(Model, importer): the importer keeps where each layer's weights are in the (folded)
+    graph (``wsrc``) and what the layers do not compute (``notes``); bapipe.onnx_weights reads them."""
     import onnx
 
     from .onnx_fold import fold_constants, light_copy
@@ -1272,7 +1674,7 @@ def import_model_proto(model, file: str = "<onnx>", opaque: dict[str, tuple[floa
     model = parse_model(doc, file, file)
     if imp.folded_tables:   # counted, but the user must know the count is not torch's
         print(f"{file}: note: {folded_note(imp.folded_tables)}", file=sys.stderr)
-    return model
+    return model, imp
 
 
 def load_onnx(path: str, opaque: dict[str, tuple[float, float]] | None = None) -> Model:

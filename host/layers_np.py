@@ -125,10 +125,18 @@ def _windows(xp: np.ndarray, kh: int, kw: int, sh: int, sw: int) -> np.ndarray:
     return v[:, :, ::sh, ::sw]
 
 
-def _pad(x: np.ndarray, ph: int, pw: int, value: float = 0.0) -> np.ndarray:
-    if not ph and not pw:
+def _pad(x: np.ndarray, ph: int, pw: int, value: float = 0.0, eh: int = 0, ew: int = 0) -> np.ndarray:
+    """Pad H by ph (and eh more at the end) and W by pw (and ew more)."""
+    if not ph and not pw and not eh and not ew:
         return x
-    return np.pad(x, ((0, 0), (0, 0), (ph, ph), (pw, pw)), constant_values=value)
+    return np.pad(x, ((0, 0), (0, 0), (ph, ph + eh), (pw, pw + ew)), constant_values=value)
+
+
+def _ceil_extra(layer, x: np.ndarray) -> tuple[int, int]:
+    """Rows and columns past the padded input that ceil_mode's last, partial window reaches."""
+    (kh, kw), (sh, sw), (ph, pw) = layer.attr["kernel"], layer.attr["stride"], layer.attr["padding"]
+    ho, wo = layer.out_shape[1:]
+    return (max(0, (ho - 1) * sh + kh - x.shape[2] - 2 * ph), max(0, (wo - 1) * sw + kw - x.shape[3] - 2 * pw))
 
 
 def _conv_f(layer, p, xs, train, state):
@@ -187,7 +195,7 @@ def _maxpool_f(layer, p, xs, train, state):
     a = layer.attr
     (kh, kw), (sh, sw), (ph, pw) = a["kernel"], a["stride"], a["padding"]
     x = xs[0]
-    xp = _pad(x, ph, pw, -np.inf)
+    xp = _pad(x, ph, pw, -np.inf, *_ceil_extra(layer, x))   # ceil_mode: the partial window's cells never win
     win = _windows(xp, kh, kw, sh, sw)
     n, c, ho, wo = win.shape[:4]
     flat = win.reshape(n, c, ho, wo, kh * kw)
@@ -212,9 +220,20 @@ def _avgpool_f(layer, p, xs, train, state):
     a = layer.attr
     (kh, kw), (sh, sw), (ph, pw) = a["kernel"], a["stride"], a["padding"]
     x = xs[0]
-    xp = _pad(x, ph, pw)  # zero padding counts in the mean (count_include_pad)
-    y = _windows(xp, kh, kw, sh, sw).mean(axis=(-2, -1), dtype=F32)
+    eh, ew = _ceil_extra(layer, x)
+    xp = _pad(x, ph, pw, 0.0, eh, ew)  # zero padding counts in the mean (count_include_pad)
+    y = _windows(xp, kh, kw, sh, sw).sum(axis=(-2, -1), dtype=F32) / _avg_count(layer, x, eh, ew)
     return y.astype(F32), (x.shape, xp.shape, y.shape[2:])
+
+
+def _avg_count(layer, x, eh: int, ew: int) -> np.ndarray:
+    """Cells each window divides by: the whole window, less what a ceil_mode window hangs past
+    the padded input (PyTorch's count_include_pad counts the padding, not beyond it)."""
+    (kh, kw), (sh, sw), (ph, pw) = layer.attr["kernel"], layer.attr["stride"], layer.attr["padding"]
+    ho, wo = layer.out_shape[1:]
+    rows = np.minimum(np.arange(ho) * sh + kh, x.shape[2] + 2 * ph) - np.arange(ho) * sh
+    cols = np.minimum(np.arange(wo) * sw + kw, x.shape[3] + 2 * pw) - np.arange(wo) * sw
+    return np.outer(rows, cols).astype(F32)
 
 
 def _avgpool_b(layer, p, cache, dy):
@@ -222,7 +241,8 @@ def _avgpool_b(layer, p, cache, dy):
     (kh, kw), (sh, sw), (ph, pw) = a["kernel"], a["stride"], a["padding"]
     xshape, xpshape, (ho, wo) = cache
     dxp = np.zeros(xpshape, F32)
-    share = dy / F32(kh * kw)
+    eh, ew = xpshape[2] - xshape[2] - 2 * ph, xpshape[3] - xshape[3] - 2 * pw
+    share = dy / _avg_count(layer, np.empty(xshape, F32), eh, ew)
     for i in range(kh):
         for j in range(kw):
             dxp[:, :, i:i + sh * (ho - 1) + 1:sh, j:j + sw * (wo - 1) + 1:sw] += share
@@ -271,16 +291,29 @@ def _sigmoid_b(layer, p, y, dy):
 
 
 _GELU_C = F32(math.sqrt(2.0 / math.pi))
+_erf = np.vectorize(math.erf, otypes=[np.float64])
+
+
+def erf(x: np.ndarray) -> np.ndarray:
+    """The error function elementwise (math.erf, double precision), in the input's shape."""
+    return _erf(x)
 
 
 def _gelu_f(layer, p, xs, train, state):
     x = xs[0]
+    if layer.attr.get("approximate") == "none":   # x * Phi(x), PyTorch's nn.GELU() default
+        phi = F32(0.5) * (F32(1) + _erf(x / F32(math.sqrt(2.0))))
+        return (x * phi).astype(F32), (x, phi)
     u = _GELU_C * (x + F32(0.044715) * x ** 3)
     t = np.tanh(u)
     return (F32(0.5) * x * (F32(1) + t)).astype(F32), (x, t)
 
 
 def _gelu_b(layer, p, cache, dy):
+    if layer.attr.get("approximate") == "none":   # Phi(x) + x * phi(x)
+        x, phi = cache
+        pdf = np.exp(F32(-0.5) * x * x) / F32(math.sqrt(2.0 * math.pi))
+        return [(dy * (phi + x * pdf)).astype(F32)], {}
     x, t = cache
     du = _GELU_C * (F32(1) + F32(3 * 0.044715) * x * x)
     d = F32(0.5) * (F32(1) + t) + F32(0.5) * x * (F32(1) - t * t) * du
@@ -319,7 +352,8 @@ def _bn_f(layer, p, xs, train, state):
                                 + BN_MOMENTUM * var * cnt / max(cnt - 1, 1)).astype(F32)
     else:
         mean, var = state["running_mean"], state["running_var"]
-    inv = (F32(1) / np.sqrt(var + F32(BN_EPS))).astype(F32)
+    eps = F32(state.get("eps", BN_EPS))   # an imported model's own epsilon (0 for a folded batchnorm)
+    inv = (F32(1) / np.sqrt(var + eps)).astype(F32)
     xhat = (x - mean.reshape(bshape)) * inv.reshape(bshape)
     y = xhat * p["gamma"].reshape(bshape) + p["beta"].reshape(bshape)
     return y.astype(F32), (xhat, inv, axes, bshape, train)
@@ -341,7 +375,7 @@ def _ln_f(layer, p, xs, train, state):
     x = xs[0]
     mean = x.mean(axis=-1, keepdims=True, dtype=F32)
     var = x.var(axis=-1, keepdims=True, dtype=F32)
-    inv = F32(1) / np.sqrt(var + F32(LN_EPS))
+    inv = F32(1) / np.sqrt(var + F32(state.get("eps", LN_EPS)))
     xhat = (x - mean) * inv
     return (xhat * p["gamma"] + p["beta"]).astype(F32), (xhat, inv)
 

@@ -7,7 +7,7 @@ Semantics follow ``host/layers_np.py``: dense acts on the last axis; pooling pad
 -inf (max) or zeros that count in the mean (avg); batch norm normalises with the batch's
 statistics in training (eps 1e-5, running statistics with momentum 0.1 and the unbiased
 variance, as PyTorch does) over every axis but the channels (axis 1 of an image, else the
-last); gelu is the tanh form.
+last); gelu is the tanh form unless the layer says ``approximate: none``; pools keep ceil_mode.
 
 A stage module takes the tensors crossing the cut before it (``Model.cut_tensors``: the
 main path and every open skip connection, in that order) and returns those crossing the
@@ -64,10 +64,11 @@ class LayerModule(nn.Module):
             return F.conv2d(x, self.W, getattr(self, "b", None), tuple(a["stride"]), tuple(a["padding"]),
                             1, a["groups"])
         if k == "maxpool":
-            return F.max_pool2d(x, tuple(a["kernel"]), tuple(a["stride"]), tuple(a["padding"]))
+            return F.max_pool2d(x, tuple(a["kernel"]), tuple(a["stride"]), tuple(a["padding"]),
+                                ceil_mode=bool(a.get("ceil_mode")))
         if k == "avgpool":
             return F.avg_pool2d(x, tuple(a["kernel"]), tuple(a["stride"]), tuple(a["padding"]),
-                                count_include_pad=True)
+                                ceil_mode=bool(a.get("ceil_mode")), count_include_pad=True)
         if k == "globalavgpool":
             return x.mean(dim=(2, 3))
         if k == "batchnorm":
@@ -75,6 +76,8 @@ class LayerModule(nn.Module):
         if k == "layernorm":
             return F.layer_norm(x, x.shape[-1:], self.gamma, self.beta, L.LN_EPS)
         if k in ("flatten", "reshape"):
+            if "perm" in a:   # an imported Transpose: view as pre, permute, read as shape
+                x = x.reshape((x.shape[0],) + tuple(a["pre"])).permute(0, *(p + 1 for p in a["perm"]))
             return x.reshape((x.shape[0],) + tuple(self.layer.out_shape))
         if k == "add":
             out = xs[0]
@@ -84,7 +87,7 @@ class LayerModule(nn.Module):
         if k == "concat":
             return torch.cat(xs, dim=a["axis"] + 1)
         if k == "gelu":
-            return F.gelu(x, approximate="tanh")
+            return F.gelu(x, approximate=a.get("approximate", "tanh"))
         if k == "softmax":
             return torch.softmax(x, dim=-1)
         if k == "dropout":

@@ -13,6 +13,9 @@ exported with the legacy TorchScript exporter (``<name>.legacy.onnx``) and, wher
 the dynamo exporter (``<name>.dynamo.onnx``). ``counts.json`` records the truth from torch:
 trainable parameters (sum of ``p.numel()``, shared tensors once) and forward MACs from
 ``torch.utils.flop_counter.FlopCounterMode`` (flops / 2) with the math attention path.
+``<name>.npz`` holds a random input (``in_<input name>``, the exported layout), torch's
+output on it in eval mode (``out_0``, ``out_1`` ... for several outputs) and the same
+``params`` and ``macs``: tests/test_onnx_outputs.py holds the imported layers to them.
 """
 from __future__ import annotations
 
@@ -189,15 +192,27 @@ class Fire(nn.Module):
 
 
 class MiniSqueezeNet(nn.Module):
-    """SqueezeNet 1.1 shape: MaxPool with ceil_mode=True, Fire modules, conv classifier, global pool."""
+    """SqueezeNet 1.1 shape: MaxPool with ceil_mode=True, Fire modules, conv classifier, global pool.
 
-    def __init__(self, classes=10):
+    On a 31x31 image every ceil_mode window fits (ceil and floor agree: the codegen fixture);
+    on 33x33 both pools end in a partial window (``squeezenet_ceil``). ``torchvision_init``:
+    torchvision's init (kaiming-uniform weights, zero biases, the classifier conv N(0, 0.01))."""
+
+    def __init__(self, classes=10, torchvision_init=False):
         super().__init__()
         self.features = nn.Sequential(nn.Conv2d(3, 16, 3, 2), nn.ReLU(True), nn.MaxPool2d(3, 2, ceil_mode=True),
                                       Fire(16, 4, 8, 8), Fire(16, 4, 8, 8), nn.MaxPool2d(3, 2, ceil_mode=True),
                                       Fire(16, 8, 16, 16))
         self.classifier = nn.Sequential(nn.Dropout(0.5), nn.Conv2d(32, classes, 1), nn.ReLU(True),
                                         nn.AdaptiveAvgPool2d((1, 1)))
+        if torchvision_init:
+            for m in self.modules():
+                if isinstance(m, nn.Conv2d):
+                    if m is self.classifier[1]:
+                        nn.init.normal_(m.weight, mean=0.0, std=0.01)
+                    else:
+                        nn.init.kaiming_uniform_(m.weight)
+                    nn.init.constant_(m.bias, 0)
 
     def forward(self, x):
         return torch.flatten(self.classifier(self.features(x)), 1)
@@ -425,7 +440,8 @@ def catalogue():
         "vgg": (MiniVGG, img(), ["x"]),
         "mobilenet_v2": (MiniMobileNetV2, img(), ["x"]),
         "efficientnet": (MiniEfficientNet, img(), ["x"]),
-        "squeezenet": (MiniSqueezeNet, img(3, 33), ["x"]),
+        "squeezenet": (MiniSqueezeNet, img(3, 31), ["x"]),
+        "squeezenet_ceil": (lambda: MiniSqueezeNet(torchvision_init=True), img(3, 33), ["x"]),
         "mlp": (MLP, (torch.randn(1, 64),), ["x"]),
         "vit": (MiniViT, img(), ["x"]),
         "transformer_encoder": (TorchEncoder, (torch.randn(1, 10, 32),), ["x"]),
@@ -561,6 +577,34 @@ def strip_stack_traces(path: Path) -> None:
     onnx.save(m, str(path))
 
 
+def masked(names, args) -> tuple:
+    """The example inputs with masks that mask something: the exports trace all-ones attention
+    masks and all-False padding masks; the saved input hides the last keys (5 of 16, 3 of 10)."""
+    out = []
+    for n, a in zip(names, args):
+        if n == "attention_mask":
+            a = a.clone()
+            a[:, -5:] = 0
+        elif n == "pad":
+            a = a.clone()
+            a[:, -3:] = True
+        out.append(a)
+    return tuple(out)
+
+
+def save_io(model, args, names, path: Path, rec: dict) -> None:
+    """The input, torch's output on it (eval mode, no gradients) and the counts, as .npz."""
+    import numpy as np
+
+    args = masked(names, args)
+    with torch.no_grad():
+        out = model(*args)
+    outs = out if isinstance(out, (tuple, list)) else (out,)
+    np.savez_compressed(path, **{f"in_{n}": a.numpy() for n, a in zip(names, args)},
+                        **{f"out_{i}": o.detach().numpy() for i, o in enumerate(outs)},
+                        params=np.int64(rec["params"]), macs=np.int64(rec["macs"]))
+
+
 def main(argv: list[str]) -> int:
     """Export every (or the named) model with both exporters and write counts.json."""
     torch.manual_seed(0)
@@ -574,6 +618,7 @@ def main(argv: list[str]) -> int:
         torch.manual_seed(0)
         model = make().eval()
         rec = true_counts(model, args)
+        save_io(model, args, names, OUT / f"{name}.npz", rec)
         rec["inputs"] = {n: list(a.shape) for n, a in zip(names, args)}
         rec["exports"] = {}
         for exp in ("legacy", "dynamo"):

@@ -58,7 +58,7 @@ def truth(file: str) -> dict:
 
 
 def test_fixtures_are_small_and_complete():
-    # kept in the repository: a few MB (4.8 MB of 43 exports plus bert's unoptimised dynamo one)
+    # kept in the repository: a few MB (4.9 MB of 45 exports plus bert's unoptimised dynamo one)
     assert sum((FIX / f).stat().st_size for f in FILES) < 5.5e6
     for name, rec in COUNTS.items():
         for exp, status in rec["exports"].items():
@@ -96,10 +96,16 @@ def test_cnn_patterns(exp):
     assert t.count("silu") == 11 and t.count("sigmoid") == 3 and t.count("globalavgpool") == 4
     gates = {l.name for l in m.layers if l.type == "sigmoid"}
     assert gates == {l.inputs[0] for l in m.layers if l.type == "mul"}   # each sigmoid gates one SE product
-    # MaxPool ceil_mode=1: same output size through symmetric padding; Fire's Concat
+    # MaxPool ceil_mode=1: a layer attribute only where a partial last window exists (33x33; at 31x31
+    # every window fits and ceil is floor); the padding stays the file's; Fire's Concat
     m, t = _types(f"squeezenet.{exp}.onnx")
     pools = [l for l in m.layers if l.type == "maxpool"]
-    assert [l.out_shape for l in pools] == [(16, 8, 8), (16, 4, 4)] and t.count("concat") == 3
+    assert [l.out_shape for l in pools] == [(16, 7, 7), (16, 3, 3)] and t.count("concat") == 3
+    assert not any("ceil_mode" in l.attr for l in pools)
+    m, t = _types(f"squeezenet_ceil.{exp}.onnx")
+    pools = [l for l in m.layers if l.type == "maxpool"]
+    assert [(l.out_shape, l.attr["padding"], l.attr["ceil_mode"]) for l in pools] == \
+        [((16, 8, 8), (0, 0), True), ((16, 4, 4), (0, 0), True)]
     # zero biases merged by the legacy exporter / dropped by dynamo are still counted
     m, t = _types(f"vgg.{exp}.onnx")
     assert all(l.attr["bias"] for l in m.layers if l.type in ("conv2d", "dense"))
@@ -123,9 +129,9 @@ def test_transformer_patterns(exp):
     assert t.count("slice") == 6 and t.count("gelu") == 2 and "tanh" not in t
     head = m.layers[-1]
     assert head.type == "dense" and head.tied_to == m.layers[0].name and m.layers[0].attr["positions"] == 16
-    # BERT with an attention mask: the mask makes no layer and the mask input is not a model input
+    # BERT with an attention mask: the mask makes no layer; each score matmul reads the mask input
     m, t = _types(f"bert_mask.{exp}.onnx")
-    assert [i.name for i in m.inputs] == ["input_ids"] and t.count("matmul") == 4
+    assert [i.name for i in m.inputs] == ["input_ids", "attention_mask"] and t.count("matmul") == 4
     # two graph outputs (sequence, pooled) are carried side by side to the end
     assert m.layers[-1].type == "concat" and m.output_shape == (16 * 32 + 32,)
     # nn.TransformerEncoder works sequence-first inside: [S, N*H, D] reshapes at batch 1
@@ -133,9 +139,9 @@ def test_transformer_patterns(exp):
         m, t = _types(f)
         mm = [l for l in m.layers if l.type == "matmul"]
         assert len(mm) == 4 and mm[0].out_shape == (4, 10, 10) and not any(l.tied_to for l in m.layers)
-    # a key padding mask input (bool) is plumbing: no layer reads it
+    # a key padding mask input (bool) makes no layer: the score matmuls read it as their key_mask
     m, t = _types(f"transformer_encoder_mask.{exp}.onnx")
-    assert [i.name for i in m.inputs] == ["x"] and t.count("matmul") == 4
+    assert [i.name for i in m.inputs] == ["x", "pad"] and t.count("matmul") == 4
 
 
 @pytest.mark.parametrize("exp", ["legacy", "dynamo"])
@@ -157,7 +163,7 @@ def test_opaque_any_op_even_mapped_and_refused():
     m = load_onnx(str(FIX / "mobilenet_v2.legacy.onnx"), opaque=parse_opaque(["Clip=1e-6,2e-6"]))
     ops = [l for l in m.layers if l.type == "opaque"]
     assert len(ops) == 8 and all(l.params == 0 for l in ops) and m.params == base.params
-    m = load_onnx(str(FIX / "squeezenet.dynamo.onnx"), opaque=parse_opaque(["MaxPool=1e-6,2e-6"]))
+    m = load_onnx(str(FIX / "squeezenet_ceil.dynamo.onnx"), opaque=parse_opaque(["MaxPool=1e-6,2e-6"]))
     assert [l.out_shape for l in m.layers if l.type == "opaque"] == [(16, 8, 8), (16, 4, 4)]
     m = load_onnx(str(FIX / "resnet.dynamo.onnx"), opaque=parse_opaque(["ReduceMean=1e-6,1e-6"]))
     assert [l.params for l in m.layers if l.type == "opaque"] == [0]      # its axes are not parameters

@@ -364,6 +364,11 @@ def library_refusal(l: Layer) -> str | None:
                     "or a (C,) / (C, 1, 1) scale of a (C, H, W) image)")
     if t == "concat" and len(shapes) != 2:
         return f"concat of {len(shapes)} inputs is not supported by codegen (expected 2)"
+    if t in ("maxpool", "avgpool") and l.attr.get("ceil_mode"):
+        return ("ceil_mode pooling (a partial last window) is not built by codegen (export with input sizes "
+                "whose windows fit, or ceil_mode=False)")
+    if t == "reshape" and "perm" in l.attr:
+        return f"reshape with a permutation {list(l.attr['perm'])} (an imported Transpose) is not built by codegen"
     if t == "reshape" and not np.array_equal(stream_order(shapes[0]), stream_order(l.out_shape)):
         return (f"reshape {list(shapes[0])} -> {list(l.out_shape)} reorders the stream (HWC images), "
                 "which codegen does not build (expected a view that keeps the element order)")
