@@ -187,15 +187,26 @@ def _resend_if_swallowed(previous_hook):
     cannot raise: an exception in a weakref callback or a ``__del__`` is printed as
     "Exception ignored in ..." and dropped. A SIGTERM landing in importlib's module-lock
     callback was lost that way (gen finished, exit 0, a traceback on stderr). Such an
-    interrupt is not shown; the signal is sent again, to be raised where it can be."""
+    interrupt is not shown; the signal is sent again from a helper thread once this hook has
+    returned (sent from here, it would be handled inside the hook and dropped again)."""
     def hook(u):
         global _stopping
         if isinstance(u.exc_value, KeyboardInterrupt) and _stopping:
             _stopping = False
-            os.kill(os.getpid(), signal.SIGTERM if isinstance(u.exc_value, Terminated) else signal.SIGINT)
+            sig = signal.SIGTERM if isinstance(u.exc_value, Terminated) else signal.SIGINT
+            threading.Thread(target=_send_later, args=(sig,), daemon=True).start()
             return
         previous_hook(u)
     return hook
+
+
+def _send_later(sig: int) -> None:
+    # the main thread leaves the hook and the callback within microseconds; should the signal
+    # again land where Python drops exceptions, the hook sends it once more
+    import time
+
+    time.sleep(0.005)
+    os.kill(os.getpid(), sig)
 
 
 def _on_sigint(signum, frame):
