@@ -3,19 +3,24 @@ child left running (g++'s cc1plus, Verilator's make and compilers), no hidden le
 
 Each case starts the console script, waits until the toolkit's first code has run (the
 process catches SIGTERM: bapipe/__init__.py's handler, installed before anything else is
-imported), sends the signal after a further delay (at once, during the imports, the
-command's work, a compiler run, the final swap of a build) and checks what is left. Before
-that moment Python itself is starting (its ``site`` imports, ~30-120 ms here); a signal
-then is the interpreter's to handle, not the toolkit's. The delays are moments, not
-guarantees: on a loaded machine a command may still be importing at 0.5 s; every moment
-must end the same way.
+imported) and sends the signal at a moment: at once, after a delay (the imports), or when
+the world shows the command at a given step (gen's hidden folder appears, its stamp is
+written; a compiler or Verilator's make runs on the case's folder), so the moments hold on
+a loaded machine too. Before the toolkit's first instruction Python itself is starting (its
+``site`` imports, ~30-120 ms here); a signal then is the interpreter's to handle, not the
+toolkit's. Moments that random sweeps hit once in a hundred runs (a signal during an import,
+inside a weakref callback, while a child is being started, during the cleanup) are placed
+exactly at the end, by a stand-in for the command's work.
 """
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -33,6 +38,10 @@ def _env(tmp_path: Path) -> dict:
 
 def _stray(marker: str) -> list[str]:
     """Command lines of live processes that mention ``marker`` (a test's own folder)."""
+    return [cmd for _pid, cmd in _stray_pids(marker)]
+
+
+def _stray_pids(marker: str) -> list[tuple[int, str]]:
     out = []
     for d in Path("/proc").iterdir():
         if not d.name.isdigit() or int(d.name) == os.getpid():
@@ -43,7 +52,7 @@ def _stray(marker: str) -> list[str]:
         except OSError:
             continue
         if marker in cmd and "zombie" not in state:
-            out.append(cmd[:200])
+            out.append((int(d.name), cmd[:200]))
     return out
 
 
@@ -107,57 +116,116 @@ def test_signal_while_starting(tmp_path, sig, after_s):
 
 
 @pytest.fixture(scope="module")
-def tiny_cnn_plan(tmp_path_factory) -> Path:
+def tiny_cnn_build(tmp_path_factory) -> Path:
+    """tiny-cnn's training plan (one board) and its build, made once; each case copies the build."""
     d = tmp_path_factory.mktemp("sigplan")
-    r = subprocess.run([BAPIPE, "plan", "tiny-cnn", "4xU250-ring", "--no-replication", "-o", d / "plan.yaml"],
-                       capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr
-    return d / "plan.yaml"
+    for args in (["plan", "tiny-cnn", "4xU250-ring", "--no-replication", "-o", d / "plan.yaml"],
+                 ["gen", d / "plan.yaml", "-o", d / "build"]):
+        r = subprocess.run([BAPIPE, *map(str, args)], capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+    return d
 
 
-@pytest.mark.slow   # 6 runs of gen of about 2 s each
+def _interrupt_at(args, cwd: Path, sig: int, moment, env: dict) -> tuple[int, str, list[str]]:
+    """Start ``bapipe ARGS`` in ``cwd``, send ``sig`` at ``moment`` (a test of the world, polled
+    every 10 ms once the toolkit's handler is in: a folder appears, a compiler runs); returns
+    (exit code, stderr, processes left that mention ``cwd``). The leftovers are read as soon as
+    the command has ended, before its pipes are drained: a child left holding them would
+    otherwise make the wait last as long as the child, and be gone when looked for."""
+    p = subprocess.Popen([BAPIPE, *map(str, args)], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, env=env, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    drained: dict[str, str] = {}
+    readers = [threading.Thread(target=lambda n=n, f=f: drained.__setitem__(n, f.read()), daemon=True)
+               for n, f in (("out", p.stdout), ("err", p.stderr))]
+    for t in readers:
+        t.start()
+    _wait_for_toolkit(p)
+    deadline = time.time() + 300
+    while p.poll() is None and not moment() and time.time() < deadline:
+        time.sleep(0.01)
+    if p.poll() is None:
+        p.send_signal(sig)
+    p.wait(timeout=120)
+    deadline = time.time() + 5
+    while _stray(str(cwd)) and time.time() < deadline:   # a killed group is reaped by init, not at once
+        time.sleep(0.1)
+    left = _stray(str(cwd))
+    for pid, _cmd in _stray_pids(str(cwd)):   # don't leave them to the next test
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    for t in readers:
+        t.join(timeout=60)
+    return p.returncode, drained.get("err", ""), left
+
+
+def _hidden(folder: Path) -> list[str]:
+    return [p.name for p in folder.iterdir() if p.name.startswith(".") and (".gen-" in p.name or ".old-" in p.name)]
+
+
+def _case(tmp_path: Path, tiny_cnn_build: Path) -> dict:
+    shutil.copytree(tiny_cnn_build / "build", tmp_path / "build")
+    shutil.copy(tiny_cnn_build / "plan.yaml", tmp_path / "plan.yaml")
+    return _env(tmp_path)
+
+
+#: moments of `gen --force` over an existing build: its first instruction, while it renders
+#: into the hidden .build.gen-PID folder, while it checks the finished files (the stamp is
+#: written, the physical-rules check runs; the swap after it holds signals)
+GEN_MOMENTS = {
+    "start": lambda d: True,
+    "rendering": lambda d: any(d.glob(".build.gen-*")),
+    "checking": lambda d: any(d.glob(".build.gen-*/bapipe-build.json")),
+}
+
+
+@pytest.mark.slow   # one gen, then 6 interrupted ones (each up to ~2 s)
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["INT", "TERM"])
-@pytest.mark.parametrize("after_s", [0.3, 1.0, 1.8])
-def test_signal_during_gen_force_keeps_the_previous_build(tmp_path, tiny_cnn_plan, sig, after_s):
+@pytest.mark.parametrize("moment", list(GEN_MOMENTS))
+def test_signal_during_gen_force_keeps_the_previous_build(tmp_path, tiny_cnn_build, sig, moment):
     """`gen --force` over an existing build, interrupted: the previous build is still there
     whole (or the new one, if it finished), and no hidden .build.gen-PID / .build.old-PID."""
-    env = _env(tmp_path)
-    r = subprocess.run([BAPIPE, "gen", tiny_cnn_plan, "-o", "build"], cwd=tmp_path, capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr
-    rc, err, _ = _interrupt(["gen", tiny_cnn_plan, "-o", "build", "--force"], tmp_path, sig, after_s, env)
-    _check(rc, err, sig, f"gen at {after_s}s")
-    assert (tmp_path / "build" / "bapipe-build.json").is_file()
-    _no_leftovers(tmp_path, str(tmp_path))
+    env = _case(tmp_path, tiny_cnn_build)
+    before = (tmp_path / "build" / "bapipe-build.json").read_text()
+    rc, err, left = _interrupt_at(["gen", "plan.yaml", "-o", "build", "--force"], tmp_path, sig,
+                                  lambda: GEN_MOMENTS[moment](tmp_path), env)
+    _check(rc, err, sig, f"gen at {moment}")
+    assert left == [] and _hidden(tmp_path) == []
+    stamp = tmp_path / "build" / "bapipe-build.json"
+    assert stamp.is_file() and (rc == 0 or stamp.read_text() == before)
+
+
+def _compiling(d: Path) -> bool:
+    """A compiler or Verilator's make works on the case's folder (its command line names it)."""
+    return bool(_stray(str(d)))
 
 
 @pytest.mark.slow
 @pytest.mark.csim
-@pytest.mark.parametrize("sig, after_s", [(signal.SIGTERM, 1.5), (signal.SIGINT, 4.0)], ids=["TERM-1.5s", "INT-4s"])
-def test_signal_during_csim_stops_the_compiler(tmp_path, tiny_cnn_plan, sig, after_s):
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["INT", "TERM"])
+@pytest.mark.parametrize("moment", ["start", "compiling"])
+def test_signal_during_csim_stops_the_compiler(tmp_path, tiny_cnn_build, sig, moment):
     """csim compiles with g++ (cc1plus does the work): interrupted, none of them runs on."""
-    env = _env(tmp_path)
-    r = subprocess.run([BAPIPE, "gen", tiny_cnn_plan, "-o", "build"], cwd=tmp_path, capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr
-    rc, err, stop_s = _interrupt(["csim", "build"], tmp_path, sig, after_s, env)
-    _check(rc, err, sig, f"csim at {after_s}s")
-    assert rc != 0, "csim finished before the signal: move the moment earlier"
-    assert stop_s < 10
-    _no_leftovers(tmp_path, str(tmp_path))
+    env = _case(tmp_path, tiny_cnn_build)
+    when = (lambda: True) if moment == "start" else (lambda: _compiling(tmp_path))
+    rc, err, left = _interrupt_at(["csim", "build"], tmp_path, sig, when, env)
+    _check(rc, err, sig, f"csim at {moment}")
+    assert rc != 0, "csim finished before the signal"
+    assert left == [] and _hidden(tmp_path) == []
+    assert [str(p) for p in (tmp_path / "cache").rglob("*.tmp")] == []   # no half-written binary
 
 
 @pytest.mark.slow
 @pytest.mark.verilator
-@pytest.mark.parametrize("sig, after_s", [(signal.SIGINT, 1.5), (signal.SIGTERM, 5.0)], ids=["INT-1.5s", "TERM-5s"])
-def test_signal_during_rtlsim_stops_verilator(tmp_path, tiny_cnn_plan, sig, after_s):
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["INT", "TERM"])
+@pytest.mark.parametrize("moment", ["start", "compiling"])
+def test_signal_during_rtlsim_stops_verilator(tmp_path, tiny_cnn_build, sig, moment):
     """rtlsim builds the pipeline with Verilator (make and g++): interrupted, none runs on."""
-    env = _env(tmp_path)
-    r = subprocess.run([BAPIPE, "gen", tiny_cnn_plan, "-o", "build"], cwd=tmp_path, capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr
-    rc, err, stop_s = _interrupt(["rtlsim", "build"], tmp_path, sig, after_s, env)
-    _check(rc, err, sig, f"rtlsim at {after_s}s")
-    assert rc != 0, "rtlsim finished before the signal: move the moment earlier"
-    assert stop_s < 10
-    _no_leftovers(tmp_path, str(tmp_path))
+    env = _case(tmp_path, tiny_cnn_build)
+    when = (lambda: True) if moment == "start" else (lambda: _compiling(tmp_path))
+    rc, err, left = _interrupt_at(["rtlsim", "build"], tmp_path, sig, when, env)
+    _check(rc, err, sig, f"rtlsim at {moment}")
+    assert rc != 0, "rtlsim finished before the signal"
+    assert left == [] and _hidden(tmp_path) == []
 
 
 # ---------------------------------------------------------------- moments placed exactly
@@ -183,7 +251,7 @@ def _one_line(r: subprocess.CompletedProcess, rc: int, word: str) -> None:
 
 def _spin() -> str:
     # a few bytecodes after os.kill, so that Python runs the handler right there
-    return "sum(range(1000))"
+    return "[0 for _ in range(100)]"   # a Python loop: its backward jumps run pending handlers
 
 
 def test_signal_while_bapipe_proc_is_half_imported(tmp_path):
@@ -236,7 +304,9 @@ def popen(*a, **k):
     {_spin()}
     return p
 subprocess.Popen = popen
-proc.run([sys.executable, '-c', 'import time; time.sleep(30)', {marker!r}])
+# (not our stdout/stderr: a child holding them would make subprocess.run wait for it)
+proc.run([sys.executable, '-c', 'import time; time.sleep(30)', {marker!r}], stdout=subprocess.DEVNULL,
+         stderr=subprocess.DEVNULL)
 (TMP / 'finished').write_text('the signal waited for the child')
 return 0""")
     _one_line(r, 143, "terminated (SIGTERM)")
