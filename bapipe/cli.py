@@ -140,6 +140,8 @@ def main(argv: list[str] | None = None) -> int:
 _stopping = False
 #: the command's closing line on stderr was written (an interrupt after it adds no second one)
 _told = False
+#: the unraisable hook is running (a signal handled there must not raise: it would be lost)
+_in_hook = False
 
 
 def _say(line: str) -> None:
@@ -166,6 +168,9 @@ def _stop_children(signum: int) -> bool:
     be killed) or the command is already unwinding from an earlier signal (it would only
     interrupt the cleanup: a second Ctrl-C left the hidden .gen-PID folder behind)."""
     global _stopping
+    if _in_hook:   # inside _resend_if_swallowed's hook: raising here would be dropped; try again later
+        _send_later(signum)
+        return False
     # no import here: a signal during an import (of subprocess, by bapipe.proc) would import
     # a half-initialised module; a command that never imported bapipe.proc started no child
     # (getattr: bapipe.proc may itself be half imported, and then has started nothing)
@@ -190,23 +195,27 @@ def _resend_if_swallowed(previous_hook):
     interrupt is not shown; the signal is sent again from a helper thread once this hook has
     returned (sent from here, it would be handled inside the hook and dropped again)."""
     def hook(u):
-        global _stopping
+        global _stopping, _in_hook
         if isinstance(u.exc_value, KeyboardInterrupt) and _stopping:
+            _in_hook = True   # a signal handled inside this hook would be dropped too: see _stop_children
             _stopping = False
-            sig = signal.SIGTERM if isinstance(u.exc_value, Terminated) else signal.SIGINT
-            threading.Thread(target=_send_later, args=(sig,), daemon=True).start()
+            _send_later(signal.SIGTERM if isinstance(u.exc_value, Terminated) else signal.SIGINT)
+            _in_hook = False   # (nothing between this and the return runs a handler)
             return
         previous_hook(u)
     return hook
 
 
 def _send_later(sig: int) -> None:
-    # the main thread leaves the hook and the callback within microseconds; should the signal
-    # again land where Python drops exceptions, the hook sends it once more
-    import time
+    """Send ``sig`` to this process from a helper thread, a few milliseconds from now: the main
+    thread has left the unraisable hook by then, or the handler sends it once more."""
+    def send():
+        import time
 
-    time.sleep(0.005)
-    os.kill(os.getpid(), sig)
+        time.sleep(0.005)
+        os.kill(os.getpid(), sig)
+
+    threading.Thread(target=send, daemon=True).start()
 
 
 def _on_sigint(signum, frame):
