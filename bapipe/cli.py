@@ -20,7 +20,6 @@ import sys
 import threading
 from pathlib import Path
 
-from . import _early_exit
 from .errors import SpecError
 from .options import EXIT_CODES, MAX_GLOBAL_BATCH, SCHEDULE_CHOICES, add_args  # noqa: F401 (the CLI contract)
 
@@ -102,31 +101,127 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the `bapipe` console script.
 
     Ctrl-C and SIGTERM at any moment, also while the command's modules are still being
-    imported, end it with one line and exit 130 / 143 (no traceback)."""
-    previous = _handle_sigterm()
-    previous_int = signal.getsignal(signal.SIGINT)
-    if previous_int is not signal.SIG_IGN and threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGINT, _on_sigint)   # (an ignored Ctrl-C stays ignored: nohup, &)
+    imported, end it with one line and exit 130 / 143 (no traceback). The handlers are
+    installed and removed inside the ``try`` (with both signals blocked while they change), so
+    no moment is left where a signal would raise outside it."""
+    global _stopping, _told
+    _stopping = _told = False   # (the API and the tests call main more than once in one process)
+    if "bapipe.proc" in sys.modules:
+        sys.modules["bapipe.proc"].reset()
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous, previous_int = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+    previous_hook = sys.unraisablehook
     try:
+        if main_thread:
+            with _blocked():
+                _handle_sigterm()
+                if previous_int is not signal.SIG_IGN:   # an ignored Ctrl-C stays ignored: nohup, &
+                    signal.signal(signal.SIGINT, _on_sigint)
+                sys.unraisablehook = _resend_if_swallowed(previous_hook)
         return _main(argv)
     except Terminated:   # before or after the command ran (its own handler names it)
-        sys.stderr.write("bapipe: terminated (SIGTERM)\n")
+        _say("bapipe: terminated (SIGTERM)")
         return 143
     except KeyboardInterrupt:
-        sys.stderr.write("bapipe: interrupted\n")
+        _say("bapipe: interrupted")
         return 130
     finally:
-        signal.signal(signal.SIGTERM, previous)
-        if signal.getsignal(signal.SIGINT) is _on_sigint:
-            signal.signal(signal.SIGINT, signal.default_int_handler if previous_int is _early_exit else previous_int)
+        if main_thread:
+            # blocked: a signal now waits for the previous handler (the console script's
+            # _early_exit: one line), instead of raising here, outside every except
+            with _blocked():
+                signal.signal(signal.SIGTERM, previous)
+                if signal.getsignal(signal.SIGINT) is _on_sigint:
+                    signal.signal(signal.SIGINT, previous_int)
+                sys.unraisablehook = previous_hook
+
+
+#: set by the first SIGINT / SIGTERM of a command: the unwinding has begun
+_stopping = False
+#: the command's closing line on stderr was written (an interrupt after it adds no second one)
+_told = False
+#: the unraisable hook is running (a signal handled there must not raise: it would be lost)
+_in_hook = False
+
+
+def _say(line: str) -> None:
+    """Write the command's one closing line on stderr, unless one was written already."""
+    global _told
+    if not _told:
+        _told = True
+        sys.stderr.write(line + "\n")
+
+
+class _blocked:
+    """SIGINT and SIGTERM held back for a few statements (delivered right after the block)."""
+
+    def __enter__(self):
+        self.old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+
+    def __exit__(self, *exc):
+        signal.pthread_sigmask(signal.SIG_SETMASK, self.old)
+
+
+def _stop_children(signum: int) -> bool:
+    """What both handlers do first: kill every compiler and simulator (any thread's). False when
+    the signal must wait (a child is being started; bapipe.proc re-sends it once the child can
+    be killed) or the command is already unwinding from an earlier signal (it would only
+    interrupt the cleanup: a second Ctrl-C left the hidden .gen-PID folder behind)."""
+    global _stopping
+    if _in_hook:   # inside _resend_if_swallowed's hook: raising here would be dropped; try again later
+        _send_later(signum)
+        return False
+    # no import here: a signal during an import (of subprocess, by bapipe.proc) would import
+    # a half-initialised module; a command that never imported bapipe.proc started no child
+    # (getattr: bapipe.proc may itself be half imported, and then has started nothing)
+    proc = sys.modules.get("bapipe.proc")
+    if getattr(proc, "defer", None) is not None and proc.defer(signum):
+        return False
+    if getattr(proc, "stop_all", None) is not None:
+        proc.stop_all()
+    if _stopping:
+        return False
+    _stopping = True
+    return True
+
+
+def _resend_if_swallowed(previous_hook):
+    """A sys.unraisablehook that gives a swallowed interrupt a second chance.
+
+    A handler runs in whatever Python code is executing when the signal comes, and some code
+    cannot raise: an exception in a weakref callback or a ``__del__`` is printed as
+    "Exception ignored in ..." and dropped. A SIGTERM landing in importlib's module-lock
+    callback was lost that way (gen finished, exit 0, a traceback on stderr). Such an
+    interrupt is not shown; the signal is sent again from a helper thread once this hook has
+    returned (sent from here, it would be handled inside the hook and dropped again)."""
+    def hook(u):
+        global _stopping, _in_hook
+        if isinstance(u.exc_value, KeyboardInterrupt) and _stopping:
+            _in_hook = True   # a signal handled inside this hook would be dropped too: see _stop_children
+            _stopping = False
+            _send_later(signal.SIGTERM if isinstance(u.exc_value, Terminated) else signal.SIGINT)
+            _in_hook = False   # (nothing between this and the return runs a handler)
+            return
+        previous_hook(u)
+    return hook
+
+
+def _send_later(sig: int) -> None:
+    """Send ``sig`` to this process from a helper thread, a few milliseconds from now: the main
+    thread has left the unraisable hook by then, or the handler sends it once more."""
+    def send():
+        import time
+
+        time.sleep(0.005)
+        os.kill(os.getpid(), sig)
+
+    threading.Thread(target=send, daemon=True).start()
 
 
 def _on_sigint(signum, frame):
     """Ctrl-C: stop every compiler and simulator first (any thread's), then unwind as usual."""
-    from .proc import kill_all
-
-    kill_all()
-    raise KeyboardInterrupt
+    if _stop_children(signum):
+        raise KeyboardInterrupt
 
 
 def _main(argv: list[str] | None) -> int:
@@ -153,21 +248,21 @@ def _main(argv: list[str] | None) -> int:
             show = getattr(mod, "show_" + args.command.replace("-", "_"), None) or getattr(mod, "show", None)
             text = show(result) if show else json.dumps(result, indent=2, default=_jsonable)
     except SpecError as e:
-        sys.stderr.write(str(e) + "\n")
+        _say(str(e))
         return 2
     except Terminated:
-        sys.stderr.write(f"bapipe {args.command}: terminated (SIGTERM)\n")
+        _say(f"bapipe {args.command}: terminated (SIGTERM)")
         return 143
     except KeyboardInterrupt:
-        sys.stderr.write(f"bapipe {args.command}: interrupted\n")
+        _say(f"bapipe {args.command}: interrupted")
         return 130
     except BrokenPipeError:
         return 0
     except Exception as e:  # an internal bug, not bad input: still one line unless debugging
         if os.environ.get("BAPIPE_DEBUG"):
             raise
-        sys.stderr.write(f"bapipe {args.command}: internal error: {type(e).__name__}: {e} "
-                         f"(set BAPIPE_DEBUG=1 for the traceback)\n")
+        _say(f"bapipe {args.command}: internal error: {type(e).__name__}: {e} "
+             f"(set BAPIPE_DEBUG=1 for the traceback)")
         return 1
     if text:
         sys.stdout.write(text.rstrip("\n") + "\n")
@@ -201,10 +296,8 @@ def _handle_sigterm():
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             os.kill(os.getpid(), signal.SIGTERM)
             return
-        from .proc import kill_all
-
-        kill_all()   # compilers and simulators of every thread, before the main thread unwinds
-        raise Terminated()
+        if _stop_children(signum):   # compilers and simulators of every thread, before the main thread unwinds
+            raise Terminated()
 
     return signal.signal(signal.SIGTERM, on_term)
 

@@ -5,7 +5,7 @@ import sys
 
 from .backends import BackendUnavailable
 from .driver import train
-from .pipeline import PipelineFailure
+from .pipeline import PipelineFailure, TrainingDiverged
 
 
 def run_result(args) -> dict:
@@ -49,7 +49,8 @@ def cmd_run(args) -> dict | tuple[dict, int]:
 
 
 def _run_torch(args) -> dict | tuple[dict, int]:
-    """--backend torch: host/torch_train.py (one line, exit 2 without torch; exit 1 when a rank fails)."""
+    """--backend torch: host/torch_train.py (one line, exit 2 without torch; exit 1 when a rank fails or
+    the training diverged)."""
     from .torch_train import train_torch
 
     try:
@@ -60,7 +61,7 @@ def _run_torch(args) -> dict | tuple[dict, int]:
     except BackendUnavailable as e:
         sys.stderr.write(f"bapipe run: {e}\n")
         return {"backend": "torch", "error": str(e)}, 2
-    except PipelineFailure as e:
+    except (PipelineFailure, TrainingDiverged) as e:
         sys.stderr.write(f"bapipe run: {e}\n")
         return {"backend": "torch", "error": str(e)}, 1
 

@@ -79,11 +79,42 @@ def train_torch(plan, epochs: int | None = None, lr: float | None = None, seed: 
     reports = run_ranks(job, p * R, timeout)
     wall = time.perf_counter() - t0
     losses = _pipeline_losses(reports, p, R)
+    per_epoch = data.n_train // B
+    _check_losses([float(np.mean(x)) for x in losses], per_epoch, lr)
     out = _summary(plan, job, reports, losses, wall, B, mbs)
     if reference:
         out.update(_compare(model, job, reports, losses))
-    out["test_accuracy"] = _accuracy(model, seed, _state(reports, p), data)
+    out["test_accuracy"], classes = _accuracy(model, seed, _state(reports, p), data)
+    _check_learned(out["history"], out["test_accuracy"], classes, per_epoch, lr)
     return out
+
+
+def _check_losses(history: list[float], per_epoch: int, lr: float) -> None:
+    """Each iteration's mean loss by host/diverge.py's loss rule, as the numpy backend checks
+    them (the torch backend reports its losses only once every process has finished: `run
+    --backend torch --lr 1e10` ended at loss NaN, accuracy 0.078, exit 0)."""
+    from . import diverge
+    from .pipeline import TrainingDiverged
+
+    for it, loss in enumerate(history):
+        epoch, i = divmod(it, max(per_epoch, 1))
+        why = (f"training diverged: loss {loss} at epoch {epoch + 1}, iteration {i} (lr {lr:g}); lower --lr"
+               if not np.isfinite(loss) else diverge.loss_diverged(loss, history[0], epoch, i, lr))
+        if why:
+            raise TrainingDiverged(why)
+
+
+def _check_learned(history: list[float], accuracy: float, classes: int, per_epoch: int, lr: float) -> None:
+    """A run of at least one whole epoch that ends at chance with a loss that did not fall stops
+    with one line (host/diverge.py's rule, as the other backends apply it)."""
+    from . import diverge
+    from .pipeline import TrainingDiverged
+
+    full = len(history) // per_epoch if per_epoch else 0
+    last = float(np.mean(history[(full - 1) * per_epoch: full * per_epoch])) if full else None
+    why = diverge.learned_nothing(accuracy, classes, history[0] if history else None, last, full, lr)
+    if why:
+        raise TrainingDiverged(why)
 
 
 def _pipeline_losses(reports: list[dict], p: int, R: int) -> list[list[float]]:
@@ -131,8 +162,9 @@ def _state(reports, p: int) -> dict:
     return out
 
 
-def _accuracy(model, seed: int, state: dict, data) -> float:
-    """Test accuracy of the pipeline's final weights (replica 0), evaluated in this process."""
+def _accuracy(model, seed: int, state: dict, data) -> tuple[float, int]:
+    """Test accuracy of the pipeline's final weights (replica 0), evaluated in this process,
+    and the number of classes (the logits' width)."""
     import torch
 
     from .torch_model import whole_model
@@ -143,6 +175,7 @@ def _accuracy(model, seed: int, state: dict, data) -> float:
             for k, t in list(lm.named_parameters()) + list(lm.named_buffers()):
                 t.copy_(torch.from_numpy(state[f"{layer.name}.{k}"]))
         mod.eval()
-        pred = mod(torch.from_numpy(data.x_test)).argmax(dim=1).numpy()
-    return float((pred == data.y_test).mean())
+        logits = mod(torch.from_numpy(data.x_test))
+    pred = logits.argmax(dim=1).numpy()
+    return float((pred == data.y_test).mean()), int(logits.shape[1])
 

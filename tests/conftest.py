@@ -28,10 +28,6 @@ SOAK = {
         "a Ray session; the one-line failure of a worker: test_host_cli",
     "tests/test_mesh.py::test_pareto_with_meshes":
         "59 s; mesh plans and the Pareto front are tested on their own in test_mesh and test_planner",
-    "tests/test_signals.py::test_signal_during_gen_force_keeps_the_previous_build":
-        "6 gens; the interrupted swap: test_validation_cases::test_interrupted_gen_leaves_the_previous_build_whole",
-    "tests/test_signals.py::test_signal_during_csim_stops_the_compiler":
-        "a csim compile; process groups are killed whole in test_signal_while_starting and the rtlsim case",
     "tests/test_planner_pipedream.py::test_replay_equals_bapipe_sim_over_partitions[16xV100]":
         "23 s; the same replay on 4xU250-ring stays",
 }

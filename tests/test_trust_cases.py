@@ -100,6 +100,34 @@ def test_divergence_rules():
     assert not learned_nothing(0.10, 10, 2.422, 2.40, 0, 0.05)   # fewer than one whole epoch: no verdict
 
 
+@pytest.mark.slow   # imports torch and forks one training process (~8 s CPU)
+def test_run_lr_1e10_on_the_torch_backend_stops_as_diverged(capsys, mlp_plan):
+    """--backend torch --lr 1e10 ended at loss NaN, test accuracy 0.078 and exit 0: the torch
+    backend reports its losses after the run and checked none of them."""
+    pytest.importorskip("torch", reason="the torch backend needs the [torch] extra")
+    line = _refused(capsys, ["run", mlp_plan, "--backend", "torch", "--epochs", "1", "--lr", "1e10"],
+                    "training diverged", "epoch 1, iteration 1", "lower --lr", rc_want=1)
+    assert "loss inf" in line or "loss nan" in line or "100x" in line
+
+
+def test_torch_backend_applies_the_divergence_rules():
+    """host/torch_train.py's checks on the loss histories of real torch runs of tiny-mlp (44
+    iterations an epoch): --lr 1e10 (2.34, inf), --lr 3 (2.34 ... 1.18e4 at iteration 4), the
+    default rate (2.34 -> 0.69, accuracy 0.80) and a rate so low nothing moved."""
+    from bapipe.host.pipeline import TrainingDiverged
+    from bapipe.host.torch_train import _check_learned, _check_losses
+
+    with pytest.raises(TrainingDiverged, match="loss inf at epoch 1, iteration 1"):
+        _check_losses([2.341, float("inf")], 44, 1e10)
+    with pytest.raises(TrainingDiverged, match="iteration 4 is over 100x"):
+        _check_losses([2.341, 2.9, 40.0, 200.0, 1.177e4], 44, 3.0)
+    _check_losses([2.341] + [1.0] * 43 + [0.69], 44, 0.05)
+    with pytest.raises(TrainingDiverged, match="did not learn"):
+        _check_learned([2.341] * 44, 0.092, 10, 44, 1e-9)
+    _check_learned([2.341] + [0.69] * 43, 0.80, 10, 44, 0.05)
+    _check_learned([2.341] * 20, 0.092, 10, 44, 1e-9)    # fewer than one whole epoch: no verdict
+
+
 def _profile(path: Path, names, batch: int | None, fwd_ms: str = "0.1") -> Path:
     lines = ([f"batch: {batch}"] if batch else []) + ["layers:"]
     lines += [f"  - {{name: {n}, fwd_ms: {fwd_ms}, bwd_ms: 0.2, activation_bytes: 256, param_bytes: 16}}"

@@ -541,7 +541,11 @@ def test_sigterm_is_handled_like_ctrl_c(at):
     env = {k: v for k, v in os.environ.items() if k != "BAPIPE_DEBUG"}
     proc = subprocess.Popen([BAPIPE, "run", "p.yaml", "--epochs", "500"], cwd=at, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    time.sleep(3)
+    # the moment: the board workers run (a fixed 3 s fell in the imports on a loaded machine,
+    # where the command, not yet `run`, rightly says "bapipe: terminated")
+    deadline = time.time() + 120
+    while not _children(proc.pid) and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=30)
     assert proc.returncode == 143

@@ -49,16 +49,8 @@ def environment() -> jinja2.Environment:
 
 
 def comment(lines: list[str], marker: str) -> str:
-    """The provenance header as comment lines."""
-    from bapipe.names import shown
-
-    return "\n".join(f"{marker} {_one_line(l, shown)}" for l in lines)
-
-
-def _one_line(line: str, shown) -> str:
-    """A header line with every word a name could bring in (the model and cluster files'
-    paths, a model's name) shown safely: words already safe stay as written."""
-    return " ".join(w if shown(w) == w else shown(w) for w in line.split(" "))
+    """The provenance header (``header_lines``: its names already ``shown``) as comment lines."""
+    return "\n".join(f"{marker} {l}" for l in lines)
 
 
 def _clock_ns(board_type: str, cluster) -> float:
