@@ -63,7 +63,9 @@ def test_time_multiplexed_stage_meets_the_plan(tmp_path):
     from bapipe.plan import Folding
     from bapipe.fpga_models.cost import matrix_shape
 
-    path = _plan(tmp_path, "cnn4", "tiny-cnn", "4xU250-ring", "--partition", "0-1,2-3,4-8,9")
+    # an inference plan: rtlsim runs the forward pipeline, whose MVUs are the inference engines
+    # (adder-tree fill, engines.mvu_fill); a training plan prices the training engines' forward
+    path = _plan(tmp_path, "cnn4", "tiny-cnn", "4xU250-ring", "--partition", "0-1,2-3,4-8,9", "--mode", "inference")
     plan = load_plan(path)
     model, _cluster = resolve(plan, path)
     s = plan.stages[2]

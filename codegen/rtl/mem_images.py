@@ -58,6 +58,17 @@ def _text(root: Path, spec: dict, out) -> None:
         out.write(word_lines(np.asarray(v), int(spec["elem_w"])))
 
 
+def _build_root(mem_dir: Path, table: dict) -> Path:
+    """The build the images' paths are relative to: ``rtl/``'s parent for the board RTL, further
+    up for a stage bench (``rtl/stages/s<i>``): the nearest folder above ``mem_dir`` that holds
+    the first image the table reads (the bench's own folder otherwise, which then fails to read)."""
+    files = sorted({spec["array"]["file"] for spec in table.values()})
+    for root in mem_dir.resolve().parents:
+        if not files or (root / files[0]).is_file():
+            return root
+    return mem_dir.parent
+
+
 def ensure_memories(mem_dir: Path) -> list[Path]:
     """Write the ``$readmemh`` images ``mem_dir/manifest.json`` lists that are not there yet
     (each through a temporary file, so an interrupted write leaves none half-written); returns
@@ -68,7 +79,7 @@ def ensure_memories(mem_dir: Path) -> list[Path]:
         return []
     man = json.loads((mem_dir / "manifest.json").read_text(encoding="utf-8"))
     table = man.get("memories") or {}
-    root = mem_dir.parent   # the build: the images' paths are relative to it
+    root = _build_root(mem_dir, table)
     paths = []
     for name in sorted(table):
         path = mem_dir / name
