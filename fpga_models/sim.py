@@ -688,9 +688,9 @@ def _tail(plan, model, cluster, st, net: _Net):
             _ids, b, lt = net.path(leads[i], leads[(i + 1) % r])
             bw, lat = min(bw, b), max(lat, lt)
         hop = (bw, lat)
-    simd = {n: (f.simd if f.lanes is None else 1) for n, f in st.folding.items()}
+    fold = {n: ((f.pe, f.simd) if f.lanes is None else (1, 1)) for n, f in st.folding.items()}
     return stage_tail(model, st.first, st.last, board, _bytes_per_element(plan.number_format), r,
-                      engine_kernel(model, st.first, st.last), simd, hop)
+                      engine_kernel(model, st.first, st.last), fold, hop)
 
 
 def _static_memory(pipe: _Pipeline) -> tuple[list[int], list[float]]:
