@@ -72,6 +72,8 @@ class Stage:
     send_bytes: int = 0             # activation bytes per micro-batch to the next stage
     send_s: float = 0.0             # link time for them
     allreduce_s: float = 0.0        # gradient all-reduce among replicas, per iteration
+    flush_s: float = 0.0            # the backward kernel's flush of the gradient sums, per iteration
+    update_s: float = 0.0           # the weight-update kernel, per iteration (fpga_models.update)
     memory_bytes: int = 0           # peak per board: weights + optimizer + stashes + buffers
     weight_bytes: int = 0
     stash_bytes: int = 0
@@ -165,6 +167,7 @@ def _stage(node: Any, file: str, i: int, line: int | None) -> Stage:
         fwd_s=f.num("fwd_s", 0.0, positive=False, min=0), bwd_s=f.num("bwd_s", 0.0, positive=False, min=0),
         time_s=f.num("time_s", 0.0, positive=False, min=0), send_bytes=f.int("send_bytes", 0, min=0),
         send_s=f.num("send_s", 0.0, positive=False, min=0), allreduce_s=f.num("allreduce_s", 0.0, positive=False, min=0),
+        flush_s=f.num("flush_s", 0.0, positive=False, min=0), update_s=f.num("update_s", 0.0, positive=False, min=0),
         memory_bytes=f.int("memory_bytes", 0, min=0), weight_bytes=f.int("weight_bytes", 0, min=0),
         stash_bytes=f.int("stash_bytes", 0, min=0), stashes=f.int("stashes", 0, min=0),
         resources=dict(f.mapping("resources", Node())), cycles=dict(f.mapping("cycles", Node())),

@@ -638,7 +638,7 @@ def _rings(plan, model, cluster, pipe: _Pipeline, cfg: SimConfig, net: _Net) -> 
         # the plan's weight bytes are the gradient bytes (same format); else count the params
         return st.weight_bytes or sum(l.weight_params for l in model.layers[st.first:st.last + 1]) * bpe
 
-    tails = [_tail(plan, model, cluster, st, net) if pipe.train and not per_device else None for st in stages]
+    tails = [_tail(plan, model, cluster, st, net) if pipe.train else None for st in stages]
     rings = []
     for k, st in enumerate(stages):
         r = max(1, st.replicas)
@@ -651,7 +651,7 @@ def _rings(plan, model, cluster, pipe: _Pipeline, cfg: SimConfig, net: _Net) -> 
         hops = []
         for i in range(r):
             ids, bw, lat = net.path(leads[i], leads[(i + 1) % r])
-            if tails[k] is not None:   # the HLS kernel's ring: every hop at the slowest one's pace
+            if tails[k] is not None and not per_device:   # the HLS kernel's ring: every hop at the slowest one's pace
                 hops.append((ids, tails[k].ring_occ_s if ids else 0.0, tails[k].ring_lat_s, share))
                 continue
             # between FPGAs the step carries the exact gradient sums, framed (collective.ring_hop_s)
@@ -667,10 +667,13 @@ def _rings(plan, model, cluster, pipe: _Pipeline, cfg: SimConfig, net: _Net) -> 
 
 def _tail(plan, model, cluster, st, net: _Net):
     """Stage ``st``'s per-iteration tail as the HLS kernels build it (fpga_models.update.stage_tail,
-    the planner's Explorer.stage_tails): training FPGA stages of synchronous schedules, one board
-    a replica; None otherwise (nothing after the last backward but the ring)."""
+    the planner's Explorer.stage_tails) when the plan prices one (its ``flush_s`` / ``update_s``):
+    training FPGA stages of synchronous schedules, one board a replica; None otherwise (nothing
+    after the last backward but the ring)."""
     from .update import engine_kernel, stage_tail
 
+    if not (st.flush_s or st.update_s):   # the plan prices no tail (e.g. stage times given by hand)
+        return None
     if plan.schedule in ASYNC or (st.mesh and math.prod(st.mesh) > 1):
         return None
     board = cluster.board(st.boards[0]).board
@@ -685,9 +688,9 @@ def _tail(plan, model, cluster, st, net: _Net):
             _ids, b, lt = net.path(leads[i], leads[(i + 1) % r])
             bw, lat = min(bw, b), max(lat, lt)
         hop = (bw, lat)
-    simd = {n: (f.simd if f.lanes is None else 1) for n, f in st.folding.items()}
+    fold = {n: ((f.pe, f.simd) if f.lanes is None else (1, 1)) for n, f in st.folding.items()}
     return stage_tail(model, st.first, st.last, board, _bytes_per_element(plan.number_format), r,
-                      engine_kernel(model, st.first, st.last), simd, hop)
+                      engine_kernel(model, st.first, st.last), fold, hop)
 
 
 def _static_memory(pipe: _Pipeline) -> tuple[list[int], list[float]]:
@@ -899,8 +902,14 @@ class _Replay:
             self.dev_bwd_left[key] = left
             if left == 0:
                 kr = self.dev_rep[d]
-                if rings[kr] is not None:
+                ts = [self.tails[kk] for kk in self.dev_stage_ids[d] if self.tails[kk] is not None]
+                flush, update = sum(t.flush_s for t in ts), sum(t.update_s for t in ts)
+                if rings[kr] is not None and flush:   # the device's flushes, then its ring
+                    _push(self.heap, (now + flush, next(self.seq), _TAIL, ("ring", kr, j), 0))
+                elif rings[kr] is not None:
                     self.start_allreduce(kr, j, now)
+                elif flush or update:
+                    _push(self.heap, (now + flush + update, next(self.seq), _TAIL, ("device", d, j), 0))
                 else:
                     for kk in self.dev_stage_ids[d]:
                         self.stage_done(kk, j, now)
@@ -972,6 +981,12 @@ class _Replay:
         if not self.per_device and self.tails[k] is not None:   # the update kernel after the ring
             _push(self.heap, (now + self.tails[k].update_s, next(self.seq), _TAIL, ("done", k, j), 0))
             return
+        if self.per_device:   # the device's update kernels after its ring
+            d = stages[k].device
+            update = sum(self.tails[kk].update_s for kk in self.dev_stage_ids[d] if self.tails[kk] is not None)
+            if update:
+                _push(self.heap, (now + update, next(self.seq), _TAIL, ("device", d, j), 0))
+                return
         for kk in (self.dev_stage_ids[stages[k].device] if self.per_device else (k,)):
             self.stage_done(kk, j, now)
 
@@ -1033,6 +1048,9 @@ class _Replay:
                 what, k, j = x
                 if what == "ring":
                     self.start_allreduce(k, j, now)
+                elif what == "device":   # k: the device, all of whose stages are done
+                    for kk in self.dev_stage_ids[k]:
+                        self.stage_done(kk, j, now)
                 else:
                     self.stage_done(k, j, now)
         self.n_events = n

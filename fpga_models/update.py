@@ -11,7 +11,9 @@ beat each, the master weights (int32) as 256 bits, the backward's 16-bit copy as
 for an engine kernel, the forward's banked copy (``[NF*SF][PE][SIMD]``): one 128-bit write when
 the word's 8 elements land on 8 consecutive, aligned places there (:func:`wide`), else 8
 writes of one element (a dense layer reading a flattened image in HWC order, SIMD not a
-multiple of 8: the port takes one a cycle, and each costs a whole burst of the bank). The
+multiple of 8: the port takes one a cycle, and each costs a whole burst of the bank), or, for
+a dense layer reading a flattened image in HWC order, a PE-row block at a time through an
+on-chip staging buffer that transposes it (:func:`write_mode`: vgg16's fc6). The
 trip's II is the larger of that and the busiest bank's bytes per word at the bank's bandwidth,
 the streams spread over the board's banks heaviest first (:func:`spread`): the kernel's
 ``#pragma HLS PIPELINE II``.
@@ -72,6 +74,32 @@ def wide(count: int, banked: bool, cols: int = 1, simd: int = 1, permuted: bool 
     return not permuted and simd % LANES == 0 and cols % LANES == 0
 
 
+#: largest staging buffer (bytes) of a transposed array's block (:func:`write_mode`): vgg16's fc6
+#: needs 4 x 25,088 x 2 = 196 KiB
+TRANSPOSE_BYTES = 1 << 20
+#: pipeline depth of a transposed block's write-out loop (its BAPIPE_LOOP depth)
+TRANSPOSE_DEPTH = 4
+
+
+def write_mode(count: int, banked: bool, cols: int = 1, simd: int = 1, permuted: bool = False,
+               flat: tuple[int, int] | None = None, pe: int = 1, elem_bytes: int = 2) -> str:
+    """How the update kernel writes an array's forward copy: "wide" (:func:`wide`, a word a
+    trip), "transpose" or "narrow" (an element a cycle). "transpose": a dense layer reading a
+    flattened C x HW image in HWC order (``flat`` = (C, HW)) whose PE-row blocks (PE x cols
+    elements, contiguous in both layouts) fit a staging buffer of TRANSPOSE_BYTES: the update
+    writes a block's forward values to the buffer, 8 banks by kernel-layout index mod 8, then
+    reads it out a forward word a cycle; 8 consecutive forward columns (one pixel, channels
+    c..c+7) sit HW apart in the kernel layout, in 8 distinct banks when HW is odd, so C, SIMD
+    and cols must be whole words and HW odd."""
+    if wide(count, banked, cols, simd, permuted):
+        return "wide"
+    if flat is not None and permuted and count % LANES == 0 and cols % LANES == 0 and simd % LANES == 0:
+        c, hw = flat
+        if c % LANES == 0 and hw % 2 == 1 and c * hw == cols and pe * cols * elem_bytes <= TRANSPOSE_BYTES:
+            return "transpose"
+    return "narrow"
+
+
 def stream_bytes(elem_bytes: int, banked: bool, is_wide: bool) -> dict[str, float]:
     """Bytes each of the update's memory streams moves per element: gradient read (8), master
     read and write (4 + 4), velocity read and write (8 + 8), the backward's copy, and the
@@ -102,17 +130,33 @@ def update_ii(elem_bytes: int, banked: bool, is_wide: bool, banks: int, bank_byt
 
 @dataclass(frozen=True)
 class UpdArray:
-    """One array the update kernel rewrites, as timing sees it."""
+    """One array the update kernel rewrites, as timing sees it: its elements, whether it has a
+    banked forward copy, how that is written (:func:`write_mode`) and, transposed, its blocks."""
 
     count: int
     banked: bool = False
-    wide: bool = True
+    mode: str = "wide"
+    blocks: int = 1
+
+    @property
+    def wide(self) -> bool:
+        """Is its forward copy written a word a trip (wide, or transposed through the buffer)?"""
+        return self.mode != "narrow"
+
+
+def array_cycles(a: UpdArray, elem_bytes: int, banks: int, bank_bytes_per_cycle: float) -> int:
+    """Cycles of one array's update: its words at its II plus the loop's depth; transposed,
+    per block the update loop then the write-out loop (a word a cycle)."""
+    words = -(-a.count // LANES)
+    ii = update_ii(elem_bytes, a.banked, a.wide, banks, bank_bytes_per_cycle)
+    if a.mode == "transpose":
+        return words * (ii + 1) + a.blocks * (UPDATE_DEPTH + TRANSPOSE_DEPTH)
+    return words * ii + UPDATE_DEPTH
 
 
 def update_cycles(arrays, elem_bytes: int, banks: int, bank_bytes_per_cycle: float) -> int:
-    """Cycles of one update call: per array its words at its II, plus the loop's depth."""
-    return sum(-(-a.count // LANES) * update_ii(elem_bytes, a.banked, a.wide, banks, bank_bytes_per_cycle)
-               + UPDATE_DEPTH for a in arrays if a.count > 0)
+    """Cycles of one update call: the arrays one after another (:func:`array_cycles`)."""
+    return sum(array_cycles(a, elem_bytes, banks, bank_bytes_per_cycle) for a in arrays if a.count > 0)
 
 
 def flush_cycles(counts, bank_bytes_per_cycle: float) -> float:
@@ -124,45 +168,54 @@ def flush_cycles(counts, bank_bytes_per_cycle: float) -> float:
 
 # ---------------------------------------------------------------- a stage's arrays from the spec
 
-def layer_arrays(layer, banked: bool, simd: int = 1, permuted: bool = False) -> tuple[list[int], list[UpdArray]]:
+def layer_arrays(layer, banked: bool, simd: int = 1, permuted: bool = False, pe: int = 1,
+                 flat: tuple[int, int] | None = None, elem_bytes: int = 2) -> tuple[list[int], list[UpdArray]]:
     """(gradient sums per array the backward kernel writes and the all-reduce reduces, arrays the
     update rewrites) of one model layer: a dense or conv2d layer's MH x MW matrix and MH bias
     sums (the bias updated when the layer has one), a batchnorm's scale and shift; other
     weighted layers one array of their parameters. ``banked``: the forward kernel keeps its
     weights in banked m_axi arrays (a time-multiplexed engine kernel) that the update rewrites
     too; ``simd``: the layer's SIMD; ``permuted``: its columns are read in another order (a
-    dense layer behind a flatten of an H x W > 1 image)."""
+    dense layer behind a flatten of an H x W > 1 image; ``flat``: that image's (C, H x W)); ``pe``
+    its PE."""
     t, n = layer.type, int(layer.weight_params)
     if n <= 0:
         return [], []
+    mode = lambda k, cols=1: write_mode(k, banked, cols, simd, permuted, flat, pe, elem_bytes)  # noqa: E731
     if t in ("dense", "conv2d"):
         a = layer.attr
         mh = int(a["units"] if t == "dense" else a["out_channels"])
         bias = bool(a.get("bias", True))
         mw = (n - (mh if bias else 0)) // mh
-        w = UpdArray(mh * mw, banked, wide(mh * mw, banked, mw, simd, permuted))
-        upd = [w] + ([UpdArray(mh, banked, wide(mh, banked))] if bias else [])
+        w = UpdArray(mh * mw, banked, mode(mh * mw, mw), max(1, mh // max(1, pe)))
+        upd = [w] + ([UpdArray(mh, banked, mode(mh))] if bias else [])
         return [mh * mw, mh], upd
     if t == "batchnorm":
         c = n // 2
-        return [c, c], [UpdArray(c, banked, wide(c, banked)), UpdArray(c, banked, wide(c, banked))]
-    return [n], [UpdArray(n, banked, wide(n, banked))]
+        return [c, c], [UpdArray(c, banked, mode(c)), UpdArray(c, banked, mode(c))]
+    return [n], [UpdArray(n, banked, mode(n))]
+
+
+def flattened_image(model, index: int) -> tuple[int, int] | None:
+    """(C, H x W) of the image layer ``index`` (of ``model``) reads flattened, when it is a
+    dense layer behind a flatten of an H x W > 1 image: the forward reads its columns in HWC
+    order (codegen.design.dataflow.flatten_perm); else None."""
+    layer = model.layers[index]
+    if layer.type != "dense" or not layer.inputs:
+        return None
+    src = layer.inputs[0]
+    if src not in model.index:
+        return None
+    prev = model.layers[model.index[src]]
+    if prev.type != "flatten" or len(prev.in_shapes[0]) != 3:
+        return None
+    c, h, w = prev.in_shapes[0]
+    return (int(c), int(h * w)) if h * w > 1 else None
 
 
 def permuted_columns(model, index: int) -> bool:
-    """Is layer ``index`` (of ``model``) a dense layer reading a flattened H x W > 1 image, whose
-    columns the forward reads in HWC order (codegen.design.dataflow.flatten_perm)?"""
-    layer = model.layers[index]
-    if layer.type != "dense" or not layer.inputs:
-        return False
-    src = layer.inputs[0]
-    if src not in model.index:
-        return False
-    prev = model.layers[model.index[src]]
-    if prev.type != "flatten" or len(prev.in_shapes[0]) != 3:
-        return False
-    _c, h, w = prev.in_shapes[0]
-    return h * w > 1
+    """Does the forward read layer ``index``'s columns in another order (:func:`flattened_image`)?"""
+    return flattened_image(model, index) is not None
 
 
 def engine_kernel(model, first: int, last: int) -> bool:
@@ -184,12 +237,13 @@ class LayerTail:
     update: int
 
 
-def layer_tail(model, index: int, board, elem_bytes: int, banked: bool, simd: int = 1) -> LayerTail:
+def layer_tail(model, index: int, board, elem_bytes: int, banked: bool, simd: int = 1, pe: int = 1) -> LayerTail:
     """Layer ``index`` of ``model`` in a training stage on ``board`` (:func:`layer_arrays`;
     ``banked``: the stage's forward is an engine kernel with banked weight arrays)."""
     layer = model.layers[index]
+    flat = flattened_image(model, index)
     grads, upd = layer_arrays(layer, banked and layer.type in ("dense", "conv2d", "batchnorm"), int(simd),
-                              permuted_columns(model, index))
+                              flat is not None, int(pe), flat, elem_bytes)
     bank = bank_Bps(board) / board.clock_hz
     return LayerTail(tuple(grads), flush_cycles(grads, bank),
                      update_cycles(upd, elem_bytes, bank_count(board), bank))
@@ -215,10 +269,12 @@ def stage_tail(model, first: int, last: int, board, elem_bytes: int, replicas: i
                folding: dict | None = None, ring_hop: tuple[float, float] | None = None) -> Tail:
     """The tail of a training stage of layers ``first..last`` on ``board`` (an FPGA: its clock
     and banks), ``replicas`` copies joined by a ring whose slowest hop is ``ring_hop`` =
-    (bytes/s, latency s); ``folding``: layer name -> SIMD (for :func:`wide`)."""
+    (bytes/s, latency s); ``folding``: layer name -> (PE, SIMD) (for :func:`write_mode`)."""
     folding = folding or {}
-    parts = [layer_tail(model, k, board, elem_bytes, banked, int(folding.get(model.layers[k].name, 1)))
-             for k in range(first, last + 1)]
+    parts = []
+    for k in range(first, last + 1):
+        pe, simd = folding.get(model.layers[k].name, (1, 1))
+        parts.append(layer_tail(model, k, board, elem_bytes, banked, int(simd), int(pe)))
     grads = [n for p in parts for n in p.grads]
     clk = board.clock_hz
     flush = sum(p.flush for p in parts) / clk

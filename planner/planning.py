@@ -412,7 +412,8 @@ def to_plan(model: Model, cluster: Cluster, model_arg: str, cluster_arg: str, ex
             layout=s.get("layout"), chunk=s["chunk"], device=s["device"],
             style=s["style"], folding=folding, fwd_s=s["fwd_s"],
             bwd_s=s["bwd_s"], time_s=s["time_s"], send_bytes=s["send_bytes"], send_s=s["send_s"],
-            allreduce_s=s["allreduce_s"], memory_bytes=s["memory_bytes"], weight_bytes=s["weight_bytes"],
+            allreduce_s=s["allreduce_s"], flush_s=s.get("flush_s", 0.0), update_s=s.get("update_s", 0.0),
+            memory_bytes=s["memory_bytes"], weight_bytes=s["weight_bytes"],
             stash_bytes=s["stash_bytes"], stashes=s["stashes"], resources=res,
             cycles=_stage_cycles(s, clk, slowest)))
     # iteration_time_s: one iteration from an empty pipeline (what `bapipe sim` replays with

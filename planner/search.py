@@ -1099,7 +1099,8 @@ class Explorer:
         if key not in self._links:
             table = self.table(btype, v)
             bpe = self.bpe_of_fmt(self.req.fmt)
-            parts = [layer_tail(self.model, k, table.board, bpe, True, table.fold[k][1]) for k in range(self.n)]
+            parts = [layer_tail(self.model, k, table.board, bpe, True, table.fold[k][1], table.fold[k][0])
+                     for k in range(self.n)]
             z = lambda x: np.concatenate([[0.0], np.cumsum(np.asarray(x, dtype=float))])  # noqa: E731
             self._links[key] = {"flush": z([t.flush for t in parts]), "update": z([t.update for t in parts]),
                                 "words": z([sum(ar_model.chunk_words(g, r) for g in t.grads) for t in parts]),
@@ -1162,9 +1163,8 @@ class Explorer:
                 continue
             board = self.table(x["board_type"], c.v).board
             hop = self.ring(self.replica_boards(c, x["device"])) if x["replicas"] > 1 else None
-            simd = {k: f[1] for k, f in x["folding"].items()}
             out.append(stage_tail(self.model, x["first"], x["last"], board, self.bpe_of_fmt(self.req.fmt),
-                                  x["replicas"], engine_kernel(self.model, x["first"], x["last"]), simd, hop))
+                                  x["replicas"], engine_kernel(self.model, x["first"], x["last"]), x["folding"], hop))
         return out
 
     def per_mb_allreduce(self, c: Config) -> bool:

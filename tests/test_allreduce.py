@@ -239,8 +239,57 @@ def test_update_csim_takes_the_planned_cycles(tmp_path):
     plan = load_plan(build / "plan.yaml")
     assert plan.stages[0].cycles["update"] == u["cycles"]
     assert u["cycles"] == sum(a["words"] * a["ii"] + upd.UPDATE_DEPTH for a in u["arrays"])
+    # design.json records the tail the Design's kernels take beside the plan's: equal (the flush
+    # in whole cycles: one 512-bit beat a cycle on the U250's 64-byte-a-cycle bank)
+    tail = json.loads((build / "design.json").read_text())["stages"][0]["tail"]
+    assert tail["update_cycles"] == u["cycles"] and tail["allreduce_cycles"] == st["update"]["allreduce"]["cycles"]
+    assert tail["plan_cycles"] == {"flush": tail["flush_cycles"], "allreduce": tail["allreduce_cycles"],
+                                   "update": tail["update_cycles"]}
+    assert tail["flush_cycles"] == sum(-(-g["elements"] // 8) + upd.FLUSH_DEPTH
+                                       for g in st["update"]["allreduce"]["arrays"])
     binary = _compile(build, st, u["kernel"])
     env = {**os.environ, "BAPIPE_CSIM_STATS": str(tmp_path / "stats.json")}
     r = subprocess.run([str(binary)], capture_output=True, text=True, env=env)
     assert r.returncode == 0 and r.stdout.startswith("PASS: 0 weights"), r.stdout
     assert json.loads((tmp_path / "stats.json").read_text())["cycles"] == u["cycles"]
+
+
+@pytest.mark.csim
+@pytest.mark.slow   # gen and 5 g++ builds (forward, backward, update, all-reduce, loss): ~2 min on the shared machine
+def test_transposed_update_trains_bit_exact(tmp_path, capsys):
+    """A dense layer reading a flattened 8 x 3 x 3 image in HWC order (tests/data/flat-odd.yaml,
+    vgg16's fc6 in small: PE 2, SIMD 8) has its forward copy written through the staging buffer
+    (fpga_models.update.write_mode "transpose"), a word a cycle; 2 replicas, 2 iterations of
+    `bapipe csim --iterations`: every replica's master weights, velocities and the forward's
+    outputs from the weights the update wrote bit-exact against train_step; the update's counted
+    cycles are the Design's, which are the planner's stage_tail on the same folding."""
+    from bapipe.cli import main
+    from bapipe.codegen.cli_gen import generate_plan
+    from bapipe.fpga_models.cluster import load_cluster
+    from bapipe.models import load_model
+    from bapipe.plan import Folding
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from handplan import hand_plan
+
+    model = str(DATA / "flat-odd.yaml")
+    plan = hand_plan(model, microbatches=2, microbatch_size=2, replicas=(2,))
+    fold = {"conv1": (2, 3), "fc1": (2, 8), "fc2": (2, 8)}
+    plan.stages[0].folding = {k: Folding(*v) for k, v in fold.items()}
+    build = tmp_path / "b"
+    generate_plan(plan, load_model(model), load_cluster("4xU250-ring"), build)
+    u = json.loads((build / "host_config.json").read_text())["stages"][0]["update"]
+    assert {a["name"]: a["write"] for a in u["arrays"]}["fc1_w"] == "transpose"
+    tail = upd.stage_tail(load_model(model), 0, 6, get_board("U250"), 2, 2, True, fold, (11.9e9, 5e-7))
+    # the planner's seconds back in cycles: one division and one product (a few ulps)
+    assert tail.update_s * 300e6 == pytest.approx(u["cycles"], rel=1e-12)
+    assert tail.allreduce_s * 300e6 == pytest.approx(u["allreduce"]["cycles"], rel=1e-12)
+    os.environ.setdefault("BAPIPE_CSIM_CACHE", str(CACHE))
+    assert main(["csim", str(build), "--iterations", "2", "--json"]) in (0, None)
+    r = json.loads(capsys.readouterr().out)
+    assert r["passed"] and r["weights_match"]
+    for it in r["per_iteration"]:
+        assert it["forward_max_abs_err_lsb"] == it["master_max_abs_err_lsb"] == it["grad_sums_max_abs_err"] == 0
+        assert it["cycles"]["stage0"]["update"] == u["cycles"]
+        assert it["cycles"]["stage0"]["allreduce"] == u["allreduce"]["cycles"]
+    assert r["per_iteration"][1]["master_moved"] > 0.5 * r["per_iteration"][1]["master_elements"]

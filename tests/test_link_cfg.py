@@ -375,12 +375,15 @@ def _norm(parts: list[str]) -> list[str]:
 
 def hls_port_bits(source: str, kernel: str, elem_w: int) -> dict[str, int]:
     """Stream port -> bits a beat, read off an HLS kernel's top function signature."""
+    from bapipe.fpga_models.allreduce import WORD_BITS
+
     m = re.search(rf"^void {kernel}\((.*?)\) {{", source, re.S | re.M)
     assert m, kernel
     out = {}
     for typ, name in re.findall(r"hls::stream<([^&]*?)\s*>\s*&(\w+)", m.group(1)):
         lanes = re.fullmatch(r"bapipe::b?vec<(\d+)>\s*", typ)
-        out[name] = 64 if typ.strip() == "bapipe::ring_t" else (int(lanes.group(1)) if lanes else 1) * elem_w
+        # bapipe::ring_t: the all-reduce's word (fpga_models.allreduce.WORD_BITS, bapipe_update.h)
+        out[name] = WORD_BITS if typ.strip() == "bapipe::ring_t" else (int(lanes.group(1)) if lanes else 1) * elem_w
     return out
 
 

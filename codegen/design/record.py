@@ -65,15 +65,31 @@ def design_dict(pipe, plan, alone: list[float] | None = None) -> dict:
     }
 
 
+def tail_record(update, plan_stage) -> dict | None:
+    """A training stage's per-iteration tail as the Design's kernels take it (the backward's
+    flush, the all-reduce, the update kernel: codegen.design.train_kernels.UpdateCtx, priced by
+    fpga_models.update / fpga_models.allreduce) beside the plan's cycles of the same (None
+    without an update kernel)."""
+    if update is None:
+        return None
+    return {"flush_cycles": update.flush_cycles, "allreduce_cycles": update.allreduce_cycles,
+            "update_cycles": update.cycles,
+            "plan_cycles": {k: plan_stage.cycles.get(k) for k in ("flush", "allreduce", "update")}}
+
+
 def design_json(pipe, plan, alone: list[float], backward_memory=(), train: dict | None = None,
-                train_error: str | None = None, placement: dict | None = None) -> dict:
+                train_error: str | None = None, placement: dict | None = None, tails=()) -> dict:
     """build/design.json, assembled once: :func:`design_dict` with each backward kernel's memory
-    record (fpga_models.bwd_memory), the training RTL's record (or why it cannot build the plan)
-    and the placement pass's section (codegen.design.placement: SLRs, banks, network channels)."""
+    record (fpga_models.bwd_memory), each training stage's tail (:func:`tail_record`), the
+    training RTL's record (or why it cannot build the plan) and the placement pass's section
+    (codegen.design.placement: SLRs, banks, network channels)."""
     out = design_dict(pipe, plan, alone)
     for rec, sd in zip(backward_memory, out["stages"]):
         if rec is not None:
             sd["backward_memory"] = rec
+    for rec, sd in zip(tails, out["stages"]):
+        if rec is not None:
+            sd["tail"] = rec
     if plan.mode == "train":
         out["train"] = train
         if train_error:

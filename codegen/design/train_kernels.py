@@ -61,6 +61,9 @@ class UpdateArray:
     colmap: list[int] | None = None   # forward column of each kernel column (a dense layer behind a
                                       # flatten reads its vector in HWC order); None: the same
     ii: int = 1               # the update loop's II (fpga_models.update.update_ii)
+    flat: tuple[int, int] | None = None   # (C, H x W) of the flattened image a dense layer reads in HWC
+                                          # order (colmap is its transposition)
+    elem_bytes: int = 2       # bytes of a forward-format weight (the staging buffer's)
 
     @property
     def words(self) -> int:
@@ -72,17 +75,42 @@ class UpdateArray:
         """Does the forward read its columns in another order than the kernel layout?"""
         return self.colmap is not None and list(self.colmap) != list(range(self.cols))
 
+    def mode(self) -> str:
+        """How its forward copy is written (fpga_models.update.write_mode): wide, transpose, narrow."""
+        return upd.write_mode(self.count, self.rom is not None, self.cols, self.simd, self.permuted, self.flat,
+                              self.pe, self.elem_bytes)
+
     @property
     def wide(self) -> bool:
         """Does every word land whole in the forward's banked copy (fpga_models.update.wide)?"""
         return upd.wide(self.count, self.rom is not None, self.cols, self.simd, self.permuted)
 
     @property
+    def transposed(self) -> bool:
+        """Is its forward copy written through the staging buffer (mode "transpose")?"""
+        return self.mode() == "transpose"
+
+    @property
+    def blocks(self) -> int:
+        """PE-row blocks (NF) of a transposed array; words of one: PE x cols / LANES."""
+        return max(1, self.rows // max(1, self.pe))
+
+    @property
+    def block_words(self) -> int:
+        return self.pe * self.cols // ar.LANES
+
+    @property
+    def hw_inverse(self) -> int:
+        """H x W's inverse mod LANES (odd: the staging buffer's bank of lane u is (L0 + u HW) mod 8)."""
+        return pow(self.flat[1], -1, ar.LANES) if self.flat else 1
+
+    @property
     def rom_param(self) -> str | None:
-        """The C parameter of the forward's banked array it writes: words when they land whole."""
+        """The C parameter of the forward's banked array it writes: words when they land whole or
+        are transposed, else elements."""
         if self.rom is None:
             return None
-        if self.wide:
+        if self.wide or self.transposed:
             return f"bapipe::wword_t {self.rom}[{self.count // ar.LANES}]"
         return f"bapipe::rom_t {self.rom}[{self.count}]"
 
@@ -161,6 +189,10 @@ class UpdateCtx:
         return upd.UPDATE_DEPTH
 
     @property
+    def transpose_depth(self) -> int:
+        return upd.TRANSPOSE_DEPTH
+
+    @property
     def allreduce_name(self) -> str:
         return f"{self.stage}_allreduce"
 
@@ -223,8 +255,8 @@ class UpdateCtx:
     @property
     def cycles(self) -> int:
         """Cycles of one call (fpga_models.update.update_cycles: each array's words at its II)."""
-        return upd.update_cycles([upd.UpdArray(a.count, a.rom is not None, a.wide) for a in self.arrays],
-                                 self.elem_bytes, self.banks, self.bank_bpc)
+        return upd.update_cycles([upd.UpdArray(a.count, a.rom is not None, a.mode(), a.blocks)
+                                  for a in self.arrays], self.elem_bytes, self.banks, self.bank_bpc)
 
     @property
     def flush_cycles(self) -> float:
@@ -236,7 +268,8 @@ class UpdateCtx:
         return {"kernel": self.name,
                 "arrays": [{"name": a.name, "layer": a.layer, "kind": a.key, "grad": a.grad, "elements": a.count,
                             "words": a.words, "rows": a.rows, "cols": a.cols, "rom": a.rom, "ii": a.ii,
-                            "rom_words": a.rom is not None and a.wide} for a in self.arrays],
+                            "rom_words": a.rom is not None and a.mode() != "narrow",
+                            "write": a.mode()} for a in self.arrays],
                 "roms": [{"name": r, "elements": n} for r, n in self.roms],
                 "formats": {"master": "int32 raw, 24 fraction bits", "velocity": "int64 raw (48-bit saturating), "
                             "22 fraction bits", "gradient": "int64 exact sum, 22 fraction bits"},
@@ -348,7 +381,8 @@ def build_update(sc, model=None, replicas: int = 1, site: KernelSite | None = No
     if missing:
         raise ValueError(f"stage {sc.index}: forward arrays {', '.join(missing)} have no update")
     for a in arrays:
-        a.ii = upd.update_ii(site.elem_bytes, a.rom is not None, a.wide, site.banks, site.bank_bpc)
+        a.elem_bytes = site.elem_bytes
+        a.ii = upd.update_ii(site.elem_bytes, a.rom is not None, a.mode() != "narrow", site.banks, site.bank_bpc)
     grads = [(g.name, g.count) for g in sc.bwd.grad_arrays]
     r = max(1, replicas)
     ring = None
@@ -402,6 +436,8 @@ def _place_columns(a: UpdateArray, lc, sc, rom, kernel_q, model) -> None:
     for cm in tries:
         a.colmap = cm
         if a.matches(kernel_q, rom.values):
+            if cm is not None:   # the flatten's transposition of a C x H x W image
+                a.flat = (int(shape[0]), int(shape[1]) * int(shape[2]))
             return
     raise ValueError(f"stage {sc.index}: weight array {a.name} is laid out in {rom.name} in an order the update "
                      f"kernel does not know")

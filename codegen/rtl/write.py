@@ -10,7 +10,7 @@ from pathlib import Path
 
 from bapipe.errors import SpecError
 from bapipe.codegen.design.lower import RTL_PASSES, Design, lower
-from bapipe.codegen.design.record import design_json
+from bapipe.codegen.design.record import design_json, tail_record
 from bapipe.codegen.rtl.benches import stage_bench_files
 from bapipe.codegen.rtl.env import GENERATOR_VERSION, GENERIC, render_template
 from bapipe.codegen.design.weight_image import image_path, pipeline_slots, raw_dtype, write_image
@@ -106,7 +106,9 @@ def _write_pipeline(d: Design, rtl: Path, placement: dict | None) -> tuple[dict[
     if d.train is not None:   # training engines, sequencers and stashes: rtl/train/ (codegen/rtl/train.py)
         train_paths, train_record = write_train_files(d.train, plan, rtl)
         paths += train_paths
-    ddict = design_json(pipe, plan, alone, d.backward_memory, train_record, d.train_error, placement)
+    tails = [tail_record(getattr(d.contexts.get(i), "update", None), plan.stages[i]) if d.contexts else None
+             for i in range(len(plan.stages))]
+    ddict = design_json(pipe, plan, alone, d.backward_memory, train_record, d.train_error, placement, tails)
     design = rtl.parent / "design.json"
     design.write_text(json.dumps(ddict, indent=1, sort_keys=True) + "\n", encoding="utf-8")
     paths.append(design)
