@@ -99,8 +99,14 @@ def rounded_draws(layer: Layer, seed: int, position: int, fmt) -> dict[str, np.n
         out = np.empty(shape, dtype=dt)
         flat = out.reshape(-1)
         for i in range(0, flat.size, CHUNK):
-            k = min(CHUNK, flat.size - i)
-            flat[i:i + k] = fx.quantize(rng.uniform(low, high, size=k), f)
+            x = rng.uniform(low, high, size=min(CHUNK, flat.size - i))
+            # fx.quantize in place: floor(x * 2^F + 0.5) (AP_RND), then saturate; every value is
+            # then an integer in range, so the cast to the narrow type is exact
+            np.multiply(x, float(1 << f.frac), out=x)
+            x += 0.5
+            np.floor(x, out=x)
+            np.clip(x, f.qmin, f.qmax, out=x)
+            flat[i:i + x.size] = x
         return out
 
     return draw(layer, rng, uniform)

@@ -51,13 +51,14 @@ def _project(plan_path: Path):
 
 
 def _write_hls(plan_path: Path, out: Path):
-    """Only the HLS tree (no RTL): what csim needs."""
-    from bapipe.codegen.hls.project import write_files
+    """Only the HLS tree (no RTL): what csim needs (the files and the stages' weight images)."""
+    from bapipe.codegen.hls.project import write_files, write_images
     from bapipe.codegen.package.project import render_files
     from bapipe.fpga_models.cluster import load_cluster
 
     plan, model, ctx = _project(plan_path)
     write_files(render_files(ctx, plan_path.read_text(), load_cluster(plan.cluster)), out)
+    write_images(ctx, out)
     return plan, model, ctx
 
 
@@ -201,6 +202,38 @@ def test_tiny_mlp_backward_bit_exact_and_on_plan(plans, tmp_path):
         assert r["max_abs_err_lsb"] == 0, r
         assert abs(r["cycles_per_sample"] - r["plan_cycles_per_sample"]) <= CYCLE_TOL * r["plan_cycles_per_sample"], r
         assert all(s["peak"] <= s["depth"] for s in r["streams"].values())
+
+
+@pytest.mark.csim
+def test_vitis_run_of_the_backward_testbench_needs_no_stimulus_file(plans, tmp_path):
+    """run_hls_bwd.tcl runs the testbench on "-": one micro-batch of its own deterministic pattern
+    instead of a stimulus file (VGG-16's first stage would write 95 MB of one). The run writes the
+    dx values, the exact gradient sums and the 4-word cycle trailer, the same on a second run,
+    and the gradients are not all zero (the pattern reached the kernel)."""
+    import subprocess
+
+    from bapipe.codegen.check.cxx_run import build_flags, compile_sources
+
+    out = tmp_path / "b"
+    _write_hls(plans("tiny-mlp"), out)
+    st = json.loads((out / "host_config.json").read_text())["stages"][0]
+    b = st["backward"]
+    sdir = out / st["kernel"]
+    assert 'csim_design -argv "- csim_bwd_out.bin weights.bin"' in (sdir / "run_hls_bwd.tcl").read_text()
+    assert not list(out.rglob("csim_bwd_in.bin"))
+    CACHE.mkdir(parents=True, exist_ok=True)
+    comp = compile_sources([sdir / f"{b['kernel']}.cpp", sdir / f"tb_{b['kernel']}.cpp"], [sdir, out / "common"],
+                           CACHE, b["kernel"], build_flags(0))
+    runs = []
+    for k in range(2):
+        r = subprocess.run([str(comp.path), "-", str(tmp_path / f"o{k}.bin"), str(sdir / "weights.bin")],
+                           capture_output=True, text=True, cwd=tmp_path)
+        assert r.returncode == 0, r.stderr[-500:]
+        runs.append(np.fromfile(tmp_path / f"o{k}.bin", dtype="<i4"))
+    dx = b["microbatch"] * sum(p["elements"] for p in b["outputs"])
+    sums = 2 * sum(a["elements"] for a in b["weight_grads"])
+    assert runs[0].size == dx + sums + 4
+    assert np.array_equal(runs[0][:-4], runs[1][:-4]) and np.any(runs[0][dx:dx + sums])
 
 
 @pytest.mark.csim

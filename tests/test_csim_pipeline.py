@@ -334,8 +334,7 @@ def test_big_stage_path_external_weights_one_sample_mb1(tmp_path, monkeypatch):
     # codegen.design.train_kernels) the biases, 16-bit raw (conv3 8*3*3*16 = 1152 + 16, fc 64*10 = 640 + 10);
     # no second copy in another layout
     assert (tmp_path / "stage1/weights.bin").stat().st_size == 2 * (1152 + 16 + 640 + 10)
-    assert sorted(p.name for p in (tmp_path / "stage1").glob("*.bin")) == ["csim_bwd_in.bin", "csim_in.bin",
-                                                                          "weights.bin"]
+    assert sorted(p.name for p in (tmp_path / "stage1").glob("*.bin")) == ["csim_in.bin", "weights.bin"]
     r = cs.csim_project(tmp_path, samples=4)
     assert r["passed"] and r["samples"] == 1 and r["model_max_abs_err_lsb"] == 0, r
     assert [s["name"] for s in r["stages"]] == ["stage0", "stage0_bwd", "stage1", "stage1_bwd"]

@@ -52,18 +52,18 @@ def _zero_weights(plan, model):
 
 
 def render(plan, model, cluster):
-    """(ctx, files) of the build, weights zero and the csim stimulus files empty (VGG-16's take
-    seconds to draw; nothing here reads them; the weight images are not among the files)."""
+    """(ctx, files) of the build, weights zero and the csim stimulus file empty (VGG-16's takes
+    seconds to draw; nothing here reads it; the weight images are not among the files)."""
     import bapipe.codegen.hls.project as H
     from bapipe.codegen.design.lower import HLS_PASSES, lower
     from bapipe.codegen.package.project import render_files
-    saved = H.csim_input, H.csim_bwd_input
-    H.csim_input = H.csim_bwd_input = lambda *a, **k: b""
+    saved = H.csim_input
+    H.csim_input = lambda *a, **k: b""
     try:
         ctx = lower(plan, model, cluster, passes=HLS_PASSES, weights=_zero_weights(plan, model)).project
         return ctx, render_files(ctx, plan.dumps(), cluster)
     finally:
-        H.csim_input, H.csim_bwd_input = saved
+        H.csim_input = saved
 
 
 AURORA_CLUSTER = """

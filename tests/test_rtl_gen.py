@@ -119,7 +119,7 @@ def test_resnet_dataflow_structure(tmp_path):
     """Forks where a tensor has two consumers, a skip FIFO of (main-path window generators -
     skip-path ones + 1) frames before each add, batchnorm on the conv's PE lanes, global
     average pool as a pool_unit of H*W taps; batchnorm parameters written for the reference."""
-    from bapipe.codegen.rtl.pipeline import read_params, write_params
+    from bapipe.codegen.rtl.pipeline import read_params
     from handplan import small_resnet_plan
     plan = small_resnet_plan("dataflow")
     model, cluster = resolve(plan)
@@ -138,10 +138,15 @@ def test_resnet_dataflow_structure(tmp_path):
     add = by["s0_b1_add"]
     assert add.ins[1] == by["s0_b1_add_skip_fifo"].outs[0] and add.cycles == 1024
     assert pipe.interval == 3072
-    write_params(tmp_path, pipe)
-    p = read_params(tmp_path, ["stem_bn", "stem"])
+    # the parameters live in the stages' weight images (stage<i>/weights.bin); the manifest says where
+    render_rtl(plan, model, cluster, tmp_path)
+    p = read_params(tmp_path / "rtl", ["stem_bn", "stem"])
     assert set(p["stem_bn"]) == {"scale", "shift"} and p["stem_bn"]["scale"].shape == (16,)
     assert set(p["stem"]) == {"w", "b"}
+    ref = rm.plan_weights(plan, model)
+    assert all(np.array_equal(p[l][k], ref[l][k]) for l in p for k in p[l])
+    assert sorted(x.name for x in tmp_path.rglob("*.bin")) == ["weights.bin", "weights.bin"]   # one per stage
+    assert not list((tmp_path / "rtl").rglob("*.hex")) and not (tmp_path / "rtl" / "params").exists()
 
 
 def test_resnet_time_multiplexed_units():

@@ -22,8 +22,9 @@ from bapipe.codegen.rtl.env import GENERATOR_VERSION, GENERIC, TRANSPORT, render
 
 def render_mvu(spec: MvuSpec, plan_hash: str = "none") -> str:
     """Verilog of one matrix-vector unit; its weights and biases are not in the text but in
-    ``<module>_w.hex`` / ``<module>_b.hex`` (``codegen.rtl.mem_words.mvu_word_files(spec)``),
-    loaded with $readmemh from the ``BAPIPE_MEM_DIR`` macro's directory."""
+    ``<module>_w.hex`` / ``<module>_b.hex`` (written from the stage's weight image when a tool
+    reads them: ``codegen.rtl.mem_images``), loaded with $readmemh from the ``BAPIPE_MEM_DIR``
+    macro's directory."""
     from bapipe.codegen.rtl.mem_words import mvu_memory_params
 
     return render_template(
