@@ -42,8 +42,6 @@ from .yamlio import Fields
 
 TAG = "bapipe:"
 VIEW_OPS = frozenset({"Reshape", "Transpose", "Squeeze", "Unsqueeze", "Identity", "Dropout", "Cast", "Flatten"})
-#: ops imported as the activation they approximate (costs only: a forward computes the layer's own)
-APPROXIMATED = frozenset({"LeakyRelu", "HardSigmoid", "HardSwish"})
 ELEMENTWISE = {"Relu": "relu", "Gelu": "gelu", "Tanh": "tanh", "Sigmoid": "sigmoid", "Softmax": "softmax",
                # piecewise-linear relatives, costed like the activation they approximate (MobileNetV3, GANs)
                "LeakyRelu": "relu", "HardSigmoid": "sigmoid", "HardSwish": "silu"}
@@ -622,9 +620,12 @@ class _Importer:
             attrs = {}
             if t == "Gelu" and _str(_attr(node, "approximate", "none")) != "tanh":
                 attrs["approximate"] = "none"
-            if t in APPROXIMATED:
-                self.note(node, f"imported as {ELEMENTWISE[t]} for its cost: the layer computes {ELEMENTWISE[t]}, "
-                                f"not {t}")
+            if t == "LeakyRelu":
+                attrs["negative_slope"] = float(_attr(node, "alpha", 0.01))
+            elif t == "HardSigmoid":
+                attrs.update(alpha=float(_attr(node, "alpha", 0.2)), beta=float(_attr(node, "beta", 0.5)))
+            elif t == "HardSwish":
+                attrs["hard"] = True
             return self.emit(node, out, ELEMENTWISE[t], [self.use(acts[0], node)], attrs, like=acts[0])
         if t == "Clip":   # ReLU6 and friends: a clamp with its bounds (a missing bound is open)
             return self.emit(node, out, "clip", [self.use(acts[0], node)], self.clip_bounds(node), like=acts[0])
@@ -931,7 +932,8 @@ class _Importer:
         a, b = (self.env[x] for x in acts)
         for g, x in ((a, b), (b, a)):
             lay = self.built.get(g.src)
-            if lay is None or lay.type not in ("gelu", "sigmoid", "tanh") or lay.inputs[0] != x.src:
+            if lay is None or lay.type not in ("gelu", "sigmoid", "tanh") or lay.inputs[0] != x.src \
+                    or lay.attrs:   # a hard sigmoid or exact GELU from a Gelu node: not a pattern's part
                 continue
             if lay.type in ("tanh", "sigmoid"):   # tanh: 0.5 x (1 + tanh(c (x + 0.044715 x^3))), GPT-2's GELU
                 d = self.layers[self.order[g.src]]     # sigmoid: x * sigmoid(x), SiLU
