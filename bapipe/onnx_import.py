@@ -237,6 +237,7 @@ class _Importer:
         self.wsrc: dict[str, dict[str, tuple]] = {}
         self.notes: dict[str, str] = {}
         self._stash: list[str] = []
+        self.erf_gelu: set[str] = set()       # gelu layers made from an Erf (x (1 + erf) completes them)
 
     # -- errors and shapes ---------------------------------------------------------------
     def err(self, node, expected: str) -> SpecError:
@@ -674,8 +675,10 @@ class _Importer:
             ref = self.env[acts[0]]
             if abs(ref.mult - 2 ** -0.5) > 1e-6 or ref.pending:
                 self.note(node, "an Erf whose input is not x / sqrt(2): not a GELU")
-            return self.emit(node, out, "gelu", [self.use(acts[0], node, absorb=True)], {"approximate": "none"},
+            name = self.emit(node, out, "gelu", [self.use(acts[0], node, absorb=True)], {"approximate": "none"},
                              like=acts[0])
+            self.erf_gelu.add(name)
+            return name
         if t in ("Mul", "Add", "Sum", "Sub", "Div") and len(acts) >= 2:
             return self.binary(node, acts)
         if t == "Where":
@@ -933,8 +936,8 @@ class _Importer:
         for g, x in ((a, b), (b, a)):
             lay = self.built.get(g.src)
             if lay is None or lay.type not in ("gelu", "sigmoid", "tanh") or lay.inputs[0] != x.src \
-                    or lay.attrs:   # a hard sigmoid or exact GELU from a Gelu node: not a pattern's part
-                continue
+                    or (lay.type == "gelu" and g.src not in self.erf_gelu) or "alpha" in lay.attr:
+                continue   # a Gelu node's GELU or a hard sigmoid is whole already: not a pattern's part
             if lay.type in ("tanh", "sigmoid"):   # tanh: 0.5 x (1 + tanh(c (x + 0.044715 x^3))), GPT-2's GELU
                 d = self.layers[self.order[g.src]]     # sigmoid: x * sigmoid(x), SiLU
                 d["type"] = "gelu" if lay.type == "tanh" else "silu"
