@@ -307,6 +307,31 @@ def _elementwise(ops_per_elem: int) -> Callable[[_Ctx], _Out]:
     return build
 
 
+def _relu(c: _Ctx) -> _Out:
+    """ReLU; ``negative_slope`` > 0 is a leaky ReLU (ONNX LeakyRelu's alpha)."""
+    s = c.one_input()
+    slope = c.f.num("negative_slope", 0.0, positive=False, min=0.0)
+    return _Out(s, {"negative_slope": slope} if slope else {}, ops=prod(s))
+
+
+def _sigmoid(c: _Ctx) -> _Out:
+    """Logistic sigmoid; with ``alpha`` and ``beta`` the hard sigmoid clip(alpha x + beta, 0, 1)
+    (ONNX HardSigmoid; PyTorch exports alpha 1/6, beta 1/2), costed as the sigmoid."""
+    s = c.one_input()
+    attrs = {}
+    if c.f.has("alpha") or c.f.has("beta"):
+        attrs = {"alpha": c.f.num("alpha"), "beta": c.f.num("beta", positive=False)}
+    return _Out(s, attrs, ops=4 * prod(s))
+
+
+def _silu(c: _Ctx) -> _Out:
+    """x * sigmoid(x) (SiLU, Swish; EfficientNet): the sigmoid's 4 ops and a product; ``hard``:
+    x * clip(x/6 + 1/2, 0, 1) (ONNX HardSwish, MobileNetV3), costed the same."""
+    s = c.one_input()
+    hard = c.f.bool("hard", False)
+    return _Out(s, {"hard": True} if hard else {}, ops=5 * prod(s))
+
+
 def _dropout(c: _Ctx) -> _Out:
     """Dropout (Srivastava et al., JMLR 2014): in training each element is kept with
     probability 1 - rate and scaled by 1 / (1 - rate), a mask draw and a product an element
@@ -471,10 +496,10 @@ LAYER_TYPES: dict[str, Callable[[_Ctx], _Out]] = {
     "maxpool": _pool("max"),
     "avgpool": _pool("avg"),
     "globalavgpool": _global_pool,
-    "relu": _elementwise(1),
+    "relu": _relu,
     "gelu": _gelu,
     "tanh": _elementwise(4),
-    "sigmoid": _elementwise(4),
+    "sigmoid": _sigmoid,
     "softmax": _elementwise(3),
     "dropout": _dropout,
     "batchnorm": _batchnorm,
@@ -490,7 +515,7 @@ LAYER_TYPES: dict[str, Callable[[_Ctx], _Out]] = {
     "slice": _slice,
     "add_param": _add_param,
     "concat_param": _concat_param,
-    "silu": _elementwise(5),   # x * sigmoid(x) (SiLU, Swish; EfficientNet): the sigmoid's 4 and a product
+    "silu": _silu,
     "clip": _clip,
 }
 

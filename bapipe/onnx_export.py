@@ -292,6 +292,15 @@ def _layer(g: _Graph, l: Layer, weight_of: dict[str, str]) -> None:
         g.node("Flatten", [f"{n}/gap"], n, name=f"{n}/flatten", axis=1)
     elif t == "gelu":   # the layer's default is the tanh form; ONNX Gelu's default is the exact one
         g.node("Gelu", xs, n, approximate=l.attr.get("approximate", "tanh"))
+    elif t == "relu" and l.attr.get("negative_slope"):
+        g.node("LeakyRelu", xs, n, alpha=l.attr["negative_slope"])
+    elif t == "sigmoid" and "alpha" in l.attr:
+        g.node("HardSigmoid", xs, n, alpha=l.attr["alpha"], beta=l.attr["beta"])
+    elif t == "silu":   # x * sigmoid(x), the pattern the importer reads back; HardSwish is one op
+        if l.attr.get("hard"):
+            g.node("HardSwish", xs, n)
+        else:
+            g.node("Mul", [xs[0], g.node("Sigmoid", xs, f"{n}/sigmoid")], n)
     elif t in ("relu", "tanh", "sigmoid"):
         g.node(t.capitalize(), xs, n)
     elif t == "softmax":

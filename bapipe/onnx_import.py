@@ -42,8 +42,6 @@ from .yamlio import Fields
 
 TAG = "bapipe:"
 VIEW_OPS = frozenset({"Reshape", "Transpose", "Squeeze", "Unsqueeze", "Identity", "Dropout", "Cast", "Flatten"})
-#: ops imported as the activation they approximate (costs only: a forward computes the layer's own)
-APPROXIMATED = frozenset({"LeakyRelu", "HardSigmoid", "HardSwish"})
 ELEMENTWISE = {"Relu": "relu", "Gelu": "gelu", "Tanh": "tanh", "Sigmoid": "sigmoid", "Softmax": "softmax",
                # piecewise-linear relatives, costed like the activation they approximate (MobileNetV3, GANs)
                "LeakyRelu": "relu", "HardSigmoid": "sigmoid", "HardSwish": "silu"}
@@ -239,6 +237,7 @@ class _Importer:
         self.wsrc: dict[str, dict[str, tuple]] = {}
         self.notes: dict[str, str] = {}
         self._stash: list[str] = []
+        self.erf_gelu: set[str] = set()       # gelu layers made from an Erf (x (1 + erf) completes them)
 
     # -- errors and shapes ---------------------------------------------------------------
     def err(self, node, expected: str) -> SpecError:
@@ -622,9 +621,12 @@ class _Importer:
             attrs = {}
             if t == "Gelu" and _str(_attr(node, "approximate", "none")) != "tanh":
                 attrs["approximate"] = "none"
-            if t in APPROXIMATED:
-                self.note(node, f"imported as {ELEMENTWISE[t]} for its cost: the layer computes {ELEMENTWISE[t]}, "
-                                f"not {t}")
+            if t == "LeakyRelu":
+                attrs["negative_slope"] = float(_attr(node, "alpha", 0.01))
+            elif t == "HardSigmoid":
+                attrs.update(alpha=float(_attr(node, "alpha", 0.2)), beta=float(_attr(node, "beta", 0.5)))
+            elif t == "HardSwish":
+                attrs["hard"] = True
             return self.emit(node, out, ELEMENTWISE[t], [self.use(acts[0], node)], attrs, like=acts[0])
         if t == "Clip":   # ReLU6 and friends: a clamp with its bounds (a missing bound is open)
             return self.emit(node, out, "clip", [self.use(acts[0], node)], self.clip_bounds(node), like=acts[0])
@@ -673,8 +675,10 @@ class _Importer:
             ref = self.env[acts[0]]
             if abs(ref.mult - 2 ** -0.5) > 1e-6 or ref.pending:
                 self.note(node, "an Erf whose input is not x / sqrt(2): not a GELU")
-            return self.emit(node, out, "gelu", [self.use(acts[0], node, absorb=True)], {"approximate": "none"},
+            name = self.emit(node, out, "gelu", [self.use(acts[0], node, absorb=True)], {"approximate": "none"},
                              like=acts[0])
+            self.erf_gelu.add(name)
+            return name
         if t in ("Mul", "Add", "Sum", "Sub", "Div") and len(acts) >= 2:
             return self.binary(node, acts)
         if t == "Where":
@@ -931,8 +935,9 @@ class _Importer:
         a, b = (self.env[x] for x in acts)
         for g, x in ((a, b), (b, a)):
             lay = self.built.get(g.src)
-            if lay is None or lay.type not in ("gelu", "sigmoid", "tanh") or lay.inputs[0] != x.src:
-                continue
+            if lay is None or lay.type not in ("gelu", "sigmoid", "tanh") or lay.inputs[0] != x.src \
+                    or (lay.type == "gelu" and g.src not in self.erf_gelu) or "alpha" in lay.attr:
+                continue   # a Gelu node's GELU or a hard sigmoid is whole already: not a pattern's part
             if lay.type in ("tanh", "sigmoid"):   # tanh: 0.5 x (1 + tanh(c (x + 0.044715 x^3))), GPT-2's GELU
                 d = self.layers[self.order[g.src]]     # sigmoid: x * sigmoid(x), SiLU
                 d["type"] = "gelu" if lay.type == "tanh" else "silu"

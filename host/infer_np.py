@@ -91,6 +91,8 @@ def _clip(layer, p, s, xs):
 
 def _silu(layer, p, s, xs):
     x = xs[0]
+    if layer.attr.get("hard"):   # HardSwish: x * clip(x/6 + 1/2, 0, 1)
+        return (x * np.clip(x / L.F32(6) + L.F32(0.5), L.F32(0), L.F32(1))).astype(L.F32)
     return (x / (L.F32(1) + np.exp(-x))).astype(L.F32)
 
 

@@ -265,11 +265,13 @@ def _gap_b(layer, p, shape, dy):
 def _relu_f(layer, p, xs, train, state):
     x = xs[0]
     mask = x > 0
-    return np.where(mask, x, F32(0)), mask
+    slope = F32(layer.attr.get("negative_slope", 0.0))   # a leaky ReLU's
+    return np.where(mask, x, x * slope if slope else F32(0)).astype(F32), mask
 
 
 def _relu_b(layer, p, mask, dy):
-    return [np.where(mask, dy, F32(0))], {}
+    slope = F32(layer.attr.get("negative_slope", 0.0))
+    return [np.where(mask, dy, dy * slope if slope else F32(0)).astype(F32)], {}
 
 
 def _tanh_f(layer, p, xs, train, state):
@@ -282,11 +284,16 @@ def _tanh_b(layer, p, y, dy):
 
 
 def _sigmoid_f(layer, p, xs, train, state):
+    if "alpha" in layer.attr:   # hard sigmoid: clip(alpha x + beta, 0, 1)
+        u = F32(layer.attr["alpha"]) * xs[0] + F32(layer.attr["beta"])
+        return np.clip(u, F32(0), F32(1)).astype(F32), (u > 0) & (u < 1)
     y = (F32(1) / (F32(1) + np.exp(-xs[0]))).astype(F32)
     return y, y
 
 
 def _sigmoid_b(layer, p, y, dy):
+    if "alpha" in layer.attr:   # y holds where the hard sigmoid is not clipped
+        return [np.where(y, dy * F32(layer.attr["alpha"]), F32(0)).astype(F32)], {}
     return [dy * y * (F32(1) - y)], {}
 
 

@@ -92,6 +92,12 @@ class LayerModule(nn.Module):
             return torch.softmax(x, dim=-1)
         if k == "dropout":
             return x
+        if k == "relu" and a.get("negative_slope"):
+            return F.leaky_relu(x, a["negative_slope"])
+        if k == "sigmoid" and "alpha" in a:
+            return torch.clamp(a["alpha"] * x + a["beta"], 0.0, 1.0)
+        if k == "silu" and a.get("hard"):
+            return F.hardswish(x)
         return {"relu": torch.relu, "tanh": torch.tanh, "sigmoid": torch.sigmoid, "silu": F.silu}[k](x)
 
     def _batchnorm(self, x):

@@ -176,6 +176,36 @@ class MiniEfficientNet(nn.Module):
         return self.classifier(torch.flatten(self.avgpool(self.features(x)), 1))
 
 
+class SEHard(nn.Module):
+    """MobileNetV3's squeeze-excite: avg pool, 1x1 conv, ReLU, 1x1 conv, Hardsigmoid, scale."""
+
+    def __init__(self, c, sq):
+        super().__init__()
+        self.fc1 = nn.Conv2d(c, sq, 1)
+        self.fc2 = nn.Conv2d(sq, c, 1)
+
+    def forward(self, x):
+        s = F.hardsigmoid(self.fc2(F.relu(self.fc1(F.adaptive_avg_pool2d(x, 1)))))
+        return s * x
+
+
+class MiniMobileNetV3(nn.Module):
+    """MobileNetV3 shape: Hardswish stem, depthwise block with hard squeeze-excite, 1x1 head,
+    pool, a LeakyReLU classifier (GAN discriminators' activation, here to cover LeakyRelu)."""
+
+    def __init__(self, classes=10):
+        super().__init__()
+        self.features = nn.Sequential(
+            conv_bn_act(3, 8, 3, 2, act=nn.Hardswish),
+            conv_bn_act(8, 16, 1, act=nn.Hardswish), conv_bn_act(16, 16, 3, 2, groups=16, act=nn.Hardswish),
+            SEHard(16, 8), nn.Conv2d(16, 12, 1, bias=False), nn.BatchNorm2d(12),
+            conv_bn_act(12, 24, 1, act=nn.Hardswish))
+        self.classifier = nn.Sequential(nn.Linear(24, 32), nn.LeakyReLU(0.2), nn.Linear(32, classes))
+
+    def forward(self, x):
+        return self.classifier(torch.flatten(F.adaptive_avg_pool2d(self.features(x), 1), 1))
+
+
 class Fire(nn.Module):
     """SqueezeNet's Fire module: squeeze 1x1, expand 1x1 and 3x3, concatenated on channels."""
 
@@ -440,6 +470,7 @@ def catalogue():
         "vgg": (MiniVGG, img(), ["x"]),
         "mobilenet_v2": (MiniMobileNetV2, img(), ["x"]),
         "efficientnet": (MiniEfficientNet, img(), ["x"]),
+        "mobilenet_v3": (MiniMobileNetV3, img(), ["x"]),
         "squeezenet": (MiniSqueezeNet, img(3, 31), ["x"]),
         "squeezenet_ceil": (lambda: MiniSqueezeNet(torchvision_init=True), img(3, 33), ["x"]),
         "mlp": (MLP, (torch.randn(1, 64),), ["x"]),
