@@ -30,6 +30,7 @@ from bapipe.fpga_models.gradients import no_input_gradient
 
 from .peer_pipedream import PeerInput, cluster_levels, solve as peer_solve
 from .peer_search import search as flat_search
+from .layouts import dp_layouts
 from .placement import PLACE_WORK, board_classes, placements
 from bapipe.fpga_models.collective import ring_allreduce_fpga_s, ring_allreduce_s, ring_hop_s, ring_steps
 from .pipeline import replay, replay_2bw, replay_pipedream, steady_pipedream
@@ -169,6 +170,20 @@ def chunk_stashes_at(schedule: str, p: int, d: int, m: int, v: int, chunk: int) 
     return chunk_stash_count(schedule, p, d, m, v, chunk)
 
 
+def canonical_order(cluster: Cluster, boards: list) -> list:
+    """The planner's topology order of ``boards``: on a switched cluster, host-major (hosts in
+    the cluster's host order, each host's boards in its own order), whatever order the boards
+    are listed in. A switch's routes do not depend on the listing, so two listings of the same
+    hardware (boards renamed or listed in another order) are then searched in the same order
+    and plan the same time (tests/test_planner_layout_dp.py permutes them). Chains, rings and
+    tori are laid out in listing order (their links follow it): kept as listed."""
+    if cluster.topology != "switch":
+        return list(boards)
+    rank = {h.name: k for k, h in enumerate(cluster.hosts)}
+    pos = {b: k for h in cluster.hosts for k, b in enumerate(h.boards)}
+    return sorted(boards, key=lambda cb: (rank.get(cb.host, len(rank)), pos.get(cb.name, 0)))
+
+
 class Explorer:
     """Holds the per-board-type tables of one model on one cluster and searches plans."""
 
@@ -179,7 +194,7 @@ class Explorer:
             if not 1 <= req.max_boards <= len(boards):
                 raise SpecError(None, None, "--boards", f"expected 1..{len(boards)}, got {req.max_boards}")
             boards = boards[: req.max_boards]
-        self.boards = boards
+        self.boards = canonical_order(cluster, boards)
         self.N = len(boards)
         self.G = req.global_batch or 8 * self.N
         self.bpe = bytes_per_element(req.fmt)
@@ -463,6 +478,37 @@ class Explorer:
                 lt = max(lt, int((jmax - np.arange(self.n)).max()))
             L = max(1, min(L, lt))
         return L
+
+    def stash_of(self, schedule: str, k: int, m: int) -> int:
+        """Stashes of a stage with k stages from it to the end of its pipeline (v = 1): a
+        function of that k and m for every schedule (bapipe.schedules.stash_count of p = k, d = 0)."""
+        return stashes_at(schedule, k, 0, m, 1) if self.train else 0
+
+    def jm_of(self, schedule: str, m: int) -> int:
+        """:meth:`jm` of a (schedule, m)."""
+        return m * STREAM_K if self.train and schedule == "pipedream" else m
+
+    def cut_bytes_of(self, beta: int) -> np.ndarray:
+        """The model's bytes crossing each cut (length n - 1) at ``beta`` samples a replica."""
+        return cut_bytes(self.model, self.req.fmt, beta)
+
+    def stage_table(self, btype: str, beta: int, recompute: bool, schedule: str, st: int, L: int) -> np.ndarray:
+        """Stage times of every range of at most L layers on one board of ``btype`` (``T[j, l]``:
+        layers j-l..j; inf when it does not fit memory with ``st`` stashes), one stage a board,
+        kept with :meth:`problem`'s tables (read-only)."""
+        key = (btype, 1, beta, recompute, schedule, 1, L, st)
+        full = self._stage_times.get(key)
+        if full is None:
+            n = self.n
+            j = np.arange(n)[:, None]
+            i = j - np.arange(L)[None, :]
+            valid = i >= 0
+            ic = np.where(valid, i, 0)
+            sm = self.stage_model(btype, beta, recompute, schedule)
+            r = sm.cost_of(sm.ranges(ic, np.broadcast_to(j, ic.shape)), float(st), 1)
+            full = np.where(valid & r["feasible"], np.broadcast_to(r["time_s"], ic.shape), math.inf)
+            self._remember_times(key, full)
+        return full
 
     def _remember_times(self, key: tuple, arr: np.ndarray) -> None:
         """Keep a stage-time table (same board type, fold key, micro-batch, recomputation,
@@ -869,7 +915,7 @@ class Explorer:
         plain (r, p) shapes of :meth:`shapes` (the vectors grow as 2^N) and, up to
         HIER_BOARDS, the layouts of :meth:`hier_layouts`."""
         if self.N > GROUP_BOARDS:
-            return [g for g in self.hier_layouts() if max(len(x) for x in g) <= rmax]
+            return [g for g in self.hier_layouts() + self.dp_layouts() if max(len(x) for x in g) <= rmax]
         every = self.every_placement(rmax)
         if every is not None:
             return every
@@ -947,6 +993,24 @@ class Explorer:
         for beta in scales:
             out |= self._hier_at(beta, levels, cols, g, btype, flat=beta == max(1, self.G // self.N))
         return sorted(out)
+
+    def dp_layouts(self) -> list[tuple[tuple[int, ...], ...]]:
+        """Replica groups beyond GROUP_BOARDS (up to HIER_BOARDS boards, one board a mesh): the
+        layout DP's optimum (planner.layouts, planner.layout_dp: every partition x every vector
+        of per-stage replica counts on consecutive blocks of each board order of
+        ``layouts.dp_orders``) for every (schedule, m, recomputation) the search tries; its
+        own ranges are replayed beside each layout's J-optimal partition, like the
+        hierarchical DP's."""
+        if not GROUP_BOARDS < self.N <= HIER_BOARDS or self.mesh_sizes() != [1] and 1 not in self.mesh_sizes():
+            return []
+        key = ("dp_layouts",)
+        if key not in self._links:
+            got = dp_layouts(self)
+            for groups, bounds, _j in got:
+                if bounds not in self._hier_bounds.setdefault(groups, []):
+                    self._hier_bounds[groups].append(bounds)
+            self._links[key] = sorted({g for g, _b, _j in got})
+        return self._links[key]
 
     def _hier_at(self, beta: int, levels, cols, g: int, btype: str, flat: bool = False) -> set:
         """:meth:`hier_layouts` at ``beta`` samples per board per minibatch; ``flat``: also the
