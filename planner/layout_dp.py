@@ -64,6 +64,7 @@ class LayoutProblem:
     ring_bw: np.ndarray | None = None   # (N+1, R+1) ring bandwidth of block (b, r)
     ring_lat: np.ndarray | None = None  # (N+1, R+1) ring latency per step
     per_mb: bool = False        # all-reduce per micro-batch, overlapped: T -> max(T, X)
+    memory_binds: bool = False  # (the caller's note) some range does not fit at the most stashes
 
     @property
     def K(self) -> int:
@@ -142,80 +143,102 @@ def evaluate(p: LayoutProblem, stages: list[tuple[int, int, int, int]]) -> tuple
 
 
 class _Grid:
-    """Index arrays of the blocks, shared by the sweeps of one problem."""
+    """What every sweep of one problem shares: the blocks that exist (b, r, their end board,
+    their table), the tables indexed by a range's first layer (``S[k][q, i, l]``: layers
+    i..i+l), the cuts with the cut layer first, and each first layer's all-reduce times."""
 
     def __init__(self, p: LayoutProblem):
-        self.bs = np.arange(p.N + 1)[:, None]
-        self.rs = np.arange(p.R + 1)[None, :]
-        end = self.bs + self.rs
-        self.ok = (end <= p.N) & (self.rs >= 1) & (p.kind < len(p.T[0]) - 1)
-        self.end = np.minimum(end, p.N)
-        self.kind = np.where(self.ok, p.kind, len(p.T[0]) - 1)
+        nk = p.T[0].shape[0] - 1
+        bs, rs = np.meshgrid(np.arange(p.N + 1), np.arange(p.R + 1), indexing="ij")
+        ok = (bs + rs <= p.N) & (rs >= 1) & (p.kind < nk)
+        self.vb, self.vr = bs[ok], rs[ok]
+        self.vend = self.vb + self.vr
+        self.vkind = p.kind[ok]
+        n, L = p.n, p.L
+        i = np.arange(n)[:, None]
+        ls = np.arange(L)[None, :]
+        last = i + ls
+        inside = last < n
+        lastc = np.where(inside, last, 0)
+        self.S = []
+        for T in p.T:
+            st = T[:, lastc, np.broadcast_to(ls, lastc.shape)]
+            st[:, ~inside] = INF
+            self.S.append(st)
+        self.C = np.ascontiguousarray(np.moveaxis(p.C, 3, 0))   # (n, N+1, R+1, R+1)
+        self.O = np.ascontiguousarray(np.moveaxis(p.O, 3, 0))
+        self.X = None
+        if p.PW is not None:
+            self.X = []
+            for i0 in range(n):
+                Lc = min(L, n - i0)
+                w = p.PW[:, i0 + 1:i0 + Lc + 1] - p.PW[:, i0:i0 + 1]       # (nk, Lc)
+                self.X.append(_x(p, self.vb[:, None], self.vr[:, None], w[self.vkind]))
 
 
-def _sweep(p: LayoutProblem, grid: _Grid, cap: float, minmax: bool):
+def _sweep(p: LayoutProblem, grid: _Grid, cap: float, minmax: bool, trace: bool = False):
     """One pass over the layers from the last: the least sum (every stage and link time <=
-    ``cap``) or, ``minmax``, the least bottleneck, and the layout reaching it (None if none)."""
+    ``cap``) or, ``minmax``, the least bottleneck; with ``trace`` also the layout reaching
+    it (else None; a layout is only needed for the best cap)."""
     n, N, R, K, L = p.n, p.N, p.R, p.K, p.L
     comb = np.maximum if minmax else np.add
     f = np.full((K + 1, n + 1, N + 1, R + 1), INF)   # f[k][i, b, r]: suffix from layer i, k stages
     g = np.full((K + 1, n + 1, N + 1, R + 1), INF)   # g[k][i, b, r1]: after a stage (r1) ending at board b
     g[0, n] = 0.0
-    arg_len = np.zeros((K + 1, n, N + 1, R + 1), dtype=np.int32)
-    arg_src = np.zeros((K + 1, n, N + 1, R + 1), dtype=np.int8)
-    arg_r = np.zeros((K + 1, n + 1, N + 1, R + 1), dtype=np.int32)
-    rr = np.broadcast_to(grid.rs, grid.ok.shape)
-    rfull = np.arange(R + 1)
+    if trace:
+        arg_len = np.zeros((K + 1, n, N + 1, R + 1), dtype=np.int32)
+        arg_src = np.zeros((K + 1, n, N + 1, R + 1), dtype=np.int8)
+        arg_r = np.zeros((K + 1, n + 1, N + 1, R + 1), dtype=np.int32)
+    vb, vr, vend, vkind = grid.vb, grid.vr, grid.vend, grid.vkind
+    cuts = grid.O if minmax else np.where(grid.O <= cap, grid.C, INF)
     for i in range(n - 1, -1, -1):
         Lc = min(L, n - i)
-        ls = np.arange(1, Lc + 1)
-        last = i + ls - 1
-        x = None
-        if p.PW is not None:
-            w = p.PW[:, last + 1] - p.PW[:, i:i + 1]                   # (nk, Lc)
-            w = np.concatenate([w, np.zeros((1, Lc))])[grid.kind]      # (N+1, R+1, Lc)
-            x = _x(p, grid.bs[:, :, None], rr[:, :, None], w)
-        nxt = g[:, i + ls][:, :, grid.end, rr]                         # (K+1, Lc, N+1, R+1)
+        nxt = g[:, i + 1:i + Lc + 1][:, :, vend, vr]                  # (K+1, Lc, M)
+        x = grid.X[i] if grid.X is not None else None                 # (M, Lc)
         for k in range(1, K + 1):
-            t = p.T[k - 1][:, last, ls - 1][grid.kind]                 # (N+1, R+1, Lc)
-            t = np.where(grid.ok[:, :, None], t, INF)
+            t = grid.S[k - 1][vkind, i, :Lc]                          # (M, Lc)
             if x is not None and p.per_mb:
                 t = np.maximum(t, x)
             term = t if minmax or x is None or p.per_mb else t + x
             if not minmax:
                 term = np.where(t <= cap, term, INF)
             srcs = [k - 1] + ([K] if k == K else [])
-            best, bl, bs = None, None, None
+            best = None
             for src in srcs:
-                val = comb(term, np.moveaxis(nxt[src], 0, 2))            # (N+1, R+1, Lc)
-                a = val.argmin(axis=2)
-                v = np.take_along_axis(val, a[:, :, None], axis=2)[:, :, 0]
+                val = comb(term, nxt[src].T)                          # (M, Lc)
+                v = val.min(axis=1)
+                if trace:
+                    a = val.argmin(axis=1)
                 if best is None:
-                    best, bl, bs = v, a, np.full(v.shape, src, dtype=np.int8)
+                    best = v
+                    if trace:
+                        bl, bsrc = a, np.full(v.shape, src, dtype=np.int8)
                 else:
-                    better = v < best
-                    best = np.where(better, v, best)
-                    bl = np.where(better, a, bl)
-                    bs = np.where(better, src, bs)
-            f[k, i] = best
-            arg_len[k, i] = bl + 1
-            arg_src[k, i] = bs
+                    if trace:
+                        better = v < best
+                        bl = np.where(better, a, bl)
+                        bsrc = np.where(better, src, bsrc)
+                    best = np.minimum(best, v)
+            f[k, i][vb, vr] = best
+            if trace:
+                arg_len[k, i][vb, vr] = bl + 1
+                arg_src[k, i][vb, vr] = bsrc
         if i == 0:
             break
         # the cut after layer i-1 from a stage (r1 replicas) ending at board b into f[k][i, b, r2]
-        cut = p.O[:, :, :, i - 1] if minmax else p.C[:, :, :, i - 1]   # (N+1, R+1, R+1)
-        if not minmax:
-            cut = np.where(p.O[:, :, :, i - 1] <= cap, cut, INF)
+        cut = cuts[i - 1]                                              # (N+1, R+1, R+1)
         for k in range(1, K + 1):
             val = comb(cut, f[k, i][:, None, :])
-            a = val.argmin(axis=2)
-            g[k, i] = np.take_along_axis(val, a[:, :, None], axis=2)[:, :, 0]
-            arg_r[k, i] = rfull[a]
+            g[k, i] = val.min(axis=2)
+            if trace:
+                arg_r[k, i] = val.argmin(axis=2)
     k_best, r_best = np.unravel_index(np.argmin(f[1:, 0, 0, :]), (K, R + 1))
     k, r = int(k_best) + 1, int(r_best)
-    if not math.isfinite(f[k, 0, 0, r]):
-        return INF, None
     value = float(f[k, 0, 0, r])
+    if not math.isfinite(value):
+        return INF, None
+    if not trace:
+        return value, None
     stages, i, b = [], 0, 0
     while True:
         ln, src = int(arg_len[k, i, b, r]), int(arg_src[k, i, b, r])
@@ -229,8 +252,13 @@ def _sweep(p: LayoutProblem, grid: _Grid, cap: float, minmax: bool):
 
 def solve(p: LayoutProblem, s_floor: float | None = None, jmax: float = INF) -> LayoutSolution | None:
     """The least J over every layout (partition x consecutive blocks of replicas); None when
-    nothing fits or, given ``jmax``, nothing can be below it. The caps are searched as in
-    planner.partition.solve (bisection: S(c) is non-increasing in c)."""
+    nothing fits or, given ``jmax``, nothing can be below it.
+
+    J* = min over caps c of S(c) + (jm - 1) c: the optimum's own bottleneck B gives
+    S(B) + (jm - 1) B <= J*, and the layout reaching S(c) has J <= S(c) + (jm - 1) c. The caps
+    (the distinct stage and link times in [B*, B* + (S(B*) - floor) / (jm - 1)]) are searched
+    by bisection as in planner.partition.solve (S is non-increasing in c, so equal values at
+    two caps rule out every cap between); the layout is traced at the best cap only."""
     grid = _Grid(p)
     bstar, _st = _sweep(p, grid, INF, True)
     if not math.isfinite(bstar):
@@ -238,81 +266,69 @@ def solve(p: LayoutProblem, s_floor: float | None = None, jmax: float = INF) -> 
     mv1 = p.jm - 1
     if s_floor is not None and s_floor + mv1 * bstar >= jmax:
         return None
-    best: LayoutSolution | None = None
-
-    def consider(stages):
-        nonlocal best
-        if stages is None:
-            return
-        J, bott, tot = evaluate(p, stages)
-        if math.isfinite(J) and (best is None or (J, bott, stages) < (best.objective, best.bottleneck, best.stages)):
-            best = LayoutSolution(J, bott, tot, stages)
-
     if mv1 == 0:
-        consider(_sweep(p, grid, INF, False)[1])
-        return best
-    s_star, st = _sweep(p, grid, bstar, False)
-    consider(st)
-    if best is None:   # rounding: the min-max layout's own sum under its bottleneck
-        consider(_sweep(p, grid, INF, False)[1])
-        return best
+        return _traced(p, grid, INF)
+    s_star, _st = _sweep(p, grid, bstar, False)
+    if not math.isfinite(s_star):   # rounding at the min-max layout's own bottleneck: trace it
+        return _traced(p, grid, INF)
     if s_floor is None:
-        s_floor, st = _sweep(p, grid, INF, False)
-        consider(st)
+        s_floor = _sweep(p, grid, INF, False)[0]
     hi = bstar + (s_star - s_floor) / mv1
     vals = []
     for T in p.T:
         t = T[np.isfinite(T)]
         vals.append(t[(t > bstar) & (t <= hi)])
-    if p.per_mb and p.PW is not None:
-        vals.append(_cap_values_x(p, grid, bstar, hi))
+    if p.per_mb and grid.X is not None:
+        for x in grid.X:
+            vals.append(x[(x > bstar) & (x <= hi)])
     o = p.O[np.isfinite(p.O)]
     vals.append(o[(o > bstar) & (o <= hi)])
     cands = np.unique(np.concatenate([np.array([bstar])] + vals))
     memo: dict[int, float] = {0: s_star}
+    best = [s_star + mv1 * bstar, 0]   # least S(c) + mv1 c so far, at cap index
 
     def f(i: int) -> float:
         if i not in memo:
-            s, stg = _sweep(p, grid, float(cands[i]), False)
-            memo[i] = s
-            consider(stg)
+            memo[i] = _sweep(p, grid, float(cands[i]), False)[0]
+            if memo[i] + mv1 * float(cands[i]) < best[0]:
+                best[:] = [memo[i] + mv1 * float(cands[i]), i]
         return memo[i]
 
     stack = [(0, len(cands) - 1)]
     evaluated = 0
+    exact = True
     while stack:
         lo, hi_i = stack.pop()
         if hi_i <= lo:
             continue
-        if s_floor + mv1 * float(cands[lo + 1]) >= best.objective:
+        # any cap in (lo, hi_i] gives at least f(hi_i) + mv1 * cands[lo + 1] >= floor + ...
+        if s_floor + mv1 * float(cands[lo + 1]) >= best[0]:
             continue
         if evaluated >= MAX_CAPS:
-            best.exact = False
+            exact = False
             break
         fh = f(hi_i)
         evaluated += 1
-        if fh + mv1 * float(cands[lo + 1]) >= best.objective or fh == f(lo) or hi_i == lo + 1:
+        if fh + mv1 * float(cands[lo + 1]) >= best[0] or fh == f(lo) or hi_i == lo + 1:
             continue
         mid = (lo + hi_i) // 2
         f(mid)
         evaluated += 1
         stack.append((mid, hi_i))
         stack.append((lo, mid))
-    return best
+    sol = _traced(p, grid, float(cands[best[1]]))
+    if sol is not None:
+        sol.exact = exact
+    return sol
 
 
-def _cap_values_x(p: LayoutProblem, grid: _Grid, lo: float, hi: float) -> np.ndarray:
-    """The all-reduce times in (lo, hi] (with ``per_mb`` a stage's time can be its ring's)."""
-    out = []
-    for i in range(p.n):
-        Lc = min(p.L, p.n - i)
-        last = i + np.arange(Lc)
-        w = p.PW[:, last + 1] - p.PW[:, i:i + 1]
-        w = np.concatenate([w, np.zeros((1, Lc))])[grid.kind]
-        x = _x(p, grid.bs[:, :, None], np.broadcast_to(grid.rs, grid.ok.shape)[:, :, None], w)
-        x = x[grid.ok]
-        out.append(x[(x > lo) & (x <= hi)])
-    return np.concatenate(out) if out else np.zeros(0)
+def _traced(p: LayoutProblem, grid: _Grid, cap: float) -> LayoutSolution | None:
+    """The layout of the least sum under ``cap``, with its own J."""
+    _v, stages = _sweep(p, grid, cap, False, trace=True)
+    if stages is None:
+        return None
+    J, bott, tot = evaluate(p, stages)
+    return LayoutSolution(J, bott, tot, stages) if math.isfinite(J) else None
 
 
 def layouts(n: int, N: int, R: int):

@@ -25,6 +25,8 @@ from . import layout_dp as ldp
 
 #: the DP's replays: layouts whose J is within this factor of the best DP layout's are kept
 DP_SLACK = 0.25
+#: the DP's units: each layer up to this many layers, else this many runs of layers (dp_ends)
+DP_LAYERS = 64
 
 
 def dp_orders(ex) -> list[tuple[int, ...]]:
@@ -34,14 +36,15 @@ def dp_orders(ex) -> list[tuple[int, ...]]:
     the released PipeDream optimizer's 12-3-1), and on q-host groups of equal hosts (q a
     divisor of the host count, q > 1), slot-major inside each group (board s of every host of
     the group, then board s + 1): a block of q boards is one board per host, as PipeDream's
-    hierarchical plans replicate a within-server pipeline on q servers."""
+    hierarchical plans replicate a within-server pipeline on q servers. On rings and tori
+    (their links follow the listing) the topology order only."""
     out = [tuple(range(ex.N))]
     hosts: dict = {}
     for i, cb in enumerate(ex.boards):
         hosts.setdefault(cb.host, []).append(i)
     cols = list(hosts.values())
     H = len(cols)
-    if H < 2 or len({len(h) for h in cols}) != 1 or len(cols[0]) < 2:
+    if ex.cluster.topology != "switch" or H < 2 or len({len(h) for h in cols}) != 1 or len(cols[0]) < 2:
         return out
     g = len(cols[0])
     for q in range(2, H + 1):
@@ -52,29 +55,6 @@ def dp_orders(ex) -> list[tuple[int, ...]]:
             order += [cols[h][s] for s in range(g) for h in range(h0, h0 + q)]
         out.append(tuple(order))
     return list(dict.fromkeys(out))
-
-
-def _longest(ex, sm, st: int, tmax: float) -> int:
-    """Longest layer range that fits memory at ``st`` stashes (and computes within tmax) on one
-    stage model: binary search (fitting is monotone in the length)."""
-    i = np.arange(ex.n)
-
-    def fits(ln: int) -> bool:
-        ii = i[: ex.n - ln + 1]
-        r = sm.cost(ii, ii + ln - 1, st, 1)
-        ok = r["feasible"]
-        if math.isfinite(tmax):
-            ok = ok & (r["time_s"] <= tmax)
-        return bool(ok.any())
-
-    lo, hi = 0, ex.n
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if fits(mid):
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
 
 
 def cut_link(ex, A: tuple[int, ...], B: tuple[int, ...]) -> tuple[float, float]:
@@ -134,12 +114,34 @@ def block_types(ex, order) -> dict:
     return ex._links[key]
 
 
+def dp_ends(ex) -> np.ndarray:
+    """Last layer of every unit the DP cuts between: each layer up to DP_LAYERS layers; beyond,
+    DP_LAYERS runs of consecutive layers of about equal compute (on the first board type, one
+    sample), as the hierarchical proposals do (Explorer.hier_layouts). The layouts found are
+    then solved layer by layer (Explorer.solve_config), so only the DP's own ranges are coarse."""
+    key = ("dpends",)
+    if key not in ex._links:
+        if ex.n <= DP_LAYERS:
+            ends = np.arange(ex.n)
+        else:
+            sm = ex.stage_model(ex.boards[0].board.name, 1, False, "1f1b")
+            PT = sm.PF + (sm.PB if ex.train else 0.0)
+            q = np.searchsorted(PT[1:], PT[-1] * np.arange(1, DP_LAYERS) / DP_LAYERS)
+            ends = np.unique(np.append(np.minimum(q, ex.n - 1), ex.n - 1))
+        ex._links[key] = ends
+    return ex._links[key]
+
+
 def layout_problem(ex, order: tuple[int, ...], schedule: str, m: int, recompute: bool,
-                   tmax: float = math.inf) -> tuple[ldp.LayoutProblem, dict, float] | None:
-    """The layout DP's problem on ``order`` for one (schedule, m, recomputation), the
-    blocks' boards ({(b, r): sorted board indices}) and a floor of a layout's sum of stage
-    times (every layer at its fastest kind); None when no block fits."""
+                   tmax: float = math.inf) -> tuple[ldp.LayoutProblem, dict, float, np.ndarray] | None:
+    """The layout DP's problem on ``order`` for one (schedule, m, recomputation) over the units
+    of :func:`dp_ends`, the blocks' boards ({(b, r): sorted board indices}), a floor of a
+    layout's sum of stage times (every layer at its fastest kind) and the units' last layers;
+    None when no block fits."""
     N, n = len(order), ex.n
+    ends = dp_ends(ex)
+    nb = len(ends)
+    starts = np.concatenate(([0], ends[:-1] + 1))
     bmb = ex.G // m
     R = min(N, bmb) if ex.req.replication else 1
     types = block_types(ex, order)
@@ -152,18 +154,27 @@ def layout_problem(ex, order: tuple[int, ...], schedule: str, m: int, recompute:
     if not kinds:
         return None
     klist = list(kinds)
-    kmax = min(n, N)
+    kmax = min(nb, N)
     stash = [ex.stash_of(schedule, k, m) for k in range(1, kmax + 1)]
     sms = [ex.stage_model(t, bt, recompute, schedule) for t, bt in klist]
-    L = max(_longest(ex, sm, stash[0], tmax) for sm in sms)
-    if L < 1:
-        return None
     nk = len(klist)
+    jj = np.arange(nb)[:, None]
+    ii = jj - np.arange(nb)[None, :]
+    valid = ii >= 0
+    ic = np.where(valid, ii, 0)
+    first, last = starts[ic], np.broadcast_to(ends[jj], ic.shape)
+    rgs = [sm.ranges(first, last) for sm in sms]
+
+    binds = [False]   # some range does not fit memory at the most stashes (recomputation may help)
 
     def tables(st: int) -> np.ndarray:
-        out = np.full((nk + 1, n, L), math.inf)
-        for q, (t, bt) in enumerate(klist):
-            out[q] = ex.stage_table(t, bt, recompute, schedule, st, L)
+        out = np.full((nk + 1, nb, nb), math.inf)
+        for q, sm in enumerate(sms):
+            r = sm.cost_of(rgs[q], float(st), 1)
+            ok = np.broadcast_to(r["feasible"], ic.shape)
+            if st == stash[-1] and (valid & ~ok).any():
+                binds[0] = True
+            out[q] = np.where(valid & ok, np.broadcast_to(r["time_s"], ic.shape), math.inf)
         if math.isfinite(tmax):
             out[out > tmax] = math.inf
         return out
@@ -173,7 +184,7 @@ def layout_problem(ex, order: tuple[int, ...], schedule: str, m: int, recompute:
     if stash[-1] != stash[0]:
         by_st[stash[-1]] = tables(stash[-1])
     if stash[-1] == stash[0] or np.array_equal(by_st[stash[0]], by_st[stash[-1]]):
-        T = [by_st[stash[0]]]
+        K = 1
     else:
         for st in sorted(set(stash)):
             if st not in by_st:
@@ -181,21 +192,26 @@ def layout_problem(ex, order: tuple[int, ...], schedule: str, m: int, recompute:
         K = kmax
         while K > 1 and np.array_equal(by_st[stash[K - 2]], by_st[stash[K - 1]]):
             K -= 1
-        T = [by_st[stash[k]] for k in range(K)]
+    # the band: the longest unit range that fits anywhere (the fewest stashes fit the most)
+    fin = np.isfinite(by_st[stash[0]][:nk]).any(axis=(0, 1))
+    if not fin.any():
+        return None
+    L = int(np.nonzero(fin)[0][-1]) + 1
+    T = [by_st[stash[k]][:, :, :L] for k in range(K)]
     kind = np.where(kind < 0, nk, kind)
     blocks = {(b, r): tuple(sorted(order[b:b + r])) for (b, r) in types if r <= R}
     PW = ring_bw = ring_lat = None
     if ex.train and R > 1:
-        PW = np.stack([sm.PW for sm in sms])
+        PW = np.stack([sm.PW[np.append(starts, n)] for sm in sms])
         ring_bw = np.full((N + 1, R + 1), math.inf)
         ring_lat = np.zeros((N + 1, R + 1))
         for (b, r), bl in blocks.items():
             if r > 1:
                 ring_bw[b, r], ring_lat[b, r] = ex.ring([ex.boards[x] for x in bl])
-    C = np.full((N + 1, R + 1, R + 1, n), math.inf)
-    O = np.full((N + 1, R + 1, R + 1, n), math.inf)
+    C = np.full((N + 1, R + 1, R + 1, nb), math.inf)
+    O = np.full((N + 1, R + 1, R + 1, nb), math.inf)
     ways = 2 if ex.train else 1
-    whole = ex.req.whole_blocks
+    cut_at = ends[:-1]
     for b in range(1, N):
         for r1 in range(1, min(R, b) + 1):
             ta = types.get((b - r1, r1))
@@ -208,20 +224,21 @@ def layout_problem(ex, order: tuple[int, ...], schedule: str, m: int, recompute:
                 B = blocks[(b, r2)]
                 bw, lat = cut_link(ex, A, B)
                 line, extra = _line(ex, ex.boards[A[0]], ex.boards[B[0]], ta, beta[r1])
-                occ = line / bw
-                O[b, r1, r2, :n - 1] = occ
-                C[b, r1, r2, :n - 1] = ways * (occ + lat + extra)
-    if whole:
-        oc = np.asarray(ex.open_cuts)
+                occ = line[cut_at] / bw
+                O[b, r1, r2, :nb - 1] = occ
+                C[b, r1, r2, :nb - 1] = ways * (occ + lat + extra[cut_at])
+    if ex.req.whole_blocks:
+        oc = np.append(np.asarray(ex.open_cuts)[cut_at], False)
         C[..., oc] = math.inf
         O[..., oc] = math.inf
-    prob = ldp.LayoutProblem(n, N, R, ex.jm_of(schedule, m), kind, T, C, O, PW, ring_bw, ring_lat,
+    prob = ldp.LayoutProblem(nb, N, R, ex.jm_of(schedule, m), kind, T, C, O, PW, ring_bw, ring_lat,
                              ex.train and schedule == "pipedream")
     per = None
     for sm in sms:
         t = np.diff(sm.PF) + (np.diff(sm.PB) if ex.train else 0.0)
         per = t if per is None else np.minimum(per, t)
-    return prob, blocks, float(per.sum())
+    prob.memory_binds = binds[0]
+    return prob, blocks, float(per.sum()), ends
 
 
 def dp_schedules(ex) -> list[str]:
@@ -247,19 +264,29 @@ def dp_layouts(ex) -> list[tuple[tuple[tuple[int, ...], ...], list[tuple[int, in
     best = math.inf
     rcs = (False, True) if ex.train else (False,)
     for sched in dp_schedules(ex):
-        for m in ex.m_candidates(1, 1, sched):
+        # the largest counts first: their J (smallest bubbles) tends to be the least, which
+        # then bounds the other DPs (solve returns None once its bound passes jmax)
+        for m in sorted(ex.m_candidates(1, 1, sched), reverse=True):
             for rc in rcs:
                 for order in dp_orders(ex):
                     jmax = best * (1 + DP_SLACK)
                     tmax = jmax / ex.jm_of(sched, m) if math.isfinite(jmax) else math.inf
+                    if rc and ("dpfits", sched, m, order) in ex._links:
+                        # every range fits without recomputation: recomputing only adds the
+                        # forward to the backward, so no layout's J gets lower
+                        continue
                     got = layout_problem(ex, order, sched, m, rc, tmax)
                     if got is None:
                         continue
-                    prob, blocks, floor = got
+                    prob, blocks, floor, ends = got
+                    if not rc and not prob.memory_binds:
+                        ex._links[("dpfits", sched, m, order)] = True
                     sol = ldp.solve(prob, floor, jmax)
                     if sol is None:
                         continue
                     best = min(best, sol.objective)
                     groups = tuple(blocks[(b, r)] for _a, _z, b, r in sol.stages)
-                    out.append((groups, [(a, z) for a, z, _b, _r in sol.stages], sol.objective))
+                    starts = np.concatenate(([0], ends[:-1] + 1))
+                    out.append((groups, [(int(starts[a]), int(ends[z])) for a, z, _b, _r in sol.stages],
+                                sol.objective))
     return [x for x in out if x[2] <= best * (1 + DP_SLACK)]

@@ -145,7 +145,7 @@ def test_dp_objective_is_the_configurations_J():
         ex = Explorer(model, cluster, Request(schedule=sched, global_batch=8))
         m = rng.choice(ex.m_candidates(1, 1, sched))
         for order in dp_orders(ex):
-            prob, blocks, _floor = layout_problem(ex, order, sched, m, False)
+            prob, blocks, _floor, _ends = layout_problem(ex, order, sched, m, False)
             for st in ldp.layouts(prob.n, prob.N, prob.R):
                 J = ldp.evaluate(prob, st)[0]
                 groups = tuple(blocks[(b, r)] for _a, _z, b, r in st)
