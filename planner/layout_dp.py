@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -86,6 +86,7 @@ class LayoutSolution:
     total: float
     stages: list[tuple[int, int, int, int]]
     exact: bool = True
+    others: list = field(default_factory=list)   # (J, stages): the best under the same cap per first replicas
 
 
 def _x(p: LayoutProblem, b, r, w):
@@ -239,15 +240,25 @@ def _sweep(p: LayoutProblem, grid: _Grid, cap: float, minmax: bool, trace: bool 
         return INF, None
     if not trace:
         return value, None
-    stages, i, b = [], 0, 0
-    while True:
-        ln, src = int(arg_len[k, i, b, r]), int(arg_src[k, i, b, r])
-        stages.append((i, i + ln - 1, b, r))
-        i, b = i + ln, b + r
-        if src == 0 or i >= n:
-            break
-        k, r = src, int(arg_r[src, i, b, r])
-    return value, stages
+
+    def walk(k: int, r: int) -> list:
+        stages, i, b = [], 0, 0
+        while True:
+            ln, src = int(arg_len[k, i, b, r]), int(arg_src[k, i, b, r])
+            stages.append((i, i + ln - 1, b, r))
+            i, b = i + ln, b + r
+            if src == 0 or i >= n:
+                return stages
+            k, r = src, int(arg_r[src, i, b, r])
+
+    # the least-sum layout, then the least-sum layout of every other first stage's replica count
+    # (alternatives for the replay, which J does not rank exactly)
+    out = [walk(k, r)]
+    for r0 in range(1, R + 1):
+        k0 = int(np.argmin(f[1:, 0, 0, r0])) + 1
+        if r0 != r and math.isfinite(f[k0, 0, 0, r0]):
+            out.append(walk(k0, r0))
+    return value, out
 
 
 def solve(p: LayoutProblem, s_floor: float | None = None, jmax: float = INF) -> LayoutSolution | None:
@@ -323,12 +334,20 @@ def solve(p: LayoutProblem, s_floor: float | None = None, jmax: float = INF) -> 
 
 
 def _traced(p: LayoutProblem, grid: _Grid, cap: float) -> LayoutSolution | None:
-    """The layout of the least sum under ``cap``, with its own J."""
-    _v, stages = _sweep(p, grid, cap, False, trace=True)
-    if stages is None:
+    """The layout of the least sum under ``cap``, with its own J, and in ``others`` the
+    least-sum layout under the cap of every other replica count of the first stage."""
+    _v, found = _sweep(p, grid, cap, False, trace=True)
+    if found is None:
         return None
-    J, bott, tot = evaluate(p, stages)
-    return LayoutSolution(J, bott, tot, stages) if math.isfinite(J) else None
+    J, bott, tot = evaluate(p, found[0])
+    if not math.isfinite(J):
+        return None
+    sol = LayoutSolution(J, bott, tot, found[0])
+    for st in found[1:]:
+        Jo = evaluate(p, st)[0]
+        if math.isfinite(Jo):
+            sol.others.append((Jo, st))
+    return sol
 
 
 def layouts(n: int, N: int, R: int):

@@ -285,8 +285,8 @@ def dp_layouts(ex) -> list[tuple[tuple[tuple[int, ...], ...], list[tuple[int, in
                     if sol is None:
                         continue
                     best = min(best, sol.objective)
-                    groups = tuple(blocks[(b, r)] for _a, _z, b, r in sol.stages)
                     starts = np.concatenate(([0], ends[:-1] + 1))
-                    out.append((groups, [(int(starts[a]), int(ends[z])) for a, z, _b, _r in sol.stages],
-                                sol.objective))
+                    for J, st in [(sol.objective, sol.stages)] + sol.others:
+                        groups = tuple(blocks[(b, r)] for _a, _z, b, r in st)
+                        out.append((groups, [(int(starts[a]), int(ends[z])) for a, z, _b, _r in st], J))
     return [x for x in out if x[2] <= best * (1 + DP_SLACK)]

@@ -1317,10 +1317,14 @@ class Explorer:
             # candidate (per depth and boards used), its configurations are kept up to
             # DEPTH_SLACK above the best J
             shape = (c.p, self.boards_used(c))
-            if c.groups:
+            if c.groups and c.groups not in self._hier_bounds:
                 # per-position groups: hundreds of near-equal vectors; only those whose bound is
                 # near the best J are solved (the least J stays exact: slack only widens the set)
                 lim = best * (1 + min(slack, GROUP_SLACK))
+            elif c.groups:
+                # the layout DP's and the hierarchical DP's few proposals: solved (and their own
+                # ranges replayed) within the replay's slack, since J does not rank them exactly
+                lim = best * (1 + slack)
             else:
                 lim = best * (1 + (slack if shape in depths else max(slack, DEPTH_SLACK)))
             if lb >= lim:
