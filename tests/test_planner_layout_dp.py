@@ -207,3 +207,17 @@ def test_relabelled_cluster_plans_the_same_time(schedule):
 def _model(name: str):
     from bapipe.models import load_model
     return load_model(name)
+
+
+def test_interleaved_chunk_stashes_stop_growing_at_4p():
+    """The planner clamps m to 4p for interleaved chunk stash counts (search.chunk_stashes_at):
+    the walk of the op order gives the same peak for every m = 4p..12p, p <= 6, v <= 4."""
+    from bapipe.planner.search import chunk_stashes_at
+    from bapipe.schedules import chunk_stash_count
+    for p in range(2, 7):
+        for v in (2, 3, 4):
+            for k in range(4, 13):
+                for d in range(p):
+                    for ch in range(v):
+                        assert chunk_stashes_at("interleaved", p, d, k * p, v, ch) == \
+                            chunk_stash_count("interleaved", p, d, k * p, v, ch), (p, v, k, d, ch)
