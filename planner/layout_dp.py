@@ -204,6 +204,10 @@ def _sweep(p: LayoutProblem, grid: _Grid, cap: float, minmax: bool, trace: bool 
             if not minmax:
                 term = np.where(t <= cap, term, INF)
             srcs = [k - 1] + ([K] if k == K else [])
+            if not trace and len(srcs) > 1:   # no layout to trace: one pass over the better source
+                nk_ = np.minimum(nxt[srcs[0]], nxt[srcs[1]])
+                f[k, i][vb, vr] = comb(term, nk_.T).min(axis=1)
+                continue
             best = None
             for src in srcs:
                 val = comb(term, nxt[src].T)                          # (M, Lc)
