@@ -221,3 +221,41 @@ def test_interleaved_chunk_stashes_stop_growing_at_4p():
                     for ch in range(v):
                         assert chunk_stashes_at("interleaved", p, d, k * p, v, ch) == \
                             chunk_stash_count("interleaved", p, d, k * p, v, ch), (p, v, k, d, ch)
+
+
+def _one_host(n_boards: int):
+    """n V100s in one host, every pair on its own NVLink (no link carries two board pairs, so
+    no two cuts ever share a link: J of the layout DP is J of the configuration)."""
+    bl = "\n".join(f"  - {{name: g{k}, type: V100}}" for k in range(n_boards))
+    text = (f"name: onehost\ntopology: switch\nboards:\n{bl}\nhosts:\n"
+            f"  - {{name: h0, boards: [{', '.join(f'g{k}' for k in range(n_boards))}]}}\n"
+            "link: {bandwidth: 1.2e+10, latency: 1.0e-6}\nswitch: {name: sw, attach: hosts}\n"
+            "host_link: {bandwidth: 2.5e+10, latency: 1.0e-6, kind: nvlink}\n")
+    return parse_cluster(loads(text, "<onehost>"))
+
+
+@pytest.mark.parametrize("schedule,m", [("1f1b", 2), ("pipedream", 1), ("gpipe", 4)])
+def test_planner_least_J_equals_enumeration_on_10_boards(schedule, m):
+    """6 dense layers of 256-8192 units on 10 boards (beyond every placement's 8: the search's
+    layouts are its plain shapes and the layout DP's), global batch 64: the planner's least J
+    equals the least J of every partition x every vector of per-stage replica counts (10
+    interchangeable boards: consecutive blocks are every placement up to symmetry) x
+    recomputation, each priced as a configuration; the optimum has unequal replica counts
+    (2-8, 2-3-2-3, 1-2-1-1-2: no plain shape reaches it)."""
+    rng = random.Random(0)
+    units = [rng.choice([256, 1024, 4096, 8192]) for _ in range(6)]
+    model = model_from_text("name: rnd\ninput: [4096]\nlayers:\n" + "".join(
+        f"  - {{name: d{i}, type: dense, units: {u}}}\n" for i, u in enumerate(units)))
+    ex = Explorer(model, _one_host(10), Request(schedule=schedule, global_batch=64, microbatches=m))
+    found = ex.explore(ex.configs([schedule], list(range(1, 11)), (False, True)))
+    best = min(found, key=lambda c: c.objective)
+    assert len({len(ex.dev_idx(best.config, d)) for d in range(best.config.p)}) > 1
+    want = math.inf
+    for rc in (False, True):
+        for st in ldp.layouts(ex.n, 10, 10):
+            groups = tuple(tuple(range(b, b + r)) for _a, _z, b, r in st)
+            c = Config(schedule, 1, 1, len(st), m, 64 // m, rc, groups=groups)
+            want = min(want, ex.objective(c, [(a, z) for a, z, _b, _r in st]))
+    assert math.isfinite(want)
+    assert best.objective == pytest.approx(want, rel=REL, abs=0)
+    assert best.objective >= want * (1 - REL)
