@@ -30,6 +30,7 @@ from bapipe.fpga_models.gradients import no_input_gradient
 
 from .peer_pipedream import PeerInput, cluster_levels, solve as peer_solve
 from .peer_search import search as flat_search
+from .layouts import dp_layouts
 from .placement import PLACE_WORK, board_classes, placements
 from bapipe.fpga_models.collective import ring_allreduce_fpga_s, ring_allreduce_s, ring_hop_s, ring_steps
 from bapipe.fpga_models import allreduce as ar_model
@@ -165,10 +166,36 @@ def stashes_at(schedule: str, p: int, d: int, m: int, v: int = 1) -> int:
     return stash_count(schedule, p, d, m, v)
 
 
-@lru_cache(maxsize=None)
 def chunk_stashes_at(schedule: str, p: int, d: int, m: int, v: int, chunk: int) -> int:
-    """bapipe.schedules.chunk_stash_count, cached."""
+    """bapipe.schedules.chunk_stash_count, cached, with m clamped to 4p for interleaving: after
+    its warm-up of at most (v + 1) p chunk-ops, Megatron's interleaved order runs one backward
+    and one forward a step, and which chunk each op belongs to repeats every p v ops, so a
+    chunk's live stashes repeat with period p v until the forwards run out (then they only
+    fall). With m v >= warm-up + p v (m >= 4p is enough) the peak is reached within that first
+    period and does not depend on m: --global-batch 100000 walked 10^5-op orders per chunk
+    (tests/test_planner_layout_dp.py checks m = 4p..12p against the walk)."""
+    if schedule == "interleaved" and m > 4 * p and m % p == 0:
+        m = 4 * p
+    return _chunk_stashes(schedule, p, d, m, v, chunk)
+
+
+@lru_cache(maxsize=None)
+def _chunk_stashes(schedule: str, p: int, d: int, m: int, v: int, chunk: int) -> int:
     return chunk_stash_count(schedule, p, d, m, v, chunk)
+
+
+def canonical_order(cluster: Cluster, boards: list) -> list:
+    """The planner's topology order of ``boards``: on a switched cluster, host-major (hosts in
+    the cluster's host order, each host's boards in its own order), whatever order the boards
+    are listed in. A switch's routes do not depend on the listing, so two listings of the same
+    hardware (boards renamed or listed in another order) are then searched in the same order
+    and plan the same time (tests/test_planner_layout_dp.py permutes them). Chains, rings and
+    tori are laid out in listing order (their links follow it): kept as listed."""
+    if cluster.topology != "switch":
+        return list(boards)
+    rank = {h.name: k for k, h in enumerate(cluster.hosts)}
+    pos = {b: k for h in cluster.hosts for k, b in enumerate(h.boards)}
+    return sorted(boards, key=lambda cb: (rank.get(cb.host, len(rank)), pos.get(cb.name, 0)))
 
 
 class Explorer:
@@ -181,7 +208,7 @@ class Explorer:
             if not 1 <= req.max_boards <= len(boards):
                 raise SpecError(None, None, "--boards", f"expected 1..{len(boards)}, got {req.max_boards}")
             boards = boards[: req.max_boards]
-        self.boards = boards
+        self.boards = canonical_order(cluster, boards)
         self.N = len(boards)
         self.G = req.global_batch or 8 * self.N
         self.bpe = bytes_per_element(req.fmt)
@@ -466,6 +493,37 @@ class Explorer:
                 lt = max(lt, int((jmax - np.arange(self.n)).max()))
             L = max(1, min(L, lt))
         return L
+
+    def stash_of(self, schedule: str, k: int, m: int) -> int:
+        """Stashes of a stage with k stages from it to the end of its pipeline (v = 1): a
+        function of that k and m for every schedule (bapipe.schedules.stash_count of p = k, d = 0)."""
+        return stashes_at(schedule, k, 0, m, 1) if self.train else 0
+
+    def jm_of(self, schedule: str, m: int) -> int:
+        """:meth:`jm` of a (schedule, m)."""
+        return m * STREAM_K if self.train and schedule == "pipedream" else m
+
+    def cut_bytes_of(self, beta: int) -> np.ndarray:
+        """The model's bytes crossing each cut (length n - 1) at ``beta`` samples a replica."""
+        return cut_bytes(self.model, self.req.fmt, beta)
+
+    def stage_table(self, btype: str, beta: int, recompute: bool, schedule: str, st: int, L: int) -> np.ndarray:
+        """Stage times of every range of at most L layers on one board of ``btype`` (``T[j, l]``:
+        layers j-l..j; inf when it does not fit memory with ``st`` stashes), one stage a board,
+        kept with :meth:`problem`'s tables (read-only)."""
+        key = (btype, 1, beta, recompute, schedule, 1, L, st)
+        full = self._stage_times.get(key)
+        if full is None:
+            n = self.n
+            j = np.arange(n)[:, None]
+            i = j - np.arange(L)[None, :]
+            valid = i >= 0
+            ic = np.where(valid, i, 0)
+            sm = self.stage_model(btype, beta, recompute, schedule)
+            r = sm.cost_of(sm.ranges(ic, np.broadcast_to(j, ic.shape)), float(st), 1)
+            full = np.where(valid & r["feasible"], np.broadcast_to(r["time_s"], ic.shape), math.inf)
+            self._remember_times(key, full)
+        return full
 
     def _remember_times(self, key: tuple, arr: np.ndarray) -> None:
         """Keep a stage-time table (same board type, fold key, micro-batch, recomputation,
@@ -877,7 +935,7 @@ class Explorer:
         plain (r, p) shapes of :meth:`shapes` (the vectors grow as 2^N) and, up to
         HIER_BOARDS, the layouts of :meth:`hier_layouts`."""
         if self.N > GROUP_BOARDS:
-            return [g for g in self.hier_layouts() if max(len(x) for x in g) <= rmax]
+            return [g for g in self.hier_layouts() + self.dp_layouts() if max(len(x) for x in g) <= rmax]
         every = self.every_placement(rmax)
         if every is not None:
             return every
@@ -943,6 +1001,8 @@ class Explorer:
         costs at G / N samples a board, with and without its cut term. Non-uniform replica
         counts and replicas across hosts (e.g. 12-3-1) that the plain shapes cannot
         express; the partition of each layout is then solved exactly (section 5)."""
+        if ("hier",) in self._links:   # asked again by the baselines' searches
+            return self._links[("hier",)]
         lv = cluster_levels(self.cluster, self.boards) if self.N <= HIER_BOARDS and len(self.tables) == 1 else None
         if lv is None:
             return []
@@ -954,7 +1014,26 @@ class Explorer:
         scales = sorted({max(1, self.G // self.N)} | {4 ** k for k in range(7) if 4 ** k <= self.G})
         for beta in scales:
             out |= self._hier_at(beta, levels, cols, g, btype, flat=beta == max(1, self.G // self.N))
-        return sorted(out)
+        self._links[("hier",)] = sorted(out)
+        return self._links[("hier",)]
+
+    def dp_layouts(self) -> list[tuple[tuple[int, ...], ...]]:
+        """Replica groups beyond GROUP_BOARDS (up to HIER_BOARDS boards, one board a mesh): the
+        layout DP's optimum (planner.layouts, planner.layout_dp: every partition x every vector
+        of per-stage replica counts on consecutive blocks of each board order of
+        ``layouts.dp_orders``) for every (schedule, m, recomputation) the search tries; its
+        own ranges are replayed beside each layout's J-optimal partition, like the
+        hierarchical DP's."""
+        if not GROUP_BOARDS < self.N <= HIER_BOARDS or self.mesh_sizes() != [1] and 1 not in self.mesh_sizes():
+            return []
+        key = ("dp_layouts",)
+        if key not in self._links:
+            got = dp_layouts(self)
+            for groups, bounds, _j in got:
+                if bounds not in self._hier_bounds.setdefault(groups, []):
+                    self._hier_bounds[groups].append(bounds)
+            self._links[key] = sorted({g for g, _b, _j in got})
+        return self._links[key]
 
     def _hier_at(self, beta: int, levels, cols, g: int, btype: str, flat: bool = False) -> set:
         """:meth:`hier_layouts` at ``beta`` samples per board per minibatch; ``flat``: also the
@@ -1353,10 +1432,14 @@ class Explorer:
             # candidate (per depth and boards used), its configurations are kept up to
             # DEPTH_SLACK above the best J
             shape = (c.p, self.boards_used(c))
-            if c.groups:
+            if c.groups and c.groups not in self._hier_bounds:
                 # per-position groups: hundreds of near-equal vectors; only those whose bound is
                 # near the best J are solved (the least J stays exact: slack only widens the set)
                 lim = best * (1 + min(slack, GROUP_SLACK))
+            elif c.groups:
+                # the layout DP's and the hierarchical DP's few proposals: solved (and their own
+                # ranges replayed) within the replay's slack, since J does not rank them exactly
+                lim = best * (1 + slack)
             else:
                 lim = best * (1 + (slack if shape in depths else max(slack, DEPTH_SLACK)))
             if lb >= lim:
