@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from bapipe.fpga_models import fixedpoint as fx
-from bapipe.fpga_models.allocate import frames_offchip, stage_onchip_budget
+from bapipe.fpga_models.allocate import frames_offchip, ring_banks, stage_onchip_budget
 from bapipe.fpga_models.engines import DDR_WORD_BITS, ddr_words_per_beat, swg_rows
 
 from bapipe.codegen.design.weight_memory import MvuCall, load_weights_once, stream_weights
@@ -38,7 +38,7 @@ def onchip_budget(plan, stage, cluster) -> int | None:
 
 
 def engine_stage(st, layers, params: dict, external: bool = False, writable: bool = False,
-                 onchip_budget: int | None = None, number_format: str = "fixed16") -> EngineStage:
+                 onchip_budget: int | None = None, number_format: str = "fixed16", board=None) -> EngineStage:
     """Lower one Design stage (a codegen.design.dataflow.StageRtl of style dataflow) to engine calls.
 
     ``layers``: the stage's model layers (batchnorm nodes are matched to them by name);
@@ -49,6 +49,8 @@ def engine_stage(st, layers, params: dict, external: bool = False, writable: boo
     ``onchip_budget``: bytes the kernel may keep on chip; a time-multiplexed stage's frame
     buffers beyond it go off chip (fpga_models.allocate.frames_offchip), elements of
     ``number_format`` packed into 512-bit words (fpga_models.engines.ddr_words_per_beat).
+    ``board``: the catalog board (its usable BRAM36 and URAM choose each buffer's and deep
+    FIFO's storage, fpga_models.memory_blocks.storage_impl; a U250's without one).
     """
     from bapipe.codegen.design.dataflow import legal
 
@@ -103,6 +105,7 @@ def engine_stage(st, layers, params: dict, external: bool = False, writable: boo
     roms: list[Rom] = []
     mvus: dict = {}                  # weight array -> its MVU call (codegen.design.weight_memory)
     lb = 0
+    rings: list[tuple[int, int, int, str]] = []   # each window generator's ring (fpga_models.allocate.ring_banks)
     acc = 0
     if root(stage_out) == root(stage_in):   # nothing but wiring (a flatten alone): one copy
         calls.append(f"bapipe::width_conv<{st.in_lanes}, {st.in_lanes}>(in0, out0, (long)n * {st.in_elems})")
@@ -134,7 +137,9 @@ def engine_stage(st, layers, params: dict, external: bool = False, writable: boo
             g = b.swg
             rows = swg_rows(g.k, g.stride)   # fpga_models.engines (the planner's line buffer too)
             lb += rows * g.w * g.c
-            calls.append(f"bapipe::swg<{g.c}, {g.h}, {g.w}, {g.k}, {g.pad}, {g.stride}, {g.simd}, {g.taps}, {rows}, "
+            ring = ring_banks(rows, g.k, g.w, g.c, g.simd, elem_bits, board)   # the ring's banks and storage
+            rings.append(ring)
+            calls.append(f"bapipe::swg_{ring[3]}<{g.c}, {g.h}, {g.w}, {g.k}, {g.pad}, {g.stride}, {g.simd}, {g.taps}, {rows}, "
                          f"{'true' if p.get('PAD_MIN') else 'false'}>({i}, {o}, n)")
             e_out = g.out_beats * g.out_lanes
         elif k == "mvu":
@@ -195,8 +200,10 @@ def engine_stage(st, layers, params: dict, external: bool = False, writable: boo
         es = EngineStage(st.in_lanes, st.out_lanes, _decl(streams.values()), calls, roms, lb, acc_bytes=acc,
                          node_out=node_out, writers=writer)
         if external:   # off-chip weights: copied on chip per call in 512-bit bursts (codegen.design.weight_memory)
-            renamed = load_weights_once(es, mvus, elem_bits, st.index)
+            renamed = load_weights_once(es, mvus, elem_bits, st.index, board)
             es.writers = {k: renamed.get(c, c) for k, c in writer.items()}
+        bind_fifos(es, elem_bits, board)
+        es.rings = rings
         return es
     fns = [UnitFn(u.name, sorted((streams[w] for w in u.params), key=lambda v: v.name),
                   _decl(streams[w] for w in u.streams), u.calls, u.roms) for u in units]
@@ -209,7 +216,7 @@ def engine_stage(st, layers, params: dict, external: bool = False, writable: boo
     es = EngineStage(st.in_lanes, st.out_lanes, _decl(top.values()), [], roms, lb, turns, feed,
                      _decl(between.values()), [], onchip_budget, acc)
     if external:   # off-chip weights: 512-bit bursts into on-chip tiles (codegen.design.weight_memory)
-        renamed = stream_weights(es, mvus, onchip_budget, elem_bits, st.index)
+        renamed = stream_weights(es, mvus, onchip_budget, elem_bits, st.index, board)
         writer = {k: renamed.get(c, c) for k, c in writer.items()}
     if onchip_budget is not None and es.turn_streams:
         # the frame buffers that do not fit go off chip: the planner's rule (fpga_models.allocate)
@@ -224,7 +231,22 @@ def engine_stage(st, layers, params: dict, external: bool = False, writable: boo
         es.frames = [_spill(v, beats_of[v.name], elem_bits, turns, writer) for v in es.turn_streams if v.name in spill]
         es.turn_streams = [v for v in es.turn_streams if v.name not in spill]
     es.node_out, es.writers = node_out, writer   # codegen.design.stash tees the turns' streams
+    bind_fifos(es, elem_bits, board)
+    es.rings = rings
     return es
+
+
+def bind_fifos(es: EngineStage, elem_bits: int, board=None) -> None:
+    """The storage of every FIFO deeper than Vitis's default (frame buffers between turns, skip
+    and input FIFOs): fpga_models.memory_blocks.storage_impl, so the blocks it takes are the
+    Design's decision (BIND_STORAGE), not the tool's."""
+    from bapipe.fpga_models.memory_blocks import storage_impl
+
+    usable = {} if board is None else {"usable_bram36": board.usable_bram36, "usable_uram": board.usable_uram}
+    units = list(es.units) + ([es.feed] if es.feed is not None else [])
+    for v in list(es.streams) + list(es.turn_streams) + [v for u in units for v in u.streams]:
+        if v.depth > DEFAULT_DEPTH:
+            v.impl = storage_impl(v.lanes * elem_bits, v.depth, fifo=True, **usable)
 
 
 def _spill(v: VStream, beats: int, elem_bits: int, turns: list[UnitFn], writer: dict[str, str]) -> DdrFrame:
