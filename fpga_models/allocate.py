@@ -358,6 +358,35 @@ def tm_weight_turns(layers: Sequence[Layer], folding: dict[str, tuple[int, int]]
     return (weight_words(res[0][1], bits) if res else 0), turn
 
 
+def tm_weight_bank_bytes(layers: Sequence[Layer], folding: dict[str, tuple[int, int]], fmt: str,
+                         budget: int | None, train: bool = True) -> int:
+    """Bytes per sample a time-multiplexed forward kernel's weight loads read from off-chip
+    memory, all through one m_axi bundle, so one bank (codegen.design.bundles: the fill, each
+    turn's fetch and each stream never run two at once): every resident matrix's 512-bit words
+    once a sample, a streamed matrix's once per input vector; 0 when its weights are on-chip
+    ROMs or all stay on chip for the call (read once a call, not per sample)."""
+    if not weights_offchip(layers, train):
+        return 0
+    bits = 8 * bytes_per_element(fmt)
+    tiles = tm_weight_tiles(layers, folding, fmt, budget)
+    if weights_all_resident([e for _l, e, _r in tiles], bits // 8, budget):
+        return 0
+    words = sum(weight_words(e, bits) * (1 if r else _vectors(l)) for l, e, r in tiles)
+    return words * DDR_WORD_BITS // 8
+
+
+def tm_weight_bank_seconds(layers: Sequence[Layer], board: Board, folding: dict[str, tuple[int, int]], fmt: str,
+                           cap: float, chunks: int = 1, train: bool = True) -> float:
+    """Seconds per sample the forward kernel's weight loads hold their bank
+    (:func:`tm_weight_bank_bytes` at the board's slowest bank, fpga_models.boards.Bank): a floor
+    under the stage's forward time (planner.search), which the fetch turns' one word a cycle
+    (:func:`tm_weight_cycles`) meets on a DDR4 bank (19.2 GB/s = 64 bytes x 300 MHz) but not on
+    an HBM pseudo-channel (14.375 GB/s)."""
+    nbytes = tm_weight_bank_bytes(layers, folding, fmt, kernel_onchip_budget(board, cap, chunks, train), train)
+    bw = min((b.bw_Bps for b in board.banks), default=board.offchip_bw_Bps)
+    return nbytes / bw if nbytes and bw else 0.0
+
+
 def tm_turn_bytes(layers: Sequence[Layer], folding: dict[str, tuple[int, int]], fmt: str) -> int:
     """On-chip bytes of a time-multiplexed forward kernel's engines inside its turns, as
     codegen.design.tm_kernel builds them (two-deep streams, DEFAULT_DEPTH): a window generator's output
@@ -575,6 +604,17 @@ def tm_feed_blocks(layers: Sequence[Layer], folding: dict[str, tuple[int, int]],
     return out
 
 
+def tm_mac_input_blocks(layers: Sequence[Layer], folding: dict[str, tuple[int, int]], fmt: str) -> Blocks:
+    """The shared MAC array's kept input vector (codegen.design.mac_share: the largest MW, cyclic
+    banks of the largest SIMD), where Vitis leaves an unbound array (memory_blocks 'auto')."""
+    mats = [(int(matrix_shape(l)[1]), folding[l.name][1]) for l in layers
+            if l.type in _TILED and matrix_shape(l) is not None]
+    if not mats:
+        return Blocks()
+    xb, xw = max(m for m, _s in mats), max(s for _m, s in mats)
+    return bank_blocks("auto", 8 * bytes_per_element(fmt), math.ceil(xb / xw)).scaled(xw)
+
+
 def frames_offchip_blocks(frame_blocks: Sequence[Blocks], frame_bytes: Sequence[int], fixed: Blocks,
                           budget: Blocks) -> list[bool]:
     """:func:`frames_offchip` in blocks: the smallest frames (by bytes; ties: the earlier) stay on
@@ -595,7 +635,7 @@ def tm_onchip_blocks(layers: Sequence[Layer], board: Board, folding: dict[str, t
     """The planner's figure of a time-multiplexed forward kernel's on-chip memory in blocks, item
     by item as codegen.design.tm_kernel builds it: ``weights`` (the packed buffer,
     :func:`tm_weight_banks`), ``biases``, ``line_buffers`` (:func:`line_buffer_blocks`),
-    ``feed``; their sum ``fixed``; ``frames`` (per frame, :func:`tm_frame_blocks`) and ``off``
+    ``feed``, ``mac_input`` (:func:`tm_mac_input_blocks`); their sum ``fixed``; ``frames`` (per frame, :func:`tm_frame_blocks`) and ``off``
     (:func:`frames_offchip_blocks` on the kernel's share, :func:`kernel_block_budget`);
     ``onchip``: fixed and the frames kept."""
     budget = kernel_block_budget(board, cap, chunks, train)
@@ -606,7 +646,8 @@ def tm_onchip_blocks(layers: Sequence[Layer], board: Board, folding: dict[str, t
              "biases": tm_bias_blocks(layers, folding, fmt, board) if built else Blocks(),
              "line_buffers": sum((line_buffer_blocks(l, folding, fmt, board) for l in layers), Blocks()),
              "feed": tm_feed_blocks(layers, folding, fmt, board) if built else Blocks()}
-    fixed = parts["weights"] + parts["biases"] + parts["line_buffers"] + parts["feed"]
+    parts["mac_input"] = tm_mac_input_blocks(layers, folding, fmt) if built else Blocks()
+    fixed = parts["weights"] + parts["biases"] + parts["line_buffers"] + parts["feed"] + parts["mac_input"]
     frames = tm_frame_blocks(layers, folding, fmt, board)
     off = frames_offchip_blocks(frames, [b for b, _l in tm_frames(layers, folding, fmt)], fixed, budget)
     kept = sum((b for b, o in zip(frames, off) if not o), Blocks())
