@@ -14,6 +14,8 @@ import re
 
 import pytest
 
+from bapipe import toolchain
+
 from bapipe.codegen.check.physical_rules import _scans, kernel_figures
 from bapipe.codegen.design.onchip import kernel_blocks
 from bapipe.fpga_models.allocate import fwd_kernel_blocks
@@ -154,3 +156,50 @@ def test_vgg16_forward_kernels_agree_three_ways(tmp_path):
         assert r["check_dsp"] == r["plan_dsp"] == 3072
         assert r["ii"] == 1 and r["dataflow_violations"] == [], r
     assert disagreements(rows) == []
+
+
+def _tiny_tm_training(tmp_path):
+    from bapipe.codegen.cli_gen import generate_plan
+    from handplan import make_plan
+
+    plan, model, cluster = make_plan(cuts=(), style="time-multiplexed", mode="train")
+    generate_plan(plan, model, cluster, tmp_path)
+    return tmp_path
+
+
+@pytest.mark.csim
+@pytest.mark.slow   # one g++ -fsyntax-only of the forward kernel (~2 s of CPU)
+@pytest.mark.skipif(toolchain.gxx() is None or toolchain.ap_types_dir() is None,
+                    reason="needs g++ and the hls4ml ap_types headers")
+def test_tiny_cnn_training_forward_kernel_compiles_with_its_bias_copies(tmp_path):
+    """A time-multiplexed training kernel reads its trained biases from on-chip copies
+    (``<inst>_bt``) the load process fills: the copies are declared where the load and the MAC
+    array take them, and the kernel compiles with -Wall -Werror (codegen.check.cxx_run's flags)."""
+    import subprocess
+
+    from bapipe.codegen.check.cxx_run import CXXFLAGS
+
+    build = _tiny_tm_training(tmp_path)
+    cpp = (build / "stage0/stage0.cpp").read_text()
+    for name in ("s0_conv1_mvu_bt", "s0_fc_mvu_bt"):
+        assert f"static bapipe::rom_t {name}[" in cpp
+        assert re.search(rf"bapipe::bias_copy<\d+, \d+, 512>\(s0_\w+_mvu_b, {name}\);", cpp)
+    cmd = [toolchain.gxx(), *[f for f in CXXFLAGS if f != "-O2"], "-DBAPIPE_CSIM", "-fsyntax-only",
+           "-isystem", str(toolchain.ap_types_dir()), f"-I{build / 'common/csim'}", f"-I{build / 'common'}",
+           f"-I{build / 'stage0'}", str(build / "stage0/stage0.cpp")]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-3000:]
+
+
+@pytest.mark.csim
+@pytest.mark.slow
+@pytest.mark.soak   # the forward and backward kernels compiled and run (~100 s on the shared cores)
+@pytest.mark.skipif(toolchain.gxx() is None or toolchain.ap_types_dir() is None,
+                    reason="needs g++ and the hls4ml ap_types headers")
+def test_tiny_cnn_training_time_multiplexed_is_bit_exact(tmp_path):
+    """The packed weight buffer, the bias copies and the one load process compute what numpy
+    does: csim 0 LSB, forward and backward, bounded streams (no deadlock)."""
+    import bapipe.codegen.check.csim as cs
+
+    r = cs.csim_project(_tiny_tm_training(tmp_path), samples=2)
+    assert r["passed"] and r["model_max_abs_err_lsb"] == 0, r

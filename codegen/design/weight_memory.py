@@ -38,6 +38,7 @@ shapes, folding and the budget come from the Design and fpga_models.allocate.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -283,5 +284,5 @@ def _replace(u, old: str, new: str, renamed: dict[str, str]) -> None:
 
 
 def _names(call: str, name: str) -> bool:
-    """The call passes array ``name`` as an argument."""
-    return f"({name}, " in call or f", {name}, " in call
+    """The call passes array ``name`` as an argument (any position, the last too)."""
+    return re.search(rf"[(,]\s*{re.escape(name)}\s*[,)]", call) is not None
