@@ -563,17 +563,26 @@ def tm_weight_banks(layers: Sequence[Layer], folding: dict[str, tuple[int, int]]
                         DDR_WORD_BITS // bits, **_usable(board))
 
 
-def tm_bias_blocks(layers: Sequence[Layer], folding: dict[str, tuple[int, int]], fmt: str, board: Board) -> Blocks:
-    """The MVU layers' biases on chip (a training kernel's copies, codegen.design.weight_memory; an
-    inference kernel's ROMs): NF x PE, PE banks."""
+def tm_param_blocks(layers: Sequence[Layer], folding: dict[str, tuple[int, int]], fmt: str, board: Board,
+                    train: bool = True) -> Blocks:
+    """A forward kernel's per-channel parameters on chip: every MVU's bias, NF x PE in PE banks
+    (the lowering gives each MVU one, zeros for a layer without: a training kernel's copy,
+    codegen.design.weight_memory, an inference kernel's ROM), and in training each batchnorm's
+    scale and shift copies, C/L x L in L banks (L: its lanes, gcd(planned, C) as
+    codegen.design.dataflow builds it; inference: LUTRAM ROMs); storage by memory_blocks.storage_impl."""
     bits, out = 8 * bytes_per_element(fmt), Blocks()
     for l in layers:
         ms = matrix_shape(l)
-        if ms is None or l.type not in _TILED or not l.attr.get("bias", True):
-            continue
-        pe = folding[l.name][0]
-        nf = int(ms[0]) // pe
-        out = out + bank_blocks(storage_impl(bits, nf, pe, **_usable(board)), bits, nf).scaled(pe)
+        if ms is not None and l.type in _TILED:
+            pe = folding[l.name][0]
+            nf = int(ms[0]) // pe
+            out = out + bank_blocks(storage_impl(bits, nf, pe, **_usable(board)), bits, nf).scaled(pe)
+        elif l.type == "batchnorm" and train:
+            sh = l.in_shapes[0]
+            c = int(sh[0] if len(sh) == 3 else sh[-1])
+            lanes = math.gcd(folding[l.name][0] * folding[l.name][1], c)
+            out = out + bank_blocks(storage_impl(bits, c // lanes, lanes, **_usable(board)), bits,
+                                    c // lanes).scaled(2 * lanes)
     return out
 
 
@@ -601,6 +610,20 @@ def tm_feed_blocks(layers: Sequence[Layer], folding: dict[str, tuple[int, int]],
     out = Blocks()
     for t in inputs:
         out = out + fifo_blocks(lanes * bits, math.ceil(int(math.prod(t.in_shapes[0])) / lanes), board)
+    return out
+
+
+def pool_acc_blocks(layers: Sequence[Layer], folding: dict[str, tuple[int, int]], fmt: str) -> Blocks:
+    """The pools' exact accumulators (bapipe::pool: acc_t acc[C / SIMD][SIMD], SIMD banks of C / SIMD
+    words of the format's accumulator width), where Vitis leaves an unbound array."""
+    out, acc = Blocks(), get_fmt(fmt).acc_width
+    for l in layers:
+        if l.type not in ("maxpool", "avgpool", "globalavgpool") or len(l.in_shapes[0]) != 3:
+            continue
+        c = int(l.in_shapes[0][0])
+        pe, simd = folding[l.name]
+        lanes = pe * simd if c % (pe * simd) == 0 else math.gcd(pe * simd, c)
+        out = out + bank_blocks("auto", acc, c // lanes).scaled(lanes)
     return out
 
 
@@ -634,8 +657,10 @@ def tm_onchip_blocks(layers: Sequence[Layer], board: Board, folding: dict[str, t
                      cap: float, chunks: int = 1, train: bool = True) -> dict:
     """The planner's figure of a time-multiplexed forward kernel's on-chip memory in blocks, item
     by item as codegen.design.tm_kernel builds it: ``weights`` (the packed buffer,
-    :func:`tm_weight_banks`), ``biases``, ``line_buffers`` (:func:`line_buffer_blocks`),
-    ``feed``, ``mac_input`` (:func:`tm_mac_input_blocks`); their sum ``fixed``; ``frames`` (per frame, :func:`tm_frame_blocks`) and ``off``
+    :func:`tm_weight_banks`), ``params`` (biases, batchnorm copies: :func:`tm_param_blocks`),
+    ``line_buffers`` (:func:`line_buffer_blocks`),
+    ``feed``, ``mac_input`` (:func:`tm_mac_input_blocks`), ``pool_accs`` (:func:`pool_acc_blocks`);
+    their sum ``fixed``; ``frames`` (per frame, :func:`tm_frame_blocks`) and ``off``
     (:func:`frames_offchip_blocks` on the kernel's share, :func:`kernel_block_budget`);
     ``onchip``: fixed and the frames kept."""
     budget = kernel_block_budget(board, cap, chunks, train)
@@ -643,11 +668,13 @@ def tm_onchip_blocks(layers: Sequence[Layer], board: Board, folding: dict[str, t
     wb = (tm_weight_banks(layers, folding, fmt, kernel_onchip_budget(board, cap, chunks, train), board)
           if built and weights_offchip(layers, train) else None)
     parts = {"budget": budget, "weights": wb.blocks if wb is not None else Blocks(),
-             "biases": tm_bias_blocks(layers, folding, fmt, board) if built else Blocks(),
+             "params": tm_param_blocks(layers, folding, fmt, board, train) if built else Blocks(),
              "line_buffers": sum((line_buffer_blocks(l, folding, fmt, board) for l in layers), Blocks()),
              "feed": tm_feed_blocks(layers, folding, fmt, board) if built else Blocks()}
     parts["mac_input"] = tm_mac_input_blocks(layers, folding, fmt) if built else Blocks()
-    fixed = parts["weights"] + parts["biases"] + parts["line_buffers"] + parts["feed"] + parts["mac_input"]
+    parts["pool_accs"] = pool_acc_blocks(layers, folding, fmt) if built else Blocks()
+    fixed = (parts["weights"] + parts["params"] + parts["line_buffers"] + parts["feed"] + parts["mac_input"]
+             + parts["pool_accs"])
     frames = tm_frame_blocks(layers, folding, fmt, board)
     off = frames_offchip_blocks(frames, [b for b, _l in tm_frames(layers, folding, fmt)], fixed, budget)
     kept = sum((b for b, o in zip(frames, off) if not o), Blocks())
@@ -658,8 +685,8 @@ def df_onchip_blocks(layers: Sequence[Layer], board: Board, folding: dict[str, t
                      train: bool = True) -> Blocks:
     """The planner's figure of a dataflow forward kernel's on-chip memory in blocks: each MVU's
     packed weight copy (off-chip weights: memory_blocks.weight_banks of its own PE x SIMD) or
-    its ROM banks (PE x SIMD banks of NF x SF words), the biases and the window generators'
-    rings. (Its FIFOs are the Design's depths, mostly two deep: shift registers.)"""
+    its ROM banks (PE x SIMD banks of NF x SF words), the per-channel parameters
+    (:func:`tm_param_blocks`) and the window generators' rings. (Its FIFOs are the Design's depths, mostly two deep: shift registers.)"""
     bits, out = 8 * bytes_per_element(fmt), Blocks()
     off = weights_offchip(layers, train)
     for l in layers:
@@ -674,7 +701,7 @@ def df_onchip_blocks(layers: Sequence[Layer], board: Board, folding: dict[str, t
                                      **_usable(board)).blocks
         else:
             out = out + bank_blocks(storage_impl(bits, words, pe * simd, **_usable(board)), bits, words).scaled(pe * simd)
-    return out + tm_bias_blocks(layers, folding, fmt, board)
+    return out + tm_param_blocks(layers, folding, fmt, board, train) + pool_acc_blocks(layers, folding, fmt)
 
 
 def fwd_kernel_blocks(layers: Sequence[Layer], board: Board, folding: dict[str, tuple[int, int]], fmt: str,

@@ -159,6 +159,7 @@ class EngineStage:
     loads: list[str] = field(default_factory=list)   # dataflow: weight copies filled per call (codegen.design.weight_memory)
     load_roms: list[Rom] = field(default_factory=list)   # ... the m_axi arrays they read, in argument order
     rings: list = field(default_factory=list)   # window generators' rings: (banks, width, depth, storage)
+    pool_accs: list = field(default_factory=list)   # pool engines' accumulators: (banks, width, depth)
 
     @property
     def buffers(self) -> list[Rom]:

@@ -132,7 +132,8 @@ def kernel_blocks(stage_ctx, fmt):
     (fpga_models.memory_blocks.Blocks), from the storage it chose: the packed weight buffers
     (their WeightBanks), the bias copies and ROMs (banks along their partitioned dims), every
     FIFO at its bound storage (or where Vitis would put it), the window generators' rings
-    (fpga_models.allocate.ring_banks) and the shared MAC array's kept input vector. None for a
+    (fpga_models.allocate.ring_banks), the pools' accumulators and the shared MAC array's kept
+    input vector. None for a
     kernel the engines do not build. `bapipe check` reads the same from the generated C++."""
     from bapipe.fpga_models.memory_blocks import Blocks, array_blocks, bank_blocks, fifo_impl
 
@@ -156,6 +157,8 @@ def kernel_blocks(stage_ctx, fmt):
         total = total + bank_blocks(v.impl or fifo_impl(width, v.depth), width, v.depth)
     for banks, width, depth, impl in getattr(e, "rings", []):
         total = total + bank_blocks(impl, width, depth).scaled(banks)
+    for banks, width, depth in getattr(e, "pool_accs", []):   # unbound: where Vitis leaves them
+        total = total + bank_blocks("auto", width, depth).scaled(banks)
     from bapipe.codegen.design.mac_share import share_mac
 
     share = share_mac(e, 0) if getattr(e, "units", None) else None

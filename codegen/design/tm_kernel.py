@@ -18,7 +18,7 @@ from bapipe.fpga_models import fixedpoint as fx
 from bapipe.fpga_models.allocate import frames_offchip, ring_banks, stage_onchip_budget
 from bapipe.fpga_models.engines import DDR_WORD_BITS, ddr_words_per_beat, swg_rows
 
-from bapipe.codegen.design.weight_memory import MvuCall, load_weights_once, stream_weights
+from bapipe.codegen.design.weight_memory import MvuCall, copy_params, load_weights_once, stream_weights
 
 from bapipe.codegen.design.kernel_types import (_ALIASES, DEFAULT_DEPTH, LUTRAM_WORDS, DdrFrame, EngineStage, Rom,
                                                 UnitFn, VStream)
@@ -106,6 +106,7 @@ def engine_stage(st, layers, params: dict, external: bool = False, writable: boo
     mvus: dict = {}                  # weight array -> its MVU call (codegen.design.weight_memory)
     lb = 0
     rings: list[tuple[int, int, int, str]] = []   # each window generator's ring (fpga_models.allocate.ring_banks)
+    accs: list[tuple[int, int, int]] = []         # each pool's accumulators: (banks, width, depth)
     acc = 0
     if root(stage_out) == root(stage_in):   # nothing but wiring (a flatten alone): one copy
         calls.append(f"bapipe::width_conv<{st.in_lanes}, {st.in_lanes}>(in0, out0, (long)n * {st.in_elems})")
@@ -160,6 +161,7 @@ def engine_stage(st, layers, params: dict, external: bool = False, writable: boo
             c, simd, taps = p["C"], p["SIMD"], p["TAPS"]
             pixels = e_in // (taps * c)
             acc += c * acc_b   # bapipe::pool keeps one exact accumulator (acc_t) per channel
+            accs.append((simd, f.acc_width, c // simd))   # acc[C / SIMD][SIMD]: SIMD banks (the Design's blocks)
             e_out = pixels * c
             calls.append(f"bapipe::pool<{c}, {simd}, {taps}, {'true' if p['MODE'] == 0 else 'false'}, {p['AVG_R']}>"
                          f"({i}, {o}, (long)n * {pixels})")
@@ -201,9 +203,10 @@ def engine_stage(st, layers, params: dict, external: bool = False, writable: boo
                          node_out=node_out, writers=writer)
         if external:   # off-chip weights: copied on chip per call in 512-bit bursts (codegen.design.weight_memory)
             renamed = load_weights_once(es, mvus, elem_bits, st.index, board)
-            es.writers = {k: renamed.get(c, c) for k, c in writer.items()}
+            more = copy_params(es, elem_bits, st.index, board)   # batchnorm scale/shift on chip too
+            es.writers = {k: more.get(renamed.get(c, c), renamed.get(c, c)) for k, c in writer.items()}
         bind_fifos(es, elem_bits, board)
-        es.rings = rings
+        es.rings, es.pool_accs = rings, accs
         return es
     fns = [UnitFn(u.name, sorted((streams[w] for w in u.params), key=lambda v: v.name),
                   _decl(streams[w] for w in u.streams), u.calls, u.roms) for u in units]
@@ -217,7 +220,8 @@ def engine_stage(st, layers, params: dict, external: bool = False, writable: boo
                      _decl(between.values()), [], onchip_budget, acc)
     if external:   # off-chip weights: 512-bit bursts into on-chip tiles (codegen.design.weight_memory)
         renamed = stream_weights(es, mvus, onchip_budget, elem_bits, st.index, board)
-        writer = {k: renamed.get(c, c) for k, c in writer.items()}
+        more = copy_params(es, elem_bits, st.index, board)   # batchnorm scale/shift on chip too
+        writer = {k: more.get(renamed.get(c, c), renamed.get(c, c)) for k, c in writer.items()}
     if onchip_budget is not None and es.turn_streams:
         # the frame buffers that do not fit go off chip: the planner's rule (fpga_models.allocate)
         # on the figures codegen.design.onchip states (fixed bytes; each frame's, in turn order)
@@ -232,7 +236,7 @@ def engine_stage(st, layers, params: dict, external: bool = False, writable: boo
         es.turn_streams = [v for v in es.turn_streams if v.name not in spill]
     es.node_out, es.writers = node_out, writer   # codegen.design.stash tees the turns' streams
     bind_fifos(es, elem_bits, board)
-    es.rings = rings
+    es.rings, es.pool_accs = rings, accs
     return es
 
 

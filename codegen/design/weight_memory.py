@@ -240,6 +240,50 @@ def _bias_copies(es, order, roms, renamed: dict[str, str], elem_bits: int, board
     return loads
 
 
+def copy_params(es, elem_bits: int, index: int, board=None) -> dict[str, str]:
+    """Every other m_axi array an engine reads inside its II=1 loop (a training kernel's
+    batchnorm scale and shift, ``[C/L][L]``) copied on chip once a call beside the weights, into
+    L banks (``<name>_c``, ``bapipe::bias_copy``; UG1399: an m_axi port gives one beat a cycle,
+    a bank two words): the engines read the copies. Time-multiplexed kernels copy in their
+    once-a-call load process (``s<i>_wload``, else ``s<i>_bload``), dataflow kernels in their
+    ``<stage>_wload``. Returns the calls it changed (old -> new)."""
+    from bapipe.codegen.design.kernel_types import Rom, UnitFn
+
+    todo = [r for r in es.roms if r.external and not r.word_bits and not r.copied and len(r.shape) == 2]
+    renamed: dict[str, str] = {}
+    if not todo:
+        return renamed
+    loads = []
+    for r in todo:
+        rows, lanes = r.shape
+        copy = Rom(f"{r.name}_c", (rows, lanes), np.zeros(0, dtype=np.int64), (2,),
+                   storage_impl(elem_bits, rows, lanes, **_usable(board)), buffer=True, banks=lanes, copy_of=r.name)
+        r.copied = True
+        es.roms.append(copy)
+        loads.append(f"bapipe::bias_copy<{rows}, {lanes}, {DDR_WORD_BITS}>({r.name}, {copy.name})")
+        pat = re.compile(rf"(?<=[(,] ){re.escape(r.name)}(?=[,)])|(?<=[(,]){re.escape(r.name)}(?=[,)])")
+        calls = [es.calls] + [u.calls for u in es.units] + ([es.feed.calls] if es.feed is not None else [])
+        for cs in calls:
+            for k, c in enumerate(cs):
+                if c.startswith(("bapipe::bias_copy", "bapipe::weight_fetch")):
+                    continue
+                new = pat.sub(copy.name, c)
+                if new != c:
+                    renamed[c] = new
+                    cs[k] = new
+    if not es.units:   # a dataflow kernel: its one load process
+        es.loads += loads
+        es.load_roms += todo
+        return renamed
+    load = next((u for u in es.units if u.once and u.sequential), None)
+    if load is None:
+        load = UnitFn(f"s{index}_bload", [], [], [], [], once=True, sequential=True)
+        es.units.insert(0, load)
+    load.calls += loads
+    _unit_roms(es)
+    return renamed
+
+
 def _all_resident(es, order, roms, index: int, renamed: dict[str, str], elem_bits: int, board) -> dict[str, str]:
     """Every matrix stays on chip for the call: one packed buffer holding their weight words one
     after another, filled at the start of the call by one process (a turn of its own,
