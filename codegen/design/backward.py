@@ -157,6 +157,11 @@ class BwdCtx:
     copies: list[dict] = field(default_factory=list)   # on-chip copies of the m_axi weights, filled once a call
     wtile: dict = field(default_factory=dict)   # time-multiplexed, weights not all resident: the tile (hls_bwd._tile_weights)
     wstream: dict = field(default_factory=dict)   # ... and the one-vector matrices streamed (hls_bwd._stream_weights)
+    tile_macs: list = field(default_factory=list)   # dataflow: each matrix layer's MAC function (codegen.design.bwd_engines)
+    tile_mac: object = None   # time-multiplexed: the shared MAC function's tiled engines (codegen.design.bwd_engines)
+    wfill: dict = field(default_factory=dict)   # time-multiplexed, weights not all held: a turn's weight-store fill
+    wfill_all: dict = field(default_factory=dict)   # time-multiplexed, weights held: the store's fill, once an iteration
+    tiles: dict = field(default_factory=dict)   # layer -> fpga_models.bwd_tiles.BwdTiles (the decision it builds)
 
     @property
     def declared_streams(self) -> list[BStream]:
@@ -273,8 +278,10 @@ class _Builder:
 def build_bwd(plan, model, st, sc, fmt, board=None) -> BwdCtx:
     """The backward kernel of stage ``st`` (StageCtx ``sc`` holds its ports and weight arrays)."""
     from bapipe.plan import Folding
+    from bapipe.fpga_models.bwd_tiles import engine_folding, stage_tiles
     from bapipe.fpga_models.gradients import gradient_tensors
 
+    from bapipe.codegen.design.bwd_engines import build as build_engines
     from bapipe.codegen.design.context import ident, mvu_dims
 
     mb = replica_batch(plan, st)
@@ -287,6 +294,12 @@ def build_bwd(plan, model, st, sc, fmt, board=None) -> BwdCtx:
     for l in layers:
         elems[l.name] = l.out_elems
     fold = {n: st.folding.get(n, Folding()) for n in st.layers}
+    # the matrix engines as fpga_models.bwd_tiles decides them: their streams' lanes
+    tiles = stage_tiles(model, layers, _fold_of(st, layers), "tm" if st.style == "time-multiplexed" else "dataflow",
+                        mb, max(1, plan.microbatches) * mb, board, W)
+    for n, (pe, simd) in engine_folding(tiles, _fold_of(st, layers)).items():
+        if n in tiles:
+            fold[n] = Folding(pe, simd)
 
     # which gradients are needed: a layer is active when it learns or passes a needed gradient;
     # a stage input carries one unless no parameter lies upstream of it (the model's input:
@@ -628,12 +641,14 @@ def build_bwd(plan, model, st, sc, fmt, board=None) -> BwdCtx:
                  weights=[] if sc.embed_weights else [w for w in sc.weights if w.name in reads], engines=b.engines,
                  copies=copies)
     ctx.dx_layers = frozenset(l.name for l in layers if l.type in ("dense", "conv2d") and l.inputs[0] in needed)
+    layer_of = {f"aw_{ident(l.name)}": l.name for l in layers}
     if st.style == "time-multiplexed":
         frame_elems = {s: elems[t] for t, parts in contrib.items() for s, _l in parts}
         _sequence_turns(ctx, b.turn_of, frame_elems, W, mem)
         _share_arrays(ctx, st.index, W)
-        _tile_weights(ctx, st.index, W, mem.tile, {f"aw_{ident(l.name)}": l.name for l in layers})
-        _stream_weights(ctx, st.index, W, mem.streamed, {f"aw_{ident(l.name)}": l.name for l in layers})
+    ctx.tiles = tiles
+    if tiles:   # the tiled matrix engines replace the mvu_bwd calls (codegen.design.bwd_engines)
+        build_engines(ctx, tiles, st.index, W, layer_of)
     return ctx
 
 
