@@ -52,6 +52,7 @@ from bapipe.layers import Layer
 from bapipe.spec import Model
 
 from .allocate import frames_offchip, weight_resident, weights_all_resident
+from .bwd_tiles import col2im_plan, col2im_reader_extra, engine_extra_cycles, engine_folding, stage_tiles
 from .boards import Board, bytes_per_element, on_chip_bytes
 from .cost import layer_cost, matrix_shape
 from .engines import conv_window_lanes, frame_io_cycles
@@ -237,7 +238,7 @@ def frame_pipe_bytes(frame: GradFrame, fmt: str) -> int:
 
 
 def _walk(model: Model, layers: Sequence[Layer], folding: dict[str, tuple[int, int]],
-          fmt: str) -> tuple[list[GradFrame], list[tuple[str, int]]]:
+          fmt: str, c2i: dict | None = None) -> tuple[list[GradFrame], list[tuple[str, int]]]:
     """The backward kernel's streams as codegen.design.backward.build_bwd lays them out, layers walked
     last first: (the frames between turns, :func:`bwd_frames`; per two-deep stream inside one
     turn, (turn, beat bits))."""
@@ -332,9 +333,16 @@ def _walk(model: Model, layers: Sequence[Layer], folding: dict[str, tuple[int, i
             else:
                 mh, _mw, _pix = matrix_shape(l)
                 (kh, kw), _s, _p = _window(l)
-                two_deep(t, simd, simd * acc_width(int(mh) * kh * kw, bits, bits))   # exact dx into col2im
-                want = dy_lanes(src) or c
-                give(src, l.name, want if (w * c) % want == 0 else math.gcd(w * c, want))
+                xbits = acc_width(int(mh) * kh * kw, bits, bits)
+                two_deep(t, simd, simd * xbits)   # exact dx into col2im
+                if c2i and l.name in c2i:   # the tiled engines' col2im (fpga_models.bwd_tiles.col2im_plan)
+                    p2 = c2i[l.name]
+                    if p2.lin < simd:
+                        two_deep(t, p2.lin, p2.lin * xbits)
+                    give(src, l.name, p2.lout)
+                else:
+                    want = dy_lanes(src) or c
+                    give(src, l.name, want if (w * c) % want == 0 else math.gcd(w * c, want))
         elif l.type == "flatten" and len(l.in_shapes[0]) == 3:
             lin = read(l.name, t, None)
             n_in = elems[src]
@@ -613,6 +621,21 @@ def bwd_memory(model: Model, layers: Sequence[Layer], board: Board | None, foldi
         if budget is not None:
             room = min(room, budget - other)
         return BwdMemory(budget, place_accumulators(acc, room), acc, other)
+    # the tiled matrix engines (fpga_models.bwd_tiles) hold the weight-gradient sums, the weights dx
+    # reads and the engines' buffers: their bytes are fixed; no per-layer accumulator, tile or stream
+    tiles = stage_tiles(model, layers, folding, "tm", 1, samples, board, bits)
+    if tiles:
+        folding = engine_folding(tiles, folding)
+        eng = sum(a.width * a.depth * a.banks for a in next(iter(tiles.values())).arrays) // 8
+        frames, local = _walk(model, layers, folding, fmt, tm_col2im(model, layers, tiles, folding))
+        streams = sum(STREAM_DEPTH * -(-b // 8) for _t, b in local)
+        pipes = [frame_pipe_bytes(f, fmt) for f in frames]
+        base = bwd_other_bytes(model, layers, folding, fmt, True) + eng + streams + sum(pipes)
+        keep = [f.nbytes - p for f, p in zip(frames, pipes)]
+        off = frames_offchip(keep, base, budget) if budget is not None else [False] * len(frames)
+        off = [o and k > 0 for o, k in zip(off, keep)]
+        return BwdMemory(budget, {n: False for n in acc}, acc, base - streams - sum(pipes), tuple(frames),
+                         tuple(off), None, streams, tuple(pipes), eb)
     frames, local = _walk(model, layers, folding, fmt)
     streams = sum(STREAM_DEPTH * -(-b // 8) for _t, b in local)
     pipes = [frame_pipe_bytes(f, fmt) for f in frames]
@@ -644,7 +667,44 @@ def tm_bwd_extra_cycles(model: Model, layers: Sequence[Layer], board: Board, fol
     tile's fills (:func:`tm_bwd_fill_cycles`); what the planner adds to the stage's backward time."""
     mem = bwd_memory(model, layers, board, folding, fmt, budget, samples, True)
     return (tm_bwd_spill_cycles(model, layers, board, folding, fmt, budget, samples, mem)
-            + tm_bwd_fill_cycles(model, layers, board, folding, fmt, budget, samples, mem))
+            + tm_bwd_fill_cycles(model, layers, board, folding, fmt, budget, samples, mem)
+            + tm_bwd_engine_cycles(model, layers, board, folding, fmt, samples))
+
+
+def tm_bwd_engine_cycles(model: Model, layers: Sequence[Layer], board: Board, folding: dict[str, tuple[int, int]],
+                         fmt: str, samples: int) -> int:
+    """Backward cycles per sample a time-multiplexed stage's tiled matrix engines (fpga_models.bwd_tiles:
+    one grid, chunks, off-chip passes, row engines at their port's rate, weight fills) take beyond
+    the plan's per-layer figure at ``folding``."""
+    tiles = stage_tiles(model, layers, folding, "tm", 1, samples, board, 8 * bytes_per_element(fmt))
+    names = {l.name: l for l in layers}
+    no_dx = no_input_gradient(model)
+    plan = {n: _own_cycles(n, names[n], board, folding, fmt, no_dx) for n in tiles}
+    c2i = tm_col2im(model, layers, tiles, engine_folding(tiles, folding))
+    elems = {n: int(prod(names[n].in_shapes[0])) for n in c2i}
+    readers = {}
+    for n in c2i:   # the turn reading the conv's dx: an element-wise layer at its planned lanes
+        r = names.get(names[n].inputs[0])
+        if r is not None and matrix_shape(r) is None and r.type not in ("add", "flatten"):
+            readers[n] = _ew_lanes(folding[r.name])
+    return engine_extra_cycles(tiles, plan, 1) + col2im_reader_extra(list(c2i.values()), elems, readers)
+
+
+def tm_col2im(model: Model, layers: Sequence[Layer], tiles: dict, folding: dict[str, tuple[int, int]]) -> dict:
+    """conv layer -> its col2im (fpga_models.bwd_tiles.col2im_plan) in a time-multiplexed kernel:
+    the convs with an input gradient, their reader's lanes at the engines' ``folding``."""
+    _active_l, needed = _active(model, layers)
+    names = {l.name: l for l in layers}
+    out = {}
+    for l in layers:
+        if l.type != "conv2d" or l.name not in tiles or l.inputs[0] not in needed:
+            continue
+        p = names.get(l.inputs[0])
+        want = None
+        if p is not None and p.type not in ("add", "flatten"):
+            want = folding[p.name][0] if matrix_shape(p) is not None else _ew_lanes(folding[p.name])
+        out[l.name] = col2im_plan(l, tiles[l.name].job(l.name), want or int(l.in_shapes[0][0]), True)
+    return out
 
 
 def tm_bwd_fill_cycles(model: Model, layers: Sequence[Layer], board: Board, folding: dict[str, tuple[int, int]],

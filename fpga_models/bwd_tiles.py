@@ -111,6 +111,7 @@ class MatrixLayer:
     dx: bool
     pe: int
     simd: int
+    win: tuple = ()      # conv: (C, H, W, KH, KW, SH, SW, PH, PW) of its window generator
 
     @property
     def elems(self) -> int:
@@ -133,8 +134,29 @@ def matrix_layers(model: Model, layers: Sequence[Layer], folding: dict[str, tupl
         mh, mw, pix = matrix_shape(l)
         vec = int(round(pix)) if l.type == "conv2d" else int(prod(l.in_shapes[0][:-1]))
         pe, simd = folding.get(l.name, (1, 1))
-        out.append(MatrixLayer(l.name, l.type, int(mh), int(mw), vec, l.inputs[0] in needed, int(pe), int(simd)))
+        win = ()
+        if l.type == "conv2d":
+            c, h, w = l.in_shapes[0]
+            a = l.attr
+            pair = lambda v: (int(v), int(v)) if isinstance(v, int) else (int(v[0]), int(v[1]))   # noqa: E731
+            win = (int(c), int(h), int(w), *pair(a["kernel"]), *pair(a["stride"]), *pair(a.get("padding", 0) or 0))
+        out.append(MatrixLayer(l.name, l.type, int(mh), int(mw), vec, l.inputs[0] in needed, int(pe), int(simd), win))
     return out
+
+
+def window_cycles(m: MatrixLayer, simd: int) -> int:
+    """Cycles a sample the backward's window columns of conv ``m`` take at ``simd`` lanes a beat
+    (codegen.design.backward's window: the square windows through the line-buffer generator,
+    fpga_models.engines.swg_cycles; the others gathered from memory, a beat a cycle); 0 for dense."""
+    if not m.win:
+        return 0
+    from .engines import conv_window_lanes, swg_cycles
+
+    c, h, w, kh, kw, sh, sw, ph, pw = m.win
+    lanes, taps = conv_window_lanes(c, kh, simd)
+    if kh == kw and sh == sw and ph == pw and simd % (lanes * taps) == 0 and c % lanes == 0:
+        return swg_cycles(c, h, w, kh, ph, sh, lanes, taps)
+    return m.vec * m.mw // simd
 
 
 # ---------------------------------------------------------------- decisions
@@ -237,7 +259,8 @@ def choose_grid(mats: Sequence[MatrixLayer], lanes: int, samples: int = 1) -> tu
         simd = lanes // pe
         if not all((m.mh % pe == 0 or m.mh < pe) and (m.mw % simd == 0 or m.mw < simd) for m in chunked):
             continue
-        cyc = sum(_cdiv(m.mh, pe) * _cdiv(m.mw, simd) * m.vec * (2 if m.dx else 1) for m in chunked)
+        cyc = sum(max(_cdiv(m.mh, pe) * _cdiv(m.mw, simd) * m.vec * (2 if m.dx else 1),
+                      window_cycles(m, min(simd, m.mw)) * samples) for m in chunked)
         k = (cyc, pe * 16 > AXI_BITS, pe + simd, pe)   # a dy row in one 512-bit word (off-chip passes)
         if key is None or k < key:
             best, key = (pe, simd), k
@@ -539,3 +562,152 @@ def job_ddr_bytes(bt: BwdTiles, j: Job, samples: int = 1) -> dict[str, int]:
     if j.engine == "chunk" and j.passes > 1:
         out["dy"] = j.passes * m.vec * samples * m.mh * 2
     return out
+
+
+def fill_cycles(bt: BwdTiles, j: Job) -> int:
+    """Cycles of job ``j``'s weight-store fill (wst_fill: one 512-bit beat a cycle, a row when its KW
+    weights are in): a tile kernel pays it before every turn of the job, a resident one once an
+    iteration (its first call), 0 for a job without dx."""
+    if j.engine != "chunk" or not j.layer.dx:
+        return 0
+    return j.blocks * bt.wsteps * _cdiv(bt.wlanes, WEIGHTS_PER_BEAT) + LOOP_DEPTH
+
+
+def turn_cycles(bt: BwdTiles, j: Job, samples: int = 1) -> int:
+    """Cycles a call of job ``j`` takes in its kernel: its engine's loops (or its window generator
+    beside it, when slower), plus its weight fill when the store holds one turn's matrix at a time
+    (the fill runs before the turn)."""
+    own = job_cycles(bt, j, samples)
+    if j.engine == "chunk":   # its window generator runs beside it (the turn's other engines)
+        own = max(own, window_cycles(j.layer, j.lsimd) * samples)
+    return own + (fill_cycles(bt, j) if bt.weights == "tile" else 0)
+
+
+def engine_extra_cycles(tiles: dict[str, BwdTiles], plan_cycles: dict[str, int], samples: int = 1) -> int:
+    """Backward cycles a call of ``samples`` samples takes in the tiled engines beyond the plan's
+    per-layer figure (``plan_cycles``: layer -> its backward cycles at the plan's folding, a call):
+    what the planner adds to a time-multiplexed stage's backward (its turns run one after another)."""
+    seen, extra = set(), 0
+    for name, bt in tiles.items():
+        j = bt.job(name)
+        if j is None or name in seen:
+            continue
+        seen.add(name)
+        extra += turn_cycles(bt, j, samples) - int(plan_cycles.get(name, 0))
+    return extra
+
+
+def kernel_dsp(tiles: dict[str, BwdTiles], dsp_per_mac: float = 1.0) -> int:
+    """DSP48E2 slices of a backward kernel's matrix engines: per chunk grid its two arrays (dW and
+    dx; one without any dx job), per row engine its two arrays of LR lanes (UG579: a 16 x 16
+    product in one DSP48E2; ``dsp_per_mac`` the board's figure)."""
+    total, seen = 0, set()
+    for bt in tiles.values():
+        if id(bt) in seen:
+            continue
+        seen.add(id(bt))
+        chunk = [j for j in bt.jobs if j.engine == "chunk"]
+        if chunk:
+            total += bt.lanes * (2 if any(j.layer.dx for j in chunk) else 1)
+        if any(j.engine == "row" for j in bt.jobs):
+            total += 2 * bt.row_lanes
+    return int(math.ceil(total * dsp_per_mac))
+
+
+def kernel_blocks(tiles: dict[str, BwdTiles]) -> Blocks:
+    """The matrix engines' memories of a backward kernel in blocks (memory_blocks, UG573)."""
+    total, seen = Blocks(), set()
+    for bt in tiles.values():
+        if id(bt) not in seen:
+            seen.add(id(bt))
+            total = total + bt.blocks
+    return total
+
+
+# ---------------------------------------------------------------- col2im and frames
+
+#: lanes a time-multiplexed kernel's col2im emits at most: a conv's input gradient leaves a few
+#: elements a cycle (its turn is long), the reading turn widens it [design choice; priced:
+#: :func:`col2im_reader_extra`]
+COL2IM_OUT_LANES = 32
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+@dataclass(frozen=True)
+class Col2im:
+    """A conv's input-gradient col2im as built: input beats of ``lin`` exact sums (resized down from
+    the engine's ``lsimd`` when a beat may take NF cycles), ``lout`` emitted a beat, over a row
+    buffer of ``rows`` x ``wc`` sums banked ``rows`` x ``chans`` (a beat's elements are
+    consecutive in a row: UG573 two ports a bank, one add and one emit a cycle)."""
+
+    layer: str
+    lsimd: int
+    lin: int
+    lout: int
+    rows: int
+    wc: int
+    xb: int
+
+    @property
+    def chans(self) -> int:
+        return max(self.lin, self.lout)
+
+
+def col2im_plan(layer: Layer, job: Job, want: int, tm: bool) -> Col2im:
+    """The col2im of conv ``layer`` (its chunk ``job``; ``want``: the lanes its gradient's reader
+    takes). LIN: the fewest lanes a beat can be cut into while the MAC's dx beats (one every NF
+    cycles) keep flowing, dividing C when one does (a beat then stays in one tap); LOUT: the reader's
+    lanes, at most COL2IM_OUT_LANES in a time-multiplexed kernel, dividing W x C."""
+    c, _h, w = layer.in_shapes[0]
+    k = layer.attr["kernel"]
+    s = layer.attr["stride"]
+    kh = k[0] if not isinstance(k, int) else k
+    sh = s[0] if not isinstance(s, int) else s
+    ls = job.lsimd
+    cands = [d for d in _divisors(ls) if ls // d <= max(1, job.nf)]
+    fit = [d for d in cands if c % d == 0]
+    lin = min(fit) if fit else ls
+    cap = min(want, COL2IM_OUT_LANES) if tm else want
+    lout = max(d for d in _divisors(w * c) if d <= max(1, cap))
+    return Col2im(layer.name, ls, lin, lout, kh + sh, w * c, job.xb)
+
+
+def col2im_buffer(plans: Sequence[Col2im], tm: bool) -> list[Array]:
+    """The col2im row buffers: one shared by a time-multiplexed kernel's turns (they never run at
+    once: the largest rows x W*C, the widest sums, the most banks), else one a layer."""
+    if not plans:
+        return []
+    if tm:
+        rows, wc = max(p.rows for p in plans), max(p.wc for p in plans)
+        xb, chans = max(p.xb for p in plans), max(p.chans for p in plans)
+        depth = _cdiv(wc, chans)
+        return [Array("lb", xb, depth, rows * chans, _impl(xb, depth))]
+    return [Array(f"lb_{p.layer}", p.xb, _cdiv(p.wc, p.chans), p.rows * p.chans, _impl(p.xb, _cdiv(p.wc, p.chans)))
+            for p in plans]
+
+
+def col2im_reader_extra(plans: Sequence[Col2im], elems: dict[str, int], reader_lanes: dict[str, int]) -> int:
+    """Cycles a sample a time-multiplexed kernel's turns reading a col2im's gradient spend beyond
+    their planned lanes: the frame arrives LOUT lanes a beat, N / LOUT beats (``elems``: the
+    conv's input elements; ``reader_lanes``: the reading layer's planned lanes, per conv)."""
+    extra = 0
+    for p in plans:
+        n = elems.get(p.layer, 0)
+        lanes = reader_lanes.get(p.layer, p.lout)
+        if lanes > p.lout:
+            extra += _cdiv(n, p.lout) - _cdiv(n, lanes)
+    return extra
+
+
+def fifo_storage(width: int, depth: int) -> str:
+    """Where a whole-frame FIFO between a time-multiplexed kernel's turns goes: the cheaper of BRAM
+    and URAM in share of the board's blocks (UG573 modes; an hls::stream takes BIND_STORAGE,
+    UG1399), LUTs for a short one."""
+    from .memory_blocks import AUTO_SRL_MAX_BITS, AUTO_SRL_MAX_DEPTH
+
+    if depth <= AUTO_SRL_MAX_DEPTH or width * depth <= AUTO_SRL_MAX_BITS:
+        return "srl"
+    return _impl(width, depth) if depth > 64 else "lutram"

@@ -51,6 +51,7 @@ class BStream:
     beat: str              # C type of one beat
     depth: int
     beat_bits: int
+    storage: str = ""      # BIND_STORAGE impl of a whole-frame FIFO (fpga_models.bwd_tiles.fifo_storage)
 
     @property
     def bytes(self) -> int:
@@ -278,7 +279,7 @@ class _Builder:
 def build_bwd(plan, model, st, sc, fmt, board=None) -> BwdCtx:
     """The backward kernel of stage ``st`` (StageCtx ``sc`` holds its ports and weight arrays)."""
     from bapipe.plan import Folding
-    from bapipe.fpga_models.bwd_tiles import engine_folding, stage_tiles
+    from bapipe.fpga_models.bwd_tiles import col2im_buffer, col2im_plan, engine_folding, stage_tiles
     from bapipe.fpga_models.gradients import gradient_tensors
 
     from bapipe.codegen.design.bwd_engines import build as build_engines
@@ -406,6 +407,20 @@ def build_bwd(plan, model, st, sc, fmt, board=None) -> BwdCtx:
             return dy_lanes(prod_l)
         return None
 
+    # the convs' col2im row buffers: one shared by a time-multiplexed kernel's turns, else one a layer
+    tm = st.style == "time-multiplexed"
+    c2i = {l.name: col2im_plan(l, tiles[l.name].job(l.name), want_of(l.inputs[0]) or l.in_shapes[0][0], tm)
+           for l in layers if l.type == "conv2d" and l.name in tiles and l.inputs[0] in needed}
+    lb_of = {}
+    for a in col2im_buffer(list(c2i.values()), tm):
+        mine = list(c2i) if tm else [a.name[3:]]
+        rows = max(c2i[n].rows for n in mine)
+        chans = a.banks // rows
+        arr = BArray(f"lb_s{st.index}" if tm else f"lb_{ident(mine[0])}", f"bapipe::gacc<{a.width}>",
+                     (rows, a.depth * chans), a.width, a.impl, partitions=[(rows, 1), (chans, 2)])
+        b.arrays.append(arr)
+        lb_of.update({n: arr for n in mine})
+
     for l in reversed(layers):
         if l.name not in active:
             continue
@@ -474,13 +489,19 @@ def build_bwd(plan, model, st, sc, fmt, board=None) -> BwdCtx:
             if l.type == "dense":
                 contrib[src].append((dx, simd))
                 continue
-            want = want_of(src) or c
-            lout = want if (w_ * c) % want == 0 else math.gcd(w_ * c, want)
+            # col2im over a row buffer (fpga_models.bwd_tiles.col2im_plan: its lanes, banks and storage)
+            c2 = c2i[l.name]
+            src_dx = dx
+            if c2.lin < simd:   # narrower beats: one every NF cycles keeps pace with the engine
+                src_dx = b.stream(f"dxn_{tag}", c2.lin, raw_bits=xb)
+                b.proc(f"bapipe::resize_sums<{vec * mw}, {simd}, {c2.lin}, {xb}>({dx}, {src_dx})", l.name, "resize",
+                       vec * mw // c2.lin)
+            lout = c2.lout
             out = b.stream(f"dx_{tag}", lout)
-            b.arrays.append(BArray(f"lb_{tag}", f"bapipe::gacc<{xb}>", (kh + sh, w_, c), xb, "bram",
-                                   partitions=_lb_partitions(kh, kw, sh, w_, c, simd, lout)))
-            b.proc(f"bapipe::col2im<{wp}, {simd}, {lout}, {xb}, bapipe::FINISH_REQUANT, 0>({dx}, {out}, "
-                   f"lb_{tag});", l.name, "col2im", _col2im_steps(h, w_, c, kh, sh, ph, vec * (kh * kw * c // simd), lout))
+            lb = lb_of[l.name]
+            b.proc(f"bapipe::col2im_rows<{wp}, {c2.lin}, {lout}, {xb}, bapipe::FINISH_REQUANT, 0, {lb.dims[0]}, "
+                   f"{lb.dims[1]}, {lb.bits}>({src_dx}, {out}, {lb.name});", l.name, "col2im",
+                   _col2im_steps(h, w_, c, kh, sh, ph, vec * (kh * kw * c // c2.lin), lout))
             contrib[src].append((out, lout))
         elif l.type == "relu":
             L = fo.ew_lanes
@@ -1000,6 +1021,7 @@ def _sequence_turns(ctx: BwdCtx, turn_of: list[str], frame_elems: dict[str, int]
     its beats in the top function, or, where the plan puts it off chip (``mem``,
     fpga_models.bwd_memory: the frame its writer's turn hands to its reader's), an m_axi
     buffer of 512-bit words written by ``frame_write`` and read back by ``frame_read``."""
+    from bapipe.fpga_models.bwd_tiles import fifo_storage
     from bapipe.fpga_models.engines import DDR_WORD_BITS, ddr_words_per_beat
 
     order: list[str] = []
@@ -1031,6 +1053,8 @@ def _sequence_turns(ctx: BwdCtx, turn_of: list[str], frame_elems: dict[str, int]
             s.depth = STREAM_DEPTH   # two deep in the writer's turn and in the reader's
     ctx.frames = list(ddr.values())
     ctx.top_streams = [s for s in frames if s.name not in ddr]
+    for s in ctx.top_streams:   # a whole frame on chip: its FIFO in the cheaper blocks
+        s.storage = fifo_storage(s.beat_bits, s.depth)
     extra = [BStream(s.name, s.beat, STREAM_DEPTH, s.beat_bits) for s in frames if s.name in ddr]
     ctx.streams = ctx.streams + extra   # the off-chip frame's stream in its reader's turn
 

@@ -205,8 +205,11 @@ def _row_arrays(j: Job, tag: str):
     if j.home == "chip":
         arrs.append(BArray(f"aw_{tag}", f"bapipe::gacc<{j.gb}>", (m.mh * j.sf, j.lsimd), j.gb,
                            "lutram" if m.mh * j.sf <= 64 else "bram", partitions=[(j.lsimd, 2)]))
-    arrs.append(BArray(f"ab_{tag}", f"bapipe::gacc<{j.gb}>", (m.mh,), j.gb, "registers" if m.mh <= 64 else "lutram",
-                       partitions=[(min(m.pe, m.mh), 1)]))
+    # bias sums: the loader adds a dy beat (PE) a cycle, the flush reads one 512-bit beat (8) a cycle
+    banks = min(m.mh, max(min(m.pe, m.mh), SUMS_PER_BEAT))
+    arrs.append(BArray(f"ab_{tag}", f"bapipe::gacc<{j.gb}>", (m.mh,), j.gb,
+                       "registers" if m.mh <= 64 else ("lutram" if m.mh // banks <= 64 else "bram"),
+                       partitions=[(banks, 1)]))
     return arrs
 
 
