@@ -238,7 +238,7 @@ def frame_pipe_bytes(frame: GradFrame, fmt: str) -> int:
 
 
 def _walk(model: Model, layers: Sequence[Layer], folding: dict[str, tuple[int, int]],
-          fmt: str, c2i: dict | None = None) -> tuple[list[GradFrame], list[tuple[str, int]]]:
+          fmt: str, c2i: dict | None = None, tiles: dict | None = None) -> tuple[list[GradFrame], list[tuple[str, int]]]:
     """The backward kernel's streams as codegen.design.backward.build_bwd lays them out, layers walked
     last first: (the frames between turns, :func:`bwd_frames`; per two-deep stream inside one
     turn, (turn, beat bits))."""
@@ -324,7 +324,8 @@ def _walk(model: Model, layers: Sequence[Layer], folding: dict[str, tuple[int, i
             else:
                 c, _h, w = l.in_shapes[0]
                 (kh, _kw), _s, _p = _window(l)
-                window(l, t, conv_window_lanes(c, kh, simd), simd)
+                job = tiles[l.name].job(l.name) if tiles and l.name in tiles else None
+                window(l, t, conv_window_lanes(c, kh, job.wsimd if job is not None and job.wsimd else simd), simd)
             if not dx[0]:
                 two_deep(t, simd)                                   # the MVU's unused dx beats
                 continue
@@ -627,7 +628,7 @@ def bwd_memory(model: Model, layers: Sequence[Layer], board: Board | None, foldi
     if tiles:
         folding = engine_folding(tiles, folding)
         eng = sum(a.width * a.depth * a.banks for a in next(iter(tiles.values())).arrays) // 8
-        frames, local = _walk(model, layers, folding, fmt, tm_col2im(model, layers, tiles, folding))
+        frames, local = _walk(model, layers, folding, fmt, tm_col2im(model, layers, tiles, folding), tiles)
         streams = sum(STREAM_DEPTH * -(-b // 8) for _t, b in local)
         pipes = [frame_pipe_bytes(f, fmt) for f in frames]
         base = bwd_other_bytes(model, layers, folding, fmt, True) + eng + streams + sum(pipes)
@@ -765,3 +766,58 @@ def tm_bwd_spill_cycles(model: Model, layers: Sequence[Layer], board: Board, fol
         own = _own_cycles(t, names[t], board, folding, fmt, no_dx) if t in names else 0
         extra += max(0, c - own)
     return int(extra)
+
+
+def bwd_kernel_resources(model: Model, layers: Sequence[Layer], board: Board, folding: dict[str, tuple[int, int]],
+                         fmt: str, style: str, samples: int, iteration_samples: int, budget: int | None) -> dict:
+    """The backward kernel's BRAM36, URAM and DSP as the plan states them (plan.yaml ``resources``
+    ``bwd_*``): its matrix engines' memories (fpga_models.bwd_tiles), the convs' col2im row buffers,
+    their window generators' line buffers (ROWS x K x lanes banks, bapipe_engines.h swg), a
+    time-multiplexed kernel's whole frames kept on chip (FIFOs in the cheaper blocks) and the
+    engines' DSP; all in blocks by memory_blocks' rules (UG573), as `bapipe check` counts the
+    generated C++. ``samples``: a call's (dataflow); ``iteration_samples``: an iteration's."""
+    from .bwd_tiles import (col2im_buffer, col2im_plan, fifo_storage, kernel_blocks, kernel_dsp,
+                            stage_tiles, window_pace)
+    from .engines import conv_window_lanes
+    from .memory_blocks import Blocks, array_blocks, bank_blocks, fifo_impl
+
+    bits = 8 * bytes_per_element(fmt)
+    tm = style != "dataflow"
+    tiles = stage_tiles(model, layers, folding, "tm" if tm else "dataflow", samples, iteration_samples, board, bits)
+    efold = engine_folding(tiles, folding)
+    total = kernel_blocks(tiles)
+    # col2im row buffers and window line buffers of the convs
+    if tm:
+        plans = list(tm_col2im(model, layers, tiles, efold).values())
+    else:
+        _a, needed = _active(model, layers)
+        names = {l.name: l for l in layers}
+        plans = []
+        for l in layers:
+            if l.type == "conv2d" and l.name in tiles and l.inputs[0] in needed:
+                p = names.get(l.inputs[0])
+                want = None
+                if p is not None and p.type not in ("add", "flatten"):
+                    want = efold[p.name][0] if matrix_shape(p) is not None else _ew_lanes(efold[p.name])
+                plans.append(col2im_plan(l, tiles[l.name].job(l.name), want or int(l.in_shapes[0][0]), False))
+    for a in col2im_buffer(plans, tm):
+        total = total + a.blocks
+    for l in layers:
+        if l.type != "conv2d" or l.name not in tiles:
+            continue
+        j = tiles[l.name].job(l.name)
+        c, _h, w = l.in_shapes[0]
+        (kh, kw), (sh, sw), (ph, pw) = _window(l)
+        lanes, taps = conv_window_lanes(c, kh, j.wsimd or j.lsimd)
+        if kh == kw and sh == sw and ph == pw and j.lsimd % (lanes * taps) == 0 and c % lanes == 0:
+            rows = kh + sh - 1
+            banks = rows * min(kh, w) * lanes
+            total = total + array_blocks("auto", bits, rows * w * c, banks)
+    if tm:
+        mem = bwd_memory(model, layers, board, folding, fmt, budget, iteration_samples, True)
+        for f, off in zip(mem.frames, mem.frames_off):
+            if not off:
+                width, depth = f.lanes * bits, f.nbytes // bytes_per_element(fmt) // f.lanes
+                total = total + bank_blocks(fifo_impl(width, depth, fifo_storage(width, depth)), width, depth)
+    dsp = kernel_dsp(tiles, board.dsp_per_mac.get(fmt, 1.0) if board is not None else 1.0)
+    return {"bram36": total.bram36, "uram": total.uram, "dsp": dsp}

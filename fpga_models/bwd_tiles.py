@@ -180,6 +180,8 @@ class Job:
     store_base: int = 0  # first row of the job in the accumulator store (chip) / 0 (ddr: the tile)
     wbase: int = 0       # first row of its weights in the weight store (resident), else 0 (tile)
     abase: int = 0       # first row of its bias sums (PE a row)
+    wsimd: int = 0       # conv: the SIMD its window generator is built for (conv_window_lanes)
+    xr: int = 1          # cycles between two x beats the loader takes (the window's pace)
 
     @property
     def blocks(self) -> int:
@@ -397,9 +399,10 @@ def decide(model: Model, layers: Sequence[Layer], folding: dict[str, tuple[int, 
         gb = acc_width(iteration_vectors * m.vec)
         if m in chunked:
             nf, sf = _cdiv(m.mh, pe), _cdiv(m.mw, simd)
+            wsimd, xr = window_pace(m, min(simd, m.mw), nf)
             j = Job(m, "chunk", nf, sf, min(pe, m.mh), min(simd, m.mw), gb, xb, "chip" if home[m.name] else "ddr",
                     store_base=store_row if home[m.name] else 0, wbase=wbase if (m.dx and resident) else 0,
-                    abase=abase)
+                    abase=abase, wsimd=wsimd, xr=xr)
             if home[m.name]:
                 store_row += nf * sf * dsteps
             abase += nf
@@ -447,13 +450,34 @@ def _tile_rows(jobs, free_rows: int, dsteps: int, pe: int) -> int:
     return max(one, free_rows // one * one)
 
 
+def window_pace(m: MatrixLayer, lsimd: int, nf: int) -> tuple[int, int]:
+    """(the SIMD a conv's backward window generator is built for, the cycles between two x beats
+    the loader takes): the narrowest generator (fewest line-buffer banks: ROWS x K x lanes) whose
+    beats, widened to ``lsimd``, come at least every NF x (1 + dx) cycles (the chunk engine's x
+    rate) and whose image and window cycles fit the engine's; dense: (``lsimd``, 1)."""
+    if not m.win:
+        return lsimd, 1
+    from .engines import conv_window_lanes
+
+    c, _h, _w, kh, _kw, _sh, _sw, _ph, _pw = m.win
+    own = nf * _cdiv(m.mw, lsimd) * m.vec * (2 if m.dx else 1)
+    for d in _divisors(lsimd):
+        lanes, taps = conv_window_lanes(c, kh, d)
+        if lsimd % (lanes * taps):
+            continue
+        xr = lsimd // (lanes * taps)
+        if xr <= nf * (2 if m.dx else 1) and window_cycles(m, d) <= own:
+            return d, xr
+    return lsimd, 1
+
+
 def _with_passes(j: Job, tile_rows: int, chunk: int, reuse: int, dsteps: int) -> Job:
     """An off-chip home's passes: as many row blocks a pass as the tile holds, and enough that the
     first pass's dW steps outlast a dx group's beats (P x pass row blocks >= PX x NF)."""
     per_nf = j.sf * dsteps
     pass_nf = max(1, min(j.nf, tile_rows // per_nf), _cdiv(reuse * j.nf, chunk))
     return Job(j.layer, j.engine, j.nf, j.sf, j.lpe, j.lsimd, j.gb, j.xb, "ddr", _cdiv(j.nf, pass_nf), pass_nf,
-               0, j.wbase, j.abase)
+               0, j.wbase, j.abase, j.wsimd, j.xr)
 
 
 def _with_arrays(bt: BwdTiles, model: Model, bits: int) -> BwdTiles:
@@ -502,7 +526,8 @@ def _with_arrays(bt: BwdTiles, model: Model, bits: int) -> BwdTiles:
 
 def chunk_cycles(bt: BwdTiles, j: Job, vectors: int, fresh: bool = False) -> int:
     """Cycles of one call of chunk job ``j`` over ``vectors`` vectors (the MAC loop's trips as
-    codegen lays them out): per pass, the first chunk's load (P x max(NF, SF) beats), every chunk's
+    codegen lays them out): per pass, the first chunk's load (P x max(NF, SF x XR) cycles: x beats
+    come every XR cycles, the window's pace), every chunk's
     dW steps (the pass's blocks x P) and, in the first pass, its dx steps (all blocks x P), then the
     tail (the last drain and the last group's dx beats); an off-chip home's pass reads its tile
     (not on ``fresh``, the iteration's first call) and writes it back, ceil(K / 8) beats a row."""
@@ -510,14 +535,14 @@ def chunk_cycles(bt: BwdTiles, j: Job, vectors: int, fresh: bool = False) -> int
         return 0
     p = bt.chunk
     chunks = _cdiv(vectors, p)
-    load = p * max(j.nf, j.sf)
+    load = p * max(j.nf, j.sf * j.xr)
     tail = max(bt.drain_steps, bt.reuse * j.sf if j.layer.dx else 0)
     beats = _cdiv(bt.drain, SUMS_PER_BEAT)
     total = 0
     for k in range(j.passes):
         blk = j.pass_blocks(k)
         steps = blk * p + (j.blocks * p if (k == 0 and j.layer.dx) else 0)
-        total += load + chunks * steps + tail + LOOP_DEPTH
+        total += load + chunks * max(steps, load) + tail + LOOP_DEPTH
         if j.home == "ddr":
             rows = blk * bt.drain_steps
             total += rows * beats * (1 if fresh else 2) + 2 * LOOP_DEPTH
@@ -669,7 +694,7 @@ def col2im_plan(layer: Layer, job: Job, want: int, tm: bool) -> Col2im:
     ls = job.lsimd
     cands = [d for d in _divisors(ls) if ls // d <= max(1, job.nf)]
     fit = [d for d in cands if c % d == 0]
-    lin = min(fit) if fit else ls
+    lin = min(fit) if fit else min(cands)
     cap = min(want, COL2IM_OUT_LANES) if tm else want
     lout = max(d for d in _divisors(w * c) if d <= max(1, cap))
     return Col2im(layer.name, ls, lin, lout, kh + sh, w * c, job.xb)

@@ -379,13 +379,16 @@ def build_bwd(plan, model, st, sc, fmt, board=None) -> BwdCtx:
 
     def window(l, st_name: str, simd: int, tag: str) -> str:
         """The window columns of layer l's stashed input, SIMD elements a beat (k = tap*C + c):
-        the stash streamed in order through the line-buffer generator swg (square windows),
-        else gathered from memory by window_read."""
+        the stash streamed in order through the line-buffer generator swg (square windows; a
+        matrix engine's at the width fpga_models.bwd_tiles.window_pace gives it), else gathered
+        from memory by window_read."""
         c, h, w_ = l.in_shapes[0]
         (kh, kw), (sh, sw), (ph, pw) = l.attr["kernel"], l.attr["stride"], l.attr["padding"]
         ho, wo = l.out_shape[1], l.out_shape[2]
         cols = ho * wo * kh * kw * c
-        lanes, taps = conv_window_lanes(c, kh, simd) if l.type == "conv2d" else (simd, 1)
+        job = tiles[l.name].job(l.name) if l.name in tiles else None
+        wsimd = job.wsimd if job is not None and job.wsimd else simd
+        lanes, taps = conv_window_lanes(c, kh, wsimd) if l.type == "conv2d" else (simd, 1)
         if kh == kw and sh == sw and ph == pw and simd % (lanes * taps) == 0 and c % lanes == 0:
             raw = b.stream(f"xs_{tag}", lanes)
             b.stash_read(st_name, raw, c * h * w_, lanes, l.name)
@@ -393,7 +396,9 @@ def build_bwd(plan, model, st, sc, fmt, board=None) -> BwdCtx:
             col = b.stream(f"col_{tag}", lanes * taps)
             b.proc(f"bapipe::swg<{c}, {h}, {w_}, {kh}, {ph}, {sh}, {lanes}, {taps}, {rows}, false>({raw}, {col})",
                    l.name, "swg", max(c * h * w_ // lanes, cols // (lanes * taps)))
-            b.arrays.append(BArray(f"{tag}.swg_rows", "data_t", (rows, w_, c), W, "bram", local=True))
+            # its line buffer as the template banks it (bapipe_engines.h swg: rows x K x lanes)
+            b.arrays.append(BArray(f"{tag}.swg_rows", "data_t", (rows, w_, c), W, "auto", local=True,
+                                   partitions=[(rows, 1), (kh, 2), (lanes, 3)]))
             return resize(col, cols, lanes * taps, simd, tag)
         x = b.stream(f"x_{tag}", simd)
         wp = f"{c}, {h}, {w_}, {kh}, {kw}, {sh}, {sw}, {ph}, {pw}"

@@ -61,6 +61,7 @@ class EngineJob:
     ab: str = ""         # row job: its bias sums
     lr: int = 0
     gb: int = 0
+    xr: int = 1          # cycles between two x beats (the window's pace)
 
 
 @dataclass
@@ -142,7 +143,7 @@ def _engine_job(turn: int, key: int, f: dict, j: Job, names: dict) -> EngineJob:
     out = f["out"].strip()
     e = EngineJob(turn, key, m.name, m.mh, m.mw, j.nf, j.sf, m.vec, m.dx, f["dy"], f["x"], f["dxs"], f["dw"], f["db"],
                   j.lpe, j.lsimd, out, out.startswith("bapipe::rvec"), j.passes, max(1, j.pass_nf or j.nf),
-                  j.store_base, j.wbase, j.abase, j.home == "ddr", gb=j.gb)
+                  j.store_base, j.wbase, j.abase, j.home == "ddr", gb=j.gb, xr=j.xr)
     if j.engine == "row":
         e.lr, e.w = j.lsimd, names.get("w", f["w"])
         e.aw, e.ab = names.get("aw", ""), names.get("ab", "")
@@ -344,7 +345,8 @@ def _locals(bt: BwdTiles, prefix: str) -> list:
     for a in bt.arrays:
         if a.name in ("dyc", "xc", "dxo", "rx", "rdx"):
             out.append(BArray(f"{prefix}.{a.name}", "data_t", (a.depth, a.banks), a.width,
-                              a.impl if a.impl in ("bram", "uram", "lutram") else "registers", local=True))
+                              a.impl if a.impl in ("bram", "uram", "lutram") else "registers", local=True,
+                              partitions=[(a.banks, 2)]))
     return out
 
 
@@ -453,3 +455,54 @@ def _build_tm(ctx, tiles: dict, index: int, width: int, layer_of: dict[str, str]
         ctx.wfill = {"name": f"s{index}_bwd_wfill", "cases": [(t, fl["call"]) for t, fl in wfill],
                      "params": [f"const data_t {n}{''.join(f'[{d}]' for d in wdims[n])}" for n in srcs]
                      + [store["wst"].decl], "args": srcs + [store["wst"].name]}
+
+
+def array_blocks_of(a) -> "Blocks":
+    """Blocks of one of the Design's backward arrays (BArray): its banks (cyclic partitions,
+    complete when a factor covers a dimension) of ``bits`` x depth in its storage (memory_blocks,
+    UG573); registers and off-chip arrays take none."""
+    from math import ceil, prod
+
+    from bapipe.fpga_models.memory_blocks import Blocks, array_blocks
+
+    if a.storage in ("off-chip",):
+        return Blocks()
+    dims = list(a.dims)
+    banks, full = 1, set()
+    for f, d in a.partitions:
+        if 1 <= d <= len(dims):
+            k = max(1, min(f, dims[d - 1]))
+            banks *= k
+            if k == dims[d - 1]:
+                full.add(d - 1)
+    if a.storage == "registers" or len(full) == len(dims):
+        return Blocks(ff=prod(dims) * a.bits)
+    impl = a.storage if a.storage in ("bram", "uram", "lutram") else "auto"
+    return array_blocks(impl, a.bits, banks * ceil(prod(dims) / banks), banks)
+
+
+def stream_blocks_of(s) -> "Blocks":
+    """Blocks of one of the Design's backward FIFOs (BStream): UG1399's binding (SRL when short,
+    else its BIND_STORAGE, else BRAM: memory_blocks.fifo_impl)."""
+    from bapipe.fpga_models.memory_blocks import bank_blocks, fifo_impl
+
+    return bank_blocks(fifo_impl(s.beat_bits, s.depth, s.storage or None), s.beat_bits, s.depth)
+
+
+def design_blocks(ctx) -> dict:
+    """The Design's figure of a backward kernel: BRAM36, URAM and LUTs of every array and FIFO it
+    declares (memory_blocks' rules, the ones `bapipe check` applies to the C++), and the DSP of its
+    matrix engines (fpga_models.bwd_tiles.kernel_dsp)."""
+    from bapipe.fpga_models.bwd_tiles import kernel_dsp
+    from bapipe.fpga_models.memory_blocks import Blocks
+
+    total = Blocks()
+    for a in ctx.arrays:
+        total = total + array_blocks_of(a)
+    seen = set()
+    for s in ctx.streams + list(getattr(ctx, "top_streams", [])):
+        if s.name in seen:
+            continue
+        seen.add(s.name)
+        total = total + stream_blocks_of(s)
+    return {"bram36": total.bram36, "uram": total.uram, "lut": total.lut, "dsp": kernel_dsp(ctx.tiles)}
