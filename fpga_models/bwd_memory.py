@@ -52,7 +52,8 @@ from bapipe.layers import Layer
 from bapipe.spec import Model
 
 from .allocate import frames_offchip, weight_resident, weights_all_resident
-from .bwd_tiles import col2im_plan, col2im_reader_extra, engine_extra_cycles, engine_folding, stage_tiles
+from .bwd_tiles import (col2im_buffer, col2im_plan, matrix_layers, col2im_reader_extra, engine_extra_cycles, engine_folding,
+                        stage_tiles)
 from .boards import Board, bytes_per_element, on_chip_bytes
 from .cost import layer_cost, matrix_shape
 from .engines import conv_window_lanes, frame_io_cycles
@@ -627,11 +628,22 @@ def bwd_memory(model: Model, layers: Sequence[Layer], board: Board | None, foldi
     tiles = stage_tiles(model, layers, folding, "tm", 1, samples, board, bits)
     if tiles:
         folding = engine_folding(tiles, folding)
-        eng = sum(a.width * a.depth * a.banks for a in next(iter(tiles.values())).arrays) // 8
-        frames, local = _walk(model, layers, folding, fmt, tm_col2im(model, layers, tiles, folding), tiles)
+        # bytes as the Design counts its arrays: elements x whole bytes an element
+        eng = sum(a.depth * a.banks * -(-a.width // 8) for a in next(iter(tiles.values())).arrays)
+        c2i = tm_col2im(model, layers, tiles, folding)
+        frames, local = _walk(model, layers, folding, fmt, c2i, tiles)
         streams = sum(STREAM_DEPTH * -(-b // 8) for _t, b in local)
         pipes = [frame_pipe_bytes(f, fmt) for f in frames]
-        base = bwd_other_bytes(model, layers, folding, fmt, True) + eng + streams + sum(pipes)
+        # the convs' col2im share one row buffer (fpga_models.bwd_tiles.col2im_buffer)
+        own_lb = sum(c2.rows * c2.wc * -(-c2.xb // 8) for c2 in c2i.values())
+        shared = sum(a.banks * a.depth * -(-a.width // 8) for a in col2im_buffer(list(c2i.values()), True))
+        # (and the engines' own buffers replace the shared MVU's input vector bwd_other_bytes counts)
+        vec = max((m.mw for m in matrix_layers(model, layers, folding)), default=0) * eb
+        # the on-chip copies besides the matrices (a trained batchnorm's scale) when the weights fit
+        scales = (sum(bwd_weight_elems(model, layers)) - sum(m.elems for m in matrix_layers(model, layers, folding))) \
+            * eb if bwd_weight_bytes(model, layers, fmt, budget) else 0
+        base = (bwd_other_bytes(model, layers, folding, fmt, True) - own_lb - vec + shared + eng + streams
+                + sum(pipes) + scales)
         keep = [f.nbytes - p for f, p in zip(frames, pipes)]
         off = frames_offchip(keep, base, budget) if budget is not None else [False] * len(frames)
         off = [o and k > 0 for o, k in zip(off, keep)]
@@ -776,7 +788,7 @@ def bwd_kernel_resources(model: Model, layers: Sequence[Layer], board: Board, fo
     time-multiplexed kernel's whole frames kept on chip (FIFOs in the cheaper blocks) and the
     engines' DSP; all in blocks by memory_blocks' rules (UG573), as `bapipe check` counts the
     generated C++. ``samples``: a call's (dataflow); ``iteration_samples``: an iteration's."""
-    from .bwd_tiles import (col2im_buffer, col2im_plan, fifo_storage, kernel_blocks, kernel_dsp,
+    from .bwd_tiles import (col2im_buffer, col2im_plan, matrix_layers, fifo_storage, kernel_blocks, kernel_dsp,
                             stage_tiles, window_pace)
     from .engines import conv_window_lanes
     from .memory_blocks import Blocks, array_blocks, bank_blocks, fifo_impl

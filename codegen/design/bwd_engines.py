@@ -158,6 +158,29 @@ def build(ctx, tiles: dict, index: int, width: int, layer_of: dict[str, str]) ->
         _build_tm(ctx, tiles, index, width, layer_of)
     else:
         _build_dataflow(ctx, tiles, index, width, layer_of)
+    _engine_cycles(ctx, tiles)
+
+
+def _engine_cycles(ctx, tiles: dict) -> None:
+    """The kernel's engine records (host_config ``engines``) of the matrix layers: the tiled
+    engine's cycles a sample (fpga_models.bwd_tiles: a time-multiplexed turn as it runs, with its
+    window generator and weight fill; a dataflow engine in steady state, its per-call fills aside)
+    and its kind."""
+    from bapipe.fpga_models.bwd_tiles import turn_cycles
+
+    for e in ctx.engines:
+        bt = tiles.get(e["layer"])
+        if e.get("engine") != "mvu_bwd" or bt is None:
+            continue
+        j = bt.job(e["layer"])
+        m = j.layer
+        if bt.style == "tm":
+            cyc = turn_cycles(bt, j, 1)
+        elif j.engine == "chunk":
+            cyc = j.blocks * m.vec * (2 if m.dx else 1)
+        else:
+            cyc = m.vec * m.mh * j.sf
+        e.update({"engine": f"tiled_{j.engine}", "cycles_per_sample": int(cyc)})
 
 
 def _weights_decl(ctx) -> dict[str, str]:
