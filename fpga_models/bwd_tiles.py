@@ -509,15 +509,16 @@ def _with_arrays(bt: BwdTiles, model: Model, bits: int) -> BwdTiles:
     rows = [j for j in bt.jobs if j.engine == "row"]
     if rows:
         lr = bt.row_lanes
-        for j in rows:
+        for j in rows:   # a row job's own dW sums: MH x SF rows of its LR lanes
             m = j.layer
             if j.home == "chip":
-                arrays.append(Array(f"aw_{m.name}", j.gb, _cdiv(m.elems, lr), lr, _impl(j.gb, _cdiv(m.elems, lr))))
-        mwx = max(j.layer.mw for j in rows)
+                d = m.mh * j.sf
+                arrays.append(Array(f"aw_{m.name}", j.gb, d, j.lsimd, "lutram" if d <= 64 else "bram"))
+        sfx = max(j.sf for j in rows)
         xbx = max(j.xb for j in rows)
-        arrays.append(Array("rx", bits, _cdiv(mwx, lr), lr, _impl(bits, _cdiv(mwx, lr))))
-        if any(j.layer.dx for j in rows):
-            arrays.append(Array("rdx", xbx, _cdiv(mwx, lr), lr, _impl(xbx, _cdiv(mwx, lr))))
+        # two vectors' x and dx sums, a column group a row (the row loop's xr, dxr)
+        arrays.append(Array("rx", bits, 2 * sfx, lr, _impl(bits, 2 * sfx)))
+        arrays.append(Array("rdx", xbx, 2 * sfx, lr, _impl(xbx, 2 * sfx)))
     return replace(bt, arrays=tuple(arrays))
 
 
@@ -543,18 +544,21 @@ def chunk_cycles(bt: BwdTiles, j: Job, vectors: int, fresh: bool = False) -> int
         blk = j.pass_blocks(k)
         steps = blk * p + (j.blocks * p if (k == 0 and j.layer.dx) else 0)
         total += load + chunks * max(steps, load) + tail + LOOP_DEPTH
-        if j.home == "ddr":
+        if j.home == "ddr":   # the tile's read (not on the iteration's first call) and write loops, depth 2 each
             rows = blk * bt.drain_steps
-            total += rows * beats * (1 if fresh else 2) + 2 * LOOP_DEPTH
+            total += rows * beats * (1 if fresh else 2) + (2 if fresh else 4)
     return total
 
 
 def row_cycles(bt: BwdTiles, j: Job, vectors: int) -> int:
-    """Cycles of one call of row job ``j`` over ``vectors`` vectors: per row of the matrix, MW / LR
-    steps a vector (dW and dx lanes side by side), plus the loop's depth."""
+    """Cycles of one call of row job ``j`` over ``vectors`` vectors (the row loop's trips): the first
+    vector's load (its SF x beats, its MH / PE dy beats), per vector MH x SF steps (a row, LR
+    columns a step: dW and dx lanes side by side), the last vector's SF dx beats, the loop's depth."""
     if vectors <= 0:
         return 0
-    return vectors * j.layer.mh * _cdiv(j.layer.mw, bt.row_lanes) + LOOP_DEPTH
+    m = j.layer
+    load = max(j.sf, _cdiv(m.mh, j.lpe))
+    return load + vectors * m.mh * j.sf + j.sf + LOOP_DEPTH
 
 
 def flush_cycles(bt: BwdTiles, j: Job) -> int:
