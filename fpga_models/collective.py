@@ -19,6 +19,13 @@ def ring_steps(r: int) -> int:
     return 2 * (r - 1) if r > 1 else 0
 
 
+def ring_steps_array(r):
+    """:func:`ring_steps` of every replica count in the array ``r`` (numpy, elementwise)."""
+    import numpy as np
+    r = np.asarray(r)
+    return np.where(r > 1, 2 * (r - 1), 0)
+
+
 def ring_share(nbytes, r: int):
     """Bytes one replica sends per step: its 1/r share of the gradients."""
     return nbytes / r

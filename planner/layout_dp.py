@@ -42,6 +42,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from bapipe.fpga_models.collective import ring_steps_array
+
 from .partition import MAX_CAPS
 
 INF = math.inf
@@ -93,7 +95,8 @@ def _x(p: LayoutProblem, b, r, w):
     """Ring all-reduce seconds of ``w`` weight bytes on block (b, r) (arrays broadcast)."""
     r = np.asarray(r, dtype=float)
     with np.errstate(invalid="ignore", divide="ignore"):
-        x = 2 * (r - 1) / np.maximum(r, 1) * w / p.ring_bw[b, r.astype(int)] + 2 * (r - 1) * p.ring_lat[b, r.astype(int)]
+        steps = ring_steps_array(r)   # fpga_models.collective: the ring's one home
+        x = steps / np.maximum(r, 1) * w / p.ring_bw[b, r.astype(int)] + steps * p.ring_lat[b, r.astype(int)]
     return np.where(r > 1, x, 0.0)
 
 
