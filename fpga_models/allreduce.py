@@ -85,6 +85,16 @@ def step_ii(accesses: int, link_bytes_per_cycle: float, bank_bytes_per_cycle: fl
     return max(1, math.ceil(max(need) - 1e-9))
 
 
+def ring_cycles(words, arrays, r: int, ii_rs: int, ii_ag: int, latency: int):
+    """Cycles of a call whose arrays' chunks add up to ``words`` words over ``arrays`` arrays
+    (numpy arrays allowed: the partition search prices every range at once): per step the
+    link's latency, then per array its receive loop (chunk x II + RECV_DEPTH); R - 1 steps at
+    each II; 0 for R <= 1."""
+    if r <= 1:
+        return 0 * words
+    return (r - 1) * (2 * latency + (ii_rs + ii_ag) * words + 2 * RECV_DEPTH * arrays)
+
+
 @dataclass(frozen=True)
 class RingTiming:
     """One replica's all-reduce call as built: per array its chunk words, the steps' II and
@@ -106,10 +116,9 @@ class RingTiming:
 
     @property
     def cycles(self) -> int:
-        """The whole call: R - 1 reduce-scatter steps and R - 1 all-gather steps (0 for R = 1)."""
-        if self.replicas <= 1:
-            return 0
-        return (self.replicas - 1) * (self.step_cycles(self.ii_rs) + self.step_cycles(self.ii_ag))
+        """The whole call: R - 1 reduce-scatter steps and R - 1 all-gather steps (0 for R = 1;
+        :func:`ring_cycles`, :meth:`step_cycles` each)."""
+        return ring_cycles(sum(self.chunks), len(self.chunks), self.replicas, self.ii_rs, self.ii_ag, self.latency)
 
     @property
     def words(self) -> int:
