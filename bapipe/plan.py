@@ -178,12 +178,17 @@ def _stage(node: Any, file: str, i: int, line: int | None) -> Stage:
     return st
 
 
+#: stage fields plans gained after version 1: a plan written before them did not price what they
+#: hold (issue 32: the flush and update kernels), so 0 is what it said
+LATER_STAGE_FIELDS = frozenset({"flush_s", "update_s"})
+
+
 def _whole_stage(node: Any, file: str, i: int) -> Any:
     """Every stage field must be present: `bapipe plan` (and Plan.save) always write them all,
     so a missing one means a truncated or hand-cut file, whose defaults (zero times, no
     cycles) would otherwise be simulated as if they were the plan's."""
     if isinstance(node, Node):
-        missing = [f.name for f in fields(Stage) if f.name not in node]
+        missing = [f.name for f in fields(Stage) if f.name not in node and f.name not in LATER_STAGE_FIELDS]
         if missing:
             raise node.error(None, f"missing field '{missing[0]}' of stage {i} (a plan written by "
                                    "`bapipe plan` has every field; is the file truncated?)")

@@ -85,6 +85,16 @@ def step_ii(accesses: int, link_bytes_per_cycle: float, bank_bytes_per_cycle: fl
     return max(1, math.ceil(max(need) - 1e-9))
 
 
+def ring_cycles(words, arrays, r: int, ii_rs: int, ii_ag: int, latency: int):
+    """Cycles of a call whose arrays' chunks add up to ``words`` words over ``arrays`` arrays
+    (numpy arrays allowed: the partition search prices every range at once): per step the
+    link's latency, then per array its receive loop (chunk x II + RECV_DEPTH); R - 1 steps at
+    each II; 0 for R <= 1."""
+    if r <= 1:
+        return 0 * words
+    return (r - 1) * (2 * latency + (ii_rs + ii_ag) * words + 2 * RECV_DEPTH * arrays)
+
+
 @dataclass(frozen=True)
 class RingTiming:
     """One replica's all-reduce call as built: per array its chunk words, the steps' II and
@@ -106,10 +116,9 @@ class RingTiming:
 
     @property
     def cycles(self) -> int:
-        """The whole call: R - 1 reduce-scatter steps and R - 1 all-gather steps (0 for R = 1)."""
-        if self.replicas <= 1:
-            return 0
-        return (self.replicas - 1) * (self.step_cycles(self.ii_rs) + self.step_cycles(self.ii_ag))
+        """The whole call: R - 1 reduce-scatter steps and R - 1 all-gather steps (0 for R = 1;
+        :func:`ring_cycles`, :meth:`step_cycles` each)."""
+        return ring_cycles(sum(self.chunks), len(self.chunks), self.replicas, self.ii_rs, self.ii_ag, self.latency)
 
     @property
     def words(self) -> int:
@@ -132,29 +141,3 @@ def ring_timing(counts, r: int, link_bytes_per_cycle: float, latency_cycles: int
     lat = link_delivery_cycles(max(1, max(chunks, default=1)), WORD_BITS, max(1, int(latency_cycles)))
     return RingTiming(r, chunks, step_ii(RS_ACCESSES, link_bytes_per_cycle, bank_bytes_per_cycle),
                       step_ii(AG_ACCESSES, link_bytes_per_cycle, bank_bytes_per_cycle), lat)
-
-
-def ring_seconds(counts, r: int, bandwidth_Bps: float, latency_s: float, clock_hz: float,
-                 bank_Bps: float) -> tuple[float, float, float]:
-    """(seconds of the call, seconds a step holds its hop, seconds of a step's latency) of
-    :func:`ring_timing` on a hop of ``bandwidth_Bps`` / ``latency_s`` at ``clock_hz``."""
-    t = ring_timing(counts, r, bandwidth_Bps / clock_hz, max(1, round(latency_s * clock_hz)), bank_Bps / clock_hz)
-    occ, lat = t.hop()
-    return t.cycles / clock_hz, occ / clock_hz, lat / clock_hz
-
-
-def ring_seconds_linear(nbytes, elem_bytes: int, r: int, bandwidth_Bps: float, latency_s: float,
-                        clock_hz: float, bank_Bps: float):
-    """:func:`ring_seconds`' call time for a stage of ``nbytes`` of weights (numpy arrays
-    allowed: the partition search prices every range at once) as one array: the chunk
-    rounding and the per-array loop depths of a stage's few arrays are left out (a few
-    hundred cycles against millions)."""
-    import numpy as np
-    if r <= 1:
-        return np.zeros_like(np.asarray(nbytes, dtype=float)) if np.ndim(nbytes) else 0.0
-    link, bank = bandwidth_Bps / clock_hz, bank_Bps / clock_hz
-    ii = step_ii(RS_ACCESSES, link, bank) + step_ii(AG_ACCESSES, link, bank)
-    words = np.asarray(nbytes, dtype=float) / elem_bytes / LANES / r
-    lat = link_delivery_cycles(1, WORD_BITS, max(1, round(latency_s * clock_hz)))
-    out = ((r - 1) * ii * words + ring_steps(r) * lat) / clock_hz
-    return out if np.ndim(out) else float(out)

@@ -1201,12 +1201,9 @@ class Explorer:
         cyc = rng(pre["flush"]) + rng(pre["update"]) if kernels else np.zeros(np.shape(ic))
         if r > 1 and ring:
             bw, lat = self.ring(self.replica_boards(c, d))
-            bank = bank_Bps(board) / clk
-            ii = ar_model.step_ii(ar_model.RS_ACCESSES, bw / clk, bank) + ar_model.step_ii(ar_model.AG_ACCESSES,
-                                                                                           bw / clk, bank)
-            lc = ar_model.ring_timing([1], r, bw / clk, max(1, round(lat * clk)), bank).latency
+            one = ar_model.ring_timing([1], r, bw / clk, max(1, round(lat * clk)), bank_Bps(board) / clk)
             arrays = rng(pre["arrays"])
-            ring = (r - 1) * (2 * lc + ii * rng(pre["words"]) + 2 * ar_model.RECV_DEPTH * arrays)
+            ring = ar_model.ring_cycles(rng(pre["words"]), arrays, r, one.ii_rs, one.ii_ag, one.latency)
             cyc = cyc + np.where(arrays > 0, ring, 0.0)
         return np.where(valid, cyc / clk, 0.0)
 
