@@ -192,12 +192,12 @@ def test_canonical_order_is_host_major():
 
 @pytest.mark.parametrize("schedule", ["auto", "pipedream"])
 def test_relabelled_cluster_plans_the_same_time(schedule):
-    """vgg16 on 16xV100 and on three relabellings of it (names permuted, boards and hosts listed
+    """vgg16 on 16xV100 and on two relabellings of it (names permuted, boards and hosts listed
     in shuffled orders): the same iteration time, to the bit, and the same replica counts."""
     model = "vgg16"
     base = make_plan(_model(model), load_cluster("16xV100"), model, "16xV100",
                      Request(schedule=schedule, global_batch=64))
-    for seed in (1, 2, 3):
+    for seed in (1, 2):
         cl = _shuffled(load_cluster("16xV100"), seed)
         got = make_plan(_model(model), cl, model, "shuffled", Request(schedule=schedule, global_batch=64))
         assert got.best.iteration_s == base.best.iteration_s, seed
