@@ -598,6 +598,14 @@ def _options(kind: str, a: int, b: int) -> tuple[tuple[int, int, int], ...]:
     return tuple((k, *best[k]) for k in sorted(best))
 
 
+def df_onchip_bytes(layers: Sequence[Layer], fmt: str) -> int:
+    """The planner's figure of a dataflow kernel's on-chip bytes: every layer computes at once,
+    so every MVU holds its whole matrix on chip (a ROM, or in training the copy it fetches from
+    its m_axi array at the start of each call: codegen.design.weight_memory.load_weights_once),
+    plus the window generators' line buffers (:func:`tm_fixed_bytes`)."""
+    return sum(int(l.params) for l in layers) * bytes_per_element(fmt) + tm_fixed_bytes(layers, fmt)
+
+
 def _layer_options(l: Layer):
     ms = matrix_shape(l)
     if ms is not None:
@@ -611,8 +619,12 @@ def dataflow(layers: list[Layer], board: Board, fmt: str = "fixed16", batch: int
     the stage's share of the capped budget (:func:`stage_budget`, ``chunks`` stages on the board).
     ``no_dx``: as :func:`time_multiplexed`.
 
-    None when even the smallest folding of every layer exceeds the budget.
+    None when even the smallest folding of every layer exceeds the budget, or when the
+    kernel's on-chip bytes (:func:`df_onchip_bytes`: every engine keeps its whole matrix) exceed
+    its share of the board's (:func:`kernel_onchip_budget`).
     """
+    if df_onchip_bytes(layers, fmt) > kernel_onchip_budget(board, cap, chunks, train):
+        return None
     dsp_b, lut_b = stage_budget(board, cap, chunks, train)
     dpm = board.dsp_per_mac.get(fmt, 1.0)
     work, opts, mvu = [], [], []

@@ -75,6 +75,10 @@ class SimConfig:
     record: bool = True                 # keep op / transfer records for the Gantt chart and trace
     allreduce_per: str = "stage"        # "stage": each stage (chunk) reduces after its own last backward;
                                         # "device": one ring of all the device's weights after its last backward
+    kernel_tails: bool = True           # the HLS flush/update kernels after a stage's last backward (the
+                                        # plan's flush_s/update_s); False for a build without them (the
+                                        # training RTL updates as its weight gradients finish:
+                                        # engines.sgd_update_cycles)
 
 
 @dataclass
@@ -638,7 +642,7 @@ def _rings(plan, model, cluster, pipe: _Pipeline, cfg: SimConfig, net: _Net) -> 
         # the plan's weight bytes are the gradient bytes (same format); else count the params
         return st.weight_bytes or sum(l.weight_params for l in model.layers[st.first:st.last + 1]) * bpe
 
-    tails = [_tail(plan, model, cluster, st, net) if pipe.train else None for st in stages]
+    tails = [_tail(plan, model, cluster, st, net) if pipe.train and cfg.kernel_tails else None for st in stages]
     rings = []
     for k, st in enumerate(stages):
         r = max(1, st.replicas)

@@ -185,7 +185,7 @@ def test_tiny_cnn_training_build_passes_every_rule(tmp_path, capsys):
 def test_gen_refuses_a_build_that_breaks_a_rule(tmp_path, capsys):
     from bapipe.cli import main
 
-    plan = _tiny(tmp_path, "train", "tiny-mlp")   # one board: BRAM, masters, bandwidth (docs/check.md)
+    plan = _tiny(tmp_path, "train", "tiny-mlp")   # breaks BRAM and bandwidth (docs/check.md)
     capsys.readouterr()
     assert main(["gen", str(plan), "-o", str(tmp_path / "b"), "--strict-rules"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
@@ -198,7 +198,11 @@ def test_gen_refuses_a_build_that_breaks_a_rule(tmp_path, capsys):
     assert "breaks the physical rules" in capsys.readouterr().err
     assert main(["check", str(tmp_path / "b")]) == 1
     out = capsys.readouterr().out.splitlines()
-    assert len([x for x in out if x.startswith("fpga")]) == 1 and "FAILS" in out[0]
+    import yaml
+    boards = sorted({b for st in yaml.safe_load(plan.read_text())["stages"] for b in st["boards"]})
+    lines = [x for x in out if x.startswith("fpga")]   # one line a board of the plan, in its order
+    assert [x.split()[0] for x in lines] == boards
+    assert any("FAILS" in x for x in lines) and out[-1].startswith("rules failed:")
 
 
 def test_check_of_a_folder_that_is_not_a_build(tmp_path, capsys):

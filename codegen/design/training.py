@@ -226,6 +226,7 @@ class TrainDesign:
     replicas: int = 1              # every stage's replicas: boards are replica-major chains of `stages`
     rings: list = field(default_factory=list)   # replicated: per ring hop (src, dst, LinkSpec, lanes, words)
     turns: list = field(default_factory=list)   # interleaved: per device its chunk boards and op order (_turns)
+    plan_cycles: float | None = None            # the plan's iteration as this build runs it (:func:`rtl_plan_cycles`)
 
     @property
     def stages(self) -> int:
@@ -355,7 +356,23 @@ def train_design(plan, model, cluster, params=None, plan_file: str = "plan.yaml"
     rings = _ring_links(boards, nrep, p_, cluster, clock, elem_w)
     return TrainDesign(boards, links, lanes, elem_w, frac, plan.number_format, plan.schedule, m, clock, consts, tf,
                        {l.name: params[l.name] for b in boards for l in b.layers if l.kind in TRAINED_KINDS},
-                       nrep, rings, _turns(boards, plan.schedule, p, m, v) if interleaved else [])
+                       nrep, rings, _turns(boards, plan.schedule, p, m, v) if interleaved else [],
+                       rtl_plan_cycles(plan, model, cluster, clock))
+
+
+def rtl_plan_cycles(plan, model, cluster, clock_hz: float) -> float | None:
+    """The plan's iteration in cycles of ``clock_hz`` as the training RTL runs it: the planner's
+    schedule replay (fpga_models.sim) of the plan's stage times without the HLS flush and update
+    kernels' tail (plan.yaml's flush_s / update_s): the RTL updates each layer as its last
+    weight-gradient pass ends (engines.sgd_update_cycles). None when the plan has no prediction."""
+    from bapipe.fpga_models.sim import SimConfig, simulate
+
+    if (plan.predicted or {}).get("iteration_time_s") is None:
+        return None
+    if not any(s.flush_s or s.update_s for s in plan.stages):
+        return float(plan.predicted["iteration_time_s"]) * clock_hz
+    r = simulate(plan, model, cluster, iterations=4, config=SimConfig(kernel_tails=False, record=False))
+    return float(r.iteration_time_s) * clock_hz
 
 
 def _check_sum_widths(model, batch: int, bits: int) -> None:

@@ -250,7 +250,7 @@ def design_record(td: TrainDesign, plan) -> dict:
                       "lr_q": [c.lr for c in td.sgd.steps], "lr_period": td.sgd.period,
                       "lr_shift": td.consts.shift, "master_bits": td.tf.master.width,
                       "velocity_bits": td.tf.vel.width},
-        "plan_iteration_cycles": plan_iteration_cycles(plan, td.clock_hz),
+        "plan_iteration_cycles": td.plan_cycles,
         "boards": [{
             "index": b.index, "board": b.name, "module": b.module, "stashes": b.stashes,
             "ops": [f"{k}{mb}" for k, mb in b.ops],
@@ -285,12 +285,6 @@ def _ring_record(td: TrainDesign, src: int, l, lanes: int, words: int) -> dict:
                                                       l.latency)}
 
 
-def plan_iteration_cycles(plan, clock_hz: float) -> float | None:
-    """The plan's iteration time (plan.yaml predicted.iteration_time_s) in cycles of the clock."""
-    t = (plan.predicted or {}).get("iteration_time_s")
-    return None if t is None else float(t) * clock_hz
-
-
 
 # ------------------------------------------------------------------ build files
 
@@ -311,7 +305,7 @@ def train_manifest(td: TrainDesign, plan, files: list[str]) -> dict:
         "sgd": {"mu": td.consts.mu, "lr": td.consts.lr, "lr_scale": td.consts.lr_scale, "shift": td.consts.shift,
                 "lr_steps": [c.lr for c in td.sgd.steps], "lr_period": td.sgd.period,
                 "learning_rate": LEARNING_RATE, "momentum": MOMENTUM},
-        "plan_iteration_cycles": plan_iteration_cycles(plan, td.clock_hz),
+        "plan_iteration_cycles": td.plan_cycles,
         "update_cycles": [b.update_cycles for b in td.boards],
         "sequential_cycles": sum(td.microbatches * (b.op_fwd_cycles + b.op_bwd_cycles) + b.update_cycles
                                  for b in td.boards),
