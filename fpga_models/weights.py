@@ -21,10 +21,17 @@ partitioned; the order and the ranges are:
   statistics at mean/var); layernorm: ``gamma``, ``beta`` as batchnorm's.
 
 Layers without weights draw nothing (an empty dict).
+
+A model imported from an ONNX file carries its own weights (the file's initializers,
+``bapipe.onnx_weights``): :func:`model_draws` and :func:`model_rounded` give those, in the
+draws' layout, instead of the generator's, so the hardware, the host and training start from
+the function the user exported.
 """
 from __future__ import annotations
 
 import math
+import os
+from functools import lru_cache
 
 import numpy as np
 
@@ -110,3 +117,66 @@ def rounded_draws(layer: Layer, seed: int, position: int, fmt) -> dict[str, np.n
         return out
 
     return draw(layer, rng, uniform)
+
+
+def file_weights(model):
+    """The weights a model's file carries (``bapipe.onnx_weights.OnnxWeights`` of an ONNX
+    import, read once per file version), None for a zoo or YAML model."""
+    src = str(getattr(model, "source", "") or "")
+    if not src.endswith(".onnx") or not os.path.isfile(src):
+        return None
+    st = os.stat(src)
+    return _read_file_weights(os.path.abspath(src), st.st_mtime_ns, st.st_size)
+
+
+@lru_cache(maxsize=2)
+def _read_file_weights(path: str, _mtime_ns: int, _size: int):
+    from bapipe.onnx_weights import load_onnx_weights   # onnx only for an ONNX model
+
+    return load_onnx_weights(path)
+
+
+def _file_layout(layer: Layer, params: dict, state: dict) -> dict[str, np.ndarray]:
+    """A file's arrays of ``layer`` (host layout) in the draws' layout and names."""
+    f64 = lambda a: np.asarray(a, dtype=np.float64)   # noqa: E731
+    t = layer.type
+    if t in ("dense", "conv2d"):
+        w = f64(params["W"])
+        out = {"w": w.T if t == "dense" else w}   # dense W is (in, units) on the host
+        if "b" in params:
+            out["b"] = f64(params["b"]).reshape(-1)
+        return out
+    if t == "batchnorm":
+        return {"gamma": f64(params["gamma"]), "beta": f64(params["beta"]), "mean": f64(state["running_mean"]),
+                "var": f64(state["running_var"]), "eps": float(state.get("eps", 1e-5))}
+    if t == "layernorm":
+        return {"gamma": f64(params["gamma"]), "beta": f64(params["beta"])}
+    return {}
+
+
+def model_draws(model, position: int, seed: int) -> dict[str, np.ndarray]:
+    """Layer ``position`` of ``model``'s float64 weights in the draws' layout: its file's
+    (:func:`file_weights`; a batchnorm also gives its ``eps``) or the generator's
+    (:func:`layer_draws` under ``seed``)."""
+    layer = model.layers[position]
+    fw = file_weights(model)
+    if fw is None:
+        return layer_draws(layer, seed, position)
+    if layer.name not in fw.params and layer.type in ("dense", "conv2d", "batchnorm", "layernorm"):
+        from bapipe.errors import SpecError
+
+        raise SpecError(str(model.source), None, f"layers.{layer.name}", "expected its weights in the file")
+    return _file_layout(layer, fw.params.get(layer.name, {}), fw.state.get(layer.name, {}))
+
+
+def model_rounded(model, position: int, seed: int, fmt) -> dict[str, np.ndarray]:
+    """A dense or conv2d layer's weights rounded to ``fmt`` (:func:`rounded_draws` for the
+    generator's; the file's quantized alike, in the same narrow integer type)."""
+    from bapipe.fpga_models import fixedpoint as fx
+
+    if file_weights(model) is None:
+        return rounded_draws(model.layers[position], seed, position, fmt)
+    f = fx.get_fmt(fmt)
+    dt = next(d for d in (np.int8, np.int16, np.int32, np.int64)
+              if np.iinfo(d).min <= f.qmin and f.qmax <= np.iinfo(d).max)
+    return {k: fx.quantize(v, f).astype(dt) for k, v in model_draws(model, position, seed).items()}

@@ -15,7 +15,7 @@ from typing import Callable
 import numpy as np
 
 from bapipe.spec import Model
-from bapipe.fpga_models.weights import layer_draws
+from bapipe.fpga_models.weights import file_weights, model_draws
 
 from . import layers_np as L
 
@@ -45,9 +45,19 @@ def init_stage_params(model: Model, first: int, last: int, seed: int) -> tuple[d
     params, state = {}, {}
     for pos in range(first, last + 1):
         layer = model.layers[pos]
-        params[layer.name] = L.init_params(layer, np.random.default_rng([seed, pos]))
-        state[layer.name] = L.init_state(layer, layer_draws(layer, seed, pos) if layer.type == "batchnorm" else None)
+        params[layer.name] = initial_params(model, pos, seed)
+        state[layer.name] = L.init_state(layer, model_draws(model, pos, seed) if layer.type == "batchnorm" else None)
     return params, state
+
+
+def initial_params(model: Model, pos: int, seed: int) -> Arrays:
+    """Layer ``pos``'s initial float32 weights in host.layers_np's layout: an ONNX model's own
+    (its file's, ``fpga_models.weights.file_weights``), else the one generator's draws."""
+    layer = model.layers[pos]
+    fw = file_weights(model)
+    if fw is None or layer.type not in ("dense", "conv2d", "batchnorm", "layernorm"):
+        return L.init_params(layer, np.random.default_rng([seed, pos]))
+    return {k: np.asarray(v, dtype=L.F32) for k, v in fw.params[layer.name].items()}
 
 
 def bind_span(prog, supported, refusal) -> None:
@@ -126,7 +136,8 @@ def fixed_master_params(model: Model, first: int, last: int, seed: int, tf) -> d
     out = {}
     for pos in range(first, last + 1):
         layer = model.layers[pos]
-        d = layer_draws(layer, seed, pos)
+        d = model_draws(model, pos, seed)
+        d.pop("eps", None)   # a constant of the layer, not a weight
         if layer.type == "batchnorm":
             d = {"scale": d["gamma"], "shift": d["beta"]}
         elif layer.type == "layernorm":

@@ -26,6 +26,7 @@ from torch import nn
 from bapipe.errors import SpecError
 
 from . import layers_np as L
+from .program import initial_params
 
 #: layer types the torch backend builds
 TORCH_LAYERS = ("dense", "conv2d", "maxpool", "avgpool", "globalavgpool", "relu", "tanh", "sigmoid", "gelu",
@@ -35,8 +36,9 @@ TORCH_LAYERS = ("dense", "conv2d", "maxpool", "avgpool", "globalavgpool", "relu"
 class LayerModule(nn.Module):
     """One layer of a bapipe Model; ``forward(*inputs)`` over a leading batch axis."""
 
-    def __init__(self, layer, seed: int, position: int):
+    def __init__(self, model, seed: int, position: int):
         super().__init__()
+        layer = model.layers[position]
         self.layer, self.kind, a = layer, layer.type, layer.attr
         if self.kind not in TORCH_LAYERS:
             raise SpecError(None, None, f"layers.{layer.name}.type",
@@ -45,8 +47,7 @@ class LayerModule(nn.Module):
             raise SpecError(None, None, f"layers.{layer.name}.rate",
                             "the torch backend runs dropout only at rate 0 (each process would draw its own "
                             "masks, so no single-process run could match it)")
-        p = L.init_params(layer, np.random.default_rng([seed, position])) if self.kind in (
-            "dense", "conv2d", "batchnorm", "layernorm") else {}
+        p = initial_params(model, position, seed) if self.kind in ("dense", "conv2d", "batchnorm", "layernorm") else {}
         for k, v in p.items():
             v = v.T if (self.kind == "dense" and k == "W") else v  # nn.Linear's (out, in)
             self.register_parameter(k, nn.Parameter(torch.from_numpy(np.ascontiguousarray(v, dtype=np.float32))))
@@ -126,7 +127,7 @@ class StageModule(nn.Module):
         self.ins, self.outs = stage_io(model, first, last)
         self.order = [model.layers[i] for i in range(first, last + 1)]
         # ModuleDict keys may not contain dots: index by position
-        self.mods = nn.ModuleList([LayerModule(model.layers[i], seed, i) for i in range(first, last + 1)])
+        self.mods = nn.ModuleList([LayerModule(model, seed, i) for i in range(first, last + 1)])
 
     def forward(self, *xs):
         """Run the stage; one tensor, or a tuple when several cross the next cut."""

@@ -18,7 +18,7 @@ from bapipe.names import legal, shown
 from bapipe.plan import Folding, Plan, Stage
 from bapipe.fpga_models import fixedpoint as fx
 from bapipe.fpga_models.allocate import WEIGHT_ROM_LIMIT
-from bapipe.fpga_models.weights import layer_draws, rounded_draws
+from bapipe.fpga_models.weights import model_draws, model_rounded
 
 from bapipe.codegen.design.weight_layout import MvuMatrix
 
@@ -378,7 +378,8 @@ def library_refusal(l: Layer) -> str | None:
 
 def make_weights(plan: Plan, model) -> dict[str, dict[str, np.ndarray]]:
     """Fixed-point weights (model layout) of every weighted layer of the plan's FPGA stages:
-    ``fpga_models.weights`` draws under ``weight_seed(plan)``, quantized to the plan's format
+    ``fpga_models.weights`` draws under ``weight_seed(plan)`` (an ONNX model: its file's weights,
+    ``fpga_models.weights.model_draws``), quantized to the plan's format
     (dense/conv2d ``w``, ``b``: zeros for a layer without bias; batchnorm folded to ``scale``,
     ``shift``). The one generator's draws, so the host starting from the same seed holds the
     float weights these round."""
@@ -392,12 +393,12 @@ def make_weights(plan: Plan, model) -> dict[str, dict[str, np.ndarray]]:
             pos = model.index[name]
             l = model.layers[pos]
             if l.type in ("dense", "conv2d"):
-                d = rounded_draws(l, seed, pos, fmt)   # = fx.quantize(layer_draws(...)), kept narrow
+                d = model_rounded(model, pos, seed, fmt)   # = fx.quantize(model_draws(...)), kept narrow
                 mh = d["w"].shape[0]
                 out[name] = {"w": d["w"], "b": d["b"] if "b" in d else np.zeros(mh, dtype=d["w"].dtype)}
             elif l.type == "batchnorm":
-                d = layer_draws(l, seed, pos)
-                scale, shift = fx.fold_batchnorm(d["gamma"], d["beta"], d["mean"], d["var"], fmt)
+                d = model_draws(model, pos, seed)
+                scale, shift = fx.fold_batchnorm(d["gamma"], d["beta"], d["mean"], d["var"], fmt, d.get("eps", 1e-5))
                 out[name] = {"scale": scale, "shift": shift}
     return out
 
