@@ -297,10 +297,10 @@ def test_rtl_frames_off_chip_are_bit_exact_and_meet_the_plan(tmp_path, monkeypat
 @pytest.mark.verilator
 @pytest.mark.soak   # plans small-resnet and builds one Verilator model (~2-3 min under load): make test-all
 def test_residual_stage_with_frames_off_chip_is_bit_exact(tmp_path, monkeypatch, capsys):
-    """small-resnet on one board, time-multiplexed (cap 0.03), kernel share 0 bytes: every
-    frame off chip, forks writing two ddr_frames in their producer's turn and both inputs of
+    """small-resnet on one board, time-multiplexed (cap 0.035: at 0.03 the plan needs 73 BRAM36
+    against the cap's 70 and is refused), kernel share 0 bytes: every frame off chip, forks writing two ddr_frames in their producer's turn and both inputs of
     each add read from DDR in its turn (codegen.design.dataflow._dag_tm). Outputs bit-exact; measured
-    within 2% of the plan (2026-11-24: 40,998 measured, 40,997 Design, 40,981 plan)."""
+    within 2% of the plan (passed 2026-12-07 at cap 0.035)."""
     import bapipe.fpga_models.allocate as al
     import numpy as np
     from bapipe.cli import main
@@ -314,7 +314,7 @@ def test_residual_stage_with_frames_off_chip_is_bit_exact(tmp_path, monkeypatch,
 
     monkeypatch.setattr(al, "kernel_onchip_budget", lambda *a, **k: 0)
     path = tmp_path / "plan.yaml"
-    assert main(["plan", "examples/models/small-resnet.yaml", "4xU250-ring", "--cap", "0.03", "--partition", "0-20",
+    assert main(["plan", "examples/models/small-resnet.yaml", "4xU250-ring", "--cap", "0.035", "--partition", "0-20",
                  "--mode", "inference", "-o", str(path)]) == 0
     plan = load_plan(path)
     assert plan.stages[0].style == "time-multiplexed"
