@@ -36,25 +36,20 @@ def dp_orders(ex) -> list[tuple[int, ...]]:
     """Board orders the DP cuts blocks from (indices into ``ex.boards``, the canonical
     topology order). Host-major (a stage's replicas fill a host before the next, so 12 of 16
     boards are three whole hosts and a 1-board stage sits beside a 3-board one in the fourth:
-    the released PipeDream optimizer's 12-3-1), and on q-host groups of equal hosts (q a
-    divisor of the host count, q > 1), slot-major inside each group (board s of every host of
-    the group, then board s + 1): a block of q boards is one board per host, as PipeDream's
-    hierarchical plans replicate a within-server pipeline on q servers. On rings and tori
-    (their links follow the listing) the topology order only."""
+    the released PipeDream optimizer's 12-3-1), and on a switch of equal hosts slot-major
+    (board s of every host, then board s + 1): a block of H boards is one board a host, as
+    PipeDream's hierarchical plans replicate a within-server pipeline on every server. (Groups
+    of 2 hosts on 4, slot-major inside each, changed none of bench/bench_pipedream.py's plans
+    and cost a third of the DP's time.) On rings and tori (their links follow the listing)
+    the topology order only."""
     out = [tuple(range(ex.N))]
     hosts: dict = {}
     for i, cb in enumerate(ex.boards):
         hosts.setdefault(cb.host, []).append(i)
     cols = list(hosts.values())
-    H = len(cols)
-    if ex.cluster.topology != "switch" or H < 2 or len({len(h) for h in cols}) != 1 or len(cols[0]) < 2:
+    if ex.cluster.topology != "switch" or len(cols) < 2 or len({len(h) for h in cols}) != 1 or len(cols[0]) < 2:
         return out
-    g = len(cols[0])
-    for q in (H,):   # (q = 2 on 4 hosts changed none of bench_pipedream's plans; 1/3 of the DP time)
-        order = []
-        for h0 in range(0, H, q):
-            order += [cols[h][s] for s in range(g) for h in range(h0, h0 + q)]
-        out.append(tuple(order))
+    out.append(tuple(h[s] for s in range(len(cols[0])) for h in cols))
     return list(dict.fromkeys(out))
 
 
