@@ -429,7 +429,14 @@ class Explorer:
         key = ("line",) + self._cfg_key(c) + (c.beta, d)
         if key not in self._links:
             a, b = self.replica_boards(c, d)[0], self.replica_boards(c, (d + 1) % c.p)[0]
-            self._links[key] = self.framed(a, b, self.cut_bytes_at(c, d), self.beta_at(c, d))
+            # the framing depends on the route's bandwidth, the transport clock, the payload
+            # (the sender's board type and samples) only: shared by every pair of positions
+            # with those (64xU55C's ring: one framing per micro-batch size, not one per cut)
+            beta, bt = self.beta_at(c, d), self.stage_type(c, d)
+            fkey = ("frame", self.hop(a.name, b.name)[1], link_clock(a.board, b.board), bt, beta)
+            if fkey not in self._links:
+                self._links[fkey] = self.framed(a, b, self.cut_bytes_at(c, d), beta)
+            self._links[key] = self._links[fkey]
         return self._links[key]
 
     def ring(self, boards) -> tuple[float, float]:
@@ -1305,19 +1312,24 @@ class Explorer:
             btype = self.stage_type(c, s % c.p)
             if btype is None:
                 return False
-            sm = self.stage_model(btype, self.beta_at(c, s % c.p), c.recompute, c.schedule, self.kd(c, s % c.p), c.v)
-            st = self.stashes(c, s)
-            cap = sm.capacity / c.v
-            if self.train and c.recompute:
-                Q = sm.PW * sm.weight_copies_at(st) + sm.PA + sm.PBUF
-                cap -= st * float(sm.IN.min())
-            elif self.train:
-                Q = sm.PW * sm.weight_copies_at(st) + st * sm.PA + sm.PBUF
-            else:
-                Q = sm.PW * sm.copies + sm.PA + sm.PBUF
-            jm = int(np.searchsorted(Q, Q[pos] + cap * (1 + 1e-12), side="right")) - 1   # last prefix index
+            beta, kk, st = self.beta_at(c, s % c.p), self.kd(c, s % c.p), self.stashes(c, s)
+            # the relaxed memory prefix of a (stage model, stash count), kept: 64-stage plans
+            # ask for the same few thousands of times (GPT-3 175B on 64xU55C)
+            qkey = ("fitq", btype, beta, c.recompute, memory_key(c.schedule), kk, c.v, st)
+            if qkey not in self._links:
+                sm = self.stage_model(btype, beta, c.recompute, c.schedule, kk, c.v)
+                cap = sm.capacity / c.v
+                if self.train and c.recompute:
+                    Q = sm.PW * sm.weight_copies_at(st) + sm.PA + sm.PBUF
+                    cap -= st * float(sm.IN.min())
+                elif self.train:
+                    Q = sm.PW * sm.weight_copies_at(st) + st * sm.PA + sm.PBUF
+                else:
+                    Q = sm.PW * sm.copies + sm.PA + sm.PBUF
+                self._links[qkey] = (Q, cap * (1 + 1e-12), sm.PF + (sm.PB if self.train else 0.0))
+            Q, capx, P = self._links[qkey]
+            jm = int(np.searchsorted(Q, Q[pos] + capx, side="right")) - 1   # last prefix index
             if math.isfinite(tmax):
-                P = sm.PF + (sm.PB if self.train else 0.0)
                 jt = int(np.searchsorted(P, P[pos] + tmax * (1 + 1e-12), side="right")) - 1
                 jm = min(jm, jt)
             # a stage that cannot take the next layer is left empty in the relaxation: a
