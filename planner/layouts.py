@@ -23,8 +23,11 @@ from bapipe.fpga_models.engines import link_clock, link_transfer
 
 from . import layout_dp as ldp
 
-#: the DP's replays: layouts whose J is within this factor of the best DP layout's are kept
-DP_SLACK = 0.25
+#: layouts whose J is within this factor of the best DP layout's are kept (and a DP that cannot
+#: come within it stops after its bound): synchronous schedules, whose J is near their replay,
+#: and asynchronous PipeDream, whose replay queues its rings beside the transfers (J is not)
+DP_SLACK = 0.05
+DP_SLACK_ASYNC = 0.25
 #: the DP's units: each layer up to this many layers, else this many runs of layers (dp_ends)
 DP_LAYERS = 64
 
@@ -33,27 +36,20 @@ def dp_orders(ex) -> list[tuple[int, ...]]:
     """Board orders the DP cuts blocks from (indices into ``ex.boards``, the canonical
     topology order). Host-major (a stage's replicas fill a host before the next, so 12 of 16
     boards are three whole hosts and a 1-board stage sits beside a 3-board one in the fourth:
-    the released PipeDream optimizer's 12-3-1), and on q-host groups of equal hosts (q a
-    divisor of the host count, q > 1), slot-major inside each group (board s of every host of
-    the group, then board s + 1): a block of q boards is one board per host, as PipeDream's
-    hierarchical plans replicate a within-server pipeline on q servers. On rings and tori
-    (their links follow the listing) the topology order only."""
+    the released PipeDream optimizer's 12-3-1), and on a switch of equal hosts slot-major
+    (board s of every host, then board s + 1): a block of H boards is one board a host, as
+    PipeDream's hierarchical plans replicate a within-server pipeline on every server. (Groups
+    of 2 hosts on 4, slot-major inside each, changed none of bench/bench_pipedream.py's plans
+    and cost a third of the DP's time.) On rings and tori (their links follow the listing)
+    the topology order only."""
     out = [tuple(range(ex.N))]
     hosts: dict = {}
     for i, cb in enumerate(ex.boards):
         hosts.setdefault(cb.host, []).append(i)
     cols = list(hosts.values())
-    H = len(cols)
-    if ex.cluster.topology != "switch" or H < 2 or len({len(h) for h in cols}) != 1 or len(cols[0]) < 2:
+    if ex.cluster.topology != "switch" or len(cols) < 2 or len({len(h) for h in cols}) != 1 or len(cols[0]) < 2:
         return out
-    g = len(cols[0])
-    for q in range(2, H + 1):
-        if H % q:
-            continue
-        order = []
-        for h0 in range(0, H, q):
-            order += [cols[h][s] for s in range(g) for h in range(h0, h0 + q)]
-        out.append(tuple(order))
+    out.append(tuple(h[s] for s in range(len(cols[0])) for h in cols))
     return list(dict.fromkeys(out))
 
 
@@ -258,18 +254,24 @@ def dp_schedules(ex) -> list[str]:
 
 def dp_layouts(ex) -> list[tuple[tuple[tuple[int, ...], ...], list[tuple[int, int]], float]]:
     """(groups, layer ranges, J) of the layout DP's optimum for every order x schedule x
-    micro-batch count x recomputation, each DP bounded by DP_SLACK over the best J so far
-    (a DP whose least J cannot come within it returns nothing)."""
+    micro-batch count x recomputation (asynchronous PipeDream: also the best layout of every
+    first stage's replica count), each DP bounded by DP_SLACK (DP_SLACK_ASYNC) over the best J
+    so far: a (schedule, m, recomputation) whose floor (:func:`j_floor`) passes it is skipped,
+    a DP whose own bound passes it returns nothing."""
     out = []
-    best = math.inf
     rcs = (False, True) if ex.train else (False,)
     for sched in dp_schedules(ex):
+        best = math.inf
+        slack = DP_SLACK_ASYNC if ex.train and sched == "pipedream" else DP_SLACK
         # the largest counts first: their J (smallest bubbles) tends to be the least, which
         # then bounds the other DPs (solve returns None once its bound passes jmax)
         for m in sorted(ex.m_candidates(1, 1, sched), reverse=True):
             for rc in rcs:
+                jmax = best * (1 + slack)
+                if j_floor(ex, sched, m, rc) >= jmax:
+                    continue
                 for order in dp_orders(ex):
-                    jmax = best * (1 + DP_SLACK)
+                    jmax = best * (1 + slack)
                     tmax = jmax / ex.jm_of(sched, m) if math.isfinite(jmax) else math.inf
                     if rc and ("dpfits", sched, m, order) in ex._links:
                         # every range fits without recomputation: recomputing only adds the
@@ -286,7 +288,29 @@ def dp_layouts(ex) -> list[tuple[tuple[tuple[int, ...], ...], list[tuple[int, in
                         continue
                     best = min(best, sol.objective)
                     starts = np.concatenate(([0], ends[:-1] + 1))
-                    for J, st in [(sol.objective, sol.stages)] + sol.others:
+                    # asynchronous PipeDream's J is furthest from its replay (rings queued on the
+                    # links beside the transfers): its DPs offer the best layout of every first
+                    # stage's replica count too; the synchronous ones their optimum only
+                    alts = sol.others if prob.per_mb else []
+                    for J, st in [(sol.objective, sol.stages)] + alts:
                         groups = tuple(blocks[(b, r)] for _a, _z, b, r in st)
-                        out.append((groups, [(int(starts[a]), int(ends[z])) for a, z, _b, _r in st], J))
-    return [x for x in out if x[2] <= best * (1 + DP_SLACK)]
+                        out.append((groups, [(int(starts[a]), int(ends[z])) for a, z, _b, _r in st], J, slack, best))
+    return [(g, b, J) for g, b, J, sl, _b in out if J <= min(x[4] for x in out if x[3] == sl) * (1 + sl)]
+
+
+def j_floor(ex, schedule: str, m: int, recompute: bool) -> float:
+    """A floor of J of every layout at (schedule, m, recomputation) on the boards' one board
+    type set: the sum of the stages' times is at least every layer's fastest compute at the
+    fewest samples a replica can have (ceil(micro-batch / boards)), and the slowest stage at
+    least U x micro-batch / N (each stage computes beta_s >= micro-batch / r_s samples at no
+    less than the per-sample rate of Explorer.rate_floor, so sum_s r_s T_s >= micro-batch x U
+    and sum_s r_s <= N)."""
+    bmb = ex.G // m
+    types = {cb.board.name for cb in ex.boards}
+    beta = -(-bmb // min(ex.N, bmb)) if ex.req.replication else bmb
+    per = None
+    for t in types:
+        sm = ex.stage_model(t, beta, recompute, schedule)
+        x = np.diff(sm.PF) + (np.diff(sm.PB) if ex.train else 0.0)
+        per = x if per is None else np.minimum(per, x)
+    return float(per.sum()) + (ex.jm_of(schedule, m) - 1) * ex.rate_floor(types, recompute) * bmb / ex.N

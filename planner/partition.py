@@ -26,12 +26,14 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 INF = math.inf
 MAX_CAPS = 64  # cap candidates evaluated before declaring the answer approximate
+LABELS_MAX = 200_000  # labels the exposed-tail branch and bound creates before it stops (inexact)
+LABEL_WORK = 100_000  # stages x layers x band above which it is not started (the answer inexact)
 
 
 @dataclass
@@ -45,6 +47,13 @@ class Problem:
     m: int = 1
     v: int = 1
     X: list[np.ndarray | None] | None = None   # per stage: (n, L) extra added to the objective only
+    G: list[np.ndarray | None] | None = None   # per stage: (n, L) tail exposed after the drain, or None
+    W: list[np.ndarray] | None = None          # per stage: (n, L) its backward of one micro-batch (the drain)
+
+    @property
+    def tailed(self) -> bool:
+        """Does J carry the exposed tail E (some stage has a G table)?"""
+        return self.G is not None and any(g is not None for g in self.G)
 
     def extra(self, d: int) -> np.ndarray | None:
         """The objective-only extra of stage d (e.g. its share of the final all-reduce), or None."""
@@ -80,8 +89,28 @@ def stage_time(p: Problem, d: int, first: int, last: int) -> float:
     return float(p.T[d][last, k])
 
 
+def exposures(p: Problem, bounds: list[tuple[int, int]]) -> list[float | None]:
+    """A_s of a partition per stage: G_s - the sum of W over the stages before s (pipeline
+    order), None for a stage without a G table."""
+    out: list[float | None] = []
+    drain = 0.0
+    for d, (a, b) in enumerate(bounds):
+        out.append(None if p.G is None or p.G[d] is None else float(p.G[d][b, b - a]) - drain)
+        if p.W is not None:
+            drain += float(p.W[d][b, b - a])
+    return out
+
+
+def exposure(p: Problem, bounds: list[tuple[int, int]]) -> float:
+    """E of a partition: max(0, max_s A_s) (:func:`exposures`; 0 without G tables)."""
+    if not p.tailed:
+        return 0.0
+    return max([0.0] + [a for a in exposures(p, bounds) if a is not None])
+
+
 def evaluate(p: Problem, bounds: list[tuple[int, int]]) -> tuple[float, float, float]:
-    """(J, bottleneck, sum) of a given partition (inf when a stage does not fit); sum includes v*X."""
+    """(J, bottleneck, sum) of a given partition (inf when a stage does not fit); sum includes
+    v*X, J the exposed tail E (:func:`exposure`)."""
     ts = [stage_time(p, d, a, b) for d, (a, b) in enumerate(bounds)]
     xs = [0.0 if p.extra(d) is None or not math.isfinite(ts[d]) else float(p.extra(d)[b, b - a])
           for d, (a, b) in enumerate(bounds)]
@@ -90,7 +119,7 @@ def evaluate(p: Problem, bounds: list[tuple[int, int]]) -> tuple[float, float, f
     bott = max(ts + [float(p.O[d, j]) for d, j in cuts])
     if not math.isfinite(total):
         return INF, INF, INF
-    return total / p.v + (p.m * p.v - 1) * bott, bott, total
+    return total / p.v + (p.m * p.v - 1) * bott + exposure(p, bounds), bott, total
 
 
 def _index(n: int, L: int) -> tuple[np.ndarray, np.ndarray]:
@@ -167,6 +196,199 @@ def _minsum(p: Problem, cap: float) -> tuple[float, list[tuple[int, int]] | None
 
 def solve(p: Problem, s_floor: float | None = None, jmax: float = INF) -> Solution | None:
     """The exact minimum of J over all partitions into exactly ``p.stages`` non-empty stages.
+
+    Returns None when no partition fits or (``jmax``) none can have J below jmax. Without G
+    tables: :func:`solve_bare`. With them, J = P + E where P is solve_bare's objective and
+    E = max(0, max_k A_k) (:func:`exposures`) is not a sum over stages, but each A_k is: it
+    is G_k of stage k minus W of every stage before k. So M_k = min over partitions of
+    P + A_k is solve_bare's problem with A_k's terms added to X (:func:`_shifted`), and since
+    E >= A_k and E >= 0, every M_k and P* = min P are lower bounds on J*. A partition whose
+    J equals one of them is optimal: the optimum of P has E = 0, or the optimum of P + A_k
+    has k binding (A_k = E). :func:`_solve_tailed` tries the binding stage of each solution
+    found (each k once); when no certificate comes, :func:`_labels` (branch and bound over
+    (sum, drain, exposure, bottleneck) labels, pruned by the best J found) finishes exactly,
+    or marks the answer inexact past LABELS_MAX labels.
+    """
+    if p.tailed:
+        return _solve_tailed(p, s_floor, jmax)
+    return solve_bare(p, s_floor, jmax)
+
+
+def _shifted(p: Problem, k: int) -> Problem:
+    """The problem of min P + A_k: A_k's terms (-W_s for s < k, G_k for s = k) added to X."""
+    S = p.stages
+    X = []
+    for s in range(S):
+        x = p.extra(s)
+        x = np.zeros_like(p.T[s]) if x is None else x
+        if s < k:
+            x = x - p.W[s]
+        elif s == k:
+            x = x + p.G[k]
+        X.append(x)
+    return Problem(p.n, p.T, p.C, p.O, p.m, p.v, X)
+
+
+def _binding(p: Problem, bounds) -> tuple[int | None, float, float]:
+    """(k, A_k, E): the first stage whose A_k is E (None when E = 0 with no stage at 0 or above)."""
+    xs = exposures(p, bounds)
+    E = max([0.0] + [a for a in xs if a is not None])
+    for k, a in enumerate(xs):
+        if a is not None and a >= E:
+            return k, a, E
+    return None, 0.0, E
+
+
+def _solve_tailed(p: Problem, s_floor: float | None, jmax: float) -> Solution | None:
+    """:func:`solve` with the exposed tail (see there for the argument)."""
+    base = solve_bare(replace(p, G=None, W=None), s_floor, jmax)
+    if base is None:
+        return None
+    exact = base.exact
+    lb = base.objective if base.exact else -INF
+
+    def sol_of(bounds, ok):
+        J, bott, tot = evaluate(p, bounds)
+        return Solution(J, bott, tot, bounds, ok)
+
+    best = sol_of(base.bounds, exact)
+    k, _, E = _binding(p, base.bounds)
+    if k is None:   # E = 0: J = P*, the least P
+        return best
+    tried: set[int] = set()
+    while k is not None and k not in tried:
+        tried.add(k)
+        sol = solve_bare(_shifted(p, k), None, INF)
+        if sol is None:
+            break
+        exact = exact and sol.exact
+        if sol.exact:
+            lb = max(lb, sol.objective)
+        cand = sol_of(sol.bounds, exact)
+        if (cand.objective, cand.bounds) < (best.objective, best.bounds):
+            best = cand
+        xs = exposures(p, sol.bounds)
+        E = max([0.0] + [a for a in xs if a is not None])
+        if (sol.exact and xs[k] >= E) or best.objective <= lb:
+            # this partition's J is M_k (k binds) or the best J meets a lower bound: no
+            # partition has a lower J (best J <= that J)
+            best.exact = True
+            return best
+        if lb >= jmax:
+            return None
+        k = _binding(p, sol.bounds)[0]
+        if k in tried:
+            k = _binding(p, best.bounds)[0]
+    if p.stages * p.n * p.band > LABEL_WORK:
+        # a Python branch and bound over this many (stage, layer, range) steps costs more than
+        # the search can pay per configuration (gpt3-175b on 64xU55C: 64 x 771 x 18, 0.6 s to
+        # give up at LABELS_MAX): the best J found, marked inexact, lower bound lb
+        best.exact = False
+        return best
+    out = _labels(p, best)
+    out.exact = out.exact and exact
+    return out
+
+
+def _rest_floor(p: Problem) -> list[np.ndarray]:
+    """R[s][j]: the least sum (link costs, stage times, v x X) of stages s+1.. covering layers
+    j+1..n-1 (inf when they cannot), a bound on what a label at (s, j) still adds."""
+    n, L, S = p.n, p.band, p.stages
+    R = [np.full(n, INF) for _ in range(S)]
+    R[S - 1][n - 1] = 0.0
+    j = np.arange(n)
+    for s in range(S - 2, -1, -1):
+        nxt = np.full(n, INF)
+        for k in range(L):
+            b = j + 1 + k                 # stage s+1 holds j+1..b
+            ok = b < n
+            bb = np.where(ok, b, 0)
+            t = p.T[s + 1][bb, k]
+            x = 0.0 if p.extra(s + 1) is None else p.v * p.extra(s + 1)[bb, k]
+            val = np.where(ok, t + x + R[s + 1][bb], INF)
+            nxt = np.minimum(nxt, val)
+        R[s] = np.where(np.isfinite(nxt), nxt + p.C[s], INF)
+    return R
+
+
+def _labels(p: Problem, best: Solution) -> Solution:
+    """Branch and bound over partial partitions, stage by stage: a label at (stage s, last
+    layer j) carries its sum K (stage times, link costs, v x X), its drain D (sum of W), its
+    exposure so far E and its bottleneck B; J = K / v + (m v - 1) B + E at the end. A label
+    is dropped when another at the same (s, j) has K, E, B no larger and D no smaller (every
+    continuation then costs it no more: later A_k fall as D grows), or when K plus the least
+    remaining sum (:func:`_rest_floor`) cannot beat ``best``. Exact unless more than
+    LABELS_MAX labels are made (then ``best`` so far, marked inexact)."""
+    n, L, S, v = p.n, p.band, p.stages, p.v
+    mv1 = p.m * v - 1
+    R = _rest_floor(p)
+    ub, ub_bounds = best.objective, best.bounds
+    made = 0
+
+    def g_of(s, b, k):
+        return None if p.G is None or p.G[s] is None else float(p.G[s][b, k])
+
+    # a label: (K, E, B, D, parent label or None, (a, b))
+    layer: dict[int, list] = {}
+    for b in range(min(n, L)):
+        t = float(p.T[0][b, b])
+        if not math.isfinite(t):
+            continue
+        K = t + (0.0 if p.extra(0) is None else v * float(p.extra(0)[b, b]))
+        g = g_of(0, b, b)
+        E = max(0.0, g) if g is not None else 0.0
+        if (K + R[0][b]) / v + mv1 * t + E < ub:
+            layer.setdefault(b, []).append((K, E, t, float(p.W[0][b, b]), None, (0, b)))
+    for s in range(1, S):
+        nxt: dict[int, list] = {}
+        for j, labs in layer.items():
+            c, o = float(p.C[s - 1, j]), float(p.O[s - 1, j])
+            for b in range(j + 1, min(n, j + 1 + L)):
+                k = b - j - 1
+                t = float(p.T[s][b, k])
+                if not math.isfinite(t) or not math.isfinite(R[s][b]):
+                    continue
+                x = 0.0 if p.extra(s) is None else v * float(p.extra(s)[b, k])
+                g = g_of(s, b, k)
+                w = float(p.W[s][b, k])
+                for lab in labs:
+                    K0, E0, B0, D0 = lab[:4]
+                    K = K0 + c + t + x
+                    E = max(E0, g - D0) if g is not None else E0
+                    B = max(B0, o, t)
+                    if (K + R[s][b]) / v + mv1 * B + E >= ub:
+                        continue
+                    nxt.setdefault(b, []).append((K, E, B, D0 + w, lab, (j + 1, b)))
+                    made += 1
+                    if made > LABELS_MAX:
+                        return Solution(ub, best.bottleneck, best.total, ub_bounds, False)
+        layer = {}
+        for b, labs in nxt.items():
+            labs.sort(key=lambda z: (z[0], z[1], z[2], -z[3]))
+            kept: list = []
+            for z in labs:
+                if not any(y[0] <= z[0] and y[1] <= z[1] and y[2] <= z[2] and y[3] >= z[3] for y in kept):
+                    kept.append(z)
+            layer[b] = kept
+    for lab in layer.get(n - 1, []):
+        bounds = []
+        z = lab
+        while z is not None:
+            bounds.append(z[5])
+            z = z[4]
+        bounds = bounds[::-1]
+        if len(bounds) != S:
+            continue
+        J, bott, tot = evaluate(p, bounds)
+        if (J, bounds) < (ub, ub_bounds):
+            ub, ub_bounds, best = J, bounds, Solution(J, bott, tot, bounds)
+    best = Solution(best.objective, best.bottleneck, best.total, best.bounds, True)
+    return best
+
+
+def solve_bare(p: Problem, s_floor: float | None = None, jmax: float = INF) -> Solution | None:
+    """The exact minimum of J over all partitions into exactly ``p.stages`` non-empty stages,
+    ignoring G (the exposed tail E, which :func:`solve` adds).
 
     Returns None when no partition fits (some stage would exceed its board's memory).
     ``s_floor`` is an optional lower bound on the sum (skips the unconstrained min-sum DP).

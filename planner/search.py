@@ -429,7 +429,14 @@ class Explorer:
         key = ("line",) + self._cfg_key(c) + (c.beta, d)
         if key not in self._links:
             a, b = self.replica_boards(c, d)[0], self.replica_boards(c, (d + 1) % c.p)[0]
-            self._links[key] = self.framed(a, b, self.cut_bytes_at(c, d), self.beta_at(c, d))
+            # the framing depends on the route's bandwidth, the transport clock, the payload
+            # (the sender's board type and samples) only: shared by every pair of positions
+            # with those (64xU55C's ring: one framing per micro-batch size, not one per cut)
+            beta, bt = self.beta_at(c, d), self.stage_type(c, d)
+            fkey = ("frame", self.hop(a.name, b.name)[1], link_clock(a.board, b.board), bt, beta)
+            if fkey not in self._links:
+                self._links[fkey] = self.framed(a, b, self.cut_bytes_at(c, d), beta)
+            self._links[key] = self._links[fkey]
         return self._links[key]
 
     def ring(self, boards) -> tuple[float, float]:
@@ -560,25 +567,37 @@ class Explorer:
             if btype is None:
                 return None
             keys.append((btype, self.kd(c, s % c.p), self.beta_at(c, s % c.p), self.stashes(c, s)))
+        # stages whose flush and update J exposes after the drain (tail_exposure): the
+        # partition problem carries their tails (G) and every stage's backward (W, the drain)
+        tails = [self.tails_priced(c, keys[s][0]) and keys[s][1] == 1 for s in range(V)]
+        tailed = not bare and any(tails)
         cache: dict = {}
+        drains: dict = {}
         for btype, kk, beta in sorted({x[:3] for x in keys}):
             svals = sorted({x[3] for x in keys if x[:3] == (btype, kk, beta)})
             base = (btype, kk, beta, c.recompute, c.schedule, c.v, L)
             # held here before storing new ones: storing may drop the oldest tables, which
             # can be this call's own (gpt2-xl on 64xU55C raised KeyError before)
             have = {st: self._stage_times.get(base + (st,)) for st in svals}
-            todo = [st for st in svals if have[st] is None]
+            back = {st: self._stage_times.get(base + (st, "bwd")) for st in svals} if tailed else {}
+            todo = [st for st in svals if have[st] is None or (tailed and back[st] is None)]
             if todo:
                 sm = self.stage_model(btype, beta, c.recompute, c.schedule, kk, c.v)
                 r = sm.cost_of(sm.ranges(ic, jj), np.array(todo, dtype=float)[:, None, None], c.v)
                 tt = np.broadcast_to(r["time_s"], (len(todo), n, L))
                 full = np.where(valid & r["feasible"], tt, math.inf)
+                bw_ = np.where(valid, np.broadcast_to(r["bwd_s"], (len(todo), n, L)), 0.0) if tailed else None
                 for q, st in enumerate(todo):
                     have[st] = full[q]
                     self._remember_times(base + (st,), full[q])
+                    if tailed:
+                        back[st] = bw_[q]
+                        self._remember_times(base + (st, "bwd"), bw_[q])
             for st in svals:
                 full = have[st]
                 cache[(btype, kk, beta, st)] = full if tmax == math.inf else np.where(full <= tmax, full, math.inf)
+                if tailed:
+                    drains[(btype, kk, beta, st)] = back[st]
         T = [cache[k] for k in keys]
         C = np.zeros((max(V - 1, 0), n))
         O = np.zeros((max(V - 1, 0), n))
@@ -600,7 +619,16 @@ class Explorer:
                 O[:, self.open_cuts] = math.inf
             return part.Problem(n, T, C, O, self.jm(c), c.v)
         X = None
-        tails = [self.tails_priced(c, keys[s][0]) and keys[s][1] == 1 for s in range(V)]
+        G = W = None
+        if tailed:
+            per_d: dict = {}
+            G = []
+            for s in range(V):
+                d = s % c.p
+                if tails[s] and d not in per_d:
+                    per_d[d] = self.tail_table(c, d, ic, jj, valid, ring=False)
+                G.append(per_d[d] if tails[s] else None)
+            W = [drains[k] for k in keys]
         if self.train and any(self.reps(c, d) > 1 for d in range(c.p)):
             # every replicated stage all-reduces its gradients after its last backward (on FPGA
             # boards the HLS kernel's ring, fpga_models.allreduce); J charges them all in full
@@ -641,7 +669,7 @@ class Explorer:
             # inside a residual block (what the RTL and simple links can carry)
             C[:, self.open_cuts] = math.inf
             O[:, self.open_cuts] = math.inf
-        return part.Problem(n, T, C, O, self.jm(c), c.v, X)
+        return part.Problem(n, T, C, O, self.jm(c), c.v, X, G, W)
 
     @property
     def open_cuts(self) -> np.ndarray:
@@ -1262,11 +1290,15 @@ class Explorer:
     def solve_config(self, c: Config, jmax: float = math.inf) -> Candidate | None:
         """Exact partition of one configuration (None if nothing fits, or nothing beats ``jmax``)."""
         if c.v == 1 and c.p > 1 and c.schedule != "1f1b" and not (
-                self.per_mb_allreduce(c) and any(self.reps(c, d) > 1 for d in range(c.p))):
+                self.per_mb_allreduce(c) and any(self.reps(c, d) > 1 for d in range(c.p))) and all(
+                self.tails_priced(c, t) == self.tails_priced(replace(c, schedule="1f1b"), t)
+                for t in {self.stage_type(c, d) for d in range(c.p)}):
             # J does not depend on the schedule when v = 1 except through memory (PipeDream's
             # also through its per-micro-batch all-reduce, so only without replicas); 1F1B
             # stashes the least (and 2BW's second weight copy only adds memory), so no
-            # partition does better under another schedule: 1F1B's optimum is also theirs
+            # partition does better under another schedule (where both price the same tails: a
+            # slower backward lengthens the drain, which hides at most what it adds to the
+            # sum, so J still only grows): 1F1B's optimum is also theirs
             # whenever it still fits, and when 1F1B has nothing below jmax neither do they
             base = self.solve_config(replace(c, schedule="1f1b"), jmax)
             if base is None:
@@ -1287,8 +1319,8 @@ class Explorer:
             return None
         prob = self.problem(c, tmax=tmax)
         sol = part.solve(prob, self.sum_floor(c), jmax) if prob is not None else None
-        # J: the partition problem's, plus the flush and update kernels the drain does not hide
-        cand = Candidate(c, sol.bounds, sol.objective + self.tail_exposure(c, sol.bounds), sol.exact) if sol else None
+        # J: the partition problem's, the flush and update kernels the drain does not hide included
+        cand = Candidate(c, sol.bounds, sol.objective, sol.exact) if sol else None
         if cand is not None or not math.isfinite(tmax):
             self._solved[c] = cand   # a bounded miss may succeed under a looser bound: not cached
         return Candidate(c, list(cand.bounds), cand.objective, cand.exact) if cand else None
@@ -1305,19 +1337,24 @@ class Explorer:
             btype = self.stage_type(c, s % c.p)
             if btype is None:
                 return False
-            sm = self.stage_model(btype, self.beta_at(c, s % c.p), c.recompute, c.schedule, self.kd(c, s % c.p), c.v)
-            st = self.stashes(c, s)
-            cap = sm.capacity / c.v
-            if self.train and c.recompute:
-                Q = sm.PW * sm.weight_copies_at(st) + sm.PA + sm.PBUF
-                cap -= st * float(sm.IN.min())
-            elif self.train:
-                Q = sm.PW * sm.weight_copies_at(st) + st * sm.PA + sm.PBUF
-            else:
-                Q = sm.PW * sm.copies + sm.PA + sm.PBUF
-            jm = int(np.searchsorted(Q, Q[pos] + cap * (1 + 1e-12), side="right")) - 1   # last prefix index
+            beta, kk, st = self.beta_at(c, s % c.p), self.kd(c, s % c.p), self.stashes(c, s)
+            # the relaxed memory prefix of a (stage model, stash count), kept: 64-stage plans
+            # ask for the same few thousands of times (GPT-3 175B on 64xU55C)
+            qkey = ("fitq", btype, beta, c.recompute, memory_key(c.schedule), kk, c.v, st)
+            if qkey not in self._links:
+                sm = self.stage_model(btype, beta, c.recompute, c.schedule, kk, c.v)
+                cap = sm.capacity / c.v
+                if self.train and c.recompute:
+                    Q = sm.PW * sm.weight_copies_at(st) + sm.PA + sm.PBUF
+                    cap -= st * float(sm.IN.min())
+                elif self.train:
+                    Q = sm.PW * sm.weight_copies_at(st) + st * sm.PA + sm.PBUF
+                else:
+                    Q = sm.PW * sm.copies + sm.PA + sm.PBUF
+                self._links[qkey] = (Q, cap * (1 + 1e-12), sm.PF + (sm.PB if self.train else 0.0))
+            Q, capx, P = self._links[qkey]
+            jm = int(np.searchsorted(Q, Q[pos] + capx, side="right")) - 1   # last prefix index
             if math.isfinite(tmax):
-                P = sm.PF + (sm.PB if self.train else 0.0)
                 jt = int(np.searchsorted(P, P[pos] + tmax * (1 + 1e-12), side="right")) - 1
                 jm = min(jm, jt)
             # a stage that cannot take the next layer is left empty in the relaxation: a

@@ -1,4 +1,5 @@
 """The exact partition DP against brute-force enumeration."""
+import itertools
 import math
 
 import numpy as np
@@ -49,6 +50,43 @@ def test_dp_equals_brute_force(seed, n, S, m, v, with_x, p_inf):
     assert got.objective == pytest.approx(want.objective, rel=f64_sum(64), abs=0)
     # the reported partition really has that objective: solve stores evaluate's own value
     assert part.evaluate(p, got.bounds)[0] == got.objective
+
+
+def _tailed(rng, n, S, m, v, with_x, p_inf, scale):
+    """A random problem with tails: G_s on about 3 of 4 stages (``scale`` x the stage times'
+    range, so the tail binds at various stages or not at all), W_s (the drain) a share of T_s."""
+    p = _problem(rng, n, S, m, v, with_x, p_inf)
+    p.G = [rng.uniform(0, 10.0 * scale, size=(n, n)).round(2) if rng.random() < 0.75 else None for _ in range(S)]
+    p.W = [np.where(np.isfinite(t), (t * rng.uniform(0.3, 0.7, size=t.shape)).round(2), 0.0) for t in p.T]
+    return p
+
+
+@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**31 - 1), n=st.integers(1, 12), S=st.integers(1, 5), m=st.integers(1, 16),
+       v=st.sampled_from([1, 2]), with_x=st.booleans(), p_inf=st.sampled_from([0.0, 0.1, 0.4]),
+       scale=st.sampled_from([0.1, 1.0, 4.0]))
+def test_dp_with_tails_equals_brute_force(seed, n, S, m, v, with_x, p_inf, scale):
+    """J = P + max(0, max_k G_k - sum of W before k): solve (certificates, then labels) against
+    every composition, and the label branch and bound alone started from the worst partition."""
+    p = _tailed(np.random.default_rng(seed), n, S, m, v, with_x, p_inf, scale)
+    got = part.solve(p)
+    want = part.brute_force(p)
+    if want is None:
+        assert got is None
+        return
+    assert got is not None and got.exact
+    # as test_dp_equals_brute_force, plus E: <= 5 G - W differences and one max: < 64 u
+    assert got.objective == pytest.approx(want.objective, rel=f64_sum(64), abs=0)
+    assert part.evaluate(p, got.bounds)[0] == got.objective
+    worst = None
+    for cuts in itertools.combinations(range(n - 1), S - 1):
+        edges = [-1, *cuts, n - 1]
+        bounds = [(edges[d] + 1, edges[d + 1]) for d in range(S)]
+        J = part.evaluate(p, bounds)[0]
+        if math.isfinite(J) and (worst is None or J > worst.objective):
+            worst = part.Solution(J, 0.0, 0.0, bounds)
+    lab = part._labels(p, worst)
+    assert lab.exact and lab.objective == pytest.approx(want.objective, rel=f64_sum(64), abs=0)
 
 
 def test_min_max_closed_case():
