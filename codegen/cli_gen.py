@@ -59,13 +59,15 @@ def check_generable(plan, plan_file: str) -> None:
 
 
 def generate_plan(plan, model, cluster, out_dir: str | Path, plan_text: str | None = None,
-                  plan_file: str = "plan.yaml", engines: str = "hls") -> dict:
+                  plan_file: str = "plan.yaml", engines: str = "hls", sgd=None) -> dict:
     """Generate from in-memory objects (tests build plans by hand). ``engines``: which kernels
-    the Makefile and link configs build, the HLS ones or the packaged RTL ones (codegen.package)."""
+    the Makefile and link configs build, the HLS ones or the packaged RTL ones (codegen.package).
+    ``sgd``: the training RTL's SGD constants or rate schedule (default: codegen.design.training's;
+    the host's verilator backend passes a run's own, which its update engines hold as parameters)."""
     from bapipe.codegen.package import kernels as package
 
     package.check_engines_plan(engines, plan)
-    design = lower(plan, model, cluster, plan_file, engines)   # the one lowering of this gen
+    design = lower(plan, model, cluster, plan_file, engines, sgd=sgd)   # the one lowering of this gen
     ctx = design.project
     ctx.plan_file = plan_file   # the placement pass's errors name the plan file (codegen.design.placement)
     package.check_engines(engines, ctx, True, None)
@@ -198,13 +200,14 @@ def check_build(build: str | Path, plan_fingerprint: str | None = None, option: 
 
 
 def generate_folder(plan, model, cluster, output: str | Path, plan_text: str, plan_file: str,
-                    engines: str = "hls", force: bool = False, allow_rule_violations: bool = True) -> dict:
+                    engines: str = "hls", force: bool = False, allow_rule_violations: bool = True,
+                    sgd=None) -> dict:
     """Generate ``plan`` (loaded, with its model and cluster) into the folder ``output``: into a
     temporary sibling folder first, swapped in whole, so a refused or interrupted gen leaves the
     previous folder as it was. An existing non-empty folder is replaced only with ``force``.
     bapipe.api's Plan.generate and `bapipe gen` both come here; returns the --json object. The
     physical rules (`bapipe check`) run on the new build; one a board breaks is refused unless
-    ``allow_rule_violations``."""
+    ``allow_rule_violations``. ``sgd``: as :func:`generate_plan`'s."""
     text = str(output)
     if not text.strip():
         raise SpecError(None, None, "-o", "expected a folder name, got an empty string")
@@ -225,7 +228,7 @@ def generate_folder(plan, model, cluster, output: str | Path, plan_text: str, pl
     old = target.with_name(f".{target.name}.old-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     try:
-        result = generate_plan(plan, model, cluster, tmp, plan_text, plan_file, engines)
+        result = generate_plan(plan, model, cluster, tmp, plan_text, plan_file, engines, sgd)
         result["check"] = _physical_check(tmp, allow_rule_violations, text)
         with signals_held():   # both renames or neither: a signal between them lost the build
             if target.exists():
