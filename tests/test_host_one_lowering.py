@@ -16,7 +16,7 @@ from handplan import tiny_mlp_plan
 @pytest.fixture
 def lowerings(monkeypatch) -> list:
     """The plan fingerprint of every lowering from now on (each module's ``lower`` replaced)."""
-    import bapipe.codegen.cli_gen  # noqa: F401  (modules holding `lower` are loaded before patching)
+    import bapipe.codegen.gen_folder  # noqa: F401  (modules holding `lower` are loaded before patching)
     import bapipe.codegen.rtl.write  # noqa: F401
     from bapipe.codegen.design import lower as low
 
@@ -33,7 +33,7 @@ def lowerings(monkeypatch) -> list:
 
 
 def _gen(plan, folder):
-    from bapipe.codegen.cli_gen import generate_folder
+    from bapipe.codegen.gen_folder import generate_folder
     from bapipe.fpga_models.plancheck import resolve
 
     model, cluster = resolve(plan, "plan.yaml")
@@ -49,7 +49,7 @@ def test_host_images_hold_the_host_weights_where_the_manifest_says(tmp_path):
     """The host's weights written into copies of the stage images read back (weight_image.read_model,
     what the MVU memories' text is written from) equal to what was written, for every array; the
     generated weights give byte-identical images; the build's own images are not touched."""
-    from bapipe.codegen.cli_gen import check_build
+    from bapipe.codegen.gen_folder import check_build
     from bapipe.codegen.design.weight_image import read_model
     from bapipe.codegen.rtl.pipeline import read_params
     from bapipe.host.backends.rtl_build import write_host_images
@@ -78,25 +78,43 @@ def test_host_images_hold_the_host_weights_where_the_manifest_says(tmp_path):
 
 @pytest.mark.verilator
 @pytest.mark.slow   # a Verilator build of tiny-mlp's 4-board RTL (~40 s on 2 shared cores)
-def test_gen_then_verilator_run_lowers_once(tmp_path, lowerings, monkeypatch):
-    """`bapipe gen` then a forward run on its build with weights other than the generated ones:
-    one lowering (the gen's), every output equal to the numpy fixed-point reference of those
-    weights; a run on an empty folder generates the build there (one more lowering), once."""
-    from bapipe.codegen.cli_gen import check_build
+def test_gen_then_verilator_run_lowers_once(tmp_path, lowerings, monkeypatch, capsys):
+    """`bapipe gen` then `bapipe run --backend verilator` on its build, and a forward run with
+    weights other than the generated ones: one lowering (the gen's), every output equal to the
+    numpy fixed-point reference; a run on an empty folder generates the build there (one more
+    lowering), once."""
+    from bapipe.cli import main
+    from bapipe.codegen.gen_folder import check_build
     from bapipe.codegen.design import dataflow
     from bapipe.host.forward import run_forward
     from bapipe.zoo import get
 
     plan, model = tiny_mlp_plan(4), get("tiny-mlp")
-    _gen(plan, tmp_path / "b")
+    (tmp_path / "plan.yaml").write_text(plan.dumps())
+    assert main(["gen", str(tmp_path / "plan.yaml"), "-o", str(tmp_path / "b")]) == 0
     assert lowerings == [plan.fingerprint()]
+    capsys.readouterr()
+    assert main(["run", str(tmp_path / "plan.yaml"), "--backend", "verilator", "--build", str(tmp_path / "b"),
+                 "--json"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["samples"] == 359 and r["mismatches_vs_numpy"] == 0 and r["weights"] == "generated"
+    assert lowerings == [plan.fingerprint()]          # the run read the build: no lowering of its own
     rng = np.random.default_rng(7)
+    generated = dataflow.plan_weights(plan, model)
     other = {l: {k: rng.integers(-300, 300, np.shape(v)) for k, v in d.items() if v is not None}
-             for l, d in dataflow.plan_weights(plan, model).items()}
+             for l, d in generated.items()}
     monkeypatch.setattr(dataflow, "plan_weights", lambda p, m: other)   # the weights the run streams with
     out = run_forward(plan, model, "verilator", build=str(tmp_path / "b"), limit=16)
-    assert lowerings == [plan.fingerprint()]          # the run read the build: no lowering of its own
     assert out["samples"] == 16 and out["mismatches_vs_numpy"] == 0 and out["max_abs_err_vs_numpy"] == 0
+    from bapipe.fpga_models import fixedpoint as fx
+    from bapipe.host.data import load_digits
+    from bapipe.host.forward import reference_logits
+
+    x = fx.quantize(load_digits(model.inputs[0].shape, 0).x_test[:16], fx.get_fmt(plan.number_format))
+    ref_gen = reference_logits(model, generated, x, plan.number_format)
+    ref_other = reference_logits(model, other, x, plan.number_format)
+    assert np.count_nonzero(ref_gen != ref_other) > 100   # so the RTL computed with the host's weights
+    assert lowerings == [plan.fingerprint()]
     check_build(tmp_path / "b", plan.fingerprint())   # the build is as gen wrote it
     out = run_forward(plan, model, "verilator", build=str(tmp_path / "e"), limit=4)
     assert out["mismatches_vs_numpy"] == 0 and lowerings == [plan.fingerprint()] * 2
@@ -109,7 +127,7 @@ def test_training_build_is_generated_once_for_the_runs_constants(tmp_path, lower
     its build once with the run's constants (one lowering), a second run with them reads it (none);
     a run with other constants on that gen build gets its own in host_rtl/gen (one lowering)
     and leaves the user's build as gen wrote it."""
-    from bapipe.codegen.cli_gen import check_build
+    from bapipe.codegen.gen_folder import check_build
     from bapipe.fpga_models import train_fixed as T
     from bapipe.fpga_models.plancheck import resolve
     from bapipe.host.backends import verilator_backend as vb

