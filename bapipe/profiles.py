@@ -327,7 +327,17 @@ def import_pipedream_graph(path: str, batch: int, bytes_per_element: int = 4,
     """
     file = str(path)
     _check_batch(file, batch)
-    text = _read_text(path)
+    nodes, edges = _pd_read(file, _read_text(path))
+    preds, succs = _pd_wire(file, nodes, edges)
+    inputs, order = _pd_order(file, nodes, preds, succs)
+    model_text, prof_text = _pd_texts(Path(path), nodes, preds, inputs, order, batch, bytes_per_element,
+                                      name or Path(path).stem)
+    _check_pair(file, model_text, prof_text)
+    return model_text, prof_text
+
+
+def _pd_read(file: str, text: str) -> tuple[dict, list]:
+    """graph.txt's node lines ({id: (description, fields, line)}) and edge lines ([(a, b, line)])."""
     nodes: dict[str, tuple[str, dict[str, float], int]] = {}
     edges: list[tuple[str, str, int]] = []
     for i, raw in enumerate(text.splitlines(), 1):
@@ -345,6 +355,13 @@ def import_pipedream_graph(path: str, batch: int, bytes_per_element: int = 4,
         nodes[nid] = (desc, vals, i)
     if not nodes:
         raise SpecError(file, None, None, "expected node lines 'nodeK -- Description -- forward_compute_time=...'")
+    return nodes, edges
+
+
+def _pd_wire(file: str, nodes: dict, edges: list) -> tuple[dict, dict]:
+    """Each node's predecessors and successors; unused outputs of a multi-output node (a sink
+    "__getitem__(k)", e.g. an LSTM's final state) are dropped from ``nodes``, as PipeDream's
+    optimizer drops them (nothing reads them)."""
     preds: dict[str, list[str]] = {n: [] for n in nodes}
     succs: dict[str, list[str]] = {n: [] for n in nodes}
     for a, b, line in edges:
@@ -353,13 +370,16 @@ def import_pipedream_graph(path: str, batch: int, bytes_per_element: int = 4,
                 raise SpecError(file, line, "edge", f"'{x}' is not a node of the graph")
         preds[b].append(a)
         succs[a].append(b)
-    # unused outputs of a multi-output node (a sink "__getitem__(k)", e.g. an LSTM's final
-    # state) are dropped, as PipeDream's optimizer drops them (nothing reads them)
     for n in [n for n in nodes if not succs[n] and nodes[n][0].startswith("__getitem__") and preds[n]]:
         for a in preds[n]:
             succs[a].remove(n)
         del nodes[n], preds[n], succs[n]
+    return preds, succs
 
+
+def _pd_order(file: str, nodes: dict, preds: dict, succs: dict) -> tuple[list, list]:
+    """The model inputs and every node in a deterministic topological order (Kahn's algorithm,
+    stage id then node number first)."""
     def key(n: str) -> tuple:
         # a graph the optimizer wrote (stage ids) is ordered stage by stage, so that each of
         # its stages is a contiguous layer range (a stage is a downset minus the previous
@@ -376,7 +396,6 @@ def import_pipedream_graph(path: str, batch: int, bytes_per_element: int = 4,
         nodes[n][0].split("(")[0].strip().lower().startswith("input") or _free(n))), key=key)
     if not inputs:
         raise SpecError(file, None, "Input", "expected an Input node (a node described 'Input' with no predecessor)")
-    # Kahn's algorithm, smallest node number first: a deterministic topological order
     indeg = {n: len(preds[n]) for n in nodes}
     ready = sorted((n for n in nodes if indeg[n] == 0), key=key)
     order = []
@@ -393,21 +412,26 @@ def import_pipedream_graph(path: str, batch: int, bytes_per_element: int = 4,
     stray = [n for n in order if not preds[n] and n not in inputs]
     if stray:
         raise SpecError(file, nodes[stray[0]][2], "node", f"'{stray[0]}' has no predecessor and is not an Input node")
+    return inputs, order
 
+
+def _pd_texts(path: Path, nodes: dict, preds: dict, inputs: list, order: list, batch: int,
+              bytes_per_element: int, mname: str) -> tuple[str, str]:
+    """The model YAML (inputs, one opaque layer a node) and the profile YAML (measured times
+    and bytes as PipeDream recorded them) of an ordered graph."""
     def elems(nbytes: float) -> int:
         return max(1, int(round(nbytes / batch / bytes_per_element)))
 
     # names are data: quoted as JSON strings (valid YAML), so a node id such as 'true', 'null',
     # '12' or 'a: b' stays the string it is instead of becoming a bool, None, int or mapping
     q = json.dumps
-    mname = name or Path(path).stem
-    mlines = [f"# imported from PipeDream profiler output {Path(path).name} (batch {batch}, "
+    mlines = [f"# imported from PipeDream profiler output {path.name} (batch {batch}, "
               f"{bytes_per_element} bytes per element) by bapipe.profiles.import_pipedream_graph",
               f"name: {q(mname)}", "inputs:"]
     for n in inputs:
         mlines.append(f"  - {{name: {q(n)}, shape: [{elems(nodes[n][1]['activation_size'])}]}}")
     mlines.append("layers:")
-    plines = [f"# measured times and bytes from {Path(path).name}, as PipeDream recorded them",
+    plines = [f"# measured times and bytes from {path.name}, as PipeDream recorded them",
               f"model: {q(mname)}", f"batch: {batch}", "layers:"]
     for n in order:
         if n in inputs:
@@ -423,9 +447,7 @@ def import_pipedream_graph(path: str, batch: int, bytes_per_element: int = 4,
         plines.append(f"  - {{name: {q(n)}, fwd_ms: {v['forward_compute_time']:g}, "
                       f"bwd_ms: {v['backward_compute_time']:g}, activation_bytes: {int(round(v['activation_size']))}, "
                       f"param_bytes: {int(round(v['parameter_size']))}}}")
-    model_text, prof_text = "\n".join(mlines) + "\n", "\n".join(plines) + "\n"
-    _check_pair(file, model_text, prof_text)
-    return model_text, prof_text
+    return "\n".join(mlines) + "\n", "\n".join(plines) + "\n"
 
 
 def _check_pair(file: str, model_text: str, prof_text: str) -> None:

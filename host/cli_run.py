@@ -94,9 +94,9 @@ def _retries(args) -> int:
 
 
 def _check_rtl_folder(plan_file, build: str | None) -> None:
-    """The verilator backend writes its RTL (~100 MB for big plans) into ``BUILD/host_rtl``:
-    BUILD must be new, empty, a `bapipe gen` build of this very plan, or a folder holding only
-    an earlier ``host_rtl``; any other folder is refused rather than written into."""
+    """The verilator backend simulates the `bapipe gen` build in BUILD (host/backends/rtl_build.py),
+    generating it there first when BUILD is new, empty or holds only the host's ``host_rtl``
+    folder; a build of another plan, or any other folder, is refused rather than written into."""
     from pathlib import Path
 
     from bapipe.errors import SpecError
@@ -106,14 +106,14 @@ def _check_rtl_folder(plan_file, build: str | None) -> None:
     folder = Path(build or "build")
     if not folder.is_dir():
         if folder.exists():
-            raise SpecError(str(folder), None, "--build", "expected a folder (the RTL is generated into it)")
+            raise SpecError(str(folder), None, "--build", "expected a folder (a `bapipe gen` build of the plan)")
         return
     names = {p.name for p in folder.iterdir()}
     if names <= {"host_rtl"}:
         return
     if STAMP not in names:
         raise SpecError(str(folder), None, "--build", "expected a new or empty folder, or a `bapipe gen` build "
-                                                      "of this plan (the RTL would be written into it)")
+                                                      "of this plan (the build would be written into it)")
     plan = plan_file if isinstance(plan_file, Plan) else load_plan(plan_file)
     check_build(folder, plan.fingerprint(), "--build")
 

@@ -80,7 +80,7 @@ def run_forward(plan, model, backend: str, build: str | None = None, seed: int =
     x_q = fx.quantize(x, fmt)
     ref = reference_logits(model, params, x_q, fmt)
     t0 = time.perf_counter()
-    opts = {"build": build, "timeout": timeout}
+    opts = {"build": build, "timeout": timeout, "plan_file": plan_file}
     got = np.asarray(be.forward(plan, model, load_cluster(plan.cluster), params, x_q, opts)).reshape(ref.shape)
     wall = opts.get("sim_s", time.perf_counter() - t0)  # a backend may exclude its one-off build
     logits = fx.dequantize(got, fmt)

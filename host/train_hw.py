@@ -163,9 +163,8 @@ def _setup(plan, model, cluster, backend, epochs, lr, seed, options, max_iterati
     be = get_backend(backend)
     opts = dict(options or {})
     opts["plan"] = plan
+    opts.setdefault("plan_file", plan_file)
     be.check(opts)
-    if hasattr(be, "check_training"):
-        be.check_training(plan, model, cluster, opts)
     data = load_digits(model.inputs[0].shape, seed)
     b, _ = effective_batch(plan, data.n_train)
     hw_lr = be.fixed_lr() if hasattr(be, "fixed_lr") else None   # a rate baked into the hardware
@@ -184,6 +183,8 @@ def _setup(plan, model, cluster, backend, epochs, lr, seed, options, max_iterati
                                 per_epoch)
     except ValueError as e:   # a rate the integer update cannot represent
         raise SpecError(None, None, "--lr", str(e)) from None
+    if hasattr(be, "check_training"):   # the hardware for these constants, refused before any work
+        be.check_training(plan, model, cluster, dict(opts, sgd=consts))
     master0 = fixed_master_params(model, 0, len(model.layers) - 1, seed, tf)
     return _HwRun(be, opts, tf, data, b, lr, per_epoch, total, idx, T.quantize(data.x_train, tf.act), consts,
                   master0, seed, max(1, plan.microbatches))

@@ -325,7 +325,7 @@ def test_gen_refuses_a_non_empty_folder_and_replaces_it_whole_with_force(at, cap
 
 @pytest.mark.slow  # a whole gen interrupted and rerun: ~40 s
 def test_interrupted_gen_leaves_the_previous_build_whole(at, capsys, monkeypatch):
-    import bapipe.codegen.cli_gen as cg
+    import bapipe.codegen.gen_folder as cg   # generate_folder calls its generate_plan
 
     shutil.copytree(at / "build", at / "bint", dirs_exist_ok=True)
     before = sorted(p.relative_to(at / "bint").as_posix() for p in (at / "bint").rglob("*"))
