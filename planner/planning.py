@@ -8,6 +8,7 @@ from bapipe.errors import SpecError
 from bapipe.plan import Folding, Plan, Stage
 from bapipe.spec import Model
 from bapipe.fpga_models.cluster import Cluster
+from bapipe.fpga_models.allocate import fwd_kernel_blocks
 from bapipe.fpga_models.cost import layer_cost, matrix_shape, onchip_blocks, weight_copies
 
 from .search import Candidate, Config, Explorer, Request, _ckey
@@ -405,6 +406,10 @@ def to_plan(model: Model, cluster: Cluster, model_arg: str, cluster_arg: str, ex
         onchip_used = min(s["memory_bytes"], s["onchip"])
         res.update(onchip_blocks(board, onchip_used, ex.req.cap) if board.kind == "fpga" else {"uram": 0, "bram36": 0})
         res["offchip_bytes"] = max(0, s["memory_bytes"] - onchip_used)
+        if board.kind == "fpga":   # the forward kernel's own memory in blocks (fpga_models.allocate)
+            fb = fwd_kernel_blocks(layers, board, s["folding"], ex.req.fmt, ex.req.cap, c.v, ex.req.mode == "train",
+                                   s["style"])
+            res.update({"fwd_bram36": fb.bram36, "fwd_uram": fb.uram})
         clk = board.clock_hz
         stages.append(Stage(
             index=s["index"], layers=[l.name for l in layers], first=s["first"], last=s["last"], boards=s["boards"],

@@ -24,7 +24,8 @@ from bapipe.fpga_models.engines import link_clock, link_transfer
 from bapipe.fpga_models.cluster import Cluster
 
 from . import partition as part
-from bapipe.fpga_models.allocate import allocate_stage, engine_share, kernel_onchip_budget, tm_spill_cycles, tm_weight_cycles
+from bapipe.fpga_models.allocate import (allocate_stage, engine_share, kernel_onchip_budget, tm_spill_cycles,
+                                        tm_weight_bank_seconds, tm_weight_cycles)
 from bapipe.fpga_models.bwd_memory import tm_bwd_extra_cycles
 from bapipe.fpga_models.gradients import no_input_gradient
 
@@ -1607,7 +1608,12 @@ class Explorer:
                             + tm_weight_cycles(lyr, table.board, fold, self.req.fmt, self.req.cap, c.v, self.train))
                     spill = self._links[skey] * beta / table.board.clock_hz
                     r["compute_f"] += spill
-                    r["fwd_s"] = max(r["compute_f"], r["traffic_f"])
+                    # its weight loads share one bundle, so one bank: at least that bank's time
+                    wkey = ("wbank", a, b, btype, c.v)
+                    if wkey not in self._links:
+                        self._links[wkey] = tm_weight_bank_seconds(list(self.model.layers[a:b + 1]), table.board, fold,
+                                                                   self.req.fmt, self.req.cap, c.v, self.train)
+                    r["fwd_s"] = max(r["compute_f"], r["traffic_f"], self._links[wkey] * beta)
                     if c.recompute and self.train:   # the recomputed forward waits on them too
                         r["compute_b"] += spill
                     if self.train:   # and the backward kernel's turns on its off-chip frames and weight tile fills

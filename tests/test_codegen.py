@@ -66,9 +66,10 @@ def test_folding_drives_pragmas(tmp_path):
     top = (tmp_path / "stage0/stage0.cpp").read_text()
     assert "BAPIPE_DATAFLOW_BEGIN" in top and "#pragma HLS INTERFACE mode=axis port=in0" in top
     # conv2: 8 channels a beat into the window generator (a width converter from conv1's PE=2),
-    # K=3 rows of line buffer, an MVU of PE=4 x SIMD=8 with conv2's ReLU fused
+    # K=3 rows of line buffer (3 x 3 banks of 3 words: LUTRAM, fpga_models.allocate.ring_banks),
+    # an MVU of PE=4 x SIMD=8 with conv2's ReLU fused
     assert "bapipe::width_conv<2, 8>(s0_conv1_mvu_out, s0_conv2_wc0_out, (long)n * 512)" in top
-    assert "bapipe::swg<8, 8, 8, 3, 1, 1, 8, 1, 3, false>(s0_conv2_wc0_out, s0_conv2_swg_out, n)" in top
+    assert "bapipe::swg_lutram<8, 8, 8, 3, 1, 1, 8, 1, 3, false>(s0_conv2_wc0_out, s0_conv2_swg_out, n)" in top
     assert "bapipe::mvu<8, 72, 4, 8, true>(s0_conv2_swg_out, out0, s0_conv2_mvu_w, s0_conv2_mvu_b, (long)n * 64)" in top
     # weights in PE x SIMD banks: 18 words of 4 x 8
     assert "#pragma HLS ARRAY_PARTITION variable=s0_conv2_mvu_w complete dim=2" in top
