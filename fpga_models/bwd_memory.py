@@ -52,6 +52,8 @@ from bapipe.layers import Layer
 from bapipe.spec import Model
 
 from .allocate import frames_offchip, weight_resident, weights_all_resident
+from .bwd_tiles import (col2im_buffer, col2im_plan, matrix_layers, col2im_reader_extra, engine_extra_cycles, engine_folding,
+                        stage_tiles)
 from .boards import Board, bytes_per_element, on_chip_bytes
 from .cost import layer_cost, matrix_shape
 from .engines import conv_window_lanes, frame_io_cycles
@@ -237,7 +239,7 @@ def frame_pipe_bytes(frame: GradFrame, fmt: str) -> int:
 
 
 def _walk(model: Model, layers: Sequence[Layer], folding: dict[str, tuple[int, int]],
-          fmt: str) -> tuple[list[GradFrame], list[tuple[str, int]]]:
+          fmt: str, c2i: dict | None = None, tiles: dict | None = None) -> tuple[list[GradFrame], list[tuple[str, int]]]:
     """The backward kernel's streams as codegen.design.backward.build_bwd lays them out, layers walked
     last first: (the frames between turns, :func:`bwd_frames`; per two-deep stream inside one
     turn, (turn, beat bits))."""
@@ -323,7 +325,8 @@ def _walk(model: Model, layers: Sequence[Layer], folding: dict[str, tuple[int, i
             else:
                 c, _h, w = l.in_shapes[0]
                 (kh, _kw), _s, _p = _window(l)
-                window(l, t, conv_window_lanes(c, kh, simd), simd)
+                job = tiles[l.name].job(l.name) if tiles and l.name in tiles else None
+                window(l, t, conv_window_lanes(c, kh, job.wsimd if job is not None and job.wsimd else simd), simd)
             if not dx[0]:
                 two_deep(t, simd)                                   # the MVU's unused dx beats
                 continue
@@ -332,9 +335,16 @@ def _walk(model: Model, layers: Sequence[Layer], folding: dict[str, tuple[int, i
             else:
                 mh, _mw, _pix = matrix_shape(l)
                 (kh, kw), _s, _p = _window(l)
-                two_deep(t, simd, simd * acc_width(int(mh) * kh * kw, bits, bits))   # exact dx into col2im
-                want = dy_lanes(src) or c
-                give(src, l.name, want if (w * c) % want == 0 else math.gcd(w * c, want))
+                xbits = acc_width(int(mh) * kh * kw, bits, bits)
+                two_deep(t, simd, simd * xbits)   # exact dx into col2im
+                if c2i and l.name in c2i:   # the tiled engines' col2im (fpga_models.bwd_tiles.col2im_plan)
+                    p2 = c2i[l.name]
+                    if p2.lin < simd:
+                        two_deep(t, p2.lin, p2.lin * xbits)
+                    give(src, l.name, p2.lout)
+                else:
+                    want = dy_lanes(src) or c
+                    give(src, l.name, want if (w * c) % want == 0 else math.gcd(w * c, want))
         elif l.type == "flatten" and len(l.in_shapes[0]) == 3:
             lin = read(l.name, t, None)
             n_in = elems[src]
@@ -613,6 +623,32 @@ def bwd_memory(model: Model, layers: Sequence[Layer], board: Board | None, foldi
         if budget is not None:
             room = min(room, budget - other)
         return BwdMemory(budget, place_accumulators(acc, room), acc, other)
+    # the tiled matrix engines (fpga_models.bwd_tiles) hold the weight-gradient sums, the weights dx
+    # reads and the engines' buffers: their bytes are fixed; no per-layer accumulator, tile or stream
+    tiles = stage_tiles(model, layers, folding, "tm", 1, samples, board, bits)
+    if tiles:
+        folding = engine_folding(tiles, folding)
+        # bytes as the Design counts its arrays: elements x whole bytes an element
+        eng = sum(a.depth * a.banks * -(-a.width // 8) for a in next(iter(tiles.values())).arrays)
+        c2i = tm_col2im(model, layers, tiles, folding)
+        frames, local = _walk(model, layers, folding, fmt, c2i, tiles)
+        streams = sum(STREAM_DEPTH * -(-b // 8) for _t, b in local)
+        pipes = [frame_pipe_bytes(f, fmt) for f in frames]
+        # the convs' col2im share one row buffer (fpga_models.bwd_tiles.col2im_buffer)
+        own_lb = sum(c2.rows * c2.wc * -(-c2.xb // 8) for c2 in c2i.values())
+        shared = sum(a.banks * a.depth * -(-a.width // 8) for a in col2im_buffer(list(c2i.values()), True))
+        # (and the engines' own buffers replace the shared MVU's input vector bwd_other_bytes counts)
+        vec = max((m.mw for m in matrix_layers(model, layers, folding)), default=0) * eb
+        # the on-chip copies besides the matrices (a trained batchnorm's scale) when the weights fit
+        scales = (sum(bwd_weight_elems(model, layers)) - sum(m.elems for m in matrix_layers(model, layers, folding))) \
+            * eb if bwd_weight_bytes(model, layers, fmt, budget) else 0
+        base = (bwd_other_bytes(model, layers, folding, fmt, True) - own_lb - vec + shared + eng + streams
+                + sum(pipes) + scales)
+        keep = [f.nbytes - p for f, p in zip(frames, pipes)]
+        off = frames_offchip(keep, base, budget) if budget is not None else [False] * len(frames)
+        off = [o and k > 0 for o, k in zip(off, keep)]
+        return BwdMemory(budget, {n: False for n in acc}, acc, base - streams - sum(pipes), tuple(frames),
+                         tuple(off), None, streams, tuple(pipes), eb)
     frames, local = _walk(model, layers, folding, fmt)
     streams = sum(STREAM_DEPTH * -(-b // 8) for _t, b in local)
     pipes = [frame_pipe_bytes(f, fmt) for f in frames]
@@ -644,7 +680,44 @@ def tm_bwd_extra_cycles(model: Model, layers: Sequence[Layer], board: Board, fol
     tile's fills (:func:`tm_bwd_fill_cycles`); what the planner adds to the stage's backward time."""
     mem = bwd_memory(model, layers, board, folding, fmt, budget, samples, True)
     return (tm_bwd_spill_cycles(model, layers, board, folding, fmt, budget, samples, mem)
-            + tm_bwd_fill_cycles(model, layers, board, folding, fmt, budget, samples, mem))
+            + tm_bwd_fill_cycles(model, layers, board, folding, fmt, budget, samples, mem)
+            + tm_bwd_engine_cycles(model, layers, board, folding, fmt, samples))
+
+
+def tm_bwd_engine_cycles(model: Model, layers: Sequence[Layer], board: Board, folding: dict[str, tuple[int, int]],
+                         fmt: str, samples: int) -> int:
+    """Backward cycles per sample a time-multiplexed stage's tiled matrix engines (fpga_models.bwd_tiles:
+    one grid, chunks, off-chip passes, row engines at their port's rate, weight fills) take beyond
+    the plan's per-layer figure at ``folding``."""
+    tiles = stage_tiles(model, layers, folding, "tm", 1, samples, board, 8 * bytes_per_element(fmt))
+    names = {l.name: l for l in layers}
+    no_dx = no_input_gradient(model)
+    plan = {n: _own_cycles(n, names[n], board, folding, fmt, no_dx) for n in tiles}
+    c2i = tm_col2im(model, layers, tiles, engine_folding(tiles, folding))
+    elems = {n: int(prod(names[n].in_shapes[0])) for n in c2i}
+    readers = {}
+    for n in c2i:   # the turn reading the conv's dx: an element-wise layer at its planned lanes
+        r = names.get(names[n].inputs[0])
+        if r is not None and matrix_shape(r) is None and r.type not in ("add", "flatten"):
+            readers[n] = _ew_lanes(folding[r.name])
+    return engine_extra_cycles(tiles, plan, 1) + col2im_reader_extra(list(c2i.values()), elems, readers)
+
+
+def tm_col2im(model: Model, layers: Sequence[Layer], tiles: dict, folding: dict[str, tuple[int, int]]) -> dict:
+    """conv layer -> its col2im (fpga_models.bwd_tiles.col2im_plan) in a time-multiplexed kernel:
+    the convs with an input gradient, their reader's lanes at the engines' ``folding``."""
+    _active_l, needed = _active(model, layers)
+    names = {l.name: l for l in layers}
+    out = {}
+    for l in layers:
+        if l.type != "conv2d" or l.name not in tiles or l.inputs[0] not in needed:
+            continue
+        p = names.get(l.inputs[0])
+        want = None
+        if p is not None and p.type not in ("add", "flatten"):
+            want = folding[p.name][0] if matrix_shape(p) is not None else _ew_lanes(folding[p.name])
+        out[l.name] = col2im_plan(l, tiles[l.name].job(l.name), want or int(l.in_shapes[0][0]), True)
+    return out
 
 
 def tm_bwd_fill_cycles(model: Model, layers: Sequence[Layer], board: Board, folding: dict[str, tuple[int, int]],
@@ -705,3 +778,58 @@ def tm_bwd_spill_cycles(model: Model, layers: Sequence[Layer], board: Board, fol
         own = _own_cycles(t, names[t], board, folding, fmt, no_dx) if t in names else 0
         extra += max(0, c - own)
     return int(extra)
+
+
+def bwd_kernel_resources(model: Model, layers: Sequence[Layer], board: Board, folding: dict[str, tuple[int, int]],
+                         fmt: str, style: str, samples: int, iteration_samples: int, budget: int | None) -> dict:
+    """The backward kernel's BRAM36, URAM and DSP as the plan states them (plan.yaml ``resources``
+    ``bwd_*``): its matrix engines' memories (fpga_models.bwd_tiles), the convs' col2im row buffers,
+    their window generators' line buffers (ROWS x K x lanes banks, bapipe_engines.h swg), a
+    time-multiplexed kernel's whole frames kept on chip (FIFOs in the cheaper blocks) and the
+    engines' DSP; all in blocks by memory_blocks' rules (UG573), as `bapipe check` counts the
+    generated C++. ``samples``: a call's (dataflow); ``iteration_samples``: an iteration's."""
+    from .bwd_tiles import (col2im_buffer, col2im_plan, matrix_layers, fifo_storage, kernel_blocks, kernel_dsp,
+                            stage_tiles, window_pace)
+    from .engines import conv_window_lanes
+    from .memory_blocks import Blocks, array_blocks, bank_blocks, fifo_impl
+
+    bits = 8 * bytes_per_element(fmt)
+    tm = style != "dataflow"
+    tiles = stage_tiles(model, layers, folding, "tm" if tm else "dataflow", samples, iteration_samples, board, bits)
+    efold = engine_folding(tiles, folding)
+    total = kernel_blocks(tiles)
+    # col2im row buffers and window line buffers of the convs
+    if tm:
+        plans = list(tm_col2im(model, layers, tiles, efold).values())
+    else:
+        _a, needed = _active(model, layers)
+        names = {l.name: l for l in layers}
+        plans = []
+        for l in layers:
+            if l.type == "conv2d" and l.name in tiles and l.inputs[0] in needed:
+                p = names.get(l.inputs[0])
+                want = None
+                if p is not None and p.type not in ("add", "flatten"):
+                    want = efold[p.name][0] if matrix_shape(p) is not None else _ew_lanes(efold[p.name])
+                plans.append(col2im_plan(l, tiles[l.name].job(l.name), want or int(l.in_shapes[0][0]), False))
+    for a in col2im_buffer(plans, tm):
+        total = total + a.blocks
+    for l in layers:
+        if l.type != "conv2d" or l.name not in tiles:
+            continue
+        j = tiles[l.name].job(l.name)
+        c, _h, w = l.in_shapes[0]
+        (kh, kw), (sh, sw), (ph, pw) = _window(l)
+        lanes, taps = conv_window_lanes(c, kh, j.wsimd or j.lsimd)
+        if kh == kw and sh == sw and ph == pw and j.lsimd % (lanes * taps) == 0 and c % lanes == 0:
+            rows = kh + sh - 1
+            banks = rows * min(kh, w) * lanes
+            total = total + array_blocks("auto", bits, rows * w * c, banks)
+    if tm:
+        mem = bwd_memory(model, layers, board, folding, fmt, budget, iteration_samples, True)
+        for f, off in zip(mem.frames, mem.frames_off):
+            if not off:
+                width, depth = f.lanes * bits, f.nbytes // bytes_per_element(fmt) // f.lanes
+                total = total + bank_blocks(fifo_impl(width, depth, fifo_storage(width, depth)), width, depth)
+    dsp = kernel_dsp(tiles, board.dsp_per_mac.get(fmt, 1.0) if board is not None else 1.0)
+    return {"bram36": total.bram36, "uram": total.uram, "dsp": dsp}

@@ -381,6 +381,19 @@ def check_cap(plan: Plan, ex: Explorer) -> None:
                                              f"(--cap {suggest:.3g} fits that stage)")
 
 
+def _bwd_resources(model: Model, layers, board, s: dict, ex: Explorer, c) -> dict:
+    """plan.yaml ``resources`` of the stage's backward kernel: ``bwd_bram36``, ``bwd_uram``,
+    ``bwd_dsp`` (fpga_models.bwd_memory.bwd_kernel_resources: what `bapipe check` counts in the
+    generated C++)."""
+    from bapipe.fpga_models.allocate import kernel_onchip_budget
+    from bapipe.fpga_models.bwd_memory import bwd_kernel_resources
+
+    fold = {l.name: tuple(s["folding"][l.name]) for l in layers}
+    r = bwd_kernel_resources(model, layers, board, fold, ex.req.fmt, s["style"], s["beta"], c.m * s["beta"],
+                             kernel_onchip_budget(board, ex.req.cap, c.v, True))
+    return {"bwd_bram36": int(math.ceil(r["bram36"])), "bwd_uram": int(r["uram"]), "bwd_dsp": int(r["dsp"])}
+
+
 def to_plan(model: Model, cluster: Cluster, model_arg: str, cluster_arg: str, ex: Explorer, best: Candidate,
             baselines: dict, lb: float) -> Plan:
     """The plan.yaml dataclass of the best candidate."""
@@ -403,6 +416,8 @@ def to_plan(model: Model, cluster: Cluster, model_arg: str, cluster_arg: str, ex
                     # the generators build one array per layer: docs/planner.md, the board budget)
                     dsp, lut = max(dsp, lc.dsp), max(lut, lc.lut)
         res = {"dsp": dsp, "lut": lut}
+        if board.kind == "fpga" and ex.train:   # the backward kernel in blocks (fpga_models.bwd_memory)
+            res.update(_bwd_resources(model, layers, board, s, ex, c))
         onchip_used = min(s["memory_bytes"], s["onchip"])
         res.update(onchip_blocks(board, onchip_used, ex.req.cap) if board.kind == "fpga" else {"uram": 0, "bram36": 0})
         res["offchip_bytes"] = max(0, s["memory_bytes"] - onchip_used)

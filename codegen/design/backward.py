@@ -51,6 +51,7 @@ class BStream:
     beat: str              # C type of one beat
     depth: int
     beat_bits: int
+    storage: str = ""      # BIND_STORAGE impl of a whole-frame FIFO (fpga_models.bwd_tiles.fifo_storage)
 
     @property
     def bytes(self) -> int:
@@ -157,6 +158,11 @@ class BwdCtx:
     copies: list[dict] = field(default_factory=list)   # on-chip copies of the m_axi weights, filled once a call
     wtile: dict = field(default_factory=dict)   # time-multiplexed, weights not all resident: the tile (hls_bwd._tile_weights)
     wstream: dict = field(default_factory=dict)   # ... and the one-vector matrices streamed (hls_bwd._stream_weights)
+    tile_macs: list = field(default_factory=list)   # dataflow: each matrix layer's MAC function (codegen.design.bwd_engines)
+    tile_mac: object = None   # time-multiplexed: the shared MAC function's tiled engines (codegen.design.bwd_engines)
+    wfill: dict = field(default_factory=dict)   # time-multiplexed, weights not all held: a turn's weight-store fill
+    wfill_all: dict = field(default_factory=dict)   # time-multiplexed, weights held: the store's fill, once an iteration
+    tiles: dict = field(default_factory=dict)   # layer -> fpga_models.bwd_tiles.BwdTiles (the decision it builds)
 
     @property
     def declared_streams(self) -> list[BStream]:
@@ -273,8 +279,10 @@ class _Builder:
 def build_bwd(plan, model, st, sc, fmt, board=None) -> BwdCtx:
     """The backward kernel of stage ``st`` (StageCtx ``sc`` holds its ports and weight arrays)."""
     from bapipe.plan import Folding
+    from bapipe.fpga_models.bwd_tiles import col2im_buffer, col2im_plan, engine_folding, stage_tiles
     from bapipe.fpga_models.gradients import gradient_tensors
 
+    from bapipe.codegen.design.bwd_engines import build as build_engines
     from bapipe.codegen.design.context import ident, mvu_dims
 
     mb = replica_batch(plan, st)
@@ -287,6 +295,12 @@ def build_bwd(plan, model, st, sc, fmt, board=None) -> BwdCtx:
     for l in layers:
         elems[l.name] = l.out_elems
     fold = {n: st.folding.get(n, Folding()) for n in st.layers}
+    # the matrix engines as fpga_models.bwd_tiles decides them: their streams' lanes
+    tiles = stage_tiles(model, layers, _fold_of(st, layers), "tm" if st.style == "time-multiplexed" else "dataflow",
+                        mb, max(1, plan.microbatches) * mb, board, W)
+    for n, (pe, simd) in engine_folding(tiles, _fold_of(st, layers)).items():
+        if n in tiles:
+            fold[n] = Folding(pe, simd)
 
     # which gradients are needed: a layer is active when it learns or passes a needed gradient;
     # a stage input carries one unless no parameter lies upstream of it (the model's input:
@@ -365,13 +379,16 @@ def build_bwd(plan, model, st, sc, fmt, board=None) -> BwdCtx:
 
     def window(l, st_name: str, simd: int, tag: str) -> str:
         """The window columns of layer l's stashed input, SIMD elements a beat (k = tap*C + c):
-        the stash streamed in order through the line-buffer generator swg (square windows),
-        else gathered from memory by window_read."""
+        the stash streamed in order through the line-buffer generator swg (square windows; a
+        matrix engine's at the width fpga_models.bwd_tiles.window_pace gives it), else gathered
+        from memory by window_read."""
         c, h, w_ = l.in_shapes[0]
         (kh, kw), (sh, sw), (ph, pw) = l.attr["kernel"], l.attr["stride"], l.attr["padding"]
         ho, wo = l.out_shape[1], l.out_shape[2]
         cols = ho * wo * kh * kw * c
-        lanes, taps = conv_window_lanes(c, kh, simd) if l.type == "conv2d" else (simd, 1)
+        job = tiles[l.name].job(l.name) if l.name in tiles else None
+        wsimd = job.wsimd if job is not None and job.wsimd else simd
+        lanes, taps = conv_window_lanes(c, kh, wsimd) if l.type == "conv2d" else (simd, 1)
         if kh == kw and sh == sw and ph == pw and simd % (lanes * taps) == 0 and c % lanes == 0:
             raw = b.stream(f"xs_{tag}", lanes)
             b.stash_read(st_name, raw, c * h * w_, lanes, l.name)
@@ -379,7 +396,9 @@ def build_bwd(plan, model, st, sc, fmt, board=None) -> BwdCtx:
             col = b.stream(f"col_{tag}", lanes * taps)
             b.proc(f"bapipe::swg<{c}, {h}, {w_}, {kh}, {ph}, {sh}, {lanes}, {taps}, {rows}, false>({raw}, {col})",
                    l.name, "swg", max(c * h * w_ // lanes, cols // (lanes * taps)))
-            b.arrays.append(BArray(f"{tag}.swg_rows", "data_t", (rows, w_, c), W, "bram", local=True))
+            # its line buffer as the template banks it (bapipe_engines.h swg: rows x K x lanes)
+            b.arrays.append(BArray(f"{tag}.swg_rows", "data_t", (rows, w_, c), W, "auto", local=True,
+                                   partitions=[(rows, 1), (kh, 2), (lanes, 3)]))
             return resize(col, cols, lanes * taps, simd, tag)
         x = b.stream(f"x_{tag}", simd)
         wp = f"{c}, {h}, {w_}, {kh}, {kw}, {sh}, {sw}, {ph}, {pw}"
@@ -392,6 +411,20 @@ def build_bwd(plan, model, st, sc, fmt, board=None) -> BwdCtx:
         if prod_l is not None:
             return dy_lanes(prod_l)
         return None
+
+    # the convs' col2im row buffers: one shared by a time-multiplexed kernel's turns, else one a layer
+    tm = st.style == "time-multiplexed"
+    c2i = {l.name: col2im_plan(l, tiles[l.name].job(l.name), want_of(l.inputs[0]) or l.in_shapes[0][0], tm)
+           for l in layers if l.type == "conv2d" and l.name in tiles and l.inputs[0] in needed}
+    lb_of = {}
+    for a in col2im_buffer(list(c2i.values()), tm):
+        mine = list(c2i) if tm else [a.name[3:]]
+        rows = max(c2i[n].rows for n in mine)
+        chans = a.banks // rows
+        arr = BArray(f"lb_s{st.index}" if tm else f"lb_{ident(mine[0])}", f"bapipe::gacc<{a.width}>",
+                     (rows, a.depth * chans), a.width, a.impl, partitions=[(rows, 1), (chans, 2)])
+        b.arrays.append(arr)
+        lb_of.update({n: arr for n in mine})
 
     for l in reversed(layers):
         if l.name not in active:
@@ -461,13 +494,19 @@ def build_bwd(plan, model, st, sc, fmt, board=None) -> BwdCtx:
             if l.type == "dense":
                 contrib[src].append((dx, simd))
                 continue
-            want = want_of(src) or c
-            lout = want if (w_ * c) % want == 0 else math.gcd(w_ * c, want)
+            # col2im over a row buffer (fpga_models.bwd_tiles.col2im_plan: its lanes, banks and storage)
+            c2 = c2i[l.name]
+            src_dx = dx
+            if c2.lin < simd:   # narrower beats: one every NF cycles keeps pace with the engine
+                src_dx = b.stream(f"dxn_{tag}", c2.lin, raw_bits=xb)
+                b.proc(f"bapipe::resize_sums<{vec * mw}, {simd}, {c2.lin}, {xb}>({dx}, {src_dx})", l.name, "resize",
+                       vec * mw // c2.lin)
+            lout = c2.lout
             out = b.stream(f"dx_{tag}", lout)
-            b.arrays.append(BArray(f"lb_{tag}", f"bapipe::gacc<{xb}>", (kh + sh, w_, c), xb, "bram",
-                                   partitions=_lb_partitions(kh, kw, sh, w_, c, simd, lout)))
-            b.proc(f"bapipe::col2im<{wp}, {simd}, {lout}, {xb}, bapipe::FINISH_REQUANT, 0>({dx}, {out}, "
-                   f"lb_{tag});", l.name, "col2im", _col2im_steps(h, w_, c, kh, sh, ph, vec * (kh * kw * c // simd), lout))
+            lb = lb_of[l.name]
+            b.proc(f"bapipe::col2im_rows<{wp}, {c2.lin}, {lout}, {xb}, bapipe::FINISH_REQUANT, 0, {lb.dims[0]}, "
+                   f"{lb.dims[1]}, {lb.bits}>({src_dx}, {out}, {lb.name});", l.name, "col2im",
+                   _col2im_steps(h, w_, c, kh, sh, ph, vec * (kh * kw * c // c2.lin), lout))
             contrib[src].append((out, lout))
         elif l.type == "relu":
             L = fo.ew_lanes
@@ -628,12 +667,14 @@ def build_bwd(plan, model, st, sc, fmt, board=None) -> BwdCtx:
                  weights=[] if sc.embed_weights else [w for w in sc.weights if w.name in reads], engines=b.engines,
                  copies=copies)
     ctx.dx_layers = frozenset(l.name for l in layers if l.type in ("dense", "conv2d") and l.inputs[0] in needed)
+    layer_of = {f"aw_{ident(l.name)}": l.name for l in layers}
     if st.style == "time-multiplexed":
         frame_elems = {s: elems[t] for t, parts in contrib.items() for s, _l in parts}
         _sequence_turns(ctx, b.turn_of, frame_elems, W, mem)
         _share_arrays(ctx, st.index, W)
-        _tile_weights(ctx, st.index, W, mem.tile, {f"aw_{ident(l.name)}": l.name for l in layers})
-        _stream_weights(ctx, st.index, W, mem.streamed, {f"aw_{ident(l.name)}": l.name for l in layers})
+    ctx.tiles = tiles
+    if tiles:   # the tiled matrix engines replace the mvu_bwd calls (codegen.design.bwd_engines)
+        build_engines(ctx, tiles, st.index, W, layer_of)
     return ctx
 
 
@@ -985,6 +1026,7 @@ def _sequence_turns(ctx: BwdCtx, turn_of: list[str], frame_elems: dict[str, int]
     its beats in the top function, or, where the plan puts it off chip (``mem``,
     fpga_models.bwd_memory: the frame its writer's turn hands to its reader's), an m_axi
     buffer of 512-bit words written by ``frame_write`` and read back by ``frame_read``."""
+    from bapipe.fpga_models.bwd_tiles import fifo_storage
     from bapipe.fpga_models.engines import DDR_WORD_BITS, ddr_words_per_beat
 
     order: list[str] = []
@@ -1016,6 +1058,8 @@ def _sequence_turns(ctx: BwdCtx, turn_of: list[str], frame_elems: dict[str, int]
             s.depth = STREAM_DEPTH   # two deep in the writer's turn and in the reader's
     ctx.frames = list(ddr.values())
     ctx.top_streams = [s for s in frames if s.name not in ddr]
+    for s in ctx.top_streams:   # a whole frame on chip: its FIFO in the cheaper blocks
+        s.storage = fifo_storage(s.beat_bits, s.depth)
     extra = [BStream(s.name, s.beat, STREAM_DEPTH, s.beat_bits) for s in frames if s.name in ddr]
     ctx.streams = ctx.streams + extra   # the off-chip frame's stream in its reader's turn
 

@@ -31,6 +31,7 @@ from bapipe.fpga_models.boards import bytes_per_element, get_board
 
 from bapipe.codegen.design.backward import build_bwd, design_backward_memory
 from bapipe.codegen.design.bundles import assign_bundles
+from bapipe.codegen.design.bwd_engines import design_blocks
 from bapipe.codegen.design.context import (ProjectCtx, StageCtx, build_boards, build_stage, check_plan, format_ctx, header_lines,
                       make_weights, weight_seed)
 from bapipe.codegen.design.dataflow import Pipeline, Unsupported, build_pipeline
@@ -190,6 +191,10 @@ def backward_memory(d: Design) -> None:
     """Each backward kernel's memory record (design.json ``backward_memory``)."""
     if d.plan.mode == "train" and d.pipeline is not None:
         d.backward_memory = design_backward_memory(d.plan, d.model, d.cluster)
+        for pos, rec in enumerate(d.backward_memory):   # the kernel as built: blocks of its arrays and FIFOs
+            sc = d.contexts.get(pos)
+            if rec is not None and sc is not None and getattr(sc, "bwd", None) is not None:
+                rec["resources"] = design_blocks(sc.bwd)
 
 
 def training_rtl(d: Design) -> None:

@@ -184,7 +184,7 @@ def share_mac(es, index: int) -> MacShare | None:
 
 
 _ENGINE = re.compile(r"\bbapipe::(?:mvu|mvu_tile|mvu_banks|mvu_fifo)<\s*\d+\s*,\s*\d+\s*,\s*(\d+)\s*,\s*(\d+)\s*,")
-_ARRAY = re.compile(r"\bbapipe::(?:mac_products|gmac_products)<\s*(\d+)\s*>\s*\(")
+_ARRAY = re.compile(r"\bbapipe::(?:mac_products|gmac_products|lane_products)<\s*(\d+)\s*>\s*\(")
 _BWD_ENGINE = re.compile(r"\bbapipe::mvu_bwd<\s*\d+\s*,\s*\d+\s*,\s*(\d+)\s*,\s*(\d+)\s*,\s*([01])\s*,")
 
 
