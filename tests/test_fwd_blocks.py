@@ -166,6 +166,30 @@ def test_small_resnet_forward_agrees_three_ways(tmp_path):
     assert plans[0].stages[0].resources["fwd_uram"] == 7 and plans[0].stages[0].resources["fwd_bram36"] == 0.5
 
 
+@pytest.mark.slow   # small-resnet lowered and rendered in memory (~8 s)
+def test_frames_off_chip_beside_batchnorm_copies(monkeypatch):
+    """small-resnet as one time-multiplexed training stage with every frame off chip (a block
+    share below none, for the planner and the lowering alike): each batchnorm turn reads its
+    on-chip scale/shift copies and writes its output frame (frame_write; the turn's call, renamed
+    twice for its two copies, is still the frame's writer), one writer per channel, 0 blocks of
+    frames on chip in all three figures."""
+    import bapipe.fpga_models.allocate as al
+    from handplan import make_plan
+    from test_link_cfg import render
+
+    monkeypatch.setattr(al, "kernel_block_budget", lambda *a, **k: Blocks(bram18=-1, uram=-1))
+    plan, model, cluster = make_plan(SMALL_RESNET, cuts=(), style="time-multiplexed", mode="train")
+    ctx, files = render(plan, model, cluster)
+    files = {k: v.decode() if isinstance(v, bytes) else v for k, v in files.items() if k.endswith((".cpp", ".h"))}
+    [r] = three_ways(plan, model, cluster, ctx, files)
+    assert r["plan"] == r["design"] == r["check"] and r["ii"] == 1 and r["dataflow_violations"] == [], r
+    cpp = files["stage0/stage0.cpp"]
+    for body in re.findall(r"static void s0_turn\d+\(.*?\n}\n", cpp, re.S):
+        bn = re.search(r"batchnorm_ew<\d+, \d+>\(\w+, (\w+), (\w+_scale_c), (\w+_shift_c),", body)
+        if bn:
+            assert f"frame_write<1, 512>({bn.group(1)}, {bn.group(1)}_ddr," in body, body
+
+
 @pytest.mark.soak   # the planner's VGG-16 plan rendered in memory with zero weights (~1-2 min, ~6 GB)
 def test_vgg16_forward_kernels_agree_three_ways(tmp_path):
     """The planner's vgg16 training plan on 4xU250-ring (bapipe plan's defaults): each forward
