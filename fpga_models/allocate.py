@@ -686,7 +686,8 @@ def df_onchip_blocks(layers: Sequence[Layer], board: Board, folding: dict[str, t
     """The planner's figure of a dataflow forward kernel's on-chip memory in blocks: each MVU's
     packed weight copy (off-chip weights: memory_blocks.weight_banks of its own PE x SIMD) or
     its ROM banks (PE x SIMD banks of NF x SF words), the per-channel parameters
-    (:func:`tm_param_blocks`) and the window generators' rings. (Its FIFOs are the Design's depths, mostly two deep: shift registers.)"""
+    (:func:`tm_param_blocks`), the pools' accumulators, the window generators' rings and the
+    skip FIFOs (:func:`df_skip_blocks`; its other FIFOs are two deep: shift registers)."""
     bits, out = 8 * bytes_per_element(fmt), Blocks()
     off = weights_offchip(layers, train)
     for l in layers:
@@ -701,7 +702,35 @@ def df_onchip_blocks(layers: Sequence[Layer], board: Board, folding: dict[str, t
                                      **_usable(board)).blocks
         else:
             out = out + bank_blocks(storage_impl(bits, words, pe * simd, **_usable(board)), bits, words).scaled(pe * simd)
-    return out + tm_param_blocks(layers, folding, fmt, board, train) + pool_acc_blocks(layers, folding, fmt)
+    return (out + tm_param_blocks(layers, folding, fmt, board, train) + pool_acc_blocks(layers, folding, fmt)
+            + df_skip_blocks(layers, folding, fmt, board))
+
+
+def df_skip_blocks(layers: Sequence[Layer], folding: dict[str, tuple[int, int]], fmt: str, board: Board) -> Blocks:
+    """A dataflow stage's skip FIFOs (codegen.design.dataflow._dag_dataflow): the skip input of
+    an add (the one behind fewer window generators) waits in a FIFO of (difference + 1) whole
+    frames + 2 beats at the add's lanes (the plan's when they divide C, else what the main input
+    carries), bound where the Design binds a deep FIFO (:func:`fifo_blocks`)."""
+    bits, out = 8 * bytes_per_element(fmt), Blocks()
+    depth: dict[str, int] = {}
+    lanes_of: dict[str, int] = {}
+    for l in layers:
+        ins = [depth.get(i, 0) for i in l.inputs]
+        pe, simd = folding[l.name]
+        if l.type == "add" and len(l.inputs) == 2:
+            dm, dk = max(ins), min(ins)
+            main = l.inputs[ins.index(dm)]
+            sh = l.out_shape
+            c = int(sh[0] if len(sh) == 3 else sh[-1])
+            lm = pe * simd if c % (pe * simd) == 0 else math.gcd(lanes_of.get(main, 1), c)
+            beats = int(l.out_elems) // lm
+            out = out + fifo_blocks(lm * bits, (dm - dk + 1) * beats + 2, board)
+            depth[l.name], lanes_of[l.name] = dm, lm
+            continue
+        d = max(ins, default=0) + (1 if _window(l, folding) is not None else 0)
+        depth[l.name] = d
+        lanes_of[l.name] = _out_lanes(l, (pe, simd))
+    return out
 
 
 def fwd_kernel_blocks(layers: Sequence[Layer], board: Board, folding: dict[str, tuple[int, int]], fmt: str,

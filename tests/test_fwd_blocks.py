@@ -11,6 +11,7 @@ frame kept on chip by one and spilled by the other) is tens of percent or more.
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 
@@ -128,6 +129,65 @@ def test_tiny_cnn_time_multiplexed_forward_agrees_three_ways():
     # one bundle for the four weight ports and the four bias ports (one load process reads them)
     ports = dict(re.findall(r"mode=m_axi port=(s0_\w+_mvu_[wb]) offset=slave bundle=(\w+)", cpp))
     assert len(ports) == 8 and set(ports.values()) == {"gmem0"}
+
+
+#: the example residual model (examples/models), planned by path
+SMALL_RESNET = str(Path(__file__).resolve().parent.parent / "examples/models/small-resnet.yaml")
+
+
+@pytest.mark.slow   # the planner's small-resnet plan and a hand time-multiplexed one, rendered in memory (~15 s)
+def test_small_resnet_forward_agrees_three_ways(tmp_path):
+    """small-resnet: the planner's default plan (one dataflow stage: its two skip FIFOs of 2 and 3
+    frames + 2 beats bound to URAM, 3 + 4 URAMs: fpga_models.allocate.df_skip_blocks; fc's weight
+    copy one BRAM18) and the whole model as one time-multiplexed training stage (batchnorm
+    scale/shift and biases copied on chip, the pools' accumulators, frames in URAM): plan =
+    Design = check, every loop at II 1."""
+    from bapipe.cli import main
+    from bapipe.plan import load_plan
+    from bapipe.fpga_models.plancheck import resolve
+    from handplan import make_plan
+    from test_link_cfg import render
+
+    path = tmp_path / "plan.yaml"
+    assert main(["plan", SMALL_RESNET, "4xU250-ring", "-o", str(path)]) == 0
+    plans = [load_plan(path)]
+    model, cluster = resolve(plans[0], str(path))
+    tm, _m, _c = make_plan(SMALL_RESNET, cuts=(), style="time-multiplexed", mode="train")
+    rows = []
+    for plan in plans + [tm]:
+        ctx, files = render(plan, model, cluster)
+        files = {k: v.decode() if isinstance(v, bytes) else v for k, v in files.items() if k.endswith((".cpp", ".h"))}
+        [r] = three_ways(plan, model, cluster, ctx, files)
+        assert r["plan"] == r["design"] == r["check"], r
+        assert r["ii"] == 1 and r["dataflow_violations"] == [], r
+        rows.append(r)
+    assert [r["style"] for r in rows] == ["dataflow", "time-multiplexed"]
+    assert rows[0]["check"] == (0.5, 7)
+    assert plans[0].stages[0].resources["fwd_uram"] == 7 and plans[0].stages[0].resources["fwd_bram36"] == 0.5
+
+
+@pytest.mark.slow   # small-resnet lowered and rendered in memory (~8 s)
+def test_frames_off_chip_beside_batchnorm_copies(monkeypatch):
+    """small-resnet as one time-multiplexed training stage with every frame off chip (a block
+    share below none, for the planner and the lowering alike): each batchnorm turn reads its
+    on-chip scale/shift copies and writes its output frame (frame_write; the turn's call, renamed
+    twice for its two copies, is still the frame's writer), one writer per channel, 0 blocks of
+    frames on chip in all three figures."""
+    import bapipe.fpga_models.allocate as al
+    from handplan import make_plan
+    from test_link_cfg import render
+
+    monkeypatch.setattr(al, "kernel_block_budget", lambda *a, **k: Blocks(bram18=-1, uram=-1))
+    plan, model, cluster = make_plan(SMALL_RESNET, cuts=(), style="time-multiplexed", mode="train")
+    ctx, files = render(plan, model, cluster)
+    files = {k: v.decode() if isinstance(v, bytes) else v for k, v in files.items() if k.endswith((".cpp", ".h"))}
+    [r] = three_ways(plan, model, cluster, ctx, files)
+    assert r["plan"] == r["design"] == r["check"] and r["ii"] == 1 and r["dataflow_violations"] == [], r
+    cpp = files["stage0/stage0.cpp"]
+    for body in re.findall(r"static void s0_turn\d+\(.*?\n}\n", cpp, re.S):
+        bn = re.search(r"batchnorm_ew<\d+, \d+>\(\w+, (\w+), (\w+_scale_c), (\w+_shift_c),", body)
+        if bn:
+            assert f"frame_write<1, 512>({bn.group(1)}, {bn.group(1)}_ddr," in body, body
 
 
 @pytest.mark.soak   # the planner's VGG-16 plan rendered in memory with zero weights (~1-2 min, ~6 GB)

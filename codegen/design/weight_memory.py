@@ -271,6 +271,9 @@ def copy_params(es, elem_bits: int, index: int, board=None) -> dict[str, str]:
                 if new != c:
                     renamed[c] = new
                     cs[k] = new
+    for old in list(renamed):   # a call that named two arrays changed twice: old -> its last form
+        while renamed[old] in renamed:
+            renamed[old] = renamed[renamed[old]]
     if not es.units:   # a dataflow kernel: its one load process
         es.loads += loads
         es.load_roms += todo
