@@ -833,3 +833,34 @@ def bwd_kernel_resources(model: Model, layers: Sequence[Layer], board: Board, fo
                 total = total + bank_blocks(fifo_impl(width, depth, fifo_storage(width, depth)), width, depth)
     dsp = kernel_dsp(tiles, board.dsp_per_mac.get(fmt, 1.0) if board is not None else 1.0)
     return {"bram36": total.bram36, "uram": total.uram, "dsp": dsp}
+
+
+def bwd_flush_cycles(model: Model, layers: Sequence[Layer], board: Board, folding: dict[str, tuple[int, int]],
+                     fmt: str, style: str, samples: int, iteration_samples: int) -> int:
+    """Cycles of the backward kernel's flush call, once an iteration after its last micro-batch
+    (fpga_models.bwd_tiles.kernel_flush_cycles): what the planner adds to the stage's end of
+    iteration, before its all-reduce reads the sums."""
+    from .bwd_tiles import kernel_flush_cycles
+
+    tiles = stage_tiles(model, layers, folding, "dataflow" if style == "dataflow" else "tm", samples,
+                        iteration_samples, board, 8 * bytes_per_element(fmt))
+    return kernel_flush_cycles(tiles)
+
+
+def dataflow_bwd_cycles(model: Model, layers: Sequence[Layer], board: Board, folding: dict[str, tuple[int, int]],
+                        fmt: str, batch: int, iteration_samples: int) -> int:
+    """Backward cycles of a dataflow stage's micro-batch of ``batch`` samples as its engines run:
+    every layer's engine at once, so the first sample through all of them, then a sample per the
+    slowest (fpga_models.allocate.dataflow's rule); a matrix layer's figure its tiled engine's in
+    steady state (fpga_models.bwd_tiles.steady_cycles), the others' at the plan's ``folding``."""
+    from .bwd_tiles import steady_cycles
+
+    tiles = stage_tiles(model, layers, folding, "dataflow", batch, iteration_samples, board,
+                        8 * bytes_per_element(fmt))
+    no_dx = no_input_gradient(model)
+    per = []
+    for l in layers:
+        bt = tiles.get(l.name)
+        per.append(steady_cycles(bt, bt.job(l.name)) if bt is not None
+                   else _own_cycles(l.name, l, board, folding, fmt, no_dx))
+    return int(sum(per) + (max(1, batch) - 1) * max(per, default=0))

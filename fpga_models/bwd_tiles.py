@@ -740,3 +740,31 @@ def fifo_storage(width: int, depth: int) -> str:
     if depth <= AUTO_SRL_MAX_DEPTH or width * depth <= AUTO_SRL_MAX_BITS:
         return "srl"
     return _impl(width, depth) if depth > 64 else "lutram"
+
+
+def kernel_flush_cycles(tiles: dict[str, BwdTiles]) -> int:
+    """Cycles of a backward kernel's flush call (the iteration's end: every on-chip dW and the bias
+    sums written out, :func:`flush_cycles`): a time-multiplexed kernel's turns flush one after
+    another, a dataflow kernel's engines side by side."""
+    seen, per = set(), []
+    style = "tm"
+    for name, bt in tiles.items():
+        j = bt.job(name)
+        if j is None or name in seen:
+            continue
+        seen.add(name)
+        style = bt.style
+        per.append(flush_cycles(bt, j))
+    if not per:
+        return 0
+    return sum(per) if style == "tm" else max(per)
+
+
+def steady_cycles(bt: BwdTiles, j: Job) -> int:
+    """A dataflow engine's cycles a sample once running (its per-call load and tail aside): a chunk
+    engine's NF x SF steps a vector, twice with dx (or its window generator's, when slower); a row
+    engine's MH x SF steps a vector."""
+    m = j.layer
+    if j.engine == "chunk":
+        return max(j.blocks * m.vec * (2 if m.dx else 1), window_cycles(m, j.lsimd))
+    return m.vec * m.mh * j.sf

@@ -618,7 +618,7 @@ def build_bwd(plan, model, st, sc, fmt, board=None) -> BwdCtx:
             dy, L = gradient(l.name, None)
             n = elems[l.name]
             outs = [k for k, i in enumerate(l.inputs) if need_dx[k]]
-            depths = _skip_depths(l, layers, elems, L)
+            depths = _skip_depths(l, layers, elems, L, tiles)
             cur = dy
             for j, k in enumerate(outs):
                 if j == len(outs) - 1:
@@ -880,7 +880,7 @@ def _ancestors(t: str, names: dict) -> set[str]:
     return out
 
 
-def _skip_depths(add_layer, layers, elems, lanes: int) -> list[int]:
+def _skip_depths(add_layer, layers, elems, lanes: int, tiles: dict | None = None) -> list[int]:
     """Per input of a residual add, the depth of the FIFO that carries dy to it in backward.
 
     The gradients of the add's inputs meet again where the branches fork (grad_sum reads them
@@ -905,6 +905,14 @@ def _skip_depths(add_layer, layers, elems, lanes: int) -> list[int]:
                 beats += n // lanes
             elif l.type == "conv2d":
                 beats += (l.attr["kernel"][0] + 1) * row_beats * max(1, l.attr["stride"][0])
+            if l.type in ("conv2d", "dense") and tiles and l.name in tiles:
+                # a chunk engine takes a chunk of P vectors before its first dx group and holds
+                # one more while it computes (fpga_models.bwd_tiles): 2P vectors of the add's beats
+                j = tiles[l.name].job(l.name)
+                if j is not None and j.engine == "chunk":
+                    vectors = max(1, j.layer.vec)          # the layer's vectors a sample
+                    per_vec = -(-n // vectors)             # the add's elements a vector of it
+                    beats += 2 * tiles[l.name].chunk * -(-per_vec // max(1, lanes))
         lat.append(beats)
     top = max(lat, default=0)
     return [max(STREAM_DEPTH, top - x + STREAM_DEPTH + (row_beats if top else 0)) for x in lat]
@@ -940,12 +948,20 @@ def plan_bwd_cycles(plan, model, index: int, board) -> dict:
     from bapipe.fpga_models.cost import folding_cost
     from bapipe.fpga_models.gradients import backward_work, no_input_gradient
 
+    from bapipe.fpga_models.bwd_tiles import stage_tiles, steady_cycles
+
     st = plan.stages[index]
     beta = replica_batch(plan, st)
     no_dx = no_input_gradient(model)
+    layers = [model.layers[model.index[n]] for n in st.layers]
+    tiles = stage_tiles(model, layers, _fold_of(st, layers), "dataflow", beta,
+                        max(1, plan.microbatches) * beta, board) if st.style == "dataflow" else {}
     per_layer = {}
     for n in st.layers:
         l = model.layers[model.index[n]]
+        if n in tiles:   # a dataflow stage's matrix engine as built (fpga_models.bwd_tiles)
+            per_layer[n] = steady_cycles(tiles[n], tiles[n].job(n))
+            continue
         c = folding_cost(l, board, st.folding.get(n, Folding()), plan.number_format, 1)
         per_layer[n] = backward_work(c.bwd_in_cycles, c.bwd_w_cycles, n not in no_dx)
     mbc = float(st.cycles.get("bwd", 0))

@@ -117,9 +117,9 @@ def consts(bt: BwdTiles, chunk: list[Job], rows: list[Job], bits: int) -> dict:
          "LR": bt.row_lanes or 1, "RSFX": max((j.sf for j in rows), default=1),
          "RMHX": max((j.layer.mh for j in rows), default=1), "RXB": max((j.xb for j in rows), default=1),
          "RLY": max((min(j.layer.pe, j.layer.mh) for j in rows), default=1),
-         "DYC_IMPL": "", "XC_IMPL": "", "DXO_IMPL": ""}
+         "DYC_IMPL": "", "XC_IMPL": "", "DXO_IMPL": "", "RX_IMPL": "", "RDX_IMPL": ""}
     for a in bt.arrays:
-        if a.name in ("dyc", "xc", "dxo"):
+        if a.name in ("dyc", "xc", "dxo", "rx", "rdx"):
             c[f"{a.name.upper()}_IMPL"] = a.impl if a.impl in ("bram", "uram", "lutram") else ""
     return c
 
