@@ -450,23 +450,25 @@ def _tile_rows(jobs, free_rows: int, dsteps: int, pe: int) -> int:
     return max(one, free_rows // one * one)
 
 
-def window_pace(m: MatrixLayer, lsimd: int, nf: int) -> tuple[int, int]:
+def window_pace(m: MatrixLayer, lsimd: int, nf: int, pass_nf: int = 0) -> tuple[int, int]:
     """(the SIMD a conv's backward window generator is built for, the cycles between two x beats
     the loader takes): the narrowest generator (fewest line-buffer banks: ROWS x K x lanes) whose
     beats, widened to ``lsimd``, come at least every NF x (1 + dx) cycles (the chunk engine's x
-    rate) and whose image and window cycles fit the engine's; dense: (``lsimd``, 1)."""
+    rate; an off-chip home's later passes, dW of ``pass_nf`` row blocks only, every ``pass_nf``)
+    and whose image and window cycles fit the engine's; dense: (``lsimd``, 1)."""
     if not m.win:
         return lsimd, 1
     from .engines import conv_window_lanes
 
     c, _h, _w, kh, _kw, _sh, _sw, _ph, _pw = m.win
     own = nf * _cdiv(m.mw, lsimd) * m.vec * (2 if m.dx else 1)
+    limit = nf * (2 if m.dx else 1) if not pass_nf else min(nf * (2 if m.dx else 1), pass_nf)
     for d in _divisors(lsimd):
         lanes, taps = conv_window_lanes(c, kh, d)
         if lsimd % (lanes * taps):
             continue
         xr = lsimd // (lanes * taps)
-        if xr <= nf * (2 if m.dx else 1) and window_cycles(m, d) <= own:
+        if xr <= limit and window_cycles(m, d) <= own:
             return d, xr
     return lsimd, 1
 
@@ -476,8 +478,10 @@ def _with_passes(j: Job, tile_rows: int, chunk: int, reuse: int, dsteps: int) ->
     first pass's dW steps outlast a dx group's beats (P x pass row blocks >= PX x NF)."""
     per_nf = j.sf * dsteps
     pass_nf = max(1, min(j.nf, tile_rows // per_nf), _cdiv(reuse * j.nf, chunk))
-    return Job(j.layer, j.engine, j.nf, j.sf, j.lpe, j.lsimd, j.gb, j.xb, "ddr", _cdiv(j.nf, pass_nf), pass_nf,
-               0, j.wbase, j.abase, j.wsimd, j.xr)
+    passes = _cdiv(j.nf, pass_nf)
+    wsimd, xr = window_pace(j.layer, j.lsimd, j.nf, pass_nf if passes > 1 else 0)
+    return Job(j.layer, j.engine, j.nf, j.sf, j.lpe, j.lsimd, j.gb, j.xb, "ddr", passes, pass_nf,
+               0, j.wbase, j.abase, wsimd, xr)
 
 
 def _with_arrays(bt: BwdTiles, model: Model, bits: int) -> BwdTiles:
