@@ -73,6 +73,7 @@ class BArray:
     storage: str            # "bram" | "uram" | "lutram" | "registers" | "off-chip"
     local: bool = False     # an engine's own buffer (counted, not declared by the kernel)
     partitions: list[tuple[int, int]] = field(default_factory=list)   # (factor, dim) cyclic
+    reshape: tuple = ()     # (factor, dim) cyclic ARRAY_RESHAPE: factor elements a word
 
     @property
     def bytes(self) -> int:
