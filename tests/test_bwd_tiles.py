@@ -70,15 +70,25 @@ def test_chunk_cycles_by_hand():
 
 
 def test_vgg16_classifier_row_engine_by_hand():
-    """fc6 (4,096 x 25,088, one vector a sample): 102.8 M sums live in its dW array off chip, so the
-    row engine takes one 512-bit beat of sums each way a cycle: LR = 8, SF = 3,136 column groups;
-    a sample costs the load max(3,136, 4,096 / 2), 4,096 x 3,136 steps, 3,136 dx beats and 4."""
+    """fc6 (4,096 x 25,088, one vector a sample, 32 samples an iteration): too big for an on-chip
+    dW (102.8 M sums), so it keeps its 32 vectors (x in 256-bit words of 16, a bank a vector: 1,568
+    deep x 4 URAM288 wide, 128; dy 4,096 x 16 bits a bank, 32) and the flush makes its dW from
+    them; a sample only reads its weights, one 512-bit beat of 32 a cycle: LR = 32, SF = 784 column
+    groups; load max(784, 4,096 / 2), 4,096 x 784 steps, 784 dx beats, 4 -- 3,214,100 cycles
+    (the per-vector read-modify-write of its dW array at 8 sums a beat took 12,851,332). The flush:
+    4,096 x 3,136 beats of 8 sums + 4, its bias sums 512 beats + 4; 8 x 32 multipliers beside
+    the 2 x 32 of the row engine."""
     m = load_model("vgg16")
     t = T.stage_tiles(m, [m.layers[m.index["fc6"]]], {"fc6": (2, 1536)}, "tm", 1, 32, get_board("U250"))["fc6"]
     j = t.job("fc6")
-    assert (j.engine, j.home, j.lsimd, j.sf, j.lpe) == ("row", "ddr", 8, 3136, 2)
-    assert T.turn_cycles(t, j) == 3136 + 4096 * 3136 + 3136 + 4
-    assert T.job_ddr_bytes(t, j) == {"dw": 2 * 4096 * 25088 * 8, "w": 4096 * 25088 * 2, "dy": 0}
+    assert (j.engine, j.home, j.lsimd, j.sf, j.lpe, j.keep) == ("row", "keep", 32, 784, 2, 32)
+    assert T.turn_cycles(t, j) == 2048 + 4096 * 784 + 784 + 4 == 3214100
+    assert T.flush_cycles(t, j) == 4096 * 3136 + 4 + 512 + 4
+    assert T.job_ddr_bytes(t, j) == {"dw": 0, "w": 4096 * 25088 * 2, "dy": 0}
+    arrays = {a.name: a for a in t.arrays}
+    assert (arrays["xk_fc6"].width, arrays["xk_fc6"].depth, arrays["xk_fc6"].banks) == (256, 1568, 32)
+    assert arrays["xk_fc6"].blocks.uram == 32 * 4 and arrays["dyk_fc6"].blocks.uram == 32
+    assert T.kernel_dsp({"fc6": t}) == 2 * 32 + 8 * 32
 
 
 def test_col2im_lanes_and_banks_by_hand():
