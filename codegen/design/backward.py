@@ -35,7 +35,7 @@ from bapipe.fpga_models import fixedpoint as fx
 from bapipe.fpga_models.bwd_memory import ACC_ONCHIP_SHARE, PORTS_TURN, STREAM_DEPTH, acc_width
 from bapipe.fpga_models.engines import MVU_FILL, conv_window_lanes, ddr_words_per_beat
 
-from bapipe.codegen.design.kernel_types import DdrFrame
+from bapipe.codegen.design.kernel_types import BArray, BStream, DdrFrame
 
 #: the width of an m_axi burst beat (bits): dW/db leave one beat a cycle
 AXI_BITS = 512
@@ -44,49 +44,6 @@ AXI_BITS = 512
 MAX_ACC_BITS = 64
 #: bits of one weight-gradient sum in memory (bapipe::wsum_t): the exact accumulator, widened
 WSUM_BITS = 64
-
-
-@dataclass
-class BStream:
-    """A stream inside the backward kernel."""
-
-    name: str
-    beat: str              # C type of one beat
-    depth: int
-    beat_bits: int
-    storage: str = ""      # BIND_STORAGE impl of a whole-frame FIFO (fpga_models.bwd_tiles.fifo_storage)
-
-    @property
-    def bytes(self) -> int:
-        """On-chip bytes of its FIFO."""
-        return self.depth * ((self.beat_bits + 7) // 8)
-
-
-@dataclass
-class BArray:
-    """A static array of the kernel (accumulators, line buffers) or an engine's local buffer."""
-
-    name: str
-    ctype: str
-    dims: tuple[int, ...]
-    bits: int               # per element
-    storage: str            # "bram" | "uram" | "lutram" | "registers" | "off-chip"
-    local: bool = False     # an engine's own buffer (counted, not declared by the kernel)
-    partitions: list[tuple[int, int]] = field(default_factory=list)   # (factor, dim) cyclic
-    reshape: tuple = ()     # (factor, dim) cyclic ARRAY_RESHAPE: factor elements a word
-
-    @property
-    def bytes(self) -> int:
-        return prod(self.dims) * ((self.bits + 7) // 8)
-
-    @property
-    def cdims(self) -> str:
-        return "".join(f"[{d}]" for d in self.dims)
-
-    @property
-    def decl(self) -> str:
-        """Its C declaration as a parameter."""
-        return f"{self.ctype} {self.name}{self.cdims}"
 
 
 @dataclass

@@ -194,7 +194,7 @@ def _weights_decl(ctx) -> dict[str, str]:
 def _store_arrays(bt: BwdTiles, prefix: str, width: int) -> tuple[list, dict]:
     """The chunk engine's static arrays (BArray) named with ``prefix``: the accumulator store, the
     bias sums and the weight store; name -> BArray."""
-    from bapipe.codegen.design.backward import BArray
+    from bapipe.codegen.design.kernel_types import BArray
 
     by = {a.name: a for a in bt.arrays}
     out = {}
@@ -227,7 +227,7 @@ def _fill(bt: BwdTiles, j: Job, src: str, src_dims: tuple, dst) -> dict:
 def _row_arrays(j: Job, tag: str, bt: BwdTiles | None = None):
     """A row job's on-chip dW sums (when they live on chip) or kept vectors (x and dy, a bank a
     vector: fpga_models.bwd_tiles' ``xk_`` / ``dyk_`` arrays), and its bias sums (BArray)."""
-    from bapipe.codegen.design.backward import BArray
+    from bapipe.codegen.design.kernel_types import BArray
     from bapipe.fpga_models.bwd_tiles import KEEP_X_PER_WORD
 
     m = j.layer
@@ -375,7 +375,7 @@ def _finish(ctx, macs, fills, new_arrays, drop) -> None:
 def _locals(bt: BwdTiles, prefix: str) -> list:
     """The engines' own buffers (counted, declared inside the MAC function): chunk buffers, dx
     reorder buffer, the row engine's vectors."""
-    from bapipe.codegen.design.backward import BArray
+    from bapipe.codegen.design.kernel_types import BArray
 
     out = []
     for a in bt.arrays:
