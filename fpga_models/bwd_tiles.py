@@ -40,7 +40,7 @@ ports), UG1399 (ARRAY_PARTITION / ARRAY_RESHAPE banks, PIPELINE II, m_axi wideni
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from math import prod
 from typing import Sequence
 
@@ -418,6 +418,8 @@ def decide(model: Model, layers: Sequence[Layer], folding: dict[str, tuple[int, 
                     keep=iteration_vectors * m.vec if big else 0)
         out.append(j)
     tile_rows = _tile_rows(out, rows_cap - used, dsteps, pe)
+    if not tile_rows:   # the grid cannot pass off chip: every dW stays on chip (its blocks say what it costs)
+        out = [replace(j, home="chip", store_base=_rebase(out, j, dsteps)) if j.engine == "chunk" else j for j in out]
     out = [_with_passes(j, tile_rows, chunk, reuse, dsteps) if j.engine == "chunk" and j.home == "ddr" else j
            for j in out]
     lr = max((j.lsimd for j in out if j.engine == "row"), default=0)
@@ -447,8 +449,8 @@ def _tile_rows(jobs, free_rows: int, dsteps: int, pe: int) -> int:
     need = [j for j in jobs if j.engine == "chunk" and j.home == "ddr"]
     if not need:
         return 0
-    if pe * 16 > AXI_BITS:
-        raise ValueError(f"a backward grid of {pe} rows cannot keep its dy in 512-bit words for off-chip passes")
+    if pe * 16 > AXI_BITS:   # a dy row of the grid is wider than one 512-bit word: no off-chip passes
+        return 0
     one = max(j.sf for j in need) * dsteps
     return max(one, free_rows // one * one)
 
@@ -474,6 +476,18 @@ def window_pace(m: MatrixLayer, lsimd: int, nf: int, pass_nf: int = 0) -> tuple[
         if xr <= limit and window_cycles(m, d) <= own:
             return d, xr
     return lsimd, 1
+
+
+def _rebase(jobs, j: Job, dsteps: int) -> int:
+    """The store row where chunk job ``j`` starts when every chunk job's dW is on chip: the rows of
+    the chunk jobs before it (layer order)."""
+    base = 0
+    for x in jobs:
+        if x is j:
+            return base
+        if x.engine == "chunk":
+            base += x.nf * x.sf * dsteps
+    return base
 
 
 def _with_passes(j: Job, tile_rows: int, chunk: int, reuse: int, dsteps: int) -> Job:
