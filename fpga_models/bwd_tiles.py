@@ -635,8 +635,8 @@ def turn_cycles(bt: BwdTiles, j: Job, samples: int = 1) -> int:
     beside it, when slower), plus its weight fill when the store holds one turn's matrix at a time
     (the fill runs before the turn)."""
     own = job_cycles(bt, j, samples)
-    if j.engine == "chunk":   # its window generator runs beside it (the turn's other engines)
-        own = max(own, window_cycles(j.layer, j.lsimd) * samples)
+    if j.engine == "chunk":   # its window generator runs beside it (the turn's other engines), once a pass
+        own = max(own, window_cycles(j.layer, j.wsimd or j.lsimd) * samples * j.passes)
     return own + (fill_cycles(bt, j) if bt.weights == "tile" else 0)
 
 
@@ -796,5 +796,5 @@ def steady_cycles(bt: BwdTiles, j: Job) -> int:
     engine's MH x SF steps a vector."""
     m = j.layer
     if j.engine == "chunk":
-        return max(j.blocks * m.vec * (2 if m.dx else 1), window_cycles(m, j.lsimd))
+        return max(j.blocks * m.vec * (2 if m.dx else 1), window_cycles(m, j.wsimd or j.lsimd))
     return m.vec * m.mh * j.sf
