@@ -28,9 +28,11 @@ vector needs PE x SIMD weights a cycle. The engines here reuse what they hold:
   loop bounds only, never which bank feeds a lane (no run-time crossbar).
 - **Few-vector layers** (a dense layer of one row a sample: VGG-16's classifier) have nothing to
   reuse within a call: a *row* engine of ``LR`` lanes walks the matrix once a call in row order,
-  its dW read-modify-written where it lives (on chip, LR banks; or the layer's dW array in
-  off-chip memory, eight 64-bit sums a 512-bit beat each way) and its weights read at the rate
-  their 512-bit port gives (32 16-bit weights a beat) unless the kernel holds them.
+  its weights read at the rate their 512-bit port gives (32 16-bit weights a beat). A small
+  layer's dW is read-modify-written on chip (LR banks); a big one's (``keep``) is not touched
+  during the iteration: the engine keeps its vectors (x and dy, on chip) and the flush computes
+  dW output-stationary over them, eight 64-bit sums (a 512-bit beat) a cycle -- the flush's
+  write, once an iteration, instead of a read-modify-write of the whole dW every vector.
 
 Hardware rules cited in docs/backward_tiles.md: UG573 (RAMB36E2 / URAM288 widths, depths, two
 ports), UG1399 (ARRAY_PARTITION / ARRAY_RESHAPE banks, PIPELINE II, m_axi widening), DS962 (U250).
@@ -38,7 +40,7 @@ ports), UG1399 (ARRAY_PARTITION / ARRAY_RESHAPE banks, PIPELINE II, m_axi wideni
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from math import prod
 from typing import Sequence
 
@@ -65,9 +67,9 @@ REUSE_CHOICES = (1, 2, 4, 8)
 #: fewest vectors a call for a chunk engine: below it a matrix layer takes the row engine
 #: (a chunk of P vectors would be mostly padding) [design choice]
 MIN_CHUNK_VECTORS = 16
-#: lanes of a row engine whose dW lives off chip: one 512-bit beat of sums read and one written a
-#: cycle (UG1399: one read and one write burst beat a cycle per m_axi port)
-ROW_DDR_LANES = SUMS_PER_BEAT
+#: elements of a kept vector a word of its store (a row engine's x beat of 32 written in one cycle
+#: through a bank's two ports, UG573)
+KEEP_X_PER_WORD = 16
 #: weights one 512-bit beat carries (16-bit formats)
 WEIGHTS_PER_BEAT = 32
 #: words of a weight store: four 16-bit weights a 64-bit word (ARRAY_RESHAPE factor 4), a
@@ -174,7 +176,7 @@ class Job:
     lsimd: int           # x and dx beat lanes (min(SIMD, MW))
     gb: int              # weight-gradient accumulator bits
     xb: int              # input-gradient accumulator bits
-    home: str            # "chip": dW lives in the store between calls | "ddr": in its dW array
+    home: str            # "chip": dW lives on chip between calls | "ddr": in its dW array | "keep": made at the flush
     passes: int = 1      # chunk engine, home ddr: row-block passes a call
     pass_nf: int = 0     # row blocks a pass (the last may have fewer)
     store_base: int = 0  # first row of the job in the accumulator store (chip) / 0 (ddr: the tile)
@@ -182,6 +184,7 @@ class Job:
     abase: int = 0       # first row of its bias sums (PE a row)
     wsimd: int = 0       # conv: the SIMD its window generator is built for (conv_window_lanes)
     xr: int = 1          # cycles between two x beats the loader takes (the window's pace)
+    keep: int = 0        # row job, home "keep": the iteration's vectors it keeps for its dW at the flush
 
     @property
     def blocks(self) -> int:
@@ -410,10 +413,13 @@ def decide(model: Model, layers: Sequence[Layer], folding: dict[str, tuple[int, 
                 wbase += nf * sf * wsteps
         else:
             lr = _row_lanes(m)
-            j = Job(m, "row", m.mh, _cdiv(m.mw, lr), min(m.pe, m.mh), lr, gb, xb,
-                    "chip" if m.elems <= ROW_CHIP_ELEMS else "ddr")
+            big = m.elems > ROW_CHIP_ELEMS
+            j = Job(m, "row", m.mh, _cdiv(m.mw, lr), min(m.pe, m.mh), lr, gb, xb, "keep" if big else "chip",
+                    keep=iteration_vectors * m.vec if big else 0)
         out.append(j)
     tile_rows = _tile_rows(out, rows_cap - used, dsteps, pe)
+    if not tile_rows:   # the grid cannot pass off chip: every dW stays on chip (its blocks say what it costs)
+        out = [replace(j, home="chip", store_base=_rebase(out, j, dsteps)) if j.engine == "chunk" else j for j in out]
     out = [_with_passes(j, tile_rows, chunk, reuse, dsteps) if j.engine == "chunk" and j.home == "ddr" else j
            for j in out]
     lr = max((j.lsimd for j in out if j.engine == "row"), default=0)
@@ -429,10 +435,9 @@ def _kk(model: Model, m: MatrixLayer) -> int:
 
 
 def _row_lanes(m: MatrixLayer) -> int:
-    """LR of a row job: one 512-bit beat of sums a cycle when its dW lives off chip (ROW_DDR_LANES),
-    else one beat of weights (WEIGHTS_PER_BEAT, the weights read where they live); a divisor of MW."""
-    cap = ROW_DDR_LANES if m.elems > ROW_CHIP_ELEMS else WEIGHTS_PER_BEAT
-    lr = min(cap, m.mw)
+    """LR of a row job: one 512-bit beat of weights a cycle (WEIGHTS_PER_BEAT: the weights read
+    where they live); a divisor of MW."""
+    lr = min(WEIGHTS_PER_BEAT, m.mw)
     while m.mw % lr:
         lr -= 1
     return lr
@@ -444,31 +449,45 @@ def _tile_rows(jobs, free_rows: int, dsteps: int, pe: int) -> int:
     need = [j for j in jobs if j.engine == "chunk" and j.home == "ddr"]
     if not need:
         return 0
-    if pe * 16 > AXI_BITS:
-        raise ValueError(f"a backward grid of {pe} rows cannot keep its dy in 512-bit words for off-chip passes")
+    if pe * 16 > AXI_BITS:   # a dy row of the grid is wider than one 512-bit word: no off-chip passes
+        return 0
     one = max(j.sf for j in need) * dsteps
     return max(one, free_rows // one * one)
 
 
-def window_pace(m: MatrixLayer, lsimd: int, nf: int) -> tuple[int, int]:
+def window_pace(m: MatrixLayer, lsimd: int, nf: int, pass_nf: int = 0) -> tuple[int, int]:
     """(the SIMD a conv's backward window generator is built for, the cycles between two x beats
     the loader takes): the narrowest generator (fewest line-buffer banks: ROWS x K x lanes) whose
     beats, widened to ``lsimd``, come at least every NF x (1 + dx) cycles (the chunk engine's x
-    rate) and whose image and window cycles fit the engine's; dense: (``lsimd``, 1)."""
+    rate; an off-chip home's later passes, dW of ``pass_nf`` row blocks only, every ``pass_nf``)
+    and whose image and window cycles fit the engine's; dense: (``lsimd``, 1)."""
     if not m.win:
         return lsimd, 1
     from .engines import conv_window_lanes
 
     c, _h, _w, kh, _kw, _sh, _sw, _ph, _pw = m.win
     own = nf * _cdiv(m.mw, lsimd) * m.vec * (2 if m.dx else 1)
+    limit = nf * (2 if m.dx else 1) if not pass_nf else min(nf * (2 if m.dx else 1), pass_nf)
     for d in _divisors(lsimd):
         lanes, taps = conv_window_lanes(c, kh, d)
         if lsimd % (lanes * taps):
             continue
         xr = lsimd // (lanes * taps)
-        if xr <= nf * (2 if m.dx else 1) and window_cycles(m, d) <= own:
+        if xr <= limit and window_cycles(m, d) <= own:
             return d, xr
     return lsimd, 1
+
+
+def _rebase(jobs, j: Job, dsteps: int) -> int:
+    """The store row where chunk job ``j`` starts when every chunk job's dW is on chip: the rows of
+    the chunk jobs before it (layer order)."""
+    base = 0
+    for x in jobs:
+        if x is j:
+            return base
+        if x.engine == "chunk":
+            base += x.nf * x.sf * dsteps
+    return base
 
 
 def _with_passes(j: Job, tile_rows: int, chunk: int, reuse: int, dsteps: int) -> Job:
@@ -476,8 +495,10 @@ def _with_passes(j: Job, tile_rows: int, chunk: int, reuse: int, dsteps: int) ->
     first pass's dW steps outlast a dx group's beats (P x pass row blocks >= PX x NF)."""
     per_nf = j.sf * dsteps
     pass_nf = max(1, min(j.nf, tile_rows // per_nf), _cdiv(reuse * j.nf, chunk))
-    return Job(j.layer, j.engine, j.nf, j.sf, j.lpe, j.lsimd, j.gb, j.xb, "ddr", _cdiv(j.nf, pass_nf), pass_nf,
-               0, j.wbase, j.abase, j.wsimd, j.xr)
+    passes = _cdiv(j.nf, pass_nf)
+    wsimd, xr = window_pace(j.layer, j.lsimd, j.nf, pass_nf if passes > 1 else 0)
+    return Job(j.layer, j.engine, j.nf, j.sf, j.lpe, j.lsimd, j.gb, j.xb, "ddr", passes, pass_nf,
+               0, j.wbase, j.abase, wsimd, xr)
 
 
 def _with_arrays(bt: BwdTiles, model: Model, bits: int) -> BwdTiles:
@@ -509,11 +530,16 @@ def _with_arrays(bt: BwdTiles, model: Model, bits: int) -> BwdTiles:
     rows = [j for j in bt.jobs if j.engine == "row"]
     if rows:
         lr = bt.row_lanes
-        for j in rows:   # a row job's own dW sums: MH x SF rows of its LR lanes
+        for j in rows:   # a row job's own dW sums: MH x SF rows of its LR lanes; or its kept vectors
             m = j.layer
             if j.home == "chip":
                 d = m.mh * j.sf
                 arrays.append(Array(f"aw_{m.name}", j.gb, d, j.lsimd, "lutram" if d <= 64 else "bram"))
+            elif j.home == "keep":   # x: KEEP_X_PER_WORD elements a word, a bank a vector; dy: a bank a vector
+                dx_ = _cdiv(m.mw, KEEP_X_PER_WORD)
+                arrays.append(Array(f"xk_{m.name}", bits * KEEP_X_PER_WORD, dx_, j.keep,
+                                    _impl(bits * KEEP_X_PER_WORD, dx_), KEEP_X_PER_WORD))
+                arrays.append(Array(f"dyk_{m.name}", bits, m.mh, j.keep, _impl(bits, m.mh)))
         sfx = max(j.sf for j in rows)
         xbx = max(j.xb for j in rows)
         # two vectors' x and dx sums, a column group a row (the row loop's xr, dxr)
@@ -566,6 +592,8 @@ def flush_cycles(bt: BwdTiles, j: Job) -> int:
     row (chunk) or MH x MW / 8 beats (row engine on chip); the bias sums MH / 8; none for a dW
     already in its array."""
     db = _cdiv(j.layer.mh, SUMS_PER_BEAT) + LOOP_DEPTH
+    if j.home == "keep":   # dW from the kept vectors, a 512-bit beat of sums a cycle (row_keep_dw)
+        return j.layer.mh * _cdiv(j.layer.mw, SUMS_PER_BEAT) + LOOP_DEPTH + db
     if j.home == "ddr":
         return db
     if j.engine == "chunk":
@@ -586,8 +614,8 @@ def job_ddr_bytes(bt: BwdTiles, j: Job, samples: int = 1) -> dict[str, int]:
     m = j.layer
     if j.home == "ddr":
         out["dw"] = 2 * m.elems * WSUM_BITS // 8
-    if j.engine == "row" and m.dx and j.home == "ddr":
-        out["w"] = m.elems * 2
+    if j.engine == "row" and m.dx:
+        out["w"] = m.vec * samples * m.elems * 2
     if j.engine == "chunk" and j.passes > 1:
         out["dy"] = j.passes * m.vec * samples * m.mh * 2
     return out
@@ -607,8 +635,8 @@ def turn_cycles(bt: BwdTiles, j: Job, samples: int = 1) -> int:
     beside it, when slower), plus its weight fill when the store holds one turn's matrix at a time
     (the fill runs before the turn)."""
     own = job_cycles(bt, j, samples)
-    if j.engine == "chunk":   # its window generator runs beside it (the turn's other engines)
-        own = max(own, window_cycles(j.layer, j.lsimd) * samples)
+    if j.engine == "chunk":   # its window generator runs beside it (the turn's other engines), once a pass
+        own = max(own, window_cycles(j.layer, j.wsimd or j.lsimd) * samples * j.passes)
     return own + (fill_cycles(bt, j) if bt.weights == "tile" else 0)
 
 
@@ -640,6 +668,8 @@ def kernel_dsp(tiles: dict[str, BwdTiles], dsp_per_mac: float = 1.0) -> int:
             total += bt.lanes * (2 if any(j.layer.dx for j in chunk) else 1)
         if any(j.engine == "row" for j in bt.jobs):
             total += 2 * bt.row_lanes
+        # a kept job's flush: SUMS_PER_BEAT sums a cycle, each over its kept vectors
+        total += sum(SUMS_PER_BEAT * j.keep for j in bt.jobs if j.home == "keep")
     return int(math.ceil(total * dsp_per_mac))
 
 
@@ -740,3 +770,31 @@ def fifo_storage(width: int, depth: int) -> str:
     if depth <= AUTO_SRL_MAX_DEPTH or width * depth <= AUTO_SRL_MAX_BITS:
         return "srl"
     return _impl(width, depth) if depth > 64 else "lutram"
+
+
+def kernel_flush_cycles(tiles: dict[str, BwdTiles]) -> int:
+    """Cycles of a backward kernel's flush call (the iteration's end: every on-chip dW and the bias
+    sums written out, :func:`flush_cycles`): a time-multiplexed kernel's turns flush one after
+    another, a dataflow kernel's engines side by side."""
+    seen, per = set(), []
+    style = "tm"
+    for name, bt in tiles.items():
+        j = bt.job(name)
+        if j is None or name in seen:
+            continue
+        seen.add(name)
+        style = bt.style
+        per.append(flush_cycles(bt, j))
+    if not per:
+        return 0
+    return sum(per) if style == "tm" else max(per)
+
+
+def steady_cycles(bt: BwdTiles, j: Job) -> int:
+    """A dataflow engine's cycles a sample once running (its per-call load and tail aside): a chunk
+    engine's NF x SF steps a vector, twice with dx (or its window generator's, when slower); a row
+    engine's MH x SF steps a vector."""
+    m = j.layer
+    if j.engine == "chunk":
+        return max(j.blocks * m.vec * (2 if m.dx else 1), window_cycles(m, j.wsimd or j.lsimd))
+    return m.vec * m.mh * j.sf

@@ -435,7 +435,8 @@ def to_plan(model: Model, cluster: Cluster, model_arg: str, cluster_arg: str, ex
             allreduce_s=s["allreduce_s"], flush_s=s.get("flush_s", 0.0), update_s=s.get("update_s", 0.0),
             memory_bytes=s["memory_bytes"], weight_bytes=s["weight_bytes"],
             stash_bytes=s["stash_bytes"], stashes=s["stashes"], resources=res,
-            cycles=_stage_cycles(s, clk, slowest)))
+            cycles=dict(_stage_cycles(s, clk, slowest), **({"bwd_flush": int(round(s["flush_s"] * clk))}
+                                                            if s.get("flush_s") else {}))))
     # iteration_time_s: one iteration from an empty pipeline (what `bapipe sim` replays with
     # one iteration); steady_iteration_time_s: per iteration once running, what plans are
     # ranked by (equal for flushed schedules, lower for PipeDream-2BW)

@@ -286,7 +286,7 @@ def test_undersized_skip_fifo_deadlocks_and_is_reported(plans, tmp_path, monkeyp
     passing; with the sized FIFOs (test_general_backward_paths_bit_exact) it runs at 0 LSB."""
     import bapipe.codegen.design.backward as hb
 
-    monkeypatch.setattr(hb, "_skip_depths", lambda add_layer, layers, elems, lanes: [2] * len(add_layer.inputs))
+    monkeypatch.setattr(hb, "_skip_depths", lambda add_layer, layers, elems, lanes, tiles=None: [2] * len(add_layer.inputs))
     rows = _csim_bwd(plans(str(FIXTURE)), tmp_path / "b")
     assert "BAPIPE_DEADLOCK" in rows[0].get("error", ""), rows[0]
     assert rows[0]["max_abs_err_lsb"] is None

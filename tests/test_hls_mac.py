@@ -155,15 +155,18 @@ def test_tiny_cnn_time_multiplexed_backward_kernel_has_two_shared_arrays(tmp_pat
     conv1 8 x 9 (no input gradient: the model's input) take turns on one 2 x 18 grid of 36
     weight-gradient and 36 input-gradient lanes (the plan's largest array, 36: the grid with the
     fewest cycles and a window generator that keeps up); fc (one vector a sample) takes the row
-    engine, 32 lanes a side (a 512-bit beat of its weights). The Design's DSP (2 x 36 + 2 x 32 =
-    136) is what the C++ instantiates, called from one site; every job a case of the turn t
+    engine, 32 lanes a side (a 512-bit beat of its weights). The Design's DSP (design.json's
+    backward resources: 2 x 36 + 2 x 32 = 136) is what the C++ instantiates, called from one site
+    (the placement's need stays the board-budget rule's 2 x 36); every job a case of the turn t
     (static lanes: the banks it reads never depend on t) and every loop at its II."""
     from bapipe.codegen.check.physical_rules import check_build
 
     _plan, out = _tiny_cnn_tm(tmp_path, "train")
     cpp = (out / "stage0" / "stage0_bwd.cpp").read_text()
-    need, usable = _design_dsp(out, "stage0_bwd")
-    assert need == 2 * 36 + 2 * 32 == mac_lanes(cpp) <= usable
+    budget, usable = _design_dsp(out, "stage0_bwd")   # placement: the board-budget rule's 2 x 36
+    design = json.loads((out / "design.json").read_text())["stages"][0]["backward_memory"]["resources"]
+    need = design["dsp"]
+    assert budget == 2 * 36 and need == 2 * 36 + 2 * 32 == mac_lanes(cpp) <= usable
     assert cpp.count("bapipe::lane_products<36>(") == 2 and cpp.count("bapipe::lane_products<32>(") == 2
     assert "bapipe::mvu_bwd<" not in cpp and "gmac_products" not in cpp
     assert cpp.count("s0_bwd_mvu_turn(t, i,") == 1 and cpp.count("s0_bwd_mac(t,") == 1

@@ -3,23 +3,26 @@
 One DATAFLOW region of streaming engines (hls_templates/hls/bapipe_layers_bwd.h.j2), each a
 process with one flattened II=1 loop over the micro-batch:
 
-- a matrix layer (dense, conv2d) is one PE x SIMD engine at the plan's folding doing, per
-  vector (dense row or conv output pixel), NF*SF steps of dW += dy x^T and NF*SF steps of
-  dx = W^T dy: the plan's ``bwd_w + bwd_in`` cycles (fpga_models.cost.layer_cost); a conv's
-  dx goes through col2im, a line buffer of KH input rows that emits each finished row;
+- a matrix layer (dense, conv2d) is a tiled engine (fpga_models.bwd_tiles decides it,
+  codegen.design.bwd_engines builds it: a chunk engine of output-stationary weight-gradient
+  lanes and weight-reusing input-gradient lanes, or a row engine for few vectors a call); the
+  walk below first writes a ``bapipe::mvu_bwd<...>(...)`` placeholder call naming its streams and
+  arrays, which that pass replaces; a conv's dx goes through col2im, a row buffer that emits
+  each finished input row;
 - activation stashes (the inputs the forward saw) are read from memory by their own reader
   processes (``stash_read``: L elements a beat; ``window_read``: a conv's window columns),
   never held whole on chip;
 - weight-gradient sums are exact, in accumulators of ``acc_width(T)`` bits for T terms (the
-  iteration's vectors: micro-batches x samples x pixels), on chip (BIND_STORAGE) or, when they
-  do not fit the board's budget, in off-chip memory; the flush writes them exact (64-bit
-  ``wsum_t``, 22 fraction bits, fpga_models.train_fixed) for the update kernel (codegen.design.train_kernels);
+  iteration's vectors: micro-batches x samples x pixels), on chip or in their dW arrays off chip
+  (off-chip passes, fpga_models.bwd_tiles); the flush writes them exact (64-bit ``wsum_t``,
+  22 fraction bits, fpga_models.train_fixed) for the update kernel (codegen.design.train_kernels);
 - element-wise engines (relu, batchnorm, pools, flatten, add, width converters) at the plan's
   lanes; gradients of a tensor read by several layers meet in a saturating add, in the order
   of fpga_models.fixedpoint.stage_bwd.
 
-Every stream depth, lane count, accumulator width and storage place is computed here; the
-template prints them. The kernel's MB is the samples one replica computes per micro-batch.
+Every stream depth, lane count, accumulator width and storage place is computed here or in
+fpga_models.bwd_tiles; the template prints them. The kernel's MB is the samples one replica
+computes per micro-batch.
 """
 from __future__ import annotations
 
@@ -32,7 +35,7 @@ from bapipe.fpga_models import fixedpoint as fx
 from bapipe.fpga_models.bwd_memory import ACC_ONCHIP_SHARE, PORTS_TURN, STREAM_DEPTH, acc_width
 from bapipe.fpga_models.engines import MVU_FILL, conv_window_lanes, ddr_words_per_beat
 
-from bapipe.codegen.design.kernel_types import DdrFrame
+from bapipe.codegen.design.kernel_types import BArray, BStream, DdrFrame
 
 #: the width of an m_axi burst beat (bits): dW/db leave one beat a cycle
 AXI_BITS = 512
@@ -41,48 +44,6 @@ AXI_BITS = 512
 MAX_ACC_BITS = 64
 #: bits of one weight-gradient sum in memory (bapipe::wsum_t): the exact accumulator, widened
 WSUM_BITS = 64
-
-
-@dataclass
-class BStream:
-    """A stream inside the backward kernel."""
-
-    name: str
-    beat: str              # C type of one beat
-    depth: int
-    beat_bits: int
-    storage: str = ""      # BIND_STORAGE impl of a whole-frame FIFO (fpga_models.bwd_tiles.fifo_storage)
-
-    @property
-    def bytes(self) -> int:
-        """On-chip bytes of its FIFO."""
-        return self.depth * ((self.beat_bits + 7) // 8)
-
-
-@dataclass
-class BArray:
-    """A static array of the kernel (accumulators, line buffers) or an engine's local buffer."""
-
-    name: str
-    ctype: str
-    dims: tuple[int, ...]
-    bits: int               # per element
-    storage: str            # "bram" | "uram" | "lutram" | "registers" | "off-chip"
-    local: bool = False     # an engine's own buffer (counted, not declared by the kernel)
-    partitions: list[tuple[int, int]] = field(default_factory=list)   # (factor, dim) cyclic
-
-    @property
-    def bytes(self) -> int:
-        return prod(self.dims) * ((self.bits + 7) // 8)
-
-    @property
-    def cdims(self) -> str:
-        return "".join(f"[{d}]" for d in self.dims)
-
-    @property
-    def decl(self) -> str:
-        """Its C declaration as a parameter."""
-        return f"{self.ctype} {self.name}{self.cdims}"
 
 
 @dataclass
@@ -156,8 +117,6 @@ class BwdCtx:
     dx_layers: frozenset = frozenset()
     mac: object = None   # time-multiplexed: the MVU turns' shared arrays (codegen.design.mac_share.BwdMacShare)
     copies: list[dict] = field(default_factory=list)   # on-chip copies of the m_axi weights, filled once a call
-    wtile: dict = field(default_factory=dict)   # time-multiplexed, weights not all resident: the tile (hls_bwd._tile_weights)
-    wstream: dict = field(default_factory=dict)   # ... and the one-vector matrices streamed (hls_bwd._stream_weights)
     tile_macs: list = field(default_factory=list)   # dataflow: each matrix layer's MAC function (codegen.design.bwd_engines)
     tile_mac: object = None   # time-multiplexed: the shared MAC function's tiled engines (codegen.design.bwd_engines)
     wfill: dict = field(default_factory=dict)   # time-multiplexed, weights not all held: a turn's weight-store fill
@@ -532,8 +491,10 @@ def build_bwd(plan, model, st, sc, fmt, board=None) -> BwdCtx:
             gb = acc_width(max(1, plan.microbatches) * mb * (n_in // ch), W, W)
             if gb > MAX_ACC_BITS:
                 raise ValueError(f"layer '{l.name}': a {gb}-bit gradient accumulator exceeds {MAX_ACC_BITS} bits")
-            acc_s = BArray(f"as_{tag}", f"bapipe::gacc<{gb}>", (ch,), gb, "registers", partitions=[(L, 1)])
-            acc_h = BArray(f"ash_{tag}", f"bapipe::gacc<{gb}>", (ch,), gb, "registers", partitions=[(L, 1)])
+            # the engine adds L channels a cycle, the flush writes a 512-bit beat (8 sums) a cycle
+            banks = min(ch, max(L, AXI_BITS // WSUM_BITS))
+            acc_s = BArray(f"as_{tag}", f"bapipe::gacc<{gb}>", (ch,), gb, "registers", partitions=[(banks, 1)])
+            acc_h = BArray(f"ash_{tag}", f"bapipe::gacc<{gb}>", (ch,), gb, "registers", partitions=[(banks, 1)])
             b.arrays.extend([acc_s, acc_h])
             ds = GradArray(f"ds_{tag}", ch, f"[{ch}]", l.name, "scale")
             dsh = GradArray(f"dsh_{tag}", ch, f"[{ch}]", l.name, "shift")
@@ -541,7 +502,8 @@ def build_bwd(plan, model, st, sc, fmt, board=None) -> BwdCtx:
             out = b.stream(f"dx_{tag}", L)
             wl = AXI_BITS // WSUM_BITS
             b.turn_of.append(b.turn)
-            reads[lc_of[l.name].weights[0].name] = [(L, 1)]
+            # the engine reads L scales a cycle, the copy writes a 512-bit beat (32) a cycle
+            reads[lc_of[l.name].weights[0].name] = [(min(ch, max(L, AXI_BITS // W)), 1)]
             b.procs.append(f"bapipe::batchnorm_bwd_train<{n_in}, {ch}, {L}, {gb}, {wl}>({dy}, {x}, {out}, "
                            f"{lc_of[l.name].weights[0].name}, {acc_s.name}, {acc_h.name}, {ds.name}, {dsh.name}, n, "
                            f"flush)")
@@ -618,7 +580,7 @@ def build_bwd(plan, model, st, sc, fmt, board=None) -> BwdCtx:
             dy, L = gradient(l.name, None)
             n = elems[l.name]
             outs = [k for k, i in enumerate(l.inputs) if need_dx[k]]
-            depths = _skip_depths(l, layers, elems, L)
+            depths = _skip_depths(l, layers, elems, L, tiles)
             cur = dy
             for j, k in enumerate(outs):
                 if j == len(outs) - 1:
@@ -679,14 +641,15 @@ def build_bwd(plan, model, st, sc, fmt, board=None) -> BwdCtx:
 
 
 def _copy_weights(sc, reads: dict, width: int, budget: int | None, b: _Builder) -> list[dict]:
-    """On-chip copies of the m_axi weight arrays the engines read (matrices, a trained
-    batchnorm's scale; never the biases, which no backward engine reads), filled at the start of
-    every call by one pipelined loop per array of 512-bit beats (AXI_BITS / width elements a
-    cycle, the port widened to 512 bits), so no engine reads m_axi inside its II=1 loop: when
-    they all fit what the forward's rule gives a kernel's weights (fpga_models.allocate
-    .weights_all_resident, the kernel's on-chip budget), else none (the engines read the m_axi
-    arrays in place). The copies are static arrays of the kernel, partitioned as the engine reads
-    them (PE x SIMD a cycle); the processes read them instead of the ports."""
+    """On-chip copies of the m_axi weight vectors the engines read (a trained batchnorm's scale;
+    never the biases, which no backward engine reads; the matrices live in the tiled engines'
+    weight store, codegen.design.bwd_engines), filled at the start of an iteration by one
+    pipelined loop per array of 512-bit beats (AXI_BITS / width elements a cycle, the port widened
+    to 512 bits), so no engine reads m_axi inside its II=1 loop: when the weights all fit what
+    the forward's rule gives a kernel's weights (fpga_models.allocate.weights_all_resident, the
+    kernel's on-chip budget), else none (the engines read the m_axi arrays in place). The copies
+    are static arrays of the kernel, partitioned as the engine reads them; the processes read
+    them instead of the ports."""
     from bapipe.fpga_models.allocate import weights_all_resident
 
     from bapipe.codegen.design.weight_memory import BRAM_COPY_BYTES
@@ -698,6 +661,8 @@ def _copy_weights(sc, reads: dict, width: int, budget: int | None, b: _Builder) 
     out = []
     for w in ws:
         dims = tuple(int(d) for d in re.findall(r"\[(\d+)\]", w.dims))
+        if len(dims) != 1:   # a matrix: the tiled engines' weight store holds it (codegen.design.bwd_engines)
+            continue
         dst = f"wc_{w.name}"
         n = prod(dims)
         parts = [(f, d) for f, d in reads[w.name] if d <= len(dims)]
@@ -727,120 +692,6 @@ def _share_arrays(ctx: BwdCtx, index: int, width: int) -> None:
     ctx.arrays = [a for a in ctx.arrays if a.name not in tags] + [
         BArray(f"{mac.name}.dyb", "data_t", (mac.mh,), width, "registers", local=True),
         BArray(f"{mac.name}.xs", "data_t", (mac.mw,), width, "lutram", local=True)]
-
-
-def _tile_weights(ctx: BwdCtx, index: int, width: int, plan_tile, layer_of: dict[str, str]) -> None:
-    """A time-multiplexed backward kernel whose weights do not all fit on chip (no ``copies``):
-    each MVU turn the plan tiles (``plan_tile``, fpga_models.bwd_memory.BwdMemory.tile: the
-    matrices, smallest first, that what the kernel's share leaves holds, in one tile or a
-    ping-pong pair; the planner prices the fills) reads its matrix from an on-chip tile (the
-    largest such MH x the largest MW, partitioned as the turn reads it, PE x SIMD a cycle),
-    filled from its m_axi array in 512-bit beats (the port widened: bapipe::weight_tile), so the
-    MAC loop reads no m_axi. One tile ``s<i>_bwd_wt``: ``s<i>_bwd_mac_wfetch`` fills it before
-    each tiled turn, every sample. A pair ``s<i>_bwd_wt0`` / ``s<i>_bwd_wt1``: the k-th tiled
-    turn (turn order) reads tile k % 2; the first's matrix is filled before its turn, the
-    (k+1)-th's by ``s<i>_bwd_mac_wfetch``, a process of the k-th turn's DATAFLOW region beside
-    the MAC, into the other tile. The other matrices are read in place or streamed
-    (:func:`_stream_weights`). ``layer_of``: a job's accumulator -> its layer. ``ctx.wtile``:
-    the tiles (BArray), the fetches (turn, weight array, MH, MW, tile) -- before the turn (one
-    tile), or during it for the next tiled turn (a pair; ``first``: the one before) -- and every
-    array's dims the MAC reads."""
-    from bapipe.codegen.design.mac_share import _decl_name
-    from bapipe.codegen.design.weight_memory import BRAM_COPY_BYTES
-
-    mac = ctx.mac
-    if mac is None or ctx.copies or plan_tile is None:
-        return
-    eb = (width + 7) // 8
-    wdims = {w.name: tuple(int(d) for d in re.findall(r"\[(\d+)\]", w.dims)) for w in ctx.weights}
-    want = set(plan_tile.layers)
-    tiled = sorted((j for j in mac.jobs if j.dx and layer_of.get(j.aw) in want), key=lambda j: j.turn)
-    if sorted(layer_of[j.aw] for j in tiled) != sorted(want) or any(wdims.get(j.w) != (j.mh, j.mw) for j in tiled):
-        raise ValueError(f"s{index}_bwd: the planned weight tile's matrices {sorted(want)} are not the kernel's "
-                         f"MVU turns with dx {sorted(layer_of.get(j.aw, j.aw) for j in tiled)}")
-    double = getattr(plan_tile, "buffers", 1) == 2
-    if double and [layer_of[j.aw] for j in tiled] != [n for n, _h, _w in plan_tile.turn_fills]:
-        raise ValueError(f"s{index}_bwd: the tiled turns run {[layer_of[j.aw] for j in tiled]}, the plan prices "
-                         f"their fills in the order {[n for n, _h, _w in plan_tile.turn_fills]}")
-    r, c = plan_tile.rows, plan_tile.cols
-    names = [f"s{index}_bwd_wt{h}" for h in range(2)] if double else [f"s{index}_bwd_wt"]
-    tiles = [BArray(n, "data_t", (r, c), width, "bram" if r * c * eb <= BRAM_COPY_BYTES else "uram",
-                    partitions=[(max(j.pe for j in tiled), 1), (max(j.simd for j in tiled), 2)]) for n in names]
-    ctx.arrays = ctx.arrays + tiles
-    if double:   # the first before its turn; the (k+1)-th during the k-th turn, into the other tile
-        first = (tiled[0].turn, tiled[0].w, tiled[0].mh, tiled[0].mw, names[0])
-        fetches = [(a.turn, b.w, b.mh, b.mw, names[(k + 1) % 2]) for k, (a, b) in enumerate(zip(tiled, tiled[1:]))]
-    else:
-        first = None
-        fetches = [(j.turn, j.w, j.mh, j.mw, names[0]) for j in tiled]
-    moved = {j.w for j in tiled}
-    for k, j in enumerate(tiled):
-        j.w = names[k % len(names)]
-    still = {j.w for j in mac.jobs}
-    decls = {_decl_name(d): d for d in mac.mac_params if _decl_name(d) not in moved - still}
-    for t in tiles:
-        decls[t.name] = t.decl
-    mac.mac_params = [decls[n] for n in sorted(decls)]
-    outer = {_decl_name(d): d for d in mac.turn_params}
-    for n in moved - still:
-        if not any(re.search(rf"\b{re.escape(n)}\b", p) for u in mac.turns for p in u.processes):
-            outer.pop(n, None)
-    fetched = sorted({w for _t, w, _h, _w, _d in fetches}, key=lambda n: [f[1] for f in fetches].index(n))
-    wdecl = {n: f"const data_t {n}{''.join(f'[{d}]' for d in wdims[n])}" for n in moved}
-    if double:   # the in-region fetches read their m_axi arrays inside the MVU turns' function
-        outer.update({n: wdecl[n] for n in fetched})
-    for t in tiles:
-        outer[t.name] = t.decl
-    mac.turn_params = [outer[n] for n in sorted(outer)]
-    shapes = {n: wdims[n] for n in still if n in wdims}
-    shapes.update({n: (r, c) for n in names})
-    ctx.wtile = {"tile": tiles[0], "tiles": tiles, "double": double, "first": first, "fetches": fetches,
-                 "shapes": shapes, "epw": AXI_BITS // width,
-                 "params": [wdecl[n] for n in fetched] + [t.decl for t in tiles],
-                 "args": fetched + names,
-                 "ports": sorted(moved)}
-
-
-def _stream_weights(ctx: BwdCtx, index: int, width: int, streamed=(), layer_of: dict[str, str] | None = None) -> None:
-    """A time-multiplexed backward kernel without copies: each MVU turn the plan streams
-    (``streamed``, fpga_models.bwd_memory.BwdMemory.streamed: an input gradient of one vector a
-    sample whose matrix the tile does not hold; ``layer_of``: a job's accumulator -> its layer)
-    reads its matrix from a two-deep
-    FIFO ``s<i>_bwd_ws`` of PE x SIMD words, filled once a vector in row order by
-    ``s<i>_bwd_mac_wstream`` (bapipe::weight_stream_rows, a process beside the MAC function),
-    and sums its input gradient in row order (bwd_mac_in_ws / bwd_mac_out_ws): no m_axi read
-    inside the MAC loop. ``ctx.wstream``: the FIFO, the turns, their (turn, array, MH, MW, PE,
-    SIMD, vectors) and the producer's parameters."""
-    from bapipe.codegen.design.mac_share import _decl_name
-
-    mac = ctx.mac
-    if mac is None or ctx.copies:
-        return
-    wdims = {w.name: tuple(int(d) for d in re.findall(r"\[(\d+)\]", w.dims)) for w in ctx.weights}
-    want = set(streamed)
-    js = [j for j in mac.jobs if (layer_of or {}).get(j.aw) in want]
-    if sorted(layer_of[j.aw] for j in js) != sorted(want) or any(
-            not (j.dx and j.vec == 1 and wdims.get(j.w) == (j.mh, j.mw)) for j in js):
-        raise ValueError(f"s{index}_bwd: the planned weight stream's matrices {sorted(want)} are not the kernel's "
-                         f"one-vector MVU turns with dx")
-    if not js:
-        return
-    ls = max(j.pe * j.simd for j in js)
-    name = f"s{index}_bwd_ws"
-    fifo = BStream(name, f"bapipe::bvec<{ls}>", STREAM_DEPTH, ls * width)
-    mac.streams = sorted(mac.streams + [fifo], key=lambda v: v.name)
-    ctx.streams = ctx.streams + [fifo]   # its bytes (declared by the MVU turns' function)
-    ctx.arrays = ctx.arrays + [BArray(f"{mac.name}.accw", "acc_t", (mac.mw,), mac.xb, "bram", local=True)]
-    moved = {j.w for j in js}
-    still = {j.w for j in mac.jobs if j not in js}
-    decls = {_decl_name(d): d for d in mac.mac_params if _decl_name(d) not in moved - still}
-    decls[name] = f"hls::stream<bapipe::bvec<{ls}> > &{name}"
-    mac.mac_params = [decls[n] for n in sorted(decls)]
-    ws = sorted(moved)
-    ctx.wstream = {"name": name, "ls": ls, "turns": [j.turn for j in js],
-                   "jobs": [(j.turn, j.w, j.mh, j.mw, j.pe, j.simd, j.vec) for j in js],
-                   "params": [f"const data_t {n}{''.join(f'[{d}]' for d in wdims[n])}" for n in ws]
-                   + [f"hls::stream<bapipe::bvec<{ls}> > &{name}"], "args": ws + [name]}
 
 
 def _lb_partitions(kh: int, kw: int, sh: int, w: int, c: int, lin: int, lout: int) -> list[tuple[int, int]]:
@@ -880,7 +731,7 @@ def _ancestors(t: str, names: dict) -> set[str]:
     return out
 
 
-def _skip_depths(add_layer, layers, elems, lanes: int) -> list[int]:
+def _skip_depths(add_layer, layers, elems, lanes: int, tiles: dict | None = None) -> list[int]:
     """Per input of a residual add, the depth of the FIFO that carries dy to it in backward.
 
     The gradients of the add's inputs meet again where the branches fork (grad_sum reads them
@@ -905,6 +756,14 @@ def _skip_depths(add_layer, layers, elems, lanes: int) -> list[int]:
                 beats += n // lanes
             elif l.type == "conv2d":
                 beats += (l.attr["kernel"][0] + 1) * row_beats * max(1, l.attr["stride"][0])
+            if l.type in ("conv2d", "dense") and tiles and l.name in tiles:
+                # a chunk engine takes a chunk of P vectors before its first dx group and holds
+                # one more while it computes (fpga_models.bwd_tiles): 2P vectors of the add's beats
+                j = tiles[l.name].job(l.name)
+                if j is not None and j.engine == "chunk":
+                    vectors = max(1, j.layer.vec)          # the layer's vectors a sample
+                    per_vec = -(-n // vectors)             # the add's elements a vector of it
+                    beats += 2 * tiles[l.name].chunk * -(-per_vec // max(1, lanes))
         lat.append(beats)
     top = max(lat, default=0)
     return [max(STREAM_DEPTH, top - x + STREAM_DEPTH + (row_beats if top else 0)) for x in lat]
@@ -940,12 +799,20 @@ def plan_bwd_cycles(plan, model, index: int, board) -> dict:
     from bapipe.fpga_models.cost import folding_cost
     from bapipe.fpga_models.gradients import backward_work, no_input_gradient
 
+    from bapipe.fpga_models.bwd_tiles import stage_tiles, steady_cycles
+
     st = plan.stages[index]
     beta = replica_batch(plan, st)
     no_dx = no_input_gradient(model)
+    layers = [model.layers[model.index[n]] for n in st.layers]
+    tiles = stage_tiles(model, layers, _fold_of(st, layers), "dataflow", beta,
+                        max(1, plan.microbatches) * beta, board) if st.style == "dataflow" else {}
     per_layer = {}
     for n in st.layers:
         l = model.layers[model.index[n]]
+        if n in tiles:   # a dataflow stage's matrix engine as built (fpga_models.bwd_tiles)
+            per_layer[n] = steady_cycles(tiles[n], tiles[n].job(n))
+            continue
         c = folding_cost(l, board, st.folding.get(n, Folding()), plan.number_format, 1)
         per_layer[n] = backward_work(c.bwd_in_cycles, c.bwd_w_cycles, n not in no_dx)
     mbc = float(st.cycles.get("bwd", 0))
@@ -980,10 +847,10 @@ def _fold_of(st, layers) -> dict[str, tuple[int, int]]:
 def design_backward_memory(plan, model, cluster) -> list[dict | None]:
     """Per stage, the Design's record of its backward kernel's memory (design.json
     ``backward_memory``: fpga_models.bwd_memory.BwdMemory.as_dict, with ``spill_cycles`` and
-    ``fill_cycles``, the backward cycles a sample its off-chip frames add and its turns wait on
-    the weight tile's fills, which the plan's cycles.bwd holds); None for a stage not on a
-    catalog FPGA."""
-    from bapipe.fpga_models.bwd_memory import tm_bwd_fill_cycles, tm_bwd_spill_cycles
+    ``engine_cycles``, the backward cycles a sample its off-chip frames add and its tiled engines
+    take beyond the plan's per-layer figure, which the plan's cycles.bwd holds); None for a stage
+    not on a catalog FPGA."""
+    from bapipe.fpga_models.bwd_memory import tm_bwd_engine_cycles, tm_bwd_spill_cycles
 
     out: list[dict | None] = []
     for st in plan.stages:
@@ -997,10 +864,10 @@ def design_backward_memory(plan, model, cluster) -> list[dict | None]:
         rec = mem.as_dict()
         if st.style == "time-multiplexed":
             layers = [model.layers[model.index[n]] for n in st.layers]
-            args = (model, layers, board, _fold_of(st, layers), plan.number_format, budget,
-                    max(1, plan.microbatches) * replica_batch(plan, st), mem)
-            rec["spill_cycles"] = tm_bwd_spill_cycles(*args)
-            rec["fill_cycles"] = tm_bwd_fill_cycles(*args)
+            samples = max(1, plan.microbatches) * replica_batch(plan, st)
+            args = (model, layers, board, _fold_of(st, layers), plan.number_format)
+            rec["spill_cycles"] = tm_bwd_spill_cycles(*args, budget, samples, mem)
+            rec["engine_cycles"] = tm_bwd_engine_cycles(*args, samples)
         out.append(rec)
     return out
 

@@ -62,6 +62,9 @@ class EngineJob:
     lr: int = 0
     gb: int = 0
     xr: int = 1          # cycles between two x beats (the window's pace)
+    keep: int = 0        # row job: vectors kept for its dW at the flush (0: dW on chip)
+    xk: str = ""         # ... their x and dy stores
+    dyk: str = ""
 
 
 @dataclass
@@ -117,9 +120,9 @@ def consts(bt: BwdTiles, chunk: list[Job], rows: list[Job], bits: int) -> dict:
          "LR": bt.row_lanes or 1, "RSFX": max((j.sf for j in rows), default=1),
          "RMHX": max((j.layer.mh for j in rows), default=1), "RXB": max((j.xb for j in rows), default=1),
          "RLY": max((min(j.layer.pe, j.layer.mh) for j in rows), default=1),
-         "DYC_IMPL": "", "XC_IMPL": "", "DXO_IMPL": ""}
+         "DYC_IMPL": "", "XC_IMPL": "", "DXO_IMPL": "", "RX_IMPL": "", "RDX_IMPL": ""}
     for a in bt.arrays:
-        if a.name in ("dyc", "xc", "dxo"):
+        if a.name in ("dyc", "xc", "dxo", "rx", "rdx"):
             c[f"{a.name.upper()}_IMPL"] = a.impl if a.impl in ("bram", "uram", "lutram") else ""
     return c
 
@@ -147,6 +150,7 @@ def _engine_job(turn: int, key: int, f: dict, j: Job, names: dict) -> EngineJob:
     if j.engine == "row":
         e.lr, e.w = j.lsimd, names.get("w", f["w"])
         e.aw, e.ab = names.get("aw", ""), names.get("ab", "")
+        e.keep, e.xk, e.dyk = j.keep, names.get("xk", ""), names.get("dyk", "")
     return e
 
 
@@ -190,7 +194,7 @@ def _weights_decl(ctx) -> dict[str, str]:
 def _store_arrays(bt: BwdTiles, prefix: str, width: int) -> tuple[list, dict]:
     """The chunk engine's static arrays (BArray) named with ``prefix``: the accumulator store, the
     bias sums and the weight store; name -> BArray."""
-    from bapipe.codegen.design.backward import BArray
+    from bapipe.codegen.design.kernel_types import BArray
 
     by = {a.name: a for a in bt.arrays}
     out = {}
@@ -220,15 +224,23 @@ def _fill(bt: BwdTiles, j: Job, src: str, src_dims: tuple, dst) -> dict:
             "args": f"{src}, {dst.name}", "call": call}
 
 
-def _row_arrays(j: Job, tag: str):
-    """A row job's on-chip dW sums (when they live on chip) and bias sums (BArray)."""
-    from bapipe.codegen.design.backward import BArray
+def _row_arrays(j: Job, tag: str, bt: BwdTiles | None = None):
+    """A row job's on-chip dW sums (when they live on chip) or kept vectors (x and dy, a bank a
+    vector: fpga_models.bwd_tiles' ``xk_`` / ``dyk_`` arrays), and its bias sums (BArray)."""
+    from bapipe.codegen.design.kernel_types import BArray
+    from bapipe.fpga_models.bwd_tiles import KEEP_X_PER_WORD
 
     m = j.layer
     arrs = []
     if j.home == "chip":
         arrs.append(BArray(f"aw_{tag}", f"bapipe::gacc<{j.gb}>", (m.mh * j.sf, j.lsimd), j.gb,
                            "lutram" if m.mh * j.sf <= 64 else "bram", partitions=[(j.lsimd, 2)]))
+    elif j.home == "keep":
+        impl = {a.name: a.impl for a in (bt.arrays if bt is not None else ())}
+        arrs.append(BArray(f"xk_{tag}", "data_t", (j.keep, m.mw), 16, impl.get(f"xk_{m.name}", "bram"),
+                           partitions=[(j.keep, 1)], reshape=(KEEP_X_PER_WORD, 2)))
+        arrs.append(BArray(f"dyk_{tag}", "data_t", (j.keep, m.mh), 16, impl.get(f"dyk_{m.name}", "bram"),
+                           partitions=[(j.keep, 1)]))
     # bias sums: the loader adds a dy beat (PE) a cycle, the flush reads one 512-bit beat (8) a cycle
     banks = min(m.mh, max(min(m.pe, m.mh), SUMS_PER_BEAT))
     arrs.append(BArray(f"ab_{tag}", f"bapipe::gacc<{j.gb}>", (m.mh,), j.gb,
@@ -266,7 +278,7 @@ def _mac_params(ctx, jobs_f: list[tuple[dict, EngineJob]], store: dict, extra: l
             stream(n)
         for n in (e.dw, e.db):
             decls[n] = f"bapipe::wsum_t {n}{grads[n].dims}"
-        for n in (e.w, e.aw, e.ab):
+        for n in (e.w, e.aw, e.ab, e.xk, e.dyk):
             if not n:
                 continue
             if n in wdecl:
@@ -299,8 +311,9 @@ def _build_dataflow(ctx, tiles: dict, index: int, width: int, layer_of: dict[str
         arrs, store = _store_arrays(bt, f"s{index}_{tag}_", width) if j.engine == "chunk" else ([], {})
         names = {}
         if j.engine == "row":
-            arrs = _row_arrays(j, tag)
-            names = {"aw": f"aw_{tag}" if j.home == "chip" else "", "ab": f"ab_{tag}", "w": _src(f["w"])}
+            arrs = _row_arrays(j, tag, bt)
+            names = {"aw": f"aw_{tag}" if j.home == "chip" else "", "ab": f"ab_{tag}", "w": _src(f["w"]),
+                     "xk": f"xk_{tag}" if j.keep else "", "dyk": f"dyk_{tag}" if j.keep else ""}
         new_arrays += arrs + _locals(bt, tag)
         drop |= {f"{tag}.dyb", f"{tag}.xs"}
         e = _engine_job(0, 0, f, j, names)
@@ -362,7 +375,7 @@ def _finish(ctx, macs, fills, new_arrays, drop) -> None:
 def _locals(bt: BwdTiles, prefix: str) -> list:
     """The engines' own buffers (counted, declared inside the MAC function): chunk buffers, dx
     reorder buffer, the row engine's vectors."""
-    from bapipe.codegen.design.backward import BArray
+    from bapipe.codegen.design.kernel_types import BArray
 
     out = []
     for a in bt.arrays:
@@ -422,9 +435,10 @@ def _build_tm(ctx, tiles: dict, index: int, width: int, layer_of: dict[str, str]
              "aw": bj.aw, "ab": bj.ab}
         drop |= {bj.aw, bj.ab, bj.w if bj.w.startswith("wc_") else ""}
         if tj.engine == "row":
-            ra = _row_arrays(tj, tag)
+            ra = _row_arrays(tj, tag, bt)
             arrs += ra
-            names = {"aw": f"aw_{tag}" if tj.home == "chip" else "", "ab": f"ab_{tag}", "w": _src(bj.w)}
+            names = {"aw": f"aw_{tag}" if tj.home == "chip" else "", "ab": f"ab_{tag}", "w": _src(bj.w),
+                     "xk": f"xk_{tag}" if tj.keep else "", "dyk": f"dyk_{tag}" if tj.keep else ""}
             e = _engine_job(bj.turn, len(rows), f, tj, names)
             rows.append(e)
         else:
@@ -501,7 +515,8 @@ def array_blocks_of(a) -> "Blocks":
     if a.storage == "registers" or len(full) == len(dims):
         return Blocks(ff=prod(dims) * a.bits)
     impl = a.storage if a.storage in ("bram", "uram", "lutram") else "auto"
-    return array_blocks(impl, a.bits, banks * ceil(prod(dims) / banks), banks)
+    per = a.reshape[0] if a.reshape else 1   # ARRAY_RESHAPE: a word holds ``per`` elements
+    return array_blocks(impl, a.bits * per, banks * ceil(prod(dims) / banks / per), banks)
 
 
 def stream_blocks_of(s) -> "Blocks":

@@ -1,9 +1,12 @@
 """The data of a stage's HLS engine kernel (codegen.design.tm_kernel builds it): its constant
-arrays, streams, turn functions, off-chip frames and the kernel itself. Plain dataclasses,
-read by the weight-memory, MAC-sharing and stash passes and printed by the templates."""
+arrays, streams, turn functions, off-chip frames and the kernel itself; and the backward
+kernel's streams and arrays (BStream, BArray: codegen.design.backward, codegen.design.bwd_engines).
+Plain dataclasses, read by the weight-memory, MAC-sharing and stash passes and printed by the
+templates."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from math import prod
 
 import numpy as np
 
@@ -178,3 +181,46 @@ class EngineStage:
     def external(self) -> list[Rom]:
         """The weight arrays that are m_axi kernel arguments, in argument order."""
         return [r for r in self.roms if r.external]
+
+
+@dataclass
+class BStream:
+    """A stream inside the backward kernel."""
+
+    name: str
+    beat: str              # C type of one beat
+    depth: int
+    beat_bits: int
+    storage: str = ""      # BIND_STORAGE impl of a whole-frame FIFO (fpga_models.bwd_tiles.fifo_storage)
+
+    @property
+    def bytes(self) -> int:
+        """On-chip bytes of its FIFO."""
+        return self.depth * ((self.beat_bits + 7) // 8)
+
+
+@dataclass
+class BArray:
+    """A static array of the kernel (accumulators, line buffers) or an engine's local buffer."""
+
+    name: str
+    ctype: str
+    dims: tuple[int, ...]
+    bits: int               # per element
+    storage: str            # "bram" | "uram" | "lutram" | "registers" | "off-chip"
+    local: bool = False     # an engine's own buffer (counted, not declared by the kernel)
+    partitions: list[tuple[int, int]] = field(default_factory=list)   # (factor, dim) cyclic
+    reshape: tuple = ()     # (factor, dim) cyclic ARRAY_RESHAPE: factor elements a word
+
+    @property
+    def bytes(self) -> int:
+        return prod(self.dims) * ((self.bits + 7) // 8)
+
+    @property
+    def cdims(self) -> str:
+        return "".join(f"[{d}]" for d in self.dims)
+
+    @property
+    def decl(self) -> str:
+        """Its C declaration as a parameter."""
+        return f"{self.ctype} {self.name}{self.cdims}"

@@ -23,7 +23,6 @@ from dataclasses import dataclass
 from bapipe.errors import SpecError
 from bapipe.fpga_models.boards import BRAM36_BYTES, URAM_BYTES, Board
 from bapipe.fpga_models.allocate import engines_dsp, kernel_dsp
-from bapipe.fpga_models.bwd_tiles import kernel_dsp as bwd_kernel_dsp
 from bapipe.fpga_models.engines import engine_kind, mvu_dsp
 
 from bapipe.codegen.design import netnames as nn
@@ -96,10 +95,9 @@ def kernel_needs(ctx, board: Board, fmt: str) -> dict[str, Need]:
         mvus = [lc.name for lc in s.layers if lc.layer is not None and engine_kind(lc.layer.type) == "mvu"]
         dx = [n in s.bwd.dx_layers for n in mvus] if hasattr(s.bwd, "dx_layers") else None
         for name, role in [(s.name, "fwd")] + ([(s.bwd.name, "bwd")] if s.bwd is not None else []):
-            dsp = kernel_dsp(per, style, role, dx)
-            if role == "bwd" and getattr(s.bwd, "tiles", None):   # the tiled engines' arrays (fpga_models.bwd_tiles)
-                dsp = bwd_kernel_dsp(s.bwd.tiles, board.dsp_per_mac.get(fmt, 1.0))
-            out[name] = Need(dsp, 0, 0, kernel_onchip_bytes(s, ctx.fmt, bwd=role == "bwd"))
+            # the board-budget rule's figure (the planner's); the backward's tiled engines' own DSP
+            # (fpga_models.bwd_tiles.kernel_dsp) is design.json's backward_memory.resources
+            out[name] = Need(kernel_dsp(per, style, role, dx), 0, 0, kernel_onchip_bytes(s, ctx.fmt, bwd=role == "bwd"))
     return out
 
 
