@@ -1231,8 +1231,8 @@ class Explorer:
 
     def stage_tails(self, c: Config, stages: list[dict]) -> list[Tail | None]:
         """Per stage of a finished candidate its tail as the kernels build it
-        (fpga_models.update.stage_tail: its board, style, folding and replica ring), None where
-        it is not priced (:meth:`tails_priced`)."""
+        (fpga_models.update.stage_tail: its board, style, folding and replica ring; the flush its
+        tiled backward engines', :meth:`flush_s`), None where it is not priced (:meth:`tails_priced`)."""
         out: list[Tail | None] = []
         for x in stages:
             if not self.tails_priced(c, x["board_type"]) or x["mesh"] > 1:
@@ -1241,7 +1241,8 @@ class Explorer:
             board = self.table(x["board_type"], c.v).board
             hop = self.ring(self.replica_boards(c, x["device"])) if x["replicas"] > 1 else None
             out.append(stage_tail(self.model, x["first"], x["last"], board, self.bpe_of_fmt(self.req.fmt),
-                                  x["replicas"], engine_kernel(self.model, x["first"], x["last"]), x["folding"], hop))
+                                  x["replicas"], engine_kernel(self.model, x["first"], x["last"]), x["folding"], hop,
+                                  flush=self.flush_s(c, x) * board.clock_hz))
         return out
 
     def per_mb_allreduce(self, c: Config) -> bool:

@@ -3,6 +3,8 @@ on VGG-16: the grid, the chunk, the drain banks, the dx reuse, the stores' block
 4K x 72), the row engine's port rate, col2im's lanes."""
 from __future__ import annotations
 
+import pytest
+
 from bapipe.models import load_model
 from bapipe.fpga_models import bwd_tiles as T
 from bapipe.fpga_models.boards import get_board
@@ -102,3 +104,37 @@ def test_col2im_lanes_and_banks_by_hand():
     assert (p.lin, p.lout, p.rows, p.wc, p.chans) == (16, 32, 4, 56 * 256, 32)
     [a] = T.col2im_buffer([p], True)
     assert (a.banks, a.depth) == (4 * 32, 56 * 256 // 32)
+
+
+@pytest.mark.slow   # the planner on resnet50 (~5 s)
+def test_resnet50_one_grid_is_degenerate_known_defect(tmp_path):
+    """KNOWN DEFECT (issue 32, left open by session 14): resnet50 as one time-multiplexed stage
+    (the planner's --partition 0-173x4 --microbatches 1 --whole-blocks, 3,072 lanes). choose_grid
+    needs every chunk layer's MW a multiple of SIMD or below it; conv1's MW is 3 x 7 x 7 = 147
+    (divisors 1, 3, 7, 21, 49) while the others' are 64 .. 4,608 (2^k or 9 x 2^k), so the only grid
+    that fits is 3,072 x 1: each turn uses MH of the 3,072 lanes (res2a_conv2: 64), no dy row fits
+    a 512-bit word so no dW can go off chip, and the dW stores take 41,422 URAM (a U250 has
+    1,280) while the plan prices its backward at 1.35 s a micro-batch of 8 (the untiled engines
+    at main f8a1725: 127 ms; iteration 1.55 s vs 0.270 s). The fix is
+    a padded last x beat (the loader, the window generator and the stash reader zero-filling
+    MW mod SIMD), so that choose_grid may pick 32 x 96 as for VGG-16. When it lands this test
+    changes to the new grid."""
+    from bapipe.cli import main
+    from bapipe.plan import load_plan
+    from bapipe.fpga_models.plancheck import resolve
+
+    path = tmp_path / "p.yaml"
+    assert main(["plan", "resnet50", "4xU250-ring", "--whole-blocks", "--partition", "0-173x4",
+                 "--microbatches", "1", "-o", str(path)]) == 0
+    plan = load_plan(path)
+    model, cluster = resolve(plan, str(path))
+    st = plan.stages[0]
+    fold = {n: ((f.pe, f.simd) if f.lanes is None else (1, f.lanes)) for n, f in st.folding.items()}
+    mb = -(-plan.microbatch_size // st.replicas)
+    tiles = T.stage_tiles(model, list(model.layers[st.first:st.last + 1]), fold, "tm", mb, plan.microbatches * mb,
+                          get_board("U250"))
+    bt = tiles["conv1"]
+    assert (bt.pe, bt.simd) == (3072, 1)
+    assert bt.job("conv1").layer.mw == 147 and bt.job("res2a_conv2").lpe == 64
+    assert all(j.home != "ddr" for j in bt.jobs)
+    assert bt.blocks.uram == st.resources["bwd_uram"] == 41422 > get_board("U250").uram

@@ -37,7 +37,7 @@ def test_tiny_cnn_backward_holds_its_matrices_in_one_store(tmp_path):
 
     _plan, out = _tiny_cnn_tm(tmp_path, "train")
     cpp = (out / "stage0" / "stage0_bwd.cpp").read_text()
-    assert "static bapipe::wword_t s0_bwd_wst[384][2];" in cpp and "wc_conv" not in cpp
+    assert "static bapipe::wsword_t s0_bwd_wst[384][2];" in cpp and "wc_conv" not in cpp
     fills = re.findall(r"bapipe::wst_fill<(\d+), (\d+), 2, 18, 5, 2, 8, 384>\((\w+), s0_bwd_wst, (\d+)\);", cpp)
     assert fills == [("16", "72", "conv3_w", str(16 * 8)), ("8", "72", "conv2_w", "0")]   # turn order
     assert cpp.count("BAPIPE_PROCESS(s0_bwd_wst_load(conv3_w, conv2_w, s0_bwd_wst));") == 1
@@ -62,7 +62,7 @@ def test_tiny_cnn_backward_fills_a_turns_matrix_before_it(tmp_path, monkeypatch)
     _tile_mode(monkeypatch)
     plan_path, out = _tiny_cnn_tm(tmp_path, "train")
     cpp = (out / "stage0" / "stage0_bwd.cpp").read_text()
-    assert "static bapipe::wword_t s0_bwd_wst[256][2];" in cpp
+    assert "static bapipe::wsword_t s0_bwd_wst[256][2];" in cpp
     cases = re.findall(r"case (\d+):\n\s+bapipe::wst_fill<(\d+), (\d+), 2, 18, 5, 2, 8, 256>\((\w+), s0_bwd_wst, 0\);", cpp)
     assert cases == [("4", "16", "72", "conv3_w"), ("7", "8", "72", "conv2_w")]
     assert cpp.count("if (one) s0_bwd_wfill(t, conv2_w, conv3_w, s0_bwd_wst);") == 1

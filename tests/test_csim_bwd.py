@@ -143,7 +143,7 @@ def _declared_bytes(cpp: str) -> int:
         total += math.prod(int(d) for d in re.findall(r"\d+", dims)) * ((int(ty) + 7) // 8)
     for dims in re.findall(r"^    static data_t \w+((?:\[\d+\])+);", cpp, re.M):   # the weights' on-chip copies
         total += math.prod(int(d) for d in re.findall(r"\d+", dims)) * 2
-    for dims in re.findall(r"^    static bapipe::wword_t \w+((?:\[\d+\])+);", cpp, re.M):   # weight stores: 4 a word
+    for dims in re.findall(r"^    static bapipe::wsword_t \w+((?:\[\d+\])+);", cpp, re.M):   # weight stores: 4 a word
         total += math.prod(int(d) for d in re.findall(r"\d+", dims)) * 8
     for beat, depth in re.findall(r"^    hls::stream<bapipe::(\w+<[\d, ]+>), (\d+)> ", cpp, re.M):
         args = [int(x) for x in re.findall(r"\d+", beat)]

@@ -207,7 +207,7 @@ def _store_arrays(bt: BwdTiles, prefix: str, width: int) -> tuple[list, dict]:
                            partitions=[(b.banks, 2)])
     if "wst" in by:
         w = by["wst"]
-        out["wst"] = BArray(f"{prefix}wst", "bapipe::wword_t", (w.depth, w.banks), w.width, w.impl,
+        out["wst"] = BArray(f"{prefix}wst", "bapipe::wsword_t", (w.depth, w.banks), w.width, w.impl,
                             partitions=[(w.banks, 2)])
     return list(out.values()), out
 
