@@ -266,3 +266,29 @@ def test_tiny_cnn_training_time_multiplexed_is_bit_exact(tmp_path):
 
     r = cs.csim_project(_tiny_tm_training(tmp_path), samples=2)
     assert r["passed"] and r["model_max_abs_err_lsb"] == 0, r
+
+
+@pytest.mark.slow   # one tiny-cnn training project generated (~5 s)
+def test_training_kernels_mirror_the_forward_bundles(tmp_path):
+    """tiny-cnn as one time-multiplexed training stage: the update kernel rewrites the forward's
+    eight weight and bias arrays (one forward bundle, gmem0) through one bundle of its own,
+    rom_gmem0 (was one a port: 8 masters), on the forward's bank; the backward reads each stash
+    through the bundle mirroring the forward's (st_gmemK), on the stash's bank (placement.json)."""
+    import json
+
+    from bapipe.codegen.design.placement import declared_bundles
+
+    build = _tiny_tm_training(tmp_path)
+    fwd = declared_bundles((build / "stage0/stage0.cpp").read_text())
+    upd = declared_bundles((build / "stage0/stage0_update.cpp").read_text())
+    bwd = declared_bundles((build / "stage0/stage0_bwd.cpp").read_text())
+    roms = [p for p in fwd if re.fullmatch(r"s0_\w+_mvu_[wb]", p)]
+    assert len(roms) == 8 and {fwd[p] for p in roms} == {"gmem0"}
+    assert {upd[p] for p in roms} == {"rom_gmem0"}
+    stashes = {p: b for p, b in fwd.items() if p.startswith("st_")}
+    assert stashes and {bwd[p] for p in bwd if p.startswith("st_")} == {f"st_{b}" for b in stashes.values()}
+    ports = json.loads((build / "placement.json").read_text())
+    bank = {(p["instance"], p["arg"]): p["bank"] for b in ports["boards"].values() for p in b["m_axi"]}
+    assert {bank[("stage0_update_1", p)] for p in roms} == {bank[("stage0_1", p)] for p in roms}
+    fwd_bank = {fwd[p]: bank[("stage0_1", p)] for p in fwd if ("stage0_1", p) in bank}
+    assert all(bank[("stage0_bwd_1", p)] == fwd_bank[b[len("st_"):]] for p, b in bwd.items() if b.startswith("st_"))

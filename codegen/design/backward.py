@@ -118,6 +118,7 @@ class BwdCtx:
     mac: object = None   # time-multiplexed: the MVU turns' shared arrays (codegen.design.mac_share.BwdMacShare)
     copies: list[dict] = field(default_factory=list)   # on-chip copies of the m_axi weights, filled once a call
     tile_macs: list = field(default_factory=list)   # dataflow: each matrix layer's MAC function (codegen.design.bwd_engines)
+    stash_bundles: dict = field(default_factory=dict)   # stash port -> m_axi bundle (codegen.design.bundles.mirror_bundles)
     tile_mac: object = None   # time-multiplexed: the shared MAC function's tiled engines (codegen.design.bwd_engines)
     wfill: dict = field(default_factory=dict)   # time-multiplexed, weights not all held: a turn's weight-store fill
     wfill_all: dict = field(default_factory=dict)   # time-multiplexed, weights held: the store's fill, once an iteration

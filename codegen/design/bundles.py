@@ -18,6 +18,14 @@ two arguments may share one when they are never read, nor written, at the same t
 port holds, in each direction it is used): ``gmem0``, ``gmem1``, ... Which port is read or
 written follows from the engine call that names it (``frame_write`` and ``stash_write``
 write; ``frame_read``, the weight fetches and streams and ``bias_copy`` read).
+
+A training stage's backward and update kernels reach buffers the forward kernel also holds (its
+stashes, its banked weight arrays): ``mirror_bundles`` gives their ports the forward's grouping,
+one bundle of theirs per forward bundle (``st_gmem0``, ``rom_gmem0``, ...), so each shares its
+bank with the forward's (codegen.design.placement.shared_buffers) and brings one master, not
+one a port. The backward reads a stash per turn one turn after another (time-multiplexed) or
+all at once as the forward wrote them (dataflow: the forward gave those different bundles);
+the update rewrites its arrays one after another.
 """
 from __future__ import annotations
 
@@ -83,3 +91,18 @@ def assign_bundles(es) -> dict[str, str]:
     for o in objs:
         o.bundle = f"gmem{k[o.name]}"
     return {o.name: o.bundle for o in objs}
+
+
+def mirror_bundles(sc) -> None:
+    """The bundles of stage context ``sc``'s backward stash ports and update kernel's forward
+    arrays, after :func:`assign_bundles` of its forward kernel (see the module docstring)."""
+    es = sc.engine
+    if es is None:
+        return
+    bwd = getattr(sc, "bwd", None)
+    if bwd is not None:
+        bwd.stash_bundles = {x: f"st_{b.bundle}" for b in es.stashes if b.bundle for x in b.ports}
+    upd = getattr(sc, "update", None)
+    if upd is not None:
+        by = {r.name: r.bundle for r in es.external if r.bundle}
+        upd.rom_bundles = {r: f"rom_{by[r]}" for r, _n in upd.roms if r in by}

@@ -30,7 +30,7 @@ from bapipe.fpga_models import fixedpoint as fx
 from bapipe.fpga_models.boards import bytes_per_element, get_board
 
 from bapipe.codegen.design.backward import build_bwd, design_backward_memory
-from bapipe.codegen.design.bundles import assign_bundles
+from bapipe.codegen.design.bundles import assign_bundles, mirror_bundles
 from bapipe.codegen.design.bwd_engines import design_blocks
 from bapipe.codegen.design.context import (ProjectCtx, StageCtx, build_boards, build_stage, check_plan, format_ctx, header_lines,
                       make_weights, weight_seed)
@@ -169,11 +169,13 @@ def weight_images(d: Design) -> None:
 
 
 def bundle_ports(d: Design) -> None:
-    """Each engine kernel's m_axi arguments in as few bundles as its concurrency allows
-    (codegen.design.bundles: at most 15 masters a memory bank, UG1393)."""
+    """Each engine kernel's m_axi arguments in as few bundles as its concurrency allows, and the
+    training kernels' ports onto its buffers in bundles mirroring its (codegen.design.bundles: at
+    most 15 masters a memory bank, UG1393)."""
     for sc in d.contexts.values():
         if getattr(sc, "engine", None) is not None:
             assign_bundles(sc.engine)
+            mirror_bundles(sc)
 
 
 def boards(d: Design) -> None:

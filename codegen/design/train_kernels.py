@@ -165,6 +165,7 @@ class UpdateCtx:
     bank_bpc: float = 64.0          # bytes a cycle of one of them
     clock_hz: float = 300e6         # the kernels' clock (the board's)
     bwd_flush: int = 0              # the backward kernel's flush as its tiled engines build it (0: none)
+    rom_bundles: dict = field(default_factory=dict)   # forward array -> m_axi bundle (codegen.design.bundles.mirror_bundles)
 
     @property
     def consts(self):
