@@ -111,11 +111,12 @@ def test_resnet50_one_grid_is_degenerate_known_defect(tmp_path):
     """KNOWN DEFECT (issue 32, left open by session 14): resnet50 as one time-multiplexed stage
     (the planner's --partition 0-173x4 --microbatches 1 --whole-blocks, 3,072 lanes). choose_grid
     needs every chunk layer's MW a multiple of SIMD or below it; conv1's MW is 3 x 7 x 7 = 147
-    (divisors 1, 3, 7, 21, 49) while the others' are 64 .. 4,608 (2^k or 9 x 2^k), so the only grid
-    that fits is 3,072 x 1: each turn uses MH of the 3,072 lanes (res2a_conv2: 64), no dy row fits
-    a 512-bit word so no dW can go off chip, and the dW stores take 41,422 URAM (a U250 has
-    1,280) while the plan prices its backward at 1.35 s a micro-batch of 8 (the untiled engines
-    at main f8a1725: 127 ms; iteration 1.55 s vs 0.270 s). The fix is
+    (divisors 1, 3, 7, 21, 49) while the others' are 64 .. 4,608 (2^k or 9 x 2^k), so the only grids
+    that fit are N x 1 (3,072, or the 2,048 choose_grid also tries): each turn uses MH of the lanes
+    (res2a_conv2: 64), no dy row fits a 512-bit word so no dW can go off chip, and the dW stores
+    take 27,878 URAM (a U250 has 1,280) while the plan prices its backward at 1.30 s a micro-batch
+    of 8 (the untiled engines at main f8a1725: 127 ms; iteration 1.49 s vs 0.270 s). Without conv1
+    (resnet50's later stages) the power-of-two lanes give a real grid (choose_grid). The fix is
     a padded last x beat (the loader, the window generator and the stash reader zero-filling
     MW mod SIMD), so that choose_grid may pick 32 x 96 as for VGG-16. When it lands this test
     changes to the new grid."""
@@ -134,7 +135,27 @@ def test_resnet50_one_grid_is_degenerate_known_defect(tmp_path):
     tiles = T.stage_tiles(model, list(model.layers[st.first:st.last + 1]), fold, "tm", mb, plan.microbatches * mb,
                           get_board("U250"))
     bt = tiles["conv1"]
-    assert (bt.pe, bt.simd) == (3072, 1)
+    assert (bt.pe, bt.simd) == (2048, 1)
     assert bt.job("conv1").layer.mw == 147 and bt.job("res2a_conv2").lpe == 64
     assert all(j.home != "ddr" for j in bt.jobs)
-    assert bt.blocks.uram == st.resources["bwd_uram"] == 41422 > get_board("U250").uram
+    assert bt.blocks.uram == st.resources["bwd_uram"] == 27878 > get_board("U250").uram
+
+
+
+def test_power_of_two_lanes_when_the_plans_do_not_fit():
+    """ResNet-50's res4/res5 matrices (MH 256 .. 2,048 and MW 256 .. 4,608: powers of two or 9 x
+    2^k) on the plan's 3,072 lanes (3 x 2^10) fit only PE 3,072 x SIMD 1 (every MH below PE);
+    choose_grid also tries the largest power of two within the lanes, 2,048, where 32 x 64 fits
+    every layer in a fraction of the cycles: the first of the fewest cycles, then a dy row in one
+    512-bit word (PE 32 x 16 bits), then the squarest."""
+    m = load_model("resnet50")
+    names = [l.name for l in m.layers if l.name.startswith(("res4a_", "res4b_")) and l.type == "conv2d"]
+    layers = [m.layers[m.index[n]] for n in names]
+    fold = {n: (16, 192) for n in names}
+    mats = T.matrix_layers(m, layers, fold)
+    assert sorted({x.mh for x in mats}) == [256, 1024]
+    fits = [pe for pe in range(1, 3073) if 3072 % pe == 0 and all(
+        (x.mh % pe == 0 or x.mh < pe) and (x.mw % (3072 // pe) == 0 or x.mw < 3072 // pe) for x in mats)]
+    assert fits == [3072]   # by hand: on the plan's lanes only the one-column grid
+    assert T.choose_grid(mats, 3072) == (32, 64)
+    assert T.choose_grid(mats, 2048) == (32, 64)   # the same grid when the plan's lanes are 2,048
