@@ -144,7 +144,8 @@ def test_resnet50_one_grid_is_degenerate_known_defect(tmp_path):
 
 def test_power_of_two_lanes_when_the_plans_do_not_fit():
     """ResNet-50's res4/res5 matrices (MH 256 .. 2,048 and MW 256 .. 4,608: powers of two or 9 x
-    2^k) on the plan's 3,072 lanes (3 x 2^10) fit only PE 3,072 x SIMD 1 (every MH below PE);
+    2^k) on the plan's 3,072 lanes (3 x 2^10) fit only degenerate grids (every MH below PE, or
+    every MW below SIMD);
     choose_grid also tries the largest power of two within the lanes, 2,048, where 32 x 64 fits
     every layer in a fraction of the cycles: the first of the fewest cycles, then a dy row in one
     512-bit word (PE 32 x 16 bits), then the squarest."""
@@ -156,6 +157,8 @@ def test_power_of_two_lanes_when_the_plans_do_not_fit():
     assert sorted({x.mh for x in mats}) == [256, 1024]
     fits = [pe for pe in range(1, 3073) if 3072 % pe == 0 and all(
         (x.mh % pe == 0 or x.mh < pe) and (x.mw % (3072 // pe) == 0 or x.mw < 3072 // pe) for x in mats)]
-    assert fits == [3072]   # by hand: on the plan's lanes only the one-column grid
+    # by hand: on the plan's lanes only grids with one side past every MH (1,536, 3,072) or MW
+    # (1 x 3,072), of which each turn uses a sliver
+    assert fits == [1, 1536, 3072]
     assert T.choose_grid(mats, 3072) == (32, 64)
     assert T.choose_grid(mats, 2048) == (32, 64)   # the same grid when the plan's lanes are 2,048
