@@ -91,3 +91,33 @@ def test_tiny_cnn_tiled_backward_weights_bit_exact(tmp_path, monkeypatch):
     _tile_mode(monkeypatch)
     plan, _out = _tiny_cnn_tm(tmp_path, "train")
     assert_exact_on_plan(_csim_stage(plan, tmp_path / "b", 0))
+
+
+@pytest.mark.slow   # small-resnet lowered and rendered in memory (~8 s)
+def test_banked_batchnorm_copies_where_the_block_rule_puts_them():
+    """small-resnet as one time-multiplexed training stage: each batchnorm's scale copy is read a
+    channel a bank (16 or 32 banks of one word), so memory_blocks.storage_impl puts its banks in
+    LUTRAM, not a BRAM18 each (resnet50's 512-channel scales in 256 banks of 2 took 128 BRAM36
+    apiece that the plan did not count); the check reads no BRAM for them, and the Design's
+    backward BRAM36 is the check's."""
+    import sys
+    from pathlib import Path
+
+    from bapipe.codegen.check.physical_rules import _scans, kernel_figures
+    from bapipe.codegen.design.bwd_engines import design_blocks
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from handplan import make_plan
+    from test_link_cfg import render
+
+    sr = str(Path(__file__).resolve().parent.parent / "examples/models/small-resnet.yaml")
+    plan, model, cluster = make_plan(sr, cuts=(), style="time-multiplexed", mode="train")
+    ctx, files = render(plan, model, cluster)
+    files = {k: v.decode() if isinstance(v, bytes) else v for k, v in files.items() if k.endswith((".cpp", ".h"))}
+    cpp = files["stage0/stage0_bwd.cpp"]
+    copies = re.findall(r"static data_t (wc_\w+_scale)\[(\d+)\];[^\n]*\n#pragma HLS BIND_STORAGE variable=\w+ "
+                        r"type=ram_2p impl=(\w+)\n#pragma HLS ARRAY_PARTITION variable=\w+ cyclic factor=(\d+) dim=1",
+                        cpp)
+    assert len(copies) == 6 and all(impl == "lutram" and n == f for _name, n, impl, f in copies), copies
+    f = kernel_figures(*_scans(files, "stage0/stage0_bwd.cpp", "stage0_bwd"))
+    assert f.blocks.bram36 == design_blocks(ctx.stages[0].bwd)["bram36"]

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from math import prod
 
 from bapipe.fpga_models import fixedpoint as fx
+from bapipe.fpga_models.memory_blocks import storage_impl
 from bapipe.fpga_models.bwd_memory import ACC_ONCHIP_SHARE, PORTS_TURN, STREAM_DEPTH, acc_width
 from bapipe.fpga_models.engines import MVU_FILL, conv_window_lanes, ddr_words_per_beat
 
@@ -551,8 +552,14 @@ def build_bwd(plan, model, st, sc, fmt, board=None) -> BwdCtx:
                     b.proc(f"bapipe::avgpool_bwd_spread<{c}, {ho}, {wo}, {kk}, {L}, {gb}>({dy}, {r});", l.name,
                            "avgpool_bwd_spread", ho * wo * kk * c // L)
                     mode = "bapipe::FINISH_AVG"
-                b.arrays.append(BArray(f"lb_{tag}", f"bapipe::gacc<{gb}>", (kh + sh, w_, c), gb, "bram",
-                                       partitions=_lb_partitions(kh, kw, sh, w_, c, L, L)))
+                parts = _lb_partitions(kh, kw, sh, w_, c, L, L)
+                nb = prod(f for f, _d in parts)
+                # its banks where the shared rule puts them (memory_blocks.storage_impl): resnet50's
+                # pool1, 960 banks of 38 sums, one BRAM18 each as BRAM (480 BRAM36), LUTRAM
+                impl = storage_impl(gb, _ceil_div((kh + sh) * w_ * c, nb), nb,
+                                    *((board.usable_bram36, board.usable_uram) if board is not None else ()))
+                b.arrays.append(BArray(f"lb_{tag}", f"bapipe::gacc<{gb}>", (kh + sh, w_, c), gb, impl,
+                                       partitions=parts))
                 b.proc(f"bapipe::col2im<{wp}, {L}, {L}, {gb}, {mode}, {recip}>({r}, {out}, lb_{tag});",
                        l.name, "col2im", _col2im_steps(h, w_, c, kh, sh, ph, ho * wo * kk * c // L, L))
             contrib[src].append((out, L))
@@ -667,8 +674,13 @@ def _copy_weights(sc, reads: dict, width: int, budget: int | None, b: _Builder) 
         dst = f"wc_{w.name}"
         n = prod(dims)
         parts = [(f, d) for f, d in reads[w.name] if d <= len(dims)]
-        b.arrays.append(BArray(dst, "data_t", dims, width, "bram" if n * eb <= BRAM_COPY_BYTES else "uram",
-                               partitions=parts))
+        banks = prod(f for f, _d in parts) or 1
+        # banked as the engine reads it, each bank where the shared rule puts it
+        # (memory_blocks.storage_impl): resnet50's 512-channel scales in 256 banks of 2 are LUTRAM
+        # (128 BRAM36 each as BRAM); a single bank as before (BRAM up to BRAM_COPY_BYTES, else URAM)
+        impl = storage_impl(width, -(-n // banks), banks) if banks > 1 else \
+            ("bram" if n * eb <= BRAM_COPY_BYTES else "uram")
+        b.arrays.append(BArray(dst, "data_t", dims, width, impl, partitions=parts))
         b.procs = [re.sub(rf"\b{re.escape(w.name)}\b", dst, p) for p in b.procs]
         fn = f"weight_copy<{dims[0]}, {dims[1]}, {AXI_BITS // width}>" if len(dims) == 2 else \
             f"weight_copy1<{n}, {AXI_BITS // width}>"
