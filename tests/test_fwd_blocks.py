@@ -292,3 +292,19 @@ def test_training_kernels_mirror_the_forward_bundles(tmp_path):
     assert {bank[("stage0_update_1", p)] for p in roms} == {bank[("stage0_1", p)] for p in roms}
     fwd_bank = {fwd[p]: bank[("stage0_1", p)] for p in fwd if ("stage0_1", p) in bank}
     assert all(bank[("stage0_bwd_1", p)] == fwd_bank[b[len("st_"):]] for p, b in bwd.items() if b.startswith("st_"))
+
+
+def test_unmirrored_stashes_coloured_by_turns():
+    """A time-multiplexed backward whose stashes no forward kernel writes (resnet50's later stages,
+    which are not one engine kernel): its stash ports share bundles, two read in one turn apart
+    (resnet50 --whole-blocks stages 1-3: 38, 38, 48 stash masters -> 1 each; fpga3's busiest bank
+    20 -> 12 masters)."""
+    from types import SimpleNamespace as NS
+
+    from bapipe.codegen.design.bundles import mirror_bundles
+
+    turns = [NS(args=["st_a", "n"]), NS(args=["st_b", "st_c", "n"]), NS(args=["st_d", "n"])]
+    bwd = NS(stashes=[NS(name=n) for n in ("st_a", "st_b", "st_c", "st_d")], turns=turns, stash_bundles={})
+    sc = NS(engine=NS(stashes=[], external=[]), bwd=bwd, update=None)
+    mirror_bundles(sc)
+    assert bwd.stash_bundles == {"st_a": "gmem_st0", "st_b": "gmem_st0", "st_c": "gmem_st1", "st_d": "gmem_st0"}

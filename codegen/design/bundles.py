@@ -25,7 +25,9 @@ one bundle of theirs per forward bundle (``st_gmem0``, ``rom_gmem0``, ...), so e
 bank with the forward's (codegen.design.placement.shared_buffers) and brings one master, not
 one a port. The backward reads a stash per turn one turn after another (time-multiplexed) or
 all at once as the forward wrote them (dataflow: the forward gave those different bundles);
-the update rewrites its arrays one after another.
+the update rewrites its arrays one after another. A time-multiplexed backward's stashes the
+forward kernel does not write (a stage that is not one engine kernel) are coloured by its
+turns: ``gmem_st0``, ``gmem_st1``, ... (two read in one turn apart).
 """
 from __future__ import annotations
 
@@ -102,6 +104,11 @@ def mirror_bundles(sc) -> None:
     bwd = getattr(sc, "bwd", None)
     if bwd is not None:
         bwd.stash_bundles = {x: f"st_{b.bundle}" for b in es.stashes if b.bundle for x in b.ports}
+        rest = [p.name for p in bwd.stashes if p.name not in bwd.stash_bundles]
+        if rest and bwd.turns:   # no forward bundle to mirror: one turn after another, read at once within one
+            groups = [{p: {"r"} for p in rest if p in t.args} for t in bwd.turns]
+            k = colour(rest, groups)
+            bwd.stash_bundles.update({p: f"gmem_st{k[p]}" for p in rest})
     upd = getattr(sc, "update", None)
     if upd is not None:
         by = {r.name: r.bundle for r in es.external if r.bundle}
