@@ -662,15 +662,16 @@ def _copy_weights(sc, reads: dict, width: int, budget: int | None, b: _Builder) 
 
     from bapipe.codegen.design.weight_memory import BRAM_COPY_BYTES
 
-    ws = [w for w in sc.weights if w.name in reads]
+    # the vectors only: a matrix is the tiled engines' weight store's (codegen.design.bwd_engines),
+    # so it neither gets a copy nor counts against the copies' budget (resnet50's res4e..res5c with
+    # fc: the matrices over the budget left sixteen batchnorm scales read over m_axi, II 8)
+    ws = [w for w in sc.weights if w.name in reads and len(re.findall(r"\[(\d+)\]", w.dims)) == 1]
     eb = (width + 7) // 8
     if not ws or not weights_all_resident([int(w.kernel_q.size) for w in ws], eb, budget):
         return []
     out = []
     for w in ws:
         dims = tuple(int(d) for d in re.findall(r"\[(\d+)\]", w.dims))
-        if len(dims) != 1:   # a matrix: the tiled engines' weight store holds it (codegen.design.bwd_engines)
-            continue
         dst = f"wc_{w.name}"
         n = prod(dims)
         parts = [(f, d) for f, d in reads[w.name] if d <= len(dims)]
