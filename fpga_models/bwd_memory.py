@@ -618,8 +618,19 @@ def bwd_kernel_resources(model: Model, layers: Sequence[Layer], board: Board, fo
             if not off:
                 width, depth = f.lanes * bits, f.nbytes // bytes_per_element(fmt) // f.lanes
                 total = total + bank_blocks(fifo_impl(width, depth, fifo_storage(width, depth)), width, depth)
-    dsp = kernel_dsp(tiles, board.dsp_per_mac.get(fmt, 1.0) if board is not None else 1.0)
+    per = board.dsp_per_mac.get(fmt, 1.0) if board is not None else 1.0
+    dsp = kernel_dsp(tiles, per) + elementwise_dsp(layers, folding, per)
     return {"bram36": total.bram36, "uram": total.uram, "dsp": dsp}
+
+
+def elementwise_dsp(layers: Sequence[Layer], folding: dict[str, tuple[int, int]], per_mac: float = 1.0) -> int:
+    """DSP of the backward kernel's element-wise engines (the matrix engines' are
+    fpga_models.bwd_tiles.kernel_dsp): a trained batchnorm takes two 16 x 16 products a lane at
+    its folding's lanes, dy x scale (dx) and dy x x (the scale's sum) (bapipe_layers_bwd.h
+    ``batchnorm_bwd_train``; a DSP48E2 takes 27 x 18, UG579), ``per_mac`` DSP a product (the
+    board's, as kernel_dsp). A time-multiplexed kernel's turns are separate functions, so every
+    batchnorm counts (resnet50 --whole-blocks stage 0-35: 2,944 DSP the plan left out)."""
+    return int(sum(2 * _ew_lanes(folding.get(l.name, (1, 1))) for l in layers if l.type == "batchnorm") * per_mac)
 
 
 def bwd_flush_cycles(model: Model, layers: Sequence[Layer], board: Board, folding: dict[str, tuple[int, int]],

@@ -120,4 +120,17 @@ def test_banked_batchnorm_copies_where_the_block_rule_puts_them():
                         cpp)
     assert len(copies) == 6 and all(impl == "lutram" and n == f for _name, n, impl, f in copies), copies
     f = kernel_figures(*_scans(files, "stage0/stage0_bwd.cpp", "stage0_bwd"))
-    assert f.blocks.bram36 == design_blocks(ctx.stages[0].bwd)["bram36"]
+    design = design_blocks(ctx.stages[0].bwd)
+    assert f.blocks.bram36 == design["bram36"]
+    # DSP: the matrix engines' and two products a lane of each of the six batchnorms (dy x scale,
+    # dy x x: fpga_models.bwd_memory.elementwise_dsp), as the check counts the multipliers
+    from bapipe.fpga_models.bwd_memory import elementwise_dsp
+    from bapipe.fpga_models.bwd_tiles import kernel_dsp
+
+    st = plan.stages[0]
+    layers = [model.layers[model.index[n]] for n in st.layers]
+    fold = {n: (fo.pe, fo.simd) if fo.lanes is None else (1, fo.lanes) for n, fo in st.folding.items()}
+    ew = elementwise_dsp(layers, fold)
+    lanes = [fold.get(l.name, (1, 1)) for l in layers if l.type == "batchnorm"]
+    assert len(lanes) == 6 and ew == 2 * sum(p * q for p, q in lanes) > 0
+    assert f.dsp == design["dsp"] == kernel_dsp(ctx.stages[0].bwd.tiles) + ew

@@ -120,6 +120,7 @@ class BwdCtx:
     copies: list[dict] = field(default_factory=list)   # on-chip copies of the m_axi weights, filled once a call
     tile_macs: list = field(default_factory=list)   # dataflow: each matrix layer's MAC function (codegen.design.bwd_engines)
     stash_bundles: dict = field(default_factory=dict)   # stash port -> m_axi bundle (codegen.design.bundles.mirror_bundles)
+    ew_dsp: int = 0                   # DSP of its element-wise engines (the matrix engines': tiles)
     tile_mac: object = None   # time-multiplexed: the shared MAC function's tiled engines (codegen.design.bwd_engines)
     wfill: dict = field(default_factory=dict)   # time-multiplexed, weights not all held: a turn's weight-store fill
     wfill_all: dict = field(default_factory=dict)   # time-multiplexed, weights held: the store's fill, once an iteration
@@ -207,6 +208,7 @@ class _Builder:
         self.engines: list[dict] = []
         self.turn: str = ""             # the layer whose backward turn the next processes belong to
         self.turn_of: list[str] = []    # per process, its turn (time-multiplexed stages)
+        self.ew_dsp = 0                 # DSP of the element-wise engines it emits (a batchnorm: one a lane)
         self._n = 0
 
     def stream(self, base: str, lanes: int, depth: int = STREAM_DEPTH, raw_bits: int = 0) -> str:
@@ -503,6 +505,7 @@ def build_bwd(plan, model, st, sc, fmt, board=None) -> BwdCtx:
             grads.extend([ds, dsh])
             out = b.stream(f"dx_{tag}", L)
             wl = AXI_BITS // WSUM_BITS
+            b.ew_dsp += 2 * L   # dy x scale and dy x x a lane (fpga_models.bwd_memory.elementwise_dsp)
             b.turn_of.append(b.turn)
             # the engine reads L scales a cycle, the copy writes a 512-bit beat (32) a cycle
             reads[lc_of[l.name].weights[0].name] = [(min(ch, max(L, AXI_BITS // W)), 1)]
@@ -643,6 +646,7 @@ def build_bwd(plan, model, st, sc, fmt, board=None) -> BwdCtx:
         _sequence_turns(ctx, b.turn_of, frame_elems, W, mem)
         _share_arrays(ctx, st.index, W)
     ctx.tiles = tiles
+    ctx.ew_dsp = b.ew_dsp
     if tiles:   # the tiled matrix engines replace the mvu_bwd calls (codegen.design.bwd_engines)
         build_engines(ctx, tiles, st.index, W, layer_of)
     return ctx

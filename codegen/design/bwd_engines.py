@@ -530,7 +530,7 @@ def stream_blocks_of(s) -> "Blocks":
 def design_blocks(ctx) -> dict:
     """The Design's figure of a backward kernel: BRAM36, URAM and LUTs of every array and FIFO it
     declares (memory_blocks' rules, the ones `bapipe check` applies to the C++), and the DSP of its
-    matrix engines (fpga_models.bwd_tiles.kernel_dsp)."""
+    matrix engines (fpga_models.bwd_tiles.kernel_dsp) and element-wise engines (``ew_dsp``)."""
     from bapipe.fpga_models.bwd_tiles import kernel_dsp
     from bapipe.fpga_models.memory_blocks import Blocks
 
@@ -543,4 +543,5 @@ def design_blocks(ctx) -> dict:
             continue
         seen.add(s.name)
         total = total + stream_blocks_of(s)
-    return {"bram36": total.bram36, "uram": total.uram, "lut": total.lut, "dsp": kernel_dsp(ctx.tiles)}
+    return {"bram36": total.bram36, "uram": total.uram, "lut": total.lut,
+            "dsp": kernel_dsp(ctx.tiles) + getattr(ctx, "ew_dsp", 0)}
