@@ -401,6 +401,12 @@ def _check_new_output(args) -> None:
         raise SpecError(None, None, "-o", "expected a file name, got an empty string")
     if out and Path(out).is_file() and not getattr(args, "force", False):
         raise SpecError(str(out), None, "-o", "expected a new file: it exists (add --force to overwrite it)")
+    # refused before the work, not after it (a plan can take seconds to search)
+    if out and Path(out).is_dir():
+        raise SpecError(str(out), None, "-o", "expected a file name, got a folder")
+    parent = Path(out).parent if out else None
+    if parent is not None and not parent.is_dir():
+        raise SpecError(str(out), None, "-o", f"expected a file in an existing folder: {parent} is not one")
 
 
 def _jsonable(o):

@@ -34,10 +34,20 @@ SOAK = {
 
 
 #: node-id prefix -> why it is slow (make test, not make test-fast): over ~2 s of CPU since gen
-#: runs the physical-rules check on every build (measured 2026-12-07, load ~2)
+#: runs the physical-rules check on every build (measured 2026-12-07, load ~2; the planner cases
+#: below in session 14, CPU per test)
 SLOW = {
-    "tests/test_planner_layout_dp.py::test_relabelled_cluster_plans_the_same_time[pipedream]":
-        "3 pipedream plans of vgg16 on 16 boards, 20-35 s; the auto case keeps the seam in make test-fast",
+    "tests/test_planner_layout_dp.py::test_relabelled_cluster_plans_the_same_time":
+        "3 plans of vgg16 on 16 boards each (auto 4 s, pipedream 20-35 s); test_canonical_order_is_host_major "
+        "keeps the host-major order in make test-fast",
+    "tests/test_planner_layout_dp.py::test_planner_least_J_equals_enumeration_on_10_boards[pipedream-1]":
+        "2.2 s; the 1f1b case stays in make test-fast",
+    "tests/test_planner_layout_dp.py::test_planner_least_J_equals_enumeration_on_10_boards[gpipe-4]":
+        "2.1 s; the 1f1b case stays in make test-fast",
+    "tests/test_onnx_torch.py::test_imported_models_plan[lstm_bidir.dynamo.onnx]":
+        "4.5 s of planning; the other imported models plan in make test-fast",
+    "tests/test_board_budget.py::test_planner_plans_fit_the_board_budget[tiny-cnn-8xU280-ring":
+        "4 s of planning on 8 boards; the 4-board cases stay in make test-fast",
     "tests/test_validation_cases.py::test_gen_refuses_a_non_empty_folder_and_replaces_it_whole_with_force": "9.9 s",
     "tests/test_physical_rules.py::test_gen_refuses_a_build_that_breaks_a_rule": "7.7 s",
     "tests/test_validation_cases.py::test_long_steps_say_so_on_a_terminal": "6.4 s",

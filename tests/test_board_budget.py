@@ -23,11 +23,8 @@ SMALL_RESNET = "examples/models/small-resnet.yaml"
 
 
 def _plan(model_name: str, cluster_name: str, **req):
-    from bapipe.planner.planning import make_plan
-    from bapipe.planner.search import Request
-    model = load_model(model_name)
-    cluster = load_cluster(cluster_name)
-    return make_plan(model, cluster, model_name, cluster_name, Request(**req)).plan, model, cluster
+    from planned import cached_plan   # searched once per run
+    return cached_plan(model_name, cluster_name, **req).plan, load_model(model_name), load_cluster(cluster_name)
 
 
 def _board_dsp(plan, model, cluster) -> dict[str, tuple[int, int]]:

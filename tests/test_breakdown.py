@@ -14,9 +14,9 @@ from bapipe.models import load_model
 from bapipe.planner.breakdown import PARTS, breakdown, replay_inputs, unpriced
 from bapipe.planner.cli_plan import limits, parse_partition, show_plan
 from bapipe.planner.pipeline import replay
-from bapipe.planner.planning import make_plan, summary
-from bapipe.planner.search import Request
+from bapipe.planner.planning import summary
 from tolerances import f64_sum
+from planned import cached_plan
 
 #: (model, cluster, request options): the default plan, every schedule family (flushed,
 #: interleaved, 2BW's and PipeDream's steady states) and replicated stages (rings)
@@ -35,7 +35,7 @@ def _plan(model, cluster, **kw):
     m = load_model(model)
     if "partition" in kw:
         kw = {**kw, "partition": parse_partition(kw["partition"], len(m.layers))}
-    return make_plan(m, load_cluster(cluster), model, cluster, Request(**kw))
+    return cached_plan(model, cluster, **kw)   # searched once per run (tests/planned.py)
 
 
 @pytest.fixture(scope="module", params=CASES, ids=lambda c: f"{c[0]}-{c[1]}-{c[2].get('schedule', c[2].get('mode', 'auto'))}")

@@ -13,10 +13,10 @@ from bapipe.fpga_models.boards import get_board
 from bapipe.fpga_models.cluster import load_cluster
 from bapipe.fpga_models.sim import SimConfig, simulate
 from bapipe.planner import mesh
-from bapipe.planner.planning import make_plan
 from bapipe.planner.search import Request
 from bapipe.planner.stagecost import layer_table, stage_model
 from tolerances import PLAN_DIGITS, f64_sum
+from planned import cached_plan
 
 
 def test_roles_and_layouts_bert():
@@ -80,8 +80,7 @@ def test_tp_stage_model_hand_computed():
 
 
 def _plan(model_name, cluster_name, **kw):
-    model, cl = load_model(model_name), load_cluster(cluster_name)
-    return make_plan(model, cl, model_name, cluster_name, Request(**kw)).plan, model, cl
+    return cached_plan(model_name, cluster_name, **kw).plan, load_model(model_name), load_cluster(cluster_name)
 
 
 @pytest.fixture(scope="module")

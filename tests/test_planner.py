@@ -9,10 +9,11 @@ from bapipe.models import load_model
 from bapipe.fpga_models.cluster import load_cluster
 from bapipe.planner.cli_plan import parse_partition
 from bapipe.planner.pipeline import closed_form_bubble, flowshop_time, replay, ring_allreduce_s
-from bapipe.planner.planning import equal_bounds, make_plan, summary
+from bapipe.planner.planning import equal_bounds, summary
 from bapipe.planner.search import Request, stashes_at
 from tolerances import PLAN_DIGITS, f64_sum
 import cli_fork
+from planned import cached_plan
 
 
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "eager-1f1b", "2bw"])
@@ -93,7 +94,7 @@ def test_ring_allreduce():
 
 
 def _plan(model, cluster="4xU250-ring", **kw):
-    return make_plan(load_model(model), load_cluster(cluster), model, cluster, Request(**kw))
+    return cached_plan(model, cluster, **kw)   # searched once per run (tests/planned.py)
 
 
 def test_tiny_plans_have_codegen_ready_foldings():

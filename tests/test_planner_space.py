@@ -10,10 +10,9 @@ from bapipe.models import load_model
 from bapipe.fpga_models.cluster import load_cluster
 from bapipe.planner.cli_plan import parse_partition
 from bapipe.planner.pipeline import replay
-from bapipe.planner.planning import make_plan
-from bapipe.planner.search import Request
 from tolerances import PLAN_DIGITS, f64_sum
 import cli_fork
+from planned import cached_plan
 
 
 def _cli(*args):
@@ -21,7 +20,7 @@ def _cli(*args):
 
 
 def _plan(model, cluster, **kw):
-    return make_plan(load_model(model), load_cluster(cluster), model, cluster, Request(**kw))
+    return cached_plan(model, cluster, **kw)   # searched once per run (tests/planned.py)
 
 
 @pytest.mark.parametrize("schedule", SCHEDULES)
@@ -201,8 +200,11 @@ def test_interleaved_more_chunks_replay_equals_sim(v, monkeypatch):
     from bapipe.plan import load_plan
     from bapipe.fpga_models.sim import SimConfig, simulate
 
+    from bapipe.planner.planning import make_plan
     monkeypatch.setattr(search, "INTERLEAVE_CHUNKS", (v,))
-    out = _plan("tiny-cnn", "4xU250-ring", schedule="interleaved")
+    # searched here, not read from tests/planned.py: its cache does not see the patched constant
+    out = make_plan(load_model("tiny-cnn"), load_cluster("4xU250-ring"), "tiny-cnn", "4xU250-ring",
+                    search.Request(schedule="interleaved"))
     assert out.plan.chunks == v and out.plan.schedule == "interleaved"
     r = simulate(out.plan, load_model("tiny-cnn"), load_cluster("4xU250-ring"),
                  config=SimConfig(record=False, host_io=False))

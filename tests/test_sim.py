@@ -346,13 +346,10 @@ def test_comm_on_critical_path(tmp_path):
 # --- agreement with the planner -----------------------------------------------------------
 
 def _planned(model_name: str, cluster_name: str, **req):
-    planner = pytest.importorskip("bapipe.planner.planning")
-    from bapipe.planner.search import Request
+    pytest.importorskip("bapipe.planner.planning")
+    from planned import cached_plan   # searched once per run
 
-    model = load_model(model_name)
-    cl = load_cluster(cluster_name)
-    out = planner.make_plan(model, cl, model_name, cluster_name, Request(**req))
-    return out.plan, model, cl
+    return cached_plan(model_name, cluster_name, **req).plan, load_model(model_name), load_cluster(cluster_name)
 
 
 AGREE = [
