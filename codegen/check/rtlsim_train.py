@@ -142,7 +142,9 @@ def run_sim(d: Path, rtl: Path, man: dict, x_stream: np.ndarray, dy_stream: np.n
         (run_dir / "x.hex").write_text(_vec_hex(x_stream, elem_w))
         (run_dir / "dy.hex").write_text(_vec_hex(dy_stream, elem_w))
         t0 = time.perf_counter()
-        r = proc.run([str(d / "obj" / "Vtrain_tb"), str(max_cycles + RESET_CYCLES + 10), f"+n={len(x_stream)}",
+        # absolute: the run's working folder is run_dir, and a cache folder given relative
+        # (`run --backend verilator --build build/...`) would not be found from there
+        r = proc.run([str((d / "obj" / "Vtrain_tb").resolve()), str(max_cycles + RESET_CYCLES + 10), f"+n={len(x_stream)}",
                             f"+iters={iterations}", f"+max={max_cycles}"], capture_output=True, text=True, cwd=run_dir)
         wall = time.perf_counter() - t0
         if r.returncode != 0:
