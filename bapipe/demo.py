@@ -150,8 +150,7 @@ def flow(p) -> tuple[int, float | None]:
     if why:   # the training RTL does not build this plan: the forward pipeline, said so
         try:
             v = b.rtlsim()
-            per = "; ".join(f"stage {s['index']} {s['measured_cycles_per_sample']:.1f} vs "
-                            f"{s['plan_cycles_per_sample']:.1f}" for s in v.stages or [])
+            per = _stage_cycles(v)
             # the forward pipeline is built from the inference engines, whose MVU adder trees add
             # register stages a training plan (priced for the training engines) does not count:
             # its cycles are shown, not held to PLAN_TOLERANCE; its outputs must be bit-exact
@@ -165,8 +164,7 @@ def flow(p) -> tuple[int, float | None]:
         return failed + _train_run(p), None
     try:
         v = b.rtlsim(iterations=ITERATIONS)
-        per = "; ".join(f"stage {s['index']} {s['measured_cycles_per_sample']:.1f} vs {s['plan_cycles_per_sample']:.1f}"
-                        for s in v.stages or [])
+        per = _stage_cycles(v)
         cyc = v.iteration_cycles or []
         cycles = sum(cyc) / len(cyc) if cyc else None
         ok = bool(v.weights_match) and bool(v.outputs_match) and v.plan_error is not None \
@@ -178,6 +176,12 @@ def flow(p) -> tuple[int, float | None]:
     except bapipe.BapipeError as e:
         failed += _step("rtlsim", False, str(e), t0)
     return failed + _train_run(p), cycles
+
+
+def _stage_cycles(v) -> str:
+    """An rtlsim result's forward cycles a sample per stage, Verilator against the plan."""
+    return "; ".join(f"stage {s['index']} {s['measured_cycles_per_sample']:.1f} vs {s['plan_cycles_per_sample']:.1f}"
+                     for s in v.stages or [])
 
 
 def _train_unsupported(build) -> str | None:
