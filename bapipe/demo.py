@@ -20,6 +20,8 @@ import sys
 import time
 from pathlib import Path
 
+from bapipe.codegen.gen_folder import train_unsupported
+
 from .toolchain import wire_verilator
 from .units import seconds, si
 
@@ -146,7 +148,7 @@ def flow(p) -> tuple[int, float | None]:
     except bapipe.BapipeError as e:
         failed += _step("csim", False, str(e), t0)
     t0 = time.perf_counter()
-    why = _train_unsupported(build)
+    why = train_unsupported(build)
     if why:   # the training RTL does not build this plan: the forward pipeline, said so
         try:
             v = b.rtlsim()
@@ -182,16 +184,6 @@ def _stage_cycles(v) -> str:
     """An rtlsim result's forward cycles a sample per stage, Verilator against the plan."""
     return "; ".join(f"stage {s['index']} {s['measured_cycles_per_sample']:.1f} vs {s['plan_cycles_per_sample']:.1f}"
                      for s in v.stages or [])
-
-
-def _train_unsupported(build) -> str | None:
-    """Why the training RTL does not build the plan of ``build`` (design.json), or None."""
-    import json
-
-    try:
-        return json.loads((build / "design.json").read_text()).get("train_unsupported")
-    except (OSError, ValueError):
-        return None
 
 
 def _train_run(p) -> int:

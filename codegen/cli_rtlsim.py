@@ -18,6 +18,7 @@ import numpy as np
 from bapipe.errors import SpecError
 from bapipe.names import restore
 
+from bapipe.codegen.gen_folder import train_unsupported
 from bapipe.codegen.check.rtlsim import ENGINES, measure, read_manifest, reference, simulate, stream_order  # noqa: F401 (the CLI's API)
 
 
@@ -180,21 +181,12 @@ def cmd_rtlsim(args):
         "stage_boards": [f"stage {i} on {b}" for i, b, _style in man.get("stage_boards", [])] or man["boards"],
     }
     result.update(stages)
-    why = _train_unsupported(build)
+    why = train_unsupported(build)
     if why:   # a mode: train plan the training RTL cannot build: this run is the forward pass only
         result["training_unsupported"] = why
     if train_build:   # the training RTL exists but this run is the forward pass: say why
         result["training_skipped"] = skipped or "--iterations 0: ran the forward pipeline only"
     return result, (0 if match else 1)
-
-
-def _train_unsupported(build: Path) -> str | None:
-    """Why `bapipe gen` wrote no training RTL for a mode: train plan (design.json), else None."""
-    import json
-    try:
-        return json.loads((build / "design.json").read_text()).get("train_unsupported")
-    except (OSError, ValueError):
-        return None
 
 
 def stage_agreement(build: Path, samples: int | None = None, threads: int = 1,

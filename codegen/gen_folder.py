@@ -303,3 +303,12 @@ def refusal(result: dict) -> str:
              if first else "a rule fails")
     return (f"expected a build every board can hold: {len(bad)} of {len(result['boards'])} boards break the "
             f"physical rules ({where}; `bapipe check` on a build made without --strict-rules lists them)")
+
+
+def train_unsupported(build: Path) -> str | None:
+    """Why `bapipe gen` wrote no training RTL for the mode: train plan of ``build``
+    (design.json's ``train_unsupported``), else None."""
+    try:
+        return json.loads((Path(build) / "design.json").read_text()).get("train_unsupported")
+    except (OSError, ValueError):
+        return None

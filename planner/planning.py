@@ -125,6 +125,7 @@ def make_plan(model: Model, cluster: Cluster, model_arg: str, cluster_arg: str, 
                 continue
             if (alt.iteration_s, alt.config) < (best.iteration_s, best.config):
                 best = alt
+        best = ex.retune(best)
     lb = lower_bound_s(model, ex)
     plan = to_plan(model, cluster, model_arg, cluster_arg, ex, best, baselines, lb)
     check_cap(plan, ex)
