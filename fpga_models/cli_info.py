@@ -37,6 +37,8 @@ def _iec(n: float) -> str:
 
 #: the number format whose peak `bapipe boards` shows: every command's default (fixed16)
 PEAK_FORMAT = "fixed16"
+#: fixed-point operations are not floating-point ones: 2 OP per multiply-accumulate
+PEAK_UNIT = "OP/s"
 
 
 def cmd_models(args) -> dict:
@@ -69,7 +71,7 @@ def show_boards(r: dict) -> str:
     """Board table."""
     rows = [[b["name"], b["kind"], f"{b['dsp']:,}", f"{b['usable_dsp']:,}", f"{b['bram36']:,}", f"{b['uram']:,}",
              f"{b['lut']:,}", _si(b["clock_hz"], "Hz"), _iec(b["offchip_bytes"]), _iec(b["offchip_bw_Bps"]) + "/s",
-             _si(b.get("peak_flops", {}).get(PEAK_FORMAT, 0), "FLOP/s")] for b in r["boards"]]
+             _si(b.get("peak_flops", {}).get(PEAK_FORMAT, 0), PEAK_UNIT)] for b in r["boards"]]
     return _table(["board", "kind", "DSP", "usable DSP", "BRAM36", "URAM", "LUT", "clock", "off-chip", "bandwidth",
                    f"peak {PEAK_FORMAT}"], rows, "board catalog (peak at the default number format; --json: every format)")
 
