@@ -15,17 +15,32 @@ kernel and its plan figure (codegen.design.backward), the board's DSP count (fpg
 """
 from __future__ import annotations
 
+from collections import OrderedDict
+
 from bapipe.spec import Model
+
+
+#: the last few models' gradient tensors, by identity (the planner asks about one model
+#: hundreds of times a search: gpt3-175b 898 walks of 1,000 layers; hashing a Model by value
+#: would cost as much as the walk)
+_RECENT: OrderedDict[int, tuple[Model, frozenset[str]]] = OrderedDict()
+_RECENT_MAX = 8
 
 
 def gradient_tensors(model: Model) -> frozenset[str]:
     """Tensors whose gradient the backward computes: the output of every layer with parameters
     and of every layer one of whose inputs has a gradient (model inputs have none)."""
+    hit = _RECENT.get(id(model))
+    if hit is not None and hit[0] is model:
+        return hit[1]
     out: set[str] = set()
     for l in model.layers:   # topological order
         if l.params > 0 or any(i in out for i in l.inputs):
             out.add(l.name)
-    return frozenset(out)
+    _RECENT[id(model)] = (model, frozenset(out))
+    while len(_RECENT) > _RECENT_MAX:
+        _RECENT.popitem(last=False)
+    return _RECENT[id(model)][1]
 
 
 def no_input_gradient(model: Model) -> frozenset[str]:
