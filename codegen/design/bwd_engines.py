@@ -22,6 +22,7 @@ import re
 from dataclasses import dataclass, field
 
 from bapipe.fpga_models.bwd_tiles import SUMS_PER_BEAT, WEIGHTS_PER_WORD, BwdTiles, Job
+from bapipe.names import shown
 
 from bapipe.codegen.design.cxx_text import split_args
 
@@ -250,7 +251,7 @@ def _row_arrays(j: Job, tag: str, bt: BwdTiles | None = None):
 
 
 def _summary(bt: BwdTiles, jobs: list[EngineJob]) -> str:
-    parts = [f"{j.layer} {j.mh}x{j.mw}" for j in jobs]
+    parts = [f"{shown(j.layer)} {j.mh}x{j.mw}" for j in jobs]   # a comment: the layer's name as text
     return (f"{len(jobs)} matrix job(s) ({', '.join(parts)}); grid {bt.pe} x {bt.simd}, chunks of {bt.chunk}, "
             f"dx groups of {bt.reuse}, row engine {bt.row_lanes or 0} lanes (fpga_models.bwd_tiles)")
 
