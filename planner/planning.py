@@ -322,7 +322,10 @@ def baselines_of(model: Model, ex: Explorer, best: Candidate,
 
 def _stage_cycles(s: dict, clk: float, slowest: int) -> dict[str, float]:
     """fwd/bwd cycles per micro-batch and ``fwd_interval``: forward cycles per sample in steady
-    state (a long stream of samples), what `bapipe rtlsim` measures per stage; a training FPGA
+    state (a long stream of samples), what `bapipe rtlsim` measures per stage; a training stage
+    also ``bwd_rtl``, its backward as the training RTL builds it (one engine per layer,
+    fpga_models.engines: codegen.design.training) where ``bwd`` is the HLS backward kernel's
+    (tiled engines, fpga_models.bwd_tiles); a training FPGA
     stage also its per-iteration ``flush``, ``allreduce`` and ``update`` cycles (what the
     Design's kernels record, codegen.design.train_kernels).
 
@@ -335,6 +338,8 @@ def _stage_cycles(s: dict, clk: float, slowest: int) -> dict[str, float]:
     if s["style"] == "dataflow" and s["fwd_s"] <= s["compute_f"] * (1 + 1e-9):
         interval = float(slowest)
     out = {"fwd": fwd, "bwd": int(round(s["bwd_s"] * clk)), "fwd_interval": round(interval, 3)}
+    if s.get("bwd_s") and s["style"] != "gpu":   # training: the backward as the training RTL's engines run it
+        out["bwd_rtl"] = int(round(s.get("bwd_rtl_s", s["bwd_s"]) * clk))
     if s.get("update_s"):   # the per-iteration tail as the HLS kernels build it (fpga_models.update)
         out.update(flush=int(round(s["flush_s"] * clk)), allreduce=int(round(s["allreduce_s"] * clk)),
                    update=int(round(s["update_s"] * clk)))

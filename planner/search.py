@@ -1631,6 +1631,7 @@ class Explorer:
             table = self.table(btype, c.v)
             fold = {self.model.layers[x].name: table.fold[x] for x in range(a, b + 1)}
             style = "gpu" if table.board.kind == "gpu" else "time-multiplexed"
+            rtl_b = r["bwd_s"]   # the training RTL's backward (only the allocated FPGA stages differ)
             if table.board.kind == "fpga" and table.measured_f is None and self.kd(c, d) == 1:
                 # candidates share stages (same range, board type, samples and chunks): allocate once
                 akey = ("alloc", a, b, btype, beta, c.v)
@@ -1653,6 +1654,8 @@ class Explorer:
                     cb_ = bwd_s + (cf if c.recompute and self.train else 0.0)
                     r["fwd_s"] = max(cf, r["traffic_f"])
                     r["bwd_s"] = max(cb_, r["traffic_b"]) if self.train else 0.0
+                    # the training RTL's per-layer engines (fpga_models.engines, allocate.dataflow): no tiles
+                    rtl_b = max(alloc.bwd_s + (cf if c.recompute else 0.0), r["traffic_b"]) if self.train else 0.0
                     r["time_s"] = r["fwd_s"] + r["bwd_s"]
                     r["compute_f"], r["compute_b"] = cf, cb_
                     fold, style = dict(alloc.folding), "dataflow"
@@ -1676,6 +1679,8 @@ class Explorer:
                     r["fwd_s"] = max(r["compute_f"], r["traffic_f"], self._links[wkey] * beta)
                     if c.recompute and self.train:   # the recomputed forward waits on them too
                         r["compute_b"] += spill
+                    # the training RTL's turns: its per-layer engines, no HLS frames off chip nor tiled engines
+                    rtl_b = max(r["compute_b"], r["traffic_b"]) if self.train else 0.0
                     if self.train:   # and the backward kernel's turns on its off-chip frames and weight tile fills
                         bkey = ("bspill", a, b, btype, c.v, c.m * beta)
                         if bkey not in self._links:
@@ -1696,7 +1701,7 @@ class Explorer:
                 occ, lat, sb = 0.0, 0.0, 0
             stages.append({"index": s, "device": d, "chunk": s // c.p, "first": a, "last": b, "board_type": btype,
                            "boards": [x.name for x in self.stage_boards(c, d)], "fwd_s": r["fwd_s"],
-                           "bwd_s": r["bwd_s"],
+                           "bwd_s": r["bwd_s"], "bwd_rtl_s": rtl_b,
                            "time_s": r["time_s"], "memory_bytes": int(r["memory"]), "weight_bytes": int(r["weight_bytes"]),
                            "stash_bytes": int(r["stash_bytes"]), "stashes": st,
                            "stash_mb_bytes": int(r["stash_mb"]), "fixed_bytes": int(r["fixed_bytes"]), "send_bytes": sb, "send_occ": occ,
