@@ -236,7 +236,7 @@ def test_mini_resnet_design_is_the_plans(tmp_path):
     names = [s[1] for s in b0.steps()]
     assert names.index("b1_conv1_bi") < names.index("stem_relu_fs") < names.index("stem_relu_b")
     got = [(b.op_fwd_cycles, b.op_bwd_cycles) for b in td.boards]
-    assert [(s.cycles["fwd"], s.cycles["bwd"]) for s in plan.stages] == [(160, 192), (17, 18)]
+    assert [(s.cycles["fwd"], s.cycles["bwd_rtl"]) for s in plan.stages] == [(160, 192), (17, 18)]
     assert got == [(160, 193), (17, 18)]
     assert [l.name for l in b0.layers if l.kind == "batchnorm"] == ["stem_bn", "b1_bn1", "b1_bn2"]
 
@@ -284,19 +284,23 @@ SMALL_RESNET = __import__("pathlib").Path(__file__).parents[1] / "examples" / "m
 
 
 def _small_resnet_plan(tmp):
-    """`bapipe plan small-resnet 4xU250-ring` (the default training plan: one dataflow stage x 4
-    replicas, 1f1b, one micro-batch of 32, 8 samples a replica)."""
+    """`bapipe plan small-resnet 4xU250-ring --partition 0-20x4 --microbatches 1 --schedule 1f1b`: one
+    dataflow stage x 4 replicas, one micro-batch of 32, 8 samples a replica (the default plan until
+    the HLS backward's tiled engines were priced; since then the default search settles on 2 stages
+    x 2 replicas cut inside a residual block, 1.07 ms, which the training RTL does not build, while
+    this plan prices 854 us: a search miss, reported, not pinned here)."""
     import subprocess
     import sys
     out = tmp / "small-resnet.yaml"
-    subprocess.run([sys.executable, "-m", "bapipe.cli", "plan", str(SMALL_RESNET), "4xU250-ring", "-o", str(out),
-                    "--force"], check=True, capture_output=True)
+    subprocess.run([sys.executable, "-m", "bapipe.cli", "plan", str(SMALL_RESNET), "4xU250-ring", "--partition",
+                    "0-20x4", "--microbatches", "1", "--schedule", "1f1b", "-o", str(out), "--force"],
+                   check=True, capture_output=True)
     return out
 
 
 @pytest.mark.slow  # runs the planner (~1 s)
 def test_small_resnet_design_is_the_plans(tmp_path):
-    """small-resnet's default plan: a fork's gradient sum (stem_relu's, b1_relu's: 4,096 cycles a
+    """small-resnet's one-stage plan (:func:`_small_resnet_plan`): a fork's gradient sum (stem_relu's, b1_relu's: 4,096 cycles a
     sample) is a backward unit of its own, so 8 samples stream through it and the forked relu's
     backward as through every other pass, and the B op is sum + 7 x max with the max a conv's 6,144:
     133,762 cycles against the plan's 133,760 (the RTL's two adds pass dy on in 1 cycle where the plan
@@ -324,7 +328,7 @@ def test_small_resnet_design_is_the_plans(tmp_path):
 
 @pytest.mark.soak  # gen + a 4-board Verilator build of 16,384-element vectors + 2 iterations (see docs/rtl.md)
 def test_small_resnet_trains_bit_exact(tmp_path):
-    """`bapipe gen` + `bapipe rtlsim --iterations 2 --json` on small-resnet's default training plan (4
+    """`bapipe gen` + `bapipe rtlsim --iterations 2 --json` on small-resnet's one-stage training plan (4
     replicas x 8 samples, 1f1b, the ring all-reduce): every conv, batchnorm and dense master weight of
     every replica bit-exact against train_fixed.train_step after each iteration, outputs bit-exact, no
     overflow; the RTL's ring (design.json) is the plan's (30,960 cycles: the model's 19,994 parameters,

@@ -39,10 +39,12 @@ from bapipe.layers import Layer
 from .boards import Board, bytes_per_element
 from .fixedpoint import get_fmt
 from .gradients import backward_work
-from .engines import (MAX_LANES, TM_SWITCH, WEIGHT_TILE_SHARE, conv_window_lanes, elementwise_lut, engine_kind,
-                      frame_io_cycles, line_buffer_bytes, mvu_dsp, mvu_lut, turn_fill, weight_stream_beats,
+from .engines import (DDR_WORD_BITS, MAX_LANES, TM_SWITCH, WEIGHT_TILE_SHARE, conv_window_lanes, elementwise_lut,
+                      engine_kind, frame_io_cycles, line_buffer_bytes, mvu_dsp, mvu_lut, swg_rows, turn_fill,
+                      weight_stream_beats,
                       WEIGHT_FILL_LAG, fetch_turn_cycles,
                       weight_words, window_stream_fill)
+from .memory_blocks import Blocks, WeightBanks, bank_blocks, storage_impl, weight_banks
 from .cost import (best_folding, divisors, layer_cost, onchip_capacity,
                    matrix_shape, lane_dim)
 
@@ -356,6 +358,35 @@ def tm_weight_turns(layers: Sequence[Layer], folding: dict[str, tuple[int, int]]
     return (weight_words(res[0][1], bits) if res else 0), turn
 
 
+def tm_weight_bank_bytes(layers: Sequence[Layer], folding: dict[str, tuple[int, int]], fmt: str,
+                         budget: int | None, train: bool = True) -> int:
+    """Bytes per sample a time-multiplexed forward kernel's weight loads read from off-chip
+    memory, all through one m_axi bundle, so one bank (codegen.design.bundles: the fill, each
+    turn's fetch and each stream never run two at once): every resident matrix's 512-bit words
+    once a sample, a streamed matrix's once per input vector; 0 when its weights are on-chip
+    ROMs or all stay on chip for the call (read once a call, not per sample)."""
+    if not weights_offchip(layers, train):
+        return 0
+    bits = 8 * bytes_per_element(fmt)
+    tiles = tm_weight_tiles(layers, folding, fmt, budget)
+    if weights_all_resident([e for _l, e, _r in tiles], bits // 8, budget):
+        return 0
+    words = sum(weight_words(e, bits) * (1 if r else _vectors(l)) for l, e, r in tiles)
+    return words * DDR_WORD_BITS // 8
+
+
+def tm_weight_bank_seconds(layers: Sequence[Layer], board: Board, folding: dict[str, tuple[int, int]], fmt: str,
+                           cap: float, chunks: int = 1, train: bool = True) -> float:
+    """Seconds per sample the forward kernel's weight loads hold their bank
+    (:func:`tm_weight_bank_bytes` at the board's slowest bank, fpga_models.boards.Bank): a floor
+    under the stage's forward time (planner.search), which the fetch turns' one word a cycle
+    (:func:`tm_weight_cycles`) meets on a DDR4 bank (19.2 GB/s = 64 bytes x 300 MHz) but not on
+    an HBM pseudo-channel (14.375 GB/s)."""
+    nbytes = tm_weight_bank_bytes(layers, folding, fmt, kernel_onchip_budget(board, cap, chunks, train), train)
+    bw = min((b.bw_Bps for b in board.banks), default=board.offchip_bw_Bps)
+    return nbytes / bw if nbytes and bw else 0.0
+
+
 def tm_turn_bytes(layers: Sequence[Layer], folding: dict[str, tuple[int, int]], fmt: str) -> int:
     """On-chip bytes of a time-multiplexed forward kernel's engines inside its turns, as
     codegen.design.tm_kernel builds them (two-deep streams, DEFAULT_DEPTH): a window generator's output
@@ -458,12 +489,266 @@ def tm_onchip_parts(layers: Sequence[Layer], board: Board, folding: dict[str, tu
                     "onchip_bytes": fixed + sum(e if o else b for b, e, o in zip(frames, ends, off))}
 
 
+# ---------------------------------------------------------------- on-chip memory in blocks
+# The forward kernel's memory as the device holds it: banks in BRAM18 units and URAMs
+# (fpga_models.memory_blocks, UG573), not bytes. The Design (codegen.design.onchip.kernel_blocks)
+# states the same banks; `bapipe check` reads them back from the generated C++.
+
+
+def kernel_block_budget(board: Board, cap: float, stages_on_board: int = 1, train: bool = True) -> Blocks:
+    """BRAM18 units and URAMs one kernel may take: the board's capped usable blocks split evenly
+    over its kernels (:func:`board_kernels`, as :func:`kernel_onchip_budget` splits bytes)."""
+    k = max(1, stages_on_board) * len(board_kernels([0], train))
+    return Blocks(bram18=int(2 * board.usable_bram36 * cap) // k, uram=int(board.usable_uram * cap) // k)
+
+
+def _usable(board: Board) -> dict:
+    return {"usable_bram36": board.usable_bram36, "usable_uram": board.usable_uram}
+
+
+def fifo_blocks(width: int, depth: int, board: Board) -> Blocks:
+    """A FIFO of ``width`` bits x ``depth`` where the Design binds it (memory_blocks.storage_impl)."""
+    return bank_blocks(storage_impl(width, depth, fifo=True, **_usable(board)), width, depth)
+
+
+def _window(l: Layer, folding: dict[str, tuple[int, int]]) -> tuple[int, int, int, int, int] | None:
+    """(rows, k, w, c, lanes) of a window layer's generator (lanes: channels a beat), else None."""
+    if l.type not in ("conv2d", "maxpool", "avgpool") or len(l.in_shapes[0]) != 3:
+        return None
+    c, _h, w = (int(x) for x in l.in_shapes[0])
+    k, st = l.attr.get("kernel", 1), l.attr.get("stride", 1) or l.attr.get("kernel", 1)
+    k, st = int(k if isinstance(k, int) else k[0]), int(st if isinstance(st, int) else st[0])
+    pe, simd = folding[l.name]
+    if l.type == "conv2d":
+        lanes = conv_window_lanes(c, k, simd)[0]
+    else:   # a pool's window generator takes the plan's lanes when they divide C (codegen.design.dataflow)
+        lanes = pe * simd if c % (pe * simd) == 0 else math.gcd(pe * simd, c)
+    return swg_rows(k, st), k, w, c, lanes
+
+
+def ring_banks(rows: int, k: int, w: int, c: int, lanes: int, elem_bits: int,
+               board: Board | None = None) -> tuple[int, int, int, str]:
+    """(banks, bank width bits, bank depth, storage) of a window generator's ring as bapipe::swg
+    builds it: a bank per ring row and window column (rows x K: a window's taps read K x K banks
+    at once), LANES channels a word, ceil(W / K) x C / LANES words a bank, its storage by
+    memory_blocks.storage_impl (the Design binds it: swg_<impl>)."""
+    banks, width, depth = rows * k, lanes * elem_bits, math.ceil(w / k) * math.ceil(c / lanes)
+    return banks, width, depth, storage_impl(width, depth, banks, **(_usable(board) if board else {}))
+
+
+def line_buffer_blocks(l: Layer, folding: dict[str, tuple[int, int]], fmt: str, board: Board | None = None) -> Blocks:
+    """A window generator's ring in blocks (:func:`ring_banks`); none for other layers."""
+    g = _window(l, folding)
+    if g is None:
+        return Blocks()
+    banks, width, depth, impl = ring_banks(*g, 8 * bytes_per_element(fmt), board)
+    return bank_blocks(impl, width, depth).scaled(banks)
+
+
+def tm_weight_banks(layers: Sequence[Layer], folding: dict[str, tuple[int, int]], fmt: str, budget: int | None,
+                    board: Board) -> WeightBanks | None:
+    """The packed weight buffer of a time-multiplexed kernel whose weights are off chip
+    (codegen.design.weight_memory builds it): every matrix's PE x SIMD words one after another when
+    all stay on chip (:func:`weights_all_resident`), else two halves of the largest resident
+    matrix; None when no matrix is a tile."""
+    bits = 8 * bytes_per_element(fmt)
+    tiles = tm_weight_tiles(layers, folding, fmt, budget)
+    res = [(l, e) for l, e, r in tiles if r]
+    if not res:
+        return None
+    ps = [folding[l.name][0] * folding[l.name][1] for l, _e in res]
+    words = [e // p for (_l, e), p in zip(res, ps)]
+    every = weights_all_resident([e for _l, e, _r in tiles], bits // 8, budget)
+    return weight_banks(max(ps), bits, sum(words) if every else max(words), 1 if every else 2, sorted(set(ps)),
+                        DDR_WORD_BITS // bits, **_usable(board))
+
+
+def tm_param_blocks(layers: Sequence[Layer], folding: dict[str, tuple[int, int]], fmt: str, board: Board,
+                    train: bool = True) -> Blocks:
+    """A forward kernel's per-channel parameters on chip: every MVU's bias, NF x PE in PE banks
+    (the lowering gives each MVU one, zeros for a layer without: a training kernel's copy,
+    codegen.design.weight_memory, an inference kernel's ROM), and in training each batchnorm's
+    scale and shift copies, C/L x L in L banks (L: its lanes, gcd(planned, C) as
+    codegen.design.dataflow builds it; inference: LUTRAM ROMs); storage by memory_blocks.storage_impl."""
+    bits, out = 8 * bytes_per_element(fmt), Blocks()
+    for l in layers:
+        ms = matrix_shape(l)
+        if ms is not None and l.type in _TILED:
+            pe = folding[l.name][0]
+            nf = int(ms[0]) // pe
+            out = out + bank_blocks(storage_impl(bits, nf, pe, **_usable(board)), bits, nf).scaled(pe)
+        elif l.type == "batchnorm" and train:
+            sh = l.in_shapes[0]
+            c = int(sh[0] if len(sh) == 3 else sh[-1])
+            lanes = math.gcd(folding[l.name][0] * folding[l.name][1], c)
+            out = out + bank_blocks(storage_impl(bits, c // lanes, lanes, **_usable(board)), bits,
+                                    c // lanes).scaled(2 * lanes)
+    return out
+
+
+def tm_frame_blocks(layers: Sequence[Layer], folding: dict[str, tuple[int, int]], fmt: str,
+                    board: Board) -> list[Blocks]:
+    """Per frame of :func:`tm_frames`: the blocks of its copies on chip, each a FIFO of a frame
+    at its beat (:func:`fifo_blocks`)."""
+    bits = 8 * bytes_per_element(fmt)
+    turns = [l for l in layers if l.type != "flatten"]
+    out = []
+    for l, cs in zip(turns, tm_frame_copies(layers, folding)):
+        b = Blocks()
+        for _r, lanes in cs:
+            b = b + fifo_blocks(lanes * bits, math.ceil(int(l.out_elems) / lanes), board)
+        out.append(b)
+    return out
+
+
+def tm_feed_blocks(layers: Sequence[Layer], folding: dict[str, tuple[int, int]], fmt: str, board: Board) -> Blocks:
+    """The feed's whole-frame FIFOs (:func:`tm_feed_bytes`), one a reading turn, in blocks."""
+    _turns, _readers, inputs = tm_frame_readers(layers)
+    if len(inputs) < 2:
+        return Blocks()
+    bits, lanes = 8 * bytes_per_element(fmt), tm_port_lanes(layers, folding)
+    out = Blocks()
+    for t in inputs:
+        out = out + fifo_blocks(lanes * bits, math.ceil(int(math.prod(t.in_shapes[0])) / lanes), board)
+    return out
+
+
+def pool_acc_blocks(layers: Sequence[Layer], folding: dict[str, tuple[int, int]], fmt: str) -> Blocks:
+    """The pools' exact accumulators (bapipe::pool: acc_t acc[C / SIMD][SIMD], SIMD banks of C / SIMD
+    words of the format's accumulator width), where Vitis leaves an unbound array."""
+    out, acc = Blocks(), get_fmt(fmt).acc_width
+    for l in layers:
+        if l.type not in ("maxpool", "avgpool", "globalavgpool") or len(l.in_shapes[0]) != 3:
+            continue
+        c = int(l.in_shapes[0][0])
+        pe, simd = folding[l.name]
+        lanes = pe * simd if c % (pe * simd) == 0 else math.gcd(pe * simd, c)
+        out = out + bank_blocks("auto", acc, c // lanes).scaled(lanes)
+    return out
+
+
+def tm_mac_input_blocks(layers: Sequence[Layer], folding: dict[str, tuple[int, int]], fmt: str) -> Blocks:
+    """The shared MAC array's kept input vector (codegen.design.mac_share: the largest MW, cyclic
+    banks of the largest SIMD), where Vitis leaves an unbound array (memory_blocks 'auto')."""
+    mats = [(int(matrix_shape(l)[1]), folding[l.name][1]) for l in layers
+            if l.type in _TILED and matrix_shape(l) is not None]
+    if not mats:
+        return Blocks()
+    xb, xw = max(m for m, _s in mats), max(s for _m, s in mats)
+    return bank_blocks("auto", 8 * bytes_per_element(fmt), math.ceil(xb / xw)).scaled(xw)
+
+
+def frames_offchip_blocks(frame_blocks: Sequence[Blocks], frame_bytes: Sequence[int], fixed: Blocks,
+                          budget: Blocks) -> list[bool]:
+    """:func:`frames_offchip` in blocks: the smallest frames (by bytes; ties: the earlier) stay on
+    chip while the kernel's fixed blocks and theirs fit ``budget`` in BRAM18 units and URAMs."""
+    order = sorted(range(len(frame_bytes)), key=lambda i: (frame_bytes[i], i))
+    off, used = [True] * len(frame_bytes), fixed
+    for i in order:
+        nxt = used + frame_blocks[i]
+        if nxt.bram18 > budget.bram18 or nxt.uram > budget.uram:
+            break
+        used = nxt
+        off[i] = False
+    return off
+
+
+def tm_onchip_blocks(layers: Sequence[Layer], board: Board, folding: dict[str, tuple[int, int]], fmt: str,
+                     cap: float, chunks: int = 1, train: bool = True) -> dict:
+    """The planner's figure of a time-multiplexed forward kernel's on-chip memory in blocks, item
+    by item as codegen.design.tm_kernel builds it: ``weights`` (the packed buffer,
+    :func:`tm_weight_banks`), ``params`` (biases, batchnorm copies: :func:`tm_param_blocks`),
+    ``line_buffers`` (:func:`line_buffer_blocks`),
+    ``feed``, ``mac_input`` (:func:`tm_mac_input_blocks`), ``pool_accs`` (:func:`pool_acc_blocks`);
+    their sum ``fixed``; ``frames`` (per frame, :func:`tm_frame_blocks`) and ``off``
+    (:func:`frames_offchip_blocks` on the kernel's share, :func:`kernel_block_budget`);
+    ``onchip``: fixed and the frames kept."""
+    budget = kernel_block_budget(board, cap, chunks, train)
+    built = engine_built(layers)
+    wb = (tm_weight_banks(layers, folding, fmt, kernel_onchip_budget(board, cap, chunks, train), board)
+          if built and weights_offchip(layers, train) else None)
+    parts = {"budget": budget, "weights": wb.blocks if wb is not None else Blocks(),
+             "params": tm_param_blocks(layers, folding, fmt, board, train) if built else Blocks(),
+             "line_buffers": sum((line_buffer_blocks(l, folding, fmt, board) for l in layers), Blocks()),
+             "feed": tm_feed_blocks(layers, folding, fmt, board) if built else Blocks()}
+    parts["mac_input"] = tm_mac_input_blocks(layers, folding, fmt) if built else Blocks()
+    parts["pool_accs"] = pool_acc_blocks(layers, folding, fmt) if built else Blocks()
+    fixed = (parts["weights"] + parts["params"] + parts["line_buffers"] + parts["feed"] + parts["mac_input"]
+             + parts["pool_accs"])
+    frames = tm_frame_blocks(layers, folding, fmt, board)
+    off = frames_offchip_blocks(frames, [b for b, _l in tm_frames(layers, folding, fmt)], fixed, budget)
+    kept = sum((b for b, o in zip(frames, off) if not o), Blocks())
+    return parts | {"weight_banks": wb, "fixed": fixed, "frames": frames, "off": off, "onchip": fixed + kept}
+
+
+def df_onchip_blocks(layers: Sequence[Layer], board: Board, folding: dict[str, tuple[int, int]], fmt: str,
+                     train: bool = True) -> Blocks:
+    """The planner's figure of a dataflow forward kernel's on-chip memory in blocks: each MVU's
+    packed weight copy (off-chip weights: memory_blocks.weight_banks of its own PE x SIMD) or
+    its ROM banks (PE x SIMD banks of NF x SF words), the per-channel parameters
+    (:func:`tm_param_blocks`), the pools' accumulators, the window generators' rings and the
+    skip FIFOs (:func:`df_skip_blocks`; its other FIFOs are two deep: shift registers)."""
+    bits, out = 8 * bytes_per_element(fmt), Blocks()
+    off = weights_offchip(layers, train)
+    for l in layers:
+        out = out + line_buffer_blocks(l, folding, fmt, board)
+        ms = matrix_shape(l)
+        if ms is None or l.type not in _TILED:
+            continue
+        pe, simd = folding[l.name]
+        words = (int(ms[0]) // pe) * (int(ms[1]) // simd)
+        if off:
+            out = out + weight_banks(pe * simd, bits, words, 1, [pe * simd], DDR_WORD_BITS // bits,
+                                     **_usable(board)).blocks
+        else:
+            out = out + bank_blocks(storage_impl(bits, words, pe * simd, **_usable(board)), bits, words).scaled(pe * simd)
+    return (out + tm_param_blocks(layers, folding, fmt, board, train) + pool_acc_blocks(layers, folding, fmt)
+            + df_skip_blocks(layers, folding, fmt, board))
+
+
+def df_skip_blocks(layers: Sequence[Layer], folding: dict[str, tuple[int, int]], fmt: str, board: Board) -> Blocks:
+    """A dataflow stage's skip FIFOs (codegen.design.dataflow._dag_dataflow): the skip input of
+    an add (the one behind fewer window generators) waits in a FIFO of (difference + 1) whole
+    frames + 2 beats at the add's lanes (the plan's when they divide C, else what the main input
+    carries), bound where the Design binds a deep FIFO (:func:`fifo_blocks`)."""
+    bits, out = 8 * bytes_per_element(fmt), Blocks()
+    depth: dict[str, int] = {}
+    lanes_of: dict[str, int] = {}
+    for l in layers:
+        ins = [depth.get(i, 0) for i in l.inputs]
+        pe, simd = folding[l.name]
+        if l.type == "add" and len(l.inputs) == 2:
+            dm, dk = max(ins), min(ins)
+            main = l.inputs[ins.index(dm)]
+            sh = l.out_shape
+            c = int(sh[0] if len(sh) == 3 else sh[-1])
+            lm = pe * simd if c % (pe * simd) == 0 else math.gcd(lanes_of.get(main, 1), c)
+            beats = int(l.out_elems) // lm
+            out = out + fifo_blocks(lm * bits, (dm - dk + 1) * beats + 2, board)
+            depth[l.name], lanes_of[l.name] = dm, lm
+            continue
+        d = max(ins, default=0) + (1 if _window(l, folding) is not None else 0)
+        depth[l.name] = d
+        lanes_of[l.name] = _out_lanes(l, (pe, simd))
+    return out
+
+
+def fwd_kernel_blocks(layers: Sequence[Layer], board: Board, folding: dict[str, tuple[int, int]], fmt: str,
+                      cap: float, chunks: int = 1, train: bool = True, style: str = "time-multiplexed") -> Blocks:
+    """A stage's forward kernel's on-chip memory in blocks, the figure plan.yaml states
+    (``resources.fwd_bram36``, ``fwd_uram``): :func:`tm_onchip_blocks` or :func:`df_onchip_blocks`."""
+    if style == "dataflow":
+        return df_onchip_blocks(layers, board, folding, fmt, train)
+    return tm_onchip_blocks(layers, board, folding, fmt, cap, chunks, train)["onchip"]
+
+
 def tm_offchip(layers: Sequence[Layer], board: Board, folding: dict[str, tuple[int, int]], fmt: str,
                cap: float, chunks: int = 1, train: bool = True) -> list[bool]:
     """Which frame buffers of a time-multiplexed stage (:func:`tm_frames`, in turn order) go off
-    chip: :func:`frames_offchip` on the kernel's share of the board (:func:`tm_onchip_parts`).
-    The planner prices it (:func:`tm_spill_cycles`) and the lowering builds it (codegen.design.dataflow)."""
-    return tm_onchip_parts(layers, board, folding, fmt, cap, chunks, train)["off"]
+    chip: :func:`frames_offchip_blocks` on the kernel's share of the board's blocks
+    (:func:`tm_onchip_blocks`). The planner prices it (:func:`tm_spill_cycles`) and the lowering
+    builds it (codegen.design.dataflow)."""
+    return tm_onchip_blocks(layers, board, folding, fmt, cap, chunks, train)["off"]
 
 
 def tm_spill_cycles(layers: Sequence[Layer], board: Board, folding: dict[str, tuple[int, int]], fmt: str,

@@ -1,45 +1,29 @@
 """The on-chip memory of a stage's backward (training) kernel, decided once for the planner and
-the lowering: which weight-gradient accumulators stay on chip, which gradient frames of a
-time-multiplexed stage go off chip, and the cycles those frames cost.
+the lowering: which gradient frames of a time-multiplexed stage go off chip, the cycles those
+frames and the tiled matrix engines cost, and the kernel's blocks as the plan states them.
 
-The backward kernel (codegen.design.backward builds it) keeps on chip, besides its stream FIFOs:
+The backward kernel (codegen.design.backward builds it) keeps on chip, besides its stream FIFOs,
+its matrix engines' memories -- weight-gradient stores, weight store, chunk buffers
+(fpga_models.bwd_tiles decides them) -- the convs' col2im row buffers and window line buffers,
+and an unflatten's double buffer.
 
-- per matrix layer (dense, conv2d) a weight-gradient accumulator ``aw`` of MH x MW exact sums
-  (:func:`acc_width` bits for the iteration's vectors), the MVU's input vector (MW elements)
-  and, for a convolution that passes dx on, a col2im line buffer of KH + SH rows of exact
-  input-gradient sums; a convolution (or overlapping max pool) that streams its stash through
-  the window generator keeps KH + SH - 1 rows of its input;
-- an overlapping pool's col2im line buffer, an unflatten's double buffer.
+A time-multiplexed stage runs its layers' backward as turns (last layer first); the gradient one
+turn hands to a later one is a whole frame (one sample's gradient of that tensor), on chip while
+it fits beside the fixed bytes (fpga_models.allocate.frames_offchip, the forward kernels' rule),
+else in off-chip memory: written in 512-bit words by its writer's turn, read back by its
+reader's, each taking at least fpga_models.engines.frame_io_cycles -- cycles the plan charges
+(:func:`tm_bwd_spill_cycles`) and the kernel spends. The tiled engines' cycles beyond the plan's
+per-layer figure (:func:`tm_bwd_engine_cycles`), its flush (:func:`bwd_flush_cycles`), a dataflow
+stage's backward (:func:`dataflow_bwd_cycles`) and the kernel's BRAM36 / URAM / DSP
+(:func:`bwd_kernel_resources`) come from the same decision.
 
-The accumulators go on chip smallest first while they fit :data:`ACC_ONCHIP_SHARE` of the board
-and what the kernel's share (fpga_models.allocate.kernel_onchip_budget) leaves beside the other
-buffers; the rest are read-modify-written in off-chip memory. A time-multiplexed stage runs its
-layers' backward as turns (last layer first); the gradient one turn hands to a later one is a
-whole frame (one sample's gradient of that tensor), on chip while it fits beside the fixed
-bytes (fpga_models.allocate.frames_offchip, the forward kernels' rule), else in off-chip
-memory: written in 512-bit words by its writer's turn, read back by its reader's, each taking
-at least fpga_models.engines.frame_io_cycles -- cycles the plan charges
-(:func:`tm_bwd_spill_cycles`) and the kernel spends.
+A time-multiplexed kernel's figure counts all it builds: its turns' own two-deep streams
+(:func:`bwd_stream_bytes`, walked as codegen.design.backward lays them out) and an off-chip frame's
+two-deep ends (:func:`frame_pipe_bytes`), so ``BwdMemory.onchip_bytes`` is the Design's figure
+(codegen.design.onchip).
 
-A time-multiplexed kernel whose weights are not all copied on chip reads the smaller matrices
-of its turns with an input gradient from an on-chip weight tile (:func:`choose_tile`: what
-the share leaves), filled every sample in 512-bit beats. When two such tiles fit what the share
-leaves and two or more turns read one (:func:`double_tile`), the tile is a ping-pong pair: the
-first tiled turn's matrix is filled before it, and every later one's during the previous tiled
-turn, into the other tile; else one tile, filled before each tiled turn, not overlapped with it.
-The plan charges what the kernel waits on the fills (:func:`tile_stall_cycles`,
-:func:`tm_bwd_fill_cycles`) beside the frames (:func:`tm_bwd_extra_cycles`); a one-vector
-matrix with an input gradient that the tile does not hold streams through a two-deep FIFO, its
-dx summed in MW exact sums (:func:`weight_stream_layers`, :func:`weight_stream_bytes`).
-
-A time-multiplexed kernel's figure counts all it builds: besides the above, its turns' own
-two-deep streams (:func:`bwd_stream_bytes`, walked as codegen.design.backward lays them out) and an
-off-chip frame's two-deep ends (:func:`frame_pipe_bytes`), so ``BwdMemory.onchip_bytes`` is
-the Design's figure (codegen.design.onchip) and within the share.
-
-Read by the planner (planner.search: the stage's backward time) and codegen.design.backward (which
-frames and accumulators it puts off chip, which matrices its tile holds and which stream), so
-the two cannot disagree.
+Read by the planner (planner.search: the stage's backward time; planner.planning: its resources)
+and codegen.design.backward (which frames it puts off chip), so the two cannot disagree.
 """
 from __future__ import annotations
 
@@ -51,7 +35,9 @@ from typing import Collection, Sequence
 from bapipe.layers import Layer
 from bapipe.spec import Model
 
-from .allocate import frames_offchip, weight_resident, weights_all_resident
+from .allocate import frames_offchip, weights_all_resident
+from .bwd_tiles import (col2im_buffer, col2im_plan, matrix_layers, col2im_reader_extra, engine_extra_cycles, engine_folding,
+                        stage_tiles)
 from .boards import Board, bytes_per_element, on_chip_bytes
 from .cost import layer_cost, matrix_shape
 from .engines import conv_window_lanes, frame_io_cycles
@@ -106,29 +92,21 @@ class BwdMemory:
     """A stage's backward kernel memory decision (:func:`bwd_memory`)."""
 
     budget: int | None                 # the kernel's on-chip bytes (None: no board, no limit)
-    acc_onchip: dict                   # matrix layer -> its weight-gradient accumulator stays on chip
+    acc_onchip: dict                   # matrix layer -> its per-layer accumulator stays on chip (dataflow's record)
     acc_bytes: dict                    # matrix layer -> the accumulator's bytes
-    other_bytes: int                   # the fixed buffers besides the accumulators, streams and tile
+    other_bytes: int                   # the fixed buffers besides the streams (the tiled engines' arrays included)
     frames: tuple = ()                 # GradFrame, time-multiplexed stages only
     frames_off: tuple = ()             # per frame: off chip
-    tile: "WeightTile | None" = None   # time-multiplexed, weights not all copied: the tile built
     stream_bytes: int = 0              # time-multiplexed: the turns' two-deep streams (bwd_stream_bytes)
     frame_pipes: tuple = ()            # per frame: its two-deep ends when off chip (frame_pipe_bytes)
-    elem_bytes: int = 2                # bytes of one element (the tile's)
-    streamed: tuple = ()               # matrix layers whose dx turn streams its matrix (weight_stream_layers)
-    wstream_bytes: int = 0             # their FIFO and the row-order dx sums (weight_stream_bytes)
-
-    @property
-    def tile_bytes(self) -> int:
-        """The weight tile's bytes: both tiles of a ping-pong pair."""
-        return self.tile.buffers * self.tile.rows * self.tile.cols * self.elem_bytes if self.tile is not None else 0
+    elem_bytes: int = 2                # bytes of one element
 
     @property
     def fixed_bytes(self) -> int:
-        """On-chip bytes besides the frames: the other buffers, the on-chip accumulators, the
-        turns' two-deep streams, the weight tile and the weight stream's FIFO and sums."""
+        """On-chip bytes besides the frames: the other buffers, the on-chip accumulators and the
+        turns' two-deep streams."""
         return (self.other_bytes + sum(b for n, b in self.acc_bytes.items() if self.acc_onchip[n])
-                + self.stream_bytes + self.tile_bytes + self.wstream_bytes)
+                + self.stream_bytes)
 
     @property
     def onchip_bytes(self) -> int:
@@ -150,35 +128,7 @@ class BwdMemory:
                 "accumulators": [{"layer": n, "bytes": b, "onchip": self.acc_onchip[n]}
                                  for n, b in self.acc_bytes.items()],
                 "frames": [{"tensor": f.tensor, "writer": f.writer, "reader": f.reader, "bytes": f.nbytes,
-                            "lanes": f.lanes, "offchip": o} for f, o in zip(self.frames, self.frames_off)],
-                **({"weight_tile": {"rows": self.tile.rows, "columns": self.tile.cols,
-                                    "layers": list(self.tile.layers), "buffers": self.tile.buffers}}
-                   if self.tile is not None else {}),
-                **({"weight_stream": {"layers": list(self.streamed)}} if self.streamed else {})}
-
-
-@dataclass(frozen=True)
-class WeightTile:
-    """The on-chip weight tile of a time-multiplexed backward kernel (:func:`choose_tile`,
-    :func:`double_tile`): ``rows`` x ``cols`` elements, holding for the turn of each of
-    ``layers`` that layer's matrix (MH x MW) -- ``fills``, (layer, MH, MW), layer order -- every
-    sample. ``buffers`` 1: one tile, filled before each tiled turn; 2: a ping-pong pair, the
-    k-th tiled turn (turn order: :attr:`turn_fills`) reads tile k % 2, and the (k+1)-th's matrix
-    is filled into the other one during the k-th turn (the first's before it)."""
-
-    rows: int
-    cols: int
-    fills: tuple                       # (layer, MH, MW) per tiled turn, layer order
-    buffers: int = 1                   # 1: one tile; 2: a ping-pong pair
-
-    @property
-    def layers(self) -> tuple[str, ...]:
-        return tuple(n for n, _h, _w in self.fills)
-
-    @property
-    def turn_fills(self) -> tuple:
-        """``fills`` in turn order (the backward's turns run the layers last first)."""
-        return tuple(reversed(self.fills))
+                            "lanes": f.lanes, "offchip": o} for f, o in zip(self.frames, self.frames_off)]}
 
 
 def _active(model: Model, layers: Sequence[Layer]) -> tuple[set[str], set[str]]:
@@ -237,7 +187,7 @@ def frame_pipe_bytes(frame: GradFrame, fmt: str) -> int:
 
 
 def _walk(model: Model, layers: Sequence[Layer], folding: dict[str, tuple[int, int]],
-          fmt: str) -> tuple[list[GradFrame], list[tuple[str, int]]]:
+          fmt: str, c2i: dict | None = None, tiles: dict | None = None) -> tuple[list[GradFrame], list[tuple[str, int]]]:
     """The backward kernel's streams as codegen.design.backward.build_bwd lays them out, layers walked
     last first: (the frames between turns, :func:`bwd_frames`; per two-deep stream inside one
     turn, (turn, beat bits))."""
@@ -323,7 +273,8 @@ def _walk(model: Model, layers: Sequence[Layer], folding: dict[str, tuple[int, i
             else:
                 c, _h, w = l.in_shapes[0]
                 (kh, _kw), _s, _p = _window(l)
-                window(l, t, conv_window_lanes(c, kh, simd), simd)
+                job = tiles[l.name].job(l.name) if tiles and l.name in tiles else None
+                window(l, t, conv_window_lanes(c, kh, job.wsimd if job is not None and job.wsimd else simd), simd)
             if not dx[0]:
                 two_deep(t, simd)                                   # the MVU's unused dx beats
                 continue
@@ -332,9 +283,16 @@ def _walk(model: Model, layers: Sequence[Layer], folding: dict[str, tuple[int, i
             else:
                 mh, _mw, _pix = matrix_shape(l)
                 (kh, kw), _s, _p = _window(l)
-                two_deep(t, simd, simd * acc_width(int(mh) * kh * kw, bits, bits))   # exact dx into col2im
-                want = dy_lanes(src) or c
-                give(src, l.name, want if (w * c) % want == 0 else math.gcd(w * c, want))
+                xbits = acc_width(int(mh) * kh * kw, bits, bits)
+                two_deep(t, simd, simd * xbits)   # exact dx into col2im
+                if c2i and l.name in c2i:   # the tiled engines' col2im (fpga_models.bwd_tiles.col2im_plan)
+                    p2 = c2i[l.name]
+                    if p2.lin < simd:
+                        two_deep(t, p2.lin, p2.lin * xbits)
+                    give(src, l.name, p2.lout)
+                else:
+                    want = dy_lanes(src) or c
+                    give(src, l.name, want if (w * c) % want == 0 else math.gcd(w * c, want))
         elif l.type == "flatten" and len(l.in_shapes[0]) == 3:
             lin = read(l.name, t, None)
             n_in = elems[src]
@@ -458,90 +416,6 @@ def bwd_weight_bytes(model: Model, layers: Sequence[Layer], fmt: str, budget: in
     return sum(elems) * eb if elems and weights_all_resident(elems, eb, budget) else 0
 
 
-def bwd_weight_tile(model: Model, layers: Sequence[Layer], fmt: str, budget: int | None) -> tuple[int, int] | None:
-    """(rows, columns) of a time-multiplexed backward kernel's weight tile (codegen.design.backward
-    ._tile_weights fills it before each turn that reads it) when its weights are not all copied
-    on chip (:func:`bwd_weight_bytes` 0): the largest MH and the largest MW of the matrix layers
-    computing dx whose matrix is a tile by the forward's rule (fpga_models.allocate
-    .weight_resident); None when there is none."""
-    tiled = [(h, w) for _n, h, w in tile_candidates(model, layers, fmt, budget)]
-    return (max(r for r, _c in tiled), max(c for _r, c in tiled)) if tiled else None
-
-
-def tile_candidates(model: Model, layers: Sequence[Layer], fmt: str, budget: int | None) -> list[tuple[str, int, int]]:
-    """(layer, MH, MW) of the matrix layers computing dx whose matrix is a tile by the forward's
-    rule (fpga_models.allocate.weight_resident), layer order, when the backward kernel's weights
-    are not all copied on chip (:func:`bwd_weight_bytes` 0); else none."""
-    eb = bytes_per_element(fmt)
-    if bwd_weight_bytes(model, layers, fmt, budget):
-        return []
-    active, needed = _active(model, layers)
-    out = []
-    for l in layers:
-        if l.name in active and l.type in ("dense", "conv2d") and l.inputs[0] in needed:
-            mh, mw, pix = matrix_shape(l)
-            vec = int(round(pix)) if l.type == "conv2d" else int(prod(l.in_shapes[0][:-1]))
-            if weight_resident(int(mh) * int(mw), eb, budget, vec):
-                out.append((l.name, int(mh), int(mw)))
-    return out
-
-
-def choose_tile(cands: Sequence[tuple[str, int, int]], eb: int, left: float | None) -> WeightTile | None:
-    """The tile's matrices among ``cands`` ((layer, MH, MW) in layer order): smallest MH x MW
-    first (ties: the earlier turn, i.e. the later layer) while the largest MH x the largest MW of
-    those taken fits ``left`` bytes (None: no limit); the rest are read in place or streamed
-    (codegen.design.backward). None when none fits."""
-    pos = {n: k for k, (n, _h, _w) in enumerate(cands)}
-    keep: list = []
-    for c in sorted(cands, key=lambda c: (c[1] * c[2], -pos[c[0]])):
-        if left is None or max(x[1] for x in keep + [c]) * max(x[2] for x in keep + [c]) * eb <= left:
-            keep.append(c)
-    if not keep:
-        return None
-    fills = tuple(c for c in cands if c in keep)
-    return WeightTile(max(h for _n, h, _w in fills), max(w for _n, _h, w in fills), fills)
-
-
-def double_tile(tile: WeightTile | None, eb: int, left: float | None) -> WeightTile | None:
-    """The tile as built: a ping-pong pair (``buffers`` 2) of the same matrices when two tiles
-    fit ``left`` bytes (None: no limit) and two or more turns read it (with one, the only fill
-    is before its turn either way); else the one tile. The decision the planner prices
-    (:func:`tile_stall_cycles`) and codegen.design.backward._tile_weights builds."""
-    if tile is None or len(tile.fills) < 2:
-        return tile
-    if left is None or 2 * tile.rows * tile.cols * eb <= left:
-        return WeightTile(tile.rows, tile.cols, tile.fills, 2)
-    return tile
-
-
-def tile_fill_cycles(tile: WeightTile | None, fmt: str) -> int:
-    """Cycles a sample the tile's fills take end to end (codegen's bapipe::weight_tile): per
-    tiled matrix its 512-bit beats plus the loop's 2 cycles of pipeline depth (its BAPIPE_LOOP).
-    What one tile waits on (:func:`tile_stall_cycles`)."""
-    return sum(_fill_cycles(tile, fmt).values()) if tile is not None else 0
-
-
-def _fill_cycles(tile: WeightTile, fmt: str) -> dict[str, int]:
-    bits = 8 * bytes_per_element(fmt)
-    return {n: -(-mh * mw * bits // 512) + 2 for n, mh, mw in tile.fills}
-
-
-def tile_stall_cycles(tile: WeightTile | None, fmt: str, busy: dict[str, int] | None = None) -> int:
-    """Cycles a sample the kernel waits on its tile's fills. One tile: every fill
-    (:func:`tile_fill_cycles`), before its turn. A ping-pong pair: the first tiled turn's fill,
-    before it, then per later tiled turn what its fill (a process of the previous tiled turn's
-    DATAFLOW region) takes beyond that turn's own: ``max(0, fill[k+1] - busy[k])``, ``busy``
-    (layer -> cycles) the previous tiled turn's region without the fill (its layer's backward
-    cycles, or its off-chip frames' words when longer: :func:`turn_busy_cycles`)."""
-    if tile is None:
-        return 0
-    fill = _fill_cycles(tile, fmt)
-    if tile.buffers == 1:
-        return sum(fill.values())
-    order = [n for n, _h, _w in tile.turn_fills]
-    return fill[order[0]] + sum(max(0, fill[b] - (busy or {}).get(a, 0)) for a, b in zip(order, order[1:]))
-
-
 def place_accumulators(acc_bytes: dict[str, int], room: float) -> dict[str, bool]:
     """Which accumulators stay on chip: smallest first (ties: layer order) while they fit ``room``."""
     used, out = 0, {}
@@ -552,55 +426,16 @@ def place_accumulators(acc_bytes: dict[str, int], room: float) -> dict[str, bool
     return {n: out[n] for n in acc_bytes}
 
 
-def weight_stream_layers(model: Model, layers: Sequence[Layer], fmt: str, budget: int | None,
-                         tile: "WeightTile | None" = None) -> list[str]:
-    """The matrix layers of a time-multiplexed backward kernel whose dx turn streams its matrix
-    (codegen.design.backward._stream_weights): one vector a sample, an input gradient, the tile
-    (``tile``) not holding it, when the weights are not all copied on chip
-    (:func:`bwd_weight_bytes` 0). Layer order."""
-    eb = bytes_per_element(fmt)
-    if bwd_weight_bytes(model, layers, fmt, budget):
-        return []
-    active, needed = _active(model, layers)
-    tiled = set(tile.layers) if tile is not None else set()
-    out = []
-    for l in layers:
-        if l.name in active and l.type in ("dense", "conv2d") and l.inputs[0] in needed and l.name not in tiled:
-            _mh, _mw, pix = matrix_shape(l)
-            vec = int(round(pix)) if l.type == "conv2d" else int(prod(l.in_shapes[0][:-1]))
-            if vec == 1:
-                out.append(l.name)
-    return out
-
-
-def weight_stream_bytes(model: Model, layers: Sequence[Layer], folding: dict[str, tuple[int, int]], fmt: str,
-                        streamed: Collection[str]) -> int:
-    """On-chip bytes of the weight stream of a time-multiplexed backward kernel whose ``streamed``
-    turns read their matrices from it (codegen.design.backward._stream_weights), 0 without one: its
-    two-deep FIFO of the widest PE x SIMD word, and the MW exact dx sums (``accw``: the largest
-    MW of the kernel's matrices, each of the widest dx accumulator's bytes)."""
-    if not streamed:
-        return 0
-    bits = 8 * bytes_per_element(fmt)
-    ls = max(folding[n][0] * folding[n][1] for n in streamed)
-    active, _needed = _active(model, layers)
-    mats = [l for l in layers if l.name in active and l.type in ("dense", "conv2d")]
-    mw = max(int(matrix_shape(l)[1]) for l in mats)
-    xb = max(acc_width(int(matrix_shape(l)[0]) * (prod(_window(l)[0]) if l.type == "conv2d" else 1), bits, bits)
-             for l in mats)
-    return STREAM_DEPTH * -(-ls * bits // 8) + mw * -(-xb // 8)
-
-
 def bwd_memory(model: Model, layers: Sequence[Layer], board: Board | None, folding: dict[str, tuple[int, int]],
                fmt: str, budget: int | None, samples: int, time_multiplexed: bool) -> BwdMemory:
     """The backward kernel's memory decision. ``budget``: its on-chip share
     (fpga_models.allocate.kernel_onchip_budget; None: unlimited); ``samples``: samples whose
     gradients an accumulator sums in an iteration (micro-batches x the replica's micro-batch).
 
-    A time-multiplexed kernel's decision counts what it builds besides: its turns' two-deep
-    streams, an off-chip frame's two-deep ends, the weight tile and the weight stream (FIFO and
-    dx sums). Until the tile is chosen (last: what the share leaves) the largest tile and a
-    stream of every matrix that may stream are reserved; the figure is of those built."""
+    A time-multiplexed kernel's decision counts what it builds besides the frames: its tiled
+    engines' arrays (fpga_models.bwd_tiles), the convs' shared col2im row buffer, its turns'
+    two-deep streams and an off-chip frame's two-deep ends; frames at the engines' lanes
+    (fpga_models.bwd_tiles.engine_folding). A dataflow kernel's record: its accumulators (bytes)."""
     eb = bytes_per_element(fmt)
     bits = 8 * eb
     active, _needed = _active(model, layers)
@@ -613,50 +448,87 @@ def bwd_memory(model: Model, layers: Sequence[Layer], board: Board | None, foldi
         if budget is not None:
             room = min(room, budget - other)
         return BwdMemory(budget, place_accumulators(acc, room), acc, other)
+    # the tiled matrix engines (fpga_models.bwd_tiles) hold the weight-gradient sums, the weights dx
+    # reads and the engines' buffers: their bytes are fixed; no per-layer accumulator, tile or stream
+    tiles = stage_tiles(model, layers, folding, "tm", 1, samples, board, bits)
+    if tiles:
+        folding = engine_folding(tiles, folding)
+        # bytes as the Design counts its arrays: elements x whole bytes an element
+        eng = sum(a.depth * a.banks * -(-a.width // 8) for a in next(iter(tiles.values())).arrays)
+        c2i = tm_col2im(model, layers, tiles, folding)
+        frames, local = _walk(model, layers, folding, fmt, c2i, tiles)
+        streams = sum(STREAM_DEPTH * -(-b // 8) for _t, b in local)
+        pipes = [frame_pipe_bytes(f, fmt) for f in frames]
+        # the convs' col2im share one row buffer (fpga_models.bwd_tiles.col2im_buffer)
+        own_lb = sum(c2.rows * c2.wc * -(-c2.xb // 8) for c2 in c2i.values())
+        shared = sum(a.banks * a.depth * -(-a.width // 8) for a in col2im_buffer(list(c2i.values()), True))
+        # (and the engines' own buffers replace the shared MVU's input vector bwd_other_bytes counts)
+        vec = max((m.mw for m in matrix_layers(model, layers, folding)), default=0) * eb
+        # the on-chip copies besides the matrices (a trained batchnorm's scale) when the weights fit
+        scales = (sum(bwd_weight_elems(model, layers)) - sum(m.elems for m in matrix_layers(model, layers, folding))) \
+            * eb if bwd_weight_bytes(model, layers, fmt, budget) else 0
+        base = (bwd_other_bytes(model, layers, folding, fmt, True) - own_lb - vec + shared + eng + streams
+                + sum(pipes) + scales)
+        keep = [f.nbytes - p for f, p in zip(frames, pipes)]
+        off = frames_offchip(keep, base, budget) if budget is not None else [False] * len(frames)
+        off = [o and k > 0 for o, k in zip(off, keep)]
+        return BwdMemory(budget, {n: False for n in acc}, acc, base - streams - sum(pipes), tuple(frames),
+                         tuple(off), streams, tuple(pipes), eb)
+    # no matrix layer: the turns' streams and frames beside the other buffers
     frames, local = _walk(model, layers, folding, fmt)
     streams = sum(STREAM_DEPTH * -(-b // 8) for _t, b in local)
     pipes = [frame_pipe_bytes(f, fmt) for f in frames]
-    tile = bwd_weight_tile(model, layers, fmt, budget)
-    reserved = tile[0] * tile[1] * eb if tile is not None else 0
-    ws_reserved = weight_stream_bytes(model, layers, folding, fmt, weight_stream_layers(model, layers, fmt, budget))
-    base = other + streams + reserved + ws_reserved + sum(pipes)   # every frame off chip
-    if budget is not None:
-        room = min(room, budget - base)
-    onchip = place_accumulators(acc, room)
-    base += sum(b for n, b in acc.items() if onchip[n])
-    # a frame kept on chip takes its bytes instead of its two-deep ends
+    base = other + streams + sum(pipes)
     keep = [f.nbytes - p for f, p in zip(frames, pipes)]
     off = frames_offchip(keep, base, budget) if budget is not None else [False] * len(frames)
-    off = [o and k > 0 for o, k in zip(off, keep)]   # one no bigger than its two-deep ends never spills
-    built = None
-    if tile is not None:   # the tile built: what the share leaves beside the rest (the reservation aside)
-        left = None if budget is None else budget - (base - reserved + sum(k for k, o in zip(keep, off) if not o))
-        built = double_tile(choose_tile(tile_candidates(model, layers, fmt, budget), eb, left), eb, left)
-    streamed = tuple(weight_stream_layers(model, layers, fmt, budget, built))
-    return BwdMemory(budget, onchip, acc, other, tuple(frames), tuple(off), built, streams, tuple(pipes), eb,
-                     streamed, weight_stream_bytes(model, layers, folding, fmt, streamed))
+    off = [o and k > 0 for o, k in zip(off, keep)]
+    return BwdMemory(budget, {n: False for n in acc}, acc, other, tuple(frames), tuple(off), streams, tuple(pipes), eb)
 
 
 def tm_bwd_extra_cycles(model: Model, layers: Sequence[Layer], board: Board, folding: dict[str, tuple[int, int]],
                         fmt: str, budget: int | None, samples: int) -> int:
-    """Backward cycles per sample a time-multiplexed stage spends beyond its layers' own: its
-    off-chip gradient frames (:func:`tm_bwd_spill_cycles`) and what it waits on its weight
-    tile's fills (:func:`tm_bwd_fill_cycles`); what the planner adds to the stage's backward time."""
+    """Backward cycles per sample a time-multiplexed stage spends beyond its layers' own at
+    ``folding``: its off-chip gradient frames (:func:`tm_bwd_spill_cycles`) and its tiled engines
+    (:func:`tm_bwd_engine_cycles`); what the planner adds to the stage's backward time."""
     mem = bwd_memory(model, layers, board, folding, fmt, budget, samples, True)
     return (tm_bwd_spill_cycles(model, layers, board, folding, fmt, budget, samples, mem)
-            + tm_bwd_fill_cycles(model, layers, board, folding, fmt, budget, samples, mem))
+            + tm_bwd_engine_cycles(model, layers, board, folding, fmt, samples))
 
 
-def tm_bwd_fill_cycles(model: Model, layers: Sequence[Layer], board: Board, folding: dict[str, tuple[int, int]],
-                       fmt: str, budget: int | None, samples: int, mem: BwdMemory | None = None) -> int:
-    """Backward cycles per sample a time-multiplexed stage waits on its weight tile's fills
-    (:func:`tile_stall_cycles`, the tiled turns' regions as :func:`turn_busy_cycles` gives them)."""
-    if mem is None:
-        mem = bwd_memory(model, layers, board, folding, fmt, budget, samples, True)
-    if mem.tile is None:
-        return 0
-    busy = turn_busy_cycles(model, layers, board, folding, fmt, mem) if mem.tile.buffers > 1 else None
-    return tile_stall_cycles(mem.tile, fmt, busy)
+def tm_bwd_engine_cycles(model: Model, layers: Sequence[Layer], board: Board, folding: dict[str, tuple[int, int]],
+                         fmt: str, samples: int) -> int:
+    """Backward cycles per sample a time-multiplexed stage's tiled matrix engines (fpga_models.bwd_tiles:
+    one grid, chunks, off-chip passes, row engines at their port's rate, weight fills) take beyond
+    the plan's per-layer figure at ``folding``."""
+    tiles = stage_tiles(model, layers, folding, "tm", 1, samples, board, 8 * bytes_per_element(fmt))
+    names = {l.name: l for l in layers}
+    no_dx = no_input_gradient(model)
+    plan = {n: _own_cycles(n, names[n], board, folding, fmt, no_dx) for n in tiles}
+    c2i = tm_col2im(model, layers, tiles, engine_folding(tiles, folding))
+    elems = {n: int(prod(names[n].in_shapes[0])) for n in c2i}
+    readers = {}
+    for n in c2i:   # the turn reading the conv's dx: an element-wise layer at its planned lanes
+        r = names.get(names[n].inputs[0])
+        if r is not None and matrix_shape(r) is None and r.type not in ("add", "flatten"):
+            readers[n] = _ew_lanes(folding[r.name])
+    return engine_extra_cycles(tiles, plan, 1) + col2im_reader_extra(list(c2i.values()), elems, readers)
+
+
+def tm_col2im(model: Model, layers: Sequence[Layer], tiles: dict, folding: dict[str, tuple[int, int]]) -> dict:
+    """conv layer -> its col2im (fpga_models.bwd_tiles.col2im_plan) in a time-multiplexed kernel:
+    the convs with an input gradient, their reader's lanes at the engines' ``folding``."""
+    _active_l, needed = _active(model, layers)
+    names = {l.name: l for l in layers}
+    out = {}
+    for l in layers:
+        if l.type != "conv2d" or l.name not in tiles or l.inputs[0] not in needed:
+            continue
+        p = names.get(l.inputs[0])
+        want = None
+        if p is not None and p.type not in ("add", "flatten"):
+            want = folding[p.name][0] if matrix_shape(p) is not None else _ew_lanes(folding[p.name])
+        out[l.name] = col2im_plan(l, tiles[l.name].job(l.name), want or int(l.in_shapes[0][0]), True)
+    return out
 
 
 def _frame_io(mem: BwdMemory, fmt: str) -> dict[str, int]:
@@ -678,18 +550,6 @@ def _own_cycles(name: str, layer: Layer, board: Board, folding: dict[str, tuple[
     return int(backward_work(lc.bwd_in_cycles, lc.bwd_w_cycles, name not in no_dx))
 
 
-def turn_busy_cycles(model: Model, layers: Sequence[Layer], board: Board, folding: dict[str, tuple[int, int]],
-                     fmt: str, mem: BwdMemory) -> dict[str, int]:
-    """Per tiled layer, the cycles its turn's DATAFLOW region takes a sample besides a tile fill:
-    its backward cycles (as the plan charges them), or its off-chip frames' words when longer."""
-    if mem.tile is None:
-        return {}
-    io = _frame_io(mem, fmt)
-    names = {l.name: l for l in layers}
-    no_dx = no_input_gradient(model)
-    return {n: max(io.get(n, 0), _own_cycles(n, names[n], board, folding, fmt, no_dx)) for n in mem.tile.layers}
-
-
 def tm_bwd_spill_cycles(model: Model, layers: Sequence[Layer], board: Board, folding: dict[str, tuple[int, int]],
                         fmt: str, budget: int | None, samples: int, mem: BwdMemory | None = None) -> int:
     """Backward cycles per sample a time-multiplexed stage loses to its off-chip gradient frames:
@@ -705,3 +565,100 @@ def tm_bwd_spill_cycles(model: Model, layers: Sequence[Layer], board: Board, fol
         own = _own_cycles(t, names[t], board, folding, fmt, no_dx) if t in names else 0
         extra += max(0, c - own)
     return int(extra)
+
+
+def bwd_kernel_resources(model: Model, layers: Sequence[Layer], board: Board, folding: dict[str, tuple[int, int]],
+                         fmt: str, style: str, samples: int, iteration_samples: int, budget: int | None) -> dict:
+    """The backward kernel's BRAM36, URAM and DSP as the plan states them (plan.yaml ``resources``
+    ``bwd_*``): its matrix engines' memories (fpga_models.bwd_tiles), the convs' col2im row buffers,
+    their window generators' line buffers (ROWS x K x lanes banks, bapipe_engines.h swg), a
+    time-multiplexed kernel's whole frames kept on chip (FIFOs in the cheaper blocks) and the
+    engines' DSP; all in blocks by memory_blocks' rules (UG573), as `bapipe check` counts the
+    generated C++. ``samples``: a call's (dataflow); ``iteration_samples``: an iteration's."""
+    from .bwd_tiles import (col2im_buffer, col2im_plan, matrix_layers, fifo_storage, kernel_blocks, kernel_dsp,
+                            stage_tiles, window_pace)
+    from .engines import conv_window_lanes
+    from .memory_blocks import Blocks, array_blocks, bank_blocks, fifo_impl
+
+    bits = 8 * bytes_per_element(fmt)
+    tm = style != "dataflow"
+    tiles = stage_tiles(model, layers, folding, "tm" if tm else "dataflow", samples, iteration_samples, board, bits)
+    efold = engine_folding(tiles, folding)
+    total = kernel_blocks(tiles)
+    # col2im row buffers and window line buffers of the convs
+    if tm:
+        plans = list(tm_col2im(model, layers, tiles, efold).values())
+    else:
+        _a, needed = _active(model, layers)
+        names = {l.name: l for l in layers}
+        plans = []
+        for l in layers:
+            if l.type == "conv2d" and l.name in tiles and l.inputs[0] in needed:
+                p = names.get(l.inputs[0])
+                want = None
+                if p is not None and p.type not in ("add", "flatten"):
+                    want = efold[p.name][0] if matrix_shape(p) is not None else _ew_lanes(efold[p.name])
+                plans.append(col2im_plan(l, tiles[l.name].job(l.name), want or int(l.in_shapes[0][0]), False))
+    for a in col2im_buffer(plans, tm):
+        total = total + a.blocks
+    for l in layers:
+        if l.type != "conv2d" or l.name not in tiles:
+            continue
+        j = tiles[l.name].job(l.name)
+        c, _h, w = l.in_shapes[0]
+        (kh, kw), (sh, sw), (ph, pw) = _window(l)
+        lanes, taps = conv_window_lanes(c, kh, j.wsimd or j.lsimd)
+        if kh == kw and sh == sw and ph == pw and j.lsimd % (lanes * taps) == 0 and c % lanes == 0:
+            rows = kh + sh - 1
+            banks = rows * min(kh, w) * lanes
+            total = total + array_blocks("auto", bits, rows * w * c, banks)
+    if tm:
+        mem = bwd_memory(model, layers, board, folding, fmt, budget, iteration_samples, True)
+        for f, off in zip(mem.frames, mem.frames_off):
+            if not off:
+                width, depth = f.lanes * bits, f.nbytes // bytes_per_element(fmt) // f.lanes
+                total = total + bank_blocks(fifo_impl(width, depth, fifo_storage(width, depth)), width, depth)
+    per = board.dsp_per_mac.get(fmt, 1.0) if board is not None else 1.0
+    dsp = kernel_dsp(tiles, per) + elementwise_dsp(layers, folding, per)
+    return {"bram36": total.bram36, "uram": total.uram, "dsp": dsp}
+
+
+def elementwise_dsp(layers: Sequence[Layer], folding: dict[str, tuple[int, int]], per_mac: float = 1.0) -> int:
+    """DSP of the backward kernel's element-wise engines (the matrix engines' are
+    fpga_models.bwd_tiles.kernel_dsp): a trained batchnorm takes two 16 x 16 products a lane at
+    its folding's lanes, dy x scale (dx) and dy x x (the scale's sum) (bapipe_layers_bwd.h
+    ``batchnorm_bwd_train``; a DSP48E2 takes 27 x 18, UG579), ``per_mac`` DSP a product (the
+    board's, as kernel_dsp). A time-multiplexed kernel's turns are separate functions, so every
+    batchnorm counts (resnet50 --whole-blocks stage 0-35: 2,944 DSP the plan left out)."""
+    return int(sum(2 * _ew_lanes(folding.get(l.name, (1, 1))) for l in layers if l.type == "batchnorm") * per_mac)
+
+
+def bwd_flush_cycles(model: Model, layers: Sequence[Layer], board: Board, folding: dict[str, tuple[int, int]],
+                     fmt: str, style: str, samples: int, iteration_samples: int) -> int:
+    """Cycles of the backward kernel's flush call, once an iteration after its last micro-batch
+    (fpga_models.bwd_tiles.kernel_flush_cycles): what the planner adds to the stage's end of
+    iteration, before its all-reduce reads the sums."""
+    from .bwd_tiles import kernel_flush_cycles
+
+    tiles = stage_tiles(model, layers, folding, "dataflow" if style == "dataflow" else "tm", samples,
+                        iteration_samples, board, 8 * bytes_per_element(fmt))
+    return kernel_flush_cycles(tiles)
+
+
+def dataflow_bwd_cycles(model: Model, layers: Sequence[Layer], board: Board, folding: dict[str, tuple[int, int]],
+                        fmt: str, batch: int, iteration_samples: int) -> int:
+    """Backward cycles of a dataflow stage's micro-batch of ``batch`` samples as its engines run:
+    every layer's engine at once, so the first sample through all of them, then a sample per the
+    slowest (fpga_models.allocate.dataflow's rule); a matrix layer's figure its tiled engine's in
+    steady state (fpga_models.bwd_tiles.steady_cycles), the others' at the plan's ``folding``."""
+    from .bwd_tiles import steady_cycles
+
+    tiles = stage_tiles(model, layers, folding, "dataflow", batch, iteration_samples, board,
+                        8 * bytes_per_element(fmt))
+    no_dx = no_input_gradient(model)
+    per = []
+    for l in layers:
+        bt = tiles.get(l.name)
+        per.append(steady_cycles(bt, bt.job(l.name)) if bt is not None
+                   else _own_cycles(l.name, l, board, folding, fmt, no_dx))
+    return int(sum(per) + (max(1, batch) - 1) * max(per, default=0))

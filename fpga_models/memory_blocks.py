@@ -125,3 +125,100 @@ def array_blocks(impl: str, width: int, elements: int, banks: int) -> Blocks:
     """An array of ``elements`` words of ``width`` bits split into ``banks`` equal banks."""
     banks = max(1, banks)
     return bank_blocks(impl, width, math.ceil(elements / banks)).scaled(banks)
+
+
+# ---------------------------------------------------------------- choosing the storage
+
+#: banks up to this many words are LUTRAM rather than a BRAM18 or a URAM (a BRAM18 holds 1,024 x
+#: 18 bits; a bank this shallow would waste most of one) [design choice; codegen's LUTRAM_WORDS]
+LUTRAM_DEPTH = 64
+
+
+#: FIFOs up to this deep are shift registers (one SRLC32E, 32 deep x 1 bit a LUT: UG574)
+SRL_DEPTH = 32
+
+
+def board_fraction(b: Blocks, usable_bram36: int, usable_uram: int) -> float:
+    """The larger share ``b`` takes of a board's usable BRAM36 and URAM (what a choice between
+    the two should minimise: the scarcer of them)."""
+    return max(b.bram36 / max(1, usable_bram36), b.uram / max(1, usable_uram))
+
+
+def storage_impl(width: int, depth: int, banks: int = 1, usable_bram36: int = 2_304, usable_uram: int = 1_280,
+                 fifo: bool = False) -> str:
+    """Where ``banks`` banks of ``width`` x ``depth`` go (the one rule the planner and the Design
+    share, BIND_STORAGE's impl): a FIFO Vitis would put in SRLs (:func:`fifo_impl`) or up to
+    SRL_DEPTH deep is one;
+    LUTRAM up to LUTRAM_DEPTH words; else BRAM or URAM, whichever takes the smaller share of the
+    board's usable blocks (ties: BRAM). Default usable figures: a U250 (fpga_models.boards)."""
+    if fifo and (fifo_impl(width, depth) == "srl" or depth <= SRL_DEPTH):
+        return "srl"
+    if depth <= LUTRAM_DEPTH:
+        return "lutram"
+    per = {impl: board_fraction(bank_blocks(impl, width, depth).scaled(banks), usable_bram36, usable_uram)
+           for impl in ("bram", "uram")}
+    return "uram" if per["uram"] < per["bram"] else "bram"
+
+
+# ---------------------------------------------------------------- packed weight banks
+
+#: bits of a bank word a packed weight buffer fills: a URAM288's 72, a RAMB36E2's 512 x 72
+#: (SDP) or two 1K x 36 ports (UG573)
+BANK_WORD_BITS = 72
+
+
+def packed_elems(elem_bits: int, beat_elems: int, word_elems: "list[int] | tuple[int, ...]") -> int:
+    """Elements a bank word of a packed weight buffer holds: as many as fit BANK_WORD_BITS that
+    divide an off-chip beat's ``beat_elems`` and every PE x SIMD weight word of ``word_elems``
+    (so a beat fills whole bank words and no bank word straddles two weight words)."""
+    for e in range(max(1, BANK_WORD_BITS // elem_bits), 0, -1):
+        if beat_elems % e == 0 and all(w % e == 0 for w in word_elems):
+            return e
+    return 1
+
+
+@dataclass(frozen=True)
+class WeightBanks:
+    """A packed weight buffer (finn-hlslib's weights as SIMD-wide words per PE, for a shared
+    array of ``lanes`` lanes): weight word k of half h (``lanes`` elements, lane l = p*SIMD + s)
+    lives in ``banks`` banks of ``elems`` elements a bank word: lane l in bank
+    l // (ports*elems), at address ports*k + (l // elems) % ports, element l % elems. Each bank
+    serves its ``ports`` (2; 1 when one bank word holds the whole weight word) words of a weight
+    word on its two ports (UG573: URAM288 ports A and B; a RAMB36E2's two ports), so one weight
+    word a cycle needs lanes / (ports * elems) banks; the halves of a ping-pong buffer are banks
+    of their own (one is read while the other is written)."""
+
+    lanes: int
+    elem_bits: int
+    elems: int          # elements a bank word
+    banks: int          # banks a half
+    words: int          # weight words a half
+    halves: int
+    impl: str
+    ports: int = 2      # bank words of one weight word a bank (read at once)
+
+    @property
+    def depth(self) -> int:
+        """Bank words a bank holds (``ports`` per weight word)."""
+        return self.ports * self.words
+
+    @property
+    def width(self) -> int:
+        """Bits of a bank word."""
+        return self.elems * self.elem_bits
+
+    @property
+    def blocks(self) -> Blocks:
+        n = self.halves * self.banks
+        return array_blocks(self.impl, self.width, n * self.depth, n)
+
+
+def weight_banks(lanes: int, elem_bits: int, words: int, halves: int, word_elems, beat_elems: int,
+                 usable_bram36: int = 2_304, usable_uram: int = 1_280) -> WeightBanks:
+    """The packed buffer of ``words`` weight words of ``lanes`` lanes a half (``word_elems``:
+    the PE x SIMD of the matrices it holds), its storage by :func:`storage_impl`."""
+    e = packed_elems(elem_bits, beat_elems, list(word_elems) or [lanes])
+    ports = 1 if lanes <= e else 2
+    banks = max(1, math.ceil(lanes / (ports * e)))
+    impl = storage_impl(e * elem_bits, ports * words, banks * halves, usable_bram36, usable_uram)
+    return WeightBanks(lanes, elem_bits, e, banks, words, halves, impl, ports)

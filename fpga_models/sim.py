@@ -693,8 +693,9 @@ def _tail(plan, model, cluster, st, net: _Net):
             bw, lat = min(bw, b), max(lat, lt)
         hop = (bw, lat)
     fold = {n: ((f.pe, f.simd) if f.lanes is None else (1, 1)) for n, f in st.folding.items()}
+    # the flush as the plan priced it: its backward engines' (fpga_models.bwd_memory.bwd_flush_cycles)
     return stage_tail(model, st.first, st.last, board, _bytes_per_element(plan.number_format), r,
-                      engine_kernel(model, st.first, st.last), fold, hop)
+                      engine_kernel(model, st.first, st.last), fold, hop, flush=st.flush_s * board.clock_hz)
 
 
 def _static_memory(pipe: _Pipeline) -> tuple[list[int], list[float]]:

@@ -18,8 +18,12 @@ trip's II is the larger of that and the busiest bank's bytes per word at the ban
 the streams spread over the board's banks heaviest first (:func:`spread`): the kernel's
 ``#pragma HLS PIPELINE II``.
 
-Flush: the backward kernel writes each array's sums one 512-bit beat (8 sums) a cycle
-(codegen.design.backward's ``bwd_flush``), at most the gradient bank's bandwidth.
+Flush: the backward kernel's flush call, once an iteration. A stage with tiled matrix engines
+(fpga_models.bwd_tiles) flushes as its engines do (fpga_models.bwd_memory.bwd_flush_cycles, the
+one home of that figure: on-chip dW stores written out, kept vectors made into dW, bias sums);
+the callers that know the stage's style and batch pass it to :func:`stage_tail`. Without it
+(the layout DP's per-layer prefix sums, a stage with no matrix engine): each array's sums one
+512-bit beat (8 sums) a cycle, at most the gradient bank's bandwidth (:func:`flush_cycles`).
 
 Every buffer these kernels read as words is allocated in whole 64-byte words
 (:func:`padded_elements`); the pad lanes hold zeros and stay zero.
@@ -266,10 +270,14 @@ class Tail:
 
 
 def stage_tail(model, first: int, last: int, board, elem_bytes: int, replicas: int, banked: bool,
-               folding: dict | None = None, ring_hop: tuple[float, float] | None = None) -> Tail:
+               folding: dict | None = None, ring_hop: tuple[float, float] | None = None,
+               flush: float | None = None) -> Tail:
     """The tail of a training stage of layers ``first..last`` on ``board`` (an FPGA: its clock
     and banks), ``replicas`` copies joined by a ring whose slowest hop is ``ring_hop`` =
-    (bytes/s, latency s); ``folding``: layer name -> (PE, SIMD) (for :func:`write_mode`)."""
+    (bytes/s, latency s); ``folding``: layer name -> (PE, SIMD) (for :func:`write_mode`);
+    ``flush``: the backward kernel's flush cycles as its tiled engines build it
+    (fpga_models.bwd_memory.bwd_flush_cycles), None or 0 (no matrix engine): each gradient
+    array a beat of 8 sums a cycle (:func:`flush_cycles`)."""
     folding = folding or {}
     parts = []
     for k in range(first, last + 1):
@@ -277,7 +285,7 @@ def stage_tail(model, first: int, last: int, board, elem_bytes: int, replicas: i
         parts.append(layer_tail(model, k, board, elem_bytes, banked, int(simd), int(pe)))
     grads = [n for p in parts for n in p.grads]
     clk = board.clock_hz
-    flush = sum(p.flush for p in parts) / clk
+    flush = (flush or sum(p.flush for p in parts)) / clk
     update = sum(p.update for p in parts) / clk
     ar = occ = lat = 0.0
     if replicas > 1 and grads and ring_hop is not None:

@@ -8,6 +8,7 @@ from bapipe.errors import SpecError
 from bapipe.plan import Folding, Plan, Stage
 from bapipe.spec import Model
 from bapipe.fpga_models.cluster import Cluster
+from bapipe.fpga_models.allocate import fwd_kernel_blocks
 from bapipe.fpga_models.cost import layer_cost, matrix_shape, onchip_blocks, weight_copies
 
 from .search import Candidate, Config, Explorer, Request, _ckey
@@ -322,7 +323,10 @@ def baselines_of(model: Model, ex: Explorer, best: Candidate,
 
 def _stage_cycles(s: dict, clk: float, slowest: int) -> dict[str, float]:
     """fwd/bwd cycles per micro-batch and ``fwd_interval``: forward cycles per sample in steady
-    state (a long stream of samples), what `bapipe rtlsim` measures per stage; a training FPGA
+    state (a long stream of samples), what `bapipe rtlsim` measures per stage; a training stage
+    also ``bwd_rtl``, its backward as the training RTL builds it (one engine per layer,
+    fpga_models.engines: codegen.design.training) where ``bwd`` is the HLS backward kernel's
+    (tiled engines, fpga_models.bwd_tiles); a training FPGA
     stage also its per-iteration ``flush``, ``allreduce`` and ``update`` cycles (what the
     Design's kernels record, codegen.design.train_kernels).
 
@@ -335,6 +339,8 @@ def _stage_cycles(s: dict, clk: float, slowest: int) -> dict[str, float]:
     if s["style"] == "dataflow" and s["fwd_s"] <= s["compute_f"] * (1 + 1e-9):
         interval = float(slowest)
     out = {"fwd": fwd, "bwd": int(round(s["bwd_s"] * clk)), "fwd_interval": round(interval, 3)}
+    if s.get("bwd_s") and s["style"] != "gpu":   # training: the backward as the training RTL's engines run it
+        out["bwd_rtl"] = int(round(s.get("bwd_rtl_s", s["bwd_s"]) * clk))
     if s.get("update_s"):   # the per-iteration tail as the HLS kernels build it (fpga_models.update)
         out.update(flush=int(round(s["flush_s"] * clk)), allreduce=int(round(s["allreduce_s"] * clk)),
                    update=int(round(s["update_s"] * clk)))
@@ -381,6 +387,19 @@ def check_cap(plan: Plan, ex: Explorer) -> None:
                                              f"(--cap {suggest:.3g} fits that stage)")
 
 
+def _bwd_resources(model: Model, layers, board, s: dict, ex: Explorer, c) -> dict:
+    """plan.yaml ``resources`` of the stage's backward kernel: ``bwd_bram36``, ``bwd_uram``,
+    ``bwd_dsp`` (fpga_models.bwd_memory.bwd_kernel_resources: what `bapipe check` counts in the
+    generated C++)."""
+    from bapipe.fpga_models.allocate import kernel_onchip_budget
+    from bapipe.fpga_models.bwd_memory import bwd_kernel_resources
+
+    fold = {l.name: tuple(s["folding"][l.name]) for l in layers}
+    r = bwd_kernel_resources(model, layers, board, fold, ex.req.fmt, s["style"], s["beta"], c.m * s["beta"],
+                             kernel_onchip_budget(board, ex.req.cap, c.v, True))
+    return {"bwd_bram36": int(math.ceil(r["bram36"])), "bwd_uram": int(r["uram"]), "bwd_dsp": int(r["dsp"])}
+
+
 def to_plan(model: Model, cluster: Cluster, model_arg: str, cluster_arg: str, ex: Explorer, best: Candidate,
             baselines: dict, lb: float) -> Plan:
     """The plan.yaml dataclass of the best candidate."""
@@ -403,9 +422,15 @@ def to_plan(model: Model, cluster: Cluster, model_arg: str, cluster_arg: str, ex
                     # the generators build one array per layer: docs/planner.md, the board budget)
                     dsp, lut = max(dsp, lc.dsp), max(lut, lc.lut)
         res = {"dsp": dsp, "lut": lut}
+        if board.kind == "fpga" and ex.train:   # the backward kernel in blocks (fpga_models.bwd_memory)
+            res.update(_bwd_resources(model, layers, board, s, ex, c))
         onchip_used = min(s["memory_bytes"], s["onchip"])
         res.update(onchip_blocks(board, onchip_used, ex.req.cap) if board.kind == "fpga" else {"uram": 0, "bram36": 0})
         res["offchip_bytes"] = max(0, s["memory_bytes"] - onchip_used)
+        if board.kind == "fpga":   # the forward kernel's own memory in blocks (fpga_models.allocate)
+            fb = fwd_kernel_blocks(layers, board, s["folding"], ex.req.fmt, ex.req.cap, c.v, ex.req.mode == "train",
+                                   s["style"])
+            res.update({"fwd_bram36": fb.bram36, "fwd_uram": fb.uram})
         clk = board.clock_hz
         stages.append(Stage(
             index=s["index"], layers=[l.name for l in layers], first=s["first"], last=s["last"], boards=s["boards"],
@@ -416,7 +441,8 @@ def to_plan(model: Model, cluster: Cluster, model_arg: str, cluster_arg: str, ex
             allreduce_s=s["allreduce_s"], flush_s=s.get("flush_s", 0.0), update_s=s.get("update_s", 0.0),
             memory_bytes=s["memory_bytes"], weight_bytes=s["weight_bytes"],
             stash_bytes=s["stash_bytes"], stashes=s["stashes"], resources=res,
-            cycles=_stage_cycles(s, clk, slowest)))
+            cycles=dict(_stage_cycles(s, clk, slowest), **({"bwd_flush": int(round(s["flush_s"] * clk))}
+                                                            if s.get("flush_s") else {}))))
     # iteration_time_s: one iteration from an empty pipeline (what `bapipe sim` replays with
     # one iteration); steady_iteration_time_s: per iteration once running, what plans are
     # ranked by (equal for flushed schedules, lower for PipeDream-2BW)

@@ -24,8 +24,9 @@ from bapipe.fpga_models.engines import link_clock, link_transfer
 from bapipe.fpga_models.cluster import Cluster
 
 from . import partition as part
-from bapipe.fpga_models.allocate import allocate_stage, engine_share, kernel_onchip_budget, tm_spill_cycles, tm_weight_cycles
-from bapipe.fpga_models.bwd_memory import tm_bwd_extra_cycles
+from bapipe.fpga_models.allocate import (allocate_stage, engine_share, kernel_onchip_budget, tm_spill_cycles,
+                                        tm_weight_bank_seconds, tm_weight_cycles)
+from bapipe.fpga_models.bwd_memory import bwd_flush_cycles, dataflow_bwd_cycles, tm_bwd_extra_cycles
 from bapipe.fpga_models.gradients import no_input_gradient
 
 from .peer_pipedream import PeerInput, cluster_levels, solve as peer_solve
@@ -1258,8 +1259,8 @@ class Explorer:
 
     def stage_tails(self, c: Config, stages: list[dict]) -> list[Tail | None]:
         """Per stage of a finished candidate its tail as the kernels build it
-        (fpga_models.update.stage_tail: its board, style, folding and replica ring), None where
-        it is not priced (:meth:`tails_priced`)."""
+        (fpga_models.update.stage_tail: its board, style, folding and replica ring; the flush its
+        tiled backward engines', :meth:`flush_s`), None where it is not priced (:meth:`tails_priced`)."""
         out: list[Tail | None] = []
         for x in stages:
             if not self.tails_priced(c, x["board_type"]) or x["mesh"] > 1:
@@ -1268,7 +1269,8 @@ class Explorer:
             board = self.table(x["board_type"], c.v).board
             hop = self.ring(self.replica_boards(c, x["device"])) if x["replicas"] > 1 else None
             out.append(stage_tail(self.model, x["first"], x["last"], board, self.bpe_of_fmt(self.req.fmt),
-                                  x["replicas"], engine_kernel(self.model, x["first"], x["last"]), x["folding"], hop))
+                                  x["replicas"], engine_kernel(self.model, x["first"], x["last"]), x["folding"], hop,
+                                  flush=self.flush_s(c, x) * board.clock_hz))
         return out
 
     def per_mb_allreduce(self, c: Config) -> bool:
@@ -1627,6 +1629,20 @@ class Explorer:
         t1, t2 = fn(m1), fn(2 * m1)
         return t2 + (c.m - 2 * m1) * (t2 - t1) / m1
 
+    def flush_s(self, c, x: dict) -> float:
+        """Seconds of stage ``x``'s backward flush call (fpga_models.bwd_memory.bwd_flush_cycles), once an
+        iteration; 0 off FPGAs."""
+        table = self.table(x["board_type"], c.v)
+        if table.board.kind != "fpga" or x["style"] == "gpu":
+            return 0.0
+        key = ("flush", x["first"], x["last"], x["board_type"], x["beta"], c.m, x["style"])
+        if key not in self._links:
+            lyr = list(self.model.layers[x["first"]:x["last"] + 1])
+            fold = {k: tuple(v) for k, v in x["folding"].items()}
+            self._links[key] = bwd_flush_cycles(self.model, lyr, table.board, fold, self.req.fmt, x["style"],
+                                                x["beta"], c.m * x["beta"])
+        return self._links[key] / table.board.clock_hz
+
     def finish(self, cand: Candidate) -> Candidate:
         """Per-stage figures, all-reduce, and the replayed iteration time of a candidate."""
         c = cand.config
@@ -1643,6 +1659,7 @@ class Explorer:
             table = self.table(btype, c.v)
             fold = {self.model.layers[x].name: table.fold[x] for x in range(a, b + 1)}
             style = "gpu" if table.board.kind == "gpu" else "time-multiplexed"
+            rtl_b = r["bwd_s"]   # the training RTL's backward (only the allocated FPGA stages differ)
             if table.board.kind == "fpga" and table.measured_f is None and self.kd(c, d) == 1:
                 # candidates share stages (same range, board type, samples and chunks): allocate once
                 akey = ("alloc", a, b, btype, beta, c.v)
@@ -1654,9 +1671,19 @@ class Explorer:
                 if alloc.style == "dataflow":
                     # the layer-pipelined engines are faster: same memory and spill traffic
                     cf = alloc.fwd_s
-                    cb_ = alloc.bwd_s + (cf if c.recompute and self.train else 0.0)
+                    bwd_s = alloc.bwd_s
+                    if self.train:   # the backward's tiled engines as built (fpga_models.bwd_tiles)
+                        dkey = ("dfbwd", a, b, btype, beta, c.v, c.m)
+                        if dkey not in self._links:
+                            self._links[dkey] = dataflow_bwd_cycles(
+                                self.model, list(self.model.layers[a:b + 1]), table.board, dict(alloc.folding),
+                                self.req.fmt, beta, c.m * beta)
+                        bwd_s = self._links[dkey] / table.board.clock_hz
+                    cb_ = bwd_s + (cf if c.recompute and self.train else 0.0)
                     r["fwd_s"] = max(cf, r["traffic_f"])
                     r["bwd_s"] = max(cb_, r["traffic_b"]) if self.train else 0.0
+                    # the training RTL's per-layer engines (fpga_models.engines, allocate.dataflow): no tiles
+                    rtl_b = max(alloc.bwd_s + (cf if c.recompute else 0.0), r["traffic_b"]) if self.train else 0.0
                     r["time_s"] = r["fwd_s"] + r["bwd_s"]
                     r["compute_f"], r["compute_b"] = cf, cb_
                     fold, style = dict(alloc.folding), "dataflow"
@@ -1672,9 +1699,16 @@ class Explorer:
                             + tm_weight_cycles(lyr, table.board, fold, self.req.fmt, self.req.cap, c.v, self.train))
                     spill = self._links[skey] * beta / table.board.clock_hz
                     r["compute_f"] += spill
-                    r["fwd_s"] = max(r["compute_f"], r["traffic_f"])
+                    # its weight loads share one bundle, so one bank: at least that bank's time
+                    wkey = ("wbank", a, b, btype, c.v)
+                    if wkey not in self._links:
+                        self._links[wkey] = tm_weight_bank_seconds(list(self.model.layers[a:b + 1]), table.board, fold,
+                                                                   self.req.fmt, self.req.cap, c.v, self.train)
+                    r["fwd_s"] = max(r["compute_f"], r["traffic_f"], self._links[wkey] * beta)
                     if c.recompute and self.train:   # the recomputed forward waits on them too
                         r["compute_b"] += spill
+                    # the training RTL's turns: its per-layer engines, no HLS frames off chip nor tiled engines
+                    rtl_b = max(r["compute_b"], r["traffic_b"]) if self.train else 0.0
                     if self.train:   # and the backward kernel's turns on its off-chip frames and weight tile fills
                         bkey = ("bspill", a, b, btype, c.v, c.m * beta)
                         if bkey not in self._links:
@@ -1695,7 +1729,7 @@ class Explorer:
                 occ, lat, sb = 0.0, 0.0, 0
             stages.append({"index": s, "device": d, "chunk": s // c.p, "first": a, "last": b, "board_type": btype,
                            "boards": [x.name for x in self.stage_boards(c, d)], "fwd_s": r["fwd_s"],
-                           "bwd_s": r["bwd_s"],
+                           "bwd_s": r["bwd_s"], "bwd_rtl_s": rtl_b,
                            "time_s": r["time_s"], "memory_bytes": int(r["memory"]), "weight_bytes": int(r["weight_bytes"]),
                            "stash_bytes": int(r["stash_bytes"]), "stashes": st,
                            "stash_mb_bytes": int(r["stash_mb"]), "fixed_bytes": int(r["fixed_bytes"]), "send_bytes": sb, "send_occ": occ,

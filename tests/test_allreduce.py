@@ -239,14 +239,16 @@ def test_update_csim_takes_the_planned_cycles(tmp_path):
     plan = load_plan(build / "plan.yaml")
     assert plan.stages[0].cycles["update"] == u["cycles"]
     assert u["cycles"] == sum(a["words"] * a["ii"] + upd.UPDATE_DEPTH for a in u["arrays"])
-    # design.json records the tail the Design's kernels take beside the plan's: equal (the flush
-    # in whole cycles: one 512-bit beat a cycle on the U250's 64-byte-a-cycle bank)
+    # design.json records the tail the Design's kernels take beside the plan's: equal. The flush is
+    # the time-multiplexed backward kernel's tiled engines' (fpga_models.bwd_tiles.flush_cycles),
+    # one turn after another: per dense layer its on-chip dW and its bias sums, a 512-bit beat of 8
+    # sums a cycle, each loop BAPIPE_LOOP depth 4: fc1, fc2 (64 x 64) 512 + 4 + 8 + 4, fc3 (32 x 64)
+    # 256 + 4 + 4 + 4, fc4 (10 x 32) 40 + 4 + 2 + 4
     tail = json.loads((build / "design.json").read_text())["stages"][0]["tail"]
     assert tail["update_cycles"] == u["cycles"] and tail["allreduce_cycles"] == st["update"]["allreduce"]["cycles"]
     assert tail["plan_cycles"] == {"flush": tail["flush_cycles"], "allreduce": tail["allreduce_cycles"],
                                    "update": tail["update_cycles"]}
-    assert tail["flush_cycles"] == sum(-(-g["elements"] // 8) + upd.FLUSH_DEPTH
-                                       for g in st["update"]["allreduce"]["arrays"])
+    assert tail["flush_cycles"] == 2 * (512 + 4 + 8 + 4) + (256 + 4 + 4 + 4) + (40 + 4 + 2 + 4) == 1374
     binary = _compile(build, st, u["kernel"])
     env = {**os.environ, "BAPIPE_CSIM_STATS": str(tmp_path / "stats.json")}
     r = subprocess.run([str(binary)], capture_output=True, text=True, env=env)

@@ -10,8 +10,7 @@ import pytest
 from bapipe.spec import model_from_text
 from bapipe.fpga_models.boards import get_board
 from bapipe.fpga_models.bwd_memory import (PORTS_TURN, GradFrame, acc_width, bwd_frames, bwd_memory, bwd_other_bytes,
-                                    bwd_stream_bytes, WeightTile, bwd_weight_tile, tile_fill_cycles,
-                                    tm_bwd_extra_cycles, tm_bwd_spill_cycles, weight_stream_bytes)
+                                    tm_bwd_extra_cycles, tm_bwd_spill_cycles)
 from bapipe.fpga_models.cost import layer_cost
 
 MLP = ("name: m\ninput: [64]\nlayers:\n  - {name: fc1, type: dense, units: 32}\n  - {name: r1, type: relu}\n"
@@ -22,7 +21,10 @@ FOLD = {"fc1": (4, 8), "r1": (1, 32), "fc2": (2, 16), "r2": (1, 4), "fc3": (2, 8
 def test_mlp_frames_accumulators_and_spill_by_hand():
     """fc1 .. fc3 as one time-multiplexed stage: the turns run fc3, r2, fc2, r1, fc1; each hands
     its input's gradient to the next (fc1, fed by the model input, computes none), at the
-    writer's dx lanes (a dense layer's SIMD, a relu's lanes)."""
+    writer's dx lanes (a dense layer's SIMD, a relu's lanes; the built kernel's dense layers are
+    row engines, fpga_models.bwd_tiles: dx LR lanes a beat)."""
+    from bapipe.fpga_models import bwd_tiles as bt
+
     m = model_from_text(MLP)
     layers = list(m.layers)
     frames = bwd_frames(m, layers, FOLD, "fixed16")
@@ -34,73 +36,55 @@ def test_mlp_frames_accumulators_and_spill_by_hand():
     assert bwd_other_bytes(m, layers, FOLD, "fixed16", True) == 128
     assert bwd_other_bytes(m, layers, FOLD, "fixed16", False) == 2 * (64 + 32 + 16)
     u250 = get_board("U250")
-    # a 3,000-byte share: the 2,720 weights (5,440 B) are not all copied on chip (2 x 750 B), so
-    # the MVU turns with dx read a tile, the largest MH x MW of the matrices within a quarter
-    # of the share (fc3's 10 x 16, 320 B; fc2's 1,024 B is not; fc1 has no dx)
-    assert bwd_weight_tile(m, layers, "fixed16", 3000) == (10, 16)
+    # one vector a sample: every matrix a row job, LR the largest divisor of MW up to a 512-bit
+    # beat of weights (32): fc1 32 (2 column groups), fc2 32, fc3 16; their dW on chip (<= 64 K)
+    tiles = bt.stage_tiles(m, layers, FOLD, "tm", 1, 4, u250)
+    jobs = {n: t.job(n) for n, t in tiles.items()}
+    assert {n: (j.engine, j.lsimd, j.sf, j.home) for n, j in jobs.items()} == {
+        "fc1": ("row", 32, 2, "chip"), "fc2": ("row", 32, 1, "chip"), "fc3": ("row", 16, 1, "chip")}
+    assert bt.kernel_dsp(tiles) == 2 * 32
+    # cycles a sample: load max(SF, MH / PE), MH x SF steps, SF dx beats, depth 4
+    assert [bt.turn_cycles(tiles[n], jobs[n]) for n in ("fc1", "fc2", "fc3")] == [8 + 64 + 2 + 4, 8 + 16 + 1 + 4,
+                                                                                   5 + 10 + 1 + 4]
     mem = bwd_memory(m, layers, u250, FOLD, "fixed16", 3000, 4, True)
+    # the frames at the engines' lanes: fc3's dx 16, fc2's 32
+    assert mem.frames == (GradFrame("r2", "fc3", "r2", 32, 16), GradFrame("fc2", "r2", "fc2", 32, 4),
+                          GradFrame("r1", "fc2", "r1", 64, 32), GradFrame("fc1", "r1", "fc1", 64, 32))
     assert mem.acc_bytes == {"fc1": 32 * 64 * 5, "fc2": 16 * 32 * 5, "fc3": 10 * 16 * 5}
-    assert mem.other_bytes == 128
-    # the turns' two-deep streams (2 beats of 2-byte lanes): fc3 its input (8 lanes) 32; r2 the
-    # 8 -> 4 lane resize 16 and its input 16; fc2 4 -> 2 8 and its input (16) 64; r1 16 -> 32 128
-    # and its input 128; fc1 32 -> 4 16, its input 32 and its unused dx 32
-    assert mem.stream_bytes == bwd_stream_bytes(m, layers, FOLD, "fixed16") == 472
-    # an off-chip frame keeps its stream two deep in its writer's turn and its reader's: 4 beats
-    assert mem.frame_pipes == (64, 32, 128, 256)
-    # until the tile is chosen it is reserved (320), and so is a weight stream of fc3 and fc2 (one
-    # vector a sample, dx): a FIFO of 2 x 32 lanes (128) and MW exact dx sums, fc1's 64 of
-    # 37 bits (fc1's 32 terms), 5 B (320); 3,000 - (128 + 472 + 320 + 448 + 480, every frame's
-    # ends) leaves 1,152: fc3's 800 fits, fc2's 2,560 and fc1's 10,240 do not
-    assert mem.acc_onchip == {"fc1": False, "fc2": False, "fc3": True}
-    # every frame is 2 beats or fewer: on chip it takes fewer bytes than its two-deep ends
+    assert not any(mem.acc_onchip.values())
+    # fixed: the other buffers (128) without the MVU vector the engines replace (128), plus the
+    # engines' arrays: dW sums fc1 64 x 32, fc2 16 x 32, fc3 10 x 16 of 5 bytes, two vectors' x
+    # (2 x 2 rows of 32, 2 B) and dx sums (37 bits: fc1's 32 terms, 5 B)
+    assert mem.other_bytes == 128 - 128 + (64 * 32 + 16 * 32 + 10 * 16) * 5 + 4 * 32 * 2 + 4 * 32 * 5 == 14496
+    # the turns' two-deep streams: fc3 its x (16 lanes) 64; r2 the 16 -> 4 resize 16 and its input
+    # 16; fc2 4 -> 2 8 and its x (32) 128; r1 its input 128; fc1 32 -> 4 16, its x 128, unused dx 128
+    assert mem.stream_bytes == 64 + 16 + 16 + 8 + 128 + 128 + 16 + 128 + 128 == 632
+    assert mem.frame_pipes == (128, 32, 256, 256)
     assert list(mem.frames_off) == [False, False, False, False]
-    # the tile built: what the share leaves (3,000 - (2,648 - 320 - 288) = 960 B) holds fc3's
-    # 320 B; fc2 streams; its fill before fc3's turn, every sample: 160 x 16 bits in 5 beats + 2
-    assert mem.tile == WeightTile(10, 16, (("fc3", 10, 16),)) and mem.streamed == ("fc2",)
-    assert mem.wstream_bytes == weight_stream_bytes(m, layers, FOLD, "fixed16", ["fc2"]) == 128 + 320
-    assert mem.fixed_bytes == 128 + 800 + 472 + 320 + 448
-    # what codegen.design.backward builds: the fixed bytes and the frames (32 + 32 + 64 + 64)
-    assert mem.onchip_bytes == 2168 + 192 == 2360 <= 3000
+    assert mem.onchip_bytes == 14496 + 632 + 32 + 32 + 64 + 64
     assert mem.offchip("r1", "fc1") is False and mem.offchip("fc1", "r1") is None
-    # one tiled turn: one tile (a second would only hold the same fill, before the same turn)
-    assert mem.as_dict()["weight_tile"] == {"rows": 10, "columns": 16, "layers": ["fc3"], "buffers": 1}
-    assert mem.as_dict()["weight_stream"] == {"layers": ["fc2"]}
+    # the engines against the plan's folding (fc1 no dx 64, fc2 32, fc3 20): 14 - 3 + 0
     assert tm_bwd_spill_cycles(m, layers, u250, FOLD, "fixed16", 3000, 4) == 0
-    assert tm_bwd_extra_cycles(m, layers, u250, FOLD, "fixed16", 3000, 4) == 0 + 5 + 2
-    # r1 at one lane: its gradient to fc1 is 32 beats (64 B on chip, 8 B off); at 1,300 B
-    # (128 + 224 streams + 320 + 448 + 232 ends: no accumulator; the three small frames free
-    # 96 B, fc1's would take 56 more than the 1,300) it spills; the tile (1,300 - 936 = 364 B
-    # left) still holds fc3, fc2 streams
-    f2 = dict(FOLD, r1=(1, 1))
-    low = bwd_memory(m, layers, u250, f2, "fixed16", 1300, 4, True)
-    assert low.stream_bytes == 224 and low.frame_pipes == (64, 32, 128, 8)
-    assert low.frames_off == (False, False, False, True) and not any(low.acc_onchip.values())
-    assert low.onchip_bytes == 128 + 224 + 320 + 448 + 128 + 8 == 1256 <= 1300
-    # a bigger share copies every weight on chip (5,440 B within 2 x 3,000) and needs no tile
-    assert bwd_weight_tile(m, layers, "fixed16", 12_000) is None
-    big = bwd_memory(m, layers, u250, FOLD, "fixed16", 12_000, 4, True)
-    assert big.other_bytes == 128 + 5440 and big.tile is None and big.streamed == () and big.wstream_bytes == 0
-    # no room at all: every accumulator off chip, and every frame bigger than its ends
-    none = bwd_memory(m, layers, u250, f2, "fixed16", 0, 4, True)
-    assert not any(none.acc_onchip.values()) and none.frames_off == (False, False, False, True)
+    assert tm_bwd_extra_cycles(m, layers, u250, FOLD, "fixed16", 3000, 4) == 14 - 3 + 0
+    # r1 at one lane: its gradient to fc1 is 32 beats (64 B on chip, 8 B at its ends off chip):
+    # with no room it spills, the small frames (no bigger than their ends) stay
+    none = bwd_memory(m, layers, u250, dict(FOLD, r1=(1, 1)), "fixed16", 0, 4, True)
+    assert none.frames_off == (False, False, False, True)
     # a dataflow kernel has no frames between turns
     assert bwd_memory(m, layers, u250, FOLD, "fixed16", 3600, 4, False).frames == ()
 
 
 def test_wide_relu_turn_waits_on_its_frames():
     """A turn whose own backward is shorter than its off-chip frames' 512-bit words takes the
-    words: r1 at 32 lanes does 32 elements in 1 cycle, but reads 2 words (16-lane beats)."""
+    words: r1 at 32 lanes does 32 elements in 1 cycle, but writes a 16-lane frame in 2 words."""
     m = model_from_text(MLP)
     layers = list(m.layers)
     u250 = get_board("U250")
     r1 = layer_cost(layers[1], u250, 1, 32, "fixed16", 1)
     assert r1.bwd_in_cycles + r1.bwd_w_cycles == 1
-    # all four frames off (the rule keeps them on chip: 2 beats or fewer each, fewer bytes than
-    # their two-deep ends; put off here by hand). Words a turn moves: fc3 2 (16 elements at 8
-    # lanes), r2 4, fc2 4, r1 2, fc1 1; only r1's are more than its own cycles (fc3 20, r2 4,
-    # fc2 32, fc1 64)
+    # r1's frame to fc1 off chip at 16 lanes (put so by hand): 2 beats, 2 words; fc1's own 64
     mem = bwd_memory(m, layers, u250, FOLD, "fixed16", 0, 4, True)
-    off = dataclasses.replace(mem, frames_off=(True,) * len(mem.frames))
+    off = dataclasses.replace(mem, frames=(GradFrame("fc1", "r1", "fc1", 64, 16),), frames_off=(True,))
     assert tm_bwd_spill_cycles(m, layers, u250, FOLD, "fixed16", 0, 4, off) == 2 - 1
 
 
@@ -206,20 +190,12 @@ def test_big_backward_kernels_build_the_planned_frames(model, req):
         counted = sum(max((e["cycles_per_sample"] for e in sc.bwd.engines if e["layer"] == l), default=0)
                       for l in st.layers)
         p = hb.plan_bwd_cycles(plan, m, k, board)
-        # what the turns wait on the tile's fills (fpga_models.bwd_memory.tm_bwd_fill_cycles): every
-        # fill for one tile (both kernels': two do not fit their shares), less for a ping-pong pair
-        assert records[k]["fill_cycles"] <= tile_fill_cycles(mem.tile, plan.number_format)
-        assert mem.tile is None or mem.tile.buffers == 2 or records[k]["fill_cycles"] == tile_fill_cycles(
-            mem.tile, plan.number_format)
-        spill = records[k]["spill_cycles"] + records[k]["fill_cycles"]
+        # the turns' engines as built (the tiled matrix engines with their window generators and
+        # weight fills: fpga_models.bwd_tiles.turn_cycles) and the off-chip frames' words
+        spill = records[k]["spill_cycles"]
         # CYCLE_TOL: issue 16's bound on counted vs planned cycles per sample
         assert abs(counted + spill - p["per_sample"]) <= CYCLE_TOL * p["per_sample"], (sc.name, counted, spill, p)
-        # the kernel builds the plan's weight tile (BwdMemory.tile, codegen.design.backward._tile_weights)
-        # and weight stream (BwdMemory.streamed, _stream_weights)
-        assert (sc.bwd.wtile["tile"].dims if getattr(sc.bwd, "wtile", None) else None) == (
-            (mem.tile.rows, mem.tile.cols) if mem.tile else None), sc.name
-        assert len((sc.bwd.wstream or {}).get("turns", [])) == len(mem.streamed), sc.name
-        # the Design's figure is the plan's: its two-deep streams, off-chip frames' ends, the
-        # tile built and the stream's FIFO and row-order dx sums (``.accw``) included
+        # the Design's figure is the plan's: its engines' arrays, two-deep streams and off-chip
+        # frames' ends included
         assert kernel_onchip_bytes(sc, ctx.fmt, bwd=True) == mem.onchip_bytes, sc.name
         assert mem.onchip_bytes <= budget

@@ -1,10 +1,14 @@
-"""Backward weights that do not all fit on chip (issue 16 item 1; codegen.design.backward._tile_weights).
+"""The weights a backward kernel's input gradient reads (fpga_models.bwd_tiles: the weight store).
 
-A time-multiplexed backward kernel whose weights fail the forward's all-resident rule
-(fpga_models.allocate.weights_all_resident) copies each input-gradient turn's matrix into one
-on-chip tile before the turn, in 512-bit beats, instead of reading m_axi inside the MAC loop.
-tiny-cnn's training plan is forced there by making the backward's copy rule answer no (its
-budget itself holds the 2,482 weights)."""
+A time-multiplexed kernel's chunk engine reads a PE x SIMD weight block every PX cycles (one
+block serves a group of PX vectors), shifting the next block in KW weights a cycle from a store
+of KW/4 64-bit words a row. The store holds every matrix with an input gradient at its base rows
+when they fit the weight share (filled once an iteration by the kernel's first call), else one
+turn's matrix, filled before its turn in 512-bit beats (the planner prices the fill). A row
+engine (one vector a sample) reads its matrix where it lives, one 512-bit beat a cycle at most.
+tiny-cnn's training plan as one time-multiplexed stage: conv3 (16 x 72) and conv2 (8 x 72) have
+an input gradient on a 2 x 18 grid (NF x SF = 8 x 4 and 4 x 4 blocks), chunks of 16, PX = 8:
+KW = ceil(36 / 8) = 5 weights a cycle, WJ = ceil(36 / 5) = 8 rows a block, KWW = 2 words a row."""
 from __future__ import annotations
 
 import re
@@ -13,43 +17,64 @@ import pytest
 
 from bapipe import toolchain
 
-def _not_resident(monkeypatch):
-    """The backward kernel's weights fail the all-resident rule, in the plan's backward memory
-    (fpga_models.bwd_memory: no copies, a weight tile whose fills the planner prices) and in the
-    lowering (hls_bwd._copy_weights makes no copies); the forward's rule stays the default's."""
-    import bapipe.codegen.design.backward as hb
-    import bapipe.fpga_models.bwd_memory as bm
 
-    monkeypatch.setattr(hb, "_copy_weights", lambda *a, **k: [])
-    monkeypatch.setattr(bm, "weights_all_resident", lambda *a, **k: False)
+def _tile_mode(monkeypatch):
+    """The matrices do not fit the weight share: the store holds one turn's (planner and lowering
+    read the same module constant)."""
+    import bapipe.fpga_models.bwd_tiles as bt
+
+    monkeypatch.setattr(bt, "WEIGHT_URAM_SHARE", 0.0)
 
 
 @pytest.mark.slow   # plans and generates tiny-cnn (~3 s)
-def test_tiny_cnn_backward_reads_weights_from_a_tile(tmp_path, monkeypatch):
-    """fc (10 x 64), conv3 (16 x 72) and conv2 (8 x 72), the turns with an input gradient (run
-    in that order), read a ping-pong pair of 16 x 72 tiles (two fit the share): fc's matrix is
-    filled into wt0 before its turn, conv3's into wt1 during fc's turn and conv2's into wt0
-    during conv3's (weight_tile, 32 elements a 512-bit beat, a process of the MVU turns'
-    DATAFLOW region); fc and conv2 read wt0, conv3 wt1; their ports are widened to 512 bits;
-    the MAC function takes no m_axi matrix it reads (conv1 has no input gradient, so its matrix
-    is never read)."""
+def test_tiny_cnn_backward_holds_its_matrices_in_one_store(tmp_path):
+    """Resident: conv2's 16 blocks at rows 0..127 and conv3's 32 at 128..383 of one store of 384 x 2
+    words (layer order), filled by one process of the weight load in turn order (wst_fill: a 512-bit beat of
+    weights a cycle into a row register, a row written when its 5 weights are in); no per-layer
+    copy of a matrix; conv1 (no input gradient) and fc (a row engine) read none of it; every
+    weight port widened to 512 bits."""
     from test_hls_mac import _tiny_cnn_tm
 
-    _not_resident(monkeypatch)
     _plan, out = _tiny_cnn_tm(tmp_path, "train")
     cpp = (out / "stage0" / "stage0_bwd.cpp").read_text()
-    assert "static data_t s0_bwd_wt0[16][72];" in cpp and "static data_t s0_bwd_wt1[16][72];" in cpp
-    assert "s0_bwd_wt[" not in cpp and "wc_" not in cpp
-    fetch = re.findall(r"bapipe::weight_tile<(\d+), (\d+), 16, 72, 32>\((\w+), (s0_bwd_wt\d)\)", cpp)
-    assert fetch == [("16", "72", "conv3_w", "s0_bwd_wt1"), ("8", "72", "conv2_w", "s0_bwd_wt0"),
-                     ("10", "64", "fc_w", "s0_bwd_wt0")]
-    ins = re.findall(r"bapipe::bwd_mac_in<(\d+), (\d+), \d+, \d+, (\d), [^>]*, (\d+), (\d+)>\(\w+, \w+, (\w+),", cpp)
-    assert ins == [("10", "64", "1", "16", "72", "s0_bwd_wt0"), ("16", "72", "1", "16", "72", "s0_bwd_wt1"),
-                   ("8", "72", "1", "16", "72", "s0_bwd_wt0"), ("8", "9", "0", "8", "9", "conv1_w")]
-    for w in ("fc_w", "conv3_w", "conv2_w"):
+    assert "static bapipe::wsword_t s0_bwd_wst[384][2];" in cpp and "wc_conv" not in cpp
+    fills = re.findall(r"bapipe::wst_fill<(\d+), (\d+), 2, 18, 5, 2, 8, 384>\((\w+), s0_bwd_wst, (\d+)\);", cpp)
+    assert fills == [("16", "72", "conv3_w", str(16 * 8)), ("8", "72", "conv2_w", "0")]   # turn order
+    assert cpp.count("BAPIPE_PROCESS(s0_bwd_wst_load(conv3_w, conv2_w, s0_bwd_wst));") == 1
+    for w in ("fc_w", "conv3_w", "conv2_w", "conv1_w"):
         assert re.search(rf"port={w} offset=slave bundle=gmem_w depth=\d+ max_widen_bitwidth=512", cpp)
-    assert cpp.count("BAPIPE_PROCESS(s0_bwd_mac_wfetch(t, conv3_w, conv2_w, s0_bwd_wt0, s0_bwd_wt1, n));") == 1
-    assert cpp.count("bapipe::weight_tile<10, 64, 16, 72, 32>(fc_w, s0_bwd_wt0);") == 1
+    # the row engine reads fc's row, 32 weights (one beat) a step, where it lives
+    assert "xw[l] = fc_w[ro][rk * 32 + l];" in cpp
+
+
+@pytest.mark.slow   # plans and generates tiny-cnn (~3 s)
+def test_tiny_cnn_backward_fills_a_turns_matrix_before_it(tmp_path, monkeypatch):
+    """Tile: the store holds the largest matrix (conv3's 32 blocks x 8 rows = 256); before each MVU
+    turn of a sample the sequencer fills the turn's matrix at row 0 (s0_bwd_wfill, a case a turn
+    with an input gradient); the plan prices each fill (32 x 8 rows a beat + 4, 16 x 8 + 4)."""
+    from test_hls_mac import _tiny_cnn_tm
+
+    from bapipe.plan import load_plan
+    from bapipe.fpga_models.boards import get_board
+    from bapipe.fpga_models import bwd_tiles as bt
+    from bapipe.models import load_model
+
+    _tile_mode(monkeypatch)
+    plan_path, out = _tiny_cnn_tm(tmp_path, "train")
+    cpp = (out / "stage0" / "stage0_bwd.cpp").read_text()
+    assert "static bapipe::wsword_t s0_bwd_wst[256][2];" in cpp
+    cases = re.findall(r"case (\d+):\n\s+bapipe::wst_fill<(\d+), (\d+), 2, 18, 5, 2, 8, 256>\((\w+), s0_bwd_wst, 0\);", cpp)
+    assert cases == [("4", "16", "72", "conv3_w"), ("7", "8", "72", "conv2_w")]
+    assert cpp.count("if (one) s0_bwd_wfill(t, conv2_w, conv3_w, s0_bwd_wst);") == 1
+    plan = load_plan(plan_path)
+    model = load_model(plan.model)
+    st = plan.stages[0]
+    layers = [model.layers[model.index[n]] for n in st.layers]
+    fold = {n: (f.pe, f.simd) if f.lanes is None else (1, f.lanes) for n, f in st.folding.items()}
+    tiles = bt.stage_tiles(model, layers, fold, "tm", 1, plan.microbatches, get_board(st.board_type))
+    t = tiles["conv3"]
+    assert t.weights == "tile"
+    assert [bt.fill_cycles(t, t.job(n)) for n in ("conv3", "conv2", "conv1", "fc")] == [32 * 8 + 4, 16 * 8 + 4, 0, 0]
 
 
 @pytest.mark.csim
@@ -57,165 +82,55 @@ def test_tiny_cnn_backward_reads_weights_from_a_tile(tmp_path, monkeypatch):
 @pytest.mark.skipif(toolchain.gxx() is None or toolchain.ap_types_dir() is None,
                     reason="needs g++ and the hls4ml ap_types headers")
 def test_tiny_cnn_tiled_backward_weights_bit_exact(tmp_path, monkeypatch):
-    """The same kernel in C-simulation: input gradient and weight-gradient sums 0 LSB against
-    train_fixed, no stream beyond its depth; cycles per sample within 10% of the plan, which
-    prices what the kernel waits on the tile fills: fc's 640 / 32 = 20 beats + 2 before its turn,
-    conv3's and conv2's (36 + 2, 18 + 2) during the turn before, shorter than it
-    (fpga_models.bwd_memory.tile_stall_cycles)."""
+    """The tile kernel in C-simulation: input gradient and weight-gradient sums 0 LSB against
+    train_fixed, no stream beyond its depth, cycles per sample within 10% of the plan (which
+    prices the fills before the turns)."""
     from test_csim_bwd_tm import _csim_stage
     from test_hls_mac import _tiny_cnn_tm, assert_exact_on_plan
 
-    _not_resident(monkeypatch)
+    _tile_mode(monkeypatch)
     plan, _out = _tiny_cnn_tm(tmp_path, "train")
-    r = _csim_stage(plan, tmp_path / "b", 0)
-    assert_exact_on_plan(r)
+    assert_exact_on_plan(_csim_stage(plan, tmp_path / "b", 0))
 
 
-def _job(turn, mh, mw, w, dx=True, vec=16, pe=1, simd=8):
-    from types import SimpleNamespace
+@pytest.mark.slow   # small-resnet lowered and rendered in memory (~8 s)
+def test_banked_batchnorm_copies_where_the_block_rule_puts_them():
+    """small-resnet as one time-multiplexed training stage: each batchnorm's scale copy is read a
+    channel a bank (16 or 32 banks of one word), so memory_blocks.storage_impl puts its banks in
+    LUTRAM, not a BRAM18 each (resnet50's 512-channel scales in 256 banks of 2 took 128 BRAM36
+    apiece that the plan did not count); the check reads no BRAM for them, and the Design's
+    backward BRAM36 is the check's."""
+    import sys
+    from pathlib import Path
 
-    return SimpleNamespace(turn=turn, mh=mh, mw=mw, w=w, aw=f"aw_{w[:-2]}", dx=dx, vec=vec, pe=pe, simd=simd)
+    from bapipe.codegen.check.physical_rules import _scans, kernel_figures
+    from bapipe.codegen.design.bwd_engines import design_blocks
 
+    sys.path.insert(0, str(Path(__file__).parent))
+    from handplan import make_plan
+    from test_link_cfg import render
 
-def _ctx(jobs, onchip):
-    from types import SimpleNamespace
+    sr = str(Path(__file__).resolve().parent.parent / "examples/models/small-resnet.yaml")
+    plan, model, cluster = make_plan(sr, cuts=(), style="time-multiplexed", mode="train")
+    ctx, files = render(plan, model, cluster)
+    files = {k: v.decode() if isinstance(v, bytes) else v for k, v in files.items() if k.endswith((".cpp", ".h"))}
+    cpp = files["stage0/stage0_bwd.cpp"]
+    copies = re.findall(r"static data_t (wc_\w+_scale)\[(\d+)\];[^\n]*\n#pragma HLS BIND_STORAGE variable=\w+ "
+                        r"type=ram_2p impl=(\w+)\n#pragma HLS ARRAY_PARTITION variable=\w+ cyclic factor=(\d+) dim=1",
+                        cpp)
+    assert len(copies) == 6 and all(impl == "lutram" and n == f for _name, n, impl, f in copies), copies
+    f = kernel_figures(*_scans(files, "stage0/stage0_bwd.cpp", "stage0_bwd"))
+    design = design_blocks(ctx.stages[0].bwd)
+    assert f.blocks.bram36 == design["bram36"]
+    # DSP: the matrix engines' and two products a lane of each of the six batchnorms (dy x scale,
+    # dy x x: fpga_models.bwd_memory.elementwise_dsp), as the check counts the multipliers
+    from bapipe.fpga_models.bwd_memory import elementwise_dsp
+    from bapipe.fpga_models.bwd_tiles import kernel_dsp
 
-    ws = [SimpleNamespace(name=j.w, dims=f"[{j.mh}][{j.mw}]") for j in jobs]
-    decls = [f"const data_t {w.name}{w.dims}" for w in ws]
-    mac = SimpleNamespace(jobs=jobs, mac_params=list(decls), turn_params=list(decls), turns=[])
-    return SimpleNamespace(mac=mac, copies=[], weights=ws, onchip_bytes=onchip, arrays=[], wtile={})
-
-
-def test_tile_takes_what_the_share_leaves():
-    """fpga_models.bwd_memory.choose_tile: the tile (largest MH x largest MW of its matrices,
-    2-byte elements) holds the smallest matrices (ties: the later layer, whose turn is earlier)
-    that fit the bytes the share leaves; no room, no tile. Its fills: 512-bit beats + 2 a
-    matrix. The lowering builds exactly the plan's tile (hls_bwd._tile_weights), and refuses a
-    tile whose matrices are not its turns with dx."""
-    from bapipe.codegen.design.backward import _tile_weights
-    from bapipe.fpga_models.bwd_memory import WeightTile, choose_tile, tile_fill_cycles
-
-    cands = [("a", 10, 64), ("b", 16, 72), ("c", 8, 72)]
-    # 1,440 bytes left: c (8 x 72, 1,152) and a (10 x 72 = 1,440 with c) fit, b (16 x 72 = 2,304) not
-    t = choose_tile(cands, 2, 1_440)
-    assert t == WeightTile(10, 72, (("a", 10, 64), ("c", 8, 72))) and t.layers == ("a", "c")
-    assert choose_tile(cands, 2, 1_439) == WeightTile(8, 72, (("c", 8, 72),))
-    assert choose_tile(cands, 2, 1_151) is None
-    assert choose_tile(cands, 2, None) == WeightTile(16, 72, tuple(cands))
-    # equal sizes: the later layer's first; the other does not fit beside it (4 x 8 x 2 = 64 > 32)
-    assert choose_tile([("x", 2, 8), ("y", 4, 4)], 2, 32).layers == ("y",)
-    # fills a sample: ceil(640 x 16 / 512) + 2 and ceil(576 x 16 / 512) + 2
-    assert tile_fill_cycles(t, "fixed16") == (20 + 2) + (18 + 2) and tile_fill_cycles(None, "fixed16") == 0
-
-    jobs = [_job(0, 10, 64, "a_w"), _job(3, 16, 72, "b_w"), _job(5, 8, 72, "c_w"), _job(7, 8, 9, "d_w", dx=False)]
-    ctx = _ctx(jobs, 10_000)
-    _tile_weights(ctx, 0, 16, t, {f"aw_{n}": n for n in "abcd"})
-    assert not ctx.wtile["double"] and [f[4] for f in ctx.wtile["fetches"]] == ["s0_bwd_wt", "s0_bwd_wt"]
-    assert [f[:2] for f in ctx.wtile["fetches"]] == [(0, "a_w"), (5, "c_w")]
-    assert ctx.arrays[0].dims == (10, 72) and ctx.arrays[0].bytes == 1_440
-    assert [j.w for j in jobs] == ["s0_bwd_wt", "b_w", "s0_bwd_wt", "d_w"]
-    assert ctx.wtile["shapes"] == {"s0_bwd_wt": (10, 72), "b_w": (16, 72), "d_w": (8, 9)}
-    assert sorted(ctx.mac.mac_params) == sorted(["const data_t b_w[16][72]", "const data_t d_w[8][9]",
-                                                 "data_t s0_bwd_wt[10][72]"])
-    # no planned tile: nothing changes
-    jobs = [_job(0, 10, 64, "a_w")]
-    ctx = _ctx(jobs, 10_000)
-    _tile_weights(ctx, 0, 16, None, {"aw_a": "a"})
-    assert ctx.wtile == {} and jobs[0].w == "a_w"
-    # a planned matrix the kernel's turns with dx do not have (d computes none): refused
-    jobs = [_job(7, 8, 9, "d_w", dx=False)]
-    with pytest.raises(ValueError, match="planned weight tile"):
-        _tile_weights(_ctx(jobs, 0), 0, 16, WeightTile(8, 9, (("d", 8, 9),)), {"aw_d": "d"})
-
-
-def test_ping_pong_tile_when_two_fit():
-    """fpga_models.bwd_memory.double_tile: the same matrices in a ping-pong pair when two tiles
-    fit what the share leaves and two or more turns read them, else the one tile; the kernel
-    waits on the first fill (turn order: the later layer first) and on each later one only for
-    what it takes beyond the previous tiled turn's region (tile_stall_cycles). The lowering
-    reads tile k % 2 in the k-th tiled turn and fills the next one's matrix during it."""
-    from bapipe.codegen.design.backward import _tile_weights
-    from bapipe.fpga_models.bwd_memory import WeightTile, choose_tile, double_tile, tile_stall_cycles
-
-    cands = [("a", 10, 64), ("c", 8, 72)]
-    one = choose_tile(cands, 2, 1_440)
-    assert one == WeightTile(10, 72, tuple(cands)) and one.buffers == 1
-    assert double_tile(one, 2, 2_879) == one                               # 2 x 1,440 B do not fit
-    two = double_tile(one, 2, 2_880)
-    assert two == WeightTile(10, 72, tuple(cands), 2) and double_tile(one, 2, None) == two
-    assert double_tile(WeightTile(8, 72, (("c", 8, 72),)), 2, None).buffers == 1   # one turn: nothing to overlap
-    # turn order c (fill 18 + 2) then a (20 + 2): c's fill before its turn; a's during c's turn,
-    # which takes 15 cycles: 7 more; at 30 none. One tile: both fills, 42.
-    assert two.turn_fills == (("c", 8, 72), ("a", 10, 64))
-    assert tile_stall_cycles(two, "fixed16", {"c": 15, "a": 100}) == 20 + 7
-    assert tile_stall_cycles(two, "fixed16", {"c": 30}) == 20
-    assert tile_stall_cycles(one, "fixed16", {"c": 30}) == 42
-
-    jobs = [_job(0, 8, 72, "c_w"), _job(3, 16, 72, "b_w"), _job(5, 10, 64, "a_w")]
-    ctx = _ctx(jobs, 10_000)
-    _tile_weights(ctx, 0, 16, two, {f"aw_{n}": n for n in "abc"})
-    assert ctx.wtile["double"] and [a.name for a in ctx.arrays] == ["s0_bwd_wt0", "s0_bwd_wt1"]
-    assert sum(a.bytes for a in ctx.arrays) == 2 * 1_440
-    assert ctx.wtile["first"] == (0, "c_w", 8, 72, "s0_bwd_wt0")
-    assert ctx.wtile["fetches"] == [(0, "a_w", 10, 64, "s0_bwd_wt1")]
-    assert [j.w for j in jobs] == ["s0_bwd_wt0", "b_w", "s0_bwd_wt1"]
-    assert ctx.wtile["ports"] == ["a_w", "c_w"] and ctx.wtile["args"] == ["a_w", "s0_bwd_wt0", "s0_bwd_wt1"]
-    # the planned order of fills is the kernel's order of turns, or the lowering refuses
-    jobs = [_job(0, 10, 64, "a_w"), _job(5, 8, 72, "c_w")]
-    with pytest.raises(ValueError, match="prices"):
-        _tile_weights(_ctx(jobs, 0), 0, 16, two, {f"aw_{n}": n for n in "ac"})
-
-
-def _tiny_cnn_streamed(tmp_path, monkeypatch):
-    """tiny-cnn's TM training plan with the backward forced off the copies and every one-vector
-    matrix made too big for a tile (in fpga_models.bwd_memory, so the plan prices the tile's
-    fills; the forward's rule untouched): fc (10 x 64, one vector a sample) streams, conv3 and
-    conv2 tile."""
-    from bapipe.cli import main
-
-    import bapipe.fpga_models.bwd_memory as bm
-
-    _not_resident(monkeypatch)
-    monkeypatch.setattr(bm, "weight_resident", lambda elems, eb, budget, vectors=1: vectors > 1)
-    plan = tmp_path / "plan.yaml"
-    assert main(["plan", "tiny-cnn", "4xU250-ring", "--cap", "0.01", "--partition", "0-9", "--mode", "train",
-                 "-o", str(plan), "--force"]) in (0, None)
-    return plan
-
-
-@pytest.mark.slow   # plans and generates tiny-cnn (~3 s)
-def test_tiny_cnn_backward_streams_a_dense_matrix(tmp_path, monkeypatch):
-    """fc's matrix reaches the MAC on a two-deep FIFO of 1 x 32 words (weight_stream_rows, once a
-    vector in row order, a process beside the MAC function); its turn sums dx in row order
-    (bwd_mac_in_ws / bwd_mac_out_ws); conv3 and conv2 read a ping-pong pair of 16 x 72 tiles."""
-    from bapipe.cli import main
-
-    plan = _tiny_cnn_streamed(tmp_path, monkeypatch)
-    out = tmp_path / "build"
-    assert main(["gen", str(plan), "-o", str(out), "--allow-rule-violations"]) in (0, None)
-    cpp = (out / "stage0" / "stage0_bwd.cpp").read_text()
-    assert "bapipe::weight_stream_rows<10, 64, 1, 32, 32>(fc_w, s0_bwd_ws, (long)n * 1);" in cpp
-    assert "hls::stream<bapipe::bvec<32>, 2> s0_bwd_ws(\"s0_bwd_ws\");" in cpp
-    assert cpp.count("bapipe::bwd_mac_in_ws<10, 64, 1, 32,") == 1 and cpp.count("bapipe::bwd_mac_out_ws<10, 64,") == 1
-    # a ping-pong pair: conv2's matrix is filled into wt1 during conv3's turn, conv3's into wt0 before it
-    assert re.findall(r"bapipe::weight_tile<(\d+), (\d+), 16, 72, 32>\((\w+), (\w+)\)", cpp) == [
-        ("8", "72", "conv2_w", "s0_bwd_wt1"), ("16", "72", "conv3_w", "s0_bwd_wt0")]
-    assert re.search(r"port=fc_w offset=slave bundle=gmem_w depth=640 max_widen_bitwidth=512", cpp)
-
-
-@pytest.mark.csim
-@pytest.mark.soak   # one g++ build of the backward kernel (~15 s fresh) and its run
-@pytest.mark.skipif(toolchain.gxx() is None or toolchain.ap_types_dir() is None,
-                    reason="needs g++ and the hls4ml ap_types headers")
-def test_tiny_cnn_streamed_backward_weights_bit_exact(tmp_path, monkeypatch):
-    """The same kernel in C-simulation: 0 LSB against train_fixed (dx summed in row order is the
-    same exact integer sum), the weight FIFO never beyond its depth 2, cycles per sample within
-    10% of the plan, which prices the tile fills (conv3's 36 beats + 2 before its turn; conv2's
-    18 + 2 overlap conv3's turn; the stream overlaps the MAC)."""
-    from test_csim_bwd_tm import _csim_stage
-    from test_hls_mac import assert_exact_on_plan
-
-    plan = _tiny_cnn_streamed(tmp_path, monkeypatch)
-    r = _csim_stage(plan, tmp_path / "b", 0)
-    assert_exact_on_plan(r)
-    assert r["streams"]["s0_bwd_ws"]["depth"] == 2 and r["streams"]["s0_bwd_ws"]["peak"] >= 1
+    st = plan.stages[0]
+    layers = [model.layers[model.index[n]] for n in st.layers]
+    fold = {n: (fo.pe, fo.simd) if fo.lanes is None else (1, fo.lanes) for n, fo in st.folding.items()}
+    ew = elementwise_dsp(layers, fold)
+    lanes = [fold.get(l.name, (1, 1)) for l in layers if l.type == "batchnorm"]
+    assert len(lanes) == 6 and ew == 2 * sum(p * q for p, q in lanes) > 0
+    assert f.dsp == design["dsp"] == kernel_dsp(ctx.stages[0].bwd.tiles) + ew

@@ -66,9 +66,10 @@ def test_folding_drives_pragmas(tmp_path):
     top = (tmp_path / "stage0/stage0.cpp").read_text()
     assert "BAPIPE_DATAFLOW_BEGIN" in top and "#pragma HLS INTERFACE mode=axis port=in0" in top
     # conv2: 8 channels a beat into the window generator (a width converter from conv1's PE=2),
-    # K=3 rows of line buffer, an MVU of PE=4 x SIMD=8 with conv2's ReLU fused
+    # K=3 rows of line buffer (3 x 3 banks of 3 words: LUTRAM, fpga_models.allocate.ring_banks),
+    # an MVU of PE=4 x SIMD=8 with conv2's ReLU fused
     assert "bapipe::width_conv<2, 8>(s0_conv1_mvu_out, s0_conv2_wc0_out, (long)n * 512)" in top
-    assert "bapipe::swg<8, 8, 8, 3, 1, 1, 8, 1, 3, false>(s0_conv2_wc0_out, s0_conv2_swg_out, n)" in top
+    assert "bapipe::swg_lutram<8, 8, 8, 3, 1, 1, 8, 1, 3, false>(s0_conv2_wc0_out, s0_conv2_swg_out, n)" in top
     assert "bapipe::mvu<8, 72, 4, 8, true>(s0_conv2_swg_out, out0, s0_conv2_mvu_w, s0_conv2_mvu_b, (long)n * 64)" in top
     # weights in PE x SIMD banks: 18 words of 4 x 8
     assert "#pragma HLS ARRAY_PARTITION variable=s0_conv2_mvu_w complete dim=2" in top
@@ -93,11 +94,14 @@ def test_backward_kernel_structure(tmp_path):
     assert ("void stage0_bwd(hls::stream<bapipe::bvec<1> > &dy_out0, const data_t st_conv1[MB * 64], "
             "const data_t st_relu1[MB * 512]") in b0
     assert "dx_in0" not in b0                      # the model input needs no gradient
-    # WL = 8: the exact 64-bit weight-gradient sums leave 8 a 512-bit beat
-    assert "bapipe::mvu_bwd<8, 72, 4, 8, 1, 40, 38, 8, 4, bapipe::rvec<8, 38> >(" in b0
-    assert "conv2_w, aw_conv2, ab_conv2, dw_conv2, db_conv2, (long)n * 64, flush)" in b0
+    # each matrix layer its tiled engine (fpga_models.bwd_tiles: conv2 on its 4 x 8 folding), called in
+    # the DATAFLOW region after the engines that feed it; the exact sums leave 8 (WL) a 512-bit beat
+    assert "static void s0_bwd_mac_conv2(const int t," in b0 and "static void s0_bwd_mac_conv1(const int t," in b0
+    assert "case 0:   // conv2: 8 x 72, 2 x 9 blocks\n" in b0
+    assert "bapipe::shift_down<24, 8 >(f);" in b0 or "bapipe::shift_down<8, 8 >(fb);" in b0
     assert "bapipe::swg<8, 8, 8, 3, 1, 1, " in b0       # the stash streams through a line-buffer window
-    assert b0.index("relu_bwd<512, 1>(s1_x_relu2") < b0.index("mvu_bwd<8, 72") < b0.index("mvu_bwd<8, 9")
+    assert (b0.index("relu_bwd<512, 1>(s1_x_relu2") < b0.index("BAPIPE_PROCESS(s0_bwd_mac_conv2(0,")
+            < b0.index("BAPIPE_PROCESS(s0_bwd_mac_conv1(0,"))
     cfg = json.loads((tmp_path / "host_config.json").read_text())
     bw = cfg["stages"][1]["backward"]
     assert bw["microbatch"] == 4 and [p["port"] for p in bw["outputs"]] == ["dx_in0"]

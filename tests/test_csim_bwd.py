@@ -116,16 +116,19 @@ def test_engines_meet_the_plan_by_construction(plans):
 
 def test_no_whole_tensor_arrays_and_stashes_come_from_memory(plans):
     """tiny-cnn: every stashed activation is an m_axi argument read by its own process; the
-    kernel's on-chip bytes are the accumulators, line buffers, engines' buffers and FIFOs
-    (19,854 bytes) and the on-chip copies of the 2,440 matrix weights it reads (4,880 bytes;
-    the old kernel held 21 micro-batch arrays of up to 16,384 elements)."""
+    kernel's on-chip bytes are its arrays (the tiled engines' sums, weight stores, chunk buffers,
+    col2im rows) and FIFOs (the old kernel held 21 micro-batch arrays of up to 16,384 elements).
+    The largest array is conv3's accumulator store: J = 16 drain rows x K = 72 banks of 39-bit
+    sums (5 bytes): a 16 x 72 grid drained 72 sums a cycle over 16 cycles (chunks of P = 16)."""
     _, _, ctx = _project(plans("tiny-cnn"))
     b = ctx.stages[0].bwd
     assert [s.layer for s in b.stashes] == ["conv1", "relu1", "conv2", "relu2", "pool1", "conv3", "relu3", "fc"]
     assert b.mb == 8                    # 32 samples a micro-batch over 4 replicas
-    assert b.onchip_bytes == 19854 + 4880
-    biggest = max(a.bytes for a in b.arrays)
-    assert biggest == 5760              # aw_conv3: 16 x 72 accumulators of 39 bits (5 bytes)
+    assert b.onchip_bytes == sum(a.bytes for a in b.arrays) + sum(s.bytes for s in b.streams)
+    bt = b.tiles["conv3"]
+    assert (bt.pe, bt.simd, bt.chunk, bt.drain, bt.drain_steps) == (16, 72, 16, 72, 16)
+    biggest = max(b.arrays, key=lambda a: (a.bytes, not a.local))
+    assert (biggest.name, biggest.dims, biggest.bytes) == ("s0_conv3_aw", (16, 72), 16 * 72 * 5)
     assert all(s.depth == 2 for s in b.streams)   # no skip paths in tiny-cnn
 
 
@@ -140,6 +143,8 @@ def _declared_bytes(cpp: str) -> int:
         total += math.prod(int(d) for d in re.findall(r"\d+", dims)) * ((int(ty) + 7) // 8)
     for dims in re.findall(r"^    static data_t \w+((?:\[\d+\])+);", cpp, re.M):   # the weights' on-chip copies
         total += math.prod(int(d) for d in re.findall(r"\d+", dims)) * 2
+    for dims in re.findall(r"^    static bapipe::wsword_t \w+((?:\[\d+\])+);", cpp, re.M):   # weight stores: 4 a word
+        total += math.prod(int(d) for d in re.findall(r"\d+", dims)) * 8
     for beat, depth in re.findall(r"^    hls::stream<bapipe::(\w+<[\d, ]+>), (\d+)> ", cpp, re.M):
         args = [int(x) for x in re.findall(r"\d+", beat)]
         bits = {"bvec": args[0] * 16, "rvec": args[0] * args[-1], "pvec": args[0] * 24}[beat.split("<")[0]]
@@ -149,8 +154,9 @@ def _declared_bytes(cpp: str) -> int:
 
 def test_onchip_bytes_match_the_generated_declarations(plans, tmp_path):
     """An independent reading of the generated C++ (static arrays, stream depths) gives the
-    kernel's on-chip figure minus the engines' own small buffers (dy/x vectors, pool rows),
-    for tiny-cnn and small-resnet."""
+    kernel's on-chip figure minus the engines' own buffers (the tiled engines' chunk and dx
+    buffers: fpga_models.bwd_tiles' arrays of the same names, pool rows, window rows), for
+    tiny-cnn and small-resnet."""
     for m in ("tiny-cnn", "examples/models/small-resnet.yaml"):
         out = tmp_path / Path(m).stem
         _, _, ctx = _write_hls(plans(m), out)
@@ -158,7 +164,10 @@ def test_onchip_bytes_match_the_generated_declarations(plans, tmp_path):
         cpp = (out / "stage0" / "stage0_bwd.cpp").read_text()
         local = sum(a.bytes for a in b.arrays if a.local)
         assert _declared_bytes(cpp) == b.onchip_bytes - local > 0
-        assert local <= 0.5 * b.onchip_bytes
+        engines = {id(t): t for t in b.tiles.values()}.values()
+        own = sum(a.depth * a.banks * -(-a.width // 8) for t in engines for a in t.arrays
+                  if a.name in ("dyc", "xc", "dxo"))
+        assert own == sum(a.bytes for a in b.arrays if a.local and a.name.split(".")[-1] in ("dyc", "xc", "dxo"))
 
 
 def test_accumulators_sized_from_the_reduction(plans):
@@ -170,9 +179,11 @@ def test_accumulators_sized_from_the_reduction(plans):
 
     assert acc_width(8 * 64, 16, 16) == tight(8 * 64) == 41
     _, _, ctx = _project(plans("tiny-cnn"))
-    aw = {a.name: a for a in ctx.stages[0].bwd.arrays}
-    assert aw["aw_conv1"].bits == 41 and aw["aw_fc"].bits == acc_width(8, 16, 16) == 35
-    assert "bapipe::mvu_bwd<8, 9, 8, 9, 0, 41," in "\n".join(ctx.stages[0].bwd.processes)
+    b = ctx.stages[0].bwd
+    aw = {a.name: a for a in b.arrays}
+    # conv1's accumulator store (its chunk engine) and fc's row engine sums (8 samples x 1 row)
+    assert aw["s0_conv1_aw"].bits == 41 and aw["aw_fc"].bits == acc_width(8, 16, 16) == 35
+    assert b.tiles["conv1"].job("conv1").gb == 41 and b.tiles["fc"].job("fc").gb == 35
 
 
 @pytest.mark.soak   # the VGG-16 planner and lowering: ~10 s CPU
@@ -275,7 +286,7 @@ def test_undersized_skip_fifo_deadlocks_and_is_reported(plans, tmp_path, monkeyp
     passing; with the sized FIFOs (test_general_backward_paths_bit_exact) it runs at 0 LSB."""
     import bapipe.codegen.design.backward as hb
 
-    monkeypatch.setattr(hb, "_skip_depths", lambda add_layer, layers, elems, lanes: [2] * len(add_layer.inputs))
+    monkeypatch.setattr(hb, "_skip_depths", lambda add_layer, layers, elems, lanes, tiles=None: [2] * len(add_layer.inputs))
     rows = _csim_bwd(plans(str(FIXTURE)), tmp_path / "b")
     assert "BAPIPE_DEADLOCK" in rows[0].get("error", ""), rows[0]
     assert rows[0]["max_abs_err_lsb"] is None

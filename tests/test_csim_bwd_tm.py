@@ -133,3 +133,38 @@ def test_vgg16_backward_turns_sum_to_the_plan():
         assert abs(counted - p["per_sample"]) <= CYCLE_TOL * p["per_sample"], (sc.name, counted, p["per_sample"])
         total = kernel_onchip_bytes(sc, ctx.fmt) + kernel_onchip_bytes(sc, ctx.fmt, bwd=True)
         assert total <= sum(s.on_chip_bytes for s in board.slrs), (sc.name, total)
+
+
+@pytest.mark.csim
+@pytest.mark.soak   # one g++ build of the backward kernel (~15 s fresh) and its run
+def test_kept_dense_dw_at_the_flush_bit_exact(tmp_path, monkeypatch):
+    """A dense layer whose dW is made at the flush from its kept vectors (fpga_models.bwd_tiles home
+    "keep", forced here for tiny-cnn's fc): input gradient and every weight-gradient sum 0 LSB
+    against train_fixed (exact integer sums in any order), no stream beyond its depth, cycles per
+    sample within 10% of the plan."""
+    import bapipe.fpga_models.bwd_tiles as bt
+    from test_hls_mac import _tiny_cnn_tm, assert_exact_on_plan
+
+    monkeypatch.setattr(bt, "ROW_CHIP_ELEMS", 0)
+    plan, out = _tiny_cnn_tm(tmp_path, "train")
+    assert "bapipe::row_keep_dw<10, 64," in (out / "stage0" / "stage0_bwd.cpp").read_text()
+    assert_exact_on_plan(_csim_stage(plan, tmp_path / "b", 0))
+
+
+@pytest.mark.csim
+@pytest.mark.soak   # one g++ build of the backward kernel (~15 s fresh) and its run
+def test_off_chip_passes_bit_exact_and_on_plan(tmp_path, monkeypatch):
+    """No URAM share for on-chip weight-gradient stores (fpga_models.bwd_tiles.ACC_URAM_SHARE 0): every
+    conv of tiny-cnn's time-multiplexed backward keeps its dW in its dW array off chip, in passes
+    of row blocks (conv2 and conv3 two each; their dy kept off chip by the first pass, their x
+    read again from the stash), each pass's tile read back (not on the iteration's first call)
+    and written out. 0 LSB against train_fixed, no stream beyond its depth, cycles per sample
+    within 10% of the plan, which prices the passes."""
+    import bapipe.fpga_models.bwd_tiles as bt
+    from test_hls_mac import _tiny_cnn_tm, assert_exact_on_plan
+
+    monkeypatch.setattr(bt, "ACC_URAM_SHARE", 0.0)
+    plan, out = _tiny_cnn_tm(tmp_path, "train")
+    cpp = (out / "stage0" / "stage0_bwd.cpp").read_text()
+    assert "PASSES = 2" in cpp and "bapipe::stash_read_rep<" in cpp and "s0_bwd_dyf" in cpp
+    assert_exact_on_plan(_csim_stage(plan, tmp_path / "b", 0))

@@ -33,6 +33,22 @@ def test_backward_fill_from_one_sample_calls():
     assert (steady, fill) == (s, f)
     assert steady_per_sample(mb * s + f, None, mb) == ((mb * s + f) / mb, None)
     assert steady_per_sample(7, 7, 1) == (7.0, None)
+    # as 2 calls of mb / 2 (whole chunks of a tiled engine): 2 x (mb / 2 x S + F)
+    assert steady_per_sample(mb * s + f, 2 * (mb // 2 * s + f), mb, mb // 2) == (s, f)
+
+
+def test_tiled_engine_steady_state_from_half_micro_batches():
+    """tiny-mlp fc2 (64 x 64 on 16 x 64, dx, chunks of P = 16): a call of n vectors costs
+    16 x max(NF, SF) + ceil(n / 16) x 128 + 16 + 4 cycles; one-sample calls would pad a chunk each
+    (the linear model then reads 4.13 a sample), half micro-batches of 16 are whole chunks: 8."""
+    from bapipe.codegen.check.csim_bwd import second_call_samples
+
+    call = lambda n: 16 * 4 + -(-n // 16) * 128 + 16 + 4   # noqa: E731
+    mb = 32
+    k = second_call_samples(mb)
+    assert k == 16
+    assert steady_per_sample(call(mb), mb // k * call(k), mb, k) == (8.0, 84.0)
+    assert round(steady_per_sample(call(mb), mb * call(1), mb, 1)[0], 2) == 4.13
 
 
 def test_port_adapter_is_left_out_as_the_design_bench_does():

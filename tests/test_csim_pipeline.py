@@ -251,8 +251,9 @@ def test_streaming_engines_bit_exact_on_every_window_shape(tmp_path):
                                      folding={"c1": (2, 12), "mp1": (4, 1), "c2": (3, 8), "ap": (2, 1), "fc": (5, 6)})
     generate_plan(plan, model, cluster, tmp_path)
     top = (tmp_path / "stage0/stage0.cpp").read_text()
-    assert "bapipe::swg<4, 7, 7, 3, 1, 1, 4, 3, 3, false>" in top          # 3 taps of 4 channels a beat
-    assert "bapipe::swg<8, 7, 7, 3, 1, 2, 4, 1, 4, true>" in top           # max pool: pads with the minimum
+    # rings of a few words a bank: LUTRAM (fpga_models.allocate.ring_banks)
+    assert "bapipe::swg_lutram<4, 7, 7, 3, 1, 1, 4, 3, 3, false>" in top   # 3 taps of 4 channels a beat
+    assert "bapipe::swg_lutram<8, 7, 7, 3, 1, 2, 4, 1, 4, true>" in top    # max pool: pads with the minimum
     assert "bapipe::width_conv<3, 1>" in top and "bapipe::width_conv<1, 2>" in top
     r = csim_project(tmp_path, samples=3)
     assert r["passed"] and r["model_max_abs_err_lsb"] == 0, r

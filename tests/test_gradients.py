@@ -69,13 +69,14 @@ def test_demo_split_plan_prices_conv1_without_dx(tmp_path):
     assert st.cycles["bwd"] == 320
     got = plan_bwd_cycles(plan, m, 0, get_board(st.board_type))
     assert got["per_sample"] == 64 and got["layers"] == {"conv1": 64, "relu1": 64}
-    # the backward kernel builds what the plan prices: conv1's mvu_bwd makes dW only (one pass
-    # of its NF x SF tiles a pixel), every other MVU dx and dW (two), at the plan's cycles
+    # the backward kernel builds what the plan prices: conv1's tiled engine makes dW only (one
+    # pass of its NF x SF blocks a pixel), every other matrix engine dx and dW (two)
     from bapipe.codegen.design.lower import build_project
     from bapipe.fpga_models.cluster import load_cluster
 
     ctx = build_project(plan, m, load_cluster(plan.cluster), str(pf))
     for k, s in enumerate(plan.stages):
         want = plan_bwd_cycles(plan, m, k, get_board(s.board_type))["layers"]
-        mvus = {e["layer"]: e["cycles_per_sample"] for e in ctx.stages[k].bwd.engines if e["engine"] == "mvu_bwd"}
+        mvus = {e["layer"]: e["cycles_per_sample"] for e in ctx.stages[k].bwd.engines
+                if e["engine"].startswith("tiled_")}
         assert mvus and all(c == want[n] for n, c in mvus.items()), (k, mvus, want)

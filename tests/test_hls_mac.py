@@ -151,24 +151,33 @@ def test_mac_lanes_counts_backward_engines():
 
 @pytest.mark.slow   # plans and generates tiny-cnn (~3 s)
 def test_tiny_cnn_time_multiplexed_backward_kernel_has_two_shared_arrays(tmp_path):
-    """The training plan's backward kernel: fc 1 x 32, conv3 1 x 36, conv2 1 x 36 and conv1
-    4 x 9 (no input gradient: the model's input) take turns on one weight-gradient array and
-    one input-gradient array of 36 lanes each, the Design's 72 DSP (BWD_ARRAYS x the largest
-    layer's 36; one pair per layer built 36 + 2 x (32 + 36 + 36) = 244), called from one site;
-    each turn's folding and steps a run-time job with the loop trip count of its mvu_bwd."""
+    """The training plan's backward kernel (fpga_models.bwd_tiles): conv3 16 x 72, conv2 8 x 72 and
+    conv1 8 x 9 (no input gradient: the model's input) take turns on one 2 x 18 grid of 36
+    weight-gradient and 36 input-gradient lanes (the plan's largest array, 36: the grid with the
+    fewest cycles and a window generator that keeps up); fc (one vector a sample) takes the row
+    engine, 32 lanes a side (a 512-bit beat of its weights). The Design's DSP (design.json's
+    backward resources: 2 x 36 + 2 x 32 = 136) is what the C++ instantiates, called from one site
+    (the placement's need stays the board-budget rule's 2 x 36); every job a case of the turn t
+    (static lanes: the banks it reads never depend on t) and every loop at its II."""
+    from bapipe.codegen.check.physical_rules import check_build
+
     _plan, out = _tiny_cnn_tm(tmp_path, "train")
     cpp = (out / "stage0" / "stage0_bwd.cpp").read_text()
-    need, usable = _design_dsp(out, "stage0_bwd")
-    assert need == 72 and mac_lanes(cpp) == need <= usable
-    assert cpp.count("bapipe::gmac_products<36>(") == 2 and "bapipe::mvu_bwd<" not in cpp
+    budget, usable = _design_dsp(out, "stage0_bwd")   # placement: the board-budget rule's 2 x 36
+    design = json.loads((out / "design.json").read_text())["stages"][0]["backward_memory"]["resources"]
+    need = design["dsp"]
+    assert budget == 2 * 36 and need == 2 * 36 + 2 * 32 == mac_lanes(cpp) <= usable
+    assert cpp.count("bapipe::lane_products<36>(") == 2 and cpp.count("bapipe::lane_products<32>(") == 2
+    assert "bapipe::mvu_bwd<" not in cpp and "gmac_products" not in cpp
     assert cpp.count("s0_bwd_mvu_turn(t, i,") == 1 and cpp.count("s0_bwd_mac(t,") == 1
-    jobs = re.findall(r"case (\d+):   // (\d+) x (\d+) on (\d+) x (\d+)(, no input gradient)?\n\s+steps = (\d+), "
-                      r"nfsf = (\d+), used = (\d+), used_x = (\d+), total = \(long\)n \* (\d+);", cpp)
-    got = [(int(t), int(mh), int(mw), int(pe), int(simd), int(ux), int(total)) for t, mh, mw, pe, simd, _nd, _s, _n, _u,
-           ux, total in jobs]
-    # (turn, MH, MW, PE, SIMD, dx lanes, steps a sample = vectors x NF*SF x (2 with dx))
-    assert got == [(0, 10, 64, 1, 32, 32, 1 * 10 * 2 * 2), (4, 16, 72, 1, 36, 36, 16 * 16 * 2 * 2),
-                   (7, 8, 72, 1, 36, 36, 64 * 8 * 2 * 2), (9, 8, 9, 4, 9, 0, 64 * 2 * 1 * 1)]
+    jobs = re.findall(r"case (\d+):   // (\w+): (\d+) x (\d+), (\d+) x (\d+) blocks(, no input gradient)?\n", cpp)
+    got = [(int(t), n, int(mh), int(mw), int(nf), int(sf), not nd) for t, n, mh, mw, nf, sf, nd in jobs]
+    # (turn, layer, MH, MW, NF = ceil(MH / 2), SF = ceil(MW / 18), dx)
+    assert got == [(4, "conv3", 16, 72, 8, 4, True), (7, "conv2", 8, 72, 4, 4, True), (9, "conv1", 8, 9, 4, 1, False)]
+    rows = re.findall(r"case (\d+):   // (\w+): (\d+) x (\d+), (\d+) columns a cycle, dW on chip\n", cpp)
+    assert rows == [("0", "fc", "10", "64", "32")]
+    bwd = check_build(out)["kernels"]["stage0_bwd"]
+    assert bwd["ii_violations"] == [] and bwd["dsp"] == need
 
 
 @pytest.mark.csim

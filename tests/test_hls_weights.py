@@ -96,9 +96,11 @@ def _gen(tmp_path, monkeypatch, budget=None):
     src = (tmp_path / "stage0/stage0.cpp").read_text()
     ports = re.findall(r"mode=m_axi port=(\w+_mvu_w) offset=slave bundle=(\w+) depth=(\d+) "
                        r"max_read_burst_length=64 max_widen_bitwidth=512", src)
-    # own bundles; conv1 72, conv2 576, conv3 1,152, fc 640 weights: 3, 18, 36, 20 words
-    assert sorted((p, int(d)) for p, b, d in ports if p == b) == [
+    # conv1 72, conv2 576, conv3 1,152, fc 640 weights: 3, 18, 36, 20 words; never two read at once
+    # (one load process, or one fetch a turn), so one bundle: one AXI master (codegen.design.bundles)
+    assert sorted((p, int(d)) for p, b, d in ports) == [
         ("s0_conv1_mvu_w", 3), ("s0_conv2_mvu_w", 18), ("s0_conv3_mvu_w", 36), ("s0_fc_mvu_w", 20)]
+    assert {b for _p, b, _d in ports} == {"gmem0"}
     assert "bapipe::mvu<" not in src
     cfg = (tmp_path / "link/fpga0.cfg").read_text()
     for p, _b, _d in ports:
@@ -108,34 +110,40 @@ def _gen(tmp_path, monkeypatch, budget=None):
 
 
 def _tiles(src: str, n: int) -> list[tuple[int, int, int]]:
-    """(matrix elements, buffer half, element offset) of each MVU turn of the shared MAC array
-    (codegen.design.mac_share) reading the weight buffer of ``n`` elements a half, in turn order."""
+    """(matrix elements, buffer half, weight-word offset) of each MVU turn of the shared MAC array
+    (codegen.design.mac_share) reading the packed weight buffer of ``n`` bank words a bank, in
+    turn order (tiny-cnn's hand plan: PE = SIMD = 1, one element a weight word and a bank word)."""
     fold = {t: int(nf) * int(sf) * int(used) for t, nf, sf, used in
             re.findall(r"case (\d+):\n\s+NF = (\d+), SF = (\d+), used = (\d+),", src)}
-    reads = re.findall(rf"case (\d+): {{\n\s+bapipe::w_tile<{n}, \d+, \d+> w = {{s0_wbuf\[(\d)\] \+ (\d+)L, 0}};", src)
+    reads = re.findall(rf"case (\d+): {{\n\s+bapipe::w_banks<1, {n}, 1, 1, 1, 1> w = {{s0_wbuf\[(\d)\], (\d+)L, 0}};",
+                       src)
     return [(fold[t], int(h), int(o)) for t, h, o in reads]
 
 
 @pytest.mark.slow   # one project generated (~2 s alone)
 def test_tiny_cnn_weights_all_stay_on_chip_for_the_call(tmp_path, monkeypatch):
-    """Its 2,440 weights (4,880 bytes) fit a U250 kernel's share: one buffer holds the four
-    matrices one after another, filled once a call by a turn whose DATAFLOW region reads the
-    four ports at once, before the samples' turns; each MVU reads its part; the C++
-    declarations hold the buffer (URAM) and the Design counts the same bytes."""
+    """Its 2,440 weights (4,880 bytes) fit a U250 kernel's share: one packed buffer holds the
+    four matrices one after another (PE x SIMD = 1: one bank of one-element words, 2,440 deep;
+    BRAM: 3 BRAM18 are 0.065% of a U250's BRAM, one URAM 0.078% of its URAM), filled once a call
+    by ONE process reading the four ports one after another (one writer: no DATAFLOW region),
+    before the samples' turns; each MVU reads its part; the C++ declarations hold the buffer and
+    the Design counts the same bytes."""
     from bapipe.codegen.check.cxx_memory import kernel_memory
 
     src, files = _gen(tmp_path, monkeypatch)
-    assert "static bapipe::rom_t s0_wbuf[1][2440];" in src
-    assert "BIND_STORAGE variable=s0_wbuf type=ram_2p impl=uram" in src
-    loads = re.findall(r"bapipe::weight_fetch<1, 2440, 512>\((\w+), s0_wbuf, 0, (\d+)L, (\d+)L", src)
+    assert "static bapipe::rom_t s0_wbuf[1][1][2440][1];" in src
+    assert "BIND_STORAGE variable=s0_wbuf type=ram_2p impl=bram" in src
+    loads = re.findall(r"bapipe::weight_fetch_banks<1, 1, 2440, 1, 1, 1, 512>\((\w+), s0_wbuf, 0, (\d+)L, (\d+)L", src)
     assert loads == [("s0_conv1_mvu_w", "0", "72"), ("s0_conv2_mvu_w", "72", "576"),
                      ("s0_conv3_mvu_w", "648", "1152"), ("s0_fc_mvu_w", "1800", "640")]
+    wload = src[src.index("static void s0_wload("):src.index("static void s0_turn0(")]
+    assert "BAPIPE_DATAFLOW_BEGIN" not in wload and "BAPIPE_PROCESS" not in wload
     body = src[src.index("static void stage0_turns("):]
     assert body.index("s0_wload(") < body.index("for (int i = 0; i < n; i++)")   # once a call
     assert _tiles(src, 2440) == [(72, 0, 0), (576, 0, 72), (1_152, 0, 648), (640, 0, 1_800)]
     km = kernel_memory(files, "stage0/stage0.cpp", "stage0")
     buf = [it for it in km.items if it.path.endswith("/s0_wbuf")]
-    assert len(buf) == 1 and buf[0].bits == 2_440 * 16 and buf[0].storage == "uram"
+    assert len(buf) == 1 and buf[0].bits == 2_440 * 16 and buf[0].storage == "bram"
 
 
 @pytest.mark.csim
@@ -152,9 +160,10 @@ def test_tiny_cnn_weight_tiles_and_streams_are_bit_exact(tmp_path, monkeypatch):
     import bapipe.codegen.check.csim as cs
 
     src, _files = _gen(tmp_path, monkeypatch, 4_000)
-    assert "static bapipe::rom_t s0_wbuf[2][1152];" in src
+    assert "static bapipe::rom_t s0_wbuf[2][1][1152][1];" in src
+    assert "ARRAY_PARTITION variable=s0_wbuf complete dim=1" in src   # the halves: banks of their own
     assert _tiles(src, 1152) == [(72, 0, 0), (576, 1, 0), (1_152, 0, 0)]
-    fetch = re.findall(r"bapipe::weight_fetch<2, 1152, 512>\((\w+), s0_wbuf, (\d), 0L, (\d+)L", src)
+    fetch = re.findall(r"bapipe::weight_fetch_banks<2, 1, 1152, 1, 1, 1, 512>\((\w+), s0_wbuf, (\d), 0L, (\d+)L", src)
     assert fetch == [("s0_conv1_mvu_w", "0", "72"), ("s0_conv2_mvu_w", "1", "576"), ("s0_conv3_mvu_w", "0", "1152")]
     assert src.index("static void s0_wfill(") < src.index("static void s0_turn0(")
     assert re.search(r"bapipe::weight_stream<1, 512>\(s0_fc_mvu_w, s0_fc_mvu_ws, 640L, \(long\)n \* 1\)", src)
@@ -167,9 +176,10 @@ def test_tiny_cnn_weight_tiles_and_streams_are_bit_exact(tmp_path, monkeypatch):
 @pytest.mark.slow   # one project generated (~2 s alone)
 def test_dataflow_stages_read_on_chip_copies_of_their_weights(tmp_path):
     """A training build's dataflow stages keep their weights in m_axi memory (the update kernel
-    rewrites them): each MVU reads an on-chip copy of its matrix, PE x SIMD banks, filled once
-    a call from the port in 512-bit bursts (codegen.design.weight_memory.load_weights_once), never the
-    port inside its II=1 loop; the copies are the Design's on-chip bytes and the C++'s."""
+    rewrites them): each MVU reads a packed on-chip copy of its matrix (PE x SIMD / 8 banks of
+    4-element words, two a bank a cycle), filled once a call from the port in 512-bit bursts by
+    one load process (codegen.design.weight_memory.load_weights_once), never the port inside its
+    II=1 loop; the copies are the Design's on-chip bytes and the C++'s."""
     from bapipe.codegen.cli_gen import generate_plan
     from bapipe.codegen.check.cxx_memory import kernel_memory
     from bapipe.codegen.design.onchip import kernel_onchip_bytes
@@ -187,13 +197,15 @@ def test_dataflow_stages_read_on_chip_copies_of_their_weights(tmp_path):
         assert mvus and all(w.endswith("_mvu_wt") for w in mvus), src   # the copies, not the ports
         for w in mvus:
             port = w[:-1]   # s<i>_<layer>_mvu_w
-            [words] = re.findall(rf"port={port} offset=slave bundle={port} depth=(\d+) max_read_burst_length=64 "
+            [words] = re.findall(rf"port={port} offset=slave bundle=gmem\d+ depth=(\d+) max_read_burst_length=64 "
                                     r"max_widen_bitwidth=512", src)
-            elems = next(r.size for r in s.engine.roms if r.name == w)
+            elems = next(r.size for r in s.engine.roms if r.name == port)
             assert int(words) == -(-elems // 32)   # 32 fixed16 elements a 512-bit word
-            assert re.search(rf"bapipe::weight_fetch<1, {elems}, 512>\({port}, {w}, 0, 0L, {elems}L, 1L\)", src)
+            assert re.search(rf"bapipe::weight_fetch_banks<1, \d+, \d+, [124], [12], \d+, 512>\({port}, {w}, 0, 0L, "
+                             rf"{elems}L, 1L\)", src)
         assert src.index(f"{s.name}_wload(") < src.index(f"{s.name}_engines(in0")
         km = kernel_memory(files, f"{s.name}/{s.name}.cpp", s.name)
         assert km.total == kernel_onchip_bytes(s, ctx.fmt)
     s0 = files["stage0/stage0.cpp"]
-    assert "cyclic factor=32 dim=2" in s0   # conv2's copy: 4 x 8 banks
+    # conv2 (8 x 72 on 4 x 8): 32 lanes in 4 banks of 4-element words, 2 x NF x SF = 2 x 2 x 9 deep
+    assert "static bapipe::rom_t s0_conv2_mvu_wt[1][4][36][4];" in s0

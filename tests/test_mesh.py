@@ -178,11 +178,14 @@ def test_mixed_meshes_reshard_and_eager_overlap():
     for s, (plan, model, cl) in plans.items():
         sims[s] = simulate(plan, model, cl, config=SimConfig(record=False)).iteration_time_s
         assert sims[s] == pytest.approx(plan.predicted["iteration_time_s"], rel=0.03)  # issue 4's 3%
-    # a real gain, not a rounding margin (those are ~1e-9): measured 10.208 s vs 10.292 s (0.82%)
-    # since 602eab8 prices the backward weight tile's fills (a longer backward, so the reshard
-    # eager-1F1B hides is a smaller part of the time); 9.928 vs 10.091 s (1.6%) before, 2%+
-    # before each stage was folded within its share of the board
-    assert sims["eager-1f1b"] < sims["1f1b"] * 0.995
+    # a real gain, not a rounding margin (those are ~1e-9): eager-1F1B hides at least half of the
+    # m gathers' send time. Measured 12.2484 s vs 12.2544 s (6.0 ms, m x send_s = 8 x 0.705 ms =
+    # 5.6 ms) since the tiled backward engines (fpga_models.bwd_tiles, issue 32) price the
+    # one-board stages' backward as built (0.560 -> 0.749 s a micro-batch): the 4-board mesh
+    # stage, whose reshard eager-1F1B hides, is no longer the slowest, so only the sends
+    # themselves are gained; 10.208 vs 10.292 s (0.82%) before, 9.928 vs 10.091 s (1.6%) before
+    # 602eab8 priced the weight tile's fills
+    assert sims["1f1b"] - sims["eager-1f1b"] >= 0.5 * p1.microbatches * a.send_s
     assert plans["eager-1f1b"][0].predicted["peak_memory_bytes"] > p1.predicted["peak_memory_bytes"]
     with pytest.raises(SpecError):
         _plan("bert-large", "8xU280-ring", meshes=((4, 4, 4),))

@@ -11,7 +11,8 @@ import pytest
 from bapipe import toolchain
 from bapipe.models import load_model
 from bapipe.fpga_models.allocate import (frames_offchip, kernel_onchip_budget, kernel_onchip_bytes, tm_fixed_bytes,
-                                  tm_frames, tm_offchip, tm_spill_cycles)
+                                  tm_frames, tm_offchip, tm_onchip_blocks, tm_spill_cycles)
+from bapipe.fpga_models.memory_blocks import Blocks
 from bapipe.fpga_models.boards import get_board
 from bapipe.fpga_models.cost import onchip_capacity
 from bapipe.fpga_models.engines import ddr_words_per_beat, frame_io_cycles, window_stream_fill
@@ -66,10 +67,18 @@ def test_spill_cycles_of_vgg16_first_block_by_hand():
     # line buffers: conv1 3 x 224 x 3, conv2 3 x 224 x 64, pool1 (2 + 2 - 1) x 224 x 64, 2 bytes
     assert tm_fixed_bytes(layers, "fixed16") == 2 * (3 * 224 * 3 + 3 * 224 * 64 + 3 * 224 * 64)
     assert tm_spill_cycles(layers, u250, fold, "fixed16", 0.01, 1, True) == 4 * 50_176 + 2 * 896
-    # cap 0.8 (a 23.1 MB share): three frames fit (19.3 MB), the last of the four equal ones
-    # (relu2's) spills: relu2 writes it and pool1 reads it, 50,176 cycles late each
-    assert tm_spill_cycles(layers, u250, fold, "fixed16", 0.8, 1, True) == 2 * 50_176 + 896   # + pool1's 2 rows
-    assert tm_offchip(layers, u250, fold, "fixed16", 0.8, 1, True) == [False, False, False, True]
+    # cap 0.8: the kernel's share of the board's blocks (fpga_models.allocate.kernel_block_budget)
+    # is 1,843 BRAM18 and 512 URAMs; a frame (a FIFO of 64 x 16 bits, 50,176 deep) is 15 URAMs
+    # wide x 13 deep = 195 URAMs (15% of a U250's URAM, against 1,425 BRAM18 = 31% of its BRAM:
+    # URAM, memory_blocks.storage_impl); the line buffers take 453 BRAM18, the weights' 13 words
+    # LUTRAM. Two frames fit (390 URAMs), the third does not: conv2's and relu2's outputs spill;
+    # relu2 reads one and writes the other (50,176 cycles late), pool1 reads its image
+    # (50,176 late, + 896 for its 2 rows)
+    blocks = tm_onchip_blocks(layers, u250, fold, "fixed16", 0.8, 1, True)
+    assert blocks["budget"] == Blocks(bram18=1_843, uram=512)
+    assert [f.uram for f in blocks["frames"]] == [195] * 4 and blocks["fixed"].bram18 == 453
+    assert tm_offchip(layers, u250, fold, "fixed16", 0.8, 1, True) == [False, False, True, True]
+    assert tm_spill_cycles(layers, u250, fold, "fixed16", 0.8, 1, True) == 2 * 50_176 + 896
 
 
 def test_window_stream_fill_by_hand():
@@ -90,9 +99,10 @@ def test_window_stream_fill_by_hand():
                     reason="needs g++ and the hls4ml ap_types headers")
 def test_tiny_cnn_with_every_frame_off_chip_is_bit_exact(tmp_path, monkeypatch):
     """A time-multiplexed tiny-cnn stage whose on-chip share is 0 bytes: every frame buffer
-    between turns becomes an m_axi argument of 512-bit words (its own bundle and bank, a
-    frame_write in the turn that makes it, a frame_read in the turn that reads it), the
-    kernel keeps none of them, and csim is still 0 LSB against numpy."""
+    between turns becomes an m_axi argument of 512-bit words (a frame_write in the turn that
+    makes it, a frame_read in the turn that reads it; no turn reads two of one bundle or writes
+    two of one bundle: codegen.design.bundles), the kernel keeps none of them, and csim is still
+    0 LSB against numpy."""
     import bapipe.codegen.check.csim as cs
     import bapipe.codegen.design.lower as hd   # the lowering pass reads the budget
     from bapipe.codegen.cli_gen import generate_plan
@@ -103,7 +113,12 @@ def test_tiny_cnn_with_every_frame_off_chip_is_bit_exact(tmp_path, monkeypatch):
     generate_plan(plan, model, cluster, tmp_path)
     src = (tmp_path / "stage0/stage0.cpp").read_text()
     args = re.findall(r"mode=m_axi port=(\w+_ddr) offset=slave bundle=(\w+) depth=(\d+) max_widen_bitwidth=512", src)
-    assert len(args) >= 4 and all(a == b for a, b, _d in args)
+    bundle = {a: b for a, b, _d in args}
+    assert len(args) >= 4 and len(set(bundle.values())) < len(args)   # fewer masters than frames
+    for body in re.findall(r"static void s0_turn\d+\(.*?\n}\n", src, re.S):
+        for kind in (r"frame_read<\d+, 512>\((\w+),", r"frame_write<\d+, 512>\(\w+, (\w+),"):
+            used = [bundle[a] for a in re.findall(kind, body)]
+            assert len(used) == len(set(used)), body
     assert src.count("bapipe::frame_write<") == src.count("bapipe::frame_read<") == len(args)
     assert "hls::stream<bapipe::vec" in src and not re.search(r"hls::stream<bapipe::vec<\d+>, (\d{3,})>", src)
     cfg = (tmp_path / "link/fpga0.cfg").read_text()
@@ -223,14 +238,17 @@ def test_gen_refuses_a_board_whose_kernels_exceed_its_on_chip_bytes():
 
 def _plan_all_frames_off_chip(tmp_path, monkeypatch):
     """tiny-cnn on one board, time-multiplexed (cap 0.01), planned with a kernel share of 0 bytes
-    (fpga_models.allocate.kernel_onchip_budget patched for the planner and the lowering alike):
-    every frame between turns is off chip and priced so."""
+    and less than no blocks (fpga_models.allocate.kernel_onchip_budget and kernel_block_budget
+    patched for the planner and the lowering alike): every frame between turns is off chip and
+    priced so."""
     import bapipe.fpga_models.allocate as al
     from bapipe.cli import main
     from bapipe.plan import load_plan
     from bapipe.fpga_models.plancheck import resolve
 
     monkeypatch.setattr(al, "kernel_onchip_budget", lambda *a, **k: 0)
+    # in blocks: below none, since tiny-cnn's frames are LUTRAM and SRLs (no BRAM, no URAM)
+    monkeypatch.setattr(al, "kernel_block_budget", lambda *a, **k: Blocks(bram18=-1, uram=-1))
     path = tmp_path / "plan.yaml"
     assert main(["plan", "tiny-cnn", "4xU250-ring", "--cap", "0.01", "--partition", "0-9", "--mode", "inference",
                  "-o", str(path)]) == 0
@@ -313,6 +331,8 @@ def test_residual_stage_with_frames_off_chip_is_bit_exact(tmp_path, monkeypatch,
     from bapipe.fpga_models.fixedpoint import quantize
 
     monkeypatch.setattr(al, "kernel_onchip_budget", lambda *a, **k: 0)
+    # in blocks: below none, since tiny-cnn's frames are LUTRAM and SRLs (no BRAM, no URAM)
+    monkeypatch.setattr(al, "kernel_block_budget", lambda *a, **k: Blocks(bram18=-1, uram=-1))
     path = tmp_path / "plan.yaml"
     assert main(["plan", "examples/models/small-resnet.yaml", "4xU250-ring", "--cap", "0.035", "--partition", "0-20",
                  "--mode", "inference", "-o", str(path)]) == 0

@@ -70,12 +70,13 @@ def _gen_rtlsim(plan: Path, build: Path, iterations: int = 2) -> dict:
 @pytest.mark.slow  # runs the planner (~2 s)
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
 def test_op_cycles_are_the_plans(tmp_path, schedule):
-    """Every board's F and B op takes exactly the plan's stage cycles (cycles.fwd / .bwd), and
-    the stashes are the schedule's (GPipe: m = 4; 1F1B: p - d)."""
+    """Every board's F and B op takes exactly the plan's stage cycles (cycles.fwd / .bwd_rtl: the
+    backward as the training RTL builds it, one engine a layer; cycles.bwd prices the HLS kernel's
+    tiled engines), and the stashes are the schedule's (GPipe: m = 4; 1F1B: p - d)."""
     plan, td = _design(_plan(tmp_path, schedule))
     assert {s.style for s in plan.stages} == {"dataflow"}
     assert [(b.op_fwd_cycles, b.op_bwd_cycles) for b in td.boards] == \
-        [(s.cycles["fwd"], s.cycles["bwd"]) for s in plan.stages]
+        [(s.cycles["fwd"], s.cycles["bwd_rtl"]) for s in plan.stages]
     assert [b.stashes for b in td.boards] == ([4, 4, 4, 4] if schedule == "gpipe" else [4, 3, 2, 1])
 
 
@@ -112,7 +113,7 @@ def test_links_are_priced_as_the_transport(tmp_path):
 def test_overlapped_op_cycles_are_the_plans(tmp_path):
     """Micro-batches of several samples stream through a dataflow board's layers: an op takes
     sum + (b - 1) x max of its units' cycles a sample (fpga_models.allocate.dataflow), exactly the
-    plan's cycles.fwd / .bwd. tiny-mlp's default plan (one board, 32 samples): forward units fc1,
+    plan's cycles.fwd / .bwd_rtl. tiny-mlp's default plan (one board, 32 samples): forward units fc1,
     relu1, fc2, relu2, fc3, relu3, fc4 take 4 cycles each (16 x 64 tiles of 64 x 64: NF x SF = 4;
     64 / 16 lanes), 28 + 31 x 4 = 152 (one after another: 32 x 28 = 896); backward units fc4, relu3,
     fc3, relu2, fc2, relu1, fc1 take 8, 4, 8, 4, 8, 4, 4 (input then weight gradient; fc1 has no
@@ -122,12 +123,12 @@ def test_overlapped_op_cycles_are_the_plans(tmp_path):
     assert [(s.style, s.boards, plan.microbatch_size, plan.microbatches) for s in plan.stages] == \
         [("dataflow", ["fpga0"], 32, 1)]
     got = [(b.op_fwd_cycles, b.op_bwd_cycles) for b in td.boards]
-    assert got == [(s.cycles["fwd"], s.cycles["bwd"]) for s in plan.stages] == [(152, 288)]
+    assert got == [(s.cycles["fwd"], s.cycles["bwd_rtl"]) for s in plan.stages] == [(152, 288)]
     b = td.boards[0]
     assert (b.beta * b.fwd_cycles, b.beta * b.bwd_cycles) == (896, 1280)
     plan, td = _design(_plan(tmp_path, "gpipe", microbatches=2))
     got = [(b.op_fwd_cycles, b.op_bwd_cycles) for b in td.boards]
-    assert got == [(s.cycles["fwd"], s.cycles["bwd"]) for s in plan.stages] == [(12, 12), (12, 20), (6, 10), (2, 4)]
+    assert got == [(s.cycles["fwd"], s.cycles["bwd_rtl"]) for s in plan.stages] == [(12, 12), (12, 20), (6, 10), (2, 4)]
 
 
 def _tm_plan(tmp: Path) -> Path:
@@ -151,13 +152,13 @@ def test_time_multiplexed_op_cycles_are_the_plans(tmp_path):
     at --cap 0.1, 4 samples: forward units fc1 16, relu1 1, fc2 16, relu2 1, fc3 8, relu3 1, fc4 1
     cycles + fills 4, 0, 4, 0, 4, 0, 5 = 61 a sample, 244 an op; backward units fc4 2, relu3 1,
     fc3 16, relu2 1, fc2 32, relu1 1, fc1 16 (no input gradient) + the same fills = 86, 344 (plan
-    cycles.fwd / .bwd; without the fills the engines would take 176 / 276)."""
+    cycles.fwd / .bwd_rtl; without the fills the engines would take 176 / 276)."""
     plan, td = _design(_tm_plan(tmp_path))
     assert [s.style for s in plan.stages] == ["time-multiplexed"]
     b = td.boards[0]
     assert b.unit_fills("F") == [4, 0, 4, 0, 4, 0, 5] and b.unit_fills("B") == [4, 0, 4, 0, 4, 0, 5]
     got = [(b.op_fwd_cycles, b.op_bwd_cycles) for b in td.boards]
-    assert got == [(s.cycles["fwd"], s.cycles["bwd"]) for s in plan.stages] == [(244, 344)]
+    assert got == [(s.cycles["fwd"], s.cycles["bwd_rtl"]) for s in plan.stages] == [(244, 344)]
 
 
 @pytest.mark.verilator
@@ -196,8 +197,9 @@ def test_link_lanes_fill_a_cycle():
 def test_tiny_mlp_trains_bit_exact(tmp_path, schedule, microbatches):
     """`bapipe gen` + `bapipe rtlsim --iterations 2` on a tiny-mlp 4-board training plan, boards
     joined by the board-to-board transport (net_link): weights bit-exact against numpy after each
-    iteration, outputs bit-exact, no overflow, iteration cycles within 2% of plan.yaml's iteration
-    time (gpipe, 4 micro-batches of 1: 1059 / 1060 vs 1059.27 planned). With 2 micro-batches of 2
+    iteration, outputs bit-exact, no overflow, iteration cycles within 2% of the plan's iteration as
+    the RTL runs it (training.rtl_plan_cycles: the stages' cycles.bwd_rtl; gpipe, 4 micro-batches
+    of 1: 1059 / 1060 vs 1059.27 planned). With 2 micro-batches of 2
     samples (the make-test case) every board streams its micro-batch's samples through its layers:
     1095 / 1096 vs 1093.45 (docs/rtl.md)."""
     res = _gen_rtlsim(_plan(tmp_path, schedule, microbatches), tmp_path / "build")
@@ -246,13 +248,13 @@ def test_cnn_op_cycles_are_the_plans(tmp_path, schedule):
     NF x SF x pixels a sample each way (conv1 8 x 9 at PE 8 x SIMD 9: 64 pixels x 1 tile = 64 forward,
     64 backward: its dW, no input gradient for the model's input, fpga_models.gradients; conv2 64 +
     64), pools stream their window elements (pool1: 512 at 8 lanes = 64), the flatten
-    none: plan cycles.fwd / .bwd = 128/128, 192/256, 48/64, 1/2."""
+    none: plan cycles.fwd / .bwd_rtl = 128/128, 192/256, 48/64, 1/2."""
     plan, td = _design(_cnn_plan(tmp_path, schedule))
     assert {s.style for s in plan.stages} == {"dataflow"}
     assert [[l.kind for l in b.layers] for b in td.boards] == [
         ["conv2d", "relu"], ["conv2d", "relu", "maxpool"], ["conv2d", "relu", "avgpool"], ["flatten", "dense"]]
     got = [(b.op_fwd_cycles, b.op_bwd_cycles) for b in td.boards]
-    assert got == [(s.cycles["fwd"], s.cycles["bwd"]) for s in plan.stages]
+    assert got == [(s.cycles["fwd"], s.cycles["bwd_rtl"]) for s in plan.stages]
     assert got == [(128, 128), (192, 256), (48, 64), (1, 2)]
     assert [s[1] for s in td.boards[0].steps()] == ["conv1_f", "relu1_f", "relu1_b", "conv1_bw"]
     assert [b.stashes for b in td.boards] == ([4, 4, 4, 4] if schedule == "gpipe" else [4, 3, 2, 1])
@@ -396,14 +398,17 @@ def test_interleaved_chunks_take_turns_in_the_devices_order(tmp_path):
     (Megatron-LM's interleaved 1F1B, p = 2, v = 2, m = 4): device 0 runs F0.0 F1.0 F0.1 F1.1 F2.0 B0.1
     F3.0 B1.1 F2.1 B0.0 F3.1 B1.0 B2.1 B3.1 B2.0 B3.0 (mb.chunk), so chunk 1's own ops are F0 F1 B0 B1
     F2 F3 B2 B3 and its stash memory holds 2 micro-batches. Every chunk board's F and B op takes
-    the plan's stage cycles (cycles.fwd / .bwd: 14/14, 14/22, 8/12, 1/2)."""
+    the plan's stage cycles (cycles.fwd / .bwd_rtl: 14/14, 14/22, 8/12, 1/2)."""
     from bapipe.codegen.rtl.train import design_record
     plan, td = _design(_il_plan(tmp_path))
     assert (plan.schedule, plan.chunks, plan.devices) == ("interleaved", 2, 2)
     assert [(b.name, b.device, b.chunk) for b in td.boards] == [("fpga0", 0, 0), ("fpga1", 1, 0), ("fpga0", 0, 1),
                                                                ("fpga1", 1, 1)]
     got = [(b.op_fwd_cycles, b.op_bwd_cycles) for b in td.boards]
-    assert got == [(s.cycles["fwd"], s.cycles["bwd"]) for s in plan.stages] == [(14, 14), (14, 22), (8, 12), (1, 2)]
+    assert got == [(s.cycles["fwd"], s.cycles["bwd_rtl"]) for s in plan.stages] == [(14, 14), (14, 22), (8, 12), (1, 2)]
+    # the HLS backward kernel's tiled engines (fpga_models.bwd_tiles: chunk loads, drains, flush
+    # per job) are priced apart: the plan's stage times and cycles.bwd, which the RTL does not build
+    assert [s.cycles["bwd"] for s in plan.stages] == [148, 148, 68, 10]
     rec = design_record(td, plan)
     assert rec["turns"][0] == {"device": 0, "boards": [0, 2], "order": [0, 0, 1, 1, 0, 1, 0, 1, 1, 0, 1, 0, 1, 1, 0, 0]}
     assert rec["boards"][2]["ops"] == ["F0", "F1", "B0", "B1", "F2", "F3", "B2", "B3"]

@@ -42,16 +42,23 @@ def weight_sums(tail: np.ndarray, grads: list[dict]) -> list[np.ndarray]:
     return out
 
 
-def steady_per_sample(c_mb: int, c_one: int | None, mb: int) -> tuple[float, float | None]:
+def steady_per_sample(c_mb: int, c_k: int | None, mb: int, k: int = 1) -> tuple[float, float | None]:
     """(cycles per sample in steady state, fill cycles per call) of a backward kernel from its
-    micro-batch counted as one call (``c_mb`` = mb x S + F) and as ``mb`` calls of one sample
-    (``c_one`` = mb x (S + F)): F = (c_one - c_mb) / (mb - 1), S = (c_mb - F) / mb; what the
+    micro-batch counted as one call (``c_mb`` = mb x S + F) and as mb / k calls of ``k`` samples
+    (``c_k`` = mb / k x (k x S + F)): F = (c_k - c_mb) / (mb / k - 1), S = (c_mb - F) / mb; what the
     plan's per-sample figure counts (a dataflow stage's slowest layer, a time-multiplexed
-    stage's turns with their per-sample fills). One sample or no second run: (c_mb / mb, None)."""
-    if c_one is None or mb < 2:
+    stage's turns with their per-sample fills). One sample or no second run: (c_mb / mb, None).
+    k = mb / 2 keeps both runs to whole chunks of a tiled engine (fpga_models.bwd_tiles: a call
+    pads its last chunk of P vectors), which one-sample calls would not."""
+    if c_k is None or mb < 2 or mb % k or mb == k:
         return c_mb / mb, None
-    fill = (c_one - c_mb) / (mb - 1)
+    fill = (c_k - c_mb) / (mb // k - 1)
     return (c_mb - fill) / mb, fill
+
+
+def second_call_samples(mb: int) -> int:
+    """Samples a call of the steady-state run: half the micro-batch when it divides, else one."""
+    return mb // 2 if mb % 2 == 0 else 1
 
 
 def plan_figures(build: Path, st: dict, model) -> dict:
@@ -105,7 +112,7 @@ def csim_backward(build: Path, st: dict, model, params: dict, fmt: fx.Fmt, rng: 
                 "cycles_per_microbatch": None, "plan_cycles_per_microbatch": plan.get("microbatch"),
                 "cycles_source": "counted in C-simulation: loop trips x II + entries x pipeline depth, max over "
                                  "DATAFLOW processes (BAPIPE_LOOP/BAPIPE_TRIP); per sample in steady state "
-                                 "(the micro-batch as one call and as one-sample calls: the call's fill "
+                                 "(the micro-batch as one call and as calls of half of it: the call's fill "
                                  "left out); plan per sample: the slowest layer's backward cycles (dataflow "
                                  "steady state), the micro-batch's over its samples (time-multiplexed)"})
     wfile = None if st["embedded_weights"] else build / st["weights_file"]
@@ -123,10 +130,11 @@ def csim_backward(build: Path, st: dict, model, params: dict, fmt: fx.Fmt, rng: 
         assert c_mb + c_flush == stats["cycles"], (c_mb, c_flush, stats["cycles"])
         row["cycles_per_microbatch"] = c_mb
         c_one = None
-        if 1 < mb and macs <= STEADY_RUN_MACS:   # the same micro-batch one sample a call: its fill per sample
-            _, tail1, _ = run_binary(comp.path, feed, mb, counts, wfile, {}, env={"BAPIPE_CSIM_CALL": "1"})
+        k = second_call_samples(mb)
+        if 1 < mb and macs <= STEADY_RUN_MACS:   # the same micro-batch k samples a call: its fill per call
+            _, tail1, _ = run_binary(comp.path, feed, mb, counts, wfile, {}, env={"BAPIPE_CSIM_CALL": str(k)})
             c_one = int(tail1[-4]) & 0xFFFFFFFF | int(tail1[-3]) << 32
-        row["cycles_per_sample"], row["fill_cycles_per_call"] = steady_per_sample(c_mb, c_one, mb)
+        row["cycles_per_sample"], row["fill_cycles_per_call"] = steady_per_sample(c_mb, c_one, mb, k)
         row["call_cycles_per_sample"] = c_mb / mb
         row["flush_cycles"] = c_flush   # dW/db out once per iteration (the plan prices no gradient egress)
     row["streams"] = {k: {"depth": v["depth"], "peak": v["peak"]} for k, v in sorted((stats.get("streams") or {}).items())}

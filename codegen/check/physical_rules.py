@@ -33,6 +33,8 @@ from bapipe.codegen.check.cxx_scan import Decl, KernelScan, scan_calls
 #: UG1393 / UG1700 "Mapping Kernel Ports to Memory": "Up to 15 separate kernel interfaces can be
 #: connected to a given global memory bank"
 MAX_MASTERS_PER_BANK = 15
+#: declarations a kernel's figures list, largest first (what a reader looks at to shrink a kernel)
+LARGEST = 5
 #: DSP48E2 multiplier: 27 x 18 bits signed (UG579, "DSP48E2 slice")
 DSP_A_BITS, DSP_B_BITS = 27, 18
 #: Vitis platform names -> catalog board (the link cfg's ``platform=``)
@@ -228,7 +230,7 @@ def kernel_figures(scan: KernelScan, one: KernelScan | None = None, two: KernelS
             if len(writers) > 1 or len(readers) > 1:
                 df_bad.append({"region": df.path, "channel": did, "writers": len(writers), "readers": len(readers)})
     sized.sort(key=lambda x: -x[0])
-    largest = [{"decl": d.id, "impl": layout(d)[0], "banks": layout(d)[1], **b.to_dict()} for _, d, b in sized[:5]]
+    largest = [{"decl": d.id, "impl": layout(d)[0], "banks": layout(d)[1], **b.to_dict()} for _, d, b in sized[:LARGEST]]
     bundles = {did.split(":", 1)[1]: d.bundle for did, d in scan.decls.items() if d.kind == "m_axi"}
     return KernelFigures(scan.kernel, file, total, dsp, len(scan.loops), ii_bad, df_bad, bundles,
                          {p: v for p, v in traffic.items() if v}, unpriced, largest,

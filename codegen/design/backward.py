@@ -3,23 +3,26 @@
 One DATAFLOW region of streaming engines (hls_templates/hls/bapipe_layers_bwd.h.j2), each a
 process with one flattened II=1 loop over the micro-batch:
 
-- a matrix layer (dense, conv2d) is one PE x SIMD engine at the plan's folding doing, per
-  vector (dense row or conv output pixel), NF*SF steps of dW += dy x^T and NF*SF steps of
-  dx = W^T dy: the plan's ``bwd_w + bwd_in`` cycles (fpga_models.cost.layer_cost); a conv's
-  dx goes through col2im, a line buffer of KH input rows that emits each finished row;
+- a matrix layer (dense, conv2d) is a tiled engine (fpga_models.bwd_tiles decides it,
+  codegen.design.bwd_engines builds it: a chunk engine of output-stationary weight-gradient
+  lanes and weight-reusing input-gradient lanes, or a row engine for few vectors a call); the
+  walk below first writes a ``bapipe::mvu_bwd<...>(...)`` placeholder call naming its streams and
+  arrays, which that pass replaces; a conv's dx goes through col2im, a row buffer that emits
+  each finished input row;
 - activation stashes (the inputs the forward saw) are read from memory by their own reader
   processes (``stash_read``: L elements a beat; ``window_read``: a conv's window columns),
   never held whole on chip;
 - weight-gradient sums are exact, in accumulators of ``acc_width(T)`` bits for T terms (the
-  iteration's vectors: micro-batches x samples x pixels), on chip (BIND_STORAGE) or, when they
-  do not fit the board's budget, in off-chip memory; the flush writes them exact (64-bit
-  ``wsum_t``, 22 fraction bits, fpga_models.train_fixed) for the update kernel (codegen.design.train_kernels);
+  iteration's vectors: micro-batches x samples x pixels), on chip or in their dW arrays off chip
+  (off-chip passes, fpga_models.bwd_tiles); the flush writes them exact (64-bit ``wsum_t``,
+  22 fraction bits, fpga_models.train_fixed) for the update kernel (codegen.design.train_kernels);
 - element-wise engines (relu, batchnorm, pools, flatten, add, width converters) at the plan's
   lanes; gradients of a tensor read by several layers meet in a saturating add, in the order
   of fpga_models.fixedpoint.stage_bwd.
 
-Every stream depth, lane count, accumulator width and storage place is computed here; the
-template prints them. The kernel's MB is the samples one replica computes per micro-batch.
+Every stream depth, lane count, accumulator width and storage place is computed here or in
+fpga_models.bwd_tiles; the template prints them. The kernel's MB is the samples one replica
+computes per micro-batch.
 """
 from __future__ import annotations
 
@@ -29,10 +32,11 @@ from dataclasses import dataclass, field
 from math import prod
 
 from bapipe.fpga_models import fixedpoint as fx
+from bapipe.fpga_models.memory_blocks import storage_impl
 from bapipe.fpga_models.bwd_memory import ACC_ONCHIP_SHARE, PORTS_TURN, STREAM_DEPTH, acc_width
 from bapipe.fpga_models.engines import MVU_FILL, conv_window_lanes, ddr_words_per_beat
 
-from bapipe.codegen.design.kernel_types import DdrFrame
+from bapipe.codegen.design.kernel_types import BArray, BStream, DdrFrame
 
 #: the width of an m_axi burst beat (bits): dW/db leave one beat a cycle
 AXI_BITS = 512
@@ -41,47 +45,6 @@ AXI_BITS = 512
 MAX_ACC_BITS = 64
 #: bits of one weight-gradient sum in memory (bapipe::wsum_t): the exact accumulator, widened
 WSUM_BITS = 64
-
-
-@dataclass
-class BStream:
-    """A stream inside the backward kernel."""
-
-    name: str
-    beat: str              # C type of one beat
-    depth: int
-    beat_bits: int
-
-    @property
-    def bytes(self) -> int:
-        """On-chip bytes of its FIFO."""
-        return self.depth * ((self.beat_bits + 7) // 8)
-
-
-@dataclass
-class BArray:
-    """A static array of the kernel (accumulators, line buffers) or an engine's local buffer."""
-
-    name: str
-    ctype: str
-    dims: tuple[int, ...]
-    bits: int               # per element
-    storage: str            # "bram" | "uram" | "lutram" | "registers" | "off-chip"
-    local: bool = False     # an engine's own buffer (counted, not declared by the kernel)
-    partitions: list[tuple[int, int]] = field(default_factory=list)   # (factor, dim) cyclic
-
-    @property
-    def bytes(self) -> int:
-        return prod(self.dims) * ((self.bits + 7) // 8)
-
-    @property
-    def cdims(self) -> str:
-        return "".join(f"[{d}]" for d in self.dims)
-
-    @property
-    def decl(self) -> str:
-        """Its C declaration as a parameter."""
-        return f"{self.ctype} {self.name}{self.cdims}"
 
 
 @dataclass
@@ -155,8 +118,13 @@ class BwdCtx:
     dx_layers: frozenset = frozenset()
     mac: object = None   # time-multiplexed: the MVU turns' shared arrays (codegen.design.mac_share.BwdMacShare)
     copies: list[dict] = field(default_factory=list)   # on-chip copies of the m_axi weights, filled once a call
-    wtile: dict = field(default_factory=dict)   # time-multiplexed, weights not all resident: the tile (hls_bwd._tile_weights)
-    wstream: dict = field(default_factory=dict)   # ... and the one-vector matrices streamed (hls_bwd._stream_weights)
+    tile_macs: list = field(default_factory=list)   # dataflow: each matrix layer's MAC function (codegen.design.bwd_engines)
+    stash_bundles: dict = field(default_factory=dict)   # stash port -> m_axi bundle (codegen.design.bundles.mirror_bundles)
+    ew_dsp: int = 0                   # DSP of its element-wise engines (the matrix engines': tiles)
+    tile_mac: object = None   # time-multiplexed: the shared MAC function's tiled engines (codegen.design.bwd_engines)
+    wfill: dict = field(default_factory=dict)   # time-multiplexed, weights not all held: a turn's weight-store fill
+    wfill_all: dict = field(default_factory=dict)   # time-multiplexed, weights held: the store's fill, once an iteration
+    tiles: dict = field(default_factory=dict)   # layer -> fpga_models.bwd_tiles.BwdTiles (the decision it builds)
 
     @property
     def declared_streams(self) -> list[BStream]:
@@ -240,6 +208,7 @@ class _Builder:
         self.engines: list[dict] = []
         self.turn: str = ""             # the layer whose backward turn the next processes belong to
         self.turn_of: list[str] = []    # per process, its turn (time-multiplexed stages)
+        self.ew_dsp = 0                 # DSP of the element-wise engines it emits (a batchnorm: one a lane)
         self._n = 0
 
     def stream(self, base: str, lanes: int, depth: int = STREAM_DEPTH, raw_bits: int = 0) -> str:
@@ -273,8 +242,10 @@ class _Builder:
 def build_bwd(plan, model, st, sc, fmt, board=None) -> BwdCtx:
     """The backward kernel of stage ``st`` (StageCtx ``sc`` holds its ports and weight arrays)."""
     from bapipe.plan import Folding
+    from bapipe.fpga_models.bwd_tiles import col2im_buffer, col2im_plan, engine_folding, stage_tiles
     from bapipe.fpga_models.gradients import gradient_tensors
 
+    from bapipe.codegen.design.bwd_engines import build as build_engines
     from bapipe.codegen.design.context import ident, mvu_dims
 
     mb = replica_batch(plan, st)
@@ -287,6 +258,12 @@ def build_bwd(plan, model, st, sc, fmt, board=None) -> BwdCtx:
     for l in layers:
         elems[l.name] = l.out_elems
     fold = {n: st.folding.get(n, Folding()) for n in st.layers}
+    # the matrix engines as fpga_models.bwd_tiles decides them: their streams' lanes
+    tiles = stage_tiles(model, layers, _fold_of(st, layers), "tm" if st.style == "time-multiplexed" else "dataflow",
+                        mb, max(1, plan.microbatches) * mb, board, W)
+    for n, (pe, simd) in engine_folding(tiles, _fold_of(st, layers)).items():
+        if n in tiles:
+            fold[n] = Folding(pe, simd)
 
     # which gradients are needed: a layer is active when it learns or passes a needed gradient;
     # a stage input carries one unless no parameter lies upstream of it (the model's input:
@@ -365,13 +342,16 @@ def build_bwd(plan, model, st, sc, fmt, board=None) -> BwdCtx:
 
     def window(l, st_name: str, simd: int, tag: str) -> str:
         """The window columns of layer l's stashed input, SIMD elements a beat (k = tap*C + c):
-        the stash streamed in order through the line-buffer generator swg (square windows),
-        else gathered from memory by window_read."""
+        the stash streamed in order through the line-buffer generator swg (square windows; a
+        matrix engine's at the width fpga_models.bwd_tiles.window_pace gives it), else gathered
+        from memory by window_read."""
         c, h, w_ = l.in_shapes[0]
         (kh, kw), (sh, sw), (ph, pw) = l.attr["kernel"], l.attr["stride"], l.attr["padding"]
         ho, wo = l.out_shape[1], l.out_shape[2]
         cols = ho * wo * kh * kw * c
-        lanes, taps = conv_window_lanes(c, kh, simd) if l.type == "conv2d" else (simd, 1)
+        job = tiles[l.name].job(l.name) if l.name in tiles else None
+        wsimd = job.wsimd if job is not None and job.wsimd else simd
+        lanes, taps = conv_window_lanes(c, kh, wsimd) if l.type == "conv2d" else (simd, 1)
         if kh == kw and sh == sw and ph == pw and simd % (lanes * taps) == 0 and c % lanes == 0:
             raw = b.stream(f"xs_{tag}", lanes)
             b.stash_read(st_name, raw, c * h * w_, lanes, l.name)
@@ -379,7 +359,9 @@ def build_bwd(plan, model, st, sc, fmt, board=None) -> BwdCtx:
             col = b.stream(f"col_{tag}", lanes * taps)
             b.proc(f"bapipe::swg<{c}, {h}, {w_}, {kh}, {ph}, {sh}, {lanes}, {taps}, {rows}, false>({raw}, {col})",
                    l.name, "swg", max(c * h * w_ // lanes, cols // (lanes * taps)))
-            b.arrays.append(BArray(f"{tag}.swg_rows", "data_t", (rows, w_, c), W, "bram", local=True))
+            # its line buffer as the template banks it (bapipe_engines.h swg: rows x K x lanes)
+            b.arrays.append(BArray(f"{tag}.swg_rows", "data_t", (rows, w_, c), W, "auto", local=True,
+                                   partitions=[(rows, 1), (kh, 2), (lanes, 3)]))
             return resize(col, cols, lanes * taps, simd, tag)
         x = b.stream(f"x_{tag}", simd)
         wp = f"{c}, {h}, {w_}, {kh}, {kw}, {sh}, {sw}, {ph}, {pw}"
@@ -392,6 +374,20 @@ def build_bwd(plan, model, st, sc, fmt, board=None) -> BwdCtx:
         if prod_l is not None:
             return dy_lanes(prod_l)
         return None
+
+    # the convs' col2im row buffers: one shared by a time-multiplexed kernel's turns, else one a layer
+    tm = st.style == "time-multiplexed"
+    c2i = {l.name: col2im_plan(l, tiles[l.name].job(l.name), want_of(l.inputs[0]) or l.in_shapes[0][0], tm)
+           for l in layers if l.type == "conv2d" and l.name in tiles and l.inputs[0] in needed}
+    lb_of = {}
+    for a in col2im_buffer(list(c2i.values()), tm):
+        mine = list(c2i) if tm else [a.name[3:]]
+        rows = max(c2i[n].rows for n in mine)
+        chans = a.banks // rows
+        arr = BArray(f"lb_s{st.index}" if tm else f"lb_{ident(mine[0])}", f"bapipe::gacc<{a.width}>",
+                     (rows, a.depth * chans), a.width, a.impl, partitions=[(rows, 1), (chans, 2)])
+        b.arrays.append(arr)
+        lb_of.update({n: arr for n in mine})
 
     for l in reversed(layers):
         if l.name not in active:
@@ -461,13 +457,19 @@ def build_bwd(plan, model, st, sc, fmt, board=None) -> BwdCtx:
             if l.type == "dense":
                 contrib[src].append((dx, simd))
                 continue
-            want = want_of(src) or c
-            lout = want if (w_ * c) % want == 0 else math.gcd(w_ * c, want)
+            # col2im over a row buffer (fpga_models.bwd_tiles.col2im_plan: its lanes, banks and storage)
+            c2 = c2i[l.name]
+            src_dx = dx
+            if c2.lin < simd:   # narrower beats: one every NF cycles keeps pace with the engine
+                src_dx = b.stream(f"dxn_{tag}", c2.lin, raw_bits=xb)
+                b.proc(f"bapipe::resize_sums<{vec * mw}, {simd}, {c2.lin}, {xb}>({dx}, {src_dx})", l.name, "resize",
+                       vec * mw // c2.lin)
+            lout = c2.lout
             out = b.stream(f"dx_{tag}", lout)
-            b.arrays.append(BArray(f"lb_{tag}", f"bapipe::gacc<{xb}>", (kh + sh, w_, c), xb, "bram",
-                                   partitions=_lb_partitions(kh, kw, sh, w_, c, simd, lout)))
-            b.proc(f"bapipe::col2im<{wp}, {simd}, {lout}, {xb}, bapipe::FINISH_REQUANT, 0>({dx}, {out}, "
-                   f"lb_{tag});", l.name, "col2im", _col2im_steps(h, w_, c, kh, sh, ph, vec * (kh * kw * c // simd), lout))
+            lb = lb_of[l.name]
+            b.proc(f"bapipe::col2im_rows<{wp}, {c2.lin}, {lout}, {xb}, bapipe::FINISH_REQUANT, 0, {lb.dims[0]}, "
+                   f"{lb.dims[1]}, {lb.bits}>({src_dx}, {out}, {lb.name});", l.name, "col2im",
+                   _col2im_steps(h, w_, c, kh, sh, ph, vec * (kh * kw * c // c2.lin), lout))
             contrib[src].append((out, lout))
         elif l.type == "relu":
             L = fo.ew_lanes
@@ -493,16 +495,20 @@ def build_bwd(plan, model, st, sc, fmt, board=None) -> BwdCtx:
             gb = acc_width(max(1, plan.microbatches) * mb * (n_in // ch), W, W)
             if gb > MAX_ACC_BITS:
                 raise ValueError(f"layer '{l.name}': a {gb}-bit gradient accumulator exceeds {MAX_ACC_BITS} bits")
-            acc_s = BArray(f"as_{tag}", f"bapipe::gacc<{gb}>", (ch,), gb, "registers", partitions=[(L, 1)])
-            acc_h = BArray(f"ash_{tag}", f"bapipe::gacc<{gb}>", (ch,), gb, "registers", partitions=[(L, 1)])
+            # the engine adds L channels a cycle, the flush writes a 512-bit beat (8 sums) a cycle
+            banks = min(ch, max(L, AXI_BITS // WSUM_BITS))
+            acc_s = BArray(f"as_{tag}", f"bapipe::gacc<{gb}>", (ch,), gb, "registers", partitions=[(banks, 1)])
+            acc_h = BArray(f"ash_{tag}", f"bapipe::gacc<{gb}>", (ch,), gb, "registers", partitions=[(banks, 1)])
             b.arrays.extend([acc_s, acc_h])
             ds = GradArray(f"ds_{tag}", ch, f"[{ch}]", l.name, "scale")
             dsh = GradArray(f"dsh_{tag}", ch, f"[{ch}]", l.name, "shift")
             grads.extend([ds, dsh])
             out = b.stream(f"dx_{tag}", L)
             wl = AXI_BITS // WSUM_BITS
+            b.ew_dsp += 2 * L   # dy x scale and dy x x a lane (fpga_models.bwd_memory.elementwise_dsp)
             b.turn_of.append(b.turn)
-            reads[lc_of[l.name].weights[0].name] = [(L, 1)]
+            # the engine reads L scales a cycle, the copy writes a 512-bit beat (32) a cycle
+            reads[lc_of[l.name].weights[0].name] = [(min(ch, max(L, AXI_BITS // W)), 1)]
             b.procs.append(f"bapipe::batchnorm_bwd_train<{n_in}, {ch}, {L}, {gb}, {wl}>({dy}, {x}, {out}, "
                            f"{lc_of[l.name].weights[0].name}, {acc_s.name}, {acc_h.name}, {ds.name}, {dsh.name}, n, "
                            f"flush)")
@@ -549,8 +555,14 @@ def build_bwd(plan, model, st, sc, fmt, board=None) -> BwdCtx:
                     b.proc(f"bapipe::avgpool_bwd_spread<{c}, {ho}, {wo}, {kk}, {L}, {gb}>({dy}, {r});", l.name,
                            "avgpool_bwd_spread", ho * wo * kk * c // L)
                     mode = "bapipe::FINISH_AVG"
-                b.arrays.append(BArray(f"lb_{tag}", f"bapipe::gacc<{gb}>", (kh + sh, w_, c), gb, "bram",
-                                       partitions=_lb_partitions(kh, kw, sh, w_, c, L, L)))
+                parts = _lb_partitions(kh, kw, sh, w_, c, L, L)
+                nb = prod(f for f, _d in parts)
+                # its banks where the shared rule puts them (memory_blocks.storage_impl): resnet50's
+                # pool1, 960 banks of 38 sums, one BRAM18 each as BRAM (480 BRAM36), LUTRAM
+                impl = storage_impl(gb, _ceil_div((kh + sh) * w_ * c, nb), nb,
+                                    *((board.usable_bram36, board.usable_uram) if board is not None else ()))
+                b.arrays.append(BArray(f"lb_{tag}", f"bapipe::gacc<{gb}>", (kh + sh, w_, c), gb, impl,
+                                       partitions=parts))
                 b.proc(f"bapipe::col2im<{wp}, {L}, {L}, {gb}, {mode}, {recip}>({r}, {out}, lb_{tag});",
                        l.name, "col2im", _col2im_steps(h, w_, c, kh, sh, ph, ho * wo * kk * c // L, L))
             contrib[src].append((out, L))
@@ -579,7 +591,7 @@ def build_bwd(plan, model, st, sc, fmt, board=None) -> BwdCtx:
             dy, L = gradient(l.name, None)
             n = elems[l.name]
             outs = [k for k, i in enumerate(l.inputs) if need_dx[k]]
-            depths = _skip_depths(l, layers, elems, L)
+            depths = _skip_depths(l, layers, elems, L, tiles)
             cur = dy
             for j, k in enumerate(outs):
                 if j == len(outs) - 1:
@@ -628,29 +640,36 @@ def build_bwd(plan, model, st, sc, fmt, board=None) -> BwdCtx:
                  weights=[] if sc.embed_weights else [w for w in sc.weights if w.name in reads], engines=b.engines,
                  copies=copies)
     ctx.dx_layers = frozenset(l.name for l in layers if l.type in ("dense", "conv2d") and l.inputs[0] in needed)
+    layer_of = {f"aw_{ident(l.name)}": l.name for l in layers}
     if st.style == "time-multiplexed":
         frame_elems = {s: elems[t] for t, parts in contrib.items() for s, _l in parts}
         _sequence_turns(ctx, b.turn_of, frame_elems, W, mem)
         _share_arrays(ctx, st.index, W)
-        _tile_weights(ctx, st.index, W, mem.tile, {f"aw_{ident(l.name)}": l.name for l in layers})
-        _stream_weights(ctx, st.index, W, mem.streamed, {f"aw_{ident(l.name)}": l.name for l in layers})
+    ctx.tiles = tiles
+    ctx.ew_dsp = b.ew_dsp
+    if tiles:   # the tiled matrix engines replace the mvu_bwd calls (codegen.design.bwd_engines)
+        build_engines(ctx, tiles, st.index, W, layer_of)
     return ctx
 
 
 def _copy_weights(sc, reads: dict, width: int, budget: int | None, b: _Builder) -> list[dict]:
-    """On-chip copies of the m_axi weight arrays the engines read (matrices, a trained
-    batchnorm's scale; never the biases, which no backward engine reads), filled at the start of
-    every call by one pipelined loop per array of 512-bit beats (AXI_BITS / width elements a
-    cycle, the port widened to 512 bits), so no engine reads m_axi inside its II=1 loop: when
-    they all fit what the forward's rule gives a kernel's weights (fpga_models.allocate
-    .weights_all_resident, the kernel's on-chip budget), else none (the engines read the m_axi
-    arrays in place). The copies are static arrays of the kernel, partitioned as the engine reads
-    them (PE x SIMD a cycle); the processes read them instead of the ports."""
+    """On-chip copies of the m_axi weight vectors the engines read (a trained batchnorm's scale;
+    never the biases, which no backward engine reads; the matrices live in the tiled engines'
+    weight store, codegen.design.bwd_engines), filled at the start of an iteration by one
+    pipelined loop per array of 512-bit beats (AXI_BITS / width elements a cycle, the port widened
+    to 512 bits), so no engine reads m_axi inside its II=1 loop: when the weights all fit what
+    the forward's rule gives a kernel's weights (fpga_models.allocate.weights_all_resident, the
+    kernel's on-chip budget), else none (the engines read the m_axi arrays in place). The copies
+    are static arrays of the kernel, partitioned as the engine reads them; the processes read
+    them instead of the ports."""
     from bapipe.fpga_models.allocate import weights_all_resident
 
     from bapipe.codegen.design.weight_memory import BRAM_COPY_BYTES
 
-    ws = [w for w in sc.weights if w.name in reads]
+    # the vectors only: a matrix is the tiled engines' weight store's (codegen.design.bwd_engines),
+    # so it neither gets a copy nor counts against the copies' budget (resnet50's res4e..res5c with
+    # fc: the matrices over the budget left sixteen batchnorm scales read over m_axi, II 8)
+    ws = [w for w in sc.weights if w.name in reads and len(re.findall(r"\[(\d+)\]", w.dims)) == 1]
     eb = (width + 7) // 8
     if not ws or not weights_all_resident([int(w.kernel_q.size) for w in ws], eb, budget):
         return []
@@ -660,8 +679,13 @@ def _copy_weights(sc, reads: dict, width: int, budget: int | None, b: _Builder) 
         dst = f"wc_{w.name}"
         n = prod(dims)
         parts = [(f, d) for f, d in reads[w.name] if d <= len(dims)]
-        b.arrays.append(BArray(dst, "data_t", dims, width, "bram" if n * eb <= BRAM_COPY_BYTES else "uram",
-                               partitions=parts))
+        banks = prod(f for f, _d in parts) or 1
+        # banked as the engine reads it, each bank where the shared rule puts it
+        # (memory_blocks.storage_impl): resnet50's 512-channel scales in 256 banks of 2 are LUTRAM
+        # (128 BRAM36 each as BRAM); a single bank as before (BRAM up to BRAM_COPY_BYTES, else URAM)
+        impl = storage_impl(width, -(-n // banks), banks) if banks > 1 else \
+            ("bram" if n * eb <= BRAM_COPY_BYTES else "uram")
+        b.arrays.append(BArray(dst, "data_t", dims, width, impl, partitions=parts))
         b.procs = [re.sub(rf"\b{re.escape(w.name)}\b", dst, p) for p in b.procs]
         fn = f"weight_copy<{dims[0]}, {dims[1]}, {AXI_BITS // width}>" if len(dims) == 2 else \
             f"weight_copy1<{n}, {AXI_BITS // width}>"
@@ -686,120 +710,6 @@ def _share_arrays(ctx: BwdCtx, index: int, width: int) -> None:
     ctx.arrays = [a for a in ctx.arrays if a.name not in tags] + [
         BArray(f"{mac.name}.dyb", "data_t", (mac.mh,), width, "registers", local=True),
         BArray(f"{mac.name}.xs", "data_t", (mac.mw,), width, "lutram", local=True)]
-
-
-def _tile_weights(ctx: BwdCtx, index: int, width: int, plan_tile, layer_of: dict[str, str]) -> None:
-    """A time-multiplexed backward kernel whose weights do not all fit on chip (no ``copies``):
-    each MVU turn the plan tiles (``plan_tile``, fpga_models.bwd_memory.BwdMemory.tile: the
-    matrices, smallest first, that what the kernel's share leaves holds, in one tile or a
-    ping-pong pair; the planner prices the fills) reads its matrix from an on-chip tile (the
-    largest such MH x the largest MW, partitioned as the turn reads it, PE x SIMD a cycle),
-    filled from its m_axi array in 512-bit beats (the port widened: bapipe::weight_tile), so the
-    MAC loop reads no m_axi. One tile ``s<i>_bwd_wt``: ``s<i>_bwd_mac_wfetch`` fills it before
-    each tiled turn, every sample. A pair ``s<i>_bwd_wt0`` / ``s<i>_bwd_wt1``: the k-th tiled
-    turn (turn order) reads tile k % 2; the first's matrix is filled before its turn, the
-    (k+1)-th's by ``s<i>_bwd_mac_wfetch``, a process of the k-th turn's DATAFLOW region beside
-    the MAC, into the other tile. The other matrices are read in place or streamed
-    (:func:`_stream_weights`). ``layer_of``: a job's accumulator -> its layer. ``ctx.wtile``:
-    the tiles (BArray), the fetches (turn, weight array, MH, MW, tile) -- before the turn (one
-    tile), or during it for the next tiled turn (a pair; ``first``: the one before) -- and every
-    array's dims the MAC reads."""
-    from bapipe.codegen.design.mac_share import _decl_name
-    from bapipe.codegen.design.weight_memory import BRAM_COPY_BYTES
-
-    mac = ctx.mac
-    if mac is None or ctx.copies or plan_tile is None:
-        return
-    eb = (width + 7) // 8
-    wdims = {w.name: tuple(int(d) for d in re.findall(r"\[(\d+)\]", w.dims)) for w in ctx.weights}
-    want = set(plan_tile.layers)
-    tiled = sorted((j for j in mac.jobs if j.dx and layer_of.get(j.aw) in want), key=lambda j: j.turn)
-    if sorted(layer_of[j.aw] for j in tiled) != sorted(want) or any(wdims.get(j.w) != (j.mh, j.mw) for j in tiled):
-        raise ValueError(f"s{index}_bwd: the planned weight tile's matrices {sorted(want)} are not the kernel's "
-                         f"MVU turns with dx {sorted(layer_of.get(j.aw, j.aw) for j in tiled)}")
-    double = getattr(plan_tile, "buffers", 1) == 2
-    if double and [layer_of[j.aw] for j in tiled] != [n for n, _h, _w in plan_tile.turn_fills]:
-        raise ValueError(f"s{index}_bwd: the tiled turns run {[layer_of[j.aw] for j in tiled]}, the plan prices "
-                         f"their fills in the order {[n for n, _h, _w in plan_tile.turn_fills]}")
-    r, c = plan_tile.rows, plan_tile.cols
-    names = [f"s{index}_bwd_wt{h}" for h in range(2)] if double else [f"s{index}_bwd_wt"]
-    tiles = [BArray(n, "data_t", (r, c), width, "bram" if r * c * eb <= BRAM_COPY_BYTES else "uram",
-                    partitions=[(max(j.pe for j in tiled), 1), (max(j.simd for j in tiled), 2)]) for n in names]
-    ctx.arrays = ctx.arrays + tiles
-    if double:   # the first before its turn; the (k+1)-th during the k-th turn, into the other tile
-        first = (tiled[0].turn, tiled[0].w, tiled[0].mh, tiled[0].mw, names[0])
-        fetches = [(a.turn, b.w, b.mh, b.mw, names[(k + 1) % 2]) for k, (a, b) in enumerate(zip(tiled, tiled[1:]))]
-    else:
-        first = None
-        fetches = [(j.turn, j.w, j.mh, j.mw, names[0]) for j in tiled]
-    moved = {j.w for j in tiled}
-    for k, j in enumerate(tiled):
-        j.w = names[k % len(names)]
-    still = {j.w for j in mac.jobs}
-    decls = {_decl_name(d): d for d in mac.mac_params if _decl_name(d) not in moved - still}
-    for t in tiles:
-        decls[t.name] = t.decl
-    mac.mac_params = [decls[n] for n in sorted(decls)]
-    outer = {_decl_name(d): d for d in mac.turn_params}
-    for n in moved - still:
-        if not any(re.search(rf"\b{re.escape(n)}\b", p) for u in mac.turns for p in u.processes):
-            outer.pop(n, None)
-    fetched = sorted({w for _t, w, _h, _w, _d in fetches}, key=lambda n: [f[1] for f in fetches].index(n))
-    wdecl = {n: f"const data_t {n}{''.join(f'[{d}]' for d in wdims[n])}" for n in moved}
-    if double:   # the in-region fetches read their m_axi arrays inside the MVU turns' function
-        outer.update({n: wdecl[n] for n in fetched})
-    for t in tiles:
-        outer[t.name] = t.decl
-    mac.turn_params = [outer[n] for n in sorted(outer)]
-    shapes = {n: wdims[n] for n in still if n in wdims}
-    shapes.update({n: (r, c) for n in names})
-    ctx.wtile = {"tile": tiles[0], "tiles": tiles, "double": double, "first": first, "fetches": fetches,
-                 "shapes": shapes, "epw": AXI_BITS // width,
-                 "params": [wdecl[n] for n in fetched] + [t.decl for t in tiles],
-                 "args": fetched + names,
-                 "ports": sorted(moved)}
-
-
-def _stream_weights(ctx: BwdCtx, index: int, width: int, streamed=(), layer_of: dict[str, str] | None = None) -> None:
-    """A time-multiplexed backward kernel without copies: each MVU turn the plan streams
-    (``streamed``, fpga_models.bwd_memory.BwdMemory.streamed: an input gradient of one vector a
-    sample whose matrix the tile does not hold; ``layer_of``: a job's accumulator -> its layer)
-    reads its matrix from a two-deep
-    FIFO ``s<i>_bwd_ws`` of PE x SIMD words, filled once a vector in row order by
-    ``s<i>_bwd_mac_wstream`` (bapipe::weight_stream_rows, a process beside the MAC function),
-    and sums its input gradient in row order (bwd_mac_in_ws / bwd_mac_out_ws): no m_axi read
-    inside the MAC loop. ``ctx.wstream``: the FIFO, the turns, their (turn, array, MH, MW, PE,
-    SIMD, vectors) and the producer's parameters."""
-    from bapipe.codegen.design.mac_share import _decl_name
-
-    mac = ctx.mac
-    if mac is None or ctx.copies:
-        return
-    wdims = {w.name: tuple(int(d) for d in re.findall(r"\[(\d+)\]", w.dims)) for w in ctx.weights}
-    want = set(streamed)
-    js = [j for j in mac.jobs if (layer_of or {}).get(j.aw) in want]
-    if sorted(layer_of[j.aw] for j in js) != sorted(want) or any(
-            not (j.dx and j.vec == 1 and wdims.get(j.w) == (j.mh, j.mw)) for j in js):
-        raise ValueError(f"s{index}_bwd: the planned weight stream's matrices {sorted(want)} are not the kernel's "
-                         f"one-vector MVU turns with dx")
-    if not js:
-        return
-    ls = max(j.pe * j.simd for j in js)
-    name = f"s{index}_bwd_ws"
-    fifo = BStream(name, f"bapipe::bvec<{ls}>", STREAM_DEPTH, ls * width)
-    mac.streams = sorted(mac.streams + [fifo], key=lambda v: v.name)
-    ctx.streams = ctx.streams + [fifo]   # its bytes (declared by the MVU turns' function)
-    ctx.arrays = ctx.arrays + [BArray(f"{mac.name}.accw", "acc_t", (mac.mw,), mac.xb, "bram", local=True)]
-    moved = {j.w for j in js}
-    still = {j.w for j in mac.jobs if j not in js}
-    decls = {_decl_name(d): d for d in mac.mac_params if _decl_name(d) not in moved - still}
-    decls[name] = f"hls::stream<bapipe::bvec<{ls}> > &{name}"
-    mac.mac_params = [decls[n] for n in sorted(decls)]
-    ws = sorted(moved)
-    ctx.wstream = {"name": name, "ls": ls, "turns": [j.turn for j in js],
-                   "jobs": [(j.turn, j.w, j.mh, j.mw, j.pe, j.simd, j.vec) for j in js],
-                   "params": [f"const data_t {n}{''.join(f'[{d}]' for d in wdims[n])}" for n in ws]
-                   + [f"hls::stream<bapipe::bvec<{ls}> > &{name}"], "args": ws + [name]}
 
 
 def _lb_partitions(kh: int, kw: int, sh: int, w: int, c: int, lin: int, lout: int) -> list[tuple[int, int]]:
@@ -839,7 +749,7 @@ def _ancestors(t: str, names: dict) -> set[str]:
     return out
 
 
-def _skip_depths(add_layer, layers, elems, lanes: int) -> list[int]:
+def _skip_depths(add_layer, layers, elems, lanes: int, tiles: dict | None = None) -> list[int]:
     """Per input of a residual add, the depth of the FIFO that carries dy to it in backward.
 
     The gradients of the add's inputs meet again where the branches fork (grad_sum reads them
@@ -864,6 +774,14 @@ def _skip_depths(add_layer, layers, elems, lanes: int) -> list[int]:
                 beats += n // lanes
             elif l.type == "conv2d":
                 beats += (l.attr["kernel"][0] + 1) * row_beats * max(1, l.attr["stride"][0])
+            if l.type in ("conv2d", "dense") and tiles and l.name in tiles:
+                # a chunk engine takes a chunk of P vectors before its first dx group and holds
+                # one more while it computes (fpga_models.bwd_tiles): 2P vectors of the add's beats
+                j = tiles[l.name].job(l.name)
+                if j is not None and j.engine == "chunk":
+                    vectors = max(1, j.layer.vec)          # the layer's vectors a sample
+                    per_vec = -(-n // vectors)             # the add's elements a vector of it
+                    beats += 2 * tiles[l.name].chunk * -(-per_vec // max(1, lanes))
         lat.append(beats)
     top = max(lat, default=0)
     return [max(STREAM_DEPTH, top - x + STREAM_DEPTH + (row_beats if top else 0)) for x in lat]
@@ -899,12 +817,20 @@ def plan_bwd_cycles(plan, model, index: int, board) -> dict:
     from bapipe.fpga_models.cost import folding_cost
     from bapipe.fpga_models.gradients import backward_work, no_input_gradient
 
+    from bapipe.fpga_models.bwd_tiles import stage_tiles, steady_cycles
+
     st = plan.stages[index]
     beta = replica_batch(plan, st)
     no_dx = no_input_gradient(model)
+    layers = [model.layers[model.index[n]] for n in st.layers]
+    tiles = stage_tiles(model, layers, _fold_of(st, layers), "dataflow", beta,
+                        max(1, plan.microbatches) * beta, board) if st.style == "dataflow" else {}
     per_layer = {}
     for n in st.layers:
         l = model.layers[model.index[n]]
+        if n in tiles:   # a dataflow stage's matrix engine as built (fpga_models.bwd_tiles)
+            per_layer[n] = steady_cycles(tiles[n], tiles[n].job(n))
+            continue
         c = folding_cost(l, board, st.folding.get(n, Folding()), plan.number_format, 1)
         per_layer[n] = backward_work(c.bwd_in_cycles, c.bwd_w_cycles, n not in no_dx)
     mbc = float(st.cycles.get("bwd", 0))
@@ -939,10 +865,10 @@ def _fold_of(st, layers) -> dict[str, tuple[int, int]]:
 def design_backward_memory(plan, model, cluster) -> list[dict | None]:
     """Per stage, the Design's record of its backward kernel's memory (design.json
     ``backward_memory``: fpga_models.bwd_memory.BwdMemory.as_dict, with ``spill_cycles`` and
-    ``fill_cycles``, the backward cycles a sample its off-chip frames add and its turns wait on
-    the weight tile's fills, which the plan's cycles.bwd holds); None for a stage not on a
-    catalog FPGA."""
-    from bapipe.fpga_models.bwd_memory import tm_bwd_fill_cycles, tm_bwd_spill_cycles
+    ``engine_cycles``, the backward cycles a sample its off-chip frames add and its tiled engines
+    take beyond the plan's per-layer figure, which the plan's cycles.bwd holds); None for a stage
+    not on a catalog FPGA."""
+    from bapipe.fpga_models.bwd_memory import tm_bwd_engine_cycles, tm_bwd_spill_cycles
 
     out: list[dict | None] = []
     for st in plan.stages:
@@ -956,10 +882,10 @@ def design_backward_memory(plan, model, cluster) -> list[dict | None]:
         rec = mem.as_dict()
         if st.style == "time-multiplexed":
             layers = [model.layers[model.index[n]] for n in st.layers]
-            args = (model, layers, board, _fold_of(st, layers), plan.number_format, budget,
-                    max(1, plan.microbatches) * replica_batch(plan, st), mem)
-            rec["spill_cycles"] = tm_bwd_spill_cycles(*args)
-            rec["fill_cycles"] = tm_bwd_fill_cycles(*args)
+            samples = max(1, plan.microbatches) * replica_batch(plan, st)
+            args = (model, layers, board, _fold_of(st, layers), plan.number_format)
+            rec["spill_cycles"] = tm_bwd_spill_cycles(*args, budget, samples, mem)
+            rec["engine_cycles"] = tm_bwd_engine_cycles(*args, samples)
         out.append(rec)
     return out
 
@@ -985,6 +911,7 @@ def _sequence_turns(ctx: BwdCtx, turn_of: list[str], frame_elems: dict[str, int]
     its beats in the top function, or, where the plan puts it off chip (``mem``,
     fpga_models.bwd_memory: the frame its writer's turn hands to its reader's), an m_axi
     buffer of 512-bit words written by ``frame_write`` and read back by ``frame_read``."""
+    from bapipe.fpga_models.bwd_tiles import fifo_storage
     from bapipe.fpga_models.engines import DDR_WORD_BITS, ddr_words_per_beat
 
     order: list[str] = []
@@ -1016,6 +943,8 @@ def _sequence_turns(ctx: BwdCtx, turn_of: list[str], frame_elems: dict[str, int]
             s.depth = STREAM_DEPTH   # two deep in the writer's turn and in the reader's
     ctx.frames = list(ddr.values())
     ctx.top_streams = [s for s in frames if s.name not in ddr]
+    for s in ctx.top_streams:   # a whole frame on chip: its FIFO in the cheaper blocks
+        s.storage = fifo_storage(s.beat_bits, s.depth)
     extra = [BStream(s.name, s.beat, STREAM_DEPTH, s.beat_bits) for s in frames if s.name in ddr]
     ctx.streams = ctx.streams + extra   # the off-chip frame's stream in its reader's turn
 

@@ -1,9 +1,12 @@
 """The data of a stage's HLS engine kernel (codegen.design.tm_kernel builds it): its constant
-arrays, streams, turn functions, off-chip frames and the kernel itself. Plain dataclasses,
-read by the weight-memory, MAC-sharing and stash passes and printed by the templates."""
+arrays, streams, turn functions, off-chip frames and the kernel itself; and the backward
+kernel's streams and arrays (BStream, BArray: codegen.design.backward, codegen.design.bwd_engines).
+Plain dataclasses, read by the weight-memory, MAC-sharing and stash passes and printed by the
+templates."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from math import prod
 
 import numpy as np
 
@@ -33,6 +36,8 @@ class Rom:
     copy_of: str = ""                      # buffer: what it is an on-chip copy of (for the comment)
     copied: bool = False                   # external, copied on chip once a call (never read in a loop)
     offset: int = 0                        # elements before it in the stage's weight image (codegen.design.weight_image)
+    bank: object = None                    # buffer: a packed weight buffer's banks (fpga_models.memory_blocks.WeightBanks)
+    bundle: str = ""                       # external: its m_axi bundle (codegen.design.bundles)
 
     @property
     def size(self) -> int:
@@ -54,6 +59,24 @@ class Rom:
         """The C parameter declaring it (ROMs and m_axi arrays read-only, a buffer writable)."""
         return f"{'' if self.buffer else 'const '}{self.ctype} {self.name}{self.dims}"
 
+    @property
+    def pragmas(self) -> list[str]:
+        """The HLS pragmas of an on-chip array (a ROM or a buffer), as the Design chose them: a
+        packed weight buffer (``bank``, dims [halves][banks][depth][elements]) partitioned into
+        its halves and banks with a bank word's elements reshaped into one word; others split
+        completely along ``partition_dims``; the storage (BIND_STORAGE, UG1399)."""
+        out = []
+        if self.bank is not None:
+            if self.shape[0] > 1:
+                out.append(f"#pragma HLS ARRAY_PARTITION variable={self.name} complete dim=1")
+            out.append(f"#pragma HLS ARRAY_PARTITION variable={self.name} complete dim=2")
+            out.append(f"#pragma HLS ARRAY_RESHAPE variable={self.name} complete dim=4")
+        else:
+            out += [f"#pragma HLS ARRAY_PARTITION variable={self.name} complete dim={d}" for d in self.partition_dims]
+        kind = "ram_2p" if self.buffer else "rom_1p"
+        out.append(f"#pragma HLS BIND_STORAGE variable={self.name} type={kind} impl={self.impl}")
+        return out
+
     def text(self) -> str:
         """The C initializer of the raw integers, nested by dims."""
 
@@ -73,6 +96,7 @@ class VStream:
     name: str
     lanes: int
     depth: int
+    impl: str = ""      # BIND_STORAGE impl of a frame buffer FIFO (codegen.design.tm_kernel); "" leaves Vitis's default
 
 
 @dataclass
@@ -88,6 +112,7 @@ class UnitFn:
     frames: list["DdrFrame"] = field(default_factory=list)   # the off-chip frame buffers it writes or reads
     once: bool = False              # called once a call, before the samples' turns (codegen.design.weight_memory)
     stashes: list = field(default_factory=list)   # training: the stash writers in this turn (codegen.design.stash)
+    sequential: bool = False        # its calls run one after another (one process: the weight loads), not DATAFLOW
 
 
 @dataclass
@@ -104,6 +129,7 @@ class DdrFrame:
     beats: int           # beats per sample
     bits: int            # bits of one memory word (fpga_models.engines.DDR_WORD_BITS)
     words: int
+    bundle: str = ""     # its m_axi bundle (codegen.design.bundles)
 
     @property
     def bytes(self) -> int:
@@ -136,6 +162,8 @@ class EngineStage:
     stashes: list = field(default_factory=list)   # training: stash writers (codegen.design.stash.StashBuf)
     loads: list[str] = field(default_factory=list)   # dataflow: weight copies filled per call (codegen.design.weight_memory)
     load_roms: list[Rom] = field(default_factory=list)   # ... the m_axi arrays they read, in argument order
+    rings: list = field(default_factory=list)   # window generators' rings: (banks, width, depth, storage)
+    pool_accs: list = field(default_factory=list)   # pool engines' accumulators: (banks, width, depth)
 
     @property
     def buffers(self) -> list[Rom]:
@@ -153,3 +181,46 @@ class EngineStage:
     def external(self) -> list[Rom]:
         """The weight arrays that are m_axi kernel arguments, in argument order."""
         return [r for r in self.roms if r.external]
+
+
+@dataclass
+class BStream:
+    """A stream inside the backward kernel."""
+
+    name: str
+    beat: str              # C type of one beat
+    depth: int
+    beat_bits: int
+    storage: str = ""      # BIND_STORAGE impl of a whole-frame FIFO (fpga_models.bwd_tiles.fifo_storage)
+
+    @property
+    def bytes(self) -> int:
+        """On-chip bytes of its FIFO."""
+        return self.depth * ((self.beat_bits + 7) // 8)
+
+
+@dataclass
+class BArray:
+    """A static array of the kernel (accumulators, line buffers) or an engine's local buffer."""
+
+    name: str
+    ctype: str
+    dims: tuple[int, ...]
+    bits: int               # per element
+    storage: str            # "bram" | "uram" | "lutram" | "registers" | "off-chip"
+    local: bool = False     # an engine's own buffer (counted, not declared by the kernel)
+    partitions: list[tuple[int, int]] = field(default_factory=list)   # (factor, dim) cyclic
+    reshape: tuple = ()     # (factor, dim) cyclic ARRAY_RESHAPE: factor elements a word
+
+    @property
+    def bytes(self) -> int:
+        return prod(self.dims) * ((self.bits + 7) // 8)
+
+    @property
+    def cdims(self) -> str:
+        return "".join(f"[{d}]" for d in self.dims)
+
+    @property
+    def decl(self) -> str:
+        """Its C declaration as a parameter."""
+        return f"{self.ctype} {self.name}{self.cdims}"

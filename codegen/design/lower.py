@@ -13,11 +13,12 @@ own fields; none touches the disk. The order is the flow of decisions:
 5. ``engine_kernels``    each single-input, single-output stage as one engine kernel
 6. ``training_kernels``  backward, update/all-reduce and stash tees of a training plan
 7. ``loss_kernel``       the loss kernel behind the last stage
-8. ``boards``            kernels, movers, connections and SLRs per board -> the ProjectCtx
-9. ``backward_memory``   each backward kernel's memory record (fpga_models.bwd_memory)
-10. ``training_rtl``     the training RTL's lowering (codegen.design.training.train_design)
-11. ``stage_benches``    each stage lowered alone, fed at its first engine's width
-12. ``rtl_kernels``      each stage lowered alone, fed one element a beat (packaged RTL kernels)
+8. ``bundle_ports``      the engine kernels' m_axi bundles (codegen.design.bundles)
+9. ``boards``            kernels, movers, connections and SLRs per board -> the ProjectCtx
+10. ``backward_memory``  each backward kernel's memory record (fpga_models.bwd_memory)
+11. ``training_rtl``     the training RTL's lowering (codegen.design.training.train_design)
+12. ``stage_benches``    each stage lowered alone, fed at its first engine's width
+13. ``rtl_kernels``      each stage lowered alone, fed one element a beat (packaged RTL kernels)
 """
 from __future__ import annotations
 
@@ -29,6 +30,8 @@ from bapipe.fpga_models import fixedpoint as fx
 from bapipe.fpga_models.boards import bytes_per_element, get_board
 
 from bapipe.codegen.design.backward import build_bwd, design_backward_memory
+from bapipe.codegen.design.bundles import assign_bundles, mirror_bundles
+from bapipe.codegen.design.bwd_engines import design_blocks
 from bapipe.codegen.design.context import (ProjectCtx, StageCtx, build_boards, build_stage, check_plan, format_ctx, header_lines,
                       make_weights, weight_seed)
 from bapipe.codegen.design.dataflow import Pipeline, Unsupported, build_pipeline
@@ -109,7 +112,7 @@ def engine_kernels(d: Design) -> None:
         sc.engine = engine_stage(d.pipeline.stages[pos], [d.model.layers[d.model.index[n]] for n in st.layers],
                                  d.weights, external=not sc.embed_weights, writable=d.plan.mode == "train",
                                  onchip_budget=onchip_budget(d.plan, st, d.cluster),
-                                 number_format=d.plan.number_format)
+                                 number_format=d.plan.number_format, board=_board_of(d, st))
 
 
 def _board_of(d: Design, st: Stage):
@@ -165,6 +168,16 @@ def weight_images(d: Design) -> None:
                     r.offset = by_name[r.name].offset
 
 
+def bundle_ports(d: Design) -> None:
+    """Each engine kernel's m_axi arguments in as few bundles as its concurrency allows, and the
+    training kernels' ports onto its buffers in bundles mirroring its (codegen.design.bundles: at
+    most 15 masters a memory bank, UG1393)."""
+    for sc in d.contexts.values():
+        if getattr(sc, "engine", None) is not None:
+            assign_bundles(sc.engine)
+            mirror_bundles(sc)
+
+
 def boards(d: Design) -> None:
     """Kernels, movers, connections and SLRs per board: the ProjectCtx the HLS renderer prints."""
     plan = d.plan
@@ -180,6 +193,10 @@ def backward_memory(d: Design) -> None:
     """Each backward kernel's memory record (design.json ``backward_memory``)."""
     if d.plan.mode == "train" and d.pipeline is not None:
         d.backward_memory = design_backward_memory(d.plan, d.model, d.cluster)
+        for pos, rec in enumerate(d.backward_memory):   # the kernel as built: blocks of its arrays and FIFOs
+            sc = d.contexts.get(pos)
+            if rec is not None and sc is not None and getattr(sc, "bwd", None) is not None:
+                rec["resources"] = design_blocks(sc.bwd)
 
 
 def training_rtl(d: Design) -> None:
@@ -221,10 +238,10 @@ def rtl_kernels(d: Design) -> None:
 
 #: the lowering, in order
 PASSES = (check, draw_weights, stage_contexts, lower_dataflow, engine_kernels, training_kernels, loss_kernel,
-          weight_images, boards, backward_memory, training_rtl, stage_benches, rtl_kernels)
+          weight_images, bundle_ports, boards, backward_memory, training_rtl, stage_benches, rtl_kernels)
 
 #: the passes the HLS project needs (tests and csim build kernels without the RTL's passes)
-HLS_PASSES = PASSES[:9]
+HLS_PASSES = PASSES[:PASSES.index(boards) + 1]
 #: the passes the RTL needs (render_rtl of a plan the HLS generators may refuse)
 RTL_PASSES = (draw_weights, lower_dataflow, backward_memory, training_rtl, stage_benches)
 #: the passes the training RTL alone needs (the host's verilator backend trains on it)

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field, replace
 
 from bapipe.codegen.design.cxx_text import split_args
 
-_MVU = re.compile(r"^bapipe::(mvu|mvu_tile|mvu_fifo)<([^>]*)>\((.*)\)$")
+_MVU = re.compile(r"^bapipe::(mvu|mvu_tile|mvu_banks|mvu_fifo)<([^>]*)>\((.*)\)$")
 
 
 class _Folding:
@@ -57,7 +57,8 @@ class MacJob(_Folding):
     """One MVU turn's use of the shared array."""
 
     turn: int            # the turn's index in the sequencer (t)
-    kind: str            # "rom" (w[NF*SF][PE][SIMD]) | "tile" (a half of the weight buffer) | "fifo"
+    kind: str            # "rom" (w[NF*SF][PE][SIMD]) | "tile" (a half of a flat buffer) | "banks" (a half of
+                         # the packed weight buffer, fpga_models.memory_blocks.WeightBanks) | "fifo"
     mh: int
     mw: int
     pe: int
@@ -71,12 +72,17 @@ class MacJob(_Folding):
     half: int = 0        # tile: the buffer half
     off: str = "0L"      # tile: element offset
     buf_n: int = 0       # tile: elements of a half
+    geom: tuple = ()     # banks: (banks, depth, elements a bank word, bank words a weight word)
 
     @property
     def source(self) -> str:
         """The C declaration of the weight source ``w`` (bapipe_engines.h: w_rom, w_tile, w_fifo)."""
         if self.kind == "rom":
             return f"bapipe::w_rom<{self.nf * self.sf}, {self.pe}, {self.simd}> w = {{{self.weights}, 0}}"
+        if self.kind == "banks":
+            b, d, e, ports = self.geom
+            return (f"bapipe::w_banks<{b}, {d}, {e}, {ports}, {self.pe}, {self.simd}> w = "
+                    f"{{{self.weights}[{self.half}], {self.off}, 0}}")
         if self.kind == "tile":
             return (f"bapipe::w_tile<{self.buf_n}, {self.pe}, {self.simd}> w = "
                     f"{{{self.weights}[{self.half}] + {self.off}, 0}}")
@@ -116,10 +122,13 @@ def _job(turn: int, call: str) -> MacJob | None:
     m = _MVU.match(call)
     if m is None:
         return None
-    kind = {"mvu": "rom", "mvu_tile": "tile", "mvu_fifo": "fifo"}[m.group(1)]
+    kind = {"mvu": "rom", "mvu_tile": "tile", "mvu_banks": "banks", "mvu_fifo": "fifo"}[m.group(1)]
     t = [a.strip() for a in m.group(2).split(",")]
     a = [x.strip() for x in m.group(3).split(",")]
     mh, mw, pe, simd, relu = int(t[0]), int(t[1]), int(t[2]), int(t[3]), t[4] == "true"
+    if kind == "banks":
+        return MacJob(turn, kind, mh, mw, pe, simd, relu, a[0], a[1], a[2], a[5], a[6], int(a[3]), a[4],
+                      geom=(int(t[6]), int(t[7]), int(t[8]), int(t[9])))
     if kind == "tile":
         return MacJob(turn, kind, mh, mw, pe, simd, relu, a[0], a[1], a[2], a[5], a[6], int(a[3]), a[4], int(t[6]))
     return MacJob(turn, kind, mh, mw, pe, simd, relu, a[0], a[1], a[2], a[3], a[4])
@@ -174,8 +183,8 @@ def share_mac(es, index: int) -> MacShare | None:
                     [rest[k] for k in sorted(rest)], mac_params, roms, mac_roms, frames, stashes)
 
 
-_ENGINE = re.compile(r"\bbapipe::(?:mvu|mvu_tile|mvu_fifo)<\s*\d+\s*,\s*\d+\s*,\s*(\d+)\s*,\s*(\d+)\s*,")
-_ARRAY = re.compile(r"\bbapipe::(?:mac_products|gmac_products)<\s*(\d+)\s*>\s*\(")
+_ENGINE = re.compile(r"\bbapipe::(?:mvu|mvu_tile|mvu_banks|mvu_fifo)<\s*\d+\s*,\s*\d+\s*,\s*(\d+)\s*,\s*(\d+)\s*,")
+_ARRAY = re.compile(r"\bbapipe::(?:mac_products|gmac_products|lane_products)<\s*(\d+)\s*>\s*\(")
 _BWD_ENGINE = re.compile(r"\bbapipe::mvu_bwd<\s*\d+\s*,\s*\d+\s*,\s*(\d+)\s*,\s*(\d+)\s*,\s*([01])\s*,")
 
 

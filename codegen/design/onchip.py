@@ -125,3 +125,43 @@ def frame_bytes(e, eb: int) -> list[int]:
     sizes = {v.name: v.depth * v.lanes * eb for v in getattr(e, "turn_streams", [])}
     sizes.update({f.stream: f.depth * f.lanes * eb for f in getattr(e, "frames", [])})
     return [sizes[k] for k in frame_order(e)]
+
+
+def kernel_blocks(stage_ctx, fmt):
+    """The Design's BRAM18 units, URAMs and LUTs of a stage's forward engine kernel
+    (fpga_models.memory_blocks.Blocks), from the storage it chose: the packed weight buffers
+    (their WeightBanks), the bias copies and ROMs (banks along their partitioned dims), every
+    FIFO at its bound storage (or where Vitis would put it), the window generators' rings
+    (fpga_models.allocate.ring_banks), the pools' accumulators and the shared MAC array's kept
+    input vector. None for a
+    kernel the engines do not build. `bapipe check` reads the same from the generated C++."""
+    from bapipe.fpga_models.memory_blocks import Blocks, array_blocks, bank_blocks, fifo_impl
+
+    e = getattr(stage_ctx, "engine", None)
+    if e is None:
+        return None
+    bits = fmt.width
+    total = Blocks()
+    for r in e.roms:
+        if r.external:
+            continue
+        if r.bank is not None:
+            total = total + r.bank.blocks
+            continue
+        banks = math.prod(r.shape[d - 1] for d in r.partition_dims) if r.partition_dims else 1
+        total = total + array_blocks(r.impl, bits, math.prod(r.shape), banks)
+    units = list(getattr(e, "units", [])) + ([e.feed] if getattr(e, "feed", None) is not None else [])
+    streams = {v.name: v for v in list(e.streams) + list(e.turn_streams) + [v for u in units for v in u.streams]}
+    for v in streams.values():
+        width = v.lanes * bits
+        total = total + bank_blocks(v.impl or fifo_impl(width, v.depth), width, v.depth)
+    for banks, width, depth, impl in getattr(e, "rings", []):
+        total = total + bank_blocks(impl, width, depth).scaled(banks)
+    for banks, width, depth in getattr(e, "pool_accs", []):   # unbound: where Vitis leaves them
+        total = total + bank_blocks("auto", width, depth).scaled(banks)
+    from bapipe.codegen.design.mac_share import share_mac
+
+    share = share_mac(e, 0) if getattr(e, "units", None) else None
+    if share is not None:
+        total = total + bank_blocks("auto", bits, math.ceil(share.xb / share.xw)).scaled(share.xw)
+    return total

@@ -95,6 +95,8 @@ def kernel_needs(ctx, board: Board, fmt: str) -> dict[str, Need]:
         mvus = [lc.name for lc in s.layers if lc.layer is not None and engine_kind(lc.layer.type) == "mvu"]
         dx = [n in s.bwd.dx_layers for n in mvus] if hasattr(s.bwd, "dx_layers") else None
         for name, role in [(s.name, "fwd")] + ([(s.bwd.name, "bwd")] if s.bwd is not None else []):
+            # the board-budget rule's figure (the planner's); the backward's tiled engines' own DSP
+            # (fpga_models.bwd_tiles.kernel_dsp) is design.json's backward_memory.resources
             out[name] = Need(kernel_dsp(per, style, role, dx), 0, 0, kernel_onchip_bytes(s, ctx.fmt, bwd=role == "bwd"))
     return out
 

@@ -47,6 +47,7 @@ class StashBuf:
     chw: tuple[int, int, int] | None = None   # (C, H, W): write HWC beats in flattened C,H,W order
     ports: list[str] = field(default_factory=list)   # the backward kernel's stash arguments
     beats: int = 1          # 512-bit port beats a vector takes (fpga_models.engines.ddr_words_per_beat)
+    bundle: str = ""        # its m_axi bundle (codegen.design.bundles)
 
     @property
     def call(self) -> str:

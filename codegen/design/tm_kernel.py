@@ -15,11 +15,11 @@ from __future__ import annotations
 import numpy as np
 
 from bapipe.fpga_models import fixedpoint as fx
-from bapipe.fpga_models.allocate import frames_offchip, stage_onchip_budget
+from bapipe.fpga_models.allocate import frames_offchip, ring_banks, stage_onchip_budget
 from bapipe.fpga_models.engines import DDR_WORD_BITS, ddr_words_per_beat, swg_rows
 
 from bapipe.codegen.design.weight_layout import Banked, MvuMatrix
-from bapipe.codegen.design.weight_memory import MvuCall, load_weights_once, stream_weights
+from bapipe.codegen.design.weight_memory import MvuCall, copy_params, load_weights_once, stream_weights
 
 from bapipe.codegen.design.kernel_types import (_ALIASES, DEFAULT_DEPTH, LUTRAM_WORDS, DdrFrame, EngineStage, Rom,
                                                 UnitFn, VStream)
@@ -39,7 +39,7 @@ def onchip_budget(plan, stage, cluster) -> int | None:
 
 
 def engine_stage(st, layers, params: dict, external: bool = False, writable: bool = False,
-                 onchip_budget: int | None = None, number_format: str = "fixed16") -> EngineStage:
+                 onchip_budget: int | None = None, number_format: str = "fixed16", board=None) -> EngineStage:
     """Lower one Design stage (a codegen.design.dataflow.StageRtl of style dataflow) to engine calls.
 
     ``layers``: the stage's model layers (batchnorm nodes are matched to them by name);
@@ -50,6 +50,8 @@ def engine_stage(st, layers, params: dict, external: bool = False, writable: boo
     ``onchip_budget``: bytes the kernel may keep on chip; a time-multiplexed stage's frame
     buffers beyond it go off chip (fpga_models.allocate.frames_offchip), elements of
     ``number_format`` packed into 512-bit words (fpga_models.engines.ddr_words_per_beat).
+    ``board``: the catalog board (its usable BRAM36 and URAM choose each buffer's and deep
+    FIFO's storage, fpga_models.memory_blocks.storage_impl; a U250's without one).
     """
     from bapipe.codegen.design.dataflow import legal
 
@@ -104,6 +106,8 @@ def engine_stage(st, layers, params: dict, external: bool = False, writable: boo
     roms: list[Rom] = []
     mvus: dict = {}                  # weight array -> its MVU call (codegen.design.weight_memory)
     lb = 0
+    rings: list[tuple[int, int, int, str]] = []   # each window generator's ring (fpga_models.allocate.ring_banks)
+    accs: list[tuple[int, int, int]] = []         # each pool's accumulators: (banks, width, depth)
     acc = 0
     if root(stage_out) == root(stage_in):   # nothing but wiring (a flatten alone): one copy
         calls.append(f"bapipe::width_conv<{st.in_lanes}, {st.in_lanes}>(in0, out0, (long)n * {st.in_elems})")
@@ -135,7 +139,9 @@ def engine_stage(st, layers, params: dict, external: bool = False, writable: boo
             g = b.swg
             rows = swg_rows(g.k, g.stride)   # fpga_models.engines (the planner's line buffer too)
             lb += rows * g.w * g.c
-            calls.append(f"bapipe::swg<{g.c}, {g.h}, {g.w}, {g.k}, {g.pad}, {g.stride}, {g.simd}, {g.taps}, {rows}, "
+            ring = ring_banks(rows, g.k, g.w, g.c, g.simd, elem_bits, board)   # the ring's banks and storage
+            rings.append(ring)
+            calls.append(f"bapipe::swg_{ring[3]}<{g.c}, {g.h}, {g.w}, {g.k}, {g.pad}, {g.stride}, {g.simd}, {g.taps}, {rows}, "
                          f"{'true' if p.get('PAD_MIN') else 'false'}>({i}, {o}, n)")
             e_out = g.out_beats * g.out_lanes
         elif k == "mvu":
@@ -157,6 +163,7 @@ def engine_stage(st, layers, params: dict, external: bool = False, writable: boo
             c, simd, taps = p["C"], p["SIMD"], p["TAPS"]
             pixels = e_in // (taps * c)
             acc += c * acc_b   # bapipe::pool keeps one exact accumulator (acc_t) per channel
+            accs.append((simd, f.acc_width, c // simd))   # acc[C / SIMD][SIMD]: SIMD banks (the Design's blocks)
             e_out = pixels * c
             calls.append(f"bapipe::pool<{c}, {simd}, {taps}, {'true' if p['MODE'] == 0 else 'false'}, {p['AVG_R']}>"
                          f"({i}, {o}, (long)n * {pixels})")
@@ -197,8 +204,11 @@ def engine_stage(st, layers, params: dict, external: bool = False, writable: boo
         es = EngineStage(st.in_lanes, st.out_lanes, _decl(streams.values()), calls, roms, lb, acc_bytes=acc,
                          node_out=node_out, writers=writer)
         if external:   # off-chip weights: copied on chip per call in 512-bit bursts (codegen.design.weight_memory)
-            renamed = load_weights_once(es, mvus, elem_bits, st.index)
-            es.writers = {k: renamed.get(c, c) for k, c in writer.items()}
+            renamed = load_weights_once(es, mvus, elem_bits, st.index, board)
+            more = copy_params(es, elem_bits, st.index, board)   # batchnorm scale/shift on chip too
+            es.writers = {k: more.get(renamed.get(c, c), renamed.get(c, c)) for k, c in writer.items()}
+        bind_fifos(es, elem_bits, board)
+        es.rings, es.pool_accs = rings, accs
         return es
     fns = [UnitFn(u.name, sorted((streams[w] for w in u.params), key=lambda v: v.name),
                   _decl(streams[w] for w in u.streams), u.calls, u.roms) for u in units]
@@ -211,8 +221,9 @@ def engine_stage(st, layers, params: dict, external: bool = False, writable: boo
     es = EngineStage(st.in_lanes, st.out_lanes, _decl(top.values()), [], roms, lb, turns, feed,
                      _decl(between.values()), [], onchip_budget, acc)
     if external:   # off-chip weights: 512-bit bursts into on-chip tiles (codegen.design.weight_memory)
-        renamed = stream_weights(es, mvus, onchip_budget, elem_bits, st.index)
-        writer = {k: renamed.get(c, c) for k, c in writer.items()}
+        renamed = stream_weights(es, mvus, onchip_budget, elem_bits, st.index, board)
+        more = copy_params(es, elem_bits, st.index, board)   # batchnorm scale/shift on chip too
+        writer = {k: more.get(renamed.get(c, c), renamed.get(c, c)) for k, c in writer.items()}
     if onchip_budget is not None and es.turn_streams:
         # the frame buffers that do not fit go off chip: the planner's rule (fpga_models.allocate)
         # on the figures codegen.design.onchip states (fixed bytes; each frame's, in turn order)
@@ -226,7 +237,22 @@ def engine_stage(st, layers, params: dict, external: bool = False, writable: boo
         es.frames = [_spill(v, beats_of[v.name], elem_bits, turns, writer) for v in es.turn_streams if v.name in spill]
         es.turn_streams = [v for v in es.turn_streams if v.name not in spill]
     es.node_out, es.writers = node_out, writer   # codegen.design.stash tees the turns' streams
+    bind_fifos(es, elem_bits, board)
+    es.rings, es.pool_accs = rings, accs
     return es
+
+
+def bind_fifos(es: EngineStage, elem_bits: int, board=None) -> None:
+    """The storage of every FIFO deeper than Vitis's default (frame buffers between turns, skip
+    and input FIFOs): fpga_models.memory_blocks.storage_impl, so the blocks it takes are the
+    Design's decision (BIND_STORAGE), not the tool's."""
+    from bapipe.fpga_models.memory_blocks import storage_impl
+
+    usable = {} if board is None else {"usable_bram36": board.usable_bram36, "usable_uram": board.usable_uram}
+    units = list(es.units) + ([es.feed] if es.feed is not None else [])
+    for v in list(es.streams) + list(es.turn_streams) + [v for u in units for v in u.streams]:
+        if v.depth > DEFAULT_DEPTH:
+            v.impl = storage_impl(v.lanes * elem_bits, v.depth, fifo=True, **usable)
 
 
 def _spill(v: VStream, beats: int, elem_bits: int, turns: list[UnitFn], writer: dict[str, str]) -> DdrFrame:

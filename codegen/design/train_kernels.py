@@ -164,6 +164,8 @@ class UpdateCtx:
     banks: int = 1                  # memory banks the update's streams spread over (fpga_models.update)
     bank_bpc: float = 64.0          # bytes a cycle of one of them
     clock_hz: float = 300e6         # the kernels' clock (the board's)
+    bwd_flush: int = 0              # the backward kernel's flush as its tiled engines build it (0: none)
+    rom_bundles: dict = field(default_factory=dict)   # forward array -> m_axi bundle (codegen.design.bundles.mirror_bundles)
 
     @property
     def consts(self):
@@ -260,8 +262,10 @@ class UpdateCtx:
 
     @property
     def flush_cycles(self) -> float:
-        """Cycles of the backward kernel's flush of the sums (fpga_models.update.flush_cycles)."""
-        return upd.flush_cycles([n for _g, n in self.grads], self.bank_bpc)
+        """Cycles of the backward kernel's flush of the sums: its tiled engines' (bwd_flush,
+        fpga_models.bwd_tiles.kernel_flush_cycles), else a beat of 8 sums a cycle an array
+        (fpga_models.update.flush_cycles), as fpga_models.update.stage_tail prices it."""
+        return self.bwd_flush or upd.flush_cycles([n for _g, n in self.grads], self.bank_bpc)
 
     def host_config(self) -> dict:
         clk = self.clock_hz
@@ -393,9 +397,10 @@ def build_update(sc, model=None, replicas: int = 1, site: KernelSite | None = No
             raise ValueError(f"stage {sc.index}: the all-reduce carries {ar.WIRE_BITS}-bit sums, its gradients "
                              f"need {bits} bits over {site.samples} samples (fpga_models.allreduce)")
         ring = ar.ring_timing([n for _g, n in grads], r, site.link_bpc, site.link_latency, site.bank_bpc)
+    from bapipe.fpga_models.bwd_tiles import kernel_flush_cycles
     return UpdateCtx(name=f"{sc.name}_update", stage=sc.name, arrays=arrays, roms=ext, grads=grads,
                      replicas=r, mb=sc.bwd.mb, ring=ring, elem_bytes=site.elem_bytes, banks=site.banks,
-                     bank_bpc=site.bank_bpc, clock_hz=site.clock_hz)
+                     bank_bpc=site.bank_bpc, clock_hz=site.clock_hz, bwd_flush=kernel_flush_cycles(sc.bwd.tiles))
 
 
 def stage_update(sc, model=None, replicas: int = 1, site: KernelSite | None = None) -> tuple[UpdateCtx | None, str | None]:

@@ -333,7 +333,7 @@ def train_design(plan, model, cluster, params=None, plan_file: str = "plan.yaml"
             stashes, module = stash_count(plan.schedule, p, d, m), f"{_ident(s.boards[0])}_train"
         boards.append(TrainBoard(s.index, s.boards[0], module, layers, ops,
                                  stashes, layers[0].n_in, layers[-1].n_out,
-                                 float(s.cycles.get("fwd", 0)), float(s.cycles.get("bwd", 0)), plan.microbatch_size,
+                                 float(s.cycles.get("fwd", 0)), float(rtl_bwd_cycles(s)), plan.microbatch_size,
                                  serial=s.style == "time-multiplexed", device=d, chunk=s.chunk if interleaved else 0))
     nrep = plan.stages[0].replicas
     boards = _replicate(plan, boards, nrep)
@@ -360,18 +360,48 @@ def train_design(plan, model, cluster, params=None, plan_file: str = "plan.yaml"
                        rtl_plan_cycles(plan, model, cluster, clock))
 
 
+def rtl_bwd_cycles(stage) -> float:
+    """A stage's backward cycles a micro-batch as the training RTL builds it: plan.yaml's
+    ``cycles.bwd_rtl`` (the planner's per-layer engines, fpga_models.engines); a plan without it
+    (hand-made, or written before the HLS backward's tiled engines were priced) has one figure,
+    ``cycles.bwd``."""
+    c = stage.cycles or {}
+    return c.get("bwd_rtl", c.get("bwd", 0))
+
+
+def _rtl_stages(plan):
+    """``plan`` with every stage's ``bwd_s`` the training RTL's (:func:`rtl_bwd_cycles`, at the
+    clock the plan's own ``bwd_s`` is of ``cycles.bwd``), or ``plan`` itself when none differs."""
+    import dataclasses
+
+    def own(s):
+        c = s.cycles or {}
+        if not c.get("bwd") or rtl_bwd_cycles(s) == c["bwd"]:
+            return s
+        bwd = s.bwd_s * rtl_bwd_cycles(s) / c["bwd"]
+        return dataclasses.replace(s, bwd_s=bwd, time_s=s.fwd_s + bwd)
+
+    stages = [own(s) for s in plan.stages]
+    if all(a is b for a, b in zip(stages, plan.stages)):
+        return plan
+    return dataclasses.replace(plan, stages=stages)
+
+
 def rtl_plan_cycles(plan, model, cluster, clock_hz: float) -> float | None:
     """The plan's iteration in cycles of ``clock_hz`` as the training RTL runs it: the planner's
-    schedule replay (fpga_models.sim) of the plan's stage times without the HLS flush and update
-    kernels' tail (plan.yaml's flush_s / update_s): the RTL updates each layer as its last
-    weight-gradient pass ends (engines.sgd_update_cycles). None when the plan has no prediction."""
+    schedule replay (fpga_models.sim) of the plan's stage times with the RTL's own backward
+    (:func:`rtl_bwd_cycles`: one engine a layer, where the plan's ``bwd`` prices the HLS kernel's
+    tiled engines) and without the HLS flush and update kernels' tail (plan.yaml's flush_s /
+    update_s): the RTL updates each layer as its last weight-gradient pass ends
+    (engines.sgd_update_cycles). None when the plan has no prediction."""
     from bapipe.fpga_models.sim import SimConfig, simulate
 
     if (plan.predicted or {}).get("iteration_time_s") is None:
         return None
-    if not any(s.flush_s or s.update_s for s in plan.stages):
+    rtl = _rtl_stages(plan)
+    if rtl is plan and not any(s.flush_s or s.update_s for s in plan.stages):
         return float(plan.predicted["iteration_time_s"]) * clock_hz
-    r = simulate(plan, model, cluster, iterations=4, config=SimConfig(kernel_tails=False, record=False))
+    r = simulate(rtl, model, cluster, iterations=4, config=SimConfig(kernel_tails=False, record=False))
     return float(r.iteration_time_s) * clock_hz
 
 
