@@ -56,6 +56,11 @@ REPLAY_M = 128      # micro-batches replayed exactly before the replay is extrap
 #: 10**5 or more has dozens of counts) it replays the counts within POLISH_SPAN times the
 #: winner's only (the closed form J picks m from is off by small factors, not orders of magnitude)
 POLISH_WORK = 96
+#: replays the final plan's schedule sweeps and cut moves may spend (Explorer.retune, nudge), and the deepest pipeline they
+#: run on (a 64-stage gpt3-175b replay costs tens of milliseconds: its 2 s budget would not hold)
+NUDGE_WORK = 192
+NUDGE_STAGES = 8
+NUDGE_CONFIGS = 3   # the final partition's fastest configurations each cut move is replayed under
 POLISH_SPAN = 4
 GROUP_BOARDS = 8    # clusters up to this size search every per-position replica vector
 STREAM_K = 16       # asynchronous PipeDream: J of a stream of this many iterations (Explorer.jm)
@@ -1570,18 +1575,86 @@ class Explorer:
 
     def retune(self, best: Candidate) -> Candidate:
         """The final plan's boards and partition replayed under every schedule the request
-        allows (one chunk a board), at every micro-batch count and recomputation; the fastest
-        wins. The plan may come from a baseline (planning.baselines_of) that the search's J
-        ranked below its own picks, and J ranks schedules by a closed form the replay can
-        disagree with: VGG-16 on 4xU250-ring planned gpipe 16 x 2 at 0.924 s where
-        eager-1f1b 8 x 4 on the same four ranges replays 0.855 s."""
+        allows (one chunk a board), at every micro-batch count and recomputation, then its cuts
+        moved a layer at a time while a move replays faster (:meth:`nudge`), re-swept after each
+        move, within NUDGE_WORK replays. The plan may come from a baseline
+        (planning.baselines_of) that the search's J ranked below its own picks, J ranks
+        schedules by a closed form, and the partition DP is exact for J, not for the replay:
+        VGG-16 on 4xU250-ring planned gpipe 16 x 2 at 1.185 s; retuned, eager-1F1B 16 x 2 on
+        0-9,10-19,20-28,29-36 at 1.061 s."""
         c = best.config
         if not self.train or c.v != 1 or self.meshy(c):
             return best
         scheds = [s for s in self.schedules() if s != "interleaved"]
-        seen = {(c, tuple(best.bounds))}
-        alts = self.variants(self.layout_of(c), tuple(best.bounds), scheds, seen, c.m, 1)
-        return min([best] + alts, key=lambda x: (x.iteration_s, x.config))
+        work = 0
+        while work < NUDGE_WORK:   # a moved cut gets its own best schedule and micro-batching
+            best, configs = self.sweep(best, scheds)
+            work += len(configs)
+            moved, work = self.nudge(best, configs[:NUDGE_CONFIGS], work)
+            if moved is None:
+                break
+            best = moved
+        return best
+
+    def sweep(self, best: Candidate, scheds: list[str]) -> tuple[Candidate, list[Config]]:
+        """``best``'s boards and partition replayed under ``scheds`` at every micro-batch count
+        and recomputation: the fastest, and the distinct configurations fastest first."""
+        c = best.config
+        alts = self.variants(self.layout_of(c), tuple(best.bounds), scheds, {(c, tuple(best.bounds))}, c.m, 1)
+        ranked = sorted([best] + alts, key=lambda x: (x.iteration_s, x.config))
+        return ranked[0], list(dict.fromkeys(x.config for x in ranked))
+
+    def nudge(self, best: Candidate, configs: list[Config], work: int) -> tuple[Candidate | None, int]:
+        """The first move of one cut by one layer (cuts in order) that replays faster than ``best``
+        under one of ``configs`` (the fastest schedules, micro-batch counts and recomputations of
+        its partition), and the replays spent; None when no move is faster, the NUDGE_WORK
+        replays are spent or the pipeline is deeper than NUDGE_STAGES. The partition DP is exact
+        for J, not for the replay (VGG-16 on 4xU250-ring: J's optimum 0-9,10-18,19-27,28-36
+        replays 1.17 s under 1F1B 32 x 1, while 0-9,10-19,20-29,30-36 replays 1.061 s under
+        eager-1F1B 16 x 2)."""
+        p = best.config.p
+        if p < 2 or p > NUDGE_STAGES or len(best.bounds) != p:
+            return None, work
+        for k in range(p - 1):
+            for step in (-1, 1):
+                b = [list(x) for x in best.bounds]
+                b[k][1] += step
+                b[k + 1][0] += step
+                if b[k][1] < b[k][0] or b[k + 1][0] > b[k + 1][1]:
+                    continue
+                for c in configs:
+                    if work >= NUDGE_WORK:
+                        return None, work
+                    work += 1
+                    cand = self.fixed_config(c, [tuple(x) for x in b])
+                    if cand is None:
+                        continue
+                    self.finish(cand)
+                    if (cand.iteration_s, cand.config) < (best.iteration_s, best.config):
+                        return cand, work
+        return None, work
+        tried = {tuple(best.bounds)}
+        work = 0
+        moved = True
+        while moved and work < NUDGE_WORK:
+            moved = False
+            for k in range(c.p - 1):
+                for step in (-1, 1):
+                    b = [list(x) for x in best.bounds]
+                    b[k][1] += step
+                    b[k + 1][0] += step
+                    key = tuple(map(tuple, b))
+                    if b[k][1] < b[k][0] or b[k + 1][0] > b[k + 1][1] or key in tried or work >= NUDGE_WORK:
+                        continue
+                    tried.add(key)
+                    work += 1
+                    cand = self.fixed_config(c, [tuple(x) for x in b])
+                    if cand is None:
+                        continue
+                    self.finish(cand)
+                    if (cand.iteration_s, cand.config) < (best.iteration_s, best.config):
+                        best, moved = cand, True
+        return best
 
     def layout_of(self, c: Config) -> tuple[tuple[int, ...], ...]:
         """The boards of each pipeline position of ``c`` (its replicas in ring order)."""
