@@ -56,9 +56,10 @@ CASES = [
     # + 1,536 x 3 = 8,448
     ("vgg16", "4xU250-ring", {"schedule": "interleaved"}, 8_448),
     ("vgg16", "4xU250-ring", {"mode": "inference"}, 9_216),
-    # fpga2 holds fc6-fc8 alone (dataflow, their arrays at the plan's folding); 9,216 before
-    # issue 32 priced the update kernels, when every board of the default plan held convolutions
-    ("vgg16", "4xU250-ring", {}, 7_980),
+    # fpga3 holds fc6-fc8 alone (time-multiplexed: the widest array, fc8's 5 x 512 = 2,560 lanes,
+    # x 3 for forward, dW and dx); 7,980 while they were a dataflow stage, 9,216 before issue 32
+    # priced the update kernels, when every board of the default plan held convolutions
+    ("vgg16", "4xU250-ring", {}, 7_680),
     # fpga0 holds conv1 (fully unrolled: 8 x 9 lanes; its forward and dW arrays, no dx array:
     # the kernel builds no input gradient for it, fpga_models.gradients) and relu2/pool1: 144
     # is all its stages can use (216 while the rule counted a dx array for conv1; 3,648 when
