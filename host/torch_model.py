@@ -50,7 +50,8 @@ class LayerModule(nn.Module):
         p = initial_params(model, position, seed) if self.kind in ("dense", "conv2d", "batchnorm", "layernorm") else {}
         for k, v in p.items():
             v = v.T if (self.kind == "dense" and k == "W") else v  # nn.Linear's (out, in)
-            self.register_parameter(k, nn.Parameter(torch.from_numpy(np.ascontiguousarray(v, dtype=np.float32))))
+            # a copy: an ONNX model's weights are read-only views of its file (torch would warn)
+            self.register_parameter(k, nn.Parameter(torch.from_numpy(np.array(v, dtype=np.float32, order="C"))))
         if self.kind == "batchnorm":
             ch = int(p["gamma"].shape[0])
             self.register_buffer("running_mean", torch.zeros(ch))
