@@ -15,7 +15,7 @@ Two things xdist does not do for this suite by itself:
    collection order, so a long unit collected last (the cocotb groups, collected after tests/)
    runs alone at the end while the other worker idles. :class:`GroupScheduling` hands out the
    units of ``LONG`` first, longest first (the longest-processing-time rule), then the rest in
-   collection order. ``LONG``'s figures are CPU seconds measured on a cold run (docs/testing.md);
+   collection order. ``LONG``'s figures are CPU seconds measured in a cold make test (docs/testing.md);
    only their order matters, and a unit missing from it is merely scheduled later.
 """
 from __future__ import annotations
@@ -27,38 +27,36 @@ from pathlib import Path
 
 from xdist.scheduler import LoadGroupScheduling
 
-#: work unit (an xdist_group name, or a test's nodeid prefix) -> CPU seconds on a cold run (the
-#: make-test tests outside test-fast, 2026-12-07, build/cocotb and the csim cache empty, load ~10),
-#: Verilator builds scaled to -O0 by the ratios measured on a few (cocotb builds ~0.25 of -Os,
-#: C++ harness builds ~0.63 of -O2): only the order is used
+#: work unit (an xdist_group name, or a test's nodeid prefix) -> its CPU seconds in a cold make test
+#: (2026-12-07, build/cocotb empty, the machine's csim cache warm, models at -O0, load 6-7): units
+#: of 12 s and more; only the order is used
 LONG: dict[str, float] = {
-    "agreement": 120,
-    "tests/test_rtl_train.py::test_tiny_mlp_trains_bit_exact": 120,
-    "pipeline": 60,
-    "tests/test_csim_pipeline.py::test_tiny_cnn_three_stages_chained_match_numpy": 48,
-    "mvu": 45,
-    "tests/test_allreduce.py::test_transposed_update_trains_bit_exact": 42,
-    "cli_robustness": 41,
-    "tests/test_tour_backends.py::test_tour_plan_on_verilator": 40,
-    "tests/test_host_one_lowering.py::test_gen_then_verilator_run_lowers_once": 37,
-    "resnet_blocks": 30,
-    "tests/test_signals.py::test_signal_during_rtlsim_stops_verilator": 30,
-    "tests/test_mesh.py::test_mesh_auto_and_errors": 28,
-    "tests/test_reshard_dist.py::test_every_strategy_runs_bit_exact[u280-ring-transpose]": 22,
+    "agreement": 127,
+    "mvu": 118,
+    "tests/test_rtl_train.py::test_tiny_mlp_trains_bit_exact[gpipe-2]": 89,
+    "resnet_blocks": 81,
+    "tests/test_signals.py::test_signal_during_rtlsim_stops_verilator[compiling-INT]": 42,
+    "pipeline": 41,
+    "cli_robustness": 38,
+    "tests/test_allreduce.py::test_transposed_update_trains_bit_exact": 38,
+    "tests/test_mesh.py::test_mesh_auto_and_errors": 36,
+    "tests/test_tour_backends.py::test_tour_plan_on_verilator": 35,
+    "tests/test_host_one_lowering.py::test_gen_then_verilator_run_lowers_once": 32,
+    "tm": 27,
+    "tests/test_names_injection.py::test_hostile_build_compiles_and_lints": 23,
     "tests/test_reshard_property.py::test_every_plan_delivers_and_bound_holds": 22,
-    "tests/test_names_injection.py::test_hostile_build_compiles_and_lints": 20,
-    "tests/test_csim_pipeline.py::test_a_wrong_weight_is_caught": 18,
+    "transport": 18,
     "tests/test_planner_bruteforce.py::test_search_equals_every_placement_heavy[35]": 18,
-    "tests/test_csim_pipeline.py::test_skip_fifo_depth_is_needed_and_an_under_deep_one_deadlocks": 18,
-    "tests/test_allreduce.py::test_allreduce_csim_is_exact_and_takes_the_planned_cycles": 16,
-    "train_engines": 15,
-    "tests/test_hls_mac.py::test_tiny_cnn_shared_backward_arrays_bit_exact_and_on_plan": 13,
-    "tests/test_planner_pipedream.py::test_a_steady_state_with_a_period_of_two_microbatches": 13,
-    "ray": 12,
-    "tests/test_sim.py::test_planner_prediction_within_3_percent[gnmt8-8xU280-ring-req4]": 12,
-    "lint": 11,
-    "tm": 10,
-    "tests/test_rtlsim_cpp.py::test_echo_wide_ports_and_deadlock_guard": 10,
+    "tests/test_reshard_dist.py::test_every_strategy_runs_bit_exact[u280-ring-transpose]": 17,
+    "axis_fifo": 16,
+    "kernel_wrapper": 16,
+    "axis_width_conv": 15,
+    "train_bn_add": 15,
+    "reshard_router": 14,
+    "axis_relu": 14,
+    "pool": 13,
+    "swg": 13,
+    "tests/test_planner_pipedream.py::test_a_steady_state_with_a_period_of_two_microbatches": 12,
 }
 
 
