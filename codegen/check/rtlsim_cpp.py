@@ -33,6 +33,7 @@ TAIL_CYCLES = 10
 #: long runs report progress on stderr every so many seconds
 PROGRESS_S = 30.0
 #: C++ optimisation of the verilated model: -O2 builds ~as fast as the default -Os and runs faster
+#: (BAPIPE_VERILATOR_CXX_OPT overrides it: bapipe.toolchain.verilator_cxx_opt)
 CXX_OPT = "-O2"
 #: manifest files that are memory images for $readmemh, not Verilog
 MEM_SUFFIXES = (".hex", ".mem")
@@ -123,9 +124,11 @@ def verilator_flags(rtl_dir: Path, top: str, threads: int = 1, mem_dir: Path | N
 
     ``mem_dir``: where the MVUs' $readmemh images are (default ``rtl_dir``; a single-stage
     bench reads the main build's)."""
+    from bapipe.toolchain import verilator_cxx_opt
+
     mem = Path(mem_dir if mem_dir is not None else rtl_dir).resolve()
     flags = ["--cc", "--exe", "--build", "-O3", "-Wno-fatal", "-Wno-lint", "-Wno-style", "--top-module", top,
-             "--prefix", "Vtop", "-CFLAGS", CXX_OPT, "--build-jobs", "2",
+             "--prefix", "Vtop", "-CFLAGS", verilator_cxx_opt(CXX_OPT), "--build-jobs", "2",
              # $readmemh files of the MVUs are found through this absolute prefix
              f'+define+BAPIPE_MEM_DIR="{mem}/"', f"+incdir+{Path(rtl_dir).resolve()}"]
     if threads > 1:

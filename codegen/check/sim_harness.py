@@ -36,9 +36,12 @@ def build(top: str, files: dict[str, str | bytes], parameters: dict | None = Non
     ``src/``. Skips the compile when the same sources, images and parameters were built before
     (images in ``mem_dir`` are read at run time and are not part of that key).
     """
-    from bapipe.toolchain import wire_verilator
+    from bapipe.toolchain import verilator_cxx_opt, wire_verilator
 
     wire_verilator(os.environ)
+    opt = verilator_cxx_opt(None)
+    if opt is not None:   # part of the key: a model built at another level is another build
+        build_args = (*build_args, "-CFLAGS", opt)
     parameters = dict(parameters or {})
     sources = {n: t for n, t in files.items() if not n.endswith(".hex")}
     images = {n: (t.encode() if isinstance(t, str) else bytes(t)) for n, t in files.items() if n.endswith(".hex")}
