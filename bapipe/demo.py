@@ -16,11 +16,12 @@ baselines, planned with the same options).
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
 
-from bapipe.codegen.gen_folder import train_unsupported
+from bapipe.codegen.gen_folder import check_build, train_unsupported
 
 from .toolchain import wire_verilator
 from .units import seconds, si
@@ -96,8 +97,8 @@ def measured(p, one, pipeline_cycles: float | None) -> int:
         tag = name.split(" (")[0].replace(" ", "_")
         try:
             path = plan.save(OUT / f"{MODEL}.{tag}.plan.yaml", force=True)
-            t = train(str(path), backend="verilator", epochs=1, max_iterations=ITERATIONS,
-                      build=str(OUT / f"{MODEL}.{tag}.rtl"))
+            build = _own_build(OUT / f"{MODEL}.{tag}.rtl", path)
+            t = train(str(path), backend="verilator", epochs=1, max_iterations=ITERATIONS, build=str(build))
         except bapipe.BapipeError as e:
             failed += _step("measure", False, f"{name}: {e}", t0)
             continue
@@ -184,6 +185,21 @@ def _stage_cycles(v) -> str:
     """An rtlsim result's forward cycles a sample per stage, Verilator against the plan."""
     return "; ".join(f"stage {s['index']} {s['measured_cycles_per_sample']:.1f} vs {s['plan_cycles_per_sample']:.1f}"
                      for s in v.stages or [])
+
+
+def _own_build(folder: Path, plan_path: Path) -> Path:
+    """The demo's build folder for the plan saved at ``plan_path``, emptied when it holds a build
+    of another plan or an earlier version (a demo run after an upgrade; `run --build` refuses
+    such a folder rather than write into it, and this one is the demo's own)."""
+    import bapipe
+    from bapipe.plan import load_plan
+
+    if folder.is_dir():
+        try:
+            check_build(folder, load_plan(plan_path).fingerprint(), "--build")
+        except bapipe.BapipeError:
+            shutil.rmtree(folder)
+    return folder
 
 
 def _train_run(p) -> int:
