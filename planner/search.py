@@ -1633,28 +1633,6 @@ class Explorer:
                     if (cand.iteration_s, cand.config) < (best.iteration_s, best.config):
                         return cand, work
         return None, work
-        tried = {tuple(best.bounds)}
-        work = 0
-        moved = True
-        while moved and work < NUDGE_WORK:
-            moved = False
-            for k in range(c.p - 1):
-                for step in (-1, 1):
-                    b = [list(x) for x in best.bounds]
-                    b[k][1] += step
-                    b[k + 1][0] += step
-                    key = tuple(map(tuple, b))
-                    if b[k][1] < b[k][0] or b[k + 1][0] > b[k + 1][1] or key in tried or work >= NUDGE_WORK:
-                        continue
-                    tried.add(key)
-                    work += 1
-                    cand = self.fixed_config(c, [tuple(x) for x in b])
-                    if cand is None:
-                        continue
-                    self.finish(cand)
-                    if (cand.iteration_s, cand.config) < (best.iteration_s, best.config):
-                        best, moved = cand, True
-        return best
 
     def layout_of(self, c: Config) -> tuple[tuple[int, ...], ...]:
         """The boards of each pipeline position of ``c`` (its replicas in ring order)."""
