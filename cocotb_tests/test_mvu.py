@@ -77,9 +77,9 @@ def _spec(mw, mh, pe, simd, relu, seed):
 
 
 def _build(spec):
-    from bapipe.codegen.rtl.pipeline import render_mvu
+    from bapipe.codegen.rtl.pipeline import mvu_files
     from bapipe.codegen.rtl.mem_words import mvu_word_files
-    return build(spec.module, {f"{spec.module}.v": render_mvu(spec), **mvu_word_files(spec)})
+    return build(spec.module, {**mvu_files(spec), **mvu_word_files(spec)})
 
 
 def _env(spec, seed, **kw):
@@ -109,10 +109,9 @@ def test_mvu_100k():
 
 
 def test_mvu_wide_compiles_fast():
-    """PE*SIMD = 4608 lanes (VGG-scale folding): the datapath's loops stay loops in the
-    Verilator model, so the build takes seconds (a generate loop of PE*SIMD multipliers did
-    not finish), and the unit stays bit-exact with exact timing. Few vectors: the cocotb
-    drivers, not the model, dominate the run time at 36864-bit beats."""
+    """PE*SIMD = 4608 lanes (VGG-scale folding, 2304 lanes a PE): the PE's generate blocks
+    build in well under a minute, and the unit stays bit-exact with exact timing. Few vectors:
+    the cocotb drivers, not the model, dominate the run time at 36864-bit beats."""
     spec = _spec(4608, 4, 2, 2304, True, seed=7)
     d = _build(spec)
     check(d, spec.module, "cocotb_tests.test_mvu", "mvu_timing", **_env(spec, 3, vectors=6))
@@ -120,7 +119,7 @@ def test_mvu_wide_compiles_fast():
 
 def test_mvu_images_from_mem_dir():
     """`bapipe rtlsim`'s way: images stay in a directory (mem_dir), only Verilog is passed."""
-    from bapipe.codegen.rtl.pipeline import render_mvu
+    from bapipe.codegen.rtl.pipeline import mvu_files
     from bapipe.codegen.rtl.mem_words import mvu_word_files
     from bapipe.codegen.check.sim_harness import CACHE
     spec = _spec(8, 6, 2, 4, False, seed=5)
@@ -128,6 +127,6 @@ def test_mvu_images_from_mem_dir():
     mem.mkdir(parents=True, exist_ok=True)
     for name, data in mvu_word_files(spec).items():
         (mem / name).write_bytes(data)
-    d = build(spec.module, {f"{spec.module}.v": render_mvu(spec)}, mem_dir=mem)
+    d = build(spec.module, mvu_files(spec), mem_dir=mem)
     assert not list((d / "src").glob("*.hex"))
     check(d, spec.module, "cocotb_tests.test_mvu", "mvu_random", **_env(spec, 4, vectors=60, p_idle=0.2, p_stall=0.2))

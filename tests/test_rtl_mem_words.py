@@ -45,7 +45,8 @@ def test_storage_rule():
 def test_tree_stages_and_fill():
     """Up to 4 terms per registered stage: SIMD 1 none, 4 one, 5..16 two, 20 three; fill 4 + stages."""
     assert [mvu_tree_stages(s) for s in (1, 2, 4, 5, 16, 17, 20, 64, 2304)] == [0, 1, 1, 2, 2, 3, 3, 3, 6]
-    assert tree_stages(20) == [{"k": 1, "n_in": 20, "n_out": 5}, {"k": 2, "n_in": 5, "n_out": 2},
-                               {"k": 3, "n_in": 2, "n_out": 1}]
+    assert tree_stages(20) == [{"k": 1, "n_in": 20, "n_out": 5, "full": 5, "rest": []},
+                               {"k": 2, "n_in": 5, "n_out": 2, "full": 1, "rest": [4]},
+                               {"k": 3, "n_in": 2, "n_out": 1, "full": 0, "rest": [0, 1]}]
     assert mvu_fill(1) == 4 and mvu_fill(20) == 7
     assert "FILL = 7 cycles" in render_mvu(_spec(mw=40, mh=6, pe=3, simd=20))

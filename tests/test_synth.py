@@ -15,7 +15,7 @@ from bapipe.errors import SpecError
 from bapipe.fpga_models.plancheck import resolve
 from bapipe.codegen import cli_synth
 from bapipe.codegen.design import dataflow as rm
-from bapipe.codegen.rtl.pipeline import render_mvu
+from bapipe.codegen.rtl.pipeline import mvu_files
 from bapipe.codegen.rtl.write import render_rtl
 from bapipe.codegen.rtl.mem_words import mvu_word_files
 from handplan import tiny_mlp_plan
@@ -79,11 +79,12 @@ def test_mvu_maps_one_dsp_per_lane(tmp_path):
     pe, simd, mw, mh = 2, 2, 4, 4
     w = (np.arange(mh * mw).reshape(mh, mw) * 37 + 5) * np.where(np.arange(mw) % 2, -1, 1)
     spec = rm.MvuSpec("mvu_s", "fc_s", mw, mh, pe, simd, True, 16, 10, w, np.arange(mh) - 2)
-    (tmp_path / "mvu_s.v").write_text(render_mvu(spec))
+    for name, text in mvu_files(spec).items():
+        (tmp_path / name).write_text(text)
     (tmp_path / "mem").mkdir()
     for name, data in mvu_word_files(spec).items():
         (tmp_path / "mem" / name).write_bytes(data)
-    r = cli_synth.synth_files(tmp_path, ["mvu_s.v"], "mvu_s", timeout_s=300, mem_dir="mem")
+    r = cli_synth.synth_files(tmp_path, sorted(mvu_files(spec)), "mvu_s", timeout_s=300, mem_dir="mem")
     assert r["status"] == "ok", r
     assert r["dsp"] == pe * simd == r["cells"]["DSP48E2"]
     assert r["lut"] > 0 and r["ff"] > 0 and r["bram36"] == 0

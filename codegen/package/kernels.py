@@ -84,6 +84,7 @@ def rtl_kernels(d, main: dict[str, str] | None = None) -> tuple[list[RtlKernel],
     """
     from bapipe.codegen.rtl.pipeline import render_pipeline
     from bapipe.codegen.rtl.env import GENERATOR_VERSION, render_template
+    from bapipe.codegen.rtl.mem_words import pe_module
 
     plan = d.plan
     plan_hash = plan.fingerprint()[:16]
@@ -111,7 +112,8 @@ def rtl_kernels(d, main: dict[str, str] | None = None) -> tuple[list[RtlKernel],
             out_port=k.out_port, elem_w=ew, in_beats=k.in_beats, out_beats=k.out_beats, core=core,
             core_in_w=st.in_lanes * ew, core_out_w=k.core_out_w, down=down, cnt_w=cnt_w,
             pos_w=_bits(max(k.in_beats, k.out_beats) - 1))
-        modules = sorted({b.module for b in st.blocks} | ({"tm_sequencer", "ddr_weights"} if st.units else set())
+        modules = sorted({b.module for b in st.blocks} | {pe_module(b.mvu.simd) for b in st.blocks if b.mvu is not None}
+                         | ({"tm_sequencer", "ddr_weights"} if st.units else set())
                          | {"kernel_control"} | ({"axis_width_conv"} if down else set()))
         sources = ([f"../{m}.v" if m == "kernel_control" else f"../../{m}.v" for m in modules]
                    + [f"{core}.v", f"{name}.v"])

@@ -72,13 +72,22 @@ def mvu_word_files(spec: MvuSpec) -> dict[str, bytes]:
 
 
 def tree_stages(simd: int) -> list[dict]:
-    """The adder tree's registered stages: ``{k, n_in, n_out}`` terms per PE, k from 1."""
+    """The adder tree's registered stages: ``{k, n_in, n_out}`` terms per PE, k from 1, with
+    ``full`` groups of MVU_TREE_FANIN terms and the ``rest`` (the last group's term indices,
+    when n_in is not a multiple of the fan-in)."""
     out, n = [], max(1, simd)
     for k in range(1, mvu_tree_stages(simd) + 1):
         m = -(-n // MVU_TREE_FANIN)
-        out.append({"k": k, "n_in": n, "n_out": m})
+        full = n // MVU_TREE_FANIN
+        out.append({"k": k, "n_in": n, "n_out": m, "full": full, "rest": list(range(full * MVU_TREE_FANIN, n))})
         n = m
     return out
+
+
+def pe_module(simd: int) -> str:
+    """Module (and file) name of the MVU processing element with ``simd`` lanes
+    (hls_templates/rtl/engine/mvu_pe.v.j2): one per SIMD width, shared by every MVU of it."""
+    return f"mvu_pe_s{int(simd)}"
 
 
 def mvu_memory_params(spec: MvuSpec) -> dict:
@@ -90,5 +99,5 @@ def mvu_memory_params(spec: MvuSpec) -> dict:
     oq_depth = fill + 2    # owed outputs in flight at one per cycle (SF = 1): fill + 1, plus one spare
     return {"w_style": rom_style(spec.nf * spec.sf), "b_style": rom_style(spec.nf),
             "i_style": buffer_style(spec.sf), "fanin": MVU_TREE_FANIN, "stages": stages,
-            "tree_stages": len(stages), "last_t": len(stages), "fill": fill,
+            "tree_stages": len(stages), "last_t": len(stages), "fill": fill, "pe_module": pe_module(spec.simd),
             "oq_depth": oq_depth, "oq_w": clog2(oq_depth)}

@@ -35,6 +35,24 @@ def render_mvu(spec: MvuSpec, plan_hash: str = "none") -> str:
     )
 
 
+def render_mvu_pe(spec: MvuSpec, plan_hash: str = "none") -> tuple[str, str]:
+    """(file name, Verilog) of the processing element the MVU ``spec`` instantiates PE times
+    (codegen.rtl.mem_words.pe_module: one module per SIMD width)."""
+    from bapipe.codegen.rtl.mem_words import MVU_TREE_FANIN, pe_module, tree_stages
+
+    stages = tree_stages(spec.simd)
+    name = pe_module(spec.simd)
+    return f"{name}.v", render_template("mvu_pe", plan_hash, module=name, simd=spec.simd, elem_w=spec.elem_w,
+                                        acc_w=spec.acc_w, stages=stages, tree_stages=len(stages),
+                                        fanin=MVU_TREE_FANIN)
+
+
+def mvu_files(spec: MvuSpec, plan_hash: str = "none") -> dict[str, str]:
+    """File name -> Verilog of one MVU and the processing element it instantiates."""
+    pe_file, pe_text = render_mvu_pe(spec, plan_hash)
+    return {f"{spec.module}.v": render_mvu(spec, plan_hash), pe_file: pe_text}
+
+
 def router_table(dests: list[list[int]], n_out: int) -> str:
     """TABLE literal of reshard_router: bit i*N_OUT+k set when beat i goes to output k."""
     v = 0
@@ -178,7 +196,7 @@ def render_pipeline(pipe: Pipeline, cluster_name: str, plan_hash: str) -> dict[s
         for st in b.stages:
             for blk in st.blocks:
                 if blk.mvu is not None:
-                    files[f"{blk.module}.v"] = render_mvu(blk.mvu, plan_hash)
+                    files.update(mvu_files(blk.mvu, plan_hash))
         files[f"{b.module}.v"] = render_template("board_top", plan_hash, **_board_ctx(b, pipe))
     ew = pipe.elem_w
     files["cluster_top.v"] = render_template(
@@ -243,5 +261,5 @@ def read_params(rtl: Path, layers: list[str]) -> dict[str, dict[str, np.ndarray]
     return {n: {k: read_model(rtl.parent, e) for k, e in table.get(n, {}).items()} for n in layers}
 
 
-__all__ = ["render_template", "render_mvu", "render_router", "render_pipeline", "rtl_env",
+__all__ = ["render_template", "render_mvu", "mvu_files", "render_router", "render_pipeline", "rtl_env",
            "verilog_hex", "router_table", "count_bits"]
