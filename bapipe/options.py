@@ -187,8 +187,13 @@ def _build_args(name: str, p: argparse.ArgumentParser) -> None:
         p.add_argument("--engine", default="cpp", choices=("cpp", "cocotb"),
                        help="C++ Verilator harness (fast) or the cocotb testbench")
         p.add_argument("--threads", type=int, default=1, help="Verilator model threads (cpp engine)")
-        p.add_argument("--no-stages", dest="stages", action="store_false",
-                       help="skip running each stage alone (the per-stage plan vs measured report)")
+        p.add_argument("--stages", dest="stages", action="store_true", default=None,
+                       help="run each stage alone (the per-stage plan vs measured report) even when the "
+                            "build's engines exceed the budget (by default they run when the MVUs have at "
+                            "most codegen.cli_rtlsim.BENCH_LANES lanes)")
+        p.add_argument("--no-stages", dest="stages", action="store_false", default=None,
+                       help="skip running each stage alone (by default they run when the build is within "
+                            "the budget of --stages)")
         p.add_argument("--stage-samples", type=int, default=None,
                        help="samples each stage runs alone (default 3-16, to keep all stages near "
                             "2M simulated cycles)")
@@ -269,7 +274,9 @@ def actions(name: str) -> dict:
 def convert(action: argparse.Action, value):
     """``value`` given in Python for ``action``'s option, checked as the parser checks typed text:
     its type (bounds included) and choices. ValueError with argparse's message when refused."""
-    if action.nargs == 0:   # a flag
+    if action.nargs == 0:   # a flag; None where the flag's default is None (--stages: "let rtlsim decide")
+        if value is None and action.default is None:
+            return value
         if not isinstance(value, bool):
             raise ValueError(f"expected True or False, got {value!r}")
         return value

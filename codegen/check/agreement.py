@@ -135,6 +135,15 @@ def _row(s: dict, n: int, measured: float, by: str) -> dict:
             "measured_by": by}
 
 
+def unmeasured_rows(design: dict) -> list[dict]:
+    """One row per stage with the plan's and the Design's cycles per sample and no measurement
+    (``measured_by`` None): the stages a run did not simulate alone."""
+    return [{"index": s["index"], "board": s["board"], "style": s["style"], "samples": 0,
+             "plan_cycles_per_sample": s["plan_cycles_per_sample"],
+             "design_cycles_per_sample": s["design_cycles_per_sample"], "measured_cycles_per_sample": None,
+             "error": None, "measured_by": None} for s in design["stages"]]
+
+
 def plan_error(rows: list[dict]) -> float | None:
     """Worst |measured / plan - 1| over the stages (None when no stage has a plan figure)."""
     errs = [abs(r["error"]) for r in rows if r["error"] is not None]
