@@ -158,3 +158,19 @@ def test_training_build_reports_its_stages_against_the_plan(tmp_path):
     got = json.loads(r.stdout)
     assert got["training"] and got["weights_match"] and got["outputs_match"]
     assert got["stages"] and plan_error(got["stages"]) == got["plan_error"] <= PLAN_TOLERANCE, got["stages"]
+
+
+def test_default_run_leaves_the_benches_out_over_the_lane_budget():
+    """The benches compile every engine a second time: a default rtlsim runs them only while the
+    MVUs' lanes (PE x SIMD, the weight memories' lanes) are within BENCH_LANES, and says why not."""
+    from bapipe.codegen.cli_rtlsim import BENCH_LANES, default_stages, mvu_lanes
+
+    def man(*lanes):
+        mems = {f"s0_l{i}_mvu_w.hex": {"lanes": n} for i, n in enumerate(lanes)}
+        mems.update({f"s0_l{i}_mvu_b.hex": {"lanes": 99_999} for i in range(len(lanes))})   # biases: not lanes
+        return {"memories": mems}
+
+    assert mvu_lanes(man(3072, 1728)) == 4800
+    assert default_stages(man(BENCH_LANES // 2, BENCH_LANES // 2)) == (True, None)
+    run, why = default_stages(man(BENCH_LANES, 1))
+    assert run is False and f"{BENCH_LANES + 1:,} MVU lanes" in why and "--stages" in why
