@@ -120,11 +120,13 @@ def render_harness(man: dict) -> str:
     return _env().get_template("rtlsim_main.cpp.j2").render(**harness_context(man))
 
 
-def verilator_flags(rtl_dir: Path, top: str, threads: int = 1, mem_dir: Path | None = None) -> list[str]:
+def verilator_flags(rtl_dir: Path, top: str, threads: int = 1, mem_dir: Path | None = None,
+                    binary_images: bool = False) -> list[str]:
     """Verilator options of the build (everything but the source files and -Mdir).
 
     ``mem_dir``: where the MVUs' $readmemh images are (default ``rtl_dir``; a single-stage
-    bench reads the main build's)."""
+    bench reads the main build's). ``binary_images``: the MVUs load their weights as raw bytes
+    (:func:`binary_images`)."""
     from bapipe.toolchain import verilator_cxx_opt
 
     mem = Path(mem_dir if mem_dir is not None else rtl_dir).resolve()
@@ -134,7 +136,18 @@ def verilator_flags(rtl_dir: Path, top: str, threads: int = 1, mem_dir: Path | N
              f'+define+BAPIPE_MEM_DIR="{mem}/"', f"+incdir+{Path(rtl_dir).resolve()}"]
     if threads > 1:
         flags += ["--threads", str(int(threads))]
+    if binary_images:   # the MVUs read raw weight words with $fread (mvu.v.j2, codegen.rtl.mem_images)
+        flags.append("+define+BAPIPE_MEM_BIN")
     return flags
+
+
+def binary_images(man: dict) -> bool:
+    """Whether the build's MVUs load raw weight words (``$fread``): whole-byte elements. Verilator's
+    ``$readmemh`` shifts a whole memory word once per hex digit, so VGG-16's fc6 image (50,176
+    words of 32,768 bits, 411 MB of text) took minutes to load."""
+    from bapipe.codegen.rtl.mem_images import BINARY_ELEM_W
+
+    return int(man.get("elem_w", 0)) in BINARY_ELEM_W
 
 
 def sources(man: dict) -> list[str]:
@@ -163,7 +176,7 @@ def compile_harness(rtl_dir: Path, man: dict, cache: Path, threads: int = 1) -> 
 
     harness = render_harness(man)
     mem_dir = Path(rtl_dir) / man["mem_dir"] if man.get("mem_dir") else None
-    flags = verilator_flags(rtl_dir, man["top"], threads, mem_dir)
+    flags = verilator_flags(rtl_dir, man["top"], threads, mem_dir, binary_images(man))
     d = Path(cache).resolve() / f"cpp-{man['top']}-{build_key(rtl_dir, man, harness, flags)}"
     exe = d / "obj" / "Vtop"
     if exe.exists():
@@ -208,8 +221,8 @@ def simulate_cpp(rtl_dir: Path, man: dict, x_stream: np.ndarray, cache: Path, th
     from bapipe.codegen.rtl.mem_images import ensure_memories
 
     exe, compile_s = compile_harness(rtl_dir, man, Path(cache), threads)
-    # the MVUs' $readmemh text, from the stages' weight images (first run; a bench reads the main build's)
-    ensure_memories(Path(rtl_dir) / man["mem_dir"] if man.get("mem_dir") else Path(rtl_dir))
+    # the MVUs' images, from the stages' weight images (first run; a bench reads the main build's)
+    ensure_memories(Path(rtl_dir) / man["mem_dir"] if man.get("mem_dir") else Path(rtl_dir), binary_images(man))
     in_lanes, out_lanes = int(man["in_lanes"]), int(man["out_lanes"])
     flat = np.asarray(x_stream, dtype=np.int64).reshape(-1)
     n_in = -(-flat.size // in_lanes)

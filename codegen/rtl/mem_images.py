@@ -58,6 +58,21 @@ def _text(root: Path, spec: dict, out) -> None:
         out.write(word_lines(np.asarray(v), int(spec["elem_w"])))
 
 
+#: element widths whose words a simulator can load as raw bytes (``$fread``, BAPIPE_MEM_BIN)
+BINARY_ELEM_W = (8, 16)
+
+
+def _bytes(root: Path, spec: dict, out) -> None:
+    """Write one MVU weight memory as raw bytes to ``out``: word after word, lane 0 first, each
+    element big-endian (``$fread`` puts a word's first byte in its top bits), a block at a time."""
+    words, ew = int(spec["words"]), int(spec["elem_w"])
+    dtype = {8: ">u1", 16: ">u2"}[ew]
+    for w0 in range(0, words, WORDS_PER_BLOCK):
+        w1 = min(words, w0 + WORDS_PER_BLOCK)
+        v = banked_words(root, spec["array"], int(spec["pe"]), int(spec["simd"]), spec.get("hwc"), (w0, w1))
+        out.write((np.asarray(v, dtype=np.int64) & ((1 << ew) - 1)).astype(dtype).tobytes())
+
+
 def _build_root(mem_dir: Path, table: dict) -> Path:
     """The build the images' paths are relative to: ``rtl/``'s parent for the board RTL, further
     up for a stage bench (``rtl/stages/s<i>``): the nearest folder above ``mem_dir`` that holds
@@ -69,11 +84,12 @@ def _build_root(mem_dir: Path, table: dict) -> Path:
     return mem_dir.parent
 
 
-def ensure_memories(mem_dir: Path) -> list[Path]:
+def ensure_memories(mem_dir: Path, binary: bool = False) -> list[Path]:
     """Write the ``$readmemh`` images ``mem_dir/manifest.json`` lists that are not there yet
     (each through a temporary file, so an interrupted write leaves none half-written); returns
-    every image's path. A manifest without ``memories`` (the images were written with the RTL)
-    needs nothing."""
+    every image's path. ``binary``: the weight memories as ``<module>_w.bin`` raw bytes instead
+    (what the MVU reads with ``$fread`` under BAPIPE_MEM_BIN; biases stay text). A manifest
+    without ``memories`` (the images were written with the RTL) needs nothing."""
     mem_dir = Path(mem_dir)
     if not (mem_dir / "manifest.json").is_file():
         return []
@@ -82,14 +98,15 @@ def ensure_memories(mem_dir: Path) -> list[Path]:
     root = _build_root(mem_dir, table)
     paths = []
     for name in sorted(table):
-        path = mem_dir / name
+        raw = binary and "pe" in table[name]
+        path = mem_dir / (name[:-len(".hex")] + ".bin" if raw else name)
         paths.append(path)
         if path.exists():
             continue
-        tmp = path.with_name(f".{name}.{os.getpid()}")
+        tmp = path.with_name(f".{path.name}.{os.getpid()}")
         try:
             with tmp.open("wb") as f:
-                _text(root, table[name], f)
+                (_bytes if raw else _text)(root, table[name], f)
             tmp.replace(path)
         finally:
             tmp.unlink(missing_ok=True)
