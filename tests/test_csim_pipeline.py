@@ -375,6 +375,7 @@ def test_counted_cycles_meet_the_plan_big_forward(tmp_path, monkeypatch, model, 
 
     monkeypatch.setattr(pl, "check_stage_fits", lambda *a, **k: None)
     monkeypatch.setattr(cb, "csim_backward", skip_backward)
+    monkeypatch.setattr(cb, "compile_backward", lambda *a, **k: None)   # nor compiled
     pf = tmp_path / "plan.yaml"
     assert main(["plan", model, "4xU250-ring", *extra, "-o", str(pf)]) == 0
     assert main(["gen", str(pf), "-o", str(tmp_path / "b"), "--allow-rule-violations"]) == 0

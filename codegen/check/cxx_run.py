@@ -113,7 +113,8 @@ def compile_sources(sources: list[Path], include_dirs: list[Path], cache: Path, 
         tmp.unlink(missing_ok=True)
         raise
     dt = time.perf_counter() - t0
-    if r.returncode != 0:
+    if r.returncode != 0:   # also a g++ killed in another thread (proc.stop_all) mid-link
+        tmp.unlink(missing_ok=True)
         raise RuntimeError(f"g++ failed for {name}:\n{r.stderr[-4000:]}")
     os.replace(tmp, out)  # atomic: a parallel run never sees half a binary
     return Compiled(out, dt, False)
