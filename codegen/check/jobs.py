@@ -7,7 +7,6 @@ every stage waits for the one before it; the backward kernels fill the other cor
 """
 from __future__ import annotations
 
-import heapq
 import itertools
 import os
 import threading
@@ -54,14 +53,12 @@ class Slots:
         """Hold a slot for the block; raises Stopped once ``stop`` was called."""
         with self._cv:
             me = (priority, next(self._seq))
-            heapq.heappush(self._waiting, me)
-            while not self._stopped and not (self._free > 0 and self._waiting[0] == me):
+            self._waiting.append(me)   # a few jobs: the first of them found by min()
+            while not self._stopped and not (self._free > 0 and min(self._waiting) == me):
                 self._cv.wait()
+            self._waiting.remove(me)
             if self._stopped:
-                self._waiting.remove(me)
-                heapq.heapify(self._waiting)
                 raise Stopped("the C-simulation is stopping")
-            heapq.heappop(self._waiting)
             self._free -= 1
             self._cv.notify_all()   # another slot may be free for the next waiter
         try:
