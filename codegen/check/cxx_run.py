@@ -30,9 +30,9 @@ CXXFLAGS = ["-std=c++14", "-O2", "-Wall", "-Werror",
             "-Wno-uninitialized", "-Wno-maybe-uninitialized"]
 
 
-#: Every C-simulation build: the bounded streams, dataflow threads and loop counters of
-#: bapipe_csim.h (docs/codegen.md, "Bounded C-simulation").
-CSIM_FLAGS = ["-DBAPIPE_CSIM", "-pthread"] + (
+#: Every C-simulation build: the bounded streams, dataflow processes (coroutines of one thread)
+#: and loop counters of bapipe_csim.h (docs/codegen.md, "Bounded C-simulation").
+CSIM_FLAGS = ["-DBAPIPE_CSIM"] + (
     # testbench arrays of a big stage (vgg16 fc6's 4096 x 25088 weight-gradient sums, 822 MB)
     # pass the 2 GB the default code model addresses: the medium model puts large data apart
     ["-mcmodel=medium"] if platform.machine() in ("x86_64", "AMD64") else [])
