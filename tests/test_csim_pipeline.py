@@ -49,6 +49,47 @@ def test_tiny_cnn_three_stages_chained_match_numpy(tmp_path, capsys):
     assert r["model_max_abs_err_lsb"] == 0      # the chained pipeline equals numpy over the whole model
 
 
+def test_side_by_side_runs_draw_and_report_as_one_by_one(tmp_path, monkeypatch):
+    """The backward kernels run beside the forward chain (codegen.check.csim._Jobs) and every
+    random input is drawn before anything runs, in the order the stages once ran one after
+    another: stage 0's forward inputs, then per stage its backward micro-batch (x, then dy).
+    Replayed here from the seed in that order, the draws are the ones the kernels got; and one
+    job at a time (BAPIPE_CSIM_JOBS=1) reports the very rows two at a time do, timings aside."""
+    import bapipe.codegen.check.csim_bwd as cb
+    from bapipe.codegen.check.csim import csim_project
+    from bapipe.codegen.check.cxx_run import random_input
+    from bapipe.fpga_models import fixedpoint as fx
+
+    plan, model, cluster = make_plan(cuts=(3, 8), folding={"conv1": (2, 3), "conv2": (4, 8), "conv3": (16, 8),
+                                                           "fc": (2, 16), "pool1": (2, 1), "pool2": (4, 1)})
+    generate_plan(plan, model, cluster, tmp_path)
+    got, real = {}, cb.csim_backward
+
+    def spy(build, st, *a, draws=None, **k):
+        got[st["kernel"]] = draws
+        return real(build, st, *a, draws=draws, **k)
+
+    monkeypatch.setattr(cb, "csim_backward", spy)
+    runs = {}
+    for n in ("1", "2"):
+        monkeypatch.setenv("BAPIPE_CSIM_JOBS", n)
+        runs[n] = csim_project(tmp_path, samples=2, seed=11)
+    cfg = json.loads((tmp_path / "host_config.json").read_text())
+    fmt, rng = fx.FORMATS["fixed16"], np.random.default_rng(11)
+    random_input(rng, 2, tuple(cfg["stages"][0]["inputs"][0]["shape"]), fmt)   # stage 0's forward inputs first
+    for st in cfg["stages"]:
+        mb = st["backward"]["microbatch"]
+        xs = {p["tensor"]: random_input(rng, mb, tuple(p["shape"]), fmt) for p in st["inputs"]}
+        dys = {p["tensor"]: random_input(rng, mb, tuple(p["shape"]), fmt, span=1.0) for p in st["backward"]["inputs"]}
+        assert set(got[st["kernel"]][0]) == set(xs) and set(got[st["kernel"]][1]) == set(dys)
+        assert all((got[st["kernel"]][0][t] == v).all() for t, v in xs.items())
+        assert all((got[st["kernel"]][1][t] == v).all() for t, v in dys.items())
+    timing = ("compile_s", "run_s", "numpy_s", "cached")
+    rows = {n: [{k: v for k, v in row.items() if k not in timing} for row in r["stages"]] for n, r in runs.items()}
+    assert rows["1"] == rows["2"] and len(rows["1"]) == 6 and runs["1"]["passed"] and runs["2"]["passed"]
+    assert {k: v for k, v in runs["1"].items() if k != "stages"} == {k: v for k, v in runs["2"].items() if k != "stages"}
+
+
 def test_whole_model_reference_is_independent_of_the_chain(tmp_path):
     """Numpy over the whole model from the stage-0 inputs equals the last stage's C output."""
     from bapipe.codegen.check.csim import csim_project
@@ -375,6 +416,7 @@ def test_counted_cycles_meet_the_plan_big_forward(tmp_path, monkeypatch, model, 
 
     monkeypatch.setattr(pl, "check_stage_fits", lambda *a, **k: None)
     monkeypatch.setattr(cb, "csim_backward", skip_backward)
+    monkeypatch.setattr(cb, "compile_backward", lambda *a, **k: None)   # nor compiled
     pf = tmp_path / "plan.yaml"
     assert main(["plan", model, "4xU250-ring", *extra, "-o", str(pf)]) == 0
     assert main(["gen", str(pf), "-o", str(tmp_path / "b"), "--allow-rule-violations"]) == 0

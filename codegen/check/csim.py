@@ -13,7 +13,10 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,6 +26,7 @@ import numpy as np
 from bapipe.errors import SpecError
 from bapipe.fpga_models import fixedpoint as fx
 
+from bapipe.codegen.check import csim_bwd, jobs   # csim_bwd's functions looked up at call time: tests replace them
 from bapipe.codegen.check.cxx_run import (Deadlock, Compiled, cache_dir, compile_sources, to_stream,
                                           _stream_shape, from_stream, random_input, load_weights,
                                           _check_streams, _run, run_binary, stage_macs, build_flags)
@@ -82,16 +86,65 @@ def _read_build(build: Path) -> tuple[dict, Any]:
     return cfg, plan
 
 
-def _stage_inputs(run: _Run, st: dict) -> list[np.ndarray]:
-    """The stage's input batches: what an earlier stage produced, else fresh random samples."""
-    ins = []
-    for p in st["inputs"]:
-        t = p["tensor"]
-        if t not in run.tensors:
-            run.tensors[t] = random_input(run.rng, run.samples, tuple(p["shape"]), run.fmt)
-            run.model_inputs[t] = run.tensors[t]
-        ins.append(run.tensors[t])
-    return ins
+@dataclass
+class _Kernel:
+    """One stage's kernels as decided before any of them runs: the forward kernel's g++ flags or
+    why it is skipped (the chain stops there), and the backward kernel's micro-batch, flags or
+    skip, and its random micro-batch. Every random input is drawn up front in the order the
+    stages used to run one after another (forward i, backward i, forward i + 1, ...), so the
+    results are the same whichever kernels then run side by side."""
+
+    st: dict
+    layers: list
+    fwd_flags: tuple[str, ...] = ()
+    fwd_skip: str | None = None
+    bwd_mb: int = 0
+    bwd_macs: int = 0
+    bwd_flags: tuple[str, ...] = ()
+    bwd_skip: str | None = None
+    bwd_draws: tuple[dict, dict] | None = None
+    params: Any = None               # its weights (load_weights), read once by whoever needs them first
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def weights(self, run: _Run) -> dict:
+        with self.lock:
+            if self.params is None:
+                self.params = load_weights(run.build, self.st, run.fmt)
+            return self.params
+
+
+def _budget_note(macs: int) -> str:
+    return f"{macs} MACs exceed the csim budget of {RUN_LIMIT_MACS} per kernel run"
+
+
+def _plan_kernels(run: _Run, cfg: dict, stage_layers: dict) -> list[_Kernel]:
+    """Every stage's _Kernel up to the first forward kernel over the budget; the forward inputs
+    no earlier stage produces (fresh random samples) go to ``run.tensors``."""
+    kernels, produced = [], set()
+    for st in cfg["stages"]:
+        k = _Kernel(st, stage_layers[st["kernel"]])
+        kernels.append(k)
+        fwd_macs, bwd_macs = stage_macs(k.layers)
+        if fwd_macs * run.samples > RUN_LIMIT_MACS:
+            k.fwd_skip = _budget_note(fwd_macs * run.samples)
+            break   # later stages would have no inputs
+        k.fwd_flags = build_flags(fwd_macs * run.samples)
+        for p in st["inputs"]:
+            t = p["tensor"]
+            if t not in run.tensors and t not in produced:
+                run.tensors[t] = random_input(run.rng, run.samples, tuple(p["shape"]), run.fmt)
+                run.model_inputs[t] = run.tensors[t]
+        produced.update(p["tensor"] for p in st["outputs"])
+        if not st.get("backward"):
+            continue
+        k.bwd_mb = 1 if run.big and st["backward"]["microbatch"] > 1 else st["backward"]["microbatch"]
+        k.bwd_macs = k.bwd_mb * bwd_macs
+        if k.bwd_macs > RUN_LIMIT_MACS:
+            k.bwd_skip = _budget_note(k.bwd_macs)
+            continue
+        k.bwd_flags = csim_bwd.backward_flags(st, k.bwd_macs, k.bwd_mb)
+        k.bwd_draws = csim_bwd.draw_backward(run.rng, st, k.bwd_mb, run.fmt)
+    return kernels
 
 
 def _weights_file(build: Path, st: dict) -> Path | None:
@@ -115,27 +168,29 @@ def _check_outputs(run: _Run, st: dict, layers, ins: list[np.ndarray], outs, par
     row["passed"] = err <= run.tolerance_lsb
 
 
-def _forward_stage(run: _Run, st: dict, layers) -> tuple[dict, dict]:
-    """Compile and run one forward stage on its inputs (then on its first sample alone, for
-    the steady-state cycles) and check it: (its row, its weights). A row with ``skipped``
-    or ``error`` ends the chain."""
-    name, build, samples = st["kernel"], run.build, run.samples
-    sdir = build / name
+def _compile_forward(build: Path, st: dict, cache: Path, flags: tuple[str, ...]) -> Compiled:
+    sdir = build / st["kernel"]
+    return compile_sources([sdir / f"{st['kernel']}.cpp", sdir / f"tb_{st['kernel']}.cpp"], [sdir, build / "common"],
+                           cache, st["kernel"], flags)
+
+
+def _forward_stage(run: _Run, k: _Kernel, comp: Compiled | None) -> tuple[dict, dict]:
+    """Run one compiled forward stage on its inputs (then on its first sample alone, for the
+    steady-state cycles) and check it: (its row, its weights). A row with ``skipped`` or
+    ``error`` ends the chain."""
+    st, layers, build, samples = k.st, k.layers, run.build, run.samples
+    name = st["kernel"]
     fwd_macs, _ = stage_macs(layers)
     row = {"name": name, "passed": False, "max_abs_err_lsb": None, "compile_s": 0.0, "run_s": 0.0,
            "cached": False, "samples": samples, "macs": fwd_macs * samples,
            **_cycles(build, st, None, samples)}
-    params = load_weights(build, st, run.fmt)
+    params = k.weights(run)
     run.all_params.update(params)
-    if fwd_macs * samples > RUN_LIMIT_MACS:
-        return {**_skip_row(name, f"{fwd_macs * samples} MACs exceed the csim budget of "
-                                  f"{RUN_LIMIT_MACS} per kernel run"), **_cycles(build, st, None, samples)}, params
-    flags = build_flags(fwd_macs * samples)
-    row["mac"] = "acc_t" if "-DBAPIPE_AP_MAC" in flags else "int64"
-    comp = compile_sources([sdir / f"{name}.cpp", sdir / f"tb_{name}.cpp"], [sdir, build / "common"], run.cache,
-                           name, flags)
+    if k.fwd_skip:
+        return {**_skip_row(name, k.fwd_skip), **_cycles(build, st, None, samples)}, params
+    row["mac"] = "acc_t" if "-DBAPIPE_AP_MAC" in k.fwd_flags else "int64"
     row["compile_s"], row["cached"] = round(comp.compile_s, 3), comp.cached
-    ins = _stage_inputs(run, st)
+    ins = [run.tensors[p["tensor"]] for p in st["inputs"]]
     wfile = _weights_file(build, st)
     out_elems = [p["elements"] for p in st["outputs"]]
     stats: dict = {}
@@ -157,33 +212,104 @@ def _forward_stage(run: _Run, st: dict, layers) -> tuple[dict, dict]:
     return row, params
 
 
-def _backward_stage(run: _Run, st: dict, params: dict, bwd_macs: int) -> dict:
-    """The stage's streaming backward kernel (codegen.check.csim_bwd) on one micro-batch, or a
+def _backward_row(run: _Run, k: _Kernel, comp: Compiled | None) -> dict:
+    """The stage's streaming backward kernel (codegen.check.csim_bwd) on its micro-batch, or a
     skipped row beyond the csim budget."""
-    mb = st["backward"]["microbatch"]
-    if run.big and mb > 1:
-        mb = 1
-    if mb * bwd_macs > RUN_LIMIT_MACS:
-        return {**_skip_row(st["backward"]["kernel"], f"{mb * bwd_macs} MACs exceed the csim "
-                                                      f"budget of {RUN_LIMIT_MACS} per kernel run"), **_NO_BWD_CYCLES}
-    from bapipe.codegen.check.csim_bwd import csim_backward as csim_bwd_kernel   # the streaming backward kernel
-    return csim_bwd_kernel(run.build, st, run.model, params, run.fmt, run.rng, run.cache, run.tolerance_lsb, mb=mb,
-                           macs=mb * bwd_macs)
+    if k.bwd_skip:
+        return {**_skip_row(k.st["backward"]["kernel"], k.bwd_skip), **_NO_BWD_CYCLES}
+    return csim_bwd.csim_backward(run.build, k.st, run.model, k.weights(run), run.fmt, None, run.cache,
+                                  run.tolerance_lsb, mb=k.bwd_mb, macs=k.bwd_macs, comp=comp, draws=k.bwd_draws)
+
+
+class _Jobs:
+    """The run's jobs on the machine's cores (codegen.check.jobs): every kernel's compile, the
+    forward chain (the caller's thread: each stage waits for the one before it) and the
+    backward kernels beside it, which leave a core to the chain while it runs."""
+
+    #: priorities (lower first): the chain's forward runs, forward compiles, backward compiles,
+    #: backward runs (the biggest first)
+    FWD_RUN, FWD_COMPILE, BWD_COMPILE, BWD_RUN = 0, 1, 2, 3
+
+    def __init__(self, run: _Run, kernels: list[_Kernel], pool: ThreadPoolExecutor):
+        n = jobs.cores()
+        self.run = run
+        self.slots, self.side = jobs.Slots(n), jobs.Slots(max(1, n - 1))
+        self.dropped: set[tuple[str, int]] = set()   # jobs no row needs any more (the chain ended before them)
+        self.futures: dict[tuple[str, int], Future] = {}
+        for i, k in enumerate(kernels):
+            if not k.fwd_skip:
+                self.futures["fwd_compile", i] = pool.submit(
+                    self._compile, ("fwd_compile", i), (self.FWD_COMPILE, i), False, _compile_forward,
+                    run.build, k.st, run.cache, k.fwd_flags)
+        for i, k in enumerate(kernels):
+            if k.bwd_draws is not None:
+                self.futures["bwd_compile", i] = pool.submit(
+                    self._compile, ("bwd_compile", i), (self.BWD_COMPILE, -k.bwd_macs, i), True,
+                    csim_bwd.compile_backward, run.build, k.st, run.cache, k.bwd_flags)
+                self.futures["bwd", i] = pool.submit(self._backward, i, k)
+
+    def _compile(self, key: tuple[str, int], priority: tuple, side: bool, fn, *args) -> Compiled | None:
+        with self.side.hold(priority) if side else nullcontext(), self.slots.hold(priority):
+            return None if key in self.dropped else fn(*args)
+
+    def _backward(self, i: int, k: _Kernel) -> dict | None:
+        comp = self.futures["bwd_compile", i].result()
+        priority = (self.BWD_RUN, -k.bwd_macs, i)
+        with self.side.hold(priority), self.slots.hold(priority):
+            return None if ("bwd", i) in self.dropped else _backward_row(self.run, k, comp)
+
+    def forward(self, i: int, k: _Kernel) -> tuple[dict, dict]:
+        """Forward stage i (the chain's next), once compiled, on a core of its own."""
+        comp = self.futures["fwd_compile", i].result() if ("fwd_compile", i) in self.futures else None
+        with self.slots.hold((self.FWD_RUN, i)):
+            return _forward_stage(self.run, k, comp)
+
+    def backward(self, i: int, k: _Kernel) -> dict | Future:
+        """Stage i's backward row: a skipped row, or the future of its run."""
+        return self.futures["bwd", i] if ("bwd", i) in self.futures else _backward_row(self.run, k, None)
+
+    def chain_ended(self, last: int, whole: bool) -> None:
+        """The chain ended at stage ``last``: what no row needs is dropped (when it ended early),
+        and the backward kernels may take every core."""
+        for key, f in self.futures.items():
+            if not whole and key[1] >= last + (key[0] == "fwd_compile"):
+                self.dropped.add(key)
+                f.cancel()
+        self.side.grow(1)
+
+    def stop(self) -> None:
+        """An error or a signal: nothing not yet begun begins."""
+        self.dropped.update(self.futures)
+        for f in self.futures.values():
+            f.cancel()
+        self.slots.stop()
+        self.side.stop()
 
 
 def _run_stages(run: _Run, cfg: dict, stage_layers: dict) -> tuple[list[dict], bool]:
     """Every stage in order (its backward kernel after it), each fed what the one before
-    produced: (rows, whether the chain ran to the end)."""
-    results = []
-    for st in cfg["stages"]:
-        layers = stage_layers[st["kernel"]]
-        row, params = _forward_stage(run, st, layers)
-        results.append(row)
-        if row.get("skipped") or "error" in row:
-            return results, False   # later stages would have no inputs
-        if st.get("backward"):
-            results.append(_backward_stage(run, st, params, stage_macs(layers)[1]))
-    return results, True
+    produced: (rows, whether the chain ran to the end). Compiles and backward kernels run
+    beside the chain (_Jobs); the rows and numbers are those of running them one by one."""
+    kernels = _plan_kernels(run, cfg, stage_layers)
+    results: list = []
+    with ThreadPoolExecutor(max_workers=3 * len(kernels) + 1) as pool:
+        js = _Jobs(run, kernels, pool)
+        try:
+            last, whole = len(kernels) - 1, True
+            for i, k in enumerate(kernels):
+                row, _ = js.forward(i, k)
+                results.append(row)
+                if row.get("skipped") or "error" in row:
+                    last, whole = i, False   # later stages would have no inputs
+                    break
+                if k.st.get("backward"):
+                    results.append(js.backward(i, k))
+            js.chain_ended(last, whole)
+            results = [r.result() if isinstance(r, Future) else r for r in results]
+        except BaseException:
+            js.stop()
+            raise
+    return results, whole
 
 
 def _model_error(run: _Run, cfg: dict, results: list[dict], chain_ok: bool) -> int | None:

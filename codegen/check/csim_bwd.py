@@ -75,29 +75,59 @@ def plan_figures(build: Path, st: dict, model) -> dict:
     return plan_bwd_cycles(plan, model, pos, get_board(plan.stages[pos].board_type))
 
 
-def csim_backward(build: Path, st: dict, model, params: dict, fmt: fx.Fmt, rng: np.random.Generator,
-                  cache: Path, tolerance_lsb: int = 0, mb: int | None = None, macs: int = 0) -> dict:
+def backward_flags(st: dict, macs: int, mb: int | None = None) -> tuple[str, ...]:
+    """g++ flags of stage ``st``'s backward kernel run on ``mb`` samples (None: its micro-batch)
+    of ``macs`` MACs: cxx_run.build_flags, and ``-DMB=mb`` below the kernel's micro-batch."""
+    from bapipe.codegen.check.cxx_run import build_flags
+
+    kernel_mb = st["backward"]["microbatch"]
+    mb = kernel_mb if mb is None else mb
+    return build_flags(macs) + ((f"-DMB={mb}",) if mb != kernel_mb else ())
+
+
+def compile_backward(build: Path, st: dict, cache: Path, flags: tuple[str, ...]):
+    """The stage's backward kernel and its testbench compiled (cxx_run.compile_sources: cached)."""
+    from bapipe.codegen.check.cxx_run import compile_sources
+
+    name, sdir = st["backward"]["kernel"], build / st["kernel"]
+    return compile_sources([sdir / f"{name}.cpp", sdir / f"tb_{name}.cpp"], [sdir, build / "common"], cache, name,
+                           flags)
+
+
+def draw_backward(rng: np.random.Generator, st: dict, mb: int, fmt: fx.Fmt) -> tuple[dict, dict]:
+    """The random micro-batch of a backward run: (stage inputs, output gradients) by tensor,
+    drawn from ``rng`` in this order."""
+    from bapipe.codegen.check.cxx_run import random_input
+
+    xs = {p["tensor"]: random_input(rng, mb, tuple(p["shape"]), fmt) for p in st["inputs"]}
+    dys = {p["tensor"]: random_input(rng, mb, tuple(p["shape"]), fmt, span=1.0) for p in st["backward"]["inputs"]}
+    return xs, dys
+
+
+def csim_backward(build: Path, st: dict, model, params: dict, fmt: fx.Fmt, rng: np.random.Generator | None,
+                  cache: Path, tolerance_lsb: int = 0, mb: int | None = None, macs: int = 0,
+                  comp=None, draws: tuple[dict, dict] | None = None) -> dict:
     """Compile and run the backward kernel of stage ``st`` (its host_config entry) on one random
     micro-batch; compare input gradients and the exact weight-gradient sums with
     fpga_models.train_fixed.layers_bwd (bit for bit: the sums are 64-bit integers).
 
     ``mb`` below the kernel's micro-batch rebuilds it with ``-DMB=mb`` (big stages).
+    ``comp`` (cxx_run.Compiled): the kernel already compiled with backward_flags; ``draws``:
+    the micro-batch already drawn (draw_backward; ``rng`` is then not used).
     Returns the csim row: passed, max_abs_err_lsb, cycles per sample counted in the run and the
     plan's (steady state; per micro-batch beside them), streams' peak occupancy.
     """
-    from bapipe.codegen.check.cxx_run import Deadlock, build_flags, compile_sources, from_stream, random_input, run_binary, to_stream
+    from bapipe.codegen.check.cxx_run import Deadlock, from_stream, run_binary, to_stream
 
     b = st["backward"]
     name = b["kernel"]
-    sdir = build / st["kernel"]
     kernel_mb = b["microbatch"]
     mb = kernel_mb if mb is None else mb
-    flags = build_flags(macs) + ((f"-DMB={mb}",) if mb != kernel_mb else ())
-    comp = compile_sources([sdir / f"{name}.cpp", sdir / f"tb_{name}.cpp"], [sdir, build / "common"], cache, name,
-                           flags)
+    flags = backward_flags(st, macs, mb)
+    if comp is None:
+        comp = compile_backward(build, st, cache, flags)
     layers = [model.layers[model.index[l["name"]]] for l in st["layers"]]
-    xs = {p["tensor"]: random_input(rng, mb, tuple(p["shape"]), fmt) for p in st["inputs"]}
-    dys = {p["tensor"]: random_input(rng, mb, tuple(p["shape"]), fmt, span=1.0) for p in b["inputs"]}
+    xs, dys = draws if draws is not None else draw_backward(rng, st, mb, fmt)
     acts = fx.model_fwd(layers, xs, params, fmt)
     feed = [to_stream(acts[s["tensor"]]) for s in b["stashes"]] + [to_stream(dys[p["tensor"]]) for p in b["inputs"]]
     counts = [p["elements"] for p in b["outputs"]]

@@ -30,9 +30,9 @@ CXXFLAGS = ["-std=c++14", "-O2", "-Wall", "-Werror",
             "-Wno-uninitialized", "-Wno-maybe-uninitialized"]
 
 
-#: Every C-simulation build: the bounded streams, dataflow threads and loop counters of
-#: bapipe_csim.h (docs/codegen.md, "Bounded C-simulation").
-CSIM_FLAGS = ["-DBAPIPE_CSIM", "-pthread"] + (
+#: Every C-simulation build: the bounded streams, dataflow processes (coroutines of one thread)
+#: and loop counters of bapipe_csim.h (docs/codegen.md, "Bounded C-simulation").
+CSIM_FLAGS = ["-DBAPIPE_CSIM"] + (
     # testbench arrays of a big stage (vgg16 fc6's 4096 x 25088 weight-gradient sums, 822 MB)
     # pass the 2 GB the default code model addresses: the medium model puts large data apart
     ["-mcmodel=medium"] if platform.machine() in ("x86_64", "AMD64") else [])
@@ -113,7 +113,8 @@ def compile_sources(sources: list[Path], include_dirs: list[Path], cache: Path, 
         tmp.unlink(missing_ok=True)
         raise
     dt = time.perf_counter() - t0
-    if r.returncode != 0:
+    if r.returncode != 0:   # also a g++ killed in another thread (proc.stop_all) mid-link
+        tmp.unlink(missing_ok=True)
         raise RuntimeError(f"g++ failed for {name}:\n{r.stderr[-4000:]}")
     os.replace(tmp, out)  # atomic: a parallel run never sees half a binary
     return Compiled(out, dt, False)
@@ -245,7 +246,11 @@ def run_binary(binary: Path, inputs: list[np.ndarray], n: int, out_elems: list[i
 #: MAC); bigger ones keep the same exact sum in a 64-bit integer (bapipe_layers.h, mac_t).
 AP_MAC_LIMIT = 50_000_000
 #: No -O1 for big kernels: once the weights are m_axi arguments g++ takes 2-6 s at -O2 for
-#: every VGG-16/ResNet-50 kernel, and -O2 runs them up to 2x faster (docs/codegen.md).
+#: every VGG-16/ResNet-50 kernel, and -O2 runs them up to 2x faster (docs/codegen.md). Above
+#: AP_MAC_LIMIT they build at -O3 (BIG_OPT): g++ vectorizes the engines' lane arrays once
+#: bapipe_csim.h has taken ap_private's volatile re-normalization out (vgg16 stage1_bwd: 33.4 ->
+#: 15.7 s a run for 8.2 -> 9.7 s of g++); small kernels, whose compile is the cost, stay at -O2.
+BIG_OPT = "-O3"
 
 
 def stage_macs(layers) -> tuple[int, int]:
@@ -256,5 +261,5 @@ def stage_macs(layers) -> tuple[int, int]:
 
 
 def build_flags(macs: int) -> tuple[str, ...]:
-    """Extra compiler flags of a kernel run of ``macs`` MACs (see AP_MAC_LIMIT)."""
-    return ("-DBAPIPE_AP_MAC",) if macs <= AP_MAC_LIMIT else ()
+    """Extra compiler flags of a kernel run of ``macs`` MACs (see AP_MAC_LIMIT, BIG_OPT)."""
+    return ("-DBAPIPE_AP_MAC",) if macs <= AP_MAC_LIMIT else (BIG_OPT,)
