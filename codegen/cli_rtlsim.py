@@ -60,7 +60,7 @@ def default_samples(man: dict) -> int:
 
 #: most MVU lanes (PE x SIMD summed over the build's engines) whose stages `rtlsim` also runs
 #: alone by default: each stage bench is a Verilator build of its board, so the benches compile
-#: every engine a second time. VGG-16 on 4xU250-ring has 40,384 lanes (77 MB of C++, about
+#: every engine a second time. VGG-16 on 4xU250-ring has 45,248 lanes (77 MB of C++, about
 #: 280 s of g++ at -O1 on 2 cores for the pipeline alone); `--stages` runs them anyway.
 BENCH_LANES = 16_384
 
