@@ -190,7 +190,7 @@ def _build_args(name: str, p: argparse.ArgumentParser) -> None:
         p.add_argument("--stages", dest="stages", action="store_true", default=None,
                        help="run each stage alone (the per-stage plan vs measured report) even when the "
                             "build's engines exceed the budget (by default they run when the MVUs have at "
-                            "most codegen.cli_rtlsim.BENCH_LANES lanes)")
+                            "most 16,384 lanes, PE x SIMD summed)")
         p.add_argument("--no-stages", dest="stages", action="store_false", default=None,
                        help="skip running each stage alone (by default they run when the build is within "
                             "the budget of --stages)")

@@ -42,6 +42,8 @@ def test_rtlsim_iterations_help_matches_its_constants(helps):
     flat = " ".join(helps["rtlsim"].split())
     assert f"default: {DEFAULT_ITERATIONS} when they take at most {TRAIN_BUDGET_CYCLES // 10**6} M" in flat
     assert "codegen." not in flat and "TRAIN_BUDGET" not in flat
+    from bapipe.codegen.cli_rtlsim import BENCH_LANES
+    assert f"at most {BENCH_LANES:,} lanes" in flat   # the stage benches' budget, as --stages states it
 
 
 def test_training_defaults_agree():
