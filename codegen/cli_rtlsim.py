@@ -67,7 +67,7 @@ BENCH_LANES = 16_384
 
 def mvu_lanes(man: dict) -> int:
     """PE x SIMD summed over the pipeline's MVUs (their weight memories' lanes, rtl/manifest.json)."""
-    return sum(int(m.get("lanes", 0)) for f, m in man.get("memories", {}).items() if f.endswith("_w.hex"))
+    return sum(int(m["lanes"]) for m in man.get("memories", {}).values() if "pe" in m)
 
 
 def default_stages(man: dict) -> tuple[bool, str | None]:

@@ -166,7 +166,7 @@ def test_default_run_leaves_the_benches_out_over_the_lane_budget():
     from bapipe.codegen.cli_rtlsim import BENCH_LANES, default_stages, mvu_lanes
 
     def man(*lanes):
-        mems = {f"s0_l{i}_mvu_w.hex": {"lanes": n} for i, n in enumerate(lanes)}
+        mems = {f"s0_l{i}_mvu_w.hex": {"lanes": n, "pe": 1, "simd": n} for i, n in enumerate(lanes)}
         mems.update({f"s0_l{i}_mvu_b.hex": {"lanes": 99_999} for i in range(len(lanes))})   # biases: not lanes
         return {"memories": mems}
 

@@ -45,17 +45,22 @@ def memory_table(pipe, entries: dict[tuple[str, str], dict]) -> dict[str, dict]:
     return table
 
 
-def _text(root: Path, spec: dict, out) -> None:
-    """Write one memory's ``$readmemh`` text to the open file ``out``, a block of words at a time."""
+def _blocks(root: Path, spec: dict):
+    """One memory's words, a block of WORDS_PER_BLOCK at a time: (words, lanes) raw integers."""
     a, words, lanes = spec["array"], int(spec["words"]), int(spec["lanes"])
     for w0 in range(0, words, WORDS_PER_BLOCK):
         w1 = min(words, w0 + WORDS_PER_BLOCK)
         if "pe" in spec:   # an MVU's weights: NF*SF words of PE*SIMD lanes
-            v = banked_words(root, a, int(spec["pe"]), int(spec["simd"]), spec.get("hwc"), (w0, w1))
+            yield np.asarray(banked_words(root, a, int(spec["pe"]), int(spec["simd"]), spec.get("hwc"), (w0, w1)))
         else:              # its bias: b[nf][p], the array's own order
             part = dict(a, offset=int(a["offset"]) + w0 * lanes, elements=(w1 - w0) * lanes)
-            v = read_raw(root, part).reshape(w1 - w0, lanes)
-        out.write(word_lines(np.asarray(v), int(spec["elem_w"])))
+            yield read_raw(root, part).reshape(w1 - w0, lanes)
+
+
+def _text(root: Path, spec: dict, out) -> None:
+    """Write one memory's ``$readmemh`` text to the open file ``out``, a block of words at a time."""
+    for v in _blocks(root, spec):
+        out.write(word_lines(v, int(spec["elem_w"])))
 
 
 #: element widths whose words a simulator can load as raw bytes (``$fread``, BAPIPE_MEM_BIN)
@@ -63,14 +68,12 @@ BINARY_ELEM_W = (8, 16)
 
 
 def _bytes(root: Path, spec: dict, out) -> None:
-    """Write one MVU weight memory as raw bytes to ``out``: word after word, lane 0 first, each
-    element big-endian (``$fread`` puts a word's first byte in its top bits), a block at a time."""
-    words, ew = int(spec["words"]), int(spec["elem_w"])
+    """Write one memory as raw bytes to ``out``: word after word, lane 0 first, each element
+    big-endian (``$fread`` puts a word's first byte in its top bits), a block at a time."""
+    ew = int(spec["elem_w"])
     dtype = {8: ">u1", 16: ">u2"}[ew]
-    for w0 in range(0, words, WORDS_PER_BLOCK):
-        w1 = min(words, w0 + WORDS_PER_BLOCK)
-        v = banked_words(root, spec["array"], int(spec["pe"]), int(spec["simd"]), spec.get("hwc"), (w0, w1))
-        out.write((np.asarray(v, dtype=np.int64) & ((1 << ew) - 1)).astype(dtype).tobytes())
+    for v in _blocks(root, spec):
+        out.write((v.astype(np.int64) & ((1 << ew) - 1)).astype(dtype).tobytes())
 
 
 def _build_root(mem_dir: Path, table: dict) -> Path:
