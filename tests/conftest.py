@@ -92,3 +92,23 @@ def pytest_xdist_make_scheduler(config, log):
         from xdist_schedule import GroupScheduling
         return GroupScheduling(config, log)
     return None
+
+
+def _cpu_seconds() -> float:
+    import resource
+    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """With BAPIPE_TEST_CPU_LOG=FILE, append each test's CPU seconds (the worker's and its waited-for
+    subprocesses': g++, Verilator, CLI runs) as a JSON line: what ``LONG`` in tests/xdist_schedule.py
+    and the budgets in docs/testing.md are measured in, independent of the machine's load."""
+    log = os.environ.get("BAPIPE_TEST_CPU_LOG")
+    start = _cpu_seconds() if log else 0.0
+    yield
+    if log:
+        import json
+        with open(log, "a", encoding="utf-8") as f:
+            f.write(json.dumps({"test": item.nodeid, "cpu_s": round(_cpu_seconds() - start, 2)}) + "\n")
