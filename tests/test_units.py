@@ -18,3 +18,17 @@ def test_engineering_notation():
     assert si(2.5e8, "Hz") == "250 MHz" and si(6.912e12, "FLOP/s") == "6.91 TFLOP/s"
     assert seconds(1500) == "1500 s" and seconds(0) == "0 s" and seconds(999.96) == "1000 s"
     assert seconds(4.1e-9, 4) == "4.1 ns" and si(73.0) == "73"
+
+
+def test_boards_peak_is_the_rate_of_the_format_in_use():
+    """`boards` shows each board's peak at the default format (fixed16) as the planner prices
+    it: 2 OP a DSP MAC on the U250 (11,520 usable DSP x 300 MHz = 6.91 TOP/s); the GPUs, which
+    have no fixed16 datapath, at fp16 (cost.gpu_format), where the table showed "0 OP/s"."""
+    from bapipe.fpga_models.cli_info import cmd_boards, show_boards
+
+    rows = {line.split("│")[1].strip(): line for line in show_boards(cmd_boards(None)).splitlines()
+            if line.startswith("│")}
+    assert rows["U250"].rstrip(" │").endswith("6.91 TOP/s")
+    assert rows["V100"].rstrip(" │").endswith("125 TFLOP/s (fp16)")   # V100 data sheet: 125 TFLOPS tensor
+    assert rows["A100"].rstrip(" │").endswith("312 TFLOP/s (fp16)")
+    assert not any(" 0 OP/s" in r for r in rows.values())
