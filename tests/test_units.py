@@ -32,3 +32,20 @@ def test_boards_peak_is_the_rate_of_the_format_in_use():
     assert rows["V100"].rstrip(" │").endswith("125 TFLOP/s (fp16)")   # V100 data sheet: 125 TFLOPS tensor
     assert rows["A100"].rstrip(" │").endswith("312 TFLOP/s (fp16)")
     assert not any(" 0 OP/s" in r for r in rows.values())
+
+
+def test_gen_summary_prints_no_raw_floats():
+    """`gen` of the default vgg16 plan printed its cycles as "3.86438e+06" beside "3.86436e+06":
+    whole cycles with separators now (the values of that build's stage 3), a fraction below 100."""
+    from bapipe.codegen.cli_gen import show_gen
+
+    r = {"files": 135, "output": "b", "format": "fixed16", "fingerprint": "e6cfe9f016a7" * 2, "rtl_files": 63,
+         "skipped": [], "stages": [
+             {"name": "stage3", "layers": 8, "weights": 123642856, "design_cycles_per_sample": 3864380.0,
+              "plan_fwd_cycles_per_sample": 3864360.4, "boards": ["fpga3"]},
+             {"name": "stage0", "layers": 10, "weights": 2482, "design_cycles_per_sample": 64.0,
+              "plan_fwd_cycles_per_sample": 64.5, "boards": ["fpga0"]}]}
+    rows = show_gen(r).splitlines()[2:4]
+    assert rows[0].split() == ["stage3", "8", "123,642,856", "3,864,380", "3,864,360", "fpga3"]
+    assert rows[1].split() == ["stage0", "10", "2,482", "64", "64.5", "fpga0"]
+    assert "e+" not in show_gen(r)
