@@ -49,3 +49,15 @@ def test_gen_summary_prints_no_raw_floats():
     assert rows[0].split() == ["stage3", "8", "123,642,856", "3,864,380", "3,864,360", "fpga3"]
     assert rows[1].split() == ["stage0", "10", "2,482", "64", "64.5", "fpga0"]
     assert "e+" not in show_gen(r)
+
+
+def test_rtlsim_summary_counts_cycles_readably():
+    """rtlsim of vgg16 printed "3526157 cycles at 15364 cycles/s"."""
+    from bapipe.codegen.cli_rtlsim import show_rtlsim
+
+    r = {"boards": ["fpga0"], "stage_boards": ["fpga0"], "samples": 3, "outputs_match": True, "max_abs_err_lsb": 0,
+         "cycles_per_sample": 64.0, "predicted_cycles_per_sample": 64.0, "error": 0.0, "bottleneck": "stage0",
+         "steady_state_cycles_per_sample": 64, "latency_cycles": 300, "sim_cycles": 3526157,
+         "sim_cycles_per_s": 15364.2, "compile_s": 1.5, "overflow": False}
+    line = next(x for x in show_rtlsim(r).splitlines() if "simulation" in x)
+    assert line.split(":", 1)[1].strip() == "3,526,157 cycles at 15.4k cycles/s (compile 1.5 s)"
