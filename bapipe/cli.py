@@ -20,7 +20,7 @@ import sys
 import threading
 from pathlib import Path
 
-from .errors import SpecError
+from .errors import BapipeError, SpecError
 from .options import EXIT_CODES, MAX_GLOBAL_BATCH, SCHEDULE_CHOICES, add_args  # noqa: F401 (the CLI contract)
 
 #: commands whose -o names one file that is not overwritten without --force
@@ -250,6 +250,9 @@ def _main(argv: list[str] | None) -> int:
     except SpecError as e:
         _say(str(e))
         return 2
+    except BapipeError as e:   # raised on purpose (a missing extra, a failed run): its line, its code
+        _say(f"bapipe {args.command}: {e}")
+        return e.exit_code
     except Terminated:
         _say(f"bapipe {args.command}: terminated (SIGTERM)")
         return 143

@@ -4,10 +4,11 @@ written with the Python API (bapipe.api), as a user would.
 1. Where pipelining wins (predicted by the planner, replayed by the simulator): VGG-16 and
    tiny-mlp, each training on 4 U250s, against data parallelism (every board a replica,
    gradients all-reduced) and against the best plan on one board, at the same batch.
-2. The hardware flow on tiny-mlp's plan, the planner's own choice: gen, csim (bit-exact vs
-   numpy), rtlsim (training iterations on the generated training RTL in Verilator: weights
-   equal to numpy fixed16, cycles per iteration measured; each stage's forward cycles against
-   the plan), and 5 epochs of training on the host in the plan's fixed16 arithmetic.
+2. The hardware flow on tiny-mlp's plan, the planner's own choice without stage replicas
+   (what the training RTL builds): gen, csim (bit-exact vs numpy), rtlsim (training iterations
+   on the generated training RTL in Verilator: weights equal to numpy fixed16, cycles per
+   iteration measured and held within 2% of the plan; each stage's forward cycles shown beside
+   the plan's), and 5 epochs of training on the host in the plan's fixed16 arithmetic.
 3. Measured: the one-board and the data-parallel plans train on their generated RTL too, so the
    pipeline's factor over each is measured in Verilator cycles next to the predicted one.
 No split is forced: every plan here is the planner's (data parallel and one board are its
@@ -30,13 +31,17 @@ CLUSTER = os.environ.get("BAPIPE_DEMO_CLUSTER", "4xU250-ring")
 OUT = Path(os.environ.get("BAPIPE_DEMO_OUT", "build/demo"))
 #: the model whose plans are generated and measured: small enough for Verilator in minutes
 MODEL = "tiny-mlp"
-#: its plans' resource cap: at a 1% share of each U250 the planner's plan is 2 stages of 2
-#: replicas on 4 boards (since the planner's polish step, 2026-12-07; it was 3 stages on 3
-#: boards), 1.97x faster than data parallelism and 2.34x faster than one board (predicted)
+#: its plans' resource cap (a 1% share of each U250) and no stage replicas: the generated
+#: training RTL builds pipelines whose stages all have the same replicas, and the planner's
+#: unconstrained plan at this cap replicates only its middle stage (1-2-1, 2026-12-08), which
+#: Verilator could then only run forward, leaving the pipeline's measured factor blank. Without
+#: replicas the planner's own plan is 3 stages on 3 boards, predicted 1.35x faster than data
+#: parallelism and 2.54x faster than one board (the planner's best with replicas: 1.44x, 2.71x)
 CAP = 0.01
+OPTIONS = {"cap": CAP, "no_replication": True}
 #: training iterations each plan runs in Verilator (the first fills the pipeline; both are timed)
 ITERATIONS = 2
-#: every stage's measured cycles per sample within this of the plan's (the product's promise)
+#: the training RTL's measured cycles per iteration within this of the plan's (the product's promise)
 PLAN_TOLERANCE = 0.02
 
 def _step(name: str, ok: bool, text: str, t0: float) -> int:
@@ -170,12 +175,17 @@ def flow(p) -> tuple[int, float | None]:
         per = _stage_cycles(v)
         cyc = v.iteration_cycles or []
         cycles = sum(cyc) / len(cyc) if cyc else None
-        ok = bool(v.weights_match) and bool(v.outputs_match) and v.plan_error is not None \
-            and v.plan_error <= PLAN_TOLERANCE
+        planned = v.plan_iteration_cycles
+        off = abs(cycles / planned - 1) if cycles and planned else None
+        # held: the training RTL's iteration against the plan's. The stages alone run the
+        # forward inference engines, whose MVU adder trees add register stages the training
+        # plan does not price (as in the forward-only branch above): shown, not held
+        ok = bool(v.weights_match) and bool(v.outputs_match) and off is not None and off <= PLAN_TOLERANCE
         failed += _step("rtlsim", ok, f"{v.iterations} training iterations on the generated RTL, weights equal numpy "
                         f"fixed16: {v.weights_match}; {cycles or 0:,.0f} cycles/iteration vs "
-                        f"{v.plan_iteration_cycles or 0:,.0f} planned; forward cycles/sample per stage, Verilator "
-                        f"vs the plan: {per} (worst {100 * (v.plan_error or 0):.2f}%)", t0)
+                        f"{planned or 0:,.0f} planned ({100 * (off or 0):+.2f}%); forward cycles/sample per stage, "
+                        f"Verilator (inference engines, shown) vs the plan: {per} (worst "
+                        f"{100 * (v.plan_error or 0):.2f}%)", t0)
     except bapipe.BapipeError as e:
         failed += _step("rtlsim", False, str(e), t0)
     return failed + _train_run(p), cycles
@@ -222,11 +232,11 @@ def main() -> int:
     OUT.mkdir(parents=True, exist_ok=True)
     print(f"BaPipe demo on {CLUSTER} (outputs in {OUT}/)")
     failed, _big = wins("vgg16")
-    f, small = wins(MODEL, cap=CAP)
+    f, small = wins(MODEL, **OPTIONS)
     failed += f
     if small is None:
         return 1
-    print(f"\nthe hardware flow on the planner's own {MODEL} plan:")
+    print(f"\nthe hardware flow on the planner's own {MODEL} plan (no stage replicas, which the training RTL needs):")
     f, cycles = flow(small[0])
     failed += f + measured(*small, cycles)
     print(f"\n{'all steps passed' if not failed else f'{failed} step(s) failed'}")

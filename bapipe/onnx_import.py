@@ -191,6 +191,28 @@ def _dropped_bias(node) -> bool:
     return "RemoveOptionalBias" in (_meta(node, "pkg.onnxscript.rewriter.rule_name") or "")
 
 
+def _fused_bn(node, op: str = "Conv") -> bool:
+    """dynamo's optimizer folded a BatchNormalization into this Conv or Gemm (eval mode)."""
+    return f"FuseBatchNormInto{op}" in (_meta(node, "pkg.onnxscript.rewriter.rule_name") or "")
+
+
+def _fused_own_bias(node, op: str = "Conv") -> bool:
+    """dynamo folded a BatchNormalization into this Conv (Gemm) and it had a bias of its own:
+    FuseBatchNormInto{Conv,Gemm} names the fused bias after the layer's bias parameter
+    (``c.bias``) when there was one, and ``<weight>_bias`` (``c.weight_bias``) when there was none."""
+    b = node.input[2] if len(node.input) > 2 else ""
+    return _fused_bn(node, op) and bool(b) and b != node.input[1] + "_bias"
+
+
+def _folded_bn_weights(node, channels: int) -> dict:
+    """The batchnorm a folded Conv/Gemm gives back: the file holds W' = W * s and
+    b' = (b - mean) * s + beta, so gamma 1, beta b', mean 0, var 1, eps 0 (dynamo drops an
+    all-zero b')."""
+    has_b = len(node.input) > 2 and bool(node.input[2])
+    return {"gamma": ("ones", channels), "beta": ("t", node.input[2], None) if has_b else ("zeros", channels),
+            "running_mean": ("zeros", channels), "running_var": ("ones", channels), "eps": ("value", 0.0)}
+
+
 def _str(v):
     return v.decode() if isinstance(v, bytes) else v
 
@@ -208,6 +230,7 @@ class _Importer:
         self.full_graph = folded.model.graph if folded is not None else model.graph
         self.masks: set[str] = set()          # boolean/mask tensors derived from activations (no layer)
         self.folded_tables: list[tuple[str, tuple]] = []   # dynamo-folded lookups counted as rows read
+        self.folded_convs: list[str] = []   # legacy Conv+BatchNorm folds: a conv's own bias is not in the file
         self.ln_parts: dict[str, str] = {}    # layernorm made from a decomposed pattern -> its input
         self.weight_hash: dict[tuple, str] = {}   # value fingerprint of a layer's weight -> that layer
         self.opaque = dict(opaque or {})
@@ -959,16 +982,18 @@ class _Importer:
             raise self.err(node, f"only 2-D Conv is supported (weight {list(wd)})")
         bias = len(node.input) > 2 and bool(node.input[2])
         bn = self.folded_bn(node)
+        own = bool(bn) and _fused_own_bias(node)   # its own bias: folded into the batchnorm's beta
         if bn or _dropped_bias(node):
-            bias = not bn
+            bias = own or not bn
+        if bn and not _fused_bn(node):
+            self.folded_convs.append(node.name or bn)   # legacy: the file cannot say whether it had one
         attrs = {"out_channels": wd[0], "groups": _attr(node, "group", 1), "bias": bias,
                  **self.window(node, _attr(node, "kernel_shape") or wd[2:], self.full_shape(x, node)[2:])}
         w = {"W": ("t", w, None)}
         if bn:   # the file holds W' = W * s and b' = (b - mean) * s + beta: the conv keeps W', the batchnorm b'
-            has_b = len(node.input) > 2 and bool(node.input[2])   # dynamo drops an all-zero b'
-            bw = {"gamma": ("ones", wd[0]), "beta": ("t", node.input[2], None) if has_b else ("zeros", wd[0]),
-                  "running_mean": ("zeros", wd[0]),
-                  "running_var": ("ones", wd[0]), "eps": ("value", 0.0)}
+            bw = _folded_bn_weights(node, wd[0])
+            if own:   # (b - mean) * s + beta is all in beta: the conv's own bias starts at 0, same function
+                w["b"] = ("zeros", wd[0])
         elif bias:
             w["b"] = ("t", node.input[2], None) if len(node.input) > 2 and node.input[2] else ("zeros", wd[0])
         name = self.emit(node, out, "conv2d", [self.use(x, node)], attrs, node.input[1:], like=x, weights=w)
@@ -1335,6 +1360,15 @@ class _Importer:
             if t == "Gemm" and (_attr(node, "alpha", 1.0) != 1.0 or _attr(node, "beta", 1.0) != 1.0):
                 self.note(node, "Gemm with alpha or beta other than 1")
             w = {"W": ("t", b, "T" if trans else None)}   # the dense layer's W is (in, units)
+            if _fused_bn(node, "Gemm"):   # dynamo folded a BatchNorm1d in: it comes back as a layer
+                own = _fused_own_bias(node, "Gemm")
+                if own:   # its own bias starts at 0: (b - mean) * s + beta is all in beta, same function
+                    w["b"] = ("zeros", units)
+                name = self.emit(node, out, "dense", [self.use(a, node)], {"units": units, "bias": own}, consts,
+                                 weight=b, like=a, weights=w)
+                self.emit(node, out, "batchnorm", [name], {}, base=f"{node.name or name}_bn", like=out,
+                          weights=_folded_bn_weights(node, units))
+                return
             if bias:
                 w["b"] = ("t", node.input[2], "flat") if len(consts) > 1 else ("zeros", units)
             self.emit(node, out, "dense", [self.use(a, node)], {"units": units, "bias": bias}, consts, weight=b,
@@ -1554,6 +1588,8 @@ class _Importer:
         desc = self.description
         if self.folded_tables:
             desc = f"{desc}; {folded_note(self.folded_tables)}"
+        if self.folded_convs:
+            desc = f"{desc}; {folded_conv_note(self.folded_convs)}"
         return {"name": self.name, "description": desc, "inputs": inputs, "layers": self.layers}
 
 
@@ -1571,6 +1607,17 @@ def folded_note(tables: list[tuple[str, tuple]]) -> str:
     return (f"the exporter folded constant-index embedding lookups into {what}: the table sizes are not "
             f"in the file, so parameters count the {sum(prod(d) for _n, d in tables)} values read; export with "
             f"torch.onnx.export(..., dynamo=True, optimize=False) for exact counts")
+
+
+def folded_conv_note(convs: list[str]) -> str:
+    """What a legacy export in eval mode loses: it folds each BatchNormalization into the Conv
+    before it (W * s, (b - mean) * s + beta), so whether the Conv had a bias of its own (nn.Conv2d's
+    default) is not in the file. None is counted (torchvision's convention, bias=False before a
+    batch norm); torch counts out_channels more for each that had one. dynamo keeps the name."""
+    shown = ", ".join(repr(c) for c in convs[:3]) + (f" and {len(convs) - 3} more" if len(convs) > 3 else "")
+    return (f"the exporter folded batch norms into {len(convs)} convolution(s) ({shown}): whether they had a bias "
+            f"of their own is not in the file, so none is counted (torch counts out_channels more for each that "
+            f"had); export with torch.onnx.export(..., dynamo=True) for exact counts")
 
 
 def _fix_batch(model) -> None:
@@ -1678,8 +1725,21 @@ def import_with_sources(model, file: str = "<onnx>", opaque: dict[str, tuple[flo
     doc = imp.run()
     model = parse_model(doc, file, file)
     if imp.folded_tables:   # counted, but the user must know the count is not torch's
-        print(f"{file}: note: {folded_note(imp.folded_tables)}", file=sys.stderr)
+        _note_once(f"{file}: note: {folded_note(imp.folded_tables)}")
+    if imp.folded_convs:    # the count may not be torch's: the user must know why
+        _note_once(f"{file}: note: {folded_conv_note(imp.folded_convs)}")
     return model, imp
+
+
+#: notes already printed by this process: a command reads its model more than once (gen: the
+#: plan's check, the weights, the lowering), the user reads each note once
+_NOTED: set[str] = set()
+
+
+def _note_once(line: str) -> None:
+    if line not in _NOTED:
+        _NOTED.add(line)
+        print(line, file=sys.stderr)
 
 
 def load_onnx(path: str, opaque: dict[str, tuple[float, float]] | None = None) -> Model:

@@ -30,19 +30,25 @@ def generate(plan_path: str | Path, out_dir: str | Path, engines: str = "hls") -
 
 
 
+def _cycles(x) -> str:
+    """Cycles a sample as people read them: whole cycles with thousands separators
+    (3,864,380, not 3.86438e+06), a fraction only below 100."""
+    if x is None:
+        return "-"
+    return f"{x:,.0f}" if abs(x) >= 100 else f"{x:g}"
+
+
 def show_gen(r: dict) -> str:
     """Human summary: per stage the Design's forward cycles per sample next to the plan's."""
     lines = [f"generated {r['files']} files in {r['output']} ({r['format']}, plan {r['fingerprint'][:12]})"
              + (f" + {r['rtl_files']} RTL files" if r["rtl_files"] else "")
              + (f"; stage kernels: {len(r['rtl_kernels'])} packaged RTL kernels (rtl/kernels/)"
                 if r.get("rtl_kernels") else "; stage kernels: Vitis HLS")]
-    lines.append(f"{'stage':<10}{'layers':>7}{'weights':>10}{'Design fwd cyc/sample':>23}{'plan fwd cyc/sample':>21}"
+    lines.append(f"{'stage':<10}{'layers':>7}{'weights':>13}{'Design fwd cyc/sample':>23}{'plan fwd cyc/sample':>21}"
                  "  boards")
     for s in r["stages"]:
-        planned = "-" if s["plan_fwd_cycles_per_sample"] is None else f"{s['plan_fwd_cycles_per_sample']:g}"
-        built = "-" if s["design_cycles_per_sample"] is None else f"{s['design_cycles_per_sample']:g}"
-        lines.append(f"{s['name']:<10}{s['layers']:>7}{s['weights']:>10}{built:>23}"
-                     f"{planned:>21}  {', '.join(s['boards'])}")
+        lines.append(f"{s['name']:<10}{s['layers']:>7}{s['weights']:>13,}{_cycles(s['design_cycles_per_sample']):>23}"
+                     f"{_cycles(s['plan_fwd_cycles_per_sample']):>21}  {', '.join(s['boards'])}")
     lines.append("Design: the engines the kernels are built from (design.json; `bapipe csim` counts the kernels' "
                  "loops, `bapipe rtlsim` measures the RTL); plan: the planner's cycle model (per sample)")
     for sk in r["skipped"]:

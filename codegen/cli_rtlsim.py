@@ -17,6 +17,7 @@ import numpy as np
 
 from bapipe.errors import SpecError
 from bapipe.names import restore
+from bapipe.units import si
 
 from bapipe.codegen.gen_folder import train_unsupported
 from bapipe.codegen.check.rtlsim import ENGINES, measure, read_manifest, reference, simulate, stream_order  # noqa: F401 (the CLI's API)
@@ -268,7 +269,7 @@ def show_rtlsim(r: dict) -> str:
         f"predicted over the same {r['samples']} samples ({100 * r['error']:+.2f}%), bottleneck {r['bottleneck']}",
         f"  steady state         : {r['steady_state_cycles_per_sample']:.0f} cycles per sample (cycle model)",
         f"  first-sample latency : {r['latency_cycles']} cycles",
-        f"  simulation           : {r['sim_cycles']} cycles at {r['sim_cycles_per_s']:.0f} cycles/s "
+        f"  simulation           : {r['sim_cycles']:,} cycles at {si(r['sim_cycles_per_s'], 'cycles/s')} "
         f"(compile {r['compile_s']} s)",
     ]
     lines += _stage_lines(r)

@@ -67,11 +67,23 @@ def cmd_boards(args) -> dict:
     return {"boards": [b.to_dict() for b in BOARDS.values()]}
 
 
+def _peak(b: dict) -> str:
+    """A board's peak at the default format as the planner prices it: a GPU has no fixed16
+    datapath and runs it as fp16 (fpga_models.cost.gpu_format), so its FLOP/s at that format."""
+    if b["kind"] != "gpu":
+        return _si(b.get("peak_flops", {}).get(PEAK_FORMAT, 0), PEAK_UNIT)
+    from bapipe.fpga_models.boards import BOARDS
+    from bapipe.fpga_models.cost import gpu_format
+
+    f = gpu_format(BOARDS[b["name"]], PEAK_FORMAT)
+    return f"{_si(b['peak_flops'][f], 'FLOP/s')} ({f})"
+
+
 def show_boards(r: dict) -> str:
     """Board table."""
     rows = [[b["name"], b["kind"], f"{b['dsp']:,}", f"{b['usable_dsp']:,}", f"{b['bram36']:,}", f"{b['uram']:,}",
              f"{b['lut']:,}", _si(b["clock_hz"], "Hz"), _iec(b["offchip_bytes"]), _iec(b["offchip_bw_Bps"]) + "/s",
-             _si(b.get("peak_flops", {}).get(PEAK_FORMAT, 0), PEAK_UNIT)] for b in r["boards"]]
+             _peak(b)] for b in r["boards"]]
     return _table(["board", "kind", "DSP", "usable DSP", "BRAM36", "URAM", "LUT", "clock", "off-chip", "bandwidth",
                    f"peak {PEAK_FORMAT}"], rows, "board catalog (peak at the default number format; --json: every format)")
 

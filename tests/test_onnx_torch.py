@@ -32,10 +32,22 @@ FOLDED_TABLES = {
     "hf_gpt2.dynamo.onnx": -16 * 32,                    # 32 positions (16 read)
     "hf_bert_sdpa.dynamo.onnx": -16 * 32 + (16 - 2) * 32,
     "hf_gpt2_sdpa.dynamo.onnx": -16 * 32,
+    # the legacy exporter folds each BatchNorm2d into the nn.Conv2d before it (bias=True, the
+    # default) under a generated name: the convs' own biases (8 + 16) are not in the file
+    "convbias_bn.legacy.onnx": -(8 + 16),
 }
 
 
-def test_folded_tables_are_reported_and_noopt_export_is_exact(capsys):
+@pytest.fixture
+def fresh_notes(monkeypatch):
+    """The importer says each note once a process (bapipe.onnx_import._note_once): a test that
+    reads one starts with none said, whatever this worker imported before."""
+    from bapipe import onnx_import
+
+    monkeypatch.setattr(onnx_import, "_NOTED", set())
+
+
+def test_folded_tables_are_reported_and_noopt_export_is_exact(capsys, fresh_notes):
     """dynamo's default optimizer stores a constant-index embedding lookup as the rows read
     (bert: 16 of 64 position rows, 16 copies of token-type row 0 for a 2-row table), so the
     file does not hold the tables' sizes: the importer says so on stderr and in the model's
@@ -50,6 +62,31 @@ def test_folded_tables_are_reported_and_noopt_export_is_exact(capsys):
     assert exact.params == truth("bert")["params"] == 31840
     assert exact.fwd_macs == truth("bert")["macs"]
     load_onnx(str(FIX / "bert.legacy.onnx"))   # the legacy exporter keeps the tables: no note
+    assert capsys.readouterr().err == ""
+
+
+def test_batch_norms_folded_into_biased_layers(capsys, fresh_notes):
+    """Held-back exports of 2026-12-08 imported short: an nn.Conv2d with its own bias before a
+    BatchNorm2d lost the conv's bias (dynamo: 3,410 of 3,434; the issue's SqueezeNet/MobileNet
+    losses in a new shape), and dynamo's Linear + BatchNorm1d lost the batch norm (1,957 of
+    2,021). dynamo names a fused bias after the layer's own bias parameter when it had one
+    (``c1.bias``, else ``c1.weight_bias``): both come back exact, the batch norm as a layer.
+    The legacy exporter's generated names cannot tell: it counts no conv bias and says so."""
+    m = load_onnx(str(FIX / "convbias_bn.dynamo.onnx"))
+    assert capsys.readouterr().err == ""
+    assert [(l.type, l.attr.get("bias")) for l in m.layers if l.type in ("conv2d", "batchnorm")] == \
+        [("conv2d", True), ("batchnorm", None), ("conv2d", True), ("batchnorm", None)]
+    assert m.params == truth("convbias_bn")["params"] == 3434
+    m = load_onnx(str(FIX / "mlp_bn.dynamo.onnx"))
+    assert [l.type for l in m.layers][:3] == ["dense", "batchnorm", "relu"] and m.params == 2021
+    m = load_onnx(str(FIX / "convbias_bn.legacy.onnx"))
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "folded batch norms into 2 convolution(s) ('/c1/Conv', '/c2/Conv')" in err[0]
+    assert "dynamo=True" in err[0] and "not in the file" in m.description
+    assert m.params == 3434 - 24
+    load_onnx(str(FIX / "convbias_bn.legacy.onnx"))   # read again by the same command: said once
+    assert capsys.readouterr().err == ""
+    load_onnx(str(FIX / "resnet.dynamo.onnx"))   # bias=False convs (torchvision's): exact, nothing to say
     assert capsys.readouterr().err == ""
 
 

@@ -3,7 +3,8 @@
 Each is refused in one line on stderr (exit 2: bad input; exit 1: a run that went wrong)
 or handled. The name-injection cases are in tests/test_names_injection.py, the signal cases
 in tests/test_signals.py, the tour's backends in tests/test_tour_backends.py and the
-imports-equal-their-source cases in tests/test_onnx_torch_equal.py.
+imports-equal-their-source cases in tests/test_onnx_torch.py (counts), tests/test_onnx_outputs.py
+(forward output against torch) and tests/test_onnx_weights_flow.py (the weights in gen and run).
 """
 from __future__ import annotations
 
@@ -258,6 +259,28 @@ def test_pipedream_node_ids_that_read_as_yaml_values_stay_names(tmp_path, capsys
     (tmp_path / "profile.yaml").write_text(prof_text)
     rc, _out, err = _cli(capsys, "plan", tmp_path / "model.yaml", "4xU250-ring", "--profile", tmp_path / "profile.yaml",
                          "-o", tmp_path / "p.yaml")
+    assert rc == 0, err
+
+
+def test_pipedream_node_ids_equal_to_type_names_stay_names(tmp_path, capsys):
+    """Node ids that are layer type names of the model spec or PipeDream's own ('conv2d',
+    'Input', 'Linear' read as a layer of type Linear): the import keeps them as names (opaque
+    layers with the file's costs) and the pair plans and simulates."""
+    from bapipe.profiles import import_pipedream_graph
+    from bapipe.spec import model_from_text
+
+    text = PD.replace("true", "conv2d").replace("null", "Input").replace("12 --", "Linear --") \
+             .replace("-- 12", "-- Linear")
+    (tmp_path / "graph.txt").write_text(text)
+    model_text, prof_text = import_pipedream_graph(str(tmp_path / "graph.txt"), 32)
+    layers = model_from_text(model_text).layers
+    assert [(l.name, l.type) for l in layers] == [("conv2d", "opaque"), ("Input", "opaque"), ("Linear", "opaque")]
+    (tmp_path / "model.yaml").write_text(model_text)
+    (tmp_path / "profile.yaml").write_text(prof_text)
+    rc, _out, err = _cli(capsys, "plan", tmp_path / "model.yaml", "4xU250-ring", "--profile", tmp_path / "profile.yaml",
+                         "-o", tmp_path / "p.yaml")
+    assert rc == 0, err
+    rc, _out, err = _cli(capsys, "sim", tmp_path / "p.yaml")
     assert rc == 0, err
 
 
