@@ -218,11 +218,14 @@ def simulate_cpp(rtl_dir: Path, man: dict, x_stream: np.ndarray, cache: Path, th
     before every output arrived (default: :func:`default_max_idle`).
     """
     rtl_dir = Path(rtl_dir)
-    from bapipe.codegen.rtl.mem_images import ensure_memories
+    from bapipe.codegen.rtl.mem_images import ensure_memories, image_plusargs
 
     exe, compile_s = compile_harness(rtl_dir, man, Path(cache), threads)
-    # the MVUs' images, from the stages' weight images (first run; a bench reads the main build's)
-    ensure_memories(Path(rtl_dir) / man["mem_dir"] if man.get("mem_dir") else Path(rtl_dir), binary_images(man))
+    # the MVUs' images, from the stages' weight images (first run; a bench reads the main build's);
+    # with raw bytes, most MVUs read their slice of the stage image in place (the plusargs)
+    mem_dir = Path(rtl_dir) / man["mem_dir"] if man.get("mem_dir") else Path(rtl_dir)
+    ensure_memories(mem_dir, binary_images(man))
+    plusargs = image_plusargs(mem_dir) if binary_images(man) else []
     in_lanes, out_lanes = int(man["in_lanes"]), int(man["out_lanes"])
     flat = np.asarray(x_stream, dtype=np.int64).reshape(-1)
     n_in = -(-flat.size // in_lanes)
@@ -235,7 +238,7 @@ def simulate_cpp(rtl_dir: Path, man: dict, x_stream: np.ndarray, cache: Path, th
         tmp = Path(tmp)
         words.tofile(tmp / "in.bin")
         # stderr passes through: long runs print a progress line every PROGRESS_S seconds
-        r = proc.run([str(exe), str(tmp / "in.bin"), str(n_in), str(tmp), str(n_out), str(idle)],
+        r = proc.run([str(exe), str(tmp / "in.bin"), str(n_in), str(tmp), str(n_out), str(idle), *plusargs],
                            cwd=rtl_dir, stdout=subprocess.PIPE, text=True)
         if not (tmp / "result.json").exists():
             msg = r.stdout.strip().splitlines()

@@ -240,6 +240,13 @@ def read_layers(root: Path, entries: list[dict]) -> dict[str, dict[str, np.ndarr
     return out
 
 
+def stored_banked(entry: dict, pe: int, simd: int, hwc=None) -> bool:
+    """Whether the described array holds an MVU's weight memory word after word as it is (banked
+    for this PE x SIMD folding and input order): its words are then a plain slice of the image."""
+    return entry["layout"] == "banked" and (int(entry["pe"]), int(entry["simd"])) == (pe, simd) \
+        and (entry.get("hwc") or None) == (list(hwc) if hwc else None)
+
+
 def banked_words(root: Path, entry: dict, pe: int, simd: int, hwc=None, words: tuple[int, int] | None = None
                  ) -> np.ndarray:
     """An MVU's weight memory (NF*SF words of PE*SIMD lanes, int64), or the words ``words``
@@ -248,8 +255,7 @@ def banked_words(root: Path, entry: dict, pe: int, simd: int, hwc=None, words: t
     rows, cols = int(entry["rows"]), int(entry["cols"])
     lanes, nwords = pe * simd, rows * cols // (pe * simd)
     w0, w1 = words if words is not None else (0, nwords)
-    if entry["layout"] == "banked" and (int(entry["pe"]), int(entry["simd"])) == (pe, simd) \
-            and (entry.get("hwc") or None) == (list(hwc) if hwc else None):
+    if stored_banked(entry, pe, simd, hwc):
         part = dict(entry, offset=int(entry["offset"]) + w0 * lanes, elements=(w1 - w0) * lanes)
         return read_raw(root, part).reshape(w1 - w0, lanes)
     k = kernel_layout(read_raw(root, entry), entry)

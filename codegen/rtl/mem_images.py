@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bapipe.codegen.design.weight_image import banked_words, read_raw
+from bapipe.codegen.design.weight_image import banked_words, read_raw, stored_banked
 from bapipe.codegen.rtl.mem_words import word_lines
 
 #: memory words converted to text at a time (each PE x SIMD lanes): bounds the memory of fc6-sized images
@@ -87,21 +87,69 @@ def _build_root(mem_dir: Path, table: dict) -> Path:
     return mem_dir.parent
 
 
+#: Verilog's $fseek takes a 32-bit signed offset: a slice further into an image gets its own file
+MAX_SEEK = (1 << 31) - 1
+
+
+def image_slice(root: Path, spec: dict) -> tuple[Path, int] | None:
+    """(stage image, byte offset) when an MVU's weight memory is a plain slice of its stage's
+    image that the MVU can ``$fread`` itself (words stored as the memory holds them, little-endian
+    whole-byte elements, within $fseek's reach): the image is read in place, no copy is written.
+    None otherwise (a ``<module>_w.bin`` of its own)."""
+    a = spec["array"]
+    if "pe" not in spec or int(spec["elem_w"]) not in BINARY_ELEM_W \
+            or not stored_banked(a, int(spec["pe"]), int(spec["simd"]), spec.get("hwc")):
+        return None
+    dt = np.dtype(a["dtype"])
+    if dt.itemsize * 8 != int(spec["elem_w"]) or dt.byteorder == ">":
+        return None
+    seek = int(a["offset"]) * dt.itemsize
+    return ((root / a["file"]).resolve(), seek) if seek <= MAX_SEEK else None
+
+
+def _table(mem_dir: Path) -> tuple[dict, Path] | None:
+    """The manifest's memories and the build they are read from, or None (no manifest)."""
+    if not (mem_dir / "manifest.json").is_file():
+        return None
+    man = json.loads((mem_dir / "manifest.json").read_text(encoding="utf-8"))
+    table = man.get("memories") or {}
+    return table, _build_root(mem_dir, table)
+
+
+def image_plusargs(mem_dir: Path) -> list[str]:
+    """The simulator's ``+<module>_w_image=PATH +<module>_w_seek=BYTES`` arguments: the MVUs whose
+    weights are read in place from the stage images (:func:`image_slice`; mvu.v.j2 under
+    BAPIPE_MEM_BIN)."""
+    found = _table(Path(mem_dir))
+    if found is None:
+        return []
+    table, root = found
+    args = []
+    for name in sorted(table):
+        where = image_slice(root, table[name])
+        if where is not None:
+            module = name[:-len("_w.hex")]
+            args += [f"+{module}_w_image={where[0]}", f"+{module}_w_seek={where[1]}"]
+    return args
+
+
 def ensure_memories(mem_dir: Path, binary: bool = False) -> list[Path]:
     """Write the ``$readmemh`` images ``mem_dir/manifest.json`` lists that are not there yet
     (each through a temporary file, so an interrupted write leaves none half-written); returns
     every image's path. ``binary``: the weight memories as ``<module>_w.bin`` raw bytes instead
-    (what the MVU reads with ``$fread`` under BAPIPE_MEM_BIN; biases stay text). A manifest
-    without ``memories`` (the images were written with the RTL) needs nothing."""
+    (what the MVU reads with ``$fread`` under BAPIPE_MEM_BIN; biases stay text), none for a memory
+    read in place from its stage image (:func:`image_slice`). A manifest without ``memories`` (the
+    images were written with the RTL) needs nothing."""
     mem_dir = Path(mem_dir)
-    if not (mem_dir / "manifest.json").is_file():
+    found = _table(mem_dir)
+    if found is None:
         return []
-    man = json.loads((mem_dir / "manifest.json").read_text(encoding="utf-8"))
-    table = man.get("memories") or {}
-    root = _build_root(mem_dir, table)
+    table, root = found
     paths = []
     for name in sorted(table):
         raw = binary and "pe" in table[name]
+        if raw and image_slice(root, table[name]) is not None:
+            continue
         path = mem_dir / (name[:-len(".hex")] + ".bin" if raw else name)
         paths.append(path)
         if path.exists():
