@@ -90,8 +90,9 @@ def _write_pipeline(d: Design, rtl: Path, placement: dict | None) -> tuple[dict[
     entries, images = _weight_images(d, rtl.parent)
     paths += images
     table = memory_table(pipe, entries)
-    for name in table:   # text of an earlier render is stale once the image is rewritten
+    for name in table:   # text or bytes of an earlier render are stale once the image is rewritten
         (rtl / name).unlink(missing_ok=True)
+        (rtl / (name[:-len(".hex")] + ".bin")).unlink(missing_ok=True)
     man = manifest(pipe, plan, order, sorted(table))
     man["memories"] = table
     man["params"] = {op["layer"]: {k: entries[(op["layer"], k)] for k in PARAM_KEYS if k in op}
