@@ -25,7 +25,7 @@ from pathlib import Path
 from bapipe.codegen.gen_folder import check_build, train_unsupported
 
 from .toolchain import wire_verilator
-from .units import seconds, si
+from .units import count, seconds, si
 
 CLUSTER = os.environ.get("BAPIPE_DEMO_CLUSTER", "4xU250-ring")
 OUT = Path(os.environ.get("BAPIPE_DEMO_OUT", "build/demo"))
@@ -71,7 +71,7 @@ def wins(model: str, **options) -> tuple[int, object]:
     p.save(OUT / f"{model}.plan.yaml", force=True)
     shape = " + ".join(f"{len(st.boards)}x[{st.first}-{st.last}]" for st in p.spec.stages)
     print(f"\n{model} training on {CLUSTER}: the planner's plan is {len(p.spec.stages)} stages ({shape} boards x "
-          f"[layers]), {r.schedule}, {r.microbatches} micro-batches of {r.microbatch_size}")
+          f"[layers]), {r.schedule}, {count(r.microbatches, 'micro-batch')} of {r.microbatch_size}")
     print(f"  {'':<26}{'iteration':>12}{'samples/s':>14}   plan vs it")
     rows = [("pipeline (planner)", r.iteration_time_s, None), ("  same, simulated", s.iteration_time_s, None)]
     if "iteration_time_s" in dp:

@@ -59,3 +59,8 @@ def _sig(v: float, digits: int) -> str:
     d = max(0, digits - 1 - int(math.floor(math.log10(abs(v)))))
     text = f"{v:.{d}f}"
     return text.rstrip("0").rstrip(".") if "." in text else text
+
+
+def count(n: int, noun: str, plural: str | None = None) -> str:
+    """``n`` and its noun, singular for one ("1 micro-batch", "8 micro-batches")."""
+    return f"{n} {noun if n == 1 else (plural or noun + ('es' if noun.endswith('ch') else 's'))}"

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import sys
 
+from bapipe.units import count
+
 from .backends import BackendUnavailable
 from .driver import train
 from .pipeline import PipelineFailure, TrainingDiverged
@@ -71,7 +73,7 @@ def _show_torch(r: dict) -> str:
     pred = r["predicted_iteration_s"]
     lines = [f"torch backend, {r['schedule']} schedule (torch.distributed.pipelining over {r['transport']}): "
              f"{r['processes']} processes = {r['devices']} positions x {r['replicas']} replicas, {r['stages']} stages, "
-             f"{r['microbatches']} micro-batches of {r['microbatch_size']}",
+             f"{count(r['microbatches'], 'micro-batch')} of {r['microbatch_size']}",
              f"iterations        {r['iterations']}, final loss {r['final_loss']:.4f}, test accuracy "
              f"{r['test_accuracy']:.4f}",
              f"iteration time    {r['measured_iteration_s'] * 1e3:.2f} ms measured (median), "
@@ -143,7 +145,7 @@ def show_run(r: dict) -> str:
         cyc, plan_c = r["iteration_cycles"], r["plan_iteration_cycles"]
         return "\n".join([
             f"{r['backend']} backend trained {r['iterations']} iterations ({r['epochs']} epochs requested), "
-            f"{r['stages']} stages, {r['microbatches']} micro-batches of {r['microbatch_size']}, "
+            f"{count(r['stages'], 'stage')}, {count(r['microbatches'], 'micro-batch')} of {r['microbatch_size']}, "
             f"{r['optimizer']} lr {r['lr']:g} ({r.get('lr_schedule', 'constant')}), {r['number_format']}",
             f"weights equal to numpy fixed point after every iteration: {r['weights_match']} "
             f"(per epoch {r['weights_match_per_epoch']}; first mismatch {r['first_mismatch']})",
@@ -158,7 +160,7 @@ def show_run(r: dict) -> str:
     lines = [
         f"{r['backend']} backend, {r['schedule']} schedule: {r['stages']} stages, {r['devices']} pipeline positions, "
         f"{r['workers']} board workers ({_ENGINES.get(r.get('engine'), r.get('engine'))}), "
-        f"{r['microbatches']} micro-batches of {r['microbatch_size']} (global batch {r['global_batch']}), "
+        f"{count(r['microbatches'], 'micro-batch')} of {r['microbatch_size']} (global batch {r['global_batch']}), "
         f"{r['optimizer']} lr {r['lr']:g} ({r.get('lr_schedule', 'constant')}), {r['precision']}",
         *(f"  epoch {h['epoch'] + 1}: mean loss {h['mean_loss']:.4f}" for h in r["history"] if h["mean_loss"] is not None),
         f"final loss        {r['final_loss']:.4f}" if r["final_loss"] is not None else "final loss        (no training)",

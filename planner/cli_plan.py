@@ -276,11 +276,11 @@ def compare(plan_s: float, other_s: float) -> str:
 
 def show_plan(res: dict) -> str:
     """Human-readable plan table (bytes in IEC units, times and rates in engineering notation)."""
-    from bapipe.units import nbytes, si
+    from bapipe.units import count, nbytes, si
     bw = max([22] + [len(board_list(s["boards"])) for s in res["stages"]])
     lines = [f"plan {res['model']} on {res['cluster']} ({res['mode']}): schedule {res['schedule']}"
              + (f" v={res['chunks']}" if res['chunks'] > 1 else "")
-             + f", {res['microbatches']} micro-batches of {res['microbatch_size']}, global batch {res['global_batch']}"
+             + f", {count(res['microbatches'], 'micro-batch')} of {res['microbatch_size']}, global batch {res['global_batch']}"
              + (f", {res['replicas']} replicas per stage" if isinstance(res['replicas'], int) and res['replicas'] > 1
                 else f", replicas per stage {'-'.join(map(str, res['replicas']))}" if isinstance(res['replicas'], list)
                 else "")

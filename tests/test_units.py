@@ -61,3 +61,9 @@ def test_rtlsim_summary_counts_cycles_readably():
          "sim_cycles_per_s": 15364.2, "compile_s": 1.5, "overflow": False}
     line = next(x for x in show_rtlsim(r).splitlines() if "simulation" in x)
     assert line.split(":", 1)[1].strip() == "3,526,157 cycles at 15.4k cycles/s (compile 1.5 s)"
+
+
+def test_counts_are_singular_for_one():
+    from bapipe.units import count
+    assert count(1, "micro-batch") == "1 micro-batch" and count(8, "micro-batch") == "8 micro-batches"
+    assert count(1, "stage") == "1 stage" and count(0, "stage") == "0 stages"
