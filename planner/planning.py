@@ -395,8 +395,10 @@ def _bwd_resources(model: Model, layers, board, s: dict, ex: Explorer, c) -> dic
     from bapipe.fpga_models.bwd_memory import bwd_kernel_resources
 
     fold = {l.name: tuple(s["folding"][l.name]) for l in layers}
+    room = (ex.bwd_room(s["first"], s["last"], s["board_type"], c.v, s.get("port_lanes"))
+            if s["style"] == "time-multiplexed" else None)
     r = bwd_kernel_resources(model, layers, board, fold, ex.req.fmt, s["style"], s["beta"], c.m * s["beta"],
-                             kernel_onchip_budget(board, ex.req.cap, c.v, True))
+                             kernel_onchip_budget(board, ex.req.cap, c.v, True), room)
     return {"bwd_bram36": int(math.ceil(r["bram36"])), "bwd_uram": int(r["uram"]), "bwd_dsp": int(r["dsp"])}
 
 
@@ -429,7 +431,7 @@ def to_plan(model: Model, cluster: Cluster, model_arg: str, cluster_arg: str, ex
         res["offchip_bytes"] = max(0, s["memory_bytes"] - onchip_used)
         if board.kind == "fpga":   # the forward kernel's own memory in blocks (fpga_models.allocate)
             fb = fwd_kernel_blocks(layers, board, s["folding"], ex.req.fmt, ex.req.cap, c.v, ex.req.mode == "train",
-                                   s["style"])
+                                   s["style"], s.get("port_lanes"))
             res.update({"fwd_bram36": fb.bram36, "fwd_uram": fb.uram})
         clk = board.clock_hz
         stages.append(Stage(
