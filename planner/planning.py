@@ -82,8 +82,9 @@ def infeasible_reason(model: Model, ex: Explorer, p: int, r: int) -> str:
     if total > cap:
         return (f"{model.name} needs {total / 1e9:.4g} GB of weights and optimizer state (x{copies}) but "
                 f"{p} stage(s) hold at most {cap / 1e9:.4g} GB (over by {(total - cap) / 1e9:.4g} GB)")
-    return (f"no split of {model.name} into {p} stage(s) fits the boards' memory with its activation stashes, "
-            f"even with recomputation at 1 sample per micro-batch")
+    return (f"no split of {model.name} into {p} stage(s) fits the boards' memory with its activation stashes "
+            f"(even with recomputation at 1 sample per micro-batch) and its kernels' BRAM and URAM "
+            f"(fpga_models.bwd_memory.stage_blocks_fit, UG573 blocks)")
 
 
 def make_plan(model: Model, cluster: Cluster, model_arg: str, cluster_arg: str, req: Request) -> Outcome:

@@ -298,20 +298,34 @@ class Explorer:
         stages a board, the table's folding, its port at layer i - 1's output beat) fits the
         board's BRAM and URAM (fpga_models.bwd_memory.stage_blocks_fit: the check :meth:`finish`
         makes exactly). The weight-gradient sums are sized for the whole global batch (the widest
-        a replica's can be), so a range refused here is refused there too. Cached per (type, v)."""
+        a replica's can be). A stage's blocks grow with its layers, so per first layer the longest
+        range that fits is found by bisection (log n checks, not n: resnet50's 14k ranges at ~10 ms
+        each would take minutes); :meth:`finish` still checks the chosen stages exactly. Cached per
+        (type, v)."""
         key = ("blockmask", btype, v)
         if key not in self._links:
             table, n = self.table(btype, v), self.n
             fmt, cap, train = self.req.fmt, self.req.cap, self.train
+
+            def fit(i: int, j: int, port) -> bool:
+                lyr = list(self.model.layers[i:j + 1])
+                fold = {l.name: table.fold[i + k] for k, l in enumerate(lyr)}
+                room = bwd_block_room(lyr, table.board, fold, fmt, cap, v, port) if train else None
+                return stage_blocks_fit(self.model, lyr, table.board, fold, fmt, cap, v, train, "time-multiplexed",
+                                        1, self.G, port, room)
+
             fits = np.zeros((n, n), dtype=bool)
             for i in range(n):
                 port = stage_port_lanes(self.model.layers[i - 1], table.fold[i - 1]) if i else None
-                for j in range(i, n):
-                    lyr = list(self.model.layers[i:j + 1])
-                    fold = {l.name: table.fold[i + k] for k, l in enumerate(lyr)}
-                    room = bwd_block_room(lyr, table.board, fold, fmt, cap, v, port) if train else None
-                    fits[i, j] = stage_blocks_fit(self.model, lyr, table.board, fold, fmt, cap, v, train,
-                                                  "time-multiplexed", 1, self.G, port, room)
+                lo, hi = i - 1, n              # ranges i..lo fit, i..hi does not (n: none beyond)
+                if fit(i, n - 1, port):
+                    lo = n - 1
+                else:
+                    hi = n - 1
+                while hi - lo > 1:
+                    mid = (lo + hi) // 2
+                    lo, hi = (mid, hi) if fit(i, mid, port) else (lo, mid)
+                fits[i, i:lo + 1] = True
             fits.setflags(write=False)
             self._links[key] = fits
         return self._links[key]
