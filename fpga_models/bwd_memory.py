@@ -676,9 +676,9 @@ def bwd_kernel_resources(model: Model, layers: Sequence[Layer], board: Board, fo
 def stage_blocks_fit(model: Model, layers: Sequence[Layer], board: Board, folding: dict[str, tuple[int, int]],
                      fmt: str, cap: float, chunks: int, train: bool, style: str, samples: int,
                      iteration_samples: int, port_lanes: int | None = None, room=None) -> bool:
-    """Whether a stage's forward kernel (fpga_models.allocate.fwd_kernel_blocks) and, in training,
-    its backward kernel (:func:`bwd_kernel_resources` within ``room``) fit the stage's share of
-    the board's usable BRAM and URAM (fpga_models.allocate.stage_block_budget at cap 1), as
+    """Whether a stage's forward kernel (fpga_models.allocate.fwd_kernel_blocks, its MAC arrays'
+    DSP) and, in training, its backward kernel (:func:`bwd_kernel_resources` within ``room``)
+    fit the stage's share of the board's usable BRAM, URAM and DSP (fpga_models.allocate.stage_block_budget at cap 1), as
     `bapipe check`'s ``blocks`` rule counts them (UG573 primitives). The cap shapes the shares
     the kernels decide within (frames, stores); a plan is refused only when its kernels exceed
     what the board has: a backward kernel's stores have a floor (a bank per drain lane and per
@@ -690,11 +690,14 @@ def stage_blocks_fit(model: Model, layers: Sequence[Layer], board: Board, foldin
     budget = stage_block_budget(board, 1.0, chunks)
     f = fwd_kernel_blocks(layers, board, folding, fmt, cap, chunks, train, style, port_lanes)
     bram18, uram = f.bram18, f.uram
+    # the forward MAC arrays' DSP (the largest layer's when the layers take turns on one array)
+    per = [layer_cost(l, board, *folding[l.name], fmt, 1).dsp for l in layers]
+    dsp = sum(per) if style == "dataflow" else max(per, default=0)
     if train:
         r = bwd_kernel_resources(model, layers, board, folding, fmt, style, samples, iteration_samples,
                                  kernel_onchip_budget(board, cap, chunks, True), room)
-        bram18, uram = bram18 + 2 * r["bram36"], uram + r["uram"]
-    return bram18 <= budget.bram18 and uram <= budget.uram
+        bram18, uram, dsp = bram18 + 2 * r["bram36"], uram + r["uram"], dsp + r["dsp"]
+    return bram18 <= budget.bram18 and uram <= budget.uram and dsp <= board.usable_dsp // max(1, chunks)
 
 
 def elementwise_dsp(layers: Sequence[Layer], folding: dict[str, tuple[int, int]], per_mac: float = 1.0) -> int:

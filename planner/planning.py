@@ -87,6 +87,29 @@ def infeasible_reason(model: Model, ex: Explorer, p: int, r: int) -> str:
             f"(fpga_models.bwd_memory.stage_blocks_fit, UG573 blocks)")
 
 
+#: the shares of a stage's DSP/LUT budget the planner folds layers within, tried in turn until
+#: some plan's kernels fit the boards' BRAM and URAM (fewer lanes: fewer banks) [design choice]
+FOLD_SCALES = (1.0, 0.5, 0.25)
+
+
+def _fitting_explorer(model: Model, cluster: Cluster, req: Request, ex: Explorer) -> Explorer:
+    """``ex``, or one whose tables fold every layer within a smaller share of the budget
+    (:data:`FOLD_SCALES`) when no plan at the full share has kernels that fit the boards' BRAM
+    and URAM (fpga_models.bwd_memory.stage_blocks_fit): a smaller folding takes fewer banks
+    (resnet50 --whole-blocks on 4xU250-ring: no stage fits at 3,072 lanes). The first scale
+    with a fitting plan wins; none: ``ex`` (make_plan says why nothing fits)."""
+    if not any(t.board.kind == "fpga" for t in ex.tables.values()):
+        return ex
+    for scale in FOLD_SCALES:
+        cand = ex if scale == 1.0 else Explorer(model, cluster, req, fold_scale=scale)
+        found = cand.search(cand.configs(cand.schedules(), list(range(1, cand.N + 1)) if req.replication else [1],
+                                         (False, True)))
+        if found and math.isfinite(found[0].iteration_s or math.inf):
+            cand._found = found
+            return cand
+    return ex
+
+
 def make_plan(model: Model, cluster: Cluster, model_arg: str, cluster_arg: str, req: Request) -> Outcome:
     """Search plans; raise SpecError (one line, the binding constraint) when none fits."""
     ex = Explorer(model, cluster, req)
@@ -105,12 +128,15 @@ def make_plan(model: Model, cluster: Cluster, model_arg: str, cluster_arg: str, 
                                                   f"(v = 2 chunks on each of p >= 2 boards); got {ex.N} board(s), "
                                                   f"{ex.n} layer(s)")
     found = None
+    if req.partition is None and ex.train:
+        ex = _fitting_explorer(model, cluster, req, ex)
     if req.partition is not None:
         best = _user_partition(ex, req.partition, scheds, rc)
         searched = 1
     else:
         configs = ex.configs(scheds, replicas, rc)
-        found = ex.search(configs)
+        found = getattr(ex, "_found", None) or ex.search(configs)
+        found = [f for f in found if f.iteration_s is None or math.isfinite(f.iteration_s)]
         searched = len(found)
         if not found:
             how = "" if req.schedule == "auto" else f" with schedule {req.schedule}"

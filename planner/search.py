@@ -208,8 +208,11 @@ def canonical_order(cluster: Cluster, boards: list) -> list:
 class Explorer:
     """Holds the per-board-type tables of one model on one cluster and searches plans."""
 
-    def __init__(self, model: Model, cluster: Cluster, req: Request):
+    def __init__(self, model: Model, cluster: Cluster, req: Request, fold_scale: float = 1.0):
         self.model, self.cluster, self.req = model, cluster, req
+        # the share of each stage's DSP/LUT budget its layers are folded within (1: all of it;
+        # planner.planning.make_plan lowers it when no plan's kernels fit the boards' blocks)
+        self.fold_scale = fold_scale
         boards = list(cluster.boards)
         if req.max_boards is not None:
             if not 1 <= req.max_boards <= len(boards):
@@ -261,8 +264,8 @@ class Explorer:
         if key not in self._vtables:
             board = board if board is not None else self.tables[btype].board
             share = engine_share(v, self.req.mode == "train")
-            self._vtables[key] = layer_table(self.model, board, self.req.fmt, self.req.cap * share, self._meas[btype],
-                                             self.req.mode == "train")
+            self._vtables[key] = layer_table(self.model, board, self.req.fmt, self.req.cap * share * self.fold_scale,
+                                             self._meas[btype], self.req.mode == "train")
         return self._vtables[key]
 
     def stage_model(self, btype: str, beta: int, recompute: bool, schedule: str, k: int = 1,
