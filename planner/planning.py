@@ -68,6 +68,15 @@ def _result(c: Candidate, G: int) -> dict:
 
 def infeasible_reason(model: Model, ex: Explorer, p: int, r: int) -> str:
     """One line naming the binding memory constraint when nothing fits on p stages x r replicas."""
+    return weights_reason(model, ex, p) or (
+        f"no split of {model.name} into {p} stage(s) fits the boards' memory with its activation stashes "
+        f"(even with recomputation at 1 sample per micro-batch) and its kernels' BRAM and URAM "
+        f"(fpga_models.bwd_memory.stage_blocks_fit, UG573 blocks)")
+
+
+def weights_reason(model: Model, ex: Explorer, p: int) -> str | None:
+    """The one line when a layer alone, or all the weights with their optimizer state, cannot fit
+    ``p`` of the largest boards (no search needed to know it), else None."""
     req = ex.req
     best_cap = max(ex.stage_model(t, 1, True, "1f1b").capacity for t in ex.tables)
     copies = weight_copies(req.optimizer, req.mode)
@@ -82,9 +91,7 @@ def infeasible_reason(model: Model, ex: Explorer, p: int, r: int) -> str:
     if total > cap:
         return (f"{model.name} needs {total / 1e9:.4g} GB of weights and optimizer state (x{copies}) but "
                 f"{p} stage(s) hold at most {cap / 1e9:.4g} GB (over by {(total - cap) / 1e9:.4g} GB)")
-    return (f"no split of {model.name} into {p} stage(s) fits the boards' memory with its activation stashes "
-            f"(even with recomputation at 1 sample per micro-batch) and its kernels' BRAM and URAM "
-            f"(fpga_models.bwd_memory.stage_blocks_fit, UG573 blocks)")
+    return None
 
 
 #: the shares of a stage's DSP/LUT budget the planner folds layers within, tried in turn until
@@ -128,6 +135,10 @@ def make_plan(model: Model, cluster: Cluster, model_arg: str, cluster_arg: str, 
                                                   f"(v = 2 chunks on each of p >= 2 boards); got {ex.N} board(s), "
                                                   f"{ex.n} layer(s)")
     found = None
+    if req.partition is None and weights_reason(model, ex, ex.N) is not None:   # hopeless: say so at once
+        how = "" if req.schedule == "auto" else f" with schedule {req.schedule}"
+        raise SpecError(model.name, None, "memory", f"{model.name} does not fit {cluster.name}{how}: "
+                                              + weights_reason(model, ex, ex.N))
     if req.partition is None and ex.train:
         ex = _fitting_explorer(model, cluster, req, ex)
     if req.partition is not None:

@@ -284,7 +284,7 @@ class Explorer:
                                  stashes_weights(schedule), gradient_buffers(schedule))
                 table = self.table(btype, v)
                 if table.board.kind == "fpga" and table.measured_f is None:
-                    sm = replace(sm, fits=self.block_mask(btype, v))
+                    sm = replace(sm, fits=lambda m, b=btype, vv=v: self.block_mask(b, vv, m))
                 pb = self.prof_bytes.get(btype)
                 if pb is not None:
                     # a measured profile's bytes are used as given (a fp32 GPU profile planned
@@ -296,15 +296,16 @@ class Explorer:
                 self._sm[key] = sm
         return self._sm[key]
 
-    def block_mask(self, btype: str, v: int) -> np.ndarray:
+    def block_mask(self, btype: str, v: int, sm: StageModel | None = None) -> np.ndarray:
         """``[i, j]``: whether a time-multiplexed stage of layers i..j on a board of ``btype`` (``v``
         stages a board, the table's folding, its port at layer i - 1's output beat) fits the
         board's BRAM and URAM (fpga_models.bwd_memory.stage_blocks_fit: the check :meth:`finish`
         makes exactly). The weight-gradient sums are sized for the whole global batch (the widest
         a replica's can be). A stage's blocks grow with its layers, so per first layer the longest
         range that fits is found by bisection (log n checks, not n: resnet50's 14k ranges at ~10 ms
-        each would take minutes); :meth:`finish` still checks the chosen stages exactly. Cached per
-        (type, v)."""
+        each would take minutes), among the ranges whose bytes fit (``sm``'s memory with no
+        stash: longer ones never fit); :meth:`finish` still checks the chosen stages exactly.
+        Cached per (type, v)."""
         key = ("blockmask", btype, v)
         if key not in self._links:
             table, n = self.table(btype, v), self.n
@@ -318,13 +319,20 @@ class Explorer:
                                         1, self.G, port, room)
 
             fits = np.zeros((n, n), dtype=bool)
+            bare = replace(sm, fits=None) if sm is not None else None   # its bytes alone
             for i in range(n):
+                last = n - 1
+                if bare is not None:   # the longest range from i whose bytes fit (memory grows with j)
+                    ok = np.asarray(bare.cost(np.full(n - i, i), np.arange(i, n), 0.0, v)["feasible"], dtype=bool)
+                    last = i + int(np.nonzero(ok)[0].max()) if ok.any() else i - 1
+                if last < i:
+                    continue
                 port = stage_port_lanes(self.model.layers[i - 1], table.fold[i - 1]) if i else None
-                lo, hi = i - 1, n              # ranges i..lo fit, i..hi does not (n: none beyond)
-                if fit(i, n - 1, port):
-                    lo = n - 1
+                lo, hi = i - 1, last + 1       # ranges i..lo fit, i..hi does not
+                if fit(i, last, port):
+                    lo = last
                 else:
-                    hi = n - 1
+                    hi = last
                 while hi - lo > 1:
                     mid = (lo + hi) // 2
                     lo, hi = (mid, hi) if fit(i, mid, port) else (lo, mid)

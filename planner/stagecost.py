@@ -128,7 +128,7 @@ class StageModel:
     IN: np.ndarray   # bytes entering a stage that starts at layer i (per micro-batch)
     switch_s: float = 0.0  # FPGA: the sequencer's switch between jobs, per micro-batch
     stash_weights: bool = False   # PipeDream: every stash also holds its weight version
-    fits: np.ndarray | None = None   # FPGA: [i, j] the kernels of layers i..j fit the board's blocks
+    fits: object = None   # FPGA: () -> [i, j] the kernels of layers i..j fit the board's blocks (built once, lazily)
 
     def weight_copies_at(self, stashes):
         """Weight-sized buffers of a stage with ``stashes`` in flight: ``copies`` plus, with
@@ -151,7 +151,15 @@ class StageModel:
         j = np.asarray(j)
         return {"F": self.PF[j + 1] - self.PF[i], "B": self.PB[j + 1] - self.PB[i], "W": self.PW[j + 1] - self.PW[i],
                 "A": self.PA[j + 1] - self.PA[i], "buf": self.PBUF[j + 1] - self.PBUF[i], "IN": self.IN[i],
-                "fit": self.fits[i, j] if self.fits is not None else None}
+                "fit": self.fit_matrix()[i, j] if self.fits is not None else None}
+
+    def fit_matrix(self) -> np.ndarray:
+        """The block-fit mask ``fits`` builds (planner.search.Explorer.block_mask), once."""
+        got = self.__dict__.get("_fit_matrix")
+        if got is None:
+            got = self.fits(self)
+            self.__dict__["_fit_matrix"] = got
+        return got
 
     def cost_of(self, rg: dict, stashes, share: int = 1):
         """:meth:`cost` from precomputed :meth:`ranges`."""
