@@ -205,6 +205,17 @@ def canonical_order(cluster: Cluster, boards: list) -> list:
     return sorted(boards, key=lambda cb: (rank.get(cb.host, len(rank)), pos.get(cb.name, 0)))
 
 
+class _BlockMask:
+    """A stage model's block-fit mask, built on first use (Explorer.block_mask); a class, not a
+    closure, so that an Outcome holding its Explorer pickles."""
+
+    def __init__(self, ex: "Explorer", btype: str, v: int):
+        self.ex, self.btype, self.v = ex, btype, v
+
+    def __call__(self, sm) -> np.ndarray:
+        return self.ex.block_mask(self.btype, self.v, sm)
+
+
 class Explorer:
     """Holds the per-board-type tables of one model on one cluster and searches plans."""
 
@@ -284,7 +295,7 @@ class Explorer:
                                  stashes_weights(schedule), gradient_buffers(schedule))
                 table = self.table(btype, v)
                 if table.board.kind == "fpga" and table.measured_f is None:
-                    sm = replace(sm, fits=lambda m, b=btype, vv=v: self.block_mask(b, vv, m))
+                    sm = replace(sm, fits=_BlockMask(self, btype, v))
                 pb = self.prof_bytes.get(btype)
                 if pb is not None:
                     # a measured profile's bytes are used as given (a fp32 GPU profile planned
