@@ -684,9 +684,12 @@ def stage_blocks_fit(model: Model, layers: Sequence[Layer], board: Board, foldin
     what the board has: a backward kernel's stores have a floor (a bank per drain lane and per
     weight word: vgg16's conv10-13 at 3,072 lanes take 302 URAM however little room is left,
     1,184 URAM with the forward kernel's 882; refusing at the cap's 1,024 leaves vgg16 on 4
-    U250s no plan at the table's foldings)."""
-    from .allocate import fwd_kernel_blocks, kernel_onchip_budget, stage_block_budget
+    U250s no plan at the table's foldings). True for a stage the streaming engines do not build
+    (fpga_models.allocate.engine_built: codegen refuses it, so no kernel's blocks exist to count)."""
+    from .allocate import engine_built, fwd_kernel_blocks, kernel_onchip_budget, stage_block_budget
 
+    if not engine_built(layers):   # no kernel the engines build (transformers' attention, embeddings): no blocks to count
+        return True
     budget = stage_block_budget(board, 1.0, chunks)
     f = fwd_kernel_blocks(layers, board, folding, fmt, cap, chunks, train, style, port_lanes)
     bram18, uram = f.bram18, f.uram
