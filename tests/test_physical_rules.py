@@ -281,4 +281,5 @@ def test_vgg16_default_training_build_passes_every_rule_and_agrees_with_the_plan
                                         (f"stage{k}_bwd", "bwd_bram36", "bwd_uram", "bwd_dsp")):
             got = r["kernels"][kernel]
             for plan_v, check_v in ((res[bram], got["bram36"]), (res[uram], got["uram"]), (res[dsp], got["dsp"])):
+                # 10%: issue 32 item 2's bound (the plan prices banks by fpga_models; check reads the C++)
                 assert abs(plan_v - check_v) <= 0.1 * max(plan_v, check_v), (kernel, plan_v, check_v)
