@@ -502,6 +502,56 @@ def kernel_block_budget(board: Board, cap: float, stages_on_board: int = 1, trai
     return Blocks(bram18=int(2 * board.usable_bram36 * cap) // k, uram=int(board.usable_uram * cap) // k)
 
 
+def stage_block_budget(board: Board, cap: float, chunks: int = 1) -> Blocks:
+    """BRAM18 units and URAMs a stage's kernels (forward and backward) may take together: the
+    board's capped usable blocks (UG573 primitives; the catalog's usable figures) split over the
+    ``chunks`` stages on it."""
+    k = max(1, chunks)
+    return Blocks(bram18=int(2 * board.usable_bram36 * cap) // k, uram=int(board.usable_uram * cap) // k)
+
+
+def bwd_block_room(layers: Sequence[Layer], board: Board, folding: dict[str, tuple[int, int]], fmt: str,
+                   cap: float, chunks: int = 1, port_lanes: int | None = None,
+                   style: str = "time-multiplexed") -> Blocks:
+    """The blocks a stage's backward kernel may take: :func:`stage_block_budget` less what the
+    forward kernel takes (:func:`fwd_kernel_blocks`, whose frames stay within its half,
+    :func:`kernel_block_budget`). The backward kernel's stores and frames are decided within it
+    (fpga_models.bwd_memory), so the two kernels fit the board together (`bapipe check`'s
+    ``blocks`` rule; vgg16's default plan had 1,300 and 1,542 URAM of 1,280 on fpga1 and fpga2,
+    each kernel within its own share)."""
+    b = stage_block_budget(board, cap, chunks)
+    f = fwd_kernel_blocks(layers, board, folding, fmt, cap, chunks, True, style, port_lanes)
+    return Blocks(bram18=max(0, b.bram18 - f.bram18), uram=max(0, b.uram - f.uram))
+
+
+def _plan_fold(stage, layers: Sequence[Layer]) -> dict[str, tuple[int, int]]:
+    """A plan stage's folding as the models read it: (PE, SIMD) of an MVU, (1, lanes) of the others."""
+    fold = {l.name: (1, 1) for l in layers}
+    fold.update({n: (f.pe, f.simd) if f.lanes is None else (1, f.lanes) for n, f in stage.folding.items()})
+    return fold
+
+
+def plan_port_lanes(plan, model, stage) -> int | None:
+    """:func:`stage_port_lanes` of a plan's stage (the stage before it in the plan: its last
+    layer at its folding); what the planner priced (planner.search.Explorer.port_lanes)."""
+    prev = next((s for s in plan.stages if s.index == stage.index - 1), None)
+    if prev is None:   # the first stage (or one lowered alone, as a bench of its own)
+        return None
+    last = model.layers[model.index[prev.layers[-1]]]
+    return stage_port_lanes(last, _plan_fold(prev, [last])[last.name])
+
+
+def plan_bwd_room(plan, model, stage, board: Board | None) -> Blocks | None:
+    """:func:`bwd_block_room` of a plan's time-multiplexed training stage on ``board`` (None for
+    other stages): the blocks the lowering of its backward kernel may take."""
+    if board is None or getattr(board, "kind", "fpga") != "fpga" or plan.mode != "train" \
+            or stage.style != "time-multiplexed":
+        return None
+    layers = [model.layers[model.index[n]] for n in stage.layers]
+    return bwd_block_room(layers, board, _plan_fold(stage, layers), plan.number_format, plan.utilisation_cap,
+                          plan.chunks, plan_port_lanes(plan, model, stage))
+
+
 def _usable(board: Board) -> dict:
     return {"usable_bram36": board.usable_bram36, "usable_uram": board.usable_uram}
 
@@ -613,6 +663,36 @@ def tm_feed_blocks(layers: Sequence[Layer], folding: dict[str, tuple[int, int]],
     return out
 
 
+def tm_input_blocks(layers: Sequence[Layer], folding: dict[str, tuple[int, int]], fmt: str, board: Board,
+                    port_lanes: int | None = None) -> Blocks:
+    """The frame buffer in front of a time-multiplexed stage's first turn when one turn reads the
+    stage input (codegen.design.dataflow.tm_chain): a window generator's input holds a whole frame
+    (its turn waits for it: codegen.design.tm_kernel) where converters widen the port's
+    ``port_lanes`` (the previous stage's output beat, :func:`stage_port_lanes`; None: the stage
+    input comes at the reader's lanes) to the generator's; any other first turn reads a FIFO of
+    two frames at the wider of the two beats. Bound as the Design binds a deep FIFO
+    (:func:`fifo_blocks`). vgg16's default plan: stage 2's conv10 input (256 -> 512 lanes, a
+    frame of 784 beats: 114 URAM) and stage 3's relu13 FIFO (57 URAM) were not counted."""
+    _turns, _readers, inputs = tm_frame_readers(layers)
+    if len(inputs) != 1:
+        return Blocks()
+    t = inputs[0]
+    lin = _in_lanes(t, folding[t.name])
+    port = port_lanes or lin
+    bits, elems = 8 * bytes_per_element(fmt), int(math.prod(t.in_shapes[0]))
+    if _window(t, folding) is not None:
+        return fifo_blocks(lin * bits, math.ceil(elems / lin), board) if port != lin else Blocks()
+    fl = max(port, lin)
+    return fifo_blocks(fl * bits, 2 * math.ceil(elems / fl), board)
+
+
+def stage_port_lanes(prev_last: Layer | None, folding: tuple[int, int] | None) -> int | None:
+    """Lanes of a stage's input port: the previous stage's last layer's output beat
+    (:func:`_out_lanes` at its folding); None for the first stage (the host feeds it at its
+    first reader's lanes)."""
+    return _out_lanes(prev_last, folding) if prev_last is not None and folding is not None else None
+
+
 def pool_acc_blocks(layers: Sequence[Layer], folding: dict[str, tuple[int, int]], fmt: str) -> Blocks:
     """The pools' exact accumulators (bapipe::pool: acc_t acc[C / SIMD][SIMD], SIMD banks of C / SIMD
     words of the format's accumulator width), where Vitis leaves an unbound array."""
@@ -654,12 +734,13 @@ def frames_offchip_blocks(frame_blocks: Sequence[Blocks], frame_bytes: Sequence[
 
 
 def tm_onchip_blocks(layers: Sequence[Layer], board: Board, folding: dict[str, tuple[int, int]], fmt: str,
-                     cap: float, chunks: int = 1, train: bool = True) -> dict:
+                     cap: float, chunks: int = 1, train: bool = True, port_lanes: int | None = None) -> dict:
     """The planner's figure of a time-multiplexed forward kernel's on-chip memory in blocks, item
     by item as codegen.design.tm_kernel builds it: ``weights`` (the packed buffer,
     :func:`tm_weight_banks`), ``params`` (biases, batchnorm copies: :func:`tm_param_blocks`),
     ``line_buffers`` (:func:`line_buffer_blocks`),
-    ``feed``, ``mac_input`` (:func:`tm_mac_input_blocks`), ``pool_accs`` (:func:`pool_acc_blocks`);
+    ``feed`` (:func:`tm_feed_blocks`, :func:`tm_input_blocks` at ``port_lanes``), ``mac_input``
+    (:func:`tm_mac_input_blocks`), ``pool_accs`` (:func:`pool_acc_blocks`);
     their sum ``fixed``; ``frames`` (per frame, :func:`tm_frame_blocks`) and ``off``
     (:func:`frames_offchip_blocks` on the kernel's share, :func:`kernel_block_budget`);
     ``onchip``: fixed and the frames kept."""
@@ -670,7 +751,9 @@ def tm_onchip_blocks(layers: Sequence[Layer], board: Board, folding: dict[str, t
     parts = {"budget": budget, "weights": wb.blocks if wb is not None else Blocks(),
              "params": tm_param_blocks(layers, folding, fmt, board, train) if built else Blocks(),
              "line_buffers": sum((line_buffer_blocks(l, folding, fmt, board) for l in layers), Blocks()),
-             "feed": tm_feed_blocks(layers, folding, fmt, board) if built else Blocks()}
+             "feed": (tm_feed_blocks(layers, folding, fmt, board) + tm_input_blocks(layers, folding, fmt, board,
+                                                                                      port_lanes)
+                      if built else Blocks())}
     parts["mac_input"] = tm_mac_input_blocks(layers, folding, fmt) if built else Blocks()
     parts["pool_accs"] = pool_acc_blocks(layers, folding, fmt) if built else Blocks()
     fixed = (parts["weights"] + parts["params"] + parts["line_buffers"] + parts["feed"] + parts["mac_input"]
@@ -734,31 +817,33 @@ def df_skip_blocks(layers: Sequence[Layer], folding: dict[str, tuple[int, int]],
 
 
 def fwd_kernel_blocks(layers: Sequence[Layer], board: Board, folding: dict[str, tuple[int, int]], fmt: str,
-                      cap: float, chunks: int = 1, train: bool = True, style: str = "time-multiplexed") -> Blocks:
+                      cap: float, chunks: int = 1, train: bool = True, style: str = "time-multiplexed",
+                      port_lanes: int | None = None) -> Blocks:
     """A stage's forward kernel's on-chip memory in blocks, the figure plan.yaml states
     (``resources.fwd_bram36``, ``fwd_uram``): :func:`tm_onchip_blocks` or :func:`df_onchip_blocks`."""
     if style == "dataflow":
         return df_onchip_blocks(layers, board, folding, fmt, train)
-    return tm_onchip_blocks(layers, board, folding, fmt, cap, chunks, train)["onchip"]
+    return tm_onchip_blocks(layers, board, folding, fmt, cap, chunks, train, port_lanes)["onchip"]
 
 
 def tm_offchip(layers: Sequence[Layer], board: Board, folding: dict[str, tuple[int, int]], fmt: str,
-               cap: float, chunks: int = 1, train: bool = True) -> list[bool]:
+               cap: float, chunks: int = 1, train: bool = True, port_lanes: int | None = None) -> list[bool]:
     """Which frame buffers of a time-multiplexed stage (:func:`tm_frames`, in turn order) go off
     chip: :func:`frames_offchip_blocks` on the kernel's share of the board's blocks
     (:func:`tm_onchip_blocks`). The planner prices it (:func:`tm_spill_cycles`) and the lowering
     builds it (codegen.design.dataflow)."""
-    return tm_onchip_blocks(layers, board, folding, fmt, cap, chunks, train)["off"]
+    return tm_onchip_blocks(layers, board, folding, fmt, cap, chunks, train, port_lanes)["off"]
 
 
 def tm_spill_cycles(layers: Sequence[Layer], board: Board, folding: dict[str, tuple[int, int]], fmt: str,
-                    cap: float, chunks: int = 1, train: bool = True, frame_io: dict | None = None) -> int:
+                    cap: float, chunks: int = 1, train: bool = True, frame_io: dict | None = None,
+                    port_lanes: int | None = None) -> int:
     """Forward cycles per sample a time-multiplexed stage loses to its off-chip frame buffers:
     a turn that writes or reads one takes at least :func:`fpga_models.engines.frame_io_cycles`
     (512-bit words, one a cycle), beyond the layer's own cycles when that is longer.
     ``frame_io``: filled with each such turn's longest transfer."""
     copies = tm_frame_copies(layers, folding)
-    off = tm_offchip(layers, board, folding, fmt, cap, chunks, train)
+    off = tm_offchip(layers, board, folding, fmt, cap, chunks, train, port_lanes)
     bits = 8 * bytes_per_element(fmt)
     turns = [l for l in layers if l.type != "flatten"]
     io = {}   # turn -> the longest of its off-chip frame transfers (its input's and its output's)
@@ -780,7 +865,7 @@ def tm_spill_cycles(layers: Sequence[Layer], board: Board, folding: dict[str, tu
 
 
 def tm_weight_cycles(layers: Sequence[Layer], board: Board, folding: dict[str, tuple[int, int]], fmt: str,
-                     cap: float, chunks: int = 1, train: bool = True) -> int:
+                     cap: float, chunks: int = 1, train: bool = True, port_lanes: int | None = None) -> int:
     """Forward cycles per sample a time-multiplexed stage loses to fetching its off-chip weights
     (:func:`tm_weight_turns`: the fill, and each turn's fetch beyond the longer of the layer's
     own cycles and its frame transfers, :func:`tm_spill_cycles`); 0 when its weights are
@@ -791,7 +876,7 @@ def tm_weight_cycles(layers: Sequence[Layer], board: Board, folding: dict[str, t
     if not fetch and not fill:
         return 0
     io: dict[str, int] = {}
-    tm_spill_cycles(layers, board, folding, fmt, cap, chunks, train, io)
+    tm_spill_cycles(layers, board, folding, fmt, cap, chunks, train, io, port_lanes)
     extra = fill + WEIGHT_FILL_LAG if fill else 0
     for t in layers:
         if t.name in fetch:   # the turn as the RTL's sequencer runs it (engines.fetch_turn_cycles)

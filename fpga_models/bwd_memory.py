@@ -35,9 +35,9 @@ from typing import Collection, Sequence
 from bapipe.layers import Layer
 from bapipe.spec import Model
 
-from .allocate import frames_offchip, weights_all_resident
-from .bwd_tiles import (col2im_buffer, col2im_plan, matrix_layers, col2im_reader_extra, engine_extra_cycles, engine_folding,
-                        stage_tiles)
+from .allocate import frames_offchip, frames_offchip_blocks, weights_all_resident
+from .bwd_tiles import (ACC_URAM_SHARE, WEIGHT_URAM_SHARE, col2im_buffer, col2im_plan, matrix_layers, col2im_reader_extra,
+                        engine_extra_cycles, engine_folding, stage_tiles)
 from .boards import Board, bytes_per_element, on_chip_bytes
 from .cost import layer_cost, matrix_shape
 from .engines import conv_window_lanes, frame_io_cycles
@@ -426,8 +426,86 @@ def place_accumulators(acc_bytes: dict[str, int], room: float) -> dict[str, bool
     return {n: out[n] for n in acc_bytes}
 
 
+def engine_uram(room, board: Board | None) -> int | None:
+    """The URAMs a backward kernel's stores take their shares of (fpga_models.bwd_tiles:
+    ACC_URAM_SHARE for the weight-gradient sums, WEIGHT_URAM_SHARE for the weights dx reads) when
+    the forward kernel leaves the stage ``room`` blocks (fpga_models.allocate.bwd_block_room):
+    the board's usable URAMs, or fewer so that both shares fit the room (the stores then pass
+    more rows through off-chip memory and hold one turn's weights, which the plan prices);
+    None without a room (the shares of the board's usable)."""
+    if room is None or board is None:
+        return None
+    return max(0, min(board.usable_uram, int(room.uram / (ACC_URAM_SHARE + WEIGHT_URAM_SHARE))))
+
+
+def bwd_fixed_blocks(model: Model, layers: Sequence[Layer], board: Board | None,
+                     folding: dict[str, tuple[int, int]], fmt: str, tiles: dict, tm: bool) -> "Blocks":
+    """The backward kernel's blocks besides its frames: its matrix engines' memories
+    (fpga_models.bwd_tiles.kernel_blocks), the convs' col2im row buffers and their window
+    generators' line buffers (ROWS x K x lanes banks, bapipe_engines.h swg), by memory_blocks'
+    rules (UG573), as `bapipe check` counts the generated C++."""
+    from .bwd_tiles import col2im_buffer, kernel_blocks
+    from .memory_blocks import array_blocks
+
+    bits = 8 * bytes_per_element(fmt)
+    efold = engine_folding(tiles, folding)
+    total = kernel_blocks(tiles)
+    if tm:
+        plans = list(tm_col2im(model, layers, tiles, efold).values())
+    else:
+        _a, needed = _active(model, layers)
+        names = {l.name: l for l in layers}
+        plans = []
+        for l in layers:
+            if l.type == "conv2d" and l.name in tiles and l.inputs[0] in needed:
+                p = names.get(l.inputs[0])
+                want = None
+                if p is not None and p.type not in ("add", "flatten"):
+                    want = efold[p.name][0] if matrix_shape(p) is not None else _ew_lanes(efold[p.name])
+                plans.append(col2im_plan(l, tiles[l.name].job(l.name), want or int(l.in_shapes[0][0]), False))
+    for a in col2im_buffer(plans, tm):
+        total = total + a.blocks
+    for l in layers:
+        if l.type != "conv2d" or l.name not in tiles:
+            continue
+        j = tiles[l.name].job(l.name)
+        c, _h, w = l.in_shapes[0]
+        (kh, kw), (sh, sw), (ph, pw) = _window(l)
+        lanes, taps = conv_window_lanes(c, kh, j.wsimd or j.lsimd)
+        if kh == kw and sh == sw and ph == pw and j.lsimd % (lanes * taps) == 0 and c % lanes == 0:
+            rows = kh + sh - 1
+            banks = rows * min(kh, w) * lanes
+            total = total + array_blocks("auto", bits, rows * w * c, banks)
+    return total
+
+
+def frame_blocks(f: GradFrame, fmt: str) -> "Blocks":
+    """A gradient frame kept on chip: a FIFO of the frame at its lanes, bound as the Design binds
+    it (fpga_models.bwd_tiles.fifo_storage; UG573 modes)."""
+    from .bwd_tiles import fifo_storage
+    from .memory_blocks import bank_blocks, fifo_impl
+
+    bits = 8 * bytes_per_element(fmt)
+    width, depth = f.lanes * bits, f.nbytes // bytes_per_element(fmt) // f.lanes
+    return bank_blocks(fifo_impl(width, depth, fifo_storage(width, depth)), width, depth)
+
+
+def _frames_off(frames, keep, base: int, budget: int | None, room, fixed, fmt: str) -> list[bool]:
+    """Which gradient frames go off chip: in blocks within ``room`` beside the kernel's ``fixed``
+    blocks when a room is given (fpga_models.allocate.frames_offchip_blocks), else in bytes within
+    ``budget`` (fpga_models.allocate.frames_offchip); a frame with nothing to free stays."""
+    if room is not None:
+        off = frames_offchip_blocks([frame_blocks(f, fmt) for f in frames], [f.nbytes for f in frames],
+                                    fixed, room)
+    elif budget is not None:
+        off = frames_offchip(keep, base, budget)
+    else:
+        off = [False] * len(frames)
+    return [o and k > 0 for o, k in zip(off, keep)]
+
+
 def bwd_memory(model: Model, layers: Sequence[Layer], board: Board | None, folding: dict[str, tuple[int, int]],
-               fmt: str, budget: int | None, samples: int, time_multiplexed: bool) -> BwdMemory:
+               fmt: str, budget: int | None, samples: int, time_multiplexed: bool, room=None) -> BwdMemory:
     """The backward kernel's memory decision. ``budget``: its on-chip share
     (fpga_models.allocate.kernel_onchip_budget; None: unlimited); ``samples``: samples whose
     gradients an accumulator sums in an iteration (micro-batches x the replica's micro-batch).
@@ -443,14 +521,15 @@ def bwd_memory(model: Model, layers: Sequence[Layer], board: Board | None, foldi
            if l.name in active and l.type in ("dense", "conv2d")}
     other = bwd_other_bytes(model, layers, folding, fmt, time_multiplexed) + bwd_weight_bytes(model, layers, fmt,
                                                                                                 budget)
-    room = ACC_ONCHIP_SHARE * on_chip_bytes(board) if board is not None else float("inf")
+    acc_room = ACC_ONCHIP_SHARE * on_chip_bytes(board) if board is not None else float("inf")
     if not time_multiplexed:
         if budget is not None:
-            room = min(room, budget - other)
-        return BwdMemory(budget, place_accumulators(acc, room), acc, other)
+            acc_room = min(acc_room, budget - other)
+        return BwdMemory(budget, place_accumulators(acc, acc_room), acc, other)
     # the tiled matrix engines (fpga_models.bwd_tiles) hold the weight-gradient sums, the weights dx
     # reads and the engines' buffers: their bytes are fixed; no per-layer accumulator, tile or stream
-    tiles = stage_tiles(model, layers, folding, "tm", 1, samples, board, bits)
+    tiles = stage_tiles(model, layers, folding, "tm", 1, samples, board, bits, engine_uram(room, board))
+    fixed = bwd_fixed_blocks(model, layers, board, folding, fmt, tiles, True) if room is not None else None
     if tiles:
         folding = engine_folding(tiles, folding)
         # bytes as the Design counts its arrays: elements x whole bytes an element
@@ -470,8 +549,7 @@ def bwd_memory(model: Model, layers: Sequence[Layer], board: Board | None, foldi
         base = (bwd_other_bytes(model, layers, folding, fmt, True) - own_lb - vec + shared + eng + streams
                 + sum(pipes) + scales)
         keep = [f.nbytes - p for f, p in zip(frames, pipes)]
-        off = frames_offchip(keep, base, budget) if budget is not None else [False] * len(frames)
-        off = [o and k > 0 for o, k in zip(off, keep)]
+        off = _frames_off(frames, keep, base, budget, room, fixed, fmt)
         return BwdMemory(budget, {n: False for n in acc}, acc, base - streams - sum(pipes), tuple(frames),
                          tuple(off), streams, tuple(pipes), eb)
     # no matrix layer: the turns' streams and frames beside the other buffers
@@ -480,27 +558,29 @@ def bwd_memory(model: Model, layers: Sequence[Layer], board: Board | None, foldi
     pipes = [frame_pipe_bytes(f, fmt) for f in frames]
     base = other + streams + sum(pipes)
     keep = [f.nbytes - p for f, p in zip(frames, pipes)]
-    off = frames_offchip(keep, base, budget) if budget is not None else [False] * len(frames)
-    off = [o and k > 0 for o, k in zip(off, keep)]
+    off = _frames_off(frames, keep, base, budget, room, fixed, fmt)
     return BwdMemory(budget, {n: False for n in acc}, acc, other, tuple(frames), tuple(off), streams, tuple(pipes), eb)
 
 
 def tm_bwd_extra_cycles(model: Model, layers: Sequence[Layer], board: Board, folding: dict[str, tuple[int, int]],
-                        fmt: str, budget: int | None, samples: int) -> int:
+                        fmt: str, budget: int | None, samples: int, room=None) -> int:
     """Backward cycles per sample a time-multiplexed stage spends beyond its layers' own at
     ``folding``: its off-chip gradient frames (:func:`tm_bwd_spill_cycles`) and its tiled engines
-    (:func:`tm_bwd_engine_cycles`); what the planner adds to the stage's backward time."""
-    mem = bwd_memory(model, layers, board, folding, fmt, budget, samples, True)
+    (:func:`tm_bwd_engine_cycles`); what the planner adds to the stage's backward time. ``room``:
+    the blocks the forward kernel leaves (fpga_models.allocate.bwd_block_room; None: the shares
+    of the whole board and the bytes ``budget``)."""
+    mem = bwd_memory(model, layers, board, folding, fmt, budget, samples, True, room)
     return (tm_bwd_spill_cycles(model, layers, board, folding, fmt, budget, samples, mem)
-            + tm_bwd_engine_cycles(model, layers, board, folding, fmt, samples))
+            + tm_bwd_engine_cycles(model, layers, board, folding, fmt, samples, room))
 
 
 def tm_bwd_engine_cycles(model: Model, layers: Sequence[Layer], board: Board, folding: dict[str, tuple[int, int]],
-                         fmt: str, samples: int) -> int:
+                         fmt: str, samples: int, room=None) -> int:
     """Backward cycles per sample a time-multiplexed stage's tiled matrix engines (fpga_models.bwd_tiles:
     one grid, chunks, off-chip passes, row engines at their port's rate, weight fills) take beyond
-    the plan's per-layer figure at ``folding``."""
-    tiles = stage_tiles(model, layers, folding, "tm", 1, samples, board, 8 * bytes_per_element(fmt))
+    the plan's per-layer figure at ``folding`` (their stores within :func:`engine_uram` of ``room``)."""
+    tiles = stage_tiles(model, layers, folding, "tm", 1, samples, board, 8 * bytes_per_element(fmt),
+                        engine_uram(room, board))
     names = {l.name: l for l in layers}
     no_dx = no_input_gradient(model)
     plan = {n: _own_cycles(n, names[n], board, folding, fmt, no_dx) for n in tiles}
@@ -568,59 +648,59 @@ def tm_bwd_spill_cycles(model: Model, layers: Sequence[Layer], board: Board, fol
 
 
 def bwd_kernel_resources(model: Model, layers: Sequence[Layer], board: Board, folding: dict[str, tuple[int, int]],
-                         fmt: str, style: str, samples: int, iteration_samples: int, budget: int | None) -> dict:
+                         fmt: str, style: str, samples: int, iteration_samples: int, budget: int | None,
+                         room=None) -> dict:
     """The backward kernel's BRAM36, URAM and DSP as the plan states them (plan.yaml ``resources``
-    ``bwd_*``): its matrix engines' memories (fpga_models.bwd_tiles), the convs' col2im row buffers,
-    their window generators' line buffers (ROWS x K x lanes banks, bapipe_engines.h swg), a
-    time-multiplexed kernel's whole frames kept on chip (FIFOs in the cheaper blocks) and the
-    engines' DSP; all in blocks by memory_blocks' rules (UG573), as `bapipe check` counts the
-    generated C++. ``samples``: a call's (dataflow); ``iteration_samples``: an iteration's."""
-    from .bwd_tiles import (col2im_buffer, col2im_plan, matrix_layers, fifo_storage, kernel_blocks, kernel_dsp,
-                            stage_tiles, window_pace)
-    from .engines import conv_window_lanes
-    from .memory_blocks import Blocks, array_blocks, bank_blocks, fifo_impl
+    ``bwd_*``): :func:`bwd_fixed_blocks`, a time-multiplexed kernel's whole frames kept on chip
+    (:func:`frame_blocks`) and the engines' DSP; all in blocks by memory_blocks' rules (UG573), as
+    `bapipe check` counts the generated C++. ``samples``: a call's (dataflow);
+    ``iteration_samples``: an iteration's; ``room``: what the forward kernel leaves (a
+    time-multiplexed kernel's stores and frames fit it: :func:`bwd_memory`)."""
+    from .bwd_tiles import kernel_dsp
 
     bits = 8 * bytes_per_element(fmt)
     tm = style != "dataflow"
-    tiles = stage_tiles(model, layers, folding, "tm" if tm else "dataflow", samples, iteration_samples, board, bits)
-    efold = engine_folding(tiles, folding)
-    total = kernel_blocks(tiles)
-    # col2im row buffers and window line buffers of the convs
+    tiles = stage_tiles(model, layers, folding, "tm" if tm else "dataflow", samples, iteration_samples, board, bits,
+                        engine_uram(room, board) if tm else None)
+    total = bwd_fixed_blocks(model, layers, board, folding, fmt, tiles, tm)
     if tm:
-        plans = list(tm_col2im(model, layers, tiles, efold).values())
-    else:
-        _a, needed = _active(model, layers)
-        names = {l.name: l for l in layers}
-        plans = []
-        for l in layers:
-            if l.type == "conv2d" and l.name in tiles and l.inputs[0] in needed:
-                p = names.get(l.inputs[0])
-                want = None
-                if p is not None and p.type not in ("add", "flatten"):
-                    want = efold[p.name][0] if matrix_shape(p) is not None else _ew_lanes(efold[p.name])
-                plans.append(col2im_plan(l, tiles[l.name].job(l.name), want or int(l.in_shapes[0][0]), False))
-    for a in col2im_buffer(plans, tm):
-        total = total + a.blocks
-    for l in layers:
-        if l.type != "conv2d" or l.name not in tiles:
-            continue
-        j = tiles[l.name].job(l.name)
-        c, _h, w = l.in_shapes[0]
-        (kh, kw), (sh, sw), (ph, pw) = _window(l)
-        lanes, taps = conv_window_lanes(c, kh, j.wsimd or j.lsimd)
-        if kh == kw and sh == sw and ph == pw and j.lsimd % (lanes * taps) == 0 and c % lanes == 0:
-            rows = kh + sh - 1
-            banks = rows * min(kh, w) * lanes
-            total = total + array_blocks("auto", bits, rows * w * c, banks)
-    if tm:
-        mem = bwd_memory(model, layers, board, folding, fmt, budget, iteration_samples, True)
+        mem = bwd_memory(model, layers, board, folding, fmt, budget, iteration_samples, True, room)
         for f, off in zip(mem.frames, mem.frames_off):
             if not off:
-                width, depth = f.lanes * bits, f.nbytes // bytes_per_element(fmt) // f.lanes
-                total = total + bank_blocks(fifo_impl(width, depth, fifo_storage(width, depth)), width, depth)
+                total = total + frame_blocks(f, fmt)
     per = board.dsp_per_mac.get(fmt, 1.0) if board is not None else 1.0
     dsp = kernel_dsp(tiles, per) + elementwise_dsp(layers, folding, per)
     return {"bram36": total.bram36, "uram": total.uram, "dsp": dsp}
+
+
+def stage_blocks_fit(model: Model, layers: Sequence[Layer], board: Board, folding: dict[str, tuple[int, int]],
+                     fmt: str, cap: float, chunks: int, train: bool, style: str, samples: int,
+                     iteration_samples: int, port_lanes: int | None = None, room=None) -> bool:
+    """Whether a stage's forward kernel (fpga_models.allocate.fwd_kernel_blocks, its MAC arrays'
+    DSP) and, in training, its backward kernel (:func:`bwd_kernel_resources` within ``room``)
+    fit the stage's share of the board's usable BRAM, URAM and DSP (fpga_models.allocate.stage_block_budget at cap 1), as
+    `bapipe check`'s ``blocks`` rule counts them (UG573 primitives). The cap shapes the shares
+    the kernels decide within (frames, stores); a plan is refused only when its kernels exceed
+    what the board has: a backward kernel's stores have a floor (a bank per drain lane and per
+    weight word: vgg16's conv10-13 at 3,072 lanes take 302 URAM however little room is left,
+    1,184 URAM with the forward kernel's 882; refusing at the cap's 1,024 leaves vgg16 on 4
+    U250s no plan at the table's foldings). True for a stage the streaming engines do not build
+    (fpga_models.allocate.engine_built: codegen refuses it, so no kernel's blocks exist to count)."""
+    from .allocate import engine_built, fwd_kernel_blocks, kernel_onchip_budget, stage_block_budget
+
+    if not engine_built(layers):   # no kernel the engines build (transformers' attention, embeddings): no blocks to count
+        return True
+    budget = stage_block_budget(board, 1.0, chunks)
+    f = fwd_kernel_blocks(layers, board, folding, fmt, cap, chunks, train, style, port_lanes)
+    bram18, uram = f.bram18, f.uram
+    # the forward MAC arrays' DSP (the largest layer's when the layers take turns on one array)
+    per = [layer_cost(l, board, *folding[l.name], fmt, 1).dsp for l in layers]
+    dsp = sum(per) if style == "dataflow" else max(per, default=0)
+    if train:
+        r = bwd_kernel_resources(model, layers, board, folding, fmt, style, samples, iteration_samples,
+                                 kernel_onchip_budget(board, cap, chunks, True), room)
+        bram18, uram, dsp = bram18 + 2 * r["bram36"], uram + r["uram"], dsp + r["dsp"]
+    return bram18 <= budget.bram18 and uram <= budget.uram and dsp <= board.usable_dsp // max(1, chunks)
 
 
 def elementwise_dsp(layers: Sequence[Layer], folding: dict[str, tuple[int, int]], per_mac: float = 1.0) -> int:
@@ -634,14 +714,15 @@ def elementwise_dsp(layers: Sequence[Layer], folding: dict[str, tuple[int, int]]
 
 
 def bwd_flush_cycles(model: Model, layers: Sequence[Layer], board: Board, folding: dict[str, tuple[int, int]],
-                     fmt: str, style: str, samples: int, iteration_samples: int) -> int:
+                     fmt: str, style: str, samples: int, iteration_samples: int, room=None) -> int:
     """Cycles of the backward kernel's flush call, once an iteration after its last micro-batch
     (fpga_models.bwd_tiles.kernel_flush_cycles): what the planner adds to the stage's end of
     iteration, before its all-reduce reads the sums."""
     from .bwd_tiles import kernel_flush_cycles
 
     tiles = stage_tiles(model, layers, folding, "dataflow" if style == "dataflow" else "tm", samples,
-                        iteration_samples, board, 8 * bytes_per_element(fmt))
+                        iteration_samples, board, 8 * bytes_per_element(fmt),
+                        engine_uram(room, board) if style != "dataflow" else None)
     return kernel_flush_cycles(tiles)
 
 

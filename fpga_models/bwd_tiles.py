@@ -325,12 +325,15 @@ def _impl(width: int, depth: int) -> str:
 
 
 def stage_tiles(model: Model, layers: Sequence[Layer], folding: dict[str, tuple[int, int]], style: str,
-                samples: int, iteration_vectors: int, board=None, fmt_bits: int = 16) -> dict[str, "BwdTiles"]:
+                samples: int, iteration_vectors: int, board=None, fmt_bits: int = 16,
+                uram: int | None = None) -> dict[str, "BwdTiles"]:
     """Every matrix layer's engines: ``style`` "tm" (a time-multiplexed kernel: one decision, its
     turns on one grid, one sample a turn) or "dataflow" (each layer its own engine at its
-    folding, ``samples`` a call). layer name -> BwdTiles (the same object for all of a tm kernel)."""
+    folding, ``samples`` a call). layer name -> BwdTiles (the same object for all of a tm kernel).
+    ``uram``: the URAMs the weight-gradient and weight stores' shares are of (None: the board's
+    usable; fpga_models.bwd_memory.engine_uram: what the forward kernel leaves)."""
     if style == "tm":
-        bt = decide(model, layers, folding, "tm", 1, iteration_vectors, board, fmt_bits)
+        bt = decide(model, layers, folding, "tm", 1, iteration_vectors, board, fmt_bits, uram=uram)
         return {j.layer.name: bt for j in bt.jobs} if bt is not None else {}
     out = {}
     for l in layers:
@@ -357,10 +360,11 @@ def engine_folding(tiles: dict[str, "BwdTiles"], folding: dict[str, tuple[int, i
 
 def decide(model: Model, layers: Sequence[Layer], folding: dict[str, tuple[int, int]], style: str,
            samples: int, iteration_vectors: int, board=None, fmt_bits: int = 16,
-           needed_from: Sequence[Layer] | None = None) -> BwdTiles | None:
+           needed_from: Sequence[Layer] | None = None, uram: int | None = None) -> BwdTiles | None:
     """The backward kernel's matrix engines (see :func:`stage_tiles`). ``iteration_vectors``:
     samples an accumulator sums in an iteration (micro-batches x the replica's micro-batch).
-    ``needed_from``: the stage's layers when deciding one layer of it (dx as the stage has it).
+    ``needed_from``: the stage's layers when deciding one layer of it (dx as the stage has it);
+    ``uram``: the URAMs WEIGHT_URAM_SHARE and ACC_URAM_SHARE are of (None: the board's usable).
     None when there is no matrix layer."""
     mats = matrix_layers(model, needed_from or layers, folding)
     names = {l.name for l in layers}
@@ -382,7 +386,8 @@ def decide(model: Model, layers: Sequence[Layer], folding: dict[str, tuple[int, 
     drain = _cdiv(lanes, chunk)
     dsteps = _cdiv(lanes, drain)
     dxw = [m for m in chunked if m.dx]
-    uram = board.usable_uram if board is not None else 1280
+    if uram is None:
+        uram = board.usable_uram if board is not None else 1280
     all_elems = sum(_cdiv(m.mh, pe) * _cdiv(m.mw, simd) * lanes for m in dxw)
     reuse = choose_reuse(lanes, chunk, all_elems) if dxw else 1
     words = _cdiv(_cdiv(lanes, reuse), WEIGHTS_PER_WORD)

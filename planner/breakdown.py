@@ -21,7 +21,7 @@ from bapipe.fpga_models.allocate import (allocate_stage, frame_io_cycles, kernel
                                          tm_offchip, tm_spill_cycles, tm_weight_cycles, tm_weight_tiles,
                                          weights_all_resident, weights_offchip)
 from bapipe.fpga_models.boards import bytes_per_element
-from bapipe.fpga_models.bwd_memory import tm_bwd_extra_cycles, tm_bwd_spill_cycles
+from bapipe.fpga_models.bwd_memory import bwd_memory, tm_bwd_extra_cycles, tm_bwd_spill_cycles
 from bapipe.fpga_models.collective import ring_allreduce_fpga_s, ring_hop_s, ring_steps
 from bapipe.fpga_models.cost import layer_cost, matrix_shape
 from bapipe.fpga_models.engines import link_clock, weight_words, work_cycles
@@ -79,21 +79,23 @@ def busy_parts(ex: Explorer, cand: Candidate, x: dict) -> dict:
     fold = {ex.model.layers[k].name: table.fold[k] for k in range(a, b + 1)}
     fmt, cap, train = ex.req.fmt, ex.req.cap, ex.train
     btype = x["board_type"]
-    spill = _priced(ex, ("spill", a, b, btype, c.v), lambda: (tm_spill_cycles(lyr, board, fold, fmt, cap, c.v, train)
-                                                              + tm_weight_cycles(lyr, board, fold, fmt, cap, c.v,
-                                                                                 train))) * beta / clk
+    port = x.get("port_lanes")
+    spill = _priced(ex, ("spill", a, b, btype, c.v, port), lambda: (
+        tm_spill_cycles(lyr, board, fold, fmt, cap, c.v, train, port_lanes=port)
+        + tm_weight_cycles(lyr, board, fold, fmt, cap, c.v, train, port))) * beta / clk
     extra_b = 0.0
     if train:
-        budget = kernel_onchip_budget(board, cap, c.v, True)
-        extra_b = _priced(ex, ("bspill", a, b, btype, c.v, c.m * beta), lambda: tm_bwd_extra_cycles(
-            ex.model, lyr, board, fold, fmt, budget, c.m * beta)) * beta / clk
+        budget, room = kernel_onchip_budget(board, cap, c.v, True), ex.bwd_room(a, b, btype, c.v, port)
+        extra_b = _priced(ex, ("bspill", a, b, btype, c.v, c.m * beta, port), lambda: tm_bwd_extra_cycles(
+            ex.model, lyr, board, fold, fmt, budget, c.m * beta, room)) * beta / clk
         # the extra is the off-chip frames' waits plus the tiled engines' cycles beyond the
         # per-layer figure, which may be fewer (a negative extra): that part is compute
-        spill_b = tm_bwd_spill_cycles(ex.model, lyr, board, fold, fmt, budget, c.m * beta) * beta / clk
+        mem = bwd_memory(ex.model, lyr, board, fold, fmt, budget, c.m * beta, True, room)
+        spill_b = tm_bwd_spill_cycles(ex.model, lyr, board, fold, fmt, budget, c.m * beta, mem) * beta / clk
         extra_b = spill_b + max(0.0, extra_b - spill_b)
         if c.recompute:   # the backward re-runs the forward, its fills and off-chip waits too
             fill_b, extra_b = fill_b + fill_f, extra_b + spill
-    ddr += (_tm_words(lyr, board, fold, fmt, cap, c.v, train) * beta / clk) + extra_b
+    ddr += (_tm_words(lyr, board, fold, fmt, cap, c.v, train, port) * beta / clk) + extra_b
     return {"fills": fill_f + fill_b, "offchip": spill + over_f + extra_b + over_b, "ddr_s": ddr}
 
 
@@ -135,7 +137,7 @@ def _dataflow_fills(ex: Explorer, layers, board, folding: dict) -> tuple[float, 
     return (sum(f) - max(f, default=0)) / clk, (sum(b) - max(b, default=0)) / clk
 
 
-def _tm_words(layers, board, fold: dict, fmt: str, cap: float, v: int, train: bool) -> int:
+def _tm_words(layers, board, fold: dict, fmt: str, cap: float, v: int, train: bool, port: int | None = None) -> int:
     """512-bit words per sample a time-multiplexed forward kernel moves off chip: each
     off-chip frame written once and read by each of its readers (fpga_models.allocate
     .tm_spill_cycles' frames), and its weight fetches (the fill and every turn's,
@@ -145,7 +147,7 @@ def _tm_words(layers, board, fold: dict, fmt: str, cap: float, v: int, train: bo
     turns = [l for l in layers if l.type != "flatten"]
     words = 0
     for k, (cs, off) in enumerate(zip(tm_frame_copies(layers, fold), tm_offchip(layers, board, fold, fmt, cap, v,
-                                                                               train))):
+                                                                               train, port))):
         if off:
             for _reader, lanes in cs:
                 words += 2 * frame_io_cycles(int(turns[k].out_elems) // lanes, lanes, bits)

@@ -68,6 +68,15 @@ def _result(c: Candidate, G: int) -> dict:
 
 def infeasible_reason(model: Model, ex: Explorer, p: int, r: int) -> str:
     """One line naming the binding memory constraint when nothing fits on p stages x r replicas."""
+    return weights_reason(model, ex, p) or (
+        f"no split of {model.name} into {p} stage(s) fits the boards' memory with its activation stashes "
+        f"(even with recomputation at 1 sample per micro-batch) and its kernels' BRAM and URAM "
+        f"(fpga_models.bwd_memory.stage_blocks_fit, UG573 blocks)")
+
+
+def weights_reason(model: Model, ex: Explorer, p: int) -> str | None:
+    """The one line when a layer alone, or all the weights with their optimizer state, cannot fit
+    ``p`` of the largest boards (no search needed to know it), else None."""
     req = ex.req
     best_cap = max(ex.stage_model(t, 1, True, "1f1b").capacity for t in ex.tables)
     copies = weight_copies(req.optimizer, req.mode)
@@ -82,8 +91,30 @@ def infeasible_reason(model: Model, ex: Explorer, p: int, r: int) -> str:
     if total > cap:
         return (f"{model.name} needs {total / 1e9:.4g} GB of weights and optimizer state (x{copies}) but "
                 f"{p} stage(s) hold at most {cap / 1e9:.4g} GB (over by {(total - cap) / 1e9:.4g} GB)")
-    return (f"no split of {model.name} into {p} stage(s) fits the boards' memory with its activation stashes, "
-            f"even with recomputation at 1 sample per micro-batch")
+    return None
+
+
+#: the shares of a stage's DSP/LUT budget the planner folds layers within, tried in turn until
+#: some plan's kernels fit the boards' BRAM and URAM (fewer lanes: fewer banks) [design choice]
+FOLD_SCALES = (1.0, 0.5, 0.25)
+
+
+def _fitting_explorer(model: Model, cluster: Cluster, req: Request, ex: Explorer) -> Explorer:
+    """``ex``, or one whose tables fold every layer within a smaller share of the budget
+    (:data:`FOLD_SCALES`) when no plan at the full share has kernels that fit the boards' BRAM
+    and URAM (fpga_models.bwd_memory.stage_blocks_fit): a smaller folding takes fewer banks
+    (resnet50 --whole-blocks on 4xU250-ring: no stage fits at 3,072 lanes). The first scale
+    with a fitting plan wins; none: ``ex`` (make_plan says why nothing fits)."""
+    if not any(t.board.kind == "fpga" for t in ex.tables.values()):
+        return ex
+    for scale in FOLD_SCALES:
+        cand = ex if scale == 1.0 else Explorer(model, cluster, req, fold_scale=scale)
+        found = cand.search(cand.configs(cand.schedules(), list(range(1, cand.N + 1)) if req.replication else [1],
+                                         (False, True)))
+        if found and math.isfinite(found[0].iteration_s or math.inf):
+            cand._found = found
+            return cand
+    return ex
 
 
 def make_plan(model: Model, cluster: Cluster, model_arg: str, cluster_arg: str, req: Request) -> Outcome:
@@ -104,12 +135,19 @@ def make_plan(model: Model, cluster: Cluster, model_arg: str, cluster_arg: str, 
                                                   f"(v = 2 chunks on each of p >= 2 boards); got {ex.N} board(s), "
                                                   f"{ex.n} layer(s)")
     found = None
+    if req.partition is None and weights_reason(model, ex, ex.N) is not None:   # hopeless: say so at once
+        how = "" if req.schedule == "auto" else f" with schedule {req.schedule}"
+        raise SpecError(model.name, None, "memory", f"{model.name} does not fit {cluster.name}{how}: "
+                                              + weights_reason(model, ex, ex.N))
+    if req.partition is None and ex.train:
+        ex = _fitting_explorer(model, cluster, req, ex)
     if req.partition is not None:
         best = _user_partition(ex, req.partition, scheds, rc)
         searched = 1
     else:
         configs = ex.configs(scheds, replicas, rc)
-        found = ex.search(configs)
+        found = getattr(ex, "_found", None) or ex.search(configs)
+        found = [f for f in found if f.iteration_s is None or math.isfinite(f.iteration_s)]
         searched = len(found)
         if not found:
             how = "" if req.schedule == "auto" else f" with schedule {req.schedule}"
@@ -395,8 +433,10 @@ def _bwd_resources(model: Model, layers, board, s: dict, ex: Explorer, c) -> dic
     from bapipe.fpga_models.bwd_memory import bwd_kernel_resources
 
     fold = {l.name: tuple(s["folding"][l.name]) for l in layers}
+    room = (ex.bwd_room(s["first"], s["last"], s["board_type"], c.v, s.get("port_lanes"))
+            if s["style"] == "time-multiplexed" else None)
     r = bwd_kernel_resources(model, layers, board, fold, ex.req.fmt, s["style"], s["beta"], c.m * s["beta"],
-                             kernel_onchip_budget(board, ex.req.cap, c.v, True))
+                             kernel_onchip_budget(board, ex.req.cap, c.v, True), room)
     return {"bwd_bram36": int(math.ceil(r["bram36"])), "bwd_uram": int(r["uram"]), "bwd_dsp": int(r["dsp"])}
 
 
@@ -429,7 +469,7 @@ def to_plan(model: Model, cluster: Cluster, model_arg: str, cluster_arg: str, ex
         res["offchip_bytes"] = max(0, s["memory_bytes"] - onchip_used)
         if board.kind == "fpga":   # the forward kernel's own memory in blocks (fpga_models.allocate)
             fb = fwd_kernel_blocks(layers, board, s["folding"], ex.req.fmt, ex.req.cap, c.v, ex.req.mode == "train",
-                                   s["style"])
+                                   s["style"], s.get("port_lanes"))
             res.update({"fwd_bram36": fb.bram36, "fwd_uram": fb.uram})
         clk = board.clock_hz
         stages.append(Stage(

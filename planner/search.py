@@ -24,9 +24,10 @@ from bapipe.fpga_models.engines import link_clock, link_transfer
 from bapipe.fpga_models.cluster import Cluster
 
 from . import partition as part
-from bapipe.fpga_models.allocate import (allocate_stage, engine_share, kernel_onchip_budget, tm_spill_cycles,
-                                        tm_weight_bank_seconds, tm_weight_cycles)
-from bapipe.fpga_models.bwd_memory import bwd_flush_cycles, dataflow_bwd_cycles, tm_bwd_extra_cycles
+from bapipe.fpga_models.allocate import (allocate_stage, bwd_block_room, engine_share, kernel_onchip_budget,
+                                         stage_port_lanes, tm_spill_cycles, tm_weight_bank_seconds,
+                                         tm_weight_cycles)
+from bapipe.fpga_models.bwd_memory import bwd_flush_cycles, dataflow_bwd_cycles, stage_blocks_fit, tm_bwd_extra_cycles
 from bapipe.fpga_models.gradients import no_input_gradient
 
 from .peer_pipedream import PeerInput, cluster_levels, solve as peer_solve
@@ -204,11 +205,25 @@ def canonical_order(cluster: Cluster, boards: list) -> list:
     return sorted(boards, key=lambda cb: (rank.get(cb.host, len(rank)), pos.get(cb.name, 0)))
 
 
+class _BlockMask:
+    """A stage model's block-fit mask, built on first use (Explorer.block_mask); a class, not a
+    closure, so that an Outcome holding its Explorer pickles."""
+
+    def __init__(self, ex: "Explorer", btype: str, v: int):
+        self.ex, self.btype, self.v = ex, btype, v
+
+    def __call__(self, sm) -> np.ndarray:
+        return self.ex.block_mask(self.btype, self.v, sm)
+
+
 class Explorer:
     """Holds the per-board-type tables of one model on one cluster and searches plans."""
 
-    def __init__(self, model: Model, cluster: Cluster, req: Request):
+    def __init__(self, model: Model, cluster: Cluster, req: Request, fold_scale: float = 1.0):
         self.model, self.cluster, self.req = model, cluster, req
+        # the share of each stage's DSP/LUT budget its layers are folded within (1: all of it;
+        # planner.planning.make_plan lowers it when no plan's kernels fit the boards' blocks)
+        self.fold_scale = fold_scale
         boards = list(cluster.boards)
         if req.max_boards is not None:
             if not 1 <= req.max_boards <= len(boards):
@@ -260,8 +275,8 @@ class Explorer:
         if key not in self._vtables:
             board = board if board is not None else self.tables[btype].board
             share = engine_share(v, self.req.mode == "train")
-            self._vtables[key] = layer_table(self.model, board, self.req.fmt, self.req.cap * share, self._meas[btype],
-                                             self.req.mode == "train")
+            self._vtables[key] = layer_table(self.model, board, self.req.fmt, self.req.cap * share * self.fold_scale,
+                                             self._meas[btype], self.req.mode == "train")
         return self._vtables[key]
 
     def stage_model(self, btype: str, beta: int, recompute: bool, schedule: str, k: int = 1,
@@ -278,6 +293,9 @@ class Explorer:
                 sm = stage_model(self.model, self.table(btype, v), beta, self.req.fmt, self.req.cap,
                                  self.req.mode, self.req.optimizer, weight_versions(schedule), recompute,
                                  stashes_weights(schedule), gradient_buffers(schedule))
+                table = self.table(btype, v)
+                if table.board.kind == "fpga" and table.measured_f is None:
+                    sm = replace(sm, fits=_BlockMask(self, btype, v))
                 pb = self.prof_bytes.get(btype)
                 if pb is not None:
                     # a measured profile's bytes are used as given (a fp32 GPU profile planned
@@ -288,6 +306,51 @@ class Explorer:
                                  IN=np.concatenate([[pb["first_in"]], pb["cut"]]) * beta)
                 self._sm[key] = sm
         return self._sm[key]
+
+    def block_mask(self, btype: str, v: int, sm: StageModel | None = None) -> np.ndarray:
+        """``[i, j]``: whether a time-multiplexed stage of layers i..j on a board of ``btype`` (``v``
+        stages a board, the table's folding, its port at layer i - 1's output beat) fits the
+        board's BRAM and URAM (fpga_models.bwd_memory.stage_blocks_fit: the check :meth:`finish`
+        makes exactly). The weight-gradient sums are sized for the whole global batch (the widest
+        a replica's can be). A stage's blocks grow with its layers, so per first layer the longest
+        range that fits is found by bisection (log n checks, not n: resnet50's 14k ranges at ~10 ms
+        each would take minutes), among the ranges whose bytes fit (``sm``'s memory with no
+        stash: longer ones never fit); :meth:`finish` still checks the chosen stages exactly.
+        Cached per (type, v)."""
+        key = ("blockmask", btype, v)
+        if key not in self._links:
+            table, n = self.table(btype, v), self.n
+            fmt, cap, train = self.req.fmt, self.req.cap, self.train
+
+            def fit(i: int, j: int, port) -> bool:
+                lyr = list(self.model.layers[i:j + 1])
+                fold = {l.name: table.fold[i + k] for k, l in enumerate(lyr)}
+                room = bwd_block_room(lyr, table.board, fold, fmt, cap, v, port) if train else None
+                return stage_blocks_fit(self.model, lyr, table.board, fold, fmt, cap, v, train, "time-multiplexed",
+                                        1, self.G, port, room)
+
+            fits = np.zeros((n, n), dtype=bool)
+            bare = replace(sm, fits=None) if sm is not None else None   # its bytes alone
+            for i in range(n):
+                last = n - 1
+                if bare is not None:   # the longest range from i whose bytes fit (memory grows with j)
+                    ok = np.asarray(bare.cost(np.full(n - i, i), np.arange(i, n), 0.0, v)["feasible"], dtype=bool)
+                    last = i + int(np.nonzero(ok)[0].max()) if ok.any() else i - 1
+                if last < i:
+                    continue
+                port = stage_port_lanes(self.model.layers[i - 1], table.fold[i - 1]) if i else None
+                lo, hi = i - 1, last + 1       # ranges i..lo fit, i..hi does not
+                if fit(i, last, port):
+                    lo = last
+                else:
+                    hi = last
+                while hi - lo > 1:
+                    mid = (lo + hi) // 2
+                    lo, hi = (mid, hi) if fit(i, mid, port) else (lo, mid)
+                fits[i, i:lo + 1] = True
+            fits.setflags(write=False)
+            self._links[key] = fits
+        return self._links[key]
 
     @staticmethod
     def bpe_of_fmt(fmt: str) -> int:
@@ -1686,13 +1749,39 @@ class Explorer:
         table = self.table(x["board_type"], c.v)
         if table.board.kind != "fpga" or x["style"] == "gpu":
             return 0.0
-        key = ("flush", x["first"], x["last"], x["board_type"], x["beta"], c.m, x["style"])
+        port = x.get("port_lanes")
+        key = ("flush", x["first"], x["last"], x["board_type"], x["beta"], c.m, x["style"], c.v, port)
         if key not in self._links:
             lyr = list(self.model.layers[x["first"]:x["last"] + 1])
             fold = {k: tuple(v) for k, v in x["folding"].items()}
+            room = (self.bwd_room(x["first"], x["last"], x["board_type"], c.v, port)
+                    if x["style"] == "time-multiplexed" else None)
             self._links[key] = bwd_flush_cycles(self.model, lyr, table.board, fold, self.req.fmt, x["style"],
-                                                x["beta"], c.m * x["beta"])
+                                                x["beta"], c.m * x["beta"], room)
         return self._links[key] / table.board.clock_hz
+
+    def port_lanes(self, c: Config, s: int, bounds) -> int | None:
+        """Lanes of stage ``s``'s input port: the previous stage's last layer's output beat at its
+        table's folding (fpga_models.allocate.stage_port_lanes); None for the first stage."""
+        if s == 0:
+            return None
+        a = bounds[s][0]
+        btype = self.stage_type(c, (s - 1) % c.p)
+        table = self.table(btype, c.v) if btype is not None else None
+        if table is None or table.board.kind != "fpga":
+            return None
+        return stage_port_lanes(self.model.layers[a - 1], table.fold[a - 1])
+
+    def bwd_room(self, a: int, b: int, btype: str, v: int, port: int | None):
+        """The blocks a time-multiplexed stage's backward kernel may take beside its forward
+        kernel (fpga_models.allocate.bwd_block_room), at the table's folding; cached."""
+        key = ("room", a, b, btype, v, port)
+        if key not in self._links:
+            table = self.table(btype, v)
+            lyr = list(self.model.layers[a:b + 1])
+            fold = {l.name: table.fold[a + k] for k, l in enumerate(lyr)}
+            self._links[key] = bwd_block_room(lyr, table.board, fold, self.req.fmt, self.req.cap, v, port)
+        return self._links[key]
 
     def finish(self, cand: Candidate) -> Candidate:
         """Per-stage figures, all-reduce, and the replayed iteration time of a candidate."""
@@ -1711,6 +1800,7 @@ class Explorer:
             fold = {self.model.layers[x].name: table.fold[x] for x in range(a, b + 1)}
             style = "gpu" if table.board.kind == "gpu" else "time-multiplexed"
             rtl_b = r["bwd_s"]   # the training RTL's backward (only the allocated FPGA stages differ)
+            port = self.port_lanes(c, s, cand.bounds) if table.board.kind == "fpga" else None
             if table.board.kind == "fpga" and table.measured_f is None and self.kd(c, d) == 1:
                 # candidates share stages (same range, board type, samples and chunks): allocate once
                 akey = ("alloc", a, b, btype, beta, c.v)
@@ -1742,12 +1832,14 @@ class Explorer:
                     # frame buffers beyond the forward kernel's on-chip share go off chip (the
                     # lowering's rule, fpga_models.allocate): a turn waits on their 512-bit words
                     # and a turn fetching off-chip weights waits on their words (codegen.design.weight_memory)
-                    skey = ("spill", a, b, btype, c.v)   # fold is the table's, fixed by (btype, v)
+                    skey = ("spill", a, b, btype, c.v, port)   # fold is the table's, fixed by (btype, v)
                     if skey not in self._links:
                         lyr = list(self.model.layers[a:b + 1])
                         self._links[skey] = (
-                            tm_spill_cycles(lyr, table.board, fold, self.req.fmt, self.req.cap, c.v, self.train)
-                            + tm_weight_cycles(lyr, table.board, fold, self.req.fmt, self.req.cap, c.v, self.train))
+                            tm_spill_cycles(lyr, table.board, fold, self.req.fmt, self.req.cap, c.v, self.train,
+                                            port_lanes=port)
+                            + tm_weight_cycles(lyr, table.board, fold, self.req.fmt, self.req.cap, c.v, self.train,
+                                               port))
                     spill = self._links[skey] * beta / table.board.clock_hz
                     r["compute_f"] += spill
                     # its weight loads share one bundle, so one bank: at least that bank's time
@@ -1761,12 +1853,13 @@ class Explorer:
                     # the training RTL's turns: its per-layer engines, no HLS frames off chip nor tiled engines
                     rtl_b = max(r["compute_b"], r["traffic_b"]) if self.train else 0.0
                     if self.train:   # and the backward kernel's turns on its off-chip frames and weight tile fills
-                        bkey = ("bspill", a, b, btype, c.v, c.m * beta)
+                        bkey = ("bspill", a, b, btype, c.v, c.m * beta, port)
                         if bkey not in self._links:
                             lyr = list(self.model.layers[a:b + 1])
                             self._links[bkey] = tm_bwd_extra_cycles(
                                 self.model, lyr, table.board, fold, self.req.fmt,
-                                kernel_onchip_budget(table.board, self.req.cap, c.v, True), c.m * beta)
+                                kernel_onchip_budget(table.board, self.req.cap, c.v, True), c.m * beta,
+                                self.bwd_room(a, b, btype, c.v, port))
                         r["compute_b"] += self._links[bkey] * beta / table.board.clock_hz
                         r["bwd_s"] = max(r["compute_b"], r["traffic_b"])
                     r["time_s"] = r["fwd_s"] + r["bwd_s"]
@@ -1787,6 +1880,7 @@ class Explorer:
                            "send_lat": lat, "send_s": occ + lat, "compute_f": r["compute_f"],
                            "compute_b": r["compute_b"], "onchip": sm.onchip, "folding": fold, "style": style,
                            "mesh": self.kd(c, d), "layout": self.layouts[b] if self.meshy(c) else None,
+                           "port_lanes": port,
                            "replicas": self.reps(c, d), "beta": beta})
         ar = [0.0] * V          # per stage (chunk): its own ring after its last backward
         tails = self.stage_tails(c, stages)   # FPGA stages: flush, ring and update as built
@@ -1873,4 +1967,26 @@ class Explorer:
         cand.bubble = max(0.0, 1.0 - busy / cand.iteration_s) if cand.iteration_s > 0 else 0.0
         cand.stages = stages
         cand.boards_used = self.boards_used(c)
+        if not all(self.blocks_fit(c, x) for x in stages):
+            # a board whose kernels take more BRAM or URAM than it has cannot be built: never chosen
+            cand.iteration_s = cand.first_iteration_s = math.inf
         return cand
+
+    def blocks_fit(self, c: Config, x: dict) -> bool:
+        """Whether stage ``x``'s kernels (forward, and backward in training) fit the stage's share
+        of its board's BRAM and URAM (fpga_models.bwd_memory.stage_blocks_fit), in blocks as
+        `bapipe check` counts them (fpga_models.allocate.fwd_kernel_blocks,
+        fpga_models.bwd_memory.bwd_kernel_resources); True off FPGAs. Cached."""
+        table = self.table(x["board_type"], c.v)
+        if table.board.kind != "fpga" or x["style"] not in ("time-multiplexed", "dataflow") or x["mesh"] > 1:
+            return True
+        port = x.get("port_lanes")
+        key = ("fits", x["first"], x["last"], x["board_type"], x["style"], c.v, port, x["beta"], c.m)
+        if key not in self._links:
+            self._links[key] = stage_blocks_fit(self.model, list(self.model.layers[x["first"]:x["last"] + 1]),
+                                                table.board, {k: tuple(v) for k, v in x["folding"].items()},
+                                                self.req.fmt, self.req.cap, c.v, self.train, x["style"], x["beta"],
+                                                c.m * x["beta"], port,
+                                                self.bwd_room(x["first"], x["last"], x["board_type"], c.v, port)
+                                                if self.train and x["style"] == "time-multiplexed" else None)
+        return self._links[key]

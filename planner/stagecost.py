@@ -128,6 +128,7 @@ class StageModel:
     IN: np.ndarray   # bytes entering a stage that starts at layer i (per micro-batch)
     switch_s: float = 0.0  # FPGA: the sequencer's switch between jobs, per micro-batch
     stash_weights: bool = False   # PipeDream: every stash also holds its weight version
+    fits: object = None   # FPGA: () -> [i, j] the kernels of layers i..j fit the board's blocks (built once, lazily)
 
     def weight_copies_at(self, stashes):
         """Weight-sized buffers of a stage with ``stashes`` in flight: ``copies`` plus, with
@@ -149,7 +150,16 @@ class StageModel:
         i = np.asarray(i)
         j = np.asarray(j)
         return {"F": self.PF[j + 1] - self.PF[i], "B": self.PB[j + 1] - self.PB[i], "W": self.PW[j + 1] - self.PW[i],
-                "A": self.PA[j + 1] - self.PA[i], "buf": self.PBUF[j + 1] - self.PBUF[i], "IN": self.IN[i]}
+                "A": self.PA[j + 1] - self.PA[i], "buf": self.PBUF[j + 1] - self.PBUF[i], "IN": self.IN[i],
+                "fit": self.fit_matrix()[i, j] if self.fits is not None else None}
+
+    def fit_matrix(self) -> np.ndarray:
+        """The block-fit mask ``fits`` builds (planner.search.Explorer.block_mask), once."""
+        got = self.__dict__.get("_fit_matrix")
+        if got is None:
+            got = self.fits(self)
+            self.__dict__["_fit_matrix"] = got
+        return got
 
     def cost_of(self, rg: dict, stashes, share: int = 1):
         """:meth:`cost` from precomputed :meth:`ranges`."""
@@ -182,6 +192,8 @@ class StageModel:
             # the forward kernel's line buffers stay on chip (its frame buffers can go off chip):
             # within the kernel's share of on-chip memory (fpga_models.allocate, the lowering's rule)
             feasible = feasible & (buf <= kernel_share(self.onchip, share, train))
+            if rg.get("fit") is not None:   # and its kernels' BRAM and URAM (planner.search.Explorer.block_mask)
+                feasible = feasible & rg["fit"]
         if self.board.kind == "gpu":
             fs, bs = F, Bc
             tr_f = tr_b = np.zeros_like(F)

@@ -62,6 +62,8 @@ SLOW = {
     "tests/test_validation_cases.py::test_long_steps_say_so_on_a_terminal": "6.4 s",
     "tests/test_validation_cases.py::test_a_legal_folding_edited_without_repricing_is_not_silent": "6.0 s",
     "tests/test_physical_rules.py::test_tiny_cnn_training_build_passes_every_rule": "5.9 s",
+    "tests/test_physical_rules.py::test_vgg16_default_training_build_passes_every_rule_and_agrees_with_the_plan":
+        "~15 s: vgg16's plan (5 s), gen (5 s) and check",
     "tests/test_validation_cases.py::test_gen_table_shows_the_designs_cycles_beside_the_plans": "5.9 s",
     "tests/test_codegen.py::test_cli_gen_json_and_error_exit": "5.1 s",
     "tests/test_validation_cases.py::test_synth_of_a_replica_board_synthesises_the_rtl_it_runs": "3.3 s",

@@ -53,9 +53,11 @@ def vgg16():
 
 @pytest.fixture(scope="module")
 def vgg16_rep():
-    """vgg16 on 4xU250-ring as the planner chose it before issue 32 priced the kernels' tail:
-    two stages, each on two boards (rings)."""
-    return _plan("vgg16", "4xU250-ring", partition="0-13x2,14-36x2")
+    """vgg16 on 4xU250-ring with a replicated stage (a ring): the fc layers 32-36 (124 M weights)
+    on two boards, 0-19 and 20-31 on one each. (Before issue 32 priced the kernels'
+    blocks the planner chose 0-13x2,14-36x2, whose 14-36 kernels need more URAM than a U250
+    has: now refused.)"""
+    return _plan("vgg16", "4xU250-ring", partition="0-19,20-31,32-36x2")
 
 
 def test_parts_add_up_to_the_iteration_exactly(planned):
@@ -159,11 +161,12 @@ def test_roofline_fraction_from_profile_and_boards(tmp_path, capsys):
     assert total == plan["iteration_time_s"]   # through JSON: floats round-trip exactly
 
 
-def test_vgg16_is_limited_by_its_fc_stage_ddr(vgg16_rep):
-    """The issue's reading of vgg16 on 4xU250-ring (its plan then: two stages on two boards
-    each): the FC layers stream their weights from DDR every sample, and their update (fc6's
-    forward copy in HWC order: an element a cycle) is not overlapped with the backward."""
-    out = vgg16_rep
+def test_vgg16_is_limited_by_its_fc_stage_ddr(vgg16):
+    """The issue's reading of vgg16 on 4xU250-ring (the planner's default plan; the issue read
+    two stages on two boards each, which no longer fit the boards' blocks): the FC layers stream
+    their weights from DDR every sample, and their update (fc6's forward copy in HWC order: an
+    element a cycle) is not overlapped with the backward."""
+    out = vgg16
     lim = limits(out)
     fc = next(q for q in lim["breakdown"] if any("fc6" in out.plan.stages[s].layers for s in q["stages"]))
     assert lim["limit"]["resource"] == "DDR bank" and lim["limit"]["stages"] == fc["stages"]

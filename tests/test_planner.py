@@ -7,6 +7,7 @@ from bapipe.plan import load_plan
 from bapipe.schedules import SCHEDULES, stash_count, stash_walk
 from bapipe.models import load_model
 from bapipe.fpga_models.cluster import load_cluster
+from bapipe.errors import SpecError
 from bapipe.planner.cli_plan import parse_partition
 from bapipe.planner.pipeline import closed_form_bubble, flowshop_time, replay, ring_allreduce_s
 from bapipe.planner.planning import equal_bounds, summary
@@ -119,11 +120,15 @@ def test_tiny_plans_have_codegen_ready_foldings():
 def test_plan_beats_equal_split_and_user_partitions():
     out = _plan("vgg16")
     t = out.best.iteration_s
-    assert t <= out.baselines["equal_split"]["iteration_time_s"] + 1e-15
-    assert t <= out.baselines["data_parallel"]["iteration_time_s"] + 1e-15
+    # data parallelism (all of vgg16 on each board) and the equal-layer split do not fit the
+    # boards' blocks: their kernels need more BRAM/URAM than a U250 has (issue 32 item 2)
+    for name in ("equal_split", "data_parallel"):
+        assert "its kernels' BRAM and URAM" in out.baselines[name]["infeasible"], name
     assert out.lower_bound_s < t
     n = 37
-    for spec in ("0-9,10-19,20-29,30-36", "0-3,4-12,13-30,31-36", "0-20,21-36"):
+    with pytest.raises(SpecError, match="BRAM and URAM"):   # 21-36 on one board: fc6-8 and conv10-13's stores
+        _plan("vgg16", partition=parse_partition("0-20,21-36", n))
+    for spec in ("0-9,10-19,20-29,30-36", "0-3,4-12,13-30,31-36"):
         user = _plan("vgg16", partition=parse_partition(spec, n))
         if spec in SEARCH_MISS:   # KNOWN DEFECT, pinned so a fix shows: see SEARCH_MISS
             assert (t, user.best.iteration_s) == pytest.approx(SEARCH_MISS[spec], rel=1e-9), spec   # 1e-9: float sums
@@ -136,11 +141,10 @@ def test_plan_beats_equal_split_and_user_partitions():
 
 
 #: KNOWN DEFECT: the partition DP is exact for J, not for the replay. With the tiled HLS backward
-#: priced (session 15) J's optimum replays 1.185 s; the final plan's schedule sweep and one-layer
-#: cut moves (Explorer.retune) reach 0-9,10-19,20-28,29-36 under eager-1F1B 16 x 2 at 1.0609258 s,
-#: 1.1e-5 above this user partition (1.0609142 s; before the moves it was 11.7% above).
-#: (plan J, user partition J) in seconds.
-SEARCH_MISS = {"0-9,10-19,20-29,30-36": (1.0609257823529405, 1.0609141619607845)}
+#: priced (session 15) the final plan replayed 1.1e-5 s above the user partition
+#: 0-9,10-19,20-29,30-36; with the kernels' blocks priced (session 17) the plan, 0-9,10-19,20-31,32-36
+#: at 1.0608253 s, beats it (1.0609142 s), so no miss is pinned. (plan J, user partition J) in seconds.
+SEARCH_MISS: dict = {}
 
 
 def test_equal_bounds():
@@ -278,9 +282,14 @@ def test_whole_blocks_never_cuts_inside_a_residual_block(model_name):
     model = load_model(model_name)
     cluster = load_cluster("4xU250-ring")
 
+    from bapipe.planner.planning import FOLD_SCALES
+
     def cuts(whole: bool):
-        ex = Explorer(model, cluster, Request(replication=False, whole_blocks=whole))
-        found = ex.search([c for c in ex.configs(ex.schedules(), [1], (False, True)) if c.p == 4])
+        for scale in FOLD_SCALES:   # as the planner: the first folding share whose kernels fit the blocks
+            ex = Explorer(model, cluster, Request(replication=False, whole_blocks=whole), fold_scale=scale)
+            found = ex.search([c for c in ex.configs(ex.schedules(), [1], (False, True)) if c.p == 4])
+            if found and found[0].iteration_s < float("inf"):
+                break
         return [len(model.cut_tensors(b)) for _a, b in found[0].bounds[:-1]], found[0].objective
 
     (whole, obj_whole), (free, obj_free) = cuts(True), cuts(False)

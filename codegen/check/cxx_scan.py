@@ -359,6 +359,62 @@ def _ii(pragmas: list[str]) -> int | None:
     return None
 
 
+_CONST_DECL = re.compile(r"\s*(?:static\s+)?(?:constexpr|const)\s+(?:int|long|unsigned|long long)\s+(.+)$", re.S)
+
+
+def loop_constants(head: str, body: list, env: dict, trips: int | None) -> dict:
+    """The integer constants a loop body declares (``const int a = ..., b = ...;``) whose value is
+    the same at the loop's first and last trip, its index bound to each in turn: the kernels'
+    per-trip flags compare the index with a bound (``i < n ? 0 : 1``), monotone in the index, so
+    equal ends mean every trip has that value (the backward kernels' flush step exists only in a
+    call with ``flush``: a call without it never takes the step's branch). Empty when the trip
+    count or the index is not known."""
+    m = re.match(r"\s*(?:[\w:<>]+\s+)?(\w+)\s*=\s*([^;]+);[^;]*;\s*(?:\1\+\+|\+\+\1)\s*$", head or "", re.S)
+    if not m or not trips:
+        return {}
+    try:
+        first = eval_expr(m.group(2), env)
+    except Unknown:
+        return {}
+    ends = [dict(env, **{m.group(1): first}), dict(env, **{m.group(1): first + trips - 1})]
+    out: dict = {}
+    for node in body:
+        cm = _CONST_DECL.match(node[1]) if node[0] == "simple" else None
+        if not cm:
+            continue
+        for decl in _declarators(cm.group(1)):
+            dm = re.match(r"\s*(\w+)\s*=\s*(.+)$", decl, re.S)
+            if not dm:
+                continue
+            try:
+                lo, hi = (eval_expr(dm.group(2), {**e, **out}) for e in ends)
+            except Unknown:
+                continue
+            if lo == hi:
+                out[dm.group(1)] = lo
+    return out
+
+
+def _declarators(text: str) -> list[str]:
+    """``a = x, b = y`` split at its top-level commas (parentheses only: a ``<`` here compares)."""
+    out, depth, start = [], 0, 0
+    for k, ch in enumerate(text):
+        depth += ch == "("
+        depth -= ch == ")"
+        if ch == "," and depth == 0:
+            out.append(text[start:k])
+            start = k + 1
+    return out + [text[start:]]
+
+
+def _loop_scope(scope: "_Scope", head: str, body: list, trips: int | None) -> "_Scope":
+    """``scope`` with :func:`loop_constants` of a loop bound (the same scope when there are none)."""
+    known = loop_constants(head, body, scope.env, trips)
+    if not known:
+        return scope
+    return _Scope(scope.fname, scope.path, {**scope.env, **known}, scope.names, scope.objs, scope.types, scope.ndims)
+
+
 def trip_count(head: str, env: dict) -> int | None:
     """Iterations of ``for (init; cond; step)`` with bounds known under ``env``, else None."""
     m = re.match(r"\s*(?:[\w:<>]+\s+)?(\w+)\s*=\s*([^;]+);\s*(\w+)\s*(<=|<|!=)\s*([^;]+);\s*(.+)$", head, re.S)
@@ -589,14 +645,15 @@ class Scanner:
                 ii = _ii(_pragmas_of(node[2]))
                 trips = trip_count(node[1], scope.env)
                 inner = None if mult is None or trips is None else mult * trips
+                inside = _loop_scope(scope, node[1], node[2], trips)
                 if ii is not None:
-                    self._pipelined(node[2], scope, node[3] or "loop", ii, inner)
+                    self._pipelined(node[2], inside, node[3] or "loop", ii, inner)
                 else:
                     var = re.match(r"\s*(?:[\w:<>]+\s+)?(\w+)", node[1] or "")
                     body_ = [x for x in node[2] if x[0] != "pragma"]
                     if var and len(body_) == 1 and body_[0][0] == "switch" and body_[0][1].strip() == var.group(1):
                         inner = mult    # a dispatch over the turns: each case runs once a sweep
-                    self._structure(node[2], scope, depth, None, inner)
+                    self._structure(node[2], inside, depth, None, inner)
             elif kind == "if":
                 taken = known_cond(node[1], scope.env)
                 if taken is not False:

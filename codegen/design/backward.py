@@ -259,8 +259,12 @@ def build_bwd(plan, model, st, sc, fmt, board=None) -> BwdCtx:
         elems[l.name] = l.out_elems
     fold = {n: st.folding.get(n, Folding()) for n in st.layers}
     # the matrix engines as fpga_models.bwd_tiles decides them: their streams' lanes
+    from bapipe.fpga_models.allocate import plan_bwd_room
+    from bapipe.fpga_models.bwd_memory import engine_uram
+
     tiles = stage_tiles(model, layers, _fold_of(st, layers), "tm" if st.style == "time-multiplexed" else "dataflow",
-                        mb, max(1, plan.microbatches) * mb, board, W)
+                        mb, max(1, plan.microbatches) * mb, board, W,
+                        engine_uram(plan_bwd_room(plan, model, st, board), board))
     for n, (pe, simd) in engine_folding(tiles, _fold_of(st, layers)).items():
         if n in tiles:
             fold[n] = Folding(pe, simd)
@@ -848,11 +852,13 @@ def bwd_memory_of(plan, model, st, board, budget: int | None):
     """The plan's memory decision for stage ``st``'s backward kernel (fpga_models.bwd_memory:
     which accumulators and gradient frames stay on chip), at the plan's folding, on ``budget``
     (:func:`_bwd_budget`)."""
+    from bapipe.fpga_models.allocate import plan_bwd_room
     from bapipe.fpga_models.bwd_memory import bwd_memory
 
     layers = [model.layers[model.index[n]] for n in st.layers]
     return bwd_memory(model, layers, board, _fold_of(st, layers), plan.number_format, budget,
-                      max(1, plan.microbatches) * replica_batch(plan, st), st.style == "time-multiplexed")
+                      max(1, plan.microbatches) * replica_batch(plan, st), st.style == "time-multiplexed",
+                      plan_bwd_room(plan, model, st, board))
 
 
 def _fold_of(st, layers) -> dict[str, tuple[int, int]]:
@@ -868,6 +874,7 @@ def design_backward_memory(plan, model, cluster) -> list[dict | None]:
     ``engine_cycles``, the backward cycles a sample its off-chip frames add and its tiled engines
     take beyond the plan's per-layer figure, which the plan's cycles.bwd holds); None for a stage
     not on a catalog FPGA."""
+    from bapipe.fpga_models.allocate import plan_bwd_room
     from bapipe.fpga_models.bwd_memory import tm_bwd_engine_cycles, tm_bwd_spill_cycles
 
     out: list[dict | None] = []
@@ -885,7 +892,7 @@ def design_backward_memory(plan, model, cluster) -> list[dict | None]:
             samples = max(1, plan.microbatches) * replica_batch(plan, st)
             args = (model, layers, board, _fold_of(st, layers), plan.number_format)
             rec["spill_cycles"] = tm_bwd_spill_cycles(*args, budget, samples, mem)
-            rec["engine_cycles"] = tm_bwd_engine_cycles(*args, samples)
+            rec["engine_cycles"] = tm_bwd_engine_cycles(*args, samples, plan_bwd_room(plan, model, st, board))
         out.append(rec)
     return out
 

@@ -398,7 +398,7 @@ def offchip_frames(plan: Plan, stage, model, cluster) -> frozenset[str]:
     """The layers of a time-multiplexed stage whose output frame the plan places off chip:
     fpga_models.allocate.tm_offchip, the rule the planner priced (tm_spill_cycles), on the
     stage's board, folding, cap and kernels per board; empty for other stages."""
-    from bapipe.fpga_models.allocate import tm_frames, tm_offchip
+    from bapipe.fpga_models.allocate import plan_port_lanes, tm_frames, tm_offchip
     if stage.style != "time-multiplexed" or cluster is None or not stage.boards:
         return frozenset()
     board = next((cb.board for cb in cluster.boards if cb.name == stage.boards[0]), None)
@@ -407,7 +407,8 @@ def offchip_frames(plan: Plan, stage, model, cluster) -> frozenset[str]:
     layers = [model.layers[model.index[n]] for n in stage.layers]
     fold = {l.name: (1, 1) for l in layers}
     fold.update({n: (f.pe, f.simd) if f.lanes is None else (1, f.lanes) for n, f in stage.folding.items()})
-    off = tm_offchip(layers, board, fold, plan.number_format, plan.utilisation_cap, plan.chunks, plan.mode == "train")
+    off = tm_offchip(layers, board, fold, plan.number_format, plan.utilisation_cap, plan.chunks, plan.mode == "train",
+                     plan_port_lanes(plan, model, stage))
     turns = [l for l in layers if l.type != "flatten"]
     assert len(off) == len(tm_frames(layers, fold, plan.number_format))
     return frozenset(t.name for t, o in zip(turns, off) if o)

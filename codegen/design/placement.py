@@ -97,8 +97,38 @@ def kernel_needs(ctx, board: Board, fmt: str) -> dict[str, Need]:
         for name, role in [(s.name, "fwd")] + ([(s.bwd.name, "bwd")] if s.bwd is not None else []):
             # the board-budget rule's figure (the planner's); the backward's tiled engines' own DSP
             # (fpga_models.bwd_tiles.kernel_dsp) is design.json's backward_memory.resources
-            out[name] = Need(kernel_dsp(per, style, role, dx), 0, 0, kernel_onchip_bytes(s, ctx.fmt, bwd=role == "bwd"))
+            bram, uram = _blocks_of(s, ctx.fmt, role)
+            out[name] = Need(kernel_dsp(per, style, role, dx), bram, uram,
+                             kernel_onchip_bytes(s, ctx.fmt, bwd=role == "bwd"))
     return out
+
+
+def _blocks_of(s, fmt, role: str) -> tuple[int, int]:
+    """(BRAM36, URAM) of a stage's kernel of ``role`` as the Design declares it (UG573 blocks:
+    codegen.design.onchip.kernel_blocks, codegen.design.bwd_engines.design_blocks, what `bapipe
+    check` counts), (0, 0) when the Design states none (the bytes then stand for it)."""
+    if role == "bwd":
+        if s.bwd is None or not hasattr(s.bwd, "arrays"):
+            return 0, 0
+        from bapipe.codegen.design.bwd_engines import design_blocks
+
+        b = design_blocks(s.bwd)
+        return math.ceil(b["bram36"]), int(b["uram"])
+    from bapipe.codegen.design.onchip import kernel_blocks
+
+    b = kernel_blocks(s, fmt)
+    return (math.ceil(b.bram36), b.uram) if b is not None else (0, 0)
+
+
+def _fits(f: dict, need: Need) -> tuple[int, int] | None:
+    """The (BRAM36, URAM) ``need`` takes of an SLR's free ``f``, or None when it does not fit: its
+    blocks when the Design states them (a URAM bank cannot become BRAM: UG573), else its bytes as
+    whole URAMs for the bulk and BRAM36 for the rest."""
+    if need.bram36 or need.uram:
+        bram, uram = need.bram36, need.uram
+        return (bram, uram) if need.dsp <= f["dsp"] and bram <= f["bram36"] and uram <= f["uram"] else None
+    bram, uram = memory_blocks(need.onchip_bytes, f["uram"])
+    return (bram, uram) if need.dsp <= f["dsp"] and bram <= f["bram36"] else None
 
 
 # --- SLRs ----------------------------------------------------------------------------------
@@ -107,8 +137,9 @@ def kernel_needs(ctx, board: Board, fmt: str) -> dict[str, Need]:
 def place_units(board: Board, units: list[tuple[str, Need]], fixed: dict[str, int],
                 near: dict[str, int] | None = None) -> dict:
     """Worst-fit decreasing: the biggest unit first (DSP, then bytes, then name) into the SLR with
-    the most DSP left where it fits (spreads load; ties to the lower SLR); on-chip bytes take
-    whole URAMs for the bulk, BRAM36 for the rest. A unit that fits no single SLR spans the
+    the most DSP left where it fits (spreads load; ties to the lower SLR) in DSP, BRAM36 and URAM
+    as the Design declares its blocks (:func:`_fits`; a unit without them: on-chip bytes as
+    whole URAMs for the bulk, BRAM36 for the rest). A unit that fits no single SLR spans the
     fewest adjacent SLRs that hold it (``slr`` None: v++ places it unpinned, across SLL
     crossings); one that does not fit what the board has left is ``unplaced`` (the board is
     oversubscribed; :func:`oversubscribed` says by how much).
@@ -124,8 +155,9 @@ def place_units(board: Board, units: list[tuple[str, Need]], fixed: dict[str, in
     for inst, need in order:
         best = None
         for k, f in enumerate(free):
-            bram, uram = memory_blocks(need.onchip_bytes, f["uram"])
-            if need.dsp <= f["dsp"] and bram <= f["bram36"]:
+            took = _fits(f, need)
+            if took is not None:
+                bram, uram = took
                 key = (abs(k - near[inst]) if inst in near else 0, -f["dsp"], -(f["bram36"] - bram), k)
                 if best is None or key < best[0]:
                     best = (key, k, bram, uram)
@@ -202,6 +234,11 @@ def _span(free: list[dict], need: Need) -> list[int] | None:
         for lo in range(0, n - width + 1):
             ks = list(range(lo, lo + width))
             dsp = sum(free[k]["dsp"] for k in ks)
+            if need.bram36 or need.uram:   # the Design's blocks
+                if need.dsp <= dsp and need.bram36 <= sum(free[k]["bram36"] for k in ks) \
+                        and need.uram <= sum(free[k]["uram"] for k in ks):
+                    return ks
+                continue
             nbytes = sum(free[k]["bram36"] * BRAM36_BYTES + free[k]["uram"] * URAM_BYTES for k in ks)
             if need.dsp <= dsp and need.onchip_bytes <= nbytes:
                 return ks
@@ -211,14 +248,20 @@ def _span(free: list[dict], need: Need) -> list[int] | None:
 def _take(free: list[dict], span: list[int], need: Need) -> dict:
     """Subtract ``need`` from the spanned SLRs, filling them in order; the blocks taken."""
     dsp, nbytes, bram_t, uram_t, per = need.dsp, need.onchip_bytes, 0, 0, []
+    blocks = bool(need.bram36 or need.uram)   # the Design's blocks, else its bytes
+    bram_left, uram_left = need.bram36, need.uram
     for k in span:
         d = min(dsp, free[k]["dsp"])
         free[k]["dsp"] -= d
         dsp -= d
-        u = min(free[k]["uram"], nbytes // URAM_BYTES) if nbytes > 0 else 0
-        nbytes = max(0, nbytes - u * URAM_BYTES)
-        b = min(free[k]["bram36"], math.ceil(nbytes / BRAM36_BYTES)) if nbytes > 0 else 0
-        nbytes = max(0, nbytes - b * BRAM36_BYTES)
+        if blocks:
+            u, b = min(free[k]["uram"], uram_left), min(free[k]["bram36"], bram_left)
+            uram_left, bram_left = uram_left - u, bram_left - b
+        else:
+            u = min(free[k]["uram"], nbytes // URAM_BYTES) if nbytes > 0 else 0
+            nbytes = max(0, nbytes - u * URAM_BYTES)
+            b = min(free[k]["bram36"], math.ceil(nbytes / BRAM36_BYTES)) if nbytes > 0 else 0
+            nbytes = max(0, nbytes - b * BRAM36_BYTES)
         free[k]["uram"] -= u
         free[k]["bram36"] -= b
         uram_t, bram_t = uram_t + u, bram_t + b
