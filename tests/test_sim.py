@@ -380,10 +380,11 @@ def test_planner_prediction_within_3_percent(model_name, cluster_name, req):
 
 
 def test_allreduce_per_chunk_matches_planner_and_beats_per_device():
-    """VGG-16 on 4xU250-ring, interleaved with 2 replicas. The planner now reduces each chunk after that
+    """tiny-cnn on 4xU250-ring, interleaved with 2 replicas a stage (VGG-16's interleaved plan no longer
+    fits the boards' blocks, issue 32). The planner now reduces each chunk after that
     chunk's last backward, as the simulator does by default, so the two agree; reducing a whole device's
     weights after its last backward (``allreduce_per="device"``) cannot be faster."""
-    plan, model, cl = _planned("vgg16", "4xU250-ring", schedule="interleaved")
+    plan, model, cl = _planned("tiny-cnn", "4xU250-ring", schedule="interleaved")
     if not (plan.schedule == "interleaved" and any(s.replicas > 1 for s in plan.stages)):
         pytest.skip(f"the planner now picks {plan.schedule} without replicated chunks")
     pred = plan.predicted["iteration_time_s"]
