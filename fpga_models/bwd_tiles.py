@@ -147,6 +147,7 @@ def matrix_layers(model: Model, layers: Sequence[Layer], folding: dict[str, tupl
     return out
 
 
+@lru_cache(maxsize=1 << 16)   # pure (MatrixLayer is frozen): choose_grid asks it for every grid it tries
 def window_cycles(m: MatrixLayer, simd: int) -> int:
     """Cycles a sample the backward's window columns of conv ``m`` take at ``simd`` lanes a beat
     (codegen.design.backward's window: the square windows through the line-buffer generator,
@@ -251,6 +252,13 @@ class BwdTiles:
 
 
 def choose_grid(mats: Sequence[MatrixLayer], lanes: int, samples: int = 1) -> tuple[int, int]:
+    """:func:`_choose_grid` (its docstring says how), once per (layers, lanes, samples): the
+    planner prices the same stage at the same lanes many times."""
+    return _choose_grid(tuple(mats), lanes, samples)
+
+
+@lru_cache(maxsize=1 << 14)
+def _choose_grid(mats: tuple[MatrixLayer, ...], lanes: int, samples: int = 1) -> tuple[int, int]:
     """The (PE, SIMD) grid of a time-multiplexed kernel's chunk engine: PE x SIMD = ``lanes``, every
     chunk layer's MH a multiple of PE or below it and MW a multiple of SIMD or below it (a beat is
     a whole block row or the whole vector, so a lane's bank is fixed), fewest cycles over the

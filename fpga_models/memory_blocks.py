@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 
 #: RAMB18E2 modes (depth, width): UG573 table "RAMB18E2 port aspect ratios"
 BRAM18_MODES = ((16384, 1), (8192, 2), (4096, 4), (2048, 9), (1024, 18), (512, 36))
@@ -45,6 +46,7 @@ def _tiles(width: int, depth: int, modes) -> int:
     return min(math.ceil(width / w) * math.ceil(depth / d) for d, w in modes)
 
 
+@lru_cache(maxsize=1 << 16)   # pure; the planner asks for the same banks millions of times (resnet50)
 def bram18_units(width: int, depth: int) -> int:
     """BRAM18 units of one bank of ``width`` bits x ``depth`` words: the cheaper of a tiling by
     RAMB18E2 (one unit each) and by RAMB36E2 (two units each), each in its best mode."""
@@ -92,6 +94,7 @@ class Blocks:
         return {"bram18": self.bram18, "bram36": self.bram36, "uram": self.uram, "lut": self.lut, "ff": self.ff}
 
 
+@lru_cache(maxsize=1 << 16)   # pure, and Blocks is frozen: one shared answer a bank shape
 def bank_blocks(impl: str, width: int, depth: int) -> Blocks:
     """One bank of ``width`` x ``depth`` bound to ``impl``: bram | uram | lutram | srl |
     register | auto (no BIND_STORAGE: LUTRAM up to AUTO_LUTRAM_MAX_BITS, else BRAM)."""
