@@ -309,6 +309,22 @@ def _best_among(ex: Explorer, found: list[Candidate] | None, keep) -> Candidate 
     return best
 
 
+def _best_folded(model: Model, ex: Explorer, configs: list[Config], bounds_fn=None) -> Candidate | None:
+    """:func:`_best_of` at ``ex``'s folding, else at the smaller shares of the budget the plan
+    itself would be folded within (:data:`FOLD_SCALES`, :func:`_fitting_explorer`): a baseline is
+    priced as the planner would build it (vgg16's data parallel fits a U250 only at half folding,
+    as its one-board plan does)."""
+    got = _best_of(ex, configs, bounds_fn)
+    if (got is not None and math.isfinite(got.iteration_s or math.inf)) \
+            or not any(t.board.kind == "fpga" for t in ex.tables.values()):
+        return got
+    for scale in (s for s in FOLD_SCALES if s < ex.fold_scale):
+        alt = _best_of(Explorer(model, ex.cluster, ex.req, fold_scale=scale), configs, bounds_fn)
+        if alt is not None and math.isfinite(alt.iteration_s or math.inf):
+            return alt
+    return got
+
+
 def baselines_of(model: Model, ex: Explorer, best: Candidate,
                  found: list[Candidate] | None = None) -> tuple[dict, list]:
     """Data parallel on every board, equal-layer GPipe, best without replication, best on
@@ -320,7 +336,7 @@ def baselines_of(model: Model, ex: Explorer, best: Candidate,
     N = ex.N
     one = ex.single_stage_schedule
     dp_cfg = [Config(one, 1, N, 1, m, ex.G // m // N, r) for m in ex.m_candidates(N, 1, one) for r in rc]
-    dp = _best_of(ex, dp_cfg) if any(ex.group_type(N, 0) for _ in [0]) else None
+    dp = _best_folded(model, ex, dp_cfg) if ex.group_type(N, 0) is not None and not ex.G % N else None
     if ex.group_type(N, 0) is None:
         out["data_parallel"] = {"infeasible": "the cluster mixes board types; data parallelism needs identical replicas"}
     elif ex.G % N:
@@ -332,7 +348,7 @@ def baselines_of(model: Model, ex: Explorer, best: Candidate,
     p = min(N, ex.n)
     sched = "gpipe" if ex.train else "gpipe"
     eq_cfg = [Config(sched, 1, 1, p, m, ex.G // m, r) for m in ex.m_candidates(1, p, sched) for r in rc]
-    eq = _best_of(ex, eq_cfg, lambda c: equal_bounds(ex.n, c.p))
+    eq = _best_folded(model, ex, eq_cfg, lambda c: equal_bounds(ex.n, c.p))
     out["equal_split"] = _result(eq, ex.G) if eq else {"infeasible": "equal-layer split: "
                                                        + infeasible_reason(model, ex, p, 1)}
     scheds = ex.schedules()

@@ -120,10 +120,11 @@ def test_tiny_plans_have_codegen_ready_foldings():
 def test_plan_beats_equal_split_and_user_partitions():
     out = _plan("vgg16")
     t = out.best.iteration_s
-    # data parallelism (all of vgg16 on each board) and the equal-layer split do not fit the
-    # boards' blocks: their kernels need more BRAM/URAM than a U250 has (issue 32 item 2)
+    # data parallelism (all of vgg16 on each board) and the equal-layer split fit the boards'
+    # blocks only folded within a smaller share of the budget (planning.FOLD_SCALES, as the
+    # planner folds its own plans when nothing fits, issue 32 item 2): priced so, and slower
     for name in ("equal_split", "data_parallel"):
-        assert "its kernels' BRAM and URAM" in out.baselines[name]["infeasible"], name
+        assert t < out.baselines[name]["iteration_time_s"], name
     assert out.lower_bound_s < t
     n = 37
     with pytest.raises(SpecError, match="BRAM and URAM"):   # 21-36 on one board: fc6-8 and conv10-13's stores
