@@ -21,7 +21,7 @@ from bapipe.fpga_models.allocate import (allocate_stage, frame_io_cycles, kernel
                                          tm_offchip, tm_spill_cycles, tm_weight_cycles, tm_weight_tiles,
                                          weights_all_resident, weights_offchip)
 from bapipe.fpga_models.boards import bytes_per_element
-from bapipe.fpga_models.bwd_memory import bwd_memory, tm_bwd_extra_cycles, tm_bwd_spill_cycles
+from bapipe.fpga_models.bwd_memory import bwd_memory, tm_bwd_engine_cycles, tm_bwd_spill_cycles
 from bapipe.fpga_models.collective import ring_allreduce_fpga_s, ring_hop_s, ring_steps
 from bapipe.fpga_models.cost import layer_cost, matrix_shape
 from bapipe.fpga_models.engines import link_clock, weight_words, work_cycles
@@ -85,14 +85,14 @@ def busy_parts(ex: Explorer, cand: Candidate, x: dict) -> dict:
         + tm_weight_cycles(lyr, board, fold, fmt, cap, c.v, train, port))) * beta / clk
     extra_b = 0.0
     if train:
+        # the two parts of bwd_memory.tm_bwd_extra_cycles: the off-chip frames' waits, and the tiled
+        # engines' cycles beyond the per-layer figure, off-chip passes when more; fewer (a negative
+        # part) is compute, not off-chip time
         budget, room = kernel_onchip_budget(board, cap, c.v, True), ex.bwd_room(a, b, btype, c.v, port)
-        extra_b = _priced(ex, ("bspill", a, b, btype, c.v, c.m * beta, port), lambda: tm_bwd_extra_cycles(
-            ex.model, lyr, board, fold, fmt, budget, c.m * beta, room)) * beta / clk
-        # the extra is the off-chip frames' waits plus the tiled engines' cycles beyond the
-        # per-layer figure, which may be fewer (a negative extra): that part is compute
         mem = bwd_memory(ex.model, lyr, board, fold, fmt, budget, c.m * beta, True, room)
-        spill_b = tm_bwd_spill_cycles(ex.model, lyr, board, fold, fmt, budget, c.m * beta, mem) * beta / clk
-        extra_b = spill_b + max(0.0, extra_b - spill_b)
+        spill_b = tm_bwd_spill_cycles(ex.model, lyr, board, fold, fmt, budget, c.m * beta, mem)
+        engine_b = tm_bwd_engine_cycles(ex.model, lyr, board, fold, fmt, c.m * beta, room)
+        extra_b = (spill_b + max(0, engine_b)) * beta / clk
         if c.recompute:   # the backward re-runs the forward, its fills and off-chip waits too
             fill_b, extra_b = fill_b + fill_f, extra_b + spill
     ddr += (_tm_words(lyr, board, fold, fmt, cap, c.v, train, port) * beta / clk) + extra_b

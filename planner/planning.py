@@ -99,22 +99,41 @@ def weights_reason(model: Model, ex: Explorer, p: int) -> str | None:
 FOLD_SCALES = (1.0, 0.5, 0.25)
 
 
-def _fitting_explorer(model: Model, cluster: Cluster, req: Request, ex: Explorer) -> Explorer:
+def _fitting_explorer(ex: Explorer) -> Explorer:
     """``ex``, or one whose tables fold every layer within a smaller share of the budget
     (:data:`FOLD_SCALES`) when no plan at the full share has kernels that fit the boards' BRAM
     and URAM (fpga_models.bwd_memory.stage_blocks_fit): a smaller folding takes fewer banks
     (resnet50 --whole-blocks on 4xU250-ring: no stage fits at 3,072 lanes). The first scale
     with a fitting plan wins; none: ``ex`` (make_plan says why nothing fits)."""
-    if not any(t.board.kind == "fpga" for t in ex.tables.values()):
+    if not _has_fpga(ex):
         return ex
     for scale in FOLD_SCALES:
-        cand = ex if scale == 1.0 else Explorer(model, cluster, req, fold_scale=scale)
-        found = cand.search(cand.configs(cand.schedules(), list(range(1, cand.N + 1)) if req.replication else [1],
+        cand = _folded(ex, scale, {})
+        found = cand.search(cand.configs(cand.schedules(), list(range(1, cand.N + 1)) if ex.req.replication else [1],
                                          (False, True)))
-        if found and math.isfinite(found[0].iteration_s or math.inf):
+        if found and _priced(found[0]):
             cand._found = found
             return cand
     return ex
+
+
+def _has_fpga(ex: Explorer) -> bool:
+    return any(t.board.kind == "fpga" for t in ex.tables.values())
+
+
+def _priced(c: Candidate | None) -> bool:
+    """Whether a candidate was found and replays to a finite time (its kernels fit the blocks)."""
+    return c is not None and math.isfinite(c.iteration_s or math.inf)
+
+
+def _folded(ex: Explorer, scale: float, made: dict) -> Explorer:
+    """``ex`` at ``scale`` of its folding budget (``ex`` itself at its own scale), built once in
+    ``made`` (the baselines share theirs; kept off ``ex``, which a plan's outcome carries)."""
+    if scale == ex.fold_scale:
+        return ex
+    if scale not in made:
+        made[scale] = Explorer(ex.model, ex.cluster, ex.req, fold_scale=scale)
+    return made[scale]
 
 
 def make_plan(model: Model, cluster: Cluster, model_arg: str, cluster_arg: str, req: Request) -> Outcome:
@@ -140,7 +159,7 @@ def make_plan(model: Model, cluster: Cluster, model_arg: str, cluster_arg: str, 
         raise SpecError(model.name, None, "memory", f"{model.name} does not fit {cluster.name}{how}: "
                                               + weights_reason(model, ex, ex.N))
     if req.partition is None and ex.train:
-        ex = _fitting_explorer(model, cluster, req, ex)
+        ex = _fitting_explorer(ex)
     if req.partition is not None:
         best = _user_partition(ex, req.partition, scheds, rc)
         searched = 1
@@ -309,18 +328,17 @@ def _best_among(ex: Explorer, found: list[Candidate] | None, keep) -> Candidate 
     return best
 
 
-def _best_folded(model: Model, ex: Explorer, configs: list[Config], bounds_fn=None) -> Candidate | None:
+def _best_folded(ex: Explorer, configs: list[Config], made: dict, bounds_fn=None) -> Candidate | None:
     """:func:`_best_of` at ``ex``'s folding, else at the smaller shares of the budget the plan
     itself would be folded within (:data:`FOLD_SCALES`, :func:`_fitting_explorer`): a baseline is
     priced as the planner would build it (vgg16's data parallel fits a U250 only at half folding,
     as its one-board plan does)."""
     got = _best_of(ex, configs, bounds_fn)
-    if (got is not None and math.isfinite(got.iteration_s or math.inf)) \
-            or not any(t.board.kind == "fpga" for t in ex.tables.values()):
+    if _priced(got) or not _has_fpga(ex):
         return got
     for scale in (s for s in FOLD_SCALES if s < ex.fold_scale):
-        alt = _best_of(Explorer(model, ex.cluster, ex.req, fold_scale=scale), configs, bounds_fn)
-        if alt is not None and math.isfinite(alt.iteration_s or math.inf):
+        alt = _best_of(_folded(ex, scale, made), configs, bounds_fn)
+        if _priced(alt):
             return alt
     return got
 
@@ -336,7 +354,8 @@ def baselines_of(model: Model, ex: Explorer, best: Candidate,
     N = ex.N
     one = ex.single_stage_schedule
     dp_cfg = [Config(one, 1, N, 1, m, ex.G // m // N, r) for m in ex.m_candidates(N, 1, one) for r in rc]
-    dp = _best_folded(model, ex, dp_cfg) if ex.group_type(N, 0) is not None and not ex.G % N else None
+    folded: dict = {}   # the smaller foldings' explorers, shared by the two baselines
+    dp = _best_folded(ex, dp_cfg, folded) if ex.group_type(N, 0) is not None and not ex.G % N else None
     if ex.group_type(N, 0) is None:
         out["data_parallel"] = {"infeasible": "the cluster mixes board types; data parallelism needs identical replicas"}
     elif ex.G % N:
@@ -348,7 +367,7 @@ def baselines_of(model: Model, ex: Explorer, best: Candidate,
     p = min(N, ex.n)
     sched = "gpipe" if ex.train else "gpipe"
     eq_cfg = [Config(sched, 1, 1, p, m, ex.G // m, r) for m in ex.m_candidates(1, p, sched) for r in rc]
-    eq = _best_folded(model, ex, eq_cfg, lambda c: equal_bounds(ex.n, c.p))
+    eq = _best_folded(ex, eq_cfg, folded, lambda c: equal_bounds(ex.n, c.p))
     out["equal_split"] = _result(eq, ex.G) if eq else {"infeasible": "equal-layer split: "
                                                        + infeasible_reason(model, ex, p, 1)}
     scheds = ex.schedules()

@@ -9,8 +9,7 @@ from bapipe.toolchain import wire_verilator
 
 # Verilator's run-time library compiled once a clone (bapipe.objcache), not in the user's cache:
 # a fresh clone's make test starts cold, as CI's does.
-os.environ.setdefault("BAPIPE_OBJCACHE_DIR", os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                                                          "build", "objcache"))
+os.environ.setdefault("BAPIPE_OBJCACHE_DIR", str(Path(__file__).resolve().parents[1] / "build" / "objcache"))
 wire_verilator(os.environ)
 # Verilated models in tests are compiled without C++ optimisation (bapipe.toolchain.verilator_cxx_opt):
 # their simulations are short and g++ is most of their time (the demo split's four stage benches:
